@@ -1,0 +1,1 @@
+"""trainwatch.dashboards: Grafana dashboards generated from one source."""

@@ -1,0 +1,1 @@
+"""trainwatch.runbooks: one Markdown runbook per alert, shipped inside the package."""

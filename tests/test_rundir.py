@@ -1,0 +1,65 @@
+"""The run-directory contract: atomic writes and readers that never crash."""
+
+import json
+import os
+
+import pytest
+
+from trainwatch.errors import ConfigError
+from trainwatch.rundir import RunDir, atomic_write_json, read_jsonl
+
+
+def test_status_roundtrip_and_bad_files_are_skipped(tmp_path):
+    run = RunDir(tmp_path / "run").create()
+    run.write_status(0, {"rank": 0, "step": 3})
+    (run.status_dir / "rank-00001.json").write_text('{"format": "trainwatch.status", "ver')
+    (run.status_dir / "rank-00002.json").write_text("")
+    (run.status_dir / "rank-00003.json").write_text(json.dumps({"format": "other", "version": 1}))
+    (run.status_dir / "rank-00004.json").write_text(
+        json.dumps({"format": "trainwatch.status", "version": 99}))
+    (run.status_dir / "rank-00005.json").write_bytes(b"\xff\xfe\x00garbage")
+    result = run.statuses()
+    assert [r["rank"] for r in result.records] == [0]
+    reasons = {os.path.basename(s.path): s.reason for s in result.skipped}
+    assert set(reasons) == {f"rank-0000{i}.json" for i in range(1, 6)}
+    assert "torn" in reasons["rank-00001.json"]
+    assert "empty" in reasons["rank-00002.json"]
+    assert "not a trainwatch.status" in reasons["rank-00003.json"]
+    assert "version 99" in reasons["rank-00004.json"]
+
+
+def test_journal_skips_torn_and_future_lines(tmp_path):
+    run = RunDir(tmp_path).create()
+    run.append_event("run_started", "cli", world_size=2)
+    with open(run.journal_file, "a") as fh:
+        fh.write('{"v": 1, "event": "checkpoint_sa')  # a crash mid-append
+        fh.write("\n[1, 2]\n")
+        fh.write(json.dumps({"v": 7, "event": "from_the_future"}) + "\n")
+    run.append_event("finished", "cli")
+    result = run.journal()
+    assert [r["event"] for r in result.records] == ["run_started", "finished"]
+    assert [s.line for s in result.skipped] == [2, 3, 4]
+
+
+def test_atomic_write_leaves_no_temp_files(tmp_path):
+    for i in range(5):
+        atomic_write_json(tmp_path / "doc.json", {"i": i})
+    assert json.loads((tmp_path / "doc.json").read_text()) == {"i": 4}
+    assert os.listdir(tmp_path) == ["doc.json"]
+
+
+def test_missing_jsonl_reads_empty(tmp_path):
+    assert read_jsonl(tmp_path / "nope.jsonl").records == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_unwritable_run_dir_is_a_config_error(tmp_path):
+    tmp_path.chmod(0o500)
+    with pytest.raises(ConfigError, match="not writable"):
+        RunDir(tmp_path / "run").create()
+
+
+def test_run_dir_under_a_file_is_a_config_error(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="not writable"):
+        RunDir(tmp_path / "file" / "run").create()

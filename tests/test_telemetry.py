@@ -1,0 +1,75 @@
+"""Telemetry from a plain torch loop (not trainwatch's trainer) produces the run-directory contract."""
+
+import math
+
+import torch
+
+from conftest import run_torchrun
+from trainwatch.rundir import RunDir
+from trainwatch.trainer.telemetry import Telemetry
+
+
+def test_plain_ddp_loop_publishes_the_contract(tmp_path, repo):
+    run_dir = tmp_path / "run"
+    proc = run_torchrun(tmp_path, str(repo / "examples/plain_loop.py"), str(run_dir), "30")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = RunDir(run_dir)
+    statuses = run.statuses()
+    assert statuses.skipped == []
+    assert sorted(s["rank"] for s in statuses.records) == [0, 1]
+    for status in statuses.records:
+        assert status["state"] == "finished" and status["step"] == 29
+        assert status["backend"] == "gloo" and status["world_size"] == 2
+        assert status["counters"]["steps_total"] == 30
+        assert status["counters"]["telemetry_errors_total"] == 0
+        timing = status["timing"]
+        assert len(timing["compute_seconds"]) == 2 and all(t > 0 for t in timing["compute_seconds"])
+    for rank in (0, 1):
+        steps = [r for r in run.metrics(rank).records if r["kind"] == "step"]
+        assert [r["step"] for r in steps] == list(range(30))
+        assert all(math.isfinite(r["loss"]) and r["samples_per_second"] > 0 for r in steps)
+        assert set(steps[0]["phase_seconds"]) == {"data", "forward", "backward", "optimizer"}
+    assert {e["rank"] for e in run.events("rank_started")} == {0, 1}
+
+
+def test_nonfinite_values_are_counted_and_errors_never_raise(tmp_path):
+    tel = Telemetry(tmp_path, heartbeat_interval=60, exchange_every=0).start()
+    with tel.step(0) as s:
+        s.record(loss=torch.tensor(float("nan")), grad_norm=float("inf"), tokens=10)
+    with tel.step(1) as s:
+        s.record(loss=torch.tensor(1.5), tokens=10)
+    # A broken run directory must not raise into the loop: it is counted instead.
+    (tmp_path / "metrics").rename(tmp_path / "metrics-gone")
+    (tmp_path / "metrics").write_text("not a directory")
+    with tel.step(2) as s:
+        s.record(loss=torch.tensor(1.0))
+    tel.close()
+    status = RunDir(tmp_path).statuses().records[0]
+    assert status["counters"]["nonfinite_loss_total"] == 1
+    assert status["counters"]["nonfinite_grad_norm_total"] == 1
+    assert status["counters"]["telemetry_errors_total"] >= 1
+    assert status["metrics"]["step"] == 2 and status["metrics"]["loss"] == 1.0
+
+
+def test_pending_buffer_is_bounded(tmp_path):
+    tel = Telemetry(tmp_path, heartbeat_interval=3600, exchange_every=0, max_pending=5).start()
+    for step in range(20):
+        with tel.step(step) as s:
+            s.record(loss=torch.tensor(1.0))
+    assert len(tel._pending) == 5
+    tel.close()
+    status = RunDir(tmp_path).statuses().records[0]
+    assert status["counters"]["pending_dropped_total"] == 15
+
+
+def test_control_request_runs_handler_from_heartbeat_thread(tmp_path):
+    seen = []
+    tel = Telemetry(tmp_path, heartbeat_interval=0.05, exchange_every=0).start()
+    tel.on_control("ping", lambda path: seen.append(path.name))
+    (tmp_path / "control" / "ping").write_text("")
+    import time
+    deadline = time.time() + 5
+    while not seen and time.time() < deadline:
+        time.sleep(0.05)
+    tel.close()
+    assert seen == ["ping"]

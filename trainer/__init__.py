@@ -1,0 +1,1 @@
+"""trainwatch.trainer: the reference distributed trainer and the telemetry any torch loop can use."""

@@ -1,0 +1,453 @@
+"""Rank telemetry for any torch training loop.
+
+A few lines in a loop publish, per rank, the run-directory contract
+(docs/run-directory.md): a status file (heartbeat, step, phase and since when,
+latest metrics, the job-wide timing distribution), a per-step metrics log and
+journal events.
+
+    tel = Telemetry.from_env("runs/exp1")          # RANK/LOCAL_RANK/WORLD_SIZE from torchrun
+    tel.start()
+    for step in range(steps):
+        with tel.step(step) as s:
+            with tel.phase("data"):
+                x, y = next(batches)
+            with tel.phase("forward"):
+                loss = model(x, y)
+            with tel.phase("backward"):
+                loss.backward()
+            with tel.phase("optimizer"):
+                opt.step(); opt.zero_grad()
+            s.record(loss=loss, lr=lr, tokens=x.numel(), samples=x.shape[0])
+    tel.close()
+
+Rules it keeps (DESIGN.md, "never harm the job"):
+* the loop only touches memory: files are written by a background thread,
+  every ``heartbeat_interval`` seconds, so I/O never stalls a step;
+* tensors passed to ``record`` are kept as they are (no ``.item()``) and read
+  by the background thread, so there is no per-step host/device sync;
+* buffers are bounded; a telemetry failure is counted and logged, never raised.
+The background thread keeps writing heartbeats while the loop is stuck, so a
+reader can tell "alive but not progressing" from "frozen or dead".
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import logging
+import math
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import psutil
+import torch
+
+from trainwatch.rundir import RunDir, append_jsonl
+from trainwatch.trainer.flops import peak_flops_for
+
+log = logging.getLogger(__name__)
+
+# Phases the tools know budgets for; any other name is accepted and shown as is.
+KNOWN_PHASES = ("init", "data", "forward", "backward", "optimizer", "eval", "checkpoint",
+                "telemetry_exchange", "idle", "finished")
+
+
+def _now() -> float:
+    return time.time()
+
+
+@dataclass
+class _PendingStep:
+    """One finished step, waiting for the background thread to resolve and write it."""
+
+    step: int
+    end_time: float
+    step_seconds: float
+    phase_seconds: dict[str, float]
+    cuda_phase_events: dict[str, list[tuple[Any, Any]]]
+    values: dict[str, Any]
+
+
+@dataclass
+class StepRecorder:
+    """Handed out by ``Telemetry.step``; ``record`` attaches this step's values."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def record(self, **values: Any) -> None:
+        """Loss, grad_norm, lr, tokens, samples or any other scalar; tensors stay on device."""
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor):
+                value = value.detach()
+            self.values[key] = value
+
+
+class Telemetry:
+    """Publishes one rank's progress to the run directory; see the module docstring."""
+
+    def __init__(self, run_dir: str | Path, *, rank: int = 0, local_rank: int = 0,
+                 world_size: int = 1, job: str | None = None, heartbeat_interval: float = 1.0,
+                 exchange_every: int = 10, flops_per_token: float | None = None,
+                 peak_flops: float | None = None, device: torch.device | str | None = None,
+                 metrics_log: bool = True, max_pending: int = 1000, enabled: bool = True):
+        self.enabled = enabled
+        self.run = RunDir(run_dir)
+        self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
+        self.job = job or os.environ.get("TRAINWATCH_JOB") or self.run.root.resolve().name
+        self.heartbeat_interval = heartbeat_interval
+        self.exchange_every = max(0, int(exchange_every))
+        self.flops_per_token = flops_per_token
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.is_cuda = self.device.type == "cuda"
+        self.peak_flops = peak_flops if peak_flops is not None else (
+            peak_flops_for(torch.cuda.get_device_name(self.device)) if self.is_cuda else None)
+        self.metrics_log = metrics_log
+
+        self._lock = threading.Lock()
+        self._pending: collections.deque[_PendingStep] = collections.deque(maxlen=max_pending)
+        self._pending_dropped = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._control_handlers: dict[str, Callable[[Path], None]] = {}
+        self._control_seen: dict[str, float] = {}
+        self._exchange_group = None
+        self._window_compute = 0.0
+        self._window_data = 0.0
+        self._window_steps = 0
+
+        now = _now()
+        self.state: dict[str, Any] = {
+            "job": self.job, "rank": rank, "local_rank": local_rank, "world_size": world_size,
+            "node": socket.gethostname(), "pid": os.getpid(),
+            "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
+            "backend": None, "device": str(self.device),
+            "started_at": now, "heartbeat_at": now, "step": None, "phase": "init",
+            "phase_since": now, "last_progress_at": now, "state": "running",
+            "metrics": {}, "eval": {},
+            "counters": {"steps_total": 0, "nonfinite_loss_total": 0,
+                         "nonfinite_grad_norm_total": 0, "telemetry_errors_total": 0,
+                         "pending_dropped_total": 0},
+            "timing": None, "checkpoint": None, "info": {},
+        }
+        self._phase_stack: list[tuple[str, float]] = []
+        self._step_start: float | None = None
+        self._step_phase_seconds: dict[str, float] = {}
+        self._step_cuda_events: dict[str, list[tuple[Any, Any]]] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+    @classmethod
+    def from_env(cls, run_dir: str | Path | None = None, **kwargs: Any) -> "Telemetry":
+        """Build from torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, TRAINWATCH_RUN_DIR)."""
+        run_dir = run_dir or os.environ.get("TRAINWATCH_RUN_DIR") or "trainwatch-run"
+        kwargs.setdefault("rank", int(os.environ.get("RANK", "0")))
+        kwargs.setdefault("local_rank", int(os.environ.get("LOCAL_RANK", "0")))
+        kwargs.setdefault("world_size", int(os.environ.get("WORLD_SIZE", "1")))
+        return cls(run_dir, **kwargs)
+
+    def start(self) -> "Telemetry":
+        """Create the run layout, join the timing exchange group, start the heartbeat thread.
+
+        Call on every rank after ``init_process_group`` (the exchange group is created
+        collectively).
+        """
+        if not self.enabled:
+            return self
+        self.run.create()
+        self._guard(self._setup_exchange_group)
+        self._guard(lambda: self.run.append_event(
+            "rank_started", f"rank{self.rank}", rank=self.rank, pid=os.getpid(),
+            restart_count=self.state["restart_count"]))
+        self._write_status()
+        self._thread = threading.Thread(target=self._heartbeat_loop, daemon=True,
+                                        name=f"trainwatch-telemetry-rank{self.rank}")
+        self._thread.start()
+        return self
+
+    def close(self, state: str = "finished") -> None:
+        """Flush everything and write the final status (``finished`` or ``failed``)."""
+        if not self.enabled:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        with self._lock:
+            self.state["state"] = state
+            self.state["phase"] = state if state in ("finished", "failed") else "idle"
+            self.state["phase_since"] = _now()
+        self._guard(self._flush)
+        self._write_status()
+
+    def __enter__(self) -> "Telemetry":
+        return self.start()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close("failed" if exc_type else "finished")
+
+    # ------------------------------------------------------------------ in the loop
+    @contextlib.contextmanager
+    def step(self, step: int) -> Iterator[StepRecorder]:
+        """Time one training step; progress is recorded when the block ends normally."""
+        recorder = StepRecorder()
+        if not self.enabled:
+            yield recorder
+            return
+        self._step_start = time.perf_counter()
+        self._step_phase_seconds = {}
+        self._step_cuda_events = {}
+        with self._lock:
+            self.state["step"] = step
+        yield recorder
+        self._guard(lambda: self._end_step(step, recorder))
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Mark what this rank is doing; nested phases restore the outer one on exit."""
+        if not self.enabled:
+            yield
+            return
+        outer = self.state["phase"]
+        outer_since = self.state["phase_since"]
+        self.set_phase(name)
+        started = time.perf_counter()
+        events = None
+        if self.is_cuda:
+            events = self._guard(self._cuda_event_pair_start)
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - started
+            self._step_phase_seconds[name] = self._step_phase_seconds.get(name, 0.0) + elapsed
+            if events is not None:
+                self._guard(lambda: self._cuda_event_pair_end(name, events))
+            with self._lock:
+                self.state["phase"], self.state["phase_since"] = outer, outer_since
+
+    def set_phase(self, name: str) -> None:
+        with self._lock:
+            self.state["phase"] = name
+            self.state["phase_since"] = _now()
+
+    def log(self, step: int, kind: str = "eval", **values: float) -> None:
+        """Record non-step metrics (validation loss, ...) in the metrics log and status."""
+        if not self.enabled:
+            return
+
+        def write() -> None:
+            clean = {k: float(v.item() if isinstance(v, torch.Tensor) else v)
+                     for k, v in values.items()}
+            with self._lock:
+                self.state["eval"] = {"step": step, **clean}
+            if self.metrics_log:
+                append_jsonl(self.run.metrics_file(self.rank),
+                             {"v": 1, "kind": kind, "step": step, "time": _now(),
+                              "rank": self.rank, **clean})
+        self._guard(write)
+
+    def set_info(self, **info: Any) -> None:
+        """Static facts shown in the status file (model size, config hash, backend...)."""
+        with self._lock:
+            self.state["info"].update(info)
+
+    def set_checkpoint(self, **checkpoint: Any) -> None:
+        """Latest checkpoint facts (step, path, time, ok) for readers of the status file."""
+        with self._lock:
+            self.state["checkpoint"] = checkpoint
+
+    def event(self, event: str, **fields: Any) -> None:
+        """Append a journal event from this rank; failures are counted, never raised."""
+        if self.enabled:
+            self._guard(lambda: self.run.append_event(event, f"rank{self.rank}",
+                                                      rank=self.rank, **fields))
+
+    def on_control(self, name: str, handler: Callable[[Path], None]) -> None:
+        """Call ``handler(path)`` from the heartbeat thread when ``control/<name>`` is touched.
+
+        Requests are files so that anything (an operator, diagnose, the controller) can
+        ask every rank at once, even while the loop is stuck in a collective.
+        """
+        self._control_handlers[name] = handler
+        path = self.run.control_dir / name
+        with contextlib.suppress(OSError):
+            self._control_seen[name] = path.stat().st_mtime  # ignore stale requests
+
+    # ------------------------------------------------------------------ internals
+    def _guard(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn``; count and log a failure instead of raising into the training loop."""
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - telemetry must never fail the job
+            with self._lock:
+                self.state["counters"]["telemetry_errors_total"] += 1
+                count = self.state["counters"]["telemetry_errors_total"]
+            if count <= 5 or count % 100 == 0:
+                log.warning("trainwatch telemetry error (%d so far): %r", count, exc)
+            return None
+
+    def _setup_exchange_group(self) -> None:
+        import torch.distributed as dist
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        backend = dist.get_backend()
+        with self._lock:
+            self.state["backend"] = backend
+        if self.exchange_every and dist.get_world_size() > 1:
+            # A CPU (gloo) side group: the exchange never touches the GPU stream and never
+            # shows up in the training process group's collective sequence.
+            self._exchange_group = (dist.group.WORLD if backend == "gloo"
+                                    else dist.new_group(backend="gloo"))
+
+    def _cuda_event_pair_start(self) -> Any:
+        start = torch.cuda.Event(enable_timing=True)
+        start.record()
+        return start
+
+    def _cuda_event_pair_end(self, name: str, start: Any) -> None:
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self._step_cuda_events.setdefault(name, []).append((start, end))
+
+    def _end_step(self, step: int, recorder: StepRecorder) -> None:
+        end_perf = time.perf_counter()
+        step_seconds = end_perf - (self._step_start or end_perf)
+        data_wait = self._step_phase_seconds.get("data", 0.0)
+        now = _now()
+        with self._lock:
+            if len(self._pending) == self._pending.maxlen:
+                self.state["counters"]["pending_dropped_total"] += 1
+            self._pending.append(_PendingStep(step, now, step_seconds,
+                                              dict(self._step_phase_seconds),
+                                              self._step_cuda_events, recorder.values))
+            self.state["last_progress_at"] = now
+            self.state["counters"]["steps_total"] += 1
+        self._window_compute += step_seconds - data_wait
+        self._window_data += data_wait
+        self._window_steps += 1
+        if self.exchange_every and (step + 1) % self.exchange_every == 0:
+            self._exchange_timings(step)
+
+    def _exchange_timings(self, step: int) -> None:
+        """One small all_gather so every rank's status carries the job-wide distribution."""
+        n = max(1, self._window_steps)
+        mine = [self._window_compute / n, self._window_data / n]
+        self._window_compute = self._window_data = 0.0
+        self._window_steps = 0
+        if self._exchange_group is None:
+            gathered = [mine]
+        else:
+            import torch.distributed as dist
+            with self.phase("telemetry_exchange"):
+                local = torch.tensor(mine, dtype=torch.float64)
+                out = [torch.zeros(2, dtype=torch.float64) for _ in range(self.world_size)]
+                dist.all_gather(out, local, group=self._exchange_group)
+            gathered = [t.tolist() for t in out]
+        with self._lock:
+            self.state["timing"] = {
+                "step": step, "window_steps": n, "time": _now(),
+                "compute_seconds": [g[0] for g in gathered],
+                "data_wait_seconds": [g[1] for g in gathered],
+            }
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(self.heartbeat_interval):
+            self._guard(self._flush)
+            self._guard(self._poll_control)
+            self._write_status()
+
+    def _poll_control(self) -> None:
+        for name, handler in list(self._control_handlers.items()):
+            path = self.run.control_dir / name
+            try:
+                mtime = path.stat().st_mtime
+            except FileNotFoundError:
+                continue
+            if mtime > self._control_seen.get(name, 0.0):
+                self._control_seen[name] = mtime
+                self._guard(lambda: handler(path))
+
+    def _flush(self) -> None:
+        """Resolve pending steps (the only place tensors are read) and append them to the log."""
+        with self._lock:
+            pending = list(self._pending)
+            self._pending.clear()
+        if not pending:
+            return
+        lines = [self._resolve(p) for p in pending]
+        with self._lock:
+            self.state["metrics"] = lines[-1]
+        if self.metrics_log:
+            with open(self.run.metrics_file(self.rank), "a") as fh:
+                fh.write("".join(_json_line(line) for line in lines))
+
+    def _resolve(self, p: _PendingStep) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for key, value in p.values.items():
+            if isinstance(value, torch.Tensor):
+                value = value.float().item() if value.numel() == 1 else None
+            values[key] = value
+        phases = dict(p.phase_seconds)
+        for name, pairs in p.cuda_phase_events.items():
+            # Device time for GPU work; waiting here blocks only this thread.
+            pairs[-1][1].synchronize()
+            phases[name] = sum(s.elapsed_time(e) for s, e in pairs) / 1000.0
+        line: dict[str, Any] = {"v": 1, "kind": "step", "step": p.step, "time": p.end_time,
+                                "rank": self.rank, "step_time_seconds": p.step_seconds,
+                                "phase_seconds": phases,
+                                "data_wait_seconds": p.phase_seconds.get("data", 0.0)}
+        for key in ("loss", "grad_norm"):
+            value = values.get(key)
+            if isinstance(value, float) and not math.isfinite(value):
+                counter = "nonfinite_loss_total" if key == "loss" else "nonfinite_grad_norm_total"
+                with self._lock:
+                    self.state["counters"][counter] += 1
+        line.update({k: v for k, v in values.items() if _jsonable(v)})
+        tokens, samples = values.get("tokens"), values.get("samples")
+        if p.step_seconds > 0:
+            if tokens:
+                line["tokens_per_second"] = tokens / p.step_seconds
+            if samples:
+                line["samples_per_second"] = samples / p.step_seconds
+        line["mfu"] = None
+        if tokens and self.flops_per_token and self.peak_flops and p.step_seconds > 0:
+            line["mfu"] = tokens * self.flops_per_token / p.step_seconds / self.peak_flops
+        line.update(_memory(self.device))
+        return line
+
+    def _write_status(self) -> None:
+        try:
+            with self._lock:
+                self.state["heartbeat_at"] = _now()
+                snapshot = _copy(self.state)
+            self.run.write_status(self.rank, snapshot)
+        except Exception as exc:  # noqa: BLE001
+            with self._lock:
+                self.state["counters"]["telemetry_errors_total"] += 1
+            log.warning("trainwatch: could not write status: %r", exc)
+
+
+def _copy(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _copy(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return list(obj)
+    return obj
+
+
+def _jsonable(value: Any) -> bool:
+    return value is None or isinstance(value, (int, float, str, bool))
+
+
+def _json_line(record: dict[str, Any]) -> str:
+    return json.dumps(record, separators=(",", ":")) + "\n"
+
+
+def _memory(device: torch.device) -> dict[str, Any]:
+    if device.type == "cuda":
+        return {"memory_bytes": torch.cuda.max_memory_allocated(device),
+                "memory_kind": "cuda_peak_allocated"}
+    return {"memory_bytes": psutil.Process().memory_info().rss, "memory_kind": "rss"}

@@ -1,0 +1,3 @@
+from trainwatch.cli import main
+
+main()

@@ -1,0 +1,70 @@
+"""The ``trainwatch`` command line.
+
+Each component owns its commands in its own module; this file only wires them
+into one click group, importing lazily so ``trainwatch --help`` stays fast and
+a broken optional component cannot break the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+
+import click
+
+from trainwatch import __version__
+from trainwatch.errors import TrainwatchError
+
+# command name -> "module:attribute" of a click command or group.
+COMMANDS = {
+    "train": ("trainwatch.trainer.cli:train", "Run the reference trainer under torchrun with a restart policy."),
+    "data": ("trainwatch.trainer.cli:data", "Prepare and inspect token datasets."),
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose sub-commands are imported only when used."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        target = COMMANDS[name][0]
+        module_name, attr = target.split(":")
+        return getattr(importlib.import_module(module_name), attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Short help from the table, without importing every component (torch is slow).
+        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="trainwatch")
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+def cli(verbose: int) -> None:
+    """trainwatch: observe and keep alive distributed PyTorch training runs."""
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except TrainwatchError as exc:
+        click.echo(f"trainwatch: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    else:
+        sys.exit(0)

@@ -1,0 +1,36 @@
+"""Errors that the CLI turns into meaningful exit codes.
+
+Exit codes are part of the interface (see DESIGN.md): 0 ok, 1 a problem was
+found, 2 bad usage or input.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_PROBLEM = 1
+EXIT_USAGE = 2
+
+
+class TrainwatchError(Exception):
+    """Base class; carries the exit code the CLI should use."""
+
+    exit_code = EXIT_USAGE
+
+
+class ConfigError(TrainwatchError):
+    """Bad configuration or input: names the file, the key and the problem."""
+
+    def __init__(self, problem: str, *, file: str | None = None, key: str | None = None,
+                 line: int | None = None):
+        self.file, self.key, self.line, self.problem = file, key, line, problem
+        where = []
+        if file:
+            where.append(f"{file}:{line}" if line else str(file))
+        if key:
+            where.append(f"key '{key}'")
+        prefix = ", ".join(where)
+        super().__init__(f"{prefix}: {problem}" if prefix else problem)
+
+
+class FormatError(TrainwatchError):
+    """A file in the run directory is torn, alien, or of a version we do not know."""
