@@ -20,6 +20,8 @@ from trainwatch.errors import TrainwatchError
 COMMANDS = {
     "train": ("trainwatch.trainer.cli:train", "Run the reference trainer under torchrun with a restart policy."),
     "data": ("trainwatch.trainer.cli:data", "Prepare and inspect token datasets."),
+    "alerts": ("trainwatch.alerts.cli:alerts", "Check, export, test and silence alert rules; run the engine and webhook receiver."),
+    "runbook": ("trainwatch.runbooks.cli:runbook", "Print the runbook of an alert."),
 }
 
 

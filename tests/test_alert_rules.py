@@ -1,0 +1,192 @@
+"""The one rules source: exports pass promtool, both engines fire at the same moments.
+
+Set TRAINWATCH_REGENERATE=1 to rewrite the generated files after changing the rules.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainwatch import runbooks
+from trainwatch.alerts.export import prometheus_yaml, prometheusrule_yaml
+from trainwatch.alerts.replay import promtool_test_file, replay_file
+from trainwatch.alerts.rules import DEFAULT_RUNBOOK_BASE, RULES_FILE, load_rules
+from trainwatch.errors import ConfigError
+from trainwatch.metrics_contract import METRICS
+
+REPO = Path(__file__).resolve().parent.parent
+GENERATED = REPO / "alerts" / "generated"
+SCENARIOS = REPO / "tests" / "promtool" / "scenarios.yaml"
+PROMTOOL_TEST = REPO / "tests" / "promtool" / "alerts.test.yaml"
+REQUIRED = ["TrainingStalled", "TrainingRankDown", "TrainingStartupFailed",
+            "TrainingStragglerRank", "TrainingStragglerNode", "TrainingLossNonFinite",
+            "TrainingLossSpike", "TrainingLossNotDecreasing", "TrainingThroughputDrop",
+            "CheckpointFailed", "CheckpointTooOld", "GPUXidErrors", "GPUUncorrectableECC",
+            "GPUThermalThrottling", "GPUPowerThrottling", "NCCLErrors", "StorageFillingUp",
+            "StorageFull", "StorageProbeSlow", "NetworkInterfaceErrors", "NetworkLinkFlapping",
+            "TrainwatchVersionSkew", "TrainwatchAgentDown", "TrainwatchCollectorFailing"]
+promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+
+
+@pytest.fixture(scope="module")
+def ruleset():
+    return load_rules()
+
+
+def _generated(ruleset):
+    return {
+        GENERATED / "prometheus-rules.yaml": prometheus_yaml(ruleset),
+        GENERATED / "prometheusrule.yaml": prometheusrule_yaml(ruleset),
+        PROMTOOL_TEST: promtool_test_file(ruleset, SCENARIOS,
+                                          "../../alerts/generated/prometheus-rules.yaml",
+                                          DEFAULT_RUNBOOK_BASE),
+    }
+
+
+def test_generated_files_are_up_to_date(ruleset):
+    stale = []
+    for path, text in _generated(ruleset).items():
+        if os.environ.get("TRAINWATCH_REGENERATE"):
+            path.write_text(text)
+        elif not path.exists() or path.read_text() != text:
+            stale.append(str(path.relative_to(REPO)))
+    assert not stale, f"regenerate with TRAINWATCH_REGENERATE=1 pytest {__file__}: {stale}"
+
+
+def test_every_required_alert_exists_and_scenarios_cover_all(ruleset):
+    names = [r.name for r in ruleset.rules]
+    assert not set(REQUIRED) - set(names)
+    scenarios = yaml.safe_load(SCENARIOS.read_text())
+    covered = {c["alertname"] for t in scenarios["tests"] for c in t["alert_rule_test"]
+               if c.get("exp_alerts")}
+    not_yet = {c["alertname"] for t in scenarios["tests"] for c in t["alert_rule_test"]
+               if not c.get("exp_alerts")}
+    assert set(names) == covered == not_yet | covered and set(names) <= not_yet
+
+
+@promtool
+def test_promtool_check_rules_on_both_exports(tmp_path):
+    out = subprocess.run(["promtool", "check", "rules", str(GENERATED / "prometheus-rules.yaml")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SUCCESS: 25 rules found" in out.stdout
+    spec = yaml.safe_load((GENERATED / "prometheusrule.yaml").read_text())
+    assert spec["kind"] == "PrometheusRule"
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec["spec"]))
+    out = subprocess.run(["promtool", "check", "rules", str(tmp_path / "spec.yaml")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@promtool
+def test_promtool_test_rules_pins_every_moment():
+    out = subprocess.run(["promtool", "test", "rules", PROMTOOL_TEST.name],
+                         cwd=PROMTOOL_TEST.parent, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_embedded_engine_replays_the_same_file_to_the_same_moments(ruleset):
+    rows = replay_file(ruleset, PROMTOOL_TEST, runbook_base=DEFAULT_RUNBOOK_BASE)
+    assert len(rows) >= 2 * len(ruleset.rules)
+    failed = [(name, c.alertname, c.eval_time) for name, c, _, ok in rows if not ok]
+    assert not failed
+    # the engine really checks: one minute earlier, the "fires" checks must fail
+    doc = yaml.safe_load(PROMTOOL_TEST.read_text())
+    for t in doc["tests"]:
+        for c in t["alert_rule_test"]:
+            if c.get("exp_alerts"):
+                c["eval_time"] = f"{int(c['eval_time'][:-1]) - 1}m"
+    shifted = PROMTOOL_TEST.parent / ".shifted.test.yaml"
+    try:
+        shifted.write_text(yaml.safe_dump(doc))
+        rows = replay_file(ruleset, shifted, runbook_base=DEFAULT_RUNBOOK_BASE)
+    finally:
+        shifted.unlink()
+    fires_early = [(name, c.alertname) for name, c, _, ok in rows if c.expected and ok]
+    # only keep_firing_for's second check may still hold one minute earlier
+    assert fires_early == [("loss spike fires at once and keeps firing for keep_firing_for",
+                            "TrainingLossSpike")]
+
+
+def test_every_alert_has_a_runbook_and_every_runbook_an_alert(ruleset):
+    names = {r.name for r in ruleset.rules}
+    assert set(runbooks.names()) == names
+    for name in names:
+        text = runbooks.text(name)
+        for section in ("## Meaning", "## Impact", "## Diagnosis", "## Mitigation",
+                        "## Automatic action"):
+            assert section in text, f"runbooks/{name}.md lacks {section}"
+        assert "trainwatch diagnose" in text or "trainwatch agent" in text, name
+
+
+def test_rules_use_only_contract_metrics(ruleset):
+    for rule in ruleset.rules:
+        assert rule.metrics - {"up"} <= set(METRICS), rule.name
+
+
+BAD = [
+    ("trainwatch_rank_up == 0", "trainwatch_rank_upp == 0", "not in the metrics contract"),
+    ("for: ${stall_for}", "for: 5 minutes", "bad duration"),
+    ("expr: increase(trainwatch_nccl_errors_total[${nccl_error_window}]) > 0",
+     "expr: increase(trainwatch_nccl_errors_total[${nccl_error_window}] > 0",
+     "bad expression"),
+    ("alert: NCCLErrors", "alert: NCCLMystery", "has no runbook"),
+    ("severity: info", "severity: page-me", "severity must be"),
+    ("${stall_after_seconds}", "${stall_after_secs}", "unknown threshold"),
+    ("  - name: trainwatch-gpu\n", "  - name: trainwatch-gpu\n   bad: [\n", "invalid YAML"),
+]
+
+
+@pytest.mark.parametrize("old,new,message", BAD, ids=[b[2] for b in BAD])
+def test_bad_rule_files_name_file_and_line(tmp_path, old, new, message):
+    source = RULES_FILE.read_text()
+    assert old in source
+    bad = source.replace(old, new, 1)
+    path = tmp_path / "rules.yaml"
+    path.write_text(bad)
+    with pytest.raises(ConfigError) as err:
+        load_rules(path)
+    assert message in str(err.value)
+    assert err.value.file == str(path) and err.value.line
+    changed = next(i for i, (a, b) in enumerate(zip(source.splitlines(), bad.splitlines()))
+                   if a != b) + 1
+    assert abs(err.value.line - changed) <= 12  # the rule's or the key's line, not line 1
+    out = subprocess.run([sys.executable, "-m", "trainwatch", "alerts", "check", "--rules",
+                          str(path)], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert re.search(rf"{re.escape(str(path))}:\d+", out.stderr), out.stderr
+
+
+def test_threshold_overrides_change_both_outputs(tmp_path):
+    override = tmp_path / "t.yaml"
+    override.write_text("stall_after_seconds: 42\nstall_for: 30s\n")
+    ruleset = load_rules(thresholds_file=override)
+    rule = ruleset.get("TrainingStalled")
+    assert "> 42" in rule.expr and rule.for_seconds == 30
+    assert "for: 30s" in prometheus_yaml(ruleset)
+    override.write_text("stall_aftr_seconds: 42\n")
+    with pytest.raises(ConfigError, match="unknown threshold") as err:
+        load_rules(thresholds_file=override)
+    assert err.value.line == 1
+
+
+def test_cli_export_and_runbook(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "trainwatch", "alerts", "export", "--format",
+                          "prometheusrule", "--namespace", "ml"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    doc = yaml.safe_load(out.stdout)
+    assert doc["metadata"]["namespace"] == "ml"
+    urls = [r["annotations"]["runbook_url"] for g in doc["spec"]["groups"] for r in g["rules"]]
+    assert all(u.endswith(".md") and "/runbooks/" in u for u in urls) and len(urls) == 25
+    out = subprocess.run([sys.executable, "-m", "trainwatch", "runbook", "trainingstalled"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith("# TrainingStalled")
+    out = subprocess.run([sys.executable, "-m", "trainwatch", "runbook", "TrainingStaled"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "TrainingStalled" in out.stderr
