@@ -119,7 +119,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     for text in overrides:
         key, value = parse_override(text)
         _apply_value(config, key.split("."), value, source="--set", dotted=key)
-    validate(config, source=str(path) if path is not None else "config")
+    validate(config, source=str(path) if path is not None else "--set")
     return config
 
 

@@ -24,7 +24,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 from trainwatch.errors import ConfigError
 
@@ -89,14 +89,18 @@ def parse_faults(text: str) -> list[Fault]:
 class FaultInjector:
     """The faults that apply to this rank and attempt; ``forward(step)`` wraps the forward."""
 
-    def __init__(self, faults: list[Fault], *, rank: int, attempt: int):
+    def __init__(self, faults: list[Fault], *, rank: int, attempt: int,
+                 on_fire: Callable[[Fault, int], None] | None = None):
         self.faults = [f for f in faults if f.applies(rank, attempt)]
+        self.on_fire = on_fire  # e.g. a journal event, so drills can see what was injected
         self._fired: set[Fault] = set()
 
     @classmethod
-    def from_env(cls, rank: int) -> "FaultInjector":
+    def from_env(cls, rank: int, on_fire: Callable[[Fault, int], None] | None = None
+                 ) -> "FaultInjector":
         attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-        return cls(parse_faults(os.environ.get(ENV, "")), rank=rank, attempt=attempt)
+        return cls(parse_faults(os.environ.get(ENV, "")), rank=rank, attempt=attempt,
+                   on_fire=on_fire)
 
     @contextlib.contextmanager
     def forward(self, step: int) -> Iterator[None]:
@@ -106,6 +110,8 @@ class FaultInjector:
         for fault in self.faults:
             if fault.kind in ONE_SHOT and fault.step == step and fault not in self._fired:
                 self._fired.add(fault)
+                if self.on_fire is not None:
+                    self.on_fire(fault, step)
                 self._fire(fault, step)
         started = time.perf_counter()
         yield

@@ -16,6 +16,7 @@ import contextlib
 import math
 import os
 import random
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,7 +169,9 @@ def due(step: int, interval: int, last: int) -> bool:
 # --------------------------------------------------------------------------- the loop
 
 def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry) -> None:
-    faults = FaultInjector.from_env(ranks.rank)
+    faults = FaultInjector.from_env(
+        ranks.rank, on_fire=lambda fault, step: tel.event("fault_injected", step=step,
+                                                          fault=fault.kind))
     with tel.phase("init"):
         data = open_data(cfg, run, ranks)
         state = build_training_state(cfg, data, ranks)
@@ -231,6 +234,19 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry) -> None:
         tel.event("finished", step=state.step - 1, loss=loss.item())
 
 
+class Terminated(BaseException):
+    """SIGTERM (torchrun stopping the workers, or an operator) turned into an exception,
+    so the rank still writes its final status and journal event."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"terminated by {signal.Signals(signum).name}")
+        self.exit_code = 128 + signum
+
+
+def _raise_terminated(signum: int, _frame: object) -> None:
+    raise Terminated(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -238,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"trainwatch: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    signal.signal(signal.SIGTERM, _raise_terminated)
     run = RunDir(args.run_dir)
     ranks = setup_process_group(cfg)
     tel = Telemetry.from_env(run.root, heartbeat_interval=cfg.telemetry.heartbeat_interval,
@@ -251,8 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:
         tel.event("failed", error=f"{type(exc).__name__}: {exc}")
         tel.close("failed")
-        if isinstance(exc, ConfigError):
-            print(f"trainwatch: error: {exc}", file=sys.stderr)
+        if isinstance(exc, (ConfigError, Terminated)):
+            print(f"trainwatch: rank {ranks.rank}: {exc}", file=sys.stderr)
             return exc.exit_code
         raise
     tel.close("finished")
