@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 from collections import defaultdict
 from typing import Iterable
 
@@ -95,7 +96,11 @@ class Evaluator:
         labels = dict(key)
         for label, op, value in node.matchers:
             have = labels.get(label, "")
-            if (op == "=" and have != value) or (op == "!=" and have == value):
+            if op in ("=~", "!~"):
+                # Prometheus anchors label regexes at both ends.
+                if (re.fullmatch(value, have) is not None) != (op == "=~"):
+                    return False
+            elif (op == "=" and have != value) or (op == "!=" and have == value):
                 return False
         return True
 

@@ -5,7 +5,7 @@ The embedded engine (``alerts/evaluate.py``) evaluates the same AST in Python,
 so a rule outside this subset is refused when the rules are loaded rather than
 behaving differently in the two engines.
 
-Supported: selectors with ``=``/``!=`` matchers, ``[range]`` and ``offset``;
+Supported: selectors with ``=``, ``!=``, ``=~``, ``!~`` matchers, ``[range]`` and ``offset``;
 numbers; ``+ - * /``; comparisons (filtering, no ``bool``); ``and``, ``unless``,
 ``or``; ``on(...)`` and ``group_left``; aggregations ``sum avg min max count
 quantile`` with ``by``; functions ``increase rate avg_over_time min_over_time
@@ -66,7 +66,7 @@ class Number:
 @dataclass(frozen=True)
 class Selector:
     name: str
-    matchers: tuple[tuple[str, str, str], ...] = ()  # (label, op, value), op in = !=
+    matchers: tuple[tuple[str, str, str], ...] = ()  # (label, op, value), op in = != =~ !~
     range: float | None = None  # seconds, for range vectors
     offset: float = 0.0
 
@@ -109,9 +109,9 @@ _TOKEN_RE = re.compile(r"""
     (?P<ws>\s+)
   | (?P<duration>\[\s*\d+(?:ms|s|m|h|d|w)(?:\d+(?:ms|s|m|h|d|w))*\s*\])
   | (?P<number>\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?)
-  | (?P<string>"(?:[^"\\]|\\.)*")
+  | (?P<string>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')
   | (?P<ident>[A-Za-z_:][A-Za-z0-9_:]*)
-  | (?P<op>>=|<=|==|!=|[-+*/><(){},=])
+  | (?P<op>>=|<=|==|!=|=~|!~|[-+*/><(){},=])
 """, re.VERBOSE)
 
 
@@ -292,15 +292,16 @@ class _Parser:
             while self.tok.text != "}":
                 label = self.take(kind="ident").text
                 op_tok = self.tok
-                if op_tok.text == "=":
-                    self.take()
-                    op = "="
-                elif op_tok.text == "!=":
-                    self.take()
-                    op = "!="
-                else:
-                    raise PromQLError("only = and != label matchers are supported", op_tok.pos)
+                if op_tok.text not in ("=", "!=", "=~", "!~"):
+                    raise PromQLError("expected a label matcher (=, !=, =~, !~)", op_tok.pos)
+                op = self.take().text
                 value = self.take(kind="string").text[1:-1]
+                if op in ("=~", "!~"):
+                    try:
+                        re.compile(value)
+                    except re.error as exc:
+                        raise PromQLError(f"bad regular expression {value!r}: {exc}",
+                                          op_tok.pos) from None
                 matchers.append((label, op, value))
                 if not self.accept(","):
                     break

@@ -30,7 +30,7 @@ REQUIRED = ["TrainingStalled", "TrainingRankDown", "TrainingStartupFailed",
             "CheckpointFailed", "CheckpointTooOld", "GPUXidErrors", "GPUUncorrectableECC",
             "GPUThermalThrottling", "GPUPowerThrottling", "NCCLErrors", "StorageFillingUp",
             "StorageFull", "StorageProbeSlow", "NetworkInterfaceErrors", "NetworkLinkFlapping",
-            "TrainwatchVersionSkew", "TrainwatchAgentDown", "TrainwatchCollectorFailing"]
+            "NCCLPeerUnresponsive", "TrainwatchVersionSkew", "TrainwatchAgentDown", "TrainwatchCollectorFailing"]
 promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
 
 
@@ -75,7 +75,7 @@ def test_promtool_check_rules_on_both_exports(tmp_path):
     out = subprocess.run(["promtool", "check", "rules", str(GENERATED / "prometheus-rules.yaml")],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 25 rules found" in out.stdout
+    assert "SUCCESS: 26 rules found" in out.stdout
     spec = yaml.safe_load((GENERATED / "prometheusrule.yaml").read_text())
     assert spec["kind"] == "PrometheusRule"
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec["spec"]))
@@ -133,12 +133,14 @@ def test_rules_use_only_contract_metrics(ruleset):
 BAD = [
     ("trainwatch_rank_up == 0", "trainwatch_rank_upp == 0", "not in the metrics contract"),
     ("for: ${stall_for}", "for: 5 minutes", "bad duration"),
-    ("expr: increase(trainwatch_nccl_errors_total[${nccl_error_window}]) > 0",
-     "expr: increase(trainwatch_nccl_errors_total[${nccl_error_window}] > 0",
+    ("expr: trainwatch_nccl_ras_ranks_missing > 0", "expr: trainwatch_nccl_ras_ranks_missing >",
      "bad expression"),
+    ("expr: trainwatch_nccl_ras_ranks_missing > 0",
+     "expr: label_replace(trainwatch_nccl_ras_ranks_missing, 'a', 'b', 'c', 'd') > 0",
+     "not supported"),
     ("alert: NCCLErrors", "alert: NCCLMystery", "has no runbook"),
     ("severity: info", "severity: page-me", "severity must be"),
-    ("${stall_after_seconds}", "${stall_after_secs}", "unknown threshold"),
+    ("${stall_min_seconds}", "${stall_min_secs}", "unknown threshold"),
     ("  - name: trainwatch-gpu\n", "  - name: trainwatch-gpu\n   bad: [\n", "invalid YAML"),
 ]
 
@@ -165,12 +167,12 @@ def test_bad_rule_files_name_file_and_line(tmp_path, old, new, message):
 
 def test_threshold_overrides_change_both_outputs(tmp_path):
     override = tmp_path / "t.yaml"
-    override.write_text("stall_after_seconds: 42\nstall_for: 30s\n")
+    override.write_text("stall_min_seconds: 42\nstall_for: 30s\n")
     ruleset = load_rules(thresholds_file=override)
     rule = ruleset.get("TrainingStalled")
     assert "> 42" in rule.expr and rule.for_seconds == 30
     assert "for: 30s" in prometheus_yaml(ruleset)
-    override.write_text("stall_aftr_seconds: 42\n")
+    override.write_text("stall_mni_seconds: 42\n")
     with pytest.raises(ConfigError, match="unknown threshold") as err:
         load_rules(thresholds_file=override)
     assert err.value.line == 1
@@ -183,7 +185,7 @@ def test_cli_export_and_runbook(tmp_path):
     doc = yaml.safe_load(out.stdout)
     assert doc["metadata"]["namespace"] == "ml"
     urls = [r["annotations"]["runbook_url"] for g in doc["spec"]["groups"] for r in g["rules"]]
-    assert all(u.endswith(".md") and "/runbooks/" in u for u in urls) and len(urls) == 25
+    assert all(u.endswith(".md") and "/runbooks/" in u for u in urls) and len(urls) == 26
     out = subprocess.run([sys.executable, "-m", "trainwatch", "runbook", "trainingstalled"],
                          capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.startswith("# TrainingStalled")

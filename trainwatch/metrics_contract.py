@@ -268,50 +268,20 @@ _SPECS = [
        "Resident set size of the agent process.", NODE, "bytes"),
 ]
 
-# --- needed by the alert rules (issue 5, branch `alerts`) ------------------------------
-# The agent (issue 4) must export these; the controller exports trainwatch_action_*.
-# Kept in one separate block so the merge with the agent's full contract is easy.
-JOB = ("job",)
-STORAGE = ("node", "mountpoint")
-NIC = ("node", "device")
-
-_ALERT_SPECS = [
-    _m("trainwatch_rank_compute_seconds", "gauge",
-       "Mean compute time per step (step time minus data wait) over the last timing "
-       "exchange window.", JOB_RANK, "seconds"),
+# --- alerts and controller (issue 5, branch `alerts`) ---------------------------------
+# Checkpoint facts come from the run directory's journal (the agent must export them:
+# checkpoint_saved/verified and checkpoint_failed events); trainwatch_action_* is
+# exported by the alert controller itself (`trainwatch run` / the webhook receiver).
+_SPECS += [
     _m("trainwatch_checkpoint_age_seconds", "gauge",
-       "Seconds since the newest verified checkpoint (since the run started when none).",
-       JOB, "seconds"),
+       "Seconds since the newest verified checkpoint of the run (since the run started when "
+       "there is none).", JOB_NODE, "seconds"),
     _m("trainwatch_checkpoint_failures_total", "counter",
-       "Checkpoint saves that failed (checkpoint_failed journal events).", JOB),
-    _m("trainwatch_gpu_xid_errors_total", "counter", "XID errors reported by the driver.", GPU),
-    _m("trainwatch_gpu_ecc_uncorrectable_errors_total", "counter",
-       "Uncorrectable (double-bit) ECC errors.", GPU),
-    _m("trainwatch_gpu_throttle_active", "gauge",
-       "1 while the GPU clocks are throttled for the given reason (thermal, power).",
-       GPU + ("reason",)),
-    _m("trainwatch_nccl_errors_total", "counter",
-       "NCCL errors and collective timeouts seen in the rank's logs or flight recorder.",
-       JOB_RANK),
-    _m("trainwatch_storage_free_bytes", "gauge", "Free bytes on the filesystem.", STORAGE,
-       "bytes"),
-    _m("trainwatch_storage_size_bytes", "gauge", "Size of the filesystem in bytes.", STORAGE,
-       "bytes"),
-    _m("trainwatch_storage_probe_duration_seconds", "gauge",
-       "Time the last write+fsync+read probe of the filesystem took.", STORAGE, "seconds"),
-    _m("trainwatch_network_errors_total", "counter",
-       "Receive or transmit errors of a network interface.", NIC + ("direction",)),
-    _m("trainwatch_network_carrier_changes_total", "counter",
-       "Link up/down transitions of a network interface.", NIC),
-    _m("trainwatch_agent_build_info", "info", "Version of the trainwatch agent (value 1).",
-       ("node", "version")),
-    _m("trainwatch_collector_success", "gauge",
-       "1 if the collector's last run succeeded (or it is honestly absent), 0 if it failed.",
-       ("node", "collector")),
+       "Checkpoint saves of the run that failed (checkpoint_failed journal events).", JOB_NODE),
     _m("trainwatch_action_restart_guard_tripped", "gauge",
-       "1 once the controller stopped restarting a job that makes no forward progress.", JOB),
+       "1 once the controller stopped restarting a job that makes no forward progress.",
+       ("job",)),
 ]
-_SPECS += [s for s in _ALERT_SPECS if s.name not in {x.name for x in _SPECS}]
 
 METRICS: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}
 
