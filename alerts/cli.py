@@ -162,3 +162,78 @@ def silence_expire(run_dir, file, silence_id) -> None:
     """End a silence now."""
     _silences(run_dir, file).expire(silence_id)
     click.echo(f"silence {silence_id} expired")
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"'{text}' is not HOST:PORT", key="--listen")
+    return host or "127.0.0.1", int(port)
+
+
+def _job_command(run_dir, job_command, nproc_per_node, config, steps) -> list[str] | None:
+    import shlex
+
+    from trainwatch.alerts.controller import train_command
+    if job_command and nproc_per_node:
+        raise ConfigError("give either --job-command or --nproc-per-node, not both")
+    if job_command:
+        return shlex.split(job_command)
+    if nproc_per_node:
+        return train_command(run_dir, nproc_per_node, config=config, steps=steps)
+    return None
+
+
+@alerts.command("receive")
+@_rules_opt
+@_thresholds_opt
+@click.option("--run-dir", required=True, type=click.Path(file_okay=False),
+              help="The run directory whose job this receiver acts on.")
+@click.option("--listen", default="127.0.0.1:9465", show_default=True, help="HOST:PORT.")
+@click.option("--token-file", type=click.Path(dir_okay=False),
+              help="File holding the bearer token (default: $TRAINWATCH_RECEIVER_TOKEN).")
+@click.option("--nproc-per-node", type=int, help="Also run and supervise `trainwatch train`.")
+@click.option("--config", type=click.Path(dir_okay=False), help="Trainer config file.")
+@click.option("--steps", type=int, help="Override train.steps.")
+@click.option("--job-command", help="Supervise this command instead of `trainwatch train`.")
+@click.option("--straggler-command",
+              help="Scheduler adapter run for stragglers, e.g. 'scontrol requeue {slurm_job_id}'.")
+@click.option("--dry-run", is_flag=True, help="Journal what would be done; do nothing.")
+def receive(rules_file, thresholds_file, run_dir, listen, token_file, nproc_per_node, config,
+            steps, job_command, straggler_command, dry_run) -> None:
+    """Serve Alertmanager's webhook (POST /webhook) and run trainwatch's automatic actions."""
+    from trainwatch.alerts.actions import ActionRunner, Policy
+    from trainwatch.alerts.controller import JobController
+    from trainwatch.alerts.receiver import Receiver, load_token
+    from trainwatch.alerts.silences import Silences
+    from trainwatch.alerts.supervise import Supervisor
+    ruleset = _load(rules_file, thresholds_file)
+    token = load_token(token_file)
+    host, port = _listen(listen)
+    command = _job_command(run_dir, job_command, nproc_per_node, config, steps)
+    controller = JobController(run_dir, command) if command else None
+    policy = Policy.from_thresholds(ruleset.thresholds, dry_run=dry_run,
+                                    straggler_command=straggler_command)
+    runner = ActionRunner(run_dir, controller, policy,
+                          silences=Silences(Path(run_dir) / "alerts" / "silences.json"))
+    receiver = Receiver(ruleset, runner, token, host, port).start()
+    click.echo(f"receiving Alertmanager webhooks on {receiver.url}/webhook "
+               f"(job {runner.job}{', dry run' if dry_run else ''})")
+    supervisor = None
+    if controller is not None:
+        controller.start()
+        supervisor = Supervisor(controller, runner).start()
+    try:
+        while supervisor is None or not supervisor.finished.wait(1.0):
+            if supervisor is None:
+                time.sleep(1.0)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        receiver.stop()
+        if supervisor is not None:
+            supervisor.stop()
+        if controller is not None and controller.alive():
+            controller.stop("receiver stopped")
+    if supervisor is not None and supervisor.exit_code:
+        sys.exit(1)
