@@ -3,7 +3,8 @@
 torchrun restarts failed ranks within ``--max-restarts``; when the launcher gives
 up (exits non-zero) the supervisor restarts the job from its newest verified
 checkpoint through the ActionRunner, so the no-progress guard also stops crash
-loops.  A clean exit (0) means training finished.
+loops.  A clean exit (0) means training finished; exit code 2 (bad input) is not
+restarted either.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ class Supervisor:
                 return
             self.controller.run.append_event("job_exited", "engine", returncode=code,
                                              pid=self.controller.proc.pid)
-            if code == 0:
-                self.exit_code = 0
+            if code in (0, 2):  # finished, or bad input that a restart cannot fix
+                self.exit_code = code
                 self.finished.set()
                 return
             outcome = self.runner.restart_job("restart", None)

@@ -22,6 +22,7 @@ COMMANDS = {
     "data": ("trainwatch.trainer.cli:data", "Prepare and inspect token datasets."),
     "alerts": ("trainwatch.alerts.cli:alerts", "Check, export, test and silence alert rules; run the engine and webhook receiver."),
     "runbook": ("trainwatch.runbooks.cli:runbook", "Print the runbook of an alert."),
+    "run": ("trainwatch.alerts.run:run", "Train with the agent and the embedded alert engine watching; restarts from checkpoints."),
 }
 
 
