@@ -199,8 +199,10 @@ class ActionRunner:
         ledger["last_restart_at"] = self.clock()
         if own_ledger:
             self._save(ledger)
-        details["pid"] = self.controller.restart(f"{action}" + (f" ({req.alertname})"
-                                                               if req else ""))
+        # Hung or diverged jobs are killed (no checkpoint can or should be written).
+        hard = action in ("stall_restart", "rollback_skip")
+        details["pid"] = self.controller.restart(
+            action + (f" ({req.alertname})" if req else ""), hard=hard)
         return self._taken(req, f"{action}: restarted the job from its newest verified "
                            "checkpoint", details, action=action)
 

@@ -3,8 +3,8 @@
 It drives ``trainwatch train`` (or any command that resumes from the run
 directory's newest verified checkpoint on start) and knows nothing about alerts;
 ``alerts/actions.py`` decides when to call it.  Stopping kills the whole process
-tree (launcher, torchrun, ranks), continuing stopped processes first, so a frozen
-(SIGSTOPped) rank cannot keep a restart waiting.
+tree (launcher, torchrun, ranks): gracefully (SIGTERM, then SIGKILL) or at once for
+hung or diverged jobs, so a frozen (SIGSTOPped) rank cannot keep a restart waiting.
 """
 
 from __future__ import annotations
@@ -77,17 +77,25 @@ class JobController:
     def returncode(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
 
-    def stop(self, reason: str) -> int | None:
-        """Stop the job's whole process tree: SIGCONT+SIGTERM, then SIGKILL after the grace."""
+    def stop(self, reason: str, *, hard: bool = False) -> int | None:
+        """Stop the job's whole process tree.
+
+        Graceful (SIGTERM, the trainer checkpoints on it; SIGKILL after the grace) unless
+        ``hard``: a hung job cannot finish a checkpoint, and a diverged one must not write
+        one, so those are killed at once (SIGKILL also ends SIGSTOPped processes).
+        """
         with self.lock:
             if self.proc is None:
                 return None
             self.stopping = True
             tree = self._tree()
-            for p in tree:
-                _signal(p, signal.SIGCONT)
-                _signal(p, signal.SIGTERM)
-            _, alive = psutil.wait_procs(tree, timeout=self.stop_grace)
+            if hard:
+                alive = tree
+            else:
+                for p in tree:
+                    _signal(p, signal.SIGTERM)
+                    _signal(p, signal.SIGCONT)  # a stopped process must run to handle it
+                _, alive = psutil.wait_procs(tree, timeout=self.stop_grace)
             for p in alive:
                 _signal(p, signal.SIGKILL)
             psutil.wait_procs(alive, timeout=5)
@@ -97,13 +105,13 @@ class JobController:
                 self.proc.kill()
                 code = self.proc.wait()
             self.run.append_event("job_stopped", "engine", pid=self.proc.pid, reason=reason,
-                                  returncode=code, killed=[p.pid for p in alive])
+                                  returncode=code, hard=hard, killed=[p.pid for p in alive])
             return code
 
-    def restart(self, reason: str) -> int:
+    def restart(self, reason: str, *, hard: bool = False) -> int:
         with self.lock:
             if self.alive():
-                self.stop(reason)
+                self.stop(reason, hard=hard)
             return self.start(reason)
 
     def _tree(self) -> list[psutil.Process]:
