@@ -89,23 +89,27 @@ class JobController:
                 return None
             self.stopping = True
             tree = self._tree()
-            if hard:
-                alive = tree
-            else:
+            descendants = [p for p in tree if p.pid != self.proc.pid]
+            leftover = descendants
+            if not hard:
                 for p in tree:
                     _signal(p, signal.SIGTERM)
                     _signal(p, signal.SIGCONT)  # a stopped process must run to handle it
-                _, alive = psutil.wait_procs(tree, timeout=self.stop_grace)
-            for p in alive:
-                _signal(p, signal.SIGKILL)
-            psutil.wait_procs(alive, timeout=5)
-            try:
-                code = self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
+                try:  # the launcher is our child: Popen reaps it and keeps its exit code
+                    self.proc.wait(timeout=self.stop_grace)
+                except subprocess.TimeoutExpired:
+                    pass
+                _, leftover = psutil.wait_procs(descendants, timeout=1)
+            killed = [p.pid for p in leftover]
+            if self.proc.poll() is None:
                 self.proc.kill()
-                code = self.proc.wait()
+                killed.insert(0, self.proc.pid)
+            for p in leftover:
+                _signal(p, signal.SIGKILL)
+            code = self.proc.wait()
+            psutil.wait_procs(leftover, timeout=5)
             self.run.append_event("job_stopped", "engine", pid=self.proc.pid, reason=reason,
-                                  returncode=code, hard=hard, killed=[p.pid for p in alive])
+                                  returncode=code, hard=hard, killed=killed)
             return code
 
     def restart(self, reason: str, *, hard: bool = False) -> int:

@@ -165,6 +165,7 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     finally:
         supervisor.stop()
         loop.stop()
+        loop.tick()  # a last evaluation, so what ended the run (e.g. the guard) is announced
         if controller.alive():
             controller.stop("interrupted" if interrupted else "controller stopped")
         stop_process(agent_proc)

@@ -171,6 +171,8 @@ def test_stall_webhook_captures_evidence_restarts_once_and_dedups(job, receiver_
     assert not psutil.pid_exists(first_pid) or psutil.Process(first_pid).status() == "zombie"
     _wait_for(lambda: len(_starts(c.run)) == 2)
     assert c.alive() and c.proc.pid != first_pid
+    stopped = c.run.events("job_stopped")
+    assert stopped[0]["hard"] and stopped[0]["returncode"] == -signal.SIGKILL
 
     # Alertmanager re-sends the same alert (same fingerprint and startsAt): no second restart.
     code, body = _post(rec.url, _payload())
