@@ -190,6 +190,8 @@ class ActionRunner:
         if action == "stall_restart":
             details["evidence"] = str(self.controller.capture_evidence("stall"))
         elif action == "rollback_skip":
+            # Stop first, so no checkpoint is written after the bad one is chosen.
+            self.controller.stop(f"{action} ({req.alertname if req else 'exit'})", hard=True)
             details.update(self._prepare_rollback())
         elif action == "straggler":
             details["requested"] = str(self._touch("checkpoint"))
@@ -215,12 +217,12 @@ class ActionRunner:
             return details
         quarantine = self.run.diagnostics_dir / f"quarantine-{int(self.clock())}"
         moved = []
-        for step, path in _checkpoints(self.run):
+        for step, path in self.controller.checkpoints():
             if step >= bad:
                 quarantine.mkdir(parents=True, exist_ok=True)
                 shutil.move(str(path), quarantine / path.name)
                 moved.append({"step": step, "moved_to": str(quarantine / path.name)})
-        resume = max((s for s, _ in _checkpoints(self.run) if s < bad), default=None)
+        resume = max((s for s, _ in self.controller.checkpoints() if s < bad), default=None)
         skip_to = bad + self.policy.skip_window_steps
         request = {"from_step": (resume + 1) if resume is not None else 0, "to_step": skip_to,
                    "reason": f"non-finite or spiking loss at step {bad}"}
@@ -293,19 +295,3 @@ def _first_bad_step(run: RunDir) -> int | None:
             best, best_ratio = finite[i][0], finite[i][1] / mean
     return best
 
-
-def _checkpoints(run: RunDir) -> list[tuple[int, Path]]:
-    """(step, path) of complete checkpoints: the checkpoint library's catalog when present."""
-    try:
-        from trainwatch.trainer.checkpoint.catalog import scan
-    except ImportError:
-        scan = None
-    if scan is not None:
-        return [(e.step, e.path) for e in scan(run.checkpoint_dir)
-                if e.state == "complete" and e.step is not None]
-    out = []
-    for event in run.events("checkpoint_saved"):
-        path = Path(str(event.get("path", "")))
-        if isinstance(event.get("step"), int) and path.is_dir():
-            out.append((event["step"], path))
-    return out

@@ -127,17 +127,34 @@ class JobController:
 
     # ------------------------------------------------------------------ observation
     def progress_step(self) -> int | None:
-        """The furthest step any rank has completed, from the status files and journal."""
-        best = None
-        for status in self.run.statuses().records:
-            step = (status.get("metrics") or {}).get("step")
-            if isinstance(step, int):
-                best = step if best is None else max(best, step)
+        """The step a restart would resume from: the newest complete checkpoint (or None).
+
+        Forward progress means this moves; a job that crashes before its next checkpoint
+        every time makes none, however many steps it trains in between.
+        """
+        steps = [step for step, _ in self.checkpoints()]
+        return max(steps) if steps else None
+
+    def checkpoints(self) -> list[tuple[int, Path]]:
+        """(step, path) of complete checkpoints, oldest first.
+
+        From the checkpoint library's catalog when it is installed, and from the journal's
+        ``checkpoint_saved`` events whose directory still exists (any trainer can write those).
+        """
+        found: dict[Path, int] = {}
+        try:
+            from trainwatch.trainer.checkpoint.catalog import scan
+        except ImportError:
+            scan = None
+        if scan is not None:
+            found.update({e.path: e.step for e in scan(self.run.checkpoint_dir)
+                          if e.state == "complete" and e.step is not None})
         for event in self.run.events("checkpoint_saved"):
-            step = event.get("step")
-            if isinstance(step, int):
-                best = step if best is None else max(best, step)
-        return best
+            path = Path(str(event.get("path", "")))
+            if isinstance(event.get("step"), int) and path.is_dir() \
+                    and path.parent == self.run.checkpoint_dir:
+                found.setdefault(path, event["step"])
+        return sorted((step, path) for path, step in found.items())
 
     def rank_pids(self) -> dict[int, int]:
         return {s["rank"]: s["pid"] for s in self.run.statuses().records

@@ -31,16 +31,18 @@ JOB_SCRIPT = """
 import os, sys, time
 from trainwatch.rundir import RunDir
 run = RunDir(sys.argv[1]).create()
+# resume from the newest "checkpoint", like the trainer
+step = max([int(p.name.split("-")[1]) for p in run.checkpoint_dir.glob("step-*")], default=0)
 with open(run.root / "starts.txt", "a") as fh:
-    fh.write(f"{os.getpid()}\\n")
+    fh.write(f"{os.getpid()} {step}\\n")
 if os.environ.get("CRASH"):
     sys.exit(1)
-try:  # resume where the previous attempt got to, like a restart from a checkpoint
-    step = run.statuses().records[0]["step"]
-except IndexError:
-    step = 0
 while True:
     step += 1
+    if step % 5 == 0:  # a "checkpoint" every 5 steps, journaled like the trainer does
+        (run.checkpoint_dir / f"step-{step:08d}").mkdir(exist_ok=True)
+        run.append_event("checkpoint_saved", "rank0", step=step,
+                         path=str(run.checkpoint_dir / f"step-{step:08d}"))
     run.write_status(0, {"job": run.root.name, "rank": 0, "pid": os.getpid(), "node": "n1",
                          "state": "running", "step": step, "metrics": {"step": step},
                          "heartbeat_at": time.time()})
@@ -122,9 +124,11 @@ def _wait_for(predicate, timeout=30.0):
     raise AssertionError("condition not reached in time")
 
 
-def _starts(run: RunDir) -> list[int]:
+def _starts(run: RunDir, field: int = 0) -> list[int]:
+    """The job's starts: pids (field 0) or the step each start resumed from (field 1)."""
     path = run.root / "starts.txt"
-    return [int(x) for x in path.read_text().split()] if path.exists() else []
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [int(line.split()[field]) for line in lines if line.strip()]
 
 
 def test_bad_requests_are_refused_and_nothing_acts(job, receiver_for, caplog):
@@ -244,7 +248,32 @@ def test_progress_resets_the_guard(job):
     c.start()
     for _ in range(3):  # each restart happens after the job made progress: never blocked
         before = _wait_for(lambda: c.progress_step())
-        _wait_for(lambda: (c.progress_step() or 0) > before + 2)
+        _wait_for(lambda: (c.progress_step() or 0) > before)
         assert runner.restart_job("restart", None).taken
     _wait_for(lambda: len(_starts(c.run)) == 4)
     assert not runner.guard_tripped and len(c.run.events("action_taken")) == 3
+
+
+def test_nonfinite_loss_rolls_back_before_the_bad_step_and_skips_the_window(job,
+                                                                            receiver_for):
+    c = job()
+    c.start()
+    rec = receiver_for(c, skip_window_steps=2)
+    _wait_for(lambda: (c.progress_step() or 0) >= 45)
+    # The metrics log says step 37 produced a NaN loss.
+    with open(c.run.metrics_file(0), "w") as fh:
+        for step in range(46):
+            loss = float("nan") if step == 37 else 5.0 - step * 0.01
+            fh.write(json.dumps({"v": 1, "kind": "step", "step": step, "loss": loss}) + "\n")
+    code, body = _post(rec.url, _payload(alertname="TrainingLossNonFinite", fingerprint="nan1"))
+    assert body["results"][0]["outcome"] == "taken", body
+    taken = c.run.events("action_taken")[-1]
+    assert taken["action"] == "rollback_skip" and taken["bad_step"] == 37
+    assert taken["resume_step"] == 35
+    assert {q["step"] for q in taken["quarantined"]} >= {40, 45}
+    assert all(not os.path.exists(c.run.checkpoint_dir / f"step-{s:08d}") for s in (40, 45))
+    skip = json.loads((c.run.control_dir / "skip-steps.json").read_text())
+    assert skip["from_step"] == 36 and skip["to_step"] == 39
+    # The restarted job resumes from the checkpoint before the bad step.
+    _wait_for(lambda: len(_starts(c.run)) == 2)
+    assert _starts(c.run, field=1)[1] == 35
