@@ -160,14 +160,26 @@ class ActionRunner:
         if last is not None and now - last < self.policy.min_interval_seconds:
             return self._skip(req, f"rate limited: the job was restarted {now - last:.0f}s ago "
                               f"(minimum {self.policy.min_interval_seconds:.0f}s)")
-        return self.restart_job(req.action, req, ledger)
+        return self._restart(req.action, req, ledger)
 
     # ------------------------------------------------------------------ restarts
-    def restart_job(self, action: str, req: ActionRequest | None,
-                    ledger: dict[str, Any] | None = None) -> Outcome:
-        """Restart through the no-progress guard; also used when the job exits by itself."""
-        own_ledger = ledger is None
-        ledger = ledger if ledger is not None else self._ledger()
+    def restart_job(self, action: str, req: ActionRequest | None = None, *,
+                    only_if_exited: bool = False) -> Outcome:
+        """Restart through the no-progress guard (the supervisor's path for a job that exited).
+
+        ``only_if_exited``: do nothing if the job runs again by now (an alert's action got
+        there first), so one failure never restarts the job twice.
+        """
+        with self.lock:
+            if only_if_exited and self.controller.alive():
+                return Outcome(False, "the job was already restarted")
+            ledger = self._ledger()
+            outcome = self._restart(action, req, ledger)
+            self._save(ledger)
+            return outcome
+
+    def _restart(self, action: str, req: ActionRequest | None,
+                 ledger: dict[str, Any]) -> Outcome:
         step = self.controller.progress_step()
         previous = ledger.get("step_at_last_restart")
         first_restart = ledger.get("last_restart_at") is None
@@ -175,8 +187,7 @@ class ActionRunner:
         count = 0 if progressed else int(ledger.get("restarts_without_progress", 0))
         if ledger.get("guard_tripped") or count >= self.policy.guard_max_restarts:
             ledger["guard_tripped"] = True
-            if own_ledger:
-                self._save(ledger)
+            self._save(ledger)
             outcome = self._skip(req, f"restart guard: {count} restarts without forward "
                                  f"progress (step {step}); not restarting, paging a human",
                                  action=action, extra={"step": step})
@@ -199,8 +210,7 @@ class ActionRunner:
         ledger["step_at_last_restart"] = step
         ledger["restarts_without_progress"] = count + 1
         ledger["last_restart_at"] = self.clock()
-        if own_ledger:
-            self._save(ledger)
+        self._save(ledger)
         # Hung or diverged jobs are killed (no checkpoint can or should be written).
         hard = action in ("stall_restart", "rollback_skip")
         details["pid"] = self.controller.restart(

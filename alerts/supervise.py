@@ -26,6 +26,7 @@ class Supervisor:
         self.poll_seconds = poll_seconds
         self.finished = threading.Event()  # training ended (cleanly, or the guard gave up)
         self.exit_code: int | None = None
+        self._handled_pid: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -41,20 +42,23 @@ class Supervisor:
 
     def check(self) -> None:
         """One look at the job; called from the loop (and from tests)."""
-        with self.controller.lock:
+        with self.controller.lock:  # read only: never hold it while the runner acts
             code = self.controller.returncode()
-            if code is None or self.controller.stopping:
+            if code is None or self.controller.stopping or self.controller.proc is None:
                 return
-            self.controller.run.append_event("job_exited", "engine", returncode=code,
-                                             pid=self.controller.proc.pid)
-            if code in (0, 2):  # finished, or bad input that a restart cannot fix
-                self.exit_code = code
-                self.finished.set()
+            pid = self.controller.proc.pid
+            if pid == self._handled_pid:
                 return
-            outcome = self.runner.restart_job("restart", None)
-            if not outcome.taken:
-                self.exit_code = code
-                self.finished.set()
+            self._handled_pid = pid
+            self.controller.run.append_event("job_exited", "engine", returncode=code, pid=pid)
+        if code in (0, 2):  # finished, or bad input that a restart cannot fix
+            self.exit_code = code
+            self.finished.set()
+            return
+        outcome = self.runner.restart_job("restart", None, only_if_exited=True)
+        if not outcome.taken and not self.controller.alive():
+            self.exit_code = code
+            self.finished.set()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.poll_seconds) and not self.finished.is_set():
