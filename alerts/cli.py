@@ -237,3 +237,45 @@ def receive(rules_file, thresholds_file, run_dir, listen, token_file, nproc_per_
             controller.stop("receiver stopped")
     if supervisor is not None and supervisor.exit_code:
         sys.exit(1)
+
+
+@alerts.command("watch")
+@_rules_opt
+@_thresholds_opt
+@click.option("--target", "targets", multiple=True, required=True,
+              help="An agent's HOST:PORT to scrape (repeatable).")
+@click.option("--run-dir", type=click.Path(file_okay=False),
+              help="Journal alerts and read silences here.")
+@click.option("--webhook", multiple=True, help="POST alerts to this URL (repeatable).")
+@click.option("--webhook-token-file", type=click.Path(dir_okay=False),
+              help="Bearer token for the webhooks.")
+@click.option("--alertmanager", help="Send alerts to this Alertmanager (base URL).")
+def watch(rules_file, thresholds_file, targets, run_dir, webhook, webhook_token_file,
+          alertmanager) -> None:
+    """Run the embedded engine against agents' /metrics (no Prometheus); Ctrl-C stops."""
+    from trainwatch.alerts.engine import Engine
+    from trainwatch.alerts.evaluate import History
+    from trainwatch.alerts.loop import EngineLoop
+    from trainwatch.alerts.notify import AlertmanagerNotifier, JournalNotifier, WebhookNotifier
+    from trainwatch.alerts.receiver import load_token
+    from trainwatch.alerts.scrape import Scraper
+    from trainwatch.alerts.silences import Silences
+    ruleset = _load(rules_file, thresholds_file)
+    token = load_token(webhook_token_file) if webhook_token_file else None
+    history = History()
+    notifiers = [JournalNotifier(run_dir)] + [WebhookNotifier(u, token) for u in webhook]
+    if alertmanager:
+        notifiers.append(AlertmanagerNotifier(alertmanager))
+    silences = Silences(Path(run_dir) / "alerts" / "silences.json") if run_dir else None
+    engine = Engine(ruleset, history, silences=silences, notifiers=notifiers)
+    loop = EngineLoop(engine, Scraper(history, list(targets)),
+                      parse_duration(ruleset.thresholds["evaluation_interval"]))
+    click.echo(f"evaluating {len(ruleset.rules)} rules against {', '.join(targets)}")
+    loop.start()
+    try:
+        while True:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        loop.stop()

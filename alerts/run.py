@@ -90,7 +90,8 @@ def live_view(run: RunDir, engine: Engine, started: float) -> Group:
     actions = Text()
     for e in run.events("action_taken", "action_skipped", "job_started", "job_exited")[-5:]:
         when = time.strftime("%H:%M:%S", time.localtime(e.get("time", 0)))
-        actions.append(f"{when} {e['event']}: {e.get('reason', '')}\n")
+        what = e.get("reason") or f"returncode {e.get('returncode')}"
+        actions.append(f"{when} {e['event']}: {what}\n")
     return Group(ranks, alerts, actions)
 
 

@@ -167,3 +167,24 @@ def test_alertmanager_v2_api_receives_firing_and_resolved(tmp_path, fast_rules, 
     engine.evaluate(now)  # resolved: sent again with endsAt = now
     _wait_for(lambda: not [a for a in alerts() if a["status"]["state"] == "active"])
     assert am.sent >= 2
+
+
+def test_alerts_watch_cli_scrapes_an_agent_and_journals(tmp_path):
+    registry = CollectorRegistry()
+    Gauge("trainwatch_rank_stall_seconds", "x", ["job", "node", "rank", "local_rank"],
+          registry=registry).labels("exp1", "n1", "3", "1").set(42)
+    server, _ = start_http_server(0, "127.0.0.1", registry)
+    (tmp_path / "t.yaml").write_text("evaluation_interval: 1s\nstall_for: 0s\n")
+    run = RunDir(tmp_path / "exp1").create()
+    proc = subprocess.Popen([sys.executable, "-m", "trainwatch", "alerts", "watch",
+                             "--thresholds", str(tmp_path / "t.yaml"), "--run-dir", str(run.root),
+                             "--target", f"127.0.0.1:{server.server_address[1]}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        firing = _wait_for(lambda: run.events("alert_firing"), timeout=60)
+        assert firing[0]["alert"] == "TrainingStalled" and firing[0]["labels"]["rank"] == "3"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+        server.shutdown()
+        server.server_close()
