@@ -7,6 +7,7 @@ trainer does (a step counter), so restarts, SIGSTOP and crash loops are real.
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 import urllib.error
@@ -277,3 +278,58 @@ def test_nonfinite_loss_rolls_back_before_the_bad_step_and_skips_the_window(job,
     # The restarted job resumes from the checkpoint before the bad step.
     _wait_for(lambda: len(_starts(c.run)) == 2)
     assert _starts(c.run, field=1)[1] == 35
+
+
+def test_receive_cli_supervises_a_job_and_acts_on_webhooks(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(JOB_SCRIPT)
+    run = RunDir(tmp_path / "exp1")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainwatch", "alerts", "receive", "--run-dir", str(run.root),
+         "--listen", f"127.0.0.1:{port}",
+         "--job-command", f"{sys.executable} {script} {run.root}"],
+        env={**os.environ, "TRAINWATCH_RECEIVER_TOKEN": TOKEN}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT)
+    try:
+        _wait_for(lambda: len(_starts(run)) == 1)
+        _wait_for(lambda: _healthy(f"http://127.0.0.1:{port}/healthz"))
+        code, body = _post(f"http://127.0.0.1:{port}", _payload())
+        assert code == 200 and body["results"][0]["outcome"] == "taken", body
+        _wait_for(lambda: len(_starts(run)) == 2)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    assert TOKEN.encode() not in out
+    stopped = run.events("job_stopped")
+    assert stopped[-1]["reason"] == "receiver stopped"
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
+                   for pid in _starts(run))
+
+
+def test_trainwatch_run_refuses_bad_rules_before_starting_anything(tmp_path):
+    bad = tmp_path / "rules.yaml"
+    bad.write_text("groups:\n  - name: x\n    rules:\n      - alert: TrainingX\n"
+                   "        expr: nope_metric > 1\n        severity: critical\n"
+                   "        summary: s\n        description: d\n")
+    out = subprocess.run([sys.executable, "-m", "trainwatch", "run", "--nproc-per-node", "1",
+                          "--run-dir", str(tmp_path / "exp1"), "--rules", str(bad)],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and f"{bad}:5" in out.stderr, out.stderr
+    assert "nope_metric" in out.stderr and "metrics contract" in out.stderr
+    assert not (tmp_path / "exp1").exists()
+
+
+def _healthy(url):
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
