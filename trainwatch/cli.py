@@ -19,6 +19,7 @@ from trainwatch.errors import TrainwatchError
 # command name -> "module:attribute" of a click command or group.
 COMMANDS = {
     "train": ("trainwatch.trainer.cli:train", "Run the reference trainer under torchrun with a restart policy."),
+    "agent": ("trainwatch.agent.cli:agent", "Run the per-node agent: health collectors, stall and straggler detection."),
     "data": ("trainwatch.trainer.cli:data", "Prepare and inspect token datasets."),
 }
 
