@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 from trainwatch.agent.config import AgentConfig
 from trainwatch.agent.state import StateStore
@@ -17,6 +18,8 @@ class AgentContext:
     config: AgentConfig
     store: StateStore = field(default_factory=StateStore)
     started_at: float = field(default_factory=time.time)
+    # Builds the GPU backend (agent/nvml.py); tests substitute a fake.
+    gpu_backend: Callable[[], Any] | None = None
 
     @property
     def node(self) -> str:

@@ -70,19 +70,25 @@ class CollectorSpec:
     interval: float
     timeout: float
     options: dict[str, Any]
+    first_delay: float = 0.0
 
 
 _REGISTRY: dict[str, CollectorSpec] = {}
 
 
 def register(name: str, *, interval: float, timeout: float | None = None,
-             enabled: bool = True, options: dict[str, Any] | None = None):
-    """Class decorator used by every module in ``agent/collectors/``."""
+             enabled: bool = True, options: dict[str, Any] | None = None,
+             first_delay: float = 0.0):
+    """Class decorator used by every module in ``agent/collectors/``.
+
+    ``first_delay`` lets collectors that build on another's values (findings on ranks)
+    start after it has run once.
+    """
     def wrap(cls: type[Collector]) -> type[Collector]:
         cls.name = name
         _REGISTRY[name] = CollectorSpec(name, cls, enabled, float(interval),
                                         float(timeout if timeout is not None else interval),
-                                        dict(options or {}))
+                                        dict(options or {}), float(first_delay))
         return cls
     return wrap
 

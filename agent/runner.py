@@ -77,7 +77,7 @@ class CollectorRunner:
             self._configure()
 
     def _configure(self) -> None:
-        from datetime import datetime, timezone
+        from datetime import datetime, timedelta, timezone
         assert self._scheduler is not None
         self.collectors.clear()
         for name, spec in sorted(all_collectors().items()):
@@ -102,7 +102,8 @@ class CollectorRunner:
             self._scheduler.add_job(self.run_once, "interval", args=[name], id=name,
                                     seconds=record.interval,
                                     misfire_grace_time=max(1, int(record.interval)),
-                                    next_run_time=datetime.now(timezone.utc))
+                                    next_run_time=datetime.now(timezone.utc)
+                                    + timedelta(seconds=spec.first_delay))
 
     # -- one run -------------------------------------------------------------------
     def run_once(self, name: str) -> None:

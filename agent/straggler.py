@@ -77,11 +77,22 @@ def score(values: Sequence[float]) -> Scores:
 
 @dataclass
 class _RankTrack:
+    """A rank's current streak, counted in steps so sparse sampling cannot slow detection.
+
+    The agent may see only some of the windows (fast steps, a 1 s collection
+    interval); a streak spans from the first step of its first slow window to the last
+    step of the latest one, and ``windows`` consecutive windows means that many
+    windows' worth of steps, every observed window slow.
+    """
+
     slow_windows: int = 0
-    normal_windows: int = 0
+    streak_from: int | None = None      # first step of the current slow / normal streak
+    normal_from: int | None = None
     active: bool = False
     since: float | None = None
+    since_step: int | None = None
     detected_at: float | None = None
+    detected_step: int | None = None
 
 
 @dataclass
@@ -100,43 +111,54 @@ class JobStragglers:
             return False
         return world < int(self.options["min_ranks_for_score"]) or z >= float(self.options["score"])
 
-    def _advance(self, track: _RankTrack, slow: bool, when: float) -> None:
+    def _advance(self, track: _RankTrack, slow: bool, when: float, step: int,
+                 window_steps: int) -> None:
+        first = step - window_steps + 1
         if slow:
-            track.slow_windows += 1
-            track.normal_windows = 0
-            if track.since is None:
-                track.since = when
+            track.normal_from = None
+            if track.streak_from is None:
+                track.streak_from, track.since = first, when
+            span = step - track.streak_from + 1
+            track.slow_windows = max(1, span // window_steps)
             if not track.active and track.slow_windows >= int(self.options["windows"]):
-                track.active, track.detected_at = True, when
-        else:
-            track.normal_windows += 1
-            track.slow_windows = 0
-            if track.active and track.normal_windows < int(self.options["clear_windows"]):
-                return
-            track.active, track.since, track.detected_at = False, None, None
+                track.active, track.detected_at, track.detected_step = True, when, step
+                track.since_step = track.streak_from
+            return
+        track.streak_from, track.slow_windows = None, 0
+        if track.normal_from is None:
+            track.normal_from = first
+        normal = (step - track.normal_from + 1) // window_steps
+        if track.active and normal < int(self.options["clear_windows"]):
+            return
+        track.active, track.since, track.since_step = False, None, None
+        track.detected_at = track.detected_step = None
 
     def update(self, timing: dict[str, Any], local_ranks: Sequence[int], now: float) -> bool:
         """Score a new window; returns False if this window was already seen or unusable."""
         window = (timing.get("step"), timing.get("time"))
-        if window == self.last_window:
+        if window == self.last_window or not isinstance(timing.get("step"), int):
             return False
         values = local_times(timing)
         if values is None:
             return False
         self.last_window = window
+        step = timing["step"]
+        window_steps = max(1, int(timing.get("window_steps") or 1))
         scores = score(values)
         self.last_scores = scores
         world = len(values)
         for rank in local_ranks:
             if 0 <= rank < world:
                 track = self.ranks.setdefault(rank, _RankTrack())
-                self._advance(track, self.is_slow(scores.ratio[rank], scores.score[rank], world),
-                              now)
-        mine = sorted(values[r] for r in local_ranks if 0 <= r < world)
-        others = sorted(v for r, v in enumerate(values) if r not in set(local_ranks))
+                slow = self.is_slow(scores.ratio[rank], scores.score[rank], world)
+                self._advance(track, slow, now, step, window_steps)
+        local = set(local_ranks)
+        mine = sorted(values[r] for r in local if 0 <= r < world)
+        others = sorted(v for r, v in enumerate(values) if r not in local)
         if mine and others:
             self.node_ratio = _median_sorted(mine) / max(_median_sorted(others), 1e-12)
-            self._advance(self.node, self.node_ratio >= float(self.options["ratio"]), now)
+            self._advance(self.node, self.node_ratio >= float(self.options["ratio"]), now,
+                          step, window_steps)
         else:
             self.node_ratio = None
         return True

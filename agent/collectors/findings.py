@@ -19,7 +19,7 @@ _THERMAL = ("hw_thermal", "sw_thermal")
 _POWER = ("hw_power_brake", "sw_power_cap")
 
 
-@register("findings", interval=1.0, timeout=5.0, options={"keep_cleared": 20})
+@register("findings", interval=1.0, timeout=5.0, first_delay=1.5, options={"keep_cleared": 20})
 class FindingsCollector(Collector):
     def __init__(self, ctx, options):
         super().__init__(ctx, options)
@@ -123,6 +123,7 @@ class FindingsCollector(Collector):
                 "node": self.ctx.node, "rank": r, "local_rank": rank.get("local_rank"),
                 "ratio": summary["ratio"], "score": summary["score"],
                 "slow_windows": summary["slow_windows"], "since": track.since,
+                "since_step": track.since_step, "detected_step": track.detected_step,
                 "cause": cause, "evidence": evidence,
                 "message": (f"rank {r} runs at {1 / max(scores.ratio[r], 1e-9):.2f}x the speed "
                             f"of the other ranks (cause: {cause})")}
