@@ -80,9 +80,10 @@ def _number(value: Any, file: str | None, key: str, *, minimum: float = 0.0,
             positive: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"must be a number, got {value!r}", file=file, key=key)
-    if value < minimum or (positive and value <= 0):
-        raise ConfigError(f"must be {'>' if positive else '>='} {minimum}, got {value!r}",
-                          file=file, key=key)
+    if positive and value <= 0:
+        raise ConfigError(f"must be > 0, got {value!r}", file=file, key=key)
+    if value < minimum:
+        raise ConfigError(f"must be >= {minimum:g}, got {value!r}", file=file, key=key)
     return float(value)
 
 

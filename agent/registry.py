@@ -37,11 +37,11 @@ class Result:
     state: str = "ok"
     reason: str | None = None
 
-    def add(self, name: str, value: float | int | bool | None, **labels: Any) -> None:
+    def add(self, metric: str, value: float | int | bool | None, /, **labels: Any) -> None:
         """Add a sample; ``None`` values are unknown and are not exported."""
         if value is None:
             return
-        self.samples.append(Sample(name, {k: "" if v is None else str(v)
+        self.samples.append(Sample(metric, {k: "" if v is None else str(v)
                                           for k, v in labels.items()}, float(value)))
 
     @classmethod
