@@ -8,6 +8,7 @@ registers (see ``agent/registry.py``), so a typo is an error, never ignored.
 from __future__ import annotations
 
 import copy
+import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +44,9 @@ class AgentConfig:
     """The validated configuration the daemon runs with."""
 
     listen: str = f"127.0.0.1:{DEFAULT_PORT}"
-    node: str = field(default_factory=socket.gethostname)
+    # TRAINWATCH_NODE (e.g. the Kubernetes node name) wins over the hostname.
+    node: str = field(default_factory=lambda: os.environ.get("TRAINWATCH_NODE")
+                      or socket.gethostname())
     run_dirs: list[str] = field(default_factory=list)
     discover: list[str] = field(default_factory=list)
     sys_root: str = "/sys"
