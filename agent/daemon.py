@@ -12,7 +12,7 @@ import psutil
 
 from trainwatch.agent.config import AgentConfig, load_config
 from trainwatch.agent.context import AgentContext
-from trainwatch.agent.exporter import build_registry
+from trainwatch.agent.exporter import CachedExposition, build_registry
 from trainwatch.agent.runner import CollectorRunner
 from trainwatch.agent.server import AgentHTTPServer
 from trainwatch.agent.status import build_status
@@ -27,6 +27,7 @@ class Agent:
         self.reload_args = reload_args or {}
         self.runner = CollectorRunner(self.ctx)
         self.registry, self.exporter = build_registry(self.ctx)
+        self.exposition = CachedExposition(self.ctx, self.registry)
         self.config_loaded_at = time.time()
         self._stop = threading.Event()
         self._reload = threading.Event()
@@ -42,7 +43,7 @@ class Agent:
 
     def start(self) -> None:
         host, port = self.ctx.config.host_port
-        self.server = AgentHTTPServer((host, port), self.registry, self.status,
+        self.server = AgentHTTPServer((host, port), self.exposition.body, self.status,
                                       lambda: self.runner.running)
         self.runner.start()
         self.server.serve_in_thread()

@@ -8,11 +8,13 @@ their declared labels; anything else is dropped, counted and logged once.
 from __future__ import annotations
 
 import logging
-
+import threading
+import time
 from collections import defaultdict
 from typing import Iterable, Iterator
 
 import psutil
+from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 
@@ -95,6 +97,45 @@ class SnapshotCollector:
         if name not in self.rejected:
             self.rejected.add(name)
             log.error("not exporting %s: %s", name, why)
+
+
+class CachedExposition:
+    """The rendered /metrics body, so frequent scrapes do not each pay for a rendering.
+
+    A body younger than ``max_age`` is served as is; if collectors stored something
+    newer meanwhile, it is re-rendered in the background for the next scrape
+    (stale-while-revalidate, at most ``max_age`` old).  An older body is re-rendered
+    before answering, so a scrape every 15 s always gets fresh values and an idle agent
+    renders nothing.
+    """
+
+    def __init__(self, ctx: AgentContext, registry: CollectorRegistry, max_age: float = 1.0):
+        self.ctx, self.registry, self.max_age = ctx, registry, max_age
+        self._lock = threading.Lock()
+        self._render_lock = threading.Lock()
+        self._body, self._version, self._at = b"", -1, float("-inf")
+        self._refreshing = False
+
+    def _render(self) -> None:
+        with self._render_lock:
+            version = self.ctx.store.version
+            body = generate_latest(self.registry)
+            with self._lock:
+                self._body, self._version, self._at = body, version, time.monotonic()
+                self._refreshing = False
+
+    def body(self) -> bytes:
+        with self._lock:
+            age = time.monotonic() - self._at
+            if age < self.max_age:
+                if self.ctx.store.version != self._version and not self._refreshing:
+                    self._refreshing = True
+                    threading.Thread(target=self._render, daemon=True,
+                                     name="metrics-render").start()
+                return self._body
+        self._render()
+        with self._lock:
+            return self._body
 
 
 def build_registry(ctx: AgentContext) -> tuple[CollectorRegistry, SnapshotCollector]:

@@ -124,7 +124,7 @@ class CollectorRunner:
                 return
             del self._inflight[name]
         started = time.time()
-        store.update(name, runs=record.runs + 1)
+        store.update(name, runs=record.runs + 1, bump=False)
         future = _run_in_daemon_thread(collector)
         try:
             result: Any = future.result(timeout=record.timeout)

@@ -8,8 +8,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.registry import CollectorRegistry
+from prometheus_client import CONTENT_TYPE_LATEST
 
 log = logging.getLogger(__name__)
 
@@ -18,9 +17,9 @@ class AgentHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], registry: CollectorRegistry,
+    def __init__(self, address: tuple[str, int], metrics: Callable[[], bytes],
                  status: Callable[[], dict], healthy: Callable[[], bool]):
-        self.registry, self.status, self.healthy = registry, status, healthy
+        self.metrics, self.status, self.healthy = metrics, status, healthy
         super().__init__(address, _Handler)
 
     def serve_in_thread(self) -> threading.Thread:
@@ -37,7 +36,7 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         try:
             if path == "/metrics":
-                self._send(200, CONTENT_TYPE_LATEST, generate_latest(self.server.registry))
+                self._send(200, CONTENT_TYPE_LATEST, self.server.metrics())
             elif path == "/status":
                 body = json.dumps(self.server.status(), indent=1, default=str).encode()
                 self._send(200, "application/json", body)

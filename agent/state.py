@@ -44,11 +44,13 @@ class CollectorRecord:
 @dataclass
 class StateStore:
     records: dict[str, CollectorRecord] = field(default_factory=dict)
+    version: int = 0  # bumped on every change: lets /metrics reuse its last rendering
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def set(self, record: CollectorRecord) -> None:
         with self._lock:
             self.records[record.name] = record
+            self.version += 1
 
     def get(self, name: str) -> CollectorRecord | None:
         return self.records.get(name)
@@ -62,10 +64,13 @@ class StateStore:
         with self._lock:
             return dict(self.records)
 
-    def update(self, name: str, **changes: Any) -> CollectorRecord:
+    def update(self, name: str, *, bump: bool = True, **changes: Any) -> CollectorRecord:
+        """Replace fields of a record; ``bump=False`` for bookkeeping not worth a re-render."""
         with self._lock:
             record = replace(self.records[name], **changes)
             self.records[name] = record
+            if bump:
+                self.version += 1
             return record
 
     def finish(self, name: str, result: Result, *, started: float, duration: float) -> None:

@@ -50,28 +50,34 @@ def _median_sorted(values: Sequence[float]) -> float:
 
 
 def score(values: Sequence[float]) -> Scores:
-    """Robust per-rank scores; ratio uses the median of the *other* ranks (works for 2)."""
+    """Robust per-rank scores; ratio uses the median of the *other* ranks (works for 2).
+
+    The median without one value has only two or three possible values, picked by
+    where that value sits in the sorted list: O(n log n) overall, no per-rank sort.
+    """
     n = len(values)
     ordered = sorted(values)
     median = _median_sorted(ordered)
-    mad = _median_sorted(sorted(abs(v - median) for v in values))
+    mad = _median_sorted(sorted([abs(v - median) for v in values]))
     spread = max(MAD_SCALE * mad, NOISE_FLOOR * abs(median), 1e-12)
-    position = {}
-    for i, v in enumerate(ordered):
-        position.setdefault(v, i)
-    ratios, scores = [], []
-    for v in values:
-        if n == 1:
-            others = v
-        else:  # median of the list with one copy of v removed, from the sorted list
-            i = position[v]
-            rest_n, mid = n - 1, (n - 1) // 2
-
-            def at(j: int) -> float:
-                return ordered[j] if j < i else ordered[j + 1]
-            others = at(mid) if rest_n % 2 else (at(mid - 1) + at(mid)) / 2.0
-        ratios.append(v / others if others > 0 else 1.0)
-        scores.append((v - median) / spread)
+    if n == 1:
+        others = [values[0]]
+    else:
+        rest, mid = n - 1, (n - 1) // 2
+        if rest % 2:  # odd count left: one middle element
+            low, high = ordered[mid + 1], ordered[mid]
+            pivot = ordered[mid]
+            others = [low if v <= pivot else high for v in values]
+        elif mid == 0:  # n == 2: the other value itself
+            others = [ordered[1] if v <= ordered[0] else ordered[0] for v in values]
+        else:
+            below = (ordered[mid] + ordered[mid + 1]) / 2.0     # v sits left of mid
+            at_mid = (ordered[mid - 1] + ordered[mid + 1]) / 2.0
+            above = (ordered[mid - 1] + ordered[mid]) / 2.0
+            p1, p2 = ordered[mid - 1], ordered[mid]
+            others = [below if v <= p1 else at_mid if v <= p2 else above for v in values]
+    ratios = [v / o if o > 0 else 1.0 for v, o in zip(values, others)]
+    scores = [(v - median) / spread for v in values]
     return Scores(median, mad, ratios, scores)
 
 

@@ -84,3 +84,15 @@ def test_node_straggler_compares_local_ranks_with_the_rest():
     alone = JobStragglers(dict(STRAGGLER_DEFAULTS))
     alone.update(window(5, [1.0, 1.3]), local_ranks=[0, 1], now=0)
     assert alone.node_ratio is None  # all ranks local: no node-level comparison
+
+
+def test_leave_one_out_ratio_matches_brute_force():
+    import statistics
+    rng = random.Random(3)
+    for _ in range(2000):
+        values = [rng.choice([1.0, 1.5, 2.0, rng.random()]) for _ in range(rng.randint(1, 12))]
+        got = score(values).ratio
+        for i, v in enumerate(values):
+            rest = values[:i] + values[i + 1:]
+            other = statistics.median(rest) if rest else v
+            assert abs(got[i] - (v / other if other > 0 else 1.0)) < 1e-12
