@@ -120,6 +120,10 @@ def test_agent_end_to_end(tmp_path, job, prometheus):
             prom, "trainwatch_rank_step"), 60, what="trainwatch_rank_step in Prometheus")
         assert {s["metric"]["rank"] for s in series} == {"0", "1"}
         assert _query(prom, 'trainwatch_collector_up{collector="ranks"} == 1')
+        wait_for(lambda: _query(prom, 'trainwatch_network_peer_up{role="master"} == 1'), 30,
+                 what="the job's master (MASTER_ADDR:MASTER_PORT) reachable")
+        wait_for(lambda: _query(prom, 'trainwatch_storage_probe_success{role="run"} == 1'), 30,
+                 what="storage probe of the run dir")
 
         # 3. clean run: no straggler over several windows
         clean_until = time.time() + 8
