@@ -50,6 +50,7 @@ class CollectorRunner:
         self._inflight: dict[str, tuple[Future, float]] = {}
         self._scheduler: BackgroundScheduler | None = None
         self._lock = threading.Lock()
+        self._stopping = threading.Event()
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -61,6 +62,9 @@ class CollectorRunner:
         self._scheduler.start()
 
     def stop(self) -> None:
+        """Stop scheduling; waits for running collectors are abandoned at once, so a
+        collector stuck on a hung mount never delays the agent's exit."""
+        self._stopping.set()
         if self._scheduler is not None and self._scheduler.running:
             self._scheduler.shutdown(wait=False)
 
@@ -105,6 +109,17 @@ class CollectorRunner:
                                     next_run_time=datetime.now(timezone.utc)
                                     + timedelta(seconds=spec.first_delay))
 
+    def _wait(self, future: Future, timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._stopping.is_set():
+                raise FutureTimeout()
+            try:
+                return future.result(timeout=min(remaining, 0.25))
+            except FutureTimeout:
+                continue
+
     # -- one run -------------------------------------------------------------------
     def run_once(self, name: str) -> None:
         """Run one collector with its timeout and record the outcome (also used by tests)."""
@@ -127,8 +142,10 @@ class CollectorRunner:
         store.update(name, runs=record.runs + 1, bump=False)
         future = _run_in_daemon_thread(collector)
         try:
-            result: Any = future.result(timeout=record.timeout)
+            result: Any = self._wait(future, record.timeout)
         except FutureTimeout:
+            if self._stopping.is_set():
+                return
             self._inflight[name] = (future, started)
             record = store.get(name)
             store.update(name, state="timeout", samples=(), last_run_at=started,

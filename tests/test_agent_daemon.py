@@ -162,3 +162,21 @@ def test_discover_finds_run_dirs_as_they_appear(tmp_path):
     RunDir(folder / "exp1").create()
     (folder / "not-a-run").mkdir()
     assert [r.root.name for r in ctx.run_dirs()] == ["exp1"]
+
+
+def test_stop_does_not_wait_for_a_hung_collector(agent_factory, extra_collectors):
+    add, release = extra_collectors
+
+    class Hangs(Collector):
+        def collect(self):
+            release.wait()
+            return Result()
+
+    add("test_hangs_long", Hangs, interval=0.2, timeout=60)
+    agent = agent_factory()
+    agent.start()
+    wait_for(lambda: agent.ctx.store.get("test_hangs_long").runs >= 1, 10, what="hung run began")
+    started = time.monotonic()
+    agent.stop()
+    agent.runner._scheduler._executors["default"]._pool.shutdown(wait=True)  # as exit does
+    assert time.monotonic() - started < 5
