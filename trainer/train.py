@@ -31,6 +31,7 @@ from trainwatch.rundir import RunDir
 from trainwatch.trainer.config import Config, load_config
 from trainwatch.trainer.data import Dataset, ShardedBatches, ensure_default_dataset, load_dataset
 from trainwatch.trainer.faults import FaultInjector
+from trainwatch.trainer.metrics_server import MetricsServer
 from trainwatch.trainer.model import GPT
 from trainwatch.trainer.state import TrainingState
 from trainwatch.trainer.telemetry import Telemetry
@@ -261,9 +262,12 @@ def main(argv: list[str] | None = None) -> int:
                              exchange_every=cfg.telemetry.exchange_every,
                              peak_flops=cfg.telemetry.peak_flops, device=ranks.device,
                              enabled=cfg.telemetry.enabled)
+    server = None
     try:
         run.create()
         tel.start()
+        if cfg.telemetry.metrics_port and tel.enabled:
+            server = MetricsServer(tel, cfg.telemetry.metrics_port + ranks.local_rank)
         train(cfg, run, ranks, tel)
     except BaseException as exc:
         tel.event("failed", error=f"{type(exc).__name__}: {exc}")
@@ -272,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"trainwatch: rank {ranks.rank}: {exc}", file=sys.stderr)
             return exc.exit_code
         raise
+    finally:
+        if server is not None:
+            server.close()
     tel.close("finished")
     if ranks.distributed:
         dist.destroy_process_group()
