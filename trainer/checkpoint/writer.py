@@ -53,11 +53,16 @@ class _HashingFile:
 
     def __init__(self, fh: BinaryIO):
         self.fh, self.sha, self.bytes = fh, hashlib.sha256(), 0
+        self.error: OSError | None = None
 
     def write(self, data: bytes) -> int:
         self.sha.update(data)
         self.bytes += len(data)
-        return self.fh.write(data)
+        try:
+            return self.fh.write(data)
+        except OSError as exc:
+            self.error = exc  # torch.save turns it into a RuntimeError; keep the errno
+            raise
 
     def flush(self) -> None:
         self.fh.flush()
@@ -75,12 +80,19 @@ def _data_position(ranks: list[dict[str, Any]]) -> list[Any]:
 
 
 def _save_file(path: Path, obj: Any, do_fsync: bool) -> dict[str, Any]:
-    with open(path, "xb") as fh:
-        out = _HashingFile(fh)
-        torch.save(obj, out)
-        fh.flush()
-        if do_fsync:
-            os.fsync(fh.fileno())
+    out = None
+    try:
+        with open(path, "xb") as fh:
+            out = _HashingFile(fh)
+            torch.save(obj, out)
+            fh.flush()
+            if do_fsync:
+                os.fsync(fh.fileno())
+    except (OSError, RuntimeError) as exc:
+        cause = out.error if out is not None and out.error is not None else exc
+        if isinstance(cause, OSError):
+            raise OSError(cause.errno, cause.strerror or str(cause), str(path)) from exc
+        raise
     return {"sha256": out.sha.hexdigest(), "bytes": out.bytes}
 
 
