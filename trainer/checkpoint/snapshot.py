@@ -3,7 +3,8 @@
 The copy is the only part of an async save the loop waits for.  Host buffers are kept
 and reused (at most one save is in flight, so the previous copy is free again), which
 spares an allocation of the whole state per save; from a GPU the copies go to pinned
-memory without blocking, and one synchronize waits for them all.
+memory without blocking, and one synchronize waits for them all; on the CPU they are
+plain memcpys.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -61,6 +63,17 @@ class HostSnapshot:
                 self._buffers[i] = buf
             else:
                 self._buffers.append(buf)
-        buf.copy_(tensor, non_blocking=tensor.is_cuda)
-        self._from_cuda |= tensor.is_cuda
+        if tensor.is_cuda:
+            buf.copy_(tensor, non_blocking=True)
+            self._from_cuda = True
+        elif tensor.is_contiguous() and tensor.device.type == "cpu":
+            # A plain single-threaded memcpy: torch's parallel copy stalls badly when the
+            # cores are busy (a descheduled worker thread holds up the whole copy).
+            np.copyto(_bytes(buf), _bytes(tensor))
+        else:
+            buf.copy_(tensor)
         return buf
+
+
+def _bytes(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.reshape(-1).view(torch.uint8).numpy()
