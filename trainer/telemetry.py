@@ -110,6 +110,7 @@ class Telemetry:
         self.metrics_log = metrics_log
 
         self._lock = threading.Lock()
+        self._process = psutil.Process()
         self._pending: collections.deque[_PendingStep] = collections.deque(maxlen=max_pending)
         self._pending_dropped = 0
         self._stop = threading.Event()
@@ -377,14 +378,16 @@ class Telemetry:
             self._pending.clear()
         if not pending:
             return
-        lines = [self._resolve(p) for p in pending]
+        # Once per flush: reading RSS costs more than a whole step's bookkeeping.
+        memory = _memory(self.device, self._process)
+        lines = [self._resolve(p, memory) for p in pending]
         with self._lock:
             self.state["metrics"] = lines[-1]
         if self.metrics_log:
             with open(self.run.metrics_file(self.rank), "a") as fh:
                 fh.write("".join(_json_line(line) for line in lines))
 
-    def _resolve(self, p: _PendingStep) -> dict[str, Any]:
+    def _resolve(self, p: _PendingStep, memory: dict[str, Any]) -> dict[str, Any]:
         values: dict[str, Any] = {}
         for key, value in p.values.items():
             if isinstance(value, torch.Tensor):
@@ -415,7 +418,7 @@ class Telemetry:
         line["mfu"] = None
         if tokens and self.flops_per_token and self.peak_flops and p.step_seconds > 0:
             line["mfu"] = tokens * self.flops_per_token / p.step_seconds / self.peak_flops
-        line.update(_memory(self.device))
+        line.update(memory)
         return line
 
     def _write_status(self) -> None:
@@ -446,8 +449,8 @@ def _json_line(record: dict[str, Any]) -> str:
     return json.dumps(record, separators=(",", ":")) + "\n"
 
 
-def _memory(device: torch.device) -> dict[str, Any]:
+def _memory(device: torch.device, process: psutil.Process) -> dict[str, Any]:
     if device.type == "cuda":
         return {"memory_bytes": torch.cuda.max_memory_allocated(device),
                 "memory_kind": "cuda_peak_allocated"}
-    return {"memory_bytes": psutil.Process().memory_info().rss, "memory_kind": "rss"}
+    return {"memory_bytes": process.memory_info().rss, "memory_kind": "rss"}
