@@ -386,3 +386,19 @@ def test_cli_list_verify_digest(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "trainwatch", "checkpoint", "verify",
                               str(tmp_path / "nope")], capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "no such directory" in missing.stderr
+
+
+def test_mirror_copy_is_used_when_the_primary_is_corrupt(tmp_path):
+    job = Job()
+    ckpt = make(tmp_path, every_steps=2, mode="async", keep_last=1, mirror_dir="mirror")
+    job.run(ckpt, 4)
+    ckpt.close()
+    primary, mirror = tmp_path / "run/checkpoints", tmp_path / "run/mirror"
+    assert steps(primary) == [4] and steps(mirror) == [4]      # both pruned to keep_last
+    assert verify(mirror / "step-00000004").ok
+    copies = [e for e in events(tmp_path, "checkpoint_saved") if e.get("copy") == "mirror"]
+    assert [e["step"] for e in copies] == [2, 4]
+    corrupt_truncate(primary / "step-00000004/model.pt")
+    restored = make(tmp_path, mirror_dir="mirror").resume()
+    assert restored.step == 4 and restored.path == mirror / "step-00000004"
+    assert events(tmp_path, "checkpoint_fallback")[-1]["next"] == str(mirror / "step-00000004")

@@ -336,7 +336,7 @@ class Checkpointer:
         self._newest_verified[self.mirror] = copy.path
         self._journal("checkpoint_saved", step=int(written.path.name.split("-")[1]),
                       path=str(copy.path), bytes=copy.bytes, write_seconds=round(copy.seconds, 6),
-                      copy="mirror", source=str(written.path))
+                      copy="mirror", copied_from=str(written.path))
         self._prune(self.mirror)
 
     def _failed(self, step: int | None, exc: BaseException, folder: Path, *,
@@ -375,7 +375,7 @@ class Checkpointer:
             return
         try:
             self.run.append_event(event, f"rank{self.rank}", rank=self.rank, **fields)
-        except OSError as exc:  # the journal may sit on the full disk too
+        except Exception as exc:  # noqa: BLE001 - the journal may sit on the full disk too
             log.warning("trainwatch checkpoint: could not journal %s: %s", event, exc)
 
 

@@ -55,11 +55,14 @@ def list_cmd(directory: str, as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("step", "name", "state", "bytes", "val_loss", "world", "saved for", "note")
+    table = Table(box=None)
+    table.add_column("checkpoint", no_wrap=True)
+    for name in ("state", "bytes", "val_loss", "ranks", "why", "note"):
+        table.add_column(name)
     for e in entries:
         d = e.as_dict()
-        table.add_row(str(e.step if e.step is not None else "-"), e.path.name, e.state,
-                      f"{e.bytes:,}", "-" if e.val_loss is None else f"{e.val_loss:.4f}",
+        table.add_row(e.path.name, e.state, f"{e.bytes:,}",
+                      "-" if e.val_loss is None else f"{e.val_loss:.4f}",
                       str(d["world_size"] or "-"), str(d["reason_saved"] or "-"), e.reason)
     Console().print(table if entries else f"no checkpoints in {folder}")
 
