@@ -87,8 +87,8 @@ def build_status(ctx: AgentContext, *, listen: str, config_loaded_at: float) -> 
 
 
 def _rank_health(rank: dict[str, Any], verdict: dict[str, Any]) -> str:
-    if rank.get("state") in ("finished", "failed"):
-        return rank["state"]
+    if rank.get("state") != "running":
+        return str(rank.get("state"))
     if (verdict.get("stall") or {}).get("stalled"):
         return "stalled"
     if (verdict.get("straggler") or {}).get("active"):

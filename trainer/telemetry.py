@@ -114,6 +114,7 @@ class Telemetry:
         self.collective_phases = tuple(collective_phases)
 
         self._lock = threading.Lock()
+        self._process = psutil.Process()
         self._pending: collections.deque[_PendingStep] = collections.deque(maxlen=max_pending)
         self._pending_dropped = 0
         self._stop = threading.Event()
@@ -287,12 +288,21 @@ class Telemetry:
         try:
             return fn()
         except Exception as exc:  # noqa: BLE001 - telemetry must never fail the job
-            with self._lock:
-                self.state["counters"]["telemetry_errors_total"] += 1
-                count = self.state["counters"]["telemetry_errors_total"]
-            if count <= 5 or count % 100 == 0:
-                log.warning("trainwatch telemetry error (%d so far): %r", count, exc)
+            self.count_error(repr(exc))
             return None
+
+    def count_error(self, problem: str) -> None:
+        """Count a telemetry failure in the status and log it (rate-limited)."""
+        with self._lock:
+            self.state["counters"]["telemetry_errors_total"] += 1
+            count = self.state["counters"]["telemetry_errors_total"]
+        if count <= 5 or count % 100 == 0:
+            log.warning("trainwatch telemetry error (%d so far): %s", count, problem)
+
+    def snapshot(self) -> dict[str, Any]:
+        """A copy of the state the status file shows (for readers in this process)."""
+        with self._lock:
+            return _copy(self.state)
 
     def _setup_exchange_group(self) -> None:
         import torch.distributed as dist
@@ -385,14 +395,16 @@ class Telemetry:
             self._pending.clear()
         if not pending:
             return
-        lines = [self._resolve(p) for p in pending]
+        # Once per flush: reading RSS costs more than a whole step's bookkeeping.
+        memory = _memory(self.device, self._process)
+        lines = [self._resolve(p, memory) for p in pending]
         with self._lock:
             self.state["metrics"] = lines[-1]
         if self.metrics_log:
             with open(self.run.metrics_file(self.rank), "a") as fh:
                 fh.write("".join(_json_line(line) for line in lines))
 
-    def _resolve(self, p: _PendingStep) -> dict[str, Any]:
+    def _resolve(self, p: _PendingStep, memory: dict[str, Any]) -> dict[str, Any]:
         values: dict[str, Any] = {}
         for key, value in p.values.items():
             if isinstance(value, torch.Tensor):
@@ -423,7 +435,7 @@ class Telemetry:
         line["mfu"] = None
         if tokens and self.flops_per_token and self.peak_flops and p.step_seconds > 0:
             line["mfu"] = tokens * self.flops_per_token / p.step_seconds / self.peak_flops
-        line.update(_memory(self.device))
+        line.update(memory)
         return line
 
     def _write_status(self) -> None:
@@ -454,8 +466,8 @@ def _json_line(record: dict[str, Any]) -> str:
     return json.dumps(record, separators=(",", ":")) + "\n"
 
 
-def _memory(device: torch.device) -> dict[str, Any]:
+def _memory(device: torch.device, process: psutil.Process) -> dict[str, Any]:
     if device.type == "cuda":
         return {"memory_bytes": torch.cuda.max_memory_allocated(device),
                 "memory_kind": "cuda_peak_allocated"}
-    return {"memory_bytes": psutil.Process().memory_info().rss, "memory_kind": "rss"}
+    return {"memory_bytes": process.memory_info().rss, "memory_kind": "rss"}

@@ -20,6 +20,7 @@ from trainwatch.errors import TrainwatchError
 COMMANDS = {
     "train": ("trainwatch.trainer.cli:train", "Run the reference trainer under torchrun with a restart policy."),
     "agent": ("trainwatch.agent.cli:agent", "Run the per-node agent: health collectors, stall and straggler detection."),
+    "checkpoint": ("trainwatch.trainer.checkpoint.cli:checkpoint", "List, verify and compare checkpoints (digest of the weights)."),
     "data": ("trainwatch.trainer.cli:data", "Prepare and inspect token datasets."),
 }
 

@@ -18,7 +18,7 @@ from trainwatch.agent.procinfo import PROCESS_STATES, ProcessTracker
 from trainwatch.agent.registry import Collector, Result, register
 from trainwatch.agent.stall import KNOWN_PHASES
 
-RANK_STATES = ("running", "finished", "failed")
+RANK_STATES = ("running", "finished", "failed", "stopped")  # docs/run-directory.md
 _TRAIN_GAUGES = {  # status metrics field -> metric
     "loss": "trainwatch_train_loss", "grad_norm": "trainwatch_train_grad_norm",
     "lr": "trainwatch_train_learning_rate",
@@ -131,7 +131,7 @@ class RanksCollector(Collector):
         metrics = s.get("metrics") if isinstance(s.get("metrics"), dict) else {}
         counters = s.get("counters") if isinstance(s.get("counters"), dict) else {}
         proc = self.procs.inspect(s.get("pid"), s.get("started_at"))
-        state = s.get("state") if s.get("state") in RANK_STATES else "running"
+        state = s.get("state") if isinstance(s.get("state"), str) else "running"
         phase = s.get("phase") if isinstance(s.get("phase"), str) else None
         heartbeat_at, progress_at = _num(s.get("heartbeat_at")), _num(s.get("last_progress_at"))
         phase_since = _num(s.get("phase_since"))
