@@ -20,6 +20,7 @@ from trainwatch.errors import TrainwatchError
 COMMANDS = {
     "train": ("trainwatch.trainer.cli:train", "Run the reference trainer under torchrun with a restart policy."),
     "data": ("trainwatch.trainer.cli:data", "Prepare and inspect token datasets."),
+    "diagnose": ("trainwatch.diagnose.cli:diagnose", "Why is my run stalled? Gather evidence and name the culprit."),
 }
 
 
