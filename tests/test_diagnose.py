@@ -14,6 +14,7 @@ import tarfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import REPO, torchrun_env
@@ -24,7 +25,7 @@ JOB = str(REPO / "tests" / "diagnose_job.py")
 
 
 class Job:
-    """A torchrun job in its own session, killed (with all ranks) by the finalizer."""
+    """A torchrun job, killed with all its ranks by the finalizer."""
 
     def __init__(self, tmp_path: Path, nproc: int = 2, steps: int = 100000, **env: str):
         self.run = RunDir(tmp_path / "run").create()
@@ -35,7 +36,7 @@ class Job:
                str(steps)]
         self.proc = subprocess.Popen(
             cmd, env=torchrun_env(tmp_path, TORCH_FR_BUFFER_SIZE="2000", **env), cwd=REPO,
-            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=self.log, stderr=subprocess.STDOUT)
 
     def statuses(self) -> dict[int, dict]:
         return {s["rank"]: s for s in self.run.statuses().records}
@@ -62,13 +63,23 @@ class Job:
         return (self.run.logs_dir / "torchrun.log").read_text(errors="replace")[-3000:]
 
     def stop(self) -> None:
-        for status in self.statuses().values():
-            try:
-                os.kill(status["pid"], signal.SIGCONT)
-            except (ProcessLookupError, PermissionError):
-                pass
+        """Kill torchrun and every rank it started (ranks run in sessions of their own)."""
+        pids = {s["pid"] for s in self.statuses().values()}
+        try:
+            pids |= {c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            pass
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.kill()
+        for pid in pids:
+            try:
+                rank = psutil.Process(pid)
+                if str(self.run.root) not in rank.cmdline():  # a reused pid is not ours
+                    continue
+                rank.send_signal(signal.SIGCONT)
+                rank.kill()
+            except psutil.Error:
+                pass
         self.proc.wait(timeout=30)
         self.log.close()
 

@@ -162,10 +162,12 @@ def check_frozen(a: Analysis) -> list[Finding]:
             cmd, category = f"grep State /proc/{v.get('pid')}/status   # then: kill -CONT " \
                             f"{v.get('pid')}", "rank_stuck"
         elif status == "disk_sleep" or (blocked and a.stalled):
-            wchans = ", ".join(sorted({b["wchan"] for b in blocked})) or "?"
-            title = f"rank {rank} is blocked in uninterruptible I/O (D state, in {wchans})"
+            wchans = ", ".join(sorted({b["wchan"] for b in blocked}))
+            title = (f"rank {rank} is blocked in uninterruptible I/O (D state"
+                     + (f", in {wchans})" if wchans else ")"))
             runbook, category = "StorageProbeSlow", "storage"
-            cmd = f"cat /proc/{v.get('pid')}/stack; df -h {a.ev.run_dir}"
+            remote = f"ssh {a.node(rank)} " if (v.get("process") or {}).get("via") else ""
+            cmd = f"{remote}cat /proc/{v.get('pid')}/stack; {remote}df -h {a.ev.run_dir}"
         elif status == "unknown" and hb is not None and hb > HEARTBEAT_STALE_SECONDS:
             title = f"rank {rank} is frozen or dead (heartbeat {_s(hb)} old)"
             runbook, category = "TrainingStalled", "rank_stuck"

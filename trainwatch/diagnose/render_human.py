@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
@@ -33,22 +34,22 @@ def render(ev: Evidence, findings: list[Finding], console: Console) -> None:
 
 
 def rank_table(ev: Evidence) -> Table:
-    table = Table(title="Ranks", title_justify="left")
-    for column in ("rank", "node", "pid", "process", "state", "step", "phase (for)",
+    table = Table(title="Ranks", title_justify="left", box=box.SIMPLE_HEAD)
+    for column in ("rank", "node", "pid", "process", "state", "step", "phase", "for",
                    "heartbeat", "progress", "stack"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for rank, v in sorted(ev.ranks.items()):
         stack = ev.stacks.get(rank) or {}
         table.add_row(str(rank), str(v.get("node")), str(v.get("pid")),
                       str((v.get("process") or {}).get("status")), str(v.get("state")),
-                      str(v.get("step")), f"{v.get('phase')} ({_age(v.get('phase_age'))})",
+                      str(v.get("step")), str(v.get("phase")), _age(v.get("phase_age")),
                       _age(v.get("heartbeat_age")), _age(v.get("progress_age")),
                       "error" if stack.get("error") else str(stack.get("source", "-")))
     return table
 
 
 def finding_panel(index: int, f: Finding) -> Panel:
-    lines: list[Text] = []
+    lines: list[Text] = [Text(redact_text(f.title), style="bold")]
     who = []
     if f.ranks:
         who.append(f"rank(s) {', '.join(map(str, f.ranks))}")
@@ -64,10 +65,9 @@ def finding_panel(index: int, f: Finding) -> Panel:
         lines.append(Text(f"runbook: trainwatch runbook {f.runbook}", style="cyan"))
     if f.next_command:
         lines.append(Text(redact_text(f"next: {f.next_command}"), style="cyan"))
-    title = Text(redact_text(f"{index}. [{f.severity}] {f.category}: {f.title} "
-                             f"(confidence {f.confidence})"), style=_STYLE[f.severity])
-    return Panel(Group(*lines) if lines else Text(""), title=title, title_align="left",
-                 border_style=_STYLE[f.severity])
+    title = Text(f"{index}. {f.severity} · {f.category} · confidence {f.confidence}",
+                 style=_STYLE[f.severity])
+    return Panel(Group(*lines), title=title, title_align="left", border_style=_STYLE[f.severity])
 
 
 def _age(seconds: float | None) -> str:

@@ -8,6 +8,7 @@ analysis reads ``main_stack``. Every failure is reported, never raised.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +17,7 @@ from typing import Any
 from trainwatch.diagnose.model import Evidence
 
 _NO_STACK = ("gone", "zombie", "unknown")
+_STDLIB = re.compile(r"/lib/python3\.\d+/")
 
 
 def gather(ev: Evidence, timeout: float, native: bool = False) -> None:
@@ -95,4 +97,15 @@ def main_stack(stack: dict[str, Any] | None) -> list[dict[str, Any]]:
 
 
 def format_frames(frames: list[dict[str, Any]], limit: int = 12) -> list[str]:
-    return [f"{f.get('file')}:{f.get('line')} in {f.get('function')}" for f in frames[-limit:]]
+    return [f"{short_path(f.get('file'))}:{f.get('line')} in {f.get('function')}"
+            for f in frames[-limit:]]
+
+
+def short_path(path: Any) -> str:
+    """Library files by their import path (torch/utils/data/...); the user's code in full."""
+    text = str(path)
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in text:
+            return text.split(marker, 1)[1]
+    match = _STDLIB.search(text)
+    return text[match.end():] if match else text

@@ -1,0 +1,145 @@
+"""diagnose's analysis, redaction and agent handling on fixture data (no training processes)."""
+
+import json
+import os
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from trainwatch.diagnose import collectives, findings
+from trainwatch.diagnose.gather import Options, gather
+from trainwatch.diagnose.redact import MASK, redact, redact_env, redact_text
+from trainwatch.rundir import RunDir
+
+
+def entry(op, size, t):
+    return {"op": f"gloo:{op}", "sizes": [[size]], "dtypes": ["Float"], "created_ns": t,
+            "frames": []}
+
+
+def rank_view(ops, last_completed):
+    entries = {seq: entry(op, size, seq * 10**9 + late) for seq, (op, size, late) in ops.items()}
+    return {"last_enqueued": max(entries), "last_completed": last_completed, "entries": entries}
+
+
+def test_missing_rank_and_waiting_ranks():
+    ops = {1: ("all_reduce", 10, 0), 2: ("all_reduce", 10, 0)}
+    group = {"desc": "default_pg", "per_rank": {
+        0: rank_view({**ops, 3: ("all_reduce", 10, 0)}, 2),
+        1: rank_view(ops, 2),
+        2: rank_view({**ops, 3: ("all_reduce", 10, 0)}, 2)}}
+    a = collectives.analyse_group(group)
+    assert a["frontier"] == 3 and a["waiting"] == [0, 2]
+    assert a["behind"] == {1: {"last_enqueued": 2, "last_completed": 2, "in_collective": False}}
+    assert a["mismatch"] is None
+    assert a["frontier_op"] == "gloo:all_reduce sizes=[[10]] dtype=Float"
+
+
+def test_mismatch_names_the_sequence_number_and_the_novel_op():
+    ops = {s: ("all_reduce", 10, 0) for s in range(1, 5)}
+    group = {"desc": "", "per_rank": {
+        0: rank_view({**ops, 5: ("all_reduce", 10, 0)}, 4),
+        1: rank_view({**ops, 5: ("barrier", 1, 0)}, 4)}}
+    mismatch = collectives.analyse_group(group)["mismatch"]
+    assert mismatch["seq"] == 5 and mismatch["novel"] == [1]
+    assert mismatch["ops"][1].startswith("gloo:barrier")
+
+
+def test_lateness_finds_the_rank_that_enters_collectives_last():
+    group = {"desc": "", "per_rank": {
+        r: rank_view({s: ("all_reduce", 10, late) for s in range(1, 20)}, 19)
+        for r, late in ((0, 1000), (1, 90_000_000), (2, 0))}}
+    late = collectives.analyse_group(group)["lateness"]
+    assert late[1] == pytest.approx(0.09) and late[2] == 0 and late[0] < 0.001
+
+
+@pytest.mark.parametrize("text,secret", [
+    ("WANDB_API_KEY=abc123def456", "abc123def456"),
+    ('{"hf_token": "hf_abcdefghijklmnopqrstuv"}', "hf_abcdefghijklmnopqrstuv"),
+    ("postgres://bob:s3cretpw@db:5432/x", "s3cretpw"),
+    ("Authorization: Bearer abcdefghijklmnop", "abcdefghijklmnop"),
+    ("aws key AKIAABCDEFGHIJKLMNOP here", "AKIAABCDEFGHIJKLMNOP"),
+    ("password: hunter2", "hunter2"),
+])
+def test_redact_text_masks_secrets(text, secret):
+    out = redact_text(text)
+    assert secret not in out and MASK in out
+
+
+def test_redaction_keeps_ordinary_values():
+    text = "step=41 loss=3.2 tokens=4096 token expired at step 3"
+    assert redact_text(text) == text
+    data = {"tokens": 4096, "tokens_per_second": 1.5, "config": {"db_password": "x", "lr": 0.1}}
+    assert redact(data) == {"tokens": 4096, "tokens_per_second": 1.5,
+                            "config": {"db_password": MASK, "lr": 0.1}}
+    assert redact_env({"NCCL_DEBUG": "INFO", "GITHUB_TOKEN": "ghp_x"}) == {
+        "NCCL_DEBUG": "INFO", "GITHUB_TOKEN": MASK}
+
+
+AGENT_STATUS = {
+    "format": "trainwatch.agent.status", "version": 1, "node": "node-b", "time": 0,
+    "health": "critical", "health_reasons": ["GPU 0 XID 79"],
+    "jobs": [{"job": "exp", "ranks": [{"rank": 1, "process": {"status": "disk_sleep"}}]}],
+    "findings": [{"id": "gpu_xid/node-b/0", "kind": "gpu_xid", "severity": "critical",
+                  "node": "node-b", "rank": 1, "message": "GPU 0: XID 79 (fallen off the bus)",
+                  "evidence": ["xid 79 at 10:07:09"]}],
+    "collectors": {"network": {"state": "timeout", "reason": "still running after 5 s"}},
+    "node_health": {"storage": [{"path": "/ckpt", "probe": {"ok": False, "seconds": 10.0,
+                                                            "error": "timed out"}}]},
+}
+
+
+@pytest.fixture
+def agent_url():
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's naming
+            body = json.dumps(AGENT_STATUS).encode() if self.path == "/status" else b""
+            self.send_response(200 if body else 404)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_remote_node_evidence_from_agents_and_honest_gaps(tmp_path, agent_url):
+    run = RunDir(tmp_path).create()
+    now = time.time()
+    base = {"job": "exp", "world_size": 2, "state": "running", "step": 7, "phase": "forward",
+            "phase_since": now - 1, "last_progress_at": now - 1, "heartbeat_at": now,
+            "started_at": now}
+    run.write_status(0, {**base, "rank": 0, "node": socket.gethostname(), "pid": os.getpid(),
+                         "started_at": now})
+    run.write_status(1, {**base, "rank": 1, "node": "node-b", "pid": 4242})
+    (run.status_dir / "rank-00002.json").write_text('{"format": "trainwatch.status", "vers')
+    dead_agent = f"http://127.0.0.1:{closed_port()}"
+    ev = gather(run, Options(agent_urls=[agent_url, dead_agent], timeout=2,
+                             request_dumps=False))
+    found = findings.analyse(ev)
+    gpu = next(f for f in found if f.category == "gpu_fault")
+    assert gpu.ranks == [1] and gpu.nodes == ["node-b"] and gpu.runbook == "GPUXidErrors"
+    storage = {f.title: f for f in found if f.category == "storage"}
+    assert "node node-b: storage probe failed on /ckpt" in storage
+    # node-b's agent says rank 1 is in D state: this host cannot see it, the agent can.
+    assert ev.ranks[1]["process"]["status"] == "disk_sleep"
+    d_state = storage["rank 1 is blocked in uninterruptible I/O (D state)"]
+    assert d_state.next_command.startswith("ssh node-b cat /proc/4242/stack")
+    unseen = "\n".join(ev.unseen)
+    assert "node(s) ['node-b']" in unseen and f"agent {dead_agent}: unreachable" in unseen
+    assert "collector network timeout" in unseen
+    assert any("rank-00002.json" in s for s in ev.skipped)
