@@ -33,7 +33,7 @@ EVENTS = (
     "restarted", "launcher_started", "launcher_exited",
     "checkpoint_saved", "checkpoint_failed", "checkpoint_skipped", "checkpoint_pruned",
     "checkpoint_fallback", "checkpoint_resumed", "checkpoint_requested",
-    "nonfinite_detected", "data_skipped",
+    "nonfinite_detected", "data_skipped", "fault_injected",
     "alert_firing", "alert_resolved", "action_taken", "action_skipped", "diagnostics_dumped",
 )
 

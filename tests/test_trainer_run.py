@@ -1,0 +1,145 @@
+"""`trainwatch train` end to end: real torchrun, gloo, two ranks, restarts and signals."""
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from trainwatch.rundir import RunDir
+
+TRAIN = [sys.executable, "-m", "trainwatch", "train"]
+
+
+@pytest.fixture
+def launch(tmp_path):
+    """Start `trainwatch train` in its own session; whatever is left is killed at teardown."""
+    procs = []
+
+    def start(*args, env=None):
+        full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+        proc = subprocess.Popen([*TRAIN, *args], env=full_env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def finish(proc, timeout=240):
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+@pytest.mark.slow
+def test_two_ranks_train_to_completion_and_publish_the_contract(tmp_path, launch):
+    run_dir = tmp_path / "run"
+    code, out = finish(launch("--nproc-per-node", "2", "--run-dir", str(run_dir),
+                              "--steps", "80", "--set", "train.eval_interval=40",
+                              "--set", "telemetry.heartbeat_interval=0.2"))
+    assert code == 0, out[-4000:]
+    run = RunDir(run_dir)
+    info = run.run_info()
+    assert info["world_size"] == 2 and info["config"]["train"]["steps"] == 80
+    statuses = run.statuses()
+    assert statuses.skipped == [] and sorted(s["rank"] for s in statuses.records) == [0, 1]
+    for status in statuses.records:
+        assert status["state"] == "finished" and status["step"] == 79
+        assert status["backend"] == "gloo" and status["restart_count"] == 0
+        assert status["counters"]["steps_total"] == 80
+        assert status["counters"]["telemetry_errors_total"] == 0
+        assert status["info"]["flops_per_token"] > 0
+        assert math.isfinite(status["eval"]["val_loss"])
+    for rank in (0, 1):
+        records = run.metrics(rank)
+        assert records.skipped == []
+        steps = [r for r in records.records if r["kind"] == "step"]
+        assert [r["step"] for r in steps] == list(range(80))
+        assert {"data", "forward", "backward", "optimizer"} <= set(steps[0]["phase_seconds"])
+        assert all(r["tokens"] == 8 * 64 and r["grad_norm"] > 0 for r in steps)
+        first = sum(r["loss"] for r in steps[:5]) / 5
+        last = sum(r["loss"] for r in steps[-5:]) / 5
+        assert last < first - 1.0, (first, last)  # ln(256) = 5.5 -> clearly learning
+    events = [e["event"] for e in run.events()]
+    for name in ("launcher_started", "run_started", "validation", "step_milestone", "finished",
+                 "launcher_exited"):
+        assert name in events, name
+    assert "restarted" not in events and "failed" not in events
+    assert run.events("launcher_exited")[0]["exit_code"] == 0
+    vals = [e["val_loss"] for e in run.events("validation")]
+    assert len(vals) == 2 and vals[1] < vals[0]
+    assert (run_dir / "data" / "manifest.json").exists()
+    assert (run.logs_dir / "torchrun.log").stat().st_size > 0
+    assert list((run.logs_dir / "torchrun").rglob("stdout.log"))
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_is_restarted_and_training_finishes(tmp_path, launch):
+    run_dir = tmp_path / "run"
+    code, out = finish(launch("--nproc-per-node", "2", "--run-dir", str(run_dir), "--steps", "20",
+                              "--max-restarts", "1",
+                              env={"TRAINWATCH_FAULT": "exit:rank=1:step=5:code=3"}))
+    assert code == 0, out[-4000:]
+    run = RunDir(run_dir)
+    injected = run.events("fault_injected")
+    assert [(e["rank"], e["step"], e["fault"]) for e in injected] == [(1, 5, "exit")]
+    restarted = run.events("restarted")
+    assert len(restarted) == 1 and restarted[0]["restart_count"] == 1
+    assert {e["rank"]: e["restart_count"] for e in run.events("rank_started")
+            if e["restart_count"] == 1} == {0: 1, 1: 1}
+    for status in run.statuses().records:
+        assert status["restart_count"] == 1 and status["state"] == "finished"
+        assert status["step"] == 19
+    assert run.events("finished") and run.events("launcher_exited")[0]["exit_code"] == 0
+
+
+@pytest.mark.slow
+def test_sigterm_is_forwarded_and_every_rank_records_it(tmp_path, launch):
+    run_dir = tmp_path / "run"
+    proc = launch("--nproc-per-node", "2", "--run-dir", str(run_dir), "--steps", "100000",
+                  "--set", "telemetry.heartbeat_interval=0.2")
+    run = RunDir(run_dir)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        records = run.statuses().records
+        if len(records) == 2 and all((r.get("step") or 0) >= 3 for r in records):
+            break
+        assert proc.poll() is None, proc.stdout.read()[-4000:]
+        time.sleep(0.2)
+    else:
+        pytest.fail("ranks never got going")
+    rank_pids = [r["pid"] for r in run.statuses().records]
+    proc.send_signal(signal.SIGTERM)
+    code, out = finish(proc, timeout=120)
+    assert code == 128 + signal.SIGTERM, out[-4000:]
+    exited = run.events("launcher_exited")[0]
+    assert exited["exit_code"] == 143 and exited["signal"] == "SIGTERM"
+    for status in run.statuses().records:
+        assert status["state"] == "failed"
+    assert {e["rank"] for e in run.events("failed")} == {0, 1}
+    for pid in rank_pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_bad_config_exits_2_before_starting_torchrun(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("optim:\n  lr: fast\n")
+    run_dir = tmp_path / "run"
+    for args, words in (
+        (["--config", str(bad)], [str(bad), "key 'optim.lr'", "must be float"]),
+        (["--set", "model.widht=3"], ["--set", "key 'model.widht'", "unknown key"]),
+        (["--set", f"data.path={tmp_path / 'nowhere'}"], ["nowhere", "manifest.json missing"]),
+    ):
+        proc = subprocess.run([*TRAIN, "--nproc-per-node", "2", "--run-dir", str(run_dir), *args],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert all(w in proc.stderr for w in words), proc.stderr
+        assert not (run_dir / "logs").exists()  # torchrun never started

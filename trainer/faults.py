@@ -1,0 +1,137 @@
+"""Fault injection for tests and drills, driven by the ``TRAINWATCH_FAULT`` variable.
+
+    TRAINWATCH_FAULT="exit:rank=1:step=5"              rank 1 exits with code 1 at step 5
+    TRAINWATCH_FAULT="exit:rank=1:step=5:code=3"       ... with exit code 3
+    TRAINWATCH_FAULT="kill:rank=0:step=8"              rank 0 SIGKILLs itself (like the OOM killer)
+    TRAINWATCH_FAULT="sleep:rank=1:step=5:seconds=30"  rank 1 stalls 30 s, then carries on
+    TRAINWATCH_FAULT="hang:rank=1:step=5"              rank 1 stops progressing (heartbeats go on)
+    TRAINWATCH_FAULT="freeze:rank=1:step=5"            rank 1 SIGSTOPs itself (heartbeats stop too)
+    TRAINWATCH_FAULT="slow:rank=1:factor=1.25"         rank 1 computes 1.25x slower (a straggler)
+
+Several faults are separated by commas. ``rank`` may be omitted (every rank).
+One-shot faults (all but ``slow``) fire on the first attempt only, i.e. when
+torchrun's TORCHELASTIC_RESTART_COUNT is 0, so a restarted job runs clean; add
+``attempt=N`` to fire on attempt N, or ``attempt=any``. ``slow`` applies on every
+attempt unless ``attempt`` is given. Faults fire inside the forward phase, where
+a slow or stuck accelerator would show.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from trainwatch.errors import ConfigError
+
+ENV = "TRAINWATCH_FAULT"
+ONE_SHOT = ("exit", "kill", "sleep", "hang", "freeze")
+KINDS = ONE_SHOT + ("slow",)
+# Extra keys each kind takes, with their types.
+_PARAMS = {"exit": {"code": int}, "kill": {}, "sleep": {"seconds": float}, "hang": {},
+           "freeze": {}, "slow": {"factor": float}}
+# A backward pass costs about twice the forward: a straggler's whole step is ~3x forward.
+_STEP_PER_FORWARD = 3.0
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    rank: int | None = None
+    step: int | None = None
+    attempt: int | None = 0  # None: any attempt
+    code: int = 1
+    seconds: float = 0.0
+    factor: float = 1.0
+
+    def applies(self, rank: int, attempt: int) -> bool:
+        return ((self.rank is None or self.rank == rank)
+                and (self.attempt is None or self.attempt == attempt))
+
+
+def parse_faults(text: str) -> list[Fault]:
+    """Parse a TRAINWATCH_FAULT value; a bad one is a ConfigError naming the variable."""
+    faults = []
+    for spec in filter(None, (s.strip() for s in text.split(","))):
+        kind, *pairs = spec.split(":")
+        if kind not in KINDS:
+            raise ConfigError(f"unknown fault kind '{kind}' (known: {', '.join(KINDS)})",
+                              file=ENV, key=spec)
+        fields: dict[str, object] = {"kind": kind, "attempt": 0 if kind in ONE_SHOT else None}
+        types = {"rank": int, "step": int, "attempt": int, **_PARAMS[kind]}
+        for pair in pairs:
+            key, sep, raw = pair.partition("=")
+            if not sep or key not in types:
+                raise ConfigError(f"'{pair}' is not one of {', '.join(k + '=' for k in types)}",
+                                  file=ENV, key=spec)
+            if key == "attempt" and raw == "any":
+                fields["attempt"] = None
+                continue
+            try:
+                fields[key] = types[key](raw)
+            except ValueError:
+                raise ConfigError(f"{key} must be {types[key].__name__}, got '{raw}'",
+                                  file=ENV, key=spec) from None
+        if kind in ONE_SHOT and fields.get("step") is None:
+            raise ConfigError("needs step=N", file=ENV, key=spec)
+        if kind == "sleep" and not fields.get("seconds", 0) > 0:
+            raise ConfigError("needs seconds=S > 0", file=ENV, key=spec)
+        if kind == "slow" and not fields.get("factor", 0) > 1:
+            raise ConfigError("needs factor=F > 1", file=ENV, key=spec)
+        faults.append(Fault(**fields))  # type: ignore[arg-type]
+    return faults
+
+
+class FaultInjector:
+    """The faults that apply to this rank and attempt; ``forward(step)`` wraps the forward."""
+
+    def __init__(self, faults: list[Fault], *, rank: int, attempt: int,
+                 on_fire: Callable[[Fault, int], None] | None = None):
+        self.faults = [f for f in faults if f.applies(rank, attempt)]
+        self.on_fire = on_fire  # e.g. a journal event, so drills can see what was injected
+        self._fired: set[Fault] = set()
+
+    @classmethod
+    def from_env(cls, rank: int, on_fire: Callable[[Fault, int], None] | None = None
+                 ) -> "FaultInjector":
+        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        return cls(parse_faults(os.environ.get(ENV, "")), rank=rank, attempt=attempt,
+                   on_fire=on_fire)
+
+    @contextlib.contextmanager
+    def forward(self, step: int) -> Iterator[None]:
+        if not self.faults:
+            yield
+            return
+        for fault in self.faults:
+            if fault.kind in ONE_SHOT and fault.step == step and fault not in self._fired:
+                self._fired.add(fault)
+                if self.on_fire is not None:
+                    self.on_fire(fault, step)
+                self._fire(fault, step)
+        started = time.perf_counter()
+        yield
+        elapsed = time.perf_counter() - started
+        for fault in self.faults:
+            if fault.kind == "slow" and (fault.step is None or step >= fault.step):
+                time.sleep((fault.factor - 1.0) * _STEP_PER_FORWARD * elapsed)
+
+    @staticmethod
+    def _fire(fault: Fault, step: int) -> None:
+        print(f"trainwatch: injecting fault {fault.kind} at step {step} "
+              f"(pid {os.getpid()})", file=sys.stderr, flush=True)
+        if fault.kind == "exit":
+            os._exit(fault.code)  # no cleanup, like a crash
+        elif fault.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif fault.kind == "freeze":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        elif fault.kind == "sleep":
+            time.sleep(fault.seconds)
+        elif fault.kind == "hang":
+            while True:
+                time.sleep(3600)

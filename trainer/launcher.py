@@ -1,0 +1,171 @@
+"""``trainwatch train``: validate, then run the reference trainer under torchrun with restarts.
+
+The launcher adds what a bare torchrun call forgets: the config (and a given
+dataset) is checked before any process starts; torchrun's scratch files go to
+RUN_DIR/tmp and its logs to RUN_DIR/logs; ``run.json`` and journal events
+(``launcher_started``, ``launcher_exited``) record the run; SIGINT/SIGTERM are
+forwarded to torchrun, which stops its workers; the exit code says what happened
+(0 finished, 1 training failed after the allowed restarts, 2 bad input,
+128+N stopped by signal N). Restarts are torchrun's own ``--max-restarts``; rank 0
+of a restarted attempt writes the ``restarted`` event.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from trainwatch import __version__
+from trainwatch.errors import ConfigError
+from trainwatch.rundir import RunDir
+from trainwatch.trainer.config import Config, load_config
+from trainwatch.trainer.data import load_dataset
+from trainwatch.trainer.faults import ENV as FAULT_ENV, parse_faults
+
+
+@dataclass
+class LaunchSpec:
+    run_dir: Path
+    nproc_per_node: int
+    config: str | None = None
+    overrides: list[str] = field(default_factory=list)
+    max_restarts: int = 3
+    nnodes: int = 1
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    monitor_interval: float = 0.5
+
+    @property
+    def job(self) -> str:
+        return os.environ.get("TRAINWATCH_JOB") or self.run_dir.resolve().name
+
+
+def validate(spec: LaunchSpec) -> Config:
+    """Everything that can be checked before starting processes; ConfigError (exit 2) if not."""
+    if spec.nproc_per_node < 1:
+        raise ConfigError(f"must be at least 1, got {spec.nproc_per_node}",
+                          key="--nproc-per-node")
+    if spec.nnodes < 1:
+        raise ConfigError(f"must be at least 1, got {spec.nnodes}", key="--nnodes")
+    if spec.nnodes > 1 and not spec.rdzv_endpoint:
+        raise ConfigError("several nodes need --rdzv-endpoint HOST:PORT", key="--nnodes")
+    if spec.max_restarts < 0:
+        raise ConfigError(f"must be >= 0, got {spec.max_restarts}", key="--max-restarts")
+    cfg = load_config(spec.config, spec.overrides)
+    parse_faults(os.environ.get(FAULT_ENV, ""))
+    if cfg.data.path is not None:
+        load_dataset(cfg.data.path)
+    return cfg
+
+
+def torchrun_command(spec: LaunchSpec, run: RunDir) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run",
+           f"--nproc-per-node={spec.nproc_per_node}", f"--max-restarts={spec.max_restarts}",
+           f"--monitor-interval={spec.monitor_interval}",
+           f"--log-dir={run.logs_dir / 'torchrun'}", "--redirects=3", "--tee=3"]
+    if spec.nnodes == 1 and not spec.rdzv_endpoint:
+        cmd.append("--standalone")
+    else:
+        cmd += [f"--nnodes={spec.nnodes}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={spec.rdzv_endpoint}", f"--rdzv-id={spec.rdzv_id or spec.job}"]
+        if spec.node_rank is not None:
+            cmd.append(f"--node-rank={spec.node_rank}")
+    cmd += ["-m", "trainwatch.trainer", "--run-dir", str(run.root.resolve())]
+    if spec.config:
+        cmd += ["--config", str(Path(spec.config).resolve())]
+    for override in spec.overrides:
+        cmd += ["--set", override]
+    return cmd
+
+
+def torchrun_env(spec: LaunchSpec, run: RunDir) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        # Required for --max-restarts with gloo on torch 2.13 (the shared store breaks re-rendezvous).
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        "TMPDIR": str(run.tmp_dir.resolve()),
+        "TRAINWATCH_RUN_DIR": str(run.root.resolve()),
+        "TRAINWATCH_JOB": spec.job,
+        "PYTHONUNBUFFERED": "1",
+    })
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // spec.nproc_per_node)))
+    return env
+
+
+def write_run_info(spec: LaunchSpec, run: RunDir, cfg: Config, cmd: list[str]) -> None:
+    previous = run.run_info() or {}
+    run.write_run_info({
+        "job": spec.job, "created_at": previous.get("created_at", time.time()),
+        "world_size": spec.nnodes * spec.nproc_per_node, "nproc_per_node": spec.nproc_per_node,
+        "nnodes": spec.nnodes, "max_restarts": spec.max_restarts, "config": cfg.to_dict(),
+        "config_digest": cfg.digest(), "trainwatch_version": __version__, "command": cmd,
+    })
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if the launcher dies, so torchrun is never orphaned."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _pump(stream: IO[bytes], log_file: Path) -> None:
+    """Copy torchrun's output to the console and to RUN_DIR/logs/torchrun.log."""
+    with open(log_file, "ab") as log:
+        for line in iter(stream.readline, b""):
+            log.write(line)
+            log.flush()
+            sys.stdout.buffer.write(line)
+            sys.stdout.buffer.flush()
+
+
+def launch(spec: LaunchSpec) -> int:
+    """Run the job to the end; return the exit code ``trainwatch train`` should use."""
+    cfg = validate(spec)
+    run = RunDir(spec.run_dir).create()
+    cmd = torchrun_command(spec, run)
+    if spec.node_rank in (None, 0):
+        write_run_info(spec, run, cfg, cmd)
+    run.append_event("launcher_started", "launcher", pid=os.getpid(), node_rank=spec.node_rank,
+                     nproc_per_node=spec.nproc_per_node, nnodes=spec.nnodes,
+                     max_restarts=spec.max_restarts, config_digest=cfg.digest())
+
+    proc = subprocess.Popen(cmd, env=torchrun_env(spec, run), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=_die_with_parent)
+    received: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        received.append(signum)
+        proc.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    pump = threading.Thread(target=_pump, args=(proc.stdout, run.logs_dir / "torchrun.log"),
+                            daemon=True)
+    pump.start()
+    try:
+        returncode = proc.wait()
+        pump.join(timeout=5)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if received:
+        exit_code = 128 + received[0]
+    elif returncode < 0:
+        exit_code = 128 - returncode
+    else:
+        exit_code = 0 if returncode == 0 else 1
+    run.append_event("launcher_exited", "launcher", exit_code=exit_code,
+                     torchrun_returncode=returncode,
+                     signal=signal.Signals(received[0]).name if received else None)
+    return exit_code

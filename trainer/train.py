@@ -1,0 +1,278 @@
+"""The reference trainer: one rank of a DDP job, read top to bottom.
+
+    torchrun --nproc-per-node 4 -m trainwatch.trainer --run-dir runs/exp1 [--config FILE]
+             [--set train.steps=500 ...]
+
+config -> process group and device -> data -> model, optimizer, schedule -> loop
+(data, forward, backward, optimizer; validation and journal milestones now and then)
+-> final status. Every rank publishes telemetry into the run directory. Without
+torchrun's environment it runs as a single process with no process group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import random
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from trainwatch.errors import ConfigError
+from trainwatch.rundir import RunDir
+from trainwatch.trainer.config import Config, load_config
+from trainwatch.trainer.data import Dataset, ShardedBatches, ensure_default_dataset, load_dataset
+from trainwatch.trainer.faults import FaultInjector
+from trainwatch.trainer.model import GPT
+from trainwatch.trainer.state import TrainingState
+from trainwatch.trainer.telemetry import Telemetry
+
+
+@dataclass
+class Ranks:
+    """Where this process sits in the job."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    distributed: bool
+    restart_count: int
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m trainwatch.trainer",
+                                     description="One rank of the trainwatch reference trainer.")
+    parser.add_argument("--run-dir", default=os.environ.get("TRAINWATCH_RUN_DIR"),
+                        help="run directory (default: $TRAINWATCH_RUN_DIR)")
+    parser.add_argument("--config", help="YAML config file")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="override a config key, e.g. train.steps=50")
+    args = parser.parse_args(argv)
+    if not args.run_dir:
+        parser.error("--run-dir is required (or set TRAINWATCH_RUN_DIR)")
+    return args
+
+
+# --------------------------------------------------------------------------- setup
+
+def setup_process_group(cfg: Config) -> Ranks:
+    """Join torchrun's job (gloo on CPU, NCCL on GPU) and pick this rank's device."""
+    distributed = "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    use_cuda = cfg.train.device == "cuda" or (cfg.train.device == "auto"
+                                              and torch.cuda.is_available())
+    if use_cuda:
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = True
+    else:
+        device = torch.device("cpu")
+    if distributed:
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    return Ranks(rank, local_rank, world_size, device, distributed, restart_count)
+
+
+def open_data(cfg: Config, run: RunDir, ranks: Ranks) -> Dataset:
+    """The configured dataset, or the built-in corpus prepared once per node into RUN_DIR/data."""
+    if cfg.data.path is not None:
+        return load_dataset(cfg.data.path)
+    path = run.root / "data"
+    if ranks.local_rank == 0:
+        ensure_default_dataset(path, size_bytes=cfg.data.corpus_bytes,
+                               seed=cfg.data.corpus_seed, val_fraction=cfg.data.val_fraction)
+    if ranks.distributed:
+        dist.barrier()
+    return load_dataset(path)
+
+
+def lr_factor(cfg: Config, step: int) -> float:
+    """Linear warmup to 1, then cosine decay to ``min_lr_ratio`` at the last step."""
+    o, total = cfg.optim, cfg.train.steps
+    if step < o.warmup_steps:
+        return (step + 1) / o.warmup_steps
+    if not o.cosine or total <= o.warmup_steps:
+        return 1.0
+    progress = min(1.0, (step - o.warmup_steps) / max(1, total - o.warmup_steps - 1))
+    return o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_training_state(cfg: Config, data: Dataset, ranks: Ranks) -> TrainingState:
+    """Model, AdamW (no weight decay on biases and norms), LR schedule and this rank's loader."""
+    torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
+    model = GPT(cfg.model).to(ranks.device)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.optim.weight_decay},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2),
+        fused=ranks.device.type == "cuda")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(cfg, s))
+    loader = ShardedBatches(data.train, context=cfg.model.context,
+                            batch_size=cfg.train.batch_size, rank=ranks.rank,
+                            world_size=ranks.world_size, seed=cfg.data.shuffle_seed)
+    # Per-rank streams for anything random after initialisation (dropout).
+    seed = cfg.train.seed + 1 + ranks.rank
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return TrainingState(model, optimizer, scheduler, loader)
+
+
+def autocast(device: torch.device) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA; full precision on CPU."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@torch.no_grad()
+def evaluate(model: GPT, data: Dataset, cfg: Config, ranks: Ranks) -> float:
+    """Mean validation loss over ``eval_batches`` fixed batches per rank, across all ranks."""
+    model.eval()
+    batches = ShardedBatches(data.val, context=cfg.model.context,
+                             batch_size=cfg.train.batch_size, rank=ranks.rank,
+                             world_size=ranks.world_size, seed=0, shuffle=False)
+    total = torch.zeros((), device=ranks.device)
+    for _ in range(cfg.train.eval_batches):
+        x, y = (t.to(ranks.device) for t in next(batches))
+        with autocast(ranks.device):
+            _, loss = model(x, y)
+        total += loss.float()
+    if ranks.distributed:
+        dist.all_reduce(total)
+    model.train()
+    return total.item() / (cfg.train.eval_batches * ranks.world_size)
+
+
+def due(step: int, interval: int, last: int) -> bool:
+    """True after every ``interval``-th step and after the last one (interval 0: never)."""
+    return interval > 0 and ((step + 1) % interval == 0 or step == last)
+
+
+# --------------------------------------------------------------------------- the loop
+
+def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry) -> None:
+    faults = FaultInjector.from_env(
+        ranks.rank, on_fire=lambda fault, step: tel.event("fault_injected", step=step,
+                                                          fault=fault.kind))
+    with tel.phase("init"):
+        data = open_data(cfg, run, ranks)
+        state = build_training_state(cfg, data, ranks)
+    model = state.model
+    ddp = DDP(model, device_ids=[ranks.device.index] if ranks.device.type == "cuda" else None
+              ) if ranks.distributed else model
+    tel.flops_per_token = model.flops_per_token()
+    tel.set_info(params=model.num_params(), flops_per_token=tel.flops_per_token,
+                 config_digest=cfg.digest(), dataset_sha256=data.manifest["splits"]["train"]["sha256"])
+    if ranks.is_main:
+        start = dict(world_size=ranks.world_size, params=model.num_params(),
+                     config_digest=cfg.digest(), start_step=state.step, steps=cfg.train.steps)
+        if ranks.restart_count > 0:
+            tel.event("restarted", restart_count=ranks.restart_count, **start)
+        else:
+            tel.event("run_started", **start)
+
+    accum, last = cfg.optim.grad_accum, cfg.train.steps - 1
+    clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
+    tokens_per_step = accum * cfg.train.batch_size * cfg.model.context
+    samples_per_step = accum * cfg.train.batch_size
+    loss = torch.zeros((), device=ranks.device)
+    for step in range(state.step, cfg.train.steps):
+        with tel.step(step) as record:
+            loss = torch.zeros((), device=ranks.device)
+            for micro in range(accum):
+                with tel.phase("data"):
+                    x, y = (t.to(ranks.device, non_blocking=True) for t in next(state.loader))
+                # Gradients are all-reduced only on the last micro-step.
+                sync = micro == accum - 1 or not ranks.distributed
+                with contextlib.nullcontext() if sync else ddp.no_sync():
+                    with tel.phase("forward"), faults.forward(step), autocast(ranks.device):
+                        _, micro_loss = ddp(x, y)
+                    with tel.phase("backward"):
+                        (micro_loss / accum).backward()
+                loss += micro_loss.detach() / accum
+            with tel.phase("optimizer"):
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+                lr = state.scheduler.get_last_lr()[0]
+                state.optimizer.step()
+                state.scheduler.step()
+                state.optimizer.zero_grad(set_to_none=True)
+            state.step = step + 1
+            record.record(loss=loss, grad_norm=grad_norm, lr=lr, tokens=tokens_per_step,
+                          samples=samples_per_step)
+
+        if due(step, cfg.train.eval_interval, last):
+            with tel.phase("eval"):
+                val_loss = evaluate(model, data, cfg, ranks)
+            perplexity = math.exp(min(val_loss, 50.0))
+            tel.log(step, "eval", val_loss=val_loss, val_perplexity=perplexity)
+            if ranks.is_main:
+                tel.event("validation", step=step, val_loss=val_loss, val_perplexity=perplexity)
+                print(f"step {step}: val_loss {val_loss:.4f} perplexity {perplexity:.2f}",
+                      flush=True)
+        if ranks.is_main and due(step, cfg.train.milestone_interval, last):
+            tel.event("step_milestone", step=step, loss=loss.item(), lr=lr)
+
+    if ranks.is_main:
+        tel.event("finished", step=state.step - 1, loss=loss.item())
+
+
+class Terminated(BaseException):
+    """SIGTERM (torchrun stopping the workers, or an operator) turned into an exception,
+    so the rank still writes its final status and journal event."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"terminated by {signal.Signals(signum).name}")
+        self.exit_code = 128 + signum
+
+
+def _raise_terminated(signum: int, _frame: object) -> None:
+    raise Terminated(signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"trainwatch: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    run = RunDir(args.run_dir)
+    ranks = setup_process_group(cfg)
+    tel = Telemetry.from_env(run.root, heartbeat_interval=cfg.telemetry.heartbeat_interval,
+                             exchange_every=cfg.telemetry.exchange_every,
+                             peak_flops=cfg.telemetry.peak_flops, device=ranks.device,
+                             enabled=cfg.telemetry.enabled)
+    try:
+        run.create()
+        tel.start()
+        train(cfg, run, ranks, tel)
+    except BaseException as exc:
+        tel.event("failed", error=f"{type(exc).__name__}: {exc}")
+        tel.close("failed")
+        if isinstance(exc, (ConfigError, Terminated)):
+            print(f"trainwatch: rank {ranks.rank}: {exc}", file=sys.stderr)
+            return exc.exit_code
+        raise
+    tel.close("finished")
+    if ranks.distributed:
+        dist.destroy_process_group()
+    return 0
