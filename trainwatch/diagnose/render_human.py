@@ -34,17 +34,17 @@ def render(ev: Evidence, findings: list[Finding], console: Console) -> None:
 
 
 def rank_table(ev: Evidence) -> Table:
-    table = Table(title="Ranks", title_justify="left", box=box.SIMPLE_HEAD)
+    table = Table(title="Ranks", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  padding=(0, 1, 0, 0))
     for column in ("rank", "node", "pid", "process", "state", "step", "phase", "for",
-                   "heartbeat", "progress", "stack"):
-        table.add_column(column, overflow="fold")
+                   "beat", "progress"):
+        table.add_column(column, no_wrap=True, overflow="ellipsis",
+                         max_width=14 if column in ("node", "phase") else None)
     for rank, v in sorted(ev.ranks.items()):
-        stack = ev.stacks.get(rank) or {}
         table.add_row(str(rank), str(v.get("node")), str(v.get("pid")),
                       str((v.get("process") or {}).get("status")), str(v.get("state")),
                       str(v.get("step")), str(v.get("phase")), _age(v.get("phase_age")),
-                      _age(v.get("heartbeat_age")), _age(v.get("progress_age")),
-                      "error" if stack.get("error") else str(stack.get("source", "-")))
+                      _age(v.get("heartbeat_age")), _age(v.get("progress_age")))
     return table
 
 
