@@ -57,13 +57,15 @@ loader = iter(DataLoader(Batches(), batch_size=None, num_workers=0))
 def save_checkpoint(step):
     """Write checkpoints/step-N/ (tmp dir + rename, manifest with sha256); journal failures."""
     final = run_dir / "checkpoints" / f"step-{step:08d}"
-    tmp = final.with_name(final.name + ".tmp")
+    tmp = final.with_name(".tmp-" + final.name)
     try:
         tmp.mkdir(parents=True, exist_ok=True)
         data = os.urandom(256 * 1024)  # stands in for a model + optimizer state
         (tmp / "model.bin").write_bytes(data)
-        manifest = {"step": step, "time": time.time(), "files": {
-            "model.bin": {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}}}
+        manifest = {"format": "trainwatch.checkpoint", "version": 1, "step": step,
+                    "created_at": time.time(), "files": {
+                        "model.bin": {"bytes": len(data),
+                                      "sha256": hashlib.sha256(data).hexdigest()}}}
         (tmp / "manifest.json").write_text(json.dumps(manifest))
         tmp.rename(final)
         tel.event("checkpoint_saved", step=step, path=str(final), time=time.time())

@@ -1,7 +1,8 @@
 """The newest checkpoint, its age, recent save failures, and the space left for the next one.
 
-Checkpoint manifests follow docs/checkpoints.md (one directory per step with a
-``manifest.json``); diagnose reads manifests and file sizes but does not re-hash
+Checkpoint manifests follow docs/checkpoints.md (a ``step-NNNNNNNN`` directory per
+checkpoint with a ``manifest.json`` listing every file's ``bytes`` and ``sha256``;
+names starting with "." are saves in progress); diagnose reads manifests and file sizes but does not re-hash
 the data (``trainwatch checkpoint verify DIR`` does). Without manifests it falls
 back to what the journal and the status files say, and otherwise says "unknown".
 """
@@ -18,7 +19,7 @@ from trainwatch.diagnose import journal
 from trainwatch.diagnose.model import Evidence
 from trainwatch.rundir import RunDir
 
-LOW_FREE_RATIO = 0.02
+CHECKPOINT_FORMAT = "trainwatch.checkpoint"
 
 
 def gather(run: RunDir, ev: Evidence) -> None:
@@ -62,13 +63,14 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
         manifest = json.loads((directory / "manifest.json").read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(manifest, dict):
+    if not isinstance(manifest, dict) or manifest.get("format", CHECKPOINT_FORMAT) != \
+            CHECKPOINT_FORMAT:
         return None
     files = manifest.get("files") or {}
-    items = files.items() if isinstance(files, dict) else (
-        (f.get("path"), f) for f in files if isinstance(f, dict))
-    for name, meta in items:
-        size = meta.get("size") if isinstance(meta, dict) else None
+    if not isinstance(files, dict):
+        return None
+    for name, meta in files.items():
+        size = (meta.get("bytes", meta.get("size"))) if isinstance(meta, dict) else None
         try:
             if size is not None and (directory / str(name)).stat().st_size != size:
                 return None
