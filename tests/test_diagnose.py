@@ -27,13 +27,20 @@ JOB = str(REPO / "tests" / "diagnose_job.py")
 class Job:
     """A torchrun job, killed with all its ranks by the finalizer."""
 
-    def __init__(self, tmp_path: Path, nproc: int = 2, steps: int = 100000, **env: str):
+    def __init__(self, tmp_path: Path, nproc: int = 2, steps: int = 100000,
+                 trainer: bool = False, **env: str):
         self.run = RunDir(tmp_path / "run").create()
         self.nproc = nproc
-        self.log = open(self.run.logs_dir / "torchrun.log", "wb")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={nproc}", "--max-restarts=0", JOB, str(self.run.root),
-               str(steps)]
+        if trainer:  # the reference trainer; its launcher writes logs/torchrun.log itself
+            self.log = open(tmp_path / "launcher.out", "wb")
+            cmd = [sys.executable, "-m", "trainwatch", "train", f"--nproc-per-node={nproc}",
+                   "--max-restarts=0", "--run-dir", str(self.run.root), "--steps", str(steps),
+                   "--set", "telemetry.heartbeat_interval=0.2"]
+        else:
+            self.log = open(self.run.logs_dir / "torchrun.log", "wb")
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   f"--nproc-per-node={nproc}", "--max-restarts=0", JOB, str(self.run.root),
+                   str(steps)]
         self.proc = subprocess.Popen(
             cmd, env=torchrun_env(tmp_path, TORCH_FR_BUFFER_SIZE="2000", **env), cwd=REPO,
             stdout=self.log, stderr=subprocess.STDOUT)
@@ -60,7 +67,8 @@ class Job:
         return self.statuses()[rank]["pid"]
 
     def tail(self) -> str:
-        return (self.run.logs_dir / "torchrun.log").read_text(errors="replace")[-3000:]
+        with open(self.log.name, errors="replace") as fh:
+            return fh.read()[-3000:]
 
     def stop(self) -> None:
         """Kill torchrun and every rank it started (ranks run in sessions of their own)."""
@@ -74,8 +82,8 @@ class Job:
         for pid in pids:
             try:
                 rank = psutil.Process(pid)
-                if str(self.run.root) not in rank.cmdline():  # a reused pid is not ours
-                    continue
+                if not any(str(self.run.root) in arg for arg in rank.cmdline()):
+                    continue  # a reused pid is not ours
                 rank.send_signal(signal.SIGCONT)
                 rank.kill()
             except psutil.Error:
@@ -259,3 +267,16 @@ def test_bad_usage_exits_2(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "trainwatch", "diagnose", "--run-dir",
                            str(tmp_path / "missing")], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2 and "no such run directory" in proc.stderr
+
+
+def test_reference_trainer_hang_is_found_with_ddp(start_job):
+    """The real trainer (DDP, its own launcher) with TRAINWATCH_FAULT=hang on rank 1."""
+    job = start_job(trainer=True, TRAINWATCH_FAULT="hang:rank=1:step=4")
+    job.wait(lambda s: s[1]["step"] == 4 and stalled_for(3)(s), "rank 1 hung at step 4")
+    code, report, _ = diagnose(job.run, "--stall-after", "2")
+    assert code == 1
+    finding = top(report)
+    assert finding["category"] == "rank_stuck" and finding["ranks"] == [1], finding
+    assert "outside a collective" in finding["title"]
+    assert any("[0] wait in collective" in e for e in finding["evidence"]), finding["evidence"]
+    assert any("faults.py" in line for line in finding["stack"]), finding["stack"]
