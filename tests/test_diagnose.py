@@ -140,7 +140,7 @@ def test_sigstop_rank_named_stuck_on_4_ranks_within_20s(start_job):
     assert finding["category"] == "rank_stuck" and finding["ranks"] == [2], finding
     assert "stopped" in finding["title"]
     waiting = next(e for e in finding["evidence"] if "wait in collective" in e)
-    assert "[0, 1, 3]" in waiting and "all_reduce" in waiting, finding["evidence"]
+    assert "[0, 1, 3]" in waiting and "gloo:all_" in waiting, finding["evidence"]
     assert finding["runbook"] == "TrainingStalled"
     assert any("diagnose_job.py" in line for line in finding["stack"]), finding["stack"]
     assert not [f for f in report["findings"] if f["category"] == "rank_stuck"

@@ -143,3 +143,25 @@ def test_remote_node_evidence_from_agents_and_honest_gaps(tmp_path, agent_url):
     assert "node(s) ['node-b']" in unseen and f"agent {dead_agent}: unreachable" in unseen
     assert "collector network timeout" in unseen
     assert any("rank-00002.json" in s for s in ev.skipped)
+
+
+def test_missing_py_spy_is_reported_not_guessed(tmp_path, monkeypatch):
+    run = RunDir(tmp_path).create()
+    now = time.time()
+    run.write_status(0, {"job": "exp", "rank": 0, "world_size": 1, "state": "running",
+                         "node": socket.gethostname(), "pid": os.getpid(), "started_at": now,
+                         "heartbeat_at": now, "last_progress_at": now, "step": 1,
+                         "phase": "forward", "phase_since": now})
+    monkeypatch.setenv("PATH", str(tmp_path))  # no py-spy on it
+    ev = gather(run, Options(timeout=1, request_dumps=False))
+    assert ev.ranks[0]["process"]["status"] in ("running", "sleeping")
+    assert any("py-spy is not installed" in line for line in ev.unseen)
+    assert ev.stacks == {}
+
+
+def test_py_spy_errors_are_explained():
+    from trainwatch.diagnose.stacks import _reason
+    assert _reason("Permission Denied: Try running again with elevated permissions") == \
+        "no permission to attach (ptrace; run as the job's user or root)"
+    assert _reason("Error: Failed to get stack traces\n\nCaused by:\n    0: Failed to suspend "
+                   "process\n") == "Failed to get stack traces (Failed to suspend process)"

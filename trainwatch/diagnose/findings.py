@@ -19,7 +19,8 @@ from trainwatch.diagnose.stacks import format_frames, main_stack
 STALL_FLOOR_SECONDS = 5.0
 STALL_STEP_MULTIPLE = 10.0
 HEARTBEAT_STALE_SECONDS = 10.0
-STRAGGLER_LATENESS_RATIO = 0.25   # entering collectives this much of a step after the others
+STRAGGLER_LATENESS_RATIO = 0.15   # entering collectives this much of a step after the others
+STRAGGLER_LATENESS_FLOOR = 0.02   # seconds: below this it is scheduling noise
 STRAGGLER_TIMING_RATIO = 1.3      # local time vs the job median
 LOW_FREE_RATIO = 0.02
 
@@ -341,7 +342,7 @@ def check_straggler(a: Analysis) -> list[Finding]:
         if len(late) < 2 or not step:
             continue
         rank = max(late, key=late.get)
-        if late[rank] >= STRAGGLER_LATENESS_RATIO * step and late[rank] >= 0.005:
+        if late[rank] >= max(STRAGGLER_LATENESS_RATIO * step, STRAGGLER_LATENESS_FLOOR):
             others = statistics.median(v for r, v in late.items() if r != rank)
             return [_straggler(a, rank, [
                 f"process group {pg}: rank {rank} enters collectives {late[rank] * 1000:.0f} ms "

@@ -77,7 +77,7 @@ def py_spy_dump(pyspy: str, pid: int, timeout: float, native: bool,
 def _reason(stderr: str) -> str:
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     for i, line in enumerate(lines):
-        if "Permission denied" in line or "Operation not permitted" in line:
+        if "permission denied" in line.lower() or "operation not permitted" in line.lower():
             return "no permission to attach (ptrace; run as the job's user or root)"
         if line.startswith("Error:"):
             cause = next((ln for ln in lines[i + 1:i + 4] if ln[:2].rstrip(":").isdigit()), "")
