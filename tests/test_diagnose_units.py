@@ -3,8 +3,11 @@
 import json
 import os
 import socket
+import subprocess
 import threading
 import time
+import urllib.parse
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -165,3 +168,51 @@ def test_py_spy_errors_are_explained():
         "no permission to attach (ptrace; run as the job's user or root)"
     assert _reason("Error: Failed to get stack traces\n\nCaused by:\n    0: Failed to suspend "
                    "process\n") == "Failed to get stack traces (Failed to suspend process)"
+
+
+@pytest.fixture
+def prometheus_url(tmp_path):
+    """A real Prometheus on 127.0.0.1 with one always-firing alert for job "exp"."""
+    (tmp_path / "rules.yml").write_text(
+        "groups:\n- name: t\n  interval: 1s\n  rules:\n"
+        "  - alert: TrainingStalled\n    expr: vector(1)\n    labels: {job: exp}\n")
+    (tmp_path / "prometheus.yml").write_text(
+        "global: {evaluation_interval: 1s}\nrule_files: [rules.yml]\n")
+    port = closed_port()
+    proc = subprocess.Popen(
+        ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
+         f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                query = urllib.parse.quote('ALERTS{alertstate="firing"}')
+                with urllib.request.urlopen(f"{url}/api/v1/query?query={query}", timeout=2) as r:
+                    if json.loads(r.read())["data"]["result"]:
+                        break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        else:
+            pytest.fail("Prometheus never fired the test alert")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_firing_alerts_from_a_real_prometheus(tmp_path, prometheus_url):
+    run = RunDir(tmp_path / "run").create()
+    run.write_run_info({"job": "exp", "world_size": 1})
+    now = time.time()
+    run.write_status(0, {"job": "exp", "rank": 0, "world_size": 1, "state": "running",
+                         "node": socket.gethostname(), "pid": os.getpid(), "started_at": now,
+                         "heartbeat_at": now, "last_progress_at": now, "step": 1,
+                         "phase": "forward", "phase_since": now})
+    ev = gather(run, Options(prometheus_url=prometheus_url, timeout=5, request_dumps=False))
+    assert not [line for line in ev.unseen if "Prometheus" in line], ev.unseen
+    alerts = next(f for f in findings.analyse(ev) if f.category == "alerts")
+    assert alerts.title == "alerts firing: TrainingStalled" and alerts.severity == "info"

@@ -20,6 +20,7 @@ from trainwatch.diagnose.redact import redact, redact_env, redact_text
 from trainwatch.rundir import RunDir
 
 TAIL_BYTES = 256 * 1024
+MAX_FILES_PER_FOLDER = 500
 
 
 def write(path: str | Path, run: RunDir, ev: Evidence, report: dict[str, Any],
@@ -49,9 +50,10 @@ def write(path: str | Path, run: RunDir, ev: Evidence, report: dict[str, Any],
 def _run_files(run: RunDir) -> list[tuple[str, Path]]:
     files = [("run.json", run.run_file), ("journal.jsonl", run.journal_file)]
     for folder in (run.status_dir, run.metrics_dir, run.diagnostics_dir, run.logs_dir):
-        if folder.is_dir():
-            files += [(f"{folder.name}/{p.name}", p) for p in sorted(folder.iterdir())
-                      if p.is_file() and not p.name.startswith(".")]
+        if folder.is_dir():  # logs/ holds torchrun's per-attempt, per-rank folders
+            found = [p for p in sorted(folder.rglob("*"))
+                     if p.is_file() and not p.name.startswith(".")][:MAX_FILES_PER_FOLDER]
+            files += [(f"{folder.name}/{p.relative_to(folder)}", p) for p in found]
     return [(name, p) for name, p in files if p.is_file()]
 
 

@@ -56,7 +56,8 @@ def finding_panel(index: int, f: Finding) -> Panel:
     if f.nodes:
         who.append(f"node(s) {', '.join(f.nodes)}")
     if who:
-        lines.append(Text("culprit: " + "; ".join(who), style="bold"))
+        label = "ranks" if f.severity == "info" else "culprit"
+        lines.append(Text(f"{label}: " + "; ".join(who), style="bold"))
     lines += [Text(redact_text(f"  • {e}")) for e in f.evidence]
     if f.stack:
         lines.append(Text("stack (innermost last):", style="bold"))
