@@ -134,6 +134,7 @@ def test_sigstop_rank_named_stuck_on_4_ranks_within_20s(start_job):
     started = time.monotonic()
     code, report, _ = diagnose(job.run, "--stall-after", "2")
     elapsed = time.monotonic() - started
+    print(f"diagnose on 4 ranks (one SIGSTOPped): {elapsed:.1f} s")
     assert elapsed < 20, f"diagnose took {elapsed:.1f} s on 4 ranks"
     assert code == 1
     finding = top(report)

@@ -14,6 +14,7 @@ import pytest
 
 from trainwatch.diagnose import collectives, findings
 from trainwatch.diagnose.gather import Options, gather
+from trainwatch.diagnose.model import Evidence
 from trainwatch.diagnose.redact import MASK, redact, redact_env, redact_text
 from trainwatch.rundir import RunDir
 
@@ -216,3 +217,37 @@ def test_firing_alerts_from_a_real_prometheus(tmp_path, prometheus_url):
     assert not [line for line in ev.unseen if "Prometheus" in line], ev.unseen
     alerts = next(f for f in findings.analyse(ev) if f.category == "alerts")
     assert alerts.title == "alerts firing: TrainingStalled" and alerts.severity == "info"
+
+
+@pytest.mark.parametrize("frames,phase,where", [
+    ([("torch/utils/data/dataloader.py", "_next_data"), ("job.py", "__getitem__")], "data",
+     "data loading"),
+    ([("train.py", "step"), ("threading.py", "acquire")], "forward",
+     "a lock or condition (possible deadlock)"),
+    ([("train.py", "step"), ("torch/cuda/__init__.py", "synchronize")], "backward",
+     "GPU work (device synchronisation)"),
+    ([("train.py", "save"), ("torch/serialization.py", "_save")], "checkpoint", "file I/O"),
+    ([], "checkpoint", "file I/O (checkpoint)"),
+    ([("train.py", "compute")], "forward", "phase 'forward' (see its stack)"),
+])
+def test_locate_where_a_rank_is(frames, phase, where):
+    stack = [{"file": f, "line": 1, "function": fn} for f, fn in frames]
+    assert findings.locate(phase, stack) == where
+
+
+def test_a_rank_waiting_in_another_group_is_followed():
+    world = {"desc": "default_pg", "per_rank": {
+        0: rank_view({1: ("all_reduce", 10, 0), 2: ("all_reduce", 10, 0)}, 1),
+        1: rank_view({1: ("all_reduce", 10, 0)}, 1)}}
+    sub = {"desc": "tp", "per_rank": {
+        1: rank_view({1: ("all_gather", 4, 0)}, 0)}}  # its peer in "tp" never came
+    ev = Evidence(run_dir="r", collected_at=100.0, host="h")
+    for rank in (0, 1):
+        ev.ranks[rank] = {"rank": rank, "state": "running", "node": "h", "pid": 10 + rank,
+                          "progress_age": 60.0, "heartbeat_age": 0.1, "phase": "backward",
+                          "process": {"status": "sleeping", "visible": True}}
+    ev.collectives["groups"] = {"0": world, "5": sub}
+    found = findings.analyse(ev)
+    assert found[0].ranks == [1]
+    assert found[0].title == ("rank 1 waits in collective #1 of process group 5 while the "
+                              "others wait for it")

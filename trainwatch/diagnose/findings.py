@@ -262,9 +262,17 @@ def check_outside_collective(a: Analysis) -> list[Finding]:
             evidence.append("no stack for this rank (see 'could not see')")
         category = "storage" if where.startswith("file I/O") and \
             a.proc(rank) == "disk_sleep" else "rank_stuck"
+        title = (f"rank {rank} is stuck outside a collective, in {where}, while the "
+                 "others wait")
+        elsewhere = [(pg, g) for pg, g in a.groups.items() if rank in g["waiting"]]
+        if elsewhere:  # it waits in another group's collective: follow the chain there
+            pg, g = elsewhere[0]
+            title = (f"rank {rank} waits in collective #{g['frontier']} of process group {pg} "
+                     "while the others wait for it")
+            evidence.append(f"process group {pg}: rank(s) {sorted(g['behind']) or '?'} have not "
+                            f"entered #{g['frontier']} {g['frontier_op']}")
         findings.append(Finding(
-            category, f"rank {rank} is stuck outside a collective, in {where}, while the "
-            "others wait", ranks=[rank], nodes=[a.node(rank)], confidence=confidence,
+            category, title, ranks=[rank], nodes=[a.node(rank)], confidence=confidence,
             evidence=evidence, runbook="TrainingStalled",
             next_command=f"py-spy dump --pid {a.ev.ranks[rank].get('pid')} --native",
             stack=format_frames(stack)))
