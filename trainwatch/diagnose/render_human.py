@@ -19,6 +19,7 @@ def render(ev: Evidence, findings: list[Finding], console: Console) -> None:
     console.print(Text(redact_text(f"trainwatch diagnose: {ev.run_dir} (job {job}, "
                                    f"{len(ev.ranks)} rank(s), seen from {ev.host})"),
                        style="bold"))
+    console.print(Text(redact_text(context_line(ev)), style="dim"))
     if ev.ranks:
         console.print(rank_table(ev))
     for i, finding in enumerate(findings, 1):
@@ -31,6 +32,20 @@ def render(ev: Evidence, findings: list[Finding], console: Console) -> None:
         console.print(Text(f"Skipped {len(ev.skipped)} unreadable file(s)/line(s):", style="bold"))
         for line in ev.skipped[:10]:
             console.print(Text(redact_text(f"  - {line}")))
+
+
+def context_line(ev: Evidence) -> str:
+    """Restarts, the newest checkpoint and firing alerts: what on-call asks first."""
+    newest = (ev.checkpoints or {}).get("newest")
+    if newest:
+        age = newest.get("age_seconds")
+        ckpt = f"step {newest.get('step')}" + (f", {age:.0f} s old" if age is not None else "")
+    else:
+        ckpt = "unknown"
+    alerts = sorted({str(r.get("alert") or r.get("alertname"))
+                     for r in ev.journal.get("firing_alerts", [])})
+    return (f"restarts: {ev.journal.get('restarts', '?')} · newest checkpoint: {ckpt} · "
+            f"alerts firing (journal): {', '.join(alerts) or 'none'}")
 
 
 def rank_table(ev: Evidence) -> Table:
