@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainwatch.diagnose.http import get_json
+from trainwatch.diagnose.http_json import get_json
 from trainwatch.diagnose.model import Evidence
 
 AGENT_FORMAT = "trainwatch.agent.status"
