@@ -42,7 +42,7 @@ class Job:
                    f"--nproc-per-node={nproc}", "--max-restarts=0", JOB, str(self.run.root),
                    str(steps)]
         self.proc = subprocess.Popen(
-            cmd, env=torchrun_env(tmp_path, TORCH_FR_BUFFER_SIZE="2000", **env), cwd=REPO,
+            cmd, env=torchrun_env(tmp_path, **{"TORCH_FR_BUFFER_SIZE": "2000", **env}), cwd=REPO,
             stdout=self.log, stderr=subprocess.STDOUT)
 
     def statuses(self) -> dict[int, dict]:
@@ -148,10 +148,12 @@ def test_sigstop_rank_named_stuck_on_4_ranks_within_20s(start_job):
                 and f["ranks"] != [2]]
 
 
-def test_rank_blocked_in_data_loading(start_job, tmp_path):
+@pytest.mark.parametrize("flight_recorder", [True, False], ids=["fr", "stacks-only"])
+def test_rank_blocked_in_data_loading(start_job, tmp_path, flight_recorder):
     fifo = tmp_path / "never-written.fifo"
     os.mkfifo(fifo)
-    job = start_job(FAULT="data_fifo", FAULT_RANK="1", FAULT_STEP="12", FAULT_ARG=str(fifo))
+    job = start_job(FAULT="data_fifo", FAULT_RANK="1", FAULT_STEP="12", FAULT_ARG=str(fifo),
+                    TORCH_FR_BUFFER_SIZE="2000" if flight_recorder else "0")
     job.wait(lambda s: s[1]["phase"] == "data" and (s[1]["step"] or 0) >= 12
              and time.time() - s[0]["last_progress_at"] > 3, "rank 1 stuck in data")
     code, report, _ = diagnose(job.run, "--stall-after", "2")
@@ -160,7 +162,13 @@ def test_rank_blocked_in_data_loading(start_job, tmp_path):
     assert finding["category"] == "rank_stuck" and finding["ranks"] == [1], finding
     assert "outside a collective, in data loading" in finding["title"]
     assert any("__getitem__" in line for line in finding["stack"]), finding["stack"]
-    assert any("[0] wait in collective" in e for e in finding["evidence"]), finding["evidence"]
+    if flight_recorder:
+        assert finding["confidence"] == "high"
+        assert any("[0] wait in collective" in e for e in finding["evidence"]), finding
+    else:  # without the flight recorder: from stacks, and it says what it could not see
+        assert finding["confidence"] == "medium"
+        assert any("[0] are inside a torch.distributed call" in e for e in finding["evidence"])
+        assert any("flight recorder disabled" in line for line in report["could_not_see"])
 
 
 def test_extra_collective_is_a_desync_at_the_right_sequence_number(start_job):
