@@ -22,6 +22,7 @@ COMMANDS = {
     "agent": ("trainwatch.agent.cli:agent", "Run the per-node agent: health collectors, stall and straggler detection."),
     "checkpoint": ("trainwatch.trainer.checkpoint.cli:checkpoint", "List, verify and compare checkpoints (digest of the weights)."),
     "data": ("trainwatch.trainer.cli:data", "Prepare and inspect token datasets."),
+    "diagnose": ("trainwatch.diagnose.cli:diagnose", "Why is my run stalled? Gather evidence and name the culprit."),
 }
 
 
