@@ -70,3 +70,12 @@ def test_one_shot_faults_fire_on_first_attempt_only():
     assert fired == [2]
     assert FaultInjector(faults, rank=1, attempt=1).faults == []
     assert FaultInjector(faults, rank=0, attempt=0).faults == []
+
+
+def test_example_config_lists_every_key_with_its_default(repo):
+    import yaml
+    from trainwatch.trainer.config import Config
+
+    example = yaml.safe_load((repo / "examples" / "trainer.yaml").read_text())
+    assert example == Config().to_dict()
+    assert load_config(repo / "examples" / "trainer.yaml") == Config()

@@ -24,6 +24,7 @@ from typing import Any
 
 from trainwatch.configfile import load_yaml_mapping, parse_override
 from trainwatch.errors import ConfigError
+from trainwatch.trainer.checkpoint.config import CheckpointConfig
 
 
 @dataclass
@@ -84,11 +85,7 @@ class TelemetryConfig:
     heartbeat_interval: float = 1.0
     exchange_every: int = 10
     peak_flops: float | None = None
-
-
-@dataclass
-class CheckpointConfig:
-    """Checkpointing options (issue 3 fills this section in)."""
+    metrics_port: int | None = None  # local rank r serves 127.0.0.1:(port + r)/metrics
 
 
 @dataclass
@@ -106,6 +103,13 @@ class Config:
     def digest(self) -> str:
         """A short hash of the resolved config, shown in status files and run.json."""
         text = json.dumps(self.to_dict(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def training_digest(self) -> str:
+        """A hash of what decides the weights (not ``checkpoint``/``telemetry``): a checkpoint
+        is resumed only by a run with the same one."""
+        text = json.dumps({k: v for k, v in self.to_dict().items()
+                           if k not in ("checkpoint", "telemetry")}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -227,3 +231,6 @@ def validate(config: Config, *, source: str) -> None:
          f"must be >= 0 (0 disables), got {tel.exchange_every}")
     need(tel.peak_flops is None or tel.peak_flops > 0, "telemetry.peak_flops",
          f"must be positive or null, got {tel.peak_flops}")
+    need(tel.metrics_port is None or 1 <= tel.metrics_port <= 65535, "telemetry.metrics_port",
+         f"must be a port number (1-65535) or null, got {tel.metrics_port}")
+    config.checkpoint.validate(file=source)

@@ -49,6 +49,7 @@ import psutil
 import torch
 
 from trainwatch.rundir import RunDir, append_jsonl
+from trainwatch.trainer import dumps
 from trainwatch.trainer.flops import peak_flops_for
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,8 @@ class Telemetry:
                  world_size: int = 1, job: str | None = None, heartbeat_interval: float = 1.0,
                  exchange_every: int = 10, flops_per_token: float | None = None,
                  peak_flops: float | None = None, device: torch.device | str | None = None,
-                 metrics_log: bool = True, max_pending: int = 1000, enabled: bool = True):
+                 metrics_log: bool = True, max_pending: int = 1000, enabled: bool = True,
+                 collective_phases: tuple[str, ...] = ("backward", "telemetry_exchange")):
         self.enabled = enabled
         self.run = RunDir(run_dir)
         self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
@@ -108,8 +110,12 @@ class Telemetry:
         self.peak_flops = peak_flops if peak_flops is not None else (
             peak_flops_for(torch.cuda.get_device_name(self.device)) if self.is_cuda else None)
         self.metrics_log = metrics_log
+        # Phases whose time includes waiting for other ranks (DDP's all-reduce runs in
+        # backward); the rest of a step is "local" time, what straggler scoring compares.
+        self.collective_phases = tuple(collective_phases)
 
         self._lock = threading.Lock()
+        self._process = psutil.Process()
         self._pending: collections.deque[_PendingStep] = collections.deque(maxlen=max_pending)
         self._pending_dropped = 0
         self._stop = threading.Event()
@@ -119,6 +125,7 @@ class Telemetry:
         self._exchange_group = None
         self._window_compute = 0.0
         self._window_data = 0.0
+        self._window_local = 0.0
         self._window_steps = 0
 
         now = _now()
@@ -160,6 +167,7 @@ class Telemetry:
             return self
         self.run.create()
         self._guard(self._setup_exchange_group)
+        self._guard(lambda: dumps.install(self))  # control/dump -> stacks + flight recorder
         self._guard(lambda: self.run.append_event(
             "rank_started", f"rank{self.rank}", rank=self.rank, pid=os.getpid(),
             restart_count=self.state["restart_count"]))
@@ -282,12 +290,21 @@ class Telemetry:
         try:
             return fn()
         except Exception as exc:  # noqa: BLE001 - telemetry must never fail the job
-            with self._lock:
-                self.state["counters"]["telemetry_errors_total"] += 1
-                count = self.state["counters"]["telemetry_errors_total"]
-            if count <= 5 or count % 100 == 0:
-                log.warning("trainwatch telemetry error (%d so far): %r", count, exc)
+            self.count_error(repr(exc))
             return None
+
+    def count_error(self, problem: str) -> None:
+        """Count a telemetry failure in the status and log it (rate-limited)."""
+        with self._lock:
+            self.state["counters"]["telemetry_errors_total"] += 1
+            count = self.state["counters"]["telemetry_errors_total"]
+        if count <= 5 or count % 100 == 0:
+            log.warning("trainwatch telemetry error (%d so far): %s", count, problem)
+
+    def snapshot(self) -> dict[str, Any]:
+        """A copy of the state the status file shows (for readers in this process)."""
+        with self._lock:
+            return _copy(self.state)
 
     def _setup_exchange_group(self) -> None:
         import torch.distributed as dist
@@ -327,6 +344,8 @@ class Telemetry:
             self.state["counters"]["steps_total"] += 1
         self._window_compute += step_seconds - data_wait
         self._window_data += data_wait
+        self._window_local += step_seconds - sum(
+            self._step_phase_seconds.get(name, 0.0) for name in self.collective_phases)
         self._window_steps += 1
         if self.exchange_every and (step + 1) % self.exchange_every == 0:
             self._exchange_timings(step)
@@ -334,8 +353,8 @@ class Telemetry:
     def _exchange_timings(self, step: int) -> None:
         """One small all_gather so every rank's status carries the job-wide distribution."""
         n = max(1, self._window_steps)
-        mine = [self._window_compute / n, self._window_data / n]
-        self._window_compute = self._window_data = 0.0
+        mine = [self._window_compute / n, self._window_data / n, self._window_local / n]
+        self._window_compute = self._window_data = self._window_local = 0.0
         self._window_steps = 0
         if self._exchange_group is None:
             gathered = [mine]
@@ -343,7 +362,7 @@ class Telemetry:
             import torch.distributed as dist
             with self.phase("telemetry_exchange"):
                 local = torch.tensor(mine, dtype=torch.float64)
-                out = [torch.zeros(2, dtype=torch.float64) for _ in range(self.world_size)]
+                out = [torch.zeros(3, dtype=torch.float64) for _ in range(self.world_size)]
                 dist.all_gather(out, local, group=self._exchange_group)
             gathered = [t.tolist() for t in out]
         with self._lock:
@@ -351,6 +370,7 @@ class Telemetry:
                 "step": step, "window_steps": n, "time": _now(),
                 "compute_seconds": [g[0] for g in gathered],
                 "data_wait_seconds": [g[1] for g in gathered],
+                "local_seconds": [g[2] for g in gathered],
             }
 
     def _heartbeat_loop(self) -> None:
@@ -377,14 +397,16 @@ class Telemetry:
             self._pending.clear()
         if not pending:
             return
-        lines = [self._resolve(p) for p in pending]
+        # Once per flush: reading RSS costs more than a whole step's bookkeeping.
+        memory = _memory(self.device, self._process)
+        lines = [self._resolve(p, memory) for p in pending]
         with self._lock:
             self.state["metrics"] = lines[-1]
         if self.metrics_log:
             with open(self.run.metrics_file(self.rank), "a") as fh:
                 fh.write("".join(_json_line(line) for line in lines))
 
-    def _resolve(self, p: _PendingStep) -> dict[str, Any]:
+    def _resolve(self, p: _PendingStep, memory: dict[str, Any]) -> dict[str, Any]:
         values: dict[str, Any] = {}
         for key, value in p.values.items():
             if isinstance(value, torch.Tensor):
@@ -415,7 +437,7 @@ class Telemetry:
         line["mfu"] = None
         if tokens and self.flops_per_token and self.peak_flops and p.step_seconds > 0:
             line["mfu"] = tokens * self.flops_per_token / p.step_seconds / self.peak_flops
-        line.update(_memory(self.device))
+        line.update(memory)
         return line
 
     def _write_status(self) -> None:
@@ -446,8 +468,8 @@ def _json_line(record: dict[str, Any]) -> str:
     return json.dumps(record, separators=(",", ":")) + "\n"
 
 
-def _memory(device: torch.device) -> dict[str, Any]:
+def _memory(device: torch.device, process: psutil.Process) -> dict[str, Any]:
     if device.type == "cuda":
         return {"memory_bytes": torch.cuda.max_memory_allocated(device),
                 "memory_kind": "cuda_peak_allocated"}
-    return {"memory_bytes": psutil.Process().memory_info().rss, "memory_kind": "rss"}
+    return {"memory_bytes": process.memory_info().rss, "memory_kind": "rss"}

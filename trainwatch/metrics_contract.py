@@ -82,7 +82,8 @@ _SPECS = [
        "1 per rank; labels name its process-group backend and torch device.",
        JOB_RANK + ("backend", "device")),
     _m("trainwatch_rank_state", "gauge",
-       "1 for the rank's reported lifecycle state (running, finished, failed), 0 for the others.",
+       "1 for the rank's reported lifecycle state (running, finished, failed, stopped), "
+       "0 for the others.",
        JOB_RANK + ("state",)),
     _m("trainwatch_rank_local_seconds", "gauge",
        "Mean per-step time outside collective phases over the last timing window (own speed).",

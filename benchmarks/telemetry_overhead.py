@@ -1,0 +1,152 @@
+"""Telemetry overhead: median trainer step time with telemetry on vs off, side by side.
+
+    python benchmarks/telemetry_overhead.py                      # one CPU process
+    python benchmarks/telemetry_overhead.py --set model.width=256 --set model.layers=4
+    torchrun --standalone --nproc-per-node 2 benchmarks/telemetry_overhead.py   # with DDP
+    python benchmarks/telemetry_overhead.py   # on a machine with an NVIDIA GPU: uses CUDA
+
+The step is the reference trainer's (data, forward, backward, clip, optimizer) on its
+default config. Blocks of steps with telemetry on (``Telemetry`` at its default
+settings, started fresh for each block) and off (``Telemetry(enabled=False)``)
+alternate, so drift in machine load hits both alike; each block lasts several
+heartbeat intervals so the background thread's work is inside the measurement.
+Prints both medians and their ratio; the goal is <= 1.005.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from trainwatch.trainer.config import load_config
+from trainwatch.trainer.data import ensure_default_dataset, load_dataset
+from trainwatch.trainer.telemetry import Telemetry
+from trainwatch.trainer.train import autocast, build_training_state, setup_process_group
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--blocks", type=int, default=8, help="blocks per mode")
+    parser.add_argument("--block-steps", type=int, default=200, help="steps per block")
+    parser.add_argument("--warmup-steps", type=int, default=50)
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="trainer config override")
+    args = parser.parse_args()
+
+    cfg = load_config(None, args.overrides)
+    ranks = setup_process_group(cfg)
+    scratch = tempfile.mkdtemp(prefix="trainwatch-bench-")
+    data_dir = os.path.join(scratch, f"data-{ranks.rank}")
+    ensure_default_dataset(data_dir, size_bytes=cfg.data.corpus_bytes, seed=cfg.data.corpus_seed,
+                           val_fraction=cfg.data.val_fraction)
+    state = build_training_state(cfg, load_dataset(data_dir), ranks)
+    model = state.model
+    ddp = DDP(model, device_ids=[ranks.device.index] if ranks.device.type == "cuda" else None
+              ) if ranks.distributed else model
+    clip = cfg.optim.grad_clip or math.inf
+    tokens = cfg.train.batch_size * cfg.model.context
+    cuda = ranks.device.type == "cuda"
+
+    def step(tel: Telemetry, n: int) -> None:
+        """One step of trainer/train.py's loop (grad_accum 1)."""
+        with tel.step(n) as record:
+            with tel.phase("data"):
+                x, y = (t.to(ranks.device, non_blocking=True) for t in next(state.loader))
+            with tel.phase("forward"), autocast(ranks.device):
+                _, loss = ddp(x, y)
+            with tel.phase("backward"):
+                loss.backward()
+            with tel.phase("optimizer"):
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+                lr = state.scheduler.get_last_lr()[0]
+                state.optimizer.step()
+                state.scheduler.step()
+                state.optimizer.zero_grad(set_to_none=True)
+            record.record(loss=loss.detach(), grad_norm=grad_norm, lr=lr, tokens=tokens,
+                          samples=cfg.train.batch_size)
+
+    def block(enabled: bool, steps: int, first: int) -> tuple[list[float], list[float]]:
+        """Per-step wall times and process CPU times (all threads, so the heartbeat
+        thread's work counts; CPU time barely moves when other programs load the machine)."""
+        tel = Telemetry(os.path.join(scratch, "run"), rank=ranks.rank,
+                        local_rank=ranks.local_rank, world_size=ranks.world_size,
+                        device=ranks.device, flops_per_token=model.flops_per_token(),
+                        enabled=enabled).start()
+        wall, cpu = [], []
+        for n in range(first, first + steps):
+            started, started_cpu = time.perf_counter(), time.process_time()
+            step(tel, n)
+            if cuda:
+                torch.cuda.synchronize()  # the harness's clock, the same in both modes
+            wall.append(time.perf_counter() - started)
+            cpu.append(time.process_time() - started_cpu)
+        tel.close()
+        return wall, cpu
+
+    def bookkeeping_cost(steps: int = 2000) -> tuple[float, float]:
+        """Seconds per step spent in telemetry calls alone (no model work): in the loop,
+        and in the heartbeat thread's flush (resolve, format and append the records)."""
+        tel = Telemetry(os.path.join(scratch, "bare"), device=ranks.device, exchange_every=0,
+                        flops_per_token=1.0, heartbeat_interval=3600,
+                        max_pending=steps).start()
+        value = torch.zeros((), device=ranks.device)
+        started = time.perf_counter()
+        for n in range(steps):
+            with tel.step(n) as record:
+                for name in ("data", "forward", "backward", "optimizer"):
+                    with tel.phase(name):
+                        pass
+                record.record(loss=value, grad_norm=value, lr=1e-3, tokens=tokens, samples=1)
+        in_loop = (time.perf_counter() - started) / steps
+        started = time.perf_counter()
+        tel.close()  # flushes all pending steps at once, as the heartbeat thread would
+        return in_loop, (time.perf_counter() - started) / steps
+
+    block(False, args.warmup_steps, 0)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    cpu_times: dict[bool, list[float]] = {True: [], False: []}
+    pair_ratios = []
+    n = args.warmup_steps
+    for i in range(args.blocks):
+        medians = {}
+        for enabled in ((True, False) if i % 2 == 0 else (False, True)):
+            wall, cpu = block(enabled, args.block_steps, n)
+            times[enabled] += wall
+            cpu_times[enabled] += cpu
+            medians[enabled] = statistics.median(wall)
+            n += args.block_steps
+        pair_ratios.append(medians[True] / medians[False])
+    in_loop, flush = bookkeeping_cost()
+
+    if ranks.rank == 0:
+        on, off = statistics.median(times[True]), statistics.median(times[False])
+        device = torch.cuda.get_device_name(ranks.device) if cuda else "cpu"
+        print(f"device {device}, world size {ranks.world_size}, {model.num_params():,} params, "
+              f"{args.blocks} x {args.block_steps} steps per mode")
+        print(f"median step time: telemetry on {on * 1e3:.3f} ms, off {off * 1e3:.3f} ms")
+        print(f"overhead ratio (on/off): {on / off:.4f}  (goal <= 1.005); median of "
+              f"{len(pair_ratios)} adjacent block pairs {statistics.median(pair_ratios):.4f}, "
+              f"range {min(pair_ratios):.4f}..{max(pair_ratios):.4f} (machine noise)")
+        cpu_on, cpu_off = (sum(cpu_times[True]) / len(cpu_times[True]),
+                           sum(cpu_times[False]) / len(cpu_times[False]))
+        print(f"mean process CPU time per step: on {cpu_on * 1e3:.3f} ms, off "
+              f"{cpu_off * 1e3:.3f} ms, ratio {cpu_on / cpu_off:.4f} (includes the heartbeat "
+              "thread; robust to other load on the machine)")
+        print(f"telemetry work alone: {in_loop * 1e6:.1f} us per step in the loop + "
+              f"{flush * 1e6:.1f} us in the heartbeat thread = "
+              f"{1 + (in_loop + flush) / off:.4f} x the median step time off")
+    shutil.rmtree(scratch, ignore_errors=True)
+    if ranks.distributed:
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
