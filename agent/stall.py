@@ -61,9 +61,11 @@ class StallDetector:
 
     def budget(self, key: tuple, phase: str | None, *, use_phase: bool = True) -> float:
         phase_budgets = self.opt["phase_budgets"]
-        if use_phase and phase in phase_budgets:
-            return float(phase_budgets[phase])
         typical = self.typical_step(key)
+        # "init" is also what telemetry shows between phase blocks of a running loop,
+        # so its budget only covers a rank that has not completed a step yet.
+        if use_phase and phase in phase_budgets and not (phase == "init" and typical):
+            return float(phase_budgets[phase])
         if typical is None:
             return float(self.opt["first_step_seconds"])
         return max(float(self.opt["floor_seconds"]), float(self.opt["k"]) * typical)

@@ -71,3 +71,15 @@ def test_phase_budgets_apply_unless_the_process_is_stopped():
                                   phase="checkpoint", status="stopped"), now)
     assert stopped.stalled and stopped.kind == "frozen"
     assert stopped.budget == STALL_DEFAULTS["floor_seconds"]
+
+
+def test_init_budget_only_before_the_first_step():
+    """Telemetry shows the outer phase ("init") for code between phase blocks."""
+    det = StallDetector(dict(STALL_DEFAULTS))
+    now, key = 1000.0, ("j", 0, 1)
+    fresh = rank(now, progress_age=60.0, phase="init")
+    fresh["metrics"] = {}
+    assert not det.check(key, fresh, now).stalled  # still initialising: 600 s budget
+    det.observe(key, rank(now, progress_age=0))
+    verdict = det.check(key, rank(now, progress_age=7.0, phase="init"), now)
+    assert verdict.stalled and verdict.kind == "stuck"
