@@ -1,7 +1,7 @@
 """Agent footprint: CPU, memory and /metrics latency with 8 simulated ranks; straggler
 scoring time for 4096 ranks.
 
-    python benchmarks/agent_footprint.py [--duration 60] [--ranks 8] [--json]
+    python benchmarks/agent_footprint.py [--duration 30] [--ranks 8] [--json]
 
 Eight `sleep` processes stand in for rank processes (so the agent inspects real
 pids); a thread writes each one's status file every second, as trainer telemetry does
@@ -101,7 +101,8 @@ def measure(proc: psutil.Process, url: str, seconds: float, rate: float) -> dict
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=float, default=60.0, help="seconds to measure")
+    parser.add_argument("--duration", type=float, default=30.0,
+                        help="seconds of steady state to measure (use 300 for a real figure)")
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--rate", type=float, default=5.0, help="/metrics requests per second")
     parser.add_argument("--json", action="store_true")
