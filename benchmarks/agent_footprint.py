@@ -8,7 +8,8 @@ pids); a thread writes each one's status file every second, as trainer telemetry
 by default, with advancing steps and a timing window every 10 steps.  The agent runs
 as a separate process with its default config; we sample its CPU time and RSS, and
 first measure CPU and RSS in steady state (scraped every 15 s, like Prometheus), then
-/metrics latency under a steady load of 5 requests per second.  Goals (issue #4): CPU <= 1 % of one
+/metrics latency under a steady load of 5 requests per second, each followed by a
+/healthz request as a side-by-side baseline (what the machine and HTTP alone cost).  Goals (issue #4): CPU <= 1 % of one
 core, peak RSS <= 60 MiB, /metrics p99 <= 20 ms, scoring 4096 ranks <= 10 ms.
 """
 
@@ -83,7 +84,7 @@ def scoring_ms(n: int, reps: int = 50) -> float:
 def measure(proc: psutil.Process, url: str, seconds: float, rate: float) -> dict:
     """Agent CPU seconds and peak RSS over ``seconds`` while scraping at ``rate`` per second."""
     cpu0, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
-    latencies, peak_rss, series = [], proc.memory_info().rss, 0
+    latencies, baseline, peak_rss, series = [], [], proc.memory_info().rss, 0
     next_at = t0
     while time.monotonic() - t0 < seconds:
         if time.monotonic() >= next_at:
@@ -91,12 +92,16 @@ def measure(proc: psutil.Process, url: str, seconds: float, rate: float) -> dict
             body = urllib.request.urlopen(url, timeout=5).read()
             latencies.append((time.perf_counter() - started) * 1000)
             series = sum(1 for line in body.decode().splitlines() if not line.startswith("#"))
+            started = time.perf_counter()  # baseline, side by side: a trivial endpoint
+            urllib.request.urlopen(url.replace("/metrics", "/healthz"), timeout=5).read()
+            baseline.append((time.perf_counter() - started) * 1000)
             next_at += 1.0 / rate
         peak_rss = max(peak_rss, proc.memory_info().rss)
         time.sleep(max(0.0, min(0.5, next_at - time.monotonic())))
     elapsed = time.monotonic() - t0
     return {"cpu": sum(proc.cpu_times()[:2]) - cpu0, "elapsed": elapsed,
-            "latencies": latencies, "peak_rss": peak_rss, "series": series}
+            "latencies": latencies, "baseline": baseline, "peak_rss": peak_rss,
+            "series": series}
 
 
 def main() -> int:
@@ -143,8 +148,10 @@ def main() -> int:
         for p in sleepers:
             p.kill()
             p.wait()
-    latencies = sorted(loaded["latencies"])
-    q = lambda f: latencies[min(len(latencies) - 1, int(f * len(latencies)))]  # noqa: E731
+    latencies, baseline = sorted(loaded["latencies"]), sorted(loaded["baseline"])
+
+    def q(f: float, values: list[float] = latencies) -> float:
+        return values[min(len(values) - 1, int(f * len(values)))]
     results = {
         "duration_s": round(steady["elapsed"], 1), "ranks": args.ranks,
         "scrapes": len(latencies), "series": loaded["series"],
@@ -152,6 +159,7 @@ def main() -> int:
         "cpu_fraction_under_scrape_load": loaded["cpu"] / loaded["elapsed"],
         "peak_rss_mib": max(hwm, steady["peak_rss"], loaded["peak_rss"]) / 2**20,
         "metrics_p50_ms": q(0.50), "metrics_p99_ms": q(0.99),
+        "healthz_p50_ms": q(0.50, baseline), "healthz_p99_ms": q(0.99, baseline),
         "straggler_scoring_4096_ms": scoring_ms(4096),
         "straggler_scoring_64_ms": scoring_ms(64),
         "load_average_1m": os.getloadavg()[0], "cpus": os.cpu_count(),
