@@ -49,6 +49,7 @@ import psutil
 import torch
 
 from trainwatch.rundir import RunDir, append_jsonl
+from trainwatch.trainer import dumps
 from trainwatch.trainer.flops import peak_flops_for
 
 log = logging.getLogger(__name__)
@@ -166,6 +167,7 @@ class Telemetry:
             return self
         self.run.create()
         self._guard(self._setup_exchange_group)
+        self._guard(lambda: dumps.install(self))  # control/dump -> stacks + flight recorder
         self._guard(lambda: self.run.append_event(
             "rank_started", f"rank{self.rank}", rank=self.rank, pid=os.getpid(),
             restart_count=self.state["restart_count"]))
