@@ -17,7 +17,7 @@ from typing import Any
 
 # The phases trainer telemetry knows (trainwatch.trainer.telemetry.KNOWN_PHASES; a test
 # keeps the two equal). Kept here so the agent does not import torch.
-KNOWN_PHASES = ("init", "data", "forward", "backward", "optimizer", "eval", "checkpoint",
+KNOWN_PHASES = ("init", "step", "data", "forward", "backward", "optimizer", "eval", "checkpoint",
                 "telemetry_exchange", "idle", "finished")
 STALL_KINDS = ("stuck", "frozen", "dead")
 
@@ -62,9 +62,7 @@ class StallDetector:
     def budget(self, key: tuple, phase: str | None, *, use_phase: bool = True) -> float:
         phase_budgets = self.opt["phase_budgets"]
         typical = self.typical_step(key)
-        # "init" is also what telemetry shows between phase blocks of a running loop,
-        # so its budget only covers a rank that has not completed a step yet.
-        if use_phase and phase in phase_budgets and not (phase == "init" and typical):
+        if use_phase and phase in phase_budgets:
             return float(phase_budgets[phase])
         if typical is None:
             return float(self.opt["first_step_seconds"])

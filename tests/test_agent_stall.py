@@ -74,12 +74,13 @@ def test_phase_budgets_apply_unless_the_process_is_stopped():
 
 
 def test_init_budget_only_before_the_first_step():
-    """Telemetry shows the outer phase ("init") for code between phase blocks."""
+    """Before the first step a rank gets the long init budget; between phase blocks later
+    ("step" or "idle") it gets the budget derived from its own step times."""
     det = StallDetector(dict(STALL_DEFAULTS))
     now, key = 1000.0, ("j", 0, 1)
     fresh = rank(now, progress_age=60.0, phase="init")
     fresh["metrics"] = {}
     assert not det.check(key, fresh, now).stalled  # still initialising: 600 s budget
     det.observe(key, rank(now, progress_age=0))
-    verdict = det.check(key, rank(now, progress_age=7.0, phase="init"), now)
+    verdict = det.check(key, rank(now, progress_age=7.0, phase="idle"), now)
     assert verdict.stalled and verdict.kind == "stuck"
