@@ -73,25 +73,30 @@ def main() -> None:
             record.record(loss=loss.detach(), grad_norm=grad_norm, lr=lr, tokens=tokens,
                           samples=cfg.train.batch_size)
 
-    def block(enabled: bool, steps: int, first: int) -> list[float]:
+    def block(enabled: bool, steps: int, first: int) -> tuple[list[float], list[float]]:
+        """Per-step wall times and process CPU times (all threads, so the heartbeat
+        thread's work counts; CPU time barely moves when other programs load the machine)."""
         tel = Telemetry(os.path.join(scratch, "run"), rank=ranks.rank,
                         local_rank=ranks.local_rank, world_size=ranks.world_size,
                         device=ranks.device, flops_per_token=model.flops_per_token(),
                         enabled=enabled).start()
-        times = []
+        wall, cpu = [], []
         for n in range(first, first + steps):
-            started = time.perf_counter()
+            started, started_cpu = time.perf_counter(), time.process_time()
             step(tel, n)
             if cuda:
                 torch.cuda.synchronize()  # the harness's clock, the same in both modes
-            times.append(time.perf_counter() - started)
+            wall.append(time.perf_counter() - started)
+            cpu.append(time.process_time() - started_cpu)
         tel.close()
-        return times
+        return wall, cpu
 
-    def bookkeeping_cost(steps: int = 2000) -> float:
-        """Seconds per step the loop spends in telemetry calls alone (no model work)."""
+    def bookkeeping_cost(steps: int = 2000) -> tuple[float, float]:
+        """Seconds per step spent in telemetry calls alone (no model work): in the loop,
+        and in the heartbeat thread's flush (resolve, format and append the records)."""
         tel = Telemetry(os.path.join(scratch, "bare"), device=ranks.device, exchange_every=0,
-                        flops_per_token=1.0).start()
+                        flops_per_token=1.0, heartbeat_interval=3600,
+                        max_pending=steps).start()
         value = torch.zeros((), device=ranks.device)
         started = time.perf_counter()
         for n in range(steps):
@@ -100,23 +105,26 @@ def main() -> None:
                     with tel.phase(name):
                         pass
                 record.record(loss=value, grad_norm=value, lr=1e-3, tokens=tokens, samples=1)
-        elapsed = (time.perf_counter() - started) / steps
-        tel.close()
-        return elapsed
+        in_loop = (time.perf_counter() - started) / steps
+        started = time.perf_counter()
+        tel.close()  # flushes all pending steps at once, as the heartbeat thread would
+        return in_loop, (time.perf_counter() - started) / steps
 
     block(False, args.warmup_steps, 0)
     times: dict[bool, list[float]] = {True: [], False: []}
+    cpu_times: dict[bool, list[float]] = {True: [], False: []}
     pair_ratios = []
     n = args.warmup_steps
     for i in range(args.blocks):
         medians = {}
         for enabled in ((True, False) if i % 2 == 0 else (False, True)):
-            block_times = block(enabled, args.block_steps, n)
-            times[enabled] += block_times
-            medians[enabled] = statistics.median(block_times)
+            wall, cpu = block(enabled, args.block_steps, n)
+            times[enabled] += wall
+            cpu_times[enabled] += cpu
+            medians[enabled] = statistics.median(wall)
             n += args.block_steps
         pair_ratios.append(medians[True] / medians[False])
-    direct = bookkeeping_cost()
+    in_loop, flush = bookkeeping_cost()
 
     if ranks.rank == 0:
         on, off = statistics.median(times[True]), statistics.median(times[False])
@@ -127,8 +135,14 @@ def main() -> None:
         print(f"overhead ratio (on/off): {on / off:.4f}  (goal <= 1.005); median of "
               f"{len(pair_ratios)} adjacent block pairs {statistics.median(pair_ratios):.4f}, "
               f"range {min(pair_ratios):.4f}..{max(pair_ratios):.4f} (machine noise)")
-        print(f"telemetry calls alone: {direct * 1e6:.1f} us per step = "
-              f"{1 + direct / off:.4f} x the step time off")
+        cpu_on, cpu_off = (sum(cpu_times[True]) / len(cpu_times[True]),
+                           sum(cpu_times[False]) / len(cpu_times[False]))
+        print(f"mean process CPU time per step: on {cpu_on * 1e3:.3f} ms, off "
+              f"{cpu_off * 1e3:.3f} ms, ratio {cpu_on / cpu_off:.4f} (includes the heartbeat "
+              "thread; robust to other load on the machine)")
+        print(f"telemetry work alone: {in_loop * 1e6:.1f} us per step in the loop + "
+              f"{flush * 1e6:.1f} us in the heartbeat thread = "
+              f"{1 + (in_loop + flush) / off:.4f} x the median step time off")
     shutil.rmtree(scratch, ignore_errors=True)
     if ranks.distributed:
         torch.distributed.destroy_process_group()

@@ -3,9 +3,11 @@
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 
@@ -100,11 +102,28 @@ def test_a_rank_that_dies_is_restarted_and_training_finishes(tmp_path, launch):
     assert run.events("finished") and run.events("launcher_exited")[0]["exit_code"] == 0
 
 
+def free_port_pair():
+    """A port P with P+1 also free (rank r serves P+r)."""
+    for _ in range(20):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+        return port
+    pytest.fail("no free port pair")
+
+
 @pytest.mark.slow
 def test_sigterm_is_forwarded_and_every_rank_records_it(tmp_path, launch):
+    """Also: with --metrics-port each rank serves its metrics while it trains."""
     run_dir = tmp_path / "run"
+    port = free_port_pair()
     proc = launch("--nproc-per-node", "2", "--run-dir", str(run_dir), "--steps", "100000",
-                  "--set", "telemetry.heartbeat_interval=0.2")
+                  "--metrics-port", str(port), "--set", "telemetry.heartbeat_interval=0.2")
     run = RunDir(run_dir)
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -115,6 +134,11 @@ def test_sigterm_is_forwarded_and_every_rank_records_it(tmp_path, launch):
         time.sleep(0.2)
     else:
         pytest.fail("ranks never got going")
+    for local_rank in (0, 1):
+        url = f"http://127.0.0.1:{port + local_rank}/metrics"
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            text = resp.read().decode()
+        assert f'rank="{local_rank}"' in text and "trainwatch_rank_steps_total{" in text
     rank_pids = [r["pid"] for r in run.statuses().records]
     proc.send_signal(signal.SIGTERM)
     code, out = finish(proc, timeout=120)

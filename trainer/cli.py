@@ -27,9 +27,12 @@ import click
 @click.option("--rdzv-endpoint", metavar="HOST:PORT",
               help="torchrun c10d rendezvous endpoint (multi-node).")
 @click.option("--rdzv-id", help="Rendezvous id shared by all nodes (default: the job name).")
+@click.option("--metrics-port", type=int,
+              help="Ranks serve Prometheus metrics on 127.0.0.1:(PORT + local rank) "
+                   "(shorthand for --set telemetry.metrics_port=PORT).")
 def train(nproc_per_node: int, run_dir: Path, steps: int | None, config_file: str | None,
           overrides: tuple[str, ...], max_restarts: int, nnodes: int, node_rank: int | None,
-          rdzv_endpoint: str | None, rdzv_id: str | None) -> None:
+          rdzv_endpoint: str | None, rdzv_id: str | None, metrics_port: int | None) -> None:
     """Run the reference trainer under torchrun, restarting failed ranks.
 
     The config is validated first (a bad key exits 2 before anything starts).
@@ -39,7 +42,10 @@ def train(nproc_per_node: int, run_dir: Path, steps: int | None, config_file: st
     from trainwatch.trainer.launcher import LaunchSpec, launch
 
     spec = LaunchSpec(run_dir=run_dir, nproc_per_node=nproc_per_node, config=config_file,
-                      overrides=[*overrides, *([f"train.steps={steps}"] if steps else [])],
+                      overrides=[*overrides,
+                                 *([f"train.steps={steps}"] if steps is not None else []),
+                                 *([f"telemetry.metrics_port={metrics_port}"]
+                                   if metrics_port is not None else [])],
                       max_restarts=max_restarts, nnodes=nnodes, node_rank=node_rank,
                       rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id)
     sys.exit(launch(spec))

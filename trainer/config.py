@@ -85,6 +85,7 @@ class TelemetryConfig:
     heartbeat_interval: float = 1.0
     exchange_every: int = 10
     peak_flops: float | None = None
+    metrics_port: int | None = None  # local rank r serves 127.0.0.1:(port + r)/metrics
 
 
 @dataclass
@@ -230,4 +231,6 @@ def validate(config: Config, *, source: str) -> None:
          f"must be >= 0 (0 disables), got {tel.exchange_every}")
     need(tel.peak_flops is None or tel.peak_flops > 0, "telemetry.peak_flops",
          f"must be positive or null, got {tel.peak_flops}")
+    need(tel.metrics_port is None or 1 <= tel.metrics_port <= 65535, "telemetry.metrics_port",
+         f"must be a port number (1-65535) or null, got {tel.metrics_port}")
     config.checkpoint.validate(file=source)

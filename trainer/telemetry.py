@@ -283,12 +283,21 @@ class Telemetry:
         try:
             return fn()
         except Exception as exc:  # noqa: BLE001 - telemetry must never fail the job
-            with self._lock:
-                self.state["counters"]["telemetry_errors_total"] += 1
-                count = self.state["counters"]["telemetry_errors_total"]
-            if count <= 5 or count % 100 == 0:
-                log.warning("trainwatch telemetry error (%d so far): %r", count, exc)
+            self.count_error(repr(exc))
             return None
+
+    def count_error(self, problem: str) -> None:
+        """Count a telemetry failure in the status and log it (rate-limited)."""
+        with self._lock:
+            self.state["counters"]["telemetry_errors_total"] += 1
+            count = self.state["counters"]["telemetry_errors_total"]
+        if count <= 5 or count % 100 == 0:
+            log.warning("trainwatch telemetry error (%d so far): %s", count, problem)
+
+    def snapshot(self) -> dict[str, Any]:
+        """A copy of the state the status file shows (for readers in this process)."""
+        with self._lock:
+            return _copy(self.state)
 
     def _setup_exchange_group(self) -> None:
         import torch.distributed as dist

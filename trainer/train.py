@@ -32,6 +32,7 @@ from trainwatch.trainer.checkpoint import Checkpointer, Restored
 from trainwatch.trainer.config import Config, load_config
 from trainwatch.trainer.data import Dataset, ShardedBatches, ensure_default_dataset, load_dataset
 from trainwatch.trainer.faults import FaultInjector
+from trainwatch.trainer.metrics_server import MetricsServer
 from trainwatch.trainer.model import GPT
 from trainwatch.trainer.state import TrainingState
 from trainwatch.trainer.telemetry import Telemetry
@@ -292,9 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     # From here on SIGTERM means "checkpoint, then stop" (see docs/checkpoints.md).
     ckpt = Checkpointer(cfg.checkpoint, run.root, telemetry=tel,
                         config_hash=cfg.training_digest())
+    server = None
     try:
         run.create()
         tel.start()
+        if cfg.telemetry.metrics_port and tel.enabled:
+            server = MetricsServer(tel, cfg.telemetry.metrics_port + ranks.local_rank)
         ckpt.start()
         train(cfg, run, ranks, tel, ckpt)
         ckpt.close()
@@ -306,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"trainwatch: rank {ranks.rank}: {exc}", file=sys.stderr)
             return exc.exit_code
         raise
+    finally:
+        if server is not None:
+            server.close()
     tel.close("stopped" if ckpt.exit_code else "finished")
     if ranks.distributed:
         dist.destroy_process_group()

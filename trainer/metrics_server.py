@@ -1,0 +1,110 @@
+"""Prometheus metrics served by a rank itself, for users who run no trainwatch agent.
+
+``telemetry.metrics_port: P`` makes local rank r serve http://127.0.0.1:(P+r)/metrics.
+Values come from the rank's telemetry state (what its status file shows), so a
+scrape never touches the training loop or the device. Names, types and help text
+are those of trainwatch/metrics_contract.py; the agent exports the same series
+from the status files, so use one or the other for a given run.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterator
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from trainwatch.metrics_contract import JOB_RANK, METRICS
+from trainwatch.trainer.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+
+# metric name -> key in the latest step record of the status ("metrics").
+_STEP_GAUGES = {
+    "trainwatch_train_loss": "loss",
+    "trainwatch_train_grad_norm": "grad_norm",
+    "trainwatch_train_learning_rate": "lr",
+    "trainwatch_train_tokens_per_second": "tokens_per_second",
+    "trainwatch_train_samples_per_second": "samples_per_second",
+    "trainwatch_train_mfu_ratio": "mfu",
+    "trainwatch_rank_step_time_seconds": "step_time_seconds",
+    "trainwatch_rank_data_wait_seconds": "data_wait_seconds",
+    "trainwatch_rank_memory_bytes": "memory_bytes",
+}
+# metric name -> key in the status counters.
+_COUNTERS = {
+    "trainwatch_train_nonfinite_loss_total": "nonfinite_loss_total",
+    "trainwatch_train_nonfinite_grad_norm_total": "nonfinite_grad_norm_total",
+    "trainwatch_rank_steps_total": "steps_total",
+    "trainwatch_rank_telemetry_errors_total": "telemetry_errors_total",
+}
+
+
+def _family(name: str, extra_labels: tuple[str, ...] = ()) -> Metric:
+    spec = METRICS[name]
+    assert spec.labels == JOB_RANK + extra_labels, name
+    cls = CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily
+    return cls(name, spec.help, labels=spec.labels)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+class TelemetryCollector:
+    """A prometheus-client collector reading one rank's telemetry state at scrape time."""
+
+    def __init__(self, telemetry: Telemetry):
+        self.telemetry = telemetry
+
+    def collect(self) -> Iterator[Metric]:
+        state = self.telemetry.snapshot()
+        labels = [state["job"], state["node"], str(state["rank"]), str(state["local_rank"])]
+        step_record = state.get("metrics") or {}
+        for name, key in _STEP_GAUGES.items():
+            value = _number(step_record.get(key))
+            if value is not None:  # absent, not invented (e.g. MFU with no known peak)
+                family = _family(name)
+                family.add_metric(labels, value)
+                yield family
+        phases = _family("trainwatch_rank_phase_time_seconds", ("phase",))
+        for phase, seconds in (step_record.get("phase_seconds") or {}).items():
+            phases.add_metric([*labels, phase], float(seconds))
+        yield phases
+        for name, value in (("trainwatch_rank_step", state.get("step")),
+                            ("trainwatch_train_validation_loss",
+                             (state.get("eval") or {}).get("val_loss")),
+                            ("trainwatch_rank_restarts", state.get("restart_count"))):
+            if _number(value) is not None:
+                family = _family(name)
+                family.add_metric(labels, float(value))
+                yield family
+        for name, key in _COUNTERS.items():
+            family = _family(name)
+            family.add_metric(labels, float(state["counters"].get(key, 0)))
+            yield family
+
+
+class MetricsServer:
+    """The HTTP endpoint; failing to bind is logged and counted, never raised."""
+
+    def __init__(self, telemetry: Telemetry, port: int, addr: str = "127.0.0.1"):
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(TelemetryCollector(telemetry))
+        self.server = None
+        try:
+            self.server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as exc:
+            telemetry.count_error(f"metrics port {addr}:{port}: {exc.strerror}")
+
+    @property
+    def port(self) -> int | None:
+        return self.server.server_port if self.server is not None else None
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
