@@ -231,10 +231,6 @@ class Checkpointer:
             self._save(step, state(), "request" if save else "interval")
         return False
 
-    def save_now(self, step: int, state: dict[str, Any], reason: str = "manual") -> None:
-        """Save outside the usual schedule (every rank must call it at the same step)."""
-        self._save(step, state, reason)
-
     # ------------------------------------------------------------------ internals
     def _agree(self, step: int, flag: torch.Tensor | None) -> tuple[float, bool, bool, list[str]]:
         save, stop, sources = self.requests.take()
@@ -285,11 +281,15 @@ class Checkpointer:
             if self.cfg.mode == "sync":
                 self._write(payload, started, waited)
                 return
-            payload.shared = self._snapshot.capture(shared)
-            blocking = time.perf_counter() - started
-            self._writer = threading.Thread(target=self._write, args=(payload, blocking, waited),
-                                            name="trainwatch-checkpoint-writer", daemon=True)
-            self._writer.start()
+            try:
+                payload.shared = self._snapshot.capture(shared)
+                blocking = time.perf_counter() - started
+                self._writer = threading.Thread(target=self._write,
+                                                args=(payload, blocking, waited),
+                                                name="trainwatch-checkpoint-writer", daemon=True)
+                self._writer.start()
+            except Exception as exc:  # noqa: BLE001 - e.g. no host memory for the copy
+                self._failed(step, exc, self.folder)
 
     def _write(self, payload: Payload, blocking: float, waited: float) -> None:
         """Write, verify, mirror and prune one checkpoint; never raises (failures are journaled).
