@@ -109,7 +109,9 @@ def test_sigterm_saves_stops_and_resumes_exactly(tmp_path, launch, baseline):
     assert code == 128 + signal.SIGTERM, out[-3000:]
     stop = [e for e in events(run_dir, "checkpoint_saved") if e.get("reason") == "stop"]
     assert len(stop) == 1 and 12 < stop[0]["step"] < 30
-    assert events(run_dir, "checkpoint_requested")[-1]["sources"] == ["SIGTERM"]
+    requested = events(run_dir, "checkpoint_requested")
+    assert {e["rank"] for e in requested} == {0, 1}          # torchrun told every rank
+    assert all(e["sources"] == ["SIGTERM"] and e["step"] == stop[0]["step"] for e in requested)
     assert {s["state"] for s in RunDir(run_dir).statuses().records} == {"stopped"}
 
     code, out = finish(launch(run_dir, "--max-restarts", "0"))

@@ -214,10 +214,10 @@ class Checkpointer:
             _, save, stop, sources = self._agree(step - 1, None)
         self._agreed = None
         interval = self.cfg.every_steps and step % self.cfg.every_steps == 0
-        if save or stop:
-            if self.rank == 0:
-                self._journal("checkpoint_requested", step=step, sources=sources,
-                              stop=bool(stop))
+        if (save or stop) and (self.rank == 0 or sources):
+            # Rank 0 records the step all ranks agreed on; a rank that got the request
+            # itself (a signal to one process) records where it came from.
+            self._journal("checkpoint_requested", step=step, sources=sources, stop=bool(stop))
         if stop:
             self._save(step, state(), "stop", force_wait=True)
             self.wait()
