@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from trainwatch.rundir import RunDir
@@ -116,3 +117,33 @@ def test_crash_loop_trips_the_guard_and_pages(tmp_path):
              and e["alert"] == "TrainingRestartLoop"]
     assert loops and loops[0]["severity"] == "critical" and loops[0]["labels"]["job"] == "exp1"
     assert json.loads((run.root / "alerts" / "actions.json").read_text())["guard_tripped"]
+
+
+def test_ctrl_c_stops_everything_and_the_job_checkpoints(tmp_path):
+    _configs(tmp_path)
+    (tmp_path / "train.yaml").write_text(
+        "train: {steps: 100000, batch_size: 4, eval_interval: 100000}\n"
+        "checkpoint: {every_steps: 100000, fsync: false}\n")
+    run = RunDir(tmp_path / "exp1")
+    proc = _run(tmp_path, run.root)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not any(
+                (s.get("step") or 0) >= 5 for s in run.statuses().records):
+            time.sleep(0.2)
+        pids = [s["pid"] for s in run.statuses().records]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stopped = run.events("controller_stopped")[-1]
+    assert stopped["interrupted"] and stopped["exit_code"] == 130
+    job_stopped = run.events("job_stopped")[-1]
+    assert job_stopped["reason"] == "interrupted" and not job_stopped["hard"]
+    saved = run.events("checkpoint_saved")
+    assert saved and saved[-1]["reason"] == "stop"  # SIGTERM made the trainer checkpoint
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+    left = [p.info["pid"] for p in psutil.process_iter(["pid", "cmdline"])
+            if str(run.root) in " ".join(p.info["cmdline"] or [])]
+    assert not left  # neither the agent, torchrun nor a rank outlived `trainwatch run`
