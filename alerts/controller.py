@@ -80,7 +80,7 @@ class JobController:
     def stop(self, reason: str, *, hard: bool = False) -> int | None:
         """Stop the job's whole process tree.
 
-        Graceful (SIGTERM, the trainer checkpoints on it; SIGKILL after the grace) unless
+        Graceful (SIGTERM to the launcher, the ranks checkpoint; SIGKILL after the grace) unless
         ``hard``: a hung job cannot finish a checkpoint, and a diverged one must not write
         one, so those are killed at once (SIGKILL also ends SIGSTOPped processes).
         """
@@ -92,9 +92,12 @@ class JobController:
             descendants = [p for p in tree if p.pid != self.proc.pid]
             leftover = descendants
             if not hard:
+                # SIGTERM to the launcher only: it forwards it to torchrun, which stops the
+                # ranks in order (they checkpoint); signalling every process at once races
+                # torchrun's teardown against the ranks' last collective.
+                self.proc.send_signal(signal.SIGTERM)
                 for p in tree:
-                    _signal(p, signal.SIGTERM)
-                    _signal(p, signal.SIGCONT)  # a stopped process must run to handle it
+                    _signal(p, signal.SIGCONT)  # a stopped process must run to stop
                 try:  # the launcher is our child: Popen reaps it and keeps its exit code
                     self.proc.wait(timeout=self.stop_grace)
                 except subprocess.TimeoutExpired:
