@@ -59,6 +59,7 @@ def test_two_ranks_train_to_completion_and_publish_the_contract(tmp_path, launch
         assert status["counters"]["telemetry_errors_total"] == 0
         assert status["info"]["flops_per_token"] > 0
         assert math.isfinite(status["eval"]["val_loss"])
+    norms = {}
     for rank in (0, 1):
         records = run.metrics(rank)
         assert records.skipped == []
@@ -69,6 +70,9 @@ def test_two_ranks_train_to_completion_and_publish_the_contract(tmp_path, launch
         first = sum(r["loss"] for r in steps[:5]) / 5
         last = sum(r["loss"] for r in steps[-5:]) / 5
         assert last < first - 1.0, (first, last)  # ln(256) = 5.5 -> clearly learning
+        norms[rank] = [r["grad_norm"] for r in steps]
+    # DDP all-reduces gradients: both ranks see the same global norm at every step.
+    assert norms[0] == pytest.approx(norms[1], rel=1e-4)
     events = [e["event"] for e in run.events()]
     for name in ("launcher_started", "run_started", "validation", "step_milestone", "finished",
                  "launcher_exited"):
@@ -86,7 +90,7 @@ def test_two_ranks_train_to_completion_and_publish_the_contract(tmp_path, launch
 def test_a_rank_that_dies_is_restarted_and_training_finishes(tmp_path, launch):
     run_dir = tmp_path / "run"
     code, out = finish(launch("--nproc-per-node", "2", "--run-dir", str(run_dir), "--steps", "20",
-                              "--max-restarts", "1",
+                              "--max-restarts", "1", "--set", "optim.grad_accum=2",
                               env={"TRAINWATCH_FAULT": "exit:rank=1:step=5:code=3"}))
     assert code == 0, out[-4000:]
     run = RunDir(run_dir)
@@ -99,6 +103,7 @@ def test_a_rank_that_dies_is_restarted_and_training_finishes(tmp_path, launch):
     for status in run.statuses().records:
         assert status["restart_count"] == 1 and status["state"] == "finished"
         assert status["step"] == 19
+        assert status["metrics"]["tokens"] == 2 * 8 * 64  # two micro-batches per step
     assert run.events("finished") and run.events("launcher_exited")[0]["exit_code"] == 0
 
 

@@ -120,13 +120,25 @@ def _die_with_parent() -> None:
 
 
 def _pump(stream: IO[bytes], log_file: Path) -> None:
-    """Copy torchrun's output to the console and to RUN_DIR/logs/torchrun.log."""
-    with open(log_file, "ab") as log:
-        for line in iter(stream.readline, b""):
-            log.write(line)
-            log.flush()
-            sys.stdout.buffer.write(line)
-            sys.stdout.buffer.flush()
+    """Copy torchrun's output to the console and to RUN_DIR/logs/torchrun.log.
+
+    A sink that fails (closed console, full disk) is dropped and the pipe is still
+    drained: a blocked pipe would block torchrun and with it the job.
+    """
+    sinks: list[IO[bytes]] = [sys.stdout.buffer]
+    try:
+        sinks.append(open(log_file, "ab"))
+    except OSError as exc:
+        print(f"trainwatch: cannot write {log_file}: {exc.strerror}", file=sys.stderr)
+    for line in iter(stream.readline, b""):
+        for sink in list(sinks):
+            try:
+                sink.write(line)
+                sink.flush()
+            except (OSError, ValueError):
+                sinks.remove(sink)
+    for sink in sinks[1:]:
+        sink.close()
 
 
 def launch(spec: LaunchSpec) -> int:

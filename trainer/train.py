@@ -230,6 +230,7 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry) -> None:
                       flush=True)
         if ranks.is_main and due(step, cfg.train.milestone_interval, last):
             tel.event("step_milestone", step=step, loss=loss.item(), lr=lr)
+            print(f"step {step}: loss {loss.item():.4f} lr {lr:.2e}", flush=True)
 
     if ranks.is_main:
         tel.event("finished", step=state.step - 1, loss=loss.item())
