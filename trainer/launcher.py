@@ -90,7 +90,8 @@ def torchrun_command(spec: LaunchSpec, run: RunDir) -> list[str]:
 def torchrun_env(spec: LaunchSpec, run: RunDir) -> dict[str, str]:
     env = dict(os.environ)
     env.update({
-        # Required for --max-restarts with gloo on torch 2.13 (the shared store breaks re-rendezvous).
+        # Required for --max-restarts with gloo on torch 2.13 (the shared store
+        # breaks re-rendezvous).
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         "TMPDIR": str(run.tmp_dir.resolve()),
         "TRAINWATCH_RUN_DIR": str(run.root.resolve()),

@@ -19,7 +19,6 @@ import random
 import signal
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -181,7 +180,8 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry) -> None:
               ) if ranks.distributed else model
     tel.flops_per_token = model.flops_per_token()
     tel.set_info(params=model.num_params(), flops_per_token=tel.flops_per_token,
-                 config_digest=cfg.digest(), dataset_sha256=data.manifest["splits"]["train"]["sha256"])
+                 config_digest=cfg.digest(),
+                 dataset_sha256=data.manifest["splits"]["train"]["sha256"])
     if ranks.is_main:
         start = dict(world_size=ranks.world_size, params=model.num_params(),
                      config_digest=cfg.digest(), start_step=state.step, steps=cfg.train.steps)
@@ -194,7 +194,6 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry) -> None:
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
     tokens_per_step = accum * cfg.train.batch_size * cfg.model.context
     samples_per_step = accum * cfg.train.batch_size
-    loss = torch.zeros((), device=ranks.device)
     for step in range(state.step, cfg.train.steps):
         with tel.step(step) as record:
             loss = torch.zeros((), device=ranks.device)
@@ -233,7 +232,7 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry) -> None:
             print(f"step {step}: loss {loss.item():.4f} lr {lr:.2e}", flush=True)
 
     if ranks.is_main:
-        tel.event("finished", step=state.step - 1, loss=loss.item())
+        tel.event("finished", step=state.step - 1, steps=cfg.train.steps)
 
 
 class Terminated(BaseException):
