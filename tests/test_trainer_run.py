@@ -172,3 +172,23 @@ def test_bad_config_exits_2_before_starting_torchrun(tmp_path):
         assert proc.returncode == 2, proc.stderr
         assert all(w in proc.stderr for w in words), proc.stderr
         assert not (run_dir / "logs").exists()  # torchrun never started
+
+
+@pytest.mark.slow
+def test_two_nodes_rendezvous_through_c10d(tmp_path, launch):
+    """Multi-node passthrough: two launchers (nodes) on loopback form one job of two ranks,
+    sharing one run directory (both prepare the default corpus into it at once)."""
+    run_dir = tmp_path / "run"
+    endpoint = f"127.0.0.1:{free_port_pair()}"
+    nodes = [launch("--nproc-per-node", "1", "--nnodes", "2", "--node-rank", str(node),
+                    "--rdzv-endpoint", endpoint, "--run-dir", str(run_dir), "--steps", "10")
+             for node in (0, 1)]
+    for node in nodes:
+        code, out = finish(node)
+        assert code == 0, out[-4000:]
+    run = RunDir(run_dir)
+    statuses = run.statuses().records
+    assert sorted(s["rank"] for s in statuses) == [0, 1]
+    assert all(s["world_size"] == 2 and s["state"] == "finished" for s in statuses)
+    assert len(run.events("launcher_started")) == 2 and run.run_info()["nnodes"] == 2
+    assert len(run.events("run_started")) == 1 and run.events("finished")
