@@ -27,7 +27,6 @@ from trainwatch import __version__
 from trainwatch.errors import ConfigError
 from trainwatch.rundir import RunDir
 from trainwatch.trainer.config import Config, load_config
-from trainwatch.trainer.data import load_dataset
 from trainwatch.trainer.faults import ENV as FAULT_ENV, parse_faults
 
 
@@ -63,6 +62,7 @@ def validate(spec: LaunchSpec) -> Config:
     cfg = load_config(spec.config, spec.overrides)
     parse_faults(os.environ.get(FAULT_ENV, ""))
     if cfg.data.path is not None:
+        from trainwatch.trainer.data import load_dataset  # imports torch: only when needed
         load_dataset(cfg.data.path)
     return cfg
 
