@@ -24,6 +24,7 @@ from typing import Any
 
 from trainwatch.configfile import load_yaml_mapping, parse_override
 from trainwatch.errors import ConfigError
+from trainwatch.trainer.checkpoint.config import CheckpointConfig
 
 
 @dataclass
@@ -88,11 +89,6 @@ class TelemetryConfig:
 
 
 @dataclass
-class CheckpointConfig:
-    """Checkpointing options (issue 3 fills this section in)."""
-
-
-@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -107,6 +103,13 @@ class Config:
     def digest(self) -> str:
         """A short hash of the resolved config, shown in status files and run.json."""
         text = json.dumps(self.to_dict(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def training_digest(self) -> str:
+        """A hash of what decides the weights (not ``checkpoint``/``telemetry``): a checkpoint
+        is resumed only by a run with the same one."""
+        text = json.dumps({k: v for k, v in self.to_dict().items()
+                           if k not in ("checkpoint", "telemetry")}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -230,3 +233,4 @@ def validate(config: Config, *, source: str) -> None:
          f"must be positive or null, got {tel.peak_flops}")
     need(tel.metrics_port is None or 1 <= tel.metrics_port <= 65535, "telemetry.metrics_port",
          f"must be a port number (1-65535) or null, got {tel.metrics_port}")
+    config.checkpoint.validate(file=source)

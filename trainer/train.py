@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainwatch.errors import ConfigError
 from trainwatch.rundir import RunDir
+from trainwatch.trainer.checkpoint import Checkpointer, Restored
 from trainwatch.trainer.config import Config, load_config
 from trainwatch.trainer.data import Dataset, ShardedBatches, ensure_default_dataset, load_dataset
 from trainwatch.trainer.faults import FaultInjector
@@ -135,6 +136,23 @@ def build_training_state(cfg: Config, data: Dataset, ranks: Ranks) -> TrainingSt
     return TrainingState(model, optimizer, scheduler, loader)
 
 
+def checkpoint_state(state: TrainingState) -> dict:
+    """What a checkpoint holds; ``data`` is this rank's own, the rest is the same on every rank
+    (the checkpointer adds every rank's RNG states)."""
+    return {"model": state.model.state_dict(), "optimizer": state.optimizer.state_dict(),
+            "scheduler": state.scheduler.state_dict(), "data": state.loader.state_dict()}
+
+
+def restore_checkpoint(state: TrainingState, restored: Restored) -> None:
+    """Put a checkpoint back: weights, optimizer, schedule, data position and step (RNG last,
+    just before the loop, with ``restored.restore_rng()``)."""
+    state.model.load_state_dict(restored.shared["model"])
+    state.optimizer.load_state_dict(restored.shared["optimizer"])
+    state.scheduler.load_state_dict(restored.shared["scheduler"])
+    state.loader.load_state_dict(restored.data)
+    state.step = restored.step
+
+
 def autocast(device: torch.device) -> contextlib.AbstractContextManager:
     """bf16 autocast on CUDA; full precision on CPU."""
     if device.type == "cuda":
@@ -168,13 +186,16 @@ def due(step: int, interval: int, last: int) -> bool:
 
 # --------------------------------------------------------------------------- the loop
 
-def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry) -> None:
+def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpointer) -> None:
     faults = FaultInjector.from_env(
         ranks.rank, on_fire=lambda fault, step: tel.event("fault_injected", step=step,
                                                           fault=fault.kind))
     with tel.phase("init"):
         data = open_data(cfg, run, ranks)
         state = build_training_state(cfg, data, ranks)
+        restored = ckpt.resume()  # the newest verified checkpoint, or None on a fresh run
+        if restored is not None:
+            restore_checkpoint(state, restored)
     model = state.model
     ddp = DDP(model, device_ids=[ranks.device.index] if ranks.device.type == "cuda" else None
               ) if ranks.distributed else model
@@ -194,6 +215,8 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry) -> None:
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
     tokens_per_step = accum * cfg.train.batch_size * cfg.model.context
     samples_per_step = accum * cfg.train.batch_size
+    if restored is not None:
+        restored.restore_rng()  # last: the random streams continue exactly where they were
     for step in range(state.step, cfg.train.steps):
         with tel.step(step) as record:
             loss = torch.zeros((), device=ranks.device)
@@ -211,8 +234,10 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry) -> None:
             with tel.phase("optimizer"):
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
                 lr = state.scheduler.get_last_lr()[0]
-                state.optimizer.step()
-                state.scheduler.step()
+                # NaN/Inf on any rank: every rank skips the update (checkpoint.nonfinite).
+                if ckpt.check_step(step, loss, grad_norm, data=state.loader.state_dict):
+                    state.optimizer.step()
+                    state.scheduler.step()
                 state.optimizer.zero_grad(set_to_none=True)
             state.step = step + 1
             record.record(loss=loss, grad_norm=grad_norm, lr=lr, tokens=tokens_per_step,
@@ -223,6 +248,7 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry) -> None:
                 val_loss = evaluate(model, data, cfg, ranks)
             perplexity = math.exp(min(val_loss, 50.0))
             tel.log(step, "eval", val_loss=val_loss, val_perplexity=perplexity)
+            ckpt.note_metrics(val_loss=val_loss)
             if ranks.is_main:
                 tel.event("validation", step=step, val_loss=val_loss, val_perplexity=perplexity)
                 print(f"step {step}: val_loss {val_loss:.4f} perplexity {perplexity:.2f}",
@@ -230,6 +256,8 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry) -> None:
         if ranks.is_main and due(step, cfg.train.milestone_interval, last):
             tel.event("step_milestone", step=step, loss=loss.item(), lr=lr)
             print(f"step {step}: loss {loss.item():.4f} lr {lr:.2e}", flush=True)
+        if ckpt.after_step(step + 1, lambda: checkpoint_state(state), final=step == last):
+            return  # stopped on request (SIGTERM), after saving a checkpoint
 
     if ranks.is_main:
         tel.event("finished", step=state.step - 1, steps=cfg.train.steps)
@@ -262,14 +290,20 @@ def main(argv: list[str] | None = None) -> int:
                              exchange_every=cfg.telemetry.exchange_every,
                              peak_flops=cfg.telemetry.peak_flops, device=ranks.device,
                              enabled=cfg.telemetry.enabled)
+    # From here on SIGTERM means "checkpoint, then stop" (see docs/checkpoints.md).
+    ckpt = Checkpointer(cfg.checkpoint, run.root, telemetry=tel,
+                        config_hash=cfg.training_digest())
     server = None
     try:
         run.create()
         tel.start()
         if cfg.telemetry.metrics_port and tel.enabled:
             server = MetricsServer(tel, cfg.telemetry.metrics_port + ranks.local_rank)
-        train(cfg, run, ranks, tel)
+        ckpt.start()
+        train(cfg, run, ranks, tel, ckpt)
+        ckpt.close()
     except BaseException as exc:
+        ckpt.close()
         tel.event("failed", error=f"{type(exc).__name__}: {exc}")
         tel.close("failed")
         if isinstance(exc, (ConfigError, Terminated)):
@@ -279,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             server.close()
-    tel.close("finished")
+    tel.close("stopped" if ckpt.exit_code else "finished")
     if ranks.distributed:
         dist.destroy_process_group()
-    return 0
+    return ckpt.exit_code

@@ -19,6 +19,7 @@ from trainwatch.errors import TrainwatchError
 # command name -> "module:attribute" of a click command or group.
 COMMANDS = {
     "train": ("trainwatch.trainer.cli:train", "Run the reference trainer under torchrun with a restart policy."),
+    "checkpoint": ("trainwatch.trainer.checkpoint.cli:checkpoint", "List, verify and compare checkpoints (digest of the weights)."),
     "data": ("trainwatch.trainer.cli:data", "Prepare and inspect token datasets."),
 }
 

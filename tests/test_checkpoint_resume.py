@@ -1,0 +1,144 @@
+"""Exact resume through `trainwatch train`: real torchrun, two gloo ranks, real SIGKILL and
+SIGTERM, corrupted checkpoints.  Every interrupted run must end with the same weights
+(`trainwatch checkpoint digest`) as one that never stopped."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from trainwatch.rundir import RunDir
+
+# 20 kB of corpus gives 17 batches per rank and epoch: checkpoints at 10 and 20 are
+# mid-epoch and the 30 steps cross an epoch boundary.  Dropout makes the RNG matter.
+ARGS = ["--nproc-per-node", "2", "--steps", "30", "--set", "checkpoint.every_steps=10",
+        "--set", "train.eval_interval=10", "--set", "model.dropout=0.1",
+        "--set", "data.corpus_bytes=20000", "--set", "telemetry.heartbeat_interval=0.2"]
+
+
+def start(run_dir, *extra, fault=None):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("TRAINWATCH_FAULT", None)
+    if fault:
+        env["TRAINWATCH_FAULT"] = fault
+    return subprocess.Popen([sys.executable, "-m", "trainwatch", "train", "--run-dir",
+                             str(run_dir), *ARGS, *extra], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+@pytest.fixture
+def launch():
+    procs = []
+
+    def run(run_dir, *extra, fault=None):
+        proc = start(run_dir, *extra, fault=fault)
+        procs.append(proc)
+        return proc
+
+    yield run
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def finish(proc, timeout=240):
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+def digest(run_dir):
+    """What `trainwatch checkpoint digest RUN_DIR --json` prints (in-process: no torch start-up)."""
+    from click.testing import CliRunner
+    from trainwatch.trainer.checkpoint.cli import checkpoint
+    done = CliRunner().invoke(checkpoint, ["digest", "--json", str(run_dir)])
+    assert done.exit_code == 0, done.output
+    return json.loads(done.output)
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    """An uninterrupted run of the same length: the digest every other run must reach."""
+    run_dir = tmp_path_factory.mktemp("baseline") / "run"
+    proc = start(run_dir, "--max-restarts", "0")
+    try:
+        code, out = finish(proc)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert code == 0, out[-3000:]
+    result = digest(run_dir)
+    assert result["path"].endswith("step-00000030")
+    return run_dir, result["digest"]
+
+
+def events(run_dir, *names):
+    return RunDir(run_dir).events(*names)
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_restart_ends_with_identical_weights(tmp_path, launch, baseline):
+    run_dir = tmp_path / "run"
+    code, out = finish(launch(run_dir, "--max-restarts", "1", fault="kill:rank=1:step=15"))
+    assert code == 0, out[-3000:]
+    assert [e["step"] for e in events(run_dir, "fault_injected")] == [15]
+    resumed = events(run_dir, "checkpoint_resumed")
+    assert [e["step"] for e in resumed] == [10]
+    # Mid-epoch: 10 of 17 batches of epoch 0 were read by each rank.
+    assert [(p["epoch"], p["position"]) for p in resumed[0]["data_position"]] == [(0, 10)] * 2
+    assert digest(run_dir)["digest"] == baseline[1]
+
+
+@pytest.mark.slow
+def test_sigterm_saves_stops_and_resumes_exactly(tmp_path, launch, baseline):
+    run_dir = tmp_path / "run"
+    # Rank 1 stalls at step 12 so the stop lands mid-run, after the step-10 checkpoint.
+    proc = launch(run_dir, "--max-restarts", "0", fault="sleep:rank=1:step=12:seconds=3")
+    deadline = time.time() + 180
+    while not events(run_dir, "fault_injected") and proc.poll() is None:
+        assert time.time() < deadline, "the run never reached step 12"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    code, out = finish(proc)
+    assert code == 128 + signal.SIGTERM, out[-3000:]
+    stop = [e for e in events(run_dir, "checkpoint_saved") if e.get("reason") == "stop"]
+    assert len(stop) == 1 and 12 < stop[0]["step"] < 30
+    assert events(run_dir, "checkpoint_requested")[-1]["sources"] == ["SIGTERM"]
+    assert {s["state"] for s in RunDir(run_dir).statuses().records} == {"stopped"}
+
+    code, out = finish(launch(run_dir, "--max-restarts", "0"))
+    assert code == 0, out[-3000:]
+    assert events(run_dir, "checkpoint_resumed")[-1]["step"] == stop[0]["step"]
+    assert digest(run_dir)["digest"] == baseline[1]
+
+
+@pytest.mark.slow
+def test_corrupt_newest_falls_back_and_still_ends_identical(tmp_path, launch, baseline):
+    run_dir = tmp_path / "run"
+    shutil.copytree(baseline[0], run_dir, ignore=shutil.ignore_patterns("status", "tmp"))
+    newest = run_dir / "checkpoints/step-00000030/model.pt"
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0x01                       # one flipped bit
+    newest.write_bytes(bytes(data))
+    code, out = finish(launch(run_dir, "--max-restarts", "0"))
+    assert code == 0, out[-3000:]
+    fallback = events(run_dir, "checkpoint_fallback")
+    assert len(fallback) == 1 and "model.pt: sha256 mismatch" in fallback[0]["reason"]
+    assert events(run_dir, "checkpoint_resumed")[-1]["step"] == 20
+    assert digest(run_dir)["digest"] == baseline[1]   # step 30 rewritten, bit for bit
+
+
+@pytest.mark.slow
+def test_other_world_size_is_refused_not_loaded(tmp_path, launch, baseline):
+    run_dir = tmp_path / "run"
+    shutil.copytree(baseline[0], run_dir, ignore=shutil.ignore_patterns("status", "tmp"))
+    code, out = finish(launch(run_dir, "--max-restarts", "0", "--nproc-per-node", "1"))
+    assert code != 0
+    assert "world size 2, this run has 1; refusing to resume" in out
+    assert not events(run_dir, "checkpoint_resumed")

@@ -1,0 +1,386 @@
+"""The checkpoint component a training loop talks to.
+
+    ckpt = Checkpointer(cfg.checkpoint, run_dir, telemetry=tel, config_hash=h).start()
+    restored = ckpt.resume()                       # None on a fresh run
+    if restored:
+        model.load_state_dict(restored.shared["model"]); ...; loader.load_state_dict(restored.data)
+        restored.restore_rng()
+    for step in range(start, steps):
+        ...backward...
+        if ckpt.check_step(step, loss, grad_norm, data=loader.state_dict):  # finite on all ranks?
+            opt.step(); sched.step()
+        opt.zero_grad()
+        if ckpt.after_step(step + 1, training_state):   # saved if due; True: stop (SIGTERM)
+            break
+    ckpt.close()
+    sys.exit(ckpt.exit_code)
+
+``training_state()`` returns ``{"model": ..., "optimizer": ..., "scheduler": ..., "data": ...}``:
+every key but ``data`` is the same on every rank and written once, by rank 0; ``data``
+(the loader position) and the RNG states are per rank and gathered to rank 0.
+Only rank 0 writes.  See docs/checkpoints.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from trainwatch.errors import ConfigError
+from trainwatch.rundir import RunDir
+from trainwatch.trainer.checkpoint import catalog, resume as resume_mod, retention, rng
+from trainwatch.trainer.checkpoint.config import CheckpointConfig
+from trainwatch.trainer.checkpoint.manifest import verify
+from trainwatch.trainer.checkpoint.nonfinite import NonFiniteHalt, nonfinite_flag
+from trainwatch.trainer.checkpoint.requests import Requests
+from trainwatch.trainer.checkpoint.snapshot import HostSnapshot
+from trainwatch.trainer.checkpoint.writer import (Payload, Written, copy_checkpoint,
+                                                  write_checkpoint)
+
+log = logging.getLogger(__name__)
+
+# Exit code of a rank that stopped on SIGTERM after saving a checkpoint (EX_TEMPFAIL:
+# "try again later"); rerunning the same command resumes from that checkpoint.
+EXIT_STOPPED = 75
+
+
+class Checkpointer:
+    """Saves (async or sync), resumes, prunes, answers requests, guards against NaN/Inf."""
+
+    def __init__(self, config: CheckpointConfig, run_dir: str | Path, *, telemetry: Any = None,
+                 config_hash: str | None = None, rank: int | None = None,
+                 world_size: int | None = None):
+        self.cfg = config
+        self.run = RunDir(run_dir)
+        self.telemetry = telemetry
+        self.config_hash = config_hash
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else (rank or 0)
+        self.world_size = dist.get_world_size() if self.distributed else (world_size or 1)
+        self.folder = self._resolve(config.dir) if config.dir else self.run.checkpoint_dir
+        self.mirror = self._resolve(config.mirror_dir) if config.mirror_dir else None
+        self.requests = Requests()
+        self.exit_code = 0
+        self._group = None
+        if self.distributed and self.world_size > 1:
+            # Gathers and broadcasts of small Python objects go over gloo, off the GPU.
+            self._group = (dist.group.WORLD if dist.get_backend() == "gloo"
+                           else dist.new_group(backend="gloo"))
+        self._snapshot = HostSnapshot()
+        self._writer: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._metrics: dict[str, float] = {}
+        self._agreed: tuple[int, bool, bool, list[str]] | None = None
+        self._newest_verified: dict[Path, Path] = {}
+        self.facts: dict[str, Any] = {
+            "step": None, "path": None, "time": None, "ok": None, "bytes": None,
+            "last_error": None, "in_flight": False, "saves_total": 0, "failures_total": 0,
+            "skipped_total": 0, "nonfinite_skipped_total": 0}
+
+    def _resolve(self, path: str) -> Path:
+        path = Path(path)
+        return path if path.is_absolute() else self.run.root / path
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> "Checkpointer":
+        """Handle SIGUSR1/SIGTERM and the control file; clear what crashed saves left."""
+        if not self.cfg.enabled:
+            return self
+        self.requests.install(self.telemetry)
+        if self.rank == 0:
+            for folder in filter(None, (self.folder, self.mirror)):
+                for path in catalog.remove_incomplete(folder):
+                    self._journal("checkpoint_pruned", path=str(path),
+                                  reason="incomplete (a save was interrupted)")
+        return self
+
+    def close(self) -> None:
+        """Wait for the save in flight, stop handling signals, publish the final facts."""
+        self.wait()
+        self.requests.uninstall()
+        self._publish()
+
+    def wait(self) -> None:
+        writer = self._writer
+        if writer is not None:
+            writer.join()
+
+    # ------------------------------------------------------------------ resume
+    def resume(self) -> resume_mod.Restored | None:
+        """Load the newest verified, compatible checkpoint (every rank the same one), or None."""
+        if not self.cfg.enabled or self.cfg.resume == "never":
+            return None
+        decision: dict[str, Any] = {}
+        if self.rank == 0:
+            decision = self._choose()
+        if self._group is not None:
+            box = [decision]
+            dist.broadcast_object_list(box, src=0, group=self._group)
+            decision = box[0]
+        if decision.get("error"):
+            raise ConfigError(decision["error"], file=decision.get("file"))
+        if not decision.get("path"):
+            return None
+        path = Path(decision["path"])
+        restored = resume_mod.load(path, decision["manifest"], self.rank)
+        self._newest_verified[path.parent] = path
+        if self.rank == 0:
+            self._journal("checkpoint_resumed", step=restored.step, path=str(path),
+                          data_position=decision["manifest"].get("data_position"))
+        with self._lock:
+            self.facts.update(step=restored.step, path=str(path), ok=True,
+                              time=decision["manifest"].get("created_at"))
+        self._publish()
+        return restored
+
+    def _choose(self) -> dict[str, Any]:
+        folders = [f for f in (self.folder, self.mirror) if f is not None]
+        chosen, passed_over = resume_mod.select(folders)
+        for i, fallback in enumerate(passed_over):
+            nxt = passed_over[i + 1].path if i + 1 < len(passed_over) else (
+                chosen.path if chosen else None)
+            self._journal("checkpoint_fallback", path=str(fallback.path), reason=fallback.reason,
+                          next=str(nxt) if nxt else None)
+            log.warning("checkpoint %s not used: %s", fallback.path, fallback.reason)
+        if chosen is None:
+            if passed_over:
+                return {"error": f"no checkpoint verifies ({len(passed_over)} found, newest "
+                                 f"{passed_over[0].path.name}: {passed_over[0].reason}); refusing "
+                                 "to start over them: move them away or set "
+                                 "checkpoint.resume: never", "file": str(self.folder)}
+            return {}
+        try:
+            resume_mod.check_compatible(chosen.manifest, chosen.path,
+                                        config_hash=self.config_hash, world_size=self.world_size)
+        except ConfigError as exc:
+            self._journal("checkpoint_failed", path=str(chosen.path), error=str(exc),
+                          phase="resume")
+            return {"error": exc.problem, "file": exc.file}
+        return {"path": str(chosen.path), "manifest": chosen.manifest}
+
+    # ------------------------------------------------------------------ in the loop
+    def note_metrics(self, **metrics: float) -> None:
+        """Validation results recorded in the next checkpoint (``val_loss`` drives keep_best)."""
+        self._metrics.update({k: float(v) for k, v in metrics.items()})
+
+    def check_step(self, step: int, loss: torch.Tensor,
+                   grad_norm: torch.Tensor | float | None = None, *, data: Any = None) -> bool:
+        """Agree job-wide on this step: False if any rank saw a NaN/Inf (the step must be skipped).
+
+        One all_reduce of three numbers (non-finite flag, save and stop requests) per step;
+        on a GPU reading its result is one small device-to-host copy.
+        """
+        if not self.cfg.enabled or self.cfg.nonfinite == "off":
+            return True
+        flag = nonfinite_flag(loss, grad_norm)
+        bad_ranks, save, stop, sources = self._agree(step, flag)
+        if not bad_ranks:
+            return True
+        position = data() if callable(data) else data
+        with self._lock:
+            self.facts["nonfinite_skipped_total"] += 1
+        action = "halted" if self.cfg.nonfinite == "halt" else "skipped"
+        if self.rank == 0 or flag.item():
+            self._journal("nonfinite_detected", step=step, ranks_affected=int(bad_ranks),
+                          this_rank_bad=bool(flag.item()), action=action,
+                          data_position=_jsonable(position))
+        self._publish()
+        if action == "halted":
+            raise NonFiniteHalt(f"NaN/Inf loss or gradient at step {step} on {int(bad_ranks)} "
+                                "rank(s); halting (checkpoint.nonfinite: halt)")
+        return False
+
+    def after_step(self, step: int, state: Callable[[], dict[str, Any]], *,
+                   final: bool = False) -> bool:
+        """Save if due (interval, request, stop, end); True when the loop must stop (SIGTERM).
+
+        ``step`` is the number of steps completed; ``state`` is called only when saving.
+        """
+        if not self.cfg.enabled:
+            return False
+        if self._agreed is not None and self._agreed[0] == step - 1:
+            _, save, stop, sources = self._agreed
+        else:
+            _, save, stop, sources = self._agree(step - 1, None)
+        self._agreed = None
+        interval = self.cfg.every_steps and step % self.cfg.every_steps == 0
+        if save or stop:
+            if self.rank == 0:
+                self._journal("checkpoint_requested", step=step, sources=sources,
+                              stop=bool(stop))
+        if stop:
+            self._save(step, state(), "stop", force_wait=True)
+            self.wait()
+            if self._group is not None:
+                dist.barrier(group=self._group)  # ranks exit together, after rank 0 wrote
+            self.exit_code = EXIT_STOPPED
+            return True
+        if final and self.cfg.save_final:
+            self._save(step, state(), "final", force_wait=True)
+        elif save or interval:
+            self._save(step, state(), "request" if save else "interval")
+        return False
+
+    def save_now(self, step: int, state: dict[str, Any], reason: str = "manual") -> None:
+        """Save outside the usual schedule (every rank must call it at the same step)."""
+        self._save(step, state, reason)
+
+    # ------------------------------------------------------------------ internals
+    def _agree(self, step: int, flag: torch.Tensor | None) -> tuple[float, bool, bool, list[str]]:
+        save, stop, sources = self.requests.take()
+        if flag is None:
+            flags = torch.tensor([0.0, float(save), float(stop)])
+        else:
+            flags = torch.stack([flag, flag.new_tensor(float(save)), flag.new_tensor(float(stop))])
+        if self.distributed and self.world_size > 1:
+            group = self._group if flags.device.type == "cpu" else None
+            dist.all_reduce(flags, op=dist.ReduceOp.SUM, group=group)
+        bad, any_save, any_stop = flags.tolist()
+        if any_stop:  # stop is final: keep asking until the boundary that acts on it
+            self.requests.stop = True
+        agreed = (bad, bool(any_save), bool(any_stop), sources)
+        self._agreed = (step, *agreed[1:])
+        return agreed
+
+    def _save(self, step: int, state: dict[str, Any], reason: str, *,
+              force_wait: bool = False) -> None:
+        started = time.perf_counter()
+        phase = self.telemetry.phase("checkpoint") if self.telemetry else contextlib.nullcontext()
+        with phase:
+            shared = {k: v for k, v in state.items() if k != "data"}
+            mine = {"rng": rng.capture(), "data": state.get("data")}
+            ranks = [mine]
+            if self._group is not None:
+                ranks = [None] * self.world_size if self.rank == 0 else None
+                dist.gather_object(mine, ranks, dst=0, group=self._group)
+            if self.rank != 0:
+                return
+            waited = 0.0
+            if self._writer is not None and self._writer.is_alive():
+                if self.cfg.when_busy == "skip" and not force_wait:
+                    with self._lock:
+                        self.facts["skipped_total"] += 1
+                    self._journal("checkpoint_skipped", step=step, reason="a save is in flight",
+                                  policy="skip", in_flight_step=self.facts.get("in_flight_step"))
+                    self._publish()
+                    return
+                t0 = time.perf_counter()
+                self._writer.join()
+                waited = time.perf_counter() - t0
+            # Per-rank state is small: a deep copy keeps it safe from the loop while written.
+            payload = Payload(step, shared, copy.deepcopy(ranks), self.config_hash, reason,
+                              dict(self._metrics))
+            with self._lock:
+                self.facts.update(in_flight=True, in_flight_step=step)
+            if self.cfg.mode == "sync":
+                self._write(payload, started, waited)
+                return
+            payload.shared = self._snapshot.capture(shared)
+            blocking = time.perf_counter() - started
+            self._writer = threading.Thread(target=self._write, args=(payload, blocking, waited),
+                                            name="trainwatch-checkpoint-writer", daemon=True)
+            self._writer.start()
+
+    def _write(self, payload: Payload, blocking: float, waited: float) -> None:
+        """Write, verify, mirror and prune one checkpoint; never raises (failures are journaled).
+
+        In sync mode ``blocking`` is the perf_counter the save started at (the loop waits
+        for all of this); in async mode it is how long the loop was blocked.
+        """
+        mode = self.cfg.mode
+        try:
+            written = write_checkpoint(self.folder, payload, fsync=self.cfg.fsync)
+            # The sha256s were taken from the bytes as written; reading them back now would
+            # only read the page cache, so this checks the manifest and sizes.  Resume and
+            # `trainwatch checkpoint verify` hash every file.
+            check = verify(written.path, full=False)
+        except Exception as exc:  # noqa: BLE001 - a failed save must never fail the job
+            self._failed(payload.step, exc, self.folder)
+            return
+        if not check.ok:
+            self._failed(payload.step, RuntimeError(f"verification after write: {check.reason}"),
+                         self.folder)
+            return
+        if mode == "sync":
+            blocking = time.perf_counter() - blocking
+        self._newest_verified[self.folder] = written.path
+        self._journal("checkpoint_saved", step=payload.step, path=str(written.path),
+                      bytes=written.bytes, blocking_seconds=round(blocking, 6),
+                      write_seconds=round(written.seconds, 6), waited_seconds=round(waited, 6),
+                      mode=mode, reason=payload.reason, metrics=payload.metrics)
+        with self._lock:
+            self.facts.update(step=payload.step, path=str(written.path), time=time.time(),
+                              ok=True, bytes=written.bytes, last_error=None, in_flight=False)
+            self.facts["saves_total"] += 1
+        self._publish()
+        self._prune(self.folder)
+        if self.mirror is not None:
+            self._copy_to_mirror(written)
+
+    def _copy_to_mirror(self, written: Written) -> None:
+        try:
+            copy = copy_checkpoint(written.path, self.mirror, fsync=self.cfg.fsync)
+        except Exception as exc:  # noqa: BLE001
+            self._failed(None, exc, self.mirror, copy=True)
+            return
+        self._newest_verified[self.mirror] = copy.path
+        self._journal("checkpoint_saved", step=int(written.path.name.split("-")[1]),
+                      path=str(copy.path), bytes=copy.bytes, write_seconds=round(copy.seconds, 6),
+                      copy="mirror", copied_from=str(written.path))
+        self._prune(self.mirror)
+
+    def _failed(self, step: int | None, exc: BaseException, folder: Path, *,
+                copy: bool = False) -> None:
+        errno_ = getattr(exc, "errno", None)
+        leftovers = [str(e.path) for e in catalog.scan(folder) if e.state == "incomplete"]
+        self._journal("checkpoint_failed", step=step, folder=str(folder), error=str(exc),
+                      errno=errno_, copy="mirror" if copy else None,
+                      previous=str(self._newest_verified.get(folder) or "") or None,
+                      partial_left=leftovers or None)
+        log.warning("trainwatch checkpoint: save of step %s failed: %s", step, exc)
+        with self._lock:
+            self.facts.update(ok=False, last_error=str(exc)[:300], in_flight=False)
+            self.facts["failures_total"] += 1
+        self._publish()
+
+    def _prune(self, folder: Path) -> None:
+        doomed = retention.to_prune(catalog.scan(folder), keep_last=self.cfg.keep_last,
+                                    keep_best=self.cfg.keep_best,
+                                    newest_verified=self._newest_verified.get(folder))
+        for entry, reason in doomed:
+            shutil.rmtree(entry.path, ignore_errors=True)
+            self._journal("checkpoint_pruned", step=entry.step, path=str(entry.path),
+                          reason=reason, removed=not entry.path.exists())
+
+    def _publish(self) -> None:
+        if self.telemetry is not None:
+            with self._lock:
+                facts = dict(self.facts)
+            self.telemetry.set_checkpoint(**facts)
+
+    def _journal(self, event: str, **fields: Any) -> None:
+        fields = {k: v for k, v in fields.items() if v is not None}
+        if self.telemetry is not None:
+            self.telemetry.event(event, **fields)
+            return
+        try:
+            self.run.append_event(event, f"rank{self.rank}", rank=self.rank, **fields)
+        except Exception as exc:  # noqa: BLE001 - the journal may sit on the full disk too
+            log.warning("trainwatch checkpoint: could not journal %s: %s", event, exc)
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError):
+        return repr(value)[:200]

@@ -1,0 +1,67 @@
+"""The ``checkpoint`` section of the trainer config: what to save, when, and what to keep."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from trainwatch.errors import ConfigError
+
+MODES = ("async", "sync")
+WHEN_BUSY = ("wait", "skip")
+RESUME = ("auto", "never")
+NONFINITE = ("skip", "halt", "off")
+
+
+@dataclass
+class CheckpointConfig:
+    """Checkpoint settings; every field is documented in docs/checkpoints.md."""
+
+    enabled: bool = True
+    dir: str | None = None            # default: RUN_DIR/checkpoints
+    every_steps: int = 100            # 0: only on request, on SIGTERM and at the end
+    mode: str = "async"               # async: the loop blocks only to copy state to host memory
+    when_busy: str = "wait"           # a save due while one is in flight: wait for it, or skip
+    keep_last: int = 3                # newest N verified checkpoints kept
+    keep_best: int = 0                # plus the K with the lowest validation loss
+    mirror_dir: str | None = None     # redundant copy (another disk or mount)
+    resume: str = "auto"              # auto: continue from the newest verified checkpoint
+    save_final: bool = True           # save after the last step
+    nonfinite: str = "skip"           # NaN/Inf loss or gradient: skip the step, halt, or off
+    fsync: bool = True                # fsync files and directories (turn off only for tests)
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any] | None, *, file: str | None = None,
+                     prefix: str = "checkpoint") -> "CheckpointConfig":
+        """Build from a config mapping; unknown keys and bad values name the file and key."""
+        data = dict(data or {})
+        known = {f.name: f for f in fields(cls)}
+        for key in data:
+            if key not in known:
+                raise ConfigError(f"unknown setting (known: {', '.join(sorted(known))})",
+                                  file=file, key=f"{prefix}.{key}")
+        cfg = cls(**data)
+        cfg.validate(file=file, prefix=prefix)
+        return cfg
+
+    def validate(self, *, file: str | None = None, prefix: str = "checkpoint") -> None:
+        def bad(key: str, problem: str) -> ConfigError:
+            return ConfigError(problem, file=file, key=f"{prefix}.{key}")
+
+        for key in ("enabled", "save_final", "fsync"):
+            if not isinstance(getattr(self, key), bool):
+                raise bad(key, f"must be true or false, got {getattr(self, key)!r}")
+        for key in ("every_steps", "keep_last", "keep_best"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise bad(key, f"must be an integer >= 0, got {value!r}")
+        if self.keep_last < 1:
+            raise bad("keep_last", "must be at least 1 (the newest checkpoint is always kept)")
+        for key, choices in (("mode", MODES), ("when_busy", WHEN_BUSY), ("resume", RESUME),
+                             ("nonfinite", NONFINITE)):
+            if getattr(self, key) not in choices:
+                raise bad(key, f"must be one of {', '.join(choices)}, got {getattr(self, key)!r}")
+        for key in ("dir", "mirror_dir"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise bad(key, f"must be a path, got {value!r}")

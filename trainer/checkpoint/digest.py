@@ -1,0 +1,42 @@
+"""One hash of a model's weights, independent of how they were saved.
+
+Names are sorted, wrapper prefixes (``module.`` from DDP, ``_orig_mod.`` from
+torch.compile) are dropped, and each tensor contributes its name, dtype, shape and raw
+bytes, so two runs that reached the same weights print the same digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+def canonical_name(name: str) -> str:
+    changed = True
+    while changed:
+        changed = False
+        for prefix in WRAPPER_PREFIXES:
+            if name.startswith(prefix):
+                name, changed = name[len(prefix):], True
+    return name
+
+
+def state_digest(state: Mapping[str, Any]) -> str:
+    digest = hashlib.sha256()
+    tensors = {canonical_name(k): v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().to("cpu").contiguous()
+        digest.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def checkpoint_digest(directory: str | Path) -> str:
+    """Digest of ``model.pt`` in a checkpoint directory."""
+    state = torch.load(Path(directory) / "model.pt", map_location="cpu", weights_only=True)
+    return state_digest(state)

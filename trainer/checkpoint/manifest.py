@@ -1,0 +1,146 @@
+"""The checkpoint format: directory names, the manifest, and verification against it.
+
+A checkpoint is a directory ``step-NNNNNNNN`` holding state files and ``manifest.json``
+(written last).  The manifest records the sha256 and size of every file, so a checkpoint
+can be verified without trusting anything else.  docs/checkpoints.md is the contract;
+``FORMAT_VERSION`` is its version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from trainwatch.errors import FormatError
+from trainwatch.rundir import check_format
+
+FORMAT = "trainwatch.checkpoint"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+STEP_DIR = re.compile(r"^step-(\d{8,})$")
+# Prefixes of directories that are never checkpoints: a save in progress (or one a crash
+# interrupted) and a checkpoint being replaced.  Readers ignore them; the saver removes them.
+INCOMPLETE_PREFIXES = (".tmp-", ".replaced-")
+HASH_CHUNK = 8 << 20
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def rank_file_name(rank: int) -> str:
+    return f"rank-{rank:05d}.pt"
+
+
+def step_of(name: str) -> int | None:
+    match = STEP_DIR.match(name)
+    return int(match.group(1)) if match else None
+
+
+def sha256_file(path: Path, progress: Callable[[int], None] | None = None) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(HASH_CHUNK):
+            digest.update(chunk)
+            if progress:
+                progress(len(chunk))
+    return digest.hexdigest()
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """The manifest of a checkpoint directory; FormatError says what is wrong with it."""
+    path = directory / MANIFEST
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise FormatError(f"{path}: missing (the save did not finish, or it was deleted)") from None
+    except OSError as exc:
+        raise FormatError(f"{path}: unreadable ({exc.strerror})") from None
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{path}: torn or not JSON ({exc})") from None
+    manifest = check_format(obj, FORMAT, str(path))
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files or not isinstance(manifest.get("step"), int):
+        raise FormatError(f"{path}: no 'files' table or 'step'")
+    for name, entry in files.items():
+        if ("/" in name or name.startswith(".") or not isinstance(entry, dict)
+                or not isinstance(entry.get("sha256"), str)
+                or not isinstance(entry.get("bytes"), int)):
+            raise FormatError(f"{path}: bad entry for file {name!r}")
+    return manifest
+
+
+@dataclass
+class Verification:
+    """The outcome of checking one checkpoint directory against its manifest."""
+
+    path: Path
+    ok: bool
+    step: int | None = None
+    manifest: dict[str, Any] | None = None
+    problems: list[str] = field(default_factory=list)   # "FILE: what is wrong"
+    bytes: int = 0
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(self.problems) if self.problems else "ok"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"path": str(self.path), "step": self.step, "ok": self.ok,
+                "bytes": self.bytes, "problems": list(self.problems)}
+
+
+def verify(directory: str | Path, *, full: bool = True,
+           progress: Callable[[int], None] | None = None) -> Verification:
+    """Check every file against the manifest: presence and size, and with ``full`` the sha256.
+
+    Files in the directory that the manifest does not list are reported too: a checkpoint
+    directory is written whole, so a stray file means someone changed it.
+    """
+    directory = Path(directory)
+    result = Verification(directory, ok=False, step=step_of(directory.name))
+    try:
+        manifest = read_manifest(directory)
+    except FormatError as exc:
+        result.problems.append(f"{MANIFEST}: {str(exc).split(': ', 1)[-1]}")
+        return result
+    result.manifest, result.step = manifest, manifest["step"]
+    if step_of(directory.name) not in (None, manifest["step"]):
+        result.problems.append(f"{MANIFEST}: says step {manifest['step']}, "
+                               f"directory name says {step_of(directory.name)}")
+    for name, entry in sorted(manifest["files"].items()):
+        path = directory / name
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            result.problems.append(f"{name}: missing")
+            continue
+        except OSError as exc:
+            result.problems.append(f"{name}: unreadable ({exc.strerror})")
+            continue
+        result.bytes += size
+        if size != entry["bytes"]:
+            result.problems.append(f"{name}: size {size} bytes, manifest says {entry['bytes']}")
+            continue
+        if full:
+            try:
+                actual = sha256_file(path, progress)
+            except OSError as exc:
+                result.problems.append(f"{name}: unreadable ({exc.strerror})")
+                continue
+            if actual != entry["sha256"]:
+                result.problems.append(f"{name}: sha256 mismatch (content changed or corrupt)")
+    listed = set(manifest["files"]) | {MANIFEST}
+    try:
+        strays = sorted(p.name for p in directory.iterdir() if p.name not in listed)
+    except OSError:
+        strays = []
+    result.problems.extend(f"{name}: not listed in the manifest" for name in strays)
+    result.ok = not result.problems
+    return result

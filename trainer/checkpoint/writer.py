@@ -1,0 +1,198 @@
+"""Write one checkpoint directory atomically: a crash at any moment leaves either the whole
+checkpoint or a ``.tmp-`` directory that every reader ignores.
+
+Order: state files into ``.tmp-step-N-...`` (each hashed while written, then fsynced),
+the manifest last, fsync the directory, rename it to ``step-N``, fsync the parent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+
+from trainwatch import __version__
+from trainwatch.rundir import fsync_dir
+from trainwatch.trainer.checkpoint.manifest import (FORMAT, FORMAT_VERSION, HASH_CHUNK, MANIFEST,
+                                                    rank_file_name, step_dir_name)
+
+
+class CheckpointWriteError(OSError):
+    """A save failed; the partial directory is gone (or left as ``.tmp-``, never trusted)."""
+
+
+@dataclass
+class Payload:
+    """Everything one checkpoint holds, already in host memory."""
+
+    step: int
+    shared: dict[str, Any]              # name -> state tree; rank 0's copy, same on every rank
+    ranks: list[dict[str, Any]]         # per rank: {"rng": ..., "data": ...}
+    config_hash: str | None = None
+    reason: str = "interval"
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Written:
+    path: Path
+    bytes: int
+    seconds: float
+
+
+class _HashingFile:
+    """A write-only file that hashes and counts what passes through it (no second read)."""
+
+    def __init__(self, fh: BinaryIO):
+        self.fh, self.sha, self.bytes = fh, hashlib.sha256(), 0
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        self.sha.update(data)
+        self.bytes += len(data)
+        try:
+            return self.fh.write(data)
+        except OSError as exc:
+            self.error = exc  # torch.save turns it into a RuntimeError; keep the errno
+            raise
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+def _data_position(ranks: list[dict[str, Any]]) -> list[Any]:
+    """Each rank's data position as JSON when it is plain data (the exact copy is in rank files)."""
+    positions = []
+    for state in ranks:
+        try:
+            positions.append(json.loads(json.dumps(state.get("data"))))
+        except (TypeError, ValueError):
+            positions.append(repr(state.get("data"))[:200])
+    return positions
+
+
+def _save_file(path: Path, obj: Any, do_fsync: bool) -> dict[str, Any]:
+    out = None
+    try:
+        with open(path, "xb") as fh:
+            out = _HashingFile(fh)
+            torch.save(obj, out)
+            fh.flush()
+            if do_fsync:
+                os.fsync(fh.fileno())
+    except (OSError, RuntimeError) as exc:
+        cause = out.error if out is not None and out.error is not None else exc
+        if isinstance(cause, OSError):
+            raise OSError(cause.errno, cause.strerror or str(cause), str(path)) from exc
+        raise
+    return {"sha256": out.sha.hexdigest(), "bytes": out.bytes}
+
+
+def _write_manifest(directory: Path, manifest: dict[str, Any], do_fsync: bool) -> None:
+    with open(directory / MANIFEST, "x") as fh:
+        json.dump(manifest, fh, indent=1, sort_keys=True)
+        fh.write("\n")
+        fh.flush()
+        if do_fsync:
+            os.fsync(fh.fileno())
+
+
+def _publish(tmp: Path, final: Path, do_fsync: bool) -> None:
+    """Rename a finished temporary directory into place, replacing an older one of that name."""
+    if do_fsync:
+        fsync_dir(tmp)
+    replaced = None
+    if final.exists():
+        replaced = final.with_name(f".replaced-{final.name}-{time.time_ns()}")
+        os.rename(final, replaced)
+    os.rename(tmp, final)
+    if do_fsync:
+        fsync_dir(final.parent)
+    if replaced is not None:
+        shutil.rmtree(replaced, ignore_errors=True)
+
+
+def _tmp_dir(folder: Path, name: str) -> Path:
+    return folder / f".tmp-{name}-{os.getpid()}-{time.time_ns()}"
+
+
+def _cleanup_and_raise(tmp: Path, exc: OSError, what: str) -> None:
+    shutil.rmtree(tmp, ignore_errors=True)
+    left = " (a partial .tmp- directory is left; it is ignored)" if tmp.exists() else ""
+    raise CheckpointWriteError(exc.errno, f"{what}: {exc.strerror or exc}{left}",
+                               str(getattr(exc, "filename", None) or tmp)) from exc
+
+
+def write_checkpoint(folder: str | Path, payload: Payload, *, fsync: bool = True) -> Written:
+    """Write ``payload`` as ``folder/step-N``; raises CheckpointWriteError, leaving no partial."""
+    started = time.perf_counter()
+    folder = Path(folder)
+    name = step_dir_name(payload.step)
+    tmp = _tmp_dir(folder, name)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+        files: dict[str, Any] = {}
+        for key, tree in payload.shared.items():
+            files[f"{key}.pt"] = _save_file(tmp / f"{key}.pt", tree, fsync)
+        for rank, state in enumerate(payload.ranks):
+            files[rank_file_name(rank)] = _save_file(tmp / rank_file_name(rank),
+                                                     {"rank": rank, **state}, fsync)
+        manifest = {
+            "format": FORMAT, "version": FORMAT_VERSION, "step": payload.step,
+            "created_at": time.time(), "reason": payload.reason,
+            "config_hash": payload.config_hash, "world_size": len(payload.ranks),
+            "shared": sorted(payload.shared), "metrics": payload.metrics,
+            "data_position": _data_position(payload.ranks),
+            "versions": {"torch": torch.__version__, "trainwatch": __version__,
+                         "python": platform.python_version()},
+            "files": files,
+        }
+        _write_manifest(tmp, manifest, fsync)
+        _publish(tmp, folder / name, fsync)
+    except OSError as exc:
+        _cleanup_and_raise(tmp, exc, f"saving checkpoint step {payload.step} failed")
+    total = sum(f["bytes"] for f in files.values())
+    return Written(folder / name, total, time.perf_counter() - started)
+
+
+def copy_checkpoint(source: str | Path, folder: str | Path, *, fsync: bool = True) -> Written:
+    """Copy a verified checkpoint into ``folder`` (the mirror), atomically, checking hashes."""
+    from trainwatch.trainer.checkpoint.manifest import read_manifest
+
+    started = time.perf_counter()
+    source, folder = Path(source), Path(folder)
+    manifest = read_manifest(source)
+    tmp = _tmp_dir(folder, source.name)
+    total = 0
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+        for fname, entry in sorted(manifest["files"].items()):
+            sha = hashlib.sha256()
+            with open(source / fname, "rb") as src, open(tmp / fname, "xb") as dst:
+                while chunk := src.read(HASH_CHUNK):
+                    sha.update(chunk)
+                    dst.write(chunk)
+                dst.flush()
+                if fsync:
+                    os.fsync(dst.fileno())
+            if sha.hexdigest() != entry["sha256"]:
+                raise OSError(0, f"{fname} changed while being copied", str(source / fname))
+            total += entry["bytes"]
+        shutil.copyfile(source / MANIFEST, tmp / MANIFEST)
+        if fsync:
+            with open(tmp / MANIFEST, "rb") as fh:
+                os.fsync(fh.fileno())
+        _publish(tmp, folder / source.name, fsync)
+    except OSError as exc:
+        _cleanup_and_raise(tmp, exc, f"mirroring {source.name} failed")
+    return Written(folder / source.name, total, time.perf_counter() - started)
