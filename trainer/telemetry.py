@@ -49,6 +49,7 @@ import psutil
 import torch
 
 from trainwatch.rundir import RunDir, append_jsonl
+from trainwatch.trainer import dumps
 from trainwatch.trainer.flops import peak_flops_for
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,8 @@ class Telemetry:
                  world_size: int = 1, job: str | None = None, heartbeat_interval: float = 1.0,
                  exchange_every: int = 10, flops_per_token: float | None = None,
                  peak_flops: float | None = None, device: torch.device | str | None = None,
-                 metrics_log: bool = True, max_pending: int = 1000, enabled: bool = True):
+                 metrics_log: bool = True, max_pending: int = 1000, enabled: bool = True,
+                 collective_phases: tuple[str, ...] = ("backward", "telemetry_exchange")):
         self.enabled = enabled
         self.run = RunDir(run_dir)
         self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
@@ -108,6 +110,9 @@ class Telemetry:
         self.peak_flops = peak_flops if peak_flops is not None else (
             peak_flops_for(torch.cuda.get_device_name(self.device)) if self.is_cuda else None)
         self.metrics_log = metrics_log
+        # Phases whose time includes waiting for other ranks (DDP's all-reduce runs in
+        # backward); the rest of a step is "local" time, what straggler scoring compares.
+        self.collective_phases = tuple(collective_phases)
 
         self._lock = threading.Lock()
         self._process = psutil.Process()
@@ -120,6 +125,7 @@ class Telemetry:
         self._exchange_group = None
         self._window_compute = 0.0
         self._window_data = 0.0
+        self._window_local = 0.0
         self._window_steps = 0
 
         now = _now()
@@ -161,6 +167,7 @@ class Telemetry:
             return self
         self.run.create()
         self._guard(self._setup_exchange_group)
+        self._guard(lambda: dumps.install(self))  # control/dump -> stacks + flight recorder
         self._guard(lambda: self.run.append_event(
             "rank_started", f"rank{self.rank}", rank=self.rank, pid=os.getpid(),
             restart_count=self.state["restart_count"]))
@@ -337,6 +344,8 @@ class Telemetry:
             self.state["counters"]["steps_total"] += 1
         self._window_compute += step_seconds - data_wait
         self._window_data += data_wait
+        self._window_local += step_seconds - sum(
+            self._step_phase_seconds.get(name, 0.0) for name in self.collective_phases)
         self._window_steps += 1
         if self.exchange_every and (step + 1) % self.exchange_every == 0:
             self._exchange_timings(step)
@@ -344,8 +353,8 @@ class Telemetry:
     def _exchange_timings(self, step: int) -> None:
         """One small all_gather so every rank's status carries the job-wide distribution."""
         n = max(1, self._window_steps)
-        mine = [self._window_compute / n, self._window_data / n]
-        self._window_compute = self._window_data = 0.0
+        mine = [self._window_compute / n, self._window_data / n, self._window_local / n]
+        self._window_compute = self._window_data = self._window_local = 0.0
         self._window_steps = 0
         if self._exchange_group is None:
             gathered = [mine]
@@ -353,7 +362,7 @@ class Telemetry:
             import torch.distributed as dist
             with self.phase("telemetry_exchange"):
                 local = torch.tensor(mine, dtype=torch.float64)
-                out = [torch.zeros(2, dtype=torch.float64) for _ in range(self.world_size)]
+                out = [torch.zeros(3, dtype=torch.float64) for _ in range(self.world_size)]
                 dist.all_gather(out, local, group=self._exchange_group)
             gathered = [t.tolist() for t in out]
         with self._lock:
@@ -361,6 +370,7 @@ class Telemetry:
                 "step": step, "window_steps": n, "time": _now(),
                 "compute_seconds": [g[0] for g in gathered],
                 "data_wait_seconds": [g[1] for g in gathered],
+                "local_seconds": [g[2] for g in gathered],
             }
 
     def _heartbeat_loop(self) -> None:

@@ -19,8 +19,13 @@ from trainwatch.errors import TrainwatchError
 # command name -> "module:attribute" of a click command or group.
 COMMANDS = {
     "train": ("trainwatch.trainer.cli:train", "Run the reference trainer under torchrun with a restart policy."),
+    "agent": ("trainwatch.agent.cli:agent", "Run the per-node agent: health collectors, stall and straggler detection."),
     "checkpoint": ("trainwatch.trainer.checkpoint.cli:checkpoint", "List, verify and compare checkpoints (digest of the weights)."),
     "data": ("trainwatch.trainer.cli:data", "Prepare and inspect token datasets."),
+    "diagnose": ("trainwatch.diagnose.cli:diagnose", "Why is my run stalled? Gather evidence and name the culprit."),
+    "alerts": ("trainwatch.alerts.cli:alerts", "Check, export, test and silence alert rules; run the engine and webhook receiver."),
+    "runbook": ("trainwatch.runbooks.cli:runbook", "Print the runbook of an alert."),
+    "run": ("trainwatch.alerts.run:run", "Train with the agent and the embedded alert engine watching; restarts from checkpoints."),
 }
 
 

@@ -82,7 +82,8 @@ _SPECS = [
        "1 per rank; labels name its process-group backend and torch device.",
        JOB_RANK + ("backend", "device")),
     _m("trainwatch_rank_state", "gauge",
-       "1 for the rank's reported lifecycle state (running, finished, failed), 0 for the others.",
+       "1 for the rank's reported lifecycle state (running, finished, failed, stopped), "
+       "0 for the others.",
        JOB_RANK + ("state",)),
     _m("trainwatch_rank_local_seconds", "gauge",
        "Mean per-step time outside collective phases over the last timing window (own speed).",
@@ -266,6 +267,21 @@ _SPECS = [
        "CPU time used by the agent process.", NODE, "seconds"),
     _m("trainwatch_collector_agent_resident_memory_bytes", "gauge",
        "Resident set size of the agent process.", NODE, "bytes"),
+]
+
+# --- alerts and controller (issue 5, branch `alerts`) ---------------------------------
+# Checkpoint facts come from the run directory's journal (the agent must export them:
+# checkpoint_saved/verified and checkpoint_failed events); trainwatch_action_* is
+# exported by the alert controller itself (`trainwatch run` / the webhook receiver).
+_SPECS += [
+    _m("trainwatch_checkpoint_age_seconds", "gauge",
+       "Seconds since the newest verified checkpoint of the run (since the run started when "
+       "there is none).", JOB_NODE, "seconds"),
+    _m("trainwatch_checkpoint_failures_total", "counter",
+       "Checkpoint saves of the run that failed (checkpoint_failed journal events).", JOB_NODE),
+    _m("trainwatch_action_restart_guard_tripped", "gauge",
+       "1 once the controller stopped restarting a job that makes no forward progress.",
+       ("job",)),
 ]
 
 METRICS: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}

@@ -1,0 +1,37 @@
+"""``trainwatch agent``: the per-node daemon (see docs/agent.md)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from trainwatch.agent.config import load_config
+
+
+@click.command("agent")
+@click.option("--run-dir", "run_dirs", multiple=True, type=click.Path(file_okay=False),
+              help="Run directory to watch (repeatable).")
+@click.option("--discover", "discover", multiple=True, type=click.Path(file_okay=False),
+              help="Folder whose sub-folders are run directories (re-scanned; repeatable).")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False),
+              help="Agent YAML config (see deploy/agent.yaml). SIGHUP reloads it.")
+@click.option("--listen", default=None,
+              help="HOST:PORT to serve /metrics, /status, /healthz [127.0.0.1:9464].")
+@click.option("--check-config", is_flag=True,
+              help="Validate the config, print it as JSON and exit (0 ok, 2 invalid).")
+def agent(run_dirs, discover, config_file, listen, check_config) -> None:
+    """Run the node agent: collectors, stall and straggler detection, HTTP endpoints.
+
+    Binds 127.0.0.1 unless --listen says otherwise. SIGHUP reloads --config;
+    SIGTERM stops cleanly.
+    """
+    reload_args = {"run_dirs": run_dirs, "discover": discover, "listen": listen}
+    config = load_config(config_file, **reload_args)
+    if check_config:
+        click.echo(json.dumps({k: v for k, v in vars(config).items()}, indent=1, default=str))
+        return
+    from trainwatch.agent.daemon import Agent
+    Agent(config, reload_args=reload_args).run_forever()
+    sys.stdout.flush()

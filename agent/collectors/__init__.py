@@ -1,0 +1,1 @@
+"""Built-in collectors, one module each; importing a module registers its collector."""

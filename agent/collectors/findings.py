@@ -1,0 +1,195 @@
+"""Findings: stalled ranks and stragglers, from the last values of the other collectors.
+
+Conditions, not events: a finding stays while its cause holds and clears by itself
+(node-problem-detector's lesson).  Exports trainwatch_rank_stall* and
+trainwatch_straggler_* for the node's local ranks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+from trainwatch.agent.registry import Collector, Result, register
+from trainwatch.agent.stall import STALL_KINDS, StallDetector
+from trainwatch.agent.straggler import JobStragglers, local_times
+
+_THERMAL = ("hw_thermal", "sw_thermal")
+_POWER = ("hw_power_brake", "sw_power_cap")
+
+
+@register("findings", interval=1.0, timeout=5.0, first_delay=1.5, options={"keep_cleared": 20})
+class FindingsCollector(Collector):
+    def __init__(self, ctx, options):
+        super().__init__(ctx, options)
+        self.stalls = StallDetector(ctx.config.stall)
+        self.stragglers: dict[str, JobStragglers] = {}
+        self.active: dict[str, dict[str, Any]] = {}
+        self.cleared: deque = deque(maxlen=int(options["keep_cleared"]))
+        self.stall_counts: dict[tuple, int] = {}
+
+    def collect(self) -> Result:
+        ranks_data = self.ctx.store.data("ranks")
+        if not ranks_data:
+            return Result.absent("no rank data collected yet")
+        result = Result()
+        now = time.time()
+        current: dict[str, dict[str, Any]] = {}
+        verdicts: dict[str, Any] = {}
+        nodes: dict[str, Any] = {}
+        keep = set()
+        for job in ranks_data["jobs"]:
+            tracker = self.stragglers.setdefault(job["job"], JobStragglers(self.ctx.config.straggler))
+            tracker.options = self.ctx.config.straggler
+            local = [r["rank"] for r in job["ranks"] if r.get("state") == "running"]
+            if job.get("timing"):
+                tracker.update(job["timing"], local, now)
+            for rank in job["ranks"]:
+                key = (job["job"], rank["rank"], rank.get("pid"))
+                keep.add(key)
+                labels = {"job": job["job"], "node": self.ctx.node, "rank": rank["rank"],
+                          "local_rank": rank.get("local_rank", "")}
+                verdict = self._stall(key, job, rank, labels, now, result, current)
+                straggler = self._straggler(tracker, job, rank, labels, result, current)
+                verdicts[f"{job['job']}/{rank['rank']}"] = {
+                    "stall": {"budget_seconds": verdict.budget, "stalled": verdict.stalled,
+                              "kind": verdict.kind},
+                    "straggler": straggler,
+                    "typical_step_seconds": self.stalls.typical_step(key)}
+            nodes[job["job"]] = self._node_straggler(tracker, job, result, current)
+        self.stalls.forget(keep)
+        self._settle(current, now)
+        result.data = {"findings": sorted(self.active.values(), key=lambda f: f["id"]),
+                       "recently_cleared": list(self.cleared), "ranks": verdicts,
+                       "node_stragglers": nodes}
+        return result
+
+    # -- stalls ----------------------------------------------------------------------
+    def _stall(self, key, job, rank, labels, now, result, current):
+        verdict = self.stalls.check(key, rank, now)
+        result.add("trainwatch_rank_stalled", verdict.stalled, **labels)
+        result.add("trainwatch_rank_stall_seconds",
+                   verdict.stalled_for if verdict.stalled else 0.0, **labels)
+        result.add("trainwatch_rank_stall_budget_seconds", verdict.budget, **labels)
+        fid = f"stall/{job['job']}/{rank['rank']}"
+        if verdict.stalled:
+            phase = rank.get("phase") or ""
+            result.add("trainwatch_rank_stall_info", 1, **labels, kind=verdict.kind, phase=phase)
+            previous = self.active.get(fid)
+            if previous is None or previous.get("stall_kind") != verdict.kind:
+                counter_key = (job["job"], rank["rank"], verdict.kind)
+                self.stall_counts[counter_key] = self.stall_counts.get(counter_key, 0) + 1
+            current[fid] = {
+                "id": fid, "kind": "stall", "severity": "critical", "job": job["job"],
+                "node": self.ctx.node, "rank": rank["rank"], "local_rank": rank.get("local_rank"),
+                "pid": rank.get("pid"), "stall_kind": verdict.kind, "phase": phase,
+                "step": rank.get("step"), "since": verdict.since,
+                "stalled_seconds": round(verdict.stalled_for, 3),
+                "budget_seconds": verdict.budget,
+                "message": (f"rank {rank['rank']} {verdict.kind} ({verdict.reason}) in phase "
+                            f"{phase or '?'} at step {rank.get('step')}; no progress for "
+                            f"{verdict.stalled_for:.1f} s (budget {verdict.budget:.1f} s)")}
+        for kind in STALL_KINDS:
+            result.add("trainwatch_rank_stalls_total",
+                       self.stall_counts.get((job["job"], rank["rank"], kind), 0), **labels,
+                       kind=kind)
+        return verdict
+
+    # -- stragglers ------------------------------------------------------------------
+    def _straggler(self, tracker, job, rank, labels, result, current) -> dict[str, Any] | None:
+        scores = tracker.last_scores
+        r = rank["rank"]
+        if scores is None or not 0 <= r < len(scores.ratio):
+            return None
+        track = tracker.ranks.get(r)
+        active = bool(track and track.active)
+        result.add("trainwatch_straggler_score", scores.score[r], **labels)
+        result.add("trainwatch_straggler_time_ratio", scores.ratio[r], **labels)
+        result.add("trainwatch_straggler_slow_windows", track.slow_windows if track else 0,
+                   **labels)
+        result.add("trainwatch_straggler_active", active, **labels)
+        values = local_times(job["timing"]) or []
+        if r < len(values):
+            result.add("trainwatch_rank_local_seconds", values[r], **labels)
+        summary = {"ratio": round(scores.ratio[r], 4), "score": round(scores.score[r], 3),
+                   "slow_windows": track.slow_windows if track else 0, "active": active}
+        if active:
+            cause, evidence = self._cause(job, rank)
+            result.add("trainwatch_straggler_info", 1, **labels, cause=cause)
+            fid = f"straggler/{job['job']}/{r}"
+            current[fid] = {
+                "id": fid, "kind": "straggler", "severity": "warning", "job": job["job"],
+                "node": self.ctx.node, "rank": r, "local_rank": rank.get("local_rank"),
+                "ratio": summary["ratio"], "score": summary["score"],
+                "slow_windows": summary["slow_windows"], "since": track.since,
+                "since_step": track.since_step, "detected_step": track.detected_step,
+                "cause": cause, "evidence": evidence,
+                "message": (f"rank {r} runs at {1 / max(scores.ratio[r], 1e-9):.2f}x the speed "
+                            f"of the other ranks (cause: {cause})")}
+        return summary
+
+    def _node_straggler(self, tracker, job, result, current) -> dict[str, Any] | None:
+        labels = {"job": job["job"], "node": self.ctx.node}
+        if tracker.node_ratio is None:
+            return None
+        result.add("trainwatch_straggler_node_time_ratio", tracker.node_ratio, **labels)
+        result.add("trainwatch_straggler_node_active", tracker.node.active, **labels)
+        if tracker.node.active:
+            causes = [self._cause(job, r) for r in job["ranks"]]
+            named = [c for c, _ in causes if c != "unknown"]
+            fid = f"node_straggler/{job['job']}"
+            current[fid] = {
+                "id": fid, "kind": "node_straggler", "severity": "warning", "job": job["job"],
+                "node": self.ctx.node, "ratio": round(tracker.node_ratio, 4),
+                "slow_windows": tracker.node.slow_windows, "since": tracker.node.since,
+                "cause": max(set(named), key=named.count) if named else "unknown",
+                "evidence": sorted({e for _, ev in causes for e in ev}),
+                "message": (f"node {self.ctx.node} runs at {1 / tracker.node_ratio:.2f}x the "
+                            "speed of the job's other nodes")}
+        return {"ratio": round(tracker.node_ratio, 4), "active": tracker.node.active,
+                "slow_windows": tracker.node.slow_windows}
+
+    def _cause(self, job: dict[str, Any], rank: dict[str, Any]) -> tuple[str, list[str]]:
+        """The likely reason a rank is slow, from node evidence; 'unknown' without any."""
+        opts = self.ctx.config.straggler
+        gpu = self.ctx.store.data("gpu") or {}
+        for g in gpu.get("gpus", []):
+            if rank.get("pid") not in g.get("pids", ()):
+                continue
+            events = [name for name, on in (g.get("clock_events") or {}).items() if on]
+            for group, cause in ((_THERMAL, "gpu_thermal"), (_POWER, "gpu_power"),
+                                 (("hw_slowdown",), "gpu_throttle")):
+                hit = [e for e in events if e in group]
+                if hit:
+                    return cause, [f"GPU {g['index']} clock events active: {', '.join(hit)}"]
+        timing = job.get("timing") or {}
+        values = local_times(timing) or []
+        data = timing.get("data_wait_seconds")
+        r = rank["rank"]
+        if isinstance(data, list) and r < len(data) and r < len(values) and values[r] > 0:
+            share = data[r] / values[r]
+            if share >= float(opts["data_wait"]):
+                return "data_wait", [f"data wait is {share:.0%} of the rank's local step time"]
+        contention = (rank.get("process") or {}).get("cpu_contention_ratio")
+        if isinstance(contention, (int, float)) and contention >= float(opts["cpu_contention"]):
+            cpus = (rank.get("process") or {}).get("cpus") or []
+            return "cpu_contention", [f"other processes used {contention:.0%} of the rank's "
+                                      f"cores {cpus}"]
+        network = self.ctx.store.data("network") or {}
+        growing = network.get("errors_growing") or []
+        if growing:
+            return "network_errors", [f"error counters growing on {', '.join(growing)}"]
+        return "unknown", []
+
+    # -- bookkeeping -----------------------------------------------------------------
+    def _settle(self, current: dict[str, dict[str, Any]], now: float) -> None:
+        for fid, finding in current.items():
+            previous = self.active.get(fid)
+            kept = ("detected_at",) if previous and previous.get("stall_kind") == finding.get(
+                "stall_kind") else ()
+            finding["detected_at"] = previous["detected_at"] if kept else now
+        for fid, finding in self.active.items():
+            if fid not in current:
+                self.cleared.append({**finding, "cleared_at": now})
+        self.active = current

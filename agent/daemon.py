@@ -1,0 +1,91 @@
+"""The agent process: wires the config, the collector runner and the HTTP server,
+and handles signals (SIGHUP reloads the config, SIGTERM/SIGINT stop cleanly)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+
+import psutil
+
+from trainwatch.agent.config import AgentConfig, load_config
+from trainwatch.agent.context import AgentContext
+from trainwatch.agent.exporter import CachedExposition, build_registry
+from trainwatch.agent.runner import CollectorRunner
+from trainwatch.agent.server import AgentHTTPServer
+from trainwatch.agent.status import build_status
+from trainwatch.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, *, reload_args: dict | None = None):
+        self.ctx = AgentContext(config)
+        self.reload_args = reload_args or {}
+        self.runner = CollectorRunner(self.ctx)
+        self.registry, self.exporter = build_registry(self.ctx)
+        self.exposition = CachedExposition(self.ctx, self.registry)
+        self.config_loaded_at = time.time()
+        self._stop = threading.Event()
+        self._reload = threading.Event()
+        self.server: AgentHTTPServer | None = None
+        if config.proc_root != "/proc":
+            psutil.PROCFS_PATH = config.proc_root  # fixture trees in tests
+
+    @property
+    def address(self) -> str:
+        assert self.server is not None
+        host, port = self.server.server_address[:2]
+        return f"{host}:{port}"
+
+    def start(self) -> None:
+        host, port = self.ctx.config.host_port
+        self.server = AgentHTTPServer((host, port), self.exposition.body, self.status,
+                                      lambda: self.runner.running)
+        self.runner.start()
+        self.server.serve_in_thread()
+        log.warning("trainwatch agent serving on http://%s (/metrics /status /healthz)",
+                    self.address)
+
+    def status(self) -> dict:
+        return build_status(self.ctx, listen=self.address if self.server else "",
+                            config_loaded_at=self.config_loaded_at)
+
+    def reload(self) -> bool:
+        """Re-read the config file; a bad file is logged and the running config kept."""
+        try:
+            config = load_config(self.ctx.config.file, **self.reload_args)
+        except ConfigError as exc:
+            log.error("config reload failed, keeping the running config: %s", exc)
+            return False
+        if config.listen != self.ctx.config.listen:
+            log.warning("listen address changes need a restart; still on %s", self.address)
+            config.listen = self.ctx.config.listen
+        self.runner.reload(AgentContext(config))
+        self.config_loaded_at = time.time()
+        log.warning("config reloaded from %s", config.file)
+        return True
+
+    def stop(self) -> None:
+        self.runner.stop()
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+    def run_forever(self) -> None:
+        """Block until SIGTERM/SIGINT; SIGHUP triggers a reload (handled outside the signal)."""
+        signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
+        signal.signal(signal.SIGINT, lambda *_: self._stop.set())
+        signal.signal(signal.SIGHUP, lambda *_: self._reload.set())
+        self.start()
+        try:
+            while not self._stop.is_set():
+                if self._reload.wait(0.5):
+                    self._reload.clear()
+                    self.reload()
+        finally:
+            self.stop()
+            log.warning("trainwatch agent stopped")

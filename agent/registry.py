@@ -1,0 +1,101 @@
+"""Collector registry: each collector module registers itself with a name, a default
+on/off, an interval, a timeout and its own options (like node_exporter's collectors).
+
+A collector only knows how to produce its samples and a small JSON summary; the
+scheduler (``agent/runner.py``) owns timing, timeouts and self-metrics.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from trainwatch.agent.context import AgentContext
+
+
+@dataclass
+class Sample:
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+@dataclass
+class Result:
+    """What one collector run produced.
+
+    ``state`` is ``ok`` or ``absent`` (nothing to observe here; ``reason`` says why and
+    ``samples`` stay empty: honest absence, no invented numbers).  ``data`` is the
+    collector's JSON summary for ``/status`` and for collectors that build on it.
+    """
+
+    samples: list[Sample] = field(default_factory=list)
+    data: Any = None
+    state: str = "ok"
+    reason: str | None = None
+
+    def add(self, metric: str, value: float | int | bool | None, /, **labels: Any) -> None:
+        """Add a sample; ``None`` values are unknown and are not exported."""
+        if value is None:
+            return
+        self.samples.append(Sample(metric, {k: "" if v is None else str(v)
+                                          for k, v in labels.items()}, float(value)))
+
+    @classmethod
+    def absent(cls, reason: str, data: Any = None) -> "Result":
+        return cls(state="absent", reason=reason, data=data)
+
+
+class Collector:
+    """Base class: subclasses set nothing but implement ``collect``."""
+
+    name = ""
+
+    def __init__(self, ctx: "AgentContext", options: dict[str, Any]):
+        self.ctx = ctx
+        self.options = options
+
+    def collect(self) -> Result:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class CollectorSpec:
+    name: str
+    factory: Callable[["AgentContext", dict[str, Any]], Collector]
+    default_enabled: bool
+    interval: float
+    timeout: float
+    options: dict[str, Any]
+    first_delay: float = 0.0
+
+
+_REGISTRY: dict[str, CollectorSpec] = {}
+
+
+def register(name: str, *, interval: float, timeout: float | None = None,
+             enabled: bool = True, options: dict[str, Any] | None = None,
+             first_delay: float = 0.0):
+    """Class decorator used by every module in ``agent/collectors/``.
+
+    ``first_delay`` lets collectors that build on another's values (findings on ranks)
+    start after it has run once.
+    """
+    def wrap(cls: type[Collector]) -> type[Collector]:
+        cls.name = name
+        _REGISTRY[name] = CollectorSpec(name, cls, enabled, float(interval),
+                                        float(timeout if timeout is not None else interval),
+                                        dict(options or {}), float(first_delay))
+        return cls
+    return wrap
+
+
+def all_collectors() -> dict[str, CollectorSpec]:
+    """Every registered collector, importing the built-in modules on first use."""
+    import trainwatch.agent.collectors as package
+    for module in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{module.name}")
+    return dict(_REGISTRY)

@@ -1,0 +1,108 @@
+"""The /status document (format ``trainwatch.agent.status``, see docs/agent.md).
+
+Built from the last collected values only.  Rank environments are never shown
+(they may hold secrets); only names of variables that differ across ranks are.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from trainwatch import __version__
+from trainwatch.agent.context import AgentContext
+
+STATUS_FORMAT = "trainwatch.agent.status"
+STATUS_VERSION = 1
+_RANK_FIELDS = ("rank", "local_rank", "pid", "node", "state", "step", "phase", "restart_count",
+                "backend", "device")
+
+
+def _age(now: float, at: Any) -> float | None:
+    return round(max(0.0, now - at), 3) if isinstance(at, (int, float)) else None
+
+
+def build_status(ctx: AgentContext, *, listen: str, config_loaded_at: float) -> dict[str, Any]:
+    now = time.time()
+    records = ctx.store.snapshot()
+    ranks_data = (records["ranks"].data if "ranks" in records else None) or {"jobs": []}
+    findings = (records["findings"].data if "findings" in records else None) or {}
+    verdicts = findings.get("ranks", {})
+    gpu = (records["gpu"].data if "gpu" in records else None) or {}
+    nccl = (records["nccl"].data if "nccl" in records else None) or {}
+    gpus_by_pid: dict[int, list[dict[str, Any]]] = {}
+    for g in gpu.get("gpus", []):
+        for proc in g.get("processes", []):
+            gpus_by_pid.setdefault(proc["pid"], []).append(
+                {"gpu": g["index"], "uuid": g["uuid"], "memory_bytes": proc.get("memory_bytes")})
+
+    jobs = []
+    for job in ranks_data["jobs"]:
+        ranks = []
+        for r in job["ranks"]:
+            verdict = verdicts.get(f"{job['job']}/{r['rank']}", {})
+            metrics = r.get("metrics") or {}
+            entry = {k: r.get(k) for k in _RANK_FIELDS}
+            entry.update({
+                "health": _rank_health(r, verdict),
+                "process": {k: v for k, v in (r.get("process") or {}).items()},
+                "phase_age_seconds": _age(now, r.get("phase_since")),
+                "heartbeat_age_seconds": _age(now, r.get("heartbeat_at")),
+                "progress_age_seconds": _age(now, r.get("last_progress_at")),
+                "loss": metrics.get("loss"), "step_time_seconds": metrics.get("step_time_seconds"),
+                "typical_step_seconds": verdict.get("typical_step_seconds"),
+                "tokens_per_second": metrics.get("tokens_per_second"),
+                "samples_per_second": metrics.get("samples_per_second"),
+                "stall": verdict.get("stall"), "straggler": verdict.get("straggler"),
+                "gpus": gpus_by_pid.get(r.get("pid"), []),
+            })
+            ranks.append(entry)
+        jobs.append({
+            "job": job["job"], "run_dir": job["run_dir"], "backend": job.get("backend"),
+            "world_size": job.get("world_size"),
+            "status_files_skipped_total": job.get("status_files_skipped_total", 0),
+            "skipped": job.get("skipped", []),
+            "nccl": (nccl.get("jobs") or {}).get(job["job"], {}).get("ras"),
+            "node_straggler": (findings.get("node_stragglers") or {}).get(job["job"]),
+            "ranks": ranks})
+
+    active = findings.get("findings", [])
+    collectors = {name: rec.summary() for name, rec in sorted(records.items())}
+    health, reasons = _node_health(active, collectors)
+    node_health = {name: records[name].data for name in ("gpu", "storage", "network", "nccl")
+                   if name in records and records[name].data is not None}
+    return {
+        "format": STATUS_FORMAT, "version": STATUS_VERSION, "node": ctx.node, "time": now,
+        "health": health, "health_reasons": reasons,
+        "agent": {"version": __version__, "pid": os.getpid(), "started_at": ctx.started_at,
+                  "listen": listen, "config_file": ctx.config.file,
+                  "config_loaded_at": config_loaded_at,
+                  "run_dirs": [job["run_dir"] for job in ranks_data["jobs"]]},
+        "versions": (records["versions"].data if "versions" in records else None) or {},
+        "jobs": jobs, "findings": active,
+        "recently_cleared": findings.get("recently_cleared", []),
+        "collectors": collectors, "node_health": node_health,
+    }
+
+
+def _rank_health(rank: dict[str, Any], verdict: dict[str, Any]) -> str:
+    if rank.get("state") != "running":
+        return str(rank.get("state"))
+    if (verdict.get("stall") or {}).get("stalled"):
+        return "stalled"
+    if (verdict.get("straggler") or {}).get("active"):
+        return "straggler"
+    if not verdict:
+        return "unknown"
+    return "ok"
+
+
+def _node_health(findings: list[dict[str, Any]], collectors: dict[str, dict[str, Any]]):
+    reasons = [f"job {f['job']}: {f['message']}" for f in findings]
+    for name, c in collectors.items():
+        if c["state"] in ("failed", "timeout"):
+            reasons.append(f"collector {name} {c['state']}: {c['reason']}")
+    if any(f["severity"] == "critical" for f in findings):
+        return "critical", reasons
+    return ("degraded" if reasons else "ok"), reasons

@@ -1,0 +1,170 @@
+"""Straggler detection from the job-wide timing distribution the ranks publish.
+
+Each timing window gives, per rank, its mean per-step *local* time (time outside
+collective phases: what the rank's own speed decides; ``compute + data_wait`` for
+ranks that do not publish it).  Scores are robust: ``ratio`` = local time over the
+median of the other ranks, ``score`` = (local - median) / (1.4826 x MAD).  A rank is
+flagged after ``windows`` consecutive slow windows and clears after ``clear_windows``
+normal ones.  Pure Python on purpose: scoring 4096 ranks takes a few milliseconds and
+the agent stays small (no numpy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+MAD_SCALE = 1.4826   # MAD -> standard deviation for normal data
+NOISE_FLOOR = 0.02   # spreads below 2 % of the median are noise, not signal
+
+
+@dataclass
+class Scores:
+    median: float
+    mad: float
+    ratio: list[float]
+    score: list[float]
+
+
+def local_times(timing: dict[str, Any]) -> list[float] | None:
+    """Per-rank local seconds of one timing window, or None if the window is unusable."""
+    local = timing.get("local_seconds")
+    if not _floats(local):
+        compute, data = timing.get("compute_seconds"), timing.get("data_wait_seconds")
+        if not _floats(compute):
+            return None
+        data = data if _floats(data) and len(data) == len(compute) else [0.0] * len(compute)
+        local = [c + d for c, d in zip(compute, data)]
+    return [float(v) for v in local]
+
+
+def _floats(values: Any) -> bool:
+    return isinstance(values, list) and bool(values) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and v == v for v in values)
+
+
+def _median_sorted(values: Sequence[float]) -> float:
+    n = len(values)
+    mid = n // 2
+    return values[mid] if n % 2 else (values[mid - 1] + values[mid]) / 2.0
+
+
+def score(values: Sequence[float]) -> Scores:
+    """Robust per-rank scores; ratio uses the median of the *other* ranks (works for 2).
+
+    The median without one value has only two or three possible values, picked by
+    where that value sits in the sorted list: O(n log n) overall, no per-rank sort.
+    """
+    n = len(values)
+    ordered = sorted(values)
+    median = _median_sorted(ordered)
+    mad = _median_sorted(sorted([abs(v - median) for v in values]))
+    spread = max(MAD_SCALE * mad, NOISE_FLOOR * abs(median), 1e-12)
+    if n == 1:
+        others = [values[0]]
+    else:
+        rest, mid = n - 1, (n - 1) // 2
+        if rest % 2:  # odd count left: one middle element
+            low, high = ordered[mid + 1], ordered[mid]
+            pivot = ordered[mid]
+            others = [low if v <= pivot else high for v in values]
+        elif mid == 0:  # n == 2: the other value itself
+            others = [ordered[1] if v <= ordered[0] else ordered[0] for v in values]
+        else:
+            below = (ordered[mid] + ordered[mid + 1]) / 2.0     # v sits left of mid
+            at_mid = (ordered[mid - 1] + ordered[mid + 1]) / 2.0
+            above = (ordered[mid - 1] + ordered[mid]) / 2.0
+            p1, p2 = ordered[mid - 1], ordered[mid]
+            others = [below if v <= p1 else at_mid if v <= p2 else above for v in values]
+    ratios = [v / o if o > 0 else 1.0 for v, o in zip(values, others)]
+    scores = [(v - median) / spread for v in values]
+    return Scores(median, mad, ratios, scores)
+
+
+@dataclass
+class _RankTrack:
+    """A rank's current streak, counted in steps so sparse sampling cannot slow detection.
+
+    The agent may see only some of the windows (fast steps, a 1 s collection
+    interval); a streak spans from the first step of its first slow window to the last
+    step of the latest one, and ``windows`` consecutive windows means that many
+    windows' worth of steps, every observed window slow.
+    """
+
+    slow_windows: int = 0
+    streak_from: int | None = None      # first step of the current slow / normal streak
+    normal_from: int | None = None
+    active: bool = False
+    since: float | None = None
+    since_step: int | None = None
+    detected_at: float | None = None
+    detected_step: int | None = None
+
+
+@dataclass
+class JobStragglers:
+    """Tracks one job's windows; fed once per new timing window."""
+
+    options: dict[str, Any]
+    last_window: tuple | None = None
+    ranks: dict[int, _RankTrack] = field(default_factory=dict)
+    node: _RankTrack = field(default_factory=_RankTrack)
+    last_scores: Scores | None = None
+    node_ratio: float | None = None
+
+    def is_slow(self, ratio: float, z: float, world: int) -> bool:
+        if ratio < float(self.options["ratio"]):
+            return False
+        return world < int(self.options["min_ranks_for_score"]) or z >= float(self.options["score"])
+
+    def _advance(self, track: _RankTrack, slow: bool, when: float, step: int,
+                 window_steps: int) -> None:
+        first = step - window_steps + 1
+        if slow:
+            track.normal_from = None
+            if track.streak_from is None:
+                track.streak_from, track.since = first, when
+            span = step - track.streak_from + 1
+            track.slow_windows = max(1, span // window_steps)
+            if not track.active and track.slow_windows >= int(self.options["windows"]):
+                track.active, track.detected_at, track.detected_step = True, when, step
+                track.since_step = track.streak_from
+            return
+        track.streak_from, track.slow_windows = None, 0
+        if track.normal_from is None:
+            track.normal_from = first
+        normal = (step - track.normal_from + 1) // window_steps
+        if track.active and normal < int(self.options["clear_windows"]):
+            return
+        track.active, track.since, track.since_step = False, None, None
+        track.detected_at = track.detected_step = None
+
+    def update(self, timing: dict[str, Any], local_ranks: Sequence[int], now: float) -> bool:
+        """Score a new window; returns False if this window was already seen or unusable."""
+        window = (timing.get("step"), timing.get("time"))
+        if window == self.last_window or not isinstance(timing.get("step"), int):
+            return False
+        values = local_times(timing)
+        if values is None:
+            return False
+        self.last_window = window
+        step = timing["step"]
+        window_steps = max(1, int(timing.get("window_steps") or 1))
+        scores = score(values)
+        self.last_scores = scores
+        world = len(values)
+        for rank in local_ranks:
+            if 0 <= rank < world:
+                track = self.ranks.setdefault(rank, _RankTrack())
+                slow = self.is_slow(scores.ratio[rank], scores.score[rank], world)
+                self._advance(track, slow, now, step, window_steps)
+        local = set(local_ranks)
+        mine = sorted(values[r] for r in local if 0 <= r < world)
+        others = sorted(v for r, v in enumerate(values) if r not in local)
+        if mine and others:
+            self.node_ratio = _median_sorted(mine) / max(_median_sorted(others), 1e-12)
+            self._advance(self.node, self.node_ratio >= float(self.options["ratio"]), now,
+                          step, window_steps)
+        else:
+            self.node_ratio = None
+        return True

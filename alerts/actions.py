@@ -1,0 +1,311 @@
+"""Automatic actions for firing alerts: idempotent, rate-limited, dry-run-able, journaled.
+
+Both the embedded engine and the Alertmanager webhook receiver hand firing alerts
+to ``ActionRunner.handle``.  Before anything acts:
+
+* the delivery key (alert fingerprint + startsAt) is recorded in a persisted ledger
+  first, so a duplicated or retried delivery never acts twice, even across restarts;
+* ``control/hold-actions`` in the run directory, or a matching silence, holds it;
+* restarts of one job are rate-limited (``action_min_interval_seconds``);
+* the no-progress guard stops restarting after ``restart_guard_max_restarts``
+  restarts without forward progress and raises TrainingRestartLoop.
+
+Every decision is journaled as ``action_taken`` or ``action_skipped`` with the reason
+and the evidence.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shlex
+import shutil
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from trainwatch.alerts.controller import JobController
+from trainwatch.rundir import RunDir, atomic_write_json, read_jsonl
+
+log = logging.getLogger(__name__)
+
+RESTARTING = ("stall_restart", "restart", "rollback_skip", "straggler")
+LEDGER_FORMAT = "trainwatch.actions"
+
+
+@dataclass
+class ActionRequest:
+    """A firing alert that asks for an action (from the engine or a webhook)."""
+
+    alertname: str
+    action: str
+    labels: dict[str, str]
+    fingerprint: str
+    starts_at: str
+    source: str  # "engine" | "webhook"
+    annotations: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.fingerprint}@{self.starts_at}"
+
+
+@dataclass
+class Outcome:
+    taken: bool
+    reason: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Policy:
+    min_interval_seconds: float = 300.0
+    guard_max_restarts: int = 3
+    skip_window_steps: int = 0
+    dry_run: bool = False
+    # Optional scheduler adapter for stragglers: a command template run after the
+    # checkpoint, e.g. "scontrol requeue {slurm_job_id}" or "kubectl cordon {node}".
+    straggler_command: str | None = None
+
+    @classmethod
+    def from_thresholds(cls, thresholds: dict[str, Any], **kw: Any) -> "Policy":
+        return cls(min_interval_seconds=float(thresholds["action_min_interval_seconds"]),
+                   guard_max_restarts=int(thresholds["restart_guard_max_restarts"]),
+                   skip_window_steps=int(thresholds["skip_window_steps"]), **kw)
+
+
+class ActionRunner:
+    def __init__(self, run_dir: str | Path, controller: JobController | None, policy: Policy,
+                 *, job: str | None = None, silences=None,
+                 on_guard_tripped: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.time):
+        self.run = RunDir(run_dir).create()
+        self.controller = controller
+        self.policy = policy
+        self.job = job or self.run.root.resolve().name
+        self.silences = silences
+        self.on_guard_tripped = on_guard_tripped
+        self.clock = clock
+        self.ledger_path = self.run.root / "alerts" / "actions.json"
+        self.lock = threading.Lock()
+
+    # ------------------------------------------------------------------ ledger
+    def _ledger(self) -> dict[str, Any]:
+        try:
+            doc = json.loads(self.ledger_path.read_text())
+            if doc.get("format") == LEDGER_FORMAT:
+                return doc
+            log.warning("%s is not an actions ledger; starting a new one", self.ledger_path)
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError) as exc:
+            log.warning("actions ledger unreadable (%s); starting a new one", exc)
+        return {"format": LEDGER_FORMAT, "version": 1, "deliveries": {}, "last_restart_at": None,
+                "restarts_without_progress": 0, "step_at_last_restart": None,
+                "guard_tripped": False}
+
+    def _save(self, ledger: dict[str, Any]) -> None:
+        self.ledger_path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(self.ledger_path, ledger)
+
+    @property
+    def guard_tripped(self) -> bool:
+        return bool(self._ledger().get("guard_tripped"))
+
+    # ------------------------------------------------------------------ entry point
+    def handle(self, req: ActionRequest) -> Outcome:
+        with self.lock:
+            ledger = self._ledger()
+            if req.key in ledger["deliveries"]:
+                first = ledger["deliveries"][req.key]
+                return self._skip(req, "duplicate delivery: already handled at "
+                                  f"{first['at']:.3f} ({first['outcome']})", record=False)
+            # Record the delivery before acting: a crash mid-action must not act twice.
+            ledger["deliveries"][req.key] = {"at": self.clock(), "alertname": req.alertname,
+                                             "outcome": "in progress"}
+            self._save(ledger)
+            outcome = self._decide_and_act(req, ledger)
+            ledger["deliveries"][req.key]["outcome"] = (
+                "taken" if outcome.taken else f"skipped: {outcome.reason}")
+            self._save(ledger)
+            return outcome
+
+    def _decide_and_act(self, req: ActionRequest, ledger: dict[str, Any]) -> Outcome:
+        job = req.labels.get("job")
+        if job is not None and job != self.job:
+            return self._skip(req, f"alert is for job {job!r}, this controller runs {self.job!r}")
+        if (self.run.control_dir / "hold-actions").exists():
+            return self._skip(req, "held: control/hold-actions exists")
+        if self.silences is not None and self.silences.matching(req.labels, self.clock()):
+            return self._skip(req, "silenced")
+        if req.action == "checkpoint_now":
+            return self._checkpoint_now(req)
+        if req.action not in RESTARTING:
+            return self._skip(req, f"unknown action {req.action!r}")
+        if self.controller is None:
+            return self._skip(req, "no job controller attached (report only)")
+        if req.action == "restart" and self.controller.alive():
+            return self._skip(req, "the launcher is still running: torchrun handles rank "
+                              "failures within its own --max-restarts")
+        if req.action == "straggler" and not self.policy.straggler_command:
+            request = self._touch("checkpoint")
+            return self._taken(req, "report only: asked for a checkpoint; no scheduler "
+                               "adapter configured to move the job", {"requested": str(request)})
+        last = ledger.get("last_restart_at")
+        now = self.clock()
+        if last is not None and now - last < self.policy.min_interval_seconds:
+            return self._skip(req, f"rate limited: the job was restarted {now - last:.0f}s ago "
+                              f"(minimum {self.policy.min_interval_seconds:.0f}s)")
+        return self.restart_job(req.action, req, ledger)
+
+    # ------------------------------------------------------------------ restarts
+    def restart_job(self, action: str, req: ActionRequest | None,
+                    ledger: dict[str, Any] | None = None) -> Outcome:
+        """Restart through the no-progress guard; also used when the job exits by itself."""
+        own_ledger = ledger is None
+        ledger = ledger if ledger is not None else self._ledger()
+        step = self.controller.progress_step()
+        previous = ledger.get("step_at_last_restart")
+        first_restart = ledger.get("last_restart_at") is None
+        progressed = first_restart or (step is not None and (previous is None or step > previous))
+        count = 0 if progressed else int(ledger.get("restarts_without_progress", 0))
+        if ledger.get("guard_tripped") or count >= self.policy.guard_max_restarts:
+            ledger["guard_tripped"] = True
+            if own_ledger:
+                self._save(ledger)
+            outcome = self._skip(req, f"restart guard: {count} restarts without forward "
+                                 f"progress (step {step}); not restarting, paging a human",
+                                 action=action, extra={"step": step})
+            if self.on_guard_tripped is not None:
+                self.on_guard_tripped(self.job)
+            return outcome
+        details: dict[str, Any] = {"step_before": step, "restarts_without_progress": count}
+        if self.policy.dry_run:
+            return self._skip(req, f"dry run: would {action} the job", action=action,
+                              extra=details)
+        if action == "stall_restart":
+            details["evidence"] = str(self.controller.capture_evidence("stall"))
+        elif action == "rollback_skip":
+            details.update(self._prepare_rollback())
+        elif action == "straggler":
+            details["requested"] = str(self._touch("checkpoint"))
+            details["adapter"] = self._run_adapter(req)
+        ledger["step_at_last_restart"] = step
+        ledger["restarts_without_progress"] = count + 1
+        ledger["last_restart_at"] = self.clock()
+        if own_ledger:
+            self._save(ledger)
+        # Hung or diverged jobs are killed (no checkpoint can or should be written).
+        hard = action in ("stall_restart", "rollback_skip")
+        details["pid"] = self.controller.restart(
+            action + (f" ({req.alertname})" if req else ""), hard=hard)
+        return self._taken(req, f"{action}: restarted the job from its newest verified "
+                           "checkpoint", details, action=action)
+
+    def _prepare_rollback(self) -> dict[str, Any]:
+        """Find the bad step; hide checkpoints taken at or after it; ask to skip the window."""
+        bad = _first_bad_step(self.run)
+        details: dict[str, Any] = {"bad_step": bad}
+        if bad is None:
+            details["note"] = "no non-finite or spiking step found in the metrics log"
+            return details
+        quarantine = self.run.diagnostics_dir / f"quarantine-{int(self.clock())}"
+        moved = []
+        for step, path in _checkpoints(self.run):
+            if step >= bad:
+                quarantine.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(path), quarantine / path.name)
+                moved.append({"step": step, "moved_to": str(quarantine / path.name)})
+        resume = max((s for s, _ in _checkpoints(self.run) if s < bad), default=None)
+        skip_to = bad + self.policy.skip_window_steps
+        request = {"from_step": (resume + 1) if resume is not None else 0, "to_step": skip_to,
+                   "reason": f"non-finite or spiking loss at step {bad}"}
+        atomic_write_json(self.run.control_dir / "skip-steps.json", request)
+        details.update({"resume_step": resume, "quarantined": moved, "skip": request})
+        return details
+
+    def _run_adapter(self, req: ActionRequest | None) -> dict[str, Any]:
+        labels = dict(req.labels) if req else {}
+        cmd = self.policy.straggler_command.format_map(_Default(labels))
+        res = subprocess.run(shlex.split(cmd), capture_output=True, text=True, timeout=60)
+        return {"command": cmd, "returncode": res.returncode,
+                "output": (res.stdout + res.stderr)[-2000:]}
+
+    # ------------------------------------------------------------------ small actions
+    def _checkpoint_now(self, req: ActionRequest) -> Outcome:
+        if self.policy.dry_run:
+            return self._skip(req, "dry run: would touch control/checkpoint")
+        return self._taken(req, "asked every rank for a checkpoint",
+                           {"requested": str(self._touch("checkpoint"))})
+
+    def _touch(self, name: str) -> Path:
+        path = self.run.control_dir / name
+        path.touch()  # a new mtime is the request; ranks poll it from their telemetry thread
+        return path
+
+    # ------------------------------------------------------------------ journal
+    def _taken(self, req, reason, details, action=None) -> Outcome:
+        self.run.append_event("action_taken", "engine", action=action or req.action,
+                              reason=reason, **_req_fields(req), **details)
+        log.warning("action taken: %s", reason)
+        return Outcome(True, reason, details)
+
+    def _skip(self, req, reason, *, record=True, action=None, extra=None) -> Outcome:
+        self.run.append_event("action_skipped", "engine",
+                              action=action or (req.action if req else None), reason=reason,
+                              **_req_fields(req), **(extra or {}))
+        log.info("action skipped: %s", reason)
+        return Outcome(False, reason, extra or {})
+
+
+class _Default(dict):
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+def _req_fields(req: ActionRequest | None) -> dict[str, Any]:
+    if req is None:
+        return {"alert": None}
+    return {"alert": req.alertname, "fingerprint": req.fingerprint, "starts_at": req.starts_at,
+            "delivery": req.source, "labels": req.labels}
+
+
+def _first_bad_step(run: RunDir) -> int | None:
+    """The first step with a non-finite loss, else the step of the largest loss spike."""
+    records = []
+    for rank in run.ranks_with_metrics():
+        records += [r for r in read_jsonl(run.metrics_file(rank)).records
+                    if r.get("kind") == "step" and isinstance(r.get("step"), int)]
+    bad = [r["step"] for r in records
+           if not isinstance(r.get("loss"), (int, float)) or not math.isfinite(r["loss"])]
+    if bad:
+        return min(bad)
+    finite = sorted((r["step"], r["loss"]) for r in records)
+    best, best_ratio = None, 0.0
+    for i in range(10, len(finite)):
+        window = [loss for _, loss in finite[i - 10:i]]
+        mean = sum(window) / len(window)
+        if mean > 0 and finite[i][1] / mean > best_ratio:
+            best, best_ratio = finite[i][0], finite[i][1] / mean
+    return best
+
+
+def _checkpoints(run: RunDir) -> list[tuple[int, Path]]:
+    """(step, path) of complete checkpoints: the checkpoint library's catalog when present."""
+    try:
+        from trainwatch.trainer.checkpoint.catalog import scan
+    except ImportError:
+        scan = None
+    if scan is not None:
+        return [(e.step, e.path) for e in scan(run.checkpoint_dir)
+                if e.state == "complete" and e.step is not None]
+    out = []
+    for event in run.events("checkpoint_saved"):
+        path = Path(str(event.get("path", "")))
+        if isinstance(event.get("step"), int) and path.is_dir():
+            out.append((event["step"], path))
+    return out

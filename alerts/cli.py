@@ -1,0 +1,239 @@
+"""``trainwatch alerts``: check, export, test and silence the rules; serve the webhook receiver."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from trainwatch.alerts.promql import parse_duration
+from trainwatch.errors import ConfigError
+
+_rules_opt = click.option("--rules", "rules_file", type=click.Path(dir_okay=False),
+                          help="Rules file (default: the packaged alerts/rules.yaml).")
+_thresholds_opt = click.option("--thresholds", "thresholds_file",
+                               type=click.Path(dir_okay=False),
+                               help="Threshold overrides (only the keys you change).")
+
+
+def _load(rules_file, thresholds_file):
+    from trainwatch.alerts.rules import load_rules
+    return load_rules(rules_file, thresholds_file)
+
+
+def _silences(run_dir: str | None, file: str | None):
+    from trainwatch.alerts.silences import Silences
+    if file:
+        return Silences(file)
+    if run_dir:
+        return Silences(Path(run_dir) / "alerts" / "silences.json")
+    raise ConfigError("give --run-dir DIR or --file FILE for the silences")
+
+
+@click.group("alerts")
+def alerts() -> None:
+    """Alert rules (one source), the embedded engine and the webhook receiver."""
+
+
+@alerts.command("check")
+@_rules_opt
+@_thresholds_opt
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def check(rules_file, thresholds_file, as_json) -> None:
+    """Validate the rules and thresholds (exit 2 with file and line on a problem)."""
+    ruleset = _load(rules_file, thresholds_file)
+    if as_json:
+        click.echo(json.dumps([{"alert": r.name, "severity": r.severity, "action": r.action,
+                                "for_seconds": r.for_seconds, "expr": r.expr,
+                                "metrics": sorted(r.metrics)} for r in ruleset.rules],
+                              indent=2))
+        return
+    for rule in ruleset.rules:
+        click.echo(f"{rule.name:28s} {rule.severity:8s} {rule.action or '-'}")
+    click.echo(f"{len(ruleset.rules)} alerts OK")
+
+
+@alerts.command("export")
+@_rules_opt
+@_thresholds_opt
+@click.option("--format", "fmt", type=click.Choice(["prometheus", "prometheusrule"]),
+              default="prometheus", show_default=True)
+@click.option("--runbook-base", default=None,
+              help="URL prefix for runbook_url (default: the project's runbooks folder).")
+@click.option("--name", default="trainwatch", show_default=True,
+              help="PrometheusRule metadata.name.")
+@click.option("--namespace", default="monitoring", show_default=True,
+              help="PrometheusRule metadata.namespace.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write to a file.")
+def export(rules_file, thresholds_file, fmt, runbook_base, name, namespace, output) -> None:
+    """Print Prometheus rule groups or a Kubernetes PrometheusRule."""
+    from trainwatch.alerts import export as ex
+    from trainwatch.alerts.rules import DEFAULT_RUNBOOK_BASE
+    ruleset = _load(rules_file, thresholds_file)
+    base = runbook_base or DEFAULT_RUNBOOK_BASE
+    text = (ex.prometheus_yaml(ruleset, base) if fmt == "prometheus"
+            else ex.prometheusrule_yaml(ruleset, base, name, namespace))
+    if output:
+        Path(output).write_text(text)
+    else:
+        click.echo(text, nl=False)
+
+
+@alerts.command("test")
+@_rules_opt
+@_thresholds_opt
+@click.argument("test_file", type=click.Path(exists=True, dir_okay=False))
+def test(rules_file, thresholds_file, test_file) -> None:
+    """Replay a `promtool test rules` file through the embedded engine (exit 1 on mismatch)."""
+    from trainwatch.alerts.replay import replay_file
+    from trainwatch.alerts.rules import DEFAULT_RUNBOOK_BASE
+    ruleset = _load(rules_file, thresholds_file)
+    rows = replay_file(ruleset, test_file, runbook_base=DEFAULT_RUNBOOK_BASE)
+    failed = [r for r in rows if not r[3]]
+    for name, chk, got, ok in rows:
+        if not ok:
+            click.echo(f"FAILED {name}: {chk.alertname} at {chk.eval_time:.0f}s: expected "
+                       f"{[e.get('exp_labels') for e in chk.expected]}, got "
+                       f"{[a.labels for a in got]}")
+    click.echo(f"{len(rows) - len(failed)}/{len(rows)} checks passed")
+    if failed:
+        sys.exit(1)
+
+
+@alerts.group("silence")
+def silence() -> None:
+    """Mute notifications and actions for matching alerts."""
+
+
+_silence_file = [click.option("--run-dir", type=click.Path(file_okay=False),
+                              help="Keep silences in RUN_DIR/alerts/silences.json."),
+                 click.option("--file", type=click.Path(dir_okay=False),
+                              help="Keep silences in this file instead.")]
+
+
+def _with_silence_file(fn):
+    for opt in reversed(_silence_file):
+        fn = opt(fn)
+    return fn
+
+
+@silence.command("add")
+@_with_silence_file
+@click.argument("matchers", nargs=-1, required=True)
+@click.option("--duration", default="2h", show_default=True, help="How long (e.g. 30m, 2h).")
+@click.option("--comment", default="", help="Why (shown in the journal and `list`).")
+@click.option("--author", default="", help="Who.")
+def silence_add(run_dir, file, matchers, duration, comment, author) -> None:
+    """Silence alerts matching label=value MATCHERS (e.g. alertname=TrainingStalled job=exp1)."""
+    from trainwatch.alerts.silences import parse_matchers
+    try:
+        seconds = parse_duration(duration)
+    except ValueError as exc:
+        raise ConfigError(str(exc), key="--duration") from None
+    s = _silences(run_dir, file).add(parse_matchers(list(matchers)), seconds, comment, author)
+    click.echo(f"silence {s.id} until {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(s.ends_at))}")
+
+
+@silence.command("list")
+@_with_silence_file
+@click.option("--all", "show_all", is_flag=True, help="Include expired silences.")
+@click.option("--json", "as_json", is_flag=True)
+def silence_list(run_dir, file, show_all, as_json) -> None:
+    """List active silences."""
+    now = time.time()
+    rows = [s for s in _silences(run_dir, file).load() if show_all or s.active(now)]
+    if as_json:
+        click.echo(json.dumps([s.__dict__ for s in rows], indent=2))
+        return
+    for s in rows:
+        matchers = " ".join(f"{k}={v}" for k, v in s.matchers.items())
+        state = "active" if s.active(now) else "expired"
+        click.echo(f"{s.id}  {state:7s} {matchers}  until "
+                   f"{time.strftime('%H:%M:%S', time.localtime(s.ends_at))}  {s.comment}")
+
+
+@silence.command("expire")
+@_with_silence_file
+@click.argument("silence_id")
+def silence_expire(run_dir, file, silence_id) -> None:
+    """End a silence now."""
+    _silences(run_dir, file).expire(silence_id)
+    click.echo(f"silence {silence_id} expired")
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"'{text}' is not HOST:PORT", key="--listen")
+    return host or "127.0.0.1", int(port)
+
+
+def _job_command(run_dir, job_command, nproc_per_node, config, steps) -> list[str] | None:
+    import shlex
+
+    from trainwatch.alerts.controller import train_command
+    if job_command and nproc_per_node:
+        raise ConfigError("give either --job-command or --nproc-per-node, not both")
+    if job_command:
+        return shlex.split(job_command)
+    if nproc_per_node:
+        return train_command(run_dir, nproc_per_node, config=config, steps=steps)
+    return None
+
+
+@alerts.command("receive")
+@_rules_opt
+@_thresholds_opt
+@click.option("--run-dir", required=True, type=click.Path(file_okay=False),
+              help="The run directory whose job this receiver acts on.")
+@click.option("--listen", default="127.0.0.1:9465", show_default=True, help="HOST:PORT.")
+@click.option("--token-file", type=click.Path(dir_okay=False),
+              help="File holding the bearer token (default: $TRAINWATCH_RECEIVER_TOKEN).")
+@click.option("--nproc-per-node", type=int, help="Also run and supervise `trainwatch train`.")
+@click.option("--config", type=click.Path(dir_okay=False), help="Trainer config file.")
+@click.option("--steps", type=int, help="Override train.steps.")
+@click.option("--job-command", help="Supervise this command instead of `trainwatch train`.")
+@click.option("--straggler-command",
+              help="Scheduler adapter run for stragglers, e.g. 'scontrol requeue {slurm_job_id}'.")
+@click.option("--dry-run", is_flag=True, help="Journal what would be done; do nothing.")
+def receive(rules_file, thresholds_file, run_dir, listen, token_file, nproc_per_node, config,
+            steps, job_command, straggler_command, dry_run) -> None:
+    """Serve Alertmanager's webhook (POST /webhook) and run trainwatch's automatic actions."""
+    from trainwatch.alerts.actions import ActionRunner, Policy
+    from trainwatch.alerts.controller import JobController
+    from trainwatch.alerts.receiver import Receiver, load_token
+    from trainwatch.alerts.silences import Silences
+    from trainwatch.alerts.supervise import Supervisor
+    ruleset = _load(rules_file, thresholds_file)
+    token = load_token(token_file)
+    host, port = _listen(listen)
+    command = _job_command(run_dir, job_command, nproc_per_node, config, steps)
+    controller = JobController(run_dir, command) if command else None
+    policy = Policy.from_thresholds(ruleset.thresholds, dry_run=dry_run,
+                                    straggler_command=straggler_command)
+    runner = ActionRunner(run_dir, controller, policy,
+                          silences=Silences(Path(run_dir) / "alerts" / "silences.json"))
+    receiver = Receiver(ruleset, runner, token, host, port).start()
+    click.echo(f"receiving Alertmanager webhooks on {receiver.url}/webhook "
+               f"(job {runner.job}{', dry run' if dry_run else ''})")
+    supervisor = None
+    if controller is not None:
+        controller.start()
+        supervisor = Supervisor(controller, runner).start()
+    try:
+        while supervisor is None or not supervisor.finished.wait(1.0):
+            if supervisor is None:
+                time.sleep(1.0)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        receiver.stop()
+        if supervisor is not None:
+            supervisor.stop()
+        if controller is not None and controller.alive():
+            controller.stop("receiver stopped")
+    if supervisor is not None and supervisor.exit_code:
+        sys.exit(1)

@@ -1,0 +1,192 @@
+"""The job controller: runs the training job as a subprocess and stops/restarts it.
+
+It drives ``trainwatch train`` (or any command that resumes from the run
+directory's newest verified checkpoint on start) and knows nothing about alerts;
+``alerts/actions.py`` decides when to call it.  Stopping kills the whole process
+tree (launcher, torchrun, ranks): gracefully (SIGTERM, then SIGKILL) or at once for
+hung or diverged jobs, so a frozen (SIGSTOPped) rank cannot keep a restart waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from trainwatch.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+
+def train_command(run_dir: str | Path, nproc_per_node: int, *, config: str | None = None,
+                  steps: int | None = None, overrides: list[str] = (),
+                  max_restarts: int = 0) -> list[str]:
+    """The ``trainwatch train`` command line the controller runs (issue 2's launcher)."""
+    cmd = [sys.executable, "-m", "trainwatch", "train", "--run-dir", str(run_dir),
+           "--nproc-per-node", str(nproc_per_node), "--max-restarts", str(max_restarts)]
+    if config:
+        cmd += ["--config", str(config)]
+    if steps is not None:
+        cmd += ["--set", f"train.steps={steps}"]
+    for override in overrides:
+        cmd += ["--set", override]
+    return cmd
+
+
+class JobController:
+    """Start, stop and restart one job; observe its progress through the run directory."""
+
+    def __init__(self, run_dir: str | Path, command: list[str], *,
+                 env: dict[str, str] | None = None, stop_grace_seconds: float = 15.0):
+        self.run = RunDir(run_dir).create()
+        self.command = list(command)
+        self.env = env
+        self.stop_grace = stop_grace_seconds
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+        self.stopping = False
+        self.lock = threading.RLock()
+        self.extra_args: list[str] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, reason: str = "start") -> int:
+        with self.lock:
+            log_file = open(self.run.logs_dir / "job.log", "ab")
+            try:
+                self.proc = subprocess.Popen(self.command + self.extra_args, env=self.env,
+                                             stdout=log_file, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, start_new_session=True)
+            finally:
+                log_file.close()
+            self.starts += 1
+            self.stopping = False
+            self.run.append_event("job_started", "engine", pid=self.proc.pid, reason=reason,
+                                  attempt=self.starts, command=self.command + self.extra_args)
+            return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def stop(self, reason: str, *, hard: bool = False) -> int | None:
+        """Stop the job's whole process tree.
+
+        Graceful (SIGTERM, the trainer checkpoints on it; SIGKILL after the grace) unless
+        ``hard``: a hung job cannot finish a checkpoint, and a diverged one must not write
+        one, so those are killed at once (SIGKILL also ends SIGSTOPped processes).
+        """
+        with self.lock:
+            if self.proc is None:
+                return None
+            self.stopping = True
+            tree = self._tree()
+            descendants = [p for p in tree if p.pid != self.proc.pid]
+            leftover = descendants
+            if not hard:
+                for p in tree:
+                    _signal(p, signal.SIGTERM)
+                    _signal(p, signal.SIGCONT)  # a stopped process must run to handle it
+                try:  # the launcher is our child: Popen reaps it and keeps its exit code
+                    self.proc.wait(timeout=self.stop_grace)
+                except subprocess.TimeoutExpired:
+                    pass
+                _, leftover = psutil.wait_procs(descendants, timeout=1)
+            killed = [p.pid for p in leftover]
+            if self.proc.poll() is None:
+                self.proc.kill()
+                killed.insert(0, self.proc.pid)
+            for p in leftover:
+                _signal(p, signal.SIGKILL)
+            code = self.proc.wait()
+            psutil.wait_procs(leftover, timeout=5)
+            self.run.append_event("job_stopped", "engine", pid=self.proc.pid, reason=reason,
+                                  returncode=code, hard=hard, killed=killed)
+            return code
+
+    def restart(self, reason: str, *, hard: bool = False) -> int:
+        with self.lock:
+            if self.alive():
+                self.stop(reason, hard=hard)
+            return self.start(reason)
+
+    def _tree(self) -> list[psutil.Process]:
+        try:
+            root = psutil.Process(self.proc.pid)
+            return [root] + root.children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    # ------------------------------------------------------------------ observation
+    def progress_step(self) -> int | None:
+        """The furthest step any rank has completed, from the status files and journal."""
+        best = None
+        for status in self.run.statuses().records:
+            step = (status.get("metrics") or {}).get("step")
+            if isinstance(step, int):
+                best = step if best is None else max(best, step)
+        for event in self.run.events("checkpoint_saved"):
+            step = event.get("step")
+            if isinstance(step, int):
+                best = step if best is None else max(best, step)
+        return best
+
+    def rank_pids(self) -> dict[int, int]:
+        return {s["rank"]: s["pid"] for s in self.run.statuses().records
+                if isinstance(s.get("rank"), int) and isinstance(s.get("pid"), int)}
+
+    # ------------------------------------------------------------------ evidence
+    def capture_evidence(self, label: str, *, wait_seconds: float = 3.0) -> Path:
+        """Stacks, status files and py-spy dumps into diagnostics/<label>-<time>/."""
+        folder = self.run.diagnostics_dir / f"{label}-{time.strftime('%Y%m%dT%H%M%S')}"
+        folder.mkdir(parents=True, exist_ok=True)
+        request = self.run.control_dir / "dump"
+        request.touch()  # ranks answer control/dump from their telemetry thread
+        for path in self.run.status_dir.glob("rank-*.json"):
+            shutil.copy2(path, folder / path.name)
+        pyspy = shutil.which("py-spy")
+        for rank, pid in sorted(self.rank_pids().items()):
+            out = folder / f"py-spy-rank-{rank:05d}.txt"
+            if pyspy is None:
+                out.write_text("py-spy is not installed\n")
+                continue
+            try:
+                state = psutil.Process(pid).status()
+            except psutil.NoSuchProcess:
+                out.write_text(f"pid {pid}: no such process\n")
+                continue
+            if state == psutil.STATUS_STOPPED:
+                # ptrace on a stopped process waits forever; say so instead of hanging.
+                out.write_text(f"pid {pid} is stopped (SIGSTOP): frozen, no stack available\n")
+                continue
+            try:
+                res = subprocess.run([pyspy, "dump", "--pid", str(pid)], capture_output=True,
+                                     text=True, timeout=20)
+                out.write_text(res.stdout + res.stderr)
+            except (subprocess.TimeoutExpired, OSError) as exc:
+                out.write_text(f"py-spy failed: {exc}\n")
+        deadline = time.time() + wait_seconds
+        while time.time() < deadline:  # give live ranks a moment to answer control/dump
+            dumps = list(self.run.diagnostics_dir.glob("dump-rank-*.json"))
+            if dumps and all(d.stat().st_mtime >= request.stat().st_mtime for d in dumps):
+                break
+            time.sleep(0.2)
+        for dump in self.run.diagnostics_dir.glob("dump-rank-*.json"):
+            if dump.stat().st_mtime >= request.stat().st_mtime:
+                shutil.copy2(dump, folder / dump.name)
+        return folder
+
+
+def _signal(proc: psutil.Process, sig: int) -> None:
+    try:
+        proc.send_signal(sig)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        pass

@@ -1,0 +1,110 @@
+"""Where the embedded engine sends alerts: the journal/log, webhooks, Alertmanager's v2 API.
+
+Notifiers never raise into the engine (it counts and logs their failures) and use
+short timeouts, so a dead receiver cannot stall evaluation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.request
+from datetime import datetime, timezone
+from typing import Any
+
+from trainwatch.alerts.engine import Alert
+from trainwatch.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+
+def rfc3339(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds") \
+        .replace("+00:00", "Z")
+
+
+def _post(url: str, body: Any, headers: dict[str, str] | None = None,
+          timeout: float = 5.0) -> int:
+    data = json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method="POST",
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return resp.status
+
+
+class JournalNotifier:
+    """alert_firing / alert_resolved events in the run's journal, and a log line."""
+
+    def __init__(self, run_dir: str | None):
+        self.run = RunDir(run_dir) if run_dir else None
+
+    def notify(self, kind: str, alert: Alert, t: float) -> None:
+        log.warning("alert %s %s %s: %s", alert.name, kind,
+                    {k: v for k, v in alert.labels.items() if k != "alertname"},
+                    alert.annotations.get("summary", ""))
+        if self.run is not None:
+            self.run.append_event(f"alert_{kind}", "engine", alert=alert.name,
+                                  severity=alert.rule.severity, labels=alert.labels,
+                                  summary=alert.annotations.get("summary"),
+                                  value=alert.as_dict()["value"], fingerprint=alert.fingerprint,
+                                  starts_at=rfc3339(alert.active_at))
+
+
+def webhook_alert(alert: Alert, kind: str, t: float) -> dict[str, Any]:
+    """One alert in Alertmanager's webhook (version 4) shape."""
+    return {"status": kind, "labels": alert.labels, "annotations": alert.annotations,
+            "startsAt": rfc3339(alert.active_at),
+            "endsAt": rfc3339(alert.resolved_at) if kind == "resolved" else
+            "0001-01-01T00:00:00Z",
+            "generatorURL": "", "fingerprint": alert.fingerprint}
+
+
+class WebhookNotifier:
+    """POSTs each transition as an Alertmanager-style (version 4) webhook payload."""
+
+    def __init__(self, url: str, token: str | None = None, receiver: str = "trainwatch"):
+        self.url, self.token, self.receiver = url, token, receiver
+
+    def notify(self, kind: str, alert: Alert, t: float) -> None:
+        payload = {"version": "4", "groupKey": f"{{}}:{{alertname=\"{alert.name}\"}}",
+                   "truncatedAlerts": 0, "status": kind, "receiver": self.receiver,
+                   "groupLabels": {"alertname": alert.name}, "commonLabels": alert.labels,
+                   "commonAnnotations": alert.annotations, "externalURL": "",
+                   "alerts": [webhook_alert(alert, kind, t)]}
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        _post(self.url, payload, headers)
+
+
+class AlertmanagerNotifier:
+    """Alertmanager's v2 API: POST /api/v2/alerts, re-sent while firing, endsAt on resolve.
+
+    Like Prometheus, firing alerts carry an endsAt a few resend intervals ahead, so
+    Alertmanager resolves them by itself if the engine dies.
+    """
+
+    def __init__(self, url: str, resend_seconds: float = 60.0, generator_url: str = ""):
+        self.url = url.rstrip("/") + "/api/v2/alerts"
+        self.resend_seconds = resend_seconds
+        self.generator_url = generator_url
+        self.last_sent: float | None = None
+        self.sent = 0
+
+    def _body(self, alerts: list[Alert], t: float) -> list[dict[str, Any]]:
+        out = []
+        for a in alerts:
+            ends = a.resolved_at if a.state == "inactive" else t + 4 * self.resend_seconds
+            out.append({"labels": a.labels, "annotations": a.annotations,
+                        "startsAt": rfc3339(a.active_at), "endsAt": rfc3339(ends),
+                        "generatorURL": self.generator_url})
+        return out
+
+    def notify(self, kind: str, alert: Alert, t: float) -> None:
+        _post(self.url, self._body([alert], t))
+        self.sent += 1
+
+    def resend(self, alerts: list[Alert], t: float) -> None:
+        if not alerts or (self.last_sent is not None and t - self.last_sent < self.resend_seconds):
+            return
+        self.last_sent = t
+        _post(self.url, self._body(alerts, t))
+        self.sent += 1

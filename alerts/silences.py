@@ -1,0 +1,93 @@
+"""Silences: label matchers that mute notifications and actions until they expire.
+
+Persisted as one JSON document (atomically replaced) so that the CLI, the engine and
+the webhook receiver share them; expired silences are kept for the record.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from trainwatch.errors import ConfigError
+from trainwatch.rundir import atomic_write_json
+
+FORMAT = "trainwatch.silences"
+
+
+@dataclass
+class Silence:
+    id: str
+    matchers: dict[str, str]
+    starts_at: float
+    ends_at: float
+    comment: str = ""
+    created_by: str = ""
+
+    def active(self, t: float) -> bool:
+        return self.starts_at <= t < self.ends_at
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        return all(labels.get(k) == v for k, v in self.matchers.items())
+
+
+def parse_matchers(items: list[str]) -> dict[str, str]:
+    """``alertname=TrainingStalled job=exp1`` -> dict; at least one, equality only."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"matcher '{item}' is not of the form label=value")
+        out[key.strip()] = value.strip().strip('"')
+    if not out:
+        raise ConfigError("a silence needs at least one matcher, e.g. alertname=TrainingStalled")
+    return out
+
+
+class Silences:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def load(self) -> list[Silence]:
+        try:
+            doc = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"unreadable silences file: {exc}", file=str(self.path)) from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise ConfigError("not a trainwatch silences file", file=str(self.path))
+        return [Silence(**s) for s in doc.get("silences", [])]
+
+    def _save(self, silences: list[Silence]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(self.path, {"format": FORMAT, "version": 1,
+                                      "silences": [asdict(s) for s in silences]})
+
+    def add(self, matchers: dict[str, str], duration_s: float, comment: str = "",
+            created_by: str = "", now: float | None = None) -> Silence:
+        now = time.time() if now is None else now
+        silence = Silence(uuid.uuid4().hex[:12], matchers, now, now + duration_s, comment,
+                          created_by)
+        self._save(self.load() + [silence])
+        return silence
+
+    def expire(self, silence_id: str, now: float | None = None) -> Silence:
+        now = time.time() if now is None else now
+        silences = self.load()
+        for s in silences:
+            if s.id == silence_id:
+                s.ends_at = min(s.ends_at, now)
+                self._save(silences)
+                return s
+        raise ConfigError(f"no silence with id {silence_id}", file=str(self.path))
+
+    def matching(self, labels: dict[str, str], t: float) -> list[Silence]:
+        try:
+            silences = self.load()
+        except ConfigError:
+            return []
+        return [s for s in silences if s.active(t) and s.matches(labels)]

@@ -1,0 +1,64 @@
+"""Watching the job process: a job that exits by itself is finished or restarted.
+
+torchrun restarts failed ranks within ``--max-restarts``; when the launcher gives
+up (exits non-zero) the supervisor restarts the job from its newest verified
+checkpoint through the ActionRunner, so the no-progress guard also stops crash
+loops.  A clean exit (0) means training finished; exit code 2 (bad input) is not
+restarted either.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from trainwatch.alerts.actions import ActionRunner
+from trainwatch.alerts.controller import JobController
+
+log = logging.getLogger(__name__)
+
+
+class Supervisor:
+    def __init__(self, controller: JobController, runner: ActionRunner,
+                 poll_seconds: float = 1.0):
+        self.controller = controller
+        self.runner = runner
+        self.poll_seconds = poll_seconds
+        self.finished = threading.Event()  # training ended (cleanly, or the guard gave up)
+        self.exit_code: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "Supervisor":
+        self._thread = threading.Thread(target=self._loop, name="tw-supervisor", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def check(self) -> None:
+        """One look at the job; called from the loop (and from tests)."""
+        with self.controller.lock:
+            code = self.controller.returncode()
+            if code is None or self.controller.stopping:
+                return
+            self.controller.run.append_event("job_exited", "engine", returncode=code,
+                                             pid=self.controller.proc.pid)
+            if code in (0, 2):  # finished, or bad input that a restart cannot fix
+                self.exit_code = code
+                self.finished.set()
+                return
+            outcome = self.runner.restart_job("restart", None)
+            if not outcome.taken:
+                self.exit_code = code
+                self.finished.set()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.poll_seconds) and not self.finished.is_set():
+            try:
+                self.check()
+            except Exception:  # noqa: BLE001 - supervision must keep going
+                log.exception("supervisor check failed")

@@ -1,0 +1,177 @@
+"""Agent footprint: CPU, memory and /metrics latency with 8 simulated ranks; straggler
+scoring time for 4096 ranks.
+
+    python benchmarks/agent_footprint.py [--duration 60] [--ranks 8] [--json]
+
+Eight `sleep` processes stand in for rank processes (so the agent inspects real
+pids); a thread writes each one's status file every second, as trainer telemetry does
+by default, with advancing steps and a timing window every 10 steps.  The agent runs
+as a separate process with its default config; we sample its CPU time and RSS, and
+first measure CPU and RSS in steady state (scraped every 15 s, like Prometheus), then
+/metrics latency under a steady load of 5 requests per second.  Goals (issue #4): CPU <= 1 % of one
+core, peak RSS <= 60 MiB, /metrics p99 <= 20 ms, scoring 4096 ranks <= 10 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+from trainwatch.agent.config import STRAGGLER_DEFAULTS
+from trainwatch.agent.straggler import JobStragglers
+from trainwatch.rundir import RunDir
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def simulate_ranks(run: RunDir, pids: list[int], stop: threading.Event, interval: float) -> None:
+    world, started, step = len(pids), time.time(), 0
+    rng = random.Random(0)
+    timing = None
+    while not stop.wait(interval):
+        now = time.time()
+        step += 10
+        compute = [0.09 + rng.uniform(0, 0.005) for _ in range(world)]
+        timing = {"step": step, "window_steps": 10, "time": now, "compute_seconds": compute,
+                  "data_wait_seconds": [0.001] * world, "local_seconds": compute}
+        for rank, pid in enumerate(pids):
+            run.write_status(rank, {
+                "job": "bench", "rank": rank, "local_rank": rank, "world_size": world,
+                "node": socket.gethostname(), "pid": pid, "restart_count": 0,
+                "backend": "gloo", "device": "cpu", "started_at": started,
+                "heartbeat_at": now, "step": step, "phase": "forward", "phase_since": now,
+                "last_progress_at": now, "state": "running",
+                "metrics": {"step": step, "loss": 2.0, "step_time_seconds": 0.1,
+                            "phase_seconds": {"data": 0.001, "forward": 0.03, "backward": 0.05,
+                                              "optimizer": 0.01},
+                            "data_wait_seconds": 0.001, "tokens_per_second": 1e5,
+                            "samples_per_second": 100.0, "memory_bytes": 1 << 30},
+                "counters": {"steps_total": step}, "timing": timing})
+
+
+def scoring_ms(n: int, reps: int = 50) -> float:
+    rng = random.Random(1)
+    times = []
+    tracker = JobStragglers(dict(STRAGGLER_DEFAULTS))
+    for i in range(reps):
+        values = [0.1 * (1 + rng.gauss(0, 0.02)) for _ in range(n)]
+        window = {"step": 10 * (i + 1), "window_steps": 10, "time": float(i),
+                  "local_seconds": values, "compute_seconds": values}
+        started = time.perf_counter()
+        tracker.update(window, local_ranks=range(8), now=float(i))
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+def measure(proc: psutil.Process, url: str, seconds: float, rate: float) -> dict:
+    """Agent CPU seconds and peak RSS over ``seconds`` while scraping at ``rate`` per second."""
+    cpu0, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
+    latencies, peak_rss, series = [], proc.memory_info().rss, 0
+    next_at = t0
+    while time.monotonic() - t0 < seconds:
+        if time.monotonic() >= next_at:
+            started = time.perf_counter()
+            body = urllib.request.urlopen(url, timeout=5).read()
+            latencies.append((time.perf_counter() - started) * 1000)
+            series = sum(1 for line in body.decode().splitlines() if not line.startswith("#"))
+            next_at += 1.0 / rate
+        peak_rss = max(peak_rss, proc.memory_info().rss)
+        time.sleep(max(0.0, min(0.5, next_at - time.monotonic())))
+    elapsed = time.monotonic() - t0
+    return {"cpu": sum(proc.cpu_times()[:2]) - cpu0, "elapsed": elapsed,
+            "latencies": latencies, "peak_rss": peak_rss, "series": series}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds to measure")
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--rate", type=float, default=5.0, help="/metrics requests per second")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="tw-footprint-"))
+    run = RunDir(tmp / "run").create()
+    sleepers = [subprocess.Popen(["sleep", str(args.duration + 120)]) for _ in range(args.ranks)]
+    stop = threading.Event()
+    writer = threading.Thread(target=simulate_ranks, args=(run, [p.pid for p in sleepers],
+                                                           stop, 1.0), daemon=True)
+    writer.start()
+    port = free_port()
+    agent = subprocess.Popen([sys.executable, "-m", "trainwatch", "agent", "--run-dir",
+                              str(run.root), "--listen", f"127.0.0.1:{port}"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(url, timeout=2).read()
+                break
+            except OSError:
+                time.sleep(0.2)
+        time.sleep(3)  # let every collector run once (startup is not steady state)
+        proc = psutil.Process(agent.pid)
+        # 1. steady state: collectors at their default intervals, scraped every 15 s
+        steady = measure(proc, url, args.duration, 1 / 15)
+        # 2. /metrics latency under a steady request load
+        loaded = measure(proc, url, max(20.0, args.duration / 3), args.rate)
+        hwm = next((int(line.split()[1]) * 1024 for line in
+                    Path(f"/proc/{agent.pid}/status").read_text().splitlines()
+                    if line.startswith("VmHWM:")), 0)
+    finally:
+        stop.set()
+        agent.terminate()
+        agent.wait(15)
+        for p in sleepers:
+            p.kill()
+            p.wait()
+    latencies = sorted(loaded["latencies"])
+    q = lambda f: latencies[min(len(latencies) - 1, int(f * len(latencies)))]  # noqa: E731
+    results = {
+        "duration_s": round(steady["elapsed"], 1), "ranks": args.ranks,
+        "scrapes": len(latencies), "series": loaded["series"],
+        "cpu_fraction_of_one_core": steady["cpu"] / steady["elapsed"],
+        "cpu_fraction_under_scrape_load": loaded["cpu"] / loaded["elapsed"],
+        "peak_rss_mib": max(hwm, steady["peak_rss"], loaded["peak_rss"]) / 2**20,
+        "metrics_p50_ms": q(0.50), "metrics_p99_ms": q(0.99),
+        "straggler_scoring_4096_ms": scoring_ms(4096),
+        "straggler_scoring_64_ms": scoring_ms(64),
+    }
+    goals = {"cpu_fraction_of_one_core": 0.01, "peak_rss_mib": 60, "metrics_p99_ms": 20,
+             "straggler_scoring_4096_ms": 10}
+    if args.json:
+        print(json.dumps({"results": results, "goals": goals}, indent=1))
+        return 0
+    print(f"agent footprint: {args.ranks} simulated ranks; steady state {results['duration_s']}"
+          f" s scraped every 15 s; then {results['scrapes']} scrapes of {results['series']} "
+          f"series at {args.rate}/s")
+    print(f"{'measure':32} {'measured':>12} {'goal':>8}  ok")
+    for key, value in results.items():
+        if isinstance(value, float):
+            goal = goals.get(key)
+            shown = f"{value * 100:.2f} %" if key.startswith("cpu") else f"{value:.2f}"
+            goal_s = "" if goal is None else (f"{goal * 100:g} %" if key.startswith("cpu")
+                                              else f"{goal:g}")
+            ok = "" if goal is None else ("yes" if value <= goal else "NO")
+            print(f"{key:32} {shown:>12} {goal_s:>8}  {ok}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""A small gloo training loop with trainwatch telemetry and injectable faults, for diagnose tests.
+
+    torchrun --standalone --nproc-per-node N tests/diagnose_job.py RUN_DIR STEPS
+
+Faults (environment): FAULT=data_fifo|extra_collective|slow|checkpoint, FAULT_RANK,
+FAULT_STEP, FAULT_ARG (FIFO path, extra seconds per step, or checkpoint interval).
+Gradients are all-reduced by hand (one flat tensor per step) so each step issues
+exactly one training collective, plus the telemetry's timing exchange.
+"""
+
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset
+
+from trainwatch.trainer.telemetry import Telemetry
+
+run_dir, steps = Path(sys.argv[1]), int(sys.argv[2])
+FAULT = os.environ.get("FAULT", "")
+FAULT_RANK = int(os.environ.get("FAULT_RANK", "1"))
+FAULT_STEP = int(os.environ.get("FAULT_STEP", "20"))
+FAULT_ARG = os.environ.get("FAULT_ARG", "")
+STEP_SLEEP = float(os.environ.get("STEP_SLEEP", "0.03"))
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+faulty = rank == FAULT_RANK
+
+
+class Batches(Dataset):
+    """Random regression batches; the faulty rank's item FAULT_STEP reads a FIFO nobody writes."""
+
+    def __len__(self):
+        return 10**9
+
+    def __getitem__(self, index):
+        if FAULT == "data_fifo" and faulty and index == FAULT_STEP:
+            with open(FAULT_ARG, "rb") as fifo:
+                fifo.read(1)
+        g = torch.Generator().manual_seed(index * 100 + rank)
+        return torch.randn(32, generator=g)
+
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+target = torch.nn.Linear(32, 1)
+loader = iter(DataLoader(Batches(), batch_size=None, num_workers=0))
+
+
+def save_checkpoint(step):
+    """Write checkpoints/step-N/ (tmp dir + rename, manifest with sha256); journal failures."""
+    final = run_dir / "checkpoints" / f"step-{step:08d}"
+    tmp = final.with_name(".tmp-" + final.name)
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        data = os.urandom(256 * 1024)  # stands in for a model + optimizer state
+        (tmp / "model.bin").write_bytes(data)
+        manifest = {"format": "trainwatch.checkpoint", "version": 1, "step": step,
+                    "created_at": time.time(), "files": {
+                        "model.bin": {"bytes": len(data),
+                                      "sha256": hashlib.sha256(data).hexdigest()}}}
+        (tmp / "manifest.json").write_text(json.dumps(manifest))
+        tmp.rename(final)
+        tel.event("checkpoint_saved", step=step, path=str(final), time=time.time())
+        tel.set_checkpoint(step=step, path=str(final), time=time.time(), ok=True)
+    except OSError as exc:
+        tel.event("checkpoint_failed", step=step, error=str(exc), path=str(final))
+        tel.set_checkpoint(step=step, path=str(final), time=time.time(), ok=False,
+                           error=str(exc))
+        for leftover in tmp.glob("*") if tmp.exists() else []:
+            leftover.unlink()
+        if tmp.exists():
+            tmp.rmdir()
+
+
+tel = Telemetry.from_env(run_dir, heartbeat_interval=0.2, exchange_every=5).start()
+for step in range(steps):
+    with tel.step(step) as s:
+        with tel.phase("data"):
+            x = next(loader).unsqueeze(0).repeat(16, 1)
+            y = target(x).detach()
+        with tel.phase("forward"):
+            time.sleep(STEP_SLEEP + (float(FAULT_ARG) if FAULT == "slow" and faulty else 0))
+            loss = torch.nn.functional.mse_loss(model(x), y)
+        with tel.phase("backward"):
+            opt.zero_grad()
+            loss.backward()
+        with tel.phase("allreduce"):
+            if FAULT == "extra_collective" and faulty and step == FAULT_STEP:
+                dist.barrier()  # the bug: a collective only this rank issues
+            flat = torch.cat([p.grad.flatten() for p in model.parameters()])
+            dist.all_reduce(flat)
+            offset = 0
+            for p in model.parameters():
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p) / dist.get_world_size())
+                offset += p.numel()
+        with tel.phase("optimizer"):
+            opt.step()
+        s.record(loss=loss, lr=0.01, samples=x.shape[0])
+    if FAULT == "checkpoint" and rank == 0 and (step + 1) % int(FAULT_ARG or 10) == 0:
+        with tel.phase("checkpoint"):
+            save_checkpoint(step + 1)
+tel.close()
+dist.destroy_process_group()

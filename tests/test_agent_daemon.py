@@ -1,0 +1,182 @@
+"""The daemon: isolation of hung and failing collectors, scrapes served from stored values,
+every exported family in the contract and accepted by promtool, SIGHUP reload, SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agent_helpers import free_port, get_json, http_get, start_agent, stop_process, wait_for
+from fake_nvml import FakeGpuBackend
+from test_agent_collectors import FIXTURES, _gpu, write_status
+from trainwatch.agent import registry
+from trainwatch.agent.config import load_config
+from trainwatch.agent.daemon import Agent
+from trainwatch.agent.registry import Collector, Result, register
+from trainwatch.metrics_contract import METRICS
+from trainwatch.rundir import RunDir
+
+
+@pytest.fixture
+def extra_collectors():
+    """Register test-only collectors; unregistered afterwards."""
+    release = threading.Event()
+    added = []
+
+    def add(name, cls, **kw):
+        register(name, **kw)(cls)
+        added.append(name)
+
+    yield add, release
+    release.set()
+    for name in added:
+        registry._REGISTRY.pop(name, None)
+
+
+@pytest.fixture
+def agent_factory(tmp_path):
+    agents = []
+
+    def make(**config) -> Agent:
+        run = RunDir(tmp_path / "run").create()
+        write_status(run, 0, os.getpid())
+        cfg = load_config(None, run_dirs=[str(run.root)], listen=f"127.0.0.1:{free_port()}")
+        for key, value in config.items():
+            setattr(cfg, key, value)
+        agent = Agent(cfg)
+        agents.append(agent)
+        return agent
+
+    yield make
+    for agent in agents:
+        agent.stop()
+
+
+def test_hung_collector_never_delays_metrics(agent_factory, extra_collectors):
+    add, release = extra_collectors
+
+    class Hangs(Collector):
+        def collect(self):
+            release.wait()  # blocks like a wedged driver call
+            return Result()
+
+    class Raises(Collector):
+        def collect(self):
+            raise RuntimeError("library crashed")
+
+    add("test_hangs", Hangs, interval=0.3, timeout=0.5)
+    add("test_raises", Raises, interval=0.3, timeout=0.5)
+    agent = agent_factory()
+    agent.start()
+    url = f"http://{agent.address}"
+    wait_for(lambda: agent.ctx.store.get("test_hangs").state == "timeout", 10,
+             what="hung collector marked timeout")
+    for _ in range(20):
+        started = time.monotonic()
+        body = http_get(url + "/metrics")
+        assert time.monotonic() - started < 2.0  # generous: it is milliseconds in practice
+    assert b'trainwatch_collector_state{collector="test_hangs",node=' in body
+    assert b'trainwatch_collector_up{collector="test_hangs"' in body
+    status = get_json(url + "/status")
+    hung = status["collectors"]["test_hangs"]
+    assert hung["state"] == "timeout" and hung["timeouts_total"] == 1  # never restarted
+    assert "still hung" in hung["reason"] or "did not finish" in hung["reason"]
+    failed = status["collectors"]["test_raises"]
+    assert failed["state"] == "failed" and "library crashed" in failed["reason"]
+    assert failed["errors_total"] >= 1
+    runs = status["collectors"]["ranks"]["runs_total"]
+    wait_for(lambda: get_json(url + "/status")["collectors"]["ranks"]["runs_total"] > runs, 10,
+             what="the other collectors keep running")
+    assert status["health"] == "degraded"
+    release.set()  # the hung call returns: the collector recovers on its next run
+    wait_for(lambda: agent.ctx.store.get("test_hangs").state == "ok", 10, what="recovery")
+
+
+def test_every_family_is_in_the_contract_and_promtool_accepts_it(agent_factory):
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool is not installed")
+    agent = agent_factory(sys_root=str(FIXTURES / "sys"))
+    fake = FakeGpuBackend([_gpu(0, pids=[os.getpid()]), _gpu(1, events={"hw_slowdown": True})])
+    fake.pending_xids = [(0, 48)]
+    agent.ctx.gpu_backend = lambda: fake
+    agent.start()
+    url = f"http://{agent.address}"
+    for name in ("gpu", "network", "versions", "findings", "storage"):
+        wait_for(lambda n=name: agent.ctx.store.get(n).state == "ok", 15, what=f"{name} ran")
+    body = http_get(url + "/metrics")
+    check = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    families = {line.split()[2] for line in body.decode().splitlines()
+                if line.startswith("# TYPE")}
+    exported = {name for name in METRICS if name.removesuffix("_total") in families}
+    for prefix in ("trainwatch_gpu_", "trainwatch_network_ib_", "trainwatch_storage_",
+                   "trainwatch_rank_", "trainwatch_process_", "trainwatch_collector_"):
+        assert any(n.startswith(prefix) for n in exported), prefix
+    assert agent.exporter.rejected == set()
+    assert b'trainwatch_gpu_process_memory_bytes{gpu="0"' in body
+    status = get_json(url + "/status")
+    assert status["jobs"][0]["ranks"][0]["gpus"][0]["uuid"] == "GPU-0000"
+    assert status["versions"]["driver"] == "550.54.15"
+
+
+def test_sighup_reloads_config_and_sigterm_exits_cleanly(tmp_path):
+    run = RunDir(tmp_path / "run").create()
+    write_status(run, 0, os.getpid())
+    config = tmp_path / "agent.yaml"
+    config.write_text("collectors:\n  network: {enabled: true}\n")
+    proc, url = start_agent(tmp_path, "--run-dir", str(run.root), config=config)
+    try:
+        assert get_json(url + "/status")["collectors"]["network"]["enabled"] is True
+        loaded = get_json(url + "/status")["agent"]["config_loaded_at"]
+        config.write_text("collectors:\n  network: {enabled: false}\nstall: {floor_seconds: 2}\n")
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: get_json(url + "/status")["collectors"]["network"]["state"] ==
+                 "disabled", 15, what="network disabled after SIGHUP")
+        assert get_json(url + "/status")["agent"]["config_loaded_at"] > loaded
+        config.write_text("collectors:\n  network: {enabled: maybe}\n")  # bad: keep running
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(1.5)
+        assert proc.poll() is None
+        assert get_json(url + "/status")["collectors"]["network"]["state"] == "disabled"
+    finally:
+        code = stop_process(proc, signal.SIGTERM)
+    assert code == 0
+    log = next(Path(tmp_path).glob("agent-*.log")).read_text()
+    assert "config reload failed" in log and "collectors.network.enabled" in log
+    assert "agent stopped" in log
+
+
+def test_discover_finds_run_dirs_as_they_appear(tmp_path):
+    from trainwatch.agent.context import AgentContext
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    ctx = AgentContext(load_config(None, discover=[str(folder)]))
+    assert ctx.run_dirs() == []
+    RunDir(folder / "exp1").create()
+    (folder / "not-a-run").mkdir()
+    assert [r.root.name for r in ctx.run_dirs()] == ["exp1"]
+
+
+def test_stop_does_not_wait_for_a_hung_collector(agent_factory, extra_collectors):
+    add, release = extra_collectors
+
+    class Hangs(Collector):
+        def collect(self):
+            release.wait()
+            return Result()
+
+    add("test_hangs_long", Hangs, interval=0.2, timeout=60)
+    agent = agent_factory()
+    agent.start()
+    wait_for(lambda: agent.ctx.store.get("test_hangs_long").runs >= 1, 10, what="hung run began")
+    started = time.monotonic()
+    agent.stop()
+    agent.runner._scheduler._executors["default"]._pool.shutdown(wait=True)  # as exit does
+    assert time.monotonic() - started < 5

@@ -1,0 +1,250 @@
+"""Actions through the webhook receiver and the supervisor, on a real job process.
+
+The "job" is a small real Python process that writes rank status files like the
+trainer does (a step counter), so restarts, SIGSTOP and crash loops are real.
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from trainwatch.alerts.actions import ActionRunner, Policy
+from trainwatch.alerts.controller import JobController
+from trainwatch.alerts.engine import Engine
+from trainwatch.alerts.evaluate import History
+from trainwatch.alerts.receiver import Receiver
+from trainwatch.alerts.rules import load_rules
+from trainwatch.alerts.silences import Silences
+from trainwatch.alerts.supervise import Supervisor
+from trainwatch.rundir import RunDir
+
+TOKEN = "s3cret-token-for-tests"
+JOB_SCRIPT = """
+import os, sys, time
+from trainwatch.rundir import RunDir
+run = RunDir(sys.argv[1]).create()
+with open(run.root / "starts.txt", "a") as fh:
+    fh.write(f"{os.getpid()}\\n")
+if os.environ.get("CRASH"):
+    sys.exit(1)
+try:  # resume where the previous attempt got to, like a restart from a checkpoint
+    step = run.statuses().records[0]["step"]
+except IndexError:
+    step = 0
+while True:
+    step += 1
+    run.write_status(0, {"job": run.root.name, "rank": 0, "pid": os.getpid(), "node": "n1",
+                         "state": "running", "step": step, "metrics": {"step": step},
+                         "heartbeat_at": time.time()})
+    time.sleep(0.1)
+"""
+
+
+@pytest.fixture
+def job(tmp_path):
+    """A controller running the fake job; every process is stopped at the end."""
+    script = tmp_path / "job.py"
+    script.write_text(JOB_SCRIPT)
+    run_dir = tmp_path / "exp1"
+    controllers = []
+
+    def make(**env):
+        full_env = {**os.environ, **env}
+        c = JobController(run_dir, [sys.executable, str(script), str(run_dir)], env=full_env,
+                          stop_grace_seconds=3)
+        controllers.append(c)
+        return c
+
+    yield make
+    for c in controllers:
+        if c.alive():
+            c.stop("test teardown")
+
+
+@pytest.fixture
+def receiver_for():
+    started = []
+
+    def make(controller, **policy):
+        ruleset = load_rules()
+        runner = ActionRunner(controller.run.root, controller,
+                              Policy(**{"min_interval_seconds": 300, "guard_max_restarts": 3,
+                                        **policy}),
+                              silences=Silences(controller.run.root / "alerts" / "silences.json"))
+        rec = Receiver(ruleset, runner, TOKEN).start()
+        started.append(rec)
+        return rec
+
+    yield make
+    for rec in started:
+        rec.stop()
+
+
+def _post(url, body, token=TOKEN, raw=None):
+    data = raw if raw is not None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url + "/webhook", data=data, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def _payload(alertname="TrainingStalled", status="firing", starts="2026-12-02T10:00:00Z",
+             fingerprint="a1b2c3d4e5f60718", job="exp1"):
+    alert = {"status": status, "labels": {"alertname": alertname, "job": job, "rank": "0",
+                                          "severity": "critical"},
+             "annotations": {"summary": "x"}, "startsAt": starts,
+             "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "", "fingerprint": fingerprint}
+    return {"version": "4", "groupKey": "{}:{}", "truncatedAlerts": 0, "status": status,
+            "receiver": "trainwatch", "groupLabels": {}, "commonLabels": alert["labels"],
+            "commonAnnotations": {}, "externalURL": "", "alerts": [alert]}
+
+
+def _wait_for(predicate, timeout=30.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError("condition not reached in time")
+
+
+def _starts(run: RunDir) -> list[int]:
+    path = run.root / "starts.txt"
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+def test_bad_requests_are_refused_and_nothing_acts(job, receiver_for, caplog):
+    c = job()
+    c.start()
+    rec = receiver_for(c)
+    _wait_for(lambda: _starts(c.run))
+    caplog.set_level("DEBUG")
+    assert _post(rec.url, _payload(), token=None)[0] == 401
+    assert _post(rec.url, _payload(), token="wrong")[0] == 401
+    cases = [(b"not json", "not JSON"), (b"[]", "JSON object"),
+             (json.dumps({**_payload(), "version": "3"}).encode(), "version"),
+             (json.dumps({**_payload(), "alerts": "x"}).encode(), "'alerts' must be a list")]
+    bad_alert = _payload()
+    del bad_alert["alerts"][0]["fingerprint"]
+    cases.append((json.dumps(bad_alert).encode(), "fingerprint"))
+    bad_alert = _payload()
+    bad_alert["alerts"][0]["labels"]["rank"] = 0
+    cases.append((json.dumps(bad_alert).encode(), "strings"))
+    bad_alert = _payload(starts="yesterday")
+    cases.append((json.dumps(bad_alert).encode(), "RFC 3339"))
+    for raw, reason in cases:
+        code, body = _post(rec.url, None, raw=raw)
+        assert code == 400 and reason in body["error"], (raw, body)
+    assert not c.run.events("action_taken", "action_skipped")
+    assert len(_starts(c.run)) == 1 and c.alive()
+    assert TOKEN not in caplog.text
+
+
+def test_stall_webhook_captures_evidence_restarts_once_and_dedups(job, receiver_for):
+    c = job()
+    first_pid = c.start()
+    rec = receiver_for(c)
+    _wait_for(lambda: c.rank_pids())
+    os.kill(c.rank_pids()[0], signal.SIGSTOP)  # the rank freezes, as in a real hang
+
+    code, body = _post(rec.url, _payload())
+    assert code == 200 and body["results"][0]["outcome"] == "taken", body
+    taken = c.run.events("action_taken")
+    assert len(taken) == 1 and taken[0]["action"] == "stall_restart"
+    evidence = Path(taken[0]["evidence"])
+    assert (evidence / "rank-00000.json").exists()
+    assert "stopped" in (evidence / "py-spy-rank-00000.txt").read_text()
+    assert not psutil.pid_exists(first_pid) or psutil.Process(first_pid).status() == "zombie"
+    _wait_for(lambda: len(_starts(c.run)) == 2)
+    assert c.alive() and c.proc.pid != first_pid
+    stopped = c.run.events("job_stopped")
+    assert stopped[0]["hard"] and stopped[0]["returncode"] == -signal.SIGKILL
+
+    # Alertmanager re-sends the same alert (same fingerprint and startsAt): no second restart.
+    code, body = _post(rec.url, _payload())
+    assert body["results"][0]["outcome"] == "skipped"
+    assert "duplicate delivery" in body["results"][0]["reason"]
+    # A new firing of the alert soon after: rate limited.
+    code, body = _post(rec.url, _payload(starts="2026-12-02T10:01:00Z"))
+    assert "rate limited" in body["results"][0]["reason"]
+    assert len(_starts(c.run)) == 2 and len(c.run.events("action_taken")) == 1
+    # Resolved alerts and alerts without an action never act.
+    _, body = _post(rec.url, _payload(status="resolved"))
+    assert body["results"][0]["outcome"] == "ignored"
+    _, body = _post(rec.url, _payload(alertname="GPUXidErrors", fingerprint="ff"))
+    assert body["results"][0]["reason"] == "no automatic action for this alert"
+
+
+def test_dry_run_hold_silence_and_foreign_job_do_not_act(job, receiver_for):
+    c = job()
+    c.start()
+    rec = receiver_for(c, dry_run=True)
+    _wait_for(lambda: c.rank_pids())
+    _, body = _post(rec.url, _payload(fingerprint="01"))
+    assert "dry run: would stall_restart" in body["results"][0]["reason"]
+    rec.runner.policy.dry_run = False
+    _, body = _post(rec.url, _payload(fingerprint="02", job="other"))
+    assert "this controller runs 'exp1'" in body["results"][0]["reason"]
+    (c.run.control_dir / "hold-actions").touch()
+    _, body = _post(rec.url, _payload(fingerprint="03"))
+    assert body["results"][0]["reason"].startswith("held")
+    (c.run.control_dir / "hold-actions").unlink()
+    Silences(c.run.root / "alerts" / "silences.json").add({"alertname": "TrainingStalled"}, 600)
+    _, body = _post(rec.url, _payload(fingerprint="04"))
+    assert body["results"][0]["reason"] == "silenced"
+    assert len(_starts(c.run)) == 1 and not c.run.events("action_taken")
+    assert len(c.run.events("action_skipped")) == 4
+
+
+def test_crash_loop_trips_the_guard_and_raises_training_restart_loop(job):
+    c = job(CRASH="1")
+    ruleset = load_rules()
+    history = History()
+    engine = Engine(ruleset, history)
+
+    def guard_tripped(job_name):
+        history.add({"__name__": "trainwatch_action_restart_guard_tripped", "job": job_name},
+                    time.time(), 1.0)
+
+    runner = ActionRunner(c.run.root, c, Policy(min_interval_seconds=300, guard_max_restarts=2),
+                          on_guard_tripped=guard_tripped)
+    sup = Supervisor(c, runner, poll_seconds=0.1)
+    c.start()
+    sup.start()
+    try:
+        assert sup.finished.wait(60)
+    finally:
+        sup.stop()
+    assert sup.exit_code == 1
+    assert len(_starts(c.run)) == 3  # the first start and two restarts, then the guard
+    skipped = c.run.events("action_skipped")
+    assert "restart guard" in skipped[-1]["reason"]
+    assert runner.guard_tripped
+    engine.evaluate(time.time())
+    assert [a.name for a in engine.firing()] == ["TrainingRestartLoop"]
+
+
+def test_progress_resets_the_guard(job):
+    c = job()
+    runner = ActionRunner(c.run.root, c, Policy(min_interval_seconds=0, guard_max_restarts=1))
+    c.start()
+    for _ in range(3):  # each restart happens after the job made progress: never blocked
+        before = _wait_for(lambda: c.progress_step())
+        _wait_for(lambda: (c.progress_step() or 0) > before + 2)
+        assert runner.restart_job("restart", None).taken
+    _wait_for(lambda: len(_starts(c.run)) == 4)
+    assert not runner.guard_tripped and len(c.run.events("action_taken")) == 3

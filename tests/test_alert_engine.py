@@ -1,0 +1,169 @@
+"""The embedded engine: dedup, silences, scraping real exporters, and its notifiers
+(journal, webhook into trainwatch's own receiver, a real Alertmanager's v2 API)."""
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+from trainwatch.alerts.actions import ActionRunner, Policy
+from trainwatch.alerts.engine import Engine
+from trainwatch.alerts.evaluate import Evaluator, History, labels_key
+from trainwatch.alerts.notify import AlertmanagerNotifier, JournalNotifier, WebhookNotifier
+from trainwatch.alerts.promql import parse
+from trainwatch.alerts.receiver import Receiver
+from trainwatch.alerts.rules import load_rules
+from trainwatch.alerts.scrape import Scraper
+from trainwatch.alerts.silences import Silences
+from trainwatch.rundir import RunDir
+
+from test_alert_actions import TOKEN, _wait_for
+from test_alert_prometheus_e2e import ALERTMANAGER, _free_port, _ready, processes  # noqa: F401
+
+STALL = {"__name__": "trainwatch_rank_stall_seconds", "job": "exp1", "node": "n1", "rank": "0",
+         "local_rank": "0"}
+
+
+@pytest.fixture
+def fast_rules(tmp_path):
+    override = tmp_path / "thresholds.yaml"
+    override.write_text("stall_for: 30s\nagent_down_for: 30s\n")
+    return load_rules(thresholds_file=override)
+
+
+def test_dedup_and_resolve_are_announced_once(tmp_path, fast_rules):
+    run = RunDir(tmp_path / "exp1").create()
+    history = History()
+    fired = []
+    engine = Engine(fast_rules, history, notifiers=[JournalNotifier(str(run.root))],
+                    on_firing=fired.append)
+    for t in range(0, 120, 15):  # stalled from t=0; `for` is 30s
+        history.add(STALL, t, 100.0 + t)
+        engine.evaluate(t)
+        assert [a.state for a in engine.alerts()] == (["pending"] if t < 30 else ["firing"])
+    for t in range(120, 180, 15):
+        history.add(STALL, t, 0.0)
+        engine.evaluate(t)
+    firing, resolved = run.events("alert_firing"), run.events("alert_resolved")
+    assert len(firing) == 1 and len(resolved) == 1 and len(fired) == 1
+    assert firing[0]["alert"] == "TrainingStalled" and firing[0]["labels"]["rank"] == "0"
+    assert firing[0]["value"] == 130.0  # the value when it started firing (t=30)
+
+
+def test_silenced_alerts_neither_notify_nor_act(tmp_path, fast_rules):
+    run = RunDir(tmp_path / "exp1").create()
+    silences = Silences(run.root / "alerts" / "silences.json")
+    silence = silences.add({"alertname": "TrainingStalled", "job": "exp1"}, 3600, now=0)
+    history, fired = History(), []
+    engine = Engine(fast_rules, history, silences=silences,
+                    notifiers=[JournalNotifier(str(run.root))], on_firing=fired.append)
+    for t in (0, 30, 60):
+        history.add(STALL, t, 100.0)
+        engine.evaluate(t)
+    assert engine.firing() and not fired and not run.events("alert_firing")
+    silences.expire(silence.id, now=60)
+    history.add({**STALL, "rank": "1"}, 90, 100.0)  # a new alert after the silence ended
+    engine.evaluate(90)
+    engine.evaluate(120)
+    assert [e["labels"]["rank"] for e in run.events("alert_firing")] == ["1"]
+
+
+def test_silence_cli_roundtrip(tmp_path):
+    def tw(*args):
+        return subprocess.run([sys.executable, "-m", "trainwatch", "alerts", "silence", *args,
+                               "--run-dir", str(tmp_path)], capture_output=True, text=True)
+    out = tw("add", "alertname=TrainingStalled", "job=exp1", "--duration", "1h",
+             "--comment", "drill")
+    assert out.returncode == 0, out.stderr
+    sid = out.stdout.split()[1]
+    listed = json.loads(tw("list", "--json").stdout)
+    assert listed[0]["matchers"] == {"alertname": "TrainingStalled", "job": "exp1"}
+    assert tw("expire", sid).returncode == 0
+    assert json.loads(tw("list", "--json").stdout) == []
+    assert tw("add", "job", "--duration", "1h").returncode == 2
+    assert tw("add", "job=x", "--duration", "soon").returncode == 2
+
+
+def test_scraping_a_real_exporter_and_agent_down(fast_rules):
+    registry = CollectorRegistry()
+    gauge = Gauge("trainwatch_rank_stall_seconds", "x", ["job", "node", "rank", "local_rank"],
+                  registry=registry)
+    gauge.labels("exp1", "n1", "0", "0").set(0)
+    server, _ = start_http_server(0, "127.0.0.1", registry)
+    port = server.server_address[1]
+    history = History()
+    engine = Engine(fast_rules, history)
+    scraper = Scraper(history, [f"127.0.0.1:{port}"], timeout=2)
+    try:
+        scraper.scrape_all(0)
+        gauge.labels("exp1", "n1", "0", "0").set(75)
+        for t in (15, 30, 45):
+            scraper.scrape_all(t)
+            engine.evaluate(t)
+        assert [a.name for a in engine.firing()] == ["TrainingStalled"]
+        assert engine.firing()[0].value == 75
+    finally:
+        server.shutdown()
+        server.server_close()
+    for t in (60, 75, 90):  # the exporter is gone: its series go stale, up becomes 0
+        scraper.scrape_all(t)
+        engine.evaluate(t)
+    names = sorted(a.name for a in engine.firing())
+    assert names == ["TrainwatchAgentDown"]
+    down = engine.firing()[0]
+    assert down.labels["instance"] == f"127.0.0.1:{port}"
+    assert Evaluator(history).vector(parse("trainwatch_rank_stall_seconds").root, 90) == {}
+
+
+def test_webhook_notifier_speaks_the_receivers_format(tmp_path, fast_rules):
+    run = RunDir(tmp_path / "exp1").create()
+    runner = ActionRunner(run.root, None, Policy())
+    receiver = Receiver(fast_rules, runner, TOKEN).start()
+    try:
+        history = History()
+        engine = Engine(fast_rules, history,
+                        notifiers=[WebhookNotifier(receiver.url + "/webhook", TOKEN)])
+        for t in (0, 30):
+            history.add(STALL, t, 100.0)
+            engine.evaluate(t)
+    finally:
+        receiver.stop()
+    skipped = run.events("action_skipped")
+    assert len(skipped) == 1 and skipped[0]["reason"] == "no job controller attached (report only)"
+    assert skipped[0]["delivery"] == "webhook" and skipped[0]["alert"] == "TrainingStalled"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(ALERTMANAGER is None, reason="alertmanager missing")
+def test_alertmanager_v2_api_receives_firing_and_resolved(tmp_path, fast_rules, processes):  # noqa: F811
+    port = _free_port()
+    (tmp_path / "am.yml").write_text("route: {receiver: blackhole}\n"
+                                     "receivers: [{name: blackhole}]\n")
+    processes([ALERTMANAGER, f"--config.file={tmp_path / 'am.yml'}",
+               f"--storage.path={tmp_path / 'am'}", "--cluster.listen-address=",
+               f"--web.listen-address=127.0.0.1:{port}"], tmp_path / "am.log")
+    _ready(f"http://127.0.0.1:{port}/-/ready")
+    am = AlertmanagerNotifier(f"http://127.0.0.1:{port}", resend_seconds=60)
+    history = History()
+    engine = Engine(fast_rules, history, notifiers=[am])
+    now = time.time()
+    for dt in (0, 30, 45):
+        history.add(STALL, now - 60 + dt, 100.0)
+        engine.evaluate(now - 60 + dt)
+
+    def alerts():
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/alerts", timeout=5) as r:
+            return [a for a in json.load(r) if a["labels"].get("alertname") == "TrainingStalled"]
+    got = _wait_for(alerts)
+    assert got[0]["labels"]["rank"] == "0" and got[0]["status"]["state"] == "active"
+    assert "no progress" in got[0]["annotations"]["summary"]
+    history.add(STALL, now, 0.0)
+    engine.evaluate(now)  # resolved: sent again with endsAt = now
+    _wait_for(lambda: not [a for a in alerts() if a["status"]["state"] == "active"])
+    assert am.sent >= 2

@@ -1,0 +1,160 @@
+"""Real Prometheus -> real Alertmanager -> trainwatch's webhook receiver -> restart.
+
+Prometheus (rules exported by `trainwatch alerts export`) scrapes an exporter with
+a stalled rank; TrainingStalled fires; Alertmanager routes it to the receiver, which
+captures evidence and restarts the real job process.  Alertmanager's own repeated
+notifications of the same alert are duplicate deliveries that must not act again.
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+from trainwatch.alerts.actions import ActionRunner, Policy
+from trainwatch.alerts.controller import JobController
+from trainwatch.alerts.receiver import Receiver
+from trainwatch.alerts.rules import load_rules
+
+from test_alert_actions import JOB_SCRIPT, TOKEN, _starts, _wait_for
+
+ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    not (shutil.which("prometheus") and ALERTMANAGER), reason="prometheus/alertmanager missing")]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ready(url: str, timeout: float = 60) -> None:
+    def ok():
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+    _wait_for(ok, timeout)
+
+
+@pytest.fixture
+def processes():
+    procs = []
+
+    def start(cmd, log):
+        p = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def test_prometheus_alertmanager_webhook_restarts_the_job_once(tmp_path, processes):
+    # The job, its controller and the receiver.
+    script = tmp_path / "job.py"
+    script.write_text(JOB_SCRIPT)
+    run_dir = tmp_path / "exp1"
+    controller = JobController(run_dir, [sys.executable, str(script), str(run_dir)],
+                               stop_grace_seconds=3)
+    thresholds = tmp_path / "thresholds.yaml"
+    thresholds.write_text("stall_for: 0s\n")
+    ruleset = load_rules(thresholds_file=thresholds)
+    runner = ActionRunner(run_dir, controller, Policy(min_interval_seconds=3600))
+    receiver = Receiver(ruleset, runner, TOKEN).start()
+    registry = CollectorRegistry()
+    stall = Gauge("trainwatch_rank_stall_seconds", "stall", ["job", "node", "rank", "local_rank"],
+                  registry=registry)
+    exporter, exporter_thread = start_http_server(0, "127.0.0.1", registry)
+    exporter_port = exporter.server_address[1]
+    try:
+        controller.start()
+        _wait_for(lambda: controller.rank_pids())
+        stall.labels("exp1", "n1", "0", "0").set(0)
+
+        # Alertmanager: route everything to the receiver, re-notify every few seconds.
+        am_port, prom_port = _free_port(), _free_port()
+        (tmp_path / "token").write_text(TOKEN)
+        (tmp_path / "alertmanager.yml").write_text(f"""
+route:
+  receiver: trainwatch
+  group_by: [alertname, job]
+  group_wait: 1s
+  group_interval: 1s
+  repeat_interval: 3s
+receivers:
+  - name: trainwatch
+    webhook_configs:
+      - url: {receiver.url}/webhook
+        send_resolved: true
+        http_config:
+          authorization:
+            credentials_file: {tmp_path / 'token'}
+""")
+        processes([ALERTMANAGER, f"--config.file={tmp_path / 'alertmanager.yml'}",
+                   f"--storage.path={tmp_path / 'am-data'}", "--cluster.listen-address=",
+                   f"--web.listen-address=127.0.0.1:{am_port}"], tmp_path / "alertmanager.log")
+        rules = tmp_path / "rules.yaml"
+        out = subprocess.run([sys.executable, "-m", "trainwatch", "alerts", "export",
+                              "--thresholds", str(thresholds), "-o", str(rules)],
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        (tmp_path / "prometheus.yml").write_text(f"""
+global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+rule_files: [{rules}]
+alerting:
+  alertmanagers:
+    - static_configs: [{{targets: ['127.0.0.1:{am_port}']}}]
+scrape_configs:
+  - job_name: trainwatch-agent
+    honor_labels: true
+    static_configs: [{{targets: ['127.0.0.1:{exporter_port}']}}]
+""")
+        processes(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
+                   f"--storage.tsdb.path={tmp_path / 'prom-data'}",
+                   f"--web.listen-address=127.0.0.1:{prom_port}"], tmp_path / "prometheus.log")
+        _ready(f"http://127.0.0.1:{am_port}/-/ready")
+        _ready(f"http://127.0.0.1:{prom_port}/-/ready")
+
+        # The rank freezes; the agent would report it as stalled.
+        first_pid = controller.proc.pid
+        os.kill(controller.rank_pids()[0], signal.SIGSTOP)
+        stall.labels("exp1", "n1", "0", "0").set(120)
+
+        taken = _wait_for(lambda: runner.run.events("action_taken"), timeout=90)
+        assert taken[0]["alert"] == "TrainingStalled" and taken[0]["delivery"] == "webhook"
+        assert taken[0]["labels"]["rank"] == "0"
+        _wait_for(lambda: len(_starts(controller.run)) == 2)
+        assert controller.proc.pid != first_pid and controller.alive()
+
+        # Alertmanager notifies again (repeat_interval): the same alert must not act twice.
+        dup = _wait_for(lambda: [e for e in runner.run.events("action_skipped")
+                                 if "duplicate delivery" in e["reason"]], timeout=60)
+        assert dup[0]["fingerprint"] == taken[0]["fingerprint"]
+        assert len(runner.run.events("action_taken")) == 1
+        assert len(_starts(controller.run)) == 2
+        assert TOKEN not in (tmp_path / "alertmanager.log").read_text()
+    finally:
+        receiver.stop()
+        exporter.shutdown()
+        exporter.server_close()
+        if controller.alive():
+            controller.stop("test teardown")
+    print(json.dumps(taken[0], default=str)[:300])

@@ -1,0 +1,113 @@
+"""`trainwatch run` end to end: the real trainer under torchrun, the real agent, the engine.
+
+SIGSTOP a rank -> the agent flags the stall -> TrainingStalled fires -> evidence is
+captured, the job is killed and restarted -> it resumes from its newest verified
+checkpoint and finishes.  A crash loop trips the no-progress guard, which raises
+TrainingRestartLoop.  Needs the agent (issue 4) and checkpoints (issue 3).
+"""
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from trainwatch.rundir import RunDir
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    importlib.util.find_spec("trainwatch.agent.daemon") is None
+    or importlib.util.find_spec("trainwatch.trainer.checkpoint") is None,
+    reason="needs the agent and the checkpoint library")]
+
+
+def _configs(tmp_path, **thresholds):
+    (tmp_path / "thresholds.yaml").write_text(
+        "evaluation_interval: 1s\nstall_for: 2s\naction_min_interval_seconds: 30\n"
+        + "".join(f"{k}: {v}\n" for k, v in thresholds.items()))
+    (tmp_path / "agent.yaml").write_text(
+        "stall: {floor_seconds: 3, k: 10, first_step_seconds: 300}\n"
+        "collectors:\n  ranks: {interval: 0.5}\n")
+    (tmp_path / "train.yaml").write_text(
+        "train: {steps: 150, batch_size: 4, eval_interval: 1000}\n"
+        "checkpoint: {every_steps: 10, fsync: false}\n")
+
+
+def _run(tmp_path, run_dir, *extra, env=None):
+    cmd = [sys.executable, "-m", "trainwatch", "run", "--nproc-per-node", "2",
+           "--run-dir", str(run_dir), "--config", str(tmp_path / "train.yaml"),
+           "--thresholds", str(tmp_path / "thresholds.yaml"),
+           "--agent-config", str(tmp_path / "agent.yaml"), "--no-live", *extra]
+    scratch = tmp_path / "scratch"
+    scratch.mkdir(exist_ok=True)
+    return subprocess.Popen(cmd, stdout=open(tmp_path / "run.log", "wb"),
+                            stderr=subprocess.STDOUT,
+                            env={**os.environ, "TMPDIR": str(scratch), "OMP_NUM_THREADS": "1",
+                                 **(env or {})})
+
+
+def _finish(proc, timeout=420):
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)  # trainwatch run stops everything it started
+        proc.wait(timeout=60)
+        raise
+
+
+def test_sigstopped_rank_is_restarted_from_checkpoint_and_finishes(tmp_path):
+    _configs(tmp_path)
+    run = RunDir(tmp_path / "exp1")
+    proc = _run(tmp_path, run.root)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            status = {s["rank"]: s for s in run.statuses().records}
+            if status.get(1, {}).get("step") is not None and status[1]["step"] >= 25:
+                break
+            time.sleep(0.2)
+        frozen_pid, frozen_step = status[1]["pid"], status[1]["step"]
+        os.kill(frozen_pid, signal.SIGSTOP)
+        assert _finish(proc) == 0, (tmp_path / "run.log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    events = run.events()
+    names = [e["event"] for e in events]
+    firing = [e for e in events if e["event"] == "alert_firing"]
+    assert firing[0]["alert"] == "TrainingStalled"
+    taken = [e for e in events if e["event"] == "action_taken"]
+    assert len(taken) == 1 and taken[0]["action"] == "stall_restart"
+    evidence = taken[0]["evidence"]
+    assert os.path.exists(os.path.join(evidence, "rank-00001.json"))
+    assert "stopped" in open(os.path.join(evidence, "py-spy-rank-00001.txt")).read()
+    stopped = [e for e in events if e["event"] == "job_stopped"][0]
+    assert stopped["hard"] and stopped["returncode"] == -signal.SIGKILL
+    resumed = [e for e in events if e["event"] == "checkpoint_resumed"]
+    assert resumed and 0 < resumed[-1]["step"] <= frozen_step
+    finished = [e for e in events if e["event"] == "finished"]
+    assert finished and finished[-1]["step"] == 149
+    # The story, in order: fired, acted, resumed, finished, stopped.
+    firsts = [names.index(n) for n in ("alert_firing", "action_taken", "checkpoint_resumed",
+                                       "finished", "controller_stopped")]
+    assert firsts == sorted(firsts)
+    assert not os.path.exists(f"/proc/{frozen_pid}")
+
+
+def test_crash_loop_trips_the_guard_and_pages(tmp_path):
+    _configs(tmp_path, restart_guard_max_restarts=1)
+    run = RunDir(tmp_path / "exp1")
+    proc = _run(tmp_path, run.root, "--max-restarts", "0",
+                env={"TRAINWATCH_FAULT": "exit:rank=1:step=2:attempt=any"})
+    assert _finish(proc) == 1, (tmp_path / "run.log").read_text()[-3000:]
+    events = run.events()
+    assert len([e for e in events if e["event"] == "job_started"]) == 2
+    skipped = [e for e in events if e["event"] == "action_skipped"]
+    assert "restart guard" in skipped[-1]["reason"]
+    loops = [e for e in events if e["event"] == "alert_firing"
+             and e["alert"] == "TrainingRestartLoop"]
+    assert loops and loops[0]["severity"] == "critical" and loops[0]["labels"]["job"] == "exp1"
+    assert json.loads((run.root / "alerts" / "actions.json").read_text())["guard_tripped"]

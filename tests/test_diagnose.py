@@ -1,0 +1,291 @@
+"""`trainwatch diagnose` against real faults in real gloo runs under torchrun.
+
+Each test starts tests/diagnose_job.py (telemetry + flight recorder on), injects one
+real fault (SIGSTOP, SIGKILL, a FIFO nobody writes, an extra collective, a full
+tmpfs, a slow rank) and checks that diagnose names the culprit.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import REPO, torchrun_env
+from trainwatch.rundir import RunDir
+
+pytestmark = pytest.mark.slow
+JOB = str(REPO / "tests" / "diagnose_job.py")
+
+
+class Job:
+    """A torchrun job, killed with all its ranks by the finalizer."""
+
+    def __init__(self, tmp_path: Path, nproc: int = 2, steps: int = 100000,
+                 trainer: bool = False, **env: str):
+        self.run = RunDir(tmp_path / "run").create()
+        self.nproc = nproc
+        if trainer:  # the reference trainer; its launcher writes logs/torchrun.log itself
+            self.log = open(tmp_path / "launcher.out", "wb")
+            cmd = [sys.executable, "-m", "trainwatch", "train", f"--nproc-per-node={nproc}",
+                   "--max-restarts=0", "--run-dir", str(self.run.root), "--steps", str(steps),
+                   "--set", "telemetry.heartbeat_interval=0.2"]
+        else:
+            self.log = open(self.run.logs_dir / "torchrun.log", "wb")
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   f"--nproc-per-node={nproc}", "--max-restarts=0", JOB, str(self.run.root),
+                   str(steps)]
+        self.proc = subprocess.Popen(
+            cmd, env=torchrun_env(tmp_path, **{"TORCH_FR_BUFFER_SIZE": "2000", **env}), cwd=REPO,
+            stdout=self.log, stderr=subprocess.STDOUT)
+
+    def statuses(self) -> dict[int, dict]:
+        return {s["rank"]: s for s in self.run.statuses().records}
+
+    def wait(self, predicate, what: str, timeout: float = 120) -> dict[int, dict]:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            statuses = self.statuses()
+            if len(statuses) == self.nproc and predicate(statuses):
+                return statuses
+            if self.proc.poll() is not None and not predicate(statuses):
+                break
+            time.sleep(0.2)
+        raise AssertionError(f"job never reached: {what}\n{self.tail()}")
+
+    def wait_step(self, step: int) -> dict[int, dict]:
+        return self.wait(lambda s: all((r.get("step") or 0) >= step for r in s.values()),
+                         f"step {step}")
+
+    def pid(self, rank: int) -> int:
+        return self.statuses()[rank]["pid"]
+
+    def tail(self) -> str:
+        with open(self.log.name, errors="replace") as fh:
+            return fh.read()[-3000:]
+
+    def stop(self) -> None:
+        """Kill torchrun and every rank it started (ranks run in sessions of their own)."""
+        pids = {s["pid"] for s in self.statuses().values()}
+        try:
+            pids |= {c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+        for pid in pids:
+            try:
+                rank = psutil.Process(pid)
+                if not any(str(self.run.root) in arg for arg in rank.cmdline()):
+                    continue  # a reused pid is not ours
+                rank.send_signal(signal.SIGCONT)
+                rank.kill()
+            except psutil.Error:
+                pass
+        self.proc.wait(timeout=30)
+        self.log.close()
+
+
+@pytest.fixture
+def start_job(tmp_path):
+    jobs = []
+
+    def start(**kwargs) -> Job:
+        job = Job(tmp_path, **kwargs)
+        jobs.append(job)
+        return job
+    yield start
+    for job in jobs:
+        job.stop()
+
+
+def diagnose(run: RunDir, *args: str, timeout: float = 60) -> tuple[int, dict, str]:
+    proc = subprocess.run([sys.executable, "-m", "trainwatch", "diagnose", "--run-dir",
+                           str(run.root), "--json", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode, json.loads(proc.stdout), proc.stdout + proc.stderr
+
+
+def top(report: dict, category: str | None = None) -> dict:
+    findings = report["findings"]
+    if category:
+        matching = [f for f in findings if f["category"] == category]
+        assert matching, f"no {category} finding in {[f['title'] for f in findings]}"
+        return matching[0]
+    return findings[0]
+
+
+def stalled_for(seconds: float):
+    return lambda s: all(time.time() - r["last_progress_at"] > seconds for r in s.values())
+
+
+def test_sigstop_rank_named_stuck_on_4_ranks_within_20s(start_job):
+    job = start_job(nproc=4)
+    job.wait_step(10)
+    os.kill(job.pid(2), signal.SIGSTOP)
+    job.wait(stalled_for(3), "no progress for 3 s")
+    started = time.monotonic()
+    code, report, _ = diagnose(job.run, "--stall-after", "2")
+    elapsed = time.monotonic() - started
+    print(f"diagnose on 4 ranks (one SIGSTOPped): {elapsed:.1f} s")
+    assert elapsed < 20, f"diagnose took {elapsed:.1f} s on 4 ranks"
+    assert code == 1
+    finding = top(report)
+    assert finding["category"] == "rank_stuck" and finding["ranks"] == [2], finding
+    assert "stopped" in finding["title"]
+    waiting = next(e for e in finding["evidence"] if "wait in collective" in e)
+    assert "[0, 1, 3]" in waiting and "gloo:all_" in waiting, finding["evidence"]
+    assert finding["runbook"] == "TrainingStalled"
+    assert any("diagnose_job.py" in line for line in finding["stack"]), finding["stack"]
+    assert not [f for f in report["findings"] if f["category"] == "rank_stuck"
+                and f["ranks"] != [2]]
+
+
+@pytest.mark.parametrize("flight_recorder", [True, False], ids=["fr", "stacks-only"])
+def test_rank_blocked_in_data_loading(start_job, tmp_path, flight_recorder):
+    fifo = tmp_path / "never-written.fifo"
+    os.mkfifo(fifo)
+    job = start_job(FAULT="data_fifo", FAULT_RANK="1", FAULT_STEP="12", FAULT_ARG=str(fifo),
+                    TORCH_FR_BUFFER_SIZE="2000" if flight_recorder else "0")
+    job.wait(lambda s: s[1]["phase"] == "data" and (s[1]["step"] or 0) >= 12
+             and time.time() - s[0]["last_progress_at"] > 3, "rank 1 stuck in data")
+    code, report, _ = diagnose(job.run, "--stall-after", "2")
+    assert code == 1
+    finding = top(report)
+    assert finding["category"] == "rank_stuck" and finding["ranks"] == [1], finding
+    assert "outside a collective, in data loading" in finding["title"]
+    assert any("__getitem__" in line for line in finding["stack"]), finding["stack"]
+    if flight_recorder:
+        assert finding["confidence"] == "high"
+        assert any("[0] wait in collective" in e for e in finding["evidence"]), finding
+    else:  # without the flight recorder: from stacks, and it says what it could not see
+        assert finding["confidence"] == "medium"
+        assert any("[0] are inside a torch.distributed call" in e for e in finding["evidence"])
+        assert any("flight recorder disabled" in line for line in report["could_not_see"])
+
+
+def test_extra_collective_is_a_desync_at_the_right_sequence_number(start_job):
+    step = 15
+    job = start_job(FAULT="extra_collective", FAULT_RANK="1", FAULT_STEP=str(step))
+    job.wait(lambda s: all(r["step"] == step for r in s.values()) and stalled_for(2)(s),
+             "both ranks hung at the extra collective")
+    code, report, _ = diagnose(job.run, "--stall-after", "1")
+    assert code == 1
+    finding = top(report)
+    # One gradient all_reduce per step plus the telemetry exchange after every 5th step.
+    expected_seq = step + step // 5 + 1
+    assert finding["category"] == "collective_desync", finding
+    assert f"sequence number {expected_seq} " in finding["title"]
+    assert finding["ranks"] == [1]
+    ops = " ".join(finding["evidence"])
+    assert "rank 1: gloo:barrier" in ops and "rank 0: gloo:all_reduce" in ops, ops
+
+
+def test_sigkilled_rank_is_dead(start_job):
+    job = start_job()
+    job.wait_step(8)
+    os.kill(job.pid(1), signal.SIGKILL)
+    job.proc.wait(timeout=60)
+    code, report, _ = diagnose(job.run)
+    assert code == 1
+    finding = top(report)
+    assert finding["category"] == "rank_dead" and finding["ranks"] == [1], finding
+    assert any("SIGKILL" in e for e in finding["evidence"]), finding["evidence"]
+    assert finding["runbook"] == "TrainingRankDown"
+    assert not [f for f in report["findings"] if f["category"] == "rank_dead"
+                and f["ranks"] != [1]]
+
+
+@pytest.fixture
+def full_tmpfs(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount = tmp_path / "run" / "checkpoints"
+    mount.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True)
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_checkpoints_on_a_full_tmpfs(start_job, full_tmpfs):
+    job = start_job(steps=40, FAULT="checkpoint", FAULT_ARG="5")
+    assert job.proc.wait(timeout=120) == 0, job.tail()
+    code, report, _ = diagnose(job.run)
+    assert code == 1
+    storage = top(report, "storage")
+    assert storage["runbook"] == "StorageFull" and str(full_tmpfs) in storage["title"]
+    checkpoint = top(report, "checkpoint")
+    assert checkpoint["runbook"] == "CheckpointFailed"
+    assert any("No space left" in e for e in checkpoint["evidence"]), checkpoint["evidence"]
+    saved = sorted(int(p.name.split("-")[1]) for p in full_tmpfs.glob("step-*[0-9]"))
+    newest = report["evidence"]["checkpoints"]["newest"]
+    assert saved and newest["step"] == saved[-1] and newest["source"] == "manifest"
+
+
+def test_slow_rank_is_a_straggler_not_a_stall(start_job):
+    job = start_job(FAULT="slow", FAULT_RANK="1", FAULT_ARG="0.1")
+    job.wait_step(25)
+    code, report, _ = diagnose(job.run)
+    assert code == 1
+    categories = {f["category"] for f in report["findings"]}
+    assert not categories & {"rank_stuck", "stalled", "rank_dead", "collective_desync"}
+    finding = top(report, "straggler")
+    assert finding["ranks"] == [1] and finding["runbook"] == "TrainingStragglerRank", finding
+
+
+SECRETS = {"WANDB_API_KEY": "planted-env-secret-9f8e7d", "hf_token": "planted-config-secret-1a2b",
+           "log": "planted-log-secret-77aa"}
+
+
+def test_healthy_run_exits_0_and_secrets_never_leak(start_job, tmp_path):
+    job = start_job(WANDB_API_KEY=SECRETS["WANDB_API_KEY"])
+    job.run.write_run_info({"job": "healthy", "world_size": 2,
+                            "config": {"hf_token": SECRETS["hf_token"], "lr": 0.01}})
+    (job.run.logs_dir / "app.log").write_text(
+        f"connecting to the tracker with password={SECRETS['log']}\n")
+    job.wait_step(15)
+    bundle_file = tmp_path / "evidence.tar.gz"
+    code, report, output = diagnose(job.run, "--bundle", str(bundle_file))
+    assert code == 0, [f["title"] for f in report["findings"]]
+    assert report["verdict"] == "healthy" and top(report)["category"] == "healthy"
+    human = subprocess.run([sys.executable, "-m", "trainwatch", "diagnose", "--run-dir",
+                            str(job.run.root)], capture_output=True, text=True, cwd=REPO,
+                           timeout=60)
+    assert human.returncode == 0 and "healthy" in human.stdout
+    with tarfile.open(bundle_file) as tar:
+        members = {m.name.split("/", 1)[1]: tar.extractfile(m).read().decode()
+                   for m in tar.getmembers()}
+    assert {"report.json", "report.txt", "run.json", "environment/rank-00000.json",
+            "logs/app.log"} <= set(members)
+    assert "[REDACTED]" in members["environment/rank-00000.json"]
+    assert "[REDACTED]" in members["run.json"] and "[REDACTED]" in members["logs/app.log"]
+    for secret in SECRETS.values():
+        assert secret not in output and secret not in human.stdout + human.stderr
+        for name, text in members.items():
+            assert secret not in text, f"{secret} leaked into {name}"
+
+
+def test_bad_usage_exits_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "trainwatch", "diagnose", "--run-dir",
+                           str(tmp_path / "missing")], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 2 and "no such run directory" in proc.stderr
+
+
+def test_reference_trainer_hang_is_found_with_ddp(start_job):
+    """The real trainer (DDP, its own launcher) with TRAINWATCH_FAULT=hang on rank 1."""
+    job = start_job(trainer=True, TRAINWATCH_FAULT="hang:rank=1:step=4")
+    job.wait(lambda s: s[1]["step"] == 4 and stalled_for(3)(s), "rank 1 hung at step 4")
+    code, report, _ = diagnose(job.run, "--stall-after", "2")
+    assert code == 1
+    finding = top(report)
+    assert finding["category"] == "rank_stuck" and finding["ranks"] == [1], finding
+    assert "outside a collective" in finding["title"]
+    assert any("[0] wait in collective" in e for e in finding["evidence"]), finding["evidence"]
+    assert any("faults.py" in line for line in finding["stack"]), finding["stack"]

@@ -1,0 +1,253 @@
+"""diagnose's analysis, redaction and agent handling on fixture data (no training processes)."""
+
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from trainwatch.diagnose import collectives, findings
+from trainwatch.diagnose.gather import Options, gather
+from trainwatch.diagnose.model import Evidence
+from trainwatch.diagnose.redact import MASK, redact, redact_env, redact_text
+from trainwatch.rundir import RunDir
+
+
+def entry(op, size, t):
+    return {"op": f"gloo:{op}", "sizes": [[size]], "dtypes": ["Float"], "created_ns": t,
+            "frames": []}
+
+
+def rank_view(ops, last_completed):
+    entries = {seq: entry(op, size, seq * 10**9 + late) for seq, (op, size, late) in ops.items()}
+    return {"last_enqueued": max(entries), "last_completed": last_completed, "entries": entries}
+
+
+def test_missing_rank_and_waiting_ranks():
+    ops = {1: ("all_reduce", 10, 0), 2: ("all_reduce", 10, 0)}
+    group = {"desc": "default_pg", "per_rank": {
+        0: rank_view({**ops, 3: ("all_reduce", 10, 0)}, 2),
+        1: rank_view(ops, 2),
+        2: rank_view({**ops, 3: ("all_reduce", 10, 0)}, 2)}}
+    a = collectives.analyse_group(group)
+    assert a["frontier"] == 3 and a["waiting"] == [0, 2]
+    assert a["behind"] == {1: {"last_enqueued": 2, "last_completed": 2, "in_collective": False}}
+    assert a["mismatch"] is None
+    assert a["frontier_op"] == "gloo:all_reduce sizes=[[10]] dtype=Float"
+
+
+def test_mismatch_names_the_sequence_number_and_the_novel_op():
+    ops = {s: ("all_reduce", 10, 0) for s in range(1, 5)}
+    group = {"desc": "", "per_rank": {
+        0: rank_view({**ops, 5: ("all_reduce", 10, 0)}, 4),
+        1: rank_view({**ops, 5: ("barrier", 1, 0)}, 4)}}
+    mismatch = collectives.analyse_group(group)["mismatch"]
+    assert mismatch["seq"] == 5 and mismatch["novel"] == [1]
+    assert mismatch["ops"][1].startswith("gloo:barrier")
+
+
+def test_lateness_finds_the_rank_that_enters_collectives_last():
+    group = {"desc": "", "per_rank": {
+        r: rank_view({s: ("all_reduce", 10, late) for s in range(1, 20)}, 19)
+        for r, late in ((0, 1000), (1, 90_000_000), (2, 0))}}
+    late = collectives.analyse_group(group)["lateness"]
+    assert late[1] == pytest.approx(0.09) and late[2] == 0 and late[0] < 0.001
+
+
+@pytest.mark.parametrize("text,secret", [
+    ("WANDB_API_KEY=abc123def456", "abc123def456"),
+    ('{"hf_token": "hf_abcdefghijklmnopqrstuv"}', "hf_abcdefghijklmnopqrstuv"),
+    ("postgres://bob:s3cretpw@db:5432/x", "s3cretpw"),
+    ("Authorization: Bearer abcdefghijklmnop", "abcdefghijklmnop"),
+    ("aws key AKIAABCDEFGHIJKLMNOP here", "AKIAABCDEFGHIJKLMNOP"),
+    ("password: hunter2", "hunter2"),
+])
+def test_redact_text_masks_secrets(text, secret):
+    out = redact_text(text)
+    assert secret not in out and MASK in out
+
+
+def test_redaction_keeps_ordinary_values():
+    text = "step=41 loss=3.2 tokens=4096 token expired at step 3"
+    assert redact_text(text) == text
+    data = {"tokens": 4096, "tokens_per_second": 1.5, "config": {"db_password": "x", "lr": 0.1}}
+    assert redact(data) == {"tokens": 4096, "tokens_per_second": 1.5,
+                            "config": {"db_password": MASK, "lr": 0.1}}
+    assert redact_env({"NCCL_DEBUG": "INFO", "GITHUB_TOKEN": "ghp_x"}) == {
+        "NCCL_DEBUG": "INFO", "GITHUB_TOKEN": MASK}
+
+
+AGENT_STATUS = {
+    "format": "trainwatch.agent.status", "version": 1, "node": "node-b", "time": 0,
+    "health": "critical", "health_reasons": ["GPU 0 XID 79"],
+    "jobs": [{"job": "exp", "ranks": [{"rank": 1, "process": {"status": "disk_sleep"}}]}],
+    "findings": [{"id": "gpu_xid/node-b/0", "kind": "gpu_xid", "severity": "critical",
+                  "node": "node-b", "rank": 1, "message": "GPU 0: XID 79 (fallen off the bus)",
+                  "evidence": ["xid 79 at 10:07:09"]}],
+    "collectors": {"network": {"state": "timeout", "reason": "still running after 5 s"}},
+    "node_health": {"storage": [{"path": "/ckpt", "probe": {"ok": False, "seconds": 10.0,
+                                                            "error": "timed out"}}]},
+}
+
+
+@pytest.fixture
+def agent_url():
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's naming
+            body = json.dumps(AGENT_STATUS).encode() if self.path == "/status" else b""
+            self.send_response(200 if body else 404)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_remote_node_evidence_from_agents_and_honest_gaps(tmp_path, agent_url):
+    run = RunDir(tmp_path).create()
+    now = time.time()
+    base = {"job": "exp", "world_size": 2, "state": "running", "step": 7, "phase": "forward",
+            "phase_since": now - 1, "last_progress_at": now - 1, "heartbeat_at": now,
+            "started_at": now}
+    run.write_status(0, {**base, "rank": 0, "node": socket.gethostname(), "pid": os.getpid(),
+                         "started_at": now})
+    run.write_status(1, {**base, "rank": 1, "node": "node-b", "pid": 4242})
+    (run.status_dir / "rank-00002.json").write_text('{"format": "trainwatch.status", "vers')
+    dead_agent = f"http://127.0.0.1:{closed_port()}"
+    ev = gather(run, Options(agent_urls=[agent_url, dead_agent], timeout=2,
+                             request_dumps=False))
+    found = findings.analyse(ev)
+    gpu = next(f for f in found if f.category == "gpu_fault")
+    assert gpu.ranks == [1] and gpu.nodes == ["node-b"] and gpu.runbook == "GPUXidErrors"
+    storage = {f.title: f for f in found if f.category == "storage"}
+    assert "node node-b: storage probe failed on /ckpt" in storage
+    # node-b's agent says rank 1 is in D state: this host cannot see it, the agent can.
+    assert ev.ranks[1]["process"]["status"] == "disk_sleep"
+    d_state = storage["rank 1 is blocked in uninterruptible I/O (D state)"]
+    assert d_state.next_command.startswith("ssh node-b cat /proc/4242/stack")
+    unseen = "\n".join(ev.unseen)
+    assert "node(s) ['node-b']" in unseen and f"agent {dead_agent}: unreachable" in unseen
+    assert "collector network timeout" in unseen
+    assert any("rank-00002.json" in s for s in ev.skipped)
+
+
+def test_missing_py_spy_is_reported_not_guessed(tmp_path, monkeypatch):
+    run = RunDir(tmp_path).create()
+    now = time.time()
+    run.write_status(0, {"job": "exp", "rank": 0, "world_size": 1, "state": "running",
+                         "node": socket.gethostname(), "pid": os.getpid(), "started_at": now,
+                         "heartbeat_at": now, "last_progress_at": now, "step": 1,
+                         "phase": "forward", "phase_since": now})
+    monkeypatch.setenv("PATH", str(tmp_path))  # no py-spy on it
+    ev = gather(run, Options(timeout=1, request_dumps=False))
+    assert ev.ranks[0]["process"]["status"] in ("running", "sleeping")
+    assert any("py-spy is not installed" in line for line in ev.unseen)
+    assert ev.stacks == {}
+
+
+def test_py_spy_errors_are_explained():
+    from trainwatch.diagnose.stacks import _reason
+    assert _reason("Permission Denied: Try running again with elevated permissions") == \
+        "no permission to attach (ptrace; run as the job's user or root)"
+    assert _reason("Error: Failed to get stack traces\n\nCaused by:\n    0: Failed to suspend "
+                   "process\n") == "Failed to get stack traces (Failed to suspend process)"
+
+
+@pytest.fixture
+def prometheus_url(tmp_path):
+    """A real Prometheus on 127.0.0.1 with one always-firing alert for job "exp"."""
+    (tmp_path / "rules.yml").write_text(
+        "groups:\n- name: t\n  interval: 1s\n  rules:\n"
+        "  - alert: TrainingStalled\n    expr: vector(1)\n    labels: {job: exp}\n")
+    (tmp_path / "prometheus.yml").write_text(
+        "global: {evaluation_interval: 1s}\nrule_files: [rules.yml]\n")
+    port = closed_port()
+    proc = subprocess.Popen(
+        ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
+         f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                query = urllib.parse.quote('ALERTS{alertstate="firing"}')
+                with urllib.request.urlopen(f"{url}/api/v1/query?query={query}", timeout=2) as r:
+                    if json.loads(r.read())["data"]["result"]:
+                        break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        else:
+            pytest.fail("Prometheus never fired the test alert")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_firing_alerts_from_a_real_prometheus(tmp_path, prometheus_url):
+    run = RunDir(tmp_path / "run").create()
+    run.write_run_info({"job": "exp", "world_size": 1})
+    now = time.time()
+    run.write_status(0, {"job": "exp", "rank": 0, "world_size": 1, "state": "running",
+                         "node": socket.gethostname(), "pid": os.getpid(), "started_at": now,
+                         "heartbeat_at": now, "last_progress_at": now, "step": 1,
+                         "phase": "forward", "phase_since": now})
+    ev = gather(run, Options(prometheus_url=prometheus_url, timeout=5, request_dumps=False))
+    assert not [line for line in ev.unseen if "Prometheus" in line], ev.unseen
+    alerts = next(f for f in findings.analyse(ev) if f.category == "alerts")
+    assert alerts.title == "alerts firing: TrainingStalled" and alerts.severity == "info"
+
+
+@pytest.mark.parametrize("frames,phase,where", [
+    ([("torch/utils/data/dataloader.py", "_next_data"), ("job.py", "__getitem__")], "data",
+     "data loading"),
+    ([("train.py", "step"), ("threading.py", "acquire")], "forward",
+     "a lock or condition (possible deadlock)"),
+    ([("train.py", "step"), ("torch/cuda/__init__.py", "synchronize")], "backward",
+     "GPU work (device synchronisation)"),
+    ([("train.py", "save"), ("torch/serialization.py", "_save")], "checkpoint", "file I/O"),
+    ([], "checkpoint", "file I/O (checkpoint)"),
+    ([("train.py", "compute")], "forward", "phase 'forward' (see its stack)"),
+])
+def test_locate_where_a_rank_is(frames, phase, where):
+    stack = [{"file": f, "line": 1, "function": fn} for f, fn in frames]
+    assert findings.locate(phase, stack) == where
+
+
+def test_a_rank_waiting_in_another_group_is_followed():
+    world = {"desc": "default_pg", "per_rank": {
+        0: rank_view({1: ("all_reduce", 10, 0), 2: ("all_reduce", 10, 0)}, 1),
+        1: rank_view({1: ("all_reduce", 10, 0)}, 1)}}
+    sub = {"desc": "tp", "per_rank": {
+        1: rank_view({1: ("all_gather", 4, 0)}, 0)}}  # its peer in "tp" never came
+    ev = Evidence(run_dir="r", collected_at=100.0, host="h")
+    for rank in (0, 1):
+        ev.ranks[rank] = {"rank": rank, "state": "running", "node": "h", "pid": 10 + rank,
+                          "progress_age": 60.0, "heartbeat_age": 0.1, "phase": "backward",
+                          "process": {"status": "sleeping", "visible": True}}
+    ev.collectives["groups"] = {"0": world, "5": sub}
+    found = findings.analyse(ev)
+    assert found[0].ranks == [1]
+    assert found[0].title == ("rank 1 waits in collective #1 of process group 5 while the "
+                              "others wait for it")

@@ -1,0 +1,77 @@
+"""``trainwatch diagnose``: why is my run stalled (or dead, or slow)?"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from trainwatch.diagnose import bundle, findings, render_human, render_json
+from trainwatch.diagnose.gather import Options, gather
+from trainwatch.errors import EXIT_OK, EXIT_PROBLEM, ConfigError
+from trainwatch.rundir import RunDir
+
+
+@click.command("diagnose")
+@click.option("--run-dir", "run_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=lambda: os.environ.get("TRAINWATCH_RUN_DIR", "trainwatch-run"),
+              show_default="$TRAINWATCH_RUN_DIR or ./trainwatch-run",
+              help="The run directory to diagnose.")
+@click.option("--agent", "agent_urls", multiple=True, metavar="URL",
+              help="A node agent (http://host:9464); repeat for every node.")
+@click.option("--prometheus", "prometheus_url", metavar="URL",
+              help="Prometheus to query for firing alerts and rank ages.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON report for machines.")
+@click.option("--bundle", "bundle_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write a tar.gz of all evidence (secrets redacted).")
+@click.option("--native", is_flag=True, help="Include native (C/C++) frames in py-spy stacks.")
+@click.option("--timeout", type=click.FloatRange(0.5, 300), default=5.0, show_default=True,
+              help="Seconds to wait for each source (rank dumps, py-spy, agents, Prometheus).")
+@click.option("--stall-after", type=click.FloatRange(0.1), default=None,
+              help="Seconds without progress that count as a stall "
+                   "[default: max(5, 10 x median step time)].")
+@click.option("--no-dump-request", is_flag=True,
+              help="Do not touch control/dump (read-only: use stacks from py-spy only).")
+def diagnose(run_dir: Path, agent_urls: tuple[str, ...], prometheus_url: str | None,
+             as_json: bool, bundle_file: Path | None, native: bool, timeout: float,
+             stall_after: float | None, no_dump_request: bool) -> None:
+    """Gather evidence about a running, stalled or dead run and name the culprit.
+
+    Exit code 0: healthy; 1: a problem was found; 2: bad usage.
+    """
+    run = RunDir(run_dir)
+    if not run.exists():
+        raise ConfigError("no such run directory", file=str(run_dir))
+    if not (run.status_dir.is_dir() or run.run_file.exists()):
+        raise ConfigError("not a trainwatch run directory (no status/ and no run.json)",
+                          file=str(run_dir))
+    for url in (*agent_urls, *(prometheus_url and [prometheus_url] or [])):
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"'{url}' is not an http(s) URL", key="--agent/--prometheus")
+    options = Options(agent_urls=list(agent_urls), prometheus_url=prometheus_url,
+                      timeout=timeout, native=native, request_dumps=not no_dump_request)
+    err = Console(stderr=True)
+    if err.is_terminal and not as_json:
+        with err.status("gathering evidence…") as status:
+            ev = gather(run, options, lambda step: status.update(f"gathering: {step}…"))
+    else:
+        ev = gather(run, options)
+    found = findings.analyse(ev, stall_after)
+    problem = any(f.severity in ("critical", "warning") for f in found)
+    exit_code = EXIT_PROBLEM if problem else EXIT_OK
+
+    text = io.StringIO()
+    render_human.render(ev, found, Console(file=text, width=120, no_color=True))
+    if as_json:
+        click.echo(render_json.render(ev, found, exit_code))
+    else:
+        render_human.render(ev, found, Console())
+    if bundle_file:
+        path = bundle.write(bundle_file, run, ev, render_json.report(ev, found, exit_code),
+                            text.getvalue())
+        click.echo(f"evidence bundle: {path}", err=True)
+    sys.exit(exit_code)

@@ -1,0 +1,492 @@
+"""From evidence to ranked findings: who is the culprit, how sure we are, what to do.
+
+Each ``check_*`` function looks at one kind of problem and adds findings; ranks
+already explained by an earlier, stronger finding (dead, frozen) are not blamed
+again. When nothing is wrong the single finding is ``healthy``.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import statistics
+from typing import Any
+
+from trainwatch.diagnose import agents, collectives, journal, prometheus
+from trainwatch.diagnose.model import Evidence, Finding
+from trainwatch.diagnose.stacks import format_frames, main_stack
+
+STALL_FLOOR_SECONDS = 5.0
+STALL_STEP_MULTIPLE = 10.0
+HEARTBEAT_STALE_SECONDS = 10.0
+STRAGGLER_LATENESS_RATIO = 0.15   # entering collectives this much of a step after the others
+STRAGGLER_LATENESS_FLOOR = 0.02   # seconds: below this it is scheduling noise
+STRAGGLER_TIMING_RATIO = 1.3      # local time vs the job median
+LOW_FREE_RATIO = 0.02
+
+# Where a rank that is not in a collective is, from its stack (first match wins).
+_WHERE = (
+    ("data loading", re.compile(r"torch/utils/data|__getitem__|__next__|_next_data|dataset",
+                                re.I)),
+    ("a lock or condition (possible deadlock)", re.compile(
+        r"threading\.py:\d+ in (acquire|wait)|\bacquire\b|_wait_for_tstate_lock|Condition\.wait")),
+    ("GPU work (device synchronisation)", re.compile(r"torch/cuda|synchronize", re.I)),
+    ("file I/O", re.compile(r"serialization\.py|\b(write|fsync|flush|read|open)\b|_save|shutil")),
+)
+_PHASE_WHERE = {"data": "data loading", "checkpoint": "file I/O (checkpoint)",
+                "eval": "evaluation"}
+_IN_COLLECTIVE = re.compile(r"torch/distributed/|c10d")
+
+
+class Analysis:
+    """Shared facts the checks need, computed once."""
+
+    def __init__(self, ev: Evidence, stall_after: float | None):
+        self.ev = ev
+        self.running = {r: v for r, v in ev.ranks.items() if v.get("state") == "running"}
+        step_times = [v["recent"]["step_time"] for v in ev.ranks.values()
+                      if (v.get("recent") or {}).get("step_time")]
+        self.step_time = statistics.median(step_times) if step_times else None
+        self.stall_after = stall_after or max(STALL_FLOOR_SECONDS,
+                                              STALL_STEP_MULTIPLE * (self.step_time or 0))
+        ages = [v["progress_age"] for v in self.running.values()
+                if v.get("progress_age") is not None]
+        self.progress_age = min(ages) if ages else None
+        self.stalled = bool(self.running) and self.progress_age is not None and \
+            self.progress_age > self.stall_after
+        self.groups = collectives.analyse(ev.collectives.get("groups", {}))
+        ev.collectives["analysis"] = self.groups
+        self.explained: set[int] = set()
+
+    def proc(self, rank: int) -> str:
+        return (self.ev.ranks[rank].get("process") or {}).get("status", "unknown")
+
+    def node(self, rank: int) -> str:
+        return str(self.ev.ranks[rank].get("node") or "?")
+
+    def where_line(self, rank: int) -> str:
+        v = self.ev.ranks[rank]
+        return (f"rank {rank} on {self.node(rank)} (pid {v.get('pid')}): step {v.get('step')}, "
+                f"phase {v.get('phase')} for {_s(v.get('phase_age'))}, heartbeat "
+                f"{_s(v.get('heartbeat_age'))} old, last progress {_s(v.get('progress_age'))} "
+                f"ago, process {self.proc(rank)}")
+
+    def stack(self, rank: int) -> list[dict[str, Any]]:
+        return main_stack(self.ev.stacks.get(rank))
+
+    def waiting_lines(self, culprits: list[int]) -> list[str]:
+        """Who waits for the culprits, and in which collective."""
+        lines = []
+        for pg, a in self.groups.items():
+            missing = [r for r in a["behind"] if r in culprits]
+            if a["waiting"] and (missing or set(culprits) - set(a["ranks"])):
+                lines.append(f"process group {pg} ({a['desc']}): rank(s) {a['waiting']} wait in "
+                             f"collective #{a['frontier']} {a['frontier_op']}"
+                             + (f"; rank(s) {missing} never entered it" if missing else ""))
+        if not lines:
+            others = [r for r in self.running if r not in culprits
+                      and self.proc(r) not in ("gone", "zombie", "stopped")]
+            in_coll = [r for r in others if _in_collective(self.stack(r))]
+            if in_coll:
+                lines.append(f"rank(s) {in_coll} are inside a torch.distributed call "
+                             "(their stacks), waiting")
+            elif others:
+                lines.append(f"rank(s) {others} are alive but made no progress for "
+                             f"{_s(self.progress_age)}")
+        return lines
+
+
+def analyse(ev: Evidence, stall_after: float | None = None) -> list[Finding]:
+    a = Analysis(ev, stall_after)
+    found: list[Finding] = []
+    for check in (check_dead, check_frozen, check_desync, check_outside_collective,
+                  check_unexplained_stall, check_storage_and_checkpoints, check_nonfinite,
+                  check_straggler, check_node_evidence):
+        found += check(a)
+    if not any(f.severity in ("critical", "warning") for f in found):
+        found.insert(0, healthy(a))
+    found.sort(key=Finding.sort_key)
+    return found
+
+
+# --------------------------------------------------------------------------- checks
+
+def check_dead(a: Analysis) -> list[Finding]:
+    ev = a.ev
+    by_pid = {v.get("pid"): r for r, v in ev.ranks.items()}
+    launcher = [(by_pid[x["pid"]], x) for x in ev.launcher.get("failed", []) if x["pid"] in by_pid]
+    culprits = {r: f"the launcher logged its exit: {_exit_text(x['exitcode'])} ({x['log']})"
+                for r, x in launcher}
+    dead = [r for r, v in ev.ranks.items()
+            if v.get("state") == "running" and a.proc(r) in ("gone", "zombie")]
+    failed = [r for r, v in ev.ranks.items() if v.get("state") == "failed"]
+    if not culprits and dead:
+        # Without the launcher's word, the rank whose heartbeat stopped first died first.
+        first = max(dead, key=lambda r: ev.ranks[r].get("heartbeat_age") or 0)
+        culprits[first] = "its heartbeat stopped first"
+    for r in failed:
+        culprits.setdefault(r, "its telemetry recorded state 'failed' (an exception)")
+    if not culprits:
+        return []
+    a.explained |= set(culprits) | set(dead)
+    findings = []
+    for rank, why in sorted(culprits.items()):
+        evidence = [a.where_line(rank), why]
+        followers = sorted(set(dead) - set(culprits))
+        if followers:
+            evidence.append(f"rank(s) {followers} also exited afterwards (stopped by the "
+                            "launcher or failed in the collective)")
+        if ev.journal.get("restarts"):
+            evidence.append(f"journal: {ev.journal['restarts']} restart(s) so far")
+        exitcode = next((x["exitcode"] for r, x in launcher if r == rank), None)
+        hint = ("dmesg -T | grep -i -E 'killed process|out of memory'" if exitcode == -9
+                else f"tail -n 100 {ev.run_dir}/logs/*.log")
+        findings.append(Finding(
+            "rank_dead", f"rank {rank} is dead", ranks=[rank], nodes=[a.node(rank)],
+            confidence="high" if rank in dict(launcher) or len(culprits) == 1 else "medium",
+            evidence=evidence, runbook="TrainingRankDown", next_command=hint,
+            stack=format_frames(a.stack(rank))))
+    return findings
+
+
+def check_frozen(a: Analysis) -> list[Finding]:
+    findings = []
+    for rank, v in a.running.items():
+        if rank in a.explained:
+            continue
+        status = a.proc(rank)
+        hb = v.get("heartbeat_age")
+        blocked = (v.get("process") or {}).get("threads_in_disk_sleep") or []
+        if status == "stopped":
+            title, runbook = f"rank {rank} is stopped (state T: SIGSTOP or a debugger)", \
+                "TrainingStalled"
+            cmd, category = f"grep State /proc/{v.get('pid')}/status   # then: kill -CONT " \
+                            f"{v.get('pid')}", "rank_stuck"
+        elif status == "disk_sleep" or (blocked and a.stalled):
+            wchans = ", ".join(sorted({b["wchan"] for b in blocked}))
+            title = (f"rank {rank} is blocked in uninterruptible I/O (D state"
+                     + (f", in {wchans})" if wchans else ")"))
+            runbook, category = "StorageProbeSlow", "storage"
+            remote = f"ssh {a.node(rank)} " if (v.get("process") or {}).get("via") else ""
+            cmd = f"{remote}cat /proc/{v.get('pid')}/stack; {remote}df -h {a.ev.run_dir}"
+        elif status == "unknown" and hb is not None and hb > HEARTBEAT_STALE_SECONDS:
+            title = f"rank {rank} is frozen or dead (heartbeat {_s(hb)} old)"
+            runbook, category = "TrainingStalled", "rank_stuck"
+            cmd = f"ssh {a.node(rank)} py-spy dump --pid {v.get('pid')}"
+        else:
+            continue
+        a.explained.add(rank)
+        evidence = [a.where_line(rank)] + a.waiting_lines([rank])
+        findings.append(Finding(category, title, ranks=[rank], nodes=[a.node(rank)],
+                                confidence="high" if status != "unknown" else "medium",
+                                evidence=evidence, runbook=runbook, next_command=cmd,
+                                stack=format_frames(a.stack(rank))))
+    return findings
+
+
+def check_desync(a: Analysis) -> list[Finding]:
+    findings = []
+    for pg, g in a.groups.items():
+        mismatch = g.get("mismatch")
+        if not mismatch:
+            continue
+        ranks = sorted(mismatch["ops"])
+        evidence = [f"process group {pg} ({g['desc']}), collective #{mismatch['seq']}:"]
+        evidence += [f"  rank {r}: {op}" for r, op in mismatch["ops"].items()]
+        for r, frames in mismatch["frames"].items():
+            site = next((f for f in frames if not _IN_COLLECTIVE.search(str(f.get("file")))),
+                        frames[0] if frames else None)
+            if site:
+                evidence.append(f"  rank {r} issued it at {site.get('file')}:{site.get('line')} "
+                                f"in {site.get('function')}")
+        if g["frontier"] == mismatch["seq"]:
+            evidence.append(f"ranks {g['waiting']} are all waiting in #{g['frontier']}: "
+                            "they will never match")
+        a.explained |= set(ranks)
+        # The odd one out: a rank issuing an op it never issued before (the extra
+        # collective), else the minority op; with no way to tell, all of them.
+        counts = {op: list(mismatch["ops"].values()).count(op) for op in mismatch["ops"].values()}
+        minority = [r for r, op in mismatch["ops"].items() if counts[op] < max(counts.values())]
+        culprits = next((c for c in (mismatch["novel"], minority) if 0 < len(c) < len(ranks)),
+                        ranks)
+        if culprits != ranks:
+            evidence.append(f"rank(s) {culprits} issued an op they had not issued before "
+                            "(the extra or missing collective is theirs)"
+                            if culprits == mismatch["novel"] else
+                            f"rank(s) {culprits} differ from the majority")
+        findings.append(Finding(
+            "collective_desync",
+            f"collective desync at sequence number {mismatch['seq']} in process group {pg}: "
+            "ranks issued different collectives", ranks=culprits,
+            nodes=sorted({a.node(r) for r in culprits if r in a.ev.ranks}),
+            evidence=evidence, runbook="TrainingStalled",
+            next_command="check the call sites above: every rank must issue the same "
+                         "collectives in the same order (look for rank-dependent branches)",
+            stack=format_frames(a.stack(culprits[0]))))
+    return findings
+
+
+def check_outside_collective(a: Analysis) -> list[Finding]:
+    """Ranks the others wait for that are alive but somewhere else (data, I/O, a lock)."""
+    if not a.stalled:
+        return []
+    behind: dict[int, list[str]] = {}
+    for pg, g in a.groups.items():
+        if not g["waiting"]:
+            continue
+        for rank, b in g["behind"].items():
+            behind.setdefault(rank, []).append(
+                f"process group {pg} ({g['desc']}): ranks {g['waiting']} wait in collective "
+                f"#{g['frontier']} {g['frontier_op']}; rank {rank} last entered "
+                f"#{b['last_enqueued']}" + (" (completed)" if not b["in_collective"] else ""))
+    confidence = "high"
+    if not a.groups:
+        # No flight recorder: fall back to stacks — who is not inside torch.distributed.
+        confidence = "medium"
+        stacks = {r: a.stack(r) for r in a.running if r not in a.explained and a.stack(r)}
+        waiting = [r for r, s in stacks.items() if _in_collective(s)]
+        if waiting:
+            for rank, s in stacks.items():
+                if not _in_collective(s):
+                    behind[rank] = [f"rank(s) {waiting} are inside a torch.distributed call "
+                                    "(their stacks); this rank is not"]
+    findings = []
+    for rank, lines in sorted(behind.items()):
+        if rank in a.explained or rank not in a.ev.ranks:
+            continue
+        a.explained.add(rank)
+        stack = a.stack(rank)
+        where = locate(a.ev.ranks[rank].get("phase"), stack)
+        evidence = [a.where_line(rank), *lines]
+        if not stack:
+            evidence.append("no stack for this rank (see 'could not see')")
+        category = "storage" if where.startswith("file I/O") and \
+            a.proc(rank) == "disk_sleep" else "rank_stuck"
+        title = (f"rank {rank} is stuck outside a collective, in {where}, while the "
+                 "others wait")
+        elsewhere = [(pg, g) for pg, g in a.groups.items() if rank in g["waiting"]]
+        if elsewhere:  # it waits in another group's collective: follow the chain there
+            pg, g = elsewhere[0]
+            title = (f"rank {rank} waits in collective #{g['frontier']} of process group {pg} "
+                     "while the others wait for it")
+            evidence.append(f"process group {pg}: rank(s) {sorted(g['behind']) or '?'} have not "
+                            f"entered #{g['frontier']} {g['frontier_op']}")
+        findings.append(Finding(
+            category, title, ranks=[rank], nodes=[a.node(rank)], confidence=confidence,
+            evidence=evidence, runbook="TrainingStalled",
+            next_command=f"py-spy dump --pid {a.ev.ranks[rank].get('pid')} --native",
+            stack=format_frames(stack)))
+    return findings
+
+
+def check_unexplained_stall(a: Analysis) -> list[Finding]:
+    if not a.stalled or a.explained & set(a.running):
+        return []
+    return [Finding(
+        "stalled", f"no rank made progress for {_s(a.progress_age)}; the cause is not "
+        "identified", confidence="low", ranks=sorted(a.running),
+        nodes=sorted({a.node(r) for r in a.running}),
+        evidence=[a.where_line(r) for r in sorted(a.running)] + a.waiting_lines([]),
+        runbook="TrainingStalled",
+        next_command=f"TORCH_FR_BUFFER_SIZE=2000 in the job's environment, then "
+                     f"trainwatch diagnose --run-dir {a.ev.run_dir} --native")]
+
+
+def check_storage_and_checkpoints(a: Analysis) -> list[Finding]:
+    info = a.ev.checkpoints or {}
+    findings = []
+    disk = info.get("disk") or {}
+    errors = [str(f.get("error") or "") for f in info.get("failures", [])]
+    enospc = any("No space left" in e or "ENOSPC" in e or "Errno 28" in e for e in errors)
+    free_ratio = disk.get("free_ratio")
+    if enospc or (free_ratio is not None and free_ratio < LOW_FREE_RATIO):
+        findings.append(Finding(
+            "storage", f"checkpoint storage is full ({disk.get('path')})",
+            evidence=[f"{disk.get('path')}: {disk.get('free_bytes')} bytes free of "
+                      f"{disk.get('total_bytes')} ({_pct(free_ratio)})"]
+            + [f"checkpoint save failed: {e}" for e in errors if e][:3],
+            runbook="StorageFull", next_command=f"df -h {disk.get('path')}; du -sh "
+                                                f"{info.get('dir')}/*"))
+    if info.get("failures"):
+        newest = info.get("newest")
+        evidence = [f"{len(info['failures'])} failed checkpoint save(s); last: "
+                    f"step {info['failures'][-1].get('step')}: {errors[-1] or 'no reason given'}",
+                    "newest checkpoint: " + (_ckpt_text(newest) if newest
+                                             else info.get("newest_text", "unknown"))]
+        findings.append(Finding(
+            "checkpoint", "checkpoint saves are failing", evidence=evidence,
+            ranks=sorted({f["rank"] for f in info["failures"] if isinstance(f.get("rank"), int)}),
+            runbook="CheckpointFailed",
+            next_command=f"trainwatch checkpoint list {info.get('dir')}"))
+    if not info.get("newest"):
+        a.ev.cannot_see("newest verified checkpoint: unknown")
+    return findings
+
+
+def check_nonfinite(a: Analysis) -> list[Finding]:
+    bad = {r: v for r, v in a.ev.ranks.items()
+           if (v.get("counters") or {}).get("nonfinite_loss_total")
+           or (v.get("recent") or {}).get("nonfinite_losses")}
+    if not bad:
+        return []
+    evidence = [f"rank {r}: {v['counters'].get('nonfinite_loss_total', 0)} non-finite loss "
+                f"step(s); latest loss {v.get('loss')}" for r, v in sorted(bad.items())]
+    evidence += [f"journal: step {e.get('step')} {e.get('event')}"
+                 for e in journal.recent(a.ev, "nonfinite_detected")[-3:]]
+    return [Finding("nonfinite_loss", "the loss is NaN or Inf", severity="warning",
+                    ranks=sorted(bad), nodes=sorted({a.node(r) for r in bad}),
+                    evidence=evidence, runbook="TrainingLossNonFinite",
+                    next_command=f"grep -n -E 'NaN|Infinity' {a.ev.run_dir}/metrics/*.jsonl "
+                                 "| head")]
+
+
+def check_straggler(a: Analysis) -> list[Finding]:
+    """A slow rank in a run that still progresses: late into collectives, or slow locally."""
+    if a.stalled or len(a.running) < 2:
+        return []
+    step = a.step_time or 0.0
+    for pg, g in a.groups.items():
+        late = g.get("lateness") or {}
+        if len(late) < 2 or not step:
+            continue
+        rank = max(late, key=late.get)
+        if late[rank] >= max(STRAGGLER_LATENESS_RATIO * step, STRAGGLER_LATENESS_FLOOR):
+            others = statistics.median(v for r, v in late.items() if r != rank)
+            return [_straggler(a, rank, [
+                f"process group {pg}: rank {rank} enters collectives {late[rank] * 1000:.0f} ms "
+                f"after the first rank (median over recent collectives; others "
+                f"{others * 1000:.0f} ms); step time {step * 1000:.0f} ms"], "high")]
+    timing = next((v["timing"] for v in a.running.values() if v.get("timing")), None)
+    if timing:
+        local = [c + d for c, d in zip(timing.get("compute_seconds") or [],
+                                       timing.get("data_wait_seconds") or [])]
+        if len(local) >= 2:
+            median = statistics.median(local)
+            rank = max(range(len(local)), key=local.__getitem__)
+            if median > 0 and local[rank] / median >= STRAGGLER_TIMING_RATIO and \
+                    rank in a.ev.ranks:
+                data = (timing.get("data_wait_seconds") or [0] * len(local))[rank]
+                cause = " (mostly waiting for data)" if data >= 0.5 * local[rank] else ""
+                return [_straggler(a, rank, [
+                    f"rank {rank} local time {local[rank] * 1000:.0f} ms per step vs job median "
+                    f"{median * 1000:.0f} ms ({local[rank] / median:.2f}x){cause}"], "medium")]
+    return []
+
+
+def _straggler(a: Analysis, rank: int, evidence: list[str], confidence: str) -> Finding:
+    evidence.append(f"the job still progresses (last step {_s(a.progress_age)} ago): "
+                    "slow, not stalled")
+    return Finding("straggler", f"rank {rank} is a straggler (slow but progressing)",
+                   severity="warning", confidence=confidence, ranks=[rank],
+                   nodes=[a.node(rank)], evidence=[a.where_line(rank), *evidence],
+                   runbook="TrainingStragglerRank",
+                   next_command=f"py-spy top --pid {a.ev.ranks[rank].get('pid')}")
+
+
+_AGENT_KINDS = (  # agent finding kind / node evidence -> (category, runbook)
+    (re.compile(r"xid|ecc|gpu", re.I), "gpu_fault", "GPUXidErrors"),
+    (re.compile(r"storage|disk|probe", re.I), "storage", "StorageProbeSlow"),
+    (re.compile(r"nccl", re.I), "network", "NCCLErrors"),
+    (re.compile(r"network|nic|infiniband|\bib\b|link", re.I), "network",
+     "NetworkInterfaceErrors"),
+    (re.compile(r"straggler", re.I), "straggler", "TrainingStragglerRank"),
+)
+
+
+def check_node_evidence(a: Analysis) -> list[Finding]:
+    """Node problems the agents report, attached to the ranks on those nodes."""
+    findings = []
+    for f in agents.node_findings(a.ev):
+        kind = str(f.get("kind", ""))
+        if kind == "stall":
+            continue  # diagnose explains stalls itself; the agent's view is in the evidence
+        for pattern, category, runbook in _AGENT_KINDS:
+            if pattern.search(kind):
+                if category == "straggler" and any(x.category == "straggler" for x in findings):
+                    break
+                rank = f.get("rank")
+                findings.append(Finding(
+                    category, f"node {f.get('node')}: {f.get('message') or kind}",
+                    severity="critical" if f.get("severity") == "critical" else "warning",
+                    confidence="medium", ranks=[rank] if isinstance(rank, int) else [],
+                    nodes=[str(f.get("node"))],
+                    evidence=[f"agent finding {f.get('id')}"] + list(f.get("evidence") or []),
+                    runbook=runbook, next_command=f"curl -s {_agent_url(a, f)}/status"))
+                break
+    for agent in a.ev.agents:
+        for store in ((agent.get("node_health") or {}).get("storage") or []):
+            probe = store.get("probe") or {}
+            if probe and not probe.get("ok", True):
+                findings.append(Finding(
+                    "storage", f"node {agent.get('node')}: storage probe failed on "
+                    f"{store.get('path')}", confidence="high", nodes=[str(agent.get("node"))],
+                    evidence=[f"probe error: {probe.get('error')} after {probe.get('seconds')} s"],
+                    runbook="StorageProbeSlow", next_command=f"df -h {store.get('path')}"))
+    alerts = sorted({str(r.get("alert") or r.get("alertname"))
+                     for r in a.ev.journal.get("firing_alerts", [])}
+                    | set(prometheus.firing_alerts(a.ev)))
+    if alerts:
+        findings.append(Finding("alerts", "alerts firing: " + ", ".join(alerts), severity="info",
+                                confidence="medium", evidence=["from the journal and Prometheus"]))
+    return findings
+
+
+def healthy(a: Analysis) -> Finding:
+    ev = a.ev
+    states = sorted({str(v.get("state")) for v in ev.ranks.values()})
+    if not ev.ranks:
+        return Finding("healthy", "nothing to diagnose: no rank status found", severity="info",
+                       confidence="low", evidence=list(ev.unseen[:3]))
+    if states == ["finished"]:
+        title, evidence = "the run finished", [f"all {len(ev.ranks)} ranks finished"]
+    else:
+        title = "healthy: every rank is progressing"
+        evidence = [f"{len(a.running)} running rank(s); last step completed "
+                    f"{_s(a.progress_age)} ago (stall budget {_s(a.stall_after)})"]
+        if a.step_time:
+            evidence.append(f"median step time {a.step_time * 1000:.1f} ms")
+    return Finding("healthy", title, severity="info", ranks=sorted(ev.ranks),
+                   evidence=evidence, confidence="high" if ev.dumps or ev.stacks else "medium")
+
+
+# --------------------------------------------------------------------------- helpers
+
+def locate(phase: str | None, stack: list[dict[str, Any]]) -> str:
+    """Where a rank is, from its stack (preferred) or its phase."""
+    text = "\n".join(format_frames(stack, limit=len(stack)))
+    for where, pattern in _WHERE:
+        if text and pattern.search(text):
+            return where
+    return _PHASE_WHERE.get(str(phase), f"phase '{phase}' (see its stack)")
+
+
+def _in_collective(stack: list[dict[str, Any]]) -> bool:
+    return any(_IN_COLLECTIVE.search(str(f.get("file"))) for f in stack[-6:])
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _s(seconds: float | None) -> str:
+    return "?" if seconds is None else f"{seconds:.1f} s"
+
+
+def _pct(ratio: float | None) -> str:
+    return "?" if ratio is None else f"{ratio * 100:.1f} % free"
+
+
+def _ckpt_text(c: dict[str, Any]) -> str:
+    age = c.get("age_seconds")
+    return (f"step {c.get('step')} at {c.get('path')} ({c.get('source')}"
+            + (f", {age:.0f} s old)" if isinstance(age, (int, float)) else ")"))
+
+
+def _agent_url(a: Analysis, finding: dict[str, Any]) -> str:
+    return next((x["url"] for x in a.ev.agents if x.get("node") == finding.get("node")),
+                "AGENT_URL")

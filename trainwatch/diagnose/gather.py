@@ -1,0 +1,50 @@
+"""Run every gatherer in order; each one degrades to "could not see", never raises."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from trainwatch.diagnose import (agents, checkpoints, flight_recorder, journal, processes,
+                                 prometheus, rank_dumps, run_state, stacks)
+from trainwatch.diagnose.model import Evidence
+from trainwatch.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Options:
+    agent_urls: list[str] = field(default_factory=list)
+    prometheus_url: str | None = None
+    timeout: float = 5.0
+    native: bool = False
+    request_dumps: bool = True
+
+
+def gather(run: RunDir, options: Options,
+           progress: Callable[[str], None] = lambda step: None) -> Evidence:
+    ev = Evidence(run_dir=str(run.root), collected_at=time.time(), host=socket.gethostname())
+    steps: list[tuple[str, Callable[[], None]]] = [
+        ("rank status", lambda: run_state.gather(run, ev)),
+        ("processes", lambda: processes.gather(ev)),
+        ("journal", lambda: journal.gather(run, ev)),
+        ("rank dumps", lambda: rank_dumps.gather(run, ev, options.timeout)
+         if options.request_dumps else None),
+        ("stacks", lambda: stacks.gather(ev, options.timeout, options.native)),
+        ("flight recorder", lambda: flight_recorder.gather(ev)),
+        ("agents", lambda: agents.gather(ev, options.agent_urls, options.timeout)),
+        ("prometheus", lambda: prometheus.gather(ev, options.prometheus_url, options.timeout)),
+        ("checkpoints", lambda: checkpoints.gather(run, ev)),
+    ]
+    for name, step in steps:
+        progress(name)
+        try:
+            step()
+        except Exception as exc:  # noqa: BLE001 - one broken source must not hide the rest
+            log.debug("diagnose: %s failed", name, exc_info=True)
+            ev.cannot_see(f"{name}: gathering failed ({exc!r})")
+    return ev

@@ -1,0 +1,69 @@
+"""What diagnose gathers (``Evidence``) and what it concludes (``Finding``)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Finding categories, in the order a tired reader should act on them.
+CATEGORIES = (
+    "rank_dead", "rank_stuck", "collective_desync", "storage", "gpu_fault", "network",
+    "checkpoint", "nonfinite_loss", "straggler", "stalled", "alerts", "healthy",
+)
+SEVERITIES = ("critical", "warning", "info")
+CONFIDENCES = ("high", "medium", "low")
+
+
+@dataclass
+class Finding:
+    """One conclusion, with the evidence lines that support it and what to do next."""
+
+    category: str
+    title: str
+    severity: str = "critical"
+    confidence: str = "high"
+    ranks: list[int] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)
+    evidence: list[str] = field(default_factory=list)
+    runbook: str | None = None
+    next_command: str | None = None
+    stack: list[str] = field(default_factory=list)
+
+    def sort_key(self) -> tuple[int, int, int]:
+        return (SEVERITIES.index(self.severity), CONFIDENCES.index(self.confidence),
+                CATEGORIES.index(self.category))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Evidence:
+    """Everything gathered, as plain JSON-able data (it goes into --json and --bundle)."""
+
+    run_dir: str
+    collected_at: float
+    host: str
+    run: dict[str, Any] | None = None
+    ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
+    launcher: dict[str, Any] = field(default_factory=dict)
+    dumps: dict[int, dict[str, Any]] = field(default_factory=dict)
+    stacks: dict[int, dict[str, Any]] = field(default_factory=dict)
+    collectives: dict[str, Any] = field(default_factory=dict)
+    journal: dict[str, Any] = field(default_factory=dict)
+    checkpoints: dict[str, Any] = field(default_factory=dict)
+    agents: list[dict[str, Any]] = field(default_factory=list)
+    prometheus: dict[str, Any] | None = None
+    unseen: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def cannot_see(self, what: str) -> None:
+        """Record something diagnose could not observe (shown instead of a guess)."""
+        if what not in self.unseen:
+            self.unseen.append(what)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for key in ("ranks", "dumps", "stacks"):
+            data[key] = {str(k): v for k, v in data[key].items()}
+        return data

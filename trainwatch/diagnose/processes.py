@@ -1,0 +1,72 @@
+"""Process state of each rank on this host (psutil): alive, zombie, stopped, D state."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from trainwatch.diagnose.model import Evidence
+
+# psutil status -> the words docs/agent.md uses.
+_STATUS = {psutil.STATUS_DISK_SLEEP: "disk_sleep", psutil.STATUS_STOPPED: "stopped",
+           psutil.STATUS_TRACING_STOP: "stopped", psutil.STATUS_ZOMBIE: "zombie",
+           psutil.STATUS_DEAD: "gone"}
+
+
+def local_names() -> set[str]:
+    names = {socket.gethostname(), socket.getfqdn(), "localhost"}
+    return {n for n in names if n}
+
+
+def gather(ev: Evidence) -> None:
+    here = local_names()
+    remote = set()
+    for rank, view in ev.ranks.items():
+        if view.get("node") not in here or not isinstance(view.get("pid"), int):
+            view["process"] = {"status": "unknown", "visible": False}
+            remote.add(view.get("node") or "?")
+            continue
+        view["process"] = inspect(view["pid"], view.get("started_at"))
+    if remote:
+        ev.cannot_see(f"processes on node(s) {sorted(remote)} (not this host, {ev.host}); "
+                      "run diagnose there or pass their --agent URL")
+
+
+def inspect(pid: int, started_at: float | None) -> dict[str, Any]:
+    """State of one rank process; a reused pid (started after the rank did) counts as gone."""
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            if started_at is not None and proc.create_time() > started_at + 1.0:
+                return {"status": "gone", "visible": True, "note": "pid reused by another process"}
+            status = _STATUS.get(proc.status(), proc.status())
+            info: dict[str, Any] = {"status": status, "visible": True,
+                                    "cpu_seconds": round(sum(proc.cpu_times()[:2]), 2),
+                                    "rss_bytes": proc.memory_info().rss,
+                                    "threads": proc.num_threads()}
+    except psutil.NoSuchProcess:
+        return {"status": "gone", "visible": True}
+    except psutil.AccessDenied:
+        return {"status": "unknown", "visible": True, "note": "no permission to inspect"}
+    blocked = threads_in_disk_sleep(pid)
+    if blocked:
+        info["threads_in_disk_sleep"] = blocked
+    return info
+
+
+def threads_in_disk_sleep(pid: int) -> list[dict[str, Any]]:
+    """Threads in uninterruptible sleep (D) with the kernel function they wait in."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            stat = (task / "stat").read_text()
+            state = stat.rsplit(")", 1)[1].split()[0]
+            if state == "D":
+                wchan = (task / "wchan").read_text().strip() or "?"
+                found.append({"tid": int(task.name), "wchan": wchan})
+        except (OSError, IndexError, ValueError):
+            continue
+    return found

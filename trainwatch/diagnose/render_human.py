@@ -1,0 +1,90 @@
+"""The on-call engineer's view: ranks at a glance, then findings, most urgent first."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from trainwatch.diagnose.model import Evidence, Finding
+from trainwatch.diagnose.redact import redact_text
+
+_STYLE = {"critical": "bold red", "warning": "yellow", "info": "green"}
+
+
+def render(ev: Evidence, findings: list[Finding], console: Console) -> None:
+    job = (ev.run or {}).get("job") or next((v.get("job") for v in ev.ranks.values()), "?")
+    console.print(Text(redact_text(f"trainwatch diagnose: {ev.run_dir} (job {job}, "
+                                   f"{len(ev.ranks)} rank(s), seen from {ev.host})"),
+                       style="bold"))
+    console.print(Text(redact_text(context_line(ev)), style="dim"))
+    if ev.ranks:
+        console.print(rank_table(ev))
+    for i, finding in enumerate(findings, 1):
+        console.print(finding_panel(i, finding))
+    if ev.unseen:
+        console.print(Text("Could not see:", style="bold"))
+        for line in ev.unseen:
+            console.print(Text(redact_text(f"  - {line}")))
+    if ev.skipped:
+        console.print(Text(f"Skipped {len(ev.skipped)} unreadable file(s)/line(s):", style="bold"))
+        for line in ev.skipped[:10]:
+            console.print(Text(redact_text(f"  - {line}")))
+
+
+def context_line(ev: Evidence) -> str:
+    """Restarts, the newest checkpoint and firing alerts: what on-call asks first."""
+    newest = (ev.checkpoints or {}).get("newest")
+    if newest:
+        age = newest.get("age_seconds")
+        ckpt = f"step {newest.get('step')}" + (f", {age:.0f} s old" if age is not None else "")
+    else:
+        ckpt = "unknown"
+    alerts = sorted({str(r.get("alert") or r.get("alertname"))
+                     for r in ev.journal.get("firing_alerts", [])})
+    return (f"restarts: {ev.journal.get('restarts', '?')} · newest checkpoint: {ckpt} · "
+            f"alerts firing (journal): {', '.join(alerts) or 'none'}")
+
+
+def rank_table(ev: Evidence) -> Table:
+    table = Table(title="Ranks", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  padding=(0, 1, 0, 0))
+    for column in ("rank", "node", "pid", "process", "state", "step", "phase", "for",
+                   "beat", "progress"):
+        table.add_column(column, no_wrap=True, overflow="ellipsis",
+                         max_width=14 if column in ("node", "phase") else None)
+    for rank, v in sorted(ev.ranks.items()):
+        table.add_row(str(rank), str(v.get("node")), str(v.get("pid")),
+                      str((v.get("process") or {}).get("status")), str(v.get("state")),
+                      str(v.get("step")), str(v.get("phase")), _age(v.get("phase_age")),
+                      _age(v.get("heartbeat_age")), _age(v.get("progress_age")))
+    return table
+
+
+def finding_panel(index: int, f: Finding) -> Panel:
+    lines: list[Text] = [Text(redact_text(f.title), style="bold")]
+    who = []
+    if f.ranks:
+        who.append(f"rank(s) {', '.join(map(str, f.ranks))}")
+    if f.nodes:
+        who.append(f"node(s) {', '.join(f.nodes)}")
+    if who:
+        label = "ranks" if f.severity == "info" else "culprit"
+        lines.append(Text(f"{label}: " + "; ".join(who), style="bold"))
+    lines += [Text(redact_text(f"  • {e}")) for e in f.evidence]
+    if f.stack:
+        lines.append(Text("stack (innermost last):", style="bold"))
+        lines += [Text(redact_text(f"    {s}"), style="dim") for s in f.stack]
+    if f.runbook:
+        lines.append(Text(f"runbook: trainwatch runbook {f.runbook}", style="cyan"))
+    if f.next_command:
+        lines.append(Text(redact_text(f"next: {f.next_command}"), style="cyan"))
+    title = Text(f"{index}. {f.severity} · {f.category} · confidence {f.confidence}",
+                 style=_STYLE[f.severity])
+    return Panel(Group(*lines), title=title, title_align="left", border_style=_STYLE[f.severity])
+
+
+def _age(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.1f}s"
