@@ -12,6 +12,7 @@ import urllib.request
 import pytest
 
 from trainwatch.rundir import RunDir
+from trainwatch.trainer.data import load_dataset, prepare_generated
 
 TRAIN = [sys.executable, "-m", "trainwatch", "train"]
 
@@ -88,9 +89,12 @@ def test_two_ranks_train_to_completion_and_publish_the_contract(tmp_path, launch
 
 @pytest.mark.slow
 def test_a_rank_that_dies_is_restarted_and_training_finishes(tmp_path, launch):
+    """Also: a dataset prepared beforehand (data.path) and gradient accumulation under DDP."""
     run_dir = tmp_path / "run"
+    prepare_generated(tmp_path / "data", size_bytes=200_000, seed=5, val_fraction=0.1)
     code, out = finish(launch("--nproc-per-node", "2", "--run-dir", str(run_dir), "--steps", "20",
                               "--max-restarts", "1", "--set", "optim.grad_accum=2",
+                              "--set", f"data.path={tmp_path / 'data'}",
                               env={"TRAINWATCH_FAULT": "exit:rank=1:step=5:code=3"}))
     assert code == 0, out[-4000:]
     run = RunDir(run_dir)
@@ -104,6 +108,9 @@ def test_a_rank_that_dies_is_restarted_and_training_finishes(tmp_path, launch):
         assert status["restart_count"] == 1 and status["state"] == "finished"
         assert status["step"] == 19
         assert status["metrics"]["tokens"] == 2 * 8 * 64  # two micro-batches per step
+        assert status["info"]["dataset_sha256"] == load_dataset(tmp_path / "data").manifest[
+            "splits"]["train"]["sha256"]
+    assert not (run_dir / "data").exists()  # the given dataset was used, nothing prepared
     assert run.events("finished") and run.events("launcher_exited")[0]["exit_code"] == 0
 
 

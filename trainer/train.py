@@ -19,6 +19,7 @@ import random
 import signal
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -90,16 +91,20 @@ def setup_process_group(cfg: Config) -> Ranks:
 
 
 def open_data(cfg: Config, run: RunDir, ranks: Ranks) -> Dataset:
-    """The configured dataset, or the built-in corpus prepared once per node into RUN_DIR/data."""
-    if cfg.data.path is not None:
-        return load_dataset(cfg.data.path)
-    path = run.root / "data"
+    """The configured dataset, or the built-in corpus prepared into RUN_DIR/data.
+
+    Local rank 0 prepares (if needed) and verifies the checksums once per node; the
+    other ranks wait for it, then check sizes only (hashing a large corpus once is enough).
+    """
+    path = Path(cfg.data.path) if cfg.data.path is not None else run.root / "data"
     if ranks.local_rank == 0:
-        ensure_default_dataset(path, size_bytes=cfg.data.corpus_bytes,
-                               seed=cfg.data.corpus_seed, val_fraction=cfg.data.val_fraction)
+        if cfg.data.path is None:
+            ensure_default_dataset(path, size_bytes=cfg.data.corpus_bytes,
+                                   seed=cfg.data.corpus_seed, val_fraction=cfg.data.val_fraction)
+        data = load_dataset(path)
     if ranks.distributed:
         dist.barrier()
-    return load_dataset(path)
+    return data if ranks.local_rank == 0 else load_dataset(path, checksums=False)
 
 
 def lr_factor(cfg: Config, step: int) -> float:
