@@ -85,7 +85,8 @@ def setup_process_group(cfg: Config) -> Ranks:
     else:
         device = torch.device("cpu")
     if distributed:
-        dist.init_process_group("nccl" if use_cuda else "gloo")
+        dist.init_process_group("nccl" if use_cuda else "gloo",
+                                device_id=device if use_cuda else None)
     restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     return Ranks(rank, local_rank, world_size, device, distributed, restart_count)
 
