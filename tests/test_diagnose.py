@@ -8,6 +8,7 @@ tmpfs, a slow rank) and checks that diagnose names the culprit.
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -17,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from agent_helpers import free_port, http_get, stop_process, wait_for
 from conftest import REPO, torchrun_env
 from trainwatch.rundir import RunDir
 
@@ -126,13 +128,28 @@ def stalled_for(seconds: float):
     return lambda s: all(time.time() - r["last_progress_at"] > seconds for r in s.values())
 
 
-def test_sigstop_rank_named_stuck_on_4_ranks_within_20s(start_job):
+@pytest.fixture
+def agent(tmp_path):
+    """A real `trainwatch agent` on 127.0.0.1 watching the test's run directory."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "trainwatch", "agent", "--run-dir",
+                             str(tmp_path / "run"), "--listen", f"127.0.0.1:{port}"],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: http_get(f"{url}/healthz"), 60, what="agent /healthz")
+        yield url
+    finally:
+        stop_process(proc)
+
+
+def test_sigstop_rank_named_stuck_on_4_ranks_within_20s(start_job, agent):
     job = start_job(nproc=4)
     job.wait_step(10)
     os.kill(job.pid(2), signal.SIGSTOP)
     job.wait(stalled_for(3), "no progress for 3 s")
     started = time.monotonic()
-    code, report, _ = diagnose(job.run, "--stall-after", "2")
+    code, report, _ = diagnose(job.run, "--stall-after", "2", "--agent", agent)
     elapsed = time.monotonic() - started
     print(f"diagnose on 4 ranks (one SIGSTOPped): {elapsed:.1f} s")
     assert elapsed < 20, f"diagnose took {elapsed:.1f} s on 4 ranks"
@@ -146,6 +163,10 @@ def test_sigstop_rank_named_stuck_on_4_ranks_within_20s(start_job):
     assert any("diagnose_job.py" in line for line in finding["stack"]), finding["stack"]
     assert not [f for f in report["findings"] if f["category"] == "rank_stuck"
                 and f["ranks"] != [2]]
+    # The node's agent answered with its /status (docs/agent.md) and is part of the evidence.
+    (node,) = report["evidence"]["agents"]
+    assert node.get("error") is None and node["node"] == socket.gethostname()
+    assert not [line for line in report["could_not_see"] if "agent" in line]
 
 
 @pytest.mark.parametrize("flight_recorder", [True, False], ids=["fr", "stacks-only"])

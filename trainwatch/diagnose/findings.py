@@ -358,8 +358,10 @@ def check_straggler(a: Analysis) -> list[Finding]:
                 f"{others * 1000:.0f} ms); step time {step * 1000:.0f} ms"], "high")]
     timing = next((v["timing"] for v in a.running.values() if v.get("timing")), None)
     if timing:
-        local = [c + d for c, d in zip(timing.get("compute_seconds") or [],
-                                       timing.get("data_wait_seconds") or [])]
+        # Time outside collective phases where the ranks publish it, else compute + data.
+        local = timing.get("local_seconds") or [
+            c + d for c, d in zip(timing.get("compute_seconds") or [],
+                                  timing.get("data_wait_seconds") or [])]
         if len(local) >= 2:
             median = statistics.median(local)
             rank = max(range(len(local)), key=local.__getitem__)
@@ -439,6 +441,9 @@ def healthy(a: Analysis) -> Finding:
                        confidence="low", evidence=list(ev.unseen[:3]))
     if states == ["finished"]:
         title, evidence = "the run finished", [f"all {len(ev.ranks)} ranks finished"]
+    elif not a.running:
+        title = "the run is not running"
+        evidence = [f"rank states: {', '.join(states)} (stopped: saved and stopped on request)"]
     else:
         title = "healthy: every rank is progressing"
         evidence = [f"{len(a.running)} running rank(s); last step completed "

@@ -29,7 +29,8 @@ def firing(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     last: dict[str, dict[str, Any]] = {}
     for record in records:
         if record.get("event") in ("alert_firing", "alert_resolved"):
-            key = str(record.get("alert") or record.get("alertname") or record.get("name"))
+            key = str(record.get("fingerprint") or record.get("alert")
+                      or record.get("alertname"))
             last[key] = record
     return [r for r in last.values() if r.get("event") == "alert_firing"]
 
