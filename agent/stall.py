@@ -3,7 +3,7 @@
 budget = max(floor, k x typical step time), or the phase's own budget (checkpoint,
 eval, init), or ``first_step_seconds`` before the rank has a typical step time.
 The evidence decides the kind: ``dead`` (process gone or zombie), ``frozen``
-(heartbeat stale, or the process is stopped / in D state: nothing in it runs) or
+(process stopped, or heartbeat stale: nothing in it runs) or
 ``stuck`` (heartbeat fresh, step stale: alive but waiting).  A finding clears by
 itself as soon as the rank progresses again.
 """
@@ -17,10 +17,9 @@ from typing import Any
 
 # The phases trainer telemetry knows (trainwatch.trainer.telemetry.KNOWN_PHASES; a test
 # keeps the two equal). Kept here so the agent does not import torch.
-KNOWN_PHASES = ("init", "data", "forward", "backward", "optimizer", "eval", "checkpoint",
+KNOWN_PHASES = ("init", "step", "data", "forward", "backward", "optimizer", "eval", "checkpoint",
                 "telemetry_exchange", "idle", "finished")
 STALL_KINDS = ("stuck", "frozen", "dead")
-_NOT_RUNNING = ("stopped", "disk_sleep")
 
 
 @dataclass
@@ -62,9 +61,9 @@ class StallDetector:
 
     def budget(self, key: tuple, phase: str | None, *, use_phase: bool = True) -> float:
         phase_budgets = self.opt["phase_budgets"]
+        typical = self.typical_step(key)
         if use_phase and phase in phase_budgets:
             return float(phase_budgets[phase])
-        typical = self.typical_step(key)
         if typical is None:
             return float(self.opt["first_step_seconds"])
         return max(float(self.opt["floor_seconds"]), float(self.opt["k"]) * typical)
@@ -85,10 +84,12 @@ class StallDetector:
         if process in ("gone", "zombie") and (hb_stale or process == "zombie"):
             return StallVerdict(True, "dead", 0.0, progress_at, stalled_for,
                                 f"process {rank.get('pid')} is {process}")
-        if process in _NOT_RUNNING and hb_stale:
-            # Nothing in the process runs: a phase budget would only delay the news.
+        if process == "stopped" or (process == "disk_sleep" and hb_stale):
+            # Nothing in the process runs (SIGSTOP, or stuck in D state with a silent
+            # heartbeat): a phase budget would only delay the news.
             budget = self.budget(key, phase, use_phase=False)
-            kind, why = "frozen", f"process is {process}, heartbeat {hb_age:.1f} s old"
+            age = f"{hb_age:.1f} s" if hb_age is not None else "unknown"
+            kind, why = "frozen", f"process is {process}, heartbeat {age} old"
         elif hb_stale:
             budget = self.budget(key, phase)
             kind, why = "frozen", f"heartbeat {hb_age:.1f} s old"

@@ -11,6 +11,7 @@ the agent stays small (no numpy).
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -24,23 +25,33 @@ class Scores:
     mad: float
     ratio: list[float]
     score: list[float]
+    ordered: list[float]
 
 
 def local_times(timing: dict[str, Any]) -> list[float] | None:
     """Per-rank local seconds of one timing window, or None if the window is unusable."""
-    local = timing.get("local_seconds")
-    if not _floats(local):
-        compute, data = timing.get("compute_seconds"), timing.get("data_wait_seconds")
-        if not _floats(compute):
+    local = _floats(timing.get("local_seconds"))
+    if local is None:
+        compute = _floats(timing.get("compute_seconds"))
+        if compute is None:
             return None
-        data = data if _floats(data) and len(data) == len(compute) else [0.0] * len(compute)
+        data = _floats(timing.get("data_wait_seconds"))
+        if data is None or len(data) != len(compute):
+            data = [0.0] * len(compute)
         local = [c + d for c, d in zip(compute, data)]
-    return [float(v) for v in local]
+    return local
 
 
-def _floats(values: Any) -> bool:
-    return isinstance(values, list) and bool(values) and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and v == v for v in values)
+def _floats(values: Any) -> list[float] | None:
+    """The list as floats, or None unless it is a non-empty list of finite numbers."""
+    if not isinstance(values, list) or not values:
+        return None
+    try:
+        floats = [float(v) for v in values]
+    except (TypeError, ValueError):
+        return None
+    total = sum(floats)
+    return floats if total - total == 0 else None  # NaN or inf anywhere -> NaN
 
 
 def _median_sorted(values: Sequence[float]) -> float:
@@ -78,7 +89,7 @@ def score(values: Sequence[float]) -> Scores:
             others = [below if v <= p1 else at_mid if v <= p2 else above for v in values]
     ratios = [v / o if o > 0 else 1.0 for v, o in zip(values, others)]
     scores = [(v - median) / spread for v in values]
-    return Scores(median, mad, ratios, scores)
+    return Scores(median, mad, ratios, scores, ordered)
 
 
 @dataclass
@@ -158,9 +169,10 @@ class JobStragglers:
                 track = self.ranks.setdefault(rank, _RankTrack())
                 slow = self.is_slow(scores.ratio[rank], scores.score[rank], world)
                 self._advance(track, slow, now, step, window_steps)
-        local = set(local_ranks)
-        mine = sorted(values[r] for r in local if 0 <= r < world)
-        others = sorted(v for r, v in enumerate(values) if r not in local)
+        mine = sorted(values[r] for r in set(local_ranks) if 0 <= r < world)
+        others = list(scores.ordered)  # everyone else: the sorted list minus this node's
+        for v in mine:
+            del others[bisect.bisect_left(others, v)]
         if mine and others:
             self.node_ratio = _median_sorted(mine) / max(_median_sorted(others), 1e-12)
             self._advance(self.node, self.node_ratio >= float(self.options["ratio"]), now,

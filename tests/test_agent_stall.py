@@ -46,6 +46,13 @@ def test_kinds_stuck_frozen_dead_and_clearing():
     assert stuck.stalled and stuck.kind == "stuck" and stuck.since == now - 7.0
     frozen = det.check(key, rank(now, progress_age=7.0, heartbeat_age=7.0, status="stopped"), now)
     assert frozen.stalled and frozen.kind == "frozen"
+    # SIGSTOP seen by the OS before the heartbeat is old enough to call stale: still frozen
+    stopped = det.check(key, rank(now, progress_age=5.5, heartbeat_age=5.4, status="stopped"), now)
+    assert stopped.stalled and stopped.kind == "frozen"
+    silent = det.check(key, rank(now, progress_age=7.0, heartbeat_age=6.0), now)
+    assert silent.stalled and silent.kind == "frozen"  # heartbeat stale, state unknown
+    brief_io = det.check(key, rank(now, progress_age=7.0, status="disk_sleep"), now)
+    assert brief_io.kind == "stuck"  # D state with a live heartbeat: not frozen
     dead = det.check(key, rank(now, progress_age=1.0, heartbeat_age=6.0, status="gone"), now)
     assert dead.stalled and dead.kind == "dead"
     resumed = det.check(key, rank(now, progress_age=0.1), now)
@@ -64,3 +71,16 @@ def test_phase_budgets_apply_unless_the_process_is_stopped():
                                   phase="checkpoint", status="stopped"), now)
     assert stopped.stalled and stopped.kind == "frozen"
     assert stopped.budget == STALL_DEFAULTS["floor_seconds"]
+
+
+def test_init_budget_only_before_the_first_step():
+    """Before the first step a rank gets the long init budget; between phase blocks later
+    ("step" or "idle") it gets the budget derived from its own step times."""
+    det = StallDetector(dict(STALL_DEFAULTS))
+    now, key = 1000.0, ("j", 0, 1)
+    fresh = rank(now, progress_age=60.0, phase="init")
+    fresh["metrics"] = {}
+    assert not det.check(key, fresh, now).stalled  # still initialising: 600 s budget
+    det.observe(key, rank(now, progress_age=0))
+    verdict = det.check(key, rank(now, progress_age=7.0, phase="idle"), now)
+    assert verdict.stalled and verdict.kind == "stuck"

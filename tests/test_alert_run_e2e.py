@@ -69,7 +69,7 @@ def test_sigstopped_rank_is_restarted_from_checkpoint_and_finishes(tmp_path):
             if status.get(1, {}).get("step") is not None and status[1]["step"] >= 25:
                 break
             time.sleep(0.2)
-        frozen_pid, frozen_step = status[1]["pid"], status[1]["step"]
+        frozen_pid = status[1]["pid"]
         os.kill(frozen_pid, signal.SIGSTOP)
         assert _finish(proc) == 0, (tmp_path / "run.log").read_text()[-3000:]
     finally:
@@ -87,7 +87,12 @@ def test_sigstopped_rank_is_restarted_from_checkpoint_and_finishes(tmp_path):
     stopped = [e for e in events if e["event"] == "job_stopped"][0]
     assert stopped["hard"] and stopped["returncode"] == -signal.SIGKILL
     resumed = [e for e in events if e["event"] == "checkpoint_resumed"]
-    assert resumed and 0 < resumed[-1]["step"] <= frozen_step
+    # A checkpoint's step counts completed steps, and the status file trails the rank by up
+    # to a heartbeat, so the frozen rank may be past the step its status showed: what
+    # matters is that the job resumed from a checkpoint saved before the restart.
+    saved_before = {e["step"] for e in events[:names.index("action_taken")]
+                    if e["event"] == "checkpoint_saved"}
+    assert resumed and resumed[-1]["step"] > 0 and resumed[-1]["step"] in saved_before
     finished = [e for e in events if e["event"] == "finished"]
     assert finished and finished[-1]["step"] == 149
     # The story, in order: fired, acted, resumed, finished, stopped.

@@ -73,3 +73,15 @@ def test_control_request_runs_handler_from_heartbeat_thread(tmp_path):
         time.sleep(0.05)
     tel.close()
     assert seen == ["ping"]
+
+
+def test_phase_between_blocks_is_step_inside_and_idle_after(tmp_path):
+    """Readers must not mistake a running loop for one still initialising."""
+    tel = Telemetry(tmp_path, heartbeat_interval=3600, exchange_every=0).start()
+    assert tel.state["phase"] == "init"
+    with tel.step(0):
+        with tel.phase("forward"):
+            assert tel.state["phase"] == "forward"
+        assert tel.state["phase"] == "step"
+    assert tel.state["phase"] == "idle"
+    tel.close()

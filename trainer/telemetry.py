@@ -55,7 +55,7 @@ from trainwatch.trainer.flops import peak_flops_for
 log = logging.getLogger(__name__)
 
 # Phases the tools know budgets for; any other name is accepted and shown as is.
-KNOWN_PHASES = ("init", "data", "forward", "backward", "optimizer", "eval", "checkpoint",
+KNOWN_PHASES = ("init", "step", "data", "forward", "backward", "optimizer", "eval", "checkpoint",
                 "telemetry_exchange", "idle", "finished")
 
 
@@ -142,7 +142,6 @@ class Telemetry:
                          "pending_dropped_total": 0},
             "timing": None, "checkpoint": None, "info": {},
         }
-        self._phase_stack: list[tuple[str, float]] = []
         self._step_start: float | None = None
         self._step_phase_seconds: dict[str, float] = {}
         self._step_cuda_events: dict[str, list[tuple[Any, Any]]] = {}
@@ -210,8 +209,10 @@ class Telemetry:
         self._step_cuda_events = {}
         with self._lock:
             self.state["step"] = step
+        self.set_phase("step")  # inside a step, between explicit phase blocks
         yield recorder
         self._guard(lambda: self._end_step(step, recorder))
+        self.set_phase("idle")  # between steps: the loop's own code, outside any phase
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:

@@ -40,7 +40,8 @@ class FindingsCollector(Collector):
         nodes: dict[str, Any] = {}
         keep = set()
         for job in ranks_data["jobs"]:
-            tracker = self.stragglers.setdefault(job["job"], JobStragglers(self.ctx.config.straggler))
+            tracker = self.stragglers.setdefault(job["job"],
+                                                 JobStragglers(self.ctx.config.straggler))
             tracker.options = self.ctx.config.straggler
             local = [r["rank"] for r in job["ranks"] if r.get("state") == "running"]
             if job.get("timing"):
@@ -59,6 +60,8 @@ class FindingsCollector(Collector):
                     "typical_step_seconds": self.stalls.typical_step(key)}
             nodes[job["job"]] = self._node_straggler(tracker, job, result, current)
         self.stalls.forget(keep)
+        for name in set(self.stragglers) - {job["job"] for job in ranks_data["jobs"]}:
+            del self.stragglers[name]  # the job's run dir is gone
         self._settle(current, now)
         result.data = {"findings": sorted(self.active.values(), key=lambda f: f["id"]),
                        "recently_cleared": list(self.cleared), "ranks": verdicts,

@@ -214,10 +214,10 @@ class Checkpointer:
             _, save, stop, sources = self._agree(step - 1, None)
         self._agreed = None
         interval = self.cfg.every_steps and step % self.cfg.every_steps == 0
-        if save or stop:
-            if self.rank == 0:
-                self._journal("checkpoint_requested", step=step, sources=sources,
-                              stop=bool(stop))
+        if (save or stop) and (self.rank == 0 or sources):
+            # Rank 0 records the step all ranks agreed on; a rank that got the request
+            # itself (a signal to one process) records where it came from.
+            self._journal("checkpoint_requested", step=step, sources=sources, stop=bool(stop))
         if stop:
             self._save(step, state(), "stop", force_wait=True)
             self.wait()
@@ -230,10 +230,6 @@ class Checkpointer:
         elif save or interval:
             self._save(step, state(), "request" if save else "interval")
         return False
-
-    def save_now(self, step: int, state: dict[str, Any], reason: str = "manual") -> None:
-        """Save outside the usual schedule (every rank must call it at the same step)."""
-        self._save(step, state, reason)
 
     # ------------------------------------------------------------------ internals
     def _agree(self, step: int, flag: torch.Tensor | None) -> tuple[float, bool, bool, list[str]]:
@@ -285,11 +281,15 @@ class Checkpointer:
             if self.cfg.mode == "sync":
                 self._write(payload, started, waited)
                 return
-            payload.shared = self._snapshot.capture(shared)
-            blocking = time.perf_counter() - started
-            self._writer = threading.Thread(target=self._write, args=(payload, blocking, waited),
-                                            name="trainwatch-checkpoint-writer", daemon=True)
-            self._writer.start()
+            try:
+                payload.shared = self._snapshot.capture(shared)
+                blocking = time.perf_counter() - started
+                self._writer = threading.Thread(target=self._write,
+                                                args=(payload, blocking, waited),
+                                                name="trainwatch-checkpoint-writer", daemon=True)
+                self._writer.start()
+            except Exception as exc:  # noqa: BLE001 - e.g. no host memory for the copy
+                self._failed(step, exc, self.folder)
 
     def _write(self, payload: Payload, blocking: float, waited: float) -> None:
         """Write, verify, mirror and prune one checkpoint; never raises (failures are journaled).

@@ -11,7 +11,6 @@ import logging
 import os
 import signal
 import threading
-from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -70,7 +69,3 @@ class Requests:
             os.kill(os.getpid(), signal.SIGTERM)
             return
         self.ask_stop("SIGTERM")
-
-
-def control_path(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "control" / CONTROL_FILE

@@ -34,10 +34,6 @@ class HostSnapshot:
             torch.cuda.synchronize()
         return out
 
-    @property
-    def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self._buffers)
-
     def _copy(self, obj: Any) -> Any:
         if isinstance(obj, torch.Tensor):
             return self._tensor(obj)

@@ -1,0 +1,67 @@
+"""Findings are conditions: they appear with evidence, keep their identity while they
+last, clear by themselves and are remembered as recently cleared."""
+
+import time
+
+from test_agent_collectors import collector, make_ctx, publish
+from trainwatch.agent.registry import Result
+
+
+def ranks_data(now, *, progress_age, heartbeat_age=0.1, status="sleeping", timing=None):
+    rank = {"rank": 1, "local_rank": 1, "pid": 4242, "state": "running", "step": 50,
+            "phase": "backward", "phase_since": now - progress_age,
+            "last_progress_at": now - progress_age, "heartbeat_at": now - heartbeat_age,
+            "started_at": now - 600, "metrics": {"step": 49, "step_time_seconds": 0.1},
+            "process": {"status": status}}
+    return Result(data={"jobs": [{"job": "exp", "run_dir": "/r", "ranks": [rank],
+                                  "timing": timing, "env": {}}]})
+
+
+def stall_metric(result, name):
+    return [s.value for s in result.samples if s.name == name][0]
+
+
+def test_stall_finding_lifecycle():
+    ctx = make_ctx()
+    findings = collector(ctx, "findings")
+    now = time.time()
+    publish(ctx, "ranks", ranks_data(now, progress_age=1.0))
+    assert findings.collect().data["findings"] == []
+    publish(ctx, "ranks", ranks_data(now, progress_age=8.0, heartbeat_age=8.0, status="stopped"))
+    first = findings.collect()
+    (finding,) = first.data["findings"]
+    assert finding["id"] == "stall/exp/1" and finding["stall_kind"] == "frozen"
+    assert finding["phase"] == "backward" and finding["since"] == now - 8.0
+    assert stall_metric(first, "trainwatch_rank_stalled") == 1
+    info = [s for s in first.samples if s.name == "trainwatch_rank_stall_info"][0]
+    assert info.labels["kind"] == "frozen" and info.labels["phase"] == "backward"
+    again = findings.collect()
+    assert again.data["findings"][0]["detected_at"] == finding["detected_at"]
+    publish(ctx, "ranks", ranks_data(time.time(), progress_age=0.1))
+    cleared = findings.collect()
+    assert cleared.data["findings"] == []
+    assert stall_metric(cleared, "trainwatch_rank_stalled") == 0
+    assert cleared.data["recently_cleared"][0]["id"] == "stall/exp/1"
+    total = [s for s in cleared.samples if s.name == "trainwatch_rank_stalls_total"
+             and s.labels["kind"] == "frozen"][0]
+    assert total.value == 1
+
+
+def test_straggler_finding_from_published_timing():
+    ctx = make_ctx()
+    findings = collector(ctx, "findings")
+    now = time.time()
+    for step in (5, 10, 15):
+        timing = {"step": step, "window_steps": 5, "time": now + step,
+                  "compute_seconds": [0.1, 0.13], "data_wait_seconds": [0.0, 0.0],
+                  "local_seconds": [0.1, 0.13]}
+        publish(ctx, "ranks", ranks_data(now, progress_age=0.1, timing=timing))
+        result = findings.collect()
+    by_kind = {f["kind"]: f for f in result.data["findings"]}
+    assert set(by_kind) == {"straggler", "node_straggler"}  # rank 0 lives on another node
+    finding = by_kind["straggler"]
+    assert finding["rank"] == 1 and abs(by_kind["node_straggler"]["ratio"] - 1.3) < 1e-6
+    assert finding["since_step"] == 1 and finding["detected_step"] == 15
+    assert finding["cause"] == "unknown" and abs(finding["ratio"] - 1.3) < 1e-6
+    ratio = [s.value for s in result.samples if s.name == "trainwatch_straggler_time_ratio"][0]
+    assert abs(ratio - 1.3) < 1e-9
