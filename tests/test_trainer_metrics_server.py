@@ -4,7 +4,6 @@ import shutil
 import subprocess
 import urllib.request
 
-import pytest
 import torch
 
 from trainwatch.metrics_contract import METRICS

@@ -12,6 +12,7 @@ import urllib.request
 import pytest
 
 from trainwatch.rundir import RunDir
+from trainwatch.trainer.data import load_dataset, prepare_generated
 
 TRAIN = [sys.executable, "-m", "trainwatch", "train"]
 
@@ -59,6 +60,7 @@ def test_two_ranks_train_to_completion_and_publish_the_contract(tmp_path, launch
         assert status["counters"]["telemetry_errors_total"] == 0
         assert status["info"]["flops_per_token"] > 0
         assert math.isfinite(status["eval"]["val_loss"])
+    norms = {}
     for rank in (0, 1):
         records = run.metrics(rank)
         assert records.skipped == []
@@ -69,6 +71,9 @@ def test_two_ranks_train_to_completion_and_publish_the_contract(tmp_path, launch
         first = sum(r["loss"] for r in steps[:5]) / 5
         last = sum(r["loss"] for r in steps[-5:]) / 5
         assert last < first - 1.0, (first, last)  # ln(256) = 5.5 -> clearly learning
+        norms[rank] = [r["grad_norm"] for r in steps]
+    # DDP all-reduces gradients: both ranks see the same global norm at every step.
+    assert norms[0] == pytest.approx(norms[1], rel=1e-4)
     events = [e["event"] for e in run.events()]
     for name in ("launcher_started", "run_started", "validation", "step_milestone", "finished",
                  "launcher_exited"):
@@ -84,9 +89,12 @@ def test_two_ranks_train_to_completion_and_publish_the_contract(tmp_path, launch
 
 @pytest.mark.slow
 def test_a_rank_that_dies_is_restarted_and_training_finishes(tmp_path, launch):
+    """Also: a dataset prepared beforehand (data.path) and gradient accumulation under DDP."""
     run_dir = tmp_path / "run"
+    prepare_generated(tmp_path / "data", size_bytes=200_000, seed=5, val_fraction=0.1)
     code, out = finish(launch("--nproc-per-node", "2", "--run-dir", str(run_dir), "--steps", "20",
-                              "--max-restarts", "1",
+                              "--max-restarts", "1", "--set", "optim.grad_accum=2",
+                              "--set", f"data.path={tmp_path / 'data'}",
                               env={"TRAINWATCH_FAULT": "exit:rank=1:step=5:code=3"}))
     assert code == 0, out[-4000:]
     run = RunDir(run_dir)
@@ -99,6 +107,10 @@ def test_a_rank_that_dies_is_restarted_and_training_finishes(tmp_path, launch):
     for status in run.statuses().records:
         assert status["restart_count"] == 1 and status["state"] == "finished"
         assert status["step"] == 19
+        assert status["metrics"]["tokens"] == 2 * 8 * 64  # two micro-batches per step
+        assert status["info"]["dataset_sha256"] == load_dataset(tmp_path / "data").manifest[
+            "splits"]["train"]["sha256"]
+    assert not (run_dir / "data").exists()  # the given dataset was used, nothing prepared
     assert run.events("finished") and run.events("launcher_exited")[0]["exit_code"] == 0
 
 
@@ -169,3 +181,23 @@ def test_bad_config_exits_2_before_starting_torchrun(tmp_path):
         assert proc.returncode == 2, proc.stderr
         assert all(w in proc.stderr for w in words), proc.stderr
         assert not (run_dir / "logs").exists()  # torchrun never started
+
+
+@pytest.mark.slow
+def test_two_nodes_rendezvous_through_c10d(tmp_path, launch):
+    """Multi-node passthrough: two launchers (nodes) on loopback form one job of two ranks,
+    sharing one run directory (both prepare the default corpus into it at once)."""
+    run_dir = tmp_path / "run"
+    endpoint = f"127.0.0.1:{free_port_pair()}"
+    nodes = [launch("--nproc-per-node", "1", "--nnodes", "2", "--node-rank", str(node),
+                    "--rdzv-endpoint", endpoint, "--run-dir", str(run_dir), "--steps", "10")
+             for node in (0, 1)]
+    for node in nodes:
+        code, out = finish(node)
+        assert code == 0, out[-4000:]
+    run = RunDir(run_dir)
+    statuses = run.statuses().records
+    assert sorted(s["rank"] for s in statuses) == [0, 1]
+    assert all(s["world_size"] == 2 and s["state"] == "finished" for s in statuses)
+    assert len(run.events("launcher_started")) == 2 and run.run_info()["nnodes"] == 2
+    assert len(run.events("run_started")) == 1 and run.events("finished")

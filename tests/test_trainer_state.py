@@ -2,6 +2,7 @@
 
 import copy
 
+import pytest
 import torch
 
 from trainwatch.trainer.config import load_config
@@ -24,7 +25,16 @@ def run_steps(state, steps):
     return losses
 
 
-def test_restored_state_continues_bit_for_bit(tmp_path):
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: bit-exact comparisons, and no spinning OpenMP on a busy box."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_restored_state_continues_bit_for_bit(tmp_path, one_thread):
     prepare_generated(tmp_path / "d", size_bytes=15_000, seed=3, val_fraction=0.1)
     data = load_dataset(tmp_path / "d")
     # Dropout makes the continuation depend on the RNG state too; a small epoch makes it

@@ -27,7 +27,6 @@ from trainwatch import __version__
 from trainwatch.errors import ConfigError
 from trainwatch.rundir import RunDir
 from trainwatch.trainer.config import Config, load_config
-from trainwatch.trainer.data import load_dataset
 from trainwatch.trainer.faults import ENV as FAULT_ENV, parse_faults
 
 
@@ -63,6 +62,7 @@ def validate(spec: LaunchSpec) -> Config:
     cfg = load_config(spec.config, spec.overrides)
     parse_faults(os.environ.get(FAULT_ENV, ""))
     if cfg.data.path is not None:
+        from trainwatch.trainer.data import load_dataset  # imports torch: only when needed
         load_dataset(cfg.data.path)
     return cfg
 
@@ -90,7 +90,8 @@ def torchrun_command(spec: LaunchSpec, run: RunDir) -> list[str]:
 def torchrun_env(spec: LaunchSpec, run: RunDir) -> dict[str, str]:
     env = dict(os.environ)
     env.update({
-        # Required for --max-restarts with gloo on torch 2.13 (the shared store breaks re-rendezvous).
+        # Required for --max-restarts with gloo on torch 2.13 (the shared store
+        # breaks re-rendezvous).
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         "TMPDIR": str(run.tmp_dir.resolve()),
         "TRAINWATCH_RUN_DIR": str(run.root.resolve()),
@@ -120,13 +121,25 @@ def _die_with_parent() -> None:
 
 
 def _pump(stream: IO[bytes], log_file: Path) -> None:
-    """Copy torchrun's output to the console and to RUN_DIR/logs/torchrun.log."""
-    with open(log_file, "ab") as log:
-        for line in iter(stream.readline, b""):
-            log.write(line)
-            log.flush()
-            sys.stdout.buffer.write(line)
-            sys.stdout.buffer.flush()
+    """Copy torchrun's output to the console and to RUN_DIR/logs/torchrun.log.
+
+    A sink that fails (closed console, full disk) is dropped and the pipe is still
+    drained: a blocked pipe would block torchrun and with it the job.
+    """
+    sinks: list[IO[bytes]] = [sys.stdout.buffer]
+    try:
+        sinks.append(open(log_file, "ab"))
+    except OSError as exc:
+        print(f"trainwatch: cannot write {log_file}: {exc.strerror}", file=sys.stderr)
+    for line in iter(stream.readline, b""):
+        for sink in list(sinks):
+            try:
+                sink.write(line)
+                sink.flush()
+            except (OSError, ValueError):
+                sinks.remove(sink)
+    for sink in sinks[1:]:
+        sink.close()
 
 
 def launch(spec: LaunchSpec) -> int:

@@ -85,22 +85,27 @@ def setup_process_group(cfg: Config) -> Ranks:
     else:
         device = torch.device("cpu")
     if distributed:
-        dist.init_process_group("nccl" if use_cuda else "gloo")
+        dist.init_process_group("nccl" if use_cuda else "gloo",
+                                device_id=device if use_cuda else None)
     restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     return Ranks(rank, local_rank, world_size, device, distributed, restart_count)
 
 
 def open_data(cfg: Config, run: RunDir, ranks: Ranks) -> Dataset:
-    """The configured dataset, or the built-in corpus prepared once per node into RUN_DIR/data."""
-    if cfg.data.path is not None:
-        return load_dataset(cfg.data.path)
-    path = run.root / "data"
+    """The configured dataset, or the built-in corpus prepared into RUN_DIR/data.
+
+    Local rank 0 prepares (if needed) and verifies the checksums once per node; the
+    other ranks wait for it, then check sizes only (hashing a large corpus once is enough).
+    """
+    path = Path(cfg.data.path) if cfg.data.path is not None else run.root / "data"
     if ranks.local_rank == 0:
-        ensure_default_dataset(path, size_bytes=cfg.data.corpus_bytes,
-                               seed=cfg.data.corpus_seed, val_fraction=cfg.data.val_fraction)
+        if cfg.data.path is None:
+            ensure_default_dataset(path, size_bytes=cfg.data.corpus_bytes,
+                                   seed=cfg.data.corpus_seed, val_fraction=cfg.data.val_fraction)
+        data = load_dataset(path)
     if ranks.distributed:
         dist.barrier()
-    return load_dataset(path)
+    return data if ranks.local_rank == 0 else load_dataset(path, checksums=False)
 
 
 def lr_factor(cfg: Config, step: int) -> float:
@@ -202,7 +207,8 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpoi
               ) if ranks.distributed else model
     tel.flops_per_token = model.flops_per_token()
     tel.set_info(params=model.num_params(), flops_per_token=tel.flops_per_token,
-                 config_digest=cfg.digest(), dataset_sha256=data.manifest["splits"]["train"]["sha256"])
+                 config_digest=cfg.digest(),
+                 dataset_sha256=data.manifest["splits"]["train"]["sha256"])
     if ranks.is_main:
         start = dict(world_size=ranks.world_size, params=model.num_params(),
                      config_digest=cfg.digest(), start_step=state.step, steps=cfg.train.steps)
@@ -215,7 +221,6 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpoi
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
     tokens_per_step = accum * cfg.train.batch_size * cfg.model.context
     samples_per_step = accum * cfg.train.batch_size
-    loss = torch.zeros((), device=ranks.device)
     if restored is not None:
         restored.restore_rng()  # last: the random streams continue exactly where they were
     for step in range(state.step, cfg.train.steps):
@@ -256,11 +261,12 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpoi
                       flush=True)
         if ranks.is_main and due(step, cfg.train.milestone_interval, last):
             tel.event("step_milestone", step=step, loss=loss.item(), lr=lr)
+            print(f"step {step}: loss {loss.item():.4f} lr {lr:.2e}", flush=True)
         if ckpt.after_step(step + 1, lambda: checkpoint_state(state), final=step == last):
             return  # stopped on request (SIGTERM), after saving a checkpoint
 
     if ranks.is_main:
-        tel.event("finished", step=state.step - 1, loss=loss.item())
+        tel.event("finished", step=state.step - 1, steps=cfg.train.steps)
 
 
 class Terminated(BaseException):

@@ -1,0 +1,57 @@
+"""TRAINWATCH_FAULT: specs are validated; faults fire where, when and how often they say."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from trainwatch.errors import ConfigError
+from trainwatch.trainer.faults import Fault, FaultInjector, parse_faults
+
+
+def test_fault_specs_parse_and_reject_nonsense():
+    faults = parse_faults("exit:rank=1:step=5:code=3, slow:rank=0:factor=1.5,"
+                          "hang:step=2:attempt=any")
+    assert faults[0] == Fault("exit", rank=1, step=5, attempt=0, code=3)
+    assert faults[1] == Fault("slow", rank=0, attempt=None, factor=1.5)
+    assert faults[2].rank is None and faults[2].attempt is None
+    for bad in ("explode:step=1", "exit:rank=1", "sleep:step=1", "slow:factor=0.5",
+                "exit:step=x", "exit:step=1:colour=red"):
+        with pytest.raises(ConfigError) as info:
+            parse_faults(bad)
+        assert info.value.file == "TRAINWATCH_FAULT"
+
+
+def test_one_shot_faults_fire_on_first_attempt_only():
+    faults = parse_faults("sleep:rank=1:step=2:seconds=0.01")
+    fired = []
+    first = FaultInjector(faults, rank=1, attempt=0, on_fire=lambda f, s: fired.append(s))
+    for step in range(4):
+        with first.forward(step):
+            pass
+    assert fired == [2]
+    assert FaultInjector(faults, rank=1, attempt=1).faults == []
+    assert FaultInjector(faults, rank=0, attempt=0).faults == []
+
+
+def test_slow_fault_stretches_the_compute_it_wraps():
+    slow = FaultInjector(parse_faults("slow:rank=0:factor=2"), rank=0, attempt=3)
+    started = time.perf_counter()
+    with slow.forward(0):
+        time.sleep(0.02)
+    # forward 20 ms, then (2 - 1) x 3 x forward more: a step twice as long (sleeps never end early)
+    assert time.perf_counter() - started >= 0.02 + 3 * 0.02
+
+
+def test_kill_and_exit_faults_end_the_process_like_a_crash():
+    script = ("from trainwatch.trainer.faults import FaultInjector, parse_faults\n"
+              "import sys\n"
+              "f = FaultInjector(parse_faults(sys.argv[1]), rank=0, attempt=0)\n"
+              "for step in range(5):\n"
+              "    with f.forward(step):\n"
+              "        pass\n")
+    for spec, code in (("kill:step=2", -9), ("exit:step=2:code=7", 7), ("exit:step=9", 0)):
+        proc = subprocess.run([sys.executable, "-c", script, spec], capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == code, (spec, proc.stderr)
