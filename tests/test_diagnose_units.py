@@ -108,6 +108,9 @@ def agent_url():
         def log_message(self, *args):
             pass
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    # A client that gives up between select() and accept() must not leave serve_forever
+    # blocked in accept() (shutdown() would then wait forever).
+    server.socket.settimeout(1.0)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -132,7 +135,9 @@ def test_remote_node_evidence_from_agents_and_honest_gaps(tmp_path, agent_url):
     run.write_status(1, {**base, "rank": 1, "node": "node-b", "pid": 4242})
     (run.status_dir / "rank-00002.json").write_text('{"format": "trainwatch.status", "vers')
     dead_agent = f"http://127.0.0.1:{closed_port()}"
-    ev = gather(run, Options(agent_urls=[agent_url, dead_agent], timeout=2,
+    # Generous timeout: the live fake agent must answer even on a loaded CI machine
+    # (the dead one is refused at once either way).
+    ev = gather(run, Options(agent_urls=[agent_url, dead_agent], timeout=20,
                              request_dumps=False))
     found = findings.analyse(ev)
     gpu = next(f for f in found if f.category == "gpu_fault")
