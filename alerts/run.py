@@ -149,6 +149,9 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
                       agent=targets, rules=len(ruleset.rules), dry_run=dry_run)
     started = time.time()
     interrupted = False
+    # SIGTERM stops everything as cleanly as Ctrl-C does (trainwatch.cli.main makes sure
+    # SIGINT raises KeyboardInterrupt).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         controller.start("trainwatch run")
         loop.start()

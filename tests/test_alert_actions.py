@@ -299,7 +299,13 @@ def test_receive_cli_supervises_a_job_and_acts_on_webhooks(tmp_path):
         _wait_for(lambda: len(_starts(run)) == 2)
     finally:
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
+        try:
+            out, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:  # never leave the receiver and its job behind
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    child.kill()
+                proc.kill()
     assert TOKEN.encode() not in out
     stopped = run.events("job_stopped")
     assert stopped[-1]["reason"] == "receiver stopped"

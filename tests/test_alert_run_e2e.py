@@ -37,6 +37,22 @@ def _configs(tmp_path, **thresholds):
         "checkpoint: {every_steps: 10, fsync: false}\n")
 
 
+def _kill_tree(proc):
+    """Finalizer: whatever happened, leave no agent, torchrun or rank behind."""
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        tree = []
+    if proc.poll() is None:
+        proc.kill()
+    for child in tree:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait()
+
+
 def _run(tmp_path, run_dir, *extra, env=None):
     cmd = [sys.executable, "-m", "trainwatch", "run", "--nproc-per-node", "2",
            "--run-dir", str(run_dir), "--config", str(tmp_path / "train.yaml"),
@@ -74,8 +90,7 @@ def test_sigstopped_rank_is_restarted_from_checkpoint_and_finishes(tmp_path):
         os.kill(frozen_pid, signal.SIGSTOP)
         assert _finish(proc) == 0, (tmp_path / "run.log").read_text()[-3000:]
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        _kill_tree(proc)
     events = run.events()
     names = [e["event"] for e in events]
     firing = [e for e in events if e["event"] == "alert_firing"]
@@ -135,8 +150,7 @@ def test_ctrl_c_stops_everything_and_the_job_checkpoints(tmp_path):
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 130
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        _kill_tree(proc)
     stopped = run.events("controller_stopped")[-1]
     assert stopped["interrupted"] and stopped["exit_code"] == 130
     job_stopped = run.events("job_stopped")[-1]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import signal
 import sys
 
 import click
@@ -59,6 +60,10 @@ def cli(verbose: int) -> None:
 
 
 def main() -> None:
+    # Ctrl-C (SIGINT) always stops a command cleanly, also when this process inherited an
+    # ignored SIGINT: a non-interactive shell starts background jobs that way, and then
+    # daemons like `trainwatch run` could only be stopped with SIGKILL, orphaning the job.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:
