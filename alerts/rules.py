@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from trainwatch.alerts import promql
+from trainwatch.configfile import read_config_text, yaml_error
 from trainwatch.errors import ConfigError
 from trainwatch.metrics_contract import METRICS
 
@@ -81,18 +82,11 @@ class RuleSet:
 # --------------------------------------------------------------------------- YAML with lines
 
 def _compose(path: Path) -> yaml.Node | None:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError("file not found", file=str(path)) from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
+    text = read_config_text(path)
     try:
         return yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise ConfigError(f"invalid YAML: {getattr(exc, 'problem', None) or exc}",
-                          file=str(path), line=mark.line + 1 if mark else None) from None
+        raise yaml_error(exc, path) from None
 
 
 def _value(node: yaml.Node) -> Any:

@@ -10,22 +10,32 @@ import yaml
 from trainwatch.errors import ConfigError
 
 
-def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
-    """Read a YAML file whose top level must be a mapping (empty file -> {})."""
-    path = Path(path)
+def read_config_text(path: str | Path) -> str:
+    """A config file's text; a missing or unreadable file is a ConfigError naming it."""
     try:
-        text = path.read_text()
+        return Path(path).read_text()
     except FileNotFoundError:
         raise ConfigError("file not found", file=str(path)) from None
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
+
+
+def yaml_error(exc: yaml.YAMLError, path: str | Path) -> ConfigError:
+    """A YAML syntax error as a ConfigError with file and line."""
+    mark = getattr(exc, "problem_mark", None)
+    line = mark.line + 1 if mark is not None else None
+    problem = getattr(exc, "problem", None) or str(exc)
+    return ConfigError(f"invalid YAML: {problem}", file=str(path), line=line)
+
+
+def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """Read a YAML file whose top level must be a mapping (empty file -> {})."""
+    path = Path(path)
+    text = read_config_text(path)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"invalid YAML: {problem}", file=str(path), line=line) from None
+        raise yaml_error(exc, path) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
