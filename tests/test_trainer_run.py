@@ -169,3 +169,16 @@ def test_bad_config_exits_2_before_starting_torchrun(tmp_path):
         assert proc.returncode == 2, proc.stderr
         assert all(w in proc.stderr for w in words), proc.stderr
         assert not (run_dir / "logs").exists()  # torchrun never started
+
+
+def test_launcher_turns_the_flight_recorder_on_unless_the_user_set_it(tmp_path, monkeypatch):
+    from trainwatch.trainer.launcher import LaunchSpec, torchrun_env
+
+    run = RunDir(tmp_path / "run").create()
+    spec = LaunchSpec(run_dir=run.root, nproc_per_node=2)
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
+    env = torchrun_env(spec, run)
+    assert env["TORCH_FR_BUFFER_SIZE"] == "2000"
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "0")  # a user's value wins, even "off"
+    assert torchrun_env(spec, run)["TORCH_FR_BUFFER_SIZE"] == "0"
