@@ -112,7 +112,9 @@ def test_ranks_export_checkpoint_age_and_failures_from_the_status_files(tmp_path
                  checkpoint=_facts(step=10, time=now - 9000, ok=True, failures_total=4))
     plain = RunDir(tmp_path / "plain").create()  # no checkpoint library: no series
     write_status(plain, 0, os.getpid(), job="plain")
-    result = collector(make_ctx([saved.root, fresh.root, done.root, plain.root]),
+    other = RunDir(tmp_path / "other").create()  # a node without rank 0 (the save facts)
+    write_status(other, 3, os.getpid(), job="other", checkpoint=_facts())
+    result = collector(make_ctx([saved.root, fresh.root, done.root, plain.root, other.root]),
                        "ranks").collect()
     age = samples(result, "trainwatch_checkpoint_age_seconds")
     failures = samples(result, "trainwatch_checkpoint_failures_total")
@@ -121,7 +123,7 @@ def test_ranks_export_checkpoint_age_and_failures_from_the_status_files(tmp_path
     assert 50 <= age[(("job", "fresh"), node)] < 110
     assert set(age) == {(("job", "saved"), node), (("job", "fresh"), node)}
     assert failures == {(("job", "saved"), node): 2, (("job", "fresh"), node): 0,
-                        (("job", "done"), node): 4}
+                        (("job", "done"), node): 4, (("job", "other"), node): 0}
 
 
 def test_ranks_reports_gone_and_zombie_processes(tmp_path):

@@ -109,8 +109,8 @@ class RanksCollector(Collector):
         """Job-level checkpoint series from the ``checkpoint`` facts the checkpoint library
         publishes in each rank's status (absent: the job does not use it).
 
-        Age: since the newest verified checkpoint any rank knows of, else since the run
-        started; only while a rank runs (a finished job needs no newer checkpoint).
+        Age: since the newest verified checkpoint any rank knows of, else (on rank 0's node)
+        since the run started; only while a rank runs (a finished job needs none newer).
         Failures: the most any rank counted (a failed save is usually seen by every rank).
         """
         facts = [r["checkpoint"] for r in local if isinstance(r.get("checkpoint"), dict)]
@@ -123,9 +123,12 @@ class RanksCollector(Collector):
         if not any(r.get("state", "running") == "running" for r in local):
             return
         # ``time`` is the newest verified save (or the resumed one); a later failure
-        # (ok false) leaves it as it was.
+        # (ok false) leaves it as it was. Rank 0 holds the save facts: a node without it
+        # and without a known save has no age to report (CheckpointTooOld takes the min).
         saved = [_num(f.get("time")) for f in facts]
         since = max((t for t in saved if t is not None), default=None)
+        if since is None and not any(r["rank"] == 0 for r in local):
+            return
         if since is None:
             starts = [_num(r.get("started_at")) for r in local] + [_num(info.get("created_at"))]
             since = min((t for t in starts if t is not None), default=None)
