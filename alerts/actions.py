@@ -225,13 +225,13 @@ class ActionRunner:
         if bad is None:
             details["note"] = "no non-finite or spiking step found in the metrics log"
             return details
-        quarantine = self.run.diagnostics_dir / f"quarantine-{int(self.clock())}"
         moved = []
-        for step, path in self.controller.checkpoints():
+        for step, path in self.controller.checkpoints():  # checkpoint.dir and mirror_dir
             if step >= bad:
-                quarantine.mkdir(parents=True, exist_ok=True)
-                shutil.move(str(path), quarantine / path.name)
-                moved.append({"step": step, "moved_to": str(quarantine / path.name)})
+                target = self._quarantine_folder(path.parent) / path.name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(path), target)
+                moved.append({"step": step, "moved_from": str(path), "moved_to": str(target)})
         resume = max((s for s, _ in self.controller.checkpoints() if s < bad), default=None)
         skip_to = bad + self.policy.skip_window_steps
         request = {"from_step": (resume + 1) if resume is not None else 0, "to_step": skip_to,
@@ -239,6 +239,16 @@ class ActionRunner:
         atomic_write_json(self.run.control_dir / "skip-steps.json", request)
         details.update({"resume_step": resume, "quarantined": moved, "skip": request})
         return details
+
+    def _quarantine_folder(self, folder: Path) -> Path:
+        """RUN_DIR/checkpoints -> diagnostics/quarantine-<time>/; any other checkpoint folder
+        (``checkpoint.dir``/``mirror_dir``, maybe another disk) -> its own
+        ``quarantine-<time>/``: a rename on the same mount, and not a step directory, so
+        neither resume nor retention ever looks inside."""
+        name = f"quarantine-{int(self.clock())}"
+        if folder.resolve() == self.run.checkpoint_dir.resolve():
+            return self.run.diagnostics_dir / name
+        return folder / name
 
     def _run_adapter(self, req: ActionRequest | None) -> dict[str, Any]:
         labels = dict(req.labels) if req else {}

@@ -138,24 +138,40 @@ class JobController:
         steps = [step for step, _ in self.checkpoints()]
         return max(steps) if steps else None
 
+    def checkpoint_folders(self) -> list[Path]:
+        """Where the job's checkpoints live: ``checkpoint.dir`` (default RUN_DIR/checkpoints)
+        and ``checkpoint.mirror_dir`` from the config in run.json, relative to the run dir."""
+        info = self.run.run_info() or {}
+        section = (info.get("config") or {}).get("checkpoint") or {}
+        folders = []
+        for key in ("dir", "mirror_dir"):
+            value = section.get(key) if isinstance(section, dict) else None
+            if isinstance(value, str) and value:
+                path = Path(value)
+                folders.append(path if path.is_absolute() else self.run.root / path)
+            elif key == "dir":
+                folders.append(self.run.checkpoint_dir)
+        return folders
+
     def checkpoints(self) -> list[tuple[int, Path]]:
-        """(step, path) of complete checkpoints, oldest first.
+        """(step, path) of complete checkpoints in every checkpoint folder, oldest first.
 
         From the checkpoint library's catalog when it is installed, and from the journal's
         ``checkpoint_saved`` events whose directory still exists (any trainer can write those).
         """
+        folders = self.checkpoint_folders()
         found: dict[Path, int] = {}
         try:
             from trainwatch.trainer.checkpoint.catalog import scan
         except ImportError:
             scan = None
         if scan is not None:
-            found.update({e.path: e.step for e in scan(self.run.checkpoint_dir)
-                          if e.state == "complete" and e.step is not None})
+            for folder in folders:
+                found.update({e.path: e.step for e in scan(folder)
+                              if e.state == "complete" and e.step is not None})
         for event in self.run.events("checkpoint_saved"):
             path = Path(str(event.get("path", "")))
-            if isinstance(event.get("step"), int) and path.is_dir() \
-                    and path.parent == self.run.checkpoint_dir:
+            if isinstance(event.get("step"), int) and path.is_dir() and path.parent in folders:
                 found.setdefault(path, event["step"])
         return sorted((step, path) for path, step in found.items())
 

@@ -89,6 +89,43 @@ def test_ranks_skips_and_counts_torn_and_alien_status_files(tmp_path):
     assert value(first, "trainwatch_rank_phase", rank=0, phase="forward") == 1
 
 
+def _facts(**kw):
+    """The ``checkpoint`` field the checkpoint library publishes (Checkpointer.facts)."""
+    return {"step": None, "path": None, "time": None, "ok": None, "bytes": None,
+            "last_error": None, "in_flight": False, "saves_total": 0, "failures_total": 0,
+            "skipped_total": 0, "nonfinite_skipped_total": 0, **kw}
+
+
+def test_ranks_export_checkpoint_age_and_failures_from_the_status_files(tmp_path):
+    now = time.time()
+    saved = RunDir(tmp_path / "saved").create()  # rank 1 saw a newer save than rank 0
+    write_status(saved, 0, os.getpid(), job="saved", checkpoint=_facts(
+        step=100, time=now - 300, ok=True, saves_total=2, failures_total=1))
+    # Its last save failed: ``time`` still names its newest verified one.
+    write_status(saved, 1, os.getpid(), job="saved", checkpoint=_facts(
+        step=200, time=now - 100, ok=False, saves_total=3, failures_total=2))
+    fresh = RunDir(tmp_path / "fresh").create()  # checkpointing on, nothing saved yet
+    write_status(fresh, 0, os.getpid(), job="fresh", started_at=now - 50,
+                 checkpoint=_facts())
+    done = RunDir(tmp_path / "done").create()  # finished: no age (nothing is at risk)
+    write_status(done, 0, os.getpid(), job="done", state="finished",
+                 checkpoint=_facts(step=10, time=now - 9000, ok=True, failures_total=4))
+    plain = RunDir(tmp_path / "plain").create()  # no checkpoint library: no series
+    write_status(plain, 0, os.getpid(), job="plain")
+    other = RunDir(tmp_path / "other").create()  # a node without rank 0 (the save facts)
+    write_status(other, 3, os.getpid(), job="other", checkpoint=_facts())
+    result = collector(make_ctx([saved.root, fresh.root, done.root, plain.root, other.root]),
+                       "ranks").collect()
+    age = samples(result, "trainwatch_checkpoint_age_seconds")
+    failures = samples(result, "trainwatch_checkpoint_failures_total")
+    node = ("node", "node-a")
+    assert 100 <= age[(("job", "saved"), node)] < 160
+    assert 50 <= age[(("job", "fresh"), node)] < 110
+    assert set(age) == {(("job", "saved"), node), (("job", "fresh"), node)}
+    assert failures == {(("job", "saved"), node): 2, (("job", "fresh"), node): 0,
+                        (("job", "done"), node): 4, (("job", "other"), node): 0}
+
+
 def test_ranks_reports_gone_and_zombie_processes(tmp_path):
     run = RunDir(tmp_path / "run").create()
     child = subprocess.Popen([sys.executable, "-c", "pass"])

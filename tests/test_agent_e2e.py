@@ -171,3 +171,42 @@ def test_agent_end_to_end(tmp_path, job, prometheus):
     finally:
         code = stop_process(agent)
     assert code == 0, (tmp_path.glob("agent-*.log"))
+
+
+def test_agent_exports_checkpoint_age_and_failures_of_the_real_trainer(tmp_path):
+    """The reference trainer's checkpointer -> status file -> agent /metrics (what
+    CheckpointTooOld and CheckpointFailed read); promtool accepts the output."""
+    run_dir = tmp_path / "run"
+    (tmp_path / "not-a-dir").write_text("the mirror cannot be created here")
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "trainwatch.trainer", "--run-dir", str(run_dir),
+         "--set", "train.steps=40", "--set", "train.eval_interval=0",
+         "--set", "data.corpus_bytes=200000", "--set", "telemetry.heartbeat_interval=0.2",
+         "--set", "checkpoint.every_steps=5", "--set", "checkpoint.mode=sync",
+         "--set", "checkpoint.fsync=false",
+         "--set", f"checkpoint.mirror_dir={tmp_path / 'not-a-dir' / 'mirror'}"],
+        env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path),
+             "TRAINWATCH_FAULT": "hang:step=12"},  # parked after two saves, still running
+        stdout=open(tmp_path / "trainer.log", "wb"), stderr=subprocess.STDOUT, cwd=REPO)
+    config = tmp_path / "agent.yaml"
+    config.write_text("collectors:\n  ranks: {interval: 0.5}\n")
+    agent, url = start_agent(tmp_path, "--run-dir", str(run_dir), config=config)
+    try:
+        def exported():
+            text = http_get(url + "/metrics").decode()
+            lines = {line.split(" ")[0].split("{")[0]: line for line in text.splitlines()
+                     if line.startswith("trainwatch_checkpoint_")}
+            failures = lines.get("trainwatch_checkpoint_failures_total", "")
+            return text if failures and float(failures.split()[-1]) >= 2 else None
+
+        text = wait_for(exported, 120, what="two failed mirror copies in the agent's /metrics")
+        age = next(line for line in text.splitlines()
+                   if line.startswith("trainwatch_checkpoint_age_seconds{"))
+        assert 'job="run"' in age and 0 <= float(age.split()[-1]) < 120
+        check = subprocess.run(["promtool", "check", "metrics"], input=text.encode(),
+                               capture_output=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+    finally:
+        stop_process(trainer, signal.SIGKILL)
+        code = stop_process(agent)
+    assert code == 0

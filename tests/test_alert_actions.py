@@ -339,3 +339,50 @@ def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_rollback_quarantines_the_configured_dir_and_the_mirror_too(tmp_path):
+    """checkpoint.dir and checkpoint.mirror_dir from run.json: no copy of a step at or after
+    the bad one stays anywhere resume looks, so resume takes the one before it."""
+    import torch
+
+    from trainwatch.trainer.checkpoint import CheckpointConfig, Checkpointer
+
+    run = RunDir(tmp_path / "exp1").create()
+    mirror = tmp_path / "other-disk" / "mirror"
+    section = {"dir": "ckpt", "mirror_dir": str(mirror), "every_steps": 5, "mode": "sync",
+               "fsync": False, "keep_last": 10}
+    run.write_run_info({"job": "exp1", "config": {"checkpoint": section}})
+    cfg = CheckpointConfig(**section)
+    model = torch.nn.Linear(2, 1)
+    ckpt = Checkpointer(cfg, run.root).start()
+    try:
+        for step in range(1, 16):
+            ckpt.after_step(step, lambda: {"model": model.state_dict(), "data": {"s": step}},
+                            final=step == 15)
+    finally:
+        ckpt.close()
+    saved = lambda folder: sorted(p.name for p in folder.glob("step-*"))  # noqa: E731
+    assert saved(run.root / "ckpt") == saved(mirror) == [f"step-{s:08d}" for s in (5, 10, 15)]
+    with open(run.metrics_file(0), "w") as fh:  # step 12 produced a NaN loss
+        for step in range(15):
+            loss = float("nan") if step == 12 else 2.0
+            fh.write(json.dumps({"v": 1, "kind": "step", "step": step, "loss": loss}) + "\n")
+
+    controller = JobController(run.root, [sys.executable, "-c", "pass"], stop_grace_seconds=3)
+    runner = ActionRunner(run.root, controller, Policy(min_interval_seconds=0))
+    try:
+        outcome = runner.restart_job("rollback_skip")
+    finally:
+        controller.stop("test teardown")
+    assert outcome.taken, outcome.reason
+    assert outcome.details["bad_step"] == 12 and outcome.details["resume_step"] == 10
+    moved = {q["moved_from"]: q["moved_to"] for q in outcome.details["quarantined"]}
+    assert set(moved) == {str(run.root / "ckpt" / "step-00000015"),
+                          str(mirror / "step-00000015")}
+    assert all(os.path.isdir(target) for target in moved.values())
+    assert saved(run.root / "ckpt") == saved(mirror) == ["step-00000005", "step-00000010"]
+    # The mirror copy lands beside the mirror (same mount), invisible to resume.
+    assert Path(moved[str(mirror / "step-00000015")]).parent.parent == mirror
+    restored = Checkpointer(cfg, run.root).resume()
+    assert restored is not None and restored.step == 10

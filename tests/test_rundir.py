@@ -63,3 +63,32 @@ def test_run_dir_under_a_file_is_a_config_error(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ConfigError, match="not writable"):
         RunDir(tmp_path / "file" / "run").create()
+
+
+def test_every_journal_event_written_in_the_code_is_listed_in_EVENTS():
+    """Names passed to append_event / Telemetry.event / the checkpointer's _journal,
+    grepped from the source, must all be in the contract (f-strings as patterns)."""
+    import re
+    from pathlib import Path
+
+    from trainwatch.rundir import EVENTS
+
+    repo = Path(__file__).resolve().parents[1]
+    call = re.compile(r"(?:append_event|\.event|_journal)\(\s*(f?)\"([^\"]+)\"")
+    found: dict[str, str] = {}
+    for folder in ("trainer", "agent", "alerts", "trainwatch", "runbooks", "dashboards"):
+        for path in (repo / folder).rglob("*.py"):
+            for is_f, name in call.findall(path.read_text()):
+                found[name if not is_f else "f:" + name] = str(path.relative_to(repo))
+    # Writers the alerts controller and the launcher own must have been found at all.
+    assert {"job_started", "job_exited", "controller_started", "launcher_started",
+            "checkpoint_saved", "rank_started"} <= set(found), sorted(found)
+    missing = []
+    for name, where in found.items():
+        if name.startswith("f:"):
+            pattern = re.sub(r"\\\{[^}]*\\\}", "[a-z_]+", re.escape(name[2:]))
+            if not any(re.fullmatch(pattern, e) for e in EVENTS):
+                missing.append((name, where))
+        elif name not in EVENTS:
+            missing.append((name, where))
+    assert not missing, f"journal events not in trainwatch.rundir.EVENTS: {missing}"

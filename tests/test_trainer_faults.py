@@ -55,3 +55,25 @@ def test_kill_and_exit_faults_end_the_process_like_a_crash():
         proc = subprocess.run([sys.executable, "-c", script, spec], capture_output=True,
                               text=True, timeout=60)
         assert proc.returncode == code, (spec, proc.stderr)
+
+
+def test_nan_fault_makes_the_loss_non_finite_once_at_its_step():
+    import math
+
+    import torch
+
+    (fault,) = parse_faults("nan:rank=1:step=3")
+    assert fault == Fault("nan", rank=1, step=3, attempt=0)
+    fired = []
+    injector = FaultInjector([fault], rank=1, attempt=0, on_fire=lambda f, s: fired.append(s))
+    losses = [injector.loss(step, torch.tensor(2.0)).item() for step in (2, 3, 3, 4)]
+    assert losses[0] == 2.0 and math.isnan(losses[1]) and losses[2:] == [2.0, 2.0]
+    assert fired == [3]
+    with injector.forward(3):  # the forward hook leaves nan alone (it acts on the loss)
+        pass
+    assert fired == [3]
+    always = FaultInjector(parse_faults("nan:step=0:attempt=any"), rank=0, attempt=2)
+    assert math.isnan(always.loss(0, torch.tensor(1.0)).item())
+    assert FaultInjector([fault], rank=1, attempt=1).faults == []
+    with pytest.raises(ConfigError):
+        parse_faults("nan:rank=0")  # needs step=N

@@ -201,3 +201,16 @@ def test_two_nodes_rendezvous_through_c10d(tmp_path, launch):
     assert all(s["world_size"] == 2 and s["state"] == "finished" for s in statuses)
     assert len(run.events("launcher_started")) == 2 and run.run_info()["nnodes"] == 2
     assert len(run.events("run_started")) == 1 and run.events("finished")
+
+
+def test_launcher_turns_the_flight_recorder_on_unless_the_user_set_it(tmp_path, monkeypatch):
+    from trainwatch.trainer.launcher import LaunchSpec, torchrun_env
+
+    run = RunDir(tmp_path / "run").create()
+    spec = LaunchSpec(run_dir=run.root, nproc_per_node=2)
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
+    env = torchrun_env(spec, run)
+    assert env["TORCH_FR_BUFFER_SIZE"] == "2000"
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "0")  # a user's value wins, even "off"
+    assert torchrun_env(spec, run)["TORCH_FR_BUFFER_SIZE"] == "0"

@@ -7,13 +7,18 @@
     TRAINWATCH_FAULT="hang:rank=1:step=5"              rank 1 stops progressing (heartbeats go on)
     TRAINWATCH_FAULT="freeze:rank=1:step=5"            rank 1 SIGSTOPs itself (heartbeats stop too)
     TRAINWATCH_FAULT="slow:rank=1:factor=1.25"         rank 1 computes 1.25x slower (a straggler)
+    TRAINWATCH_FAULT="nan:rank=1:step=23"              rank 1's loss at step 23 is NaN (a bad batch)
 
 Several faults are separated by commas. ``rank`` may be omitted (every rank).
 One-shot faults (all but ``slow``) fire on the first attempt only, i.e. when
 torchrun's TORCHELASTIC_RESTART_COUNT is 0, so a restarted job runs clean; add
 ``attempt=N`` to fire on attempt N, or ``attempt=any``. ``slow`` applies on every
 attempt unless ``attempt`` is given. Faults fire inside the forward phase, where
-a slow or stuck accelerator would show.
+a slow or stuck accelerator would show; ``nan`` multiplies the step's loss by NaN
+right after the forward (``FaultInjector.loss``), so backward, the gradient norm and
+the non-finite guard all see it. A job a controller restarts (``trainwatch run``) is
+a new torchrun, attempt 0 again: there ``nan`` fires again whenever step S runs, like
+a corrupt batch, until the step's data is skipped.
 """
 
 from __future__ import annotations
@@ -26,14 +31,16 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+import torch
+
 from trainwatch.errors import ConfigError
 
 ENV = "TRAINWATCH_FAULT"
-ONE_SHOT = ("exit", "kill", "sleep", "hang", "freeze")
+ONE_SHOT = ("exit", "kill", "sleep", "hang", "freeze", "nan")
 KINDS = ONE_SHOT + ("slow",)
 # Extra keys each kind takes, with their types.
 _PARAMS = {"exit": {"code": int}, "kill": {}, "sleep": {"seconds": float}, "hang": {},
-           "freeze": {}, "slow": {"factor": float}}
+           "freeze": {}, "nan": {}, "slow": {"factor": float}}
 # A backward pass costs about twice the forward: a straggler's whole step is ~3x forward.
 _STEP_PER_FORWARD = 3.0
 
@@ -108,10 +115,7 @@ class FaultInjector:
             yield
             return
         for fault in self.faults:
-            if fault.kind in ONE_SHOT and fault.step == step and fault not in self._fired:
-                self._fired.add(fault)
-                if self.on_fire is not None:
-                    self.on_fire(fault, step)
+            if fault.kind in ONE_SHOT and fault.kind != "nan" and self._due(fault, step):
                 self._fire(fault, step)
         started = time.perf_counter()
         yield
@@ -119,6 +123,23 @@ class FaultInjector:
         for fault in self.faults:
             if fault.kind == "slow" and (fault.step is None or step >= fault.step):
                 time.sleep((fault.factor - 1.0) * _STEP_PER_FORWARD * elapsed)
+
+    def loss(self, step: int, loss: torch.Tensor) -> torch.Tensor:
+        """``loss``, made NaN when a ``nan`` fault is due at ``step`` (once per process)."""
+        for fault in self.faults:
+            if fault.kind == "nan" and self._due(fault, step):
+                self._fire(fault, step)
+                return loss * float("nan")
+        return loss
+
+    def _due(self, fault: Fault, step: int) -> bool:
+        """True the first time ``step`` reaches a one-shot fault; journals it (on_fire)."""
+        if fault.step != step or fault in self._fired:
+            return False
+        self._fired.add(fault)
+        if self.on_fire is not None:
+            self.on_fire(fault, step)
+        return True
 
     @staticmethod
     def _fire(fault: Fault, step: int) -> None:

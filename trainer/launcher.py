@@ -29,6 +29,8 @@ from trainwatch.rundir import RunDir
 from trainwatch.trainer.config import Config, load_config
 from trainwatch.trainer.faults import ENV as FAULT_ENV, parse_faults
 
+FLIGHT_RECORDER_ENTRIES = 2000
+
 
 @dataclass
 class LaunchSpec:
@@ -99,6 +101,9 @@ def torchrun_env(spec: LaunchSpec, run: RunDir) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
     })
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // spec.nproc_per_node)))
+    # Keep the last collectives in the flight recorder, so `trainwatch diagnose` can
+    # say which one a hung rank is in (a user's own value wins).
+    env.setdefault("TORCH_FR_BUFFER_SIZE", str(FLIGHT_RECORDER_ENTRIES))
     return env
 
 

@@ -34,6 +34,7 @@ from trainwatch.trainer.data import Dataset, ShardedBatches, ensure_default_data
 from trainwatch.trainer.faults import FaultInjector
 from trainwatch.trainer.metrics_server import MetricsServer
 from trainwatch.trainer.model import GPT
+from trainwatch.trainer.skips import agree_skip_steps
 from trainwatch.trainer.state import TrainingState
 from trainwatch.trainer.telemetry import Telemetry
 
@@ -202,6 +203,7 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpoi
         restored = ckpt.resume()  # the newest verified checkpoint, or None on a fresh run
         if restored is not None:
             restore_checkpoint(state, restored)
+        skip = agree_skip_steps(run, ranks.distributed)  # a rollback's control/skip-steps.json
     model = state.model
     ddp = DDP(model, device_ids=[ranks.device.index] if ranks.device.type == "cuda" else None
               ) if ranks.distributed else model
@@ -224,6 +226,15 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpoi
     if restored is not None:
         restored.restore_rng()  # last: the random streams continue exactly where they were
     for step in range(state.step, cfg.train.steps):
+        if step in skip:  # rolled back past a bad batch: drop this step's data, train nothing
+            with tel.phase("data"):
+                dropped = skip.drop(step, state.loader, accum, final=step == last)
+            state.step = step + 1
+            if dropped is not None and ranks.is_main:
+                tel.event("data_skipped", **dropped)
+            if ckpt.after_step(step + 1, lambda: checkpoint_state(state), final=step == last):
+                return
+            continue
         with tel.step(step) as record:
             loss = torch.zeros((), device=ranks.device)
             for micro in range(accum):
@@ -234,6 +245,7 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpoi
                 with contextlib.nullcontext() if sync else ddp.no_sync():
                     with tel.phase("forward"), faults.forward(step), autocast(ranks.device):
                         _, micro_loss = ddp(x, y)
+                        micro_loss = faults.loss(step, micro_loss)  # TRAINWATCH_FAULT=nan:...
                     with tel.phase("backward"):
                         (micro_loss / accum).backward()
                 loss += micro_loss.detach() / accum

@@ -270,15 +270,16 @@ _SPECS = [
 ]
 
 # --- alerts and controller (issue 5, branch `alerts`) ---------------------------------
-# Checkpoint facts come from the run directory's journal (the agent must export them:
-# checkpoint_saved/verified and checkpoint_failed events); trainwatch_action_* is
+# Checkpoint facts come from the checkpoint library's `checkpoint` field in the ranks'
+# status files (the agent's ranks collector exports them); trainwatch_action_* is
 # exported by the alert controller itself (`trainwatch run` / the webhook receiver).
 _SPECS += [
     _m("trainwatch_checkpoint_age_seconds", "gauge",
        "Seconds since the newest verified checkpoint of the run (since the run started when "
        "there is none).", JOB_NODE, "seconds"),
     _m("trainwatch_checkpoint_failures_total", "counter",
-       "Checkpoint saves of the run that failed (checkpoint_failed journal events).", JOB_NODE),
+       "Checkpoint saves of the run that failed (the most any of the node's ranks counted; "
+       "resets when the job restarts).", JOB_NODE),
     _m("trainwatch_action_restart_guard_tripped", "gauge",
        "1 once the controller stopped restarting a job that makes no forward progress.",
        ("job",)),

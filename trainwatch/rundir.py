@@ -35,6 +35,7 @@ EVENTS = (
     "checkpoint_fallback", "checkpoint_resumed", "checkpoint_requested",
     "nonfinite_detected", "data_skipped", "fault_injected",
     "alert_firing", "alert_resolved", "action_taken", "action_skipped", "diagnostics_dumped",
+    "job_started", "job_stopped", "job_exited", "controller_started", "controller_stopped",
 )
 
 

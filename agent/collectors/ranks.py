@@ -3,7 +3,8 @@
 Reads each run directory through ``trainwatch.rundir.RunDir`` (torn, empty, alien or
 newer-version status files are skipped, listed in /status and counted once per file
 version), inspects each rank's process with psutil, and exports the trainwatch_train_*,
-trainwatch_rank_* and trainwatch_process_* series.
+trainwatch_rank_*, trainwatch_process_* and (from the checkpoint library's facts in the
+status files) trainwatch_checkpoint_* series.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ class RanksCollector(Collector):
             if isinstance(status.get("pid"), int):
                 live.add(status["pid"])
                 env[rank["rank"]] = self.procs.env(status["pid"])
+        self._checkpoint(local, info, now, job_name, result)
         backends = sorted({r["backend"] for r in ranks if r.get("backend")})
         return {"job": job_name, "run_dir": key,
                 "backend": backends[0] if len(backends) == 1 else (backends or None),
@@ -101,6 +103,37 @@ class RanksCollector(Collector):
                 "skipped": list(self._skip_recent.get(key, ())),
                 "timing": timing, "ranks": ranks, "env": env,
                 "checkpoint_dir": str(run.checkpoint_dir)}
+
+    def _checkpoint(self, local: list[dict[str, Any]], info: dict[str, Any], now: float,
+                    job: str, result: Result) -> None:
+        """Job-level checkpoint series from the ``checkpoint`` facts the checkpoint library
+        publishes in each rank's status (absent: the job does not use it).
+
+        Age: since the newest verified checkpoint any rank knows of, else (on rank 0's node)
+        since the run started; only while a rank runs (a finished job needs none newer).
+        Failures: the most any rank counted (a failed save is usually seen by every rank).
+        """
+        facts = [r["checkpoint"] for r in local if isinstance(r.get("checkpoint"), dict)]
+        if not facts:
+            return
+        labels = {"job": job, "node": self.ctx.node}
+        failures = [_num(f.get("failures_total")) for f in facts]
+        result.add("trainwatch_checkpoint_failures_total",
+                   max((v for v in failures if v is not None), default=None), **labels)
+        if not any(r.get("state", "running") == "running" for r in local):
+            return
+        # ``time`` is the newest verified save (or the resumed one); a later failure
+        # (ok false) leaves it as it was. Rank 0 holds the save facts: a node without it
+        # and without a known save has no age to report (CheckpointTooOld takes the min).
+        saved = [_num(f.get("time")) for f in facts]
+        since = max((t for t in saved if t is not None), default=None)
+        if since is None and not any(r["rank"] == 0 for r in local):
+            return
+        if since is None:
+            starts = [_num(r.get("started_at")) for r in local] + [_num(info.get("created_at"))]
+            since = min((t for t in starts if t is not None), default=None)
+        if since is not None:
+            result.add("trainwatch_checkpoint_age_seconds", max(0.0, now - since), **labels)
 
     def _local(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Ranks of this node; a run dir on a shared filesystem holds every node's ranks."""

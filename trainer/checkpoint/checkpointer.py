@@ -102,6 +102,7 @@ class Checkpointer:
                 for path in catalog.remove_incomplete(folder):
                     self._journal("checkpoint_pruned", path=str(path),
                                   reason="incomplete (a save was interrupted)")
+        self._publish()  # "checkpointing on, nothing saved yet" is a fact readers need too
         return self
 
     def close(self) -> None:
