@@ -15,7 +15,7 @@ import hashlib
 import logging
 import math
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from trainwatch.alerts.evaluate import Evaluator, History, labels_key

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 import urllib.parse
-from pathlib import Path
 
 import pytest
 

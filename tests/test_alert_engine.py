@@ -2,7 +2,6 @@
 (journal, webhook into trainwatch's own receiver, a real Alertmanager's v2 API)."""
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from trainwatch.alerts.actions import ActionRunner, Policy
 from trainwatch.alerts.engine import Engine
-from trainwatch.alerts.evaluate import Evaluator, History, labels_key
+from trainwatch.alerts.evaluate import Evaluator, History
 from trainwatch.alerts.notify import AlertmanagerNotifier, JournalNotifier, WebhookNotifier
 from trainwatch.alerts.promql import parse
 from trainwatch.alerts.receiver import Receiver
