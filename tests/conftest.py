@@ -1,5 +1,6 @@
-"""Shared test helpers: run real torchrun jobs with scratch files inside the test's folders."""
+"""Shared test helpers: real torchrun jobs with scratch files in the test's folders, real tmpfs mounts."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -32,3 +33,17 @@ def run_torchrun(tmp_path: Path, script: str, *args: str, nproc: int = 2,
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+@contextlib.contextmanager
+def tmpfs_mount(path: Path, size: str):
+    """A real tmpfs of ``size`` at ``path`` (root only; the test skips elsewhere), unmounted after."""
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import tmpfs_mount
 from fake_nvml import FakeGpuBackend
 from trainwatch.agent.config import build_config
 from trainwatch.agent.context import AgentContext
@@ -283,14 +284,8 @@ def test_gpu_straggler_cause_comes_from_clock_events(tmp_path):
 @pytest.fixture
 def tmpfs(tmp_path):
     """A real 1 MiB tmpfs (root only), unmounted afterwards."""
-    mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
-    out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-                         capture_output=True, text=True)
-    if out.returncode != 0:
-        pytest.skip(f"cannot mount tmpfs here: {out.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+    with tmpfs_mount(tmp_path / "tmpfs", "1m") as mnt:
+        yield mnt
 
 
 def test_storage_on_a_filling_then_full_tmpfs(tmpfs):

@@ -3,11 +3,11 @@ older checkpoint survives, training goes on, journal and status say so."""
 
 import errno
 import json
-import subprocess
 
 import pytest
 import torch
 
+from conftest import tmpfs_mount
 from trainwatch.rundir import RunDir
 from trainwatch.trainer.checkpoint import CheckpointConfig, Checkpointer
 from trainwatch.trainer.checkpoint import catalog
@@ -18,14 +18,8 @@ from trainwatch.trainer.telemetry import Telemetry
 @pytest.fixture
 def small_disk(tmp_path):
     """A 2 MiB tmpfs, unmounted afterwards (needs root, as in CI)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=True)
+    with tmpfs_mount(tmp_path / "disk", "2m") as mount:
+        yield mount
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])

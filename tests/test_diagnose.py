@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from agent_helpers import free_port, http_get, stop_process, wait_for
-from conftest import REPO, torchrun_env
+from conftest import REPO, tmpfs_mount, torchrun_env
 from trainwatch.rundir import RunDir
 
 pytestmark = pytest.mark.slow
@@ -226,13 +226,8 @@ def test_sigkilled_rank_is_dead(start_job):
 
 @pytest.fixture
 def full_tmpfs(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = tmp_path / "run" / "checkpoints"
-    mount.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True)
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    with tmpfs_mount(tmp_path / "run" / "checkpoints", "1m") as mount:
+        yield mount
 
 
 def test_checkpoints_on_a_full_tmpfs(start_job, full_tmpfs):
