@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,3 +48,51 @@ def tmpfs_mount(path: Path, size: str):
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+TRAIN = [sys.executable, "-m", "trainwatch", "train"]
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """Finalizer: kill a process and everything it started (torchrun puts ranks in sessions
+    of their own, so a process-group kill would miss them)."""
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        tree = []
+    if proc.poll() is None:
+        proc.kill()
+    for child in tree:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait()
+
+
+def start_train(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`trainwatch train ARGS` in its own session; TRAINWATCH_FAULT only when ``env`` sets it."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    full_env.pop("TRAINWATCH_FAULT", None)
+    full_env.update(env or {})
+    return subprocess.Popen([*TRAIN, *args], env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+@pytest.fixture
+def launch_train():
+    """Start `trainwatch train` runs; whatever is left of them is killed at teardown."""
+    procs = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        procs.append(start_train(*args, env=env))
+        return procs[-1]
+
+    yield start
+    for proc in procs:
+        kill_tree(proc)

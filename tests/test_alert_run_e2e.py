@@ -17,6 +17,7 @@ import time
 import psutil
 import pytest
 
+from conftest import kill_tree
 from trainwatch.rundir import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
@@ -35,22 +36,6 @@ def _configs(tmp_path, **thresholds):
     (tmp_path / "train.yaml").write_text(
         "train: {steps: 80, batch_size: 4, eval_interval: 1000}\n"
         "checkpoint: {every_steps: 10, fsync: false}\n")
-
-
-def _kill_tree(proc):
-    """Finalizer: whatever happened, leave no agent, torchrun or rank behind."""
-    try:
-        tree = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        tree = []
-    if proc.poll() is None:
-        proc.kill()
-    for child in tree:
-        try:
-            child.kill()
-        except psutil.NoSuchProcess:
-            pass
-    proc.wait()
 
 
 def _run(tmp_path, run_dir, *extra, env=None):
@@ -90,7 +75,7 @@ def test_sigstopped_rank_is_restarted_from_checkpoint_and_finishes(tmp_path):
         os.kill(frozen_pid, signal.SIGSTOP)
         assert _finish(proc) == 0, (tmp_path / "run.log").read_text()[-3000:]
     finally:
-        _kill_tree(proc)
+        kill_tree(proc)
     events = run.events()
     names = [e["event"] for e in events]
     firing = [e for e in events if e["event"] == "alert_firing"]
@@ -150,7 +135,7 @@ def test_ctrl_c_stops_everything_and_the_job_checkpoints(tmp_path):
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 130
     finally:
-        _kill_tree(proc)
+        kill_tree(proc)
     stopped = run.events("controller_stopped")[-1]
     assert stopped["interrupted"] and stopped["exit_code"] == 130
     job_stopped = run.events("job_stopped")[-1]

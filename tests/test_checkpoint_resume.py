@@ -3,15 +3,13 @@ SIGTERM, corrupted checkpoints.  Every interrupted run must end with the same we
 (`trainwatch checkpoint digest`) as one that never stopped."""
 
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
+from conftest import finish, kill_tree, start_train
 from trainwatch.rundir import RunDir
 
 # 20 kB of corpus gives 17 batches per rank and epoch: checkpoints at 10 and 20 are
@@ -22,34 +20,17 @@ ARGS = ["--nproc-per-node", "2", "--steps", "30", "--set", "checkpoint.every_ste
 
 
 def start(run_dir, *extra, fault=None):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("TRAINWATCH_FAULT", None)
-    if fault:
-        env["TRAINWATCH_FAULT"] = fault
-    return subprocess.Popen([sys.executable, "-m", "trainwatch", "train", "--run-dir",
-                             str(run_dir), *ARGS, *extra], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return start_train("--run-dir", str(run_dir), *ARGS, *extra,
+                       env={"TRAINWATCH_FAULT": fault} if fault else None)
 
 
 @pytest.fixture
-def launch():
-    procs = []
-
+def launch(launch_train):
+    """``launch_train`` with this file's arguments and an optional fault."""
     def run(run_dir, *extra, fault=None):
-        proc = start(run_dir, *extra, fault=fault)
-        procs.append(proc)
-        return proc
-
-    yield run
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-def finish(proc, timeout=240):
-    out, _ = proc.communicate(timeout=timeout)
-    return proc.returncode, out
+        return launch_train("--run-dir", str(run_dir), *ARGS, *extra,
+                            env={"TRAINWATCH_FAULT": fault} if fault else None)
+    return run
 
 
 def digest(run_dir):
@@ -69,9 +50,7 @@ def baseline(tmp_path_factory):
     try:
         code, out = finish(proc)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        kill_tree(proc)
     assert code == 0, out[-3000:]
     result = digest(run_dir)
     assert result["path"].endswith("step-00000030")

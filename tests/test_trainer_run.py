@@ -5,46 +5,19 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 
 import pytest
 
+from conftest import TRAIN, finish
 from trainwatch.rundir import RunDir
 from trainwatch.trainer.data import load_dataset, prepare_generated
 
-TRAIN = [sys.executable, "-m", "trainwatch", "train"]
-
-
-@pytest.fixture
-def launch(tmp_path):
-    """Start `trainwatch train` in its own session; whatever is left is killed at teardown."""
-    procs = []
-
-    def start(*args, env=None):
-        full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-        proc = subprocess.Popen([*TRAIN, *args], env=full_env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-def finish(proc, timeout=240):
-    out, _ = proc.communicate(timeout=timeout)
-    return proc.returncode, out
-
-
 @pytest.mark.slow
-def test_two_ranks_train_to_completion_and_publish_the_contract(tmp_path, launch):
+def test_two_ranks_train_to_completion_and_publish_the_contract(tmp_path, launch_train):
     run_dir = tmp_path / "run"
-    code, out = finish(launch("--nproc-per-node", "2", "--run-dir", str(run_dir),
+    code, out = finish(launch_train("--nproc-per-node", "2", "--run-dir", str(run_dir),
                               "--steps", "80", "--set", "train.eval_interval=40",
                               "--set", "telemetry.heartbeat_interval=0.2"))
     assert code == 0, out[-4000:]
@@ -88,11 +61,11 @@ def test_two_ranks_train_to_completion_and_publish_the_contract(tmp_path, launch
 
 
 @pytest.mark.slow
-def test_a_rank_that_dies_is_restarted_and_training_finishes(tmp_path, launch):
+def test_a_rank_that_dies_is_restarted_and_training_finishes(tmp_path, launch_train):
     """Also: a dataset prepared beforehand (data.path) and gradient accumulation under DDP."""
     run_dir = tmp_path / "run"
     prepare_generated(tmp_path / "data", size_bytes=200_000, seed=5, val_fraction=0.1)
-    code, out = finish(launch("--nproc-per-node", "2", "--run-dir", str(run_dir), "--steps", "20",
+    code, out = finish(launch_train("--nproc-per-node", "2", "--run-dir", str(run_dir), "--steps", "20",
                               "--max-restarts", "1", "--set", "optim.grad_accum=2",
                               "--set", f"data.path={tmp_path / 'data'}",
                               env={"TRAINWATCH_FAULT": "exit:rank=1:step=5:code=3"}))
@@ -130,11 +103,11 @@ def free_port_pair():
 
 
 @pytest.mark.slow
-def test_sigterm_is_forwarded_and_every_rank_records_it(tmp_path, launch):
+def test_sigterm_is_forwarded_and_every_rank_records_it(tmp_path, launch_train):
     """Also: with --metrics-port each rank serves its metrics while it trains."""
     run_dir = tmp_path / "run"
     port = free_port_pair()
-    proc = launch("--nproc-per-node", "2", "--run-dir", str(run_dir), "--steps", "100000",
+    proc = launch_train("--nproc-per-node", "2", "--run-dir", str(run_dir), "--steps", "100000",
                   "--metrics-port", str(port), "--set", "telemetry.heartbeat_interval=0.2")
     run = RunDir(run_dir)
     deadline = time.time() + 120
@@ -184,12 +157,12 @@ def test_bad_config_exits_2_before_starting_torchrun(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_nodes_rendezvous_through_c10d(tmp_path, launch):
+def test_two_nodes_rendezvous_through_c10d(tmp_path, launch_train):
     """Multi-node passthrough: two launchers (nodes) on loopback form one job of two ranks,
     sharing one run directory (both prepare the default corpus into it at once)."""
     run_dir = tmp_path / "run"
     endpoint = f"127.0.0.1:{free_port_pair()}"
-    nodes = [launch("--nproc-per-node", "1", "--nnodes", "2", "--node-rank", str(node),
+    nodes = [launch_train("--nproc-per-node", "1", "--nnodes", "2", "--node-rank", str(node),
                     "--rdzv-endpoint", endpoint, "--run-dir", str(run_dir), "--steps", "10")
              for node in (0, 1)]
     for node in nodes:
