@@ -297,11 +297,20 @@ def _req_fields(req: ActionRequest | None) -> dict[str, Any]:
 
 
 def _first_bad_step(run: RunDir) -> int | None:
-    """The first step with a non-finite loss, else the step of the largest loss spike."""
+    """The first step with a non-finite loss, else the step of the largest loss spike.
+
+    Only steps logged after the last rollback count: the metrics log keeps the records
+    of a bad step that was already rolled back, and rolling back to it again would
+    throw away everything trained since.
+    """
+    rollbacks = [e.get("time") for e in run.events("action_taken")
+                 if e.get("action") == "rollback_skip"]
+    since = max((t for t in rollbacks if isinstance(t, (int, float))), default=float("-inf"))
     records = []
     for rank in run.ranks_with_metrics():
         records += [r for r in read_jsonl(run.metrics_file(rank)).records
-                    if r.get("kind") == "step" and isinstance(r.get("step"), int)]
+                    if r.get("kind") == "step" and isinstance(r.get("step"), int)
+                    and _logged_after(r, since)]
     bad = [r["step"] for r in records
            if not isinstance(r.get("loss"), (int, float)) or not math.isfinite(r["loss"])]
     if bad:
@@ -315,3 +324,9 @@ def _first_bad_step(run: RunDir) -> int | None:
             best, best_ratio = finite[i][0], finite[i][1] / mean
     return best
 
+
+
+def _logged_after(record: dict[str, Any], since: float) -> bool:
+    """True unless the record carries a time at or before ``since``."""
+    t = record.get("time")
+    return not isinstance(t, (int, float)) or t > since

@@ -386,3 +386,25 @@ def test_rollback_quarantines_the_configured_dir_and_the_mirror_too(tmp_path):
     assert Path(moved[str(mirror / "step-00000015")]).parent.parent == mirror
     restored = Checkpointer(cfg, run.root).resume()
     assert restored is not None and restored.step == 10
+
+
+def test_a_later_nan_rolls_back_to_itself_not_to_one_already_rolled_back(tmp_path):
+    """The metrics log keeps the NaN of an earlier, handled rollback; the next rollback
+    must target the new bad step, or it would throw away everything trained since."""
+    from trainwatch.alerts.actions import _first_bad_step
+
+    run = RunDir(tmp_path / "exp1").create()
+    before = time.time() - 100
+
+    def log(steps, nan_at, t0):
+        with open(run.metrics_file(0), "a") as fh:
+            for i, step in enumerate(steps):
+                loss = float("nan") if step == nan_at else 3.0
+                fh.write(json.dumps({"v": 1, "kind": "step", "step": step, "time": t0 + i * 0.1,
+                                     "loss": loss}) + "\n")
+
+    log(range(26), 24, before)
+    assert _first_bad_step(run) == 24
+    run.append_event("action_taken", "engine", action="rollback_skip", bad_step=24)
+    log([20] + list(range(26, 90)), 80, time.time() + 1)
+    assert _first_bad_step(run) == 80
