@@ -88,6 +88,16 @@ def test_ranks_skips_and_counts_torn_and_alien_status_files(tmp_path):
         first, "trainwatch_process_state", rank=0, state="sleeping") == 1
     assert value(first, "trainwatch_train_loss", rank=0) == 1.5
     assert value(first, "trainwatch_rank_phase", rank=0, phase="forward") == 1
+    assert not [x for x in first.samples
+                if x.name == "trainwatch_train_last_nonfinite_loss_timestamp_seconds"]
+
+
+def test_ranks_export_when_the_newest_nonfinite_loss_happened(tmp_path):
+    run = RunDir(tmp_path / "run").create()
+    write_status(run, 0, os.getpid(), last_nonfinite_loss_at=1796208437.5)
+    result = collector(make_ctx([run.root]), "ranks").collect()
+    assert value(result, "trainwatch_train_last_nonfinite_loss_timestamp_seconds",
+                 rank=0) == 1796208437.5
 
 
 def _facts(**kw):

@@ -2,6 +2,8 @@
 
 import math
 
+import time
+
 import torch
 
 from conftest import run_torchrun
@@ -33,6 +35,7 @@ def test_plain_ddp_loop_publishes_the_contract(tmp_path, repo):
 
 
 def test_nonfinite_values_are_counted_and_errors_never_raise(tmp_path):
+    started = time.time()
     tel = Telemetry(tmp_path, heartbeat_interval=60, exchange_every=0).start()
     with tel.step(0) as s:
         s.record(loss=torch.tensor(float("nan")), grad_norm=float("inf"), tokens=10)
@@ -47,6 +50,8 @@ def test_nonfinite_values_are_counted_and_errors_never_raise(tmp_path):
     status = RunDir(tmp_path).statuses().records[0]
     assert status["counters"]["nonfinite_loss_total"] == 1
     assert status["counters"]["nonfinite_grad_norm_total"] == 1
+    # when: alert rules read the time, which a counter first seen after the NaN lacks
+    assert started <= status["last_nonfinite_loss_at"] <= time.time()
     assert status["counters"]["telemetry_errors_total"] >= 1
     assert status["metrics"]["step"] == 2 and status["metrics"]["loss"] == 1.0
 

@@ -77,7 +77,9 @@ class TelemetryCollector:
         for name, value in (("trainwatch_rank_step", state.get("step")),
                             ("trainwatch_train_validation_loss",
                              (state.get("eval") or {}).get("val_loss")),
-                            ("trainwatch_rank_restarts", state.get("restart_count"))):
+                            ("trainwatch_rank_restarts", state.get("restart_count")),
+                            ("trainwatch_train_last_nonfinite_loss_timestamp_seconds",
+                             state.get("last_nonfinite_loss_at"))):
             if _number(value) is not None:
                 family = _family(name)
                 family.add_metric(labels, float(value))

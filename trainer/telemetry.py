@@ -140,6 +140,7 @@ class Telemetry:
             "counters": {"steps_total": 0, "nonfinite_loss_total": 0,
                          "nonfinite_grad_norm_total": 0, "telemetry_errors_total": 0,
                          "pending_dropped_total": 0},
+            "last_nonfinite_loss_at": None,
             "timing": None, "checkpoint": None, "info": {},
         }
         self._step_start: float | None = None
@@ -428,6 +429,8 @@ class Telemetry:
                 counter = "nonfinite_loss_total" if key == "loss" else "nonfinite_grad_norm_total"
                 with self._lock:
                     self.state["counters"][counter] += 1
+                    if key == "loss":
+                        self.state["last_nonfinite_loss_at"] = p.end_time
         line.update({k: v for k, v in values.items() if _jsonable(v)})
         tokens, samples = values.get("tokens"), values.get("samples")
         if p.step_seconds > 0:

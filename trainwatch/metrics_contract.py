@@ -49,6 +49,9 @@ _SPECS = [
     _m("trainwatch_train_validation_loss", "gauge", "Latest validation loss.", JOB_RANK),
     _m("trainwatch_train_nonfinite_loss_total", "counter",
        "Steps whose loss was NaN or Inf.", JOB_RANK),
+    _m("trainwatch_train_last_nonfinite_loss_timestamp_seconds", "gauge",
+       "Unix time of the newest step whose loss was NaN or Inf; absent if none.", JOB_RANK,
+       "seconds"),
     _m("trainwatch_train_nonfinite_grad_norm_total", "counter",
        "Steps whose gradient norm was NaN or Inf.", JOB_RANK),
     # --- per-rank timing, heartbeat and phase ---------------------------------------------

@@ -195,6 +195,8 @@ class RanksCollector(Collector):
                            phase=name)
         evals = s.get("eval") if isinstance(s.get("eval"), dict) else {}
         result.add("trainwatch_train_validation_loss", _num(evals.get("val_loss")), **labels)
+        result.add("trainwatch_train_last_nonfinite_loss_timestamp_seconds",
+                   _num(s.get("last_nonfinite_loss_at")), **labels)
         for field, metric in _COUNTERS.items():
             result.add(metric, _num(counters.get(field)), **labels)
 
