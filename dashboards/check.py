@@ -217,10 +217,14 @@ def check_dashboard(dashboard: dict[str, Any]) -> list[Problem]:
     if not ds or ds.get("type") != "datasource" or ds.get("query") != "prometheus":
         found.append(Problem(name, "dashboard", "needs a 'datasource' variable of type "
                                                 "datasource (prometheus)"))
+    titles: set[str] = set()
     for panel in panels(dashboard):
         if panel.get("type") == "row":
             continue
         where = f"panel '{panel.get('title')}'"
+        if panel.get("title") in titles:
+            found.append(Problem(name, where, "another panel has the same title"))
+        titles.add(panel.get("title"))
         sources = [panel.get("datasource")] + [t.get("datasource") for t in
                                                panel.get("targets") or [] if "datasource" in t]
         if any(s != DATASOURCE for s in sources):

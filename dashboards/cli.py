@@ -128,8 +128,8 @@ def upload(paths: tuple[str, ...], url: str, folder: str, token_file: str | None
     """
     from trainwatch.dashboards.upload import Uploader, check_url, read_token
     docs = _load(paths, runbook_base)
+    check_url(url)
     if dry_run:
-        check_url(url)
         click.echo(f"would upload to {url} folder '{folder}' (overwrite by uid):")
         for d in docs:
             click.echo(f"  {d.get('uid')}  {d.get('title')}")

@@ -63,7 +63,7 @@ def build(runbook_base: str) -> dict:
                         "samples/s"),
                  description="Job throughput, summed over ranks.",
                  alerts=("TrainingThroughputDrop",))
-    b.timeseries("MFU", target(b.sel("trainwatch_train_mfu_ratio"), "rank {{rank}}"),
+    b.timeseries("MFU per rank", target(b.sel("trainwatch_train_mfu_ratio"), "rank {{rank}}"),
                  unit="percentunit", min_=0, max_=1,
                  description="Model FLOPs utilisation per rank (0-1).")
     b.timeseries("Learning rate", target(b.sel("trainwatch_train_learning_rate"),
@@ -109,7 +109,7 @@ def build(runbook_base: str) -> dict:
                      alerts=("TrainingStalled",), w=16)
 
     b.row("Checkpoints")
-    b.timeseries("Checkpoint age",
+    b.timeseries("Work at risk (checkpoint age)",
                  target(f"min by (job) ({b.sel('trainwatch_checkpoint_age_seconds')})", "age"),
                  unit="s", limit=limits["checkpoint_max_age_seconds"],
                  description="Work a crash would lose now; drops at every verified save.",
@@ -146,7 +146,7 @@ def build(runbook_base: str) -> dict:
                                  "webhook receiver) acts: restart, roll back, checkpoint. "
                                  "Each action is journaled (action_taken / action_skipped).",
                      w=9)
-    b.timeseries("Restarts",
+    b.timeseries("Restarts and restart guard",
                  target(f"max by (job) ({b.sel('trainwatch_rank_restarts')})", "restarts"),
                  target(b.sel("trainwatch_action_restart_guard_tripped"), "restart guard"),
                  description="Restarts of the rank processes; the guard goes to 1 when the "
