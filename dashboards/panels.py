@@ -236,12 +236,14 @@ class Board:
         query = f"label_values({_selector(metric, before)}, {name})"
         multi = not (name == "job" and self.single_job)
         variable = {"name": name, "label": name, "type": "query", "datasource": DATASOURCE,
-                    "query": {"query": query, "refId": f"{self.name}-{name}"},
+                    "query": {"qryType": 1, "query": query,
+                              "refId": "PrometheusVariableQueryEditor-VariableQuery"},
                     "definition": query, "refresh": 2, "sort": 3 if name == "rank" else 1,
                     "multi": multi, "includeAll": multi, "current": {}, "options": [],
                     "hide": 0, "regex": ""}
-        if multi:
+        if multi:  # "All" by default, matched as a regex
             variable["allValue"] = ".*"
+            variable["current"] = {"selected": True, "text": ["All"], "value": ["$__all"]}
         return variable
 
     def to_json(self) -> dict[str, Any]:
