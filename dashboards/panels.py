@@ -36,11 +36,11 @@ def _selector(metric: str, variables: Iterable[str], matchers: Iterable[str] = (
     return f"{metric}{{{', '.join(parts)}}}" if parts else metric
 
 
-def target(expr: str, legend: str = "", *, instant: bool = False,
-           table: bool = False) -> dict[str, Any]:
-    """One Prometheus query of a panel (refId is assigned by the panel)."""
+def target(expr: str, legend: str = "", *, table: bool = False) -> dict[str, Any]:
+    """One Prometheus query of a panel (refId is assigned by the panel); ``table``: the
+    current values only, one row per series."""
     t = {"datasource": DATASOURCE, "expr": expr, "legendFormat": legend or "__auto",
-         "range": not (instant or table), "instant": instant or table}
+         "range": not table, "instant": table}
     if table:
         t["format"] = "table"
     return t
