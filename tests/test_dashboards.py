@@ -174,8 +174,14 @@ def test_variables_and_units(dashboards):
     assert by_title["MFU per rank"]["fieldConfig"]["defaults"]["unit"] == "percentunit"
     assert by_title["Step phases"]["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] \
         == "normal"
-    rates = [q.expr for d in dashboards for q in queries(d) if "rate(" in q.expr]
-    assert rates and all("[$__rate_interval]" in e for e in rates)
+    counters = [q.expr for d in dashboards for q in queries(d)
+                if "rate(" in q.expr or "increase(" in q.expr]
+    assert len(counters) > 20 and all("[$__rate_interval]" in e for e in counters)
+    for name, spec in METRICS.items():  # a counter is only ever read through rate/increase
+        for d in dashboards:
+            for q in queries(d):
+                if spec.type == "counter" and name in q.expr:
+                    assert f"({name}" in q.expr and "[$__rate_interval])" in q.expr, q
 
 
 def test_runbook_links_use_the_rules_base_and_exist(dashboards):
@@ -223,6 +229,8 @@ def test_cli_check_fails_on_a_dashboard_with_an_unknown_metric(tmp_path, dashboa
     (tmp_path / "torn.json").write_text('{"panels": [')
     out = _cli("check", str(tmp_path / "torn.json"))
     assert out.returncode == 2 and "torn.json" in out.stderr and "not a dashboard JSON" in out.stderr
+    out = _cli("check", "--prometheus", "http://127.0.0.1:9")
+    assert out.returncode == 2 and "cannot query Prometheus at http://127.0.0.1:9" in out.stderr
 
 
 # ------------------------------------------------------------------ provisioning

@@ -103,6 +103,11 @@ scrape_configs:
                     empty.append(f"{q.dashboard}: {q.panel} {q.ref} {q.expr}")
         assert not empty, "no data:\n" + "\n".join(empty)
 
+        # A query Prometheus refuses is reported with dashboard, panel and reason.
+        problems, _ = check_with_prometheus(build_all()[0], prom, {"job": "("})
+        assert problems and all("error parsing regexp" in p.problem for p in problems)
+        assert problems[0].dashboard == "trainwatch-training-overview"
+
         # The CLI's own check against the same Prometheus.
         out = subprocess.run([sys.executable, "-m", "trainwatch", "dashboards", "check",
                               "--prometheus", prom], capture_output=True, text=True)
