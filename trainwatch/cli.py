@@ -26,6 +26,7 @@ COMMANDS = {
     "diagnose": ("trainwatch.diagnose.cli:diagnose", "Why is my run stalled? Gather evidence and name the culprit."),
     "alerts": ("trainwatch.alerts.cli:alerts", "Check, export, test and silence alert rules; run the engine and webhook receiver."),
     "runbook": ("trainwatch.runbooks.cli:runbook", "Print the runbook of an alert."),
+    "dashboards": ("trainwatch.dashboards.cli:dashboards", "Export, check and upload the Grafana dashboards."),
     "run": ("trainwatch.alerts.run:run", "Train with the agent and the embedded alert engine watching; restarts from checkpoints."),
 }
 

@@ -1,0 +1,155 @@
+"""Training run overview: is the job making progress, how fast, and what is wrong with it."""
+
+from __future__ import annotations
+
+from trainwatch.agent.stall import KNOWN_PHASES
+from trainwatch.alerts.rules import load_rules, load_thresholds
+from trainwatch.dashboards.panels import Board, flags, match, states, target
+
+PHASE_COLORS = {"data": "orange", "checkpoint": "purple", "eval": "yellow", "idle": "text",
+                "finished": "blue", "init": "light-blue", "telemetry_exchange": "dark-purple",
+                "backward": "green", "forward": "light-green", "optimizer": "super-light-orange",
+                "step": "dark-red"}
+
+
+def build(runbook_base: str) -> dict:
+    b = Board("training-overview", "trainwatch / Training run overview",
+              "One training job: progress, loss, throughput, step time, ranks, checkpoints "
+              "and the alerts that fire for it.", ("job", "node", "rank"),
+              runbook_base, single_job=True)
+    limits = load_thresholds()
+    b.annotate("Alerts", 'ALERTS{alertstate="firing", job=~"$job"}', "{{alertname}}",
+               "{{severity}} rank {{rank}} {{node}}")
+
+    b.row("Now")
+    b.stat("Ranks up", target(f"sum({b.sel('trainwatch_rank_up')})", "up"),
+           target(f"count({b.sel('trainwatch_rank_up')})", "of"),
+           description="Rank processes alive (not zombie) / ranks known.",
+           alerts=("TrainingRankDown", "TrainingStartupFailed"))
+    b.stat("Step", target(f"max({b.sel('trainwatch_rank_step')})"),
+           description="Last step any rank started.")
+    b.stat("Stalled ranks", target(f"sum({b.sel('trainwatch_rank_stalled')})"), limit=1,
+           description="Ranks whose step has not advanced within their stall budget.",
+           alerts=("TrainingStalled",))
+    b.stat("Stragglers", target(f"sum({b.sel('trainwatch_straggler_active')})"), limit=1,
+           description="Ranks flagged as stragglers (see Ranks & stragglers).",
+           alerts=("TrainingStragglerRank",))
+    b.stat("Tokens/s", target(f"sum({b.sel('trainwatch_train_tokens_per_second')})"),
+           description="Job throughput: the sum over the selected ranks.",
+           alerts=("TrainingThroughputDrop",))
+    b.stat("MFU", target(f"avg({b.sel('trainwatch_train_mfu_ratio')})"), unit="percentunit",
+           description="Model FLOPs utilisation, mean over ranks; empty when the GPU peak "
+                       "is unknown (CPU runs).")
+    b.stat("Checkpoint age", target(f"min({b.sel('trainwatch_checkpoint_age_seconds')})"),
+           unit="s", limit=limits["checkpoint_max_age_seconds"],
+           description="Since the newest verified checkpoint (since the start if none); "
+                       "only while ranks run.", alerts=("CheckpointTooOld",))
+    b.stat("Restarts", target(f"max({b.sel('trainwatch_rank_restarts')})"),
+           description="Restarts torchrun reports for the current rank processes.",
+           alerts=("TrainingRestartLoop",))
+
+    b.row("Training")
+    b.timeseries("Loss", target(b.sel("trainwatch_train_loss"), "rank {{rank}}"),
+                 target(b.sel("trainwatch_train_validation_loss"), "validation rank {{rank}}"),
+                 description="Latest training loss per rank, and validation loss.",
+                 alerts=("TrainingLossSpike", "TrainingLossNotDecreasing",
+                         "TrainingLossNonFinite"))
+    b.timeseries("Gradient norm", target(b.sel("trainwatch_train_grad_norm"), "rank {{rank}}"),
+                 description="Before clipping; DDP ranks see the same global norm.")
+    b.timeseries("Throughput",
+                 target(f"sum by (job) ({b.sel('trainwatch_train_tokens_per_second')})",
+                        "tokens/s"),
+                 target(f"sum by (job) ({b.sel('trainwatch_train_samples_per_second')})",
+                        "samples/s"),
+                 description="Job throughput, summed over ranks.",
+                 alerts=("TrainingThroughputDrop",))
+    b.timeseries("MFU per rank", target(b.sel("trainwatch_train_mfu_ratio"), "rank {{rank}}"),
+                 unit="percentunit", min_=0, max_=1,
+                 description="Model FLOPs utilisation per rank (0-1).")
+    b.timeseries("Learning rate", target(b.sel("trainwatch_train_learning_rate"),
+                                         "rank {{rank}}"),
+                 description="Current learning rate of the schedule.")
+    b.timeseries("Non-finite steps",
+                 target(f"sum by (job) ({b.increase('trainwatch_train_nonfinite_loss_total')})",
+                        "NaN/Inf loss"),
+                 target(f"sum by (job) "
+                        f"({b.increase('trainwatch_train_nonfinite_grad_norm_total')})",
+                        "NaN/Inf grad norm"),
+                 description="Steps whose loss or gradient norm was NaN or Inf.",
+                 alerts=("TrainingLossNonFinite",))
+
+    b.row("Step time")
+    b.timeseries("Step time", target(b.sel("trainwatch_rank_step_time_seconds"),
+                                     "rank {{rank}}"),
+                 unit="s", description="Wall time of each rank's last step.")
+    b.timeseries("Step phases",
+                 target(f"avg by (phase) ({b.sel('trainwatch_rank_phase_time_seconds')})",
+                        "{{phase}}"),
+                 unit="s", stack=True,
+                 description="Where the last step's time went, mean over the selected ranks "
+                             "(stacked: the top is about the step time).")
+    b.timeseries("Data wait", target(b.sel("trainwatch_rank_data_wait_seconds"),
+                                     "rank {{rank}}"),
+                 unit="s", description="Time the last step waited for data; a growing share "
+                                       "of the step time means the input pipeline is slow.")
+
+    b.row("Ranks")
+    b.timeseries("Heartbeat age", target(b.sel("trainwatch_rank_heartbeat_age_seconds"),
+                                         "rank {{rank}}"),
+                 unit="s", description="Since the rank's telemetry thread last wrote its "
+                                       "status; grows without bound when the process is "
+                                       "frozen or dead.",
+                 alerts=("TrainingStalled", "TrainingRankDown"))
+    b.state_timeline("Current phase per rank",
+                     target(b.enum("trainwatch_rank_phase", "phase", KNOWN_PHASES,
+                                   "job, rank"), "rank {{rank}}"),
+                     mappings=states(KNOWN_PHASES, PHASE_COLORS),
+                     description="What each rank is doing; a rank alone in a phase while "
+                                 "the others wait in a collective is the one to look at.",
+                     alerts=("TrainingStalled",), w=16)
+
+    b.row("Checkpoints")
+    b.timeseries("Work at risk (checkpoint age)",
+                 target(f"min by (job) ({b.sel('trainwatch_checkpoint_age_seconds')})", "age"),
+                 unit="s", limit=limits["checkpoint_max_age_seconds"],
+                 description="Work a crash would lose now; drops at every verified save.",
+                 alerts=("CheckpointTooOld",))
+    in_checkpoint = b.sel("trainwatch_rank_phase", match("phase", "checkpoint"))
+    b.timeseries("Checkpoint save in progress",
+                 target(f"{b.sel('trainwatch_rank_phase_age_seconds')} "
+                        f"and on(job, rank) {in_checkpoint} == 1", "rank {{rank}}"),
+                 unit="s", description="How long each rank has been in the checkpoint "
+                                       "phase: each peak is one save's blocking time (the "
+                                       "journal's checkpoint_saved event has the full "
+                                       "write time).")
+    b.timeseries("Checkpoint failures",
+                 target(f"max by (job) ({b.increase('trainwatch_checkpoint_failures_total')})",
+                        "failed saves"),
+                 description="Failed checkpoint saves; the previous verified checkpoint is "
+                             "kept.", alerts=("CheckpointFailed",))
+
+    b.row("Alerts and actions")
+    base = runbook_base
+    b.table("Firing alerts",
+            target('ALERTS{alertstate="firing", job=~"$job"}', table=True),
+            hide=("alertstate",), links={"alertname": base + "${__value.raw}.md"},
+            description="Alerts Prometheus fires for this job now; click an alert name for "
+                        "its runbook.", w=9)
+    acting = [r for r in load_rules().rules if r.action]
+    b.state_timeline("Alerts that trigger an action",
+                     *[target(f'ALERTS{{alertstate="firing", job=~"$job", '
+                              f'alertname="{r.name}"}}',
+                              f"{r.name} ({r.action})")
+                       for r in acting],
+                     mappings=flags("", "firing", "orange"),
+                     description="While these fire, the controller (trainwatch run or the "
+                                 "webhook receiver) acts: restart, roll back, checkpoint. "
+                                 "Each action is journaled (action_taken / action_skipped).",
+                     w=9)
+    b.timeseries("Restarts and restart guard",
+                 target(f"max by (job) ({b.sel('trainwatch_rank_restarts')})", "restarts"),
+                 target(b.sel("trainwatch_action_restart_guard_tripped"), "restart guard"),
+                 description="Restarts of the rank processes; the guard goes to 1 when the "
+                             "controller stops restarting a job that makes no progress.",
+                 alerts=("TrainingRestartLoop",), w=6)
+    return b.to_json()

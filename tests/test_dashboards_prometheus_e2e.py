@@ -1,0 +1,120 @@
+"""Every dashboard query, run by a real Prometheus over a real job.
+
+A real 2-rank gloo run (`trainwatch train`), a real `trainwatch agent` watching it, and
+Debian's Prometheus scraping the agent with trainwatch's exported alert rules loaded.
+Each panel, variable and annotation query runs through /api/v1/query with the template
+variables set as Grafana would (job = the run, node and rank = All, $__rate_interval =
+15s): every one must succeed, and the panels a CPU training run feeds must show data.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from agent_helpers import free_port, http_get, start_agent, stop_process, wait_for
+from trainwatch.dashboards.check import check_with_prometheus, prometheus_query
+from trainwatch.dashboards.generate import build_all
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("prometheus") is None,
+                                                   reason="Debian prometheus is not installed")]
+
+# Panels whose every query ("title"), or one query ("title#refId"), must return series on
+# a CPU run: no GPU, InfiniBand or NCCL here, one node, no validation, no alert controller.
+MUST_SHOW_DATA = {
+    "trainwatch-training-overview": {
+        "Ranks up", "Step", "Stalled ranks", "Stragglers", "Tokens/s", "Checkpoint age",
+        "Restarts", "Loss#A", "Gradient norm", "Throughput", "Learning rate", "Non-finite steps",
+        "Step time", "Step phases", "Data wait", "Heartbeat age", "Current phase per rank",
+        "Work at risk (checkpoint age)", "Checkpoint failures", "Restarts and restart guard#A"},
+    "trainwatch-ranks-stragglers": {
+        "Step time", "Local time", "Progress age", "Time ratio to the job median",
+        "Straggler score", "Straggler flags#A", "Slow windows", "Stalled", "Stall time and budget",
+        "Rank state", "Process state", "Process CPU", "CPU contention", "Process memory (RSS)",
+        "Threads", "Ranks"},
+    "trainwatch-node-health": {"Free space", "Free bytes", "Probe latency", "Time to full",
+                               "Disk throughput", "NIC throughput", "Peer TCP connect time",
+                               "Peers reachable", "Versions"},
+    "trainwatch-self": {"Agents scraped", "Collectors up", "Run directories", "Agent CPU",
+                        "Agent memory (RSS)", "Collector state", "Collector run time",
+                        "Since last success", "Collector runs", "Collector errors",
+                        "Skipped status files", "Rank telemetry errors"},
+}
+
+
+def _series(prom: str, expr: str) -> list:
+    return prometheus_query(prom, expr)["data"]["result"]
+
+
+def test_every_dashboard_query_runs_against_a_real_prometheus(tmp_path, launch_train):
+    run_dir = tmp_path / "run"
+    train = launch_train("--nproc-per-node", "2", "--run-dir", str(run_dir), "--steps", "100000",
+                         "--set", "telemetry.heartbeat_interval=0.2",
+                         "--set", "telemetry.exchange_every=5",
+                         "--set", "checkpoint.every_steps=10", "--set", "checkpoint.fsync=false",
+                         "--set", "train.eval_interval=0")
+    config = tmp_path / "agent.yaml"
+    config.write_text("collectors:\n  ranks: {interval: 0.5}\n  storage: {interval: 2}\n"
+                      "  network: {interval: 2}\n")
+    agent, agent_url = start_agent(tmp_path, "--run-dir", str(run_dir), config=config)
+    rules = tmp_path / "rules.yaml"
+    subprocess.run([sys.executable, "-m", "trainwatch", "alerts", "export", "-o", str(rules)],
+                   check=True)
+    port = free_port()
+    (tmp_path / "prometheus.yml").write_text(f"""
+global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+rule_files: [{rules}]
+scrape_configs:
+  - job_name: trainwatch-agent
+    honor_labels: true
+    static_configs: [{{targets: ['{agent_url.removeprefix("http://")}']}}]
+""")
+    prom_proc = subprocess.Popen(
+        ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
+         f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=open(tmp_path / "prometheus.log", "wb"), stderr=subprocess.STDOUT)
+    prom = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: http_get(prom + "/-/ready"), 60, what="prometheus ready")
+        # Both ranks training, timing windows exchanged, a few scrapes for rate().
+        wait_for(lambda: len(_series(prom, "rate(trainwatch_rank_steps_total[15s]) > 0")) == 2
+                 and len(_series(prom, "trainwatch_straggler_time_ratio")) == 2
+                 and len(_series(prom, "trainwatch_checkpoint_age_seconds")) == 1,
+                 120, interval=0.5, what="both ranks training, scraped by Prometheus")
+        job = _series(prom, "trainwatch_rank_up")[0]["metric"]["job"]
+
+        empty = []
+        for dashboard in build_all():
+            problems, counts = check_with_prometheus(
+                dashboard, prom, {"job": job, "node": ".*", "rank": ".*"}, duration="15s")
+            assert not problems, "\n".join(map(str, problems))
+            assert len(counts) >= 10
+            wanted = MUST_SHOW_DATA[dashboard["uid"]]
+            ran = {q.panel.removeprefix("panel '")[:-1]: q for q in counts}
+            assert {w.split("#")[0] for w in wanted} <= set(ran)
+            for q, n in counts.items():
+                title = q.panel.removeprefix("panel '")[:-1]
+                if n == 0 and (title in wanted or f"{title}#{q.ref}" in wanted
+                               or q.panel.startswith("variable")):
+                    empty.append(f"{q.dashboard}: {q.panel} {q.ref} {q.expr}")
+        assert not empty, "no data:\n" + "\n".join(empty)
+
+        # A query Prometheus refuses is reported with dashboard, panel and reason.
+        problems, _ = check_with_prometheus(build_all()[0], prom, {"job": "("})
+        assert problems and all("error parsing regexp" in p.problem for p in problems)
+        assert problems[0].dashboard == "trainwatch-training-overview"
+
+        # The CLI's own check against the same Prometheus.
+        out = subprocess.run([sys.executable, "-m", "trainwatch", "dashboards", "check",
+                              "--prometheus", prom], capture_output=True, text=True)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "0 problem(s) in 4 dashboard(s)" in out.stdout
+    finally:
+        stop_process(prom_proc)
+        stop_process(agent)
+        train.send_signal(signal.SIGTERM)
+        train.wait(60)
