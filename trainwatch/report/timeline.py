@@ -275,6 +275,8 @@ def read_timeline(path: str | Path) -> Timeline:
         raise ConfigError("nothing to report: no journal events and no rank 0 metrics",
                           file=str(run.root))
 
+    if not execs:
+        warnings.append(f"{run.metrics_file(0)}: no step records; step time cannot be measured")
     attempts = _group_attempts(events)
     if not attempts:
         warnings.append("no rank_started events: the run is read as a single attempt")
