@@ -229,7 +229,7 @@ def test_a_stall_restart_by_the_controller_is_charged_to_its_incident(tmp_path):
     r = Run(tmp_path / "run", steps=10, every=3)
     r.event("controller_started", "engine")
     r.event("job_started", "engine", pid=50, reason="trainwatch run", attempt=1)
-    r.event("launcher_started", "launcher", pid=51)
+    r.event("launcher_started", "launcher", pid=50)    # the job is `trainwatch train`
     r.wait(1)
     r.attempt(0)
     r.rank_event("run_started", world_size=2, start_step=0, steps=10)
@@ -247,7 +247,7 @@ def test_a_stall_restart_by_the_controller_is_charged_to_its_incident(tmp_path):
     killed_at = r.clock
     r.event("job_stopped", "engine", pid=50, reason="stall", returncode=-9, hard=True)
     r.event("job_started", "engine", pid=60, reason="stall_restart", attempt=2)
-    r.event("launcher_started", "launcher", pid=61)
+    r.event("launcher_started", "launcher", pid=60)
     r.wait(2)
     r.attempt(0)                                   # a new torchrun: restart count 0 again
     r.rank_event("checkpoint_resumed", step=3)
@@ -304,6 +304,35 @@ def test_a_stopped_run_relaunched_later_is_not_billed_for_the_pause(tmp_path):
     assert incident["restart_downtime_seconds"] == near(1.0 + (first - relaunched))
     assert data["categories"]["recomputed"] == 0
     assert data["checkpoint_hint"] is None                  # a stop is not a failure
+
+
+def test_a_controller_session_killed_hard_then_relaunched_later_is_a_pause(tmp_path):
+    """Ctrl-C on `trainwatch run` with a hung job: the launcher is SIGKILLed (no
+    launcher_exited); job_stopped says it is gone. A plain relaunch an hour later."""
+    r = Run(tmp_path / "run", steps=6)
+    r.event("controller_started", "engine")
+    r.event("job_started", "engine", pid=50, reason="trainwatch run", attempt=1)
+    r.event("launcher_started", "launcher", pid=50)
+    r.attempt(0)
+    r.rank_event("run_started", world_size=2, start_step=0, steps=6)
+    r.steps(0, 2)
+    r.save(3, 0.1)
+    r.wait(1)
+    r.event("job_stopped", "engine", pid=50, reason="interrupted", returncode=-9, hard=True)
+    r.wait(0.5)
+    r.event("controller_stopped", "engine", exit_code=130, interrupted=True)
+    r.wait(3600)
+    r.event("launcher_started", "launcher", pid=70)
+    r.attempt(0)
+    r.rank_event("checkpoint_resumed", step=3)
+    r.steps(3, 5)
+    r.rank_event("finished", step=5, steps=6)
+    r.event("launcher_exited", "launcher", exit_code=0)
+    data = report_json(r.run.root)
+    assert_sums_to_wall(data)
+    assert data["time"]["not_running_seconds"] == near(3600)
+    (incident,) = data["incidents"]
+    assert incident["steps_lost"] == 0 and incident["restart_downtime_seconds"] == near(1.5)
 
 
 def test_a_rollback_loses_the_skipped_steps_too(tmp_path):

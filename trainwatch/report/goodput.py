@@ -118,6 +118,7 @@ class _Painter:
 
     def add(self, start: float, end: float, label: str, incident: int | None = None,
             tier: str | None = None) -> None:
+        """Paint [start, end] as ``label``, with the priority of ``tier`` (default: label)."""
         start, end = max(start, self.tl.start), min(end, self.tl.end)
         if end > start:
             self.pieces.append(_Piece(start, end, label, _TIER[tier or label], incident))
@@ -282,15 +283,13 @@ def _sweep(pieces: list[_Piece], start: float, end: float
 
 # --------------------------------------------------------------------------- the account
 
-def account(tl: Timeline, *, stall_floor: float | None = None,
-            stall_k: float | None = None) -> Accounting:
+def account(tl: Timeline) -> Accounting:
     """Split the run's wall time into CATEGORIES and charge failures to incidents."""
     execs = tl.execs
     typical = statistics.median(x.seconds for x in execs) if execs else None
-    budget = None
-    if typical is not None:
-        budget = max(stall_floor if stall_floor is not None else STALL_DEFAULTS["floor_seconds"],
-                     (stall_k if stall_k is not None else STALL_DEFAULTS["k"]) * typical)
+    # The agent's stall rule, with its defaults: max(floor, k x typical step).
+    budget = None if typical is None else max(STALL_DEFAULTS["floor_seconds"],
+                                              STALL_DEFAULTS["k"] * typical)
     painter = _Painter(tl, typical, budget)
     painter.not_running()
     painter.steps()

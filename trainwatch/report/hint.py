@@ -28,10 +28,8 @@ def checkpoint_hint(tl: Timeline, acc: Accounting) -> dict[str, Any] | None:
     save = statistics.median(saves)
     mtbf = acc.wall_seconds / len(failures)
     interval = math.sqrt(2.0 * save * mtbf)
-    config = tl.info.get("config") if isinstance(tl.info.get("config"), dict) else {}
-    current = (config.get("checkpoint") or {}).get("every_steps")
     return {
-        "current_every_steps": current if isinstance(current, int) else None,
+        "current_every_steps": tl.config("checkpoint", "every_steps"),
         "suggested_every_steps": max(1, round(interval / acc.typical_step_seconds)),
         "failures": len(failures),
         "mtbf_seconds": mtbf,

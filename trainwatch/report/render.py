@@ -48,8 +48,6 @@ def _attempt(a) -> dict[str, Any]:
 
 def report(tl: Timeline, acc: Accounting, settings: CostSettings) -> dict[str, Any]:
     world = tl.world_size
-    config = tl.info.get("config") if isinstance(tl.info.get("config"), dict) else {}
-    target = (config.get("train") or {}).get("steps")
     incidents = []
     for inc in acc.incidents:
         a = inc.attempt
@@ -78,7 +76,7 @@ def report(tl: Timeline, acc: Accounting, settings: CostSettings) -> dict[str, A
         "effective_training_time_ratio": acc.effective_training_time_ratio,
         "steps": {"unique": acc.unique_steps, "executed": acc.executed_steps,
                   "recomputed": acc.recomputed_steps,
-                  "target": target if isinstance(target, int) else None,
+                  "target": tl.config("train", "steps"),
                   "unsaved": acc.unsaved_steps,
                   "typical_seconds": acc.typical_step_seconds,
                   "stall_budget_seconds": acc.stall_budget_seconds},

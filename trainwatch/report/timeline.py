@@ -10,6 +10,7 @@ stays ``None`` and a warning says why.
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +82,13 @@ class Timeline:
     @property
     def execs(self) -> list[StepExec]:
         return [x for a in self.attempts for x in a.execs]
+
+    def config(self, section: str, key: str) -> int | None:
+        """An integer from run.json's trainer config (e.g. train.steps), or None."""
+        config = self.info.get("config")
+        part = config.get(section) if isinstance(config, dict) else None
+        value = part.get(key) if isinstance(part, dict) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 # --------------------------------------------------------------------------- reading
@@ -177,15 +185,10 @@ def _group_attempts(events: list[dict[str, Any]]) -> list[Attempt]:
     return attempts
 
 
-def _window(attempts: list[Attempt], t: float) -> Attempt | None:
+def _window(attempts: list[Attempt], starts: list[float], t: float) -> Attempt | None:
     """The attempt running at time ``t`` (the latest one started at or before it)."""
-    found = None
-    for attempt in attempts:
-        if attempt.started_at <= t:
-            found = attempt
-        else:
-            break
-    return found
+    i = bisect.bisect_right(starts, t)
+    return attempts[i - 1] if i else None
 
 
 def _resume_point(attempt: Attempt) -> None:
@@ -234,22 +237,32 @@ def _span_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _not_running(events: list[dict[str, Any]], start: float, end: float
                  ) -> list[tuple[float, float]]:
     """Intervals when no launcher and no controller session was alive (a stopped run
-    relaunched later): nothing held accelerators for the job then."""
-    launchers = controllers = 0
+    relaunched later): nothing held accelerators for the job then.
+
+    A launcher is alive from its ``launcher_started`` until its ``launcher_exited`` (same
+    host) or, for a job the controller ran, its ``job_stopped``/``job_exited`` (same pid: a
+    killed launcher journals nothing). One that vanished without either stays alive.
+    """
+    launchers: list[tuple[Any, Any]] = []          # (host, pid) of live launchers
+    controllers = 0
     idle_since: float | None = None
     intervals = []
     for e in events:
-        was_running = launchers > 0 or controllers > 0
-        name = e["event"]
+        was_running = bool(launchers) or controllers > 0
+        name, host, pid = e["event"], e.get("host"), e.get("pid")
         if name == "launcher_started":
-            launchers += 1
+            launchers.append((host, pid))
         elif name == "launcher_exited":
-            launchers = max(0, launchers - 1)
+            mine = [x for x in launchers if x[0] == host]
+            if mine:
+                launchers.remove(mine[-1])
+        elif name in ("job_stopped", "job_exited"):
+            launchers = [x for x in launchers if x[1] != pid]
         elif name == "controller_started":
             controllers += 1
         elif name == "controller_stopped":
             controllers = max(0, controllers - 1)
-        running = launchers > 0 or controllers > 0
+        running = bool(launchers) or controllers > 0
         if was_running and not running:
             idle_since = e["time"]
         elif running and not was_running and idle_since is not None:
@@ -282,15 +295,16 @@ def read_timeline(path: str | Path) -> Timeline:
         warnings.append("no rank_started events: the run is read as a single attempt")
         first = min([e["time"] for e in events] + [x.start for x in execs])
         attempts = [Attempt(0, first, None)]
+    starts = [a.started_at for a in attempts]
     for e in events:
-        if (attempt := _window(attempts, e["time"])) is not None:
+        if (attempt := _window(attempts, starts, e["time"])) is not None:
             attempt.events.append(e)
     for x in execs:
-        attempt = _window(attempts, x.end) or attempts[0]
+        attempt = _window(attempts, starts, x.end) or attempts[0]
         x.attempt = attempt.index
         attempt.execs.append(x)
     for step, when in evals:
-        if (attempt := _window(attempts, when)) is not None:
+        if (attempt := _window(attempts, starts, when)) is not None:
             attempt.evals[step] = when
     exits = _torchrun_exits(run)
     statuses = run.statuses().records
