@@ -425,6 +425,38 @@ def test_torn_and_alien_lines_are_skipped_counted_and_shown(tmp_path):
     assert "torn or not JSON" in text
 
 
+def test_alien_field_values_never_crash_the_report(tmp_path):
+    """Valid JSON with the wrong types where numbers, names and steps belong."""
+    r, _, _ = crash_and_restart(tmp_path)
+    weird = [
+        {"v": 1, "time": "noon", "event": "failed", "source": "rank0"},
+        {"v": 1, "time": float("nan"), "event": "failed", "source": "rank0"},
+        {"v": 1, "time": T0 + 5, "event": "rank_started", "source": "rankX", "rank": "zero",
+         "pid": "p", "restart_count": "many"},
+        {"v": 1, "time": T0 + 6, "event": "checkpoint_saved", "source": "rank0", "step": 3.5,
+         "blocking_seconds": "slow"},
+        {"v": 1, "time": T0 + 7, "event": "checkpoint_saved", "source": "rank0", "step": 4,
+         "blocking_seconds": -3, "mode": ["async"]},
+        {"v": 1, "time": T0 + 8, "event": "alert_firing", "source": "engine", "alert": None},
+        {"v": 1, "time": T0 + 9, "event": "failed", "source": "rank1", "error": {"a": 1}},
+        {"v": 1, "time": T0 + 9, "event": "fault_injected", "source": "rank1", "step": [1]},
+        {"v": 1, "time": T0 + 9, "event": 7, "source": "rank1"},
+    ]
+    for record in weird:
+        append_jsonl(r.run.journal_file, record)
+    append_jsonl(r.run.metrics_file(0), {"v": 1, "kind": "step", "step": 99, "time": T0 + 9,
+                                         "step_time_seconds": float("inf")})
+    append_jsonl(r.run.metrics_file(0), {"v": 1, "kind": "step", "step": 98, "time": T0 + 9,
+                                         "step_time_seconds": 0.5, "tokens": "lots",
+                                         "data_wait_seconds": -1})
+    data = report_json(r.run.root)
+    assert_sums_to_wall(data)
+    assert data["skipped"]["journal_lines"] == 3                # no usable time or name
+    assert data["skipped"]["metrics_lines"] == 1                # infinite step time
+    assert data["tokens"]["productive"] is None                 # one step's tokens unknown
+    report(r.run.root)                                          # and the text view
+
+
 @pytest.mark.parametrize("setup, message", [
     (lambda p: None, "no such run directory"),
     (lambda p: p.mkdir(), "not a trainwatch run directory"),

@@ -16,7 +16,7 @@ from typing import Any
 
 from trainwatch.agent.config import STALL_DEFAULTS
 from trainwatch.report import incidents as incident_evidence
-from trainwatch.report.timeline import Attempt, StepExec, Timeline
+from trainwatch.report.timeline import Attempt, StepExec, Timeline, number
 
 # Order of the report; "other" is what no interval claims.
 CATEGORIES = ("productive", "data_wait", "recomputed", "restart_downtime", "initial_startup",
@@ -100,12 +100,6 @@ def _stall_evidence(attempt: Attempt) -> bool:
             or any(e.get("action") in STALL_ACTIONS for e in attempt.named("action_taken")))
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
-
-
 class _Painter:
     """Builds the labelled pieces from a timeline."""
 
@@ -171,7 +165,7 @@ class _Painter:
                     self.add(x.end, when, "evaluation")
                     self.after[id(x)] = when
             for e in attempt.named("checkpoint_saved"):
-                blocking = _number(e.get("blocking_seconds"))
+                blocking = number(e.get("blocking_seconds"))
                 if e.get("copy") or not blocking or not isinstance(e.get("step"), int):
                     continue
                 x = by_step.get(e["step"] - 1)
@@ -181,7 +175,7 @@ class _Painter:
                     self.after[id(x)] = anchor + blocking
                 else:  # e.g. a skipped step's save: placed from the event's own timing
                     written = 0.0 if e.get("mode") == "sync" else (
-                        _number(e.get("write_seconds")) or 0.0)
+                        number(e.get("write_seconds")) or 0.0)
                     self.add(e["time"] - written - blocking, e["time"] - written, "checkpoint")
 
     # -- gaps between steps

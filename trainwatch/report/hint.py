@@ -14,15 +14,13 @@ import statistics
 from typing import Any
 
 from trainwatch.report.goodput import Accounting
-from trainwatch.report.timeline import Timeline
+from trainwatch.report.timeline import Timeline, number
 
 
 def checkpoint_hint(tl: Timeline, acc: Accounting) -> dict[str, Any] | None:
     failures = [i for i in acc.incidents if i.attempt.outcome != "stopped"]
-    saves = [float(e["blocking_seconds"]) for e in tl.events
-             if e["event"] == "checkpoint_saved" and not e.get("copy")
-             and isinstance(e.get("blocking_seconds"), (int, float))
-             and e["blocking_seconds"] > 0]
+    saves = [b for e in tl.events if e["event"] == "checkpoint_saved" and not e.get("copy")
+             and (b := number(e.get("blocking_seconds"))) is not None and b > 0]
     if not failures or not saves or not acc.typical_step_seconds:
         return None
     save = statistics.median(saves)

@@ -33,7 +33,7 @@ def evidence(attempt: Attempt) -> dict[str, Any]:
               for e in attempt.named("fault_injected")]
     actions = [{"action": e.get("action"), "alert": e.get("alert"), "reason": e.get("reason")}
                for e in attempt.named("action_taken")]
-    alerts = sorted({str(e.get("alert")) for e in attempt.named("alert_firing")})
+    alerts = sorted({str(e["alert"]) for e in attempt.named("alert_firing") if e.get("alert")})
     nonfinite = sorted({e["step"] for e in attempt.named("nonfinite_detected")
                         if isinstance(e.get("step"), int)})
     stops = [e.get("step") for e in attempt.named("checkpoint_saved") if e.get("reason") == "stop"]
@@ -61,8 +61,12 @@ def cause(ev: dict[str, Any]) -> str:
         first = ev["errors"][0]
         parts.append(f"rank {first['rank']} failed: {first['error'].splitlines()[0][:120]}"
                      if first["error"] else f"rank {first['rank']} failed")
+    drills: dict[tuple[str, str], list[str]] = {}
     for f in ev["faults"]:
-        parts.append(f"fault drill: {f['fault']} on rank {f['rank']} at step {f['step']}")
+        drills.setdefault((str(f["fault"]), str(f["step"])), []).append(str(f["rank"]))
+    for (fault, step), ranks in drills.items():
+        parts.append(f"fault drill: {fault} on rank{'s' if len(ranks) > 1 else ''} "
+                     f"{', '.join(sorted(ranks, key=lambda r: (len(r), r)))} at step {step}")
     if ev["nonfinite_steps"]:
         steps = ", ".join(map(str, ev["nonfinite_steps"][:5]))
         parts.append(f"non-finite loss or gradient at step {steps}")

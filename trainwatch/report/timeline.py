@@ -11,6 +11,7 @@ stays ``None`` and a warning says why.
 from __future__ import annotations
 
 import bisect
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,16 +113,17 @@ def rank_of(event: dict[str, Any]) -> int | None:
     return int(source[4:]) if source.startswith("rank") and source[4:].isdigit() else None
 
 
-def _number(value: Any) -> float | None:
+def number(value: Any) -> float | None:
+    """A finite JSON number as float, else None (JSON readers accept NaN and Infinity)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    return float(value) if math.isfinite(value) else None
 
 
 def _events(result: ReadResult, path: Path) -> tuple[list[dict[str, Any]], list[Skipped]]:
     events, skipped = [], list(result.skipped)
     for record in result.records:
-        if not isinstance(record.get("event"), str) or _number(record.get("time")) is None:
+        if not isinstance(record.get("event"), str) or number(record.get("time")) is None:
             skipped.append(Skipped(str(path), "not a journal event (no event name or time)"))
             continue
         events.append({**record, "time": float(record["time"])})
@@ -136,7 +138,7 @@ def _rank0_metrics(run: RunDir) -> tuple[list[StepExec], list[tuple[int, float]]
     where = str(run.metrics_file(0))
     execs, evals = [], []
     for record in result.records:
-        kind, step, when = record.get("kind"), record.get("step"), _number(record.get("time"))
+        kind, step, when = record.get("kind"), record.get("step"), number(record.get("time"))
         if kind not in ("step", "eval"):
             continue  # other kinds are the loop's own records, not ours to judge
         if not isinstance(step, int) or isinstance(step, bool) or when is None:
@@ -145,13 +147,13 @@ def _rank0_metrics(run: RunDir) -> tuple[list[StepExec], list[tuple[int, float]]
         if kind == "eval":
             evals.append((step, when))
             continue
-        seconds = _number(record.get("step_time_seconds"))
+        seconds = number(record.get("step_time_seconds"))
         if seconds is None or seconds < 0:
             skipped.append(Skipped(where, "step record without step_time_seconds"))
             continue
-        wait = _number(record.get("data_wait_seconds")) or 0.0
+        wait = number(record.get("data_wait_seconds")) or 0.0
         execs.append(StepExec(step, when - seconds, when, min(max(wait, 0.0), seconds),
-                              _number(record.get("tokens"))))
+                              number(record.get("tokens"))))
     execs.sort(key=lambda x: x.end)
     return execs, evals, skipped
 
