@@ -288,5 +288,35 @@ _SPECS += [
        ("job",)),
 ]
 
+# --- cost and goodput (`trainwatch report --prom-textfile`, branch `report`) -----------
+# Written per run by the report into a node_exporter textfile, not by the agent. Money is
+# left to PromQL (accelerator seconds x price), so no currency sits in a metric name.
+JOB = ("job",)
+_SPECS += [
+    _m("trainwatch_cost_goodput_ratio", "gauge",
+       "Productive step time of surviving steps divided by the run's wall time (0-1).", JOB,
+       "ratio"),
+    _m("trainwatch_cost_effective_training_time_ratio", "gauge",
+       "Time in surviving steps, data wait included, divided by the wall time (0-1).", JOB,
+       "ratio"),
+    _m("trainwatch_cost_wall_seconds", "gauge",
+       "Wall time the run held its accelerators (its span minus time no launcher ran).", JOB,
+       "seconds"),
+    _m("trainwatch_cost_productive_seconds", "gauge",
+       "Wall time spent in surviving steps, data wait excluded.", JOB, "seconds"),
+    _m("trainwatch_cost_badput_seconds", "gauge",
+       "Wall time lost, by category (data_wait, recomputed, restart_downtime, "
+       "initial_startup, checkpoint, evaluation, stalled, other).", JOB + ("category",),
+       "seconds"),
+    _m("trainwatch_cost_accelerators", "gauge",
+       "Accelerators the report bills the run for.", JOB),
+    _m("trainwatch_cost_incidents", "gauge",
+       "Interruptions (ends of attempts that did not finish the run) in the report.", JOB),
+    _m("trainwatch_cost_recomputed_steps", "gauge",
+       "Step executions whose work a restart or rollback threw away.", JOB),
+    _m("trainwatch_cost_productive_tokens", "gauge",
+       "Tokens trained by the surviving steps, job-wide.", JOB),
+]
+
 METRICS: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}
 

@@ -1,0 +1,39 @@
+"""A checkpoint interval suggestion from what this run measured (Young/Daly's first order rule).
+
+Saving more often costs blocking time on every save; saving less often loses more steps
+per failure. Young (1974) and Daly (2006) balance the two: interval ~ sqrt(2 x save cost
+x mean time between failures). The inputs here are this run's own: its median blocking
+save time and its wall time per failure. One run with one or two failures gives a rough
+MTBF, and the suggestion says so; with no failure or no save there is none.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from trainwatch.report.goodput import Accounting
+from trainwatch.report.timeline import Timeline, number
+
+
+def checkpoint_hint(tl: Timeline, acc: Accounting) -> dict[str, Any] | None:
+    failures = [i for i in acc.incidents if i.attempt.outcome != "stopped"]
+    saves = [b for e in tl.events if e["event"] == "checkpoint_saved" and not e.get("copy")
+             and (b := number(e.get("blocking_seconds"))) is not None and b > 0]
+    if not failures or not saves or not acc.typical_step_seconds:
+        return None
+    save = statistics.median(saves)
+    mtbf = acc.wall_seconds / len(failures)
+    interval = math.sqrt(2.0 * save * mtbf)
+    return {
+        "current_every_steps": tl.config("checkpoint", "every_steps"),
+        "suggested_every_steps": max(1, round(interval / acc.typical_step_seconds)),
+        "failures": len(failures),
+        "mtbf_seconds": mtbf,
+        "save_blocking_seconds": save,
+        "mean_steps_lost_per_failure": statistics.mean(len(i.lost_steps) for i in failures),
+        "basis": (f"Young/Daly: sqrt(2 x {save:.3g} s blocking per save x {mtbf:.3g} s "
+                  f"between failures), from {len(failures)} failure(s) in this run: "
+                  "a rough estimate"),
+    }

@@ -1,0 +1,79 @@
+"""Why an attempt ended: the evidence its journal window and torchrun's log hold, in one line.
+
+The cause names what acted first and most specifically: an automatic action (and the
+alert behind it), a requested stop, the rank torchrun saw die (exit code or signal), a
+rank's own error, a fault drill, a non-finite loss. Evidence that is not there is not
+made up: with none, the cause says so.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+from trainwatch.report.timeline import Attempt, rank_of
+
+_ERROR_CHARS = 300
+
+
+def _signal_name(code: int) -> str | None:
+    try:
+        return signal.Signals(-code).name if code < 0 else None
+    except ValueError:
+        return f"signal {-code}"
+
+
+def evidence(attempt: Attempt) -> dict[str, Any]:
+    """Structured facts about how ``attempt`` ended (stable keys; empty lists when none)."""
+    exits = [{"rank": x["rank"], "pid": x["pid"], "exitcode": x["exitcode"],
+              "signal": _signal_name(x["exitcode"])} for x in attempt.exits]
+    errors = [{"rank": rank_of(e), "error": str(e.get("error", ""))[:_ERROR_CHARS]}
+              for e in attempt.named("failed")]
+    faults = [{"rank": rank_of(e), "step": e.get("step"), "fault": e.get("fault")}
+              for e in attempt.named("fault_injected")]
+    actions = [{"action": e.get("action"), "alert": e.get("alert"), "reason": e.get("reason")}
+               for e in attempt.named("action_taken")]
+    alerts = sorted({str(e["alert"]) for e in attempt.named("alert_firing") if e.get("alert")})
+    nonfinite = sorted({e["step"] for e in attempt.named("nonfinite_detected")
+                        if isinstance(e.get("step"), int)})
+    stops = [e.get("step") for e in attempt.named("checkpoint_saved") if e.get("reason") == "stop"]
+    exited = [{"event": e["event"], "exit_code": e.get("exit_code", e.get("returncode")),
+               "reason": e.get("reason") or e.get("signal")}
+              for e in attempt.named("launcher_exited", "job_exited", "job_stopped")]
+    return {"exits": exits, "errors": errors, "faults": faults, "actions": actions,
+            "alerts": alerts, "nonfinite_steps": nonfinite,
+            "stopped_at_step": stops[0] if stops else None, "exited": exited}
+
+
+def cause(ev: dict[str, Any]) -> str:
+    """One human line, most specific evidence first."""
+    parts = []
+    for a in ev["actions"]:
+        parts.append(f"{a['action']} by the controller" + (f" ({a['alert']})" if a["alert"]
+                                                          else ""))
+    if ev["stopped_at_step"] is not None:
+        parts.append(f"stopped on request, checkpoint saved at step {ev['stopped_at_step']}")
+    died = [x for x in ev["exits"] if x["exitcode"] != 0]
+    for x in died:
+        how = f"killed by {x['signal']}" if x["signal"] else f"exited with code {x['exitcode']}"
+        parts.append(f"rank {x['rank']} {how}")
+    if not died and not ev["actions"] and ev["errors"]:
+        first = ev["errors"][0]
+        parts.append(f"rank {first['rank']} failed: {first['error'].splitlines()[0][:120]}"
+                     if first["error"] else f"rank {first['rank']} failed")
+    drills: dict[tuple[str, str], list[str]] = {}
+    for f in ev["faults"]:
+        drills.setdefault((str(f["fault"]), str(f["step"])), []).append(str(f["rank"]))
+    for (fault, step), ranks in drills.items():
+        parts.append(f"fault drill: {fault} on rank{'s' if len(ranks) > 1 else ''} "
+                     f"{', '.join(sorted(ranks, key=lambda r: (len(r), r)))} at step {step}")
+    if ev["nonfinite_steps"]:
+        steps = ", ".join(map(str, ev["nonfinite_steps"][:5]))
+        parts.append(f"non-finite loss or gradient at step {steps}")
+    if ev["alerts"] and not ev["actions"]:
+        parts.append(f"alerts firing: {', '.join(ev['alerts'])}")
+    if not parts:
+        for x in ev["exited"]:
+            if x["exit_code"] not in (None, 0):
+                parts.append(f"{x['event']} with exit code {x['exit_code']}")
+    return "; ".join(parts) or "unknown: no failure evidence in the journal or torchrun's log"

@@ -1,0 +1,199 @@
+"""The report as one dictionary (``--json``, keys documented in docs/report.md) and as text.
+
+The human view is drawn from the same dictionary, so the two never disagree.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from trainwatch.report import cost as cost_mod
+from trainwatch.report.cost import CostSettings
+from trainwatch.report.goodput import CATEGORIES, Accounting
+from trainwatch.report.hint import checkpoint_hint
+from trainwatch.report.timeline import Timeline
+
+FORMAT = "trainwatch.report"
+VERSION = 1
+SKIPPED_EXAMPLES = 10
+
+_CATEGORY_TEXT = {
+    "productive": "productive steps",
+    "data_wait": "waiting for data (in productive steps)",
+    "recomputed": "recomputed (lost to restarts)",
+    "restart_downtime": "restart downtime",
+    "initial_startup": "initial start-up",
+    "checkpoint": "checkpoint saves (loop blocked)",
+    "evaluation": "evaluation",
+    "stalled": "stalled",
+    "other": "other / unaccounted",
+}
+
+
+# --------------------------------------------------------------------------- the dictionary
+
+def _attempt(a) -> dict[str, Any]:
+    return {"index": a.index, "restart_count": a.restart_count, "started_at": a.started_at,
+            "ended_at": a.ended_at, "outcome": a.outcome, "ranks": len(a.ranks),
+            "resumed_from": a.resumed_from, "resume_source": a.resume_source,
+            "first_step": a.execs[0].step if a.execs else None,
+            "last_step": a.execs[-1].step if a.execs else None, "steps": len(a.execs)}
+
+
+def report(tl: Timeline, acc: Accounting, settings: CostSettings) -> dict[str, Any]:
+    world = tl.world_size
+    incidents = []
+    for inc in acc.incidents:
+        a = inc.attempt
+        incidents.append({
+            "attempt": a.index, "restart_count": a.restart_count, "time": a.ended_at,
+            "outcome": a.outcome, "cause": inc.cause,
+            "last_step": a.execs[-1].step if a.execs else None,
+            "resumed_from": inc.resumed_from, "steps_lost": len(inc.lost_steps),
+            "lost_steps": ({"first": inc.lost_steps[0], "last": inc.lost_steps[-1]}
+                           if inc.lost_steps else None),
+            "recomputed_seconds": inc.seconds["recomputed"],
+            "restart_downtime_seconds": inc.seconds["restart_downtime"],
+            "stalled_seconds": inc.seconds["stalled"],
+            "total_seconds": inc.total_seconds,
+            "cost": cost_mod.incident_cost(inc.total_seconds, settings, world),
+            "evidence": inc.evidence,
+        })
+    return {
+        "format": FORMAT, "version": VERSION,
+        "run_dir": str(tl.run_dir), "job": tl.job, "state": tl.state, "world_size": world,
+        "time": {"start": tl.start, "end": tl.end, "span_seconds": acc.span_seconds,
+                 "not_running_seconds": acc.not_running_seconds,
+                 "wall_seconds": acc.wall_seconds},
+        "categories": dict(acc.seconds),
+        "goodput_ratio": acc.goodput_ratio,
+        "effective_training_time_ratio": acc.effective_training_time_ratio,
+        "steps": {"unique": acc.unique_steps, "executed": acc.executed_steps,
+                  "recomputed": acc.recomputed_steps,
+                  "target": tl.config("train", "steps"),
+                  "unsaved": acc.unsaved_steps,
+                  "typical_seconds": acc.typical_step_seconds,
+                  "stall_budget_seconds": acc.stall_budget_seconds},
+        "tokens": {"productive": cost_mod.productive_tokens(acc, world),
+                   "processed": cost_mod.processed_tokens(acc, world)},
+        "attempts": [_attempt(a) for a in tl.attempts],
+        "incidents": incidents,
+        "cost": cost_mod.costs(acc, settings, world),
+        "checkpoint_hint": checkpoint_hint(tl, acc),
+        "skipped": {"journal_lines": len(tl.skipped_journal),
+                    "metrics_lines": len(tl.skipped_metrics),
+                    "examples": [str(s) for s in
+                                 (tl.skipped_journal + tl.skipped_metrics)[:SKIPPED_EXAMPLES]]},
+        "warnings": list(tl.warnings),
+    }
+
+
+def to_json(data: dict[str, Any]) -> str:
+    return json.dumps(data, indent=2, sort_keys=False)
+
+
+# --------------------------------------------------------------------------- text
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds >= 3600:
+        return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
+    if seconds >= 60:
+        return f"{int(seconds // 60)} min {int(seconds % 60):02d} s"
+    return f"{seconds:.3f} s" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def money(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.2f}" if value >= 1 else f"${value:.4f}"
+
+
+def percent(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{100 * ratio:.1f} %"
+
+
+def _table(title: str, console: Console) -> Table:
+    return Table(title=title, title_justify="left",
+                 box=box.SIMPLE_HEAD if console.is_terminal else box.ASCII)
+
+
+def render(data: dict[str, Any], console: Console) -> None:
+    t, steps, price = data["time"], data["steps"], data["cost"]["gpu_hour_price"]
+    console.print(Text(f"trainwatch report: {data['run_dir']} (job {data['job']}, "
+                       f"{data['state']})", style="bold"))
+    console.print(f"wall time {duration(t['wall_seconds'])} over {len(data['attempts'])} "
+                  f"attempt(s), world size {data['world_size'] or '?'}"
+                  + (f"; not running for {duration(t['not_running_seconds'])} between launches"
+                     if t["not_running_seconds"] else ""))
+    console.print(f"goodput {percent(data['goodput_ratio'])} · effective training time ratio "
+                  f"{percent(data['effective_training_time_ratio'])} · {steps['unique']} "
+                  f"unique steps" + (f" of {steps['target']}" if steps["target"] else "")
+                  + f", {steps['executed']} executed, {steps['recomputed']} recomputed")
+
+    table = _table("Where the time went", console)
+    for col in ("category", "time", "share") + (("cost",) if price is not None else ()):
+        table.add_column(col, justify="left" if col == "category" else "right")
+    wall = t["wall_seconds"]
+    for c in CATEGORIES:
+        seconds = data["categories"][c]
+        row = [_CATEGORY_TEXT[c], duration(seconds), percent(seconds / wall if wall else None)]
+        if price is not None:
+            row.append(money(data["cost"]["by_category"][c]))
+        table.add_row(*row)
+    console.print(table)
+
+    if data["incidents"]:
+        table = _table("Incidents", console)
+        for col in ("attempt", "after", "cause", "steps lost", "recomputed", "downtime",
+                    "stalled", "total") + (("cost",) if price is not None else ()):
+            table.add_column(col, overflow="fold", no_wrap=col != "cause")
+        for i in data["incidents"]:
+            lost = i["lost_steps"]
+            row = [str(i["attempt"]),
+                   duration(i["time"] - t["start"]) if i["time"] is not None else "?",
+                   i["cause"],
+                   f"{i['steps_lost']}" + (f" ({lost['first']}-{lost['last']})" if lost else ""),
+                   duration(i["recomputed_seconds"]), duration(i["restart_downtime_seconds"]),
+                   duration(i["stalled_seconds"]), duration(i["total_seconds"])]
+            if price is not None:
+                row.append(money(i["cost"]))
+            table.add_row(*row)
+        console.print(table)
+    else:
+        console.print("no incidents: every attempt ran to its end")
+
+    _render_cost(data, console)
+    hint = data["checkpoint_hint"]
+    if hint:
+        console.print(f"checkpoint interval: every {hint['suggested_every_steps']} steps "
+                      f"suggested (now {hint['current_every_steps'] or '?'}); {hint['basis']}")
+    skipped = data["skipped"]
+    if skipped["journal_lines"] or skipped["metrics_lines"]:
+        console.print(f"skipped {skipped['journal_lines']} journal line(s) and "
+                      f"{skipped['metrics_lines']} metrics line(s) that could not be read:")
+        for line in skipped["examples"]:
+            console.print(Text(f"  - {line}"))
+    for warning in data["warnings"]:
+        console.print(Text(f"warning: {warning}", style="yellow"))
+
+
+def _render_cost(data: dict[str, Any], console: Console) -> None:
+    c = data["cost"]
+    if c["accelerators"] is None:
+        console.print("cost: accelerators unknown; set gpus in --config or pass --gpus")
+        return
+    hours = f"{c['accelerator_hours']:.4g} accelerator-hours ({c['accelerators_source']})"
+    if c["gpu_hour_price"] is None:
+        console.print(f"cost: {hours}; pass --gpu-hour-price to price them")
+        return
+    line = (f"cost: {money(c['total'])} for {hours} at {money(c['gpu_hour_price'])} per "
+            f"accelerator-hour; failures (recomputed, restarts, stalls) {money(c['failures'])}")
+    if c["per_million_tokens"] is not None:
+        line += f"; {money(c['per_million_tokens'])} per million productive tokens"
+    console.print(line)

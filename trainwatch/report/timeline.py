@@ -1,0 +1,360 @@
+"""Read a run directory into a timeline of attempts: what ran when, and how each attempt ended.
+
+An *attempt* is one generation of rank processes: every restart (torchrun's, the
+controller's, or a new ``trainwatch train``) starts a new one, and its ranks journal
+``rank_started``. Step timing comes from rank 0's metrics log (under DDP every rank's
+step takes as long as the slowest rank's); the other ranks are only counted, to
+cross-check the world size. Nothing here guesses: what the run directory does not say
+stays ``None`` and a warning says why.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainwatch.errors import ConfigError
+from trainwatch.rundir import ReadResult, RunDir, Skipped
+
+# Events that say an attempt's processes are gone (or going): its end marker.
+TERMINAL_EVENTS = ("failed", "job_stopped", "job_exited", "launcher_exited")
+# Events that bound the run's span; alert and controller bookkeeping does not (an alert
+# may resolve minutes after the job exited, when no accelerator is held any more).
+ENGINE_LIFECYCLE = ("job_started", "job_stopped", "job_exited")
+# torchrun's own line for a worker that failed, in RUN_DIR/logs/torchrun.log.
+_TORCHRUN_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+
+
+@dataclass
+class StepExec:
+    """One execution of a training step by rank 0 (a step may run in several attempts)."""
+
+    step: int
+    start: float
+    end: float
+    data_wait: float
+    tokens: float | None
+    attempt: int | None = None
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class Attempt:
+    index: int
+    started_at: float                      # first rank_started of this generation
+    restart_count: int | None              # torchrun's TORCHELASTIC_RESTART_COUNT
+    ranks: dict[int, int | None] = field(default_factory=dict)  # rank -> pid
+    events: list[dict[str, Any]] = field(default_factory=list)  # journal events in its window
+    execs: list[StepExec] = field(default_factory=list)
+    evals: dict[int, float] = field(default_factory=dict)       # step -> time of its record
+    resumed_from: int | None = None        # the step this attempt started at
+    resume_source: str | None = None       # which evidence said so
+    ended_at: float | None = None          # end marker (see end_marker)
+    outcome: str = "running"               # finished | stopped | interrupted | ended | running
+    exits: list[dict[str, Any]] = field(default_factory=list)   # torchrun's failed workers
+
+    def named(self, *names: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["event"] in names]
+
+
+@dataclass
+class Timeline:
+    run_dir: Path
+    info: dict[str, Any]
+    job: str
+    world_size: int | None
+    start: float
+    end: float
+    attempts: list[Attempt]
+    events: list[dict[str, Any]]
+    not_running: list[tuple[float, float]]
+    state: str                             # finished | ended | running
+    skipped_journal: list[Skipped]
+    skipped_metrics: list[Skipped]
+    warnings: list[str]
+
+    @property
+    def execs(self) -> list[StepExec]:
+        return [x for a in self.attempts for x in a.execs]
+
+    def config(self, section: str, key: str) -> int | None:
+        """An integer from run.json's trainer config (e.g. train.steps), or None."""
+        config = self.info.get("config")
+        part = config.get(section) if isinstance(config, dict) else None
+        value = part.get(key) if isinstance(part, dict) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+# --------------------------------------------------------------------------- reading
+
+def check_run_dir(path: Path) -> RunDir:
+    """The run directory, or a ConfigError (exit 2) saying why it is not one."""
+    run = RunDir(path)
+    if not run.exists():
+        raise ConfigError("no such run directory", file=str(path))
+    if not (run.run_file.exists() or run.journal_file.exists() or run.metrics_dir.is_dir()):
+        raise ConfigError("not a trainwatch run directory (no run.json, journal.jsonl or "
+                          "metrics/)", file=str(path))
+    return run
+
+
+def rank_of(event: dict[str, Any]) -> int | None:
+    rank = event.get("rank")
+    if isinstance(rank, int) and not isinstance(rank, bool):
+        return rank
+    source = str(event.get("source", ""))
+    return int(source[4:]) if source.startswith("rank") and source[4:].isdigit() else None
+
+
+def number(value: Any) -> float | None:
+    """A finite JSON number as float, else None (JSON readers accept NaN and Infinity)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _events(result: ReadResult, path: Path) -> tuple[list[dict[str, Any]], list[Skipped]]:
+    events, skipped = [], list(result.skipped)
+    for record in result.records:
+        if not isinstance(record.get("event"), str) or number(record.get("time")) is None:
+            skipped.append(Skipped(str(path), "not a journal event (no event name or time)"))
+            continue
+        events.append({**record, "time": float(record["time"])})
+    events.sort(key=lambda e: e["time"])  # stable: same-time events keep their file order
+    return events, skipped
+
+
+def _rank0_metrics(run: RunDir) -> tuple[list[StepExec], list[tuple[int, float]],
+                                         list[Skipped]]:
+    result = run.metrics(0)
+    skipped = list(result.skipped)
+    where = str(run.metrics_file(0))
+    execs, evals = [], []
+    for record in result.records:
+        kind, step, when = record.get("kind"), record.get("step"), number(record.get("time"))
+        if kind not in ("step", "eval"):
+            continue  # other kinds are the loop's own records, not ours to judge
+        if not isinstance(step, int) or isinstance(step, bool) or when is None:
+            skipped.append(Skipped(where, f"{kind} record without an integer step and a time"))
+            continue
+        if kind == "eval":
+            evals.append((step, when))
+            continue
+        seconds = number(record.get("step_time_seconds"))
+        if seconds is None or seconds < 0:
+            skipped.append(Skipped(where, "step record without step_time_seconds"))
+            continue
+        wait = number(record.get("data_wait_seconds")) or 0.0
+        execs.append(StepExec(step, when - seconds, when, min(max(wait, 0.0), seconds),
+                              number(record.get("tokens"))))
+    execs.sort(key=lambda x: x.end)
+    return execs, evals, skipped
+
+
+def _torchrun_exits(run: RunDir) -> list[dict[str, Any]]:
+    """Workers torchrun reported as failed (exit code, local rank, pid); [] without its log."""
+    try:
+        text = (run.logs_dir / "torchrun.log").read_text(errors="replace")
+    except OSError:
+        return []
+    return [{"exitcode": int(code), "local_rank": int(local), "pid": int(pid)}
+            for code, local, pid in _TORCHRUN_FAILED.findall(text)]
+
+
+# --------------------------------------------------------------------------- attempts
+
+def _group_attempts(events: list[dict[str, Any]]) -> list[Attempt]:
+    """One attempt per generation of ``rank_started`` events: a new one begins when a rank
+    starts again or torchrun's restart count changes."""
+    attempts: list[Attempt] = []
+    for e in events:
+        if e["event"] != "rank_started" or (rank := rank_of(e)) is None:
+            continue
+        restart = e.get("restart_count") if isinstance(e.get("restart_count"), int) else None
+        current = attempts[-1] if attempts else None
+        if current is None or rank in current.ranks or restart != current.restart_count:
+            current = Attempt(len(attempts), e["time"], restart)
+            attempts.append(current)
+        pid = e.get("pid")
+        current.ranks[rank] = pid if isinstance(pid, int) else None
+    return attempts
+
+
+def _window(attempts: list[Attempt], starts: list[float], t: float) -> Attempt | None:
+    """The attempt running at time ``t`` (the latest one started at or before it)."""
+    i = bisect.bisect_right(starts, t)
+    return attempts[i - 1] if i else None
+
+
+def _resume_point(attempt: Attempt) -> None:
+    for e in attempt.named("checkpoint_resumed"):
+        if isinstance(e.get("step"), int) and rank_of(e) in (0, None):
+            attempt.resumed_from, attempt.resume_source = e["step"], "checkpoint_resumed"
+            return
+    for e in attempt.named("run_started", "restarted"):
+        if isinstance(e.get("start_step"), int):
+            attempt.resumed_from, attempt.resume_source = e["start_step"], e["event"]
+            return
+    if attempt.execs:
+        attempt.resumed_from, attempt.resume_source = attempt.execs[0].step, "first_step"
+
+
+def _end_marker(attempt: Attempt, next_start: float | None) -> float | None:
+    """First sign that the attempt's processes were gone, after its last completed step."""
+    after = attempt.execs[-1].end if attempt.execs else attempt.started_at
+    for e in attempt.named(*TERMINAL_EVENTS):
+        if e["time"] >= after:
+            return e["time"]
+    return next_start
+
+
+def _outcome(attempt: Attempt, is_last: bool, statuses: list[dict[str, Any]]) -> str:
+    if attempt.named("finished"):
+        return "finished"
+    if any(e.get("reason") == "stop" for e in attempt.named("checkpoint_saved")):
+        return "stopped"  # SIGTERM honoured: saved where it stopped, nothing to redo
+    if not is_last:
+        return "interrupted"
+    if attempt.named(*TERMINAL_EVENTS):
+        return "ended"
+    states = {s.get("state") for s in statuses}
+    return "ended" if states and "running" not in states else "running"
+
+
+# --------------------------------------------------------------------------- the span
+
+def _span_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in events
+            if e["event"] in ENGINE_LIFECYCLE or rank_of(e) is not None
+            or e.get("source") == "launcher"]
+
+
+def _not_running(events: list[dict[str, Any]], start: float, end: float
+                 ) -> list[tuple[float, float]]:
+    """Intervals when no launcher and no controller session was alive (a stopped run
+    relaunched later): nothing held accelerators for the job then.
+
+    A launcher is alive from its ``launcher_started`` until its ``launcher_exited`` (same
+    host) or, for a job the controller ran, its ``job_stopped``/``job_exited`` (same pid: a
+    killed launcher journals nothing). One that vanished without either stays alive.
+    """
+    launchers: list[tuple[Any, Any]] = []          # (host, pid) of live launchers
+    controllers = 0
+    idle_since: float | None = None
+    intervals = []
+    for e in events:
+        was_running = bool(launchers) or controllers > 0
+        name, host, pid = e["event"], e.get("host"), e.get("pid")
+        if name == "launcher_started":
+            launchers.append((host, pid))
+        elif name == "launcher_exited":
+            mine = [x for x in launchers if x[0] == host]
+            if mine:
+                launchers.remove(mine[-1])
+        elif name in ("job_stopped", "job_exited"):
+            launchers = [x for x in launchers if x[1] != pid]
+        elif name == "controller_started":
+            controllers += 1
+        elif name == "controller_stopped":
+            controllers = max(0, controllers - 1)
+        running = bool(launchers) or controllers > 0
+        if was_running and not running:
+            idle_since = e["time"]
+        elif running and not was_running and idle_since is not None:
+            a, b = max(idle_since, start), min(e["time"], end)
+            if b > a:
+                intervals.append((a, b))
+            idle_since = None
+    return intervals
+
+
+# --------------------------------------------------------------------------- assembly
+
+def read_timeline(path: str | Path) -> Timeline:
+    """Everything the report needs from one run directory (ConfigError if it is not one)."""
+    run = check_run_dir(Path(path))
+    warnings: list[str] = []
+    info = run.run_info() or {}
+    if not info:
+        warnings.append(f"{run.run_file}: missing or unreadable; world size from the journal")
+    events, skipped_journal = _events(run.journal(), run.journal_file)
+    execs, evals, skipped_metrics = _rank0_metrics(run)
+    if not events and not execs:
+        raise ConfigError("nothing to report: no journal events and no rank 0 metrics",
+                          file=str(run.root))
+
+    if not execs:
+        warnings.append(f"{run.metrics_file(0)}: no step records; step time cannot be measured")
+    attempts = _group_attempts(events)
+    if not attempts:
+        warnings.append("no rank_started events: the run is read as a single attempt")
+        first = min([e["time"] for e in events] + [x.start for x in execs])
+        attempts = [Attempt(0, first, None)]
+    starts = [a.started_at for a in attempts]
+    for e in events:
+        if (attempt := _window(attempts, starts, e["time"])) is not None:
+            attempt.events.append(e)
+    for x in execs:
+        attempt = _window(attempts, starts, x.end) or attempts[0]
+        x.attempt = attempt.index
+        attempt.execs.append(x)
+    for step, when in evals:
+        if (attempt := _window(attempts, starts, when)) is not None:
+            attempt.evals[step] = when
+    exits = _torchrun_exits(run)
+    statuses = run.statuses().records
+    for i, attempt in enumerate(attempts):
+        nxt = attempts[i + 1].started_at if i + 1 < len(attempts) else None
+        _resume_point(attempt)
+        attempt.ended_at = _end_marker(attempt, nxt)
+        attempt.outcome = _outcome(attempt, nxt is None, statuses)
+        pids = {pid: rank for rank, pid in attempt.ranks.items() if pid is not None}
+        attempt.exits = [{**x, "rank": pids[x["pid"]]} for x in exits if x["pid"] in pids]
+        if any(x["rank"] == 0 and x["exitcode"] < 0 for x in attempt.exits):
+            warnings.append(f"attempt {i}: rank 0 was killed by a signal; steps it completed "
+                            "in its last heartbeat interval may be missing from its metrics "
+                            "log (recomputed steps may be undercounted)")
+
+    bounds = _span_events(events)
+    start = min([e["time"] for e in bounds] + [x.start for x in execs]
+                or [e["time"] for e in events])
+    last = [e["time"] for e in bounds] + [x.end for x in execs] + [t for _, t in evals]
+    end = max(last or [e["time"] for e in events])
+    last_attempt = attempts[-1]
+    if last_attempt.ended_at is None:
+        last_attempt.ended_at = end
+    state = {"finished": "finished", "running": "running"}.get(last_attempt.outcome, "ended")
+    world_size = _world_size(info, events, attempts, run, warnings)
+    return Timeline(run.root, info, str(info.get("job") or run.root.resolve().name), world_size,
+                    start, end, attempts, events, _not_running(events, start, end), state,
+                    skipped_journal, skipped_metrics, warnings)
+
+
+def _world_size(info: dict[str, Any], events: list[dict[str, Any]], attempts: list[Attempt],
+                run: RunDir, warnings: list[str]) -> int | None:
+    """run.json's world size, cross-checked against what the ranks themselves said."""
+    declared = info.get("world_size") if isinstance(info.get("world_size"), int) else None
+    said = {e["world_size"] for e in events if e["event"] in ("run_started", "restarted")
+            and isinstance(e.get("world_size"), int)}
+    world = declared if declared is not None else (max(said) if said else None)
+    if world is None:
+        warnings.append("world size unknown (no run.json, no run_started event)")
+        return None
+    if said - {world}:
+        warnings.append(f"run.json says world size {world}, rank 0 reported "
+                        f"{', '.join(map(str, sorted(said)))}")
+    for attempt in attempts:
+        if len(attempt.ranks) != world:
+            warnings.append(f"attempt {attempt.index}: {len(attempt.ranks)} of {world} ranks "
+                            "journaled rank_started")
+    logs = run.ranks_with_metrics()
+    if logs and len(logs) != world:
+        warnings.append(f"{len(logs)} rank metrics logs for a world size of {world}")
+    return world
