@@ -2,8 +2,8 @@
 
 APScheduler fires one job per collector (``max_instances=1``: never two runs of one
 collector; ``coalesce`` + ``misfire_grace_time``: runs missed while the machine was
-busy collapse into one).  The job starts the collector in a fresh daemon thread and
-waits at most ``timeout`` seconds: a collector that hangs (a dead NFS mount, a wedged
+busy collapse into one).  The job hands the run to the collector's own daemon thread
+and waits at most ``timeout`` seconds: a collector that hangs (a dead NFS mount, a wedged
 driver) is marked ``timeout`` and is not started again until that thread returns, so
 hung threads never pile up and never block the agent's exit.
 """
@@ -11,6 +11,7 @@ hung threads never pile up and never block the agent's exit.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from concurrent.futures import Future, TimeoutError as FutureTimeout
@@ -26,19 +27,35 @@ from trainwatch.agent.state import CollectorRecord
 log = logging.getLogger(__name__)
 
 
-def _run_in_daemon_thread(collector: Collector) -> Future:
-    future: Future = Future()
+class _Worker:
+    """One long-lived daemon thread per collector, so a run costs no thread start.
 
-    def target() -> None:
-        if not future.set_running_or_notify_cancel():
-            return
-        try:
-            future.set_result(collector.collect())
-        except BaseException as exc:  # noqa: BLE001 - reported as the collector's failure
-            future.set_exception(exc)
+    The runner submits a run only when the previous one has returned, so at most one
+    waits here; a hung run keeps its thread, and a daemon thread never blocks the
+    agent's exit (a ThreadPoolExecutor's threads would).
+    """
 
-    threading.Thread(target=target, daemon=True, name=f"collector-{collector.name}").start()
-    return future
+    def __init__(self, collector: Collector):
+        self.collector = collector
+        self._queue: queue.SimpleQueue[Future | None] = queue.SimpleQueue()
+        threading.Thread(target=self._loop, daemon=True, name=f"collector-{collector.name}").start()
+
+    def submit(self) -> Future:
+        future: Future = Future()
+        self._queue.put(future)
+        return future
+
+    def close(self) -> None:
+        self._queue.put(None)  # the thread ends once any run in progress returns
+
+    def _loop(self) -> None:
+        while (future := self._queue.get()) is not None:
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(self.collector.collect())
+            except BaseException as exc:  # noqa: BLE001 - reported as the collector's failure
+                future.set_exception(exc)
 
 
 class CollectorRunner:
@@ -47,6 +64,7 @@ class CollectorRunner:
     def __init__(self, ctx: AgentContext):
         self.ctx = ctx
         self.collectors: dict[str, Collector] = {}
+        self._workers: dict[str, _Worker] = {}
         self._inflight: dict[str, tuple[Future, float]] = {}
         self._scheduler: BackgroundScheduler | None = None
         self._lock = threading.Lock()
@@ -67,6 +85,7 @@ class CollectorRunner:
         self._stopping.set()
         if self._scheduler is not None and self._scheduler.running:
             self._scheduler.shutdown(wait=False)
+        self._close_workers()
 
     @property
     def running(self) -> bool:
@@ -84,6 +103,7 @@ class CollectorRunner:
         from datetime import datetime, timedelta, timezone
         assert self._scheduler is not None
         self.collectors.clear()
+        self._close_workers()
         for name, spec in sorted(all_collectors().items()):
             opts = self.ctx.config.collector(name)
             enabled = bool(opts["enabled"])
@@ -103,11 +123,17 @@ class CollectorRunner:
             if not enabled:
                 continue
             self.collectors[name] = spec.factory(self.ctx, opts)
+            self._workers[name] = _Worker(self.collectors[name])
             self._scheduler.add_job(self.run_once, "interval", args=[name], id=name,
                                     seconds=record.interval,
                                     misfire_grace_time=max(1, int(record.interval)),
                                     next_run_time=datetime.now(timezone.utc)
                                     + timedelta(seconds=spec.first_delay))
+
+    def _close_workers(self) -> None:
+        for worker in self._workers.values():
+            worker.close()
+        self._workers.clear()
 
     def _wait(self, future: Future, timeout: float) -> Any:
         deadline = time.monotonic() + timeout
@@ -123,8 +149,8 @@ class CollectorRunner:
     # -- one run -------------------------------------------------------------------
     def run_once(self, name: str) -> None:
         """Run one collector with its timeout and record the outcome (also used by tests)."""
-        collector = self.collectors.get(name)
-        if collector is None:
+        worker = self._workers.get(name)
+        if worker is None:
             return
         store = self.ctx.store
         record = store.get(name)
@@ -140,7 +166,7 @@ class CollectorRunner:
             del self._inflight[name]
         started = time.time()
         store.update(name, runs=record.runs + 1, bump=False)
-        future = _run_in_daemon_thread(collector)
+        future = worker.submit()
         try:
             result: Any = self._wait(future, record.timeout)
         except FutureTimeout:
