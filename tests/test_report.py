@@ -204,7 +204,8 @@ def test_a_clean_run_has_no_incident_and_nothing_recomputed(tmp_path):
     assert data["incidents"] == [] and data["steps"]["recomputed"] == 0
     assert data["categories"]["recomputed"] == 0 == data["categories"]["restart_downtime"]
     assert data["goodput_ratio"] == near(5.0 / 8.0)
-    assert data["categories"]["other"] == near(1.0)      # shutdown after the last step
+    assert data["categories"]["shutdown"] == near(1.0)   # after the last step
+    assert data["categories"]["other"] == near(0.0)
     assert data["checkpoint_hint"] is None
     assert "no incidents" in report(r.run.root).stdout
 

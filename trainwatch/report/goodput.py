@@ -20,10 +20,10 @@ from trainwatch.report.timeline import Attempt, StepExec, Timeline, number
 
 # Order of the report; "other" is what no interval claims.
 CATEGORIES = ("productive", "data_wait", "recomputed", "restart_downtime", "initial_startup",
-              "checkpoint", "evaluation", "stalled", "other")
+              "checkpoint", "evaluation", "stalled", "shutdown", "other")
 # Higher priority (smaller number) wins where intervals overlap.
 _TIER = {"not_running": 0, "step": 1, "checkpoint": 2, "evaluation": 3, "stalled": 4,
-         "restart_downtime": 5, "initial_startup": 6}
+         "restart_downtime": 5, "initial_startup": 6, "shutdown": 7}
 # What makes an attempt's silent end a stall rather than a crash: the stall alert, or the
 # controller's stall restart, in its journal window.
 STALL_ALERTS = ("TrainingStalled",)
@@ -201,6 +201,8 @@ class _Painter:
         self._tail_stall(self.attempts[last.attempt], self.after.get(id(last), last.end))
         self._chain(last.end, self.tl.end, self.attempts[last.attempt:], head="restart_downtime",
                     final=True)
+        if self.attempts[-1].outcome == "finished":  # final save's writer, exits, teardown
+            self.add(last.end, self.tl.end, "shutdown")
 
     def _tail_stall(self, attempt: Attempt, tail: float) -> None:
         """From the last step (and its evaluation/save) to the attempt's end: a stall when the
@@ -219,7 +221,7 @@ class _Painter:
         Before the first end it is ``head`` (start-up, or the interrupted attempt's own
         downtime); after each attempt's end, that incident's restart downtime up to the next
         end or t1. When ``final`` (the run's tail) the last attempt restarts nothing: what
-        follows its last step or end is shutdown, left to other.
+        follows its last step or end is shutdown (see ``gaps``), never downtime.
         """
         ends = [min(max(a.ended_at if a.ended_at is not None else t1, t0), t1) for a in ended]
         points = [t0, *ends, t1]

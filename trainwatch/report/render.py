@@ -32,6 +32,7 @@ _CATEGORY_TEXT = {
     "checkpoint": "checkpoint saves (loop blocked)",
     "evaluation": "evaluation",
     "stalled": "stalled",
+    "shutdown": "shutdown after the last step",
     "other": "other / unaccounted",
 }
 
