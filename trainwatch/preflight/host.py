@@ -17,10 +17,8 @@ from typing import Any
 import psutil
 
 from trainwatch.agent.timeouts import Deadline, Hung
-from trainwatch.preflight.model import Check
+from trainwatch.preflight.model import Check, human_bytes
 
-GIB = 1 << 30
-MIB = 1 << 20
 SHM_TIMEOUT = 5.0  # seconds; /dev/shm is memory, so a slow answer means a sick kernel
 # psutil status -> what the evidence says, and how bad a leftover in it is.
 _LEFTOVER_STATUS = {psutil.STATUS_ZOMBIE: ("zombie", "fail"),
@@ -54,14 +52,14 @@ def check_shm(cfg: dict[str, Any], deadline: Deadline) -> Check:
     evidence: dict[str, Any] = {"path": path, "size_bytes": size, "free_bytes": free,
                                 "min_bytes": need}
     if size < need:
-        return Check("host.shm", "fail", f"{path} is {size / MIB:.0f} MiB, need "
-                     f"{need / MIB:.0f} MiB (container default 64 MiB? set --shm-size / "
+        return Check("host.shm", "fail", f"{path} is {human_bytes(size)}, need "
+                     f"{human_bytes(need)} (container default 64 MiB? set --shm-size / "
                      "an emptyDir with medium: Memory)", evidence)
     if free < need:
         evidence["largest_entries"] = _largest(path)
-        return Check("host.shm", "fail", f"{path}: only {free / MIB:.0f} MiB free of "
-                     f"{size / MIB:.0f} MiB (files left by an earlier job?)", evidence)
-    return Check("host.shm", "ok", f"{path}: {free / GIB:.1f} GiB free of {size / GIB:.1f} GiB",
+        return Check("host.shm", "fail", f"{path}: only {human_bytes(free)} free of "
+                     f"{human_bytes(size)} (files left by an earlier job?)", evidence)
+    return Check("host.shm", "ok", f"{path}: {human_bytes(free)} free of {human_bytes(size)}",
                  evidence)
 
 
@@ -79,7 +77,7 @@ def _largest(path: str, limit: int = 5, scan: int = 10000) -> list[str]:
                     continue
     except OSError:
         return []
-    return [f"{name} {size / MIB:.1f} MiB" for size, name in sorted(sizes, reverse=True)[:limit]]
+    return [f"{name} {human_bytes(size)}" for size, name in sorted(sizes, reverse=True)[:limit]]
 
 
 def _limit_text(value: int) -> str:
@@ -108,7 +106,7 @@ def check_memlock(rdma: list[str]) -> Check:
     evidence = {"soft": _limit_text(soft), "hard": _limit_text(hard), "rdma_devices": rdma}
     if soft == resource.RLIM_INFINITY:
         return Check("host.memlock", "ok", "locked memory (ulimit -l) is unlimited", evidence)
-    text = f"locked memory (ulimit -l) is {soft // 1024} KiB"
+    text = f"locked memory (ulimit -l) is {human_bytes(soft)}"
     if rdma:
         return Check("host.memlock", "fail", f"{text}; RDMA ({', '.join(rdma)}) needs "
                      "unlimited (NCCL over InfiniBand fails to register memory)", evidence)
@@ -119,7 +117,7 @@ def check_memlock(rdma: list[str]) -> Check:
 def check_memory(cfg: dict[str, Any]) -> Check:
     mem = psutil.virtual_memory()
     evidence = {"total_bytes": mem.total, "available_bytes": mem.available}
-    text = f"{mem.available / GIB:.1f} GiB of {mem.total / GIB:.1f} GiB available"
+    text = f"{human_bytes(mem.available)} of {human_bytes(mem.total)} available"
     if mem.available < cfg["fail_available_memory_bytes"]:
         return Check("host.memory", "fail", f"only {text}", evidence)
     if mem.total and mem.available / mem.total < cfg["warn_available_memory_ratio"]:

@@ -15,9 +15,7 @@ from typing import Any
 
 from trainwatch.agent.collectors.storage import mount_of, parse_mounts, write_probe
 from trainwatch.agent.timeouts import Deadline, Hung
-from trainwatch.preflight.model import Check, Request
-
-GIB = 1 << 30
+from trainwatch.preflight.model import Check, Request, human_bytes
 
 
 def check_storage(request: Request, cfg: dict[str, Any], proc_root: str,
@@ -117,12 +115,12 @@ def _space(role: str, path: str, size: int, free: int, cfg: dict[str, Any],
     room = int(cfg["checkpoint_room"]) * (checkpoint_bytes or 0)
     need = max(int(cfg["min_free_bytes"]), room)
     evidence["need_bytes"] = need
-    text = f"{free / GIB:.2f} GiB free of {size / GIB:.2f} GiB"
+    text = f"{human_bytes(free)} free of {human_bytes(size)}"
     if free < need:
         why = (f"room for {cfg['checkpoint_room']} checkpoint(s) of "
-               f"{checkpoint_bytes / GIB:.2f} GiB" if room == need
+               f"{human_bytes(checkpoint_bytes)}" if room == need
                else "storage.min_free_bytes")
-        return Check(id_, "fail", f"{path}: only {text}, need {need / GIB:.2f} GiB ({why})",
+        return Check(id_, "fail", f"{path}: only {text}, need {human_bytes(need)} ({why})",
                      evidence, runbook="StorageFull")
     if size and free / size < float(cfg["warn_free_ratio"]):
         return Check(id_, "warn", f"{path}: {text} (under {cfg['warn_free_ratio']:.0%})",
