@@ -76,7 +76,7 @@ def versions_check(python: str | None, gpu: GpuProbe, cfg: dict[str, Any]
         return Check("software.versions", "fail", f"torch unusable: {problem}", evidence), versions
     shown = ", ".join(f"{k} {v}" for k, v in versions.items() if v)
     missing = [k for k, v in versions.items() if not v]
-    return Check("software.versions", "ok", shown + (f" (none: {', '.join(missing)})"
+    return Check("software.versions", "ok", shown + (f" (not found: {', '.join(missing)})"
                                                      if missing else ""), evidence), versions
 
 

@@ -125,7 +125,8 @@ def _space(role: str, path: str, size: int, free: int, cfg: dict[str, Any],
     if size and free / size < float(cfg["warn_free_ratio"]):
         return Check(id_, "warn", f"{path}: {text} (under {cfg['warn_free_ratio']:.0%})",
                      evidence, runbook="StorageFillingUp")
-    return Check(id_, "ok", f"{path}: {text}", evidence)
+    return Check(id_, "ok", f"{path}: {text}" + (f" (need {human_bytes(need)})" if need else ""),
+                 evidence)
 
 
 def _inodes(role: str, path: str, vfs: os.statvfs_result, cfg: dict[str, Any],
