@@ -27,6 +27,7 @@ COMMANDS = {
     "alerts": ("trainwatch.alerts.cli:alerts", "Check, export, test and silence alert rules; run the engine and webhook receiver."),
     "runbook": ("trainwatch.runbooks.cli:runbook", "Print the runbook of an alert."),
     "dashboards": ("trainwatch.dashboards.cli:dashboards", "Export, check and upload the Grafana dashboards."),
+    "preflight": ("trainwatch.preflight.cli:preflight", "Is this node fit to join a training job? GPUs, storage, host, network, versions."),
     "report": ("trainwatch.report.cli:report", "Cost and goodput of a run: where the wall time went, what failures cost."),
     "run": ("trainwatch.alerts.run:run", "Train with the agent and the embedded alert engine watching; restarts from checkpoints."),
 }

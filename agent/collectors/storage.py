@@ -78,7 +78,7 @@ def time_to_full(history: deque) -> float:
     return max(0.0, ys[-1] / -slope)
 
 
-def _probe(path: str, size: int, node: str) -> float:
+def write_probe(path: str, size: int, node: str) -> float:
     """Write, fsync, read back and remove a small file; returns seconds taken."""
     started = time.perf_counter()
     name = Path(path, f".trainwatch-probe-{node}-{os.getpid()}")
@@ -204,7 +204,7 @@ class StorageCollector(Collector):
         if self.options["probe"]:
             probe: dict[str, Any] = {"ok": False, "seconds": None, "error": None}
             try:
-                seconds = self.deadline.call(f"probe:{path}", lambda: _probe(
+                seconds = self.deadline.call(f"probe:{path}", lambda: write_probe(
                     path, int(self.options["probe_bytes"]), self.ctx.node), timeout)
                 probe.update(ok=True, seconds=round(seconds, 6))
                 result.add("trainwatch_storage_probe_duration_seconds", seconds, **lab)
