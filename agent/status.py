@@ -31,6 +31,7 @@ def build_status(ctx: AgentContext, *, listen: str, config_loaded_at: float) -> 
     verdicts = findings.get("ranks", {})
     gpu = (records["gpu"].data if "gpu" in records else None) or {}
     nccl = (records["nccl"].data if "nccl" in records else None) or {}
+    journals = (records["journal"].data if "journal" in records else None) or {}
     gpus_by_pid: dict[int, list[dict[str, Any]]] = {}
     for g in gpu.get("gpus", []):
         for proc in g.get("processes", []):
@@ -63,6 +64,7 @@ def build_status(ctx: AgentContext, *, listen: str, config_loaded_at: float) -> 
             "world_size": job.get("world_size"),
             "status_files_skipped_total": job.get("status_files_skipped_total", 0),
             "skipped": job.get("skipped", []),
+            "journal": journals.get(job["run_dir"]),
             "nccl": (nccl.get("jobs") or {}).get(job["job"], {}).get("ras"),
             "node_straggler": (findings.get("node_stragglers") or {}).get(job["job"]),
             "ranks": ranks})

@@ -12,7 +12,8 @@ COLLECTOR = "{{node}} {{collector}}"
 
 def build(runbook_base: str) -> dict:
     b = Board("self", "trainwatch / trainwatch itself",
-              "The node agents: scrape health, collectors, their cost, skipped status files.",
+              "The node agents: scrape health, collectors, their cost, skipped status files "
+              "and journal lines.",
               ("node",), runbook_base)
 
     b.row("Agents")
@@ -49,26 +50,34 @@ def build(runbook_base: str) -> dict:
                      w=24)
     b.timeseries("Collector run time",
                  target(b.sel("trainwatch_collector_duration_seconds"), COLLECTOR),
-                 unit="s", description="Duration of each collector's last completed run.")
+                 unit="s", description="Duration of each collector's last completed run.", w=6)
     b.timeseries("Since last success",
                  target(f"time() - "
                         f"{b.sel('trainwatch_collector_last_success_timestamp_seconds')}",
                         COLLECTOR),
                  unit="s", description="Grows while a collector keeps failing: its metrics "
-                                       "are that old.", alerts=("TrainwatchCollectorFailing",))
+                                       "are that old.", alerts=("TrainwatchCollectorFailing",),
+                 w=6)
     b.timeseries("Collector runs", target(b.rate("trainwatch_collector_runs_total"), COLLECTOR),
-                 unit="ops", description="Runs started per second.")
+                 unit="ops", description="Runs started per second.", w=6)
     b.timeseries("Collector errors",
                  target(b.increase("trainwatch_collector_errors_total"), "raised " + COLLECTOR),
                  target(b.increase("trainwatch_collector_timeouts_total"),
                         "timed out " + COLLECTOR),
                  description="Runs that raised, and runs abandoned after their timeout.",
-                 alerts=("TrainwatchCollectorFailing",))
+                 alerts=("TrainwatchCollectorFailing",), w=6)
     b.timeseries("Skipped status files",
                  target(b.increase("trainwatch_collector_status_files_skipped_total"),
                         "{{node}} {{job}}"),
                  description="Status files the agent rejected as torn, empty, alien or of an "
                              "unknown version (listed in /status).")
+    b.timeseries("Skipped journal lines",
+                 target(b.increase("trainwatch_collector_journal_lines_skipped_total"),
+                        "{{node}} {{job}}"),
+                 description="Journal lines the agent skipped as torn, alien or overlong "
+                             "(the last few are listed in /status under the job's journal); "
+                             "the events on them are missing from the alert, action and "
+                             "restart counters.")
     b.timeseries("Rank telemetry errors",
                  target(f"sum by (node, job) "
                         f"({b.increase('trainwatch_rank_telemetry_errors_total')})",

@@ -75,7 +75,12 @@ def build(runbook_base: str) -> dict:
                  target(f"sum by (job) "
                         f"({b.increase('trainwatch_train_nonfinite_grad_norm_total')})",
                         "NaN/Inf grad norm"),
-                 description="Steps whose loss or gradient norm was NaN or Inf.",
+                 target(f"max by (job) "
+                        f"({b.increase('trainwatch_train_nonfinite_skipped_steps_total')})",
+                        "skipped by the guard"),
+                 description="Steps whose loss or gradient norm was NaN or Inf, and the "
+                             "steps the checkpoint library's non-finite guard skipped "
+                             "(their optimizer update was not applied).",
                  alerts=("TrainingLossNonFinite",))
 
     b.row("Step time")
@@ -113,20 +118,32 @@ def build(runbook_base: str) -> dict:
                  target(f"min by (job) ({b.sel('trainwatch_checkpoint_age_seconds')})", "age"),
                  unit="s", limit=limits["checkpoint_max_age_seconds"],
                  description="Work a crash would lose now; drops at every verified save.",
-                 alerts=("CheckpointTooOld",))
+                 alerts=("CheckpointTooOld",), w=6)
     in_checkpoint = b.sel("trainwatch_rank_phase", match("phase", "checkpoint"))
     b.timeseries("Checkpoint save in progress",
                  target(f"{b.sel('trainwatch_rank_phase_age_seconds')} "
                         f"and on(job, rank) {in_checkpoint} == 1", "rank {{rank}}"),
                  unit="s", description="How long each rank has been in the checkpoint "
-                                       "phase: each peak is one save's blocking time (the "
-                                       "journal's checkpoint_saved event has the full "
-                                       "write time).")
-    b.timeseries("Checkpoint failures",
+                                       "phase: each peak is one save's blocking time.", w=6)
+    b.timeseries("Last checkpoint save",
+                 target(f"max by (job) "
+                        f"({b.sel('trainwatch_checkpoint_last_save_duration_seconds')})",
+                        "write"),
+                 target(f"max by (job) "
+                        f"({b.sel('trainwatch_checkpoint_last_blocking_seconds')})",
+                        "loop blocked"),
+                 unit="s", description="The newest save, from the journal: time to write and "
+                                       "fsync its files (in the background in async mode) "
+                                       "and time the training loop was blocked; a growing "
+                                       "write time means slow or filling storage.", w=6)
+    b.timeseries("Checkpoint saves and failures",
+                 target(f"max by (job) ({b.increase('trainwatch_checkpoint_saves_total')})",
+                        "verified saves"),
                  target(f"max by (job) ({b.increase('trainwatch_checkpoint_failures_total')})",
                         "failed saves"),
-                 description="Failed checkpoint saves; the previous verified checkpoint is "
-                             "kept.", alerts=("CheckpointFailed",))
+                 description="Verified and failed checkpoint saves; after a failure the "
+                             "previous verified checkpoint is kept.",
+                 alerts=("CheckpointFailed",), w=6)
 
     b.row("Alerts and actions")
     base = runbook_base
@@ -149,7 +166,31 @@ def build(runbook_base: str) -> dict:
     b.timeseries("Restarts and restart guard",
                  target(f"max by (job) ({b.sel('trainwatch_rank_restarts')})", "restarts"),
                  target(b.sel("trainwatch_action_restart_guard_tripped"), "restart guard"),
-                 description="Restarts of the rank processes; the guard goes to 1 when the "
-                             "controller stops restarting a job that makes no progress.",
+                 target(f"max by (job, kind) "
+                        f"({b.increase('trainwatch_train_restarts_total')})",
+                        "restarted by {{kind}}"),
+                 description="Restarts of the current rank processes (torchrun's count); "
+                             "restarts the journal records, by torchrun or by the controller; "
+                             "and the guard, which goes to 1 when the controller stops "
+                             "restarting a job that makes no progress.",
                  alerts=("TrainingRestartLoop",), w=6)
+    b.timeseries("Alerts fired",
+                 target(f"sum by (severity) (max by (job, alertname, severity) "
+                        f"({b.increase('trainwatch_alert_fired_total')}))", "{{severity}}"),
+                 target(f"max by (job, alertname) "
+                        f"({b.increase('trainwatch_alert_fired_total')}) > 0", "{{alertname}}"),
+                 description="Alerts the embedded engine fired for this job (alert_firing in "
+                             "its journal), by severity and by alert; alerts Prometheus and "
+                             "Alertmanager fire are the annotations and the table above.",
+                 w=12)
+    b.timeseries("Automated actions",
+                 target(f"max by (job, action) ({b.increase('trainwatch_action_taken_total')})",
+                        "taken: {{action}}"),
+                 target(f"max by (job, action) "
+                        f"({b.increase('trainwatch_action_skipped_total')})",
+                        "skipped: {{action}}"),
+                 description="What the controller did about firing alerts (action_taken) and "
+                             "decided not to do (action_skipped: dry run, rate limit, restart "
+                             "guard, duplicate delivery); the reasons are in the journal "
+                             "(trainwatch diagnose).", alerts=("TrainingRestartLoop",), w=12)
     return b.to_json()

@@ -137,6 +137,19 @@ def test_ranks_export_checkpoint_age_and_failures_from_the_status_files(tmp_path
                         (("job", "done"), node): 4, (("job", "other"), node): 0}
 
 
+def test_ranks_export_checkpoint_saves_and_nonfinite_skips_from_the_status_files(tmp_path):
+    run = RunDir(tmp_path / "run").create()  # rank 0 holds the save facts; both run the guard
+    write_status(run, 0, os.getpid(), checkpoint=_facts(saves_total=5, nonfinite_skipped_total=2))
+    write_status(run, 1, os.getpid(), checkpoint=_facts(nonfinite_skipped_total=2))
+    plain = RunDir(tmp_path / "plain").create()  # no checkpoint library: no series
+    write_status(plain, 0, os.getpid(), job="plain")
+    result = collector(make_ctx([run.root, plain.root]), "ranks").collect()
+    node = ("node", "node-a")
+    assert samples(result, "trainwatch_checkpoint_saves_total") == {(("job", "exp"), node): 5}
+    assert samples(result, "trainwatch_train_nonfinite_skipped_steps_total") == {
+        (("job", "exp"), node): 2}
+
+
 def test_ranks_reports_gone_and_zombie_processes(tmp_path):
     run = RunDir(tmp_path / "run").create()
     child = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -103,21 +103,26 @@ def test_every_family_is_in_the_contract_and_promtool_accepts_it(agent_factory):
     if shutil.which("promtool") is None:
         pytest.skip("promtool is not installed")
     agent = agent_factory(sys_root=str(FIXTURES / "sys"))
+    run = RunDir(agent.ctx.config.run_dirs[0])
+    shutil.copy(FIXTURES / "journal" / "journal.jsonl", run.journal_file)
     fake = FakeGpuBackend([_gpu(0, pids=[os.getpid()]), _gpu(1, events={"hw_slowdown": True})])
     fake.pending_xids = [(0, 48)]
     agent.ctx.gpu_backend = lambda: fake
     agent.start()
     url = f"http://{agent.address}"
-    for name in ("gpu", "network", "versions", "findings", "storage"):
+    for name in ("gpu", "network", "versions", "findings", "storage", "journal"):
         wait_for(lambda n=name: agent.ctx.store.get(n).state == "ok", 15, what=f"{name} ran")
     body = http_get(url + "/metrics")
     check = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True)
     assert check.returncode == 0, check.stdout + check.stderr
     families = {line.split()[2] for line in body.decode().splitlines()
                 if line.startswith("# TYPE")}
-    exported = {name for name in METRICS if name.removesuffix("_total") in families}
+    # prometheus-client names a counter family with or without _total, by version.
+    exported = {name for name in METRICS if name in families
+                or name.removesuffix("_total") in families}
     for prefix in ("trainwatch_gpu_", "trainwatch_network_ib_", "trainwatch_storage_",
-                   "trainwatch_rank_", "trainwatch_process_", "trainwatch_collector_"):
+                   "trainwatch_rank_", "trainwatch_process_", "trainwatch_collector_",
+                   "trainwatch_alert_", "trainwatch_action_", "trainwatch_checkpoint_"):
         assert any(n.startswith(prefix) for n in exported), prefix
     assert agent.exporter.rejected == set()
     assert b'trainwatch_gpu_process_memory_bytes{gpu="0"' in body

@@ -30,7 +30,9 @@ MUST_SHOW_DATA = {
         "Ranks up", "Step", "Stalled ranks", "Stragglers", "Tokens/s", "Checkpoint age",
         "Restarts", "Loss#A", "Gradient norm", "Throughput", "Learning rate", "Non-finite steps",
         "Step time", "Step phases", "Data wait", "Heartbeat age", "Current phase per rank",
-        "Work at risk (checkpoint age)", "Checkpoint failures", "Restarts and restart guard#A"},
+        "Work at risk (checkpoint age)", "Last checkpoint save", "Checkpoint saves and failures",
+        "Restarts and restart guard#A", "Restarts and restart guard#C", "Alerts fired#A",
+        "Automated actions"},
     "trainwatch-ranks-stragglers": {
         "Step time", "Local time", "Progress age", "Time ratio to the job median",
         "Straggler score", "Straggler flags#A", "Slow windows", "Stalled", "Stall time and budget",
@@ -42,7 +44,8 @@ MUST_SHOW_DATA = {
     "trainwatch-self": {"Agents scraped", "Collectors up", "Run directories", "Agent CPU",
                         "Agent memory (RSS)", "Collector state", "Collector run time",
                         "Since last success", "Collector runs", "Collector errors",
-                        "Skipped status files", "Rank telemetry errors"},
+                        "Skipped status files", "Skipped journal lines",
+                        "Rank telemetry errors"},
 }
 
 
@@ -80,10 +83,13 @@ scrape_configs:
     prom = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: http_get(prom + "/-/ready"), 60, what="prometheus ready")
-        # Both ranks training, timing windows exchanged, a few scrapes for rate().
+        # Both ranks training, timing windows exchanged, a save journaled, a few scrapes
+        # for rate().
         wait_for(lambda: len(_series(prom, "rate(trainwatch_rank_steps_total[15s]) > 0")) == 2
                  and len(_series(prom, "trainwatch_straggler_time_ratio")) == 2
-                 and len(_series(prom, "trainwatch_checkpoint_age_seconds")) == 1,
+                 and len(_series(prom, "trainwatch_checkpoint_age_seconds")) == 1
+                 and len(_series(prom, "increase(trainwatch_train_restarts_total[15s])")) == 2
+                 and len(_series(prom, "trainwatch_checkpoint_last_save_duration_seconds")) == 1,
                  120, interval=0.5, what="both ranks training, scraped by Prometheus")
         job = _series(prom, "trainwatch_rank_up")[0]["metric"]["job"]
 

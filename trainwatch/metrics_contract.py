@@ -265,6 +265,9 @@ _SPECS = [
        "Runs abandoned after the collector's timeout (hung).", COLLECTOR),
     _m("trainwatch_collector_status_files_skipped_total", "counter",
        "Status files skipped as torn, empty, alien or of an unknown version.", JOB_NODE),
+    _m("trainwatch_collector_journal_lines_skipped_total", "counter",
+       "Journal lines the agent skipped as torn, alien (not an object, unknown record "
+       "version, no event name) or longer than its read cap.", JOB_NODE),
     _m("trainwatch_collector_run_dirs", "gauge", "Run directories the agent watches.", NODE),
     _m("trainwatch_collector_agent_cpu_seconds_total", "counter",
        "CPU time used by the agent process.", NODE, "seconds"),
@@ -286,6 +289,39 @@ _SPECS += [
     _m("trainwatch_action_restart_guard_tripped", "gauge",
        "1 once the controller stopped restarting a job that makes no forward progress.",
        ("job",)),
+]
+
+# --- what the run's journal and checkpoint facts say happened (agent collectors `journal`
+# and `ranks`, branch `journalmetrics`). Every event is journaled once by one writer, so
+# where several nodes read one shared journal, take max by (job, ...) across nodes.
+_SPECS += [
+    _m("trainwatch_alert_fired_total", "counter",
+       "Alerts that fired for the run (alert_firing events in its journal), by rule; names "
+       "outside the rules set past the agent's cap, and unknown severities, are 'other'.",
+       JOB_NODE + ("alertname", "severity")),
+    _m("trainwatch_action_taken_total", "counter",
+       "Automated actions the controller took for the run (action_taken events), by action.",
+       JOB_NODE + ("action",)),
+    _m("trainwatch_action_skipped_total", "counter",
+       "Automated actions the controller decided not to take (action_skipped events: dry "
+       "run, rate limit, restart guard, duplicate delivery, ...), by action.",
+       JOB_NODE + ("action",)),
+    _m("trainwatch_train_restarts_total", "counter",
+       "Restarts of the job's ranks, by kind: torchrun (restarted events) or controller (the "
+       "controller starting the job again, job_started after the first attempt).",
+       JOB_NODE + ("kind",)),
+    _m("trainwatch_checkpoint_last_save_duration_seconds", "gauge",
+       "Seconds the newest checkpoint save took to write and fsync its files (in the "
+       "background in async mode); absent before the first save.", JOB_NODE, "seconds"),
+    _m("trainwatch_checkpoint_last_blocking_seconds", "gauge",
+       "Seconds the newest checkpoint save blocked the training loop; absent before the "
+       "first save.", JOB_NODE, "seconds"),
+    _m("trainwatch_checkpoint_saves_total", "counter",
+       "Verified checkpoint saves of the run (the most any of the node's ranks counted; "
+       "resets when the job restarts).", JOB_NODE),
+    _m("trainwatch_train_nonfinite_skipped_steps_total", "counter",
+       "Steps the checkpoint library's non-finite guard skipped (or halted on) because a "
+       "rank's loss or gradient was NaN or Inf (resets when the job restarts).", JOB_NODE),
 ]
 
 # --- cost and goodput (`trainwatch report --prom-textfile`, branch `report`) -----------

@@ -140,6 +140,27 @@ def check_format(obj: Any, expected_format: str, where: str) -> dict[str, Any]:
     return obj
 
 
+def parse_jsonl_line(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """One JSON-lines record, or why it is skipped; ``(None, None)`` for a blank line.
+
+    The one definition of a torn or alien line, shared by ``read_jsonl`` and the agent's
+    incremental journal reader.
+    """
+    if not line.strip():
+        return None, None
+    try:
+        obj = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        # A torn last line is what a crash mid-append leaves; say so plainly.
+        return None, "torn or not JSON"
+    if not isinstance(obj, dict):
+        return None, "not a JSON object"
+    version = obj.get("v", 1)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        return None, f"record version {version!r} not supported"
+    return obj, None
+
+
 def read_jsonl(path: str | Path) -> ReadResult:
     """Read a JSON-lines file, skipping (and reporting) torn or alien lines."""
     result = ReadResult()
@@ -152,23 +173,11 @@ def read_jsonl(path: str | Path) -> ReadResult:
         return result
     with fh:
         for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except (ValueError, UnicodeDecodeError):
-                # A torn last line is what a crash mid-append leaves; say so plainly.
-                result.skipped.append(Skipped(str(path), "torn or not JSON", lineno))
-                continue
-            if not isinstance(obj, dict):
-                result.skipped.append(Skipped(str(path), "not a JSON object", lineno))
-                continue
-            version = obj.get("v", 1)
-            if not isinstance(version, int) or version > FORMAT_VERSION:
-                result.skipped.append(Skipped(str(path), f"record version {version!r} "
-                                              "not supported", lineno))
-                continue
-            result.records.append(obj)
+            obj, reason = parse_jsonl_line(line)
+            if reason is not None:
+                result.skipped.append(Skipped(str(path), reason, lineno))
+            elif obj is not None:
+                result.records.append(obj)
     return result
 
 

@@ -4,7 +4,7 @@ Reads each run directory through ``trainwatch.rundir.RunDir`` (torn, empty, alie
 newer-version status files are skipped, listed in /status and counted once per file
 version), inspects each rank's process with psutil, and exports the trainwatch_train_*,
 trainwatch_rank_*, trainwatch_process_* and (from the checkpoint library's facts in the
-status files) trainwatch_checkpoint_* series.
+status files) trainwatch_checkpoint_* and the non-finite guard's series.
 """
 
 from __future__ import annotations
@@ -35,6 +35,11 @@ _COUNTERS = {
     "nonfinite_loss_total": "trainwatch_train_nonfinite_loss_total",
     "nonfinite_grad_norm_total": "trainwatch_train_nonfinite_grad_norm_total",
     "telemetry_errors_total": "trainwatch_rank_telemetry_errors_total",
+}
+_CHECKPOINT_COUNTERS = {  # checkpoint facts field -> job-level metric (max over ranks)
+    "saves_total": "trainwatch_checkpoint_saves_total",
+    "failures_total": "trainwatch_checkpoint_failures_total",
+    "nonfinite_skipped_total": "trainwatch_train_nonfinite_skipped_steps_total",
 }
 
 
@@ -111,15 +116,17 @@ class RanksCollector(Collector):
 
         Age: since the newest verified checkpoint any rank knows of, else (on rank 0's node)
         since the run started; only while a rank runs (a finished job needs none newer).
-        Failures: the most any rank counted (a failed save is usually seen by every rank).
+        Saves, failures, non-finite skips: the most any rank counted (rank 0 holds the save
+        facts; a failed save is usually seen by every rank; every rank runs the guard).
         """
         facts = [r["checkpoint"] for r in local if isinstance(r.get("checkpoint"), dict)]
         if not facts:
             return
         labels = {"job": job, "node": self.ctx.node}
-        failures = [_num(f.get("failures_total")) for f in facts]
-        result.add("trainwatch_checkpoint_failures_total",
-                   max((v for v in failures if v is not None), default=None), **labels)
+        for field, metric in _CHECKPOINT_COUNTERS.items():
+            values = [_num(f.get(field)) for f in facts]
+            result.add(metric, max((v for v in values if v is not None), default=None),
+                       **labels)
         if not any(r.get("state", "running") == "running" for r in local):
             return
         # ``time`` is the newest verified save (or the resumed one); a later failure
