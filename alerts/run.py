@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 import click
 from rich.console import Group
@@ -55,6 +56,21 @@ def start_agent(run: RunDir, port: int, config: str | None) -> subprocess.Popen:
     with open(run.logs_dir / "agent.log", "ab") as log:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def wait_for_agent(proc: subprocess.Popen, target: str, timeout: float = 60.0) -> bool:
+    """Wait until the agent answers /healthz, so the engine's first scrapes are not
+    failures; False (and a warning) if it died or is still not up after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(f"http://{target}/healthz", timeout=1):
+                return True
+        except OSError:
+            time.sleep(0.2)
+    click.echo(f"trainwatch agent on {target} is not up (see logs/agent.log): alerts that "
+               "need its metrics are blind until it is", err=True)
+    return False
 
 
 def stop_process(proc: subprocess.Popen | None, grace: float = 10.0) -> None:
@@ -154,6 +170,8 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         controller.start("trainwatch run")
+        if agent_proc is not None:
+            wait_for_agent(agent_proc, targets[0])
         loop.start()
         supervisor.start()
         if no_live:
