@@ -14,11 +14,9 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import os
 import threading
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
@@ -26,7 +24,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from trainwatch.alerts.actions import ActionRequest, ActionRunner
 from trainwatch.alerts.rules import RuleSet
-from trainwatch.errors import ConfigError
+from trainwatch.configfile import read_secret
 
 log = logging.getLogger(__name__)
 
@@ -40,19 +38,9 @@ class PayloadError(ValueError):
 
 def load_token(token_file: str | None = None) -> str:
     """The token from --token-file or $TRAINWATCH_RECEIVER_TOKEN; refusing to run without."""
-    if token_file:
-        try:
-            token = Path(token_file).read_text().strip()
-        except OSError as exc:
-            raise ConfigError(f"cannot read the token: {exc.strerror}", file=token_file) from None
-        if not token:
-            raise ConfigError("the token file is empty", file=token_file)
-        return token
-    token = os.environ.get(TOKEN_ENV, "").strip()
-    if not token:
-        raise ConfigError(f"a token is required: set {TOKEN_ENV} or pass --token-file "
-                          "(anything that acts needs a token)")
-    return token
+    return read_secret(token_file, TOKEN_ENV,
+                       f"a token is required: set {TOKEN_ENV} or pass --token-file "
+                       "(anything that acts needs a token)")
 
 
 def parse_payload(body: bytes) -> list[dict[str, Any]]:

@@ -7,10 +7,8 @@ the Authorization header: it is never printed, and error messages are scrubbed o
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -18,6 +16,7 @@ from grafana_client import GrafanaApi
 from grafana_client.client import GrafanaClientError, GrafanaException
 
 from trainwatch import __version__
+from trainwatch.configfile import read_secret
 from trainwatch.errors import EXIT_PROBLEM, ConfigError, TrainwatchError
 
 TOKEN_ENV = "TRAINWATCH_GRAFANA_TOKEN"
@@ -38,21 +37,10 @@ class Uploaded:
 
 
 def read_token(token_file: str | None) -> str:
-    """From ``--token-file`` or $TRAINWATCH_GRAFANA_TOKEN; never from the command line."""
-    if token_file:
-        try:
-            token = Path(token_file).read_text().strip()
-        except OSError as exc:
-            raise ConfigError(f"cannot read the token file: {exc.strerror}", file=token_file,
-                              key="--token-file") from None
-        if not token:
-            raise ConfigError("the token file is empty", file=token_file, key="--token-file")
-        return token
-    token = os.environ.get(TOKEN_ENV, "").strip()
-    if not token:
-        raise ConfigError(f"no Grafana token: set {TOKEN_ENV} or give --token-file FILE "
-                          "(a service account token with Editor rights on the folder)")
-    return token
+    """From ``--token-file`` or $TRAINWATCH_GRAFANA_TOKEN."""
+    return read_secret(token_file, TOKEN_ENV,
+                       f"no Grafana token: set {TOKEN_ENV} or give --token-file FILE "
+                       "(a service account token with Editor rights on the folder)")
 
 
 def check_url(url: str) -> str:

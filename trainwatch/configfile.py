@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -55,3 +56,21 @@ def parse_override(text: str) -> tuple[str, Any]:
     except yaml.YAMLError:
         value = raw
     return key, value
+
+
+def read_secret(token_file: str | None, env: str, missing: str) -> str:
+    """A token from ``--token-file``, else from the environment variable ``env`` (never
+    from the command line, where ``ps`` would show it); ``missing`` says what to do."""
+    if token_file:
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read the token file: {exc.strerror}", file=token_file,
+                              key="--token-file") from None
+        if not token:
+            raise ConfigError("the token file is empty", file=token_file, key="--token-file")
+        return token
+    token = os.environ.get(env, "").strip()
+    if not token:
+        raise ConfigError(missing)
+    return token
