@@ -11,8 +11,9 @@
     TRAINWATCH_FAULT="nan:rank=1:step=23"              rank 1's loss at step 23 is NaN (a bad batch)
 
 Several faults are separated by commas. ``rank`` may be omitted (every rank).
-One-shot faults (all but ``slow``) fire on the first attempt only, i.e. when
-torchrun's TORCHELASTIC_RESTART_COUNT is 0, so a restarted job runs clean; add
+One-shot faults (all but ``slow``) fire on the first attempt only, i.e. when the
+job's restart count is 0 (torchrun's TORCHELASTIC_RESTART_COUNT; the trainer passes the
+largest over the nodes), so a restarted job runs clean; add
 ``attempt=N`` to fire on attempt N, or ``attempt=any``. ``slow`` applies on every
 attempt unless ``attempt`` is given. Faults fire inside the forward phase, where
 a slow or stuck accelerator would show; ``nan`` multiplies the step's loss by NaN
