@@ -5,7 +5,7 @@ The nodes share one run directory, as nodes share a filesystem on a cluster; eac
 node's ranks and agent carry the node's name (`--node-name`, TRAINWATCH_NODE), because
 the namespaces share the machine's hostname.
 
-1. A watched run: node 1's ranks are slowed 4x for steps 20-79 (TRAINWATCH_FAULT
+1. A watched run: node 1's ranks are slowed 4x for steps 20-59 (TRAINWATCH_FAULT
    `slow` with `until`). Each agent reports only its node's ranks; node 1's agent flags
    node 1 as a node straggler and clears it after the slowdown, node 0's never flags.
 2. A killed run: node 1's rank is SIGKILLed after a checkpoint; both nodes' torchrun
@@ -13,8 +13,10 @@ the namespaces share the machine's hostname.
    verified checkpoint and ends with the same weights as the watched run (the slowdown
    only sleeps, so it changes no numbers).
 
-Root only (namespaces); skips with the reason elsewhere. Every process is stopped by PID
-and the namespaces are deleted, also when a test fails.
+Agents listen on their node's veth address (reachable only inside the two namespaces);
+the test scrapes them from a thread inside node 0's namespace. Root only (namespaces);
+skips with the reason elsewhere. Every process is stopped by PID and the namespaces are
+deleted, also when a test fails.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ from trainwatch.rundir import RunDir
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for network namespaces")]
 
-STEPS = 170
-SLOW = "slow:factor=4:step=20:until=80"       # node 1 only: every rank on it
+STEPS = 150
+SLOW = "slow:factor=4:step=20:until=60"       # node 1 only: every rank on it
 TRAIN_ARGS = ["--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "1",
               "--steps", str(STEPS), "--set", "data.corpus_bytes=20000",
               "--set", "model.dropout=0.1",             # the RNG must resume exactly too
@@ -47,8 +49,8 @@ TRAIN_ARGS = ["--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "1",
               "--set", "telemetry.heartbeat_interval=0.2",
               "--set", "telemetry.exchange_every=10"]
 # Faster collection than the defaults, so a few seconds of slowdown are seen several times.
-# Ratio 2 (default 1.15): on a shared, oversubscribed 2-core machine a window of ten 10 ms
-# steps can come out 1.9x slower by scheduling alone; the drill makes node 1 5-10x slower.
+# Ratio 3 (default 1.15): on a shared, oversubscribed 2-core machine a window of ten 10 ms
+# steps came out up to 1.9x slower by scheduling alone; the drill makes node 1 4-15x slower.
 AGENT_CONFIG = """\
 collectors:
   ranks: {interval: 0.5}
@@ -58,7 +60,7 @@ collectors:
   nccl: {enabled: false}
   storage: {enabled: false}
   versions: {enabled: false}
-straggler: {ratio: 2.0}
+straggler: {ratio: 3.0}
 """
 AGENT_PORT = 9464
 
@@ -226,12 +228,12 @@ def test_the_slowed_node_is_flagged_then_cleared_and_the_other_never(watched):
     assert flagged, "node 1 was never flagged as a node straggler\n" + json.dumps(
         [_job(s).get("node_straggler") for s in history]) + watched["logs"]()
     finding = _node_finding(history[flagged[0]])
-    assert finding["node"] == slow and finding["ratio"] >= 2.0, finding
+    assert finding["node"] == slow and finding["ratio"] >= 3.0, finding
     print(f"node straggler flagged: ratio {finding['ratio']}, cause {finding['cause']}")
     # The gauge says so on /metrics too, labelled with the slowed node.
     assert re.search(rf'trainwatch_straggler_node_active{{[^}}]*node="{slow}"[^}}]*}} 1',
                      watched["metrics"][slow].decode()), "node_active gauge not 1"
-    # Cleared by itself after the slowdown ended (step 80), while the job still ran.
+    # Cleared by itself after the slowdown ended (step 60), while the job still ran.
     cleared = [s for s in history[flagged[0] + 1:] if _running(s) and not _node_finding(s)
                and _job(s)["node_straggler"] and not _job(s)["node_straggler"]["active"]]
     assert cleared, "node 1's straggler finding did not clear while the job ran\n" + json.dumps(
@@ -246,6 +248,7 @@ def test_the_slowed_node_is_flagged_then_cleared_and_the_other_never(watched):
     ratios = [_job(s)["node_straggler"]["ratio"] for s in watched["seen"][fast]
               if _job(s).get("node_straggler")]
     assert ratios and min(ratios) < 1.0, ratios  # it was scored: faster than node 1
+    print(f"node 0's node ratio: {min(ratios)}..{max(ratios)} (threshold 3)")
 
 
 def test_sigkill_on_node1_restarts_both_nodes_and_resumes_to_the_same_weights(
