@@ -8,14 +8,13 @@ registers (see ``agent/registry.py``), so a typo is an error, never ignored.
 from __future__ import annotations
 
 import copy
-import os
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainwatch.configfile import load_yaml_mapping
 from trainwatch.errors import ConfigError
+from trainwatch.node import node_name
 
 DEFAULT_PORT = 9464
 
@@ -45,8 +44,7 @@ class AgentConfig:
 
     listen: str = f"127.0.0.1:{DEFAULT_PORT}"
     # TRAINWATCH_NODE (e.g. the Kubernetes node name) wins over the hostname.
-    node: str = field(default_factory=lambda: os.environ.get("TRAINWATCH_NODE")
-                      or socket.gethostname())
+    node: str = field(default_factory=node_name)
     run_dirs: list[str] = field(default_factory=list)
     discover: list[str] = field(default_factory=list)
     sys_root: str = "/sys"

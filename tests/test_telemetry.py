@@ -1,5 +1,6 @@
 """Telemetry from a plain torch loop (not trainwatch's trainer) produces the run-directory contract."""
 
+import json
 import math
 
 import time
@@ -90,3 +91,17 @@ def test_phase_between_blocks_is_step_inside_and_idle_after(tmp_path):
         assert tel.state["phase"] == "step"
     assert tel.state["phase"] == "idle"
     tel.close()
+
+
+def test_node_name_and_restart_count_can_be_given(tmp_path, monkeypatch):
+    """Machines that share a hostname (network namespaces, pods) tell nodes apart by
+    TRAINWATCH_NODE, in the status and in the journal; the trainer passes the job's
+    restart count (torchrun's is per node)."""
+    monkeypatch.setenv("TRAINWATCH_NODE", "gpu-node-17")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    tel = Telemetry(tmp_path, heartbeat_interval=3600, exchange_every=0, restart_count=2).start()
+    tel.close()
+    status = json.loads((tmp_path / "status" / "rank-00000.json").read_text())
+    assert status["node"] == "gpu-node-17" and status["restart_count"] == 2
+    started = RunDir(tmp_path).events("rank_started")
+    assert [(e["host"], e["restart_count"]) for e in started] == [("gpu-node-17", 2)]

@@ -23,6 +23,18 @@ def test_fault_specs_parse_and_reject_nonsense():
         assert info.value.file == "TRAINWATCH_FAULT"
 
 
+def test_slow_fault_window_ends_at_until():
+    fault, = parse_faults("slow:factor=2:step=10:until=60")
+    assert fault == Fault("slow", step=10, attempt=None, factor=2.0, until=60)
+    assert [s for s in (9, 10, 59, 60) if fault.slows(s)] == [10, 59]
+    assert parse_faults("slow:factor=2:until=5")[0].slows(0)
+    for bad in ("slow:factor=2:step=10:until=10", "slow:factor=2:until=0",
+                "exit:step=1:until=3", "slow:factor=2:until=soon"):
+        with pytest.raises(ConfigError) as info:
+            parse_faults(bad)
+        assert info.value.file == "TRAINWATCH_FAULT" and info.value.key == bad
+
+
 def test_one_shot_faults_fire_on_first_attempt_only():
     faults = parse_faults("sleep:rank=1:step=2:seconds=0.01")
     fired = []

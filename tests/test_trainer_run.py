@@ -187,3 +187,33 @@ def test_launcher_turns_the_flight_recorder_on_unless_the_user_set_it(tmp_path, 
     assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "0")  # a user's value wins, even "off"
     assert torchrun_env(spec, run)["TORCH_FR_BUFFER_SIZE"] == "0"
+
+
+def test_launcher_multinode_command_hosts_on_node_zero_and_names_the_node(tmp_path,
+                                                                        monkeypatch):
+    """c10d ignores --node-rank; the launcher uses it to say which node hosts the
+    rendezvous store (torchrun's hostname guess misses a secondary NIC's address), passes
+    --local-addr (the MASTER_ADDR other nodes reach) and names the node for the ranks."""
+    from trainwatch.errors import ConfigError
+    from trainwatch.trainer.launcher import LaunchSpec, torchrun_command, torchrun_env, validate
+
+    run = RunDir(tmp_path / "run").create()
+    monkeypatch.delenv("TRAINWATCH_NODE", raising=False)
+    commands = {}
+    for node in (0, 1):
+        spec = LaunchSpec(run_dir=run.root, nproc_per_node=1, nnodes=2, node_rank=node,
+                          rdzv_endpoint="10.77.0.1:29400", local_addr=f"10.77.0.{node + 1}",
+                          node_name=f"n{node}")
+        commands[node] = torchrun_command(spec, run)
+        assert torchrun_env(spec, run)["TRAINWATCH_NODE"] == f"n{node}"
+        assert f"--local-addr=10.77.0.{node + 1}" in commands[node]
+        assert not [a for a in commands[node] if a.startswith("--node-rank")]
+    assert "--rdzv-conf=is_host=1" in commands[0] and "--rdzv-conf=is_host=0" in commands[1]
+    # Without --node-rank torchrun keeps guessing; without --node-name the hostname is used.
+    spec = LaunchSpec(run_dir=run.root, nproc_per_node=1, nnodes=2, rdzv_endpoint="h:1")
+    assert not [a for a in torchrun_command(spec, run) if "is_host" in a or "local-addr" in a]
+    assert torchrun_env(spec, run)["TRAINWATCH_NODE"] == socket.gethostname()
+    for bad in ("", " n0"):
+        with pytest.raises(ConfigError) as info:
+            validate(LaunchSpec(run_dir=run.root, nproc_per_node=1, node_name=bad))
+        assert info.value.key == "--node-name"

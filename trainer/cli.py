@@ -23,16 +23,25 @@ import click
               help="Times torchrun restarts all ranks after a rank fails.")
 @click.option("--nnodes", type=int, default=1, show_default=True,
               help="Machines in the job (each runs this command).")
-@click.option("--node-rank", type=int, help="This machine's index (multi-node).")
+@click.option("--node-rank", type=int,
+              help="This machine's index (multi-node); node 0 hosts the rendezvous store, so "
+                   "run it where --rdzv-endpoint points. Global ranks follow the rendezvous.")
 @click.option("--rdzv-endpoint", metavar="HOST:PORT",
               help="torchrun c10d rendezvous endpoint (multi-node).")
 @click.option("--rdzv-id", help="Rendezvous id shared by all nodes (default: the job name).")
+@click.option("--local-addr", metavar="ADDR",
+              help="Address the other nodes reach this one at (torchrun --local-addr; "
+                   "default: the FQDN). Rank 0's node serves MASTER_ADDR on it.")
+@click.option("--node-name", metavar="NAME",
+              help="Node name in the ranks' status and the journal; must match the node's "
+                   "agent (default: $TRAINWATCH_NODE, else the hostname).")
 @click.option("--metrics-port", type=int,
               help="Ranks serve Prometheus metrics on 127.0.0.1:(PORT + local rank) "
                    "(shorthand for --set telemetry.metrics_port=PORT).")
 def train(nproc_per_node: int, run_dir: Path, steps: int | None, config_file: str | None,
           overrides: tuple[str, ...], max_restarts: int, nnodes: int, node_rank: int | None,
-          rdzv_endpoint: str | None, rdzv_id: str | None, metrics_port: int | None) -> None:
+          rdzv_endpoint: str | None, rdzv_id: str | None, local_addr: str | None,
+          node_name: str | None, metrics_port: int | None) -> None:
     """Run the reference trainer under torchrun, restarting failed ranks.
 
     The config is validated first (a bad key exits 2 before anything starts).
@@ -47,7 +56,8 @@ def train(nproc_per_node: int, run_dir: Path, steps: int | None, config_file: st
                                  *([f"telemetry.metrics_port={metrics_port}"]
                                    if metrics_port is not None else [])],
                       max_restarts=max_restarts, nnodes=nnodes, node_rank=node_rank,
-                      rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id)
+                      rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, local_addr=local_addr,
+                      node_name=node_name)
     sys.exit(launch(spec))
 
 

@@ -7,11 +7,13 @@
     TRAINWATCH_FAULT="hang:rank=1:step=5"              rank 1 stops progressing (heartbeats go on)
     TRAINWATCH_FAULT="freeze:rank=1:step=5"            rank 1 SIGSTOPs itself (heartbeats stop too)
     TRAINWATCH_FAULT="slow:rank=1:factor=1.25"         rank 1 computes 1.25x slower (a straggler)
+    TRAINWATCH_FAULT="slow:factor=2:step=10:until=60"  every rank is 2x slower in steps 10-59
     TRAINWATCH_FAULT="nan:rank=1:step=23"              rank 1's loss at step 23 is NaN (a bad batch)
 
 Several faults are separated by commas. ``rank`` may be omitted (every rank).
-One-shot faults (all but ``slow``) fire on the first attempt only, i.e. when
-torchrun's TORCHELASTIC_RESTART_COUNT is 0, so a restarted job runs clean; add
+One-shot faults (all but ``slow``) fire on the first attempt only, i.e. when the
+job's restart count is 0 (torchrun's TORCHELASTIC_RESTART_COUNT; the trainer passes the
+largest over the nodes), so a restarted job runs clean; add
 ``attempt=N`` to fire on attempt N, or ``attempt=any``. ``slow`` applies on every
 attempt unless ``attempt`` is given. Faults fire inside the forward phase, where
 a slow or stuck accelerator would show; ``nan`` multiplies the step's loss by NaN
@@ -40,7 +42,7 @@ ONE_SHOT = ("exit", "kill", "sleep", "hang", "freeze", "nan")
 KINDS = ONE_SHOT + ("slow",)
 # Extra keys each kind takes, with their types.
 _PARAMS = {"exit": {"code": int}, "kill": {}, "sleep": {"seconds": float}, "hang": {},
-           "freeze": {}, "nan": {}, "slow": {"factor": float}}
+           "freeze": {}, "nan": {}, "slow": {"factor": float, "until": int}}
 # A backward pass costs about twice the forward: a straggler's whole step is ~3x forward.
 _STEP_PER_FORWARD = 3.0
 
@@ -54,6 +56,12 @@ class Fault:
     code: int = 1
     seconds: float = 0.0
     factor: float = 1.0
+    until: int | None = None  # slow: first step that runs at full speed again
+
+    def slows(self, step: int) -> bool:
+        """For ``slow``: whether ``step`` is in its window [step, until)."""
+        return ((self.step is None or step >= self.step)
+                and (self.until is None or step < self.until))
 
     def applies(self, rank: int, attempt: int) -> bool:
         return ((self.rank is None or self.rank == rank)
@@ -89,6 +97,9 @@ def parse_faults(text: str) -> list[Fault]:
             raise ConfigError("needs seconds=S > 0", file=ENV, key=spec)
         if kind == "slow" and not fields.get("factor", 0) > 1:
             raise ConfigError("needs factor=F > 1", file=ENV, key=spec)
+        until, start = fields.get("until"), fields.get("step") or 0
+        if until is not None and until <= start:  # type: ignore[operator]
+            raise ConfigError(f"until={until} must be after step={start}", file=ENV, key=spec)
         faults.append(Fault(**fields))  # type: ignore[arg-type]
     return faults
 
@@ -103,9 +114,12 @@ class FaultInjector:
         self._fired: set[Fault] = set()
 
     @classmethod
-    def from_env(cls, rank: int, on_fire: Callable[[Fault, int], None] | None = None
-                 ) -> "FaultInjector":
-        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    def from_env(cls, rank: int, on_fire: Callable[[Fault, int], None] | None = None,
+                 attempt: int | None = None) -> "FaultInjector":
+        """``attempt`` defaults to torchrun's restart count (per node; the trainer passes
+        the job's)."""
+        if attempt is None:
+            attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
         return cls(parse_faults(os.environ.get(ENV, "")), rank=rank, attempt=attempt,
                    on_fire=on_fire)
 
@@ -121,7 +135,7 @@ class FaultInjector:
         yield
         elapsed = time.perf_counter() - started
         for fault in self.faults:
-            if fault.kind == "slow" and (fault.step is None or step >= fault.step):
+            if fault.kind == "slow" and fault.slows(step):
                 time.sleep((fault.factor - 1.0) * _STEP_PER_FORWARD * elapsed)
 
     def loss(self, step: int, loss: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ from typing import IO
 
 from trainwatch import __version__
 from trainwatch.errors import ConfigError
+from trainwatch.node import ENV as NODE_ENV, node_name
 from trainwatch.rundir import RunDir
 from trainwatch.trainer.config import Config, load_config
 from trainwatch.trainer.faults import ENV as FAULT_ENV, parse_faults
@@ -43,11 +44,17 @@ class LaunchSpec:
     node_rank: int | None = None
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
+    local_addr: str | None = None
+    node_name: str | None = None
     monitor_interval: float = 0.5
 
     @property
     def job(self) -> str:
         return os.environ.get("TRAINWATCH_JOB") or self.run_dir.resolve().name
+
+    @property
+    def node(self) -> str:
+        return self.node_name or node_name()
 
 
 def validate(spec: LaunchSpec) -> Config:
@@ -59,6 +66,10 @@ def validate(spec: LaunchSpec) -> Config:
         raise ConfigError(f"must be at least 1, got {spec.nnodes}", key="--nnodes")
     if spec.nnodes > 1 and not spec.rdzv_endpoint:
         raise ConfigError("several nodes need --rdzv-endpoint HOST:PORT", key="--nnodes")
+    name = spec.node_name
+    if name is not None and (not name or name != name.strip()):
+        raise ConfigError(f"must be a non-empty name without surrounding spaces, got {name!r}",
+                          key="--node-name")
     if spec.max_restarts < 0:
         raise ConfigError(f"must be >= 0, got {spec.max_restarts}", key="--max-restarts")
     cfg = load_config(spec.config, spec.overrides)
@@ -80,7 +91,14 @@ def torchrun_command(spec: LaunchSpec, run: RunDir) -> list[str]:
         cmd += [f"--nnodes={spec.nnodes}", "--rdzv-backend=c10d",
                 f"--rdzv-endpoint={spec.rdzv_endpoint}", f"--rdzv-id={spec.rdzv_id or spec.job}"]
         if spec.node_rank is not None:
-            cmd.append(f"--node-rank={spec.node_rank}")
+            # c10d ignores --node-rank (global ranks follow the rendezvous order); here it
+            # says which node hosts the rendezvous store, which torchrun otherwise guesses
+            # from the hostname and misses when the endpoint is a secondary NIC's address.
+            cmd.append(f"--rdzv-conf=is_host={int(spec.node_rank == 0)}")
+    if spec.local_addr:
+        # The address other nodes reach this one at; on rank 0's node the workers' store
+        # listens there (MASTER_ADDR), else torchrun uses the FQDN.
+        cmd.append(f"--local-addr={spec.local_addr}")
     cmd += ["-m", "trainwatch.trainer", "--run-dir", str(run.root.resolve())]
     if spec.config:
         cmd += ["--config", str(Path(spec.config).resolve())]
@@ -98,6 +116,7 @@ def torchrun_env(spec: LaunchSpec, run: RunDir) -> dict[str, str]:
         "TMPDIR": str(run.tmp_dir.resolve()),
         "TRAINWATCH_RUN_DIR": str(run.root.resolve()),
         "TRAINWATCH_JOB": spec.job,
+        NODE_ENV: spec.node,
         "PYTHONUNBUFFERED": "1",
     })
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // spec.nproc_per_node)))
@@ -154,7 +173,8 @@ def launch(spec: LaunchSpec) -> int:
     cmd = torchrun_command(spec, run)
     if spec.node_rank in (None, 0):
         write_run_info(spec, run, cfg, cmd)
-    run.append_event("launcher_started", "launcher", pid=os.getpid(), node_rank=spec.node_rank,
+    run.append_event("launcher_started", "launcher", host=spec.node, pid=os.getpid(),
+                     node_rank=spec.node_rank,
                      nproc_per_node=spec.nproc_per_node, nnodes=spec.nnodes,
                      max_restarts=spec.max_restarts, config_digest=cfg.digest())
 
@@ -183,7 +203,7 @@ def launch(spec: LaunchSpec) -> int:
         exit_code = 128 - returncode
     else:
         exit_code = 0 if returncode == 0 else 1
-    run.append_event("launcher_exited", "launcher", exit_code=exit_code,
+    run.append_event("launcher_exited", "launcher", host=spec.node, exit_code=exit_code,
                      torchrun_returncode=returncode,
                      signal=signal.Signals(received[0]).name if received else None)
     return exit_code

@@ -38,7 +38,6 @@ import json
 import logging
 import math
 import os
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from typing import Any, Callable, Iterator
 import psutil
 import torch
 
+from trainwatch.node import node_name
 from trainwatch.rundir import RunDir, append_jsonl
 from trainwatch.trainer import dumps
 from trainwatch.trainer.flops import peak_flops_for
@@ -97,7 +97,8 @@ class Telemetry:
                  exchange_every: int = 10, flops_per_token: float | None = None,
                  peak_flops: float | None = None, device: torch.device | str | None = None,
                  metrics_log: bool = True, max_pending: int = 1000, enabled: bool = True,
-                 collective_phases: tuple[str, ...] = ("backward", "telemetry_exchange")):
+                 collective_phases: tuple[str, ...] = ("backward", "telemetry_exchange"),
+                 restart_count: int | None = None):
         self.enabled = enabled
         self.run = RunDir(run_dir)
         self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
@@ -131,8 +132,10 @@ class Telemetry:
         now = _now()
         self.state: dict[str, Any] = {
             "job": self.job, "rank": rank, "local_rank": local_rank, "world_size": world_size,
-            "node": socket.gethostname(), "pid": os.getpid(),
-            "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
+            "node": node_name(), "pid": os.getpid(),
+            # Default: torchrun's count, which is per node (see train.agree_restart_count).
+            "restart_count": restart_count if restart_count is not None else int(
+                os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
             "backend": None, "device": str(self.device),
             "started_at": now, "heartbeat_at": now, "step": None, "phase": "init",
             "phase_since": now, "last_progress_at": now, "state": "running",

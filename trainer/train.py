@@ -85,11 +85,24 @@ def setup_process_group(cfg: Config) -> Ranks:
         torch.backends.cuda.matmul.allow_tf32 = True
     else:
         device = torch.device("cpu")
+    restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     if distributed:
         dist.init_process_group("nccl" if use_cuda else "gloo",
                                 device_id=device if use_cuda else None)
-    restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        restart_count = agree_restart_count(restart_count, device)
     return Ranks(rank, local_rank, world_size, device, distributed, restart_count)
+
+
+def agree_restart_count(mine: int, device: torch.device) -> int:
+    """The job's attempt number: the largest of the nodes' restart counts.
+
+    torchrun counts restarts per node: a node whose workers were restarted only because
+    another node's failed (a re-rendezvous) keeps its count, so without this the ranks
+    of one attempt would disagree on it (status, journal, one-shot faults).
+    """
+    count = torch.tensor([mine], dtype=torch.int64, device=device)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    return int(count.item())
 
 
 def open_data(cfg: Config, run: RunDir, ranks: Ranks) -> Dataset:
@@ -195,8 +208,8 @@ def due(step: int, interval: int, last: int) -> bool:
 
 def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpointer) -> None:
     faults = FaultInjector.from_env(
-        ranks.rank, on_fire=lambda fault, step: tel.event("fault_injected", step=step,
-                                                          fault=fault.kind))
+        ranks.rank, attempt=ranks.restart_count,
+        on_fire=lambda fault, step: tel.event("fault_injected", step=step, fault=fault.kind))
     with tel.phase("init"):
         data = open_data(cfg, run, ranks)
         state = build_training_state(cfg, data, ranks)
@@ -307,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     tel = Telemetry.from_env(run.root, heartbeat_interval=cfg.telemetry.heartbeat_interval,
                              exchange_every=cfg.telemetry.exchange_every,
                              peak_flops=cfg.telemetry.peak_flops, device=ranks.device,
-                             enabled=cfg.telemetry.enabled)
+                             enabled=cfg.telemetry.enabled, restart_count=ranks.restart_count)
     # From here on SIGTERM means "checkpoint, then stop" (see docs/checkpoints.md).
     ckpt = Checkpointer(cfg.checkpoint, run.root, telemetry=tel,
                         config_hash=cfg.training_digest())

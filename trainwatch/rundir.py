@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from trainwatch.errors import ConfigError, FormatError
+from trainwatch.node import node_name
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +284,7 @@ class RunDir:
     # journal -----------------------------------------------------------------
     def append_event(self, event: str, source: str, **fields: Any) -> dict[str, Any]:
         record = {"v": FORMAT_VERSION, "time": time.time(), "event": event, "source": source,
-                  "host": socket.gethostname(), **fields}
+                  "host": node_name(), **fields}
         append_jsonl(self.journal_file, record)
         return record
 

@@ -1,0 +1,19 @@
+"""The name of the node a process runs on, as every part of trainwatch labels it.
+
+``TRAINWATCH_NODE`` wins over the hostname: a Kubernetes pod's hostname is the pod's
+name, not the node's, and machines that share a hostname (network namespaces,
+containers with a fixed hostname) would otherwise look like one node. The ranks
+(status ``node``), the journal (``host``) and the agent (``node`` label) must agree,
+because the agent keeps only the ranks whose ``node`` is its own.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+ENV = "TRAINWATCH_NODE"
+
+
+def node_name() -> str:
+    return os.environ.get(ENV) or socket.gethostname()
