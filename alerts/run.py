@@ -9,16 +9,20 @@ everything cleanly on Ctrl-C or when training ends.  The journal tells the story
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from typing import Iterator
 
 import click
-from rich.console import Group
+from rich.console import Console, Group
 from rich.live import Live
+from rich.logging import RichHandler
 from rich.table import Table
 from rich.text import Text
 
@@ -82,6 +86,19 @@ def stop_process(proc: subprocess.Popen | None, grace: float = 10.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+@contextlib.contextmanager
+def _logs_above(console: Console) -> Iterator[None]:
+    """Log records printed above the live view, not through it (the root logger's
+    handler writes to the real stderr, which would tear the view)."""
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    root.handlers = [RichHandler(console=console, show_path=False)]
+    try:
+        yield
+    finally:
+        root.handlers = saved
 
 
 def live_view(run: RunDir, engine: Engine, started: float) -> Group:
@@ -178,7 +195,8 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
             while not supervisor.finished.wait(1.0):
                 pass
         else:
-            with Live(live_view(run_, engine, started), refresh_per_second=2) as live:
+            with Live(live_view(run_, engine, started), refresh_per_second=2) as live, \
+                    _logs_above(live.console):
                 while not supervisor.finished.wait(0.5):
                     live.update(live_view(run_, engine, started))
                 live.update(live_view(run_, engine, started))
