@@ -36,12 +36,19 @@ def test_one_shot_faults_fire_on_first_attempt_only():
 
 
 def test_slow_fault_stretches_the_compute_it_wraps():
-    slow = FaultInjector(parse_faults("slow:rank=0:factor=2"), rank=0, attempt=3)
-    started = time.perf_counter()
+    fired = []
+    slow = FaultInjector(parse_faults("slow:rank=0:factor=2:step=1"), rank=0, attempt=3,
+                         on_fire=lambda f, s: fired.append(s))
     with slow.forward(0):
+        pass
+    started = time.perf_counter()
+    with slow.forward(1):
         time.sleep(0.02)
     # forward 20 ms, then (2 - 1) x 3 x forward more: a step twice as long (sleeps never end early)
     assert time.perf_counter() - started >= 0.02 + 3 * 0.02
+    with slow.forward(2):
+        pass
+    assert fired == [1]  # journaled once, at the first slowed step
 
 
 def test_kill_and_exit_faults_end_the_process_like_a_crash():

@@ -131,6 +131,10 @@ class FaultInjector:
         elapsed = time.perf_counter() - started
         for fault in self.faults:
             if fault.kind == "slow" and (fault.step is None or step >= fault.step):
+                if fault not in self._fired:  # journal the first slowed step, once
+                    self._fired.add(fault)
+                    if self.on_fire is not None:
+                        self.on_fire(fault, step)
                 time.sleep((fault.factor - 1.0) * _STEP_PER_FORWARD * elapsed)
 
     def loss(self, step: int, loss: torch.Tensor) -> torch.Tensor:
