@@ -16,10 +16,11 @@ torchrun's TORCHELASTIC_RESTART_COUNT is 0, so a restarted job runs clean; add
 attempt unless ``attempt`` is given. ``launch=N`` limits a fault to the N-th start of
 the job by a job controller (``trainwatch run``, the webhook receiver), which sets
 TRAINWATCH_LAUNCH; without a controller the launch is 1. Drills use ``launch=1`` so
-that the job the controller restarts runs clean, as after a transient failure. Faults fire inside the forward phase, where
-a slow or stuck accelerator would show; ``nan`` multiplies the step's loss by NaN
-right after the forward (``FaultInjector.loss``), so backward, the gradient norm and
-the non-finite guard all see it. A job a controller restarts (``trainwatch run``) is
+that the job the controller restarts runs clean, as after a transient failure.
+Faults fire inside the forward phase, where a slow or stuck accelerator would show;
+``nan`` multiplies the step's loss by NaN right after the forward
+(``FaultInjector.loss``), so backward, the gradient norm and the non-finite guard all
+see it. A job a controller restarts (``trainwatch run``) is
 a new torchrun, attempt 0 again: there ``nan`` fires again whenever step S runs, like
 a corrupt batch, until the step's data is skipped.
 """

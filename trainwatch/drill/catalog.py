@@ -77,7 +77,8 @@ class Drill:
         return f"no restart; action {self.action} (report only)" if self.action else "none"
 
 
-_RANK_DOWN = (Signal(LAUNCHER, "torchrun"), Signal(FINDING, "stall"), Signal(ALERT, "TrainingRankDown"))
+_RANK_DOWN = (Signal(LAUNCHER, "torchrun"), Signal(FINDING, "stall"),
+              Signal(ALERT, "TrainingRankDown"))
 _STALL = (Signal(FINDING, "stall"), Signal(ALERT, "TrainingStalled"))
 
 DRILLS: tuple[Drill, ...] = (
