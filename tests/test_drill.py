@@ -475,3 +475,13 @@ def test_a_drill_held_to_an_impossible_deadline_fails_with_exit_1(tmp_path):
     assert card["recovery"]["by"] == "controller"
     assert [a["action"] for a in card["actions"] if a["taken"]] == ["restart"]
     assert card["kept"] and Path(card["run_dir"]).is_dir()  # failed drills keep evidence
+
+
+@pytest.mark.slow
+def test_a_drill_past_its_timeout_is_stopped_whole_and_fails(tmp_path):
+    done = run_drills(tmp_path, "hung-rank", "--timeout", "12")  # no process may outlive it
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    (card,) = json.loads(done.stdout)["drills"]
+    assert card["run"]["timed_out"] and not card["passed"] and card["kept"]
+    assert verdicts(card)["run finished"]["detail"].startswith("timed out")
+    assert 12 <= card["run"]["seconds"] < 12 + 60 + 10
