@@ -341,6 +341,9 @@ def test_missing_journal_or_record_is_a_clear_error(tmp_path):
     done = drill_cli("score", str(plain.root))
     assert done.returncode == 2 and "unreadable or not JSON" in done.stderr
     assert drill_cli("score", str(tmp_path / "nowhere")).returncode == 2
+    atomic_write_json(record_file(plain.root), {**r.record, "drill": "fire-drill"})
+    with pytest.raises(ConfigError, match="drill.json, key 'drill': unknown drill 'fire-drill'"):
+        score(plain.root)
 
 
 # --------------------------------------------------------------------------- processes

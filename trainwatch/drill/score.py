@@ -104,7 +104,10 @@ def score(run_dir: str | Path, *, detect_within: float | None = None,
     from trainwatch.report import cost, goodput, render, timeline
 
     record = read_record(run_dir)
-    drill = catalog.get(str(record.get("drill")))
+    try:
+        drill = catalog.get(str(record.get("drill")))
+    except ConfigError as exc:
+        raise ConfigError(exc.problem, file=str(record_file(run_dir)), key="drill") from None
     run = RunDir(run_dir)
     if not run.journal_file.exists():
         raise ConfigError("missing: the run left no journal, so there is nothing to score "
