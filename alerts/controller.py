@@ -10,6 +10,7 @@ hung or diverged jobs, so a frozen (SIGSTOPped) rank cannot keep a restart waiti
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import signal
 import subprocess
@@ -23,6 +24,10 @@ import psutil
 from trainwatch.rundir import RunDir
 
 log = logging.getLogger(__name__)
+
+# The job's start number (1, 2, ...), for fault drills: trainwatch.trainer.faults reads it
+# (``launch=N``), so a drill's fault fires in the first start only.
+LAUNCH_ENV = "TRAINWATCH_LAUNCH"
 
 
 def train_command(run_dir: str | Path, nproc_per_node: int, *, config: str | None = None,
@@ -59,8 +64,10 @@ class JobController:
     def start(self, reason: str = "start") -> int:
         with self.lock:
             log_file = open(self.run.logs_dir / "job.log", "ab")
+            env = {**(os.environ if self.env is None else self.env),
+                   LAUNCH_ENV: str(self.starts + 1)}
             try:
-                self.proc = subprocess.Popen(self.command + self.extra_args, env=self.env,
+                self.proc = subprocess.Popen(self.command + self.extra_args, env=env,
                                              stdout=log_file, stderr=subprocess.STDOUT,
                                              stdin=subprocess.DEVNULL, start_new_session=True)
             finally:

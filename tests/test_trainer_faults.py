@@ -48,12 +48,19 @@ def test_one_shot_faults_fire_on_first_attempt_only():
 
 
 def test_slow_fault_stretches_the_compute_it_wraps():
-    slow = FaultInjector(parse_faults("slow:rank=0:factor=2"), rank=0, attempt=3)
-    started = time.perf_counter()
+    fired = []
+    slow = FaultInjector(parse_faults("slow:rank=0:factor=2:step=1"), rank=0, attempt=3,
+                         on_fire=lambda f, s: fired.append(s))
     with slow.forward(0):
+        pass
+    started = time.perf_counter()
+    with slow.forward(1):
         time.sleep(0.02)
     # forward 20 ms, then (2 - 1) x 3 x forward more: a step twice as long (sleeps never end early)
     assert time.perf_counter() - started >= 0.02 + 3 * 0.02
+    with slow.forward(2):
+        pass
+    assert fired == [1]  # journaled once, at the first slowed step
 
 
 def test_kill_and_exit_faults_end_the_process_like_a_crash():
@@ -89,3 +96,31 @@ def test_nan_fault_makes_the_loss_non_finite_once_at_its_step():
     assert FaultInjector([fault], rank=1, attempt=1).faults == []
     with pytest.raises(ConfigError):
         parse_faults("nan:rank=0")  # needs step=N
+
+
+def test_launch_limits_a_fault_to_one_start_of_the_job_by_a_controller():
+    (fault,) = parse_faults("hang:rank=1:step=4:launch=1")
+    assert fault == Fault("hang", rank=1, step=4, attempt=0, launch=1)
+    assert FaultInjector([fault], rank=1, attempt=0, launch=1).faults == [fault]
+    assert FaultInjector([fault], rank=1, attempt=0, launch=2).faults == []  # restarted: clean
+    (anytime,) = parse_faults("nan:step=4")  # no launch: every start (a corrupt batch)
+    assert FaultInjector([anytime], rank=0, attempt=0, launch=3).faults == [anytime]
+    for bad in ("hang:step=4:launch=0", "hang:step=4:launch=first"):
+        with pytest.raises(ConfigError):
+            parse_faults(bad)
+
+
+def test_the_job_controller_numbers_its_starts_for_the_faults(tmp_path):
+    from trainwatch.alerts.controller import LAUNCH_ENV as SET
+    from trainwatch.alerts.controller import JobController
+    from trainwatch.trainer.faults import LAUNCH_ENV as READ
+
+    assert SET == READ
+    out = tmp_path / "launches.txt"
+    controller = JobController(tmp_path / "run", [
+        sys.executable, "-c",
+        f"import os; open({str(out)!r}, 'a').write(os.environ[{READ!r}] + '\\n')"])
+    for _ in range(2):
+        controller.start()
+        assert controller.proc.wait(timeout=60) == 0
+    assert out.read_text().split() == ["1", "2"]

@@ -15,10 +15,14 @@ One-shot faults (all but ``slow``) fire on the first attempt only, i.e. when the
 job's restart count is 0 (torchrun's TORCHELASTIC_RESTART_COUNT; the trainer passes the
 largest over the nodes), so a restarted job runs clean; add
 ``attempt=N`` to fire on attempt N, or ``attempt=any``. ``slow`` applies on every
-attempt unless ``attempt`` is given. Faults fire inside the forward phase, where
-a slow or stuck accelerator would show; ``nan`` multiplies the step's loss by NaN
-right after the forward (``FaultInjector.loss``), so backward, the gradient norm and
-the non-finite guard all see it. A job a controller restarts (``trainwatch run``) is
+attempt unless ``attempt`` is given. ``launch=N`` limits a fault to the N-th start of
+the job by a job controller (``trainwatch run``, the webhook receiver), which sets
+TRAINWATCH_LAUNCH; without a controller the launch is 1. Drills use ``launch=1`` so
+that the job the controller restarts runs clean, as after a transient failure.
+Faults fire inside the forward phase, where a slow or stuck accelerator would show;
+``nan`` multiplies the step's loss by NaN right after the forward
+(``FaultInjector.loss``), so backward, the gradient norm and the non-finite guard all
+see it. A job a controller restarts (``trainwatch run``) is
 a new torchrun, attempt 0 again: there ``nan`` fires again whenever step S runs, like
 a corrupt batch, until the step's data is skipped.
 """
@@ -38,6 +42,7 @@ import torch
 from trainwatch.errors import ConfigError
 
 ENV = "TRAINWATCH_FAULT"
+LAUNCH_ENV = "TRAINWATCH_LAUNCH"  # set by trainwatch.alerts.controller.JobController
 ONE_SHOT = ("exit", "kill", "sleep", "hang", "freeze", "nan")
 KINDS = ONE_SHOT + ("slow",)
 # Extra keys each kind takes, with their types.
@@ -53,6 +58,7 @@ class Fault:
     rank: int | None = None
     step: int | None = None
     attempt: int | None = 0  # None: any attempt
+    launch: int | None = None  # None: any start of the job by a controller
     code: int = 1
     seconds: float = 0.0
     factor: float = 1.0
@@ -63,9 +69,10 @@ class Fault:
         return ((self.step is None or step >= self.step)
                 and (self.until is None or step < self.until))
 
-    def applies(self, rank: int, attempt: int) -> bool:
+    def applies(self, rank: int, attempt: int, launch: int = 1) -> bool:
         return ((self.rank is None or self.rank == rank)
-                and (self.attempt is None or self.attempt == attempt))
+                and (self.attempt is None or self.attempt == attempt)
+                and (self.launch is None or self.launch == launch))
 
 
 def parse_faults(text: str) -> list[Fault]:
@@ -77,7 +84,7 @@ def parse_faults(text: str) -> list[Fault]:
             raise ConfigError(f"unknown fault kind '{kind}' (known: {', '.join(KINDS)})",
                               file=ENV, key=spec)
         fields: dict[str, object] = {"kind": kind, "attempt": 0 if kind in ONE_SHOT else None}
-        types = {"rank": int, "step": int, "attempt": int, **_PARAMS[kind]}
+        types = {"rank": int, "step": int, "attempt": int, "launch": int, **_PARAMS[kind]}
         for pair in pairs:
             key, sep, raw = pair.partition("=")
             if not sep or key not in types:
@@ -91,6 +98,8 @@ def parse_faults(text: str) -> list[Fault]:
             except ValueError:
                 raise ConfigError(f"{key} must be {types[key].__name__}, got '{raw}'",
                                   file=ENV, key=spec) from None
+        if fields.get("launch") is not None and fields["launch"] < 1:
+            raise ConfigError("launch must be >= 1 (the first start is 1)", file=ENV, key=spec)
         if kind in ONE_SHOT and fields.get("step") is None:
             raise ConfigError("needs step=N", file=ENV, key=spec)
         if kind == "sleep" and not fields.get("seconds", 0) > 0:
@@ -107,9 +116,9 @@ def parse_faults(text: str) -> list[Fault]:
 class FaultInjector:
     """The faults that apply to this rank and attempt; ``forward(step)`` wraps the forward."""
 
-    def __init__(self, faults: list[Fault], *, rank: int, attempt: int,
+    def __init__(self, faults: list[Fault], *, rank: int, attempt: int, launch: int = 1,
                  on_fire: Callable[[Fault, int], None] | None = None):
-        self.faults = [f for f in faults if f.applies(rank, attempt)]
+        self.faults = [f for f in faults if f.applies(rank, attempt, launch)]
         self.on_fire = on_fire  # e.g. a journal event, so drills can see what was injected
         self._fired: set[Fault] = set()
 
@@ -120,8 +129,9 @@ class FaultInjector:
         the job's)."""
         if attempt is None:
             attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        launch = int(os.environ.get(LAUNCH_ENV, "1") or 1)
         return cls(parse_faults(os.environ.get(ENV, "")), rank=rank, attempt=attempt,
-                   on_fire=on_fire)
+                   launch=launch, on_fire=on_fire)
 
     @contextlib.contextmanager
     def forward(self, step: int) -> Iterator[None]:
@@ -136,6 +146,10 @@ class FaultInjector:
         elapsed = time.perf_counter() - started
         for fault in self.faults:
             if fault.kind == "slow" and fault.slows(step):
+                if fault not in self._fired:  # journal the first slowed step, once
+                    self._fired.add(fault)
+                    if self.on_fire is not None:
+                        self.on_fire(fault, step)
                 time.sleep((fault.factor - 1.0) * _STEP_PER_FORWARD * elapsed)
 
     def loss(self, step: int, loss: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,490 @@
+"""`trainwatch drill`: the catalog, the settings files it writes, scoring on synthetic run
+directories (written with the run-directory writers at chosen times, so every number has
+an exact expected value), the process handling, and real drills end to end."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from agent_helpers import start_agent, stop_process, wait_for
+from trainwatch.drill import catalog
+from trainwatch.drill.findings import FindingsWatcher
+from trainwatch.drill.runner import RECORD_FORMAT, record_file, stop_tree
+from trainwatch.drill.score import CRITERIA, launcher_failures, score
+from trainwatch.drill.settings import changed_defaults, settings_for, write_files
+from trainwatch.errors import ConfigError
+from trainwatch.rundir import RunDir, append_jsonl, atomic_write_json
+
+T0 = 1_800_000_000.0
+
+
+def drill_cli(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "trainwatch", "drill", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+# --------------------------------------------------------------------------- the catalog
+
+def test_every_drill_injects_a_valid_fault_that_real_rules_and_findings_can_detect():
+    from trainwatch.alerts.rules import load_rules
+    from trainwatch.trainer.faults import parse_faults
+
+    rules = {r.name: r for r in load_rules().rules}
+    names = catalog.names()
+    assert len(set(names)) == len(names) >= 6
+    assert {"rank-killed", "rank-crash", "hung-rank", "frozen-rank", "nan-batch",
+            "straggler"} <= set(names)
+    for drill in catalog.DRILLS:
+        faults = parse_faults(drill.fault_env())
+        assert faults[0].kind == drill.fault_kind and faults[0].rank == drill.fault_rank
+        assert drill.fault.startswith(f"{drill.fault_kind}:")
+        assert drill.detect, drill.name
+        for signal in drill.detect:
+            if signal.kind == catalog.ALERT:
+                assert signal.name in rules, signal
+            else:
+                assert (signal.kind, signal.name) in {(catalog.FINDING, "stall"),
+                                                      (catalog.FINDING, "straggler"),
+                                                      (catalog.LAUNCHER, "torchrun")}
+        alert_actions = {rules[s.name].action for s in drill.detect if s.kind == catalog.ALERT}
+        if drill.recovery == catalog.CONTROLLER and drill.action != "restart":
+            assert drill.action in alert_actions, drill.name  # an alert asks for the action
+        assert (drill.recover_within is None) == (drill.recovery == catalog.NONE)
+    with pytest.raises(ConfigError, match="unknown drill 'nope'.*rank-killed"):
+        catalog.get("nope")
+
+
+def test_the_settings_files_a_drill_writes_load_with_the_real_loaders(tmp_path):
+    from trainwatch.agent.config import load_config as load_agent_config
+    from trainwatch.alerts.rules import load_rules
+    from trainwatch.trainer.config import load_config as load_trainer_config
+
+    for drill in catalog.DRILLS:
+        settings = settings_for(drill, steps=drill.steps + 3)
+        files = write_files(settings, tmp_path / drill.name)
+        ruleset = load_rules(None, files["thresholds"])
+        assert ruleset.thresholds["evaluation_interval"] == "1s"
+        for key, value in drill.thresholds.items():
+            assert ruleset.thresholds[key] == value
+        agent = load_agent_config(files["agent"], run_dirs=[str(tmp_path)])
+        assert agent.collector("ranks")["interval"] == 0.5
+        trainer = load_trainer_config(files["train"])
+        assert trainer.train.steps == drill.steps + 3
+        assert trainer.checkpoint.every_steps == settings.checkpoint_every == 10
+    # What the output admits: every shortened wait, with its production default.
+    rows = {r["key"]: r for r in changed_defaults(catalog.get("hung-rank"))}
+    assert rows["stall_for"]["drill"] == "2s" and rows["stall_for"]["default"] == "1m"
+    assert rows["evaluation_interval"]["default"] == "15s"
+    assert "rank_down_for" not in rows and "rank_down_for" in {
+        r["key"] for r in changed_defaults(catalog.get("rank-killed"))}
+
+
+def test_impossible_settings_are_bad_usage():
+    drill = catalog.get("rank-killed")
+    with pytest.raises(ConfigError, match="at least 2"):
+        settings_for(drill, nproc_per_node=1)
+    with pytest.raises(ConfigError, match="fault at step 15: needs at least 20 steps"):
+        settings_for(drill, steps=19)
+    assert settings_for(drill, steps=20, detect_within=0).detect_within == 0
+
+
+def test_list_shows_the_catalog_and_its_json_is_stable():
+    done = drill_cli("list", "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["format"] == "trainwatch.drill.catalog" and data["version"] == 1
+    assert [d["name"] for d in data["drills"]] == catalog.names()
+    nan = next(d for d in data["drills"] if d["name"] == "nan-batch")
+    assert nan["action"] == "rollback_skip" and nan["fault"] == "nan:rank=1:step=15"
+    assert nan["detection"][0] == {"kind": "alert", "name": "TrainingLossNonFinite",
+                                   "text": "alert TrainingLossNonFinite"}
+    assert set(nan["criteria"]) == {"detect_within_seconds", "recover_within_seconds",
+                                    "steps_lost_max", "run_finishes", "no_duplicate_actions"}
+    text = drill_cli("list")
+    assert text.returncode == 0
+    for name in catalog.names():
+        assert name in text.stdout
+    assert "stall_for 2s (default 1m)" in text.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nope"], "unknown drill 'nope'"),
+    ([], "name at least one drill"),
+    (["rank-killed", "--all"], "not both"),
+    (["rank-killed", "--nproc-per-node", "1"], "at least 2"),
+    (["rank-killed", "--steps", "3"], "needs at least 20 steps"),
+    (["rank-killed", "--timeout", "0"], "--timeout"),
+    (["rank-killed", "--detect-within", "-1"], "--detect-within"),
+])
+def test_bad_usage_exits_2_before_anything_runs(tmp_path, args, message):
+    done = drill_cli("run", *args, "--out", str(tmp_path / "out"))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in done.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+# --------------------------------------------------------------------------- scoring
+
+class DrillRun:
+    """A drill's run directory as trainwatch run, the trainer and the drill runner write it,
+    at chosen times (seconds after T0)."""
+
+    def __init__(self, root: Path, name: str, *, findings=(), exit_code=0, timed_out=False,
+                 **overrides):
+        self.run = RunDir(root).create()
+        self.drill = catalog.get(name)
+        settings = settings_for(self.drill, **overrides)
+        self.run.write_run_info({"job": root.name, "world_size": 2, "nproc_per_node": 2,
+                                 "config": settings.trainer})
+        self.record = {"format": RECORD_FORMAT, "version": 1, "drill": name,
+                       "fault": self.drill.fault, "settings": settings.to_json(),
+                       "started_at": T0, "ended_at": T0 + 80, "exit_code": exit_code,
+                       "timed_out": timed_out, "interrupted": False,
+                       "findings": [{"id": f"{kind}/job/1", "kind": kind, "rank": 1,
+                                     "detected_at": T0 + at} for kind, at in findings]}
+        (self.run.root / "drill").mkdir()
+        atomic_write_json(record_file(self.run.root), self.record)
+        self.pid = 100
+
+    def event(self, at, name, source="engine", **fields):
+        append_jsonl(self.run.journal_file, {"v": 1, "time": T0 + at, "event": name,
+                                             "source": source, "host": "h", **fields})
+
+    def attempt(self, at, restart_count=0, resumed=None):
+        for rank in (0, 1):
+            self.pid += 1
+            self.event(at, "rank_started", f"rank{rank}", rank=rank, pid=self.pid,
+                       restart_count=restart_count)
+        if resumed is not None:
+            self.event(at + 0.5, "checkpoint_resumed", "rank0", step=resumed)
+
+    def steps(self, first, last, start, seconds=1.0):
+        for i, step in enumerate(range(first, last + 1)):
+            append_jsonl(self.run.metrics_file(0), {
+                "v": 1, "kind": "step", "step": step, "time": T0 + start + (i + 1) * seconds,
+                "rank": 0, "step_time_seconds": seconds, "data_wait_seconds": 0.0,
+                "tokens": 256, "loss": 2.0})
+
+    def torchrun_failed(self, at, local_rank=1, code=-9):
+        stamp = time.strftime("%m%d %H:%M:%S", time.localtime(T0 + at))
+        with open(self.run.logs_dir / "torchrun.log", "a") as fh:
+            fh.write(f"E{stamp}.250000 5188 site-packages/torch/distributed/elastic/"
+                     f"multiprocessing/api.py:1002] failed (exitcode: {code}) local_rank: "
+                     f"{local_rank} (pid: 4242) of binary: /usr/bin/python\n")
+
+
+def hung_rank(root, *, duplicate=False, **kw):
+    """hung-rank: rank 1 hangs in step 15 at +17 s; the agent flags the stall at +21 s,
+    TrainingStalled fires at +23 s, stall_restart at +28 s; the job resumes from checkpoint
+    10 and its first step ends at +37 s; it finishes at +66 s."""
+    r = DrillRun(root, "hung-rank", findings=[("stall", 21.0)], **kw)
+    r.event(0, "controller_started", agent=["127.0.0.1:1"])
+    r.event(0.1, "job_started", pid=1, attempt=1)
+    r.attempt(1)
+    r.steps(0, 14, start=1)
+    r.event(11.5, "checkpoint_saved", "rank0", step=10, reason="interval")
+    r.event(17, "fault_injected", "rank1", rank=1, step=15, fault="hang")
+    for rank, at in ((1, 23), (0, 23.1)):
+        r.event(at, "alert_firing", alert="TrainingStalled", severity="critical",
+                labels={"rank": str(rank), "job": "j"})
+    r.event(28, "job_stopped", pid=1, hard=True, returncode=-9)
+    r.event(28, "job_started", pid=2, attempt=2)
+    r.event(28, "action_taken", action="stall_restart", alert="TrainingStalled")
+    r.event(28.1, "action_skipped", action="stall_restart", alert="TrainingStalled",
+            reason="rate limited")
+    r.attempt(35, resumed=10)
+    if duplicate:  # a second delivery acted again: a second restart for the same fault
+        r.steps(10, 29, start=36)
+        r.event(57, "action_taken", action="stall_restart", alert="TrainingStalled")
+        r.attempt(58, resumed=20)
+        r.steps(20, 39, start=59)
+        end = 80
+    else:
+        r.steps(10, 39, start=36)
+        end = 66
+    r.event(end, "finished", "rank0", step=39)
+    r.event(end + 1, "job_exited", pid=2, returncode=0)
+    r.event(end + 2, "controller_stopped", exit_code=0)
+    return r
+
+
+def verdicts(card):
+    return {c["name"]: c for c in card["criteria"]}
+
+
+def test_a_drill_that_worked_passes_every_criterion_with_its_numbers(tmp_path):
+    r = hung_rank(tmp_path / "hung")
+    card = score(r.run.root)
+    assert [c["name"] for c in card["criteria"]] == list(CRITERIA)
+    assert card["passed"], card["criteria"]
+    assert card["fault_injected"] == {"at": T0 + 17, "step": 15, "rank": 1,
+                                      "seconds_into_run": 17.0}
+    det = card["detection"]
+    assert det["first"] == "agent finding stall" and det["seconds"] == pytest.approx(4.0)
+    alert = next(s for s in det["signals"] if s["kind"] == "alert")
+    assert alert["seconds"] == pytest.approx(6.0)
+    rec = card["recovery"]
+    assert rec["by"] == "controller" and rec["restarts"] == 1 and rec["resumed_from"] == 10
+    assert rec["seconds"] == pytest.approx(37 - 17)
+    assert card["steps"]["lost"] == 5 and card["steps"]["checkpoint_interval"] == 10
+    assert card["steps"]["recomputed"] == 5  # steps 10-14, run again after the resume
+    assert [a["action"] for a in card["actions"] if a["taken"]] == ["stall_restart"]
+    assert "stall_restart once; 1 restart" in verdicts(card)["no duplicate actions"]["detail"]
+    assert len(card["report"]["incidents"]) == 1
+
+
+def test_a_detection_later_than_the_deadline_fails_and_says_by_how_much(tmp_path):
+    r = hung_rank(tmp_path / "hung", detect_within=3)
+    card = score(r.run.root)
+    assert not card["passed"]
+    detected = verdicts(card)["detected"]
+    assert not detected["passed"]
+    assert "too late: agent finding stall after 4.0 s, more than the 3 s allowed" \
+        in detected["detail"]
+    assert all(c["passed"] for c in card["criteria"] if c["name"] != "detected")
+    # The command line overrides the deadline the drill ran with, both ways.
+    assert score(r.run.root, detect_within=5)["passed"]
+    done = drill_cli("score", str(r.run.root), "--json", "--detect-within", "1.5")
+    assert done.returncode == 1, done.stderr
+    data = json.loads(done.stdout)
+    assert data["format"] == "trainwatch.drill" and data["passed"] is False
+    assert "more than the 1.5 s allowed" in verdicts(data["drills"][0])["detected"]["detail"]
+    text = drill_cli("score", str(r.run.root), "--detect-within", "10")
+    assert text.returncode == 0 and "PASS" in text.stdout and "FAIL" not in text.stdout
+
+
+def test_a_duplicated_action_fails_the_drill(tmp_path):
+    card = score(hung_rank(tmp_path / "hung", duplicate=True).run.root)
+    dup = verdicts(card)["no duplicate actions"]
+    assert not dup["passed"] and not card["passed"]
+    assert dup["detail"] == ("stall_restart taken 2 times; the job was restarted 2 times for "
+                             "one fault")
+
+
+def test_a_drill_that_is_never_detected_or_never_finishes_fails_with_reasons(tmp_path):
+    r = DrillRun(tmp_path / "straggler", "straggler", exit_code=None, timed_out=True)
+    r.attempt(1)
+    r.steps(0, 30, start=1)
+    r.event(12, "fault_injected", "rank1", rank=1, step=10, fault="slow")
+    r.event(40, "job_stopped", pid=1, hard=False, returncode=-15)
+    card = score(r.run.root)
+    v = verdicts(card)
+    assert v["fault injected"]["passed"]
+    assert v["detected"]["detail"] == ("not detected: no agent finding straggler and no alert "
+                                       "TrainingStragglerRank after the fault")
+    assert v["recovered"]["detail"] == "no straggler action was taken (none taken)"
+    assert v["run finished"]["detail"].startswith("timed out")
+    assert v["steps lost"]["passed"]  # no restart: nothing lost
+    assert not card["passed"]
+
+
+def test_a_fault_that_never_fired_is_said_so(tmp_path):
+    r = DrillRun(tmp_path / "killed", "rank-killed")
+    r.attempt(1)
+    r.steps(0, 12, start=1)
+    r.event(20, "finished", "rank0", step=12)
+    r.event(21, "job_exited", pid=1, returncode=0)
+    card = score(r.run.root)
+    v = verdicts(card)
+    assert not v["fault injected"]["passed"]
+    assert "reached step 12, the fault was due at step 15" in v["fault injected"]["detail"]
+    assert v["detected"]["detail"] == "not scored: no fault was injected"
+    assert v["run finished"]["passed"] and not card["passed"]
+
+
+def test_torchrun_detection_and_restart_are_read_from_its_log(tmp_path):
+    """rank-killed: torchrun logs the SIGKILLed worker 0.25 s after the fault and restarts
+    both ranks (restart count 1); the controller only watches."""
+    r = DrillRun(tmp_path / "killed", "rank-killed")
+    r.attempt(1)
+    r.steps(0, 14, start=1)
+    r.event(11.5, "checkpoint_saved", "rank0", step=10, reason="interval")
+    r.event(17, "fault_injected", "rank1", rank=1, step=15, fault="kill")
+    r.torchrun_failed(17)
+    r.event(18.5, "alert_firing", alert="TrainingRankDown", labels={"rank": "1"})
+    r.event(18.6, "action_skipped", action="restart", alert="TrainingRankDown",
+            reason="the launcher is still running")
+    r.attempt(22, restart_count=1, resumed=10)
+    r.steps(10, 39, start=23)
+    r.event(54, "finished", "rank0", step=39)
+    r.event(55, "job_exited", pid=1, returncode=0)
+    assert launcher_failures(r.run, T0 + 17) == [pytest.approx(T0 + 17.25)]
+    card = score(r.run.root)
+    assert card["passed"], card["criteria"]
+    assert card["detection"]["first"] == "torchrun: worker failed"
+    assert card["detection"]["seconds"] == pytest.approx(0.25)
+    assert card["recovery"]["by"] == "torchrun" and card["recovery"]["seconds"] == 7
+    # The same story with a controller restart on top is not what this drill expects.
+    r.event(30, "action_taken", action="restart", alert="TrainingRankDown")
+    assert "expected torchrun to restart the ranks: the controller acted (restart)" in \
+        verdicts(score(r.run.root))["recovered"]["detail"]
+
+
+def test_missing_journal_or_record_is_a_clear_error(tmp_path):
+    r = DrillRun(tmp_path / "hung", "hung-rank")
+    with pytest.raises(ConfigError, match="journal.jsonl: missing: the run left no journal"):
+        score(r.run.root)
+    done = drill_cli("score", str(r.run.root))
+    assert done.returncode == 2 and "journal.jsonl: missing" in done.stderr
+    plain = RunDir(tmp_path / "plain").create()
+    done = drill_cli("score", str(plain.root))
+    assert done.returncode == 2
+    assert "drill/drill.json: missing: not a drill's run directory" in done.stderr
+    (plain.root / "drill").mkdir()
+    record_file(plain.root).write_text("{torn")
+    done = drill_cli("score", str(plain.root))
+    assert done.returncode == 2 and "unreadable or not JSON" in done.stderr
+    assert drill_cli("score", str(tmp_path / "nowhere")).returncode == 2
+    atomic_write_json(record_file(plain.root), {**r.record, "drill": "fire-drill"})
+    with pytest.raises(ConfigError, match="drill.json, key 'drill': unknown drill 'fire-drill'"):
+        score(plain.root)
+
+
+# --------------------------------------------------------------------------- processes
+
+def test_stop_tree_stops_a_process_that_ignores_sigint_and_its_detached_child(tmp_path):
+    """Like torchrun's ranks, the child runs in a session of its own; both ignore SIGINT."""
+    script = tmp_path / "tree.py"
+    script.write_text(
+        "import signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+        "signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(600)'], "
+        "start_new_session=True)\n"
+        f"open({str(tmp_path / 'child.pid')!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, str(script)], start_new_session=True)
+    try:
+        child = int(wait_for(lambda: (tmp_path / "child.pid").exists()
+                             and (tmp_path / "child.pid").read_text(), 30, what="child"))
+        started = time.time()
+        stop_tree(proc, grace=1)
+        assert time.time() - started < 15
+        assert proc.returncode is not None
+        assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_the_findings_watcher_keeps_what_a_real_agent_found(tmp_path):
+    """A real agent watches a run whose rank 1 (a real sleeping process) has made no
+    progress for a minute: the watcher finds the agent through the journal and keeps the
+    stall finding with the agent's detected_at, once, however often it polls."""
+    run = RunDir(tmp_path / "job").create()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    agent = None
+    try:
+        now = time.time()
+        run.write_status(1, {"job": "job", "rank": 1, "local_rank": 1, "world_size": 2,
+                             "node": "n", "pid": sleeper.pid, "state": "running", "step": 7,
+                             "phase": "backward", "phase_since": now - 60,
+                             "started_at": now - 90, "heartbeat_at": now,
+                             "last_progress_at": now - 60})
+        config = tmp_path / "agent.yaml"
+        config.write_text("stall: {first_step_seconds: 1, floor_seconds: 1}\n"
+                          "collectors:\n  ranks: {interval: 0.5}\n")
+        agent, url = start_agent(tmp_path, "--run-dir", str(run.root), config=config)
+        watcher = FindingsWatcher(run)
+        watcher.poll()
+        assert watcher.address is None and watcher.findings() == []  # no controller yet
+        run.append_event("controller_started", "engine", agent=[url.removeprefix("http://")])
+
+        def stalled():
+            watcher.poll()
+            return watcher.findings()
+
+        (finding,) = wait_for(stalled, 30, what="a stall finding")
+        assert finding["kind"] == "stall" and finding["rank"] == 1
+        assert finding["id"] == "stall/job/1" and now < finding["detected_at"] <= time.time()
+        watcher.poll()
+        assert len(watcher.findings()) == 1 and watcher.errors == 0
+    finally:
+        if agent is not None:
+            stop_process(agent)
+        sleeper.kill()
+        sleeper.wait()
+
+
+# --------------------------------------------------------------------------- end to end
+
+def run_drills(tmp_path, *args, timeout=400):
+    """`trainwatch drill run ... --json` for real: the reference trainer under torchrun,
+    the agent and the embedded engine, started by `trainwatch run`."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "trainwatch", "drill", "run", *args,
+                           "--out", str(tmp_path / "out"), "--json"],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+    left = [p.info["pid"] for p in psutil.process_iter(["pid", "cmdline"])
+            if str(tmp_path / "out") in " ".join(p.info["cmdline"] or [])]
+    assert not left, f"processes outlived the drill: {left}"
+    return done
+
+
+def assert_sane(card, drill, *, action):
+    assert card["passed"], json.dumps(card["criteria"], indent=1)
+    assert card["fault_injected"]["step"] == drill.fault_step
+    assert 0 <= card["detection"]["seconds"] <= drill.detect_within
+    assert card["detection"]["seconds"] <= card["recovery"]["seconds"] <= drill.recover_within
+    assert card["recovery"]["restarts"] == 1
+    assert 0 < card["steps"]["lost"] <= card["steps"]["checkpoint_interval"] == 10
+    assert card["steps"]["lost"] == drill.fault_step - card["recovery"]["resumed_from"]
+    assert [a["action"] for a in card["actions"] if a["taken"]] == ([action] if action else [])
+    assert card["run"]["exit_code"] == 0 and card["run"]["state"] == "finished"
+    assert card["report"]["wall_seconds"] > 0 and card["report"]["incidents"]
+
+
+@pytest.mark.slow
+def test_rank_killed_drill_passes_for_real(tmp_path):
+    done = run_drills(tmp_path, "rank-killed", "--keep")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    data = json.loads(done.stdout)
+    (card,) = data["drills"]
+    assert_sane(card, catalog.get("rank-killed"), action=None)
+    assert card["recovery"]["by"] == "torchrun" and card["steps"]["resumed_from"] == 10
+    assert "rank 1 killed by SIGKILL" in card["report"]["incidents"][0]["cause"]
+    assert Path(card["run_dir"]).is_dir() and card["kept"]
+    assert "rank-killed" in done.stderr  # the progress display, on stderr
+
+
+@pytest.mark.slow
+def test_nan_batch_drill_rolls_back_and_passes_for_real(tmp_path):
+    done = run_drills(tmp_path, "nan-batch")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (card,) = json.loads(done.stdout)["drills"]
+    assert_sane(card, catalog.get("nan-batch"), action="rollback_skip")
+    assert card["detection"]["first"] == "alert TrainingLossNonFinite"
+    assert card["recovery"]["by"] == "controller"
+    assert not card["kept"] and not Path(card["run_dir"]).exists()  # passed, no --keep
+
+
+@pytest.mark.slow
+def test_a_drill_held_to_an_impossible_deadline_fails_with_exit_1(tmp_path):
+    done = run_drills(tmp_path, "rank-crash", "--detect-within", "0")
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    (card,) = json.loads(done.stdout)["drills"]
+    v = verdicts(card)
+    assert not v["detected"]["passed"] and "too late" in v["detected"]["detail"]
+    assert card["detection"]["seconds"] > 0
+    # Everything else about the drill worked: only the deadline failed it.
+    assert all(c["passed"] for c in card["criteria"] if c["name"] != "detected"), \
+        card["criteria"]
+    assert card["recovery"]["by"] == "controller"
+    assert [a["action"] for a in card["actions"] if a["taken"]] == ["restart"]
+    assert card["kept"] and Path(card["run_dir"]).is_dir()  # failed drills keep evidence
+
+
+@pytest.mark.slow
+def test_a_drill_past_its_timeout_is_stopped_whole_and_fails(tmp_path):
+    done = run_drills(tmp_path, "hung-rank", "--timeout", "12")  # no process may outlive it
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    (card,) = json.loads(done.stdout)["drills"]
+    assert card["run"]["timed_out"] and not card["passed"] and card["kept"]
+    assert verdicts(card)["run finished"]["detail"].startswith("timed out")
+    assert 12 <= card["run"]["seconds"] < 12 + 60 + 10

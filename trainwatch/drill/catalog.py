@@ -1,0 +1,159 @@
+"""The drill catalog: the real-world failure each drill simulates, the ``TRAINWATCH_FAULT`` it
+injects into the reference trainer, what must notice it and what must recover from it.
+
+A drill's settings (alert thresholds, agent and trainer config) are the drill defaults of
+``trainwatch.drill.settings`` plus the few overrides listed here: shorter waits than a
+production run would use, so that one drill takes a minute, not an hour.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainwatch.errors import ConfigError
+
+# How a drill's failure may be noticed (Signal.kind).
+ALERT, FINDING, LAUNCHER = "alert", "finding", "launcher"
+# How the run must get going again (Drill.recovery).
+TORCHRUN, CONTROLLER, NONE = "torchrun", "controller", "none"
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One way the failure may be detected: an alert firing (journal ``alert_firing``), an
+    agent finding (its ``/status``), or torchrun reporting the failed worker (its log)."""
+
+    kind: str
+    name: str
+
+    def __str__(self) -> str:
+        if self.kind == ALERT:
+            return f"alert {self.name}"
+        if self.kind == FINDING:
+            return f"agent finding {self.name}"
+        return "torchrun: worker failed"
+
+    def to_json(self) -> dict[str, str]:
+        return {"kind": self.kind, "name": self.name, "text": str(self)}
+
+
+@dataclass(frozen=True)
+class Drill:
+    name: str
+    simulates: str
+    fault_kind: str
+    fault_step: int
+    fault_params: str              # extra ``key=value`` pairs of the fault spec
+    detect: tuple[Signal, ...]     # any of these counts as detection; the first one is timed
+    recovery: str                  # TORCHRUN, CONTROLLER or NONE
+    action: str | None             # the automatic action that must be taken (once)
+    detect_within: float           # seconds from the fault to the first detection
+    recover_within: float | None   # seconds from the fault to the first step after resuming
+    steps: int                     # train.steps
+    max_restarts: int = 0          # torchrun's own restarts (trainwatch run --max-restarts)
+    fault_rank: int = 1
+    pace: str | None = None        # a fault spec for every rank that paces the steps
+    thresholds: dict[str, Any] = field(default_factory=dict)
+    agent: dict[str, Any] = field(default_factory=dict)
+    trainer: dict[str, Any] = field(default_factory=dict)
+    notes: str = ""
+
+    @property
+    def fault(self) -> str:
+        """The failure, as a TRAINWATCH_FAULT spec."""
+        extra = f":{self.fault_params}" if self.fault_params else ""
+        return f"{self.fault_kind}:rank={self.fault_rank}:step={self.fault_step}{extra}"
+
+    def fault_env(self) -> str:
+        """The whole TRAINWATCH_FAULT value: the failure, and the pacing if any."""
+        return ",".join(filter(None, (self.fault, self.pace)))
+
+    def expected_recovery(self) -> str:
+        if self.recovery == TORCHRUN:
+            return "torchrun restarts the ranks; they resume from the newest checkpoint"
+        if self.recovery == CONTROLLER:
+            return (f"the controller's {self.action}: the job restarts from a checkpoint")
+        return f"no restart; action {self.action} (report only)" if self.action else "none"
+
+
+_RANK_DOWN = (Signal(LAUNCHER, "torchrun"), Signal(FINDING, "stall"),
+              Signal(ALERT, "TrainingRankDown"))
+_STALL = (Signal(FINDING, "stall"), Signal(ALERT, "TrainingStalled"))
+
+DRILLS: tuple[Drill, ...] = (
+    Drill(
+        name="rank-killed",
+        simulates="a rank is SIGKILLed mid-step (the kernel OOM killer, a preempted or "
+                  "evicted process)",
+        fault_kind="kill", fault_step=15, fault_params="launch=1",
+        detect=_RANK_DOWN, recovery=TORCHRUN, action=None,
+        detect_within=15, recover_within=90, steps=40, max_restarts=1,
+        thresholds={"rank_down_for": "0s"},
+        notes="torchrun restarts every rank within its --max-restarts 1; the controller only "
+              "watches (TrainingRankDown's restart is skipped while the launcher runs)."),
+    Drill(
+        name="rank-crash",
+        simulates="a rank exits with an error (an uncaught exception, a CUDA error, a failed "
+                  "assertion) and torchrun has no restarts left",
+        fault_kind="exit", fault_step=15, fault_params="code=3:launch=1",
+        detect=_RANK_DOWN, recovery=CONTROLLER, action="restart",
+        detect_within=15, recover_within=90, steps=40, max_restarts=0,
+        thresholds={"rank_down_for": "0s"},
+        notes="torchrun (--max-restarts 0) gives up; the controller's supervisor restarts the "
+              "job from its newest verified checkpoint, exactly once."),
+    Drill(
+        name="hung-rank",
+        simulates="a rank stops making progress while its process lives on (a hung "
+                  "collective, a deadlocked data loader, a stuck kernel)",
+        fault_kind="hang", fault_step=15, fault_params="launch=1",
+        detect=_STALL, recovery=CONTROLLER, action="stall_restart",
+        detect_within=30, recover_within=120, steps=40,
+        notes="the agent flags a stall (heartbeats go on, steps do not); TrainingStalled "
+              "fires; stall_restart captures stacks, kills the job and restarts it."),
+    Drill(
+        name="frozen-rank",
+        simulates="a whole rank process stops (SIGSTOP; a frozen host, a GPU that wedged the "
+                  "driver, uninterruptible I/O on a dead mount)",
+        fault_kind="freeze", fault_step=15, fault_params="launch=1",
+        detect=_STALL, recovery=CONTROLLER, action="stall_restart",
+        detect_within=30, recover_within=120, steps=40,
+        notes="heartbeats stop too: the agent calls the stall 'frozen'; stall_restart kills "
+              "the stopped process with SIGKILL and restarts the job."),
+    Drill(
+        name="nan-batch",
+        simulates="a corrupt batch makes the loss NaN (bad data on disk, a numeric blow-up)",
+        fault_kind="nan", fault_step=15, fault_params="",
+        detect=(Signal(ALERT, "TrainingLossNonFinite"),),
+        recovery=CONTROLLER, action="rollback_skip",
+        detect_within=15, recover_within=120, steps=60, pace="slow:factor=4",
+        trainer={"checkpoint": {"mode": "sync", "keep_last": 100}},
+        notes="the NaN fires whenever step 15 runs (a batch corrupt on disk), so only "
+              "rollback_skip, which restarts before it and drops its data, lets the run "
+              "finish. slow:factor=4 on every rank paces a step to ~0.1-0.2 s on a CPU, so "
+              "the run outlives detection as a real job would; keep_last 100 keeps the "
+              "checkpoint before the NaN."),
+    Drill(
+        name="straggler",
+        simulates="one rank computes 3x slower than the others (a throttled GPU, a noisy "
+                  "neighbour, a degraded host)",
+        fault_kind="slow", fault_step=10, fault_params="factor=3",
+        detect=(Signal(FINDING, "straggler"), Signal(ALERT, "TrainingStragglerRank")),
+        recovery=NONE, action="straggler",
+        detect_within=60, recover_within=None, steps=200,
+        thresholds={"straggler_for": "2s"}, trainer={"telemetry": {"exchange_every": 5}},
+        notes="on one machine the straggler action only asks for a checkpoint and reports "
+              "(no --straggler-command); the run must finish without a restart."),
+)
+
+
+def names() -> list[str]:
+    return [d.name for d in DRILLS]
+
+
+def get(name: str) -> Drill:
+    """The drill called ``name``; an unknown name is bad usage (exit 2)."""
+    for drill in DRILLS:
+        if drill.name == name:
+            return drill
+    raise ConfigError(f"unknown drill {name!r} (known: {', '.join(names())})", key="NAME")

@@ -1,0 +1,145 @@
+"""``trainwatch drill``: list the drills, run them (a game day), score a kept run directory."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+
+from trainwatch.drill import catalog, render
+from trainwatch.errors import EXIT_PROBLEM, ConfigError
+
+_DEADLINES = [
+    click.option("--detect-within", type=click.FloatRange(min=0), metavar="SECONDS",
+                 help="Override every drill's detection deadline."),
+    click.option("--recover-within", type=click.FloatRange(min=0), metavar="SECONDS",
+                 help="Override every drill's deadline for the first step after resuming."),
+]
+
+
+def _deadlines(func):
+    for option in reversed(_DEADLINES):
+        func = option(func)
+    return func
+
+
+@click.group("drill", context_settings={"help_option_names": ["-h", "--help"]})
+def drill() -> None:
+    """Game day for the run's safety net: inject a real failure (a killed, hung or frozen
+    rank, a NaN batch, a straggler) into a real run under `trainwatch run`, and score how it
+    was detected and recovered. Docs: docs/drill.md."""
+
+
+@drill.command("list")
+@click.option("--json", "as_json", is_flag=True, help="The catalog as JSON (docs/drill.md).")
+def list_drills(as_json: bool) -> None:
+    """The drills: what each simulates, the fault it injects, what must detect it, what must
+    recover, and the pass criteria."""
+    from trainwatch.drill.settings import changed_defaults
+
+    changed = {d.name: changed_defaults(d) for d in catalog.DRILLS}
+    if as_json:
+        click.echo(render.to_json(render.catalog_json(changed)))
+        return
+    render.render_catalog(render.console_for(), changed)
+
+
+@drill.command("run")
+@click.argument("names", nargs=-1, metavar="NAME...")
+@click.option("--all", "run_all", is_flag=True, help="Run every drill of the catalog.")
+@click.option("--nproc-per-node", type=int, default=2, show_default=True,
+              help="Ranks of the drill's run (at least 2).")
+@click.option("--steps", type=int, help="Override the drill's train.steps.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for the drills' run directories [default: a new temporary one].")
+@click.option("--keep", is_flag=True,
+              help="Keep the run directories of passed drills too (failed ones are always "
+                   "kept, as evidence).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Scorecards as JSON on stdout (docs/drill.md); progress goes to stderr.")
+@click.option("--timeout", type=click.FloatRange(min=1), default=300, show_default=True,
+              metavar="SECONDS", help="Stop a drill (and fail it) after this long.")
+@_deadlines
+def run_drills(names: tuple[str, ...], run_all: bool, nproc_per_node: int, steps: int | None,
+               out: Path | None, keep: bool, as_json: bool, timeout: float,
+               detect_within: float | None, recover_within: float | None) -> None:
+    """Run drills one after another, each on a fresh run directory under --out, and score them.
+
+    Exit code 0: every drill passed; 1: a drill failed; 2: bad usage (unknown drill, bad
+    option); 130: interrupted (everything the drill started is stopped).
+    """
+    from trainwatch.drill.runner import fresh_run_dir, run_drill
+    from trainwatch.drill.score import score, summary, unscored
+    from trainwatch.drill.settings import settings_for
+
+    if run_all and names:
+        raise ConfigError("give drill names or --all, not both", key="NAME")
+    if not run_all and not names:
+        raise ConfigError("name at least one drill (see `trainwatch drill list`) or pass --all",
+                          key="NAME")
+    drills = list(catalog.DRILLS) if run_all else [catalog.get(n) for n in names]
+    # Every setting is checked before the first drill starts.
+    plans = [settings_for(d, nproc_per_node=nproc_per_node, steps=steps,
+                          detect_within=detect_within, recover_within=recover_within)
+             for d in drills]
+    temporary = out is None
+    out = Path(tempfile.mkdtemp(prefix="trainwatch-drill-")) if out is None else out
+    out.mkdir(parents=True, exist_ok=True)
+    progress_console = render.console_for(stderr=True)
+    console = render.console_for()
+    # SIGTERM stops the drill as cleanly as Ctrl-C (trainwatch.cli.main turns SIGINT into
+    # KeyboardInterrupt).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    cards = []
+    for plan in plans:
+        run_dir = fresh_run_dir(out, plan.drill.name)
+        try:
+            with render.Progress(progress_console, plan.drill) as progress:
+                run_drill(plan, run_dir, timeout=timeout, on_progress=progress.update)
+        except KeyboardInterrupt:
+            click.echo(f"interrupted: drill {plan.drill.name} stopped; its run directory is "
+                       f"kept: {run_dir}", err=True)
+            raise
+        try:
+            card = score(run_dir)
+        except ConfigError as exc:
+            card = unscored(plan.drill, run_dir, str(exc))
+        card["kept"] = keep or not card["passed"]
+        if not card["kept"]:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        cards.append(card)
+        if not as_json:
+            render.render_card(card, console)
+    if temporary and not any(out.iterdir()):
+        out.rmdir()
+    if as_json:
+        click.echo(render.to_json(summary(cards)))
+    else:
+        render.render_summary(cards, console)
+    if not all(c["passed"] for c in cards):
+        sys.exit(EXIT_PROBLEM)
+
+
+@drill.command("score")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="The scorecard as JSON (docs/drill.md).")
+@_deadlines
+def score_drill(run_dir: Path, as_json: bool, detect_within: float | None,
+                recover_within: float | None) -> None:
+    """Score a drill's kept run directory again (optionally against other deadlines).
+
+    Exit code 0: passed; 1: failed; 2: not a drill's run directory, or nothing to score.
+    """
+    from trainwatch.drill.score import score, summary
+
+    card = score(run_dir, detect_within=detect_within, recover_within=recover_within)
+    if as_json:
+        click.echo(render.to_json(summary([card])))
+    else:
+        render.render_card(card, render.console_for())
+    if not card["passed"]:
+        sys.exit(EXIT_PROBLEM)
