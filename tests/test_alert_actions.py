@@ -408,3 +408,25 @@ def test_a_later_nan_rolls_back_to_itself_not_to_one_already_rolled_back(tmp_pat
     run.append_event("action_taken", "engine", action="rollback_skip", bad_step=24)
     log([20] + list(range(26, 90)), 80, time.time() + 1)
     assert _first_bad_step(run) == 80
+
+
+def test_a_killed_orphan_left_as_a_zombie_counts_as_gone():
+    """pid 1 of a container may never reap an orphan whose parent was killed with it; a
+    hard restart must not wait out its whole timeout on such a zombie."""
+    from trainwatch.alerts.controller import _wait_gone
+
+    launcher = subprocess.Popen(["bash", "-c", "bash -c 'sleep 100 & wait' & wait"],
+                                start_new_session=True)
+    try:
+        _wait_for(lambda: len(psutil.Process(launcher.pid).children(recursive=True)) == 2)
+        tree = psutil.Process(launcher.pid).children(recursive=True)
+        for p in [psutil.Process(launcher.pid), *tree]:
+            p.send_signal(signal.SIGKILL)
+        launcher.wait()
+        started = time.monotonic()
+        assert _wait_gone(tree, timeout=30) == []
+        assert time.monotonic() - started < 10
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
