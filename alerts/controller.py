@@ -21,6 +21,7 @@ from pathlib import Path
 
 import psutil
 
+from trainwatch.proctree import wait_gone
 from trainwatch.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ class JobController:
                     self.proc.wait(timeout=self.stop_grace)
                 except subprocess.TimeoutExpired:
                     pass
-                leftover = _wait_gone(descendants, timeout=1)
+                leftover = wait_gone(descendants, timeout=1)
             killed = [p.pid for p in leftover]
             if self.proc.poll() is None:
                 self.proc.kill()
@@ -117,7 +118,7 @@ class JobController:
             for p in leftover:
                 _signal(p, signal.SIGKILL)
             code = self.proc.wait()
-            _wait_gone(leftover, timeout=5)
+            wait_gone(leftover, timeout=5)
             self.run.append_event("job_stopped", "engine", pid=self.proc.pid, reason=reason,
                                   returncode=code, hard=hard, killed=killed)
             return code
@@ -226,28 +227,6 @@ class JobController:
             if dump.stat().st_mtime >= request.stat().st_mtime:
                 shutil.copy2(dump, folder / dump.name)
         return folder
-
-
-def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    """Wait until every process has exited; return those still running at ``timeout``.
-
-    A killed process whose parent was killed too is a zombie until pid 1 reaps it, and
-    in a container pid 1 may never do so: a zombie counts as gone (it runs no code and
-    holds no port or GPU memory), or every restart would wait out the whole timeout.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        alive = [p for p in procs if _running(p)]
-        if not alive or time.monotonic() >= deadline:
-            return alive
-        time.sleep(0.05)
-
-
-def _running(proc: psutil.Process) -> bool:
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _signal(proc: psutil.Process, sig: int) -> None:

@@ -413,7 +413,7 @@ def test_a_later_nan_rolls_back_to_itself_not_to_one_already_rolled_back(tmp_pat
 def test_a_killed_orphan_left_as_a_zombie_counts_as_gone():
     """pid 1 of a container may never reap an orphan whose parent was killed with it; a
     hard restart must not wait out its whole timeout on such a zombie."""
-    from trainwatch.alerts.controller import _wait_gone
+    from trainwatch.proctree import wait_gone
 
     launcher = subprocess.Popen(["bash", "-c", "bash -c 'sleep 100 & wait' & wait"],
                                 start_new_session=True)
@@ -424,7 +424,7 @@ def test_a_killed_orphan_left_as_a_zombie_counts_as_gone():
             p.send_signal(signal.SIGKILL)
         launcher.wait()
         started = time.monotonic()
-        assert _wait_gone(tree, timeout=30) == []
+        assert wait_gone(tree, timeout=30) == []
         assert time.monotonic() - started < 10
     finally:
         if launcher.poll() is None:

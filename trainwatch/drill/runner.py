@@ -21,6 +21,7 @@ import psutil
 from trainwatch.alerts.controller import LAUNCH_ENV
 from trainwatch.drill.findings import FindingsWatcher
 from trainwatch.drill.settings import DrillSettings, write_files
+from trainwatch.proctree import wait_gone
 from trainwatch.rundir import RunDir, atomic_write_json
 from trainwatch.trainer.faults import ENV as FAULT_ENV
 
@@ -76,7 +77,7 @@ def stop_tree(proc: subprocess.Popen, grace: float = STOP_GRACE_SECONDS) -> None
             child.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(tree, timeout=5)
+    wait_gone(tree, timeout=5)
 
 
 def snapshot(run: RunDir, started: float, watcher: FindingsWatcher) -> dict[str, Any]:
