@@ -53,6 +53,9 @@ def test_two_ranks_train_to_completion_and_publish_the_contract(tmp_path, launch
         assert name in events, name
     assert "restarted" not in events and "failed" not in events
     assert run.events("launcher_exited")[0]["exit_code"] == 0
+    (finished,) = run.events("finished")  # with rank 0's last training loss
+    rank0 = [r for r in run.metrics(0).records if r["kind"] == "step"]
+    assert finished["loss"] == pytest.approx(rank0[-1]["loss"], rel=1e-5)
     vals = [e["val_loss"] for e in run.events("validation")]
     assert len(vals) == 2 and vals[1] < vals[0]
     assert (run_dir / "data" / "manifest.json").exists()

@@ -238,6 +238,7 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpoi
     samples_per_step = accum * cfg.train.batch_size
     if restored is not None:
         restored.restore_rng()  # last: the random streams continue exactly where they were
+    loss = None
     for step in range(state.step, cfg.train.steps):
         if step in skip:  # rolled back past a bad batch: drop this step's data, train nothing
             with tel.phase("data"):
@@ -290,8 +291,9 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpoi
         if ckpt.after_step(step + 1, lambda: checkpoint_state(state), final=step == last):
             return  # stopped on request (SIGTERM), after saving a checkpoint
 
-    if ranks.is_main:
-        tel.event("finished", step=state.step - 1, steps=cfg.train.steps)
+    if ranks.is_main:  # the final loss: one read of the device, once per run
+        tel.event("finished", step=state.step - 1, steps=cfg.train.steps,
+                  loss=None if loss is None else loss.item())
 
 
 class Terminated(BaseException):
