@@ -430,3 +430,18 @@ def test_a_killed_orphan_left_as_a_zombie_counts_as_gone():
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
             launcher.wait()
+
+
+def test_deciding_a_rollback_does_not_import_torch(tmp_path):
+    """The controller reads the checkpoint catalog before it stops a diverged job; an
+    `import torch` there cost 10 s on a loaded node, long enough for the bad run to end."""
+    code = ("import sys\n"
+            "from trainwatch.alerts.controller import JobController\n"
+            f"c = JobController({str(tmp_path / 'exp1')!r}, ['true'])\n"
+            "c.run.create()\n"
+            "assert c.progress_step() is None and c.checkpoints() == []\n"
+            "print('torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
