@@ -34,3 +34,16 @@ class ConfigError(TrainwatchError):
 
 class FormatError(TrainwatchError):
     """A file in the run directory is torn, alien, or of a version we do not know."""
+
+
+def listen_error(exc: OSError, host: str, port: int, *, key: str,
+                 file: str | None = None) -> ConfigError:
+    """A server that cannot bind is bad input (exit 2), said plainly, not a traceback."""
+    import errno
+
+    if exc.errno == errno.EADDRINUSE:
+        problem = (f"{host}:{port} is already in use (another trainwatch process?); stop it "
+                   "or choose another port")
+    else:
+        problem = f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    return ConfigError(problem, file=file, key=key)

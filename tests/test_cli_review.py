@@ -1,0 +1,56 @@
+"""What a first-time user meets at the command line: clear messages and exit 2 for bad
+input, never a traceback (found by walking the README and every --help as a new user)."""
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+CLI = [sys.executable, "-m", "trainwatch"]
+
+
+def tw(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    import os
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture
+def busy_port():
+    """A real listening socket, so the port is taken for the command under test."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def _no_traceback(done: subprocess.CompletedProcess) -> None:
+    assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_agent_on_a_port_in_use_says_so_and_exits_2(tmp_path, busy_port):
+    done = tw("agent", "--run-dir", str(tmp_path), "--listen", f"127.0.0.1:{busy_port}",
+              timeout=30)
+    _no_traceback(done)
+    assert done.returncode == 2
+    assert f"key '--listen': 127.0.0.1:{busy_port} is already in use" in done.stderr
+
+
+def test_agent_port_in_use_from_its_config_names_the_file(tmp_path, busy_port):
+    config = tmp_path / "agent.yaml"
+    config.write_text(f"listen: 127.0.0.1:{busy_port}\n")
+    done = tw("agent", "--run-dir", str(tmp_path), "--config", str(config), timeout=30)
+    _no_traceback(done)
+    assert done.returncode == 2
+    assert f"{config}, key 'listen': 127.0.0.1:{busy_port} is already in use" in done.stderr
+
+
+def test_receiver_on_a_port_in_use_says_so_and_exits_2(tmp_path, busy_port):
+    done = tw("alerts", "receive", "--run-dir", str(tmp_path), "--listen",
+              f"127.0.0.1:{busy_port}", env={"TRAINWATCH_RECEIVER_TOKEN": "s3cret-token"})
+    _no_traceback(done)
+    assert done.returncode == 2
+    assert "already in use" in done.stderr and "--listen" in done.stderr
