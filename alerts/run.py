@@ -151,6 +151,9 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     ruleset = load_rules(rules_file, thresholds_file)  # bad rules: exit 2 before anything runs
     if nproc_per_node < 1:
         raise ConfigError(f"must be at least 1, got {nproc_per_node}", key="--nproc-per-node")
+    if agent_config and _agent_available():
+        from trainwatch.agent.config import load_config as load_agent_config
+        load_agent_config(agent_config, run_dirs=[run_dir])  # else the agent dies unseen
     run_ = RunDir(run_dir).create()
     interval = parse_duration(ruleset.thresholds["evaluation_interval"])
     history = History()
@@ -213,6 +216,23 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
         run_.append_event("controller_stopped", "engine", exit_code=code,
                           interrupted=interrupted, seconds=round(time.time() - started, 3),
                           actions=len(run_.events("action_taken")))
+    if code == 2:
+        raise ConfigError("the training job rejected its input (exit 2); "
+                          f"{_last_lines(run_.logs_dir / 'job.log')}")
+    if code and code != 130:
+        skipped = run_.events("action_skipped")
+        why = f": {skipped[-1].get('reason')}" if skipped else ""
+        click.echo(f"trainwatch run: the job failed and was not restarted{why}; see "
+                   f"{run_.journal_file} and {run_.logs_dir}/", err=True)
     if code:
         sys.exit(code if code in (2, 130) else 1)
+
+
+def _last_lines(path, n: int = 3) -> str:
+    """The end of the job's log: the job's own error message, for `trainwatch run` to show."""
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return f"no {path}"
+    return f"{path} ends with:\n  " + "\n  ".join(lines[-n:]) if lines else f"{path} is empty"
 

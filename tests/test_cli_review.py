@@ -54,3 +54,24 @@ def test_receiver_on_a_port_in_use_says_so_and_exits_2(tmp_path, busy_port):
     _no_traceback(done)
     assert done.returncode == 2
     assert "already in use" in done.stderr and "--listen" in done.stderr
+
+
+def test_run_with_a_bad_trainer_key_shows_the_jobs_error_and_exits_2(tmp_path):
+    """The trainer validates its config in the supervised job; `trainwatch run` used to exit 2
+    with no word (the message sat in logs/job.log)."""
+    done = tw("run", "--nproc-per-node", "1", "--run-dir", str(tmp_path / "run"), "--no-live",
+              "--set", "optim.lrr=1e-3", timeout=120)
+    _no_traceback(done)
+    assert done.returncode == 2
+    assert "the training job rejected its input" in done.stderr
+    assert "key 'optim.lrr': unknown key" in done.stderr
+
+
+def test_run_with_a_bad_agent_config_exits_2_before_starting_anything(tmp_path):
+    config = tmp_path / "agent.yaml"
+    config.write_text("colectors: {}\n")
+    done = tw("run", "--nproc-per-node", "1", "--run-dir", str(tmp_path / "run"), "--no-live",
+              "--agent-config", str(config))
+    assert done.returncode == 2
+    assert f"{config}, key 'colectors': unknown key" in done.stderr
+    assert not (tmp_path / "run").exists()
