@@ -92,6 +92,9 @@ def test(rules_file, thresholds_file, test_file) -> None:
     from trainwatch.alerts.rules import DEFAULT_RUNBOOK_BASE
     ruleset = _load(rules_file, thresholds_file)
     rows = replay_file(ruleset, test_file, runbook_base=DEFAULT_RUNBOOK_BASE)
+    if not rows:
+        raise ConfigError("no alert_rule_test checks to replay (promtool's `tests:` list, each "
+                          "with `alert_rule_test:` entries)", file=test_file)
     failed = [r for r in rows if not r[3]]
     for name, chk, got, ok in rows:
         if not ok:

@@ -75,3 +75,24 @@ def test_run_with_a_bad_agent_config_exits_2_before_starting_anything(tmp_path):
     assert done.returncode == 2
     assert f"{config}, key 'colectors': unknown key" in done.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("tests:\n- alert_rule_test:\n  - eval_time: 5m\n",
+     "key 'tests[0].alert_rule_test[0]': needs alertname"),
+    ("tests: [1, 2]\n", "key 'tests[0]': must be a mapping"),
+    ("stall_for: 1m\n", "key 'tests': must be a list of test groups"),
+    ("tests:\n- alert_rule_test:\n  - {eval_time: 5x, alertname: TrainingStalled}\n",
+     "key 'tests[0].alert_rule_test[0].eval_time': '5x' is not a duration"),
+    ('tests:\n- input_series:\n  - {series: "foo{", values: "1x3"}\n'
+     "  alert_rule_test:\n  - {eval_time: 5m, alertname: TrainingStalled}\n",
+     "cannot parse series 'foo{'"),
+    ("tests: []\n", "no alert_rule_test checks to replay"),
+])
+def test_alerts_test_names_file_and_key_of_a_malformed_test_file(tmp_path, text, message):
+    path = tmp_path / "t.yaml"
+    path.write_text(text)
+    done = tw("alerts", "test", str(path))
+    _no_traceback(done)
+    assert done.returncode == 2, done.stdout
+    assert f"trainwatch: error: {path}" in done.stderr and message in done.stderr
