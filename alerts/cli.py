@@ -29,6 +29,9 @@ def _silences(run_dir: str | None, file: str | None):
     if file:
         return Silences(file)
     if run_dir:
+        if not Path(run_dir).is_dir():  # a typo must not write a silence nothing reads
+            raise ConfigError("no such run directory (a silence there would mute nothing)",
+                              file=run_dir, key="--run-dir")
         return Silences(Path(run_dir) / "alerts" / "silences.json")
     raise ConfigError("give --run-dir DIR or --file FILE for the silences")
 
@@ -143,7 +146,7 @@ def silence_add(run_dir, file, matchers, duration, comment, author) -> None:
 @silence.command("list")
 @_with_silence_file
 @click.option("--all", "show_all", is_flag=True, help="Include expired silences.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def silence_list(run_dir, file, show_all, as_json) -> None:
     """List active silences."""
     now = time.time()
@@ -151,6 +154,8 @@ def silence_list(run_dir, file, show_all, as_json) -> None:
     if as_json:
         click.echo(json.dumps([s.__dict__ for s in rows], indent=2))
         return
+    if not rows:
+        click.echo("no silences" if show_all else "no active silences")
     for s in rows:
         matchers = " ".join(f"{k}={v}" for k, v in s.matchers.items())
         state = "active" if s.active(now) else "expired"

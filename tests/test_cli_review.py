@@ -96,3 +96,14 @@ def test_alerts_test_names_file_and_key_of_a_malformed_test_file(tmp_path, text,
     _no_traceback(done)
     assert done.returncode == 2, done.stdout
     assert f"trainwatch: error: {path}" in done.stderr and message in done.stderr
+
+
+def test_silence_in_a_mistyped_run_dir_is_refused_not_written(tmp_path):
+    typo = tmp_path / "exp1-typo"
+    done = tw("alerts", "silence", "add", "--run-dir", str(typo), "alertname=TrainingStalled")
+    assert done.returncode == 2
+    assert f"{typo}, key '--run-dir': no such run directory" in done.stderr
+    assert not typo.exists()
+    assert tw("alerts", "silence", "list", "--run-dir", str(typo)).returncode == 2
+    listed = tw("alerts", "silence", "list", "--run-dir", str(tmp_path))
+    assert listed.returncode == 0 and listed.stdout.strip() == "no active silences"
