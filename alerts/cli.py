@@ -63,7 +63,8 @@ def check(rules_file, thresholds_file, as_json) -> None:
 @_rules_opt
 @_thresholds_opt
 @click.option("--format", "fmt", type=click.Choice(["prometheus", "prometheusrule"]),
-              default="prometheus", show_default=True)
+              default="prometheus", show_default=True,
+              help="Prometheus rule groups (a rule_files file) or a Kubernetes PrometheusRule.")
 @click.option("--runbook-base", default=None,
               help="URL prefix for runbook_url (default: the project's runbooks folder).")
 @click.option("--name", default="trainwatch", show_default=True,

@@ -130,10 +130,13 @@ def live_view(run: RunDir, engine: Engine, started: float) -> Group:
 
 @click.command("run")
 @click.option("--nproc-per-node", type=int, required=True, help="Ranks on this machine.")
-@click.option("--run-dir", required=True, type=click.Path(file_okay=False))
+@click.option("--run-dir", required=True, type=click.Path(file_okay=False),
+              help="Where the run keeps its state (status, metrics, journal, logs).")
 @click.option("--steps", type=int, help="Override train.steps.")
-@click.option("--config", type=click.Path(dir_okay=False), help="Trainer config file.")
-@click.option("--set", "overrides", multiple=True, help="Trainer config override key=value.")
+@click.option("--config", type=click.Path(dir_okay=False),
+              help="Trainer YAML config (see examples/trainer.yaml).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override one trainer config key, e.g. --set optim.lr=1e-3 (repeatable).")
 @click.option("--max-restarts", type=int, default=1, show_default=True,
               help="torchrun's own restarts of failed ranks before the controller steps in.")
 @click.option("--thresholds", "thresholds_file", type=click.Path(dir_okay=False),
@@ -143,7 +146,8 @@ def live_view(run: RunDir, engine: Engine, started: float) -> Group:
 @click.option("--webhook", multiple=True, help="Also POST alerts to this URL (repeatable).")
 @click.option("--alertmanager", help="Also send alerts to this Alertmanager (base URL).")
 @click.option("--dry-run", is_flag=True, help="Journal what actions would do; do nothing.")
-@click.option("--no-live", is_flag=True, help="No live view (for logs and CI).")
+@click.option("--no-live", is_flag=True,
+              help="No live view (for logs and CI): only alerts and the outcome are printed.")
 def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresholds_file,
         rules_file,
         agent_config, webhook, alertmanager, dry_run, no_live) -> None:
