@@ -132,3 +132,36 @@ def test_every_command_and_option_has_help_text():
         missing += [f"{name} {p.opts[0]}" for p in cmd.params
                     if isinstance(p, click.Option) and not p.hidden and not p.help]
     assert not missing
+
+
+@pytest.mark.parametrize("command", [["diagnose"], ["report"], ["drill", "score"]])
+def test_readers_take_the_run_dir_as_argument_or_option(tmp_path, command):
+    """diagnose took only --run-dir, report and drill score only RUN_DIR: both now work."""
+    alien = tmp_path / "not-a-run"
+    alien.mkdir()
+    as_arg = tw(*command, str(alien))
+    as_opt = tw(*command, "--run-dir", str(alien))
+    assert as_arg.returncode == as_opt.returncode == 2
+    assert str(alien) in as_arg.stderr and as_arg.stderr == as_opt.stderr
+    both = tw(*command, str(alien), "--run-dir", str(tmp_path))
+    assert both.returncode == 2 and "two run directories given" in both.stderr
+
+
+def test_report_without_a_run_dir_says_what_to_give():
+    done = tw("report")
+    assert done.returncode == 2 and "no run directory given: pass RUN_DIR" in done.stderr
+
+
+def test_diagnose_names_the_default_it_fell_back_to(tmp_path):
+    import os
+    env = {k: v for k, v in os.environ.items() if k != "TRAINWATCH_RUN_DIR"}
+    done = subprocess.run([*CLI, "diagnose"], capture_output=True, text=True, cwd=tmp_path,
+                          env=env, timeout=60)
+    assert done.returncode == 2
+    assert "trainwatch-run: no such run directory (the default: give RUN_DIR" in done.stderr
+
+
+def test_diagnose_names_the_option_of_a_bad_url(tmp_path):
+    (tmp_path / "status").mkdir()  # a (still empty) run directory
+    done = tw("diagnose", str(tmp_path), "--prometheus", "localhost:9090")
+    assert done.returncode == 2 and "key '--prometheus'" in done.stderr
