@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from trainwatch.alerts.promql import parse_duration
-from trainwatch.errors import ConfigError
+from trainwatch.errors import ConfigError, output_error
 
 _rules_opt = click.option("--rules", "rules_file", type=click.Path(dir_okay=False),
                           help="Rules file (default: the packaged alerts/rules.yaml).")
@@ -81,7 +81,10 @@ def export(rules_file, thresholds_file, fmt, runbook_base, name, namespace, outp
     text = (ex.prometheus_yaml(ruleset, base) if fmt == "prometheus"
             else ex.prometheusrule_yaml(ruleset, base, name, namespace))
     if output:
-        Path(output).write_text(text)
+        try:
+            Path(output).write_text(text)
+        except OSError as exc:
+            raise output_error(exc, output, key="--output") from None
     else:
         click.echo(text, nl=False)
 

@@ -165,3 +165,21 @@ def test_diagnose_names_the_option_of_a_bad_url(tmp_path):
     (tmp_path / "status").mkdir()  # a (still empty) run directory
     done = tw("diagnose", str(tmp_path), "--prometheus", "localhost:9090")
     assert done.returncode == 2 and "key '--prometheus'" in done.stderr
+
+
+@pytest.mark.parametrize("args, key", [
+    (["dashboards", "export", "--out", "/proc/trainwatch-dashboards"], "--out"),
+    (["alerts", "export", "-o", "/proc/trainwatch/rules.yaml"], "--output"),
+    (["drill", "run", "rank-killed", "--out", "/proc/trainwatch-drills"], "--out"),
+    (["diagnose", "--bundle", "/proc/evidence.tar.gz"], "--bundle"),
+    (["diagnose", "--bundle", "/proc/no/evidence.tar.gz"], "--bundle"),
+])
+def test_an_output_path_that_cannot_be_written_is_exit_2_naming_it(tmp_path, args, key):
+    """/proc takes no new files, not even from root (these tests run as root in CI)."""
+    if args[0] == "diagnose":
+        (tmp_path / "status").mkdir()
+        args = [*args, "--run-dir", str(tmp_path), "--no-dump-request"]
+    done = tw(*args)
+    _no_traceback(done)
+    assert done.returncode == 2
+    assert f"key '{key}'" in done.stderr and "/proc/" in done.stderr

@@ -47,3 +47,9 @@ def listen_error(exc: OSError, host: str, port: int, *, key: str,
     else:
         problem = f"cannot listen on {host}:{port}: {exc.strerror or exc}"
     return ConfigError(problem, file=file, key=key)
+
+
+def output_error(exc: OSError, path: object, *, key: str) -> ConfigError:
+    """An output path the user gave that cannot be written: exit 2 naming it."""
+    return ConfigError(f"cannot write: {exc.strerror or exc}", file=str(exc.filename or path),
+                       key=key)

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from trainwatch.diagnose import bundle, findings, render_human, render_json
 from trainwatch.diagnose.gather import Options, gather
-from trainwatch.errors import EXIT_OK, EXIT_PROBLEM, ConfigError
+from trainwatch.errors import EXIT_OK, EXIT_PROBLEM, ConfigError, output_error
 from trainwatch.rundir import RunDir, pick_run_dir
 
 
@@ -55,6 +55,9 @@ def diagnose(run_dir_arg: Path | None, run_dir: Path | None, agent_urls: tuple[s
     if not (run.status_dir.is_dir() or run.run_file.exists()):
         raise ConfigError("not a trainwatch run directory (no status/ and no run.json)",
                           file=str(run_dir))
+    if bundle_file is not None and not bundle_file.resolve().parent.is_dir():
+        raise ConfigError("no such folder to write the bundle in", file=str(bundle_file),
+                          key="--bundle")
     for key, url in [*(("--agent", u) for u in agent_urls),
                      *([("--prometheus", prometheus_url)] if prometheus_url else [])]:
         if not url.startswith(("http://", "https://")):
@@ -78,7 +81,10 @@ def diagnose(run_dir_arg: Path | None, run_dir: Path | None, agent_urls: tuple[s
     else:
         render_human.render(ev, found, Console())
     if bundle_file:
-        path = bundle.write(bundle_file, run, ev, render_json.report(ev, found, exit_code),
-                            text.getvalue())
+        try:
+            path = bundle.write(bundle_file, run, ev, render_json.report(ev, found, exit_code),
+                                text.getvalue())
+        except OSError as exc:
+            raise output_error(exc, bundle_file, key="--bundle") from None
         click.echo(f"evidence bundle: {path}", err=True)
     sys.exit(exit_code)

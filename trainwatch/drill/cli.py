@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from trainwatch.drill import catalog, render
-from trainwatch.errors import EXIT_PROBLEM, ConfigError
+from trainwatch.errors import EXIT_PROBLEM, ConfigError, output_error
 
 _DEADLINES = [
     click.option("--detect-within", type=click.FloatRange(min=0), metavar="SECONDS",
@@ -88,7 +88,10 @@ def run_drills(names: tuple[str, ...], run_all: bool, nproc_per_node: int, steps
              for d in drills]
     temporary = out is None
     out = Path(tempfile.mkdtemp(prefix="trainwatch-drill-")) if out is None else out
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise output_error(exc, out, key="--out") from None
     progress_console = render.console_for(stderr=True)
     console = render.console_for()
     # SIGTERM stops the drill as cleanly as Ctrl-C (trainwatch.cli.main turns SIGINT into
