@@ -183,3 +183,21 @@ def test_an_output_path_that_cannot_be_written_is_exit_2_naming_it(tmp_path, arg
     _no_traceback(done)
     assert done.returncode == 2
     assert f"key '{key}'" in done.stderr and "/proc/" in done.stderr
+
+
+def test_checkpoint_digest_tells_no_checkpoints_from_none_that_verifies(tmp_path):
+    """Both used to say "no checkpoint here verifies"; the empty folder is a wrong path."""
+    empty = tw("checkpoint", "digest", str(tmp_path))
+    assert empty.returncode == 2 and "no complete checkpoints here" in empty.stderr
+    from trainwatch.trainer.checkpoint import CheckpointConfig, Checkpointer
+    ckpt = Checkpointer(CheckpointConfig(every_steps=1, mode="sync", fsync=False),
+                        tmp_path, rank=0, world_size=1).start()
+    ckpt.after_step(1, lambda: {"model": {"w": __import__("torch").ones(4)}})
+    ckpt.close()
+    weights = next((tmp_path / "checkpoints").glob("step-*/model.pt"))
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one byte flipped: the sha256 no longer matches
+    weights.write_bytes(bytes(data))
+    bad = tw("checkpoint", "digest", str(tmp_path))
+    assert bad.returncode == 2
+    assert "no checkpoint here verifies (1 complete; `trainwatch checkpoint verify" in bad.stderr
