@@ -201,7 +201,8 @@ def _job_command(run_dir, job_command, nproc_per_node, config, steps) -> list[st
 @_thresholds_opt
 @click.option("--run-dir", required=True, type=click.Path(file_okay=False),
               help="The run directory whose job this receiver acts on.")
-@click.option("--listen", default="127.0.0.1:9465", show_default=True, help="HOST:PORT.")
+@click.option("--listen", default="127.0.0.1:9465", show_default=True, metavar="HOST:PORT",
+              help="Where to serve the webhook (loopback unless you say otherwise).")
 @click.option("--token-file", type=click.Path(dir_okay=False),
               help="File holding the bearer token (default: $TRAINWATCH_RECEIVER_TOKEN).")
 @click.option("--nproc-per-node", type=int, help="Also run and supervise `trainwatch train`.")
@@ -254,7 +255,7 @@ def receive(rules_file, thresholds_file, run_dir, listen, token_file, nproc_per_
 @alerts.command("watch")
 @_rules_opt
 @_thresholds_opt
-@click.option("--target", "targets", multiple=True, required=True,
+@click.option("--target", "targets", multiple=True, required=True, metavar="HOST:PORT",
               help="An agent's HOST:PORT to scrape (repeatable).")
 @click.option("--run-dir", type=click.Path(file_okay=False),
               help="Journal alerts and read silences here.")
