@@ -17,8 +17,8 @@ from trainwatch.agent.config import load_config
               help="Folder whose sub-folders are run directories (re-scanned; repeatable).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False),
               help="Agent YAML config (see deploy/agent.yaml). SIGHUP reloads it.")
-@click.option("--listen", default=None,
-              help="HOST:PORT to serve /metrics, /status, /healthz [127.0.0.1:9464].")
+@click.option("--listen", default=None, metavar="HOST:PORT",
+              help="Where to serve /metrics, /status, /healthz [127.0.0.1:9464].")
 @click.option("--check-config", is_flag=True,
               help="Validate the config, print it as JSON and exit (0 ok, 2 invalid).")
 def agent(run_dirs, discover, config_file, listen, check_config) -> None:

@@ -16,7 +16,7 @@ from trainwatch.agent.exporter import CachedExposition, build_registry
 from trainwatch.agent.runner import CollectorRunner
 from trainwatch.agent.server import AgentHTTPServer
 from trainwatch.agent.status import build_status
-from trainwatch.errors import ConfigError
+from trainwatch.errors import ConfigError, listen_error
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +43,13 @@ class Agent:
 
     def start(self) -> None:
         host, port = self.ctx.config.host_port
-        self.server = AgentHTTPServer((host, port), self.exposition.body, self.status,
-                                      lambda: self.runner.running)
+        try:
+            self.server = AgentHTTPServer((host, port), self.exposition.body, self.status,
+                                          lambda: self.runner.running)
+        except OSError as exc:
+            from_file = not self.reload_args.get("listen") and self.ctx.config.file
+            raise listen_error(exc, host, port, key="listen" if from_file else "--listen",
+                               file=from_file or None) from None
         self.runner.start()
         self.server.serve_in_thread()
         log.warning("trainwatch agent serving on http://%s (/metrics /status /healthz)",

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from trainwatch.alerts.promql import parse_duration
-from trainwatch.errors import ConfigError
+from trainwatch.errors import ConfigError, output_error
 
 _rules_opt = click.option("--rules", "rules_file", type=click.Path(dir_okay=False),
                           help="Rules file (default: the packaged alerts/rules.yaml).")
@@ -29,6 +29,9 @@ def _silences(run_dir: str | None, file: str | None):
     if file:
         return Silences(file)
     if run_dir:
+        if not Path(run_dir).is_dir():  # a typo must not write a silence nothing reads
+            raise ConfigError("no such run directory (a silence there would mute nothing)",
+                              file=run_dir, key="--run-dir")
         return Silences(Path(run_dir) / "alerts" / "silences.json")
     raise ConfigError("give --run-dir DIR or --file FILE for the silences")
 
@@ -60,7 +63,8 @@ def check(rules_file, thresholds_file, as_json) -> None:
 @_rules_opt
 @_thresholds_opt
 @click.option("--format", "fmt", type=click.Choice(["prometheus", "prometheusrule"]),
-              default="prometheus", show_default=True)
+              default="prometheus", show_default=True,
+              help="Prometheus rule groups (a rule_files file) or a Kubernetes PrometheusRule.")
 @click.option("--runbook-base", default=None,
               help="URL prefix for runbook_url (default: the project's runbooks folder).")
 @click.option("--name", default="trainwatch", show_default=True,
@@ -77,7 +81,10 @@ def export(rules_file, thresholds_file, fmt, runbook_base, name, namespace, outp
     text = (ex.prometheus_yaml(ruleset, base) if fmt == "prometheus"
             else ex.prometheusrule_yaml(ruleset, base, name, namespace))
     if output:
-        Path(output).write_text(text)
+        try:
+            Path(output).write_text(text)
+        except OSError as exc:
+            raise output_error(exc, output, key="--output") from None
     else:
         click.echo(text, nl=False)
 
@@ -92,6 +99,9 @@ def test(rules_file, thresholds_file, test_file) -> None:
     from trainwatch.alerts.rules import DEFAULT_RUNBOOK_BASE
     ruleset = _load(rules_file, thresholds_file)
     rows = replay_file(ruleset, test_file, runbook_base=DEFAULT_RUNBOOK_BASE)
+    if not rows:
+        raise ConfigError("no alert_rule_test checks to replay (promtool's `tests:` list, each "
+                          "with `alert_rule_test:` entries)", file=test_file)
     failed = [r for r in rows if not r[3]]
     for name, chk, got, ok in rows:
         if not ok:
@@ -140,7 +150,7 @@ def silence_add(run_dir, file, matchers, duration, comment, author) -> None:
 @silence.command("list")
 @_with_silence_file
 @click.option("--all", "show_all", is_flag=True, help="Include expired silences.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def silence_list(run_dir, file, show_all, as_json) -> None:
     """List active silences."""
     now = time.time()
@@ -148,6 +158,8 @@ def silence_list(run_dir, file, show_all, as_json) -> None:
     if as_json:
         click.echo(json.dumps([s.__dict__ for s in rows], indent=2))
         return
+    if not rows:
+        click.echo("no silences" if show_all else "no active silences")
     for s in rows:
         matchers = " ".join(f"{k}={v}" for k, v in s.matchers.items())
         state = "active" if s.active(now) else "expired"
@@ -189,7 +201,8 @@ def _job_command(run_dir, job_command, nproc_per_node, config, steps) -> list[st
 @_thresholds_opt
 @click.option("--run-dir", required=True, type=click.Path(file_okay=False),
               help="The run directory whose job this receiver acts on.")
-@click.option("--listen", default="127.0.0.1:9465", show_default=True, help="HOST:PORT.")
+@click.option("--listen", default="127.0.0.1:9465", show_default=True, metavar="HOST:PORT",
+              help="Where to serve the webhook (loopback unless you say otherwise).")
 @click.option("--token-file", type=click.Path(dir_okay=False),
               help="File holding the bearer token (default: $TRAINWATCH_RECEIVER_TOKEN).")
 @click.option("--nproc-per-node", type=int, help="Also run and supervise `trainwatch train`.")
@@ -242,7 +255,7 @@ def receive(rules_file, thresholds_file, run_dir, listen, token_file, nproc_per_
 @alerts.command("watch")
 @_rules_opt
 @_thresholds_opt
-@click.option("--target", "targets", multiple=True, required=True,
+@click.option("--target", "targets", multiple=True, required=True, metavar="HOST:PORT",
               help="An agent's HOST:PORT to scrape (repeatable).")
 @click.option("--run-dir", type=click.Path(file_okay=False),
               help="Journal alerts and read silences here.")

@@ -25,6 +25,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from trainwatch.alerts.actions import ActionRequest, ActionRunner
 from trainwatch.alerts.rules import RuleSet
 from trainwatch.configfile import read_secret
+from trainwatch.errors import listen_error
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,10 @@ class Receiver:
                            "1 once the controller stopped restarting a job that makes no "
                            "forward progress.", ["job"], registry=self.registry)
         self.guard.labels(job=runner.job).set(1 if runner.guard_tripped else 0)
-        self.server = ThreadingHTTPServer((host, port), self._handler())
+        try:
+            self.server = ThreadingHTTPServer((host, port), self._handler())
+        except OSError as exc:
+            raise listen_error(exc, host, port, key="--listen") from None
         self.server.daemon_threads = True
         self.thread: threading.Thread | None = None
 

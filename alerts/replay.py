@@ -120,6 +120,53 @@ def replay_file(ruleset: RuleSet, path: str | Path, *, runbook_base: str | None 
     annotations) equal the expected ones.
     """
     doc = load_yaml_mapping(path)
+    try:
+        check_test_file(doc)
+        return _replay(ruleset, doc, runbook_base)
+    except ConfigError as exc:
+        if exc.file is not None:
+            raise
+        raise ConfigError(exc.problem, file=str(path), key=exc.key) from None
+
+
+def check_test_file(doc: dict[str, Any]) -> None:
+    """The shape of a promtool test file, so a typo names its key instead of a traceback."""
+    def duration(value: Any, key: str) -> None:
+        try:
+            parse_duration(str(value))
+        except ValueError as exc:
+            raise ConfigError(str(exc), key=key) from None
+
+    duration(doc.get("evaluation_interval", "1m"), "evaluation_interval")
+    tests = doc.get("tests")
+    if not isinstance(tests, list):
+        raise ConfigError("must be a list of test groups (promtool's `tests:`)", key="tests")
+    for i, group in enumerate(tests):
+        if not isinstance(group, dict):
+            raise ConfigError("must be a mapping", key=f"tests[{i}]")
+        if "interval" in group:
+            duration(group["interval"], f"tests[{i}].interval")
+        for part, needs in (("input_series", ("series",)),
+                            ("alert_rule_test", ("eval_time", "alertname"))):
+            entries = group.get(part) or []
+            if not isinstance(entries, list):
+                raise ConfigError("must be a list", key=f"tests[{i}].{part}")
+            for j, entry in enumerate(entries):
+                key = f"tests[{i}].{part}[{j}]"
+                missing = [n for n in needs if not isinstance(entry, dict) or n not in entry]
+                if missing:
+                    raise ConfigError(f"needs {' and '.join(missing)}", key=key)
+                if part == "alert_rule_test":
+                    duration(entry["eval_time"], f"{key}.eval_time")
+                    expected = entry.get("exp_alerts") or []
+                    if not (isinstance(expected, list)
+                            and all(isinstance(e, dict) for e in expected)):
+                        raise ConfigError("must be a list of mappings (exp_labels, "
+                                          "exp_annotations)", key=f"{key}.exp_alerts")
+
+
+def _replay(ruleset: RuleSet, doc: dict[str, Any], runbook_base: str | None
+            ) -> list[tuple[str, Check, list[Alert], bool]]:
     interval = parse_duration(doc.get("evaluation_interval", "1m"))
     rows = []
     for i, group in enumerate(doc.get("tests") or []):

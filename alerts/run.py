@@ -130,10 +130,13 @@ def live_view(run: RunDir, engine: Engine, started: float) -> Group:
 
 @click.command("run")
 @click.option("--nproc-per-node", type=int, required=True, help="Ranks on this machine.")
-@click.option("--run-dir", required=True, type=click.Path(file_okay=False))
+@click.option("--run-dir", required=True, type=click.Path(file_okay=False),
+              help="Where the run keeps its state (status, metrics, journal, logs).")
 @click.option("--steps", type=int, help="Override train.steps.")
-@click.option("--config", type=click.Path(dir_okay=False), help="Trainer config file.")
-@click.option("--set", "overrides", multiple=True, help="Trainer config override key=value.")
+@click.option("--config", type=click.Path(dir_okay=False),
+              help="Trainer YAML config (see examples/trainer.yaml).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override one trainer config key, e.g. --set optim.lr=1e-3 (repeatable).")
 @click.option("--max-restarts", type=int, default=1, show_default=True,
               help="torchrun's own restarts of failed ranks before the controller steps in.")
 @click.option("--thresholds", "thresholds_file", type=click.Path(dir_okay=False),
@@ -143,7 +146,8 @@ def live_view(run: RunDir, engine: Engine, started: float) -> Group:
 @click.option("--webhook", multiple=True, help="Also POST alerts to this URL (repeatable).")
 @click.option("--alertmanager", help="Also send alerts to this Alertmanager (base URL).")
 @click.option("--dry-run", is_flag=True, help="Journal what actions would do; do nothing.")
-@click.option("--no-live", is_flag=True, help="No live view (for logs and CI).")
+@click.option("--no-live", is_flag=True,
+              help="No live view (for logs and CI): only alerts and the outcome are printed.")
 def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresholds_file,
         rules_file,
         agent_config, webhook, alertmanager, dry_run, no_live) -> None:
@@ -151,6 +155,9 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     ruleset = load_rules(rules_file, thresholds_file)  # bad rules: exit 2 before anything runs
     if nproc_per_node < 1:
         raise ConfigError(f"must be at least 1, got {nproc_per_node}", key="--nproc-per-node")
+    if agent_config and _agent_available():
+        from trainwatch.agent.config import load_config as load_agent_config
+        load_agent_config(agent_config, run_dirs=[run_dir])  # else the agent dies unseen
     run_ = RunDir(run_dir).create()
     interval = parse_duration(ruleset.thresholds["evaluation_interval"])
     history = History()
@@ -213,6 +220,23 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
         run_.append_event("controller_stopped", "engine", exit_code=code,
                           interrupted=interrupted, seconds=round(time.time() - started, 3),
                           actions=len(run_.events("action_taken")))
+    if code == 2:
+        raise ConfigError("the training job rejected its input (exit 2); "
+                          f"{_last_lines(run_.logs_dir / 'job.log')}")
+    if code and code != 130:
+        skipped = run_.events("action_skipped")
+        why = f": {skipped[-1].get('reason')}" if skipped else ""
+        click.echo(f"trainwatch run: the job failed and was not restarted{why}; see "
+                   f"{run_.journal_file} and {run_.logs_dir}/", err=True)
     if code:
         sys.exit(code if code in (2, 130) else 1)
+
+
+def _last_lines(path, n: int = 3) -> str:
+    """The end of the job's log: the job's own error message, for `trainwatch run` to show."""
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return f"no {path}"
+    return f"{path} ends with:\n  " + "\n  ".join(lines[-n:]) if lines else f"{path} is empty"
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from trainwatch.errors import ConfigError
+from trainwatch.errors import ConfigError, output_error
 
 _paths_arg = click.argument("paths", nargs=-1, type=click.Path(exists=True))
 _runbook_opt = click.option("--runbook-base", default=None,
@@ -52,7 +52,11 @@ def export(out_dir: str, runbook_base: str | None) -> None:
     """Write every dashboard as JSON (for Grafana's file provisioning or manual import)."""
     from trainwatch.alerts.rules import DEFAULT_RUNBOOK_BASE
     from trainwatch.dashboards.generate import export as write
-    for path in write(out_dir, runbook_base or DEFAULT_RUNBOOK_BASE):
+    try:
+        paths = write(out_dir, runbook_base or DEFAULT_RUNBOOK_BASE)
+    except OSError as exc:
+        raise output_error(exc, out_dir, key="--out") from None
+    for path in paths:
         click.echo(str(path))
 
 

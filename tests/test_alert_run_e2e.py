@@ -117,6 +117,9 @@ def test_crash_loop_trips_the_guard_and_pages(tmp_path):
              and e["alert"] == "TrainingRestartLoop"]
     assert loops and loops[0]["severity"] == "critical" and loops[0]["labels"]["job"] == "exp1"
     assert json.loads((run.root / "alerts" / "actions.json").read_text())["guard_tripped"]
+    # --no-live still says why it gave up, not only the exit code
+    assert ("the job failed and was not restarted: restart guard"
+            in (tmp_path / "run.log").read_text())
 
 
 def test_ctrl_c_stops_everything_and_the_job_checkpoints(tmp_path):

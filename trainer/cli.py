@@ -45,7 +45,7 @@ def train(nproc_per_node: int, run_dir: Path, steps: int | None, config_file: st
     """Run the reference trainer under torchrun, restarting failed ranks.
 
     The config is validated first (a bad key exits 2 before anything starts).
-    Fault drills: set TRAINWATCH_FAULT (see trainwatch.trainer.faults), e.g.
+    Fault drills: set TRAINWATCH_FAULT (docs/trainer.md), e.g.
     TRAINWATCH_FAULT=exit:rank=1:step=5.
     """
     from trainwatch.trainer.launcher import LaunchSpec, launch

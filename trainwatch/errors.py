@@ -34,3 +34,22 @@ class ConfigError(TrainwatchError):
 
 class FormatError(TrainwatchError):
     """A file in the run directory is torn, alien, or of a version we do not know."""
+
+
+def listen_error(exc: OSError, host: str, port: int, *, key: str,
+                 file: str | None = None) -> ConfigError:
+    """A server that cannot bind is bad input (exit 2), said plainly, not a traceback."""
+    import errno
+
+    if exc.errno == errno.EADDRINUSE:
+        problem = (f"{host}:{port} is already in use (another trainwatch process?); stop it "
+                   "or choose another port")
+    else:
+        problem = f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    return ConfigError(problem, file=file, key=key)
+
+
+def output_error(exc: OSError, path: object, *, key: str) -> ConfigError:
+    """An output path the user gave that cannot be written: exit 2 naming it."""
+    return ConfigError(f"cannot write: {exc.strerror or exc}", file=str(exc.filename or path),
+                       key=key)

@@ -342,7 +342,7 @@ _SPECS += [
        "Wall time spent in surviving steps, data wait excluded.", JOB, "seconds"),
     _m("trainwatch_cost_badput_seconds", "gauge",
        "Wall time lost, by category (data_wait, recomputed, restart_downtime, "
-       "initial_startup, checkpoint, evaluation, stalled, other).", JOB + ("category",),
+       "initial_startup, checkpoint, evaluation, stalled, shutdown, other).", JOB + ("category",),
        "seconds"),
     _m("trainwatch_cost_accelerators", "gauge",
        "Accelerators the report bills the run for.", JOB),

@@ -123,9 +123,12 @@ def digest_cmd(directory: str, as_json: bool) -> None:
     if single:
         chosen = folder
     else:
-        chosen = next((e.path for e in catalog.complete(folder) if verify(e.path).ok), None)
+        candidates = catalog.complete(folder)
+        chosen = next((e.path for e in candidates if verify(e.path).ok), None)
         if chosen is None:
-            raise ConfigError("no checkpoint here verifies", file=str(folder))
+            raise ConfigError(f"no checkpoint here verifies ({len(candidates)} complete; "
+                              f"`trainwatch checkpoint verify {directory}` says why)"
+                              if candidates else "no complete checkpoints here", file=str(folder))
     try:
         value = checkpoint_digest(chosen)
     except (OSError, RuntimeError) as exc:

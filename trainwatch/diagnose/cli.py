@@ -12,15 +12,16 @@ from rich.console import Console
 
 from trainwatch.diagnose import bundle, findings, render_human, render_json
 from trainwatch.diagnose.gather import Options, gather
-from trainwatch.errors import EXIT_OK, EXIT_PROBLEM, ConfigError
-from trainwatch.rundir import RunDir
+from trainwatch.errors import EXIT_OK, EXIT_PROBLEM, ConfigError, output_error
+from trainwatch.rundir import RunDir, pick_run_dir
 
 
 @click.command("diagnose")
+@click.argument("run_dir_arg", required=False, metavar="[RUN_DIR]",
+                type=click.Path(file_okay=False, path_type=Path))
 @click.option("--run-dir", "run_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=lambda: os.environ.get("TRAINWATCH_RUN_DIR", "trainwatch-run"),
               show_default="$TRAINWATCH_RUN_DIR or ./trainwatch-run",
-              help="The run directory to diagnose.")
+              help="The run directory to diagnose (or give it as RUN_DIR).")
 @click.option("--agent", "agent_urls", multiple=True, metavar="URL",
               help="A node agent (http://host:9464); repeat for every node.")
 @click.option("--prometheus", "prometheus_url", metavar="URL",
@@ -36,22 +37,31 @@ from trainwatch.rundir import RunDir
                    "[default: max(5, 10 x median step time)].")
 @click.option("--no-dump-request", is_flag=True,
               help="Do not touch control/dump (read-only: use stacks from py-spy only).")
-def diagnose(run_dir: Path, agent_urls: tuple[str, ...], prometheus_url: str | None,
+def diagnose(run_dir_arg: Path | None, run_dir: Path | None, agent_urls: tuple[str, ...], prometheus_url: str | None,
              as_json: bool, bundle_file: Path | None, native: bool, timeout: float,
              stall_after: float | None, no_dump_request: bool) -> None:
     """Gather evidence about a running, stalled or dead run and name the culprit.
 
     Exit code 0: healthy; 1: a problem was found; 2: bad usage.
     """
+    given = run_dir_arg is not None or run_dir is not None
+    run_dir = pick_run_dir(run_dir_arg, run_dir,
+                           os.environ.get("TRAINWATCH_RUN_DIR") or "trainwatch-run")
     run = RunDir(run_dir)
     if not run.exists():
-        raise ConfigError("no such run directory", file=str(run_dir))
+        raise ConfigError("no such run directory" + ("" if given else
+                          " (the default: give RUN_DIR, or set $TRAINWATCH_RUN_DIR)"),
+                          file=str(run_dir))
     if not (run.status_dir.is_dir() or run.run_file.exists()):
         raise ConfigError("not a trainwatch run directory (no status/ and no run.json)",
                           file=str(run_dir))
-    for url in (*agent_urls, *(prometheus_url and [prometheus_url] or [])):
+    if bundle_file is not None and not bundle_file.resolve().parent.is_dir():
+        raise ConfigError("no such folder to write the bundle in", file=str(bundle_file),
+                          key="--bundle")
+    for key, url in [*(("--agent", u) for u in agent_urls),
+                     *([("--prometheus", prometheus_url)] if prometheus_url else [])]:
         if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"'{url}' is not an http(s) URL", key="--agent/--prometheus")
+            raise ConfigError(f"'{url}' is not an http(s) URL", key=key)
     options = Options(agent_urls=list(agent_urls), prometheus_url=prometheus_url,
                       timeout=timeout, native=native, request_dumps=not no_dump_request)
     err = Console(stderr=True)
@@ -71,7 +81,10 @@ def diagnose(run_dir: Path, agent_urls: tuple[str, ...], prometheus_url: str | N
     else:
         render_human.render(ev, found, Console())
     if bundle_file:
-        path = bundle.write(bundle_file, run, ev, render_json.report(ev, found, exit_code),
-                            text.getvalue())
+        try:
+            path = bundle.write(bundle_file, run, ev, render_json.report(ev, found, exit_code),
+                                text.getvalue())
+        except OSError as exc:
+            raise output_error(exc, bundle_file, key="--bundle") from None
         click.echo(f"evidence bundle: {path}", err=True)
     sys.exit(exit_code)

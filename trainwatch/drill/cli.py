@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from trainwatch.drill import catalog, render
-from trainwatch.errors import EXIT_PROBLEM, ConfigError
+from trainwatch.errors import EXIT_PROBLEM, ConfigError, output_error
 
 _DEADLINES = [
     click.option("--detect-within", type=click.FloatRange(min=0), metavar="SECONDS",
@@ -88,7 +88,10 @@ def run_drills(names: tuple[str, ...], run_all: bool, nproc_per_node: int, steps
              for d in drills]
     temporary = out is None
     out = Path(tempfile.mkdtemp(prefix="trainwatch-drill-")) if out is None else out
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise output_error(exc, out, key="--out") from None
     progress_console = render.console_for(stderr=True)
     console = render.console_for()
     # SIGTERM stops the drill as cleanly as Ctrl-C (trainwatch.cli.main turns SIGINT into
@@ -125,18 +128,21 @@ def run_drills(names: tuple[str, ...], run_all: bool, nproc_per_node: int, steps
 
 
 @drill.command("score")
-@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.argument("run_dir", required=False, type=click.Path(path_type=Path))
+@click.option("--run-dir", "run_dir_opt", type=click.Path(path_type=Path),
+              help="The drill's run directory, if not given as RUN_DIR.")
 @click.option("--json", "as_json", is_flag=True, help="The scorecard as JSON (docs/drill.md).")
 @_deadlines
-def score_drill(run_dir: Path, as_json: bool, detect_within: float | None,
+def score_drill(run_dir: Path | None, run_dir_opt: Path | None, as_json: bool, detect_within: float | None,
                 recover_within: float | None) -> None:
     """Score a drill's kept run directory again (optionally against other deadlines).
 
     Exit code 0: passed; 1: failed; 2: not a drill's run directory, or nothing to score.
     """
     from trainwatch.drill.score import score, summary
+    from trainwatch.rundir import pick_run_dir
 
-    card = score(run_dir, detect_within=detect_within, recover_within=recover_within)
+    card = score(pick_run_dir(run_dir, run_dir_opt), detect_within=detect_within, recover_within=recover_within)
     if as_json:
         click.echo(render.to_json(summary([card])))
     else:

@@ -1,0 +1,73 @@
+"""The README, docs/ and runbooks/ name only commands, options and metrics that exist.
+
+A runbook is read at 3 a.m. and pasted as it is: an option that was renamed (or never
+existed) fails there, or worse, hides behind a `|| fallback`.
+"""
+
+import re
+from pathlib import Path
+
+import click
+import pytest
+
+from trainwatch.cli import cli
+from trainwatch.metrics_contract import METRICS
+
+REPO = Path(__file__).resolve().parent.parent
+PAGES = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md"),
+                *(REPO / "runbooks").glob("*.md")])
+# `trainwatch <words>` then the rest of the command, up to what ends it in prose or shell.
+COMMAND = re.compile(r"trainwatch((?:\s+[a-z][a-z-]*)+)([^`|#;&]*)")
+OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
+METRIC = re.compile(r"\btrainwatch_[a-z0-9_]+\b(?!\")")  # not a JSON key
+
+
+def _resolve(words: list[str]) -> tuple[click.Command, int]:
+    """The deepest command the words name, and how many words that took."""
+    ctx = click.Context(cli)
+    cmd, used = cli, 0
+    for word in words:
+        if not isinstance(cmd, click.Group):
+            break
+        sub = cmd.get_command(ctx, word)
+        if sub is None:
+            break
+        cmd, used = sub, used + 1
+    return cmd, used
+
+
+def _commands(page: Path):
+    for number, line in enumerate(page.read_text().splitlines(), 1):
+        for m in COMMAND.finditer(line):
+            words = m.group(1).split()
+            cmd, used = _resolve(words)
+            if used:
+                rest = " ".join(words[used:]) + " " + m.group(2)
+                yield number, " ".join(words[:used]), cmd, OPTION.findall(rest)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_documented_option_exists(page):
+    unknown = []
+    for number, name, cmd, options in _commands(page):
+        known = {"-h", "--help"} | {o for p in cmd.params for o in p.opts + p.secondary_opts}
+        unknown += [f"{page.name}:{number}: trainwatch {name} {o}"
+                    for o in options if o not in known]
+    assert not unknown
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_documented_metric_is_in_the_contract(page):
+    names = set(METRICS)
+    unknown = {m for m in METRIC.findall(page.read_text())
+               if not m.endswith("_")  # a prefix, e.g. trainwatch_cost_
+               and re.sub(r"_(bucket|count|sum|created)$", "", m) not in names}
+    assert not unknown, f"{page.name}: {sorted(unknown)}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_code_fences_open_on_their_own_line(page):
+    bad = [f"{page.name}:{n}" for n, line in enumerate(page.read_text().splitlines(), 1)
+           if "```" in line and not line.lstrip().startswith("```")
+           and line.count("```") % 2 == 1]
+    assert not bad
