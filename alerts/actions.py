@@ -81,14 +81,14 @@ class Policy:
 class ActionRunner:
     def __init__(self, run_dir: str | Path, controller: JobController | None, policy: Policy,
                  *, job: str | None = None, silences=None,
-                 on_guard_tripped: Callable[[str], None] | None = None,
+                 on_guard: Callable[[str, bool], None] | None = None,
                  clock: Callable[[], float] = time.time):
         self.run = RunDir(run_dir).create()
         self.controller = controller
         self.policy = policy
         self.job = job or self.run.root.resolve().name
         self.silences = silences
-        self.on_guard_tripped = on_guard_tripped
+        self.on_guard = on_guard  # (job, tripped): the guard tripped or was cleared
         self.clock = clock
         self.ledger_path = self.run.root / "alerts" / "actions.json"
         self.lock = threading.Lock()
@@ -185,14 +185,23 @@ class ActionRunner:
         first_restart = ledger.get("last_restart_at") is None
         progressed = first_restart or (step is not None and (previous is None or step > previous))
         count = 0 if progressed else int(ledger.get("restarts_without_progress", 0))
+        if ledger.get("guard_tripped") and progressed and not first_restart:
+            # A newer checkpoint than at the last restart: someone fixed the cause and the
+            # job trains again, so a new failure deserves a restart, not a page.
+            ledger["guard_tripped"] = False
+            self.run.append_event("action_guard_cleared", "engine", step=step,
+                                  step_at_last_restart=previous)
+            log.warning("restart guard cleared: the job progressed to step %s", step)
+            if self.on_guard is not None:
+                self.on_guard(self.job, False)
         if ledger.get("guard_tripped") or count >= self.policy.guard_max_restarts:
             ledger["guard_tripped"] = True
             self._save(ledger)
             outcome = self._skip(req, f"restart guard: {count} restarts without forward "
                                  f"progress (step {step}); not restarting, paging a human",
                                  action=action, extra={"step": step})
-            if self.on_guard_tripped is not None:
-                self.on_guard_tripped(self.job)
+            if self.on_guard is not None:
+                self.on_guard(self.job, True)
             return outcome
         details: dict[str, Any] = {"step_before": step, "restarts_without_progress": count}
         if self.policy.dry_run:

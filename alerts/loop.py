@@ -70,10 +70,11 @@ def connect_actions(engine: Engine, runner: ActionRunner, loop: EngineLoop) -> N
         threading.Thread(target=runner.handle, args=(req,), name="tw-action",
                          daemon=True).start()
 
-    def on_guard(job: str) -> None:
-        loop.set_local({"__name__": "trainwatch_action_restart_guard_tripped", "job": job}, 1.0)
+    def on_guard(job: str, tripped: bool) -> None:
+        loop.set_local({"__name__": "trainwatch_action_restart_guard_tripped", "job": job},
+                       1.0 if tripped else 0.0)
 
     engine.on_firing = on_firing
-    runner.on_guard_tripped = on_guard
+    runner.on_guard = on_guard
     loop.set_local({"__name__": "trainwatch_action_restart_guard_tripped", "job": runner.job},
                    1.0 if runner.guard_tripped else 0.0)

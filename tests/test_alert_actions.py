@@ -221,12 +221,12 @@ def test_crash_loop_trips_the_guard_and_raises_training_restart_loop(job):
     history = History()
     engine = Engine(ruleset, history)
 
-    def guard_tripped(job_name):
+    def guard_tripped(job_name, tripped):
         history.add({"__name__": "trainwatch_action_restart_guard_tripped", "job": job_name},
-                    time.time(), 1.0)
+                    time.time(), 1.0 if tripped else 0.0)
 
     runner = ActionRunner(c.run.root, c, Policy(min_interval_seconds=300, guard_max_restarts=2),
-                          on_guard_tripped=guard_tripped)
+                          on_guard=guard_tripped)
     sup = Supervisor(c, runner, poll_seconds=0.1)
     c.start()
     sup.start()
@@ -445,3 +445,26 @@ def test_deciding_a_rollback_does_not_import_torch(tmp_path):
                           timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_a_tripped_guard_clears_once_the_job_progresses_again(job):
+    """A human fixed the cause and started the job again: once it has saved a newer
+    checkpoint than at the last restart, a new failure is restarted, not paged."""
+    c = job()
+    changes = []
+    runner = ActionRunner(c.run.root, c, Policy(min_interval_seconds=0, guard_max_restarts=1),
+                          on_guard=lambda job_name, tripped: changes.append(tripped))
+    c.start()
+    _wait_for(lambda: c.progress_step())
+    assert runner.restart_job("restart", None).taken      # first restart
+    assert not runner.restart_job("restart", None).taken  # no progress since: the guard
+    assert runner.guard_tripped and changes == [True]
+    c.stop("a human looks")
+    stuck = c.progress_step()
+    assert not runner.restart_job("restart", None).taken  # still none: stays tripped
+    c.start("fixed by hand")
+    _wait_for(lambda: (c.progress_step() or 0) > stuck)   # the job trains again
+    assert runner.restart_job("restart", None).taken
+    assert not runner.guard_tripped and changes == [True, True, False]
+    (cleared,) = c.run.events("action_guard_cleared")
+    assert cleared["step"] > cleared["step_at_last_restart"]

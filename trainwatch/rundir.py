@@ -34,7 +34,8 @@ EVENTS = (
     "checkpoint_saved", "checkpoint_failed", "checkpoint_skipped", "checkpoint_pruned",
     "checkpoint_fallback", "checkpoint_resumed", "checkpoint_requested",
     "nonfinite_detected", "data_skipped", "fault_injected",
-    "alert_firing", "alert_resolved", "action_taken", "action_skipped", "diagnostics_dumped",
+    "alert_firing", "alert_resolved", "action_taken", "action_skipped", "action_guard_cleared",
+    "diagnostics_dumped",
     "job_started", "job_stopped", "job_exited", "controller_started", "controller_stopped",
 )
 
