@@ -220,3 +220,32 @@ def test_launcher_multinode_command_hosts_on_node_zero_and_names_the_node(tmp_pa
         with pytest.raises(ConfigError) as info:
             validate(LaunchSpec(run_dir=run.root, nproc_per_node=1, node_name=bad))
         assert info.value.key == "--node-name"
+
+
+@pytest.mark.parametrize("hash_of, nproc, says", [
+    ("another config", "1", "refusing to resume a different experiment"),
+    ("this config", "2", "written by a run with world size 1, this run has 2"),
+])
+def test_an_incompatible_checkpoint_is_refused_before_anything_starts(
+        tmp_path, hash_of, nproc, says):
+    """The ranks would refuse it (exit 2) and torchrun restart them for nothing, printing
+    the reason once per rank and attempt under its own traceback."""
+    import torch
+
+    from trainwatch.trainer.checkpoint import Checkpointer, CheckpointConfig
+    from trainwatch.trainer.config import load_config
+
+    run_dir = tmp_path / "run"
+    digest = load_config(None, ["train.steps=5"]).training_digest()
+    ckpt = Checkpointer(CheckpointConfig(mode="sync", fsync=False), run_dir,
+                        config_hash=digest if hash_of == "this config" else "0123456789ab")
+    ckpt.start()
+    try:
+        ckpt.after_step(3, lambda: {"model": {"w": torch.zeros(2)}}, final=True)
+    finally:
+        ckpt.close()
+    done = subprocess.run([*TRAIN, "--run-dir", str(run_dir), "--nproc-per-node", nproc,
+                           "--steps", "5"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.count(says) == 1 and "step-00000003" in done.stderr
+    assert RunDir(run_dir).events("launcher_started") == []

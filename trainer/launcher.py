@@ -27,6 +27,8 @@ from trainwatch import __version__
 from trainwatch.errors import ConfigError
 from trainwatch.node import ENV as NODE_ENV, node_name
 from trainwatch.rundir import RunDir
+from trainwatch.trainer.checkpoint.catalog import complete
+from trainwatch.trainer.checkpoint.resume import check_compatible
 from trainwatch.trainer.config import Config, load_config
 from trainwatch.trainer.faults import ENV as FAULT_ENV, parse_faults
 
@@ -166,9 +168,27 @@ def _pump(stream: IO[bytes], log_file: Path) -> None:
         sink.close()
 
 
+def refuse_incompatible_checkpoint(spec: LaunchSpec, cfg: Config) -> None:
+    """The ranks refuse to resume a checkpoint of another config or world size (exit 2),
+    and torchrun would restart them for nothing, burying the reason under its traceback;
+    say it once, before starting anything. Reads manifests only (the ranks verify)."""
+    if not cfg.checkpoint.enabled or cfg.checkpoint.resume == "never":
+        return
+    run = RunDir(spec.run_dir)
+    folders = [run.root / d for d in (cfg.checkpoint.dir, cfg.checkpoint.mirror_dir) if d]
+    if not cfg.checkpoint.dir:
+        folders.append(run.checkpoint_dir)
+    newest = max((e for folder in folders for e in complete(folder)),
+                 key=lambda e: e.step, default=None)
+    if newest is not None:
+        check_compatible(newest.manifest, newest.path, config_hash=cfg.training_digest(),
+                         world_size=spec.nnodes * spec.nproc_per_node)
+
+
 def launch(spec: LaunchSpec) -> int:
     """Run the job to the end; return the exit code ``trainwatch train`` should use."""
     cfg = validate(spec)
+    refuse_incompatible_checkpoint(spec, cfg)
     run = RunDir(spec.run_dir).create()
     cmd = torchrun_command(spec, run)
     if spec.node_rank in (None, 0):
