@@ -85,7 +85,9 @@ class Uploader:
                                           f"{exc}")) from None
 
     def _scrub(self, text: str) -> str:
-        return text.replace(self._token, "***")
+        """Hide the token if an error message echoes it (a token of a few characters
+        would only garble the message: every occurrence of those letters)."""
+        return text.replace(self._token, "***") if len(self._token) >= 8 else text
 
     def ensure_folder(self, title: str) -> str:
         """The uid of the folder titled ``title``, created if missing."""
