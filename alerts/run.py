@@ -38,6 +38,7 @@ from trainwatch.alerts.scrape import Scraper
 from trainwatch.alerts.silences import Silences
 from trainwatch.alerts.supervise import Supervisor
 from trainwatch.errors import ConfigError
+from trainwatch.proctree import stop
 from trainwatch.rundir import RunDir
 
 
@@ -75,17 +76,6 @@ def wait_for_agent(proc: subprocess.Popen, target: str, timeout: float = 60.0) -
     click.echo(f"trainwatch agent on {target} is not up (see logs/agent.log): alerts that "
                "need its metrics are blind until it is", err=True)
     return False
-
-
-def stop_process(proc: subprocess.Popen | None, grace: float = 10.0) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 @contextlib.contextmanager
@@ -215,7 +205,8 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
         loop.tick()  # a last evaluation, so what ended the run (e.g. the guard) is announced
         if controller.alive():
             controller.stop("interrupted" if interrupted else "controller stopped")
-        stop_process(agent_proc)
+        if agent_proc is not None:
+            stop(agent_proc)
         code = 130 if interrupted else (supervisor.exit_code or 0)
         run_.append_event("controller_stopped", "engine", exit_code=code,
                           interrupted=interrupted, seconds=round(time.time() - started, 3),

@@ -1,10 +1,24 @@
-"""Waiting for a killed process tree to be gone, zombies included."""
+"""Stopping processes we started, and waiting for a killed tree to be gone."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import time
 
 import psutil
+
+
+def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace: float = 10.0) -> None:
+    """Send ``sig``; SIGKILL the process if it has not exited after ``grace`` seconds."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:

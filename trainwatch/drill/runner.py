@@ -21,7 +21,7 @@ import psutil
 from trainwatch.alerts.controller import LAUNCH_ENV
 from trainwatch.drill.findings import FindingsWatcher
 from trainwatch.drill.settings import DrillSettings, write_files
-from trainwatch.proctree import wait_gone
+from trainwatch.proctree import stop, wait_gone
 from trainwatch.rundir import RunDir, atomic_write_json
 from trainwatch.trainer.faults import ENV as FAULT_ENV
 
@@ -65,13 +65,7 @@ def stop_tree(proc: subprocess.Popen, grace: float = STOP_GRACE_SECONDS) -> None
         tree = psutil.Process(proc.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         tree = []
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop(proc, signal.SIGINT, grace)
     for child in tree:
         try:
             child.kill()
