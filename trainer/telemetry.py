@@ -25,7 +25,11 @@ Rules it keeps (DESIGN.md, "never harm the job"):
   every ``heartbeat_interval`` seconds, so I/O never stalls a step;
 * tensors passed to ``record`` are kept as they are (no ``.item()``) and read
   by the background thread, so there is no per-step host/device sync;
-* buffers are bounded; a telemetry failure is counted and logged, never raised.
+* buffers are bounded; a telemetry failure is counted and logged, never raised;
+* the loop-side work per block is one clock read (integer nanoseconds) and one short
+  lock hold, in reused class context managers (generators and per-call objects cost
+  several times more, and this runs several times per step); the timing exchange is
+  an asynchronous all-gather picked up later, so the loop never waits for a round trip.
 The background thread keeps writing heartbeats while the loop is stuck, so a
 reader can tell "alive but not progressing" from "frozen or dead".
 """
@@ -41,9 +45,8 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import psutil
 import torch
@@ -59,34 +62,84 @@ KNOWN_PHASES = ("init", "step", "data", "forward", "backward", "optimizer", "eva
                 "telemetry_exchange", "idle", "finished")
 
 
+# json.dumps builds a new encoder on every call that passes options; the flush reuses one.
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
 def _now() -> float:
     return time.time()
 
 
-@dataclass
-class _PendingStep:
-    """One finished step, waiting for the background thread to resolve and write it."""
-
-    step: int
-    end_time: float
-    step_seconds: float
-    phase_seconds: dict[str, float]
-    cuda_phase_events: dict[str, list[tuple[Any, Any]]]
-    values: dict[str, Any]
-
-
-@dataclass
 class StepRecorder:
     """Handed out by ``Telemetry.step``; ``record`` attaches this step's values."""
 
-    values: dict[str, Any] = field(default_factory=dict)
+    __slots__ = ("values",)
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
 
     def record(self, **values: Any) -> None:
         """Loss, grad_norm, lr, tokens, samples or any other scalar; tensors stay on device."""
         for key, value in values.items():
-            if isinstance(value, torch.Tensor):
-                value = value.detach()
-            self.values[key] = value
+            # Keep no autograd graph alive until the flush; the value itself is not copied.
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                values[key] = value.detach()
+        self.values.update(values)
+
+
+class _StepBlock:
+    """What ``Telemetry.step`` returns, one per Telemetry, reused every step."""
+
+    __slots__ = ("tel", "step", "recorder")
+
+    def __init__(self, tel: "Telemetry | None"):
+        self.tel, self.step, self.recorder = tel, 0, StepRecorder()
+
+    def __enter__(self) -> StepRecorder:
+        self.recorder.values = {}  # the previous step's dict now belongs to its pending record
+        if self.tel is not None:
+            self.tel._begin_step(self.step)
+        return self.recorder
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self.tel is not None and exc_type is None:  # a failed step is no progress
+            self.tel._end_step(self.step, self.recorder.values)
+
+
+class _PhaseBlock:
+    """What ``Telemetry.phase(name)`` returns; reused per name, so it keeps no state of its
+    own: what to restore on exit goes on the telemetry's phase stack (nesting works)."""
+
+    __slots__ = ("tel", "name")
+
+    def __init__(self, tel: "Telemetry", name: str):
+        self.tel, self.name = tel, name
+
+    def __enter__(self) -> None:
+        tel = self.tel
+        now = time.perf_counter_ns()
+        cuda_start = tel._guard(tel._cuda_event_pair_start) if tel.is_cuda else None
+        state = tel.state
+        tel._lock.acquire()
+        try:
+            tel._phase_stack.append((state["phase"], state["phase_since"], now, cuda_start))
+            state["phase"], state["phase_since"] = self.name, now / 1e9 + tel._wall_offset
+        finally:
+            tel._lock.release()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        tel, name = self.tel, self.name
+        now = time.perf_counter_ns()
+        state = tel.state
+        tel._lock.acquire()
+        try:
+            state["phase"], state["phase_since"], started, cuda_start = tel._phase_stack.pop()
+        finally:
+            tel._lock.release()
+        phases = tel._step_phase_ns
+        phases[name] = phases.get(name, 0) + now - started
+        if cuda_start is not None:
+            tel._guard(lambda: tel._cuda_event_pair_end(name, cuda_start))
 
 
 class Telemetry:
@@ -116,16 +169,26 @@ class Telemetry:
 
         self._lock = threading.Lock()
         self._process = psutil.Process()
-        self._pending: collections.deque[_PendingStep] = collections.deque(maxlen=max_pending)
-        self._pending_dropped = 0
+        # Finished steps as tuples (step, end time, step seconds, phase seconds, CUDA
+        # events per phase, recorded values): the loop only appends, the thread resolves.
+        self._pending: collections.deque[tuple] = collections.deque(maxlen=max_pending)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._control_handlers: dict[str, Callable[[Path], None]] = {}
+        self._control_paths: dict[str, Path] = {}
         self._control_seen: dict[str, float] = {}
         self._exchange_group = None
-        self._window_compute = 0.0
-        self._window_data = 0.0
-        self._window_local = 0.0
+        # (work, gathered tensors, sent tensor, step, window steps, time) of the last
+        # all-gather until someone publishes it; guarded by _lock.
+        self._exchange_in_flight: tuple | None = None
+        self._step_block = _StepBlock(self if enabled else None)
+        self._phase_blocks: dict[str, _PhaseBlock] = {}
+        self._phase_stack: list[tuple] = []  # (outer phase, its since, start ns, CUDA event)
+        self._null_phase = contextlib.nullcontext()
+        # Wall time = perf_counter_ns() / 1e9 + offset: one clock read per phase boundary.
+        # The heartbeat thread refreshes it, so a wall-clock step is followed within one beat.
+        self._wall_offset = time.time() - time.perf_counter_ns() / 1e9
+        self._window_compute_ns = self._window_data_ns = self._window_local_ns = 0
         self._window_steps = 0
 
         now = _now()
@@ -142,8 +205,8 @@ class Telemetry:
                          "pending_dropped_total": 0},
             "timing": None, "checkpoint": None, "info": {},
         }
-        self._step_start: float | None = None
-        self._step_phase_seconds: dict[str, float] = {}
+        self._step_start_ns = 0
+        self._step_phase_ns: dict[str, int] = {}
         self._step_cuda_events: dict[str, list[tuple[Any, Any]]] = {}
 
     # ------------------------------------------------------------------ lifecycle
@@ -188,6 +251,7 @@ class Telemetry:
             self.state["phase"] = state if state in ("finished", "failed") else "idle"
             self.state["phase_since"] = _now()
         self._guard(self._flush)
+        self._guard(lambda: self._collect_exchange(wait=False))
         self._write_status()
 
     def __enter__(self) -> "Telemetry":
@@ -197,45 +261,23 @@ class Telemetry:
         self.close("failed" if exc_type else "finished")
 
     # ------------------------------------------------------------------ in the loop
-    @contextlib.contextmanager
-    def step(self, step: int) -> Iterator[StepRecorder]:
-        """Time one training step; progress is recorded when the block ends normally."""
-        recorder = StepRecorder()
-        if not self.enabled:
-            yield recorder
-            return
-        self._step_start = time.perf_counter()
-        self._step_phase_seconds = {}
-        self._step_cuda_events = {}
-        with self._lock:
-            self.state["step"] = step
-        self.set_phase("step")  # inside a step, between explicit phase blocks
-        yield recorder
-        self._guard(lambda: self._end_step(step, recorder))
-        self.set_phase("idle")  # between steps: the loop's own code, outside any phase
+    def step(self, step: int) -> _StepBlock:
+        """Time one training step (``with tel.step(n) as s``, ``s`` a StepRecorder);
+        progress is recorded when the block ends normally."""
+        self._step_block.step = step
+        return self._step_block
 
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        """Mark what this rank is doing; nested phases restore the outer one on exit."""
+    def phase(self, name: str) -> _PhaseBlock | contextlib.nullcontext:
+        """Mark what this rank is doing (in the loop's thread); nested phases restore the
+        outer one on exit."""
         if not self.enabled:
-            yield
-            return
-        outer = self.state["phase"]
-        outer_since = self.state["phase_since"]
-        self.set_phase(name)
-        started = time.perf_counter()
-        events = None
-        if self.is_cuda:
-            events = self._guard(self._cuda_event_pair_start)
-        try:
-            yield
-        finally:
-            elapsed = time.perf_counter() - started
-            self._step_phase_seconds[name] = self._step_phase_seconds.get(name, 0.0) + elapsed
-            if events is not None:
-                self._guard(lambda: self._cuda_event_pair_end(name, events))
-            with self._lock:
-                self.state["phase"], self.state["phase_since"] = outer, outer_since
+            return self._null_phase
+        block = self._phase_blocks.get(name)
+        if block is None:
+            block = _PhaseBlock(self, name)
+            if len(self._phase_blocks) < 256:  # names made up on the fly are not kept
+                self._phase_blocks[name] = block
+        return block
 
     def set_phase(self, name: str) -> None:
         with self._lock:
@@ -281,7 +323,7 @@ class Telemetry:
         ask every rank at once, even while the loop is stuck in a collective.
         """
         self._control_handlers[name] = handler
-        path = self.run.control_dir / name
+        path = self._control_paths[name] = self.run.control_dir / name
         with contextlib.suppress(OSError):
             self._control_seen[name] = path.stat().st_mtime  # ignore stale requests
 
@@ -330,59 +372,112 @@ class Telemetry:
         end.record()
         self._step_cuda_events.setdefault(name, []).append((start, end))
 
-    def _end_step(self, step: int, recorder: StepRecorder) -> None:
-        end_perf = time.perf_counter()
-        step_seconds = end_perf - (self._step_start or end_perf)
-        data_wait = self._step_phase_seconds.get("data", 0.0)
-        now = _now()
-        with self._lock:
-            if len(self._pending) == self._pending.maxlen:
-                self.state["counters"]["pending_dropped_total"] += 1
-            self._pending.append(_PendingStep(step, now, step_seconds,
-                                              dict(self._step_phase_seconds),
-                                              self._step_cuda_events, recorder.values))
-            self.state["last_progress_at"] = now
-            self.state["counters"]["steps_total"] += 1
-        self._window_compute += step_seconds - data_wait
-        self._window_data += data_wait
-        self._window_local += step_seconds - sum(
-            self._step_phase_seconds.get(name, 0.0) for name in self.collective_phases)
-        self._window_steps += 1
-        if self.exchange_every and (step + 1) % self.exchange_every == 0:
-            self._exchange_timings(step)
+    def _begin_step(self, step: int) -> None:
+        self._step_start_ns = now = time.perf_counter_ns()
+        self._step_phase_ns = {}  # phases between steps (eval, checkpoint) count nowhere
+        self._step_cuda_events = {}
+        state = self.state
+        self._lock.acquire()
+        try:
+            state["step"] = step
+            # inside a step, between explicit phase blocks
+            state["phase"], state["phase_since"] = "step", now / 1e9 + self._wall_offset
+        finally:
+            self._lock.release()
+
+    def _end_step(self, step: int, values: dict[str, Any]) -> None:
+        now = time.perf_counter_ns()
+        try:
+            step_ns = now - self._step_start_ns
+            end_time = now / 1e9 + self._wall_offset
+            phases = self._step_phase_ns
+            self._step_phase_ns = {}  # the pending record owns ``phases`` from here on
+            state, counters, pending = self.state, self.state["counters"], self._pending
+            self._lock.acquire()
+            try:
+                if len(pending) == pending.maxlen:
+                    counters["pending_dropped_total"] += 1
+                pending.append((step, end_time, step_ns, phases, self._step_cuda_events, values))
+                state["last_progress_at"] = end_time
+                counters["steps_total"] += 1
+                # between steps: the loop's own code, outside any phase
+                state["phase"], state["phase_since"] = "idle", end_time
+            finally:
+                self._lock.release()
+            if self.exchange_every:
+                data_ns = phases.get("data", 0)
+                local_ns = step_ns
+                for name in self.collective_phases:
+                    local_ns -= phases.get(name, 0)
+                self._window_compute_ns += step_ns - data_ns
+                self._window_data_ns += data_ns
+                self._window_local_ns += local_ns
+                self._window_steps += 1
+                if (step + 1) % self.exchange_every == 0:
+                    self._exchange_timings(step)
+        except Exception as exc:  # noqa: BLE001 - telemetry must never fail the job
+            self.count_error(repr(exc))
 
     def _exchange_timings(self, step: int) -> None:
-        """One small all_gather so every rank's status carries the job-wide distribution."""
+        """One small all_gather so every rank's status carries the job-wide distribution.
+
+        It is started asynchronously and published by whoever sees it done first: the
+        heartbeat thread, or the loop at the next exchange (then long finished, as every
+        rank started it at the same step), so the loop never waits for the round trip.
+        """
         n = max(1, self._window_steps)
-        mine = [self._window_compute / n, self._window_data / n, self._window_local / n]
-        self._window_compute = self._window_data = self._window_local = 0.0
+        mine = [self._window_compute_ns / n / 1e9, self._window_data_ns / n / 1e9,
+                self._window_local_ns / n / 1e9]
+        self._window_compute_ns = self._window_data_ns = self._window_local_ns = 0
         self._window_steps = 0
         if self._exchange_group is None:
-            gathered = [mine]
-        else:
-            import torch.distributed as dist
-            with self.phase("telemetry_exchange"):
-                local = torch.tensor(mine, dtype=torch.float64)
-                out = [torch.zeros(3, dtype=torch.float64) for _ in range(self.world_size)]
-                dist.all_gather(out, local, group=self._exchange_group)
-            gathered = [t.tolist() for t in out]
+            self._publish_timing(step, n, _now(), [mine])
+            return
+        import torch.distributed as dist
+        with self.phase("telemetry_exchange"):
+            self._collect_exchange(wait=True)
+            local = torch.tensor(mine, dtype=torch.float64)
+            out = [torch.empty(3, dtype=torch.float64) for _ in range(self.world_size)]
+            work = dist.all_gather(out, local, group=self._exchange_group, async_op=True)
+            with self._lock:
+                self._exchange_in_flight = (work, out, local, step, n, _now())
+
+    def _collect_exchange(self, wait: bool) -> None:
+        """Publish the in-flight exchange if it is done (or, with ``wait``, once it is)."""
         with self._lock:
-            self.state["timing"] = {
-                "step": step, "window_steps": n, "time": _now(),
-                "compute_seconds": [g[0] for g in gathered],
-                "data_wait_seconds": [g[1] for g in gathered],
-                "local_seconds": [g[2] for g in gathered],
-            }
+            in_flight = self._exchange_in_flight
+            if in_flight is None or not (wait or in_flight[0].is_completed()):
+                return
+            self._exchange_in_flight = None
+        work, out, _sent, step, n, started = in_flight
+        work.wait()
+        self._publish_timing(step, n, started, [t.tolist() for t in out])
+
+    def _publish_timing(self, step: int, n: int, started: float,
+                        gathered: list[list[float]]) -> None:
+        timing = {
+            "step": step, "window_steps": n, "time": started,
+            "compute_seconds": [g[0] for g in gathered],
+            "data_wait_seconds": [g[1] for g in gathered],
+            "local_seconds": [g[2] for g in gathered],
+        }
+        with self._lock:
+            current = self.state["timing"]
+            if current is None or current["step"] < step:  # never replace a newer window
+                self.state["timing"] = timing
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.heartbeat_interval):
+            self._wall_offset = time.time() - time.perf_counter_ns() / 1e9
             self._guard(self._flush)
+            if self._exchange_in_flight is not None:
+                self._guard(lambda: self._collect_exchange(wait=False))
             self._guard(self._poll_control)
             self._write_status()
 
     def _poll_control(self) -> None:
         for name, handler in list(self._control_handlers.items()):
-            path = self.run.control_dir / name
+            path = self._control_paths[name]
             try:
                 mtime = path.stat().st_mtime
             except FileNotFoundError:
@@ -394,34 +489,42 @@ class Telemetry:
     def _flush(self) -> None:
         """Resolve pending steps (the only place tensors are read) and append them to the log."""
         with self._lock:
+            if not self._pending:
+                return
             pending = list(self._pending)
             self._pending.clear()
-        if not pending:
-            return
         # Once per flush: reading RSS costs more than a whole step's bookkeeping.
         memory = _memory(self.device, self._process)
         lines = [self._resolve(p, memory) for p in pending]
         with self._lock:
             self.state["metrics"] = lines[-1]
         if self.metrics_log:
-            with open(self.run.metrics_file(self.rank), "a") as fh:
-                fh.write("".join(_json_line(line) for line in lines))
+            data = "".join([_ENCODER.encode(line) + "\n" for line in lines]).encode()
+            fd = os.open(self.run.metrics_file(self.rank), os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                         0o644)
+            try:
+                os.write(fd, data)  # one append: whole lines, even if the process dies
+            finally:
+                os.close(fd)
 
-    def _resolve(self, p: _PendingStep, memory: dict[str, Any]) -> dict[str, Any]:
+    def _resolve(self, p: tuple, memory: dict[str, Any]) -> dict[str, Any]:
+        step, end_time, step_ns, phase_ns, cuda_events, recorded = p
         values: dict[str, Any] = {}
-        for key, value in p.values.items():
+        for key, value in recorded.items():
             if isinstance(value, torch.Tensor):
                 value = value.float().item() if value.numel() == 1 else None
             values[key] = value
-        phases = dict(p.phase_seconds)
-        for name, pairs in p.cuda_phase_events.items():
+        # Whole nanoseconds: the clock's resolution, and short to print.
+        phases = {name: ns / 1e9 for name, ns in phase_ns.items()}
+        for name, pairs in cuda_events.items():
             # Device time for GPU work; waiting here blocks only this thread.
             pairs[-1][1].synchronize()
             phases[name] = sum(s.elapsed_time(e) for s, e in pairs) / 1000.0
-        line: dict[str, Any] = {"v": 1, "kind": "step", "step": p.step, "time": p.end_time,
-                                "rank": self.rank, "step_time_seconds": p.step_seconds,
+        step_seconds = step_ns / 1e9
+        line: dict[str, Any] = {"v": 1, "kind": "step", "step": step, "time": end_time,
+                                "rank": self.rank, "step_time_seconds": step_seconds,
                                 "phase_seconds": phases,
-                                "data_wait_seconds": p.phase_seconds.get("data", 0.0)}
+                                "data_wait_seconds": phase_ns.get("data", 0) / 1e9}
         for key in ("loss", "grad_norm"):
             value = values.get(key)
             if isinstance(value, float) and not math.isfinite(value):
@@ -430,14 +533,14 @@ class Telemetry:
                     self.state["counters"][counter] += 1
         line.update({k: v for k, v in values.items() if _jsonable(v)})
         tokens, samples = values.get("tokens"), values.get("samples")
-        if p.step_seconds > 0:
+        if step_seconds > 0:
             if tokens:
-                line["tokens_per_second"] = tokens / p.step_seconds
+                line["tokens_per_second"] = tokens / step_seconds
             if samples:
-                line["samples_per_second"] = samples / p.step_seconds
+                line["samples_per_second"] = samples / step_seconds
         line["mfu"] = None
-        if tokens and self.flops_per_token and self.peak_flops and p.step_seconds > 0:
-            line["mfu"] = tokens * self.flops_per_token / p.step_seconds / self.peak_flops
+        if tokens and self.flops_per_token and self.peak_flops and step_seconds > 0:
+            line["mfu"] = tokens * self.flops_per_token / step_seconds / self.peak_flops
         line.update(memory)
         return line
 
@@ -463,10 +566,6 @@ def _copy(obj: Any) -> Any:
 
 def _jsonable(value: Any) -> bool:
     return value is None or isinstance(value, (int, float, str, bool))
-
-
-def _json_line(record: dict[str, Any]) -> str:
-    return json.dumps(record, separators=(",", ":")) + "\n"
 
 
 def _memory(device: torch.device, process: psutil.Process) -> dict[str, Any]:
