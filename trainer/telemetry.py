@@ -169,8 +169,8 @@ class Telemetry:
 
         self._lock = threading.Lock()
         self._process = psutil.Process()
-        # Finished steps as tuples (step, end time, step seconds, phase seconds, CUDA
-        # events per phase, recorded values): the loop only appends, the thread resolves.
+        # Finished steps as tuples (step, end time, step ns, phase ns, CUDA events per
+        # phase, recorded values): the loop only appends, the thread resolves.
         self._pending: collections.deque[tuple] = collections.deque(maxlen=max_pending)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -390,14 +390,15 @@ class Telemetry:
         try:
             step_ns = now - self._step_start_ns
             end_time = now / 1e9 + self._wall_offset
-            phases = self._step_phase_ns
-            self._step_phase_ns = {}  # the pending record owns ``phases`` from here on
+            phases, cuda_events = self._step_phase_ns, self._step_cuda_events
+            # The pending record owns these from here on; phases between steps go elsewhere.
+            self._step_phase_ns, self._step_cuda_events = {}, {}
             state, counters, pending = self.state, self.state["counters"], self._pending
             self._lock.acquire()
             try:
                 if len(pending) == pending.maxlen:
                     counters["pending_dropped_total"] += 1
-                pending.append((step, end_time, step_ns, phases, self._step_cuda_events, values))
+                pending.append((step, end_time, step_ns, phases, cuda_events, values))
                 state["last_progress_at"] = end_time
                 counters["steps_total"] += 1
                 # between steps: the loop's own code, outside any phase
@@ -509,11 +510,6 @@ class Telemetry:
 
     def _resolve(self, p: tuple, memory: dict[str, Any]) -> dict[str, Any]:
         step, end_time, step_ns, phase_ns, cuda_events, recorded = p
-        values: dict[str, Any] = {}
-        for key, value in recorded.items():
-            if isinstance(value, torch.Tensor):
-                value = value.float().item() if value.numel() == 1 else None
-            values[key] = value
         # Whole nanoseconds: the clock's resolution, and short to print.
         phases = {name: ns / 1e9 for name, ns in phase_ns.items()}
         for name, pairs in cuda_events.items():
@@ -525,13 +521,19 @@ class Telemetry:
                                 "rank": self.rank, "step_time_seconds": step_seconds,
                                 "phase_seconds": phases,
                                 "data_wait_seconds": phase_ns.get("data", 0) / 1e9}
+        values: dict[str, Any] = {}
+        for key, value in recorded.items():
+            if isinstance(value, torch.Tensor):
+                value = _scalar(value)
+            values[key] = value
+            if value is None or isinstance(value, (int, float, str)):  # what JSON can hold
+                line[key] = value
         for key in ("loss", "grad_norm"):
             value = values.get(key)
             if isinstance(value, float) and not math.isfinite(value):
                 counter = "nonfinite_loss_total" if key == "loss" else "nonfinite_grad_norm_total"
                 with self._lock:
                     self.state["counters"][counter] += 1
-        line.update({k: v for k, v in values.items() if _jsonable(v)})
         tokens, samples = values.get("tokens"), values.get("samples")
         if step_seconds > 0:
             if tokens:
@@ -564,8 +566,11 @@ def _copy(obj: Any) -> Any:
     return obj
 
 
-def _jsonable(value: Any) -> bool:
-    return value is None or isinstance(value, (int, float, str, bool))
+def _scalar(value: torch.Tensor) -> float | None:
+    if value.numel() != 1:
+        return None
+    # What .float().item() gives, one dispatch cheaper for the usual float32.
+    return value.item() if value.dtype == torch.float32 else value.float().item()
 
 
 def _memory(device: torch.device, process: psutil.Process) -> dict[str, Any]:
