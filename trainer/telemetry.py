@@ -26,10 +26,10 @@ Rules it keeps (DESIGN.md, "never harm the job"):
 * tensors passed to ``record`` are kept as they are (no ``.item()``) and read
   by the background thread, so there is no per-step host/device sync;
 * buffers are bounded; a telemetry failure is counted and logged, never raised;
-* the loop-side work per block is one clock read (integer nanoseconds) and one short
-  lock hold, in reused class context managers (generators and per-call objects cost
-  several times more, and this runs several times per step); the timing exchange is
-  an asynchronous all-gather picked up later, so the loop never waits for a round trip.
+* each block boundary in the loop costs one clock read (integer nanoseconds) and one
+  short lock hold, in reused class context managers (generators and per-call objects
+  cost several times more, and this runs several times per step); the timing exchange
+  is an asynchronous all-gather picked up later, so the loop never waits for a round trip.
 The background thread keeps writing heartbeats while the loop is stuck, so a
 reader can tell "alive but not progressing" from "frozen or dead".
 """
