@@ -26,10 +26,11 @@ Rules it keeps (DESIGN.md, "never harm the job"):
 * tensors passed to ``record`` are kept as they are (no ``.item()``) and read
   by the background thread, so there is no per-step host/device sync;
 * buffers are bounded; a telemetry failure is counted and logged, never raised;
-* each block boundary in the loop costs one clock read (integer nanoseconds) and one
-  short lock hold, in reused class context managers (generators and per-call objects
-  cost several times more, and this runs several times per step); the timing exchange
-  is an asynchronous all-gather picked up later, so the loop never waits for a round trip.
+* each block boundary in the loop costs one clock read (integer nanoseconds) and a
+  few stores, no lock, in reused class context managers (generators and per-call
+  objects cost several times more, and this runs several times per step): the phase
+  is one (name, since) tuple that readers expand; the timing exchange is an
+  asynchronous all-gather picked up later, so the loop never waits for a round trip.
 The background thread keeps writing heartbeats while the loop is stuck, so a
 reader can tell "alive but not progressing" from "frozen or dead".
 """
@@ -117,25 +118,15 @@ class _PhaseBlock:
 
     def __enter__(self) -> None:
         tel = self.tel
-        now = time.perf_counter_ns()
         cuda_start = tel._guard(tel._cuda_event_pair_start) if tel.is_cuda else None
-        state = tel.state
-        tel._lock.acquire()
-        try:
-            tel._phase_stack.append((state["phase"], state["phase_since"], now, cuda_start))
-            state["phase"], state["phase_since"] = self.name, now / 1e9 + tel._wall_offset
-        finally:
-            tel._lock.release()
+        now = time.perf_counter_ns()
+        tel._phase_stack.append((tel._phase, now, cuda_start))
+        tel._phase = (self.name, now)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         tel, name = self.tel, self.name
         now = time.perf_counter_ns()
-        state = tel.state
-        tel._lock.acquire()
-        try:
-            state["phase"], state["phase_since"], started, cuda_start = tel._phase_stack.pop()
-        finally:
-            tel._lock.release()
+        tel._phase, started, cuda_start = tel._phase_stack.pop()
         phases = tel._step_phase_ns
         phases[name] = phases.get(name, 0) + now - started
         if cuda_start is not None:
@@ -183,16 +174,19 @@ class Telemetry:
         self._exchange_in_flight: tuple | None = None
         self._step_block = _StepBlock(self if enabled else None)
         self._phase_blocks: dict[str, _PhaseBlock] = {}
-        self._phase_stack: list[tuple] = []  # (outer phase, its since, start ns, CUDA event)
+        self._phase_stack: list[tuple] = []  # (outer phase, start ns, CUDA event)
         self._null_phase = contextlib.nullcontext()
         # Wall time = perf_counter_ns() / 1e9 + offset: one clock read per phase boundary.
         # The heartbeat thread refreshes it, so a wall-clock step is followed within one beat.
         self._wall_offset = time.time() - time.perf_counter_ns() / 1e9
+        # What this rank is doing and since when (perf_counter_ns), as one tuple: the loop
+        # replaces it with a single store, so readers never see a name with another's time.
+        self._phase: tuple[str, int] = ("init", time.perf_counter_ns())
         self._window_compute_ns = self._window_data_ns = self._window_local_ns = 0
         self._window_steps = 0
 
         now = _now()
-        self.state: dict[str, Any] = {
+        self._state: dict[str, Any] = {
             "job": self.job, "rank": rank, "local_rank": local_rank, "world_size": world_size,
             "node": socket.gethostname(), "pid": os.getpid(),
             "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
@@ -210,6 +204,15 @@ class Telemetry:
         self._step_cuda_events: dict[str, list[tuple[Any, Any]]] = {}
 
     # ------------------------------------------------------------------ lifecycle
+    @property
+    def state(self) -> dict[str, Any]:
+        """The live status dict; ``phase`` and ``phase_since`` are filled in from the loop's
+        (name, since) pair on each read. Copy it under ``_lock`` (``snapshot``)."""
+        name, since_ns = self._phase
+        self._state["phase"], self._state["phase_since"] = (
+            name, since_ns / 1e9 + self._wall_offset)
+        return self._state
+
     @classmethod
     def from_env(cls, run_dir: str | Path | None = None, **kwargs: Any) -> "Telemetry":
         """Build from torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, TRAINWATCH_RUN_DIR)."""
@@ -232,7 +235,7 @@ class Telemetry:
         self._guard(lambda: dumps.install(self))  # control/dump -> stacks + flight recorder
         self._guard(lambda: self.run.append_event(
             "rank_started", f"rank{self.rank}", rank=self.rank, pid=os.getpid(),
-            restart_count=self.state["restart_count"]))
+            restart_count=self._state["restart_count"]))
         self._write_status()
         self._thread = threading.Thread(target=self._heartbeat_loop, daemon=True,
                                         name=f"trainwatch-telemetry-rank{self.rank}")
@@ -247,9 +250,8 @@ class Telemetry:
         if self._thread is not None:
             self._thread.join(timeout=10)
         with self._lock:
-            self.state["state"] = state
-            self.state["phase"] = state if state in ("finished", "failed") else "idle"
-            self.state["phase_since"] = _now()
+            self._state["state"] = state
+        self.set_phase(state if state in ("finished", "failed") else "idle")
         self._guard(self._flush)
         self._guard(lambda: self._collect_exchange(wait=False))
         self._write_status()
@@ -280,9 +282,7 @@ class Telemetry:
         return block
 
     def set_phase(self, name: str) -> None:
-        with self._lock:
-            self.state["phase"] = name
-            self.state["phase_since"] = _now()
+        self._phase = (name, time.perf_counter_ns())
 
     def log(self, step: int, kind: str = "eval", **values: float) -> None:
         """Record non-step metrics (validation loss, ...) in the metrics log and status."""
@@ -293,7 +293,7 @@ class Telemetry:
             clean = {k: float(v.item() if isinstance(v, torch.Tensor) else v)
                      for k, v in values.items()}
             with self._lock:
-                self.state["eval"] = {"step": step, **clean}
+                self._state["eval"] = {"step": step, **clean}
             if self.metrics_log:
                 append_jsonl(self.run.metrics_file(self.rank),
                              {"v": 1, "kind": kind, "step": step, "time": _now(),
@@ -303,12 +303,12 @@ class Telemetry:
     def set_info(self, **info: Any) -> None:
         """Static facts shown in the status file (model size, config hash, backend...)."""
         with self._lock:
-            self.state["info"].update(info)
+            self._state["info"].update(info)
 
     def set_checkpoint(self, **checkpoint: Any) -> None:
         """Latest checkpoint facts (step, path, time, ok) for readers of the status file."""
         with self._lock:
-            self.state["checkpoint"] = checkpoint
+            self._state["checkpoint"] = checkpoint
 
     def event(self, event: str, **fields: Any) -> None:
         """Append a journal event from this rank; failures are counted, never raised."""
@@ -339,8 +339,8 @@ class Telemetry:
     def count_error(self, problem: str) -> None:
         """Count a telemetry failure in the status and log it (rate-limited)."""
         with self._lock:
-            self.state["counters"]["telemetry_errors_total"] += 1
-            count = self.state["counters"]["telemetry_errors_total"]
+            self._state["counters"]["telemetry_errors_total"] += 1
+            count = self._state["counters"]["telemetry_errors_total"]
         if count <= 5 or count % 100 == 0:
             log.warning("trainwatch telemetry error (%d so far): %s", count, problem)
 
@@ -355,7 +355,7 @@ class Telemetry:
             return
         backend = dist.get_backend()
         with self._lock:
-            self.state["backend"] = backend
+            self._state["backend"] = backend
         if self.exchange_every and dist.get_world_size() > 1:
             # A CPU (gloo) side group: the exchange never touches the GPU stream and never
             # shows up in the training process group's collective sequence.
@@ -373,17 +373,13 @@ class Telemetry:
         self._step_cuda_events.setdefault(name, []).append((start, end))
 
     def _begin_step(self, step: int) -> None:
+        # Single stores only, in the loop's thread: readers copy under _lock, and no
+        # value here spans two keys (the phase is one tuple).
         self._step_start_ns = now = time.perf_counter_ns()
         self._step_phase_ns = {}  # phases between steps (eval, checkpoint) count nowhere
         self._step_cuda_events = {}
-        state = self.state
-        self._lock.acquire()
-        try:
-            state["step"] = step
-            # inside a step, between explicit phase blocks
-            state["phase"], state["phase_since"] = "step", now / 1e9 + self._wall_offset
-        finally:
-            self._lock.release()
+        self._state["step"] = step
+        self._phase = ("step", now)  # inside a step, between explicit phase blocks
 
     def _end_step(self, step: int, values: dict[str, Any]) -> None:
         now = time.perf_counter_ns()
@@ -393,18 +389,14 @@ class Telemetry:
             phases, cuda_events = self._step_phase_ns, self._step_cuda_events
             # The pending record owns these from here on; phases between steps go elsewhere.
             self._step_phase_ns, self._step_cuda_events = {}, {}
-            state, counters, pending = self.state, self.state["counters"], self._pending
-            self._lock.acquire()
-            try:
-                if len(pending) == pending.maxlen:
-                    counters["pending_dropped_total"] += 1
-                pending.append((step, end_time, step_ns, phases, cuda_events, values))
-                state["last_progress_at"] = end_time
-                counters["steps_total"] += 1
-                # between steps: the loop's own code, outside any phase
-                state["phase"], state["phase_since"] = "idle", end_time
-            finally:
-                self._lock.release()
+            # These counters have no writer but this thread; the deque is thread-safe.
+            counters, pending = self._state["counters"], self._pending
+            if len(pending) == pending.maxlen:
+                counters["pending_dropped_total"] += 1
+            pending.append((step, end_time, step_ns, phases, cuda_events, values))
+            counters["steps_total"] += 1
+            self._state["last_progress_at"] = end_time
+            self._phase = ("idle", now)  # between steps: the loop's own code, outside any phase
             if self.exchange_every:
                 data_ns = phases.get("data", 0)
                 local_ns = step_ns
@@ -463,9 +455,9 @@ class Telemetry:
             "local_seconds": [g[2] for g in gathered],
         }
         with self._lock:
-            current = self.state["timing"]
+            current = self._state["timing"]
             if current is None or current["step"] < step:  # never replace a newer window
-                self.state["timing"] = timing
+                self._state["timing"] = timing
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.heartbeat_interval):
@@ -489,16 +481,15 @@ class Telemetry:
 
     def _flush(self) -> None:
         """Resolve pending steps (the only place tensors are read) and append them to the log."""
-        with self._lock:
-            if not self._pending:
-                return
-            pending = list(self._pending)
-            self._pending.clear()
+        # popleft, one at a time, because the loop appends without a lock
+        pending = [self._pending.popleft() for _ in range(len(self._pending))]
+        if not pending:
+            return
         # Once per flush: reading RSS costs more than a whole step's bookkeeping.
         memory = _memory(self.device, self._process)
         lines = [self._resolve(p, memory) for p in pending]
         with self._lock:
-            self.state["metrics"] = lines[-1]
+            self._state["metrics"] = lines[-1]
         if self.metrics_log:
             data = "".join([_ENCODER.encode(line) + "\n" for line in lines]).encode()
             fd = os.open(self.run.metrics_file(self.rank), os.O_WRONLY | os.O_APPEND | os.O_CREAT,
@@ -533,7 +524,7 @@ class Telemetry:
             if isinstance(value, float) and not math.isfinite(value):
                 counter = "nonfinite_loss_total" if key == "loss" else "nonfinite_grad_norm_total"
                 with self._lock:
-                    self.state["counters"][counter] += 1
+                    self._state["counters"][counter] += 1
         tokens, samples = values.get("tokens"), values.get("samples")
         if step_seconds > 0:
             if tokens:
@@ -549,12 +540,12 @@ class Telemetry:
     def _write_status(self) -> None:
         try:
             with self._lock:
-                self.state["heartbeat_at"] = _now()
+                self._state["heartbeat_at"] = _now()
                 snapshot = _copy(self.state)
             self.run.write_status(self.rank, snapshot)
         except Exception as exc:  # noqa: BLE001
             with self._lock:
-                self.state["counters"]["telemetry_errors_total"] += 1
+                self._state["counters"]["telemetry_errors_total"] += 1
             log.warning("trainwatch: could not write status: %r", exc)
 
 
