@@ -15,7 +15,10 @@ Printed, with the goal <= 1.005 for each ratio:
 * CPU time per step: the loop thread's, plus, for "on", the telemetry thread's CPU
   time spread over the "on" steps. CPU time moves far less than wall time when other
   programs share the machine;
-* the telemetry work alone (no model), in the loop and in the heartbeat thread.
+* the telemetry work alone (no model): the loop thread's CPU time per step with
+  telemetry on and off, blocks of steps alternating, at default settings (under DDP
+  with the timing exchange), and the heartbeat thread's flush per step. It is the
+  figure that machine load moves least, so compare versions of telemetry with it.
 """
 
 from __future__ import annotations
@@ -85,24 +88,30 @@ def main() -> None:
             record.record(loss=loss.detach(), grad_norm=grad_norm, lr=lr, tokens=tokens,
                           samples=cfg.train.batch_size)
 
-    def bookkeeping_cost(steps: int = 2000) -> tuple[float, float]:
-        """Seconds per step spent in telemetry calls alone (no model work): in the loop,
-        and in the heartbeat thread's flush (resolve, format and append the records)."""
-        tel = Telemetry(os.path.join(scratch, "bare"), device=ranks.device, exchange_every=0,
-                        flops_per_token=1.0, heartbeat_interval=3600,
-                        max_pending=steps).start()
+    def bookkeeping_cost(blocks: int = 20, block: int = 200) -> tuple[float, float, float]:
+        """Loop-thread CPU seconds per step of the telemetry calls alone (no model work),
+        on and off, in alternating blocks; and the flush's (resolve, format and append
+        the records) as the heartbeat thread would do it, per step."""
+        bare = Telemetry(os.path.join(scratch, "bare"), rank=ranks.rank,
+                         world_size=ranks.world_size, device=ranks.device, flops_per_token=1.0,
+                         heartbeat_interval=3600, max_pending=blocks * block).start()
         value = torch.zeros((), device=ranks.device)
-        started = time.perf_counter()
-        for n in range(steps):
-            with tel.step(n) as record:
-                for name in ("data", "forward", "backward", "optimizer"):
-                    with tel.phase(name):
-                        pass
-                record.record(loss=value, grad_norm=value, lr=1e-3, tokens=tokens, samples=1)
-        in_loop = (time.perf_counter() - started) / steps
-        started = time.perf_counter()
-        tel.close()  # flushes all pending steps at once, as the heartbeat thread would
-        return in_loop, (time.perf_counter() - started) / steps
+        cpu: dict[bool, float] = {True: 0.0, False: 0.0}
+        for b in range(2 * blocks):
+            tel = bare if b % 2 == 0 else off
+            started = time.thread_time()
+            for n in range(b // 2 * block, (b // 2 + 1) * block):
+                with tel.step(n) as record:
+                    for name in ("data", "forward", "backward", "optimizer"):
+                        with tel.phase(name):
+                            pass
+                    record.record(loss=value, grad_norm=value, lr=1e-3, tokens=tokens,
+                                  samples=1)
+            cpu[tel.enabled] += time.thread_time() - started
+        started = time.thread_time()
+        bare.close()  # flushes all pending steps at once, as the heartbeat thread would
+        steps = blocks * block
+        return cpu[True] / steps, cpu[False] / steps, (time.thread_time() - started) / steps
 
     on = Telemetry(os.path.join(scratch, "run"), rank=ranks.rank, local_rank=ranks.local_rank,
                    world_size=ranks.world_size, device=ranks.device,
@@ -123,7 +132,7 @@ def main() -> None:
         loop_cpu[enabled].append(time.thread_time() - started_cpu)
     telemetry_cpu = telemetry_thread_cpu() - telemetry_cpu_started
     on.close()
-    in_loop, flush = bookkeeping_cost()
+    loop_on, loop_off, flush = bookkeeping_cost()
 
     if ranks.rank == 0:
         wall_on, wall_off = statistics.median(wall[True]), statistics.median(wall[False])
@@ -138,9 +147,10 @@ def main() -> None:
               f"{cpu_off * 1e3:.3f} ms, ratio {cpu_on / cpu_off:.4f}  (goal <= 1.005); "
               f"loop thread {(statistics.fmean(loop_cpu[True]) - cpu_off) * 1e6:+.1f} us, "
               f"telemetry thread {telemetry_cpu / args.steps * 1e6:.1f} us per step")
-        print(f"telemetry work alone: {in_loop * 1e6:.1f} us per step in the loop + "
-              f"{flush * 1e6:.1f} us in the heartbeat thread = "
-              f"{1 + (in_loop + flush) / wall_off:.4f} x the median step time off")
+        print(f"telemetry work alone (CPU, no model): loop {loop_on * 1e6:.1f} us per step on, "
+              f"{loop_off * 1e6:.1f} us off, +{(loop_on - loop_off) * 1e6:.1f} us; heartbeat "
+              f"flush {flush * 1e6:.1f} us per step; together "
+              f"{1 + (loop_on - loop_off + flush) / wall_off:.4f} x the median step time off")
     shutil.rmtree(scratch, ignore_errors=True)
     if ranks.distributed:
         torch.distributed.destroy_process_group()

@@ -105,3 +105,38 @@ def test_node_name_and_restart_count_can_be_given(tmp_path, monkeypatch):
     assert status["node"] == "gpu-node-17" and status["restart_count"] == 2
     started = RunDir(tmp_path).events("rank_started")
     assert [(e["host"], e["restart_count"]) for e in started] == [("gpu-node-17", 2)]
+
+
+def test_nested_phases_restore_the_outer_one_even_with_the_same_name(tmp_path):
+    """Phase blocks are reused per name, so nesting a name inside itself must still unwind."""
+    tel = Telemetry(tmp_path, heartbeat_interval=3600, exchange_every=0).start()
+    with tel.step(0):
+        with tel.phase("forward"):
+            with tel.phase("forward"):
+                with tel.phase("data"):
+                    assert tel.state["phase"] == "data"
+                assert tel.state["phase"] == "forward"
+            assert tel.state["phase"] == "forward"
+        assert tel.state["phase"] == "step"
+    assert tel.state["phase"] == "idle"
+    tel.close()
+    step = RunDir(tmp_path).metrics(0).records[0]
+    assert set(step["phase_seconds"]) == {"forward", "data"}
+    assert step["phase_seconds"]["forward"] >= step["phase_seconds"]["data"]
+
+
+def test_phases_between_steps_stay_out_of_step_records(tmp_path):
+    """Eval or checkpoint time between steps belongs to no step (pending records are the loop's
+    hand-off to the heartbeat thread and must not change afterwards)."""
+    tel = Telemetry(tmp_path, heartbeat_interval=3600, exchange_every=0).start()
+    with tel.step(0):
+        with tel.phase("forward"):
+            pass
+    with tel.phase("eval"):
+        pass
+    with tel.step(1):
+        with tel.phase("backward"):
+            pass
+    tel.close()
+    steps = RunDir(tmp_path).metrics(0).records
+    assert [set(s["phase_seconds"]) for s in steps] == [{"forward"}, {"backward"}]

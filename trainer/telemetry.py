@@ -25,7 +25,12 @@ Rules it keeps (DESIGN.md, "never harm the job"):
   every ``heartbeat_interval`` seconds, so I/O never stalls a step;
 * tensors passed to ``record`` are kept as they are (no ``.item()``) and read
   by the background thread, so there is no per-step host/device sync;
-* buffers are bounded; a telemetry failure is counted and logged, never raised.
+* buffers are bounded; a telemetry failure is counted and logged, never raised;
+* each block boundary in the loop costs one clock read (integer nanoseconds) and a
+  few stores, no lock, in reused class context managers (generators and per-call
+  objects cost several times more, and this runs several times per step): the phase
+  is one (name, since) tuple that readers expand; the timing exchange is an
+  asynchronous all-gather picked up later, so the loop never waits for a round trip.
 The background thread keeps writing heartbeats while the loop is stuck, so a
 reader can tell "alive but not progressing" from "frozen or dead".
 """
@@ -40,9 +45,8 @@ import math
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import psutil
 import torch
@@ -59,34 +63,74 @@ KNOWN_PHASES = ("init", "step", "data", "forward", "backward", "optimizer", "eva
                 "telemetry_exchange", "idle", "finished")
 
 
+# json.dumps builds a new encoder on every call that passes options; the flush reuses one.
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
 def _now() -> float:
     return time.time()
 
 
-@dataclass
-class _PendingStep:
-    """One finished step, waiting for the background thread to resolve and write it."""
-
-    step: int
-    end_time: float
-    step_seconds: float
-    phase_seconds: dict[str, float]
-    cuda_phase_events: dict[str, list[tuple[Any, Any]]]
-    values: dict[str, Any]
-
-
-@dataclass
 class StepRecorder:
     """Handed out by ``Telemetry.step``; ``record`` attaches this step's values."""
 
-    values: dict[str, Any] = field(default_factory=dict)
+    __slots__ = ("values",)
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
 
     def record(self, **values: Any) -> None:
         """Loss, grad_norm, lr, tokens, samples or any other scalar; tensors stay on device."""
         for key, value in values.items():
-            if isinstance(value, torch.Tensor):
-                value = value.detach()
-            self.values[key] = value
+            # Keep no autograd graph alive until the flush; the value itself is not copied.
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                values[key] = value.detach()
+        self.values.update(values)
+
+
+class _StepBlock:
+    """What ``Telemetry.step`` returns, one per Telemetry, reused every step."""
+
+    __slots__ = ("tel", "step", "recorder")
+
+    def __init__(self, tel: "Telemetry | None"):
+        self.tel, self.step, self.recorder = tel, 0, StepRecorder()
+
+    def __enter__(self) -> StepRecorder:
+        self.recorder.values = {}  # the previous step's dict now belongs to its pending record
+        if self.tel is not None:
+            self.tel._begin_step(self.step)
+        return self.recorder
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self.tel is not None and exc_type is None:  # a failed step is no progress
+            self.tel._end_step(self.step, self.recorder.values)
+
+
+class _PhaseBlock:
+    """What ``Telemetry.phase(name)`` returns; reused per name, so it keeps no state of its
+    own: what to restore on exit goes on the telemetry's phase stack (nesting works)."""
+
+    __slots__ = ("tel", "name")
+
+    def __init__(self, tel: "Telemetry", name: str):
+        self.tel, self.name = tel, name
+
+    def __enter__(self) -> None:
+        tel = self.tel
+        cuda_start = tel._guard(tel._cuda_event_pair_start) if tel.is_cuda else None
+        now = time.perf_counter_ns()
+        tel._phase_stack.append((tel._phase, now, cuda_start))
+        tel._phase = (self.name, now)
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        tel, name = self.tel, self.name
+        now = time.perf_counter_ns()
+        tel._phase, started, cuda_start = tel._phase_stack.pop()
+        phases = tel._step_phase_ns
+        phases[name] = phases.get(name, 0) + now - started
+        if cuda_start is not None:
+            tel._guard(lambda: tel._cuda_event_pair_end(name, cuda_start))
 
 
 class Telemetry:
@@ -117,20 +161,33 @@ class Telemetry:
 
         self._lock = threading.Lock()
         self._process = psutil.Process()
-        self._pending: collections.deque[_PendingStep] = collections.deque(maxlen=max_pending)
-        self._pending_dropped = 0
+        # Finished steps as tuples (step, end time, step ns, phase ns, CUDA events per
+        # phase, recorded values): the loop only appends, the thread resolves.
+        self._pending: collections.deque[tuple] = collections.deque(maxlen=max_pending)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._control_handlers: dict[str, Callable[[Path], None]] = {}
+        self._control_paths: dict[str, Path] = {}
         self._control_seen: dict[str, float] = {}
         self._exchange_group = None
-        self._window_compute = 0.0
-        self._window_data = 0.0
-        self._window_local = 0.0
+        # (work, gathered tensors, sent tensor, step, window steps, time) of the last
+        # all-gather until someone publishes it; guarded by _lock.
+        self._exchange_in_flight: tuple | None = None
+        self._step_block = _StepBlock(self if enabled else None)
+        self._phase_blocks: dict[str, _PhaseBlock] = {}
+        self._phase_stack: list[tuple] = []  # (outer phase, start ns, CUDA event)
+        self._null_phase = contextlib.nullcontext()
+        # Wall time = perf_counter_ns() / 1e9 + offset: one clock read per phase boundary.
+        # The heartbeat thread refreshes it, so a wall-clock step is followed within one beat.
+        self._wall_offset = time.time() - time.perf_counter_ns() / 1e9
+        # What this rank is doing and since when (perf_counter_ns), as one tuple: the loop
+        # replaces it with a single store, so readers never see a name with another's time.
+        self._phase: tuple[str, int] = ("init", time.perf_counter_ns())
+        self._window_compute_ns = self._window_data_ns = self._window_local_ns = 0
         self._window_steps = 0
 
         now = _now()
-        self.state: dict[str, Any] = {
+        self._state: dict[str, Any] = {
             "job": self.job, "rank": rank, "local_rank": local_rank, "world_size": world_size,
             "node": node_name(), "pid": os.getpid(),
             # Default: torchrun's count, which is per node (see train.agree_restart_count).
@@ -146,11 +203,20 @@ class Telemetry:
             "last_nonfinite_loss_at": None,
             "timing": None, "checkpoint": None, "info": {},
         }
-        self._step_start: float | None = None
-        self._step_phase_seconds: dict[str, float] = {}
+        self._step_start_ns = 0
+        self._step_phase_ns: dict[str, int] = {}
         self._step_cuda_events: dict[str, list[tuple[Any, Any]]] = {}
 
     # ------------------------------------------------------------------ lifecycle
+    @property
+    def state(self) -> dict[str, Any]:
+        """The live status dict; ``phase`` and ``phase_since`` are filled in from the loop's
+        (name, since) pair on each read. Copy it under ``_lock`` (``snapshot``)."""
+        name, since_ns = self._phase
+        self._state["phase"], self._state["phase_since"] = (
+            name, since_ns / 1e9 + self._wall_offset)
+        return self._state
+
     @classmethod
     def from_env(cls, run_dir: str | Path | None = None, **kwargs: Any) -> "Telemetry":
         """Build from torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, TRAINWATCH_RUN_DIR)."""
@@ -173,7 +239,7 @@ class Telemetry:
         self._guard(lambda: dumps.install(self))  # control/dump -> stacks + flight recorder
         self._guard(lambda: self.run.append_event(
             "rank_started", f"rank{self.rank}", rank=self.rank, pid=os.getpid(),
-            restart_count=self.state["restart_count"]))
+            restart_count=self._state["restart_count"]))
         self._write_status()
         self._thread = threading.Thread(target=self._heartbeat_loop, daemon=True,
                                         name=f"trainwatch-telemetry-rank{self.rank}")
@@ -188,10 +254,10 @@ class Telemetry:
         if self._thread is not None:
             self._thread.join(timeout=10)
         with self._lock:
-            self.state["state"] = state
-            self.state["phase"] = state if state in ("finished", "failed") else "idle"
-            self.state["phase_since"] = _now()
+            self._state["state"] = state
+        self.set_phase(state if state in ("finished", "failed") else "idle")
         self._guard(self._flush)
+        self._guard(lambda: self._collect_exchange(wait=False))
         self._write_status()
 
     def __enter__(self) -> "Telemetry":
@@ -201,50 +267,26 @@ class Telemetry:
         self.close("failed" if exc_type else "finished")
 
     # ------------------------------------------------------------------ in the loop
-    @contextlib.contextmanager
-    def step(self, step: int) -> Iterator[StepRecorder]:
-        """Time one training step; progress is recorded when the block ends normally."""
-        recorder = StepRecorder()
-        if not self.enabled:
-            yield recorder
-            return
-        self._step_start = time.perf_counter()
-        self._step_phase_seconds = {}
-        self._step_cuda_events = {}
-        with self._lock:
-            self.state["step"] = step
-        self.set_phase("step")  # inside a step, between explicit phase blocks
-        yield recorder
-        self._guard(lambda: self._end_step(step, recorder))
-        self.set_phase("idle")  # between steps: the loop's own code, outside any phase
+    def step(self, step: int) -> _StepBlock:
+        """Time one training step (``with tel.step(n) as s``, ``s`` a StepRecorder);
+        progress is recorded when the block ends normally."""
+        self._step_block.step = step
+        return self._step_block
 
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        """Mark what this rank is doing; nested phases restore the outer one on exit."""
+    def phase(self, name: str) -> _PhaseBlock | contextlib.nullcontext:
+        """Mark what this rank is doing (in the loop's thread); nested phases restore the
+        outer one on exit."""
         if not self.enabled:
-            yield
-            return
-        outer = self.state["phase"]
-        outer_since = self.state["phase_since"]
-        self.set_phase(name)
-        started = time.perf_counter()
-        events = None
-        if self.is_cuda:
-            events = self._guard(self._cuda_event_pair_start)
-        try:
-            yield
-        finally:
-            elapsed = time.perf_counter() - started
-            self._step_phase_seconds[name] = self._step_phase_seconds.get(name, 0.0) + elapsed
-            if events is not None:
-                self._guard(lambda: self._cuda_event_pair_end(name, events))
-            with self._lock:
-                self.state["phase"], self.state["phase_since"] = outer, outer_since
+            return self._null_phase
+        block = self._phase_blocks.get(name)
+        if block is None:
+            block = _PhaseBlock(self, name)
+            if len(self._phase_blocks) < 256:  # names made up on the fly are not kept
+                self._phase_blocks[name] = block
+        return block
 
     def set_phase(self, name: str) -> None:
-        with self._lock:
-            self.state["phase"] = name
-            self.state["phase_since"] = _now()
+        self._phase = (name, time.perf_counter_ns())
 
     def log(self, step: int, kind: str = "eval", **values: float) -> None:
         """Record non-step metrics (validation loss, ...) in the metrics log and status."""
@@ -255,7 +297,7 @@ class Telemetry:
             clean = {k: float(v.item() if isinstance(v, torch.Tensor) else v)
                      for k, v in values.items()}
             with self._lock:
-                self.state["eval"] = {"step": step, **clean}
+                self._state["eval"] = {"step": step, **clean}
             if self.metrics_log:
                 append_jsonl(self.run.metrics_file(self.rank),
                              {"v": 1, "kind": kind, "step": step, "time": _now(),
@@ -265,12 +307,12 @@ class Telemetry:
     def set_info(self, **info: Any) -> None:
         """Static facts shown in the status file (model size, config hash, backend...)."""
         with self._lock:
-            self.state["info"].update(info)
+            self._state["info"].update(info)
 
     def set_checkpoint(self, **checkpoint: Any) -> None:
         """Latest checkpoint facts (step, path, time, ok) for readers of the status file."""
         with self._lock:
-            self.state["checkpoint"] = checkpoint
+            self._state["checkpoint"] = checkpoint
 
     def event(self, event: str, **fields: Any) -> None:
         """Append a journal event from this rank; failures are counted, never raised."""
@@ -285,7 +327,7 @@ class Telemetry:
         ask every rank at once, even while the loop is stuck in a collective.
         """
         self._control_handlers[name] = handler
-        path = self.run.control_dir / name
+        path = self._control_paths[name] = self.run.control_dir / name
         with contextlib.suppress(OSError):
             self._control_seen[name] = path.stat().st_mtime  # ignore stale requests
 
@@ -301,8 +343,8 @@ class Telemetry:
     def count_error(self, problem: str) -> None:
         """Count a telemetry failure in the status and log it (rate-limited)."""
         with self._lock:
-            self.state["counters"]["telemetry_errors_total"] += 1
-            count = self.state["counters"]["telemetry_errors_total"]
+            self._state["counters"]["telemetry_errors_total"] += 1
+            count = self._state["counters"]["telemetry_errors_total"]
         if count <= 5 or count % 100 == 0:
             log.warning("trainwatch telemetry error (%d so far): %s", count, problem)
 
@@ -317,7 +359,7 @@ class Telemetry:
             return
         backend = dist.get_backend()
         with self._lock:
-            self.state["backend"] = backend
+            self._state["backend"] = backend
         if self.exchange_every and dist.get_world_size() > 1:
             # A CPU (gloo) side group: the exchange never touches the GPU stream and never
             # shows up in the training process group's collective sequence.
@@ -334,59 +376,105 @@ class Telemetry:
         end.record()
         self._step_cuda_events.setdefault(name, []).append((start, end))
 
-    def _end_step(self, step: int, recorder: StepRecorder) -> None:
-        end_perf = time.perf_counter()
-        step_seconds = end_perf - (self._step_start or end_perf)
-        data_wait = self._step_phase_seconds.get("data", 0.0)
-        now = _now()
-        with self._lock:
-            if len(self._pending) == self._pending.maxlen:
-                self.state["counters"]["pending_dropped_total"] += 1
-            self._pending.append(_PendingStep(step, now, step_seconds,
-                                              dict(self._step_phase_seconds),
-                                              self._step_cuda_events, recorder.values))
-            self.state["last_progress_at"] = now
-            self.state["counters"]["steps_total"] += 1
-        self._window_compute += step_seconds - data_wait
-        self._window_data += data_wait
-        self._window_local += step_seconds - sum(
-            self._step_phase_seconds.get(name, 0.0) for name in self.collective_phases)
-        self._window_steps += 1
-        if self.exchange_every and (step + 1) % self.exchange_every == 0:
-            self._exchange_timings(step)
+    def _begin_step(self, step: int) -> None:
+        # Single stores only, in the loop's thread: readers copy under _lock, and no
+        # value here spans two keys (the phase is one tuple).
+        self._step_start_ns = now = time.perf_counter_ns()
+        self._step_phase_ns = {}  # phases between steps (eval, checkpoint) count nowhere
+        self._step_cuda_events = {}
+        self._state["step"] = step
+        self._phase = ("step", now)  # inside a step, between explicit phase blocks
+
+    def _end_step(self, step: int, values: dict[str, Any]) -> None:
+        now = time.perf_counter_ns()
+        try:
+            step_ns = now - self._step_start_ns
+            end_time = now / 1e9 + self._wall_offset
+            phases, cuda_events = self._step_phase_ns, self._step_cuda_events
+            # The pending record owns these from here on; phases between steps go elsewhere.
+            self._step_phase_ns, self._step_cuda_events = {}, {}
+            # These counters have no writer but this thread; the deque is thread-safe.
+            counters, pending = self._state["counters"], self._pending
+            if len(pending) == pending.maxlen:
+                counters["pending_dropped_total"] += 1
+            pending.append((step, end_time, step_ns, phases, cuda_events, values))
+            counters["steps_total"] += 1
+            self._state["last_progress_at"] = end_time
+            self._phase = ("idle", now)  # between steps: the loop's own code, outside any phase
+            if self.exchange_every:
+                data_ns = phases.get("data", 0)
+                local_ns = step_ns
+                for name in self.collective_phases:
+                    local_ns -= phases.get(name, 0)
+                self._window_compute_ns += step_ns - data_ns
+                self._window_data_ns += data_ns
+                self._window_local_ns += local_ns
+                self._window_steps += 1
+                if (step + 1) % self.exchange_every == 0:
+                    self._exchange_timings(step)
+        except Exception as exc:  # noqa: BLE001 - telemetry must never fail the job
+            self.count_error(repr(exc))
 
     def _exchange_timings(self, step: int) -> None:
-        """One small all_gather so every rank's status carries the job-wide distribution."""
+        """One small all_gather so every rank's status carries the job-wide distribution.
+
+        It is started asynchronously and published by whoever sees it done first: the
+        heartbeat thread, or the loop at the next exchange (then long finished, as every
+        rank started it at the same step), so the loop never waits for the round trip.
+        """
         n = max(1, self._window_steps)
-        mine = [self._window_compute / n, self._window_data / n, self._window_local / n]
-        self._window_compute = self._window_data = self._window_local = 0.0
+        mine = [self._window_compute_ns / n / 1e9, self._window_data_ns / n / 1e9,
+                self._window_local_ns / n / 1e9]
+        self._window_compute_ns = self._window_data_ns = self._window_local_ns = 0
         self._window_steps = 0
         if self._exchange_group is None:
-            gathered = [mine]
-        else:
-            import torch.distributed as dist
-            with self.phase("telemetry_exchange"):
-                local = torch.tensor(mine, dtype=torch.float64)
-                out = [torch.zeros(3, dtype=torch.float64) for _ in range(self.world_size)]
-                dist.all_gather(out, local, group=self._exchange_group)
-            gathered = [t.tolist() for t in out]
+            self._publish_timing(step, n, _now(), [mine])
+            return
+        import torch.distributed as dist
+        with self.phase("telemetry_exchange"):
+            self._collect_exchange(wait=True)
+            local = torch.tensor(mine, dtype=torch.float64)
+            out = [torch.empty(3, dtype=torch.float64) for _ in range(self.world_size)]
+            work = dist.all_gather(out, local, group=self._exchange_group, async_op=True)
+            with self._lock:
+                self._exchange_in_flight = (work, out, local, step, n, _now())
+
+    def _collect_exchange(self, wait: bool) -> None:
+        """Publish the in-flight exchange if it is done (or, with ``wait``, once it is)."""
         with self._lock:
-            self.state["timing"] = {
-                "step": step, "window_steps": n, "time": _now(),
-                "compute_seconds": [g[0] for g in gathered],
-                "data_wait_seconds": [g[1] for g in gathered],
-                "local_seconds": [g[2] for g in gathered],
-            }
+            in_flight = self._exchange_in_flight
+            if in_flight is None or not (wait or in_flight[0].is_completed()):
+                return
+            self._exchange_in_flight = None
+        work, out, _sent, step, n, started = in_flight
+        work.wait()
+        self._publish_timing(step, n, started, [t.tolist() for t in out])
+
+    def _publish_timing(self, step: int, n: int, started: float,
+                        gathered: list[list[float]]) -> None:
+        timing = {
+            "step": step, "window_steps": n, "time": started,
+            "compute_seconds": [g[0] for g in gathered],
+            "data_wait_seconds": [g[1] for g in gathered],
+            "local_seconds": [g[2] for g in gathered],
+        }
+        with self._lock:
+            current = self._state["timing"]
+            if current is None or current["step"] < step:  # never replace a newer window
+                self._state["timing"] = timing
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.heartbeat_interval):
+            self._wall_offset = time.time() - time.perf_counter_ns() / 1e9
             self._guard(self._flush)
+            if self._exchange_in_flight is not None:
+                self._guard(lambda: self._collect_exchange(wait=False))
             self._guard(self._poll_control)
             self._write_status()
 
     def _poll_control(self) -> None:
         for name, handler in list(self._control_handlers.items()):
-            path = self.run.control_dir / name
+            path = self._control_paths[name]
             try:
                 mtime = path.stat().st_mtime
             except FileNotFoundError:
@@ -397,65 +485,73 @@ class Telemetry:
 
     def _flush(self) -> None:
         """Resolve pending steps (the only place tensors are read) and append them to the log."""
-        with self._lock:
-            pending = list(self._pending)
-            self._pending.clear()
+        # popleft, one at a time, because the loop appends without a lock
+        pending = [self._pending.popleft() for _ in range(len(self._pending))]
         if not pending:
             return
         # Once per flush: reading RSS costs more than a whole step's bookkeeping.
         memory = _memory(self.device, self._process)
         lines = [self._resolve(p, memory) for p in pending]
         with self._lock:
-            self.state["metrics"] = lines[-1]
+            self._state["metrics"] = lines[-1]
         if self.metrics_log:
-            with open(self.run.metrics_file(self.rank), "a") as fh:
-                fh.write("".join(_json_line(line) for line in lines))
+            data = "".join([_ENCODER.encode(line) + "\n" for line in lines]).encode()
+            fd = os.open(self.run.metrics_file(self.rank), os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                         0o644)
+            try:
+                os.write(fd, data)  # one append: whole lines, even if the process dies
+            finally:
+                os.close(fd)
 
-    def _resolve(self, p: _PendingStep, memory: dict[str, Any]) -> dict[str, Any]:
-        values: dict[str, Any] = {}
-        for key, value in p.values.items():
-            if isinstance(value, torch.Tensor):
-                value = value.float().item() if value.numel() == 1 else None
-            values[key] = value
-        phases = dict(p.phase_seconds)
-        for name, pairs in p.cuda_phase_events.items():
+    def _resolve(self, p: tuple, memory: dict[str, Any]) -> dict[str, Any]:
+        step, end_time, step_ns, phase_ns, cuda_events, recorded = p
+        # Whole nanoseconds: the clock's resolution, and short to print.
+        phases = {name: ns / 1e9 for name, ns in phase_ns.items()}
+        for name, pairs in cuda_events.items():
             # Device time for GPU work; waiting here blocks only this thread.
             pairs[-1][1].synchronize()
             phases[name] = sum(s.elapsed_time(e) for s, e in pairs) / 1000.0
-        line: dict[str, Any] = {"v": 1, "kind": "step", "step": p.step, "time": p.end_time,
-                                "rank": self.rank, "step_time_seconds": p.step_seconds,
+        step_seconds = step_ns / 1e9
+        line: dict[str, Any] = {"v": 1, "kind": "step", "step": step, "time": end_time,
+                                "rank": self.rank, "step_time_seconds": step_seconds,
                                 "phase_seconds": phases,
-                                "data_wait_seconds": p.phase_seconds.get("data", 0.0)}
+                                "data_wait_seconds": phase_ns.get("data", 0) / 1e9}
+        values: dict[str, Any] = {}
+        for key, value in recorded.items():
+            if isinstance(value, torch.Tensor):
+                value = _scalar(value)
+            values[key] = value
+            if value is None or isinstance(value, (int, float, str)):  # what JSON can hold
+                line[key] = value
         for key in ("loss", "grad_norm"):
             value = values.get(key)
             if isinstance(value, float) and not math.isfinite(value):
                 counter = "nonfinite_loss_total" if key == "loss" else "nonfinite_grad_norm_total"
                 with self._lock:
-                    self.state["counters"][counter] += 1
+                    self._state["counters"][counter] += 1
                     if key == "loss":
-                        self.state["last_nonfinite_loss_at"] = p.end_time
-        line.update({k: v for k, v in values.items() if _jsonable(v)})
+                        self._state["last_nonfinite_loss_at"] = end_time
         tokens, samples = values.get("tokens"), values.get("samples")
-        if p.step_seconds > 0:
+        if step_seconds > 0:
             if tokens:
-                line["tokens_per_second"] = tokens / p.step_seconds
+                line["tokens_per_second"] = tokens / step_seconds
             if samples:
-                line["samples_per_second"] = samples / p.step_seconds
+                line["samples_per_second"] = samples / step_seconds
         line["mfu"] = None
-        if tokens and self.flops_per_token and self.peak_flops and p.step_seconds > 0:
-            line["mfu"] = tokens * self.flops_per_token / p.step_seconds / self.peak_flops
+        if tokens and self.flops_per_token and self.peak_flops and step_seconds > 0:
+            line["mfu"] = tokens * self.flops_per_token / step_seconds / self.peak_flops
         line.update(memory)
         return line
 
     def _write_status(self) -> None:
         try:
             with self._lock:
-                self.state["heartbeat_at"] = _now()
+                self._state["heartbeat_at"] = _now()
                 snapshot = _copy(self.state)
             self.run.write_status(self.rank, snapshot)
         except Exception as exc:  # noqa: BLE001
             with self._lock:
-                self.state["counters"]["telemetry_errors_total"] += 1
+                self._state["counters"]["telemetry_errors_total"] += 1
             log.warning("trainwatch: could not write status: %r", exc)
 
 
@@ -467,12 +563,11 @@ def _copy(obj: Any) -> Any:
     return obj
 
 
-def _jsonable(value: Any) -> bool:
-    return value is None or isinstance(value, (int, float, str, bool))
-
-
-def _json_line(record: dict[str, Any]) -> str:
-    return json.dumps(record, separators=(",", ":")) + "\n"
+def _scalar(value: torch.Tensor) -> float | None:
+    if value.numel() != 1:
+        return None
+    # What .float().item() gives, one dispatch cheaper for the usual float32.
+    return value.item() if value.dtype == torch.float32 else value.float().item()
 
 
 def _memory(device: torch.device, process: psutil.Process) -> dict[str, Any]:
