@@ -69,8 +69,8 @@ class Agent:
         if config.listen != self.ctx.config.listen:
             log.warning("listen address changes need a restart; still on %s", self.address)
             config.listen = self.ctx.config.listen
-        self.runner.reload(AgentContext(config))
-        self.config_loaded_at = time.time()
+        self.config_loaded_at = time.time()  # before applying: /status never shows the new
+        self.runner.reload(AgentContext(config))  # collectors with the old load time
         log.warning("config reloaded from %s", config.file)
         return True
 

@@ -63,7 +63,9 @@ def _finish(proc, timeout=420):
 def test_sigstopped_rank_is_restarted_from_checkpoint_and_finishes(tmp_path):
     _configs(tmp_path)
     run = RunDir(tmp_path / "exp1")
-    proc = _run(tmp_path, run.root)
+    # Paced (first start only): unpaced, the 80 steps took 1.1 s on a quiet machine and
+    # the run finished before the test saw step 20 and could SIGSTOP a rank.
+    proc = _run(tmp_path, run.root, env={"TRAINWATCH_FAULT": "slow:factor=8:launch=1"})
     try:
         deadline = time.time() + 300
         while time.time() < deadline:
