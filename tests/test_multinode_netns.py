@@ -40,7 +40,7 @@ from trainwatch.rundir import RunDir
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for network namespaces")]
 
-STEPS = 150
+STEPS = 300  # long enough after the slowdown (steps 60+) to see the flag clear while it runs
 SLOW = "slow:factor=4:step=20:until=60"       # node 1 only: every rank on it
 TRAIN_ARGS = ["--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "1",
               "--steps", str(STEPS), "--set", "data.corpus_bytes=20000",
