@@ -126,7 +126,7 @@ DRILLS: tuple[Drill, ...] = (
         fault_kind="nan", fault_step=15, fault_params="",
         detect=(Signal(ALERT, "TrainingLossNonFinite"),),
         recovery=CONTROLLER, action="rollback_skip",
-        detect_within=15, recover_within=120, steps=60, pace="slow:factor=4",
+        detect_within=15, recover_within=120, steps=120, pace="slow:factor=4",
         trainer={"checkpoint": {"mode": "sync", "keep_last": 100}},
         notes="the NaN fires whenever step 15 runs (a batch corrupt on disk), so only "
               "rollback_skip, which restarts before it and drops its data, lets the run "
