@@ -257,7 +257,9 @@ class Telemetry:
             self._state["state"] = state
         self.set_phase(state if state in ("finished", "failed") else "idle")
         self._guard(self._flush)
-        self._guard(lambda: self._collect_exchange(wait=False))
+        # A finished job's ranks all posted the last exchange: wait for it, or gloo aborts
+        # the process at exit on the pending work; a failed rank must not wait on others.
+        self._guard(lambda: self._collect_exchange(wait=state == "finished"))
         self._write_status()
 
     def __enter__(self) -> "Telemetry":
