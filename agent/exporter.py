@@ -21,7 +21,7 @@ from prometheus_client.registry import CollectorRegistry
 from trainwatch.agent.context import AgentContext
 from trainwatch.agent.registry import Sample
 from trainwatch.agent.state import STATES
-from trainwatch.metrics_contract import METRICS
+from trainwatch.contract.metrics import METRICS
 
 log = logging.getLogger(__name__)
 

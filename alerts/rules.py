@@ -20,7 +20,7 @@ import yaml
 from trainwatch.alerts import promql
 from trainwatch.configfile import read_config_text, yaml_error
 from trainwatch.errors import ConfigError
-from trainwatch.metrics_contract import METRICS
+from trainwatch.contract.metrics import METRICS
 
 RULES_FILE = Path(__file__).with_name("rules.yaml")
 THRESHOLDS_FILE = Path(__file__).with_name("thresholds.yaml")

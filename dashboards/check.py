@@ -21,7 +21,7 @@ from trainwatch.alerts import promql
 from trainwatch.alerts.rules import PROMETHEUS_METRICS
 from trainwatch.dashboards.panels import DATASOURCE
 from trainwatch.errors import ConfigError
-from trainwatch.metrics_contract import METRICS
+from trainwatch.contract.metrics import METRICS
 
 # Series Prometheus makes itself: scrape health and its alerts.
 PROMETHEUS_SERIES = set(PROMETHEUS_METRICS) | {"ALERTS"}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from trainwatch.alerts.rules import DEFAULT_RUNBOOK_BASE
-from trainwatch.metrics_contract import METRICS
+from trainwatch.contract.metrics import METRICS
 
 SCHEMA_VERSION = 39
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}

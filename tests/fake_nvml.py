@@ -1,8 +1,8 @@
-"""A fake GPU backend with the interface of trainwatch.agent.nvml.NvmlBackend (no GPU here)."""
+"""A fake GPU backend with the interface of trainwatch.host.nvml.NvmlBackend (no GPU here)."""
 
 from __future__ import annotations
 
-from trainwatch.agent.nvml import GpuSnapshot, GpuUnavailable
+from trainwatch.host.nvml import GpuSnapshot, GpuUnavailable
 
 
 class FakeGpuBackend:

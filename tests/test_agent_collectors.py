@@ -19,7 +19,7 @@ from conftest import tmpfs_mount
 from fake_nvml import FakeGpuBackend
 from trainwatch.agent.config import build_config
 from trainwatch.agent.context import AgentContext
-from trainwatch.agent.nvml import GpuSnapshot
+from trainwatch.host.nvml import GpuSnapshot
 from trainwatch.agent.registry import Result, all_collectors
 from trainwatch.agent.state import CollectorRecord
 from trainwatch.rundir import RunDir

@@ -4,7 +4,7 @@ declared, and every declared agent-side name is produced somewhere in agent/."""
 import re
 from pathlib import Path
 
-from trainwatch.metrics_contract import METRICS
+from trainwatch.contract.metrics import METRICS
 
 AGENT = Path(__file__).resolve().parent.parent / "agent"
 # Subsystems only the agent exports (train_/rank_ names may also come from other components).

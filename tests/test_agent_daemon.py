@@ -20,7 +20,7 @@ from trainwatch.agent import registry
 from trainwatch.agent.config import load_config
 from trainwatch.agent.daemon import Agent
 from trainwatch.agent.registry import Collector, Result, register
-from trainwatch.metrics_contract import METRICS
+from trainwatch.contract.metrics import METRICS
 from trainwatch.rundir import RunDir
 
 

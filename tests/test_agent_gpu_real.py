@@ -2,7 +2,7 @@
 
 import pytest
 
-from trainwatch.agent.nvml import GpuUnavailable, NvmlBackend
+from trainwatch.host.nvml import GpuUnavailable, NvmlBackend
 
 pytestmark = pytest.mark.gpu
 

@@ -18,7 +18,7 @@ from trainwatch.alerts.export import prometheus_yaml, prometheusrule_yaml
 from trainwatch.alerts.replay import promtool_test_file, replay_file
 from trainwatch.alerts.rules import DEFAULT_RUNBOOK_BASE, RULES_FILE, load_rules
 from trainwatch.errors import ConfigError
-from trainwatch.metrics_contract import METRICS
+from trainwatch.contract.metrics import METRICS
 
 REPO = Path(__file__).resolve().parent.parent
 GENERATED = REPO / "alerts" / "generated"

@@ -29,7 +29,7 @@ from trainwatch.dashboards.check import (PROMETHEUS_SERIES, check_dashboard, pan
                                          substitute)
 from trainwatch.dashboards.generate import GENERATED_DIR, build_all, file_name, render
 from trainwatch.dashboards.panels import Board
-from trainwatch.metrics_contract import METRICS
+from trainwatch.contract.metrics import METRICS
 
 REPO = Path(__file__).resolve().parent.parent
 UIDS = ["trainwatch-training-overview", "trainwatch-ranks-stragglers", "trainwatch-node-health",

@@ -11,7 +11,7 @@ import click
 import pytest
 
 from trainwatch.cli import cli
-from trainwatch.metrics_contract import METRICS
+from trainwatch.contract.metrics import METRICS
 
 REPO = Path(__file__).resolve().parent.parent
 PAGES = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md"),

@@ -20,8 +20,8 @@ import yaml
 
 from conftest import tmpfs_mount
 from fake_nvml import FakeGpuBackend
-from trainwatch.agent.nvml import GpuSnapshot
-from trainwatch.agent.timeouts import Deadline
+from trainwatch.host.nvml import GpuSnapshot
+from trainwatch.host.timeouts import Deadline
 from trainwatch.preflight import host, network, software
 from trainwatch.preflight.model import STATUSES, Request
 from trainwatch.preflight.runner import run_checks
@@ -172,7 +172,7 @@ def test_gpu_absent_without_nvml_and_fails_only_when_gpus_were_expected():
 
 
 def test_gpu_real_nvml_on_this_machine_reports_absence_honestly():
-    from trainwatch.agent.nvml import NvmlBackend
+    from trainwatch.host.nvml import NvmlBackend
     c = checks_of(["gpu"], backend=NvmlBackend)
     if c["gpu.count"].status == "absent":  # no GPU here: a reason, no numbers
         assert c["gpu.count"].evidence["reason"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainwatch.metrics_contract import METRICS
+from trainwatch.contract.metrics import METRICS
 from trainwatch.report.goodput import CATEGORIES
 from trainwatch.rundir import RunDir, append_jsonl
 

@@ -6,7 +6,7 @@ import urllib.request
 
 import torch
 
-from trainwatch.metrics_contract import METRICS
+from trainwatch.contract.metrics import METRICS
 from trainwatch.trainer.metrics_server import MetricsServer
 from trainwatch.trainer.telemetry import Telemetry
 

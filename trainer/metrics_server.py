@@ -15,7 +15,7 @@ from typing import Any, Iterator
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from trainwatch.metrics_contract import JOB_RANK, METRICS
+from trainwatch.contract.metrics import JOB_RANK, METRICS
 from trainwatch.trainer.telemetry import Telemetry
 
 log = logging.getLogger(__name__)

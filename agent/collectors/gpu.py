@@ -11,7 +11,7 @@ import time
 from collections import deque
 from typing import Any
 
-from trainwatch.agent.nvml import GpuUnavailable, NvmlBackend
+from trainwatch.host.nvml import GpuUnavailable, NvmlBackend
 from trainwatch.agent.registry import Collector, Result, register
 
 

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from trainwatch.agent.registry import Collector, Result, register
-from trainwatch.agent.sysfs import read_int, read_text
+from trainwatch.host.sysfs import read_int, read_text
 
 NIC_COUNTERS = {
     "rx_bytes": "trainwatch_network_receive_bytes_total",

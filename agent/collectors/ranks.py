@@ -15,7 +15,7 @@ import time
 from collections import deque
 from typing import Any
 
-from trainwatch.agent.procinfo import PROCESS_STATES, ProcessTracker
+from trainwatch.host.procinfo import PROCESS_STATES, ProcessTracker
 from trainwatch.agent.registry import Collector, Result, register
 from trainwatch.agent.stall import KNOWN_PHASES
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwatch.agent.registry import Collector, Result, register
-from trainwatch.agent.timeouts import Deadline, Hung
+from trainwatch.host.timeouts import Deadline, Hung
 
 SECTOR = 512
 

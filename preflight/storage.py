@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwatch.agent.collectors.storage import mount_of, parse_mounts, write_probe
-from trainwatch.agent.timeouts import Deadline, Hung
+from trainwatch.host.timeouts import Deadline, Hung
 from trainwatch.preflight.model import Check, Request, human_bytes
 
 

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, write_to_textfile
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from trainwatch.errors import ConfigError
-from trainwatch.metrics_contract import METRICS
+from trainwatch.contract.metrics import METRICS
 
 
 class _ReportCollector:

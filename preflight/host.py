@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from trainwatch.agent.timeouts import Deadline, Hung
+from trainwatch.host.timeouts import Deadline, Hung
 from trainwatch.preflight.model import Check, human_bytes
 
 SHM_TIMEOUT = 5.0  # seconds; /dev/shm is memory, so a slow answer means a sick kernel

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from trainwatch.agent.nvml import NvmlBackend
+from trainwatch.host.nvml import NvmlBackend
 from trainwatch.diagnose.redact import redact
 from trainwatch.preflight import gpu, host, network, software, storage
 from trainwatch.preflight.model import GROUPS, Check, Request

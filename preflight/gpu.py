@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import psutil
 
-from trainwatch.agent.nvml import GpuSnapshot, GpuUnavailable, NvmlBackend
+from trainwatch.host.nvml import GpuSnapshot, GpuUnavailable, NvmlBackend
 from trainwatch.preflight.model import Check
 
 GIB = 1 << 30
