@@ -9,11 +9,12 @@ O(steps).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from trainwatch.rundir import RunDir, parse_jsonl_line
+from trainwatch.rundir import MAX_LINE_BYTES, RunDir, SkippedFile, open_run_file, parse_jsonl_line
 
 MAX_POINTS = 2000        # loss / step-time points over wall time
 MAX_BUCKETS = 200        # heatmap columns (step buckets)
@@ -103,7 +104,7 @@ class Series:
 def read_series(run_dir: str | Path) -> Series:
     run = RunDir(run_dir)
     loss = Decimated()
-    for record in _lines(run.metrics_file(0)):
+    for record in _lines(run.metrics_file(0), run.root):
         if record.get("kind") == "step" and _num(record.get("time")) is not None \
                 and isinstance(record.get("step"), int):
             loss.add(float(record["time"]), record["step"], _num(record.get("loss")),
@@ -114,7 +115,7 @@ def read_series(run_dir: str | Path) -> Series:
     buckets = {}
     for rank in ranks:
         b = buckets[rank] = StepBuckets()
-        for record in _lines(run.metrics_file(rank)):
+        for record in _lines(run.metrics_file(rank), run.root):
             seconds = _num(record.get("step_time_seconds"))
             if record.get("kind") == "step" and isinstance(record.get("step"), int) \
                     and seconds is not None:
@@ -123,20 +124,24 @@ def read_series(run_dir: str | Path) -> Series:
     means = {rank: b.means(width) for rank, b in buckets.items()}
     columns = sorted({first for m in means.values() for first in m})
     heatmap = [[means[rank].get(first) for first in columns] for rank in ranks]
-    events = [_trim(e) for e in _lines(run.journal_file)
+    events = [_trim(e) for e in _lines(run.journal_file, run.root)
               if e.get("event") in MARKED_EVENTS and _num(e.get("time")) is not None]
     return Series(loss.finish(), loss.stride, ranks, columns, heatmap, events)
 
 
-def _lines(path: Path) -> Iterator[dict[str, Any]]:
-    """JSON-lines records one at a time; torn or alien lines are skipped (the text
-    report counts them)."""
+def _lines(path: Path, root: Path) -> Iterator[dict[str, Any]]:
+    """JSON-lines records one at a time, through the run directory's hostile-file-safe
+    open; torn, alien or overlong lines are skipped (the text report counts them)."""
     try:
-        fh = open(path, "rb")
-    except OSError:
+        fd, _ = open_run_file(path, root)
+    except (FileNotFoundError, SkippedFile):
         return
-    with fh:
-        for line in fh:
+    with os.fdopen(fd, "rb") as fh:
+        long_line = False
+        for line in iter(lambda: fh.readline(MAX_LINE_BYTES + 1), b""):
+            if long_line or len(line) > MAX_LINE_BYTES:
+                long_line = not line.endswith(b"\n")
+                continue
             record, _ = parse_jsonl_line(line)
             if record is not None:
                 yield record
