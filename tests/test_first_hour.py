@@ -83,24 +83,6 @@ def test_rerunning_the_finished_demo_says_already_complete(demo):
 
 # --------------------------------------------------------------------------- the HTML page
 
-@pytest.fixture(scope="module")
-def recovered_run(tmp_path_factory):
-    """A real run in which rank 1 exits at step 15 and the controller restarts the job from
-    its checkpoint: restarts, an incident and checkpoint saves to draw."""
-    tmp = tmp_path_factory.mktemp("recovered")
-    (tmp / "train.yaml").write_text("train: {steps: 40, batch_size: 4, eval_interval: 1000}\n"
-                                    "checkpoint: {every_steps: 10, fsync: false}\n")
-    run_dir = tmp / "exp"
-    done = subprocess.run(
-        [sys.executable, "-m", "trainwatch", "run", "--nproc-per-node", "2", "--run-dir",
-         str(run_dir), "--config", str(tmp / "train.yaml"), "--max-restarts", "0", "--no-live"],
-        env=_env(tmp, TRAINWATCH_FAULT="exit:rank=1:step=15:launch=1"), capture_output=True,
-        text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "incidents   │ 1:" in done.stdout
-    return run_dir
-
-
 def _browser():
     webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.chrome.service import Service
@@ -121,12 +103,13 @@ def _browser():
 
 
 def test_html_report_renders_every_chart_in_a_real_browser(recovered_run, tmp_path):
+    run_dir, _ = recovered_run
     from PIL import Image
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     page = tmp_path / "report.html"
-    done = subprocess.run([sys.executable, "-m", "trainwatch", "report", str(recovered_run),
+    done = subprocess.run([sys.executable, "-m", "trainwatch", "report", str(run_dir),
                            "--html", str(page)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     text = page.read_text()
