@@ -3,15 +3,20 @@
 Each timing window gives, per rank, its mean per-step *local* time (time outside
 collective phases: what the rank's own speed decides; ``compute + data_wait`` for
 ranks that do not publish it).  Scores are robust: ``ratio`` = local time over the
-median of the other ranks, ``score`` = (local - median) / (1.4826 x MAD).  A rank is
-flagged after ``windows`` consecutive slow windows and clears after ``clear_windows``
-normal ones.  Pure Python on purpose: scoring 4096 ranks takes a few milliseconds and
+median of the other ranks, ``score`` = (local - median) / (1.4826 x MAD).  The verdict
+follows the median of the last ``windows`` windows with hysteresis (flag at ``ratio``
+when that is clear of the rank's own window-to-window noise, clear below
+``clear_ratio``): a rank that stays slow stays flagged through noisy windows, and a
+noisy machine raises the bar instead of the flag.  Worlds of 2-3 ranks have no spread to score against; there the ratio to the
+other ranks' median alone decides (for two ranks: slower than the other one).  Pure Python on purpose: scoring 4096 ranks takes a few milliseconds and
 the agent stays small (no numpy).
 """
 
 from __future__ import annotations
 
 import bisect
+import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -54,6 +59,14 @@ def _floats(values: Any) -> list[float] | None:
     return floats if total - total == 0 else None  # NaN or inf anywhere -> NaN
 
 
+def _jitter(values: Sequence[float]) -> float | None:
+    """Standard deviation of one value from successive differences (robust to level shifts)."""
+    if len(values) < 4:
+        return None
+    diffs = sorted(abs(b - a) for a, b in zip(values, values[1:]))
+    return MAD_SCALE * _median_sorted(diffs) / math.sqrt(2.0)
+
+
 def _median_sorted(values: Sequence[float]) -> float:
     n = len(values)
     mid = n // 2
@@ -94,17 +107,23 @@ def score(values: Sequence[float]) -> Scores:
 
 @dataclass
 class _RankTrack:
-    """A rank's current streak, counted in steps so sparse sampling cannot slow detection.
+    """One rank's (or node's) verdict: a smoothed level with hysteresis, counted in windows.
 
-    The agent may see only some of the windows (fast steps, a 1 s collection
-    interval); a streak spans from the first step of its first slow window to the last
-    step of the latest one, and ``windows`` consecutive windows means that many
-    windows' worth of steps, every observed window slow.
+    ``level`` is the median log-ratio of the last ``windows`` observed windows, so one
+    noisy window neither raises nor drops the flag.  ``noise`` is this rank's own
+    window-to-window jitter (robust: the median absolute difference of successive
+    log-ratios, which a lasting slowdown does not inflate).  The flag goes up when the
+    level reaches ``ratio`` and stands ``noise_sigmas`` standard errors above 1 (and, in
+    worlds of ``min_ranks_for_score`` or more, the median score reaches ``score``); it
+    stays up until the level drops below ``clear_ratio``.
     """
 
+    recent: deque = field(default_factory=lambda: deque(maxlen=64))  # (step, log ratio, z)
+    level: float | None = None          # as a ratio (exp of the median log-ratio)
+    noise: float | None = None          # standard deviation of one window's log-ratio
     slow_windows: int = 0
-    streak_from: int | None = None      # first step of the current slow / normal streak
-    normal_from: int | None = None
+    streak_from: int | None = None      # first step of the current run of slow windows
+    streak_since: float | None = None
     active: bool = False
     since: float | None = None
     since_step: int | None = None
@@ -123,32 +142,41 @@ class JobStragglers:
     last_scores: Scores | None = None
     node_ratio: float | None = None
 
-    def is_slow(self, ratio: float, z: float, world: int) -> bool:
-        if ratio < float(self.options["ratio"]):
-            return False
-        return world < int(self.options["min_ranks_for_score"]) or z >= float(self.options["score"])
-
-    def _advance(self, track: _RankTrack, slow: bool, when: float, step: int,
-                 window_steps: int) -> None:
-        first = step - window_steps + 1
-        if slow:
-            track.normal_from = None
+    def _advance(self, track: _RankTrack, ratio: float, z: float | None, when: float,
+                 step: int, window_steps: int) -> None:
+        opts = self.options
+        n = int(opts["windows"])
+        enter, leave = math.log(float(opts["ratio"])), math.log(float(opts["clear_ratio"]))
+        horizon = step - 64 * window_steps
+        while track.recent and track.recent[0][0] < horizon:
+            track.recent.popleft()  # an agent that missed a long stretch starts afresh
+        track.recent.append((step, math.log(max(ratio, 1e-9)), z))
+        values = [v for _, v, _ in track.recent]
+        last = list(track.recent)[-n:]
+        level = _median_sorted(sorted(v for _, v, _ in last))
+        track.level = math.exp(level)
+        track.noise = _jitter(values)
+        if ratio >= float(opts["clear_ratio"]):
             if track.streak_from is None:
-                track.streak_from, track.since = first, when
-            span = step - track.streak_from + 1
-            track.slow_windows = max(1, span // window_steps)
-            if not track.active and track.slow_windows >= int(self.options["windows"]):
+                track.streak_from, track.streak_since = step - window_steps + 1, when
+            track.slow_windows += 1
+        else:
+            track.streak_from = track.streak_since = None
+            track.slow_windows = 0
+        if not track.active:
+            scores = [v for _, _, v in last if v is not None]
+            z_ok = not scores or _median_sorted(sorted(scores)) >= float(opts["score"])
+            # The median of n windows varies by about 1.25 x noise / sqrt(n).
+            # No verdict before the rank's noise is known (4 windows).
+            if track.noise is not None and level >= enter and z_ok and \
+                    level >= float(opts["noise_sigmas"]) * 1.2533 * track.noise / math.sqrt(
+                        len(last)):
                 track.active, track.detected_at, track.detected_step = True, when, step
-                track.since_step = track.streak_from
-            return
-        track.streak_from, track.slow_windows = None, 0
-        if track.normal_from is None:
-            track.normal_from = first
-        normal = (step - track.normal_from + 1) // window_steps
-        if track.active and normal < int(self.options["clear_windows"]):
-            return
-        track.active, track.since, track.since_step = False, None, None
-        track.detected_at = track.detected_step = None
+                track.since = track.streak_since if track.streak_since is not None else when
+                track.since_step = track.streak_from if track.streak_from is not None else step
+        elif level < leave:
+            track.active, track.since, track.since_step = False, None, None
+            track.detected_at = track.detected_step = None
 
     def update(self, timing: dict[str, Any], local_ranks: Sequence[int], now: float) -> bool:
         """Score a new window; returns False if this window was already seen or unusable."""
@@ -164,19 +192,19 @@ class JobStragglers:
         scores = score(values)
         self.last_scores = scores
         world = len(values)
+        scored = world >= int(self.options["min_ranks_for_score"])
         for rank in local_ranks:
             if 0 <= rank < world:
                 track = self.ranks.setdefault(rank, _RankTrack())
-                slow = self.is_slow(scores.ratio[rank], scores.score[rank], world)
-                self._advance(track, slow, now, step, window_steps)
+                self._advance(track, scores.ratio[rank], scores.score[rank] if scored else None,
+                              now, step, window_steps)
         mine = sorted(values[r] for r in set(local_ranks) if 0 <= r < world)
         others = list(scores.ordered)  # everyone else: the sorted list minus this node's
         for v in mine:
             del others[bisect.bisect_left(others, v)]
         if mine and others:
             self.node_ratio = _median_sorted(mine) / max(_median_sorted(others), 1e-12)
-            self._advance(self.node, self.node_ratio >= float(self.options["ratio"]), now,
-                          step, window_steps)
+            self._advance(self.node, self.node_ratio, None, now, step, window_steps)
         else:
             self.node_ratio = None
         return True
