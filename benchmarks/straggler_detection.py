@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from trainwatch.agent.config import STRAGGLER_DEFAULTS  # noqa: E402
 from trainwatch.agent.straggler import JobStragglers  # noqa: E402
+from trainwatch.contract.timing import summarize  # noqa: E402
 
 RECORDING = REPO / "tests" / "fixtures" / "step-times" / "reference-4rank.json"
 BLOCK = 50
@@ -92,8 +93,10 @@ def replay(stream: list[list[float]], window_steps: int, options: dict[str, Any]
                     else 1.0
                 total += row[r] * factor
             means.append(total / window_steps)
+        # What the agent builds from the ranks' status files (trainwatch.contract.timing).
         tracker.update({"step": end - 1, "window_steps": window_steps, "time": float(end),
-                        "local_seconds": means}, ranks, float(end))
+                        "job": summarize(means), "local": dict(enumerate(means))},
+                       ranks, float(end))
         out.append((end - 1, {r: tracker.ranks[r].active for r in ranks}))
     return out
 

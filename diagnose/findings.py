@@ -12,6 +12,7 @@ import signal
 import statistics
 from typing import Any
 
+from trainwatch.contract.timing import job_window
 from trainwatch.diagnose import agents, causes, collectives, journal, prometheus
 from trainwatch.diagnose.model import Evidence, Finding
 from trainwatch.diagnose.stacks import format_frames, main_stack
@@ -385,22 +386,20 @@ def check_straggler(a: Analysis) -> list[Finding]:
                 f"process group {pg}: rank {rank} enters collectives {late[rank] * 1000:.0f} ms "
                 f"after the first rank (median over recent collectives; others "
                 f"{others * 1000:.0f} ms); step time {step * 1000:.0f} ms"], "high")]
-    timing = next((v["timing"] for v in a.running.values() if v.get("timing")), None)
-    if timing:
-        # Time outside collective phases where the ranks publish it, else compute + data.
-        local = timing.get("local_seconds") or [
-            c + d for c, d in zip(timing.get("compute_seconds") or [],
-                                  timing.get("data_wait_seconds") or [])]
-        if len(local) >= 2:
-            median = statistics.median(local)
-            rank = max(range(len(local)), key=local.__getitem__)
-            if median > 0 and local[rank] / median >= STRAGGLER_TIMING_RATIO and \
-                    rank in a.ev.ranks:
-                data = (timing.get("data_wait_seconds") or [0] * len(local))[rank]
-                cause = " (mostly waiting for data)" if data >= 0.5 * local[rank] else ""
-                return [_straggler(a, rank, [
-                    f"rank {rank} local time {local[rank] * 1000:.0f} ms per step vs job median "
-                    f"{median * 1000:.0f} ms ({local[rank] / median:.2f}x){cause}"], "medium")]
+    window = job_window({r: v.get("timing") for r, v in a.running.items()})
+    if window and window["job"]["ranks"] >= 2:
+        # Time outside collective phases, from the job summary every rank publishes.
+        job = window["job"]
+        rank, slowest, median = job.get("slowest_rank"), job["max"], job["median"]
+        if isinstance(rank, int) and median > 0 and slowest / median >= STRAGGLER_TIMING_RATIO \
+                and rank in a.ev.ranks:
+            own = a.ev.ranks[rank].get("timing") or {}
+            data = own.get("data_wait_seconds") if own.get("step") == window["step"] else None
+            cause = (" (mostly waiting for data)"
+                     if isinstance(data, (int, float)) and data >= 0.5 * slowest else "")
+            return [_straggler(a, rank, [
+                f"rank {rank} local time {slowest * 1000:.0f} ms per step vs job median "
+                f"{median * 1000:.0f} ms ({slowest / median:.2f}x){cause}"], "medium")]
     return []
 
 

@@ -1,33 +1,58 @@
-"""Straggler scoring and flagging on synthetic timing windows (the real run is in e2e)."""
+"""Straggler scoring and flagging on synthetic timing windows (the real run is in e2e).
+
+Windows are built the way the agent builds them: from each local rank's status
+``timing`` (its own means and the job summary the telemetry computes)."""
 
 import math
 import random
 from pathlib import Path
 
 from trainwatch.agent.config import STRAGGLER_DEFAULTS
-from trainwatch.agent.straggler import JobStragglers, local_times, score
+from trainwatch.agent.straggler import JobStragglers, score
+from trainwatch.contract.timing import job_window, own_local_seconds, summarize
 
 
-def window(step, values, window_steps=5):
+def status_timing(step, values, rank, window_steps=5):
     return {"step": step, "window_steps": window_steps, "time": float(step),
-            "compute_seconds": values, "data_wait_seconds": [0.0] * len(values),
-            "local_seconds": values}
+            "compute_seconds": values[rank], "data_wait_seconds": 0.0,
+            "local_seconds": values[rank], "job": summarize(values)}
+
+
+def window(step, values, local_ranks=None, window_steps=5):
+    ranks = range(len(values)) if local_ranks is None else local_ranks
+    return job_window({r: status_timing(step, values, r, window_steps) for r in ranks})
+
+
+def scores_of(values):
+    return score(summarize(values), dict(enumerate(values)))
 
 
 def test_scores_are_robust_and_ratio_uses_the_other_ranks():
     values = [1.0] * 7 + [1.25]
-    s = score(values)
+    s = scores_of(values)
     assert s.median == 1.0
     assert abs(s.ratio[7] - 1.25) < 1e-9 and s.ratio[0] == 1.0
     assert s.score[7] > 3 > abs(s.score[0])
-    two = score([1.0, 1.25])  # two ranks: the ratio still points at the slow one
+    two = scores_of([1.0, 1.25])  # two ranks: the ratio still points at the slow one
     assert abs(two.ratio[1] - 1.25) < 1e-9 and abs(two.ratio[0] - 0.8) < 1e-9
 
 
-def test_local_times_fall_back_to_compute_plus_data_wait():
-    assert local_times({"compute_seconds": [1.0, 2.0], "data_wait_seconds": [0.5, 0.5]}) == [
-        1.5, 2.5]
-    assert local_times({"compute_seconds": "junk"}) is None
+def test_own_local_seconds_fall_back_to_compute_plus_data_wait():
+    assert own_local_seconds({"compute_seconds": 1.0, "data_wait_seconds": 0.5}) == 1.5
+    assert own_local_seconds({"compute_seconds": "junk"}) is None
+    assert own_local_seconds({"local_seconds": float("nan")}) is None
+
+
+def test_window_needs_a_usable_job_summary_and_takes_the_newest():
+    old = status_timing(5, [1.0, 2.0], 0)
+    new = status_timing(10, [1.0, 3.0], 1)
+    w = job_window({0: old, 1: new})
+    assert w["step"] == 10 and w["local"] == {1: 3.0}  # rank 0 is a window behind
+    later = {**status_timing(10, [1.0, 3.0], 0), "time": 10.5}  # its own clock, same window
+    assert job_window({0: later, 1: new})["local"] == {0: 1.0, 1: 3.0}
+    for junk in ("x", None, {"ranks": 2}, {**new["job"], "middle": [2.0, 1.0]},
+                 {**new["job"], "ranks": True}, {**new["job"], "median": "nan"}):
+        assert job_window({1: {**new, "job": junk}}) is None
 
 
 def test_slow_rank_flagged_held_and_cleared_with_hysteresis():
@@ -112,7 +137,7 @@ def test_recorded_step_times_10k_clean_steps_and_a_0_8x_rank():
 
 def test_same_window_is_scored_once():
     tracker = JobStragglers(dict(STRAGGLER_DEFAULTS))
-    w = window(5, [1.0, 1.0, 1.0, 2.0])
+    w = window(5, [1.0, 1.0, 1.0, 2.0], [3])
     assert tracker.update(w, [3], 0) is True
     assert tracker.update(w, [3], 1) is False
     assert tracker.ranks[3].slow_windows == 1 and len(tracker.ranks[3].recent) == 1
@@ -122,7 +147,7 @@ def test_node_straggler_compares_local_ranks_with_the_rest():
     tracker = JobStragglers(dict(STRAGGLER_DEFAULTS))
     for step in (5, 10, 15, 20, 25):
         values = [1.0] * 8 + [1.3] * 8  # this node hosts ranks 8-15, all slow
-        tracker.update(window(step, values), local_ranks=range(8, 16), now=step)
+        tracker.update(window(step, values, range(8, 16)), local_ranks=range(8, 16), now=step)
     assert abs(tracker.node_ratio - 1.3) < 1e-9 and tracker.node.active
     alone = JobStragglers(dict(STRAGGLER_DEFAULTS))
     alone.update(window(5, [1.0, 1.3]), local_ranks=[0, 1], now=0)
@@ -134,8 +159,22 @@ def test_leave_one_out_ratio_matches_brute_force():
     rng = random.Random(3)
     for _ in range(2000):
         values = [rng.choice([1.0, 1.5, 2.0, rng.random()]) for _ in range(rng.randint(1, 12))]
-        got = score(values).ratio
+        got = scores_of(values).ratio
         for i, v in enumerate(values):
             rest = values[:i] + values[i + 1:]
             other = statistics.median(rest) if rest else v
             assert abs(got[i] - (v / other if other > 0 else 1.0)) < 1e-12
+
+
+def test_node_ratio_leaves_out_every_local_rank_exactly():
+    import statistics
+    rng = random.Random(5)
+    for _ in range(500):
+        world = rng.randint(3, 200)
+        values = [rng.choice([1.0, 1.2, rng.random() + 0.5]) for _ in range(world)]
+        local = rng.sample(range(world), rng.randint(1, min(8, world - 1)))
+        tracker = JobStragglers(dict(STRAGGLER_DEFAULTS))
+        tracker.update(window(5, values, local), local_ranks=local, now=0)
+        mine = statistics.median(values[r] for r in local)
+        rest = statistics.median(v for i, v in enumerate(values) if i not in local)
+        assert abs(tracker.node_ratio - mine / rest) < 1e-12

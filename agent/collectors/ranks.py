@@ -18,6 +18,7 @@ from typing import Any
 from trainwatch.host.procinfo import PROCESS_STATES, ProcessTracker
 from trainwatch.agent.registry import Collector, Result, register
 from trainwatch.agent.stall import KNOWN_PHASES
+from trainwatch.contract.timing import job_window
 
 RANK_STATES = ("running", "finished", "failed", "stopped")  # docs/run-directory.md
 _TRAIN_GAUGES = {  # status metrics field -> metric
@@ -85,9 +86,8 @@ class RanksCollector(Collector):
         if records:
             job_name = str(records[0].get("job") or job_name)
         local = self._local(records)
-        timing = max((r["timing"] for r in records if isinstance(r.get("timing"), dict)
-                      and isinstance(r["timing"].get("step"), int)),
-                     key=lambda t: (t["step"], t.get("time") or 0), default=None)
+        # Each local rank carries the job's timing summary: no other node's file is needed.
+        timing = job_window({r["rank"]: r.get("timing") for r in local})
         skipped_by_reason = self._skip_total.get(key, {})
         for reason, count in sorted(skipped_by_reason.items()):
             result.add("trainwatch_collector_status_files_skipped_total", count, job=job_name,
