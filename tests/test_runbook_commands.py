@@ -42,6 +42,7 @@ SITUATION = {
 # Sections whose commands act on a job that is not running (they restart it).
 STOPPED_JOB_SECTIONS = ("Restart by hand",)
 ANSWERS_1 = ("trainwatch diagnose", "trainwatch checkpoint verify")
+SILENT = ("touch ",)  # acts, prints nothing by design
 
 
 def _systemd_unit() -> bool:
@@ -65,7 +66,7 @@ def commands(name: str) -> list[tuple[str, str]]:
     """(section, command) for every shell line of a runbook, comments and blanks dropped."""
     out, section = [], ""
     text = runbooks.text(name)
-    for block in re.finditer(r"^## (.+)$|^```(?:sh|bash)\n(.*?)^```", text, re.M | re.S):
+    for block in re.finditer(r"^## ([^\n]+)$|^```(?:sh|bash)\n(.*?)^```", text, re.M | re.S):
         if block.group(1):
             section = block.group(1).strip()
             continue
@@ -170,7 +171,7 @@ def _run(command: str, run_dir: Path, cwd: Path) -> tuple[str | None, str]:
         out, err = err, ""
     if err.strip() and not command.startswith("trainwatch "):
         return "wrote to stderr", shown
-    if not out.strip():
+    if not out.strip() and not command.startswith(SILENT):
         return "printed nothing (matched nothing?)", shown
     return None, shown
 
