@@ -15,7 +15,7 @@ import pytest
 
 from conftest import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # fixtures start real runs
 
 
 def _env(tmp_path, **extra):

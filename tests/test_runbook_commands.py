@@ -26,7 +26,7 @@ from conftest import REPO, kill_tree, torchrun_env
 from trainwatch import runbooks
 from trainwatch.rundir import RunDir
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # fixtures start real runs
 
 SITUATION = {
     "recovered": ["TrainingRankDown", "TrainingRestartLoop", "TrainingStartupFailed",
@@ -142,10 +142,10 @@ def situations(recovered_run, stalled_run):
     common = {"<rank>": "1", "<local-rank>": "1", "<nproc>": "2", "<collector>": "ranks",
               "<device>": _default_device()}
     return {
-        "recovered": (recovered, {**common, "<job>": recovered.name,
+        "recovered": (recovered, {**common, "<job>": recovered.name, "<run>": recovered.name,
                                   "<mountpoint>": _mountpoint(recovered),
                                   "<options>": " ".join(options)}),
-        "stalled": (stalled, {**common, **live, "<job>": stalled.name,
+        "stalled": (stalled, {**common, **live, "<job>": stalled.name, "<run>": stalled.name,
                               "<mountpoint>": _mountpoint(stalled)}),
     }
 
