@@ -26,6 +26,7 @@ from rich.logging import RichHandler
 from rich.table import Table
 from rich.text import Text
 
+from trainwatch.agent.config import load_config as load_agent_config
 from trainwatch.alerts.actions import ActionRunner, Policy
 from trainwatch.alerts.controller import JobController, train_command
 from trainwatch.alerts.engine import Engine
@@ -37,6 +38,9 @@ from trainwatch.alerts.rules import load_rules
 from trainwatch.alerts.scrape import Scraper
 from trainwatch.alerts.silences import Silences
 from trainwatch.alerts.supervise import Supervisor
+from trainwatch.contract.layout import AGENT_LOG, JOB_LOG
+from trainwatch.contract.ports import LOOPBACK
+from trainwatch.contract.stall import RECORD_KEY as STALL_RECORD_KEY
 from trainwatch.errors import ConfigError
 from trainwatch.proctree import stop
 from trainwatch.rundir import RunDir
@@ -48,17 +52,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _agent_available() -> bool:
-    from trainwatch.cli import COMMANDS
-    return "agent" in COMMANDS
-
-
 def start_agent(run: RunDir, port: int, config: str | None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "trainwatch", "agent", "--run-dir", str(run.root),
-           "--listen", f"127.0.0.1:{port}"]
+           "--listen", f"{LOOPBACK}:{port}"]
     if config:
         cmd += ["--config", str(config)]
-    with open(run.logs_dir / "agent.log", "ab") as log:
+    with open(run.logs_dir / AGENT_LOG, "ab") as log:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
 
@@ -145,9 +144,9 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     ruleset = load_rules(rules_file, thresholds_file)  # bad rules: exit 2 before anything runs
     if nproc_per_node < 1:
         raise ConfigError(f"must be at least 1, got {nproc_per_node}", key="--nproc-per-node")
-    if agent_config and _agent_available():
-        from trainwatch.agent.config import load_config as load_agent_config
-        load_agent_config(agent_config, run_dirs=[run_dir])  # else the agent dies unseen
+    # Validated here, or a bad file would make the agent die unseen; its stall options are
+    # recorded with the run, so report and diagnose judge stalls as this agent did.
+    stall = load_agent_config(agent_config, run_dirs=[run_dir]).stall
     run_ = RunDir(run_dir).create()
     interval = parse_duration(ruleset.thresholds["evaluation_interval"])
     history = History()
@@ -155,18 +154,12 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     notifiers += [WebhookNotifier(url) for url in webhook]
     if alertmanager:
         notifiers.append(AlertmanagerNotifier(alertmanager))
-    silences = Silences(run_.root / "alerts" / "silences.json")
+    silences = Silences(run_.silences_file)
     engine = Engine(ruleset, history, silences=silences, notifiers=notifiers)
-    agent_proc = None
-    targets = []
-    if _agent_available():
-        port = _free_port()
-        agent_proc = start_agent(run_, port, agent_config)
-        targets.append(f"127.0.0.1:{port}")
-    else:
-        click.echo("trainwatch agent is not installed: alerts that need its metrics are blind",
-                   err=True)
-    loop = EngineLoop(engine, Scraper(history, targets) if targets else None, interval)
+    port = _free_port()
+    agent_proc = start_agent(run_, port, agent_config)
+    targets = [f"{LOOPBACK}:{port}"]
+    loop = EngineLoop(engine, Scraper(history, targets), interval)
     controller = JobController(run_.root, train_command(run_.root, nproc_per_node, config=config,
                                                    steps=steps, overrides=list(overrides),
                                                    max_restarts=max_restarts))
@@ -176,7 +169,8 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     connect_actions(engine, runner, loop)
     supervisor = Supervisor(controller, runner)
     run_.append_event("controller_started", "engine", nproc_per_node=nproc_per_node,
-                      agent=targets, rules=len(ruleset.rules), dry_run=dry_run)
+                      agent=targets, rules=len(ruleset.rules), dry_run=dry_run,
+                      **{STALL_RECORD_KEY: stall})
     started = time.time()
     interrupted = False
     # SIGTERM stops everything as cleanly as Ctrl-C does (trainwatch.cli.main makes sure
@@ -184,8 +178,7 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         controller.start("trainwatch run")
-        if agent_proc is not None:
-            wait_for_agent(agent_proc, targets[0])
+        wait_for_agent(agent_proc, targets[0])
         loop.start()
         supervisor.start()
         if no_live:
@@ -205,15 +198,14 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
         loop.tick()  # a last evaluation, so what ended the run (e.g. the guard) is announced
         if controller.alive():
             controller.stop("interrupted" if interrupted else "controller stopped")
-        if agent_proc is not None:
-            stop(agent_proc)
+        stop(agent_proc)
         code = 130 if interrupted else (supervisor.exit_code or 0)
         run_.append_event("controller_stopped", "engine", exit_code=code,
                           interrupted=interrupted, seconds=round(time.time() - started, 3),
                           actions=len(run_.events("action_taken")))
     if code == 2:
         raise ConfigError("the training job rejected its input (exit 2); "
-                          f"{_last_lines(run_.logs_dir / 'job.log')}")
+                          f"{_last_lines(run_.logs_dir / JOB_LOG)}")
     if code and code != 130:
         skipped = run_.events("action_skipped")
         why = f": {skipped[-1].get('reason')}" if skipped else ""

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from trainwatch.agent.collectors.ranks import RANK_STATES
-from trainwatch.host.procinfo import PROCESS_STATES
+from trainwatch.contract.states import PROCESS_STATES, RANK_STATES
 from trainwatch.alerts.rules import load_thresholds
 from trainwatch.dashboards.panels import Board, flags, states, target
 

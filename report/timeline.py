@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainwatch.contract.layout import TORCHRUN_LOG
 from trainwatch.errors import ConfigError
 from trainwatch.rundir import ReadResult, RunDir, Skipped
 
@@ -161,7 +162,7 @@ def _rank0_metrics(run: RunDir) -> tuple[list[StepExec], list[tuple[int, float]]
 def _torchrun_exits(run: RunDir) -> list[dict[str, Any]]:
     """Workers torchrun reported as failed (exit code, local rank, pid); [] without its log."""
     try:
-        text = (run.logs_dir / "torchrun.log").read_text(errors="replace")
+        text = (run.logs_dir / TORCHRUN_LOG).read_text(errors="replace")
     except OSError:
         return []
     return [{"exitcode": int(code), "local_rank": int(local), "pid": int(pid)}

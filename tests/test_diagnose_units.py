@@ -15,7 +15,7 @@ import pytest
 from trainwatch.diagnose import collectives, findings
 from trainwatch.diagnose.gather import Options, gather
 from trainwatch.diagnose.model import Evidence
-from trainwatch.diagnose.redact import MASK, redact, redact_env, redact_text
+from trainwatch.redact import MASK, redact, redact_env, redact_text
 from trainwatch.rundir import RunDir
 
 

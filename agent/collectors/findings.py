@@ -12,7 +12,8 @@ from collections import deque
 from typing import Any
 
 from trainwatch.agent.registry import Collector, Result, register
-from trainwatch.agent.stall import STALL_KINDS, StallDetector
+from trainwatch.agent.stall import StallDetector
+from trainwatch.contract.states import STALL_KINDS
 from trainwatch.agent.straggler import JobStragglers, local_times
 
 _THERMAL = ("hw_thermal", "sw_thermal")

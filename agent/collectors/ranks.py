@@ -15,11 +15,10 @@ import time
 from collections import deque
 from typing import Any
 
-from trainwatch.host.procinfo import PROCESS_STATES, ProcessTracker
+from trainwatch.host.procinfo import ProcessTracker
 from trainwatch.agent.registry import Collector, Result, register
-from trainwatch.agent.stall import KNOWN_PHASES
+from trainwatch.contract.states import KNOWN_PHASES, PROCESS_STATES, RANK_STATES
 
-RANK_STATES = ("running", "finished", "failed", "stopped")  # docs/run-directory.md
 _TRAIN_GAUGES = {  # status metrics field -> metric
     "loss": "trainwatch_train_loss", "grad_norm": "trainwatch_train_grad_norm",
     "lr": "trainwatch_train_learning_rate",
