@@ -19,18 +19,13 @@ from typing import Any, Callable
 import psutil
 
 from trainwatch.drill.findings import FindingsWatcher
+from trainwatch.drill.record import RECORD_FORMAT, RECORD_VERSION, record_file
 from trainwatch.drill.settings import DrillSettings, write_files
 from trainwatch.contract.env import FAULT_ENV, LAUNCH_ENV
 from trainwatch.proctree import stop, wait_gone
 from trainwatch.rundir import RunDir, atomic_write_json
 
-RECORD_FORMAT = "trainwatch.drill.record"
-RECORD_VERSION = 1
 STOP_GRACE_SECONDS = 60.0  # `trainwatch run` stops its job gracefully first (SIGTERM, save)
-
-
-def record_file(run_dir: str | Path) -> Path:
-    return RunDir(run_dir).drill_dir / "drill.json"
 
 
 def fresh_run_dir(out: Path, name: str) -> Path:
