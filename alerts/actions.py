@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainwatch.alerts.controller import JobController
+from trainwatch.contract.metrics import RUN_LABEL
 from trainwatch.rundir import RunDir, atomic_write_json, read_jsonl
 
 log = logging.getLogger(__name__)
@@ -135,9 +136,9 @@ class ActionRunner:
             return outcome
 
     def _decide_and_act(self, req: ActionRequest, ledger: dict[str, Any]) -> Outcome:
-        job = req.labels.get("job")
-        if job is not None and job != self.job:
-            return self._skip(req, f"alert is for job {job!r}, this controller runs {self.job!r}")
+        run = req.labels.get(RUN_LABEL)
+        if run is not None and run != self.job:
+            return self._skip(req, f"alert is for run {run!r}, this controller runs {self.job!r}")
         if (self.run.control_dir / "hold-actions").exists():
             return self._skip(req, "held: control/hold-actions exists")
         if self.silences is not None and self.silences.matching(req.labels, self.clock()):

@@ -89,7 +89,7 @@ class RanksCollector(Collector):
                       and isinstance(r["timing"].get("step"), int)),
                      key=lambda t: (t["step"], t.get("time") or 0), default=None)
         result.add("trainwatch_collector_status_files_skipped_total",
-                   self._skip_total.get(key, 0), job=job_name, node=self.ctx.node)
+                   self._skip_total.get(key, 0), run=job_name, node=self.ctx.node)
         ranks = []
         env: dict[int, dict[str, str]] = {}
         for status in sorted(local, key=lambda r: r["rank"]):
@@ -122,7 +122,7 @@ class RanksCollector(Collector):
         facts = [r["checkpoint"] for r in local if isinstance(r.get("checkpoint"), dict)]
         if not facts:
             return
-        labels = {"job": job, "node": self.ctx.node}
+        labels = {"run": job, "node": self.ctx.node}
         for field, metric in _CHECKPOINT_COUNTERS.items():
             values = [_num(f.get(field)) for f in facts]
             result.add(metric, max((v for v in values if v is not None), default=None),
@@ -166,7 +166,7 @@ class RanksCollector(Collector):
             seen.clear()
 
     def _rank(self, s: dict[str, Any], now: float, job: str, result: Result) -> dict[str, Any]:
-        labels = {"job": job, "node": self.ctx.node, "rank": s["rank"],
+        labels = {"run": job, "node": self.ctx.node, "rank": s["rank"],
                   "local_rank": s.get("local_rank", "")}
         metrics = s.get("metrics") if isinstance(s.get("metrics"), dict) else {}
         counters = s.get("counters") if isinstance(s.get("counters"), dict) else {}
