@@ -76,10 +76,13 @@ def test_ranks_skips_and_counts_torn_and_alien_status_files(tmp_path):
     ranks = collector(ctx, "ranks")
     first = ranks.collect()
     second = ranks.collect()  # the same bad files again: not counted twice
-    assert value(second, "trainwatch_collector_status_files_skipped_total", run="exp") == 3
+    skipped = samples(second, "trainwatch_collector_status_files_skipped_total")
+    assert {dict(k)["reason"]: v for k, v in skipped.items()} == {
+        "not_json": 1, "alien_format": 1, "unsupported_version": 1}
     (run.status_dir / "rank-00001.json").write_text("garbage, new version of the file")
     third = ranks.collect()
-    assert value(third, "trainwatch_collector_status_files_skipped_total", run="exp") == 4
+    assert value(third, "trainwatch_collector_status_files_skipped_total", run="exp",
+                 reason="not_json") == 2
     job = third.data["jobs"][0]
     assert [r["rank"] for r in job["ranks"]] == [0]
     assert {Path(s["path"]).name for s in job["skipped"]} >= {"rank-00002.json"}
@@ -287,11 +290,10 @@ def test_gpu_straggler_cause_comes_from_clock_events(tmp_path):
     publish(ctx, "gpu", Result(data={"gpus": [{"index": 0, "pids": [42], "clock_events": {
         "hw_thermal": True, "gpu_idle": False}}]}))
     findings = FindingsCollector(ctx, ctx.config.collector("findings"))
-    timing = {"local_seconds": [1.0, 1.3], "data_wait_seconds": [0.0, 0.0]}
+    timing = {"local": {1: 1.3}, "data_wait": {1: 0.0}}
     cause, evidence = findings._cause({"timing": timing}, {"rank": 1, "pid": 42})
     assert cause == "gpu_thermal" and "hw_thermal" in evidence[0]
-    cause, _ = findings._cause({"timing": {"local_seconds": [1.0, 1.3],
-                                           "data_wait_seconds": [0.0, 0.9]}},
+    cause, _ = findings._cause({"timing": {"local": {1: 1.3}, "data_wait": {1: 0.9}}},
                                {"rank": 1, "pid": 7})
     assert cause == "data_wait"
     cause, _ = findings._cause({"timing": timing},
