@@ -19,6 +19,7 @@ from trainwatch.host.procinfo import PROCESS_STATES, ProcessTracker
 from trainwatch.agent.registry import Collector, Result, register
 from trainwatch.agent.stall import KNOWN_PHASES
 from trainwatch.contract.timing import job_window
+from trainwatch.rundir import SKIP_REASONS
 
 RANK_STATES = ("running", "finished", "failed", "stopped")  # docs/run-directory.md
 _TRAIN_GAUGES = {  # status metrics field -> metric
@@ -89,9 +90,11 @@ class RanksCollector(Collector):
         # Each local rank carries the job's timing summary: no other node's file is needed.
         timing = job_window({r["rank"]: r.get("timing") for r in local})
         skipped_by_reason = self._skip_total.get(key, {})
-        for reason, count in sorted(skipped_by_reason.items()):
-            result.add("trainwatch_collector_status_files_skipped_total", count, run=job_name,
-                       node=self.ctx.node, reason=reason)
+        # Every reason from 0, so increase() sees the first skip (a counter born at 1 shows none).
+        for reason in SKIP_REASONS:
+            result.add("trainwatch_collector_status_files_skipped_total",
+                       skipped_by_reason.get(reason, 0), run=job_name, node=self.ctx.node,
+                       reason=reason)
         ranks = []
         env: dict[int, dict[str, str]] = {}
         for status in sorted(local, key=lambda r: r["rank"]):
