@@ -58,7 +58,7 @@ def build(runbook_base: str) -> dict:
     b.table("Flagged stragglers and likely cause",
             target(f"{b.sel('trainwatch_straggler_info')} == 1", table=True),
             description="The likely cause from node evidence: gpu_thermal, gpu_power, "
-                        "gpu_throttle, cpu_contention, data_wait, network_errors or unknown.",
+                        "gpu_throttle, cpu_contention, storage, data_wait, network_errors or unknown.",
             alerts=("TrainingStragglerRank",), w=6)
 
     b.row("Stalls")

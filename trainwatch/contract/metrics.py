@@ -128,16 +128,19 @@ _SPECS = [
        "Robust z-score of the rank's per-step local time against the job (median/MAD).",
        RUN_RANK),
     _m("trainwatch_straggler_time_ratio", "gauge",
-       "Rank's per-step local time divided by the job median (1 = typical, 1.25 = 0.8x speed).",
+       "Rank's per-step local time divided by the median of the other ranks, the median of "
+       "the last few timing windows: the level the straggler verdict follows "
+       "(1 = typical, 1.25 = 0.8x speed).",
        RUN_RANK, "ratio"),
     _m("trainwatch_straggler_slow_windows", "gauge",
-       "Consecutive timing windows in which the rank was slow.", RUN_RANK),
+       "Consecutive timing windows in which the rank was slower than straggler.clear_ratio.",
+       RUN_RANK),
     _m("trainwatch_straggler_active", "gauge",
        "1 while the rank is flagged as a straggler, else 0.", RUN_RANK),
     _m("trainwatch_straggler_info", "info",
        "1 while the rank is flagged; cause is the likely reason from node evidence "
-       "(gpu_thermal, gpu_power, gpu_throttle, cpu_contention, data_wait, network_errors, "
-       "unknown).", RUN_RANK + ("cause",)),
+       "(gpu_thermal, gpu_power, gpu_throttle, cpu_contention, storage, data_wait, "
+       "network_errors, unknown).", RUN_RANK + ("cause",)),
     _m("trainwatch_straggler_node_time_ratio", "gauge",
        "Median local time of this node's ranks divided by the job median.", RUN_NODE, "ratio"),
     _m("trainwatch_straggler_node_active", "gauge",
