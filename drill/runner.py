@@ -20,18 +20,13 @@ import psutil
 
 from trainwatch.alerts.controller import LAUNCH_ENV
 from trainwatch.drill.findings import FindingsWatcher
+from trainwatch.drill.record import RECORD_FORMAT, RECORD_VERSION, record_file
 from trainwatch.drill.settings import DrillSettings, write_files
 from trainwatch.proctree import stop, wait_gone
 from trainwatch.rundir import RunDir, atomic_write_json
 from trainwatch.trainer.faults import ENV as FAULT_ENV
 
-RECORD_FORMAT = "trainwatch.drill.record"
-RECORD_VERSION = 1
 STOP_GRACE_SECONDS = 60.0  # `trainwatch run` stops its job gracefully first (SIGTERM, save)
-
-
-def record_file(run_dir: str | Path) -> Path:
-    return RunDir(run_dir).root / "drill" / "drill.json"
 
 
 def fresh_run_dir(out: Path, name: str) -> Path:

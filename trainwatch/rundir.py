@@ -331,25 +331,25 @@ def line_skip_code(reason: str) -> str:
             "not a JSON object": "not_object"}.get(reason, "unsupported_version")
 
 
-def read_jsonl(path: str | Path, root: str | Path | None = None, *,
-               max_line_bytes: int = MAX_LINE_BYTES) -> ReadResult:
-    """Read a JSON-lines file, skipping (and reporting) torn, alien or overlong lines."""
-    result = ReadResult()
+def iter_jsonl(path: str | Path, skipped: list[Skipped], root: str | Path | None = None, *,
+               max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Stream a JSON-lines file as (line number, record), appending torn, alien or overlong
+    lines to ``skipped``: memory stays one line, however long the file."""
     try:
         fd, _ = open_run_file(path, root)
     except FileNotFoundError:
-        return result
+        return
     except SkippedFile as exc:
-        result.skipped.append(Skipped(str(path), exc.detail, code=exc.reason))
-        return result
+        skipped.append(Skipped(str(path), exc.detail, code=exc.reason))
+        return
     with os.fdopen(fd, "rb") as fh:
         lineno, long_line = 0, False
         while True:
             try:
                 line = fh.readline(max_line_bytes + 1)
             except OSError as exc:
-                result.skipped.append(Skipped(str(path), f"unreadable ({exc.strerror or exc})",
-                                              code="unreadable"))
+                skipped.append(Skipped(str(path), f"unreadable ({exc.strerror or exc})",
+                                       code="unreadable"))
                 break
             if not line:
                 break
@@ -359,15 +359,22 @@ def read_jsonl(path: str | Path, root: str | Path | None = None, *,
             lineno += 1
             if len(line) > max_line_bytes:
                 long_line = not line.endswith(b"\n")
-                result.skipped.append(Skipped(str(path), f"line longer than {max_line_bytes} "
-                                              "bytes", lineno, code="too_large"))
+                skipped.append(Skipped(str(path), f"line longer than {max_line_bytes} "
+                                       "bytes", lineno, code="too_large"))
                 continue
             obj, reason = parse_jsonl_line(line)
             if reason is not None:
-                result.skipped.append(Skipped(str(path), reason, lineno,
-                                              code=line_skip_code(reason)))
+                skipped.append(Skipped(str(path), reason, lineno, code=line_skip_code(reason)))
             elif obj is not None:
-                result.records.append(obj)
+                yield lineno, obj
+
+
+def read_jsonl(path: str | Path, root: str | Path | None = None, *,
+               max_line_bytes: int = MAX_LINE_BYTES) -> ReadResult:
+    """Read a JSON-lines file, skipping (and reporting) torn, alien or overlong lines."""
+    result = ReadResult()
+    result.records = [obj for _, obj in iter_jsonl(path, result.skipped, root,
+                                                   max_line_bytes=max_line_bytes)]
     return result
 
 
