@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from trainwatch.alerts.controller import JobController
 from trainwatch.contract.layout import CONTROL_CHECKPOINT, CONTROL_DIR, CONTROL_HOLD_ACTIONS
+from trainwatch.contract.metrics import RUN_LABEL
 from trainwatch.errors import FormatError
 from trainwatch.rundir import RunDir, atomic_write_json, read_run_file
 
@@ -137,9 +138,9 @@ class ActionRunner:
             return outcome
 
     def _decide_and_act(self, req: ActionRequest, ledger: dict[str, Any]) -> Outcome:
-        job = req.labels.get("job")
-        if job is not None and job != self.job:
-            return self._skip(req, f"alert is for job {job!r}, this controller runs {self.job!r}")
+        run = req.labels.get(RUN_LABEL)
+        if run is not None and run != self.job:
+            return self._skip(req, f"alert is for run {run!r}, this controller runs {self.job!r}")
         if self.run.hold_actions_file.exists():
             return self._skip(req, f"held: {CONTROL_DIR}/{CONTROL_HOLD_ACTIONS} exists")
         if self.silences is not None and self.silences.matching(req.labels, self.clock()):

@@ -141,7 +141,7 @@ def _with_silence_file(fn):
 @click.option("--comment", default="", help="Why (shown in the journal and `list`).")
 @click.option("--author", default="", help="Who.")
 def silence_add(run_dir, file, matchers, duration, comment, author) -> None:
-    """Silence alerts matching label=value MATCHERS (e.g. alertname=TrainingStalled job=exp1)."""
+    """Silence alerts matching label=value MATCHERS (e.g. alertname=TrainingStalled run=exp1)."""
     from trainwatch.alerts.silences import parse_matchers
     try:
         seconds = parse_duration(duration)

@@ -218,7 +218,7 @@ class JournalCollector(Collector):
     def _export(self, tail: _Tail, job: str, result: Result) -> None:
         """Every counter of the run, the rules' alerts and the known actions at 0 too: a
         series that appears only at its first event hides that event from increase()."""
-        labels = {"job": job, "node": self.ctx.node}
+        labels = {"run": job, "node": self.ctx.node}
         for name, severity in sorted(set(self.rule_alerts) | set(tail.alerts)):
             result.add("trainwatch_alert_fired_total", tail.alerts[(name, severity)], **labels,
                        alertname=name, severity=severity)

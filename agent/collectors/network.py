@@ -96,7 +96,7 @@ class NetworkCollector(Collector):
         out = []
         for job, role, peer in dict.fromkeys(targets):
             host, _, port = peer.rpartition(":")
-            lab = {"node": self.ctx.node, "job": job, "role": role, "peer": peer}
+            lab = {"node": self.ctx.node, "run": job, "role": role, "peer": peer}
             entry: dict[str, Any] = {"job": job, "role": role, "peer": peer, "up": False,
                                      "connect_seconds": None, "error": None}
             try:

@@ -110,14 +110,14 @@ class StorageCollector(Collector):
             mount = mount_of(os.path.abspath(path), mounts)
             if mount is not None:
                 entry["mountpoint"] = mount[1]
-                result.add("trainwatch_storage_probe_success", 0, node=self.ctx.node, job=job,
+                result.add("trainwatch_storage_probe_success", 0, node=self.ctx.node, run=job,
                            role=role, mountpoint=mount[1])
             return entry
         mount = mount_of(real, mounts)
         mountpoint = mount[1] if mount else "/"
         if mount and mount[0].startswith("/dev/"):
             devices.add(os.path.basename(mount[0]))
-        lab = {"node": self.ctx.node, "job": job, "role": role, "mountpoint": mountpoint}
+        lab = {"node": self.ctx.node, "run": job, "role": role, "mountpoint": mountpoint}
         size, free = vfs.f_blocks * vfs.f_frsize, vfs.f_bavail * vfs.f_frsize
         readonly = bool(vfs.f_flag & os.ST_RDONLY)
         history = self.history.setdefault(path, deque(maxlen=240))
