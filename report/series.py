@@ -9,12 +9,11 @@ O(steps).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from trainwatch.rundir import MAX_LINE_BYTES, RunDir, SkippedFile, open_run_file, parse_jsonl_line
+from trainwatch.rundir import RunDir, iter_jsonl
 
 MAX_POINTS = 2000        # loss / step-time points over wall time
 MAX_BUCKETS = 200        # heatmap columns (step buckets)
@@ -130,21 +129,17 @@ def read_series(run_dir: str | Path) -> Series:
 
 
 def _lines(path: Path, root: Path) -> Iterator[dict[str, Any]]:
-    """JSON-lines records one at a time, through the run directory's hostile-file-safe
-    open; torn, alien or overlong lines are skipped (the text report counts them)."""
-    try:
-        fd, _ = open_run_file(path, root)
-    except (FileNotFoundError, SkippedFile):
-        return
-    with os.fdopen(fd, "rb") as fh:
-        long_line = False
-        for line in iter(lambda: fh.readline(MAX_LINE_BYTES + 1), b""):
-            if long_line or len(line) > MAX_LINE_BYTES:
-                long_line = not line.endswith(b"\n")
-                continue
-            record, _ = parse_jsonl_line(line)
-            if record is not None:
-                yield record
+    """JSON-lines records one at a time through the run directory's hostile-file-safe
+    reader; torn, alien or overlong lines are skipped (the text report counts them)."""
+    for _, record in iter_jsonl(path, _Uncounted(), root):
+        yield record
+
+
+class _Uncounted(list):
+    """A skipped-lines sink that keeps nothing: a hostile file cannot grow it."""
+
+    def append(self, _item: object) -> None:
+        pass
 
 
 def _trim(event: dict[str, Any]) -> dict[str, Any]:
