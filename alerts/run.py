@@ -120,6 +120,8 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
                         overrides=list(overrides), steps=steps,
                         agent_config=agent_config)
     console = Console()
+    if not console.is_terminal:  # logs and pipes: lines long enough not to break commands
+        console = Console(width=120)
     if plan.already_complete:
         console.print(ALREADY_COMPLETE, highlight=False)
         render_summary(summarize(run_dir, "already complete", plan.target_steps), console)

@@ -125,7 +125,7 @@ def stalled_run(tmp_path_factory):
         port = re.search(r"agent http://127\.0\.0\.1:(\d+)", log.read_text()).group(1)
         pids = {s["rank"]: s["pid"] for s in run.statuses().records}
         yield run.root, {"<pid>": str(pids[1]), "<instance>": f"127.0.0.1:{port}",
-                         "<agent-port>": port}
+                         "<agent-port>": port}, (proc, log)
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -138,7 +138,7 @@ def stalled_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def situations(recovered_run, stalled_run):
     recovered, options = recovered_run
-    stalled, live = stalled_run
+    stalled, live, _ = stalled_run
     common = {"<rank>": "1", "<local-rank>": "1", "<nproc>": "2", "<collector>": "ranks",
               "<device>": _default_device()}
     return {
@@ -228,3 +228,15 @@ def test_runbook_renders_formatted_on_a_terminal_and_raw_when_asked():
     piped = subprocess.run([sys.executable, "-m", "trainwatch", "runbook", "TrainingRankDown"],
                            capture_output=True, text=True, timeout=60)
     assert piped.stdout == runbooks.text("TrainingRankDown")
+
+
+def test_ctrl_c_ends_the_stalled_run_with_a_summary_naming_its_checkpoint(stalled_run):
+    """Last in this module: it stops the stalled run the runbook tests used."""
+    run_dir, _, (proc, log) = stalled_run
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130
+    out = log.read_text()
+    assert f"trainwatch run interrupted: {run_dir}" in out
+    assert re.search(r"checkpoints +│ \d+, newest at step \d+ \((saved on stop: )?the same "
+                     r"command resumes from it\)", out), out[-2000:]
+    assert f"trainwatch diagnose {run_dir}" in out
