@@ -10,10 +10,10 @@ from pathlib import Path
 
 import click
 
+from trainwatch.contract.env import RECEIVER_TOKEN_ENV as TOKEN_ENV
 from trainwatch.errors import ConfigError
 
 FORMAT = "trainwatch.rehearsal"
-TOKEN_ENV = "TRAINWATCH_RECEIVER_TOKEN"
 MARK = {"PASS": "PASS", "WARN": "WARN", "FAIL": "FAIL", "SKIP": "skip"}
 
 

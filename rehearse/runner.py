@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainwatch.contract.env import FAULT_ENV, REHEARSAL_ENV, RUN_DIR_ENV
 from trainwatch.rehearse.checks import Check
 from trainwatch.rehearse.memory import MALLOC_ENV
 from trainwatch.rehearse import probes
@@ -60,11 +61,11 @@ def start_agent(run: RunDir) -> tuple[subprocess.Popen, str]:
 
 def job_env(run: RunDir, nproc: int) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"TRAINWATCH_RUN_DIR": str(run.root.resolve()), "TRAINWATCH_REHEARSAL": "1",
+    env.update({RUN_DIR_ENV: str(run.root.resolve()), REHEARSAL_ENV: "1",
                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "TMPDIR": str(run.tmp_dir.resolve()),
                 **MALLOC_ENV})
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    env.pop("TRAINWATCH_FAULT", None)
+    env.pop(FAULT_ENV, None)
     return env
 
 
