@@ -547,8 +547,8 @@ def test_prom_textfile_passes_promtool_and_uses_only_contract_names(tmp_path):
     text = out.read_text()
     names = set(re.findall(r"^(trainwatch_[a-z_]+)[{ ]", text, re.M))
     assert names and names <= {n for n in METRICS if n.startswith("trainwatch_cost_")}
-    assert 'trainwatch_cost_incidents{job="synth"} 1.0' in text
-    assert re.search(r'trainwatch_cost_badput_seconds\{category="recomputed",job="synth"\} 5\.0',
+    assert 'trainwatch_cost_incidents{run="synth"} 1.0' in text
+    assert re.search(r'trainwatch_cost_badput_seconds\{category="recomputed",run="synth"\} 5\.0',
                      text)
     goodput = float(re.search(r"^trainwatch_cost_goodput_ratio\S* (\S+)$", text, re.M)[1])
     assert goodput == near(data["goodput_ratio"])

@@ -13,8 +13,9 @@ from collections import deque
 from typing import Any
 
 from trainwatch.agent.registry import Collector, Result, register
-from trainwatch.agent.stall import STALL_KINDS, StallDetector
+from trainwatch.agent.stall import StallDetector
 from trainwatch.agent.straggler import JobStragglers
+from trainwatch.contract.states import STALL_KINDS
 
 _THERMAL = ("hw_thermal", "sw_thermal")
 _POWER = ("hw_power_brake", "sw_power_cap")
@@ -50,7 +51,7 @@ class FindingsCollector(Collector):
             for rank in job["ranks"]:
                 key = (job["job"], rank["rank"], rank.get("pid"))
                 keep.add(key)
-                labels = {"job": job["job"], "node": self.ctx.node, "rank": rank["rank"],
+                labels = {"run": job["job"], "node": self.ctx.node, "rank": rank["rank"],
                           "local_rank": rank.get("local_rank", "")}
                 verdict = self._stall(key, job, rank, labels, now, result, current)
                 straggler = self._straggler(tracker, job, rank, labels, result, current)
@@ -138,7 +139,7 @@ class FindingsCollector(Collector):
         return summary
 
     def _node_straggler(self, tracker, job, result, current) -> dict[str, Any] | None:
-        labels = {"job": job["job"], "node": self.ctx.node}
+        labels = {"run": job["job"], "node": self.ctx.node}
         if tracker.node_ratio is None:
             return None
         result.add("trainwatch_straggler_node_time_ratio", tracker.node_ratio, **labels)
