@@ -7,7 +7,7 @@ A model plus AdamW state of about ``--mb`` MB (default 128) is saved through
 ``Checkpointer.after_step`` in both modes, side by side, on the disk holding ``DIR``
 (default: a temporary folder in the current directory).  "Blocked" is the time
 ``after_step`` takes to return: for sync the whole write, for async the gather and the
-copy to host memory.  The goal (issue 3): async blocks at most 10 % of sync.  Write
+copy to host memory.  The goal: async blocks at most 10 % of sync.  Write
 throughput is compared with a plain sequential write + fsync of the same number of bytes
 to the same directory.
 """
