@@ -79,14 +79,16 @@ def test_prometheus_alertmanager_webhook_restarts_the_job_once(tmp_path, process
     runner = ActionRunner(run_dir, controller, Policy(min_interval_seconds=3600))
     receiver = Receiver(ruleset, runner, TOKEN).start()
     registry = CollectorRegistry()
-    stall = Gauge("trainwatch_rank_stall_seconds", "stall", ["job", "node", "rank", "local_rank"],
-                  registry=registry)
+    stall = Gauge("trainwatch_stall_incident_seconds", "stall",
+                  ["job", "node", "culprit_rank", "kind"], registry=registry)
+    Gauge("trainwatch_stall_incident_ranks", "ranks", ["job", "node", "role"],
+          registry=registry).labels("exp1", "n1", "waiting").set(1)
     exporter, exporter_thread = start_http_server(0, "127.0.0.1", registry)
     exporter_port = exporter.server_address[1]
     try:
         controller.start()
         _wait_for(lambda: controller.rank_pids())
-        stall.labels("exp1", "n1", "0", "0").set(0)
+        stall.labels("exp1", "n1", "0", "frozen").set(0)
 
         # Alertmanager: route everything to the receiver, re-notify every few seconds.
         am_port, prom_port = _free_port(), _free_port()
@@ -135,11 +137,11 @@ scrape_configs:
         # The rank freezes; the agent would report it as stalled.
         first_pid = controller.proc.pid
         os.kill(controller.rank_pids()[0], signal.SIGSTOP)
-        stall.labels("exp1", "n1", "0", "0").set(120)
+        stall.labels("exp1", "n1", "0", "frozen").set(120)
 
         taken = _wait_for(lambda: runner.run.events("action_taken"), timeout=90)
         assert taken[0]["alert"] == "TrainingStalled" and taken[0]["delivery"] == "webhook"
-        assert taken[0]["labels"]["rank"] == "0"
+        assert taken[0]["labels"]["culprit_rank"] == "0"
         _wait_for(lambda: len(_starts(controller.run)) == 2)
         assert controller.proc.pid != first_pid and controller.alive()
 
