@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -111,7 +112,7 @@ def test_agent_end_to_end(tmp_path, job, prometheus):
         check = subprocess.run(["promtool", "check", "metrics"], input=metrics,
                                capture_output=True)
         assert check.returncode == 0, check.stdout + check.stderr
-        assert b'trainwatch_rank_up{job="run"' in metrics
+        assert re.search(rb'trainwatch_rank_up\{[^}]*run="run"', metrics)
 
         # 2. a real Prometheus scrapes it; the series are queryable
         prom = prometheus(url.removeprefix("http://"))
@@ -213,7 +214,7 @@ def test_agent_exports_checkpoint_age_and_failures_of_the_real_trainer(tmp_path)
         text = wait_for(exported, 120, what="two failed mirror copies in the agent's /metrics")
         age = next(line for line in text.splitlines()
                    if line.startswith("trainwatch_checkpoint_age_seconds{"))
-        assert 'job="run"' in age and 0 <= float(age.split()[-1]) < 120
+        assert 'run="run"' in age and 0 <= float(age.split()[-1]) < 120
         check = subprocess.run(["promtool", "check", "metrics"], input=text.encode(),
                                capture_output=True)
         assert check.returncode == 0, check.stdout + check.stderr

@@ -25,22 +25,22 @@ from trainwatch.rundir import RunDir
 from test_alert_actions import TOKEN, _wait_for
 from test_alert_prometheus_e2e import ALERTMANAGER, _free_port, _ready, processes  # noqa: F401
 
-STALL = {"__name__": "trainwatch_stall_incident_seconds", "job": "exp1", "node": "n1",
+STALL = {"__name__": "trainwatch_stall_incident_seconds", "run": "exp1", "node": "n1",
          "culprit_rank": "0", "kind": "frozen"}
-WAITING = {"__name__": "trainwatch_stall_incident_ranks", "job": "exp1", "node": "n1",
+WAITING = {"__name__": "trainwatch_stall_incident_ranks", "run": "exp1", "node": "n1",
            "role": "waiting"}
 
 
 def stall(history, t, seconds, culprit="0", waiting=1):
-    """What an agent exports for a job's stall incident: its age, and the waiting ranks."""
+    """What an agent exports for a run's stall incident: its age, and the waiting ranks."""
     history.add({**STALL, "culprit_rank": culprit}, t, seconds)
     history.add(WAITING, t, waiting)
 
 
 def incident_gauges(registry):
     seconds = Gauge("trainwatch_stall_incident_seconds", "x",
-                    ["job", "node", "culprit_rank", "kind"], registry=registry)
-    Gauge("trainwatch_stall_incident_ranks", "x", ["job", "node", "role"],
+                    ["run", "node", "culprit_rank", "kind"], registry=registry)
+    Gauge("trainwatch_stall_incident_ranks", "x", ["run", "node", "role"],
           registry=registry).labels("exp1", "n1", "waiting").set(1)
     return seconds
 
@@ -74,7 +74,7 @@ def test_dedup_and_resolve_are_announced_once(tmp_path, fast_rules):
 def test_silenced_alerts_neither_notify_nor_act(tmp_path, fast_rules):
     run = RunDir(tmp_path / "exp1").create()
     silences = Silences(run.root / "alerts" / "silences.json")
-    silence = silences.add({"alertname": "TrainingStalled", "job": "exp1"}, 3600, now=0)
+    silence = silences.add({"alertname": "TrainingStalled", "run": "exp1"}, 3600, now=0)
     history, fired = History(), []
     engine = Engine(fast_rules, history, silences=silences,
                     notifiers=[JournalNotifier(str(run.root))], on_firing=fired.append)
@@ -93,12 +93,12 @@ def test_silence_cli_roundtrip(tmp_path):
     def tw(*args):
         return subprocess.run([sys.executable, "-m", "trainwatch", "alerts", "silence", *args,
                                "--run-dir", str(tmp_path)], capture_output=True, text=True)
-    out = tw("add", "alertname=TrainingStalled", "job=exp1", "--duration", "1h",
+    out = tw("add", "alertname=TrainingStalled", "run=exp1", "--duration", "1h",
              "--comment", "drill")
     assert out.returncode == 0, out.stderr
     sid = out.stdout.split()[1]
     listed = json.loads(tw("list", "--json").stdout)
-    assert listed[0]["matchers"] == {"alertname": "TrainingStalled", "job": "exp1"}
+    assert listed[0]["matchers"] == {"alertname": "TrainingStalled", "run": "exp1"}
     assert tw("expire", sid).returncode == 0
     assert json.loads(tw("list", "--json").stdout) == []
     assert tw("add", "job", "--duration", "1h").returncode == 2

@@ -14,8 +14,9 @@ from typing import Any
 
 from trainwatch.agent.incident import group
 from trainwatch.agent.registry import Collector, Result, register
-from trainwatch.agent.stall import STALL_KINDS, StallDetector
+from trainwatch.agent.stall import StallDetector
 from trainwatch.agent.straggler import JobStragglers
+from trainwatch.contract.states import STALL_KINDS
 
 _THERMAL = ("hw_thermal", "sw_thermal")
 _POWER = ("hw_power_brake", "sw_power_cap")
@@ -52,7 +53,7 @@ class FindingsCollector(Collector):
             for rank in job["ranks"]:
                 key = (job["job"], rank["rank"], rank.get("pid"))
                 keep.add(key)
-                labels = {"job": job["job"], "node": self.ctx.node, "rank": rank["rank"],
+                labels = {"run": job["job"], "node": self.ctx.node, "rank": rank["rank"],
                           "local_rank": rank.get("local_rank", "")}
                 verdict = self._stall(key, job, rank, labels, now, result, current)
                 if verdict.stalled:
@@ -108,7 +109,7 @@ class FindingsCollector(Collector):
     def _incident(self, job, stalled, now, result, current) -> None:
         """One incident per job on this node: culprit(s) critical, waiting ranks context."""
         incident = group(stalled)
-        labels = {"job": job["job"], "node": self.ctx.node}
+        labels = {"run": job["job"], "node": self.ctx.node}
         result.add("trainwatch_stall_incident_ranks", len(incident.culprits) if incident else 0,
                    **labels, role="culprit")
         result.add("trainwatch_stall_incident_ranks", len(incident.waiting) if incident else 0,
@@ -175,7 +176,7 @@ class FindingsCollector(Collector):
         return summary
 
     def _node_straggler(self, tracker, job, result, current) -> dict[str, Any] | None:
-        labels = {"job": job["job"], "node": self.ctx.node}
+        labels = {"run": job["job"], "node": self.ctx.node}
         if tracker.node_ratio is None:
             return None
         result.add("trainwatch_straggler_node_time_ratio", tracker.node_ratio, **labels)
