@@ -65,6 +65,7 @@ class PlanSpec:
     bytes_per_token: float = 2.0
     checkpoints_kept: int = 3
     mirror: bool = False
+    checkpoint_async: bool = True     # the reference trainer's async saves copy tied weights apart
     save_seconds: float | None = None  # None: checkpoint bytes / write_bytes_per_second
     write_bytes_per_second: float = 1e9
     device_mtbf_hours: float | None = None  # None: the public figure in reliability.py
@@ -155,7 +156,7 @@ def from_trainer_config(cfg: Any, source: str, devices: int, device_type: str) -
         devices=devices, steps=t.steps, device_type=device_type,
         data_bytes=float(_dataset_bytes(cfg)), bytes_per_token=1.0,
         checkpoints_kept=c.keep_last + c.keep_best if c.enabled else 0,
-        mirror=bool(c.mirror_dir) and c.enabled)
+        mirror=bool(c.mirror_dir) and c.enabled, checkpoint_async=c.mode == "async")
 
 
 def _dataset_bytes(cfg: Any) -> int:
