@@ -139,3 +139,29 @@ def test_bad_config_is_exit_2_before_anything_runs(tmp_path):
                           cwd=REPO)
     assert done.returncode == 2 and "model.layerz" in done.stderr
     assert not (tmp_path / "run").exists()
+
+
+USER_JOB = str(REPO / "tests" / "rehearse_user_job.py")
+
+
+@pytest.mark.slow
+def test_a_users_own_trainer_is_rehearsed_from_its_run_directory(tmp_path):
+    code, checks, report = rehearse(
+        "--nproc-per-node", "2", "--run-dir", str(tmp_path / "run"), "--",
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        USER_JOB, "--lr", "0.05")
+    assert code == 0, checks
+    for check in ("job", "steps", "loss_falls", "telemetry", "checkpoint_round_trip",
+                  "versions", "allreduce", "storage.space"):
+        assert checks[check]["status"] == "PASS", checks[check]
+    assert any("over-fitting one batch" in item for item in report["remains"])
+
+
+@pytest.mark.slow
+def test_a_users_trainer_at_learning_rate_0_fails_loss_falls(tmp_path):
+    code, checks, _ = rehearse("--nproc-per-node", "1", "--run-dir", str(tmp_path / "run"),
+                               "--", sys.executable, USER_JOB, "--lr", "0")
+    assert code == 1
+    assert checks["loss_falls"]["status"] == "FAIL", checks["loss_falls"]
+    assert "did not fall" in checks["loss_falls"]["reason"]
+    assert checks["steps"]["status"] == checks["job"]["status"] == "PASS"

@@ -111,6 +111,17 @@ _SPECS = [
        RUN_RANK + ("kind", "phase")),
     _m("trainwatch_rank_stalls_total", "counter",
        "Stalls detected for the rank since the agent started, by kind.", RUN_RANK + ("kind",)),
+    # --- stall incidents (agent/incident.py): one per run and node ------------------------
+    _m("trainwatch_stall_incident_ranks", "gauge",
+       "This node's ranks of the run in its open stall incident, by role: culprit (dead, "
+       "frozen, or stuck outside the collective the others wait in) or waiting; 0 when "
+       "there is none.", RUN_NODE + ("role",)),
+    _m("trainwatch_stall_incident_seconds", "gauge",
+       "Seconds since the run's open stall incident on this node began (the first stalled "
+       "rank's last progress); present only while one is open. culprit_rank is the rank "
+       "this node's evidence blames, or unknown (all its stalled ranks wait); kind is that "
+       "rank's stall kind (dead, frozen, stuck) or unknown.",
+       RUN_NODE + ("culprit_rank", "kind"), "seconds"),
     # --- processes of the local ranks (psutil) -------------------------------------------
     _m("trainwatch_process_state", "gauge",
        "1 for the OS state of the rank's process (running, sleeping, disk_sleep, stopped, "
