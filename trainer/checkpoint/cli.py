@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from trainwatch.errors import EXIT_PROBLEM, ConfigError
-from trainwatch.rundir import pick_run_dir
+from trainwatch.rundir import RunDir, pick_run_dir
 from trainwatch.trainer.checkpoint import catalog
 from trainwatch.trainer.checkpoint.manifest import MANIFEST, Verification, step_of, verify
 
@@ -27,8 +27,9 @@ def _target(argument: str | None, option: str | None) -> tuple[Path, bool]:
         raise ConfigError("no such directory", file=path)
     if (p / MANIFEST).exists() or step_of(p.name) is not None:
         return p, True
-    if (p / "checkpoints").is_dir():
-        return p / "checkpoints", False
+    run = RunDir(p)
+    if run.run_file.exists() or run.checkpoint_dir.is_dir():  # a run directory
+        return run.checkpoint_folders()[0], False
     return p, False
 
 
