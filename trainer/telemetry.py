@@ -20,7 +20,7 @@ journal events.
             s.record(loss=loss, lr=lr, tokens=x.numel(), samples=x.shape[0])
     tel.close()
 
-Rules it keeps (DESIGN.md, "never harm the job"):
+Rules it keeps (never harm the job: telemetry is bounded and non-blocking):
 * the loop only touches memory: files are written by a background thread,
   every ``heartbeat_interval`` seconds, so I/O never stalls a step;
 * tensors passed to ``record`` are kept as they are (no ``.item()``) and read

@@ -1,7 +1,7 @@
 """The one metrics contract: every metric name, type, unit and label set, defined once.
 
 The agent exports exactly these; alert rules, dashboards and docs may only use
-names declared here (a test checks it).  Naming follows DESIGN.md:
+names declared here (a test checks it).  Naming follows Prometheus conventions:
 ``trainwatch_<subsystem>_<what>_<unit>``, base units, ``_total`` for counters,
 ``_info`` gauges of value 1.  Labels never carry unbounded values.
 """
@@ -297,7 +297,7 @@ _SPECS = [
        "Resident set size of the agent process.", NODE, "bytes"),
 ]
 
-# --- alerts and controller (issue 5, branch `alerts`) ---------------------------------
+# --- alerts and controller -------------------------------------------------------------
 # Checkpoint facts come from the checkpoint library's `checkpoint` field in the ranks'
 # status files (the agent's ranks collector exports them); trainwatch_action_* is
 # exported by the alert controller itself (`trainwatch run` / the webhook receiver).
