@@ -200,7 +200,8 @@ class Telemetry:
             "restart_count": restart_count if restart_count is not None else int(
                 os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
             "backend": None, "device": str(self.device),
-            "started_at": now, "heartbeat_at": now, "step": None, "phase": "init",
+            "started_at": now, "heartbeat_at": now, "heartbeat_interval": heartbeat_interval,
+            "step": None, "phase": "init",
             "phase_since": now, "last_progress_at": now, "state": RUNNING,
             "metrics": {}, "eval": {},
             "counters": {"steps_total": 0, "nonfinite_loss_total": 0,
