@@ -13,19 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from trainwatch.configfile import load_yaml_mapping
+from trainwatch.contract.ports import AGENT_LISTEN
+from trainwatch.contract.stall import STALL_DEFAULTS
 from trainwatch.errors import ConfigError
 from trainwatch.node import node_name
-
-DEFAULT_PORT = 9464
-
-STALL_DEFAULTS: dict[str, Any] = {
-    "floor_seconds": 5.0,          # never call a rank stalled sooner than this
-    "k": 10.0,                     # ... nor sooner than k x its typical step time
-    "first_step_seconds": 600.0,   # budget before a rank has a typical step time
-    "heartbeat_stale_seconds": 5.0,
-    "phase_budgets": {"checkpoint": 600.0, "eval": 300.0, "init": 600.0},
-    "history": 50,                 # step times kept per rank for the typical value
-}
 
 STRAGGLER_DEFAULTS: dict[str, Any] = {
     "ratio": 1.15,                 # flag: level (median ratio of the last windows) >= ratio
@@ -44,7 +35,7 @@ STRAGGLER_DEFAULTS: dict[str, Any] = {
 class AgentConfig:
     """The validated configuration the daemon runs with."""
 
-    listen: str = f"127.0.0.1:{DEFAULT_PORT}"
+    listen: str = AGENT_LISTEN
     # TRAINWATCH_NODE (e.g. the Kubernetes node name) wins over the hostname.
     node: str = field(default_factory=node_name)
     run_dirs: list[str] = field(default_factory=list)

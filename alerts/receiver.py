@@ -25,13 +25,13 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from trainwatch.alerts.actions import ActionRequest, ActionRunner
 from trainwatch.alerts.rules import RuleSet
 from trainwatch.configfile import read_secret
+from trainwatch.contract.env import RECEIVER_TOKEN_ENV as TOKEN_ENV
 from trainwatch.contract.metrics import METRICS
 from trainwatch.errors import listen_error
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 1 << 20
-TOKEN_ENV = "TRAINWATCH_RECEIVER_TOKEN"
 
 
 class PayloadError(ValueError):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainwatch.agent.state import STATES
+from trainwatch.contract.states import COLLECTOR_STATES as STATES
 from trainwatch.dashboards.panels import Board, states, target
 
 STATE_COLORS = {"ok": "green", "failed": "red", "timeout": "dark-red", "absent": "text",

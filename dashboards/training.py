@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainwatch.agent.stall import KNOWN_PHASES
+from trainwatch.contract.states import KNOWN_PHASES
 from trainwatch.alerts.rules import load_rules, load_thresholds
 from trainwatch.dashboards.panels import Board, flags, match, states, target
 

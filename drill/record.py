@@ -12,4 +12,4 @@ RECORD_VERSION = 1
 
 
 def record_file(run_dir: str | Path) -> Path:
-    return RunDir(run_dir).root / "drill" / "drill.json"
+    return RunDir(run_dir).drill_dir / "drill.json"

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from trainwatch.agent.config import STALL_DEFAULTS
+from trainwatch.contract.stall import default_options, recorded_options, stall_budget
 from trainwatch.report import incidents as incident_evidence
 from trainwatch.report.timeline import Attempt, Timeline, number
 
@@ -399,9 +399,9 @@ def account(tl: Timeline) -> Accounting:
         del seconds
     else:
         typical = None
-    # The agent's stall rule, with its defaults: max(floor, k x typical step).
-    budget = None if typical is None else max(STALL_DEFAULTS["floor_seconds"],
-                                              STALL_DEFAULTS["k"] * typical)
+    # The agent's stall rule, with the options the run recorded (else the defaults).
+    options = recorded_options(tl.events) or default_options()
+    budget = None if typical is None else stall_budget(options, typical, use_phase=False)
     painter = _Painter(tl, typical, budget)
     painter.not_running()
     painter.evaluations_and_saves()

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from trainwatch.contract.layout import TORCHRUN_LOG
 from trainwatch.errors import ConfigError, FormatError
 from trainwatch.rundir import ReadResult, RunDir, Skipped, iter_jsonl
 
@@ -234,7 +235,7 @@ def _rank0_metrics(run: RunDir) -> tuple[StepLog, list[tuple[int, float]], list[
 def _torchrun_exits(run: RunDir) -> list[dict[str, Any]]:
     """Workers torchrun reported as failed (exit code, local rank, pid); [] without its log."""
     try:
-        text = run.log_text("torchrun.log")
+        text = run.log_text(TORCHRUN_LOG)
     except (OSError, FormatError):
         return []
     return [{"exitcode": int(code), "local_rank": int(local), "pid": int(pid)}

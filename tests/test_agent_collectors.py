@@ -365,7 +365,7 @@ def test_storage_probe_that_hangs_becomes_an_error_not_a_hung_agent(tmp_path):
 
 
 def test_storage_parses_diskstats_and_mounts_from_fixture_proc():
-    from trainwatch.agent.collectors.storage import mount_of, parse_diskstats, parse_mounts
+    from trainwatch.host.storage import mount_of, parse_diskstats, parse_mounts
     mounts = parse_mounts((FIXTURES / "proc/self/mounts").read_text())
     assert mount_of("/data set/tokens", mounts)[1] == "/data set"
     assert mount_of("/home/x", mounts)[1] == "/"

@@ -31,6 +31,7 @@ COMMANDS = {
     "report": ("trainwatch.report.cli:report", "Cost and goodput of a run: where the wall time went, what failures cost."),
     "drill": ("trainwatch.drill.cli:drill", "Game day: inject real failures into a real run; score detection and recovery."),
     "plan": ("trainwatch.plan.cli:plan", "Size a run: memory per device, compute, cost, storage, interruptions."),
+    "rehearse": ("trainwatch.rehearse.cli:rehearse", "A short real run before the big one: PASS/WARN/FAIL per check."),
     "run": ("trainwatch.alerts.run:run", "Train with the agent and the embedded alert engine watching; restarts from checkpoints."),
 }
 

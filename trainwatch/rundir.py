@@ -20,14 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from trainwatch.contract.layout import (CHECKPOINT_DIRS_KEY, FORMAT_VERSION, METRICS_FILE_GLOB,
+                                       RUN_FORMAT, STATUS_FILE_GLOB, STATUS_FORMAT, RunLayout,
+                                       rank_of_file)
 from trainwatch.errors import ConfigError, FormatError
 from trainwatch.node import node_name
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-STATUS_FORMAT = "trainwatch.status"
-RUN_FORMAT = "trainwatch.run"
+__all__ = ["FORMAT_VERSION", "RUN_FORMAT", "STATUS_FORMAT", "RunDir", "Skipped", "ReadResult",
+           "atomic_write_bytes", "atomic_write_json", "append_jsonl", "read_record",
+           "read_jsonl", "parse_jsonl_line", "iter_run_dirs", "pick_run_dir"]
 
 # Journal event names written by trainwatch itself.  Readers must accept
 # names they do not know (newer writers may add some).
@@ -397,54 +400,8 @@ def read_jsonl(path: str | Path, root: str | Path | None = None, *,
 
 # --------------------------------------------------------------------------- the directory
 
-class RunDir:
-    """Paths and typed access to one run directory (see docs/run-directory.md)."""
-
-    def __init__(self, root: str | Path):
-        self.root = Path(root)
-
-    # paths -----------------------------------------------------------------
-    @property
-    def run_file(self) -> Path:
-        return self.root / "run.json"
-
-    @property
-    def journal_file(self) -> Path:
-        return self.root / "journal.jsonl"
-
-    @property
-    def status_dir(self) -> Path:
-        return self.root / "status"
-
-    @property
-    def metrics_dir(self) -> Path:
-        return self.root / "metrics"
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.root / "checkpoints"
-
-    @property
-    def diagnostics_dir(self) -> Path:
-        return self.root / "diagnostics"
-
-    @property
-    def control_dir(self) -> Path:
-        return self.root / "control"
-
-    @property
-    def logs_dir(self) -> Path:
-        return self.root / "logs"
-
-    @property
-    def tmp_dir(self) -> Path:
-        return self.root / "tmp"
-
-    def status_file(self, rank: int) -> Path:
-        return self.status_dir / f"rank-{rank:05d}.json"
-
-    def metrics_file(self, rank: int) -> Path:
-        return self.metrics_dir / f"rank-{rank:05d}.jsonl"
+class RunDir(RunLayout):
+    """Typed reading and writing of one run directory (paths: ``RunLayout``)."""
 
     # setup -------------------------------------------------------------------
     def create(self) -> "RunDir":
@@ -477,6 +434,20 @@ class RunDir:
                 log.warning("%s", exc)
             return None
 
+    def checkpoint_folders(self) -> list[Path]:
+        """Where this run's checkpoints live (run.json's record; see ``RunLayout``)."""
+        return self.recorded_checkpoint_folders(self.run_info())
+
+    def record_checkpoint_folders(self, folders: list[Path]) -> None:
+        """Note the checkpoint folders in run.json, so every reader finds them."""
+        info = self.run_info() or {}
+        recorded = [str(Path(f).resolve()) for f in folders]
+        if info.get(CHECKPOINT_DIRS_KEY) == recorded:
+            return
+        info.pop("format", None)
+        info.pop("version", None)
+        self.write_run_info({**info, CHECKPOINT_DIRS_KEY: recorded})
+
     # per-rank status ---------------------------------------------------------
     def write_status(self, rank: int, status: dict[str, Any]) -> None:
         atomic_write_json(self.status_file(rank),
@@ -494,7 +465,7 @@ class RunDir:
             return result
         except (FileNotFoundError, NotADirectoryError):
             return result
-        for path in sorted(self.status_dir / n for n in fnmatch.filter(names, "rank-*.json")):
+        for path in sorted(self.status_dir / n for n in fnmatch.filter(names, STATUS_FILE_GLOB)):
             try:
                 record = check_status(read_record(path, STATUS_FORMAT, root=self.root), path)
             except SkippedFile as exc:
@@ -531,13 +502,8 @@ class RunDir:
         return read_jsonl(self.metrics_file(rank), self.root)
 
     def ranks_with_metrics(self) -> list[int]:
-        ranks = []
-        for path in self.metrics_dir.glob("rank-*.jsonl"):
-            try:
-                ranks.append(int(path.stem.split("-", 1)[1]))
-            except ValueError:
-                continue
-        return sorted(ranks)
+        ranks = [rank_of_file(path) for path in self.metrics_dir.glob(METRICS_FILE_GLOB)]
+        return sorted(r for r in ranks if r is not None)
 
 
 def iter_run_dirs(folder: str | Path) -> Iterator[RunDir]:
@@ -546,8 +512,9 @@ def iter_run_dirs(folder: str | Path) -> Iterator[RunDir]:
     if not folder.is_dir():
         return
     for child in sorted(folder.iterdir()):
-        if (child / "status").is_dir() or (child / "run.json").exists():
-            yield RunDir(child)
+        run = RunDir(child)
+        if run.status_dir.is_dir() or run.run_file.exists():
+            yield run
 
 
 def pick_run_dir(argument: str | Path | None, option: str | Path | None,

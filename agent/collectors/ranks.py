@@ -15,15 +15,14 @@ import time
 from collections import deque
 from typing import Any
 
-from trainwatch.host.procinfo import PROCESS_STATES, ProcessTracker
+from trainwatch.host.procinfo import ProcessTracker
 from trainwatch.agent.registry import Collector, Result, register
-from trainwatch.agent.stall import KNOWN_PHASES
+from trainwatch.contract.states import KNOWN_PHASES, PROCESS_STATES, RANK_STATES
 from trainwatch.contract.timing import job_window
 from trainwatch.errors import FormatError
 from trainwatch.rundir import (RUN_FORMAT, SKIP_REASONS, Skipped, SkippedFile,
                                read_record)
 
-RANK_STATES = ("running", "finished", "failed", "stopped")  # docs/run-directory.md
 _TRAIN_GAUGES = {  # status metrics field -> metric
     "loss": "trainwatch_train_loss", "grad_norm": "trainwatch_train_grad_norm",
     "lr": "trainwatch_train_learning_rate",
@@ -122,7 +121,7 @@ class RanksCollector(Collector):
                 "skipped": list(self._skip_recent.get(key, ())),
                 "unreadable": unreadable,
                 "timing": timing, "ranks": ranks, "env": env,
-                "checkpoint_dir": str(run.checkpoint_dir)}
+                "checkpoint_dir": str(run.recorded_checkpoint_folders(info)[0])}
 
     def _run_info(self, run) -> tuple[dict[str, Any], Skipped | None]:
         """run.json, or {} and why not: permission denied is reported, never logged per run."""
