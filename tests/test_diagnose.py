@@ -326,6 +326,28 @@ def test_extra_collective_is_a_desync_at_the_right_sequence_number(start_job):
     assert "rank 1: gloo:barrier" in ops and "rank 0: gloo:all_reduce" in ops, ops
 
 
+def test_collective_mismatch_abort_blames_the_aborting_rank_or_says_tie(start_job):
+    """Rank 1 all-reduces a bigger tensor; gloo aborts the receiving rank (SIGABRT) and
+    torchrun SIGTERMs the other. torchrun's root cause decides; without its log the last
+    heartbeats may be a tie, never a confident wrong answer."""
+    job = start_job(FAULT="size_mismatch", FAULT_RANK="1", FAULT_STEP="8")
+    job.proc.wait(timeout=120)
+    code, report, _ = diagnose(job.run, "--stall-after", "1")
+    assert code == 1
+    dead = top(report, "rank_dead")
+    root = report["evidence"]["launcher"]["root_cause"]
+    assert root["exitcode"] == -6 and dead["ranks"] == [root["rank"]], (root, dead)
+    assert dead["confidence"] == "high" and "root cause" in " ".join(dead["evidence"])
+    assert any("stopped the others" in e and "SIGTERM" in e for e in dead["evidence"])
+    (job.run.root / "logs").rename(job.run.root / "logs.away")  # no launcher evidence now
+    code, report, _ = diagnose(job.run, "--stall-after", "1")
+    blamed = top(report, "rank_dead")
+    if len(blamed["ranks"]) > 1:
+        assert "tie" in blamed["title"] and blamed["confidence"] in ("low", "medium"), blamed
+    else:
+        assert blamed["ranks"] == [root["rank"]] and blamed["confidence"] != "high", blamed
+
+
 def test_sigkilled_rank_is_dead(start_job):
     job = start_job()
     job.wait_step(8)

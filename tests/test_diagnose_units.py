@@ -332,3 +332,18 @@ def test_proc_locks_and_lock_source_parsing(tmp_path):
     assert locks.frame_locks(str(tmp_path / "bad.py"), 1, innermost=True) == ([], None)
     assert locks.frame_locks(None, None, innermost=True) == ([], None)
     assert procinfo._addr("0100007F:1F90") == "127.0.0.1:8080"
+
+
+def test_heartbeats_order_deaths_only_beyond_one_interval():
+    from trainwatch.diagnose.analysis import order_by_heartbeat
+    from trainwatch.diagnose.model import Evidence
+    ev = Evidence(run_dir="/r", collected_at=1000.0, host="h")
+    ev.ranks = {0: {"heartbeat_at": 900.000000, "heartbeat_interval": 0.2},
+                1: {"heartbeat_at": 900.000037, "heartbeat_interval": 0.2}}
+    tied, why = order_by_heartbeat(ev, [0, 1])
+    assert tied == [0, 1] and "37 µs apart" in why and "cannot be told" in why
+    ev.ranks[1]["heartbeat_at"] = 903.0
+    first, why = order_by_heartbeat(ev, [0, 1])
+    assert first == [0] and "stopped first" in why
+    ev.ranks = {0: {"heartbeat_at": 900.0}, 1: {"heartbeat_at": 900.5}}  # interval unknown: 1 s
+    assert order_by_heartbeat(ev, [0, 1])[0] == [0, 1]
