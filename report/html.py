@@ -29,6 +29,9 @@ COLOURS = {"productive": "#2e7d32", "data_wait": "#81c784", "recomputed": "#ef6c
            "checkpoint": "#1565c0", "evaluation": "#6a1b9a", "stalled": "#ad1457",
            "shutdown": "#b0bec5", "other": "#e0e0e0"}
 _CONFIG = {"displaylogo": False, "responsive": True}
+# Nothing from the network, even if a future plotly version tried: inline code and data only.
+_CSP = ("default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; "
+        "style-src 'unsafe-inline'; img-src data:; font-src data:")
 
 
 def _when(t: float) -> str:
@@ -105,11 +108,15 @@ def _broken_at(points: list[list[float | None]], restarts: list[float]) -> list[
     a line never joins the last step before a failure to the first one after it."""
     out: list[list] = []
     pending = sorted(restarts)
+    last: float | None = None
     for p in points:
-        if out and pending and out[-1][0] is not None and out[-1][0] <= pending[0] <= p[0]:
-            out.append([None] * len(p))
-        while pending and pending[0] <= p[0]:
-            pending.pop(0)
+        t = p[0]
+        if t is not None:
+            if last is not None and pending and last <= pending[0] <= t:
+                out.append([None] * len(p))
+            while pending and pending[0] <= t:
+                pending.pop(0)
+            last = t
         out.append(p)
     return out
 
@@ -177,7 +184,7 @@ def page(data: dict[str, Any], series: Series) -> str:
     title = f"trainwatch report · {data['job']}"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; img-src data:; font-src data:">
+<meta http-equiv="Content-Security-Policy" content="{_CSP}">
 <title>{html.escape(title)}</title>
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1200px; color: #222; }}

@@ -53,7 +53,7 @@ def _mean_rows(rows: list[list[float | None]]) -> list[float | None]:
     """Last time and step of the rows, mean of each value that is present."""
     out: list[float | None] = [rows[-1][0], rows[-1][1]]
     for col in range(2, len(rows[0])):
-        values = [r[col] for r in rows if r[col] is not None]
+        values = [v for r in rows if (v := r[col]) is not None]
         out.append(sum(values) / len(values) if values else None)
     return out
 

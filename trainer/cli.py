@@ -41,7 +41,8 @@ import click
 @click.option("--metrics-port", type=int,
               help="Ranks serve Prometheus metrics on 127.0.0.1:(PORT + local rank) "
                    "(shorthand for --set telemetry.metrics_port=PORT).")
-def train(run_dir_arg: Path | None, nproc_per_node: int, run_dir: Path | None, steps: int | None, config_file: str | None,
+def train(run_dir_arg: Path | None, nproc_per_node: int, run_dir: Path | None,
+          steps: int | None, config_file: str | None,
           overrides: tuple[str, ...], max_restarts: int, nnodes: int, node_rank: int | None,
           rdzv_endpoint: str | None, rdzv_id: str | None, local_addr: str | None,
           node_name: str | None, metrics_port: int | None) -> None:
