@@ -57,6 +57,7 @@ class JobController:
         self.stop_grace = stop_grace_seconds
         self.proc: subprocess.Popen | None = None
         self.starts = 0
+        self.started_at: float | None = None
         self.stopping = False
         self.lock = threading.RLock()
         self.extra_args: list[str] = []
@@ -74,6 +75,7 @@ class JobController:
             finally:
                 log_file.close()
             self.starts += 1
+            self.started_at = time.time()
             self.stopping = False
             self.run.append_event("job_started", "engine", pid=self.proc.pid, reason=reason,
                                   attempt=self.starts, command=self.command + self.extra_args)
@@ -138,19 +140,36 @@ class JobController:
 
     # ------------------------------------------------------------------ observation
     def progress_step(self) -> int | None:
-        """The step a restart would resume from: the newest complete checkpoint (or None).
+        """The step a restart would resume from: the newest complete checkpoint, or the
+        newest one the job declared (``Telemetry.checkpoint_saved``) that still exists.
 
         Forward progress means this moves; a job that crashes before its next checkpoint
         every time makes none, however many steps it trains in between.
         """
         steps = [step for step, _ in self.checkpoints()]
+        steps += [step for step, _ in self.declared_checkpoints()]
         return max(steps) if steps else None
+
+    def resume_point(self) -> tuple[int | None, str]:
+        """What a restart resumes from, as the journal may say it: ``(step, kind)`` with kind
+        ``checkpoint`` (a complete trainwatch checkpoint; the job verifies its hashes when it
+        resumes), ``declared`` (the job's own files, not verified by trainwatch) or ``none``."""
+        ours = self.checkpoints()
+        declared = self.declared_checkpoints()
+        if ours and (not declared or ours[-1][0] >= declared[-1][0]):
+            return ours[-1][0], "checkpoint"
+        if declared:
+            return declared[-1][0], "declared"
+        return None, "none"
 
     def checkpoint_folders(self) -> list[Path]:
         """Where the job's checkpoints live: ``checkpoint.dir`` (default RUN_DIR/checkpoints)
-        and ``checkpoint.mirror_dir`` from the config in run.json, relative to the run dir."""
+        and ``checkpoint.mirror_dir``, relative to the run dir, from run.json (the trainer's
+        config, or what ``Checkpoints`` recorded)."""
         info = self.run.run_info() or {}
-        section = (info.get("config") or {}).get("checkpoint") or {}
+        section = info.get("checkpoint")
+        if not isinstance(section, dict):
+            section = (info.get("config") or {}).get("checkpoint") or {}
         folders = []
         for key in ("dir", "mirror_dir"):
             value = section.get(key) if isinstance(section, dict) else None
@@ -181,6 +200,19 @@ class JobController:
             path = Path(str(event.get("path", "")))
             if isinstance(event.get("step"), int) and path.is_dir() and path.parent in folders:
                 found.setdefault(path, event["step"])
+        return sorted((step, path) for path, step in found.items())
+
+    def declared_checkpoints(self) -> list[tuple[int, Path]]:
+        """(step, path) of saves the job declared itself that still exist, oldest first; a
+        file saved over and over counts with its newest step."""
+        found: dict[Path, int] = {}
+        for event in self.run.events("checkpoint_saved"):
+            step = event.get("step")
+            if not event.get("declared") or isinstance(step, bool) or not isinstance(step, int):
+                continue
+            path = Path(str(event.get("path", "")))
+            if path.exists():
+                found[path] = max(step, found.get(path, step))
         return sorted((step, path) for path, step in found.items())
 
     def rank_pids(self) -> dict[int, int]:

@@ -27,6 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from trainwatch.alerts.actions import ActionRunner, Policy
+from trainwatch.alerts.command import TELEMETRY_GRACE_SECONDS, TelemetryWatch, supervised_job
 from trainwatch.alerts.controller import JobController, train_command
 from trainwatch.alerts.engine import Engine
 from trainwatch.alerts.evaluate import History
@@ -118,8 +119,9 @@ def live_view(run: RunDir, engine: Engine, started: float) -> Group:
     return Group(ranks, alerts, actions)
 
 
-@click.command("run")
-@click.option("--nproc-per-node", type=int, required=True, help="Ranks on this machine.")
+@click.command("run", context_settings={"allow_interspersed_args": False})
+@click.option("--nproc-per-node", type=int,
+              help="Ranks on this machine (the reference trainer; not with a COMMAND).")
 @click.option("--run-dir", required=True, type=click.Path(file_okay=False),
               help="Where the run keeps its state (status, metrics, journal, logs).")
 @click.option("--steps", type=int, help="Override train.steps.")
@@ -127,8 +129,9 @@ def live_view(run: RunDir, engine: Engine, started: float) -> Group:
               help="Trainer YAML config (see examples/trainer.yaml).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override one trainer config key, e.g. --set optim.lr=1e-3 (repeatable).")
-@click.option("--max-restarts", type=int, default=1, show_default=True,
-              help="torchrun's own restarts of failed ranks before the controller steps in.")
+@click.option("--max-restarts", type=int,
+              help="torchrun's own restarts of failed ranks before the controller steps in "
+                   "(reference trainer; default 1). With a COMMAND, give torchrun's own flag.")
 @click.option("--thresholds", "thresholds_file", type=click.Path(dir_okay=False),
               help="Alert threshold overrides.")
 @click.option("--rules", "rules_file", type=click.Path(dir_okay=False), help="Rules file.")
@@ -138,17 +141,49 @@ def live_view(run: RunDir, engine: Engine, started: float) -> Group:
 @click.option("--dry-run", is_flag=True, help="Journal what actions would do; do nothing.")
 @click.option("--no-live", is_flag=True,
               help="No live view (for logs and CI): only alerts and the outcome are printed.")
+@click.option("--telemetry-grace", type=float, default=TELEMETRY_GRACE_SECONDS,
+              show_default=True, metavar="SECONDS",
+              help="With a COMMAND: say so when no rank has published telemetry this long "
+                   "after a start.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresholds_file,
-        rules_file,
-        agent_config, webhook, alertmanager, dry_run, no_live) -> None:
-    """Train with the agent and the embedded alert engine watching (Ctrl-C stops all)."""
+        rules_file, agent_config, webhook, alertmanager, dry_run, no_live, telemetry_grace,
+        command) -> None:
+    """Train with the agent and the embedded alert engine watching (Ctrl-C stops all).
+
+    \b
+    trainwatch run --nproc-per-node 4 --run-dir runs/exp1        the reference trainer
+    trainwatch run --run-dir runs/exp1 -- COMMAND [ARGS...]      your own job, e.g.
+        trainwatch run --run-dir runs/exp1 -- torchrun --nproc-per-node 4 train.py
+
+    A COMMAND gets $TRAINWATCH_RUN_DIR and is restarted, rolled back and stopped like the
+    reference trainer; what it must do for that is in docs/own-trainer.md.
+    """
     ruleset = load_rules(rules_file, thresholds_file)  # bad rules: exit 2 before anything runs
-    if nproc_per_node < 1:
+    if command:
+        given = [name for name, value in (("--nproc-per-node", nproc_per_node),
+                                          ("--steps", steps), ("--config", config),
+                                          ("--set", overrides), ("--max-restarts", max_restarts))
+                 if value]
+        if given:
+            raise ConfigError(f"{', '.join(given)} configure the reference trainer; with a "
+                              "COMMAND put your job's own options in the command",
+                              key=given[0])
+    elif nproc_per_node is None:
+        raise ConfigError("give --nproc-per-node (the reference trainer) or -- COMMAND "
+                          "(your own job)", key="--nproc-per-node")
+    elif nproc_per_node < 1:
         raise ConfigError(f"must be at least 1, got {nproc_per_node}", key="--nproc-per-node")
     if agent_config and _agent_available():
         from trainwatch.agent.config import load_config as load_agent_config
         load_agent_config(agent_config, run_dirs=[run_dir])  # else the agent dies unseen
-    run_ = RunDir(run_dir).create()
+    if command:
+        controller = supervised_job(run_dir, list(command), "trainwatch run")
+    else:
+        controller = JobController(run_dir, train_command(
+            run_dir, nproc_per_node, config=config, steps=steps, overrides=list(overrides),
+            max_restarts=1 if max_restarts is None else max_restarts))
+    run_ = controller.run
     interval = parse_duration(ruleset.thresholds["evaluation_interval"])
     history = History()
     notifiers = [JournalNotifier(str(run_.root))]
@@ -167,16 +202,15 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
         click.echo("trainwatch agent is not installed: alerts that need its metrics are blind",
                    err=True)
     loop = EngineLoop(engine, Scraper(history, targets) if targets else None, interval)
-    controller = JobController(run_.root, train_command(run_.root, nproc_per_node, config=config,
-                                                   steps=steps, overrides=list(overrides),
-                                                   max_restarts=max_restarts))
     runner = ActionRunner(run_.root, controller,
                           Policy.from_thresholds(ruleset.thresholds, dry_run=dry_run),
                           silences=silences)
     connect_actions(engine, runner, loop)
     supervisor = Supervisor(controller, runner)
+    watch = (TelemetryWatch(controller, lambda text: click.echo(text, err=True),
+                            grace=telemetry_grace) if command else None)
     run_.append_event("controller_started", "engine", nproc_per_node=nproc_per_node,
-                      agent=targets, rules=len(ruleset.rules), dry_run=dry_run)
+                      command=list(command) or None, agent=targets, rules=len(ruleset.rules), dry_run=dry_run)
     started = time.time()
     interrupted = False
     # SIGTERM stops everything as cleanly as Ctrl-C does (trainwatch.cli.main makes sure
@@ -188,6 +222,8 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
             wait_for_agent(agent_proc, targets[0])
         loop.start()
         supervisor.start()
+        if watch is not None:
+            watch.start()
         if no_live:
             while not supervisor.finished.wait(1.0):
                 pass
@@ -200,6 +236,8 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     except KeyboardInterrupt:
         interrupted = True
     finally:
+        if watch is not None:
+            watch.stop()
         supervisor.stop()
         loop.stop()
         loop.tick()  # a last evaluation, so what ended the run (e.g. the guard) is announced

@@ -43,6 +43,7 @@ import json
 import logging
 import math
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -51,6 +52,7 @@ from typing import Any, Callable
 import psutil
 import torch
 
+from trainwatch import __version__
 from trainwatch.node import node_name
 from trainwatch.rundir import RunDir, append_jsonl
 from trainwatch.trainer import dumps
@@ -69,6 +71,16 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 def _now() -> float:
     return time.time()
+
+
+# The Telemetry started last in this process: ``Checkpoints.from_env()`` reports to it
+# without being handed it, so the three-line setup stays three lines.
+_current: "Telemetry | None" = None
+
+
+def current() -> "Telemetry | None":
+    """The telemetry this process started (and has not closed), or None."""
+    return _current
 
 
 class StepRecorder:
@@ -203,6 +215,7 @@ class Telemetry:
             "last_nonfinite_loss_at": None,
             "timing": None, "checkpoint": None, "info": {},
         }
+        self._finished_journaled = False
         self._step_start_ns = 0
         self._step_phase_ns: dict[str, int] = {}
         self._step_cuda_events: dict[str, list[tuple[Any, Any]]] = {}
@@ -240,16 +253,41 @@ class Telemetry:
         self._guard(lambda: self.run.append_event(
             "rank_started", f"rank{self.rank}", rank=self.rank, pid=os.getpid(),
             restart_count=self._state["restart_count"]))
+        if self.rank == 0:
+            self._guard(self._describe_run)
         self._write_status()
         self._thread = threading.Thread(target=self._heartbeat_loop, daemon=True,
                                         name=f"trainwatch-telemetry-rank{self.rank}")
         self._thread.start()
+        global _current
+        _current = self
         return self
 
+    def _describe_run(self) -> None:
+        """Fill in what ``run.json`` lacks (world size, command, start): readers such as
+        ``trainwatch report`` need them whoever launched the job; a launcher's own values stay."""
+        info = self.run.run_info() or {}
+        now = _now()
+        facts = {"job": self.job, "created_at": now, "started_at": now,
+                 "world_size": self.world_size,
+                 "command": info.get("command") or [os.path.basename(sys.executable),
+                                                    *sys.argv],
+                 "trainwatch_version": __version__}
+        missing = {k: v for k, v in facts.items() if info.get(k) is None}
+        if missing:
+            self.run.write_run_info({**{k: v for k, v in info.items()
+                                        if k not in ("format", "version")}, **missing})
+
     def close(self, state: str = "finished") -> None:
-        """Flush everything and write the final status (``finished`` or ``failed``)."""
+        """Flush everything and write the final status (``finished``, ``stopped`` or
+        ``failed``); a finished job's rank 0 journals ``finished`` unless the loop did."""
+        global _current
+        if _current is self:
+            _current = None
         if not self.enabled:
             return
+        if state == "finished" and self.rank == 0 and not self._finished_journaled:
+            self.event("finished", step=self._state.get("step"))
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
@@ -316,8 +354,28 @@ class Telemetry:
         with self._lock:
             self._state["checkpoint"] = checkpoint
 
+    def checkpoint_saved(self, path: str | Path, step: int, **fields: Any) -> None:
+        """Declare a checkpoint the job wrote itself (its own files, not ``Checkpoints``).
+
+        ``step`` is the number of steps it holds (where a resume continues). The restart
+        guard counts progress from it and the agent exports its age (CheckpointTooOld);
+        trainwatch does not verify such files. Call on the rank that saved, after the file
+        is complete.
+        """
+        now = _now()
+        with self._lock:
+            facts = dict(self._state.get("checkpoint") or {})
+            facts.update(step=int(step), path=str(path), time=now, ok=True, last_error=None,
+                         in_flight=False, declared=True,
+                         saves_total=int(facts.get("saves_total") or 0) + 1)
+            self._state["checkpoint"] = facts
+        self.event("checkpoint_saved", step=int(step), path=str(Path(path).resolve()),
+                   declared=True, **fields)
+
     def event(self, event: str, **fields: Any) -> None:
         """Append a journal event from this rank; failures are counted, never raised."""
+        if event == "finished":
+            self._finished_journaled = True
         if self.enabled:
             self._guard(lambda: self.run.append_event(event, f"rank{self.rank}",
                                                       rank=self.rank, **fields))
