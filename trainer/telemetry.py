@@ -216,6 +216,8 @@ class Telemetry:
             "timing": None, "checkpoint": None, "info": {},
         }
         self._finished_journaled = False
+        self._watch: Any = None
+        self._next_step = 0
         self._step_start_ns = 0
         self._step_phase_ns: dict[str, int] = {}
         self._step_cuda_events: dict[str, list[tuple[Any, Any]]] = {}
@@ -286,6 +288,8 @@ class Telemetry:
             _current = None
         if not self.enabled:
             return
+        if self._watch is not None:
+            self._watch.seal()
         if state == "finished" and self.rank == 0 and not self._finished_journaled:
             self.event("finished", step=self._state.get("step"))
         self._stop.set()
@@ -312,6 +316,41 @@ class Telemetry:
         progress is recorded when the block ends normally."""
         self._step_block.step = step
         return self._step_block
+
+    def watch(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
+              first_step: int | None = None) -> Any:
+        """Time forward, backward and the optimizer and find each step by hooks, instead of
+        ``step``/``phase`` blocks (keep ``phase("data")`` and custom phases). Steps are
+        numbered from ``first_step`` (default: where ``Checkpoints`` resumed, else 0); record
+        values with ``record``. Returns the hooks' handle (``remove()``)."""
+        from trainwatch.trainer.watch import NoWatch, Watch
+        if self._watch is not None:
+            self._watch.remove()
+        if first_step is None:
+            first_step = self._next_step
+        self._watch = (Watch(self, model, optimizer, first_step) if self.enabled
+                       else NoWatch())
+        return self._watch
+
+    def record(self, **values: Any) -> None:
+        """Values of the current watched step (loss, grad_norm, lr, tokens, samples, ...);
+        tensors stay on the device, as with ``StepRecorder.record``."""
+        watch = self._watch
+        target = watch.values if watch is not None and hasattr(watch, "values") else (
+            self._step_block.recorder.values)
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                value = value.detach()
+            target[key] = value
+
+    def continue_at(self, step: int) -> None:
+        """The next step the loop runs (``Checkpoints`` tells after a resume, a save or a
+        skipped step), so watched steps carry the loop's numbers."""
+        self._next_step = step
+        watch = self._watch
+        if watch is not None and not watch.open:
+            watch.seal()
+            watch.next_step = step
 
     def phase(self, name: str) -> _PhaseBlock | contextlib.nullcontext:
         """Mark what this rank is doing (in the loop's thread); nested phases restore the
@@ -445,14 +484,20 @@ class Telemetry:
         self._state["step"] = step
         self._phase = ("step", now)  # inside a step, between explicit phase blocks
 
-    def _end_step(self, step: int, values: dict[str, Any]) -> None:
-        now = time.perf_counter_ns()
+    def _end_step(self, step: int, values: dict[str, Any],
+                  ended: tuple[int, int, dict, dict] | None = None) -> None:
+        """Record a finished step; ``ended`` is (start ns, end ns, phases, CUDA events) of
+        a step that ended earlier (``watch`` seals a step only when the next one begins)."""
         try:
-            step_ns = now - self._step_start_ns
+            if ended is None:
+                start_ns, now = self._step_start_ns, time.perf_counter_ns()
+                phases, cuda_events = self._step_phase_ns, self._step_cuda_events
+                # The pending record owns these from here on; phases between steps go elsewhere.
+                self._step_phase_ns, self._step_cuda_events = {}, {}
+            else:
+                start_ns, now, phases, cuda_events = ended
+            step_ns = now - start_ns
             end_time = now / 1e9 + self._wall_offset
-            phases, cuda_events = self._step_phase_ns, self._step_cuda_events
-            # The pending record owns these from here on; phases between steps go elsewhere.
-            self._step_phase_ns, self._step_cuda_events = {}, {}
             # These counters have no writer but this thread; the deque is thread-safe.
             counters, pending = self._state["counters"], self._pending
             if len(pending) == pending.maxlen:
@@ -460,7 +505,8 @@ class Telemetry:
             pending.append((step, end_time, step_ns, phases, cuda_events, values))
             counters["steps_total"] += 1
             self._state["last_progress_at"] = end_time
-            self._phase = ("idle", now)  # between steps: the loop's own code, outside any phase
+            if ended is None:
+                self._phase = ("idle", now)  # between steps: the loop's own code
             if self.exchange_every:
                 data_ns = phases.get("data", 0)
                 local_ns = step_ns

@@ -106,6 +106,7 @@ class Checkpoints:
         self._agree_skips()
         if restored is None:
             return 0
+        self._continue_at(restored.step)
         self.restored = restored
         for name, target in state.items():
             if name == "data":
@@ -138,6 +139,7 @@ class Checkpoints:
             self._agree_skips()
         skip = step in self._skip
         if skip:
+            self._continue_at(step + 1)
             self._skipped.append(step)
             if step == self._skip.last:
                 self._journal_skipped()
@@ -151,6 +153,7 @@ class Checkpoints:
         (ranks agree on requests here); returns True when a save started.
         """
         self._last = (step, state)
+        self._continue_at(step)
         saving = []
 
         def taken() -> dict[str, Any]:
@@ -191,6 +194,10 @@ class Checkpoints:
         self.close(final=exc_type is None)  # a failing rank must not start a collective
 
     # ------------------------------------------------------------------ internals
+    def _continue_at(self, step: int) -> None:
+        if self.telemetry is not None and hasattr(self.telemetry, "continue_at"):
+            self.telemetry.continue_at(step)
+
     def _agree_skips(self) -> None:
         distributed = dist.is_available() and dist.is_initialized()
         self._skip = agree_skip_steps(self.run, distributed)
