@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainwatch.alerts.controller import JobController
-from trainwatch.rundir import RunDir, atomic_write_json, read_jsonl
+from trainwatch.errors import FormatError
+from trainwatch.rundir import RunDir, atomic_write_json, read_run_file
 
 log = logging.getLogger(__name__)
 
@@ -96,13 +97,13 @@ class ActionRunner:
     # ------------------------------------------------------------------ ledger
     def _ledger(self) -> dict[str, Any]:
         try:
-            doc = json.loads(self.ledger_path.read_text())
-            if doc.get("format") == LEDGER_FORMAT:
+            doc = json.loads(read_run_file(self.ledger_path))
+            if isinstance(doc, dict) and doc.get("format") == LEDGER_FORMAT:
                 return doc
             log.warning("%s is not an actions ledger; starting a new one", self.ledger_path)
         except FileNotFoundError:
             pass
-        except (OSError, ValueError) as exc:
+        except (FormatError, ValueError, RecursionError) as exc:
             log.warning("actions ledger unreadable (%s); starting a new one", exc)
         return {"format": LEDGER_FORMAT, "version": 1, "deliveries": {}, "last_restart_at": None,
                 "restarts_without_progress": 0, "step_at_last_restart": None,
@@ -331,7 +332,7 @@ def _first_bad_step(run: RunDir) -> int | None:
     since = max((t for t in rollbacks if isinstance(t, (int, float))), default=float("-inf"))
     records = []
     for rank in run.ranks_with_metrics():
-        records += [r for r in read_jsonl(run.metrics_file(rank)).records
+        records += [r for r in run.metrics(rank).records
                     if r.get("kind") == "step" and isinstance(r.get("step"), int)
                     and _logged_after(r, since)]
     bad = [r["step"] for r in records

@@ -22,7 +22,8 @@ from pathlib import Path
 import psutil
 
 from trainwatch.proctree import wait_gone
-from trainwatch.rundir import RunDir
+from trainwatch.errors import FormatError
+from trainwatch.rundir import RunDir, read_run_file
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +228,10 @@ class JobController:
         request = self.run.control_dir / "dump"
         request.touch()  # ranks answer control/dump from their telemetry thread
         for path in self.run.status_dir.glob("rank-*.json"):
-            shutil.copy2(path, folder / path.name)
+            try:  # a FIFO or a link to /dev/zero here must not hang or fill the disk
+                (folder / path.name).write_bytes(read_run_file(path, self.run.root))
+            except (OSError, FormatError) as exc:
+                (folder / f"{path.name}.skipped").write_text(f"{exc}\n")
         pyspy = shutil.which("py-spy")
         for rank, pid in sorted(self.rank_pids().items()):
             out = folder / f"py-spy-rank-{rank:05d}.txt"

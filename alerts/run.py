@@ -17,14 +17,13 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 from typing import Iterator
 
 import click
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
 from rich.logging import RichHandler
-from rich.table import Table
-from rich.text import Text
 
 from trainwatch.alerts.actions import ActionRunner, Policy
 from trainwatch.alerts.command import TELEMETRY_GRACE_SECONDS, TelemetryWatch, supervised_job
@@ -35,6 +34,9 @@ from trainwatch.alerts.loop import EngineLoop, connect_actions
 from trainwatch.alerts.notify import AlertmanagerNotifier, JournalNotifier, WebhookNotifier
 from trainwatch.alerts.promql import parse_duration
 from trainwatch.alerts.rules import load_rules
+from trainwatch.alerts.run_checks import check_launch
+from trainwatch.alerts.run_summary import ALREADY_COMPLETE, render as render_summary, summarize
+from trainwatch.alerts.run_view import Progress, live_view
 from trainwatch.alerts.scrape import Scraper
 from trainwatch.alerts.silences import Silences
 from trainwatch.alerts.supervise import Supervisor
@@ -92,39 +94,12 @@ def _logs_above(console: Console) -> Iterator[None]:
         root.handlers = saved
 
 
-def live_view(run: RunDir, engine: Engine, started: float) -> Group:
-    """Steps, loss, throughput per rank; firing alerts; the last actions."""
-    ranks = Table(title=f"trainwatch run · {run.root.name} · {time.time() - started:.0f}s",
-                  expand=True)
-    for col in ("rank", "state", "step", "phase", "loss", "tokens/s"):
-        ranks.add_column(col)
-    for s in run.statuses().records:
-        m = s.get("metrics") or {}
-        loss, tps = m.get("loss"), m.get("tokens_per_second")
-        ranks.add_row(str(s.get("rank")), str(s.get("state")), str(m.get("step", s.get("step"))),
-                      str(s.get("phase")),
-                      f"{loss:.4f}" if isinstance(loss, (int, float)) else "-",
-                      f"{tps:,.0f}" if isinstance(tps, (int, float)) else "-")
-    alerts = Table(title="alerts", expand=True)
-    for col in ("alert", "state", "severity", "summary"):
-        alerts.add_column(col)
-    for a in engine.alerts():
-        if a.state != "inactive":
-            alerts.add_row(a.name, a.state, a.rule.severity, a.annotations.get("summary", ""))
-    actions = Text()
-    for e in run.events("action_taken", "action_skipped", "job_started", "job_exited")[-5:]:
-        when = time.strftime("%H:%M:%S", time.localtime(e.get("time", 0)))
-        what = e.get("reason") or f"returncode {e.get('returncode')}"
-        actions.append(f"{when} {e['event']}: {what}\n")
-    return Group(ranks, alerts, actions)
-
-
 @click.command("run", context_settings={"allow_interspersed_args": False})
 @click.option("--nproc-per-node", type=int,
               help="Ranks on this machine (the reference trainer; not with a COMMAND).")
 @click.option("--run-dir", required=True, type=click.Path(file_okay=False),
               help="Where the run keeps its state (status, metrics, journal, logs).")
-@click.option("--steps", type=int, help="Override train.steps.")
+@click.option("--steps", type=click.IntRange(min=1), help="Override train.steps.")
 @click.option("--config", type=click.Path(dir_okay=False),
               help="Trainer YAML config (see examples/trainer.yaml).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
@@ -159,30 +134,29 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     A COMMAND gets $TRAINWATCH_RUN_DIR and is restarted, rolled back and stopped like the
     reference trainer; what it must do for that is in docs/own-trainer.md.
     """
-    ruleset = load_rules(rules_file, thresholds_file)  # bad rules: exit 2 before anything runs
+    # Everything is checked before anything starts or the run directory is touched.
+    ruleset = load_rules(rules_file, thresholds_file)
+    console = Console()
     if command:
-        given = [name for name, value in (("--nproc-per-node", nproc_per_node),
-                                          ("--steps", steps), ("--config", config),
-                                          ("--set", overrides), ("--max-restarts", max_restarts))
-                 if value]
-        if given:
-            raise ConfigError(f"{', '.join(given)} configure the reference trainer; with a "
-                              "COMMAND put your job's own options in the command",
-                              key=given[0])
-    elif nproc_per_node is None:
-        raise ConfigError("give --nproc-per-node (the reference trainer) or -- COMMAND "
-                          "(your own job)", key="--nproc-per-node")
-    elif nproc_per_node < 1:
-        raise ConfigError(f"must be at least 1, got {nproc_per_node}", key="--nproc-per-node")
-    if agent_config and _agent_available():
-        from trainwatch.agent.config import load_config as load_agent_config
-        load_agent_config(agent_config, run_dirs=[run_dir])  # else the agent dies unseen
-    if command:
-        controller = supervised_job(run_dir, list(command), "trainwatch run")
+        plan = None
+        controller = supervised_command(run_dir, list(command), nproc_per_node=nproc_per_node,
+                                        steps=steps, config=config, overrides=overrides,
+                                        max_restarts=max_restarts, agent_config=agent_config)
     else:
+        if nproc_per_node is None:
+            raise ConfigError("give --nproc-per-node (the reference trainer) or -- COMMAND "
+                              "(your own job)", key="--nproc-per-node")
+        plan = check_launch(run_dir, nproc_per_node=nproc_per_node, config=config,
+                            overrides=list(overrides), steps=steps,
+                            agent_config=agent_config if _agent_available() else None)
+        if plan.already_complete:
+            console.print(ALREADY_COMPLETE, highlight=False)
+            render_summary(summarize(run_dir, "already complete", plan.target_steps), console)
+            return
         controller = JobController(run_dir, train_command(
             run_dir, nproc_per_node, config=config, steps=steps, overrides=list(overrides),
             max_restarts=1 if max_restarts is None else max_restarts))
+    target_steps = plan.target_steps if plan is not None else None
     run_ = controller.run
     interval = parse_duration(ruleset.thresholds["evaluation_interval"])
     history = History()
@@ -194,10 +168,12 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     engine = Engine(ruleset, history, silences=silences, notifiers=notifiers)
     agent_proc = None
     targets = []
+    agent_url = None
     if _agent_available():
         port = _free_port()
         agent_proc = start_agent(run_, port, agent_config)
         targets.append(f"127.0.0.1:{port}")
+        agent_url = f"http://127.0.0.1:{port}"
     else:
         click.echo("trainwatch agent is not installed: alerts that need its metrics are blind",
                    err=True)
@@ -210,14 +186,20 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     watch = (TelemetryWatch(controller, lambda text: click.echo(text, err=True),
                             grace=telemetry_grace) if command else None)
     run_.append_event("controller_started", "engine", nproc_per_node=nproc_per_node,
-                      command=list(command) or None, agent=targets, rules=len(ruleset.rules), dry_run=dry_run)
+                      command=list(command) or None, agent=targets, rules=len(ruleset.rules),
+                      dry_run=dry_run)
     started = time.time()
     interrupted = False
+    progress = Progress(target_steps)
+    job_log_start = _size(run_.logs_dir / "job.log")
     # SIGTERM stops everything as cleanly as Ctrl-C does (trainwatch.cli.main makes sure
     # SIGINT raises KeyboardInterrupt).
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         controller.start("trainwatch run")
+        what = (f"starting {' '.join(command)}" if command
+                else f"starting {nproc_per_node} rank(s) under torchrun")
+        click.echo(f"trainwatch run: {run_.root}: {what}; agent {agent_url or 'not running'}")
         if agent_proc is not None:
             wait_for_agent(agent_proc, targets[0])
         loop.start()
@@ -225,14 +207,14 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
         if watch is not None:
             watch.start()
         if no_live:
-            while not supervisor.finished.wait(1.0):
-                pass
+            _progress_lines(run_, supervisor, progress)
         else:
-            with Live(live_view(run_, engine, started), refresh_per_second=2) as live, \
+            view = lambda: live_view(run_, engine, progress.update(run_), started, agent_url)  # noqa: E731
+            with Live(view(), refresh_per_second=2, console=console) as live, \
                     _logs_above(live.console):
                 while not supervisor.finished.wait(0.5):
-                    live.update(live_view(run_, engine, started))
-                live.update(live_view(run_, engine, started))
+                    live.update(view())
+                live.update(view())
     except KeyboardInterrupt:
         interrupted = True
     finally:
@@ -250,8 +232,10 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
                           interrupted=interrupted, seconds=round(time.time() - started, 3),
                           actions=len(run_.events("action_taken")))
     if code == 2:
-        raise ConfigError("the training job rejected its input (exit 2); "
-                          f"{_last_lines(run_.logs_dir / 'job.log')}")
+        raise ConfigError("the training job rejected its input (exit 2): "
+                          + _new_lines(run_.logs_dir / "job.log", job_log_start))
+    outcome = "interrupted" if interrupted else "failed" if code else "finished"
+    render_summary(summarize(run_.root, outcome, target_steps), console)
     if code and code != 130:
         skipped = run_.events("action_skipped")
         why = f": {skipped[-1].get('reason')}" if skipped else ""
@@ -261,11 +245,47 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
         sys.exit(code if code in (2, 130) else 1)
 
 
-def _last_lines(path, n: int = 3) -> str:
-    """The end of the job's log: the job's own error message, for `trainwatch run` to show."""
+def supervised_command(run_dir, command, *, nproc_per_node, steps, config, overrides,
+                       max_restarts, agent_config) -> JobController:
+    """The checks of a ``-- COMMAND`` launch (the trainer's options do not apply), then its
+    controller; ConfigError (exit 2) before anything starts."""
+    given = [name for name, value in (("--nproc-per-node", nproc_per_node), ("--steps", steps),
+                                      ("--config", config), ("--set", overrides),
+                                      ("--max-restarts", max_restarts)) if value]
+    if given:
+        raise ConfigError(f"{', '.join(given)} configure the reference trainer; with a COMMAND "
+                          "put your job's own options in the command", key=given[0])
+    if Path(run_dir).exists() and not Path(run_dir).is_dir():
+        raise ConfigError("exists and is not a directory", file=str(run_dir), key="--run-dir")
+    if agent_config and _agent_available():
+        from trainwatch.agent.config import load_config as load_agent_config
+        load_agent_config(agent_config, run_dirs=[str(run_dir)])
+    return supervised_job(run_dir, command, "trainwatch run")
+
+
+def _progress_lines(run: RunDir, supervisor: Supervisor, progress: Progress,
+                    every: float = 10.0) -> None:
+    """Without the live view: a progress line every ``every`` seconds."""
+    while not supervisor.finished.wait(every):
+        click.echo(f"trainwatch run: {progress.update(run).line()}")
+
+
+def _size(path) -> int:
     try:
-        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _new_lines(path, offset: int, n: int = 5) -> str:
+    """What the job wrote to its log in this launch (the log is kept across launches)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            text = fh.read().decode(errors="replace")
     except OSError:
         return f"no {path}"
-    return f"{path} ends with:\n  " + "\n  ".join(lines[-n:]) if lines else f"{path} is empty"
-
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return f"nothing in {path}"
+    return "\n  " + "\n  ".join(lines[-n:])

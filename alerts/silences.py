@@ -12,8 +12,8 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from trainwatch.errors import ConfigError
-from trainwatch.rundir import atomic_write_json
+from trainwatch.errors import ConfigError, FormatError
+from trainwatch.rundir import atomic_write_json, read_run_file
 
 FORMAT = "trainwatch.silences"
 
@@ -32,6 +32,26 @@ class Silence:
 
     def matches(self, labels: dict[str, str]) -> bool:
         return all(labels.get(k) == v for k, v in self.matchers.items())
+
+
+def _silence(entry: object, index: int, path: str) -> Silence:
+    """One stored silence, or a ConfigError naming it (a hand-edited file is input too)."""
+    key = f"silences[{index}]"
+    if not isinstance(entry, dict):
+        raise ConfigError("must be an object", file=path, key=key)
+    matchers = entry.get("matchers")
+    if not isinstance(matchers, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in matchers.items()):
+        raise ConfigError("matchers must map label names to strings", file=path, key=key)
+    for name in ("starts_at", "ends_at"):
+        value = entry.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{name} must be a number", file=path, key=key)
+    text = {name: entry.get(name, "") for name in ("id", "comment", "created_by")}
+    if not all(isinstance(v, str) for v in text.values()):
+        raise ConfigError("id, comment and created_by must be strings", file=path, key=key)
+    return Silence(text["id"], dict(matchers), float(entry["starts_at"]),
+                   float(entry["ends_at"]), text["comment"], text["created_by"])
 
 
 def parse_matchers(items: list[str]) -> dict[str, str]:
@@ -53,14 +73,17 @@ class Silences:
 
     def load(self) -> list[Silence]:
         try:
-            doc = json.loads(self.path.read_text())
+            doc = json.loads(read_run_file(self.path))
         except FileNotFoundError:
             return []
-        except (OSError, ValueError) as exc:
+        except (FormatError, ValueError, RecursionError) as exc:
             raise ConfigError(f"unreadable silences file: {exc}", file=str(self.path)) from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise ConfigError("not a trainwatch silences file", file=str(self.path))
-        return [Silence(**s) for s in doc.get("silences", [])]
+        entries = doc.get("silences", [])
+        if not isinstance(entries, list):
+            raise ConfigError("'silences' must be a list", file=str(self.path), key="silences")
+        return [_silence(entry, i, str(self.path)) for i, entry in enumerate(entries)]
 
     def _save(self, silences: list[Silence]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

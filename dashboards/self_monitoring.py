@@ -68,9 +68,11 @@ def build(runbook_base: str) -> dict:
                  alerts=("TrainwatchCollectorFailing",), w=6)
     b.timeseries("Skipped status files",
                  target(b.increase("trainwatch_collector_status_files_skipped_total"),
-                        "{{node}} {{job}}"),
-                 description="Status files the agent rejected as torn, empty, alien or of an "
-                             "unknown version (listed in /status).")
+                        "{{node}} {{job}} {{reason}}"),
+                 description="Status files the agent rejected, by reason: special files "
+                             "(FIFOs, devices), links out of the run directory, too large, "
+                             "torn or nested too deeply, alien, wrong rank or field types "
+                             "(listed in /status).")
     b.timeseries("Skipped journal lines",
                  target(b.increase("trainwatch_collector_journal_lines_skipped_total"),
                         "{{node}} {{job}}"),

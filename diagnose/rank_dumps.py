@@ -56,6 +56,6 @@ def request(run: RunDir) -> str:
 
 def read_dump(run: RunDir, rank: int) -> dict[str, Any] | None:
     try:
-        return read_record(dump_path(run.root, rank), DUMP_FORMAT)
+        return read_record(dump_path(run.root, rank), DUMP_FORMAT, root=run.root)
     except FormatError:
         return None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import statistics
@@ -10,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from trainwatch.diagnose.model import Evidence
-from trainwatch.rundir import RunDir
+from trainwatch.errors import FormatError
+from trainwatch.rundir import RunDir, parse_json, read_run_file_tail
 
 TAIL_BYTES = 64 * 1024
 TAIL_STEPS = 50
@@ -29,7 +29,7 @@ def gather(run: RunDir, ev: Evidence) -> None:
             ev.skipped.append(f"{run.status_file(0).parent}: status without an integer rank")
             continue
         ev.ranks[rank] = rank_view(status, now)
-        ev.ranks[rank]["recent"] = recent_steps(run.metrics_file(rank))
+        ev.ranks[rank]["recent"] = recent_steps(run.metrics_file(rank), run.root)
     if not ev.ranks:
         ev.cannot_see(f"no rank status files in {run.status_dir} (job not started, "
                       "or not using trainwatch telemetry)")
@@ -62,23 +62,19 @@ def rank_view(status: dict[str, Any], now: float) -> dict[str, Any]:
     }
 
 
-def recent_steps(path: Path) -> dict[str, Any]:
+def recent_steps(path: Path, root: Path | None = None) -> dict[str, Any]:
     """Medians over the last steps of a rank's metrics log (read from its tail only)."""
     try:
-        with open(path, "rb") as fh:
-            fh.seek(0, 2)
-            size = fh.tell()
-            fh.seek(max(0, size - TAIL_BYTES))
-            lines = fh.read().splitlines()[1 if size > TAIL_BYTES else 0:]
-    except OSError:
+        tail = read_run_file_tail(path, root, max_bytes=TAIL_BYTES)
+    except (OSError, FormatError):
         return {}
+    # The first line of a cut tail is a fragment (parse_json skips it).
     steps = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and record.get("kind") == "step":
+    for line in tail.splitlines():
+        record, _ = parse_json(line)
+        if isinstance(record, dict) and record.get("kind") == "step" and all(
+                isinstance(record.get(k, 0), (int, float)) for k in (
+                    "step_time_seconds", "data_wait_seconds")):
             steps.append(record)
     steps = steps[-TAIL_STEPS:]
     if not steps:
@@ -90,8 +86,10 @@ def recent_steps(path: Path) -> dict[str, Any]:
 
     phases: dict[str, list[float]] = {}
     for s in steps:
-        for name, seconds in (s.get("phase_seconds") or {}).items():
-            phases.setdefault(name, []).append(seconds)
+        recorded = s.get("phase_seconds")
+        for name, seconds in (recorded.items() if isinstance(recorded, dict) else ()):
+            if isinstance(seconds, (int, float)) and not isinstance(seconds, bool):
+                phases.setdefault(str(name), []).append(seconds)
     losses = [s.get("loss") for s in steps if isinstance(s.get("loss"), (int, float))]
     return {"steps": len(steps), "last_step": steps[-1].get("step"),
             "step_time": median("step_time_seconds"), "data_wait": median("data_wait_seconds"),
@@ -105,9 +103,10 @@ def launcher_exits(logs_dir: Path) -> dict[str, Any]:
     if logs_dir.is_dir():
         for path in sorted(logs_dir.glob("*.log")):
             try:
-                text = path.read_bytes()[-4 * TAIL_BYTES:].decode("utf-8", "replace")
-            except OSError:
+                tail = read_run_file_tail(path, logs_dir.parent, max_bytes=4 * TAIL_BYTES)
+            except (OSError, FormatError):
                 continue
+            text = tail.decode("utf-8", "replace")
             for match in _LAUNCHER_FAILED.finditer(text):
                 exits.append({"exitcode": int(match[1]), "local_rank": int(match[2]),
                               "pid": int(match[3]), "log": str(path)})

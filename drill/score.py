@@ -17,8 +17,8 @@ from typing import Any
 from trainwatch.drill import catalog
 from trainwatch.drill.catalog import ALERT, CONTROLLER, FINDING, LAUNCHER, NONE, TORCHRUN, Drill
 from trainwatch.drill.runner import RECORD_FORMAT, RECORD_VERSION, record_file
-from trainwatch.errors import ConfigError
-from trainwatch.rundir import RunDir
+from trainwatch.errors import ConfigError, FormatError
+from trainwatch.rundir import RunDir, read_run_file
 
 FORMAT = "trainwatch.drill"
 VERSION = 1
@@ -38,11 +38,11 @@ def read_record(run_dir: str | Path) -> dict[str, Any]:
     if not RunDir(run_dir).exists():
         raise ConfigError("no such run directory", file=str(run_dir))
     try:
-        record = json.loads(path.read_text())
+        record = json.loads(read_run_file(path, run_dir))
     except FileNotFoundError:
         raise ConfigError("missing: not a drill's run directory (trainwatch drill run writes "
                           "it)", file=str(path)) from None
-    except (OSError, ValueError) as exc:
+    except (OSError, FormatError, ValueError, RecursionError) as exc:
         raise ConfigError(f"unreadable or not JSON ({exc})", file=str(path)) from None
     if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
         raise ConfigError(f"not a {RECORD_FORMAT} file", file=str(path))
@@ -55,8 +55,8 @@ def read_record(run_dir: str | Path) -> dict[str, Any]:
 def launcher_failures(run: RunDir, near: float) -> list[float]:
     """Times torchrun logged a failed worker; its log has no year, so take ``near``'s."""
     try:
-        text = (run.logs_dir / "torchrun.log").read_text(errors="replace")
-    except OSError:
+        text = run.log_text("torchrun.log")
+    except (OSError, FormatError):
         return []
     year = time.localtime(near).tm_year
     times = []

@@ -119,9 +119,8 @@ def percent(ratio: float | None) -> str:
     return "-" if ratio is None else f"{100 * ratio:.1f} %"
 
 
-def _table(title: str, console: Console) -> Table:
-    return Table(title=title, title_justify="left",
-                 box=box.SIMPLE_HEAD if console.is_terminal else box.ASCII)
+def _table(title: str) -> Table:
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
 
 
 def render(data: dict[str, Any], console: Console) -> None:
@@ -137,7 +136,7 @@ def render(data: dict[str, Any], console: Console) -> None:
                   f"unique steps" + (f" of {steps['target']}" if steps["target"] else "")
                   + f", {steps['executed']} executed, {steps['recomputed']} recomputed")
 
-    table = _table("Where the time went", console)
+    table = _table("Where the time went")
     for col in ("category", "time", "share") + (("cost",) if price is not None else ()):
         table.add_column(col, justify="left" if col == "category" else "right")
     wall = t["wall_seconds"]
@@ -150,7 +149,7 @@ def render(data: dict[str, Any], console: Console) -> None:
     console.print(table)
 
     if data["incidents"]:
-        table = _table("Incidents", console)
+        table = _table("Incidents")
         for col in ("attempt", "after", "cause", "steps lost", "recomputed", "downtime",
                     "stalled", "total") + (("cost",) if price is not None else ()):
             table.add_column(col, overflow="fold", no_wrap=col != "cause")

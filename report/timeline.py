@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainwatch.errors import ConfigError
+from trainwatch.errors import ConfigError, FormatError
 from trainwatch.rundir import ReadResult, RunDir, Skipped
 
 # Events that say an attempt's processes are gone (or going): its end marker.
@@ -161,8 +161,8 @@ def _rank0_metrics(run: RunDir) -> tuple[list[StepExec], list[tuple[int, float]]
 def _torchrun_exits(run: RunDir) -> list[dict[str, Any]]:
     """Workers torchrun reported as failed (exit code, local rank, pid); [] without its log."""
     try:
-        text = (run.logs_dir / "torchrun.log").read_text(errors="replace")
-    except OSError:
+        text = run.log_text("torchrun.log")
+    except (OSError, FormatError):
         return []
     return [{"exitcode": int(code), "local_rank": int(local), "pid": int(pid)}
             for code, local, pid in _TORCHRUN_FAILED.findall(text)]

@@ -76,10 +76,13 @@ def test_ranks_skips_and_counts_torn_and_alien_status_files(tmp_path):
     ranks = collector(ctx, "ranks")
     first = ranks.collect()
     second = ranks.collect()  # the same bad files again: not counted twice
-    assert value(second, "trainwatch_collector_status_files_skipped_total", job="exp") == 3
+    skipped = samples(second, "trainwatch_collector_status_files_skipped_total")
+    assert {dict(k)["reason"]: v for k, v in skipped.items()} == {
+        "not_json": 1, "alien_format": 1, "unsupported_version": 1}
     (run.status_dir / "rank-00001.json").write_text("garbage, new version of the file")
     third = ranks.collect()
-    assert value(third, "trainwatch_collector_status_files_skipped_total", job="exp") == 4
+    assert value(third, "trainwatch_collector_status_files_skipped_total", job="exp",
+                 reason="not_json") == 2
     job = third.data["jobs"][0]
     assert [r["rank"] for r in job["ranks"]] == [0]
     assert {Path(s["path"]).name for s in job["skipped"]} >= {"rank-00002.json"}

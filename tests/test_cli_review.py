@@ -56,15 +56,14 @@ def test_receiver_on_a_port_in_use_says_so_and_exits_2(tmp_path, busy_port):
     assert "already in use" in done.stderr and "--listen" in done.stderr
 
 
-def test_run_with_a_bad_trainer_key_shows_the_jobs_error_and_exits_2(tmp_path):
-    """The trainer validates its config in the supervised job; `trainwatch run` used to exit 2
-    with no word (the message sat in logs/job.log)."""
+def test_run_with_a_bad_trainer_key_names_it_and_exits_2_before_starting(tmp_path):
+    """`trainwatch run` checks the trainer's config itself, before it starts anything."""
     done = tw("run", "--nproc-per-node", "1", "--run-dir", str(tmp_path / "run"), "--no-live",
               "--set", "optim.lrr=1e-3", timeout=120)
     _no_traceback(done)
     assert done.returncode == 2
-    assert "the training job rejected its input" in done.stderr
-    assert "key 'optim.lrr': unknown key" in done.stderr
+    assert "--set, key 'optim.lrr': unknown key" in done.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_run_with_a_bad_agent_config_exits_2_before_starting_anything(tmp_path):

@@ -14,7 +14,7 @@ import click
               help="Ranks on this machine.")
 @click.option("--run-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Where the run keeps its state (status, metrics, journal, logs).")
-@click.option("--steps", type=int, help="Shorthand for --set train.steps=N.")
+@click.option("--steps", type=click.IntRange(min=1), help="Shorthand for --set train.steps=N.")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False),
               help="YAML config (sections model, data, optim, train, telemetry, checkpoint).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",

@@ -28,7 +28,7 @@ from trainwatch.errors import ConfigError
 from trainwatch.node import ENV as NODE_ENV, node_name
 from trainwatch.rundir import RunDir
 from trainwatch.trainer.checkpoint.catalog import complete
-from trainwatch.trainer.checkpoint.resume import check_compatible
+from trainwatch.trainer.checkpoint.compat import check_compatible
 from trainwatch.trainer.config import Config, load_config
 from trainwatch.trainer.faults import ENV as FAULT_ENV, parse_faults
 

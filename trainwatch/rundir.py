@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import stat
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -92,14 +94,130 @@ def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------- reading
+#
+# Anything can appear in a run directory: a FIFO or a device where a status file should
+# be, a symlink to /dev/zero, a file of 200 MB, JSON nested a million deep.  Every reader
+# goes through ``open_run_file``/``read_run_file``: regular files only (checked before
+# opening, so a device is never opened, and again on the open descriptor), opened
+# non-blocking, symlinks that leave the run directory refused, sizes capped before
+# reading.  A bad file costs that file only: it is skipped with a reason code.
+
+MAX_RECORD_BYTES = 4 << 20  # a status file, run.json, a dump: writers produce a few KB
+MAX_LINE_BYTES = 1 << 20    # one JSON line (journal, metrics log)
+
+# Why a file or line was skipped: the ``reason`` label of the agent's skip counters.
+SKIP_REASONS = ("special_file", "outside_run_dir", "too_large", "unreadable", "not_json",
+                "too_deep", "not_object", "alien_format", "unsupported_version",
+                "rank_mismatch", "wrong_type")
+
+
+class SkippedFile(FormatError):
+    """A run-directory file a reader will not use; ``reason`` is one of SKIP_REASONS."""
+
+    def __init__(self, path: str | Path, reason: str, detail: str):
+        self.path, self.reason, self.detail = str(path), reason, detail
+        super().__init__(f"{path}: {detail}")
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_run_file(path: str | Path, root: str | Path | None = None) -> tuple[int, os.stat_result]:
+    """An O_NONBLOCK descriptor of a regular file (and its stat); SkippedFile otherwise.
+
+    ``root``: symlinks may point anywhere inside it, never out of it.  FileNotFoundError
+    passes through (a missing file is not a bad one).
+    """
+    path = Path(path)
+    if root is not None:
+        real, top = os.path.realpath(path), os.path.realpath(root)
+        if real != top and not real.startswith(top.rstrip(os.sep) + os.sep):
+            raise SkippedFile(path, "outside_run_dir", f"points outside the run directory "
+                              f"(to {real})")
+    try:
+        before = os.stat(path)
+        if not stat.S_ISREG(before.st_mode):
+            raise SkippedFile(path, "special_file", f"{_file_kind(before.st_mode)}, not a "
+                              "regular file")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise SkippedFile(path, "unreadable", f"unreadable ({exc.strerror or exc})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # swapped between the stat and the open
+        os.close(fd)
+        raise SkippedFile(path, "special_file", f"{_file_kind(st.st_mode)}, not a regular file")
+    return fd, st
+
+
+def read_run_file(path: str | Path, root: str | Path | None = None, *,
+                  max_bytes: int = MAX_RECORD_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``; SkippedFile otherwise."""
+    fd, st = open_run_file(path, root)
+    try:
+        if st.st_size > max_bytes:
+            raise SkippedFile(path, "too_large", f"{st.st_size} bytes, more than the "
+                              f"{max_bytes} a reader takes")
+        chunks, left = [], max_bytes + 1
+        while left > 0:
+            try:
+                chunk = os.read(fd, min(left, 1 << 20))
+            except OSError as exc:
+                raise SkippedFile(path, "unreadable",
+                                  f"unreadable ({exc.strerror or exc})") from None
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:  # grew after the stat
+        raise SkippedFile(path, "too_large", f"more than the {max_bytes} bytes a reader takes")
+    return data
+
+
+def read_run_file_tail(path: str | Path, root: str | Path | None = None, *,
+                       max_bytes: int = MAX_RECORD_BYTES) -> bytes:
+    """The last ``max_bytes`` of a regular file (logs, metrics logs); SkippedFile otherwise."""
+    fd, st = open_run_file(path, root)
+    try:
+        return os.pread(fd, max_bytes, max(0, st.st_size - max_bytes))
+    except OSError as exc:
+        raise SkippedFile(path, "unreadable", f"unreadable ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+
+
+def parse_json(data: bytes | str) -> tuple[Any, str | None]:
+    """JSON, depth-safe: (value, None), or (None, reason) for bytes that are not JSON or
+    nest deeper than the interpreter can parse."""
+    try:
+        return json.loads(data), None
+    except RecursionError:
+        return None, "too_deep"
+    except (ValueError, UnicodeDecodeError):
+        return None, "not_json"
+
 
 @dataclass
 class Skipped:
-    """A file or line a reader could not use, and why (shown to users, counted by the agent)."""
+    """A file or line a reader could not use, and why (shown to users, counted by the agent).
+
+    ``reason`` is the human sentence; ``code`` one of SKIP_REASONS (the counters' label).
+    """
 
     path: str
     reason: str
     line: int | None = None
+    code: str = "not_json"
 
     def __str__(self) -> str:
         where = f"{self.path}:{self.line}" if self.line else self.path
@@ -112,32 +230,76 @@ class ReadResult:
     skipped: list[Skipped] = field(default_factory=list)
 
 
-def read_record(path: str | Path, expected_format: str) -> dict[str, Any]:
-    """Read one versioned JSON document; raise FormatError saying what is wrong with it."""
+def read_record(path: str | Path, expected_format: str, *, root: str | Path | None = None,
+                max_bytes: int = MAX_RECORD_BYTES) -> dict[str, Any]:
+    """Read one versioned JSON document; FormatError (a SkippedFile with its reason code
+    for anything but a missing file) saying what is wrong with it."""
     try:
-        raw = Path(path).read_bytes()
+        raw = read_run_file(path, root, max_bytes=max_bytes)
     except FileNotFoundError:
         raise FormatError(f"{path}: missing") from None
-    except OSError as exc:
-        raise FormatError(f"{path}: unreadable ({exc.strerror})") from None
     if not raw.strip():
-        raise FormatError(f"{path}: empty file")
-    try:
-        obj = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise FormatError(f"{path}: torn or not JSON ({exc})") from None
+        raise SkippedFile(path, "not_json", "empty file")
+    obj, why = parse_json(raw)
+    if why == "too_deep":
+        raise SkippedFile(path, why, "JSON nested too deeply")
+    if why is not None:
+        raise SkippedFile(path, why, "torn or not JSON")
     return check_format(obj, expected_format, str(path))
 
 
 def check_format(obj: Any, expected_format: str, where: str) -> dict[str, Any]:
     if not isinstance(obj, dict):
-        raise FormatError(f"{where}: not a JSON object")
+        raise SkippedFile(where, "not_object", "not a JSON object")
     fmt, version = obj.get("format"), obj.get("version")
     if fmt != expected_format:
-        raise FormatError(f"{where}: not a {expected_format} file (format={fmt!r})")
+        raise SkippedFile(where, "alien_format",
+                          f"not a {expected_format} file (format={_short(fmt)})")
     if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
-        raise FormatError(f"{where}: {expected_format} version {version!r} is not supported "
+        raise SkippedFile(where, "unsupported_version",
+                          f"{expected_format} version {_short(version)} is not supported "
                           f"(this trainwatch reads version {FORMAT_VERSION})")
+    return obj
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# Types of the status fields readers rely on (None is always allowed): a file with another
+# type is skipped as a whole, so no reader meets a string where it does arithmetic.
+_NUMBER = (int, float)
+_STATUS_TYPES: dict[str, tuple[type, ...]] = {
+    "pid": (int,), "world_size": (int,), "local_rank": (int,), "step": (int,),
+    "restart_count": (int,), "state": (str,), "phase": (str,), "job": (str,), "node": (str,),
+    "backend": (str,), "device": (str,), "heartbeat_at": _NUMBER, "started_at": _NUMBER,
+    "last_progress_at": _NUMBER, "phase_since": _NUMBER, "last_nonfinite_loss_at": _NUMBER,
+    "metrics": (dict,), "counters": (dict,), "eval": (dict,), "checkpoint": (dict,),
+    "timing": (dict,), "info": (dict,), "phase_budgets": (dict,),
+}
+MAX_RANK = 1 << 24  # far beyond any world size; keeps label values bounded
+
+
+def check_status(obj: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """A status record whose fields have the documented types and whose rank is the one
+    in its file name (a file claiming another rank would shadow or invent a rank)."""
+    rank = obj.get("rank")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < MAX_RANK:
+        raise SkippedFile(path, "wrong_type", f"rank {_short(rank)} is not a rank number")
+    name = Path(path).name
+    if name != f"rank-{rank:05d}.json":
+        raise SkippedFile(path, "rank_mismatch", f"says rank {rank}, its name says otherwise")
+    for key, types in _STATUS_TYPES.items():
+        value = obj.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+            raise SkippedFile(path, "wrong_type",
+                              f"'{key}' is {type(value).__name__}, expected "
+                              f"{' or '.join(t.__name__ for t in types)}")
+    for key in ("heartbeat_at", "started_at", "last_progress_at", "phase_since"):
+        value = obj.get(key)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SkippedFile(path, "wrong_type", f"'{key}' is not a finite number")
     return obj
 
 
@@ -149,34 +311,61 @@ def parse_jsonl_line(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
     """
     if not line.strip():
         return None, None
-    try:
-        obj = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
+    obj, why = parse_json(line)
+    if why == "too_deep":
+        return None, "nested too deeply"
+    if why is not None:
         # A torn last line is what a crash mid-append leaves; say so plainly.
         return None, "torn or not JSON"
     if not isinstance(obj, dict):
         return None, "not a JSON object"
     version = obj.get("v", 1)
     if not isinstance(version, int) or version > FORMAT_VERSION:
-        return None, f"record version {version!r} not supported"
+        return None, f"record version {_short(version)} not supported"
     return obj, None
 
 
-def read_jsonl(path: str | Path) -> ReadResult:
-    """Read a JSON-lines file, skipping (and reporting) torn or alien lines."""
+def line_skip_code(reason: str) -> str:
+    """The SKIP_REASONS code of a ``parse_jsonl_line`` reason."""
+    return {"nested too deeply": "too_deep", "torn or not JSON": "not_json",
+            "not a JSON object": "not_object"}.get(reason, "unsupported_version")
+
+
+def read_jsonl(path: str | Path, root: str | Path | None = None, *,
+               max_line_bytes: int = MAX_LINE_BYTES) -> ReadResult:
+    """Read a JSON-lines file, skipping (and reporting) torn, alien or overlong lines."""
     result = ReadResult()
     try:
-        fh = open(path, "rb")
+        fd, _ = open_run_file(path, root)
     except FileNotFoundError:
         return result
-    except OSError as exc:
-        result.skipped.append(Skipped(str(path), f"unreadable ({exc.strerror})"))
+    except SkippedFile as exc:
+        result.skipped.append(Skipped(str(path), exc.detail, code=exc.reason))
         return result
-    with fh:
-        for lineno, line in enumerate(fh, 1):
+    with os.fdopen(fd, "rb") as fh:
+        lineno, long_line = 0, False
+        while True:
+            try:
+                line = fh.readline(max_line_bytes + 1)
+            except OSError as exc:
+                result.skipped.append(Skipped(str(path), f"unreadable ({exc.strerror or exc})",
+                                              code="unreadable"))
+                break
+            if not line:
+                break
+            if long_line:  # the rest of a line already skipped
+                long_line = not line.endswith(b"\n")
+                continue
+            lineno += 1
+            if len(line) > max_line_bytes:
+                long_line = not line.endswith(b"\n")
+                result.skipped.append(Skipped(str(path), f"line longer than {max_line_bytes} "
+                                              "bytes", lineno, code="too_large"))
+                continue
             obj, reason = parse_jsonl_line(line)
             if reason is not None:
-                result.skipped.append(Skipped(str(path), reason, lineno))
+                result.skipped.append(Skipped(str(path), reason, lineno,
+                                              code=line_skip_code(reason)))
             elif obj is not None:
                 result.records.append(obj)
     return result
@@ -258,7 +447,7 @@ class RunDir:
 
     def run_info(self) -> dict[str, Any] | None:
         try:
-            return read_record(self.run_file, RUN_FORMAT)
+            return read_record(self.run_file, RUN_FORMAT, root=self.root)
         except FormatError as exc:
             if self.run_file.exists():
                 log.warning("%s", exc)
@@ -277,9 +466,13 @@ class RunDir:
             return result
         for path in sorted(self.status_dir.glob("rank-*.json")):
             try:
-                result.records.append(read_record(path, STATUS_FORMAT))
-            except FormatError as exc:
-                result.skipped.append(Skipped(str(path), str(exc).split(": ", 1)[-1]))
+                record = check_status(read_record(path, STATUS_FORMAT, root=self.root), path)
+            except SkippedFile as exc:
+                result.skipped.append(Skipped(str(path), exc.detail, code=exc.reason))
+            except FormatError:  # vanished between the listing and the read
+                continue
+            else:
+                result.records.append(record)
         return result
 
     # journal -----------------------------------------------------------------
@@ -290,16 +483,22 @@ class RunDir:
         return record
 
     def journal(self) -> ReadResult:
-        return read_jsonl(self.journal_file)
+        return read_jsonl(self.journal_file, self.root)
 
     def events(self, *names: str) -> list[dict[str, Any]]:
         """Journal records, optionally only those with the given event names."""
         records = self.journal().records
         return [r for r in records if not names or r.get("event") in names]
 
+    def log_text(self, name: str, max_bytes: int = 16 << 20) -> str:
+        """The end of ``logs/<name>`` as text (torchrun's log, the job's); OSError or
+        FormatError (a special file, a symlink out) when it cannot be read safely."""
+        return read_run_file_tail(self.logs_dir / name, self.root,
+                                  max_bytes=max_bytes).decode("utf-8", "replace")
+
     # per-step metrics ----------------------------------------------------------
     def metrics(self, rank: int = 0) -> ReadResult:
-        return read_jsonl(self.metrics_file(rank))
+        return read_jsonl(self.metrics_file(rank), self.root)
 
     def ranks_with_metrics(self) -> list[int]:
         ranks = []

@@ -33,7 +33,7 @@ from typing import Any
 
 from trainwatch.agent.registry import Collector, Result, register
 from trainwatch.alerts.rules import ACTIONS, SEVERITIES, load_rules
-from trainwatch.rundir import parse_jsonl_line
+from trainwatch.rundir import SkippedFile, open_run_file, parse_jsonl_line
 
 RESTART_KINDS = ("torchrun", "controller")
 OTHER = "other"
@@ -106,7 +106,7 @@ class JournalCollector(Collector):
             if tail is None:
                 tail = self.tails[key] = _Tail(
                     recent=deque(maxlen=int(self.options["max_skipped_shown"])))
-            self._read(run.journal_file, tail)
+            self._read(run.journal_file, tail, run.root)
             job = jobs.get(key) or (run.run_info() or {}).get("job") or run.root.resolve().name
             if tail.caught_up:
                 self._export(tail, str(job), result)
@@ -121,10 +121,11 @@ class JournalCollector(Collector):
         return result
 
     # -- reading -----------------------------------------------------------------------
-    def _read(self, path: Path, tail: _Tail) -> None:
+    def _read(self, path: Path, tail: _Tail, root: Path) -> None:
         """Consume the whole lines after ``tail.offset``, at most ``self.cap`` bytes."""
         try:
-            with open(path, "rb") as fh:
+            fd, _ = open_run_file(path, root)  # regular files only: a FIFO never blocks us
+            with os.fdopen(fd, "rb") as fh:
                 fd = fh.fileno()
                 st = os.fstat(fd)
                 file_id = (st.st_dev, st.st_ino)
@@ -139,6 +140,9 @@ class JournalCollector(Collector):
         except FileNotFoundError:  # no journal yet, or rotated away: the next file starts over
             tail.start_over(None)
             tail.caught_up, tail.error = True, None
+            return
+        except SkippedFile as exc:
+            tail.error = exc.detail
             return
         except OSError as exc:
             tail.error = f"unreadable ({exc.strerror or exc})"

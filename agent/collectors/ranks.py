@@ -55,7 +55,7 @@ class RanksCollector(Collector):
         super().__init__(ctx, options)
         self.procs = ProcessTracker(ctx.config.proc_root)
         self._skip_seen: dict[str, set[tuple[str, int, int]]] = {}
-        self._skip_total: dict[str, int] = {}
+        self._skip_total: dict[str, dict[str, int]] = {}  # run dir -> reason code -> count
         self._skip_recent: dict[str, deque] = {}
 
     def collect(self) -> Result:
@@ -81,15 +81,17 @@ class RanksCollector(Collector):
         job_name = info.get("job") or run.root.resolve().name
         key = str(run.root)
         self._count_skipped(key, statuses.skipped)
-        records = [r for r in statuses.records if isinstance(r.get("rank"), int)]
+        records = statuses.records  # typed and named after their rank (RunDir.statuses)
         if records:
             job_name = str(records[0].get("job") or job_name)
         local = self._local(records)
         timing = max((r["timing"] for r in records if isinstance(r.get("timing"), dict)
                       and isinstance(r["timing"].get("step"), int)),
                      key=lambda t: (t["step"], t.get("time") or 0), default=None)
-        result.add("trainwatch_collector_status_files_skipped_total",
-                   self._skip_total.get(key, 0), job=job_name, node=self.ctx.node)
+        skipped_by_reason = self._skip_total.get(key, {})
+        for reason, count in sorted(skipped_by_reason.items()):
+            result.add("trainwatch_collector_status_files_skipped_total", count, job=job_name,
+                       node=self.ctx.node, reason=reason)
         ranks = []
         env: dict[int, dict[str, str]] = {}
         for status in sorted(local, key=lambda r: r["rank"]):
@@ -104,7 +106,8 @@ class RanksCollector(Collector):
                 "backend": backends[0] if len(backends) == 1 else (backends or None),
                 "world_size": info.get("world_size") or next(
                     (r.get("world_size") for r in records), None),
-                "status_files_skipped_total": self._skip_total.get(key, 0),
+                "status_files_skipped_total": sum(skipped_by_reason.values()),
+                "status_files_skipped_by_reason": dict(sorted(skipped_by_reason.items())),
                 "skipped": list(self._skip_recent.get(key, ())),
                 "timing": timing, "ranks": ranks, "env": env,
                 "checkpoint_dir": str(run.checkpoint_dir)}
@@ -151,17 +154,18 @@ class RanksCollector(Collector):
     def _count_skipped(self, key: str, skipped) -> None:
         seen = self._skip_seen.setdefault(key, set())
         recent = self._skip_recent.setdefault(key, deque(maxlen=int(self.options["max_skipped_shown"])))
+        totals = self._skip_total.setdefault(key, {})
         for item in skipped:
             try:
-                st = os.stat(item.path)
+                st = os.lstat(item.path)  # the entry itself: never follow a hostile link
                 version = (item.path, st.st_mtime_ns, st.st_size)
             except OSError:
                 version = (item.path, 0, 0)
             if version in seen:
                 continue
             seen.add(version)
-            self._skip_total[key] = self._skip_total.get(key, 0) + 1
-            recent.append({"path": item.path, "reason": item.reason})
+            totals[item.code] = totals.get(item.code, 0) + 1
+            recent.append({"path": item.path, "reason": item.reason, "code": item.code})
         if len(seen) > 10000:  # bounded memory for a directory that keeps producing junk
             seen.clear()
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from trainwatch.errors import ConfigError
 from trainwatch.trainer.checkpoint import rng
 from trainwatch.trainer.checkpoint.catalog import scan
+from trainwatch.trainer.checkpoint.compat import check_compatible  # noqa: F401 - resume's API
 from trainwatch.trainer.checkpoint.manifest import Verification, rank_file_name, verify
 
 
@@ -42,21 +42,6 @@ def select(folders: list[Path]) -> tuple[Verification | None, list[Fallback]]:
             return result, passed_over
         passed_over.append(Fallback(entry.path, result.reason))
     return None, passed_over
-
-
-def check_compatible(manifest: dict[str, Any], path: Path, *, config_hash: str | None,
-                     world_size: int) -> None:
-    """Refuse a checkpoint this run cannot continue exactly (ConfigError, exit code 2)."""
-    if manifest.get("world_size") != world_size:
-        raise ConfigError(
-            f"written by a run with world size {manifest.get('world_size')}, this run has "
-            f"{world_size}; refusing to resume (resharding is not supported): run with the "
-            "original world size, or start a new run directory", file=str(path))
-    if config_hash is not None and manifest.get("config_hash") != config_hash:
-        raise ConfigError(
-            f"written by config {manifest.get('config_hash')}, this run's config is "
-            f"{config_hash}; refusing to resume a different experiment: restore the original "
-            "config, or start a new run directory", file=str(path))
 
 
 @dataclass

@@ -264,7 +264,10 @@ _SPECS = [
     _m("trainwatch_collector_timeouts_total", "counter",
        "Runs abandoned after the collector's timeout (hung).", COLLECTOR),
     _m("trainwatch_collector_status_files_skipped_total", "counter",
-       "Status files skipped as torn, empty, alien or of an unknown version.", JOB_NODE),
+       "Status file versions skipped, by reason (trainwatch.rundir.SKIP_REASONS: special "
+       "files, links out of the run directory, too large, not JSON, nested too deeply, "
+       "alien, unknown version, rank not the one in the file name, wrong field types).",
+       JOB_NODE + ("reason",)),
     _m("trainwatch_collector_journal_lines_skipped_total", "counter",
        "Journal lines the agent skipped as torn, alien (not an object, unknown record "
        "version, no event name) or longer than its read cap.", JOB_NODE),

@@ -1,0 +1,77 @@
+"""What ``trainwatch run`` checks before it starts anything.
+
+A launch that would be rejected must be rejected here, in this process, within a
+second or two and before the run directory is touched: otherwise the agent and the
+engine start, the job fails seconds later with exit 2, and the rejected launch is
+journaled as if it had been an attempt (``report`` would count its seconds, ``diagnose``
+would look at it). Only what needs torch (reading a given dataset) is left to the launcher.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainwatch.errors import ConfigError
+from trainwatch.trainer.config import Config, load_config
+
+
+@dataclass
+class LaunchPlan:
+    """The validated trainer config of a launch, and what the run directory already holds."""
+
+    config: Config
+    target_steps: int
+    resume_step: int | None          # steps done by the newest complete checkpoint, if any
+
+    @property
+    def already_complete(self) -> bool:
+        return self.resume_step is not None and self.resume_step >= self.target_steps
+
+
+def check_launch(run_dir: str | Path, *, nproc_per_node: int, config: str | None,
+                 overrides: list[str], steps: int | None,
+                 agent_config: str | None) -> LaunchPlan:
+    """Every torch-free check of a launch; ConfigError (exit 2) naming the input at fault."""
+    if nproc_per_node < 1:
+        raise ConfigError(f"must be at least 1, got {nproc_per_node}", key="--nproc-per-node")
+    run_root = Path(run_dir)
+    if run_root.exists() and not run_root.is_dir():
+        raise ConfigError("exists and is not a directory", file=str(run_root), key="--run-dir")
+    cfg = _trainer_config(config, overrides, steps)
+    if os.environ.get("TRAINWATCH_FAULT"):  # drills only: parsing them imports torch
+        from trainwatch.trainer.faults import ENV, parse_faults
+        parse_faults(os.environ[ENV])
+    if agent_config:
+        from trainwatch.agent.config import load_config as load_agent_config
+        load_agent_config(agent_config, run_dirs=[str(run_root)])
+    return LaunchPlan(cfg, cfg.train.steps, _resume_step(run_root, cfg, nproc_per_node))
+
+
+def _trainer_config(config: str | None, overrides: list[str], steps: int | None) -> Config:
+    """The trainer's own validation (file, line and key), without importing torch."""
+    return load_config(config, [*overrides, *([f"train.steps={steps}"] if steps else [])])
+
+
+def _resume_step(run_root: Path, cfg: Config, world_size: int) -> int | None:
+    """The step the newest complete checkpoint would resume from (None: a fresh start);
+    a checkpoint of another experiment or world size is refused here, as the ranks would."""
+    if not run_root.is_dir():
+        return None
+    ck = cfg.checkpoint
+    if not ck.enabled or ck.resume == "never":
+        return None
+    from trainwatch.trainer.checkpoint.catalog import complete
+    from trainwatch.trainer.checkpoint.compat import check_compatible
+
+    folders = [run_root / d for d in (ck.dir, ck.mirror_dir) if d]
+    if not ck.dir:
+        folders.append(run_root / "checkpoints")
+    newest = max((e for folder in folders for e in complete(folder) if e.step is not None),
+                 key=lambda e: e.step, default=None)
+    if newest is None:
+        return None
+    check_compatible(newest.manifest, newest.path, config_hash=cfg.training_digest(),
+                     world_size=world_size)
+    return newest.step

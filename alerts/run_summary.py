@@ -1,0 +1,146 @@
+"""The end of ``trainwatch run``: what happened, in a few lines, and what to run next.
+
+Read from the run directory after everything stopped (the same journal, metrics and
+checkpoints ``trainwatch report`` reads), so it holds for a finished, failed or
+interrupted run, with or without the live view.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from trainwatch.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+ALREADY_COMPLETE = "Already complete — nothing to do (use a new --run-dir to train again)"
+
+
+@dataclass
+class Summary:
+    run_dir: Path
+    outcome: str                         # finished | failed | interrupted | already complete
+    steps_done: int | None = None
+    steps_target: int | None = None
+    final_loss: float | None = None
+    goodput: float | None = None
+    incidents: list[str] = field(default_factory=list)
+    checkpoints: int = 0
+    newest_checkpoint: tuple[int | None, str | None] | None = None  # (step, reason saved)
+    problems: list[str] = field(default_factory=list)               # what could not be read
+
+    def next_commands(self) -> list[tuple[str, str]]:
+        rd = shlex.quote(str(self.run_dir))
+        cmds = [(f"trainwatch report {rd}", "where the time went, incidents, cost"),
+                (f"trainwatch report {rd} --html report.html", "the same as charts, one page")]
+        if self.outcome in ("failed", "interrupted"):
+            cmds.insert(0, (f"trainwatch diagnose {rd}", "why it stopped, with the evidence"))
+        cmds.append(("trainwatch dashboards export --out DIR",
+                     "Grafana dashboards (deploy/compose/ runs Grafana with them)"))
+        return cmds
+
+
+def summarize(run_dir: str | Path, outcome: str, target_steps: int | None = None) -> Summary:
+    """A summary of the run as its directory tells it; what cannot be read is listed, not
+    raised (a summary must never turn a run's exit into a traceback)."""
+    s = Summary(Path(run_dir), outcome, steps_target=target_steps)
+    run = RunDir(run_dir)
+    finished = run.events("finished")
+    if finished:
+        s.final_loss = _number(finished[-1].get("loss"))
+    try:
+        _from_report(s)
+    except Exception as exc:  # noqa: BLE001 - the summary is best effort, the run is over
+        log.debug("report for the summary failed", exc_info=True)
+        s.problems.append(f"report: {exc}")
+    if s.final_loss is None:
+        s.final_loss = _last_loss(run)
+    _checkpoints(s, run)
+    return s
+
+
+def _from_report(s: Summary) -> None:
+    from trainwatch.report import cost, goodput, render, timeline
+
+    tl = timeline.read_timeline(s.run_dir)
+    data = render.report(tl, goodput.account(tl), cost.load_settings(None))
+    s.goodput = data.get("goodput_ratio")
+    steps = data.get("steps") or {}
+    s.steps_done = steps.get("unique")
+    s.steps_target = s.steps_target or steps.get("target")
+    s.incidents = [str(i.get("cause")) for i in data.get("incidents") or []]
+
+
+def _last_loss(run: RunDir) -> float | None:
+    for event in reversed(run.events("step_milestone")):
+        loss = _number(event.get("loss"))
+        if loss is not None:
+            return loss
+    return None
+
+
+def _checkpoints(s: Summary, run: RunDir) -> None:
+    try:
+        from trainwatch.trainer.checkpoint.catalog import complete
+    except ImportError:
+        return
+    info = run.run_info() or {}
+    section = ((info.get("config") or {}).get("checkpoint") or {})
+    folders = [run.root / d for d in (section.get("dir"), section.get("mirror_dir"))
+               if isinstance(d, str) and d] or [run.checkpoint_dir]
+    entries = [e for folder in folders for e in complete(folder)]
+    s.checkpoints = len(entries)
+    if entries:
+        newest = max(entries, key=lambda e: e.step if e.step is not None else -1)
+        s.newest_checkpoint = (newest.step, (newest.manifest or {}).get("reason"))
+
+
+def _number(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else None
+
+
+# --------------------------------------------------------------------------- text
+
+def render(s: Summary, console: Console) -> None:
+    console.print(f"[bold]trainwatch run {s.outcome}:[/bold] {s.run_dir}", highlight=False)
+    table = Table(show_header=False, box=box.ROUNDED)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    if s.steps_done is not None or s.steps_target is not None:
+        table.add_row("steps", f"{s.steps_done if s.steps_done is not None else '?'}"
+                      + (f" of {s.steps_target}" if s.steps_target else ""))
+    table.add_row("final loss", f"{s.final_loss:.4f}" if s.final_loss is not None else "-")
+    table.add_row("goodput", f"{100 * s.goodput:.1f} %" if s.goodput is not None else "-")
+    if s.incidents:
+        causes = sorted(set(s.incidents), key=s.incidents.index)
+        table.add_row("incidents", f"{len(s.incidents)}: " + "; ".join(causes))
+    else:
+        table.add_row("incidents", "none")
+    table.add_row("checkpoints", _checkpoint_text(s))
+    for problem in s.problems:
+        table.add_row("could not read", problem)
+    console.print(table)
+    console.print("next:")
+    width = max(len(cmd) for cmd, _ in s.next_commands())
+    for cmd, what in s.next_commands():
+        console.print(f"  {cmd.ljust(width)}   # {what}", highlight=False, soft_wrap=True)
+
+
+def _checkpoint_text(s: Summary) -> str:
+    if not s.checkpoints:
+        return "none"
+    step, reason = s.newest_checkpoint or (None, None)
+    text = f"{s.checkpoints}, newest at step {step}"
+    if reason == "stop":
+        text += " (saved on stop: the same command resumes from it)"
+    elif s.outcome in ("failed", "interrupted"):
+        text += " (the same command resumes from it)"
+    return text

@@ -1,0 +1,61 @@
+"""`trainwatch run`'s live view and progress lines, drawn from a real run directory's files."""
+
+import time
+
+from rich.console import Console
+
+from trainwatch.alerts.engine import Engine
+from trainwatch.alerts.evaluate import History
+from trainwatch.alerts.rules import load_rules
+from trainwatch.alerts.run_view import Progress, live_view
+from trainwatch.rundir import RunDir
+
+
+def _status(run, rank, step, loss, tps, phase="forward"):
+    run.write_status(rank, {"rank": rank, "pid": 100 + rank, "state": "running", "step": step,
+                            "phase": phase, "metrics": {"step": step, "loss": loss,
+                                                        "tokens_per_second": tps}})
+
+
+def _draw(run, progress, engine):
+    console = Console(width=120, record=True, force_terminal=False)
+    console.print(live_view(run, engine, progress.update(run), time.time(), "http://127.0.0.1:9"))
+    return console.export_text()
+
+
+def test_view_starts_with_a_startup_state_then_shows_progress_with_eta(tmp_path):
+    run = RunDir(tmp_path / "exp").create()
+    engine = Engine(load_rules(None, None), History())
+    progress = Progress(target=100)
+    text = _draw(run, progress, engine)
+    assert "starting" in text and "None" not in text
+    assert "http://127.0.0.1:9" in text          # where the agent listens
+    assert "no alerts" in text
+
+    _status(run, 0, 9, 3.5, 900.0)
+    _status(run, 1, 9, 3.5, 910.0)
+    progress.update(run, now=1000.0)              # first sight: step 10 done
+    _status(run, 0, 19, 3.1, 1200.0)
+    _status(run, 1, 19, 3.1, 1210.0)
+    progress.update(run, now=1010.0)              # 10 steps in 10 s: 80 to go, 80 s
+    assert progress.eta_seconds(now=1010.0) == 80.0
+    assert progress.line().startswith("step 20/100 (20 %) · loss 3.1000")
+    text = _draw(run, progress, engine)
+    assert "step 20/100" in text and "ETA" in text
+
+
+def test_columns_keep_their_width_as_values_grow(tmp_path):
+    run = RunDir(tmp_path / "exp").create()
+    engine = Engine(load_rules(None, None), History())
+    progress = Progress(target=10**6)
+
+    def header_and_row(step, loss, tps):
+        _status(run, 0, step, loss, tps)
+        lines = _draw(run, progress, engine).splitlines()
+        i = next(i for i, ln in enumerate(lines) if ln.strip().startswith("rank"))
+        return lines[i], lines[i + 2]
+
+    small = header_and_row(1, 3.0, 5.0)
+    large = header_and_row(123456, 12345.6789, 9876543.0)
+    assert small[0] == large[0]                   # the header did not move
+    assert len(small[1].rstrip()) <= len(large[1].rstrip()) == len(small[0].rstrip())

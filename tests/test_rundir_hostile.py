@@ -1,0 +1,99 @@
+"""The run-directory reader against hostile files: each costs that one file, with a reason,
+and none blocks, reads past its cap or raises."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+import pytest
+
+from trainwatch.rundir import (SKIP_REASONS, RunDir, SkippedFile, read_jsonl, read_run_file,
+                               read_run_file_tail)
+
+pytestmark = pytest.mark.timeout(60)  # a reader that blocks on a FIFO fails here, not hangs
+
+
+def write_status(run: RunDir, rank: int, **extra) -> None:
+    now = time.time()
+    run.write_status(rank, {"rank": rank, "pid": os.getpid(), "state": "running",
+                            "heartbeat_at": now, "step": 1, **extra})
+
+
+def hostile(run: RunDir, tmp_path) -> dict[str, str]:
+    """One bad file per kind; returns file name -> expected reason code."""
+    s = run.status_dir
+    os.mkfifo(s / "rank-00002.json")
+    os.symlink("/dev/zero", s / "rank-00003.json")
+    with open(s / "rank-00004.json", "wb") as fh:  # 200 MB, sparse: the size alone refuses it
+        fh.truncate(200 << 20)
+    (s / "rank-00005.json").write_text('{"format":"trainwatch.status","version":1,"x":'
+                                       + "[" * 100_000 + "]" * 100_000 + "}")
+    (s / "rank-00006.json").write_text(json.dumps(
+        {"format": "trainwatch.status", "version": 1, "rank": 10 ** 30}))
+    (s / "rank-00007.json").write_text(json.dumps(
+        {"format": "trainwatch.status", "version": 1, "rank": 7, "heartbeat_at": "soon"}))
+    (s / "rank-00008.json").write_text(json.dumps(
+        {"format": "trainwatch.status", "version": 1, "rank": 1}))
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(s / "rank-00009.json"))
+    sock.close()
+    (s / "rank-00010.json").mkdir()
+    outside = tmp_path / "outside.json"
+    outside.write_text(json.dumps({"format": "trainwatch.status", "version": 1, "rank": 11}))
+    os.symlink(outside, s / "rank-00011.json")
+    return {"rank-00002.json": "special_file", "rank-00003.json": "outside_run_dir",
+            "rank-00004.json": "too_large", "rank-00005.json": "too_deep",
+            "rank-00006.json": "wrong_type", "rank-00007.json": "wrong_type",
+            "rank-00008.json": "rank_mismatch", "rank-00009.json": "special_file",
+            "rank-00010.json": "special_file", "rank-00011.json": "outside_run_dir"}
+
+
+def test_each_hostile_status_file_is_skipped_with_its_reason_and_the_rest_served(tmp_path):
+    run = RunDir(tmp_path / "run").create()
+    write_status(run, 0)
+    write_status(run, 1)
+    expected = hostile(run, tmp_path)
+    result = run.statuses()
+    assert [r["rank"] for r in result.records] == [0, 1]
+    got = {os.path.basename(s.path): s.code for s in result.skipped}
+    assert got == expected
+    assert set(got.values()) <= set(SKIP_REASONS)
+
+
+def test_a_link_inside_the_run_directory_is_followed(tmp_path):
+    run = RunDir(tmp_path / "run").create()
+    write_status(run, 0)
+    os.replace(run.status_file(0), run.tmp_dir / "real.json")
+    os.symlink("../tmp/real.json", run.status_file(0))
+    assert [r["rank"] for r in run.statuses().records] == [0]
+
+
+def test_journal_and_metrics_readers_refuse_special_files_and_overlong_lines(tmp_path):
+    run = RunDir(tmp_path / "run").create()
+    os.mkfifo(run.journal_file)
+    assert [s.code for s in run.journal().skipped] == ["special_file"]
+    run.metrics_file(0).write_bytes(b'{"v":1,"step":1}\n' + b"x" * 5000 + b"\n"
+                                    + b"[" * 50_000 + b"\n" + b'{"v":1,"step":2}\n')
+    result = read_jsonl(run.metrics_file(0), run.root, max_line_bytes=4096)
+    assert [r["step"] for r in result.records] == [1, 2]
+    assert [(s.line, s.code) for s in result.skipped] == [(2, "too_large"), (3, "too_large")]
+    result = read_jsonl(run.metrics_file(0), run.root)
+    assert [(s.line, s.code) for s in result.skipped] == [(2, "not_json"), (3, "too_deep")]
+
+
+def test_whole_file_readers_never_block_or_read_past_the_cap(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(SkippedFile) as info:
+        read_run_file(tmp_path / "fifo")
+    assert info.value.reason == "special_file"
+    with pytest.raises(SkippedFile) as info:
+        read_run_file_tail("/dev/zero")
+    assert info.value.reason == "special_file"
+    (tmp_path / "big").write_bytes(b"x" * 100)
+    with pytest.raises(SkippedFile) as info:
+        read_run_file(tmp_path / "big", max_bytes=99)
+    assert info.value.reason == "too_large"
+    assert read_run_file_tail(tmp_path / "big", max_bytes=10) == b"x" * 10
