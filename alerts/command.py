@@ -107,9 +107,10 @@ class TelemetryWatch:
         if _published_since(ctl.run, started_at):
             return False
         self._warned_start = ctl.starts
-        self.say(f"trainwatch run: the job has published no telemetry {self.grace:.0f}s after "
-                 f"it started (nothing in {ctl.run.status_dir}/): alerts, stall detection "
-                 "and automatic restarts cannot see it. Does it call "
+        self.say(f"trainwatch run: no rank has published telemetry {self.grace:.0f}s after the "
+                 f"job started (nothing in {ctl.run.status_dir}/): until one does, alerts, "
+                 "stall detection and automatic restarts cannot see the job. Still starting "
+                 "(imports, data)? Then this clears itself. Otherwise: does it call "
                  "`Telemetry.from_env().start()` on every rank (docs/own-trainer.md)? "
                  f"Its output is in {ctl.run.logs_dir / 'job.log'}.")
         ctl.run.append_event("job_silent", "engine", seconds=self.grace, attempt=ctl.starts)
