@@ -393,23 +393,25 @@ class Telemetry:
         with self._lock:
             self._state["checkpoint"] = checkpoint
 
-    def checkpoint_saved(self, path: str | Path, step: int, **fields: Any) -> None:
+    def checkpoint_saved(self, path: str | Path, step: int, *, verified: bool = False,
+                         **fields: Any) -> None:
         """Declare a checkpoint the job wrote itself (its own files, not ``Checkpoints``).
 
         ``step`` is the number of steps it holds (where a resume continues). The restart
         guard counts progress from it and the agent exports its age (CheckpointTooOld);
         trainwatch does not verify such files. Call on the rank that saved, after the file
-        is complete.
+        is complete. ``verified``: a checkpoint folder sealed with a trainwatch manifest (the
+        framework adapters), which resume verifies.
         """
         now = _now()
         with self._lock:
             facts = dict(self._state.get("checkpoint") or {})
             facts.update(step=int(step), path=str(path), time=now, ok=True, last_error=None,
-                         in_flight=False, declared=True,
+                         in_flight=False, declared=not verified,
                          saves_total=int(facts.get("saves_total") or 0) + 1)
             self._state["checkpoint"] = facts
         self.event("checkpoint_saved", step=int(step), path=str(Path(path).resolve()),
-                   declared=True, **fields)
+                   **({} if verified else {"declared": True}), **fields)
 
     def event(self, event: str, **fields: Any) -> None:
         """Append a journal event from this rank; failures are counted, never raised."""
