@@ -15,11 +15,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-# The phases trainer telemetry knows (trainwatch.trainer.telemetry.KNOWN_PHASES; a test
-# keeps the two equal). Kept here so the agent does not import torch.
-KNOWN_PHASES = ("init", "step", "data", "forward", "backward", "optimizer", "eval", "checkpoint",
-                "telemetry_exchange", "idle", "finished")
-STALL_KINDS = ("stuck", "frozen", "dead")
+from trainwatch.contract.stall import heartbeat_stale, stall_budget
+
 
 
 @dataclass
@@ -60,13 +57,7 @@ class StallDetector:
                 self._last_step.pop(key, None)
 
     def budget(self, key: tuple, phase: str | None, *, use_phase: bool = True) -> float:
-        phase_budgets = self.opt["phase_budgets"]
-        typical = self.typical_step(key)
-        if use_phase and phase in phase_budgets:
-            return float(phase_budgets[phase])
-        if typical is None:
-            return float(self.opt["first_step_seconds"])
-        return max(float(self.opt["floor_seconds"]), float(self.opt["k"]) * typical)
+        return stall_budget(self.opt, self.typical_step(key), phase, use_phase=use_phase)
 
     def check(self, key: tuple, rank: dict[str, Any], now: float) -> StallVerdict:
         """Is this rank stalled now, and what kind of stall is it?"""
@@ -80,7 +71,7 @@ class StallDetector:
                                 f"rank is {rank.get('state')}")
         stalled_for = max(0.0, now - progress_at)
         hb_age = now - heartbeat_at if heartbeat_at is not None else None
-        hb_stale = hb_age is not None and hb_age > float(self.opt["heartbeat_stale_seconds"])
+        hb_stale = heartbeat_stale(self.opt, hb_age)
         if process in ("gone", "zombie") and (hb_stale or process == "zombie"):
             return StallVerdict(True, "dead", 0.0, progress_at, stalled_for,
                                 f"process {rank.get('pid')} is {process}")

@@ -20,12 +20,11 @@ from typing import Callable
 
 from trainwatch import __version__
 from trainwatch.alerts.controller import JobController
+from trainwatch.contract.env import JOB_ENV, NODE_ENV, RUN_DIR_ENV
 from trainwatch.errors import ConfigError
-from trainwatch.node import ENV as NODE_ENV, node_name
+from trainwatch.node import node_name
 from trainwatch.rundir import RunDir
 
-RUN_DIR_ENV = "TRAINWATCH_RUN_DIR"
-JOB_ENV = "TRAINWATCH_JOB"
 # Seconds a started job may go without any rank publishing telemetry before `run` says so.
 TELEMETRY_GRACE_SECONDS = 45.0
 

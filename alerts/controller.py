@@ -21,6 +21,8 @@ from pathlib import Path
 
 import psutil
 
+from trainwatch.contract.env import LAUNCH_ENV
+from trainwatch.contract.layout import CONTROL_DUMP, DUMP_FILE_GLOB, JOB_LOG, STATUS_FILE_GLOB
 from trainwatch.proctree import wait_gone
 from trainwatch.errors import FormatError
 from trainwatch.rundir import RunDir, read_run_file
@@ -29,7 +31,6 @@ log = logging.getLogger(__name__)
 
 # The job's start number (1, 2, ...), for fault drills: trainwatch.trainer.faults reads it
 # (``launch=N``), so a drill's fault fires in the first start only.
-LAUNCH_ENV = "TRAINWATCH_LAUNCH"
 
 
 def train_command(run_dir: str | Path, nproc_per_node: int, *, config: str | None = None,
@@ -66,7 +67,7 @@ class JobController:
     # ------------------------------------------------------------------ lifecycle
     def start(self, reason: str = "start") -> int:
         with self.lock:
-            log_file = open(self.run.logs_dir / "job.log", "ab")
+            log_file = open(self.run.logs_dir / JOB_LOG, "ab")
             env = {**(os.environ if self.env is None else self.env),
                    LAUNCH_ENV: str(self.starts + 1)}
             try:
@@ -163,31 +164,13 @@ class JobController:
             return declared[-1][0], "declared"
         return None, "none"
 
-    def checkpoint_folders(self) -> list[Path]:
-        """Where the job's checkpoints live: ``checkpoint.dir`` (default RUN_DIR/checkpoints)
-        and ``checkpoint.mirror_dir``, relative to the run dir, from run.json (the trainer's
-        config, or what ``Checkpoints`` recorded)."""
-        info = self.run.run_info() or {}
-        section = info.get("checkpoint")
-        if not isinstance(section, dict):
-            section = (info.get("config") or {}).get("checkpoint") or {}
-        folders = []
-        for key in ("dir", "mirror_dir"):
-            value = section.get(key) if isinstance(section, dict) else None
-            if isinstance(value, str) and value:
-                path = Path(value)
-                folders.append(path if path.is_absolute() else self.run.root / path)
-            elif key == "dir":
-                folders.append(self.run.checkpoint_dir)
-        return folders
-
     def checkpoints(self) -> list[tuple[int, Path]]:
         """(step, path) of complete checkpoints in every checkpoint folder, oldest first.
 
         From the checkpoint library's catalog when it is installed, and from the journal's
         ``checkpoint_saved`` events whose directory still exists (any trainer can write those).
         """
-        folders = self.checkpoint_folders()
+        folders = self.run.checkpoint_folders()
         found: dict[Path, int] = {}
         try:
             from trainwatch.trainer.checkpoint.catalog import scan
@@ -225,9 +208,9 @@ class JobController:
         """Stacks, status files and py-spy dumps into diagnostics/<label>-<time>/."""
         folder = self.run.diagnostics_dir / f"{label}-{time.strftime('%Y%m%dT%H%M%S')}"
         folder.mkdir(parents=True, exist_ok=True)
-        request = self.run.control_dir / "dump"
+        request = self.run.control_file(CONTROL_DUMP)
         request.touch()  # ranks answer control/dump from their telemetry thread
-        for path in self.run.status_dir.glob("rank-*.json"):
+        for path in self.run.status_dir.glob(STATUS_FILE_GLOB):
             try:  # a FIFO or a link to /dev/zero here must not hang or fill the disk
                 (folder / path.name).write_bytes(read_run_file(path, self.run.root))
             except (OSError, FormatError) as exc:
@@ -255,11 +238,11 @@ class JobController:
                 out.write_text(f"py-spy failed: {exc}\n")
         deadline = time.time() + wait_seconds
         while time.time() < deadline:  # give live ranks a moment to answer control/dump
-            dumps = list(self.run.diagnostics_dir.glob("dump-rank-*.json"))
+            dumps = list(self.run.diagnostics_dir.glob(DUMP_FILE_GLOB))
             if dumps and all(d.stat().st_mtime >= request.stat().st_mtime for d in dumps):
                 break
             time.sleep(0.2)
-        for dump in self.run.diagnostics_dir.glob("dump-rank-*.json"):
+        for dump in self.run.diagnostics_dir.glob(DUMP_FILE_GLOB):
             if dump.stat().st_mtime >= request.stat().st_mtime:
                 shutil.copy2(dump, folder / dump.name)
         return folder

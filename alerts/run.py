@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.logging import RichHandler
 
+from trainwatch.agent.config import load_config as load_agent_config
 from trainwatch.alerts.actions import ActionRunner, Policy
 from trainwatch.alerts.command import TELEMETRY_GRACE_SECONDS, TelemetryWatch, supervised_job
 from trainwatch.alerts.controller import JobController, train_command
@@ -40,6 +41,9 @@ from trainwatch.alerts.run_view import Progress, live_view
 from trainwatch.alerts.scrape import Scraper
 from trainwatch.alerts.silences import Silences
 from trainwatch.alerts.supervise import Supervisor
+from trainwatch.contract.layout import AGENT_LOG, JOB_LOG
+from trainwatch.contract.ports import LOOPBACK
+from trainwatch.contract.stall import RECORD_KEY as STALL_RECORD_KEY
 from trainwatch.errors import ConfigError
 from trainwatch.proctree import stop
 from trainwatch.rundir import RunDir
@@ -47,21 +51,16 @@ from trainwatch.rundir import RunDir
 
 def _free_port() -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((LOOPBACK, 0))
         return s.getsockname()[1]
-
-
-def _agent_available() -> bool:
-    from trainwatch.cli import COMMANDS
-    return "agent" in COMMANDS
 
 
 def start_agent(run: RunDir, port: int, config: str | None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "trainwatch", "agent", "--run-dir", str(run.root),
-           "--listen", f"127.0.0.1:{port}"]
+           "--listen", f"{LOOPBACK}:{port}"]
     if config:
         cmd += ["--config", str(config)]
-    with open(run.logs_dir / "agent.log", "ab") as log:
+    with open(run.logs_dir / AGENT_LOG, "ab") as log:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
 
@@ -139,16 +138,15 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     console = Console()
     if command:
         plan = None
-        controller = supervised_command(run_dir, list(command), nproc_per_node=nproc_per_node,
-                                        steps=steps, config=config, overrides=overrides,
-                                        max_restarts=max_restarts, agent_config=agent_config)
+        controller, agent_stall = supervised_command(
+            run_dir, list(command), nproc_per_node=nproc_per_node, steps=steps, config=config,
+            overrides=overrides, max_restarts=max_restarts, agent_config=agent_config)
     else:
         if nproc_per_node is None:
             raise ConfigError("give --nproc-per-node (the reference trainer) or -- COMMAND "
                               "(your own job)", key="--nproc-per-node")
         plan = check_launch(run_dir, nproc_per_node=nproc_per_node, config=config,
-                            overrides=list(overrides), steps=steps,
-                            agent_config=agent_config if _agent_available() else None)
+                            overrides=list(overrides), steps=steps, agent_config=agent_config)
         if plan.already_complete:
             console.print(ALREADY_COMPLETE, highlight=False)
             render_summary(summarize(run_dir, "already complete", plan.target_steps), console)
@@ -156,6 +154,7 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
         controller = JobController(run_dir, train_command(
             run_dir, nproc_per_node, config=config, steps=steps, overrides=list(overrides),
             max_restarts=1 if max_restarts is None else max_restarts))
+        agent_stall = plan.agent_stall
     target_steps = plan.target_steps if plan is not None else None
     run_ = controller.run
     interval = parse_duration(ruleset.thresholds["evaluation_interval"])
@@ -164,20 +163,13 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     notifiers += [WebhookNotifier(url) for url in webhook]
     if alertmanager:
         notifiers.append(AlertmanagerNotifier(alertmanager))
-    silences = Silences(run_.root / "alerts" / "silences.json")
+    silences = Silences(run_.silences_file)
     engine = Engine(ruleset, history, silences=silences, notifiers=notifiers)
-    agent_proc = None
-    targets = []
-    agent_url = None
-    if _agent_available():
-        port = _free_port()
-        agent_proc = start_agent(run_, port, agent_config)
-        targets.append(f"127.0.0.1:{port}")
-        agent_url = f"http://127.0.0.1:{port}"
-    else:
-        click.echo("trainwatch agent is not installed: alerts that need its metrics are blind",
-                   err=True)
-    loop = EngineLoop(engine, Scraper(history, targets) if targets else None, interval)
+    port = _free_port()
+    agent_proc = start_agent(run_, port, agent_config)
+    targets = [f"{LOOPBACK}:{port}"]
+    agent_url = f"http://{targets[0]}"
+    loop = EngineLoop(engine, Scraper(history, targets), interval)
     runner = ActionRunner(run_.root, controller,
                           Policy.from_thresholds(ruleset.thresholds, dry_run=dry_run),
                           silences=silences)
@@ -187,11 +179,11 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
                             grace=telemetry_grace) if command else None)
     run_.append_event("controller_started", "engine", nproc_per_node=nproc_per_node,
                       command=list(command) or None, agent=targets, rules=len(ruleset.rules),
-                      dry_run=dry_run)
+                      dry_run=dry_run, **{STALL_RECORD_KEY: agent_stall})
     started = time.time()
     interrupted = False
     progress = Progress(target_steps)
-    job_log_start = _size(run_.logs_dir / "job.log")
+    job_log_start = _size(run_.logs_dir / JOB_LOG)
     # SIGTERM stops everything as cleanly as Ctrl-C does (trainwatch.cli.main makes sure
     # SIGINT raises KeyboardInterrupt).
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -199,9 +191,8 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
         controller.start("trainwatch run")
         what = (f"starting {' '.join(command)}" if command
                 else f"starting {nproc_per_node} rank(s) under torchrun")
-        click.echo(f"trainwatch run: {run_.root}: {what}; agent {agent_url or 'not running'}")
-        if agent_proc is not None:
-            wait_for_agent(agent_proc, targets[0])
+        click.echo(f"trainwatch run: {run_.root}: {what}; agent {agent_url}")
+        wait_for_agent(agent_proc, targets[0])
         loop.start()
         supervisor.start()
         if watch is not None:
@@ -225,15 +216,14 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
         loop.tick()  # a last evaluation, so what ended the run (e.g. the guard) is announced
         if controller.alive():
             controller.stop("interrupted" if interrupted else "controller stopped")
-        if agent_proc is not None:
-            stop(agent_proc)
+        stop(agent_proc)
         code = 130 if interrupted else (supervisor.exit_code or 0)
         run_.append_event("controller_stopped", "engine", exit_code=code,
                           interrupted=interrupted, seconds=round(time.time() - started, 3),
                           actions=len(run_.events("action_taken")))
     if code == 2:
         raise ConfigError("the training job rejected its input (exit 2): "
-                          + _new_lines(run_.logs_dir / "job.log", job_log_start))
+                          + _new_lines(run_.logs_dir / JOB_LOG, job_log_start))
     outcome = "interrupted" if interrupted else "failed" if code else "finished"
     render_summary(summarize(run_.root, outcome, target_steps), console)
     if code and code != 130:
@@ -246,9 +236,9 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
 
 
 def supervised_command(run_dir, command, *, nproc_per_node, steps, config, overrides,
-                       max_restarts, agent_config) -> JobController:
+                       max_restarts, agent_config) -> tuple[JobController, dict]:
     """The checks of a ``-- COMMAND`` launch (the trainer's options do not apply), then its
-    controller; ConfigError (exit 2) before anything starts."""
+    controller and the agent's stall options; ConfigError (exit 2) before anything starts."""
     given = [name for name, value in (("--nproc-per-node", nproc_per_node), ("--steps", steps),
                                       ("--config", config), ("--set", overrides),
                                       ("--max-restarts", max_restarts)) if value]
@@ -257,10 +247,8 @@ def supervised_command(run_dir, command, *, nproc_per_node, steps, config, overr
                           "put your job's own options in the command", key=given[0])
     if Path(run_dir).exists() and not Path(run_dir).is_dir():
         raise ConfigError("exists and is not a directory", file=str(run_dir), key="--run-dir")
-    if agent_config and _agent_available():
-        from trainwatch.agent.config import load_config as load_agent_config
-        load_agent_config(agent_config, run_dirs=[str(run_dir)])
-    return supervised_job(run_dir, command, "trainwatch run")
+    agent = load_agent_config(agent_config, run_dirs=[str(run_dir)])  # else it dies unseen
+    return supervised_job(run_dir, command, "trainwatch run"), agent.stall
 
 
 def _progress_lines(run: RunDir, supervisor: Supervisor, progress: Progress,

@@ -12,13 +12,13 @@ import signal
 import statistics
 from typing import Any
 
+from trainwatch.contract.stall import (default_options, heartbeat_stale, published_budget,
+                                      stall_budget)
+from trainwatch.contract.timing import job_window
 from trainwatch.diagnose import agents, causes, collectives, journal, prometheus
 from trainwatch.diagnose.model import Evidence, Finding
 from trainwatch.diagnose.stacks import format_frames, main_stack
 
-STALL_FLOOR_SECONDS = 5.0
-STALL_STEP_MULTIPLE = 10.0
-HEARTBEAT_STALE_SECONDS = 10.0
 STRAGGLER_LATENESS_RATIO = 0.15   # entering collectives this much of a step after the others
 STRAGGLER_LATENESS_FLOOR = 0.02   # seconds: below this it is scheduling noise
 STRAGGLER_TIMING_RATIO = 1.3      # local time vs the job median
@@ -50,8 +50,14 @@ class Analysis:
         step_times = [v["recent"]["step_time"] for v in ev.ranks.values()
                       if (v.get("recent") or {}).get("step_time")]
         self.step_time = statistics.median(step_times) if step_times else None
-        self.stall_after = stall_after or max(STALL_FLOOR_SECONDS,
-                                              STALL_STEP_MULTIPLE * (self.step_time or 0))
+        # The agent's stall rule: its published budget, else the options the run recorded,
+        # else the defaults (an explicit --stall-after wins over all). Without a known step
+        # time the floor applies: diagnose is asked because something already looks wrong.
+        self.stall_options = ev.journal.get("stall_options") or default_options()
+        job = (ev.run or {}).get("job") or next(
+            (v.get("job") for v in ev.ranks.values() if v.get("job")), None)
+        self.stall_after = stall_after or published_budget(ev.agents, job) or stall_budget(
+            self.stall_options, self.step_time or 0.0, use_phase=False)
         ages = [v["progress_age"] for v in self.running.values()
                 if v.get("progress_age") is not None]
         self.progress_age = min(ages) if ages else None
@@ -172,7 +178,7 @@ def check_frozen(a: Analysis) -> list[Finding]:
             runbook, category = "StorageProbeSlow", "storage"
             remote = f"ssh {a.node(rank)} " if (v.get("process") or {}).get("via") else ""
             cmd = f"{remote}cat /proc/{v.get('pid')}/stack; {remote}df -h {a.ev.run_dir}"
-        elif status == "unknown" and hb is not None and hb > HEARTBEAT_STALE_SECONDS:
+        elif status == "unknown" and heartbeat_stale(a.stall_options, hb):
             title = f"rank {rank} is frozen or dead (heartbeat {_s(hb)} old)"
             runbook, category = "TrainingStalled", "rank_stuck"
             cmd = f"ssh {a.node(rank)} py-spy dump --pid {v.get('pid')}"
@@ -385,22 +391,20 @@ def check_straggler(a: Analysis) -> list[Finding]:
                 f"process group {pg}: rank {rank} enters collectives {late[rank] * 1000:.0f} ms "
                 f"after the first rank (median over recent collectives; others "
                 f"{others * 1000:.0f} ms); step time {step * 1000:.0f} ms"], "high")]
-    timing = next((v["timing"] for v in a.running.values() if v.get("timing")), None)
-    if timing:
-        # Time outside collective phases where the ranks publish it, else compute + data.
-        local = timing.get("local_seconds") or [
-            c + d for c, d in zip(timing.get("compute_seconds") or [],
-                                  timing.get("data_wait_seconds") or [])]
-        if len(local) >= 2:
-            median = statistics.median(local)
-            rank = max(range(len(local)), key=local.__getitem__)
-            if median > 0 and local[rank] / median >= STRAGGLER_TIMING_RATIO and \
-                    rank in a.ev.ranks:
-                data = (timing.get("data_wait_seconds") or [0] * len(local))[rank]
-                cause = " (mostly waiting for data)" if data >= 0.5 * local[rank] else ""
-                return [_straggler(a, rank, [
-                    f"rank {rank} local time {local[rank] * 1000:.0f} ms per step vs job median "
-                    f"{median * 1000:.0f} ms ({local[rank] / median:.2f}x){cause}"], "medium")]
+    window = job_window({r: v.get("timing") for r, v in a.running.items()})
+    if window and window["job"]["ranks"] >= 2:
+        # Time outside collective phases, from the job summary every rank publishes.
+        job = window["job"]
+        rank, slowest, median = job.get("slowest_rank"), job["max"], job["median"]
+        if isinstance(rank, int) and median > 0 and slowest / median >= STRAGGLER_TIMING_RATIO \
+                and rank in a.ev.ranks:
+            own = a.ev.ranks[rank].get("timing") or {}
+            data = own.get("data_wait_seconds") if own.get("step") == window["step"] else None
+            cause = (" (mostly waiting for data)"
+                     if isinstance(data, (int, float)) and data >= 0.5 * slowest else "")
+            return [_straggler(a, rank, [
+                f"rank {rank} local time {slowest * 1000:.0f} ms per step vs job median "
+                f"{median * 1000:.0f} ms ({slowest / median:.2f}x){cause}"], "medium")]
     return []
 
 

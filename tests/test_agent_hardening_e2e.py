@@ -114,7 +114,7 @@ def test_hostile_status_files_cost_only_themselves(setup, tmp_path):
         ranks = _ranks(url, "healthy")
         assert sorted(ranks) == [0, 1], ranks  # the real ranks stay visible throughout
         return all(_metric(text, "trainwatch_collector_status_files_skipped_total",
-                           job="healthy", reason=r) for r in reasons)
+                           run="healthy", reason=r) for r in reasons)
 
     wait_for(all_counted, 60, what="every hostile file counted by its reason")
     with_files = _scrape_p99(url)

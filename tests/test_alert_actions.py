@@ -106,7 +106,7 @@ def _post(url, body, token=TOKEN, raw=None):
 
 def _payload(alertname="TrainingStalled", status="firing", starts="2026-12-02T10:00:00Z",
              fingerprint="a1b2c3d4e5f60718", job="exp1"):
-    alert = {"status": status, "labels": {"alertname": alertname, "job": job, "rank": "0",
+    alert = {"status": status, "labels": {"alertname": alertname, "run": job, "rank": "0",
                                           "severity": "critical"},
              "annotations": {"summary": "x"}, "startsAt": starts,
              "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "", "fingerprint": fingerprint}
@@ -222,7 +222,7 @@ def test_crash_loop_trips_the_guard_and_raises_training_restart_loop(job):
     engine = Engine(ruleset, history)
 
     def guard_tripped(job_name, tripped):
-        history.add({"__name__": "trainwatch_action_restart_guard_tripped", "job": job_name},
+        history.add({"__name__": "trainwatch_action_restart_guard_tripped", "run": job_name},
                     time.time(), 1.0 if tripped else 0.0)
 
     runner = ActionRunner(c.run.root, c, Policy(min_interval_seconds=300, guard_max_restarts=2),

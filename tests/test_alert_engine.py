@@ -25,7 +25,7 @@ from trainwatch.rundir import RunDir
 from test_alert_actions import TOKEN, _wait_for
 from test_alert_prometheus_e2e import ALERTMANAGER, _free_port, _ready, processes  # noqa: F401
 
-STALL = {"__name__": "trainwatch_rank_stall_seconds", "job": "exp1", "node": "n1", "rank": "0",
+STALL = {"__name__": "trainwatch_rank_stall_seconds", "run": "exp1", "node": "n1", "rank": "0",
          "local_rank": "0"}
 
 
@@ -58,7 +58,7 @@ def test_dedup_and_resolve_are_announced_once(tmp_path, fast_rules):
 def test_silenced_alerts_neither_notify_nor_act(tmp_path, fast_rules):
     run = RunDir(tmp_path / "exp1").create()
     silences = Silences(run.root / "alerts" / "silences.json")
-    silence = silences.add({"alertname": "TrainingStalled", "job": "exp1"}, 3600, now=0)
+    silence = silences.add({"alertname": "TrainingStalled", "run": "exp1"}, 3600, now=0)
     history, fired = History(), []
     engine = Engine(fast_rules, history, silences=silences,
                     notifiers=[JournalNotifier(str(run.root))], on_firing=fired.append)
@@ -77,12 +77,12 @@ def test_silence_cli_roundtrip(tmp_path):
     def tw(*args):
         return subprocess.run([sys.executable, "-m", "trainwatch", "alerts", "silence", *args,
                                "--run-dir", str(tmp_path)], capture_output=True, text=True)
-    out = tw("add", "alertname=TrainingStalled", "job=exp1", "--duration", "1h",
+    out = tw("add", "alertname=TrainingStalled", "run=exp1", "--duration", "1h",
              "--comment", "drill")
     assert out.returncode == 0, out.stderr
     sid = out.stdout.split()[1]
     listed = json.loads(tw("list", "--json").stdout)
-    assert listed[0]["matchers"] == {"alertname": "TrainingStalled", "job": "exp1"}
+    assert listed[0]["matchers"] == {"alertname": "TrainingStalled", "run": "exp1"}
     assert tw("expire", sid).returncode == 0
     assert json.loads(tw("list", "--json").stdout) == []
     assert tw("add", "job", "--duration", "1h").returncode == 2
@@ -91,7 +91,7 @@ def test_silence_cli_roundtrip(tmp_path):
 
 def test_scraping_a_real_exporter_and_agent_down(fast_rules):
     registry = CollectorRegistry()
-    gauge = Gauge("trainwatch_rank_stall_seconds", "x", ["job", "node", "rank", "local_rank"],
+    gauge = Gauge("trainwatch_rank_stall_seconds", "x", ["run", "node", "rank", "local_rank"],
                   registry=registry)
     gauge.labels("exp1", "n1", "0", "0").set(0)
     server, _ = start_http_server(0, "127.0.0.1", registry)
@@ -170,7 +170,7 @@ def test_alertmanager_v2_api_receives_firing_and_resolved(tmp_path, fast_rules, 
 
 def test_alerts_watch_cli_scrapes_an_agent_and_journals(tmp_path):
     registry = CollectorRegistry()
-    Gauge("trainwatch_rank_stall_seconds", "x", ["job", "node", "rank", "local_rank"],
+    Gauge("trainwatch_rank_stall_seconds", "x", ["run", "node", "rank", "local_rank"],
           registry=registry).labels("exp1", "n1", "3", "1").set(42)
     server, _ = start_http_server(0, "127.0.0.1", registry)
     (tmp_path / "t.yaml").write_text("evaluation_interval: 1s\nstall_for: 0s\n")

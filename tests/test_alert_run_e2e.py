@@ -117,7 +117,7 @@ def test_crash_loop_trips_the_guard_and_pages(tmp_path):
     assert "restart guard" in skipped[-1]["reason"]
     loops = [e for e in events if e["event"] == "alert_firing"
              and e["alert"] == "TrainingRestartLoop"]
-    assert loops and loops[0]["severity"] == "critical" and loops[0]["labels"]["job"] == "exp1"
+    assert loops and loops[0]["severity"] == "critical" and loops[0]["labels"]["run"] == "exp1"
     assert json.loads((run.root / "alerts" / "actions.json").read_text())["guard_tripped"]
     # --no-live still says why it gave up, not only the exit code
     assert ("the job failed and was not restarted: restart guard"

@@ -15,7 +15,7 @@ import pytest
 from trainwatch.diagnose import collectives, findings
 from trainwatch.diagnose.gather import Options, gather
 from trainwatch.diagnose.model import Evidence
-from trainwatch.diagnose.redact import MASK, redact, redact_env, redact_text
+from trainwatch.redact import MASK, redact, redact_env, redact_text
 from trainwatch.rundir import RunDir
 
 
@@ -181,7 +181,7 @@ def prometheus_url(tmp_path):
     """A real Prometheus on 127.0.0.1 with one always-firing alert for job "exp"."""
     (tmp_path / "rules.yml").write_text(
         "groups:\n- name: t\n  interval: 1s\n  rules:\n"
-        "  - alert: TrainingStalled\n    expr: vector(1)\n    labels: {job: exp}\n")
+        "  - alert: TrainingStalled\n    expr: vector(1)\n    labels: {run: exp}\n")
     (tmp_path / "prometheus.yml").write_text(
         "global: {evaluation_interval: 1s}\nrule_files: [rules.yml]\n")
     port = closed_port()

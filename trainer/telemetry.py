@@ -2,7 +2,7 @@
 
 A few lines in a loop publish, per rank, the run-directory contract
 (docs/run-directory.md): a status file (heartbeat, step, phase and since when,
-latest metrics, the job-wide timing distribution), a per-step metrics log and
+latest metrics, its timing and a summary of the job's), a per-step metrics log and
 journal events.
 
     tel = Telemetry.from_env("runs/exp1")          # RANK/LOCAL_RANK/WORLD_SIZE from torchrun
@@ -53,17 +53,15 @@ import psutil
 import torch
 
 from trainwatch import __version__
+from trainwatch.contract.env import JOB_ENV, run_dir_from_env
+from trainwatch.contract.states import FAILED, FINISHED, RUNNING
+from trainwatch.contract.timing import MIDDLE_HALF_WIDTH, summarize
 from trainwatch.node import node_name
 from trainwatch.rundir import RunDir, append_jsonl
 from trainwatch.trainer import dumps
 from trainwatch.trainer.flops import peak_flops_for
 
 log = logging.getLogger(__name__)
-
-# Phases the tools know budgets for; any other name is accepted and shown as is.
-KNOWN_PHASES = ("init", "step", "data", "forward", "backward", "optimizer", "eval", "checkpoint",
-                "telemetry_exchange", "idle", "finished")
-
 
 # json.dumps builds a new encoder on every call that passes options; the flush reuses one.
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
@@ -158,7 +156,7 @@ class Telemetry:
         self.enabled = enabled
         self.run = RunDir(run_dir)
         self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
-        self.job = job or os.environ.get("TRAINWATCH_JOB") or self.run.root.resolve().name
+        self.job = job or os.environ.get(JOB_ENV) or self.run.root.resolve().name
         self.heartbeat_interval = heartbeat_interval
         self.exchange_every = max(0, int(exchange_every))
         self.flops_per_token = flops_per_token
@@ -185,6 +183,14 @@ class Telemetry:
         # (work, gathered tensors, sent tensor, step, window steps, time) of the last
         # all-gather until someone publishes it; guarded by _lock.
         self._exchange_in_flight: tuple | None = None
+        # (step, window steps, time, per-rank rows) of the newest completed exchange, until
+        # the heartbeat thread summarizes it; guarded by _lock.
+        self._gathered: tuple | None = None
+        # The job summary keeps enough values around the median to leave out every rank
+        # of one node (an agent compares its node with the rest).
+        local_world = os.environ.get("LOCAL_WORLD_SIZE", "")
+        self._middle_half_width = max(MIDDLE_HALF_WIDTH,
+                                      int(local_world) if local_world.isdigit() else 0)
         self._step_block = _StepBlock(self if enabled else None)
         self._phase_blocks: dict[str, _PhaseBlock] = {}
         self._phase_stack: list[tuple] = []  # (outer phase, start ns, CUDA event)
@@ -207,7 +213,7 @@ class Telemetry:
                 os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
             "backend": None, "device": str(self.device),
             "started_at": now, "heartbeat_at": now, "step": None, "phase": "init",
-            "phase_since": now, "last_progress_at": now, "state": "running",
+            "phase_since": now, "last_progress_at": now, "state": RUNNING,
             "metrics": {}, "eval": {},
             "counters": {"steps_total": 0, "nonfinite_loss_total": 0,
                          "nonfinite_grad_norm_total": 0, "telemetry_errors_total": 0,
@@ -234,8 +240,9 @@ class Telemetry:
 
     @classmethod
     def from_env(cls, run_dir: str | Path | None = None, **kwargs: Any) -> "Telemetry":
-        """Build from torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, TRAINWATCH_RUN_DIR)."""
-        run_dir = run_dir or os.environ.get("TRAINWATCH_RUN_DIR") or "trainwatch-run"
+        """Build from torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, and the run
+        directory's variable, ``contract.env.RUN_DIR_ENV``)."""
+        run_dir = run_dir or run_dir_from_env()
         kwargs.setdefault("rank", int(os.environ.get("RANK", "0")))
         kwargs.setdefault("local_rank", int(os.environ.get("LOCAL_RANK", "0")))
         kwargs.setdefault("world_size", int(os.environ.get("WORLD_SIZE", "1")))
@@ -280,7 +287,7 @@ class Telemetry:
             self.run.write_run_info({**{k: v for k, v in info.items()
                                         if k not in ("format", "version")}, **missing})
 
-    def close(self, state: str = "finished") -> None:
+    def close(self, state: str = FINISHED) -> None:
         """Flush everything and write the final status (``finished``, ``stopped`` or
         ``failed``); a finished job's rank 0 journals ``finished`` unless the loop did."""
         global _current
@@ -290,25 +297,25 @@ class Telemetry:
             return
         if self._watch is not None:
             self._watch.seal()
-        if state == "finished" and self.rank == 0 and not self._finished_journaled:
+        if state == FINISHED and self.rank == 0 and not self._finished_journaled:
             self.event("finished", step=self._state.get("step"))
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
         with self._lock:
             self._state["state"] = state
-        self.set_phase(state if state in ("finished", "failed") else "idle")
+        self.set_phase(state if state in (FINISHED, FAILED) else "idle")
         self._guard(self._flush)
         # A finished job's ranks all posted the last exchange: wait for it, or gloo aborts
         # the process at exit on the pending work; a failed rank must not wait on others.
-        self._guard(lambda: self._collect_exchange(wait=state == "finished"))
+        self._guard(lambda: self._collect_exchange(wait=state == FINISHED))
         self._write_status()
 
     def __enter__(self) -> "Telemetry":
         return self.start()
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.close("failed" if exc_type else "finished")
+        self.close(FAILED if exc_type else FINISHED)
 
     # ------------------------------------------------------------------ in the loop
     def step(self, step: int) -> _StepBlock:
@@ -524,11 +531,14 @@ class Telemetry:
             self.count_error(repr(exc))
 
     def _exchange_timings(self, step: int) -> None:
-        """One small all_gather so every rank's status carries the job-wide distribution.
+        """One small all_gather of every rank's window means, summarized for the status.
 
-        It is started asynchronously and published by whoever sees it done first: the
+        It is started asynchronously and picked up by whoever sees it done first: the
         heartbeat thread, or the loop at the next exchange (then long finished, as every
         rank started it at the same step), so the loop never waits for the round trip.
+        The heartbeat thread turns it into the rank's own means plus a constant-size job
+        summary (``trainwatch.contract.timing``), so a status file does not grow with the
+        world size.
         """
         n = max(1, self._window_steps)
         mine = [self._window_compute_ns / n / 1e9, self._window_data_ns / n / 1e9,
@@ -536,7 +546,7 @@ class Telemetry:
         self._window_compute_ns = self._window_data_ns = self._window_local_ns = 0
         self._window_steps = 0
         if self._exchange_group is None:
-            self._publish_timing(step, n, _now(), [mine])
+            self._keep_gathered(step, n, _now(), [mine])
             return
         import torch.distributed as dist
         with self.phase("telemetry_exchange"):
@@ -548,7 +558,7 @@ class Telemetry:
                 self._exchange_in_flight = (work, out, local, step, n, _now())
 
     def _collect_exchange(self, wait: bool) -> None:
-        """Publish the in-flight exchange if it is done (or, with ``wait``, once it is)."""
+        """Keep the in-flight exchange if it is done (or, with ``wait``, once it is)."""
         with self._lock:
             in_flight = self._exchange_in_flight
             if in_flight is None or not (wait or in_flight[0].is_completed()):
@@ -556,19 +566,31 @@ class Telemetry:
             self._exchange_in_flight = None
         work, out, _sent, step, n, started = in_flight
         work.wait()
-        self._publish_timing(step, n, started, [t.tolist() for t in out])
+        self._keep_gathered(step, n, started, out)
 
-    def _publish_timing(self, step: int, n: int, started: float,
-                        gathered: list[list[float]]) -> None:
-        timing = {
-            "step": step, "window_steps": n, "time": started,
-            "compute_seconds": [g[0] for g in gathered],
-            "data_wait_seconds": [g[1] for g in gathered],
-            "local_seconds": [g[2] for g in gathered],
-        }
+    def _keep_gathered(self, step: int, n: int, started: float, gathered: list) -> None:
+        """Hold the newest completed window (per rank: compute, data wait, local seconds,
+        as lists or tensors) for the heartbeat thread to summarize: O(1) here, in the loop."""
+        with self._lock:
+            if self._gathered is None or self._gathered[0] < step:  # never replace a newer one
+                self._gathered = (step, n, started, gathered)
+
+    def _summarize_timing(self) -> None:
+        """Publish the newest gathered window as ``timing``: own means + job summary."""
+        with self._lock:
+            gathered, self._gathered = self._gathered, None
+        if gathered is None:
+            return
+        step, n, started, rows = gathered
+        rows = [r.tolist() if isinstance(r, torch.Tensor) else r for r in rows]
+        own = rows[self.rank] if self.rank < len(rows) else rows[0]
+        timing = {"step": step, "window_steps": n, "time": started,
+                  "compute_seconds": own[0], "data_wait_seconds": own[1],
+                  "local_seconds": own[2],
+                  "job": summarize([r[2] for r in rows], self._middle_half_width)}
         with self._lock:
             current = self._state["timing"]
-            if current is None or current["step"] < step:  # never replace a newer window
+            if current is None or current["step"] < step:
                 self._state["timing"] = timing
 
     def _heartbeat_loop(self) -> None:
@@ -652,6 +674,7 @@ class Telemetry:
         return line
 
     def _write_status(self) -> None:
+        self._guard(self._summarize_timing)
         try:
             with self._lock:
                 self._state["heartbeat_at"] = _now()

@@ -30,6 +30,7 @@ COMMANDS = {
     "preflight": ("trainwatch.preflight.cli:preflight", "Is this node fit to join a training job? GPUs, storage, host, network, versions."),
     "report": ("trainwatch.report.cli:report", "Cost and goodput of a run: where the wall time went, what failures cost."),
     "drill": ("trainwatch.drill.cli:drill", "Game day: inject real failures into a real run; score detection and recovery."),
+    "plan": ("trainwatch.plan.cli:plan", "Size a run: memory per device, compute, cost, storage, interruptions."),
     "run": ("trainwatch.alerts.run:run", "Train with the agent and the embedded alert engine watching; restarts from checkpoints."),
 }
 

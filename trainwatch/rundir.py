@@ -19,14 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from trainwatch.contract.layout import (CHECKPOINT_DIRS_KEY, FORMAT_VERSION, METRICS_FILE_GLOB,
+                                       RUN_FORMAT, STATUS_FILE_GLOB, STATUS_FORMAT, RunLayout,
+                                       rank_of_file)
 from trainwatch.errors import ConfigError, FormatError
 from trainwatch.node import node_name
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-STATUS_FORMAT = "trainwatch.status"
-RUN_FORMAT = "trainwatch.run"
+__all__ = ["FORMAT_VERSION", "RUN_FORMAT", "STATUS_FORMAT", "RunDir", "Skipped", "ReadResult",
+           "atomic_write_bytes", "atomic_write_json", "append_jsonl", "read_record",
+           "read_jsonl", "parse_jsonl_line", "iter_run_dirs", "pick_run_dir"]
 
 # Journal event names written by trainwatch itself.  Readers must accept
 # names they do not know (newer writers may add some).
@@ -331,25 +334,25 @@ def line_skip_code(reason: str) -> str:
             "not a JSON object": "not_object"}.get(reason, "unsupported_version")
 
 
-def read_jsonl(path: str | Path, root: str | Path | None = None, *,
-               max_line_bytes: int = MAX_LINE_BYTES) -> ReadResult:
-    """Read a JSON-lines file, skipping (and reporting) torn, alien or overlong lines."""
-    result = ReadResult()
+def iter_jsonl(path: str | Path, skipped: list[Skipped], root: str | Path | None = None, *,
+               max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Stream a JSON-lines file as (line number, record), appending torn, alien or overlong
+    lines to ``skipped``: memory stays one line, however long the file."""
     try:
         fd, _ = open_run_file(path, root)
     except FileNotFoundError:
-        return result
+        return
     except SkippedFile as exc:
-        result.skipped.append(Skipped(str(path), exc.detail, code=exc.reason))
-        return result
+        skipped.append(Skipped(str(path), exc.detail, code=exc.reason))
+        return
     with os.fdopen(fd, "rb") as fh:
         lineno, long_line = 0, False
         while True:
             try:
                 line = fh.readline(max_line_bytes + 1)
             except OSError as exc:
-                result.skipped.append(Skipped(str(path), f"unreadable ({exc.strerror or exc})",
-                                              code="unreadable"))
+                skipped.append(Skipped(str(path), f"unreadable ({exc.strerror or exc})",
+                                       code="unreadable"))
                 break
             if not line:
                 break
@@ -359,68 +362,29 @@ def read_jsonl(path: str | Path, root: str | Path | None = None, *,
             lineno += 1
             if len(line) > max_line_bytes:
                 long_line = not line.endswith(b"\n")
-                result.skipped.append(Skipped(str(path), f"line longer than {max_line_bytes} "
-                                              "bytes", lineno, code="too_large"))
+                skipped.append(Skipped(str(path), f"line longer than {max_line_bytes} "
+                                       "bytes", lineno, code="too_large"))
                 continue
             obj, reason = parse_jsonl_line(line)
             if reason is not None:
-                result.skipped.append(Skipped(str(path), reason, lineno,
-                                              code=line_skip_code(reason)))
+                skipped.append(Skipped(str(path), reason, lineno, code=line_skip_code(reason)))
             elif obj is not None:
-                result.records.append(obj)
+                yield lineno, obj
+
+
+def read_jsonl(path: str | Path, root: str | Path | None = None, *,
+               max_line_bytes: int = MAX_LINE_BYTES) -> ReadResult:
+    """Read a JSON-lines file, skipping (and reporting) torn, alien or overlong lines."""
+    result = ReadResult()
+    result.records = [obj for _, obj in iter_jsonl(path, result.skipped, root,
+                                                   max_line_bytes=max_line_bytes)]
     return result
 
 
 # --------------------------------------------------------------------------- the directory
 
-class RunDir:
-    """Paths and typed access to one run directory (see docs/run-directory.md)."""
-
-    def __init__(self, root: str | Path):
-        self.root = Path(root)
-
-    # paths -----------------------------------------------------------------
-    @property
-    def run_file(self) -> Path:
-        return self.root / "run.json"
-
-    @property
-    def journal_file(self) -> Path:
-        return self.root / "journal.jsonl"
-
-    @property
-    def status_dir(self) -> Path:
-        return self.root / "status"
-
-    @property
-    def metrics_dir(self) -> Path:
-        return self.root / "metrics"
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.root / "checkpoints"
-
-    @property
-    def diagnostics_dir(self) -> Path:
-        return self.root / "diagnostics"
-
-    @property
-    def control_dir(self) -> Path:
-        return self.root / "control"
-
-    @property
-    def logs_dir(self) -> Path:
-        return self.root / "logs"
-
-    @property
-    def tmp_dir(self) -> Path:
-        return self.root / "tmp"
-
-    def status_file(self, rank: int) -> Path:
-        return self.status_dir / f"rank-{rank:05d}.json"
-
-    def metrics_file(self, rank: int) -> Path:
-        return self.metrics_dir / f"rank-{rank:05d}.jsonl"
+class RunDir(RunLayout):
+    """Typed reading and writing of one run directory (paths: ``RunLayout``)."""
 
     # setup -------------------------------------------------------------------
     def create(self) -> "RunDir":
@@ -453,6 +417,20 @@ class RunDir:
                 log.warning("%s", exc)
             return None
 
+    def checkpoint_folders(self) -> list[Path]:
+        """Where this run's checkpoints live (run.json's record; see ``RunLayout``)."""
+        return self.recorded_checkpoint_folders(self.run_info())
+
+    def record_checkpoint_folders(self, folders: list[Path]) -> None:
+        """Note the checkpoint folders in run.json, so every reader finds them."""
+        info = self.run_info() or {}
+        recorded = [str(Path(f).resolve()) for f in folders]
+        if info.get(CHECKPOINT_DIRS_KEY) == recorded:
+            return
+        info.pop("format", None)
+        info.pop("version", None)
+        self.write_run_info({**info, CHECKPOINT_DIRS_KEY: recorded})
+
     # per-rank status ---------------------------------------------------------
     def write_status(self, rank: int, status: dict[str, Any]) -> None:
         atomic_write_json(self.status_file(rank),
@@ -464,7 +442,7 @@ class RunDir:
         result = ReadResult()
         if not self.status_dir.is_dir():
             return result
-        for path in sorted(self.status_dir.glob("rank-*.json")):
+        for path in sorted(self.status_dir.glob(STATUS_FILE_GLOB)):
             try:
                 record = check_status(read_record(path, STATUS_FORMAT, root=self.root), path)
             except SkippedFile as exc:
@@ -501,13 +479,8 @@ class RunDir:
         return read_jsonl(self.metrics_file(rank), self.root)
 
     def ranks_with_metrics(self) -> list[int]:
-        ranks = []
-        for path in self.metrics_dir.glob("rank-*.jsonl"):
-            try:
-                ranks.append(int(path.stem.split("-", 1)[1]))
-            except ValueError:
-                continue
-        return sorted(ranks)
+        ranks = [rank_of_file(path) for path in self.metrics_dir.glob(METRICS_FILE_GLOB)]
+        return sorted(r for r in ranks if r is not None)
 
 
 def iter_run_dirs(folder: str | Path) -> Iterator[RunDir]:
@@ -516,8 +489,9 @@ def iter_run_dirs(folder: str | Path) -> Iterator[RunDir]:
     if not folder.is_dir():
         return
     for child in sorted(folder.iterdir()):
-        if (child / "status").is_dir() or (child / "run.json").exists():
-            yield RunDir(child)
+        run = RunDir(child)
+        if run.status_dir.is_dir() or run.run_file.exists():
+            yield run
 
 
 def pick_run_dir(argument: str | Path | None, option: str | Path | None,

@@ -15,11 +15,12 @@ import time
 from collections import deque
 from typing import Any
 
-from trainwatch.host.procinfo import PROCESS_STATES, ProcessTracker
+from trainwatch.host.procinfo import ProcessTracker
 from trainwatch.agent.registry import Collector, Result, register
-from trainwatch.agent.stall import KNOWN_PHASES
+from trainwatch.contract.states import KNOWN_PHASES, PROCESS_STATES, RANK_STATES
+from trainwatch.contract.timing import job_window
+from trainwatch.rundir import SKIP_REASONS
 
-RANK_STATES = ("running", "finished", "failed", "stopped")  # docs/run-directory.md
 _TRAIN_GAUGES = {  # status metrics field -> metric
     "loss": "trainwatch_train_loss", "grad_norm": "trainwatch_train_grad_norm",
     "lr": "trainwatch_train_learning_rate",
@@ -85,13 +86,14 @@ class RanksCollector(Collector):
         if records:
             job_name = str(records[0].get("job") or job_name)
         local = self._local(records)
-        timing = max((r["timing"] for r in records if isinstance(r.get("timing"), dict)
-                      and isinstance(r["timing"].get("step"), int)),
-                     key=lambda t: (t["step"], t.get("time") or 0), default=None)
+        # Each local rank carries the job's timing summary: no other node's file is needed.
+        timing = job_window({r["rank"]: r.get("timing") for r in local})
         skipped_by_reason = self._skip_total.get(key, {})
-        for reason, count in sorted(skipped_by_reason.items()):
-            result.add("trainwatch_collector_status_files_skipped_total", count, job=job_name,
-                       node=self.ctx.node, reason=reason)
+        # Every reason from 0, so increase() sees the first skip (a counter born at 1 shows none).
+        for reason in SKIP_REASONS:
+            result.add("trainwatch_collector_status_files_skipped_total",
+                       skipped_by_reason.get(reason, 0), run=job_name, node=self.ctx.node,
+                       reason=reason)
         ranks = []
         env: dict[int, dict[str, str]] = {}
         for status in sorted(local, key=lambda r: r["rank"]):
@@ -125,7 +127,7 @@ class RanksCollector(Collector):
         facts = [r["checkpoint"] for r in local if isinstance(r.get("checkpoint"), dict)]
         if not facts:
             return
-        labels = {"job": job, "node": self.ctx.node}
+        labels = {"run": job, "node": self.ctx.node}
         for field, metric in _CHECKPOINT_COUNTERS.items():
             values = [_num(f.get(field)) for f in facts]
             result.add(metric, max((v for v in values if v is not None), default=None),
@@ -170,7 +172,7 @@ class RanksCollector(Collector):
             seen.clear()
 
     def _rank(self, s: dict[str, Any], now: float, job: str, result: Result) -> dict[str, Any]:
-        labels = {"job": job, "node": self.ctx.node, "rank": s["rank"],
+        labels = {"run": job, "node": self.ctx.node, "rank": s["rank"],
                   "local_rank": s.get("local_rank", "")}
         metrics = s.get("metrics") if isinstance(s.get("metrics"), dict) else {}
         counters = s.get("counters") if isinstance(s.get("counters"), dict) else {}

@@ -22,7 +22,6 @@ from rank 0. Every rank's RNGs are saved and restored without being asked.
 from __future__ import annotations
 
 import logging
-import os
 import pickle
 import sys
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainwatch.contract.env import DEFAULT_RUN_DIR, run_dir_from_env
 from trainwatch.rundir import RunDir
 from trainwatch.trainer import telemetry as telemetry_mod
 from trainwatch.trainer.checkpoint.checkpointer import EXIT_STOPPED, Checkpointer
@@ -40,7 +40,6 @@ from trainwatch.trainer.skips import SkipSteps, agree_skip_steps
 
 log = logging.getLogger(__name__)
 
-RUN_DIR_ENV = "TRAINWATCH_RUN_DIR"
 # A picklable object without state_dict is stored as its pickle in a byte tensor, so the
 # checkpoint still loads with torch.load(weights_only=True).
 _PICKLED = "__trainwatch_pickled__"
@@ -65,8 +64,6 @@ class Checkpoints:
         self._last: tuple[int, dict[str, Any]] | None = None
         self._saved_at: int | None = None
         self._closed = False
-        if self.checkpointer.rank == 0:
-            self._describe_folders()
         self.checkpointer.start()
 
     @classmethod
@@ -79,8 +76,8 @@ class Checkpoints:
         Call on every rank, after ``init_process_group``.
         """
         telemetry = telemetry if telemetry is not None else telemetry_mod.current()
-        run_dir = (run_dir or os.environ.get(RUN_DIR_ENV)
-                   or (telemetry.run.root if telemetry is not None else "trainwatch-run"))
+        run_dir = (run_dir or run_dir_from_env(None)
+                   or (telemetry.run.root if telemetry is not None else DEFAULT_RUN_DIR))
         config = CheckpointConfig.from_mapping(settings, file="Checkpoints.from_env()",
                                                prefix="Checkpoints.from_env")
         return cls(run_dir, config, telemetry=telemetry)
@@ -222,19 +219,6 @@ class Checkpoints:
         print(f"trainwatch: rank {self.rank}: stopped on request after saving step "
               f"{self._last[0] if self._last else '?'}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_STOPPED)
-
-    def _describe_folders(self) -> None:
-        """Where this job's checkpoints live, in run.json, for the controller (rollback
-        quarantine, restart guard) and ``trainwatch checkpoint``."""
-        info = self.run.run_info() or {}
-        folders = {"dir": self.config.dir, "mirror_dir": self.config.mirror_dir}
-        if info.get("checkpoint") != folders:
-            try:
-                self.run.write_run_info({**{k: v for k, v in info.items()
-                                            if k not in ("format", "version")},
-                                         "checkpoint": folders})
-            except OSError as exc:
-                log.warning("trainwatch: cannot update %s: %s", self.run.run_file, exc)
 
 
 def _state_dicts(state: dict[str, Any]) -> dict[str, Any]:

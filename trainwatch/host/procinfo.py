@@ -20,7 +20,6 @@ _STATUS = {
     psutil.STATUS_STOPPED: "stopped", psutil.STATUS_TRACING_STOP: "stopped",
     psutil.STATUS_ZOMBIE: "zombie", psutil.STATUS_DEAD: "gone",
 }
-PROCESS_STATES = ("running", "sleeping", "disk_sleep", "stopped", "zombie", "gone", "unknown")
 # Filtered environment the NCCL and network collectors need; values never leave the agent.
 ENV_PREFIXES = ("NCCL_", "TORCH_", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES")
 
