@@ -65,6 +65,7 @@ class PlanSpec:
     bytes_per_token: float = 2.0
     checkpoints_kept: int = 3
     mirror: bool = False
+    checkpoint_async: bool = True     # the reference trainer's async saves copy tied weights apart
     save_seconds: float | None = None  # None: checkpoint bytes / write_bytes_per_second
     write_bytes_per_second: float = 1e9
     device_mtbf_hours: float | None = None  # None: the public figure in reliability.py
@@ -108,7 +109,7 @@ class PlanSpec:
                 raise ConfigError(problem, key=key)
 
         for key in ("layers", "hidden", "heads", "seq", "vocab", "micro_batch", "grad_accum",
-                    "devices", "tp", "pp", "checkpoints_kept"):
+                    "devices", "tp", "pp"):
             value = getattr(self, key)
             need(value >= 1, f"--{key.replace('_', '-')}", f"must be at least 1, got {value}")
         need(self.hidden % self.heads == 0, "--heads",
@@ -128,6 +129,7 @@ class PlanSpec:
                                            and self.dp % self.shard_degree == 0),
              "--shard-degree", f"must divide the data-parallel degree {self.dp}, "
              f"got {self.shard_degree}")
+        need(self.checkpoints_kept >= 0, "--keep", f"must be >= 0, got {self.checkpoints_kept}")
         need(0 < self.mfu <= 1, "--mfu", f"must be in (0, 1], got {self.mfu}")
         need(self.steps is None or self.steps > 0, "--steps", f"must be positive, got {self.steps}")
         for key in ("peak_flops", "price_per_device_hour", "data_bytes", "save_seconds",
@@ -155,7 +157,7 @@ def from_trainer_config(cfg: Any, source: str, devices: int, device_type: str) -
         devices=devices, steps=t.steps, device_type=device_type,
         data_bytes=float(_dataset_bytes(cfg)), bytes_per_token=1.0,
         checkpoints_kept=c.keep_last + c.keep_best if c.enabled else 0,
-        mirror=bool(c.mirror_dir) and c.enabled)
+        mirror=bool(c.mirror_dir) and c.enabled, checkpoint_async=c.mode == "async")
 
 
 def _dataset_bytes(cfg: Any) -> int:

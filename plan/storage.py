@@ -28,20 +28,25 @@ def checkpoint_bytes(spec: PlanSpec, params: int, sheet: Sheet) -> float:
     w, _g, master, moment = PRECISION_BYTES[spec.precision]
     moments = MOMENTS[spec.optimizer]
     if spec.reference and spec.params is None:
-        tensors = 12 * spec.layers + 5                    # state_dict entries, head included
-        saved = params + embedding_params(spec)           # the tied head is written again
+        # state_dict entries (the tied head included); an async save's host copy holds the
+        # tied head as a tensor of its own, so it is written twice (a sync save writes it once)
+        tensors = 12 * spec.layers + 5
+        twice = spec.checkpoint_async and spec.tied_embeddings
+        saved = params + (embedding_params(spec) if twice else 0)
+        records = tensors if twice else tensors - 1
         world = spec.devices
         return sheet.add(
             "storage", "checkpoint_bytes",
-            4 * saved + MODEL_RECORD_BYTES * tensors + MODEL_FILE_BYTES
+            4 * saved + MODEL_RECORD_BYTES * records + MODEL_FILE_BYTES
             + 4 * moments * params + OPTIMIZER_PARAM_BYTES * (tensors - 1) + OPTIMIZER_FILE_BYTES
             + SCHEDULER_FILE_BYTES + world * (RANK_FILE_BYTES + MANIFEST_RANK_BYTES)
             + MANIFEST_BYTES, "bytes",
-            "model.pt: 4 B x (params + vocab·h, the tied head again) + 292 B x tensors + 330; "
+            "model.pt: 4 B x (params + vocab·h if async: the tied head again) + 292 B x tensors "
+            "+ 330; "
             "optimizer.pt: 4 B x moments x params + 793 B x parameters + 705; "
             "scheduler.pt 1453; ranks x (14313 B rank file + 210 B manifest entry); "
             "manifest 800", params=params, tensors=tensors, vocab_h=embedding_params(spec),
-            moments=moments, ranks=world)
+            moments=moments, ranks=world, async_save=spec.checkpoint_async)
     per_param = w + master + moments * moment
     return sheet.add("storage", "checkpoint_bytes", params * per_param, "bytes",
                      f"params x ({w} B weights + {master} B master + {moments} moments x "
