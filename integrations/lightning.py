@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback
 
-from trainwatch.contract.env import run_dir_from_env
+from trainwatch.contract.env import DEFAULT_RUN_DIR, run_dir_from_env
 from trainwatch.integrations.sealed import newest_verified, seal
 from trainwatch.rundir import RunDir
 from trainwatch.trainer.checkpoint import catalog, retention
@@ -41,7 +41,7 @@ class TrainwatchCallback(Callback):
 
     def __init__(self, run_dir: str | Path | None = None, *, every_steps: int = 0,
                  keep_last: int = 3, **telemetry: Any):
-        self.run = RunDir(run_dir or run_dir_from_env())
+        self.run = RunDir(run_dir or run_dir_from_env() or DEFAULT_RUN_DIR)
         self.every_steps, self.keep_last = every_steps, keep_last
         self.telemetry_options = telemetry
         self.tel: Telemetry | None = None
@@ -55,7 +55,7 @@ class TrainwatchCallback(Callback):
     def resume_path(self) -> str | None:
         """The newest verified checkpoint's file, for ``trainer.fit(ckpt_path=...)``."""
         found = newest_verified([(e.step, e.path) for e in catalog.complete(self.run.checkpoint_dir)
-                                 if (e.path / CHECKPOINT_FILE).exists()])
+                                 if e.step is not None and (e.path / CHECKPOINT_FILE).exists()])
         if found is None:
             return None
         self._resumed_from = found[1]
@@ -74,9 +74,14 @@ class TrainwatchCallback(Callback):
         if trainer.global_rank == 0:
             catalog.remove_incomplete(self.run.checkpoint_dir)
 
+    def _telemetry(self) -> Telemetry:
+        if self.tel is None:
+            raise RuntimeError("TrainwatchCallback: used before Trainer.fit set it up")
+        return self.tel
+
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if self._resumed_from is not None and trainer.global_rank == 0:
-            self.tel.event("checkpoint_resumed", step=trainer.global_step,
+            self._telemetry().event("checkpoint_resumed", step=trainer.global_step,
                            path=str(self._resumed_from), framework="lightning")
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
@@ -94,7 +99,7 @@ class TrainwatchCallback(Callback):
     # ------------------------------------------------------------------ the step
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
                              batch_idx: int) -> None:
-        self._step = self.tel.step(trainer.global_step)
+        self._step = self._telemetry().step(trainer.global_step)
         self._recorder = self._step.__enter__()
         self._enter_phase("forward")
 
@@ -137,7 +142,7 @@ class TrainwatchCallback(Callback):
         if not (requested or due):
             return
         self._requested.clear()
-        with self.tel.phase("checkpoint"):
+        with self._telemetry().phase("checkpoint"):
             folder = self.run.checkpoint_dir
             tmp = folder / f".tmp-{step_dir_name(step)}-lightning"
             if trainer.global_rank == 0:
@@ -154,19 +159,20 @@ class TrainwatchCallback(Callback):
             shutil.rmtree(final)
         os.rename(tmp, final)
         size = sum(p.stat().st_size for p in final.iterdir())
-        self.tel.checkpoint_saved(final, step, verified=True, bytes=size, reason=reason,
+        tel = self._telemetry()
+        tel.checkpoint_saved(final, step, verified=True, bytes=size, reason=reason,
                                   framework="lightning")
         for entry, why in retention.to_prune(catalog.scan(final.parent),
                                              keep_last=self.keep_last, keep_best=0,
                                              newest_verified=final):
             shutil.rmtree(entry.path, ignore_errors=True)
-            self.tel.event("checkpoint_pruned", step=entry.step, path=str(entry.path),
+            tel.event("checkpoint_pruned", step=entry.step, path=str(entry.path),
                            reason=why)
 
     # ------------------------------------------------------------------ phases
     def _enter_phase(self, name: str) -> None:
         self._leave_phase()
-        self._phase = self.tel.phase(name)
+        self._phase = self._telemetry().phase(name)
         self._phase.__enter__()
 
     def _leave_phase(self) -> None:

@@ -20,7 +20,7 @@ def test_watched_loop_records_steps_phases_and_values(tmp_path):
     model, opt = _setup()
     tel = Telemetry(tmp_path, heartbeat_interval=60).start()
     handle = tel.watch(model, opt)
-    for step in range(5):
+    for _ in range(5):
         with tel.phase("data"):
             x = torch.randn(4, 8)
         for _ in range(2):  # gradient accumulation: two forwards, one step

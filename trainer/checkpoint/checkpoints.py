@@ -132,13 +132,12 @@ class Checkpoints:
     def should_skip(self, step: int) -> bool:
         """True for a step a rollback asked to drop (its batch held a NaN or a spike):
         don't train it. The same answer on every rank."""
-        if self._skip is None:
-            self._agree_skips()
-        skip = step in self._skip
+        window = self._skip if self._skip is not None else self._agree_skips()
+        skip = step in window
         if skip:
             self._continue_at(step + 1)
             self._skipped.append(step)
-            if step == self._skip.last:
+            if step == window.last:
                 self._journal_skipped()
         return skip
 
@@ -195,13 +194,15 @@ class Checkpoints:
         if self.telemetry is not None and hasattr(self.telemetry, "continue_at"):
             self.telemetry.continue_at(step)
 
-    def _agree_skips(self) -> None:
+    def _agree_skips(self) -> SkipSteps:
         distributed = dist.is_available() and dist.is_initialized()
         self._skip = agree_skip_steps(self.run, distributed)
+        return self._skip
 
     def _journal_skipped(self) -> None:
         if self.rank == 0 and self._skipped:
-            fields = {"steps": list(self._skipped), "reason": self._skip.reason}
+            fields = {"steps": list(self._skipped),
+                      "reason": self._skip.reason if self._skip is not None else None}
             if self.telemetry is not None:
                 self.telemetry.event("data_skipped", **fields)
             else:
