@@ -506,7 +506,7 @@ class Telemetry:
                 continue
             if mtime > self._control_seen.get(name, 0.0):
                 self._control_seen[name] = mtime
-                self._guard(lambda: handler(path))
+                self._guard(lambda handler=handler, path=path: handler(path))
 
     def _flush(self) -> None:
         """Resolve pending steps (the only place tensors are read) and append them to the log."""

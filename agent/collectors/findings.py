@@ -204,9 +204,9 @@ class FindingsCollector(Collector):
             if rank.get("pid") not in g.get("pids", ()):
                 continue
             events = [name for name, on in (g.get("clock_events") or {}).items() if on]
-            for group, cause in ((_THERMAL, "gpu_thermal"), (_POWER, "gpu_power"),
-                                 (("hw_slowdown",), "gpu_throttle")):
-                hit = [e for e in events if e in group]
+            for reasons, cause in ((_THERMAL, "gpu_thermal"), (_POWER, "gpu_power"),
+                                   (("hw_slowdown",), "gpu_throttle")):
+                hit = [e for e in events if e in reasons]
                 if hit:
                     return cause, [f"GPU {g['index']} clock events active: {', '.join(hit)}"]
         timing = job.get("timing") or {}

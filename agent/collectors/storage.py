@@ -63,7 +63,7 @@ class StorageCollector(Collector):
                 if str(path) not in seen:
                     seen.add(str(path))
                     targets.append((str(path), role, job))
-        for i, entry in enumerate(self.options["paths"]):
+        for entry in self.options["paths"]:
             if isinstance(entry, str):
                 entry = {"path": entry}
             path = str(entry.get("path", "")) if isinstance(entry, dict) else ""

@@ -395,7 +395,7 @@ def _process(pid: int, proc_root: str = "/proc") -> dict[str, Any]:
 def _is_fifo(path: str | None) -> bool:
     import stat as stat_mod
     try:
-        return bool(path) and stat_mod.S_ISFIFO(os.stat(path).st_mode)
+        return path is not None and stat_mod.S_ISFIFO(os.stat(path).st_mode)
     except OSError:
         return False
 
