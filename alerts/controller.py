@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 
 
 def train_command(run_dir: str | Path, nproc_per_node: int, *, config: str | None = None,
-                  steps: int | None = None, overrides: list[str] = (),
+                  steps: int | None = None, overrides: Sequence[str] = (),
                   max_restarts: int = 0) -> list[str]:
     """The ``trainwatch train`` command line the controller runs (the trainer's launcher)."""
     cmd = [sys.executable, "-m", "trainwatch", "train", "--run-dir", str(run_dir),
@@ -134,6 +135,8 @@ class JobController:
             return self.start(reason)
 
     def _tree(self) -> list[psutil.Process]:
+        if self.proc is None:
+            return []
         try:
             root = psutil.Process(self.proc.pid)
             return [root] + root.children(recursive=True)
@@ -173,12 +176,12 @@ class JobController:
         folders = self.run.checkpoint_folders()
         found: dict[Path, int] = {}
         try:
-            from trainwatch.trainer.checkpoint.catalog import scan
+            from trainwatch.trainer.checkpoint import catalog
         except ImportError:
-            scan = None
-        if scan is not None:
+            catalog = None  # type: ignore[assignment]
+        if catalog is not None:
             for folder in folders:
-                found.update({e.path: e.step for e in scan(folder)
+                found.update({e.path: e.step for e in catalog.scan(folder)
                               if e.state == "complete" and e.step is not None})
         for event in self.run.events("checkpoint_saved"):
             path = Path(str(event.get("path", "")))

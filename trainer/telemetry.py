@@ -37,6 +37,7 @@ reader can tell "alive but not progressing" from "frozen or dead".
 
 from __future__ import annotations
 
+import functools
 import collections
 import contextlib
 import json
@@ -612,7 +613,7 @@ class Telemetry:
                 continue
             if mtime > self._control_seen.get(name, 0.0):
                 self._control_seen[name] = mtime
-                self._guard(lambda handler=handler, path=path: handler(path))
+                self._guard(functools.partial(handler, path))
 
     def _flush(self) -> None:
         """Resolve pending steps (the only place tensors are read) and append them to the log."""
