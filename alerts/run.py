@@ -38,7 +38,7 @@ from trainwatch.alerts.run_view import Progress, live_view
 from trainwatch.alerts.scrape import Scraper
 from trainwatch.alerts.silences import Silences
 from trainwatch.alerts.supervise import Supervisor
-from trainwatch.contract.layout import AGENT_LOG, JOB_LOG
+from trainwatch.contract.layout import AGENT_LOG, JOB_LOG, LOGS_DIR
 from trainwatch.contract.ports import LOOPBACK
 from trainwatch.contract.stall import RECORD_KEY as STALL_RECORD_KEY
 from trainwatch.errors import ConfigError
@@ -72,7 +72,7 @@ def wait_for_agent(proc: subprocess.Popen, target: str, timeout: float = 60.0) -
                 return True
         except OSError:
             time.sleep(0.2)
-    click.echo(f"trainwatch agent on {target} is not up (see logs/agent.log): alerts that "
+    click.echo(f"trainwatch agent on {target} is not up (see {LOGS_DIR}/{AGENT_LOG}): alerts that "
                "need its metrics are blind until it is", err=True)
     return False
 

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from trainwatch.contract.env import FAULT_ENV
 from trainwatch.drill.catalog import DRILLS, Drill
 
 
@@ -59,7 +60,7 @@ CRITERIA_TEXT = ("the fault fired; detected within the drill's deadline; recover
 
 def render_catalog(console: Console, changed: dict[str, list[dict[str, Any]]]) -> None:
     table = _table("trainwatch drills", console)
-    for col in ("drill", "simulates", "TRAINWATCH_FAULT", "detected by (any)", "recovery"):
+    for col in ("drill", "simulates", FAULT_ENV, "detected by (any)", "recovery"):
         table.add_column(col, overflow="fold")
     for d in DRILLS:
         recovery = d.expected_recovery()
@@ -72,7 +73,7 @@ def render_catalog(console: Console, changed: dict[str, list[dict[str, Any]]]) -
     console.print(Text(f"Pass criteria: {CRITERIA_TEXT}."))
     common = [r for r in changed[DRILLS[0].name]
               if all(r in rows for rows in changed.values())]
-    console.print(Text("Drills run the reference trainer (it honours TRAINWATCH_FAULT) under "
+    console.print(Text(f"Drills run the reference trainer (it honours {FAULT_ENV}) under "
                        "`trainwatch run`, with shorter waits than production so that a drill "
                        f"takes a minute: {_changes(common)}; and"))
     for d in DRILLS:

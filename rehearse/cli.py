@@ -56,7 +56,7 @@ def _plan(cfg, source: str, nproc: int, write_gbps: float | None) -> dict:
               help="Alert receiver (Alertmanager webhook format) to send a test alert to.")
 @click.option("--alertmanager", metavar="URL", help="Alertmanager to send a test alert to.")
 @click.option("--token-file", type=click.Path(dir_okay=False),
-              help="Bearer token for --webhook (default: $TRAINWATCH_RECEIVER_TOKEN).")
+              help=f"Bearer token for --webhook (default: ${TOKEN_ENV}).")
 @click.option("--min-allreduce-mbps", type=float, default=10.0, show_default=True,
               help="All-reduce bus bandwidth floor in MB/s.")
 @click.option("--max-allreduce-latency-ms", type=float, default=250.0, show_default=True,

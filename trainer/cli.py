@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from trainwatch.contract.env import NODE_ENV
+
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--nproc-per-node", type=int, default=1, show_default=True,
@@ -34,7 +36,7 @@ import click
                    "default: the FQDN). Rank 0's node serves MASTER_ADDR on it.")
 @click.option("--node-name", metavar="NAME",
               help="Node name in the ranks' status and the journal; must match the node's "
-                   "agent (default: $TRAINWATCH_NODE, else the hostname).")
+                   f"agent (default: ${NODE_ENV}, else the hostname).")
 @click.option("--metrics-port", type=int,
               help="Ranks serve Prometheus metrics on 127.0.0.1:(PORT + local rank) "
                    "(shorthand for --set telemetry.metrics_port=PORT).")
