@@ -119,7 +119,7 @@ def _space(role: str, path: str, size: int, free: int, cfg: dict[str, Any],
     text = f"{human_bytes(free)} free of {human_bytes(size)}"
     if free < need:
         why = (f"room for {cfg['checkpoint_room']} checkpoint(s) of "
-               f"{human_bytes(checkpoint_bytes)}" if room == need
+               f"{human_bytes(checkpoint_bytes or 0)}" if room == need
                else "storage.min_free_bytes")
         return Check(id_, "fail", f"{path}: only {text}, need {human_bytes(need)} ({why})",
                      evidence, runbook="StorageFull")
