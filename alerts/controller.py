@@ -10,7 +10,6 @@ hung or diverged jobs, so a frozen (SIGSTOPped) rank cannot keep a restart waiti
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import signal
 import subprocess
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import psutil
 
+from trainwatch.alerts.jobenv import job_environment
 from trainwatch.contract.env import LAUNCH_ENV
 from trainwatch.contract.layout import CONTROL_DUMP, DUMP_FILE_GLOB, JOB_LOG, STATUS_FILE_GLOB
 from trainwatch.proctree import wait_gone
@@ -69,8 +69,7 @@ class JobController:
     def start(self, reason: str = "start") -> int:
         with self.lock:
             log_file = open(self.run.logs_dir / JOB_LOG, "ab")
-            env = {**(os.environ if self.env is None else self.env),
-                   LAUNCH_ENV: str(self.starts + 1)}
+            env = {**job_environment(self.env), LAUNCH_ENV: str(self.starts + 1)}
             try:
                 self.proc = subprocess.Popen(self.command + self.extra_args, env=env,
                                              stdout=log_file, stderr=subprocess.STDOUT,

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback
 
-from trainwatch.contract.env import DEFAULT_RUN_DIR, run_dir_from_env
+from trainwatch.contract.env import run_dir_from_env
 from trainwatch.integrations.sealed import newest_verified, seal
 from trainwatch.rundir import RunDir
 from trainwatch.trainer.checkpoint import catalog, retention
@@ -41,7 +41,7 @@ class TrainwatchCallback(Callback):
 
     def __init__(self, run_dir: str | Path | None = None, *, every_steps: int = 0,
                  keep_last: int = 3, **telemetry: Any):
-        self.run = RunDir(run_dir or run_dir_from_env() or DEFAULT_RUN_DIR)
+        self.run = RunDir(run_dir or run_dir_from_env())
         self.every_steps, self.keep_last = every_steps, keep_last
         self.telemetry_options = telemetry
         self.tel: Telemetry | None = None

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
-from trainwatch.contract.env import DEFAULT_RUN_DIR, run_dir_from_env
+from trainwatch.contract.env import run_dir_from_env
 from trainwatch.integrations.sealed import newest_verified, seal
 from trainwatch.rundir import RunDir
 from trainwatch.trainer.telemetry import Telemetry
@@ -38,7 +38,7 @@ class TrainwatchCallback(TrainerCallback):
     """Telemetry and verified, requestable checkpoints for a Hugging Face ``Trainer``."""
 
     def __init__(self, run_dir: str | Path | None = None, **telemetry: Any):
-        self.run = RunDir(run_dir or run_dir_from_env() or DEFAULT_RUN_DIR)
+        self.run = RunDir(run_dir or run_dir_from_env())
         self.telemetry_options = telemetry
         self.tel: Telemetry | None = None
         self._requested = threading.Event()

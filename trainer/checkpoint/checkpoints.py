@@ -22,6 +22,7 @@ from rank 0. Every rank's RNGs are saved and restored without being asked.
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import sys
 from pathlib import Path
@@ -30,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainwatch.contract.env import DEFAULT_RUN_DIR, run_dir_from_env
+from trainwatch.contract.env import DEFAULT_RUN_DIR, RUN_DIR_ENV
 from trainwatch.rundir import RunDir
 from trainwatch.trainer import telemetry as telemetry_mod
 from trainwatch.trainer.checkpoint.checkpointer import EXIT_STOPPED, Checkpointer
@@ -76,7 +77,7 @@ class Checkpoints:
         Call on every rank, after ``init_process_group``.
         """
         telemetry = telemetry if telemetry is not None else telemetry_mod.current()
-        run_dir = (run_dir or run_dir_from_env(None)
+        run_dir = (run_dir or os.environ.get(RUN_DIR_ENV)
                    or (telemetry.run.root if telemetry is not None else DEFAULT_RUN_DIR))
         config = CheckpointConfig.from_mapping(settings, file="Checkpoints.from_env()",
                                                prefix="Checkpoints.from_env")
