@@ -1,7 +1,7 @@
 """A job that keeps its own checkpoint file and declares each save (tel.checkpoint_saved).
 
-Launches 1-4 train three steps, saving after each, then crash (exit 1): restarts with
-progress. Launch 5 saves once, then trains without saving until trainwatch asks for a
+Launches 1-2 train three steps, saving after each, then crash (exit 1): restarts with
+progress. Launch 3 saves once, then trains without saving until trainwatch asks for a
 checkpoint (control/checkpoint, CheckpointTooOld's action), saves and finishes.
 """
 
@@ -34,7 +34,7 @@ def train_one() -> int:
     return step + 1
 
 
-if launch <= 4:
+if launch <= 2:
     for _ in range(3):
         step = train_one()
         save(step)
