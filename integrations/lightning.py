@@ -10,8 +10,9 @@ optimizer phases from Lightning's hooks, and the loss ``training_step`` returned
 tensor itself: no device sync; a logged ``grad_norm`` too, if the module logs one).
 Checkpoints are Lightning's own (``trainer.save_checkpoint``), written into
 ``RUN_DIR/checkpoints/step-N/`` and sealed with a trainwatch manifest, every
-``every_steps`` and when ``RUN_DIR/control/checkpoint`` is touched (CheckpointTooOld's
-action; the ranks agree on the step with one small all-reduce per step).
+``every_steps``, when ``RUN_DIR/control/checkpoint`` is touched (CheckpointTooOld's
+action) and on SIGTERM before Lightning stops (the ranks agree on the step with one small
+all-reduce per step).
 ``resume_path()`` is the newest of them that verifies. Needs ``lightning`` installed.
 """
 
@@ -50,6 +51,7 @@ class TrainwatchCallback(Callback):
         self._step: Any = None
         self._recorder: Any = None
         self._resumed_from: Path | None = None
+        self._stopping = False
 
     # ------------------------------------------------------------------ resume
     def resume_path(self) -> str | None:
@@ -88,7 +90,7 @@ class TrainwatchCallback(Callback):
         self._close("finished")
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self._close("failed")
+        self._close("stopped" if self._stopping else "failed")
 
     def _close(self, state: str) -> None:
         if self.tel is not None:
@@ -135,13 +137,19 @@ class TrainwatchCallback(Callback):
     # ------------------------------------------------------------------ checkpoints
     def _maybe_save(self, trainer: Any) -> None:
         step = trainer.global_step
-        requested = self._requested.is_set()
+        stopping = bool(trainer.received_sigterm)
+        requested = self._requested.is_set() or stopping
         if trainer.world_size > 1:  # every rank must save at the same step
             requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
+            if requested:  # the same on every rank: all of them take this second vote
+                stopping = trainer.strategy.reduce_boolean_decision(stopping, all=False)
         due = self.every_steps and step % self.every_steps == 0
         if not (requested or due):
             return
         self._requested.clear()
+        if stopping:
+            # Lightning stops at the end of this batch (SIGTERMException): save first.
+            self._stopping = True
         with self._telemetry().phase("checkpoint"):
             folder = self.run.checkpoint_dir
             tmp = folder / f".tmp-{step_dir_name(step)}-lightning"
@@ -150,8 +158,9 @@ class TrainwatchCallback(Callback):
                 tmp.mkdir(parents=True)
             trainer.save_checkpoint(str(tmp / CHECKPOINT_FILE))  # every rank; rank 0 writes
             if trainer.global_rank == 0:
+                reason = "stop" if stopping else "request" if requested else "interval"
                 self._publish(tmp, folder / step_dir_name(step), step, trainer.world_size,
-                              "request" if requested else "interval")
+                              reason)
 
     def _publish(self, tmp: Path, final: Path, step: int, world_size: int, reason: str) -> None:
         seal(tmp, step, world_size=world_size, framework="lightning")
