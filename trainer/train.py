@@ -333,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         run.create()
         tel.start()
         if cfg.telemetry.metrics_port and tel.enabled:
-            server = MetricsServer(tel, cfg.telemetry.metrics_port + ranks.local_rank)
+            server = MetricsServer(tel, cfg.telemetry.metrics_port + ranks.local_rank,
+                                   cfg.telemetry.metrics_host)
         ckpt.start()
         train(cfg, run, ranks, tel, ckpt)
         ckpt.close()

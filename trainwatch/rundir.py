@@ -42,7 +42,7 @@ EVENTS = (
     "nonfinite_detected", "data_skipped", "fault_injected",
     "alert_firing", "alert_resolved", "action_taken", "action_skipped", "action_guard_cleared",
     "diagnostics_dumped",
-    "job_started", "job_stopped", "job_exited", "controller_started", "controller_stopped",
+    "job_started", "job_stopped", "job_exited", "job_silent", "controller_started", "controller_stopped",
 )
 
 
