@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 def train_command(run_dir: str | Path, nproc_per_node: int, *, config: str | None = None,
                   steps: int | None = None, overrides: list[str] = (),
                   max_restarts: int = 0) -> list[str]:
-    """The ``trainwatch train`` command line the controller runs (issue 2's launcher)."""
+    """The ``trainwatch train`` command line the controller runs (the trainer's launcher)."""
     cmd = [sys.executable, "-m", "trainwatch", "train", "--run-dir", str(run_dir),
            "--nproc-per-node", str(nproc_per_node), "--max-restarts", str(max_restarts)]
     if config:

@@ -71,6 +71,17 @@ def build(runbook_base: str) -> dict:
                  unit="s", description="How long a stalled rank has made no progress, against "
                                        "the budget applied to it.", alerts=("TrainingStalled",),
                  w=12)
+    b.table("Stall incident: culprit", target(
+        f"{b.sel('trainwatch_stall_incident_seconds')}", table=True),
+            description="One incident per job and node: the rank the node's agent blames "
+                        "(dead, frozen, or stuck outside the collective the others wait in; "
+                        "unknown when all its stalled ranks wait alike), its stall kind and "
+                        "for how long. TrainingStalled fires once per incident.",
+            alerts=("TrainingStalled",), w=6)
+    b.timeseries("Stall incident: ranks by role",
+                 target(f"sum by (role) ({b.sel('trainwatch_stall_incident_ranks')})", "{{role}}"),
+                 description="Ranks in the open stall incident: the culprit(s), and the ranks "
+                             "waiting for them.", alerts=("TrainingStalled",), w=6)
     b.table("Stall findings", target(f"{b.sel('trainwatch_rank_stall_info')} == 1", table=True),
             description="kind: stuck (alive, heartbeat fresh: waiting on something), frozen "
                         "(heartbeat stale or process stopped) or dead; phase: where it "

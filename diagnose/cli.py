@@ -11,7 +11,7 @@ from rich.console import Console
 
 from trainwatch.contract.env import DEFAULT_RUN_DIR, RUN_DIR_ENV, run_dir_from_env
 from trainwatch.contract.ports import AGENT_PORT
-from trainwatch.diagnose import bundle, findings, render_human, render_json
+from trainwatch.diagnose import analysis, bundle, render_human, render_json
 from trainwatch.diagnose.gather import Options, gather
 from trainwatch.errors import EXIT_OK, EXIT_PROBLEM, ConfigError, output_error
 from trainwatch.rundir import RunDir, pick_run_dir
@@ -71,7 +71,7 @@ def diagnose(run_dir_arg: Path | None, run_dir: Path | None, agent_urls: tuple[s
             ev = gather(run, options, lambda step: status.update(f"gathering: {step}…"))
     else:
         ev = gather(run, options)
-    found = findings.analyse(ev, stall_after)
+    found = analysis.analyse(ev, stall_after)
     problem = any(f.severity in ("critical", "warning") for f in found)
     exit_code = EXIT_PROBLEM if problem else EXIT_OK
 

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import psutil
 
-from trainwatch.drill.findings import FindingsWatcher
+from trainwatch.drill.agent_findings import FindingsWatcher
 from trainwatch.drill.record import RECORD_FORMAT, RECORD_VERSION, record_file
 from trainwatch.drill.settings import DrillSettings, write_files
 from trainwatch.contract.env import FAULT_ENV, LAUNCH_ENV

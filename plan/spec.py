@@ -109,7 +109,7 @@ class PlanSpec:
                 raise ConfigError(problem, key=key)
 
         for key in ("layers", "hidden", "heads", "seq", "vocab", "micro_batch", "grad_accum",
-                    "devices", "tp", "pp", "checkpoints_kept"):
+                    "devices", "tp", "pp"):
             value = getattr(self, key)
             need(value >= 1, f"--{key.replace('_', '-')}", f"must be at least 1, got {value}")
         need(self.hidden % self.heads == 0, "--heads",
@@ -129,6 +129,7 @@ class PlanSpec:
                                            and self.dp % self.shard_degree == 0),
              "--shard-degree", f"must divide the data-parallel degree {self.dp}, "
              f"got {self.shard_degree}")
+        need(self.checkpoints_kept >= 0, "--keep", f"must be >= 0, got {self.checkpoints_kept}")
         need(0 < self.mfu <= 1, "--mfu", f"must be in (0, 1], got {self.mfu}")
         need(self.steps is None or self.steps > 0, "--steps", f"must be positive, got {self.steps}")
         for key in ("peak_flops", "price_per_device_hour", "data_bytes", "save_seconds",

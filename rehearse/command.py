@@ -12,6 +12,7 @@ digest on every rank) is listed under ``remains``.
 from __future__ import annotations
 
 import math
+import statistics
 import subprocess
 import tempfile
 from pathlib import Path
@@ -46,16 +47,22 @@ def loss_checks(records: dict[int, list[dict[str, Any]]]) -> list[Check]:
               if bad else Check("steps", "PASS", f"{len(records)} rank(s) recorded "
                                 f"{max(len(v) for v in records.values())} steps, all finite")]
     losses = [x for rec in records[min(records)] if (x := _number(rec.get("loss"))) is not None]
-    if len(losses) < 3:
+    if len(losses) < 6:
         checks.append(Check("loss_falls", "SKIP", f"{len(losses)} losses recorded: too few"))
         return checks
-    third = max(1, len(losses) // 3)
-    first, last = sum(losses[:third]) / third, sum(losses[-third:]) / third
-    evidence = {"losses": losses}
-    if not (math.isfinite(first) and math.isfinite(last)) or last > first * (1 - LOSS_DROP):
+    third = max(2, len(losses) // 3)
+    head, tail = losses[:third], losses[-third:]
+    first, last = statistics.fmean(head), statistics.fmean(tail)
+    # Batches differ from step to step: the fall must stand out of their noise too.
+    noise = 2 * math.sqrt((statistics.variance(head) + statistics.variance(tail)) / third) \
+        if all(map(math.isfinite, head + tail)) else math.nan
+    evidence = {"losses": losses, "noise": noise}
+    if not (math.isfinite(first) and math.isfinite(last)) or \
+            last > first * (1 - LOSS_DROP) or first - last <= noise:
         checks.append(Check("loss_falls", "FAIL", f"the loss did not fall: mean of the first "
-                            f"third {first:.4g}, of the last {last:.4g} ({len(losses)} steps)",
-                            evidence))
+                            f"third {first:.4g}, of the last {last:.4g} ({len(losses)} steps; "
+                            f"a fall must exceed 1 % and twice its standard error, "
+                            f"{noise:.3g})", evidence))
     else:
         checks.append(Check("loss_falls", "PASS", f"mean loss {first:.4g} -> {last:.4g} over "
                             f"{len(losses)} steps", evidence))

@@ -18,9 +18,11 @@ CHUNK = 1 << 20
 PROBE_MIN, PROBE_MAX = 8 << 20, 256 << 20
 
 
-def storage_probe(folder: Path, checkpoint_bytes: float) -> dict[str, Any]:
+def storage_probe(folder: Path, checkpoint_bytes: float, need_bytes: float) -> dict[str, Any]:
     """Free space, then write (fsync) and read back (page cache dropped) a file of about one
-    checkpoint (8-256 MiB) in ``folder``; ``error`` says what failed."""
+    checkpoint (8-256 MiB) in ``folder``; ``error`` says what failed. The file is written only
+    when it leaves room for what the run needs twice over: the directory may be shared with
+    a live job, and the rehearsal must never be what fills its disk."""
     out: dict[str, Any] = {"path": str(folder)}
     size = int(min(max(checkpoint_bytes, PROBE_MIN), PROBE_MAX))
     out["probe_bytes"] = size
@@ -29,6 +31,9 @@ def storage_probe(folder: Path, checkpoint_bytes: float) -> dict[str, Any]:
         folder.mkdir(parents=True, exist_ok=True)
         vfs = os.statvfs(folder)
         out["free_bytes"] = vfs.f_bavail * vfs.f_frsize
+        if out["free_bytes"] < 2 * (size + need_bytes):
+            out["skipped"] = "too little free space to write a probe file safely"
+            return out
         chunk = os.urandom(CHUNK)
         started = time.perf_counter()
         with open(path, "wb") as fh:

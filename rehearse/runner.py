@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwatch.contract.env import FAULT_ENV, REHEARSAL_ENV, RUN_DIR_ENV
+from trainwatch.errors import ConfigError
 from trainwatch.rehearse.checks import Check
 from trainwatch.rehearse.memory import MALLOC_ENV
 from trainwatch.rehearse import probes
@@ -103,7 +104,10 @@ def storage_checks(probe: dict[str, Any], plan: dict[str, Any] | None) -> list[C
         checks.append(Check("storage.space", "PASS", f"{probe['path']}: {free / 1e6:,.1f} MB "
                             "free" + (f", checkpoints need {need / 1e6:,.1f} MB" if need else ""),
                             probe))
-    if probe.get("error") and free is not None:
+    if probe.get("skipped"):
+        checks.append(Check("storage.throughput", "SKIP", f"not measured: {probe['skipped']}",
+                            probe))
+    elif probe.get("error") and free is not None:
         checks.append(Check("storage.throughput", "FAIL", f"writing {probe['probe_bytes']} B "
                             f"to the checkpoint directory failed: {probe['error']}", probe))
     elif probe.get("write_bytes_per_second"):
@@ -279,7 +283,13 @@ def rehearse(s: Settings, cfg: Any | None, plan: dict[str, Any] | None) -> dict[
     """Run everything; returns the report (checks, paths, what remains for a command)."""
     from trainwatch.proctree import stop
 
-    run = RunDir(s.run_dir).create()
+    run = RunDir(s.run_dir)
+    if run.run_file.exists() or (any(run.status_dir.glob("rank-*.json"))
+                                 and not (run.root / "rehearsal").is_dir()):
+        # Another run's directory: the rehearsal's ranks would overwrite its status files.
+        raise ConfigError("this is a training run's directory; give the rehearsal a new one",
+                          file=str(run.root), key="--run-dir")
+    run.create()
     out = run.root / "rehearsal"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
@@ -292,7 +302,8 @@ def rehearse(s: Settings, cfg: Any | None, plan: dict[str, Any] | None) -> dict[
     scratch = ck_folder / f".rehearsal-{os.getpid()}"
     checks: list[Check] = []
     ckpt_bytes = plan["storage"]["checkpoint_bytes"] if plan else 0.0
-    checks += storage_checks(probes.storage_probe(ck_folder, ckpt_bytes), plan)
+    need = plan["storage"]["checkpoints_bytes"] if plan else 0.0
+    checks += storage_checks(probes.storage_probe(ck_folder, ckpt_bytes, need), plan)
     checks += alert_checks(s, run.root.name)
     agent_proc, agent_url = None, None
     remains: list[str] = []

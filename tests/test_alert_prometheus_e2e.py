@@ -81,14 +81,17 @@ def test_prometheus_alertmanager_webhook_restarts_the_job_once(tmp_path, process
     runner = ActionRunner(run_dir, controller, Policy(min_interval_seconds=3600))
     receiver = Receiver(ruleset, runner, TOKEN).start()
     registry = CollectorRegistry()
-    spec = METRICS["trainwatch_rank_stall_seconds"]
+    spec = METRICS["trainwatch_stall_incident_seconds"]
     stall = Gauge(spec.name, "stall", list(spec.labels), registry=registry)
+    waiting = METRICS["trainwatch_stall_incident_ranks"]
+    Gauge(waiting.name, "ranks", list(waiting.labels), registry=registry).labels(
+        "exp1", "n1", "waiting").set(1)
     exporter, exporter_thread = start_http_server(0, "127.0.0.1", registry)
     exporter_port = exporter.server_address[1]
     try:
         controller.start()
         _wait_for(lambda: controller.rank_pids())
-        stall.labels("exp1", "n1", "0", "0").set(0)
+        stall.labels("exp1", "n1", "0", "frozen").set(0)
 
         # The shipped Alertmanager config, re-notifying every few seconds.
         am_port, prom_port = _free_port(), _free_port()
@@ -114,12 +117,12 @@ def test_prometheus_alertmanager_webhook_restarts_the_job_once(tmp_path, process
         # The rank freezes; the agent would report it as stalled.
         first_pid = controller.proc.pid
         os.kill(controller.rank_pids()[0], signal.SIGSTOP)
-        stall.labels("exp1", "n1", "0", "0").set(120)
+        stall.labels("exp1", "n1", "0", "frozen").set(120)
 
         taken = _wait_for(lambda: runner.run.events("action_taken"), timeout=90)
         assert taken[0]["alert"] == "TrainingStalled" and taken[0]["delivery"] == "webhook"
-        assert taken[0]["labels"]["rank"] == "0" and taken[0]["labels"]["run"] == "exp1"
-        assert taken[0]["labels"]["job"] == "trainwatch-agent"  # the scrape job, as shipped
+        # one alert per run incident: the run and the culprit, not the scrape job's labels
+        assert taken[0]["labels"]["culprit_rank"] == "0" and taken[0]["labels"]["run"] == "exp1"
         _wait_for(lambda: len(_starts(controller.run)) == 2)
         assert controller.proc.pid != first_pid and controller.alive()
 

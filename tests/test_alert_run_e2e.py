@@ -3,7 +3,7 @@
 SIGSTOP a rank -> the agent flags the stall -> TrainingStalled fires -> evidence is
 captured, the job is killed and restarted -> it resumes from its newest verified
 checkpoint and finishes.  A crash loop trips the no-progress guard, which raises
-TrainingRestartLoop.  Needs the agent (issue 4) and checkpoints (issue 3).
+TrainingRestartLoop.  Needs the agent and checkpoints.
 """
 
 import importlib.util

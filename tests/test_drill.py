@@ -14,7 +14,7 @@ import pytest
 
 from agent_helpers import start_agent, stop_process, wait_for
 from trainwatch.drill import catalog
-from trainwatch.drill.findings import FindingsWatcher
+from trainwatch.drill.agent_findings import FindingsWatcher
 from trainwatch.drill.runner import RECORD_FORMAT, record_file, stop_tree
 from trainwatch.drill.score import CRITERIA, launcher_failures, score
 from trainwatch.drill.settings import changed_defaults, settings_for, write_files

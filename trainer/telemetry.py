@@ -20,7 +20,7 @@ journal events.
             s.record(loss=loss, lr=lr, tokens=x.numel(), samples=x.shape[0])
     tel.close()
 
-Rules it keeps (DESIGN.md, "never harm the job"):
+Rules it keeps (never harm the job: telemetry is bounded and non-blocking):
 * the loop only touches memory: files are written by a background thread,
   every ``heartbeat_interval`` seconds, so I/O never stalls a step;
 * tensors passed to ``record`` are kept as they are (no ``.item()``) and read
@@ -200,7 +200,8 @@ class Telemetry:
             "restart_count": restart_count if restart_count is not None else int(
                 os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
             "backend": None, "device": str(self.device),
-            "started_at": now, "heartbeat_at": now, "step": None, "phase": "init",
+            "started_at": now, "heartbeat_at": now, "heartbeat_interval": heartbeat_interval,
+            "step": None, "phase": "init",
             "phase_since": now, "last_progress_at": now, "state": RUNNING,
             "metrics": {}, "eval": {},
             "counters": {"steps_total": 0, "nonfinite_loss_total": 0,

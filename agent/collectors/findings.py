@@ -12,6 +12,7 @@ import time
 from collections import deque
 from typing import Any
 
+from trainwatch.agent.incident import group
 from trainwatch.agent.registry import Collector, Result, register
 from trainwatch.agent.stall import StallDetector
 from trainwatch.agent.straggler import JobStragglers
@@ -48,12 +49,15 @@ class FindingsCollector(Collector):
             local = [r["rank"] for r in job["ranks"] if r.get("state") == "running"]
             if job.get("timing"):
                 tracker.update(job["timing"], local, now)
+            stalled = []
             for rank in job["ranks"]:
                 key = (job["job"], rank["rank"], rank.get("pid"))
                 keep.add(key)
                 labels = {"run": job["job"], "node": self.ctx.node, "rank": rank["rank"],
                           "local_rank": rank.get("local_rank", "")}
                 verdict = self._stall(key, job, rank, labels, now, result, current)
+                if verdict.stalled:
+                    stalled.append((rank, verdict))
                 straggler = self._straggler(tracker, job, rank, labels, result, current)
                 verdicts[f"{job['job']}/{rank['rank']}"] = {
                     "stall": {"budget_seconds": verdict.budget, "stalled": verdict.stalled,
@@ -61,6 +65,7 @@ class FindingsCollector(Collector):
                     "straggler": straggler,
                     "typical_step_seconds": self.stalls.typical_step(key)}
             nodes[job["job"]] = self._node_straggler(tracker, job, result, current)
+            self._incident(job, stalled, now, result, current)
         self.stalls.forget(keep)
         for name in set(self.stragglers) - {job["job"] for job in ranks_data["jobs"]}:
             del self.stragglers[name]  # the job's run dir is gone
@@ -100,6 +105,38 @@ class FindingsCollector(Collector):
                        self.stall_counts.get((job["job"], rank["rank"], kind), 0), **labels,
                        kind=kind)
         return verdict
+
+    def _incident(self, job, stalled, now, result, current) -> None:
+        """One incident per job on this node: culprit(s) critical, waiting ranks context."""
+        incident = group(stalled)
+        labels = {"run": job["job"], "node": self.ctx.node}
+        result.add("trainwatch_stall_incident_ranks", len(incident.culprits) if incident else 0,
+                   **labels, role="culprit")
+        result.add("trainwatch_stall_incident_ranks", len(incident.waiting) if incident else 0,
+                   **labels, role="waiting")
+        if incident is None:
+            return
+        culprit = incident.culprit
+        result.add("trainwatch_stall_incident_seconds",
+                   max(0.0, now - incident.since) if incident.since else 0.0, **labels,
+                   culprit_rank="unknown" if culprit is None else culprit, kind=incident.kind)
+        iid = f"stall_incident/{job['job']}"
+        for r in incident.culprits + incident.waiting:
+            finding = current.get(f"stall/{job['job']}/{r}")
+            if finding is not None:
+                finding["incident"] = iid
+                finding["role"] = "culprit" if r in incident.culprits else "waiting"
+                if r not in incident.culprits and incident.culprits:
+                    finding["severity"] = "info"  # context of the incident, not a page
+        who = (f"rank(s) {incident.culprits} {incident.kind} ({incident.reason})"
+               if incident.culprits else incident.reason)
+        current[iid] = {
+            "id": iid, "kind": "stall_incident", "severity": "critical", "job": job["job"],
+            "node": self.ctx.node, "culprit_rank": culprit, "culprit_ranks": incident.culprits,
+            "waiting_ranks": incident.waiting, "stall_kind": incident.kind,
+            "since": incident.since, "reason": incident.reason,
+            "message": (f"job {job['job']} stalled: {who}; {len(incident.waiting)} rank(s) on "
+                        f"this node wait{'' if incident.culprits else ' (culprit unknown here)'}")}
 
     # -- stragglers ------------------------------------------------------------------
     def _straggler(self, tracker, job, rank, labels, result, current) -> dict[str, Any] | None:

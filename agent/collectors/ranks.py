@@ -112,7 +112,7 @@ class RanksCollector(Collector):
                 "status_files_skipped_by_reason": dict(sorted(skipped_by_reason.items())),
                 "skipped": list(self._skip_recent.get(key, ())),
                 "timing": timing, "ranks": ranks, "env": env,
-                "checkpoint_dir": str(run.checkpoint_dir)}
+                "checkpoint_dir": str(run.recorded_checkpoint_folders(info)[0])}
 
     def _checkpoint(self, local: list[dict[str, Any]], info: dict[str, Any], now: float,
                     job: str, result: Result) -> None:

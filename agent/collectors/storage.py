@@ -58,7 +58,8 @@ class StorageCollector(Collector):
         jobs = {j["run_dir"]: j["job"] for j in ranks.get("jobs", [])}
         for run in self.ctx.run_dirs():
             job = jobs.get(str(run.root), run.root.name)
-            for path, role in ((run.root, "run"), (run.checkpoint_dir, "checkpoint")):
+            folders = run.checkpoint_folders()
+            for path, role in ((run.root, "run"), *((f, "checkpoint") for f in folders)):
                 if str(path) not in seen:
                     seen.add(str(path))
                     targets.append((str(path), role, job))

@@ -1,7 +1,7 @@
 """The one metrics contract: every metric name, type, unit and label set, defined once.
 
 The agent exports exactly these; alert rules, dashboards and docs may only use
-names declared here (a test checks it).  Naming follows DESIGN.md:
+names declared here (a test checks it).  Naming follows Prometheus conventions:
 ``trainwatch_<subsystem>_<what>_<unit>``, base units, ``_total`` for counters,
 ``_info`` gauges of value 1.  Labels never carry unbounded values.
 """
@@ -111,6 +111,17 @@ _SPECS = [
        RUN_RANK + ("kind", "phase")),
     _m("trainwatch_rank_stalls_total", "counter",
        "Stalls detected for the rank since the agent started, by kind.", RUN_RANK + ("kind",)),
+    # --- stall incidents (agent/incident.py): one per run and node ------------------------
+    _m("trainwatch_stall_incident_ranks", "gauge",
+       "This node's ranks of the run in its open stall incident, by role: culprit (dead, "
+       "frozen, or stuck outside the collective the others wait in) or waiting; 0 when "
+       "there is none.", RUN_NODE + ("role",)),
+    _m("trainwatch_stall_incident_seconds", "gauge",
+       "Seconds since the run's open stall incident on this node began (the first stalled "
+       "rank's last progress); present only while one is open. culprit_rank is the rank "
+       "this node's evidence blames, or unknown (all its stalled ranks wait); kind is that "
+       "rank's stall kind (dead, frozen, stuck) or unknown.",
+       RUN_NODE + ("culprit_rank", "kind"), "seconds"),
     # --- processes of the local ranks (psutil) -------------------------------------------
     _m("trainwatch_process_state", "gauge",
        "1 for the OS state of the rank's process (running, sleeping, disk_sleep, stopped, "
@@ -286,7 +297,7 @@ _SPECS = [
        "Resident set size of the agent process.", NODE, "bytes"),
 ]
 
-# --- alerts and controller (issue 5, branch `alerts`) ---------------------------------
+# --- alerts and controller -------------------------------------------------------------
 # Checkpoint facts come from the checkpoint library's `checkpoint` field in the ranks'
 # status files (the agent's ranks collector exports them); trainwatch_action_* is
 # exported by the alert controller itself (`trainwatch run` / the webhook receiver).
