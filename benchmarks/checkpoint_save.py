@@ -157,8 +157,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     model, opt = build_state(args.mb)
-    state = lambda: {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                     "data": {"position": 0}}
+    def state():
+        return {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                "data": {"position": 0}}
     load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="tw-ckpt-bench-", dir=args.dir) as tmp:
         times = rounds(Path(tmp), state, args.repeats)

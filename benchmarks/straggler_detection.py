@@ -8,7 +8,8 @@ A recording holds the per-step *local* time (outside collective phases) of every
 of a real 4-rank gloo run on the 2-core CI VM while other work loaded it (``source``
 says which): ``reference-4rank`` is tests/agent_job.py, steady steps as on a GPU node;
 ``cpu-oversubscribed-4rank`` is `trainwatch train` with 4 CPU-bound ranks on 2 shared
-cores (load average 15-25), where one 5-step window's ratio alone varies by ~20 %.  Streams of any length are built by a block bootstrap of that recording
+cores (load average 15-25), where one 5-step window's ratio alone varies by ~20 %.
+Streams of any length are built by a block bootstrap of that recording
 (blocks of 50 consecutive steps, all ranks together, so shared slowdowns stay shared),
 cut into timing windows like the ranks' telemetry exchange, and fed to the agent's own
 ``JobStragglers`` with the default options.  For worlds of 2, 3 and 4 ranks and windows

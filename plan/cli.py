@@ -8,7 +8,8 @@ from typing import Any
 import click
 
 from trainwatch.plan.devices import DEVICE_TYPES
-from trainwatch.plan.spec import (DESCRIBED_SEQ, DESCRIBED_VOCAB, OPTIMIZERS, PRECISIONS, RECOMPUTE, SHARDING,
+from trainwatch.plan.spec import (DESCRIBED_SEQ, DESCRIBED_VOCAB, OPTIMIZERS, PRECISIONS,
+                                  RECOMPUTE, SHARDING,
                                   PlanSpec, from_trainer_config, layers_for, parse_count)
 
 MODEL_OPTIONS = ("params", "layers", "hidden")

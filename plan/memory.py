@@ -88,7 +88,8 @@ def memory(spec: PlanSpec, params: int, sheet: Sheet) -> float:
         "selective": "s·b·h·(17·e + 2·dropout)/tp",
         "full": "e·s·b·h/tp (+ one layer's activations while it is recomputed)",
     }
-    head_formula = " + (2·e·s·b·h + s·b·vocab·(e + 4))/tp (final norm, head, logits, fp32 loss)"
+    head_formula = (" + (2·e·s·b·h + s·b·vocab·(e + 4))/tp (final norm, head, logits, "
+                    "fp32 loss)")
 
     def activations(recompute: str) -> float:
         total = stage_layers * in_flight * per_layer[recompute] + head

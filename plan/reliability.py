@@ -48,8 +48,9 @@ def reliability(spec: PlanSpec, hours: float | None, step_seconds: float | None,
         return
     count = sheet.add("reliability", "expected_interruptions", hours / mtbf, "",
                       "hours / job_mtbf_hours", hours=hours)
+    saving = hours * save / every if every else 0.0
     sheet.add("reliability", "expected_lost_hours",
-              count * (every / 2 + spec.restart_seconds) / 3600 + (hours * save / every if every else 0), "h",
+              count * (every / 2 + spec.restart_seconds) / 3600 + saving, "h",
               "interruptions x (interval / 2 recomputed + restart_seconds) + hours x "
               "save_seconds / interval (time spent saving)", interruptions=count,
               restart_seconds=spec.restart_seconds)

@@ -14,6 +14,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from trainwatch.contract.layout import REHEARSAL_SCRATCH_PREFIX
+
 CHUNK = 1 << 20
 PROBE_MIN, PROBE_MAX = 8 << 20, 256 << 20
 
@@ -26,7 +28,7 @@ def storage_probe(folder: Path, checkpoint_bytes: float, need_bytes: float) -> d
     out: dict[str, Any] = {"path": str(folder)}
     size = int(min(max(checkpoint_bytes, PROBE_MIN), PROBE_MAX))
     out["probe_bytes"] = size
-    path = folder / f".rehearsal-probe-{os.getpid()}"
+    path = folder / f"{REHEARSAL_SCRATCH_PREFIX}probe-{os.getpid()}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
         vfs = os.statvfs(folder)

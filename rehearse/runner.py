@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from trainwatch.contract.env import FAULT_ENV, REHEARSAL_ENV, RUN_DIR_ENV
+from trainwatch.contract.layout import (REHEARSAL_AGENT_LOG, REHEARSAL_DIR, REHEARSAL_LOG,
+                                        REHEARSAL_PROBE_LOG, REHEARSAL_SCRATCH_PREFIX,
+                                        STATUS_FILE_GLOB)
 from trainwatch.errors import ConfigError
 from trainwatch.rehearse.checks import Check
 from trainwatch.rehearse.memory import MALLOC_ENV
@@ -51,7 +54,7 @@ def _free_port() -> int:
 
 def start_agent(run: RunDir) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    log = open(run.logs_dir / "rehearsal-agent.log", "ab")
+    log = open(run.logs_dir / REHEARSAL_AGENT_LOG, "ab")
     proc = subprocess.Popen([sys.executable, "-m", "trainwatch", "agent", "--run-dir",
                              str(run.root), "--listen", f"127.0.0.1:{port}"],
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -268,7 +271,7 @@ def telemetry_check(agent_url: str | None, agent_proc: subprocess.Popen | None, 
     seen, error = probes.wait_for_agent_steps(agent_url, ranks, steps, AGENT_WAIT_SECONDS)
     if error and not seen:
         return Check("telemetry", "FAIL", f"the agent at {agent_url} did not answer: {error} "
-                     "(logs/rehearsal-agent.log)")
+                     f"(logs/{REHEARSAL_AGENT_LOG})")
     missing = [r for r in range(ranks) if seen.get(r, 0) < steps]
     if missing:
         return Check("telemetry", "FAIL", f"the agent at {agent_url} does not show {steps} "
@@ -284,13 +287,13 @@ def rehearse(s: Settings, cfg: Any | None, plan: dict[str, Any] | None) -> dict[
     from trainwatch.proctree import stop
 
     run = RunDir(s.run_dir)
-    if run.run_file.exists() or (any(run.status_dir.glob("rank-*.json"))
-                                 and not (run.root / "rehearsal").is_dir()):
+    if run.run_file.exists() or (any(run.status_dir.glob(STATUS_FILE_GLOB))
+                                 and not run.rehearsal_dir.is_dir()):
         # Another run's directory: the rehearsal's ranks would overwrite its status files.
         raise ConfigError("this is a training run's directory; give the rehearsal a new one",
                           file=str(run.root), key="--run-dir")
     run.create()
-    out = run.root / "rehearsal"
+    out = run.rehearsal_dir
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
     if cfg is not None and cfg.checkpoint.dir:
@@ -299,7 +302,7 @@ def rehearse(s: Settings, cfg: Any | None, plan: dict[str, Any] | None) -> dict[
         ck_folder = run.checkpoint_dir
     # The rehearsal's checkpoints live in a hidden folder next to the real ones: never a
     # `step-*` directory a real run could resume from; removed at the end.
-    scratch = ck_folder / f".rehearsal-{os.getpid()}"
+    scratch = ck_folder / f"{REHEARSAL_SCRATCH_PREFIX}{os.getpid()}"
     checks: list[Check] = []
     ckpt_bytes = plan["storage"]["checkpoint_bytes"] if plan else 0.0
     need = plan["storage"]["checkpoints_bytes"] if plan else 0.0
@@ -315,7 +318,7 @@ def rehearse(s: Settings, cfg: Any | None, plan: dict[str, Any] | None) -> dict[
         env = job_env(run, s.nproc)
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                     f"--nproc-per-node={s.nproc}", "--max-restarts=0",
-                    f"--log-dir={run.logs_dir / 'rehearsal'}", "--redirects=3", "--tee=3"]
+                    f"--log-dir={run.logs_dir / REHEARSAL_DIR}", "--redirects=3", "--tee=3"]
         if not s.command:
             cmd = [*torchrun, "-m", "trainwatch.rehearse.worker", "--run-dir",
                    str(run.root.resolve()), "--out", str(out.resolve()), "--checkpoint-dir",
@@ -324,7 +327,7 @@ def rehearse(s: Settings, cfg: Any | None, plan: dict[str, Any] | None) -> dict[
                 cmd += ["--config", str(Path(s.config).resolve())]
             for o in s.overrides:
                 cmd += ["--set", o]
-            code, tail = run_job(cmd, env, run.logs_dir / "rehearsal.log", s.timeout)
+            code, tail = run_job(cmd, env, run.logs_dir / REHEARSAL_LOG, s.timeout)
             results = _rank_results(out)
             checks.append(version_check(results))
             checks += step_checks(results, s.steps)
@@ -343,11 +346,11 @@ def rehearse(s: Settings, cfg: Any | None, plan: dict[str, Any] | None) -> dict[
             probe = [*torchrun, "-m", "trainwatch.rehearse.worker", "--probe-only", "--run-dir",
                      str(run.root.resolve()), "--out", str(out.resolve()),
                      "--checkpoint-dir", str(scratch.resolve())]
-            run_job(probe, env, run.logs_dir / "rehearsal-probe.log", s.timeout)
+            run_job(probe, env, run.logs_dir / REHEARSAL_PROBE_LOG, s.timeout)
             results = _rank_results(out)
             checks.append(version_check(results))
             checks.append(allreduce_check(results, s))
-            code, tail = run_job(s.command, env, run.logs_dir / "rehearsal.log", s.timeout)
+            code, tail = run_job(s.command, env, run.logs_dir / REHEARSAL_LOG, s.timeout)
             more, remains = command_checks(run, code, tail, agent_url, agent_proc)
             checks += more
     finally:
@@ -361,7 +364,7 @@ def rehearse(s: Settings, cfg: Any | None, plan: dict[str, Any] | None) -> dict[
 def _rank_results(out: Path) -> dict[int, dict[str, Any]]:
     import json
     results = {}
-    for path in sorted(out.glob("rank-*.json")):
+    for path in sorted(out.glob(STATUS_FILE_GLOB)):  # one per rank, named like status files
         try:
             data = json.loads(path.read_text())
             results[int(data["rank"])] = data

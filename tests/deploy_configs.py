@@ -50,3 +50,40 @@ def alertmanager_config(path: Path, receiver_url: str, token_file: Path,
     hook["http_config"]["authorization"]["credentials_file"] = str(token_file)
     path.write_text(yaml.safe_dump(doc))
     return path
+
+
+SYSTEMD_UNIT = REPO / "deploy" / "systemd" / "trainwatch-agent.service"
+
+
+def unit_service_settings(path: Path = SYSTEMD_UNIT) -> dict[str, str]:
+    """The [Service] settings of a systemd unit (last assignment wins, as in systemd)."""
+    settings: dict[str, str] = {}
+    section = None
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+        elif section == "Service" and "=" in line:
+            key, value = line.split("=", 1)
+            settings[key.strip()] = value.strip()
+    return settings
+
+
+def unit_setpriv(path: Path = SYSTEMD_UNIT) -> list[str]:
+    """A setpriv prefix that runs a command as the unit would: its User and Group, their
+    supplementary groups, its ambient capabilities within its bounding set, and
+    NoNewPrivileges (what systemd applies before exec; the sandboxing is not emulated)."""
+    unit = unit_service_settings(path)
+    caps = [c.lower().removeprefix("cap_") for c in unit.get("AmbientCapabilities", "").split()]
+    bounding = [c.lower().removeprefix("cap_")
+                for c in unit.get("CapabilityBoundingSet", "").split()]
+    cmd = ["setpriv", f"--reuid={unit['User']}", f"--regid={unit.get('Group', unit['User'])}",
+           "--init-groups",
+           "--inh-caps=-all" + "".join(f",+{c}" for c in caps),
+           "--ambient-caps=-all" + "".join(f",+{c}" for c in caps),
+           "--bounding-set=-all" + "".join(f",+{c}" for c in bounding)]
+    if unit.get("NoNewPrivileges", "no") in ("yes", "true", "1"):
+        cmd.append("--no-new-privs")
+    return cmd + ["--"]

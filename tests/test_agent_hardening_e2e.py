@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -56,8 +55,8 @@ def setup(tmp_path_factory):
     agent, url = start_agent(folder, "--run-dir", str(jobs["healthy"][1]),
                              "--run-dir", str(jobs["frozen"][1]))
     try:
-        for name, (_proc, run_dir) in jobs.items():
-            wait_for(lambda: _ranks(url, name) and all(
+        for name in jobs:
+            wait_for(lambda name=name: _ranks(url, name) and all(
                 r["health"] == "ok" for r in _ranks(url, name).values())
                 and len(_ranks(url, name)) == 2, 120, what=f"job {name} healthy in /status")
         yield {"agent": agent, "url": url, "jobs": jobs, "folder": folder}

@@ -249,7 +249,7 @@ def test_progress_resets_the_guard(job):
     c.start()
     for _ in range(3):  # each restart happens after the job made progress: never blocked
         before = _wait_for(lambda: c.progress_step())
-        _wait_for(lambda: (c.progress_step() or 0) > before)
+        _wait_for(lambda before=before: (c.progress_step() or 0) > before)
         assert runner.restart_job("restart", None).taken
     _wait_for(lambda: len(_starts(c.run)) == 4)
     assert not runner.guard_tripped and len(c.run.events("action_taken")) == 3
@@ -358,7 +358,8 @@ def test_rollback_quarantines_the_configured_dir_and_the_mirror_too(tmp_path):
     ckpt = Checkpointer(cfg, run.root).start()
     try:
         for step in range(1, 16):
-            ckpt.after_step(step, lambda: {"model": model.state_dict(), "data": {"s": step}},
+            ckpt.after_step(step, lambda step=step: {"model": model.state_dict(),
+                                                     "data": {"s": step}},
                             final=step == 15)
     finally:
         ckpt.close()

@@ -1,7 +1,8 @@
 """Every dashboard query, run by a real Prometheus over a real job.
 
 A real 2-rank gloo run (`trainwatch train`), a real `trainwatch agent` watching it, and
-Debian's Prometheus scraping the agent with the shipped scrape config (no honor_labels) and trainwatch's exported alert rules loaded.
+Debian's Prometheus scraping the agent with the shipped scrape config (no honor_labels) and
+trainwatch's exported alert rules loaded.
 Each panel, variable and annotation query runs through /api/v1/query with the template
 variables set as Grafana would (run = the run, node and rank = All, $__rate_interval =
 15s): every one must succeed, and the panels a CPU training run feeds must show data.
@@ -45,7 +46,8 @@ MUST_SHOW_DATA = {
     "trainwatch-self": {"Agents scraped", "Collectors up", "Run directories", "Agent CPU",
                         "Agent memory (RSS)", "Collector state", "Collector run time",
                         "Since last success", "Collector runs", "Collector errors",
-                        "Skipped status files", "Skipped journal lines",
+                        "Skipped status files", "Unreadable run files",
+                        "Skipped journal lines",
                         "Rank telemetry errors"},
 }
 

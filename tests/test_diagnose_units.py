@@ -335,7 +335,7 @@ def test_proc_locks_and_lock_source_parsing(tmp_path):
 
 
 def test_heartbeats_order_deaths_only_beyond_one_interval():
-    from trainwatch.diagnose.findings import order_by_heartbeat
+    from trainwatch.diagnose.analysis import order_by_heartbeat
     from trainwatch.diagnose.model import Evidence
     ev = Evidence(run_dir="/r", collected_at=1000.0, host="h")
     ev.ranks = {0: {"heartbeat_at": 900.000000, "heartbeat_interval": 0.2},

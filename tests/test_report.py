@@ -580,7 +580,7 @@ def _long_run(root: Path, steps: int) -> Path:
     lines, t = [], T0 + 1.0
     journal = [{"v": 1, "time": T0, "event": "rank_started", "source": "rank0", "rank": 0,
                 "pid": 1, "restart_count": 0}]
-    for i, step in enumerate([*range(0, steps // 2), *range(steps // 2 - 100, steps)]):
+    for i, step in enumerate([*range(steps // 2), *range(steps // 2 - 100, steps)]):
         if i == steps // 2:
             t += 5.0
             journal.append({"v": 1, "time": t, "event": "rank_started", "source": "rank0",

@@ -8,12 +8,13 @@ alien or future-version files by skipping them and saying why.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import math
 import os
+import secrets
 import stat
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +42,7 @@ EVENTS = (
     "nonfinite_detected", "data_skipped", "fault_injected",
     "alert_firing", "alert_resolved", "action_taken", "action_skipped", "action_guard_cleared",
     "diagnostics_dumped",
-    "job_started", "job_stopped", "job_exited", "controller_started", "controller_stopped",
+    "job_started", "job_stopped", "job_exited", "job_silent", "controller_started", "controller_stopped",
 )
 
 
@@ -54,7 +55,7 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, durable: bool = True) -
     power cut; heartbeats skip that (a lost heartbeat is harmless, fsync is not free).
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _create_temp(path)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -70,6 +71,19 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, durable: bool = True) -
         raise
     if durable:
         fsync_dir(path.parent)
+
+
+def _create_temp(path: Path) -> tuple[int, str]:
+    """A new temporary file beside ``path`` created with mode 0666 filtered by the umask and
+    the folder's default ACL, like any file the writer creates: the agent's group reads
+    the run directory through them (mkstemp's fixed 0600 would shut it out)."""
+    for _ in range(100):
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
 
 
 def fsync_dir(path: str | Path) -> None:
@@ -109,9 +123,9 @@ MAX_RECORD_BYTES = 4 << 20  # a status file, run.json, a dump: writers produce a
 MAX_LINE_BYTES = 1 << 20    # one JSON line (journal, metrics log)
 
 # Why a file or line was skipped: the ``reason`` label of the agent's skip counters.
-SKIP_REASONS = ("special_file", "outside_run_dir", "too_large", "unreadable", "not_json",
-                "too_deep", "not_object", "alien_format", "unsupported_version",
-                "rank_mismatch", "wrong_type")
+SKIP_REASONS = ("special_file", "outside_run_dir", "too_large", "permission_denied",
+                "unreadable", "not_json", "too_deep", "not_object", "alien_format",
+                "unsupported_version", "rank_mismatch", "wrong_type")
 
 
 class SkippedFile(FormatError):
@@ -151,6 +165,9 @@ def open_run_file(path: str | Path, root: str | Path | None = None) -> tuple[int
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise
+    except PermissionError:
+        raise SkippedFile(path, "permission_denied", "permission denied (docs/run-directory.md: "
+                          "Permissions)") from None
     except OSError as exc:
         raise SkippedFile(path, "unreadable", f"unreadable ({exc.strerror or exc})") from None
     st = os.fstat(fd)
@@ -440,9 +457,15 @@ class RunDir(RunLayout):
     def statuses(self) -> ReadResult:
         """Every rank's status, newest format only; torn/alien files are skipped and listed."""
         result = ReadResult()
-        if not self.status_dir.is_dir():
+        try:
+            names = os.listdir(self.status_dir)
+        except PermissionError:  # glob would hide it: zero ranks that are really unseen
+            result.skipped.append(Skipped(str(self.status_dir), "status folder not readable "
+                                          "(permission denied)", code="permission_denied"))
             return result
-        for path in sorted(self.status_dir.glob(STATUS_FILE_GLOB)):
+        except (FileNotFoundError, NotADirectoryError):
+            return result
+        for path in sorted(self.status_dir / n for n in fnmatch.filter(names, STATUS_FILE_GLOB)):
             try:
                 record = check_status(read_record(path, STATUS_FORMAT, root=self.root), path)
             except SkippedFile as exc:
@@ -496,16 +519,12 @@ def iter_run_dirs(folder: str | Path) -> Iterator[RunDir]:
 
 def pick_run_dir(argument: str | Path | None, option: str | Path | None,
                  default: str | Path | None = None) -> Path:
-    """The run directory of a reading command, given as RUN_DIR or as --run-dir.
-
-    Commands that create a run take ``--run-dir``, those that read one a positional
-    RUN_DIR; users type either, so the readers accept both.
-    """
+    """The run directory of a command, given as RUN_DIR or as --run-dir: every command
+    takes both, so users need not remember which one a command wants."""
     if argument is not None and option is not None and Path(argument) != Path(option):
         raise ConfigError(f"two run directories given ({argument} and --run-dir {option}); "
-                          "give one", key="RUN_DIR")
+                          "give one")
     chosen = argument if argument is not None else option if option is not None else default
     if chosen is None:
-        raise ConfigError("no run directory given: pass RUN_DIR (or --run-dir RUN_DIR)",
-                          key="RUN_DIR")
+        raise ConfigError("no run directory given: pass RUN_DIR (or --run-dir RUN_DIR)")
     return Path(chosen)

@@ -14,6 +14,7 @@ from typing import Any
 
 from trainwatch.agent.incident import group
 from trainwatch.agent.registry import Collector, Result, register
+from trainwatch.host.procinfo import describe_wait, main_thread_wait
 from trainwatch.agent.stall import StallDetector
 from trainwatch.agent.straggler import JobStragglers
 from trainwatch.contract.states import STALL_KINDS
@@ -130,11 +131,18 @@ class FindingsCollector(Collector):
                     finding["severity"] = "info"  # context of the incident, not a page
         who = (f"rank(s) {incident.culprits} {incident.kind} ({incident.reason})"
                if incident.culprits else incident.reason)
+        # What the culprit waits on, from the kernel (a file lock, a FIFO, a socket...).
+        cause = None
+        if culprit is not None and incident.kind == "stuck":
+            cause = main_thread_wait(incident.ranks[culprit].get("pid"),
+                                     self.ctx.config.proc_root)
+            if cause is not None:
+                who += f": {describe_wait(cause)}"
         current[iid] = {
             "id": iid, "kind": "stall_incident", "severity": "critical", "job": job["job"],
             "node": self.ctx.node, "culprit_rank": culprit, "culprit_ranks": incident.culprits,
             "waiting_ranks": incident.waiting, "stall_kind": incident.kind,
-            "since": incident.since, "reason": incident.reason,
+            "since": incident.since, "reason": incident.reason, "cause": cause,
             "message": (f"job {job['job']} stalled: {who}; {len(incident.waiting)} rank(s) on "
                         f"this node wait{'' if incident.culprits else ' (culprit unknown here)'}")}
 
@@ -204,9 +212,9 @@ class FindingsCollector(Collector):
             if rank.get("pid") not in g.get("pids", ()):
                 continue
             events = [name for name, on in (g.get("clock_events") or {}).items() if on]
-            for group, cause in ((_THERMAL, "gpu_thermal"), (_POWER, "gpu_power"),
-                                 (("hw_slowdown",), "gpu_throttle")):
-                hit = [e for e in events if e in group]
+            for reasons, cause in ((_THERMAL, "gpu_thermal"), (_POWER, "gpu_power"),
+                                   (("hw_slowdown",), "gpu_throttle")):
+                hit = [e for e in events if e in reasons]
                 if hit:
                     return cause, [f"GPU {g['index']} clock events active: {', '.join(hit)}"]
         timing = job.get("timing") or {}

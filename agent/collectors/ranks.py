@@ -19,7 +19,9 @@ from trainwatch.host.procinfo import ProcessTracker
 from trainwatch.agent.registry import Collector, Result, register
 from trainwatch.contract.states import KNOWN_PHASES, PROCESS_STATES, RANK_STATES
 from trainwatch.contract.timing import job_window
-from trainwatch.rundir import SKIP_REASONS
+from trainwatch.errors import FormatError
+from trainwatch.rundir import (RUN_FORMAT, SKIP_REASONS, Skipped, SkippedFile,
+                               read_record)
 
 _TRAIN_GAUGES = {  # status metrics field -> metric
     "loss": "trainwatch_train_loss", "grad_norm": "trainwatch_train_grad_norm",
@@ -78,7 +80,11 @@ class RanksCollector(Collector):
     # ------------------------------------------------------------------------------
     def _job(self, run, now: float, result: Result, live: set[int]) -> dict[str, Any] | None:
         statuses = run.statuses()
-        info = run.run_info() or {}
+        info, info_skipped = self._run_info(run)
+        if info_skipped is not None:
+            statuses.skipped.append(info_skipped)
+        # Unseen is not absent: what the agent may not read makes its health degraded.
+        unreadable = [s.path for s in statuses.skipped if s.code == "permission_denied"]
         job_name = info.get("job") or run.root.resolve().name
         key = str(run.root)
         self._count_skipped(key, statuses.skipped)
@@ -94,6 +100,8 @@ class RanksCollector(Collector):
             result.add("trainwatch_collector_status_files_skipped_total",
                        skipped_by_reason.get(reason, 0), run=job_name, node=self.ctx.node,
                        reason=reason)
+        result.add("trainwatch_collector_run_files_unreadable", len(unreadable), run=job_name,
+                   node=self.ctx.node)
         ranks = []
         env: dict[int, dict[str, str]] = {}
         for status in sorted(local, key=lambda r: r["rank"]):
@@ -111,8 +119,18 @@ class RanksCollector(Collector):
                 "status_files_skipped_total": sum(skipped_by_reason.values()),
                 "status_files_skipped_by_reason": dict(sorted(skipped_by_reason.items())),
                 "skipped": list(self._skip_recent.get(key, ())),
+                "unreadable": unreadable,
                 "timing": timing, "ranks": ranks, "env": env,
                 "checkpoint_dir": str(run.recorded_checkpoint_folders(info)[0])}
+
+    def _run_info(self, run) -> tuple[dict[str, Any], Skipped | None]:
+        """run.json, or {} and why not: permission denied is reported, never logged per run."""
+        try:
+            return read_record(run.run_file, RUN_FORMAT, root=run.root), None
+        except SkippedFile as exc:
+            return {}, Skipped(str(run.run_file), exc.detail, code=exc.reason)
+        except FormatError:  # missing: a run that has not written it yet
+            return {}, None
 
     def _checkpoint(self, local: list[dict[str, Any]], info: dict[str, Any], now: float,
                     job: str, result: Result) -> None:

@@ -30,6 +30,7 @@ ALERTS_DIR = "alerts"
 LOGS_DIR = "logs"
 TMP_DIR = "tmp"
 DRILL_DIR = "drill"
+REHEARSAL_DIR = "rehearsal"       # only in a rehearsal's run: what each rank measured
 
 # control/: touching a file asks every rank (or the action runner) for something.
 CONTROL_CHECKPOINT = "checkpoint"        # save a checkpoint at the next step boundary
@@ -46,6 +47,12 @@ TORCHRUN_LOG = "torchrun.log"
 TORCHRUN_LOG_DIR = "torchrun"            # torchrun's own per-rank log folders
 JOB_LOG = "job.log"
 AGENT_LOG = "agent.log"
+REHEARSAL_LOG = "rehearsal.log"              # the rehearsal's ranks (or the user's command)
+REHEARSAL_PROBE_LOG = "rehearsal-probe.log"  # its probe ranks, for a user's command
+REHEARSAL_AGENT_LOG = "rehearsal-agent.log"
+# In a checkpoint folder: a rehearsal's own saves and probe files; hidden, never a step-*
+# directory a run could resume from, and removed when the rehearsal ends.
+REHEARSAL_SCRATCH_PREFIX = ".rehearsal-"
 
 # run.json: where the run's checkpoints live (absolute paths, primary folder first).
 CHECKPOINT_DIRS_KEY = "checkpoint_dirs"
@@ -120,6 +127,10 @@ class RunLayout:
     @property
     def drill_dir(self) -> Path:
         return self.root / DRILL_DIR
+
+    @property
+    def rehearsal_dir(self) -> Path:
+        return self.root / REHEARSAL_DIR
 
     def status_file(self, rank: int) -> Path:
         return self.status_dir / rank_file_name(rank, ".json")

@@ -283,10 +283,14 @@ _SPECS = [
     _m("trainwatch_collector_timeouts_total", "counter",
        "Runs abandoned after the collector's timeout (hung).", COLLECTOR),
     _m("trainwatch_collector_status_files_skipped_total", "counter",
-       "Status file versions skipped, by reason (trainwatch.rundir.SKIP_REASONS: special "
+       "Status file (and run.json) versions skipped, by reason (trainwatch.rundir.SKIP_REASONS: special "
        "files, links out of the run directory, too large, not JSON, nested too deeply, "
        "alien, unknown version, rank not the one in the file name, wrong field types).",
        RUN_NODE + ("reason",)),
+    _m("trainwatch_collector_run_files_unreadable", "gauge",
+       "Files and folders of the run the agent may not read now (permission denied: the "
+       "status folder, status files, run.json); its ranks there are unseen, not absent.",
+       RUN_NODE),
     _m("trainwatch_collector_journal_lines_skipped_total", "counter",
        "Journal lines the agent skipped as torn, alien (not an object, unknown record "
        "version, no event name) or longer than its read cap.", RUN_NODE),

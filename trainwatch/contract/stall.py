@@ -59,7 +59,7 @@ def merged_options(given: Any) -> dict[str, Any]:
             if isinstance(value, dict):
                 options[key] = {str(k): float(v) for k, v in value.items()
                                 if _positive(v)}
-        elif _positive(value):
+        elif isinstance(value, (int, float)) and _positive(value):
             options[key] = float(value) if isinstance(default, float) else int(value)
     return options
 
@@ -85,7 +85,8 @@ def published_budget(agent_statuses: Iterable[dict[str, Any]], job: str | None
             for rank in entry.get("ranks") or []:
                 stall = rank.get("stall") if isinstance(rank, dict) else None
                 budget = stall.get("budget_seconds") if isinstance(stall, dict) else None
-                if rank.get("state") == "running" and _positive(budget):
+                if (rank.get("state") == "running" and isinstance(budget, (int, float))
+                        and _positive(budget)):
                     budgets.append(float(budget))
     return max(budgets) if budgets else None
 
