@@ -81,6 +81,10 @@ _SPECS = [
        "Restart count torchrun reports for the rank's current process.", JOB_RANK),
     _m("trainwatch_rank_telemetry_errors_total", "counter",
        "Telemetry failures counted (never raised) in the rank.", JOB_RANK),
+    _m("trainwatch_rank_publish_failing", "gauge",
+       "1 while the rank cannot write its status file or metrics log (a full or failing "
+       "disk), as its beat file says; the rank itself may train on. Absent for ranks "
+       "without a beat file.", JOB_RANK),
     _m("trainwatch_rank_info", "info",
        "1 per rank; labels name its process-group backend and torch device.",
        JOB_RANK + ("backend", "device")),
