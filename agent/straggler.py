@@ -1,19 +1,20 @@
-"""Straggler detection from the job-wide timing distribution the ranks publish.
+"""Straggler detection from the timing the ranks publish: their own, and the job's summary.
 
 Each timing window gives, per rank, its mean per-step *local* time (time outside
 collective phases: what the rank's own speed decides; ``compute + data_wait`` for
-ranks that do not publish it).  Scores are robust: ``ratio`` = local time over the
+ranks that do not publish it), and a constant-size summary of the whole job's
+(``trainwatch.contract.timing``).  Scores are robust: ``ratio`` = local time over the
 median of the other ranks, ``score`` = (local - median) / (1.4826 x MAD).  A rank is
 flagged after ``windows`` consecutive slow windows and clears after ``clear_windows``
-normal ones.  Pure Python on purpose: scoring 4096 ranks takes a few milliseconds and
-the agent stays small (no numpy).
+normal ones.  Work per window is O(local ranks), whatever the world size.
 """
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, field
 from typing import Any, Sequence
+
+from trainwatch.contract.timing import median_sorted, median_without, valid_summary
 
 MAD_SCALE = 1.4826   # MAD -> standard deviation for normal data
 NOISE_FLOOR = 0.02   # spreads below 2 % of the median are noise, not signal
@@ -23,73 +24,23 @@ NOISE_FLOOR = 0.02   # spreads below 2 % of the median are noise, not signal
 class Scores:
     median: float
     mad: float
-    ratio: list[float]
-    score: list[float]
-    ordered: list[float]
+    ratio: dict[int, float]
+    score: dict[int, float]
 
 
-def local_times(timing: dict[str, Any]) -> list[float] | None:
-    """Per-rank local seconds of one timing window, or None if the window is unusable."""
-    local = _floats(timing.get("local_seconds"))
-    if local is None:
-        compute = _floats(timing.get("compute_seconds"))
-        if compute is None:
-            return None
-        data = _floats(timing.get("data_wait_seconds"))
-        if data is None or len(data) != len(compute):
-            data = [0.0] * len(compute)
-        local = [c + d for c, d in zip(compute, data)]
-    return local
-
-
-def _floats(values: Any) -> list[float] | None:
-    """The list as floats, or None unless it is a non-empty list of finite numbers."""
-    if not isinstance(values, list) or not values:
-        return None
-    try:
-        floats = [float(v) for v in values]
-    except (TypeError, ValueError):
-        return None
-    total = sum(floats)
-    return floats if total - total == 0 else None  # NaN or inf anywhere -> NaN
-
-
-def _median_sorted(values: Sequence[float]) -> float:
-    n = len(values)
-    mid = n // 2
-    return values[mid] if n % 2 else (values[mid - 1] + values[mid]) / 2.0
-
-
-def score(values: Sequence[float]) -> Scores:
-    """Robust per-rank scores; ratio uses the median of the *other* ranks (works for 2).
-
-    The median without one value has only two or three possible values, picked by
-    where that value sits in the sorted list: O(n log n) overall, no per-rank sort.
-    """
-    n = len(values)
-    ordered = sorted(values)
-    median = _median_sorted(ordered)
-    mad = _median_sorted(sorted([abs(v - median) for v in values]))
+def score(summary: dict[str, Any], local: dict[int, float]) -> Scores:
+    """Robust scores of some ranks against the job; ratio uses the median of the *other*
+    ranks (works for 2), read from the summary's middle values."""
+    median, mad = float(summary["median"]), float(summary["mad"])
     spread = max(MAD_SCALE * mad, NOISE_FLOOR * abs(median), 1e-12)
-    if n == 1:
-        others = [values[0]]
-    else:
-        rest, mid = n - 1, (n - 1) // 2
-        if rest % 2:  # odd count left: one middle element
-            low, high = ordered[mid + 1], ordered[mid]
-            pivot = ordered[mid]
-            others = [low if v <= pivot else high for v in values]
-        elif mid == 0:  # n == 2: the other value itself
-            others = [ordered[1] if v <= ordered[0] else ordered[0] for v in values]
-        else:
-            below = (ordered[mid] + ordered[mid + 1]) / 2.0     # v sits left of mid
-            at_mid = (ordered[mid - 1] + ordered[mid + 1]) / 2.0
-            above = (ordered[mid - 1] + ordered[mid]) / 2.0
-            p1, p2 = ordered[mid - 1], ordered[mid]
-            others = [below if v <= p1 else at_mid if v <= p2 else above for v in values]
-    ratios = [v / o if o > 0 else 1.0 for v, o in zip(values, others)]
-    scores = [(v - median) / spread for v in values]
-    return Scores(median, mad, ratios, scores, ordered)
+    ratios, scores = {}, {}
+    for rank, value in local.items():
+        other = median_without(summary, [value])
+        if other is None:  # alone in the job, or not in this window: compare with all
+            other = median if summary["ranks"] > 1 else value
+        ratios[rank] = value / other if other > 0 else 1.0
+        scores[rank] = (value - median) / spread
+    return Scores(median, mad, ratios, scores)
 
 
 @dataclass
@@ -150,31 +101,28 @@ class JobStragglers:
         track.active, track.since, track.since_step = False, None, None
         track.detected_at = track.detected_step = None
 
-    def update(self, timing: dict[str, Any], local_ranks: Sequence[int], now: float) -> bool:
-        """Score a new window; returns False if this window was already seen or unusable."""
-        window = (timing.get("step"), timing.get("time"))
-        if window == self.last_window or not isinstance(timing.get("step"), int):
+    def update(self, window: dict[str, Any], local_ranks: Sequence[int], now: float) -> bool:
+        """Score a new window (``job_window``); False if already seen or unusable."""
+        key = (window.get("step"), window.get("time"))
+        if key == self.last_window or not isinstance(window.get("step"), int):
             return False
-        values = local_times(timing)
-        if values is None:
+        summary, local = window.get("job"), window.get("local") or {}
+        if not valid_summary(summary):
             return False
-        self.last_window = window
-        step = timing["step"]
-        window_steps = max(1, int(timing.get("window_steps") or 1))
-        scores = score(values)
+        self.last_window = key
+        step = window["step"]
+        window_steps = max(1, int(window.get("window_steps") or 1))
+        mine = {r: local[r] for r in set(local_ranks) if r in local}
+        scores = score(summary, mine)
         self.last_scores = scores
-        world = len(values)
-        for rank in local_ranks:
-            if 0 <= rank < world:
-                track = self.ranks.setdefault(rank, _RankTrack())
-                slow = self.is_slow(scores.ratio[rank], scores.score[rank], world)
-                self._advance(track, slow, now, step, window_steps)
-        mine = sorted(values[r] for r in set(local_ranks) if 0 <= r < world)
-        others = list(scores.ordered)  # everyone else: the sorted list minus this node's
-        for v in mine:
-            del others[bisect.bisect_left(others, v)]
-        if mine and others:
-            self.node_ratio = _median_sorted(mine) / max(_median_sorted(others), 1e-12)
+        world = summary["ranks"]
+        for rank, ratio in scores.ratio.items():
+            track = self.ranks.setdefault(rank, _RankTrack())
+            slow = self.is_slow(ratio, scores.score[rank], world)
+            self._advance(track, slow, now, step, window_steps)
+        others = median_without(summary, mine.values()) if mine else None
+        if others is not None and len(mine) < world:
+            self.node_ratio = median_sorted(sorted(mine.values())) / max(others, 1e-12)
             self._advance(self.node, self.node_ratio >= float(self.options["ratio"]), now,
                           step, window_steps)
         else:

@@ -1,11 +1,13 @@
-"""Agent footprint: CPU, memory and /metrics latency with 8 simulated ranks; straggler
-scoring time for 4096 ranks.
+"""Agent footprint: CPU, memory and /metrics latency with 8 (or more) simulated ranks;
+straggler scoring time for 4096 ranks; a rank's status file size at 4k and 32k world size.
 
-    python benchmarks/agent_footprint.py [--duration 30] [--ranks 8] [--json]
+    python benchmarks/agent_footprint.py [--duration 30] [--ranks 8[,64,256]] [--json]
 
-Eight `sleep` processes stand in for rank processes (so the agent inspects real
-pids); a thread writes each one's status file every second, as trainer telemetry does
-by default, with advancing steps and a timing window every 10 steps.  The agent runs
+`sleep` processes stand in for rank processes (so the agent inspects real pids); a
+thread writes each one's status file every second, as trainer telemetry does by default,
+with advancing steps and a timing window every 10 steps (its own means and the job
+summary, as the telemetry writes them).  The status size is measured on a real
+``Telemetry`` fed one gathered window of 4,096 / 32,768 ranks.  The agent runs
 as a separate process with its default config; we sample its CPU time and RSS, and
 first measure CPU and RSS in steady state (scraped every 15 s, like Prometheus), then
 /metrics latency under a steady load of 5 requests per second, each followed by a
@@ -33,6 +35,7 @@ import psutil
 
 from trainwatch.agent.config import STRAGGLER_DEFAULTS
 from trainwatch.agent.straggler import JobStragglers
+from trainwatch.contract.timing import job_window, summarize
 from trainwatch.rundir import RunDir
 
 
@@ -50,9 +53,11 @@ def simulate_ranks(run: RunDir, pids: list[int], stop: threading.Event, interval
         now = time.time()
         step += 10
         compute = [0.09 + rng.uniform(0, 0.005) for _ in range(world)]
-        timing = {"step": step, "window_steps": 10, "time": now, "compute_seconds": compute,
-                  "data_wait_seconds": [0.001] * world, "local_seconds": compute}
+        job = summarize(compute)
         for rank, pid in enumerate(pids):
+            timing = {"step": step, "window_steps": 10, "time": now,
+                      "compute_seconds": compute[rank], "data_wait_seconds": 0.001,
+                      "local_seconds": compute[rank], "job": job}
             run.write_status(rank, {
                 "job": "bench", "rank": rank, "local_rank": rank, "world_size": world,
                 "node": socket.gethostname(), "pid": pid, "restart_count": 0,
@@ -73,12 +78,27 @@ def scoring_ms(n: int, reps: int = 50) -> float:
     tracker = JobStragglers(dict(STRAGGLER_DEFAULTS))
     for i in range(reps):
         values = [0.1 * (1 + rng.gauss(0, 0.02)) for _ in range(n)]
-        window = {"step": 10 * (i + 1), "window_steps": 10, "time": float(i),
-                  "local_seconds": values, "compute_seconds": values}
-        started = time.perf_counter()
-        tracker.update(window, local_ranks=range(8), now=float(i))
+        job = summarize(values)  # the ranks' side
+        statuses = {r: {"step": 10 * (i + 1), "window_steps": 10, "time": float(i),
+                        "local_seconds": values[r], "job": job} for r in range(8)}
+        started = time.perf_counter()  # the agent's side: its 8 local ranks
+        tracker.update(job_window(statuses), local_ranks=range(8), now=float(i))
         times.append((time.perf_counter() - started) * 1000)
     return statistics.median(times)
+
+
+def status_bytes(world: int) -> int:
+    """Size of a rank's status file after a timing window of ``world`` ranks."""
+    from trainwatch.trainer.telemetry import Telemetry
+    rng = random.Random(2)
+    with tempfile.TemporaryDirectory() as tmp:
+        tel = Telemetry(tmp, rank=world - 1, world_size=world, exchange_every=0)
+        tel.run.create()
+        rows = [[0.09 + rng.uniform(0, 0.005), 0.001, 0.08 + rng.uniform(0, 0.005)]
+                for _ in range(world)]
+        tel._keep_gathered(10, 10, time.time(), rows)
+        tel._write_status()
+        return tel.run.status_file(world - 1).stat().st_size
 
 
 def measure(proc: psutil.Process, url: str, seconds: float, rate: float) -> dict:
@@ -104,18 +124,11 @@ def measure(proc: psutil.Process, url: str, seconds: float, rate: float) -> dict
             "series": series}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=float, default=30.0,
-                        help="seconds of steady state to measure (use 300 for a real figure)")
-    parser.add_argument("--ranks", type=int, default=8)
-    parser.add_argument("--rate", type=float, default=5.0, help="/metrics requests per second")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-
+def footprint(ranks: int, duration: float, rate: float) -> dict:
+    """One agent watching ``ranks`` simulated local ranks: steady state, then under load."""
     tmp = Path(tempfile.mkdtemp(prefix="tw-footprint-"))
     run = RunDir(tmp / "run").create()
-    sleepers = [subprocess.Popen(["sleep", str(args.duration + 120)]) for _ in range(args.ranks)]
+    sleepers = [subprocess.Popen(["sleep", str(duration * 2 + 120)]) for _ in range(ranks)]
     stop = threading.Event()
     writer = threading.Thread(target=simulate_ranks, args=(run, [p.pid for p in sleepers],
                                                            stop, 1.0), daemon=True)
@@ -135,9 +148,9 @@ def main() -> int:
         time.sleep(3)  # let every collector run once (startup is not steady state)
         proc = psutil.Process(agent.pid)
         # 1. steady state: collectors at their default intervals, scraped every 15 s
-        steady = measure(proc, url, args.duration, 1 / 15)
+        steady = measure(proc, url, duration, 1 / 15)
         # 2. /metrics latency under a steady request load
-        loaded = measure(proc, url, max(20.0, args.duration / 3), args.rate)
+        loaded = measure(proc, url, max(20.0, duration / 3), rate)
         hwm = next((int(line.split()[1]) * 1024 for line in
                     Path(f"/proc/{agent.pid}/status").read_text().splitlines()
                     if line.startswith("VmHWM:")), 0)
@@ -148,41 +161,65 @@ def main() -> int:
         for p in sleepers:
             p.kill()
             p.wait()
+        writer.join(5)
     latencies, baseline = sorted(loaded["latencies"]), sorted(loaded["baseline"])
 
     def q(f: float, values: list[float] = latencies) -> float:
         return values[min(len(values) - 1, int(f * len(values)))]
-    results = {
-        "duration_s": round(steady["elapsed"], 1), "ranks": args.ranks,
+    return {
+        "duration_s": round(steady["elapsed"], 1), "ranks": ranks,
         "scrapes": len(latencies), "series": loaded["series"],
         "cpu_fraction_of_one_core": steady["cpu"] / steady["elapsed"],
         "cpu_fraction_under_scrape_load": loaded["cpu"] / loaded["elapsed"],
         "peak_rss_mib": max(hwm, steady["peak_rss"], loaded["peak_rss"]) / 2**20,
         "metrics_p50_ms": q(0.50), "metrics_p99_ms": q(0.99),
         "healthz_p50_ms": q(0.50, baseline), "healthz_p99_ms": q(0.99, baseline),
+        "load_average_1m": os.getloadavg()[0],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=30.0,
+                        help="seconds of steady state to measure (use 300 for a real figure)")
+    parser.add_argument("--ranks", default="8",
+                        help="simulated local ranks; a comma list runs one agent per count")
+    parser.add_argument("--rate", type=float, default=5.0, help="/metrics requests per second")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    counts = [int(c) for c in str(args.ranks).split(",") if c.strip()]
+    runs = [footprint(n, args.duration, args.rate) for n in counts]
+    extra = {
         "straggler_scoring_4096_ms": scoring_ms(4096),
         "straggler_scoring_64_ms": scoring_ms(64),
-        "load_average_1m": os.getloadavg()[0], "cpus": os.cpu_count(),
+        "status_bytes_world_4096": status_bytes(4096),
+        "status_bytes_world_32768": status_bytes(32768),
+        "cpus": os.cpu_count(),
     }
     goals = {"cpu_fraction_of_one_core": 0.01, "peak_rss_mib": 60, "metrics_p99_ms": 20,
              "straggler_scoring_4096_ms": 10}
     if args.json:
-        print(json.dumps({"results": results, "goals": goals}, indent=1))
+        print(json.dumps({"runs": runs, "results": extra, "goals": goals}, indent=1))
         return 0
-    print(f"agent footprint: {args.ranks} simulated ranks; steady state {results['duration_s']}"
-          f" s scraped every 15 s; then {results['scrapes']} scrapes of {results['series']} "
-          f"series at {args.rate}/s")
-    print(f"{'measure':32} {'measured':>12} {'goal':>8}  ok")
-    for key, value in results.items():
-        if isinstance(value, float) and key != "load_average_1m":
-            goal = goals.get(key)
-            shown = f"{value * 100:.2f} %" if key.startswith("cpu") else f"{value:.2f}"
-            goal_s = "" if goal is None else (f"{goal * 100:g} %" if key.startswith("cpu")
-                                              else f"{goal:g}")
-            ok = "" if goal is None else ("yes" if value <= goal else "NO")
-            print(f"{key:32} {shown:>12} {goal_s:>8}  {ok}")
-    print(f"(machine: {results['cpus']} CPUs, load average {results['load_average_1m']:.1f}; "
-          "latency and scoring times scale with the load)")
+    for results in runs:
+        print(f"agent footprint: {results['ranks']} simulated ranks; steady state "
+              f"{results['duration_s']} s scraped every 15 s; then {results['scrapes']} scrapes "
+              f"of {results['series']} series at {args.rate}/s (load average "
+              f"{results['load_average_1m']:.1f})")
+        print(f"{'measure':32} {'measured':>12} {'goal':>8}  ok")
+        for key, value in results.items():
+            if isinstance(value, float) and key != "load_average_1m":
+                goal = goals.get(key)
+                shown = f"{value * 100:.2f} %" if key.startswith("cpu") else f"{value:.2f}"
+                goal_s = "" if goal is None else (f"{goal * 100:g} %" if key.startswith("cpu")
+                                                  else f"{goal:g}")
+                ok = "" if goal is None else ("yes" if value <= goal else "NO")
+                print(f"{key:32} {shown:>12} {goal_s:>8}  {ok}")
+    for key, value in extra.items():
+        if key != "cpus":
+            print(f"{key:32} {value:>12.2f}" if isinstance(value, float)
+                  else f"{key:32} {value:>12}")
+    print(f"(machine: {extra['cpus']} CPUs; latency and scoring times scale with the load)")
     return 0
 
 

@@ -12,7 +12,8 @@ import signal
 import statistics
 from typing import Any
 
-from trainwatch.diagnose import agents, collectives, journal, prometheus
+from trainwatch.contract.timing import job_window
+from trainwatch.diagnose import agents, causes, collectives, journal, prometheus
 from trainwatch.diagnose.model import Evidence, Finding
 from trainwatch.diagnose.stacks import format_frames, main_stack
 
@@ -30,9 +31,12 @@ _WHERE = (
                                 re.I)),
     ("a lock or condition (possible deadlock)", re.compile(
         r"threading\.py:\d+ in (acquire|wait)|\bacquire\b|_wait_for_tstate_lock|Condition\.wait")),
+    ("a file lock", re.compile(r"\b(fcntl\.)?(flock|lockf)\b")),
     ("GPU work (device synchronisation)", re.compile(r"torch/cuda|synchronize", re.I)),
     ("file I/O", re.compile(r"serialization\.py|\b(write|fsync|flush|read|open)\b|_save|shutil")),
 )
+_CAUSE_WHERE = {"deadlock": "a deadlock between its threads", "lock": "a lock",
+                "file_lock": "a file lock"}
 _PHASE_WHERE = {"data": "data loading", "checkpoint": "file I/O (checkpoint)",
                 "eval": "evaluation"}
 _IN_COLLECTIVE = re.compile(r"torch/distributed/|c10d")
@@ -100,7 +104,7 @@ def analyse(ev: Evidence, stall_after: float | None = None) -> list[Finding]:
     a = Analysis(ev, stall_after)
     found: list[Finding] = []
     for check in (check_dead, check_frozen, check_desync, check_outside_collective,
-                  check_unexplained_stall, check_storage_and_checkpoints, check_nonfinite,
+                  check_blocked_in_kernel, check_unexplained_stall, check_storage_and_checkpoints, check_nonfinite,
                   check_straggler, check_node_evidence):
         found += check(a)
     if not any(f.severity in ("critical", "warning") for f in found):
@@ -260,10 +264,13 @@ def check_outside_collective(a: Analysis) -> list[Finding]:
         evidence = [a.where_line(rank), *lines]
         if not stack:
             evidence.append("no stack for this rank (see 'could not see')")
-        category = "storage" if where.startswith("file I/O") and \
-            a.proc(rank) == "disk_sleep" else "rank_stuck"
+        cause = causes.rank_cause(a.ev.ranks[rank], a.ev.stacks.get(rank))
+        evidence += cause_lines(cause, stack)
+        where = _CAUSE_WHERE.get((cause or {}).get("kind"), where)
+        category = "storage" if (where.startswith("file I/O") or (cause or {}).get(
+            "kind") == "disk_io") and a.proc(rank) == "disk_sleep" else "rank_stuck"
         title = (f"rank {rank} is stuck outside a collective, in {where}, while the "
-                 "others wait")
+                 "others wait" + (f": {causes.describe(cause)}" if cause else ""))
         elsewhere = [(pg, g) for pg, g in a.groups.items() if rank in g["waiting"]]
         if elsewhere:  # it waits in another group's collective: follow the chain there
             pg, g = elsewhere[0]
@@ -275,7 +282,30 @@ def check_outside_collective(a: Analysis) -> list[Finding]:
             category, title, ranks=[rank], nodes=[a.node(rank)], confidence=confidence,
             evidence=evidence, runbook="TrainingStalled",
             next_command=f"py-spy dump --pid {a.ev.ranks[rank].get('pid')} --native",
-            stack=format_frames(stack)))
+            stack=format_frames(stack), cause=cause))
+    return findings
+
+
+def check_blocked_in_kernel(a: Analysis) -> list[Finding]:
+    """A stall no collective analysis explained, where a rank's kernel wait tells why."""
+    if not a.stalled or a.explained & set(a.running):
+        return []
+    findings = []
+    for rank in sorted(a.running):
+        cause = causes.rank_cause(a.ev.ranks[rank], a.ev.stacks.get(rank))
+        if cause is None or cause["kind"] == "lock":
+            continue
+        a.explained.add(rank)
+        stack = a.stack(rank)
+        others = [r for r in sorted(a.running) if r != rank]
+        findings.append(Finding(
+            "rank_stuck", f"rank {rank} is blocked: {causes.describe(cause)}", ranks=[rank],
+            nodes=[a.node(rank)], confidence="medium",
+            evidence=[a.where_line(rank), *cause_lines(cause, stack)]
+            + ([f"rank(s) {others} made no progress either (waiting for it?)"] if others else []),
+            runbook="TrainingStalled",
+            next_command=f"py-spy dump --pid {a.ev.ranks[rank].get('pid')} --native",
+            stack=format_frames(stack), cause=cause))
     return findings
 
 
@@ -356,22 +386,20 @@ def check_straggler(a: Analysis) -> list[Finding]:
                 f"process group {pg}: rank {rank} enters collectives {late[rank] * 1000:.0f} ms "
                 f"after the first rank (median over recent collectives; others "
                 f"{others * 1000:.0f} ms); step time {step * 1000:.0f} ms"], "high")]
-    timing = next((v["timing"] for v in a.running.values() if v.get("timing")), None)
-    if timing:
-        # Time outside collective phases where the ranks publish it, else compute + data.
-        local = timing.get("local_seconds") or [
-            c + d for c, d in zip(timing.get("compute_seconds") or [],
-                                  timing.get("data_wait_seconds") or [])]
-        if len(local) >= 2:
-            median = statistics.median(local)
-            rank = max(range(len(local)), key=local.__getitem__)
-            if median > 0 and local[rank] / median >= STRAGGLER_TIMING_RATIO and \
-                    rank in a.ev.ranks:
-                data = (timing.get("data_wait_seconds") or [0] * len(local))[rank]
-                cause = " (mostly waiting for data)" if data >= 0.5 * local[rank] else ""
-                return [_straggler(a, rank, [
-                    f"rank {rank} local time {local[rank] * 1000:.0f} ms per step vs job median "
-                    f"{median * 1000:.0f} ms ({local[rank] / median:.2f}x){cause}"], "medium")]
+    window = job_window({r: v.get("timing") for r, v in a.running.items()})
+    if window and window["job"]["ranks"] >= 2:
+        # Time outside collective phases, from the job summary every rank publishes.
+        job = window["job"]
+        rank, slowest, median = job.get("slowest_rank"), job["max"], job["median"]
+        if isinstance(rank, int) and median > 0 and slowest / median >= STRAGGLER_TIMING_RATIO \
+                and rank in a.ev.ranks:
+            own = a.ev.ranks[rank].get("timing") or {}
+            data = own.get("data_wait_seconds") if own.get("step") == window["step"] else None
+            cause = (" (mostly waiting for data)"
+                     if isinstance(data, (int, float)) and data >= 0.5 * slowest else "")
+            return [_straggler(a, rank, [
+                f"rank {rank} local time {slowest * 1000:.0f} ms per step vs job median "
+                f"{median * 1000:.0f} ms ({slowest / median:.2f}x){cause}"], "medium")]
     return []
 
 
@@ -459,10 +487,28 @@ def healthy(a: Analysis) -> Finding:
 def locate(phase: str | None, stack: list[dict[str, Any]]) -> str:
     """Where a rank is, from its stack (preferred) or its phase."""
     text = "\n".join(format_frames(stack, limit=len(stack)))
+    inner = causes.innermost_line(stack)  # a builtin (acquire, flock, open) leaves no frame
+    text += f"\n{inner}" if inner else ""
     for where, pattern in _WHERE:
         if text and pattern.search(text):
             return where
     return _PHASE_WHERE.get(str(phase), f"phase '{phase}' (see its stack)")
+
+
+def cause_lines(cause: dict[str, Any] | None, stack: list[dict[str, Any]]) -> list[str]:
+    """Evidence lines: the innermost Python line, then what the kernel shows it waits for."""
+    lines = []
+    inner = causes.innermost_line(stack)
+    if inner:
+        lines.append(f"innermost Python line: {inner}")
+    if cause:
+        thread = cause.get("thread") or {}
+        kernel = (f" (thread {thread.get('tid')}: syscall {thread.get('syscall')}, wait channel "
+                  f"{thread.get('wchan') or '-'})" if thread else "")
+        lines.append(f"cause ({cause['kind']}): {causes.describe(cause)}{kernel}")
+        lines.append(f"runbook section: trainwatch runbook {cause['runbook'].split('#')[0]} "
+                     f"(#{cause['runbook'].split('#')[1]})")
+    return lines
 
 
 def _in_collective(stack: list[dict[str, Any]]) -> bool:

@@ -28,6 +28,7 @@ class Finding:
     runbook: str | None = None
     next_command: str | None = None
     stack: list[str] = field(default_factory=list)
+    cause: dict[str, Any] | None = None   # what the culprit waits for (diagnose/causes.py)
 
     def sort_key(self) -> tuple[int, int, int]:
         return (SEVERITIES.index(self.severity), CONFIDENCES.index(self.confidence),

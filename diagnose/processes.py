@@ -1,14 +1,15 @@
-"""Process state of each rank on this host (psutil): alive, zombie, stopped, D state."""
+"""Process state of each rank on this host (psutil): alive, zombie, stopped, D state, and
+what each of its threads waits in (the kernel's view, trainwatch/host/procinfo.py)."""
 
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 from typing import Any
 
 import psutil
 
 from trainwatch.diagnose.model import Evidence
+from trainwatch.host.procinfo import thread_waits
 
 # psutil status -> the words docs/agent.md uses.
 _STATUS = {psutil.STATUS_DISK_SLEEP: "disk_sleep", psutil.STATUS_STOPPED: "stopped",
@@ -51,22 +52,9 @@ def inspect(pid: int, started_at: float | None) -> dict[str, Any]:
         return {"status": "gone", "visible": True}
     except psutil.AccessDenied:
         return {"status": "unknown", "visible": True, "note": "no permission to inspect"}
-    blocked = threads_in_disk_sleep(pid)
+    waits = thread_waits(pid)
+    info["thread_waits"] = waits
+    blocked = [{"tid": t["tid"], "wchan": t["wchan"] or "?"} for t in waits if t["state"] == "D"]
     if blocked:
         info["threads_in_disk_sleep"] = blocked
     return info
-
-
-def threads_in_disk_sleep(pid: int) -> list[dict[str, Any]]:
-    """Threads in uninterruptible sleep (D) with the kernel function they wait in."""
-    found = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            stat = (task / "stat").read_text()
-            state = stat.rsplit(")", 1)[1].split()[0]
-            if state == "D":
-                wchan = (task / "wchan").read_text().strip() or "?"
-                found.append({"tid": int(task.name), "wchan": wchan})
-        except (OSError, IndexError, ValueError):
-            continue
-    return found

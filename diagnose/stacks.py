@@ -66,6 +66,7 @@ def py_spy_dump(pyspy: str, pid: int, timeout: float, native: bool,
         return {"source": "py-spy", "error": "unreadable py-spy output"}
     return {"source": "py-spy" + (" --native" if native and not stopped else ""),
             "threads": [{"name": t.get("thread_name") or str(t.get("thread_id")),
+                         "tid": t.get("os_thread_id"),
                          "frames": [{"file": f.get("filename"), "line": f.get("line"),
                                      "function": f.get("name")}
                                     for f in reversed(t.get("frames", []))],

@@ -2,16 +2,20 @@
 
     torchrun --standalone --nproc-per-node N tests/diagnose_job.py RUN_DIR STEPS
 
-Faults (environment): FAULT=data_fifo|extra_collective|slow|checkpoint, FAULT_RANK,
-FAULT_STEP, FAULT_ARG (FIFO path, extra seconds per step, or checkpoint interval).
+Faults (environment): FAULT=data_fifo|flock|extra_collective|slow|checkpoint,
+FAULT_RANK, FAULT_STEP, FAULT_ARG (FIFO path, lock file path, extra seconds per step, or
+checkpoint interval); DEADLOCK_RANK: that rank's threads deadlock on two locks at
+FAULT_STEP (besides FAULT, so one job can carry two blocked ranks).
 Gradients are all-reduced by hand (one flat tensor per step) so each step issues
 exactly one training collective, plus the telemetry's timing exchange.
 """
 
+import fcntl
 import hashlib
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -26,6 +30,7 @@ FAULT = os.environ.get("FAULT", "")
 FAULT_RANK = int(os.environ.get("FAULT_RANK", "1"))
 FAULT_STEP = int(os.environ.get("FAULT_STEP", "20"))
 FAULT_ARG = os.environ.get("FAULT_ARG", "")
+DEADLOCK_RANK = int(os.environ.get("DEADLOCK_RANK", "-1"))
 STEP_SLEEP = float(os.environ.get("STEP_SLEEP", "0.03"))
 
 dist.init_process_group("gloo")
@@ -45,6 +50,32 @@ class Batches(Dataset):
                 fifo.read(1)
         g = torch.Generator().manual_seed(index * 100 + rank)
         return torch.randn(32, generator=g)
+
+
+def take_file_lock(path):
+    """Blocks in the kernel (flock) while another process holds the lock."""
+    lock_file = open(path, "a")
+    fcntl.flock(lock_file, fcntl.LOCK_EX)
+
+
+LOCK_A, LOCK_B = threading.Lock(), threading.Lock()
+
+
+def deadlock():
+    """Two threads take two locks in opposite order; the barrier makes the deadlock certain."""
+    both_hold_one = threading.Barrier(2)
+
+    def helper():
+        with LOCK_B:
+            both_hold_one.wait()
+            with LOCK_A:
+                pass
+
+    threading.Thread(target=helper, name="cache-refresher", daemon=True).start()
+    with LOCK_A:
+        both_hold_one.wait()
+        with LOCK_B:
+            pass
 
 
 torch.manual_seed(0)
@@ -87,6 +118,10 @@ for step in range(steps):
             x = next(loader).unsqueeze(0).repeat(16, 1)
             y = target(x).detach()
         with tel.phase("forward"):
+            if faulty and step == FAULT_STEP and FAULT == "flock":
+                take_file_lock(FAULT_ARG)
+            if rank == DEADLOCK_RANK and step == FAULT_STEP:
+                deadlock()
             time.sleep(STEP_SLEEP + (float(FAULT_ARG) if FAULT == "slow" and faulty else 0))
             loss = torch.nn.functional.mse_loss(model(x), y)
         with tel.phase("backward"):

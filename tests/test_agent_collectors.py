@@ -290,11 +290,10 @@ def test_gpu_straggler_cause_comes_from_clock_events(tmp_path):
     publish(ctx, "gpu", Result(data={"gpus": [{"index": 0, "pids": [42], "clock_events": {
         "hw_thermal": True, "gpu_idle": False}}]}))
     findings = FindingsCollector(ctx, ctx.config.collector("findings"))
-    timing = {"local_seconds": [1.0, 1.3], "data_wait_seconds": [0.0, 0.0]}
+    timing = {"local": {1: 1.3}, "data_wait": {1: 0.0}}
     cause, evidence = findings._cause({"timing": timing}, {"rank": 1, "pid": 42})
     assert cause == "gpu_thermal" and "hw_thermal" in evidence[0]
-    cause, _ = findings._cause({"timing": {"local_seconds": [1.0, 1.3],
-                                           "data_wait_seconds": [0.0, 0.9]}},
+    cause, _ = findings._cause({"timing": {"local": {1: 1.3}, "data_wait": {1: 0.9}}},
                                {"rank": 1, "pid": 7})
     assert cause == "data_wait"
     cause, _ = findings._cause({"timing": timing},

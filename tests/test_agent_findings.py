@@ -5,6 +5,7 @@ import time
 
 from test_agent_collectors import collector, make_ctx, publish
 from trainwatch.agent.registry import Result
+from trainwatch.contract.timing import job_window, summarize
 
 
 def ranks_data(now, *, progress_age, heartbeat_age=0.1, status="sleeping", timing=None):
@@ -55,9 +56,10 @@ def test_straggler_finding_from_published_timing():
     findings = collector(ctx, "findings")
     now = time.time()
     for step in (5, 10, 15):
-        timing = {"step": step, "window_steps": 5, "time": now + step,
-                  "compute_seconds": [0.1, 0.13], "data_wait_seconds": [0.0, 0.0],
-                  "local_seconds": [0.1, 0.13]}
+        # what the ranks collector makes of rank 1's status (rank 0 is on another node)
+        timing = job_window({1: {"step": step, "window_steps": 5, "time": now + step,
+                                 "compute_seconds": 0.13, "data_wait_seconds": 0.0,
+                                 "local_seconds": 0.13, "job": summarize([0.1, 0.13])}})
         publish(ctx, "ranks", ranks_data(now, progress_age=0.1, timing=timing))
         result = findings.collect()
     by_kind = {f["kind"]: f for f in result.data["findings"]}

@@ -1,31 +1,56 @@
-"""Straggler scoring and flagging on synthetic timing windows (the real run is in e2e)."""
+"""Straggler scoring and flagging on synthetic timing windows (the real run is in e2e).
+
+Windows are built the way the agent builds them: from each local rank's status
+``timing`` (its own means and the job summary the telemetry computes)."""
 
 import random
 
 from trainwatch.agent.config import STRAGGLER_DEFAULTS
-from trainwatch.agent.straggler import JobStragglers, local_times, score
+from trainwatch.agent.straggler import JobStragglers, score
+from trainwatch.contract.timing import job_window, own_local_seconds, summarize
 
 
-def window(step, values, window_steps=5):
+def status_timing(step, values, rank, window_steps=5):
     return {"step": step, "window_steps": window_steps, "time": float(step),
-            "compute_seconds": values, "data_wait_seconds": [0.0] * len(values),
-            "local_seconds": values}
+            "compute_seconds": values[rank], "data_wait_seconds": 0.0,
+            "local_seconds": values[rank], "job": summarize(values)}
+
+
+def window(step, values, local_ranks=None, window_steps=5):
+    ranks = range(len(values)) if local_ranks is None else local_ranks
+    return job_window({r: status_timing(step, values, r, window_steps) for r in ranks})
+
+
+def scores_of(values):
+    return score(summarize(values), dict(enumerate(values)))
 
 
 def test_scores_are_robust_and_ratio_uses_the_other_ranks():
     values = [1.0] * 7 + [1.25]
-    s = score(values)
+    s = scores_of(values)
     assert s.median == 1.0
     assert abs(s.ratio[7] - 1.25) < 1e-9 and s.ratio[0] == 1.0
     assert s.score[7] > 3 > abs(s.score[0])
-    two = score([1.0, 1.25])  # two ranks: the ratio still points at the slow one
+    two = scores_of([1.0, 1.25])  # two ranks: the ratio still points at the slow one
     assert abs(two.ratio[1] - 1.25) < 1e-9 and abs(two.ratio[0] - 0.8) < 1e-9
 
 
-def test_local_times_fall_back_to_compute_plus_data_wait():
-    assert local_times({"compute_seconds": [1.0, 2.0], "data_wait_seconds": [0.5, 0.5]}) == [
-        1.5, 2.5]
-    assert local_times({"compute_seconds": "junk"}) is None
+def test_own_local_seconds_fall_back_to_compute_plus_data_wait():
+    assert own_local_seconds({"compute_seconds": 1.0, "data_wait_seconds": 0.5}) == 1.5
+    assert own_local_seconds({"compute_seconds": "junk"}) is None
+    assert own_local_seconds({"local_seconds": float("nan")}) is None
+
+
+def test_window_needs_a_usable_job_summary_and_takes_the_newest():
+    old = status_timing(5, [1.0, 2.0], 0)
+    new = status_timing(10, [1.0, 3.0], 1)
+    w = job_window({0: old, 1: new})
+    assert w["step"] == 10 and w["local"] == {1: 3.0}  # rank 0 is a window behind
+    later = {**status_timing(10, [1.0, 3.0], 0), "time": 10.5}  # its own clock, same window
+    assert job_window({0: later, 1: new})["local"] == {0: 1.0, 1: 3.0}
+    for junk in ("x", None, {"ranks": 2}, {**new["job"], "middle": [2.0, 1.0]},
+                 {**new["job"], "ranks": True}, {**new["job"], "median": "nan"}):
+        assert job_window({1: {**new, "job": junk}}) is None
 
 
 def test_slow_rank_flagged_after_m_windows_and_clears():
@@ -38,7 +63,7 @@ def test_slow_rank_flagged_after_m_windows_and_clears():
         values = [1.0 + rng.uniform(-0.03, 0.03) for _ in range(8)]
         if i >= 2:
             values[3] *= 1.25  # 0.8x speed from the third window on
-        tracker.update(window(step, values), local_ranks=[2, 3], now=step)
+        tracker.update(window(step, values, [2, 3]), local_ranks=[2, 3], now=step)
         if tracker.ranks[3].active and flagged_at is None:
             flagged_at = step
         assert not tracker.ranks[2].active
@@ -46,7 +71,7 @@ def test_slow_rank_flagged_after_m_windows_and_clears():
     assert tracker.ranks[3].since_step == 11
     for _ in range(3):  # recovered: clears after clear_windows normal windows
         step += 5
-        tracker.update(window(step, [1.0] * 8), local_ranks=[2, 3], now=step)
+        tracker.update(window(step, [1.0] * 8, [2, 3]), local_ranks=[2, 3], now=step)
     assert not tracker.ranks[3].active
 
 
@@ -54,7 +79,7 @@ def test_sparse_sampling_still_flags_within_the_goal():
     """The agent may see only every 4th window; streaks are counted in steps."""
     tracker = JobStragglers(dict(STRAGGLER_DEFAULTS))
     for step in (20, 40, 60):
-        tracker.update(window(step, [1.0, 1.0, 1.0, 1.3]), local_ranks=[3], now=step)
+        tracker.update(window(step, [1.0, 1.0, 1.0, 1.3], [3]), local_ranks=[3], now=step)
     assert tracker.ranks[3].active and tracker.ranks[3].detected_step == 40
 
 
@@ -69,7 +94,7 @@ def test_clean_noisy_run_never_flags():
 
 def test_same_window_is_scored_once():
     tracker = JobStragglers(dict(STRAGGLER_DEFAULTS))
-    w = window(5, [1.0, 1.0, 1.0, 2.0])
+    w = window(5, [1.0, 1.0, 1.0, 2.0], [3])
     assert tracker.update(w, [3], 0) is True
     assert tracker.update(w, [3], 1) is False
     assert tracker.ranks[3].slow_windows == 1
@@ -79,7 +104,7 @@ def test_node_straggler_compares_local_ranks_with_the_rest():
     tracker = JobStragglers(dict(STRAGGLER_DEFAULTS))
     for step in (5, 10, 15, 20):
         values = [1.0] * 8 + [1.3] * 8  # this node hosts ranks 8-15, all slow
-        tracker.update(window(step, values), local_ranks=range(8, 16), now=step)
+        tracker.update(window(step, values, range(8, 16)), local_ranks=range(8, 16), now=step)
     assert abs(tracker.node_ratio - 1.3) < 1e-9 and tracker.node.active
     alone = JobStragglers(dict(STRAGGLER_DEFAULTS))
     alone.update(window(5, [1.0, 1.3]), local_ranks=[0, 1], now=0)
@@ -91,8 +116,22 @@ def test_leave_one_out_ratio_matches_brute_force():
     rng = random.Random(3)
     for _ in range(2000):
         values = [rng.choice([1.0, 1.5, 2.0, rng.random()]) for _ in range(rng.randint(1, 12))]
-        got = score(values).ratio
+        got = scores_of(values).ratio
         for i, v in enumerate(values):
             rest = values[:i] + values[i + 1:]
             other = statistics.median(rest) if rest else v
             assert abs(got[i] - (v / other if other > 0 else 1.0)) < 1e-12
+
+
+def test_node_ratio_leaves_out_every_local_rank_exactly():
+    import statistics
+    rng = random.Random(5)
+    for _ in range(500):
+        world = rng.randint(3, 200)
+        values = [rng.choice([1.0, 1.2, rng.random() + 0.5]) for _ in range(world)]
+        local = rng.sample(range(world), rng.randint(1, min(8, world - 1)))
+        tracker = JobStragglers(dict(STRAGGLER_DEFAULTS))
+        tracker.update(window(5, values, local), local_ranks=local, now=0)
+        mine = statistics.median(values[r] for r in local)
+        rest = statistics.median(v for i, v in enumerate(values) if i not in local)
+        assert abs(tracker.node_ratio - mine / rest) < 1e-12

@@ -183,6 +183,10 @@ def test_rank_blocked_in_data_loading(start_job, tmp_path, flight_recorder):
     assert finding["category"] == "rank_stuck" and finding["ranks"] == [1], finding
     assert "outside a collective, in data loading" in finding["title"]
     assert any("__getitem__" in line for line in finding["stack"]), finding["stack"]
+    cause = finding["cause"]  # the kernel: blocked in open() of a FIFO no one writes
+    assert cause["kind"] == "fifo_open" and cause["path"] == str(fifo), cause
+    assert cause["peers"] == [] and cause["thread"]["wchan"], cause
+    assert "no other process has it open" in finding["title"]
     if flight_recorder:
         assert finding["confidence"] == "high"
         assert any("[0] wait in collective" in e for e in finding["evidence"]), finding
@@ -190,6 +194,44 @@ def test_rank_blocked_in_data_loading(start_job, tmp_path, flight_recorder):
         assert finding["confidence"] == "medium"
         assert any("[0] are inside a torch.distributed call" in e for e in finding["evidence"])
         assert any("flight recorder disabled" in line for line in report["could_not_see"])
+
+
+def test_kernel_causes_flock_holder_and_thread_deadlock(start_job, tmp_path):
+    """Rank 1 waits for an flock another process holds, rank 2's threads deadlock on two
+    locks, rank 0 waits for both in the all_reduce: the kernel and the source name why."""
+    lock_path = tmp_path / "shared.lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
+         "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(600)",
+         str(lock_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        job = start_job(nproc=3, FAULT="flock", FAULT_RANK="1", FAULT_STEP="8",
+                        FAULT_ARG=str(lock_path), DEADLOCK_RANK="2")
+        job.wait(lambda s: all(r["step"] == 8 for r in s.values()) and stalled_for(2)(s),
+                 "ranks 1 and 2 blocked at step 8")
+        code, report, _ = diagnose(job.run, "--stall-after", "1")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert code == 1
+    stuck = {f["ranks"][0]: f for f in report["findings"] if f["category"] == "rank_stuck"}
+    assert set(stuck) == {1, 2}, [f["title"] for f in report["findings"]]
+    flock = stuck[1]["cause"]
+    assert flock["kind"] == "file_lock" and flock["path"] == str(lock_path), flock
+    assert flock["holder"]["pid"] == holder.pid and "fcntl.flock" in flock["holder"]["cmdline"]
+    assert flock["thread"]["wchan"] and flock["runbook"] == "TrainingStalled#file-lock"
+    assert f"held by pid {holder.pid}" in stuck[1]["title"], stuck[1]["title"]
+    assert any("innermost Python line" in e and "fcntl.flock(lock_file" in e
+               for e in stuck[1]["evidence"]), stuck[1]["evidence"]
+    deadlock = stuck[2]["cause"]
+    assert deadlock["kind"] == "deadlock", deadlock
+    pairs = {(t["thread"]["name"], t["waits_for"], t["held_by"]["name"])
+             for t in deadlock["threads"]}
+    assert pairs == {("MainThread", "LOCK_B", "cache-refresher"),
+                     ("cache-refresher", "LOCK_A", "MainThread")}, pairs
+    assert all(t["kernel"] and "futex" in t["kernel"] for t in deadlock["threads"]), deadlock
+    assert "deadlock: thread" in stuck[2]["title"]
 
 
 def test_extra_collective_is_a_desync_at_the_right_sequence_number(start_job):

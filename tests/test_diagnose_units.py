@@ -256,3 +256,79 @@ def test_a_rank_waiting_in_another_group_is_followed():
     assert found[0].ranks == [1]
     assert found[0].title == ("rank 1 waits in collective #1 of process group 5 while the "
                               "others wait for it")
+
+
+def _blocked_child(code: str, *args: str, **kwargs):
+    """A Python child that blocks in the kernel; waits until its main thread is in a syscall."""
+    import subprocess
+    import sys
+    import time
+    from trainwatch.host.procinfo import thread_waits
+    child = subprocess.Popen([sys.executable, "-c", code, *args], **kwargs)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        waits = thread_waits(child.pid)
+        main = next((t for t in waits if t["tid"] == child.pid), None)
+        if main and main["wait"] and main["wait"]["kind"] not in ("futex", "poll"):
+            return child, main
+        time.sleep(0.05)
+    child.kill()
+    raise AssertionError("child never blocked")
+
+
+def test_kernel_wait_on_a_pipe_and_a_tcp_socket_names_the_other_end():
+    import os
+    import socket
+    import subprocess
+    read_end, write_end = os.pipe()
+    child, main = _blocked_child(f"import os; os.read({read_end}, 1)", pass_fds=[read_end])
+    try:
+        wait = main["wait"]
+        assert wait["kind"] == "pipe" and wait["direction"] == "read"
+        assert os.getpid() in {p["pid"] for p in wait["peers"]}  # we hold the write end
+    finally:
+        child.kill()
+        child.wait()
+        os.close(read_end)
+        os.close(write_end)
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    child, main = _blocked_child(
+        "import socket, sys; s = socket.create_connection(('127.0.0.1', int(sys.argv[1]))); "
+        "s.recv(1)", str(port), stdout=subprocess.DEVNULL)
+    try:
+        conn, _ = server.accept()  # until accepted, our end has no socket (no inode) to find
+        from trainwatch.host.procinfo import thread_waits
+        wait = next(t for t in thread_waits(child.pid) if t["tid"] == child.pid)["wait"]
+        assert wait["kind"] == "socket" and wait["protocol"] == "tcp", wait
+        assert wait["remote"] == f"127.0.0.1:{port}"
+        assert wait["peer"]["pid"] == os.getpid(), wait
+        conn.close()
+    finally:
+        child.kill()
+        child.wait()
+        server.close()
+
+
+def test_proc_locks_and_lock_source_parsing(tmp_path):
+    from trainwatch.diagnose import locks
+    from trainwatch.host import procinfo
+    (tmp_path / "locks").write_text(
+        "1: FLOCK  ADVISORY  WRITE 4242 fd:01:1311 0 EOF\n"
+        "1: -> FLOCK  ADVISORY  WRITE 4343 fd:01:1311 0 EOF\n"
+        "2: OFDLCK ADVISORY  READ  -1 00:2d:7 0 EOF\n"
+        "garbage \x00\xff line\n3: POSIX\n")
+    parsed = procinfo.read_locks(str(tmp_path))
+    assert [(lk["pid"], lk["blocked"], lk["inode"]) for lk in parsed] == [
+        (4242, False, 1311), (4343, True, 1311), (-1, False, 7)]
+    wait = procinfo.classify_wait(4343, "flock", [], "locks_lock_inode_wait", "S", parsed,
+                                  str(tmp_path))
+    assert wait["kind"] == "file_lock" and wait["holder"]["pid"] == 4242
+    source = tmp_path / "job.py"
+    source.write_text("def f():\n    with self.a:\n        x = 1\n        self.b.acquire()\n")
+    assert locks.frame_locks(str(source), 4, innermost=True) == ([("self.a", 2)], "self.b")
+    assert locks.frame_locks(str(source), 2, innermost=True) == ([], "self.a")
+    (tmp_path / "bad.py").write_bytes(b"\xff\x00 not python (")
+    assert locks.frame_locks(str(tmp_path / "bad.py"), 1, innermost=True) == ([], None)
+    assert locks.frame_locks(None, None, innermost=True) == ([], None)
+    assert procinfo._addr("0100007F:1F90") == "127.0.0.1:8080"

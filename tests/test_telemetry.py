@@ -2,6 +2,7 @@
 
 import json
 import math
+import statistics
 
 import time
 
@@ -25,8 +26,10 @@ def test_plain_ddp_loop_publishes_the_contract(tmp_path, repo):
         assert status["backend"] == "gloo" and status["world_size"] == 2
         assert status["counters"]["steps_total"] == 30
         assert status["counters"]["telemetry_errors_total"] == 0
-        timing = status["timing"]
-        assert len(timing["compute_seconds"]) == 2 and all(t > 0 for t in timing["compute_seconds"])
+        timing = status["timing"]  # its own means and the job's summary
+        assert timing["compute_seconds"] > 0 and timing["local_seconds"] > 0
+        assert timing["job"]["ranks"] == 2 and len(timing["job"]["middle"]) == 2
+        assert timing["local_seconds"] in timing["job"]["middle"]
     for rank in (0, 1):
         steps = [r for r in run.metrics(rank).records if r["kind"] == "step"]
         assert [r["step"] for r in steps] == list(range(30))
@@ -140,3 +143,24 @@ def test_phases_between_steps_stay_out_of_step_records(tmp_path):
     tel.close()
     steps = RunDir(tmp_path).metrics(0).records
     assert [set(s["phase_seconds"]) for s in steps] == [{"forward"}, {"backward"}]
+
+
+def test_status_file_size_does_not_grow_with_world_size(tmp_path):
+    """A timing window of 32k ranks leaves a status as small as one of 1k: each rank keeps
+    its own means and a fixed-size job summary, never a copy of every rank's values."""
+    sizes = {}
+    for world in (1024, 4096, 32768):
+        tel = Telemetry(tmp_path / str(world), rank=world - 1, world_size=world,
+                        exchange_every=0)
+        tel.run.create()
+        # what the all-gather hands every rank: (compute, data wait, local) per rank
+        rows = [[0.5 + (r % 97) / 1000, 0.001, 0.25 + (r % 89) / 1000] for r in range(world)]
+        tel._keep_gathered(99, 10, time.time(), rows)
+        tel._write_status()
+        status = tel.run.statuses().records[0]
+        job = status["timing"]["job"]
+        assert job["ranks"] == world and status["timing"]["local_seconds"] == rows[-1][2]
+        assert job["median"] == statistics.median(r[2] for r in rows)
+        sizes[world] = tel.run.status_file(world - 1).stat().st_size
+    assert max(sizes.values()) - min(sizes.values()) <= 16, sizes  # a digit or two of ids
+    assert max(sizes.values()) < 4096, sizes

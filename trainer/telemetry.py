@@ -2,7 +2,7 @@
 
 A few lines in a loop publish, per rank, the run-directory contract
 (docs/run-directory.md): a status file (heartbeat, step, phase and since when,
-latest metrics, the job-wide timing distribution), a per-step metrics log and
+latest metrics, its timing and a summary of the job's), a per-step metrics log and
 journal events.
 
     tel = Telemetry.from_env("runs/exp1")          # RANK/LOCAL_RANK/WORLD_SIZE from torchrun
@@ -52,6 +52,7 @@ import psutil
 import torch
 
 from trainwatch.beat import BeatWriter, beat_path
+from trainwatch.contract.timing import MIDDLE_HALF_WIDTH, summarize
 from trainwatch.node import node_name
 from trainwatch.rundir import RunDir, append_jsonl
 from trainwatch.trainer import dumps
@@ -174,6 +175,14 @@ class Telemetry:
         # (work, gathered tensors, sent tensor, step, window steps, time) of the last
         # all-gather until someone publishes it; guarded by _lock.
         self._exchange_in_flight: tuple | None = None
+        # (step, window steps, time, per-rank rows) of the newest completed exchange, until
+        # the heartbeat thread summarizes it; guarded by _lock.
+        self._gathered: tuple | None = None
+        # The job summary keeps enough values around the median to leave out every rank
+        # of one node (an agent compares its node with the rest).
+        local_world = os.environ.get("LOCAL_WORLD_SIZE", "")
+        self._middle_half_width = max(MIDDLE_HALF_WIDTH,
+                                      int(local_world) if local_world.isdigit() else 0)
         self._step_block = _StepBlock(self if enabled else None)
         self._phase_blocks: dict[str, _PhaseBlock] = {}
         self._phase_stack: list[tuple] = []  # (outer phase, start ns, CUDA event)
@@ -446,11 +455,14 @@ class Telemetry:
             self.count_error(repr(exc))
 
     def _exchange_timings(self, step: int) -> None:
-        """One small all_gather so every rank's status carries the job-wide distribution.
+        """One small all_gather of every rank's window means, summarized for the status.
 
-        It is started asynchronously and published by whoever sees it done first: the
+        It is started asynchronously and picked up by whoever sees it done first: the
         heartbeat thread, or the loop at the next exchange (then long finished, as every
         rank started it at the same step), so the loop never waits for the round trip.
+        The heartbeat thread turns it into the rank's own means plus a constant-size job
+        summary (``trainwatch.contract.timing``), so a status file does not grow with the
+        world size.
         """
         n = max(1, self._window_steps)
         mine = [self._window_compute_ns / n / 1e9, self._window_data_ns / n / 1e9,
@@ -458,7 +470,7 @@ class Telemetry:
         self._window_compute_ns = self._window_data_ns = self._window_local_ns = 0
         self._window_steps = 0
         if self._exchange_group is None:
-            self._publish_timing(step, n, _now(), [mine])
+            self._keep_gathered(step, n, _now(), [mine])
             return
         import torch.distributed as dist
         with self.phase("telemetry_exchange"):
@@ -470,7 +482,7 @@ class Telemetry:
                 self._exchange_in_flight = (work, out, local, step, n, _now())
 
     def _collect_exchange(self, wait: bool) -> None:
-        """Publish the in-flight exchange if it is done (or, with ``wait``, once it is)."""
+        """Keep the in-flight exchange if it is done (or, with ``wait``, once it is)."""
         with self._lock:
             in_flight = self._exchange_in_flight
             if in_flight is None or not (wait or in_flight[0].is_completed()):
@@ -478,19 +490,31 @@ class Telemetry:
             self._exchange_in_flight = None
         work, out, _sent, step, n, started = in_flight
         work.wait()
-        self._publish_timing(step, n, started, [t.tolist() for t in out])
+        self._keep_gathered(step, n, started, out)
 
-    def _publish_timing(self, step: int, n: int, started: float,
-                        gathered: list[list[float]]) -> None:
-        timing = {
-            "step": step, "window_steps": n, "time": started,
-            "compute_seconds": [g[0] for g in gathered],
-            "data_wait_seconds": [g[1] for g in gathered],
-            "local_seconds": [g[2] for g in gathered],
-        }
+    def _keep_gathered(self, step: int, n: int, started: float, gathered: list) -> None:
+        """Hold the newest completed window (per rank: compute, data wait, local seconds,
+        as lists or tensors) for the heartbeat thread to summarize: O(1) here, in the loop."""
+        with self._lock:
+            if self._gathered is None or self._gathered[0] < step:  # never replace a newer one
+                self._gathered = (step, n, started, gathered)
+
+    def _summarize_timing(self) -> None:
+        """Publish the newest gathered window as ``timing``: own means + job summary."""
+        with self._lock:
+            gathered, self._gathered = self._gathered, None
+        if gathered is None:
+            return
+        step, n, started, rows = gathered
+        rows = [r.tolist() if isinstance(r, torch.Tensor) else r for r in rows]
+        own = rows[self.rank] if self.rank < len(rows) else rows[0]
+        timing = {"step": step, "window_steps": n, "time": started,
+                  "compute_seconds": own[0], "data_wait_seconds": own[1],
+                  "local_seconds": own[2],
+                  "job": summarize([r[2] for r in rows], self._middle_half_width)}
         with self._lock:
             current = self._state["timing"]
-            if current is None or current["step"] < step:  # never replace a newer window
+            if current is None or current["step"] < step:
                 self._state["timing"] = timing
 
     def _heartbeat_loop(self) -> None:
@@ -580,6 +604,7 @@ class Telemetry:
     def _write_status(self) -> None:
         """Write the status file, then the beat file (which says whether publishing
         works: a reader must never mistake a full disk for a frozen rank)."""
+        self._guard(self._summarize_timing)
         with self._lock:
             self._state["heartbeat_at"] = _now()
             snapshot = _copy(self.state)

@@ -13,7 +13,7 @@ from typing import Any
 
 from trainwatch.agent.registry import Collector, Result, register
 from trainwatch.agent.stall import STALL_KINDS, StallDetector, phase_holds
-from trainwatch.agent.straggler import JobStragglers, local_times
+from trainwatch.agent.straggler import JobStragglers
 
 _THERMAL = ("hw_thermal", "sw_thermal")
 _POWER = ("hw_power_brake", "sw_power_cap")
@@ -133,7 +133,7 @@ class FindingsCollector(Collector):
     def _straggler(self, tracker, job, rank, labels, result, current) -> dict[str, Any] | None:
         scores = tracker.last_scores
         r = rank["rank"]
-        if scores is None or not 0 <= r < len(scores.ratio):
+        if scores is None or r not in scores.ratio:
             return None
         track = tracker.ranks.get(r)
         active = bool(track and track.active)
@@ -142,9 +142,9 @@ class FindingsCollector(Collector):
         result.add("trainwatch_straggler_slow_windows", track.slow_windows if track else 0,
                    **labels)
         result.add("trainwatch_straggler_active", active, **labels)
-        values = local_times(job["timing"]) or []
-        if r < len(values):
-            result.add("trainwatch_rank_local_seconds", values[r], **labels)
+        local = (job.get("timing") or {}).get("local") or {}
+        if r in local:
+            result.add("trainwatch_rank_local_seconds", local[r], **labels)
         summary = {"ratio": round(scores.ratio[r], 4), "score": round(scores.score[r], 3),
                    "slow_windows": track.slow_windows if track else 0, "active": active}
         if active:
@@ -197,11 +197,10 @@ class FindingsCollector(Collector):
                 if hit:
                     return cause, [f"GPU {g['index']} clock events active: {', '.join(hit)}"]
         timing = job.get("timing") or {}
-        values = local_times(timing) or []
-        data = timing.get("data_wait_seconds")
+        local, data = timing.get("local") or {}, timing.get("data_wait") or {}
         r = rank["rank"]
-        if isinstance(data, list) and r < len(data) and r < len(values) and values[r] > 0:
-            share = data[r] / values[r]
+        if r in data and local.get(r, 0) > 0:
+            share = data[r] / local[r]
             if share >= float(opts["data_wait"]):
                 return "data_wait", [f"data wait is {share:.0%} of the rank's local step time"]
         contention = (rank.get("process") or {}).get("cpu_contention_ratio")

@@ -21,6 +21,7 @@ from trainwatch.beat import beat_path, read_beat
 from trainwatch.host.procinfo import PROCESS_STATES, ProcessTracker
 from trainwatch.agent.registry import Collector, Result, register
 from trainwatch.agent.stall import KNOWN_PHASES
+from trainwatch.contract.timing import job_window
 
 log = logging.getLogger(__name__)
 
@@ -184,9 +185,8 @@ class RanksCollector(Collector):
         if records:
             job_name = str(records[0].get("job") or job_name)
         local = self._local(records)
-        timing = max((r["timing"] for r in records if isinstance(r.get("timing"), dict)
-                      and isinstance(r["timing"].get("step"), int)),
-                     key=lambda t: (t["step"], t.get("time") or 0), default=None)
+        # Each local rank carries the job's timing summary: no other node's file is needed.
+        timing = job_window({r["rank"]: r.get("timing") for r in local})
         skipped_by_reason = self._skip_total.get(key, {})
         for reason, count in sorted(skipped_by_reason.items()):
             result.add("trainwatch_collector_status_files_skipped_total", count, job=job_name,

@@ -136,3 +136,315 @@ def _filtered_env(proc: psutil.Process) -> dict[str, str]:
     except (psutil.Error, OSError):
         return {}
     return {k: v for k, v in env.items() if k.startswith(ENV_PREFIXES)}
+
+
+# --------------------------------------------------------------------------- thread waits
+# What a blocked thread waits for, as the kernel tells it: the thread's state and wait
+# channel, its current system call and arguments (/proc/PID/task/TID/syscall), and what
+# the call's fd or address points at (a file lock and its holder, a FIFO, a pipe or socket
+# and who holds the other end, a file and its mount).  Python frames cannot say this when
+# the code is blocked inside a builtin (lock.acquire, fcntl.flock, open).
+
+# x86-64 and aarch64 numbers of the calls a blocked thread is typically in.
+_SYSCALLS = {
+    "x86_64": {0: "read", 1: "write", 2: "open", 7: "poll", 19: "readv", 20: "writev",
+               23: "select", 35: "nanosleep", 42: "connect", 43: "accept", 44: "sendto",
+               45: "recvfrom", 46: "sendmsg", 47: "recvmsg", 61: "wait4", 72: "fcntl",
+               73: "flock", 74: "fsync", 202: "futex", 230: "clock_nanosleep",
+               232: "epoll_wait", 257: "openat", 270: "pselect6", 271: "ppoll",
+               281: "epoll_pwait", 288: "accept4", 437: "openat2"},
+    "aarch64": {63: "read", 64: "write", 65: "readv", 66: "writev", 25: "fcntl", 32: "flock",
+                82: "fsync", 98: "futex", 101: "nanosleep", 115: "clock_nanosleep",
+                56: "openat", 72: "pselect6", 73: "ppoll", 22: "epoll_pwait", 202: "accept",
+                203: "connect", 206: "sendto", 207: "recvfrom", 211: "sendmsg",
+                212: "recvmsg", 242: "accept4", 260: "wait4", 437: "openat2"},
+}
+_FD_CALLS = ("read", "write", "readv", "writev", "recvfrom", "recvmsg", "sendto", "sendmsg",
+             "accept", "accept4", "connect", "flock", "fcntl", "fsync")
+_LOCK_WCHANS = ("locks_lock_inode_wait", "flock_lock_inode_wait", "locks_lock_file_wait",
+                "__flock_lock_file", "fcntl_setlk", "posix_lock_inode_wait", "flock_lock_file_wait")
+_FIFO_WCHANS = ("wait_for_partner", "fifo_open")
+F_SETLKW = (7, 38)  # F_SETLKW, F_OFD_SETLKW
+MAX_THREADS = 256
+MAX_FD_SCAN = 50000
+
+
+def thread_waits(pid: int, proc_root: str = "/proc") -> list[dict[str, Any]]:
+    """Every thread of ``pid`` with what it waits in; [] if the process is not readable.
+
+    Each entry: ``tid``, ``name``, ``state`` (the kernel letter), ``wchan``, ``syscall``
+    (name or number) and ``wait``: a classified cause (``classify_wait``) or None.
+    """
+    arch = os.uname().machine
+    table = _SYSCALLS.get(arch, {})
+    threads = []
+    try:
+        tids = sorted(int(t) for t in os.listdir(f"{proc_root}/{pid}/task"))[:MAX_THREADS]
+    except (OSError, ValueError):
+        return []
+    locks = None
+    for tid in tids:
+        base = f"{proc_root}/{pid}/task/{tid}"
+        stat = _read(f"{base}/stat")
+        if stat is None:
+            continue
+        name = stat[stat.find("(") + 1:stat.rfind(")")]
+        state = stat[stat.rfind(")") + 2:][:1]
+        wchan = (_read(f"{base}/wchan") or "").strip()
+        if wchan == "0":
+            wchan = ""
+        call, args = _syscall(_read(f"{base}/syscall"), table)
+        entry: dict[str, Any] = {"tid": tid, "name": name, "state": state, "wchan": wchan,
+                                 "syscall": call}
+        if (call in ("flock", "fcntl") or wchan in _LOCK_WCHANS) and locks is None:
+            locks = read_locks(proc_root)
+        entry["wait"] = classify_wait(pid, call, args, wchan, state, locks or [], proc_root)
+        threads.append(entry)
+    return threads
+
+
+def classify_wait(pid: int, call: Any, args: list[int], wchan: str, state: str,
+                  locks: list[dict[str, Any]], proc_root: str = "/proc") -> dict[str, Any] | None:
+    """What one thread waits for: ``kind`` plus the holder, peer or file where known."""
+    if call == "flock" or wchan in _LOCK_WCHANS or (call == "fcntl" and len(args) > 1
+                                                      and args[1] in F_SETLKW):
+        fd = args[0] if args else None
+        target = fd_target(pid, fd, proc_root) if fd is not None else {}
+        wanted = [lk for lk in locks if lk["blocked"] and lk["pid"] == pid]
+        holders = []
+        for w in wanted:
+            holders += [lk for lk in locks if not lk["blocked"] and lk["id"] == w["id"]
+                        and lk["inode"] == w["inode"]]
+        if not holders and target.get("inode") is not None:
+            holders = [lk for lk in locks if not lk["blocked"] and lk["inode"] == target["inode"]]
+        holder = holders[0] if holders else None
+        return {"kind": "file_lock", "lock": (holder or (wanted[0] if wanted else {})).get("type"),
+                "path": target.get("path"), "mount": target.get("mount"),
+                "holder": _process(holder["pid"], proc_root) if holder and holder["pid"] > 0
+                else None}
+    if call in ("open", "openat", "openat2") and (wchan in _FIFO_WCHANS or state == "S"):
+        addr = args[0] if call == "open" else (args[1] if len(args) > 1 else None)
+        path = read_string(pid, addr, proc_root) if addr else None
+        if path and call != "open" and not path.startswith("/") and args and \
+                args[0] != 0xFFFFFF9C and args[0] < 1 << 31:
+            base = fd_target(pid, args[0], proc_root).get("path")
+            path = os.path.join(base, path) if base else path
+        is_fifo = wchan in _FIFO_WCHANS or _is_fifo(path)
+        if not is_fifo:
+            return {"kind": "file_open", "path": path, "mount": mount_of(pid, path, proc_root)}
+        return {"kind": "fifo_open", "path": path,
+                "peers": holders_of(path=path, exclude=pid, proc_root=proc_root) if path else [],
+                "mount": mount_of(pid, path, proc_root)}
+    if call in _FD_CALLS and args:
+        target = fd_target(pid, args[0], proc_root)
+        kind = target.get("type")
+        if kind in ("pipe", "fifo"):
+            peers = holders_of(inode=target.get("inode"), path=target.get("path"), exclude=pid,
+                               proc_root=proc_root)
+            return {"kind": kind, "direction": call, "path": target.get("path"),
+                    "peers": peers}
+        if kind == "socket":
+            return {"kind": "socket", "direction": call, **socket_peer(
+                target.get("inode"), exclude=pid, proc_root=proc_root)}
+        if kind == "file" or state == "D":
+            return {"kind": "disk_io" if state == "D" else "file_io", "direction": call,
+                    "path": target.get("path"), "mount": target.get("mount")}
+    if state == "D":
+        return {"kind": "disk_io", "wchan": wchan}
+    if call == "futex" or wchan.startswith("futex"):
+        return {"kind": "futex", "address": hex(args[0]) if args else None}
+    if call in ("poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait"):
+        return {"kind": "poll"}
+    if call in ("nanosleep", "clock_nanosleep"):
+        return {"kind": "sleep"}
+    if call == "wait4":
+        return {"kind": "child"}
+    return None
+
+
+def read_locks(proc_root: str = "/proc") -> list[dict[str, Any]]:
+    """/proc/locks: every lock and every blocked waiter (``->`` lines), with dev:inode."""
+    text = _read(f"{proc_root}/locks") or ""
+    locks = []
+    for line in text.splitlines():
+        parts = line.split()
+        blocked = len(parts) > 1 and parts[1] == "->"
+        if blocked:
+            parts = [parts[0]] + parts[2:]
+        if len(parts) < 6:
+            continue
+        try:
+            ident, lpid = int(parts[0].rstrip(":")), int(parts[4])
+            major, minor, inode = parts[5].split(":")
+        except ValueError:
+            continue
+        locks.append({"id": ident, "blocked": blocked, "type": parts[1].lower(),
+                      "mode": parts[3].lower(), "pid": lpid,
+                      "dev": f"{major}:{minor}", "inode": int(inode)})
+    return locks
+
+
+def fd_target(pid: int, fd: int, proc_root: str = "/proc") -> dict[str, Any]:
+    """What an fd is: ``type`` pipe / socket / fifo / file / other, with inode, path, mount."""
+    link = f"{proc_root}/{pid}/fd/{fd}"
+    try:
+        target = os.readlink(link)
+    except OSError:
+        return {}
+    for kind in ("pipe", "socket"):
+        if target.startswith(f"{kind}:["):
+            return {"type": kind, "fd": fd, "inode": int(target[len(kind) + 2:-1])}
+    try:
+        st = os.stat(link)
+    except OSError:
+        return {"type": "other", "fd": fd, "path": target}
+    import stat as stat_mod
+    kind = "fifo" if stat_mod.S_ISFIFO(st.st_mode) else "file" if \
+        stat_mod.S_ISREG(st.st_mode) or stat_mod.S_ISDIR(st.st_mode) else "other"
+    return {"type": kind, "fd": fd, "path": target, "inode": st.st_ino,
+            "mount": mount_of(pid, target, proc_root)}
+
+
+def holders_of(inode: int | None = None, path: str | None = None, exclude: int | None = None,
+               proc_root: str = "/proc") -> list[dict[str, Any]]:
+    """Other processes with the pipe inode or the path open (the other end's candidates)."""
+    wanted = {f"pipe:[{inode}]"} if inode is not None else set()
+    if path:
+        wanted.add(path)
+    found: dict[int, dict[str, Any]] = {}
+    scanned = 0
+    for entry in os.scandir(proc_root):
+        if not entry.name.isdigit() or int(entry.name) == exclude:
+            continue
+        try:
+            fds = os.listdir(f"{proc_root}/{entry.name}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            scanned += 1
+            if scanned > MAX_FD_SCAN:
+                return list(found.values())
+            try:
+                if os.readlink(f"{proc_root}/{entry.name}/fd/{fd}") in wanted:
+                    found[int(entry.name)] = _process(int(entry.name), proc_root)
+                    break
+            except OSError:
+                continue
+    return list(found.values())
+
+
+def socket_peer(inode: int | None, exclude: int | None = None,
+                proc_root: str = "/proc") -> dict[str, Any]:
+    """A socket's protocol, local and remote address, and the local process at the other end."""
+    if inode is None:
+        return {}
+    for proto in ("tcp", "tcp6"):
+        rows = _net_rows(f"{proc_root}/net/{proto}")
+        mine = next((r for r in rows if r["inode"] == inode), None)
+        if mine is None:
+            continue
+        out: dict[str, Any] = {"protocol": proto, "local": mine["local"],
+                               "remote": mine["remote"], "peer": None}
+        other = next((r for r in rows if r["local"] == mine["remote"]
+                      and r["remote"] == mine["local"] and r["inode"]), None)
+        if other is not None:
+            procs = holders_of(path=f"socket:[{other['inode']}]", exclude=None,
+                               proc_root=proc_root)
+            out["peer"] = procs[0] if procs else None
+        return out
+    for line in (_read(f"{proc_root}/net/unix") or "").splitlines()[1:]:
+        parts = line.split()
+        if len(parts) >= 7 and parts[6] == str(inode):
+            return {"protocol": "unix", "local": parts[7] if len(parts) > 7 else "",
+                    "remote": None, "peer": None}
+    return {"protocol": "unknown"}
+
+
+def mount_of(pid: int, path: str | None, proc_root: str = "/proc") -> dict[str, Any] | None:
+    """The mount a path lives on (longest mount point prefix in the process's mountinfo)."""
+    if not path or not path.startswith("/"):
+        return None
+    best = None
+    for line in (_read(f"{proc_root}/{pid}/mountinfo") or "").splitlines():
+        left, _, right = line.partition(" - ")
+        fields, rest = left.split(), right.split()
+        if len(fields) < 5 or len(rest) < 2:
+            continue
+        point = fields[4].replace("\\040", " ")
+        if (path == point or path.startswith(point.rstrip("/") + "/")) and \
+                (best is None or len(point) > len(best["mountpoint"])):
+            best = {"mountpoint": point, "fstype": rest[0], "source": rest[1]}
+    return best
+
+
+def read_string(pid: int, address: int, proc_root: str = "/proc", limit: int = 4096) -> str | None:
+    """A NUL-terminated string from the process's memory (needs ptrace access; else None)."""
+    try:
+        with open(f"{proc_root}/{pid}/mem", "rb", buffering=0) as mem:
+            mem.seek(address)
+            data = mem.read(limit)
+    except (OSError, OverflowError, ValueError):
+        return None
+    return data.split(b"\0", 1)[0].decode("utf-8", "replace") or None
+
+
+def _process(pid: int, proc_root: str = "/proc") -> dict[str, Any]:
+    raw = _read(f"{proc_root}/{pid}/cmdline") or ""
+    return {"pid": pid, "cmdline": " ".join(raw.split("\0")).strip()[:300]}
+
+
+def _is_fifo(path: str | None) -> bool:
+    import stat as stat_mod
+    try:
+        return bool(path) and stat_mod.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _syscall(text: str | None, table: dict[int, str]) -> tuple[Any, list[int]]:
+    """(name or number or 'running'/None, args) from a task's ``syscall`` file."""
+    if not text:
+        return None, []
+    parts = text.split()
+    if parts[0] == "running":
+        return "running", []
+    try:
+        number = int(parts[0])
+        args = [int(p, 16) for p in parts[1:7]]
+    except ValueError:
+        return None, []
+    return table.get(number, number), args
+
+
+def _net_rows(path: str) -> list[dict[str, Any]]:
+    rows = []
+    for line in (_read(path) or "").splitlines()[1:]:
+        parts = line.split()
+        if len(parts) < 10:
+            continue
+        try:
+            rows.append({"local": _addr(parts[1]), "remote": _addr(parts[2]),
+                         "inode": int(parts[9])})
+        except ValueError:
+            continue
+    return rows
+
+
+def _addr(hexaddr: str) -> str:
+    """/proc/net/tcp's ADDR:PORT in hex (host byte order per 32-bit word) -> 'ip:port'."""
+    import ipaddress
+    import struct
+    host, port = hexaddr.split(":")
+    raw = bytes.fromhex(host)
+    words = b"".join(struct.pack("<I", struct.unpack(">I", raw[i:i + 4])[0])
+                     for i in range(0, len(raw), 4))
+    ip = ipaddress.ip_address(words)
+    return f"[{ip}]:{int(port, 16)}" if ip.version == 6 else f"{ip}:{int(port, 16)}"
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, errors="replace") as fh:
+            return fh.read(1 << 20)
+    except OSError:
+        return None
