@@ -133,8 +133,8 @@ def test_hostile_status_files_cost_only_themselves(setup, tmp_path):
           f"hostile files; agent RSS max {max(rss) / 2 ** 20:.1f} MiB")
     assert ups and all(up == 1 for up in ups), ups
     assert max(rss) < 60 * 2 ** 20
-    # Paired and loose (the machine is shared); the 200 MB file once made it 80x slower.
-    assert with_files < max(2 * baseline, baseline + 0.05)
+    # Scrape latency is a speed goal (benchmarks/hostile_files.py measures it paired and
+    # repeated); here only what cannot be noise: no byte of the 200 MB file was read.
     skipped = {s["path"].rsplit("/", 1)[-1]: s["code"] for s in [
         j for j in get_json(url + "/status")["jobs"] if j["job"] == "healthy"][0]["skipped"]}
     assert {k: v for k, v in skipped.items() if k in expected} == expected
