@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from trainwatch.alerts import promql
-from trainwatch.configfile import read_config_text, yaml_error
+from trainwatch.configfile import YAML_LOADER, read_config_text, yaml_error
 from trainwatch.errors import ConfigError
 from trainwatch.contract.metrics import METRICS
 
@@ -85,7 +85,7 @@ class RuleSet:
 def _compose(path: Path) -> yaml.Node | None:
     text = read_config_text(path)
     try:
-        return yaml.compose(text, Loader=yaml.SafeLoader)
+        return yaml.compose(text, Loader=YAML_LOADER)
     except yaml.YAMLError as exc:
         raise yaml_error(exc, path) from None
     except RecursionError:
