@@ -8,6 +8,7 @@ import sys
 import click
 
 from trainwatch.agent.config import load_config
+from trainwatch.contract.ports import AGENT_LISTEN
 
 
 @click.command("agent")
@@ -18,7 +19,7 @@ from trainwatch.agent.config import load_config
 @click.option("--config", "config_file", type=click.Path(dir_okay=False),
               help="Agent YAML config (see deploy/agent.yaml). SIGHUP reloads it.")
 @click.option("--listen", default=None, metavar="HOST:PORT",
-              help="Where to serve /metrics, /status, /healthz [127.0.0.1:9464].")
+              help=f"Where to serve /metrics, /status, /healthz [{AGENT_LISTEN}].")
 @click.option("--check-config", is_flag=True,
               help="Validate the config, print it as JSON and exit (0 ok, 2 invalid).")
 def agent(run_dirs, discover, config_file, listen, check_config) -> None:

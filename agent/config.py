@@ -13,28 +13,21 @@ from pathlib import Path
 from typing import Any
 
 from trainwatch.configfile import load_yaml_mapping
+from trainwatch.contract.ports import AGENT_LISTEN
+from trainwatch.contract.stall import STALL_DEFAULTS
 from trainwatch.errors import ConfigError
 from trainwatch.node import node_name
 
-DEFAULT_PORT = 9464
-
-STALL_DEFAULTS: dict[str, Any] = {
-    "floor_seconds": 5.0,          # never call a rank stalled sooner than this
-    "k": 10.0,                     # ... nor sooner than k x its typical step time
-    "first_step_seconds": 600.0,   # budget before a rank has a typical step time
-    "heartbeat_stale_seconds": 5.0,
-    "phase_budgets": {"checkpoint": 600.0, "eval": 300.0, "init": 600.0},
-    "history": 50,                 # step times kept per rank for the typical value
-}
-
 STRAGGLER_DEFAULTS: dict[str, Any] = {
-    "ratio": 1.15,                 # slow window: local time >= ratio x the others' median
-    "score": 3.0,                  # ... and robust z-score >= score (worlds of min_ranks+)
-    "min_ranks_for_score": 4,
-    "windows": 3,                  # consecutive slow windows before a rank is flagged
-    "clear_windows": 2,            # consecutive normal windows before the flag clears
+    "ratio": 1.15,                 # flag: level (median ratio of the last windows) >= ratio
+    "clear_ratio": 1.07,           # ... and keep the flag until the level drops below this
+    "noise_sigmas": 4.0,           # flag only a level this many standard errors above 1
+    "score": 3.0,                  # flag needs a median robust z-score >= score too
+    "min_ranks_for_score": 4,      # (worlds of this many ranks or more)
+    "windows": 3,                  # timing windows the level is the median of
     "cpu_contention": 0.25,        # cause evidence thresholds
     "data_wait": 0.5,
+    "storage_probe_seconds": 0.5,  # a storage probe this slow makes data wait a storage cause
 }
 
 
@@ -42,7 +35,7 @@ STRAGGLER_DEFAULTS: dict[str, Any] = {
 class AgentConfig:
     """The validated configuration the daemon runs with."""
 
-    listen: str = f"127.0.0.1:{DEFAULT_PORT}"
+    listen: str = AGENT_LISTEN
     # TRAINWATCH_NODE (e.g. the Kubernetes node name) wins over the hostname.
     node: str = field(default_factory=node_name)
     run_dirs: list[str] = field(default_factory=list)
@@ -166,7 +159,10 @@ def build_config(data: dict[str, Any], *, file: str | None = None) -> AgentConfi
     cfg.straggler = _merge_section(STRAGGLER_DEFAULTS, data.get("straggler"), file, "straggler")
     if cfg.straggler["ratio"] <= 1.0:
         raise ConfigError("must be > 1 (a ratio to the median)", file=file, key="straggler.ratio")
-    for key in ("windows", "clear_windows", "min_ranks_for_score"):
+    if not 1.0 <= cfg.straggler["clear_ratio"] <= cfg.straggler["ratio"]:
+        raise ConfigError("must be between 1 and straggler.ratio (hysteresis)", file=file,
+                          key="straggler.clear_ratio")
+    for key in ("windows", "min_ranks_for_score"):
         if int(cfg.straggler[key]) != cfg.straggler[key] or cfg.straggler[key] < 1:
             raise ConfigError("must be a whole number >= 1", file=file, key=f"straggler.{key}")
         cfg.straggler[key] = int(cfg.straggler[key])

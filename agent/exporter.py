@@ -20,7 +20,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from trainwatch.agent.context import AgentContext
 from trainwatch.agent.registry import Sample
-from trainwatch.agent.state import STATES
+from trainwatch.contract.states import COLLECTOR_STATES
 from trainwatch.contract.metrics import METRICS
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class SnapshotCollector:
         for name, record in sorted(records.items()):
             labels = {"node": node, "collector": name}
             yield Sample("trainwatch_collector_up", labels, 1.0 if record.state == "ok" else 0.0)
-            for state in STATES:
+            for state in COLLECTOR_STATES:
                 yield Sample("trainwatch_collector_state", {**labels, "state": state},
                              1.0 if record.state == state else 0.0)
             if record.duration is not None:

@@ -14,13 +14,9 @@ import statistics
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
-# The phases trainer telemetry knows (trainwatch.trainer.telemetry.KNOWN_PHASES; a test
-# keeps the two equal). Kept here so the agent does not import torch.
-KNOWN_PHASES = ("init", "step", "data", "forward", "backward", "optimizer", "eval", "checkpoint",
-                "telemetry_exchange", "idle", "finished")
-STALL_KINDS = ("stuck", "frozen", "dead")
+from trainwatch.contract.stall import heartbeat_stale, stall_budget
 
 
 @dataclass
@@ -68,10 +64,7 @@ class StallDetector:
             budget = self.phase_budget(phase, declared)
             if budget is not None:
                 return budget
-        typical = self.typical_step(key)
-        if typical is None:
-            return float(self.opt["first_step_seconds"])
-        return max(float(self.opt["floor_seconds"]), float(self.opt["k"]) * typical)
+        return stall_budget(self.opt, self.typical_step(key), phase, use_phase=use_phase)
 
     def phase_budget(self, phase: str, declared: dict[str, float] | None = None) -> float | None:
         """A phase's own budget: what the job declared for it wins over the agent config."""
@@ -81,7 +74,7 @@ class StallDetector:
         return float(configured) if configured is not None else None
 
     def check(self, key: tuple, rank: dict[str, Any], elapsed: float = 0.0,
-              holders: list[PhaseHold] = ()) -> StallVerdict:
+              holders: Sequence[PhaseHold] = ()) -> StallVerdict:
         """Is this rank stalled now, and what kind of stall is it?
 
         Ages are the agent's observations (``heartbeat_age``, ``progress_age``) plus
@@ -100,7 +93,7 @@ class StallDetector:
         stalled_for = max(0.0, progress_age + elapsed)
         hb_age = rank.get("heartbeat_age")
         hb_age = hb_age + elapsed if hb_age is not None else None
-        hb_stale = hb_age is not None and hb_age > float(self.opt["heartbeat_stale_seconds"])
+        hb_stale = heartbeat_stale(self.opt, hb_age)
         if process in ("gone", "zombie") and (hb_stale or process == "zombie"):
             return StallVerdict(True, "dead", 0.0, time.time() - stalled_for, stalled_for,
                                 f"process {rank.get('pid')} is {process}")

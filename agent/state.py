@@ -13,8 +13,6 @@ from typing import Any
 
 from trainwatch.agent.registry import Result, Sample
 
-STATES = ("ok", "failed", "timeout", "absent", "pending", "disabled")
-
 
 @dataclass(frozen=True)
 class CollectorRecord:

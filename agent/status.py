@@ -68,6 +68,7 @@ def build_status(ctx: AgentContext, *, listen: str, config_loaded_at: float) -> 
             "world_size": job.get("world_size"),
             "status_files_skipped_total": job.get("status_files_skipped_total", 0),
             "skipped": job.get("skipped", []),
+            "unreadable": job.get("unreadable", []),
             "journal": journals.get(job["run_dir"]),
             "nccl": (nccl.get("jobs") or {}).get(job["job"], {}).get("ras"),
             "node_straggler": (findings.get("node_stragglers") or {}).get(job["job"]),
@@ -75,7 +76,7 @@ def build_status(ctx: AgentContext, *, listen: str, config_loaded_at: float) -> 
 
     active = findings.get("findings", [])
     collectors = {name: rec.summary() for name, rec in sorted(records.items())}
-    health, reasons = _node_health(active, collectors)
+    health, reasons = _node_health(active, collectors, ranks_data["jobs"])
     node_health = {name: records[name].data for name in ("gpu", "storage", "network", "nccl")
                    if name in records and records[name].data is not None}
     return {
@@ -104,8 +105,15 @@ def _rank_health(rank: dict[str, Any], verdict: dict[str, Any]) -> str:
     return "ok"
 
 
-def _node_health(findings: list[dict[str, Any]], collectors: dict[str, dict[str, Any]]):
+def _node_health(findings: list[dict[str, Any]], collectors: dict[str, dict[str, Any]],
+                 jobs: list[dict[str, Any]]):
     reasons = [f"job {f['job']}: {f['message']}" for f in findings]
+    for job in jobs:
+        if job.get("unreadable"):
+            reasons.append(f"job {job['job']}: permission denied reading "
+                           f"{', '.join(job['unreadable'][:3])}"
+                           f"{' and more' if len(job['unreadable']) > 3 else ''}: its ranks "
+                           "there are unseen (docs/run-directory.md: Permissions)")
     for name, c in collectors.items():
         if c["state"] in ("failed", "timeout"):
             reasons.append(f"collector {name} {c['state']}: {c['reason']}")

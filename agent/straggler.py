@@ -4,13 +4,20 @@ Each timing window gives, per rank, its mean per-step *local* time (time outside
 collective phases: what the rank's own speed decides; ``compute + data_wait`` for
 ranks that do not publish it), and a constant-size summary of the whole job's
 (``trainwatch.contract.timing``).  Scores are robust: ``ratio`` = local time over the
-median of the other ranks, ``score`` = (local - median) / (1.4826 x MAD).  A rank is
-flagged after ``windows`` consecutive slow windows and clears after ``clear_windows``
-normal ones.  Work per window is O(local ranks), whatever the world size.
+median of the other ranks, ``score`` = (local - median) / (1.4826 x MAD).  The verdict
+follows the median of the last ``windows`` windows with hysteresis (flag at ``ratio``
+when that is clear of the rank's own window-to-window noise, clear below
+``clear_ratio``): a rank that stays slow stays flagged through noisy windows, and a
+noisy machine raises the bar instead of the flag.  Worlds of 2-3 ranks have no spread
+to score against; there the ratio to the other ranks' median alone decides (for two
+ranks: slower than the other one).  Work per window is O(local ranks), whatever the
+world size.
 """
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -43,19 +50,34 @@ def score(summary: dict[str, Any], local: dict[int, float]) -> Scores:
     return Scores(median, mad, ratios, scores)
 
 
+def _jitter(values: Sequence[float]) -> float | None:
+    """Standard deviation of one value from successive differences (robust to level shifts)."""
+    if len(values) < 4:
+        return None
+    diffs = sorted(abs(b - a) for a, b in zip(values, values[1:]))
+    return MAD_SCALE * median_sorted(diffs) / math.sqrt(2.0)
+
+
+
 @dataclass
 class _RankTrack:
-    """A rank's current streak, counted in steps so sparse sampling cannot slow detection.
+    """One rank's (or node's) verdict: a smoothed level with hysteresis, counted in windows.
 
-    The agent may see only some of the windows (fast steps, a 1 s collection
-    interval); a streak spans from the first step of its first slow window to the last
-    step of the latest one, and ``windows`` consecutive windows means that many
-    windows' worth of steps, every observed window slow.
+    ``level`` is the median log-ratio of the last ``windows`` observed windows, so one
+    noisy window neither raises nor drops the flag.  ``noise`` is this rank's own
+    window-to-window jitter (robust: the median absolute difference of successive
+    log-ratios, which a lasting slowdown does not inflate).  The flag goes up when the
+    level reaches ``ratio`` and stands ``noise_sigmas`` standard errors above 1 (and, in
+    worlds of ``min_ranks_for_score`` or more, the median score reaches ``score``); it
+    stays up until the level drops below ``clear_ratio``.
     """
 
+    recent: deque = field(default_factory=lambda: deque(maxlen=64))  # (step, log ratio, z)
+    level: float | None = None          # as a ratio (exp of the median log-ratio)
+    noise: float | None = None          # standard deviation of one window's log-ratio
     slow_windows: int = 0
-    streak_from: int | None = None      # first step of the current slow / normal streak
-    normal_from: int | None = None
+    streak_from: int | None = None      # first step of the current run of slow windows
+    streak_since: float | None = None
     active: bool = False
     since: float | None = None
     since_step: int | None = None
@@ -74,32 +96,41 @@ class JobStragglers:
     last_scores: Scores | None = None
     node_ratio: float | None = None
 
-    def is_slow(self, ratio: float, z: float, world: int) -> bool:
-        if ratio < float(self.options["ratio"]):
-            return False
-        return world < int(self.options["min_ranks_for_score"]) or z >= float(self.options["score"])
-
-    def _advance(self, track: _RankTrack, slow: bool, when: float, step: int,
-                 window_steps: int) -> None:
-        first = step - window_steps + 1
-        if slow:
-            track.normal_from = None
+    def _advance(self, track: _RankTrack, ratio: float, z: float | None, when: float,
+                 step: int, window_steps: int) -> None:
+        opts = self.options
+        n = int(opts["windows"])
+        enter, leave = math.log(float(opts["ratio"])), math.log(float(opts["clear_ratio"]))
+        horizon = step - 64 * window_steps
+        while track.recent and track.recent[0][0] < horizon:
+            track.recent.popleft()  # an agent that missed a long stretch starts afresh
+        track.recent.append((step, math.log(max(ratio, 1e-9)), z))
+        values = [v for _, v, _ in track.recent]
+        last = list(track.recent)[-n:]
+        level = median_sorted(sorted(v for _, v, _ in last))
+        track.level = math.exp(level)
+        track.noise = _jitter(values)
+        if ratio >= float(opts["clear_ratio"]):
             if track.streak_from is None:
-                track.streak_from, track.since = first, when
-            span = step - track.streak_from + 1
-            track.slow_windows = max(1, span // window_steps)
-            if not track.active and track.slow_windows >= int(self.options["windows"]):
+                track.streak_from, track.streak_since = step - window_steps + 1, when
+            track.slow_windows += 1
+        else:
+            track.streak_from = track.streak_since = None
+            track.slow_windows = 0
+        if not track.active:
+            scores = [v for _, _, v in last if v is not None]
+            z_ok = not scores or median_sorted(sorted(scores)) >= float(opts["score"])
+            # The median of n windows varies by about 1.25 x noise / sqrt(n).
+            # No verdict before the rank's noise is known (4 windows).
+            if track.noise is not None and level >= enter and z_ok and \
+                    level >= float(opts["noise_sigmas"]) * 1.2533 * track.noise / math.sqrt(
+                        len(last)):
                 track.active, track.detected_at, track.detected_step = True, when, step
-                track.since_step = track.streak_from
-            return
-        track.streak_from, track.slow_windows = None, 0
-        if track.normal_from is None:
-            track.normal_from = first
-        normal = (step - track.normal_from + 1) // window_steps
-        if track.active and normal < int(self.options["clear_windows"]):
-            return
-        track.active, track.since, track.since_step = False, None, None
-        track.detected_at = track.detected_step = None
+                track.since = track.streak_since if track.streak_since is not None else when
+                track.since_step = track.streak_from if track.streak_from is not None else step
+        elif level < leave:
+            track.active, track.since, track.since_step = False, None, None
+            track.detected_at = track.detected_step = None
 
     def update(self, window: dict[str, Any], local_ranks: Sequence[int], now: float) -> bool:
         """Score a new window (``job_window``); False if already seen or unusable."""
@@ -115,16 +146,16 @@ class JobStragglers:
         mine = {r: local[r] for r in set(local_ranks) if r in local}
         scores = score(summary, mine)
         self.last_scores = scores
+        scored = summary["ranks"] >= int(self.options["min_ranks_for_score"])
         world = summary["ranks"]
         for rank, ratio in scores.ratio.items():
             track = self.ranks.setdefault(rank, _RankTrack())
-            slow = self.is_slow(ratio, scores.score[rank], world)
-            self._advance(track, slow, now, step, window_steps)
+            self._advance(track, ratio, scores.score[rank] if scored else None, now, step,
+                          window_steps)
         others = median_without(summary, mine.values()) if mine else None
         if others is not None and len(mine) < world:
             self.node_ratio = median_sorted(sorted(mine.values())) / max(others, 1e-12)
-            self._advance(self.node, self.node_ratio >= float(self.options["ratio"]), now,
-                          step, window_steps)
+            self._advance(self.node, self.node_ratio, None, now, step, window_steps)
         else:
             self.node_ratio = None
         return True

@@ -30,6 +30,8 @@ from typing import Any, Callable
 
 from trainwatch.alerts.confirm import Confirmation, confirm_stall
 from trainwatch.alerts.controller import JobController
+from trainwatch.contract.layout import CONTROL_CHECKPOINT, CONTROL_DIR, CONTROL_HOLD_ACTIONS
+from trainwatch.contract.metrics import RUN_LABEL
 from trainwatch.errors import FormatError
 from trainwatch.rundir import RunDir, atomic_write_json, read_run_file
 
@@ -102,7 +104,7 @@ class ActionRunner:
         self.silences = silences
         self.on_guard = on_guard  # (job, tripped): the guard tripped or was cleared
         self.clock = clock
-        self.ledger_path = self.run.root / "alerts" / "actions.json"
+        self.ledger_path = self.run.actions_ledger_file
         self.lock = threading.Lock()
 
     # ------------------------------------------------------------------ ledger
@@ -150,11 +152,11 @@ class ActionRunner:
             return outcome
 
     def _decide_and_act(self, req: ActionRequest, ledger: dict[str, Any]) -> Outcome:
-        job = req.labels.get("job")
-        if job is not None and job != self.job:
-            return self._skip(req, f"alert is for job {job!r}, this controller runs {self.job!r}")
-        if (self.run.control_dir / "hold-actions").exists():
-            return self._skip(req, "held: control/hold-actions exists")
+        run = req.labels.get(RUN_LABEL)
+        if run is not None and run != self.job:
+            return self._skip(req, f"alert is for run {run!r}, this controller runs {self.job!r}")
+        if self.run.hold_actions_file.exists():
+            return self._skip(req, f"held: {CONTROL_DIR}/{CONTROL_HOLD_ACTIONS} exists")
         if self.silences is not None and self.silences.matching(req.labels, self.clock()):
             return self._skip(req, "silenced")
         if req.action == "checkpoint_now":
@@ -273,7 +275,7 @@ class ActionRunner:
         skip_to = bad + self.policy.skip_window_steps
         request = {"from_step": (resume + 1) if resume is not None else 0, "to_step": skip_to,
                    "reason": f"non-finite or spiking loss at step {bad}"}
-        atomic_write_json(self.run.control_dir / "skip-steps.json", request)
+        atomic_write_json(self.run.skip_steps_file, request)
         details.update({"resume_step": resume, "quarantined": moved, "skip": request})
         return details
 
@@ -297,12 +299,12 @@ class ActionRunner:
     # ------------------------------------------------------------------ small actions
     def _checkpoint_now(self, req: ActionRequest) -> Outcome:
         if self.policy.dry_run:
-            return self._skip(req, "dry run: would touch control/checkpoint")
+            return self._skip(req, f"dry run: would touch {CONTROL_DIR}/{CONTROL_CHECKPOINT}")
         return self._taken(req, "asked every rank for a checkpoint",
-                           {"requested": str(self._touch("checkpoint"))})
+                           {"requested": str(self._touch(CONTROL_CHECKPOINT))})
 
     def _touch(self, name: str) -> Path:
-        path = self.run.control_dir / name
+        path = self.run.control_file(name)
         path.touch()  # a new mtime is the request; ranks poll it from their telemetry thread
         return path
 

@@ -10,7 +10,11 @@ from pathlib import Path
 import click
 
 from trainwatch.alerts.promql import parse_duration
+from trainwatch.contract.env import RECEIVER_TOKEN_ENV
+from trainwatch.contract.layout import ALERTS_DIR, SILENCES_FILE
+from trainwatch.contract.ports import RECEIVER_LISTEN
 from trainwatch.errors import ConfigError, output_error
+from trainwatch.rundir import RunDir
 
 _rules_opt = click.option("--rules", "rules_file", type=click.Path(dir_okay=False),
                           help="Rules file (default: the packaged alerts/rules.yaml).")
@@ -32,7 +36,7 @@ def _silences(run_dir: str | None, file: str | None):
         if not Path(run_dir).is_dir():  # a typo must not write a silence nothing reads
             raise ConfigError("no such run directory (a silence there would mute nothing)",
                               file=run_dir, key="--run-dir")
-        return Silences(Path(run_dir) / "alerts" / "silences.json")
+        return Silences(RunDir(run_dir).silences_file)
     raise ConfigError("give --run-dir DIR or --file FILE for the silences")
 
 
@@ -119,7 +123,7 @@ def silence() -> None:
 
 
 _silence_file = [click.option("--run-dir", type=click.Path(file_okay=False),
-                              help="Keep silences in RUN_DIR/alerts/silences.json."),
+                              help=f"Keep silences in RUN_DIR/{ALERTS_DIR}/{SILENCES_FILE}."),
                  click.option("--file", type=click.Path(dir_okay=False),
                               help="Keep silences in this file instead.")]
 
@@ -137,7 +141,7 @@ def _with_silence_file(fn):
 @click.option("--comment", default="", help="Why (shown in the journal and `list`).")
 @click.option("--author", default="", help="Who.")
 def silence_add(run_dir, file, matchers, duration, comment, author) -> None:
-    """Silence alerts matching label=value MATCHERS (e.g. alertname=TrainingStalled job=exp1)."""
+    """Silence alerts matching label=value MATCHERS (e.g. alertname=TrainingStalled run=exp1)."""
     from trainwatch.alerts.silences import parse_matchers
     try:
         seconds = parse_duration(duration)
@@ -201,10 +205,10 @@ def _job_command(run_dir, job_command, nproc_per_node, config, steps) -> list[st
 @_thresholds_opt
 @click.option("--run-dir", required=True, type=click.Path(file_okay=False),
               help="The run directory whose job this receiver acts on.")
-@click.option("--listen", default="127.0.0.1:9465", show_default=True, metavar="HOST:PORT",
+@click.option("--listen", default=RECEIVER_LISTEN, show_default=True, metavar="HOST:PORT",
               help="Where to serve the webhook (loopback unless you say otherwise).")
 @click.option("--token-file", type=click.Path(dir_okay=False),
-              help="File holding the bearer token (default: $TRAINWATCH_RECEIVER_TOKEN).")
+              help=f"File holding the bearer token (default: ${RECEIVER_TOKEN_ENV}).")
 @click.option("--nproc-per-node", type=int, help="Also run and supervise `trainwatch train`.")
 @click.option("--config", type=click.Path(dir_okay=False), help="Trainer config file.")
 @click.option("--steps", type=int, help="Override train.steps.")
@@ -228,7 +232,7 @@ def receive(rules_file, thresholds_file, run_dir, listen, token_file, nproc_per_
     policy = Policy.from_thresholds(ruleset.thresholds, dry_run=dry_run,
                                     straggler_command=straggler_command)
     runner = ActionRunner(run_dir, controller, policy,
-                          silences=Silences(Path(run_dir) / "alerts" / "silences.json"))
+                          silences=Silences(RunDir(run_dir).silences_file))
     receiver = Receiver(ruleset, runner, token, host, port).start()
     click.echo(f"receiving Alertmanager webhooks on {receiver.url}/webhook "
                f"(job {runner.job}{', dry run' if dry_run else ''})")
@@ -279,7 +283,7 @@ def watch(rules_file, thresholds_file, targets, run_dir, webhook, webhook_token_
     notifiers = [JournalNotifier(run_dir)] + [WebhookNotifier(u, token) for u in webhook]
     if alertmanager:
         notifiers.append(AlertmanagerNotifier(alertmanager))
-    silences = Silences(Path(run_dir) / "alerts" / "silences.json") if run_dir else None
+    silences = Silences(RunDir(run_dir).silences_file) if run_dir else None
     engine = Engine(ruleset, history, silences=silences, notifiers=notifiers)
     loop = EngineLoop(engine, Scraper(history, list(targets)),
                       parse_duration(ruleset.thresholds["evaluation_interval"]))

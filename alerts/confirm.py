@@ -129,8 +129,8 @@ def confirm_stall(run: RunDir, ranks: dict[int, tuple[int, int]], *, min_seconds
     step_times = [f.get("step_time_seconds") for f in first.ranks.values()]
     slowest = max((t for t in step_times if isinstance(t, (int, float))), default=0.0)
     window = min(max_seconds, max(min_seconds, 2.0 * slowest))
-    evidence = {"window_seconds": round(window, 3), "metrics_port": port,
-                "first": first.ranks}
+    evidence: dict[str, Any] = {"window_seconds": round(window, 3), "metrics_port": port,
+                                "first": first.ranks}
     last = first
     while True:
         for rank, facts in last.ranks.items():

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import psutil
 
+from trainwatch.contract.env import LAUNCH_ENV
+from trainwatch.contract.layout import CONTROL_DUMP, DUMP_FILE_GLOB, JOB_LOG, STATUS_FILE_GLOB
 from trainwatch.node import node_name
 from trainwatch.proctree import wait_gone
 from trainwatch.errors import FormatError
@@ -31,13 +33,12 @@ log = logging.getLogger(__name__)
 
 # The job's start number (1, 2, ...), for fault drills: trainwatch.trainer.faults reads it
 # (``launch=N``), so a drill's fault fires in the first start only.
-LAUNCH_ENV = "TRAINWATCH_LAUNCH"
 
 
 def train_command(run_dir: str | Path, nproc_per_node: int, *, config: str | None = None,
                   steps: int | None = None, overrides: list[str] = (),
                   max_restarts: int = 0) -> list[str]:
-    """The ``trainwatch train`` command line the controller runs (issue 2's launcher)."""
+    """The ``trainwatch train`` command line the controller runs (the trainer's launcher)."""
     cmd = [sys.executable, "-m", "trainwatch", "train", "--run-dir", str(run_dir),
            "--nproc-per-node", str(nproc_per_node), "--max-restarts", str(max_restarts)]
     if config:
@@ -67,7 +68,7 @@ class JobController:
     # ------------------------------------------------------------------ lifecycle
     def start(self, reason: str = "start") -> int:
         with self.lock:
-            log_file = open(self.run.logs_dir / "job.log", "ab")
+            log_file = open(self.run.logs_dir / JOB_LOG, "ab")
             env = {**(os.environ if self.env is None else self.env),
                    LAUNCH_ENV: str(self.starts + 1)}
             try:
@@ -149,28 +150,13 @@ class JobController:
         steps = [step for step, _ in self.checkpoints()]
         return max(steps) if steps else None
 
-    def checkpoint_folders(self) -> list[Path]:
-        """Where the job's checkpoints live: ``checkpoint.dir`` (default RUN_DIR/checkpoints)
-        and ``checkpoint.mirror_dir`` from the config in run.json, relative to the run dir."""
-        info = self.run.run_info() or {}
-        section = (info.get("config") or {}).get("checkpoint") or {}
-        folders = []
-        for key in ("dir", "mirror_dir"):
-            value = section.get(key) if isinstance(section, dict) else None
-            if isinstance(value, str) and value:
-                path = Path(value)
-                folders.append(path if path.is_absolute() else self.run.root / path)
-            elif key == "dir":
-                folders.append(self.run.checkpoint_dir)
-        return folders
-
     def checkpoints(self) -> list[tuple[int, Path]]:
         """(step, path) of complete checkpoints in every checkpoint folder, oldest first.
 
         From the checkpoint library's catalog when it is installed, and from the journal's
         ``checkpoint_saved`` events whose directory still exists (any trainer can write those).
         """
-        folders = self.checkpoint_folders()
+        folders = self.run.checkpoint_folders()
         found: dict[Path, int] = {}
         try:
             from trainwatch.trainer.checkpoint.catalog import scan
@@ -206,9 +192,9 @@ class JobController:
         """Stacks, status files and py-spy dumps into diagnostics/<label>-<time>/."""
         folder = self.run.diagnostics_dir / f"{label}-{time.strftime('%Y%m%dT%H%M%S')}"
         folder.mkdir(parents=True, exist_ok=True)
-        request = self.run.control_dir / "dump"
+        request = self.run.control_file(CONTROL_DUMP)
         request.touch()  # ranks answer control/dump from their telemetry thread
-        for path in self.run.status_dir.glob("rank-*.json"):
+        for path in self.run.status_dir.glob(STATUS_FILE_GLOB):
             try:  # a FIFO or a link to /dev/zero here must not hang or fill the disk
                 (folder / path.name).write_bytes(read_run_file(path, self.run.root))
             except (OSError, FormatError) as exc:
@@ -236,11 +222,11 @@ class JobController:
                 out.write_text(f"py-spy failed: {exc}\n")
         deadline = time.time() + wait_seconds
         while time.time() < deadline:  # give live ranks a moment to answer control/dump
-            dumps = list(self.run.diagnostics_dir.glob("dump-rank-*.json"))
+            dumps = list(self.run.diagnostics_dir.glob(DUMP_FILE_GLOB))
             if dumps and all(d.stat().st_mtime >= request.stat().st_mtime for d in dumps):
                 break
             time.sleep(0.2)
-        for dump in self.run.diagnostics_dir.glob("dump-rank-*.json"):
+        for dump in self.run.diagnostics_dir.glob(DUMP_FILE_GLOB):
             if dump.stat().st_mtime >= request.stat().st_mtime:
                 shutil.copy2(dump, folder / dump.name)
         return folder

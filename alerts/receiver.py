@@ -29,12 +29,13 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from trainwatch.alerts.actions import ActionRequest, ActionRunner
 from trainwatch.alerts.rules import RuleSet
 from trainwatch.configfile import read_secret
+from trainwatch.contract.env import RECEIVER_TOKEN_ENV as TOKEN_ENV
+from trainwatch.contract.metrics import METRICS
 from trainwatch.errors import listen_error
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 1 << 20
-TOKEN_ENV = "TRAINWATCH_RECEIVER_TOKEN"
 READ_TIMEOUT_SECONDS = 10.0      # a client that stops sending is dropped, never waited on
 MAX_ALERTS_PER_PAYLOAD = 100     # the rest of a bigger payload is journaled as refused
 MAX_ACTIONS_PER_WINDOW = 20      # action requests handed to the controller per window...
@@ -117,10 +118,9 @@ class Receiver:
         self.runner = runner
         self._token = token.encode()
         self.registry = CollectorRegistry()
-        self.guard = Gauge("trainwatch_action_restart_guard_tripped",
-                           "1 once the controller stopped restarting a job that makes no "
-                           "forward progress.", ["job"], registry=self.registry)
-        self.guard.labels(job=runner.job).set(1 if runner.guard_tripped else 0)
+        guard = METRICS["trainwatch_action_restart_guard_tripped"]
+        self.guard = Gauge(guard.name, guard.help, list(guard.labels), registry=self.registry)
+        self.guard.labels(runner.job).set(1 if runner.guard_tripped else 0)
         try:
             self.server = _Server((host, port), self._handler())
         except OSError as exc:
@@ -198,7 +198,7 @@ class Receiver:
             outcome = self.runner.handle(req)
             results.append({"alertname": name, "outcome": "taken" if outcome.taken else "skipped",
                             "reason": outcome.reason})
-        self.guard.labels(job=self.runner.job).set(1 if self.runner.guard_tripped else 0)
+        self.guard.labels(self.runner.job).set(1 if self.runner.guard_tripped else 0)
         return results
 
     def _handler(self):

@@ -18,6 +18,7 @@ from trainwatch.alerts.evaluate import STALE, History, labels_key
 from trainwatch.alerts.promql import parse_duration
 from trainwatch.alerts.rules import RuleSet
 from trainwatch.configfile import load_yaml_mapping
+from trainwatch.contract.env import REGENERATE_ENV
 from trainwatch.errors import ConfigError
 
 MISSING = object()
@@ -224,5 +225,5 @@ def promtool_test_file(ruleset: RuleSet, scenarios: str | Path, rule_file: str,
                 exp["exp_annotations"] = dict(alert.annotations)
     doc = {"rule_files": [rule_file], **doc}
     header = (f"# Generated from {Path(scenarios).name} by tests/test_alert_rules.py "
-              "(TRAINWATCH_REGENERATE=1 rewrites it). Do not edit.\n")
+              f"({REGENERATE_ENV}=1 rewrites it). Do not edit.\n")
     return header + yaml.safe_dump(doc, sort_keys=False, width=100)

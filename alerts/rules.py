@@ -21,12 +21,11 @@ import yaml
 from trainwatch.alerts import promql
 from trainwatch.configfile import YAML_LOADER, read_config_text, yaml_error
 from trainwatch.errors import ConfigError
+from trainwatch.contract.alerts import ACTIONS, RULES_RESOURCE, SEVERITIES, THRESHOLDS_RESOURCE
 from trainwatch.contract.metrics import METRICS
 
-RULES_FILE = Path(__file__).with_name("rules.yaml")
-THRESHOLDS_FILE = Path(__file__).with_name("thresholds.yaml")
-SEVERITIES = ("critical", "warning", "info")
-ACTIONS = ("stall_restart", "restart", "rollback_skip", "straggler", "checkpoint_now")
+RULES_FILE = Path(__file__).with_name(RULES_RESOURCE)
+THRESHOLDS_FILE = Path(__file__).with_name(THRESHOLDS_RESOURCE)
 PREFIXES = ("Training", "Checkpoint", "GPU", "NCCL", "Storage", "Network", "Trainwatch")
 # Series Prometheus makes itself (not exported by any trainwatch component).
 PROMETHEUS_METRICS = {"up"}

@@ -38,6 +38,9 @@ from trainwatch.alerts.run_view import Progress, live_view
 from trainwatch.alerts.scrape import Scraper
 from trainwatch.alerts.silences import Silences
 from trainwatch.alerts.supervise import Supervisor
+from trainwatch.contract.layout import AGENT_LOG, JOB_LOG
+from trainwatch.contract.ports import LOOPBACK
+from trainwatch.contract.stall import RECORD_KEY as STALL_RECORD_KEY
 from trainwatch.errors import ConfigError
 from trainwatch.proctree import stop
 from trainwatch.rundir import RunDir
@@ -45,21 +48,16 @@ from trainwatch.rundir import RunDir
 
 def _free_port() -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((LOOPBACK, 0))
         return s.getsockname()[1]
-
-
-def _agent_available() -> bool:
-    from trainwatch.cli import COMMANDS
-    return "agent" in COMMANDS
 
 
 def start_agent(run: RunDir, port: int, config: str | None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "trainwatch", "agent", "--run-dir", str(run.root),
-           "--listen", f"127.0.0.1:{port}"]
+           "--listen", f"{LOOPBACK}:{port}"]
     if config:
         cmd += ["--config", str(config)]
-    with open(run.logs_dir / "agent.log", "ab") as log:
+    with open(run.logs_dir / AGENT_LOG, "ab") as log:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
 
@@ -120,7 +118,7 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     ruleset = load_rules(rules_file, thresholds_file)
     plan = check_launch(run_dir, nproc_per_node=nproc_per_node, config=config,
                         overrides=list(overrides), steps=steps,
-                        agent_config=agent_config if _agent_available() else None)
+                        agent_config=agent_config)
     console = Console()
     if plan.already_complete:
         console.print(ALREADY_COMPLETE, highlight=False)
@@ -133,20 +131,13 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     notifiers += [WebhookNotifier(url) for url in webhook]
     if alertmanager:
         notifiers.append(AlertmanagerNotifier(alertmanager))
-    silences = Silences(run_.root / "alerts" / "silences.json")
+    silences = Silences(run_.silences_file)
     engine = Engine(ruleset, history, silences=silences, notifiers=notifiers)
-    agent_proc = None
-    targets = []
-    agent_url = None
-    if _agent_available():
-        port = _free_port()
-        agent_proc = start_agent(run_, port, agent_config)
-        targets.append(f"127.0.0.1:{port}")
-        agent_url = f"http://127.0.0.1:{port}"
-    else:
-        click.echo("trainwatch agent is not installed: alerts that need its metrics are blind",
-                   err=True)
-    loop = EngineLoop(engine, Scraper(history, targets) if targets else None, interval)
+    port = _free_port()
+    agent_proc = start_agent(run_, port, agent_config)
+    targets = [f"{LOOPBACK}:{port}"]
+    agent_url = f"http://{targets[0]}"
+    loop = EngineLoop(engine, Scraper(history, targets), interval)
     controller = JobController(run_.root, train_command(run_.root, nproc_per_node, config=config,
                                                    steps=steps, overrides=list(overrides),
                                                    max_restarts=max_restarts))
@@ -156,20 +147,20 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     connect_actions(engine, runner, loop)
     supervisor = Supervisor(controller, runner)
     run_.append_event("controller_started", "engine", nproc_per_node=nproc_per_node,
-                      agent=targets, rules=len(ruleset.rules), dry_run=dry_run)
+                      agent=targets, rules=len(ruleset.rules), dry_run=dry_run,
+                      **{STALL_RECORD_KEY: plan.agent_stall})
     started = time.time()
     interrupted = False
     progress = Progress(plan.target_steps)
-    job_log_start = _size(run_.logs_dir / "job.log")
+    job_log_start = _size(run_.logs_dir / JOB_LOG)
     # SIGTERM stops everything as cleanly as Ctrl-C does (trainwatch.cli.main makes sure
     # SIGINT raises KeyboardInterrupt).
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         controller.start("trainwatch run")
         click.echo(f"trainwatch run: {run_.root}: starting {nproc_per_node} rank(s) under "
-                   f"torchrun; agent {agent_url or 'not running'}")
-        if agent_proc is not None:
-            wait_for_agent(agent_proc, targets[0])
+                   f"torchrun; agent {agent_url}")
+        wait_for_agent(agent_proc, targets[0])
         loop.start()
         supervisor.start()
         if no_live:
@@ -189,15 +180,14 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
         loop.tick()  # a last evaluation, so what ended the run (e.g. the guard) is announced
         if controller.alive():
             controller.stop("interrupted" if interrupted else "controller stopped")
-        if agent_proc is not None:
-            stop(agent_proc)
+        stop(agent_proc)
         code = 130 if interrupted else (supervisor.exit_code or 0)
         run_.append_event("controller_stopped", "engine", exit_code=code,
                           interrupted=interrupted, seconds=round(time.time() - started, 3),
                           actions=len(run_.events("action_taken")))
     if code == 2:
         raise ConfigError("the training job rejected its input (exit 2): "
-                          + _new_lines(run_.logs_dir / "job.log", job_log_start))
+                          + _new_lines(run_.logs_dir / JOB_LOG, job_log_start))
     outcome = "interrupted" if interrupted else "failed" if code else "finished"
     render_summary(summarize(run_.root, outcome, plan.target_steps), console)
     if code and code != 130:

@@ -10,9 +10,14 @@ would look at it). Only what needs torch (reading a given dataset) is left to th
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from trainwatch.agent.config import load_config as load_agent_config
+from trainwatch.contract.env import FAULT_ENV
+from trainwatch.contract.layout import RunLayout
+from trainwatch.contract.stall import default_options
 from trainwatch.errors import ConfigError
 from trainwatch.trainer.config import Config, load_config
 
@@ -24,6 +29,7 @@ class LaunchPlan:
     config: Config
     target_steps: int
     resume_step: int | None          # steps done by the newest complete checkpoint, if any
+    agent_stall: dict[str, Any] = field(default_factory=default_options)  # recorded with the run
 
     @property
     def already_complete(self) -> bool:
@@ -40,13 +46,14 @@ def check_launch(run_dir: str | Path, *, nproc_per_node: int, config: str | None
     if run_root.exists() and not run_root.is_dir():
         raise ConfigError("exists and is not a directory", file=str(run_root), key="--run-dir")
     cfg = _trainer_config(config, overrides, steps)
-    if os.environ.get("TRAINWATCH_FAULT"):  # drills only: parsing them imports torch
-        from trainwatch.trainer.faults import ENV, parse_faults
-        parse_faults(os.environ[ENV])
-    if agent_config:
-        from trainwatch.agent.config import load_config as load_agent_config
-        load_agent_config(agent_config, run_dirs=[str(run_root)])
-    return LaunchPlan(cfg, cfg.train.steps, _resume_step(run_root, cfg, nproc_per_node))
+    if os.environ.get(FAULT_ENV):  # drills only: parsing them imports torch
+        from trainwatch.trainer.faults import parse_faults
+        parse_faults(os.environ[FAULT_ENV])
+    # The agent's config too, or a bad file would make the agent die unseen; its stall
+    # options are recorded with the run, so report and diagnose judge stalls as it did.
+    agent = load_agent_config(agent_config, run_dirs=[str(run_root)])
+    return LaunchPlan(cfg, cfg.train.steps, _resume_step(run_root, cfg, nproc_per_node),
+                      agent.stall)
 
 
 def _trainer_config(config: str | None, overrides: list[str], steps: int | None) -> Config:
@@ -65,9 +72,7 @@ def _resume_step(run_root: Path, cfg: Config, world_size: int) -> int | None:
     from trainwatch.trainer.checkpoint.catalog import complete
     from trainwatch.trainer.checkpoint.compat import check_compatible
 
-    folders = [run_root / d for d in (ck.dir, ck.mirror_dir) if d]
-    if not ck.dir:
-        folders.append(run_root / "checkpoints")
+    folders = RunLayout(run_root).configured_checkpoint_folders(ck.dir, ck.mirror_dir)
     newest = max((e for folder in folders for e in complete(folder) if e.step is not None),
                  key=lambda e: e.step, default=None)
     if newest is None:

@@ -1,7 +1,8 @@
 """Feeding the embedded engine: scrape the agents' /metrics like Prometheus would.
 
 Each scrape adds every sample (parsed with prometheus_client's parser) to the
-history at the scrape time, writes ``up{job="trainwatch-agent",instance=...}``
+history at the scrape time with the target's ``job="trainwatch-agent"`` and ``instance``
+labels, writes ``up{job="trainwatch-agent",instance=...}``
 (1 or 0) exactly as Prometheus does, and marks the target's vanished series stale.
 """
 
@@ -37,6 +38,9 @@ class Scraper:
     def scrape(self, target: str, t: float) -> bool:
         url = target.rstrip("/") + ("" if target.rstrip("/").endswith("/metrics") else "/metrics")
         instance = urlparse(url).netloc
+        # Default label handling: the target's labels are added to every series (trainwatch
+        # exports neither, so nothing is renamed to exported_*).
+        target_labels = {"job": SCRAPE_JOB, "instance": instance}
         try:
             with urllib.request.urlopen(url, timeout=self.timeout) as resp:
                 text = resp.read().decode("utf-8", "replace")
@@ -45,7 +49,7 @@ class Scraper:
                 for sample in family.samples:
                     if sample.name.endswith("_created"):
                         continue  # prometheus_client's creation timestamps are not series
-                    key = labels_key({"__name__": sample.name, **sample.labels})
+                    key = labels_key({"__name__": sample.name, **sample.labels, **target_labels})
                     self.history.add(key, t, float(sample.value))
                     keys.add(key)
             ok = True
@@ -59,6 +63,6 @@ class Scraper:
         for key in self._seen.get(target, set()) - keys:
             self.history.add(key, t, None)
         self._seen[target] = keys
-        self.history.add(labels_key({"__name__": "up", "job": SCRAPE_JOB,
-                                     "instance": instance}), t, 1.0 if ok else 0.0)
+        self.history.add(labels_key({"__name__": "up", **target_labels}), t,
+                         1.0 if ok else 0.0)
         return ok

@@ -55,7 +55,7 @@ def _silence(entry: object, index: int, path: str) -> Silence:
 
 
 def parse_matchers(items: list[str]) -> dict[str, str]:
-    """``alertname=TrainingStalled job=exp1`` -> dict; at least one, equality only."""
+    """``alertname=TrainingStalled run=exp1`` -> dict; at least one, equality only."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")

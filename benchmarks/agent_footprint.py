@@ -11,7 +11,7 @@ summary, as the telemetry writes them).  The status size is measured on a real
 as a separate process with its default config; we sample its CPU time and RSS, and
 first measure CPU and RSS in steady state (scraped every 15 s, like Prometheus), then
 /metrics latency under a steady load of 5 requests per second, each followed by a
-/healthz request as a side-by-side baseline (what the machine and HTTP alone cost).  Goals (issue #4): CPU <= 1 % of one
+/healthz request as a side-by-side baseline (what the machine and HTTP alone cost).  Goals: CPU <= 1 % of one
 core, peak RSS <= 60 MiB, /metrics p99 <= 20 ms, scoring 4096 ranks <= 10 ms.
 """
 

@@ -1,4 +1,4 @@
-"""How long `trainwatch diagnose` takes on a stalled 4-rank gloo run (goal, issue #6: <= 20 s).
+"""How long `trainwatch diagnose` takes on a stalled 4-rank gloo run (goal: <= 20 s).
 
     python benchmarks/diagnose_latency.py [--ranks 4] [--repeat 5]
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from trainwatch.contract.env import GRAFANA_TOKEN_ENV
 from trainwatch.errors import ConfigError, output_error
 
 _paths_arg = click.argument("paths", nargs=-1, type=click.Path(exists=True))
@@ -119,8 +120,8 @@ def check(paths: tuple[str, ...], prometheus_url: str | None, as_json: bool) -> 
 @click.option("--folder", default="trainwatch", show_default=True,
               help="Grafana folder (created if missing).")
 @click.option("--token-file", type=click.Path(dir_okay=False),
-              help="File holding a Grafana service account token (default: "
-                   "$TRAINWATCH_GRAFANA_TOKEN).")
+              help=f"File holding a Grafana service account token (default: "
+                   f"${GRAFANA_TOKEN_ENV}).")
 @click.option("--dry-run", is_flag=True, help="Show what would be uploaded; contact nothing.")
 @_runbook_opt
 def upload(paths: tuple[str, ...], url: str, folder: str, token_file: str | None,

@@ -14,7 +14,7 @@ PORT = "{{node}} {{device}}/{{port}}"
 def build(runbook_base: str) -> dict:
     b = Board("node-health", "trainwatch / Node health",
               "GPUs, storage, network, NCCL and software versions of the nodes.",
-              ("node", "job"), runbook_base)
+              ("node", "run"), runbook_base)
     limits = load_thresholds()
 
     b.row("GPU")
@@ -167,7 +167,7 @@ def build(runbook_base: str) -> dict:
 
     b.row("NCCL")
     b.state_timeline("NCCL RAS endpoint", target(b.sel("trainwatch_nccl_ras_up"),
-                                                 "{{node}} {{job}}"),
+                                                 "{{node}} {{run}}"),
                      mappings=flags("no answer", "up", "green"),
                      description="NCCL's RAS endpoint answered; absent for jobs without NCCL.",
                      w=8)

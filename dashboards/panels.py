@@ -2,7 +2,7 @@
 
 Every query is written through ``Board.sel`` (or ``rate``/``increase``), which looks the
 metric up in the metrics contract and filters it by the dashboard's variables that the
-metric actually carries (GPU series have no ``job``, so ``$job`` never filters them).
+metric actually carries (GPU series have no ``run``, so ``$run`` never filters them).
 A name missing from the contract fails here, when the dashboard is built.
 """
 
@@ -21,7 +21,7 @@ GRID_WIDTH = 24
 PALETTE = ("green", "blue", "orange", "purple", "yellow", "red", "dark-red", "text",
            "light-blue", "light-green", "dark-purple", "super-light-orange")
 
-VARIABLES = ("job", "node", "rank")
+VARIABLES = ("run", "node", "rank")
 
 
 def match(label: str, value: str, op: str = "=") -> str:
@@ -71,14 +71,14 @@ class Board:
     """One dashboard: its variables, its panels placed left to right in rows of 24."""
 
     def __init__(self, name: str, title: str, description: str, variables: tuple[str, ...],
-                 runbook_base: str = DEFAULT_RUNBOOK_BASE, single_job: bool = False):
+                 runbook_base: str = DEFAULT_RUNBOOK_BASE, single_run: bool = False):
         unknown = set(variables) - set(VARIABLES)
         if unknown:
             raise ValueError(f"unknown template variable(s): {sorted(unknown)}")
         self.name, self.title, self.description = name, title, description
         self.variables = variables
         self.runbook_base = runbook_base
-        self.single_job = single_job
+        self.single_run = single_run
         self.panels: list[dict[str, Any]] = []
         self.annotations: list[dict[str, Any]] = []
         self._x = self._y = self._row_height = 0
@@ -227,14 +227,14 @@ class Board:
     def _variable(self, name: str) -> dict[str, Any]:
         """A label_values() variable, narrowed by the variables before it.
 
-        Nodes come from the ranks of the chosen job when ``job`` comes first, else from
+        Nodes come from the ranks of the chosen run when ``run`` comes first, else from
         every agent (``trainwatch_collector_up``), so idle nodes are listed too.
         """
         before = self.variables[:self.variables.index(name)]
-        metric = ("trainwatch_collector_up" if name == "node" and "job" not in before
+        metric = ("trainwatch_collector_up" if name == "node" and "run" not in before
                   else "trainwatch_rank_up")
         query = f"label_values({_selector(metric, before)}, {name})"
-        multi = not (name == "job" and self.single_job)
+        multi = not (name == "run" and self.single_run)
         variable = {"name": name, "label": name, "type": "query", "datasource": DATASOURCE,
                     "query": {"qryType": 1, "query": query,
                               "refId": "PrometheusVariableQueryEditor-VariableQuery"},

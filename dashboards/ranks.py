@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from trainwatch.agent.collectors.ranks import RANK_STATES
-from trainwatch.host.procinfo import PROCESS_STATES
+from trainwatch.contract.states import PROCESS_STATES, RANK_STATES
 from trainwatch.alerts.rules import load_thresholds
 from trainwatch.dashboards.panels import Board, flags, states, target
 
@@ -18,7 +17,7 @@ RANK = "rank {{rank}}"
 def build(runbook_base: str) -> dict:
     b = Board("ranks-stragglers", "trainwatch / Ranks & stragglers",
               "Per-rank timing, straggler scores, stall findings and the ranks' processes.",
-              ("job", "node", "rank"), runbook_base)
+              ("run", "node", "rank"), runbook_base)
     limits = load_thresholds()
 
     b.row("Timing")
@@ -58,7 +57,7 @@ def build(runbook_base: str) -> dict:
     b.table("Flagged stragglers and likely cause",
             target(f"{b.sel('trainwatch_straggler_info')} == 1", table=True),
             description="The likely cause from node evidence: gpu_thermal, gpu_power, "
-                        "gpu_throttle, cpu_contention, data_wait, network_errors or unknown.",
+                        "gpu_throttle, cpu_contention, storage, data_wait, network_errors or unknown.",
             alerts=("TrainingStragglerRank",), w=6)
 
     b.row("Stalls")
@@ -72,6 +71,17 @@ def build(runbook_base: str) -> dict:
                  unit="s", description="How long a stalled rank has made no progress, against "
                                        "the budget applied to it.", alerts=("TrainingStalled",),
                  w=12)
+    b.table("Stall incident: culprit", target(
+        f"{b.sel('trainwatch_stall_incident_seconds')}", table=True),
+            description="One incident per job and node: the rank the node's agent blames "
+                        "(dead, frozen, or stuck outside the collective the others wait in; "
+                        "unknown when all its stalled ranks wait alike), its stall kind and "
+                        "for how long. TrainingStalled fires once per incident.",
+            alerts=("TrainingStalled",), w=6)
+    b.timeseries("Stall incident: ranks by role",
+                 target(f"sum by (role) ({b.sel('trainwatch_stall_incident_ranks')})", "{{role}}"),
+                 description="Ranks in the open stall incident: the culprit(s), and the ranks "
+                             "waiting for them.", alerts=("TrainingStalled",), w=6)
     b.table("Stall findings", target(f"{b.sel('trainwatch_rank_stall_info')} == 1", table=True),
             description="kind: stuck (alive, heartbeat fresh: waiting on something), frozen "
                         "(heartbeat stale or process stopped) or dead; phase: where it "
@@ -84,14 +94,14 @@ def build(runbook_base: str) -> dict:
 
     b.row("Processes")
     b.state_timeline("Rank state",
-                     target(b.enum("trainwatch_rank_state", "state", RANK_STATES, "job, rank"),
+                     target(b.enum("trainwatch_rank_state", "state", RANK_STATES, "run, rank"),
                             RANK),
                      mappings=states(RANK_STATES, RANK_STATE_COLORS),
                      description="Lifecycle state the rank reports.",
                      alerts=("TrainingRankDown",))
     b.state_timeline("Process state",
                      target(b.enum("trainwatch_process_state", "state", PROCESS_STATES,
-                                   "job, rank"), RANK),
+                                   "run, rank"), RANK),
                      mappings=states(PROCESS_STATES, PROCESS_STATE_COLORS),
                      description="OS state of the rank's process: disk_sleep (D) hangs on "
                                  "I/O, stopped is SIGSTOPped, gone has exited.",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainwatch.agent.state import STATES
+from trainwatch.contract.states import COLLECTOR_STATES as STATES
 from trainwatch.dashboards.panels import Board, states, target
 
 STATE_COLORS = {"ok": "green", "failed": "red", "timeout": "dark-red", "absent": "text",
@@ -68,22 +68,22 @@ def build(runbook_base: str) -> dict:
                  alerts=("TrainwatchCollectorFailing",), w=6)
     b.timeseries("Skipped status files",
                  target(b.increase("trainwatch_collector_status_files_skipped_total"),
-                        "{{node}} {{job}} {{reason}}"),
+                        "{{node}} {{run}} {{reason}}"),
                  description="Status files the agent rejected, by reason: special files "
                              "(FIFOs, devices), links out of the run directory, too large, "
                              "torn or nested too deeply, alien, wrong rank or field types "
                              "(listed in /status).")
     b.timeseries("Skipped journal lines",
                  target(b.increase("trainwatch_collector_journal_lines_skipped_total"),
-                        "{{node}} {{job}}"),
+                        "{{node}} {{run}}"),
                  description="Journal lines the agent skipped as torn, alien or overlong "
                              "(the last few are listed in /status under the job's journal); "
                              "the events on them are missing from the alert, action and "
                              "restart counters.")
     b.timeseries("Rank telemetry errors",
-                 target(f"sum by (node, job) "
+                 target(f"sum by (node, run) "
                         f"({b.increase('trainwatch_rank_telemetry_errors_total')})",
-                        "{{node}} {{job}}"),
+                        "{{node}} {{run}}"),
                  description="Failures the trainer's telemetry counted (never raised into the "
                              "training loop).")
     return b.to_json()

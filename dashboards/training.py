@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainwatch.agent.stall import KNOWN_PHASES
+from trainwatch.contract.states import KNOWN_PHASES
 from trainwatch.alerts.rules import load_rules, load_thresholds
 from trainwatch.dashboards.panels import Board, flags, match, states, target
 
@@ -15,10 +15,10 @@ PHASE_COLORS = {"data": "orange", "checkpoint": "purple", "eval": "yellow", "idl
 def build(runbook_base: str) -> dict:
     b = Board("training-overview", "trainwatch / Training run overview",
               "One training job: progress, loss, throughput, step time, ranks, checkpoints "
-              "and the alerts that fire for it.", ("job", "node", "rank"),
-              runbook_base, single_job=True)
+              "and the alerts that fire for it.", ("run", "node", "rank"),
+              runbook_base, single_run=True)
     limits = load_thresholds()
-    b.annotate("Alerts", 'ALERTS{alertstate="firing", job=~"$job"}', "{{alertname}}",
+    b.annotate("Alerts", 'ALERTS{alertstate="firing", run=~"$run"}', "{{alertname}}",
                "{{severity}} rank {{rank}} {{node}}")
 
     b.row("Now")
@@ -57,9 +57,9 @@ def build(runbook_base: str) -> dict:
     b.timeseries("Gradient norm", target(b.sel("trainwatch_train_grad_norm"), "rank {{rank}}"),
                  description="Before clipping; DDP ranks see the same global norm.")
     b.timeseries("Throughput",
-                 target(f"sum by (job) ({b.sel('trainwatch_train_tokens_per_second')})",
+                 target(f"sum by (run) ({b.sel('trainwatch_train_tokens_per_second')})",
                         "tokens/s"),
-                 target(f"sum by (job) ({b.sel('trainwatch_train_samples_per_second')})",
+                 target(f"sum by (run) ({b.sel('trainwatch_train_samples_per_second')})",
                         "samples/s"),
                  description="Job throughput, summed over ranks.",
                  alerts=("TrainingThroughputDrop",))
@@ -70,12 +70,12 @@ def build(runbook_base: str) -> dict:
                                          "rank {{rank}}"),
                  description="Current learning rate of the schedule.")
     b.timeseries("Non-finite steps",
-                 target(f"sum by (job) ({b.increase('trainwatch_train_nonfinite_loss_total')})",
+                 target(f"sum by (run) ({b.increase('trainwatch_train_nonfinite_loss_total')})",
                         "NaN/Inf loss"),
-                 target(f"sum by (job) "
+                 target(f"sum by (run) "
                         f"({b.increase('trainwatch_train_nonfinite_grad_norm_total')})",
                         "NaN/Inf grad norm"),
-                 target(f"max by (job) "
+                 target(f"max by (run) "
                         f"({b.increase('trainwatch_train_nonfinite_skipped_steps_total')})",
                         "skipped by the guard"),
                  description="Steps whose loss or gradient norm was NaN or Inf, and the "
@@ -107,7 +107,7 @@ def build(runbook_base: str) -> dict:
                  alerts=("TrainingStalled", "TrainingRankDown"))
     b.state_timeline("Current phase per rank",
                      target(b.enum("trainwatch_rank_phase", "phase", KNOWN_PHASES,
-                                   "job, rank"), "rank {{rank}}"),
+                                   "run, rank"), "rank {{rank}}"),
                      mappings=states(KNOWN_PHASES, PHASE_COLORS),
                      description="What each rank is doing; a rank alone in a phase while "
                                  "the others wait in a collective is the one to look at.",
@@ -115,21 +115,21 @@ def build(runbook_base: str) -> dict:
 
     b.row("Checkpoints")
     b.timeseries("Work at risk (checkpoint age)",
-                 target(f"min by (job) ({b.sel('trainwatch_checkpoint_age_seconds')})", "age"),
+                 target(f"min by (run) ({b.sel('trainwatch_checkpoint_age_seconds')})", "age"),
                  unit="s", limit=limits["checkpoint_max_age_seconds"],
                  description="Work a crash would lose now; drops at every verified save.",
                  alerts=("CheckpointTooOld",), w=6)
     in_checkpoint = b.sel("trainwatch_rank_phase", match("phase", "checkpoint"))
     b.timeseries("Checkpoint save in progress",
                  target(f"{b.sel('trainwatch_rank_phase_age_seconds')} "
-                        f"and on(job, rank) {in_checkpoint} == 1", "rank {{rank}}"),
+                        f"and on(run, rank) {in_checkpoint} == 1", "rank {{rank}}"),
                  unit="s", description="How long each rank has been in the checkpoint "
                                        "phase: each peak is one save's blocking time.", w=6)
     b.timeseries("Last checkpoint save",
-                 target(f"max by (job) "
+                 target(f"max by (run) "
                         f"({b.sel('trainwatch_checkpoint_last_save_duration_seconds')})",
                         "write"),
-                 target(f"max by (job) "
+                 target(f"max by (run) "
                         f"({b.sel('trainwatch_checkpoint_last_blocking_seconds')})",
                         "loop blocked"),
                  unit="s", description="The newest save, from the journal: time to write and "
@@ -137,9 +137,9 @@ def build(runbook_base: str) -> dict:
                                        "and time the training loop was blocked; a growing "
                                        "write time means slow or filling storage.", w=6)
     b.timeseries("Checkpoint saves and failures",
-                 target(f"max by (job) ({b.increase('trainwatch_checkpoint_saves_total')})",
+                 target(f"max by (run) ({b.increase('trainwatch_checkpoint_saves_total')})",
                         "verified saves"),
-                 target(f"max by (job) ({b.increase('trainwatch_checkpoint_failures_total')})",
+                 target(f"max by (run) ({b.increase('trainwatch_checkpoint_failures_total')})",
                         "failed saves"),
                  description="Verified and failed checkpoint saves; after a failure the "
                              "previous verified checkpoint is kept.",
@@ -148,13 +148,13 @@ def build(runbook_base: str) -> dict:
     b.row("Alerts and actions")
     base = runbook_base
     b.table("Firing alerts",
-            target('ALERTS{alertstate="firing", job=~"$job"}', table=True),
+            target('ALERTS{alertstate="firing", run=~"$run"}', table=True),
             hide=("alertstate",), links={"alertname": base + "${__value.raw}.md"},
             description="Alerts Prometheus fires for this job now; click an alert name for "
                         "its runbook.", w=9)
     acting = [r for r in load_rules().rules if r.action]
     b.state_timeline("Alerts that trigger an action",
-                     *[target(f'ALERTS{{alertstate="firing", job=~"$job", '
+                     *[target(f'ALERTS{{alertstate="firing", run=~"$run", '
                               f'alertname="{r.name}"}}',
                               f"{r.name} ({r.action})")
                        for r in acting],
@@ -164,9 +164,9 @@ def build(runbook_base: str) -> dict:
                                  "Each action is journaled (action_taken / action_skipped).",
                      w=9)
     b.timeseries("Restarts and restart guard",
-                 target(f"max by (job) ({b.sel('trainwatch_rank_restarts')})", "restarts"),
+                 target(f"max by (run) ({b.sel('trainwatch_rank_restarts')})", "restarts"),
                  target(b.sel("trainwatch_action_restart_guard_tripped"), "restart guard"),
-                 target(f"max by (job, kind) "
+                 target(f"max by (run, kind) "
                         f"({b.increase('trainwatch_train_restarts_total')})",
                         "restarted by {{kind}}"),
                  description="Restarts of the current rank processes (torchrun's count); "
@@ -175,18 +175,18 @@ def build(runbook_base: str) -> dict:
                              "restarting a job that makes no progress.",
                  alerts=("TrainingRestartLoop",), w=6)
     b.timeseries("Alerts fired",
-                 target(f"sum by (severity) (max by (job, alertname, severity) "
+                 target(f"sum by (severity) (max by (run, alertname, severity) "
                         f"({b.increase('trainwatch_alert_fired_total')}))", "{{severity}}"),
-                 target(f"max by (job, alertname) "
+                 target(f"max by (run, alertname) "
                         f"({b.increase('trainwatch_alert_fired_total')}) > 0", "{{alertname}}"),
                  description="Alerts the embedded engine fired for this job (alert_firing in "
                              "its journal), by severity and by alert; alerts Prometheus and "
                              "Alertmanager fire are the annotations and the table above.",
                  w=12)
     b.timeseries("Automated actions",
-                 target(f"max by (job, action) ({b.increase('trainwatch_action_taken_total')})",
+                 target(f"max by (run, action) ({b.increase('trainwatch_action_taken_total')})",
                         "taken: {{action}}"),
-                 target(f"max by (job, action) "
+                 target(f"max by (run, action) "
                         f"({b.increase('trainwatch_action_skipped_total')})",
                         "skipped: {{action}}"),
                  description="What the controller did about firing alerts (action_taken) and "

@@ -17,9 +17,9 @@ from grafana_client.client import GrafanaClientError, GrafanaException
 
 from trainwatch import __version__
 from trainwatch.configfile import read_secret
+from trainwatch.contract.env import GRAFANA_TOKEN_ENV as TOKEN_ENV
 from trainwatch.errors import EXIT_PROBLEM, ConfigError, TrainwatchError
 
-TOKEN_ENV = "TRAINWATCH_GRAFANA_TOKEN"
 
 
 class UploadError(TrainwatchError):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwatch.diagnose.model import Evidence
-from trainwatch.diagnose.redact import redact, redact_env, redact_text
+from trainwatch.redact import redact, redact_env, redact_text
 from trainwatch.rundir import RunDir
 
 TAIL_BYTES = 256 * 1024

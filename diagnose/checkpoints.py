@@ -1,15 +1,14 @@
 """The newest checkpoint, its age, recent save failures, and the space left for the next one.
 
-Checkpoint manifests follow docs/checkpoints.md (a ``step-NNNNNNNN`` directory per
-checkpoint with a ``manifest.json`` listing every file's ``bytes`` and ``sha256``;
-names starting with "." are saves in progress); diagnose reads manifests and file sizes but does not re-hash
-the data (``trainwatch checkpoint verify DIR`` does). Without manifests it falls
-back to what the journal and the status files say, and otherwise says "unknown".
+Checkpoints are looked for wherever the run put them (``checkpoint_dirs`` in its
+run.json) and read with the checkpoint library's strict, torch-free manifest reader
+(docs/checkpoints.md); diagnose checks that every listed file is there with its size but
+does not re-hash the data (``trainwatch checkpoint verify DIR`` does). Without manifests it
+falls back to what the journal and the status files say, and otherwise says "unknown".
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -18,13 +17,15 @@ from typing import Any
 from trainwatch.diagnose import journal
 from trainwatch.diagnose.model import Evidence
 from trainwatch.rundir import RunDir
-
-CHECKPOINT_FORMAT = "trainwatch.checkpoint"
+from trainwatch.trainer.checkpoint.catalog import complete
+from trainwatch.trainer.checkpoint.manifest import verify
 
 
 def gather(run: RunDir, ev: Evidence) -> None:
-    info: dict[str, Any] = {"dir": str(run.checkpoint_dir), "newest": None}
-    manifests = [m for m in (read_manifest(d) for d in _dirs(run.checkpoint_dir)) if m]
+    folders = run.checkpoint_folders()
+    info: dict[str, Any] = {"dir": str(folders[0]), "dirs": [str(f) for f in folders],
+                            "newest": None}
+    manifests = [m for folder in folders for m in newest_intact(folder)]
     if manifests:
         newest = max(manifests, key=lambda m: (m.get("step") or -1, m.get("time") or 0))
         info["newest"] = {**newest, "source": "manifest"}
@@ -46,43 +47,19 @@ def gather(run: RunDir, ev: Evidence) -> None:
                           "error": v["checkpoint"].get("error"), "rank": r}
                          for r, v in ev.ranks.items() if isinstance(v.get("checkpoint"), dict)
                          and v["checkpoint"].get("ok") is False]
-    info["disk"] = disk(run.checkpoint_dir if run.checkpoint_dir.exists() else run.root)
+    info["disk"] = disk(folders[0] if folders[0].exists() else run.root)
     ev.checkpoints = info
 
 
-def _dirs(root: Path) -> list[Path]:
-    try:
-        return [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
-    except OSError:
-        return []
-
-
-def read_manifest(directory: Path) -> dict[str, Any] | None:
-    """A manifest whose listed files are all present with their sizes, else None."""
-    try:
-        manifest = json.loads((directory / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(manifest, dict) or manifest.get("format", CHECKPOINT_FORMAT) != \
-            CHECKPOINT_FORMAT:
-        return None
-    files = manifest.get("files") or {}
-    if not isinstance(files, dict):
-        return None
-    for name, meta in files.items():
-        size = (meta.get("bytes", meta.get("size"))) if isinstance(meta, dict) else None
-        try:
-            if size is not None and (directory / str(name)).stat().st_size != size:
-                return None
-        except OSError:
-            return None
-    time_ = manifest.get("time") or manifest.get("created_at")
-    if time_ is None:
-        try:
-            time_ = (directory / "manifest.json").stat().st_mtime
-        except OSError:
-            time_ = None
-    return {"path": str(directory), "step": manifest.get("step"), "time": time_}
+def newest_intact(folder: Path) -> list[dict[str, Any]]:
+    """The newest checkpoint in ``folder`` whose listed files are all there with their
+    sizes (no hashing), as [{path, step, time}], or [] when there is none."""
+    for entry in complete(folder):
+        check = verify(entry.path, full=False)
+        if check.ok and entry.manifest is not None:
+            return [{"path": str(entry.path), "step": entry.step,
+                     "time": entry.manifest.get("created_at")}]
+    return []
 
 
 def disk(path: Path) -> dict[str, Any]:

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import io
-import os
 import sys
 from pathlib import Path
 
 import click
 from rich.console import Console
 
-from trainwatch.diagnose import bundle, findings, render_human, render_json
+from trainwatch.contract.env import DEFAULT_RUN_DIR, RUN_DIR_ENV, run_dir_from_env
+from trainwatch.contract.ports import AGENT_PORT
+from trainwatch.diagnose import analysis, bundle, render_human, render_json
 from trainwatch.diagnose.gather import Options, gather
 from trainwatch.errors import EXIT_OK, EXIT_PROBLEM, ConfigError, output_error
 from trainwatch.rundir import RunDir, pick_run_dir
@@ -20,10 +21,10 @@ from trainwatch.rundir import RunDir, pick_run_dir
 @click.argument("run_dir_arg", required=False, metavar="[RUN_DIR]",
                 type=click.Path(file_okay=False, path_type=Path))
 @click.option("--run-dir", "run_dir", type=click.Path(file_okay=False, path_type=Path),
-              show_default="$TRAINWATCH_RUN_DIR or ./trainwatch-run",
+              show_default=f"${RUN_DIR_ENV} or ./{DEFAULT_RUN_DIR}",
               help="The run directory to diagnose (or give it as RUN_DIR).")
 @click.option("--agent", "agent_urls", multiple=True, metavar="URL",
-              help="A node agent (http://host:9464); repeat for every node.")
+              help=f"A node agent (http://host:{AGENT_PORT}); repeat for every node.")
 @click.option("--prometheus", "prometheus_url", metavar="URL",
               help="Prometheus to query for firing alerts and rank ages.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report for machines.")
@@ -33,8 +34,9 @@ from trainwatch.rundir import RunDir, pick_run_dir
 @click.option("--timeout", type=click.FloatRange(0.5, 300), default=5.0, show_default=True,
               help="Seconds to wait for each source (rank dumps, py-spy, agents, Prometheus).")
 @click.option("--stall-after", type=click.FloatRange(0.1), default=None,
-              help="Seconds without progress that count as a stall "
-                   "[default: max(5, 10 x median step time)].")
+              help="Seconds without progress that count as a stall [default: the agent's "
+                   "stall budget: from its /status, else the options the run recorded, else "
+                   "max(5, 10 x median step time)].")
 @click.option("--no-dump-request", is_flag=True,
               help="Do not touch control/dump (read-only: use stacks from py-spy only).")
 def diagnose(run_dir_arg: Path | None, run_dir: Path | None, agent_urls: tuple[str, ...], prometheus_url: str | None,
@@ -45,12 +47,11 @@ def diagnose(run_dir_arg: Path | None, run_dir: Path | None, agent_urls: tuple[s
     Exit code 0: healthy; 1: a problem was found; 2: bad usage.
     """
     given = run_dir_arg is not None or run_dir is not None
-    run_dir = pick_run_dir(run_dir_arg, run_dir,
-                           os.environ.get("TRAINWATCH_RUN_DIR") or "trainwatch-run")
+    run_dir = pick_run_dir(run_dir_arg, run_dir, run_dir_from_env())
     run = RunDir(run_dir)
     if not run.exists():
         raise ConfigError("no such run directory" + ("" if given else
-                          " (the default: give RUN_DIR, or set $TRAINWATCH_RUN_DIR)"),
+                          f" (the default: give RUN_DIR, or set ${RUN_DIR_ENV})"),
                           file=str(run_dir))
     if not (run.status_dir.is_dir() or run.run_file.exists()):
         raise ConfigError("not a trainwatch run directory (no status/ and no run.json)",
@@ -70,7 +71,7 @@ def diagnose(run_dir_arg: Path | None, run_dir: Path | None, agent_urls: tuple[s
             ev = gather(run, options, lambda step: status.update(f"gathering: {step}…"))
     else:
         ev = gather(run, options)
-    found = findings.analyse(ev, stall_after)
+    found = analysis.analyse(ev, stall_after)
     problem = any(f.severity in ("critical", "warning") for f in found)
     exit_code = EXIT_PROBLEM if problem else EXIT_OK
 

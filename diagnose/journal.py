@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainwatch.contract.stall import recorded_options
 from trainwatch.diagnose.model import Evidence
 from trainwatch.rundir import RunDir
 
@@ -21,7 +22,8 @@ def gather(run: RunDir, ev: Evidence) -> None:
     events = [r for r in result.records[-RECENT:] if r.get("event") in _INTERESTING]
     ev.journal = {"events": events, "restarts": sum(1 for r in result.records
                                                     if r.get("event") == "restarted"),
-                  "firing_alerts": firing(result.records)}
+                  "firing_alerts": firing(result.records),
+                  "stall_options": recorded_options(result.records)}
 
 
 def firing(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

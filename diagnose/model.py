@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from trainwatch.contract.alerts import SEVERITIES
+
 # Finding categories, in the order a tired reader should act on them.
 CATEGORIES = (
     "rank_dead", "rank_stuck", "collective_desync", "storage", "gpu_fault", "network",
     "checkpoint", "nonfinite_loss", "straggler", "stalled", "alerts", "healthy",
 )
-SEVERITIES = ("critical", "warning", "info")
 CONFIDENCES = ("high", "medium", "low")
 
 

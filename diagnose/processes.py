@@ -25,7 +25,7 @@ def local_names() -> set[str]:
 def gather(ev: Evidence) -> None:
     here = local_names()
     remote = set()
-    for rank, view in ev.ranks.items():
+    for view in ev.ranks.values():
         if view.get("node") not in here or not isinstance(view.get("pid"), int):
             view["process"] = {"status": "unknown", "visible": False}
             remote.add(view.get("node") or "?")

@@ -4,24 +4,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainwatch.contract.metrics import RUN_LABEL
 from trainwatch.diagnose.http_json import get_json
 from trainwatch.diagnose.model import Evidence
 
 QUERIES = {
-    "firing_alerts": 'ALERTS{{alertstate="firing"{job}}}',
-    "progress_age": "trainwatch_rank_progress_age_seconds{{{job_only}}}",
-    "heartbeat_age": "trainwatch_rank_heartbeat_age_seconds{{{job_only}}}",
+    "firing_alerts": 'ALERTS{{alertstate="firing"{run}}}',
+    "progress_age": "trainwatch_rank_progress_age_seconds{{{run_only}}}",
+    "heartbeat_age": "trainwatch_rank_heartbeat_age_seconds{{{run_only}}}",
 }
 
 
 def gather(ev: Evidence, url: str | None, timeout: float) -> None:
     if not url:
         return
-    job = (ev.run or {}).get("job")
-    matcher = f'job="{job}"' if job else ""
+    run_id = (ev.run or {}).get("job")
+    matcher = f'{RUN_LABEL}="{run_id}"' if run_id else ""
     results: dict[str, Any] = {"url": url}
     for name, template in QUERIES.items():
-        query = template.format(job=f",{matcher}" if matcher else "", job_only=matcher)
+        query = template.format(run=f",{matcher}" if matcher else "", run_only=matcher)
         try:
             doc = get_json(url.rstrip("/") + "/api/v1/query", timeout, {"query": query})
         except (OSError, ValueError) as exc:

@@ -11,10 +11,10 @@ import time
 import uuid
 from typing import Any
 
+from trainwatch.contract.layout import CONTROL_DIR, CONTROL_DUMP, DUMP_FORMAT
 from trainwatch.diagnose.model import Evidence
 from trainwatch.errors import FormatError
 from trainwatch.rundir import RunDir, atomic_write_bytes, read_record
-from trainwatch.trainer.dumps import CONTROL_NAME, DUMP_FORMAT, dump_path
 
 # Processes that cannot answer: waiting for them only wastes the budget.
 _SILENT = ("gone", "zombie", "stopped")
@@ -39,7 +39,7 @@ def gather(run: RunDir, ev: Evidence, timeout: float) -> None:
             break
         time.sleep(0.1)
     for rank in sorted(pending):
-        ev.ranks[rank]["dump"] = f"no answer to control/{CONTROL_NAME} within {timeout:g} s"
+        ev.ranks[rank]["dump"] = f"no answer to {CONTROL_DIR}/{CONTROL_DUMP} within {timeout:g} s"
         ev.cannot_see(f"rank {rank}: no fresh dump (telemetry thread not answering)")
     for rank, dump in ev.dumps.items():
         if dump.get("flight_recorder_error"):
@@ -50,12 +50,12 @@ def request(run: RunDir) -> str:
     """Touch control/dump with a fresh id; every rank's telemetry sees the new mtime."""
     request_id = uuid.uuid4().hex
     run.control_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(run.control_dir / CONTROL_NAME, request_id.encode(), durable=False)
+    atomic_write_bytes(run.control_file(CONTROL_DUMP), request_id.encode(), durable=False)
     return request_id
 
 
 def read_dump(run: RunDir, rank: int) -> dict[str, Any] | None:
     try:
-        return read_record(dump_path(run.root, rank), DUMP_FORMAT, root=run.root)
+        return read_record(run.dump_file(rank), DUMP_FORMAT, root=run.root)
     except FormatError:
         return None

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from trainwatch.diagnose.model import Evidence, Finding
-from trainwatch.diagnose.redact import redact_text
+from trainwatch.redact import redact_text
 
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "green"}
 

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from trainwatch.diagnose.model import Evidence, Finding
-from trainwatch.diagnose.redact import redact
+from trainwatch.redact import redact
 
 REPORT_FORMAT = "trainwatch.diagnose"
 

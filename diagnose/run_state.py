@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
 import re
+import stat
 import statistics
 from pathlib import Path
 from typing import Any
@@ -55,6 +57,8 @@ def rank_view(status: dict[str, Any], now: float) -> dict[str, Any]:
         "step": status.get("step"), "phase": status.get("phase"),
         "phase_since": status.get("phase_since"), "phase_age": age("phase_since"),
         "heartbeat_age": age("heartbeat_at"), "progress_age": age("last_progress_at"),
+        "heartbeat_at": status.get("heartbeat_at"),
+        "heartbeat_interval": status.get("heartbeat_interval"),
         "started_at": status.get("started_at"), "restart_count": status.get("restart_count"),
         "backend": status.get("backend"), "counters": status.get("counters") or {},
         "loss": metrics.get("loss"), "timing": status.get("timing"),
@@ -98,8 +102,15 @@ def recent_steps(path: Path, root: Path | None = None) -> dict[str, Any]:
 
 
 def launcher_exits(logs_dir: Path) -> dict[str, Any]:
-    """Worker exits torchrun logged ("failed (exitcode: -9) local_rank: 1 (pid: 42)")."""
-    exits = []
+    """What torchrun logged about failed workers.
+
+    ``failed``: its "failed (exitcode: -9) local_rank: 1 (pid: 42)" lines; ``root_cause``:
+    the rank of its "Root Cause (first observed failure)" block with exit code, signal and
+    error file (``TORCHELASTIC_ERROR_FILE`` contents when the worker wrote one);
+    ``failures``: the other ranks of its "Failures:" block (those it tore down);
+    ``first_error``: the first error line in the logs, with the rank its prefix names.
+    """
+    exits, root, others, first_error = [], None, [], None
     if logs_dir.is_dir():
         for path in sorted(logs_dir.glob("*.log")):
             try:
@@ -110,7 +121,70 @@ def launcher_exits(logs_dir: Path) -> dict[str, Any]:
             for match in _LAUNCHER_FAILED.finditer(text):
                 exits.append({"exitcode": int(match[1]), "local_rank": int(match[2]),
                               "pid": int(match[3]), "log": str(path)})
-    return {"failed": exits}
+            blocks = _failure_blocks(text, str(path))
+            if blocks.get("root") and root is None:
+                root = blocks["root"]
+            others += blocks.get("failures", [])
+            if first_error is None:
+                first_error = _first_error(text, str(path))
+    return {"failed": exits, "root_cause": root, "failures": others, "first_error": first_error}
+
+
+# torchrun's failure table: "[1]:\n  time : ...\n  rank : 1 (local_rank: 1)\n  exitcode : -6
+# (pid: 42)\n  error_file: <N/A>\n  traceback : ..." under "Failures:" / "Root Cause".
+_ENTRY = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)"
+                    r"\s*\(pid:\s*(\d+)\)[^\n]*\n\s*error_file\s*:\s*([^\n]*)")
+_ERROR_LINE = re.compile(r"^(?:\[(?:rank|default)(\d+)\]:?\s*)?(?:terminate called|.*\b\w*Error\b:|"
+                         r".*\bwhat\(\):)", re.M)
+
+
+def _failure_blocks(text: str, log: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    root_at = text.rfind("Root Cause (first observed failure)")
+    failures_at = text.rfind("Failures:", 0, root_at if root_at >= 0 else None)
+    if root_at >= 0:
+        match = _ENTRY.search(text, root_at)
+        if match:
+            out["root"] = _entry(match, log)
+    if 0 <= failures_at < root_at:
+        out["failures"] = [_entry(m, log) for m in _ENTRY.finditer(text, failures_at, root_at)]
+    return out
+
+
+def _entry(match: re.Match, log: str) -> dict[str, Any]:
+    error_file = match[5].strip()
+    entry = {"rank": int(match[1]), "local_rank": int(match[2]), "exitcode": int(match[3]),
+             "pid": int(match[4]), "log": log, "error_file": None, "error": None}
+    if error_file and not error_file.startswith("<"):
+        entry["error_file"] = error_file
+        entry["error"] = _error_file_message(Path(error_file))
+    return entry
+
+
+def _error_file_message(path: Path) -> str | None:
+    """The message a worker's @record wrote to TORCHELASTIC_ERROR_FILE (bounded read)."""
+    try:  # regular files only: a FIFO named here must not hang diagnose
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            data, _ = parse_json(os.read(fd, TAIL_BYTES))
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    message = data.get("message") if isinstance(data, dict) else None
+    if isinstance(message, dict):
+        message = message.get("message")
+    return str(message)[:500] if message else None
+
+
+def _first_error(text: str, log: str) -> dict[str, Any] | None:
+    match = _ERROR_LINE.search(text)
+    if not match:
+        return None
+    line = text[match.start():text.find("\n", match.start())].strip()
+    return {"rank": int(match[1]) if match[1] else None, "line": line[:300], "log": log}
 
 
 def _world_size(ranks: dict[int, dict[str, Any]]) -> int:

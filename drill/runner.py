@@ -18,20 +18,14 @@ from typing import Any, Callable
 
 import psutil
 
-from trainwatch.alerts.controller import LAUNCH_ENV
-from trainwatch.drill.findings import FindingsWatcher
+from trainwatch.drill.agent_findings import FindingsWatcher
+from trainwatch.drill.record import RECORD_FORMAT, RECORD_VERSION, record_file
 from trainwatch.drill.settings import DrillSettings, write_files
+from trainwatch.contract.env import FAULT_ENV, LAUNCH_ENV
 from trainwatch.proctree import stop, wait_gone
 from trainwatch.rundir import RunDir, atomic_write_json
-from trainwatch.trainer.faults import ENV as FAULT_ENV
 
-RECORD_FORMAT = "trainwatch.drill.record"
-RECORD_VERSION = 1
 STOP_GRACE_SECONDS = 60.0  # `trainwatch run` stops its job gracefully first (SIGTERM, save)
-
-
-def record_file(run_dir: str | Path) -> Path:
-    return RunDir(run_dir).root / "drill" / "drill.json"
 
 
 def fresh_run_dir(out: Path, name: str) -> Path:
@@ -94,7 +88,7 @@ def run_drill(settings: DrillSettings, run_dir: Path, *, timeout: float,
               poll_seconds: float = 0.5) -> dict[str, Any]:
     """Run the drill to its end (or ``timeout``); returns the record it wrote."""
     run = RunDir(run_dir).create()
-    files = write_files(settings, run.root / "drill")
+    files = write_files(settings, run.drill_dir)
     cmd = command(settings, run, files)
     env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, LAUNCH_ENV)}
     env.update({FAULT_ENV: settings.drill.fault_env(), "PYTHONUNBUFFERED": "1"})
@@ -106,7 +100,7 @@ def run_drill(settings: DrillSettings, run_dir: Path, *, timeout: float,
         "exit_code": None, "timed_out": False, "interrupted": False, "findings": [],
         "agent_polls_failed": 0}
     atomic_write_json(record_file(run.root), record)
-    with open(run.root / "drill" / "run.log", "wb") as log:
+    with open(run.drill_dir / "run.log", "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
     watcher = FindingsWatcher(run)

@@ -16,7 +16,7 @@ from typing import Any
 
 from trainwatch.drill import catalog
 from trainwatch.drill.catalog import ALERT, CONTROLLER, FINDING, LAUNCHER, NONE, TORCHRUN, Drill
-from trainwatch.drill.runner import RECORD_FORMAT, RECORD_VERSION, record_file
+from trainwatch.drill.record import RECORD_FORMAT, RECORD_VERSION, record_file
 from trainwatch.errors import ConfigError, FormatError
 from trainwatch.rundir import RunDir, read_run_file
 
@@ -143,7 +143,7 @@ def score(run_dir: str | Path, *, detect_within: float | None = None,
         "settings": settings}
     finished = _finished(card["run"], tl)
     if not faults:
-        last = max((x.step for x in tl.execs), default=None)
+        last = max(tl.execs.step_numbers(), default=None)
         why = (f"no fault_injected event for {drill.fault_kind}: the run reached step "
                f"{last if last is not None else 'none'}, the fault was due at step "
                f"{drill.fault_step}")

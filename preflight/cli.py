@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
 import sys
 from pathlib import Path
 
@@ -11,6 +9,7 @@ import click
 from rich.console import Console
 
 from trainwatch.errors import ConfigError
+from trainwatch.node import node_name
 from trainwatch.preflight.model import GROUPS
 
 
@@ -116,7 +115,7 @@ def preflight(run_dir: Path | None, checkpoint_dir: Path | None, data_dir: Path 
     else:
         checks = run_checks(request, settings)
     exit_code = worst(checks, strict)
-    data = render.report(checks, node=os.environ.get("TRAINWATCH_NODE") or socket.gethostname(), strict=strict, exit_code=exit_code)
+    data = render.report(checks, node=node_name(), strict=strict, exit_code=exit_code)
     if as_json:
         click.echo(render.to_json(data))
     else:

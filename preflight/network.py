@@ -1,7 +1,7 @@
 """Network checks: NICs and InfiniBand ports up, peers and the master reachable, clock.
 
-NICs and IB ports are read by the agent's network collector (``<sys_root>/class/net``
-and ``/class/infiniband``); connects use its timed ``connect_seconds``.  The clock
+NICs and IB ports are read by the host network probes the agent uses too
+(``<sys_root>/class/net`` and ``/class/infiniband``); connects are timed the same way.  The clock
 offset comes from ``chronyc tracking`` when chrony answers, NTP sync state from
 ``timedatectl`` otherwise; with neither the check is skipped.
 """
@@ -16,12 +16,11 @@ import shutil
 import socket
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
-from trainwatch.agent.collectors.network import NetworkCollector, connect_seconds
-from trainwatch.agent.config import AgentConfig
-from trainwatch.agent.context import AgentContext
 from trainwatch.errors import ConfigError
+from trainwatch.host.network import connect_seconds, infiniband_ports, interfaces
 from trainwatch.preflight.model import Check, Request
 
 CLOCK_TIMEOUT = 3.0
@@ -54,10 +53,9 @@ def check_network(request: Request, cfg: dict[str, Any], sys_root: str) -> list[
 
 
 def _links(sys_root: str) -> dict[str, Any]:
-    """The agent network collector's view of NICs and IB ports (no peers)."""
-    ctx = AgentContext(AgentConfig(sys_root=sys_root))
-    return NetworkCollector(ctx, {"exclude_interfaces": [], "peers": [],
-                                  "connect_timeout": 1.0}).collect().data
+    """NICs and IB ports, read as the agent's network collector reads them."""
+    return {"interfaces": interfaces(Path(sys_root, "class", "net")),
+            "infiniband": infiniband_ports(Path(sys_root, "class", "infiniband"))}
 
 
 def _ignored(name: str, cfg: dict[str, Any], sys_root: str) -> bool:

@@ -7,7 +7,7 @@ import os
 from typing import Any, Callable
 
 from trainwatch.host.nvml import NvmlBackend
-from trainwatch.diagnose.redact import redact
+from trainwatch.redact import redact
 from trainwatch.preflight import gpu, host, network, software, storage
 from trainwatch.preflight.model import GROUPS, Check, Request
 

@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from trainwatch import __version__
-from trainwatch.diagnose.redact import redact_env
+from trainwatch.redact import redact_env
 from trainwatch.preflight.gpu import GpuProbe
 from trainwatch.preflight.model import Check
 

@@ -1,8 +1,9 @@
 """Storage checks: do the job's directories exist, take writes, and have room?
 
-Built on the agent's storage pieces: every filesystem call runs behind a ``Deadline``
-(a hung NFS/Lustre mount becomes a failed check after ``probe_timeout_seconds``,
-never a hung prolog), and the write probe is the agent's write + fsync + read back.
+Built on the host storage probes the agent uses too: every filesystem call runs behind a
+``Deadline`` (a hung NFS/Lustre mount becomes a failed check after
+``probe_timeout_seconds``, never a hung prolog), and the write probe is the agent's
+write + fsync + read back.
 Free space is what a non-root user may use (``f_bavail``), like the job sees it.
 """
 
@@ -13,7 +14,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from trainwatch.agent.collectors.storage import mount_of, parse_mounts, write_probe
+from trainwatch.host.storage import mount_of, parse_mounts, write_probe
 from trainwatch.host.timeouts import Deadline, Hung
 from trainwatch.preflight.model import Check, Request, human_bytes
 

@@ -23,8 +23,9 @@ from rich.console import Console
 @click.option("--prom-textfile", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write trainwatch_cost_* gauges for node_exporter's textfile "
                    "collector (name it *.prom).")
-def report(run_dir: Path | None, run_dir_opt: Path | None, as_json: bool, gpu_hour_price: float | None, gpus: int | None,
-           config_file: Path | None, prom_textfile: Path | None) -> None:
+def report(run_dir: Path | None, run_dir_opt: Path | None, as_json: bool,
+           gpu_hour_price: float | None, gpus: int | None, config_file: Path | None,
+           prom_textfile: Path | None) -> None:
     """Where a run's wall time went: goodput, badput by category, one row per incident
     (interruption) with its cause and cost.
 

@@ -4,19 +4,26 @@ The run's time line is painted with labelled intervals (steps, evaluations, chec
 saves, stalls, restarts, start-up); where intervals overlap the one of higher priority
 wins, and what no interval covers is ``other``. Summing the painted pieces therefore
 gives the wall time exactly, however messy the evidence. Definitions: docs/report.md.
+
+Steps are never held as pieces: the few other intervals (evaluations, saves, stalls,
+restarts, start-up, not running) are swept first into a time line of segments, then the
+steps are streamed over it in time order. Steps never overlap each other and lose only
+to "not running", so each step's length moves from the segment under it to the step's
+label: O(segments) memory, one pass over the step columns.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainwatch.agent.config import STALL_DEFAULTS
+import numpy as np
+
+from trainwatch.contract.stall import default_options, recorded_options, stall_budget
 from trainwatch.report import incidents as incident_evidence
-from trainwatch.report.timeline import Attempt, StepExec, Timeline, number
+from trainwatch.report.timeline import Attempt, Timeline, number
 
 # Order of the report; "other" is what no interval claims.
 CATEGORIES = ("productive", "data_wait", "recomputed", "restart_downtime", "initial_startup",
@@ -83,11 +90,17 @@ class Accounting:
 
 # --------------------------------------------------------------------------- helpers
 
-def _discarding_attempt(attempts: list[Attempt], k: int, step: int) -> int | None:
+def _later_resumes(attempts: list[Attempt]) -> list[list[tuple[int, int]]]:
+    """Per attempt, (index, resumed_from) of every later attempt that says where it resumed."""
+    return [[(later.index, later.resumed_from) for later in attempts[k + 1:]
+             if later.resumed_from is not None] for k in range(len(attempts))]
+
+
+def _discarding_attempt(later: list[tuple[int, int]], step: int) -> int | None:
     """The first later attempt that resumed at or before ``step``: it threw that work away."""
-    for later in attempts[k + 1:]:
-        if later.resumed_from is not None and later.resumed_from <= step:
-            return later.index
+    for index, resumed in later:
+        if resumed <= step:
+            return index
     return None
 
 
@@ -100,15 +113,40 @@ def _stall_evidence(attempt: Attempt) -> bool:
             or any(e.get("action") in STALL_ACTIONS for e in attempt.named("action_taken")))
 
 
+class _Sum:
+    """A running float sum with Neumaier compensation: ``math.fsum``'s accuracy without
+    holding the terms."""
+
+    __slots__ = ("total", "carry")
+
+    def __init__(self) -> None:
+        self.total = self.carry = 0.0
+
+    def add(self, x: float) -> None:
+        t = self.total + x
+        if abs(self.total) >= abs(x):
+            self.carry += (self.total - t) + x
+        else:
+            self.carry += (x - t) + self.total
+        self.total = t
+
+    @property
+    def value(self) -> float:
+        return self.total + self.carry
+
+
 class _Painter:
-    """Builds the labelled pieces from a timeline."""
+    """Builds the labelled pieces from a timeline: the few non-step ones as a list, the
+    steps' as a stream (``step_pieces``)."""
 
     def __init__(self, tl: Timeline, typical: float | None, budget: float | None):
         self.tl, self.typical, self.budget = tl, typical, budget
         self.attempts = tl.attempts
+        self.log = tl.steps
         self.pieces: list[_Piece] = []
-        self.after: dict[int, float] = {}   # id(exec) -> end of its evaluation/save
-        self.wasted: dict[int, int] = {}    # id(exec) -> attempt whose incident lost it
+        self.after: dict[int, float] = {}   # step index -> end of its evaluation/save
+        self.lost: dict[int, list[int]] = {}  # incident (attempt) -> steps it lost
+        self.recomputed = 0
 
     def add(self, start: float, end: float, label: str, incident: int | None = None,
             tier: str | None = None) -> None:
@@ -121,88 +159,132 @@ class _Painter:
         return index if 0 <= index < len(self.attempts) and _is_incident(
             self.attempts[index]) else None
 
-    # -- steps
-    def steps(self) -> None:
+    # -- steps, streamed in time order as (start, end, label, incident)
+    def step_pieces(self):
+        log, tl = self.log, self.tl
+        steps, starts, ends, waits = log.step, log.start, log.end, log.wait
+        later = _later_resumes(self.attempts)
+        budget, typical = self.budget, self.typical
+        t0, t1 = tl.start, tl.end
         previous_end = -math.inf
         for attempt in self.attempts:
-            for i, x in enumerate(attempt.execs):
-                start = max(x.start, previous_end)  # never count two steps for one second
-                previous_end = max(previous_end, x.end)
-                discarder = _discarding_attempt(self.attempts, attempt.index, x.step)
-                if discarder is not None:
-                    self.wasted[id(x)] = discarder - 1
-                    self.add(start, x.end, "recomputed", self.incident_of(discarder - 1),
-                             tier="step")
-                    continue
-                self._surviving_step(attempt, i == 0, x, start)
-
-    def _surviving_step(self, attempt: Attempt, first: bool, x: StepExec, start: float) -> None:
-        length = x.end - start
-        excess = 0.0
-        if self.budget is not None and length > self.budget:
-            excess = length - self.typical
-        useful = length - excess
-        wait = useful * (x.data_wait / x.seconds) if x.seconds > 0 else 0.0
-        self.add(start, start + wait, "data_wait", tier="step")
-        self.add(start + wait, start + useful, "productive", tier="step")
-        if excess:
-            # A first step's extra time is warm-up (compilation, caches), not a stall.
-            if first and attempt.index == 0:
-                self.add(start + useful, x.end, "initial_startup", tier="step")
-            elif first:
-                self.add(start + useful, x.end, "restart_downtime",
-                         self.incident_of(attempt.index - 1), tier="step")
-            else:
-                self.add(start + useful, x.end, "stalled", tier="step")
+            lo = attempt.execs.lo if len(attempt.execs) else None
+            if lo is None:
+                continue
+            k = attempt.index
+            mine = later[k]
+            earliest = min((r for _, r in mine), default=None)
+            for i in range(lo, attempt.execs.hi):
+                x_start, end = starts[i], ends[i]
+                start = x_start if x_start > previous_end else previous_end
+                if end > previous_end:
+                    previous_end = end
+                step = steps[i]
+                if earliest is not None and step >= earliest:
+                    discarder = _discarding_attempt(mine, step)
+                    if discarder is not None:
+                        self.recomputed += 1
+                        self.lost.setdefault(discarder - 1, []).append(step)
+                        yield start, end, "recomputed", self.incident_of(discarder - 1)
+                        continue
+                length = end - start
+                excess = length - typical if budget is not None and length > budget else 0.0
+                useful = length - excess
+                seconds = end - x_start
+                wait = useful * (waits[i] / seconds) if seconds > 0 else 0.0
+                a, b = max(start, t0), min(start + wait, t1)
+                if b > a:
+                    yield a, b, "data_wait", None
+                a, b = max(start + wait, t0), min(start + useful, t1)
+                if b > a:
+                    yield a, b, "productive", None
+                if excess:
+                    # A first step's extra time is warm-up (compilation, caches), not a stall.
+                    if i == lo and k == 0:
+                        label, incident = "initial_startup", None
+                    elif i == lo:
+                        label, incident = "restart_downtime", self.incident_of(k - 1)
+                    else:
+                        label, incident = "stalled", None
+                    a, b = max(start + useful, t0), min(end, t1)
+                    if b > a:
+                        yield a, b, label, incident
 
     # -- evaluations and checkpoint saves (both follow a step, in the same attempt)
     def evaluations_and_saves(self) -> None:
+        log = self.log
         for attempt in self.attempts:
-            by_step = {x.step: x for x in attempt.execs}
+            saves = [e for e in attempt.named("checkpoint_saved")
+                     if not e.get("copy") and number(e.get("blocking_seconds"))
+                     and isinstance(e.get("step"), int)]
+            wanted = set(attempt.evals) | {e["step"] - 1 for e in saves}
+            by_step = self._indices(attempt, wanted)
             for step, when in sorted(attempt.evals.items()):
-                x = by_step.get(step)
-                if x is not None and when > x.end:
-                    self.add(x.end, when, "evaluation")
-                    self.after[id(x)] = when
-            for e in attempt.named("checkpoint_saved"):
+                i = by_step.get(step)
+                if i is not None and when > log.end[i]:
+                    self.add(log.end[i], when, "evaluation")
+                    self.after[i] = when
+            for e in saves:
                 blocking = number(e.get("blocking_seconds"))
-                if e.get("copy") or not blocking or not isinstance(e.get("step"), int):
-                    continue
-                x = by_step.get(e["step"] - 1)
-                if x is not None:
-                    anchor = self.after.get(id(x), x.end)
+                i = by_step.get(e["step"] - 1)
+                if i is not None:
+                    anchor = self.after.get(i, log.end[i])
                     self.add(anchor, anchor + blocking, "checkpoint")
-                    self.after[id(x)] = anchor + blocking
+                    self.after[i] = anchor + blocking
                 else:  # e.g. a skipped step's save: placed from the event's own timing
                     written = 0.0 if e.get("mode") == "sync" else (
                         number(e.get("write_seconds")) or 0.0)
                     self.add(e["time"] - written - blocking, e["time"] - written, "checkpoint")
 
+    def _indices(self, attempt: Attempt, wanted: set[int]) -> dict[int, int]:
+        """Step number -> index of its (last) execution in this attempt, for ``wanted``."""
+        found: dict[int, int] = {}
+        rng = attempt.execs
+        if not wanted or not len(rng):
+            return found
+        steps = np.frombuffer(self.log.step, dtype=np.int64)[rng.lo:rng.hi]
+        hits = np.nonzero(np.isin(steps, np.fromiter(wanted, dtype=np.int64,
+                                                     count=len(wanted))))[0]
+        for j in hits.tolist():
+            found[int(steps[j])] = rng.lo + j
+        return found
+
     # -- gaps between steps
     def gaps(self) -> None:
-        execs = self.tl.execs
-        if not execs:
+        log = self.log
+        n = len(log)
+        if not n:
             self._chain(self.tl.start, self.tl.end, list(self.attempts), head="initial_startup",
                         final=True)
             return
-        first = execs[0]
-        self._chain(self.tl.start, first.start, self.attempts[:first.attempt],
+        first_attempt = log.attempt_of(0)
+        self._chain(self.tl.start, log.start[0], self.attempts[:first_attempt],
                     head="initial_startup")
-        for e, f in zip(execs, execs[1:]):
-            tail = self.after.get(id(e), e.end)
-            if e.attempt == f.attempt:
-                if self.budget is not None and f.start - tail > self.budget:
-                    self.add(tail, f.start, "stalled")
+        bounds = set(log.attempt_starts)
+        if self.budget is not None and n > 1:  # stalls between two steps of one attempt
+            starts = np.frombuffer(log.start, dtype=np.float64)
+            ends = np.frombuffer(log.end, dtype=np.float64)
+            # after[i] >= end[i]: only a gap longer than the budget can hold a stall
+            for i in np.nonzero(starts[1:] - ends[:-1] > self.budget)[0].tolist():
+                if i + 1 >= n or (i + 1) in bounds:
+                    continue
+                tail = self.after.get(i, log.end[i])
+                if log.start[i + 1] - tail > self.budget:
+                    self.add(tail, log.start[i + 1], "stalled")
+        for i in sorted(bounds - {0}):  # from one attempt's last step to the next's first
+            if i == 0 or i >= n:
                 continue
-            self._tail_stall(self.attempts[e.attempt], tail)
-            self._chain(e.end, f.start, self.attempts[e.attempt:f.attempt],
+            e_attempt, f_attempt = log.attempt_of(i - 1), log.attempt_of(i)
+            tail = self.after.get(i - 1, log.end[i - 1])
+            self._tail_stall(self.attempts[e_attempt], tail)
+            self._chain(log.end[i - 1], log.start[i], self.attempts[e_attempt:f_attempt],
                         head="restart_downtime")
-        last = execs[-1]
-        self._tail_stall(self.attempts[last.attempt], self.after.get(id(last), last.end))
-        self._chain(last.end, self.tl.end, self.attempts[last.attempt:], head="restart_downtime",
-                    final=True)
+        last_attempt = log.attempt_of(n - 1)
+        self._tail_stall(self.attempts[last_attempt], self.after.get(n - 1, log.end[n - 1]))
+        self._chain(log.end[n - 1], self.tl.end, self.attempts[last_attempt:],
+                    head="restart_downtime", final=True)
         if self.attempts[-1].outcome == "finished":  # final save's writer, exits, teardown
-            self.add(last.end, self.tl.end, "shutdown")
+            self.add(log.end[n - 1], self.tl.end, "shutdown")
 
     def _tail_stall(self, attempt: Attempt, tail: float) -> None:
         """From the last step (and its evaluation/save) to the attempt's end: a stall when the
@@ -243,14 +325,14 @@ class _Painter:
 
 
 def _sweep(pieces: list[_Piece], start: float, end: float
-           ) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
-    """Length of the time line per winning label (and per incident); the rest is other."""
+           ) -> list[tuple[float, float, str, int | None]]:
+    """The time line cut into segments, each with its winning label (and incident); what
+    no piece covers is ``other``."""
     marks: list[tuple[float, int, int]] = []
     for i, p in enumerate(pieces):
         marks += [(p.start, 1, i), (p.end, 0, i)]
     marks.sort()
-    totals: dict[str, list[float]] = {c: [] for c in (*CATEGORIES, "not_running")}
-    per_incident: dict[int, dict[str, list[float]]] = {}
+    segments: list[tuple[float, float, str, int | None]] = []
     active: set[int] = set()
     heap: list[tuple[int, int]] = []
     t = start
@@ -262,9 +344,7 @@ def _sweep(pieces: list[_Piece], start: float, end: float
             if heap:
                 piece = pieces[heap[0][1]]
                 label, incident = piece.label, piece.incident
-            totals[label].append(when - t)
-            if incident is not None:
-                per_incident.setdefault(incident, {}).setdefault(label, []).append(when - t)
+            segments.append((t, when, label, incident))
             t = when
         if opening:
             active.add(i)
@@ -272,26 +352,62 @@ def _sweep(pieces: list[_Piece], start: float, end: float
         else:
             active.discard(i)
     if end > t:
-        totals["other"].append(end - t)
-    return ({k: math.fsum(v) for k, v in totals.items()},
-            {k: {label: math.fsum(v) for label, v in d.items()} for k, d in per_incident.items()})
+        segments.append((t, end, "other", None))
+    return segments
+
+
+def _paint(segments: list[tuple[float, float, str, int | None]], steps
+           ) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
+    """Totals per label (and per incident): the segments', with the time under each step
+    moved to the step's label (steps win over everything but ``not_running``)."""
+    totals: dict[str, _Sum] = {c: _Sum() for c in (*CATEGORIES, "not_running")}
+    per_incident: dict[int, dict[str, _Sum]] = {}
+
+    def credit(label: str, incident: int | None, seconds: float) -> None:
+        totals[label].add(seconds)
+        if incident is not None:
+            per_incident.setdefault(incident, {}).setdefault(label, _Sum()).add(seconds)
+
+    for t0, t1, label, incident in segments:
+        credit(label, incident, t1 - t0)
+    j, n = 0, len(segments)
+    for a, b, label, incident in steps:
+        while j < n and segments[j][1] <= a:
+            j += 1
+        k = j
+        while k < n and segments[k][0] < b:
+            s0, s1, under, under_incident = segments[k]
+            overlap = min(b, s1) - max(a, s0)
+            if overlap > 0 and under != "not_running":
+                credit(under, under_incident, -overlap)
+                credit(label, incident, overlap)
+            k += 1
+    return ({k: v.value for k, v in totals.items()},
+            {k: {label: v.value for label, v in d.items()} for k, d in per_incident.items()})
 
 
 # --------------------------------------------------------------------------- the account
 
 def account(tl: Timeline) -> Accounting:
     """Split the run's wall time into CATEGORIES and charge failures to incidents."""
-    execs = tl.execs
-    typical = statistics.median(x.seconds for x in execs) if execs else None
-    # The agent's stall rule, with its defaults: max(floor, k x typical step).
-    budget = None if typical is None else max(STALL_DEFAULTS["floor_seconds"],
-                                              STALL_DEFAULTS["k"] * typical)
+    log = tl.steps
+    n = len(log)
+    if n:
+        seconds = np.frombuffer(log.end, dtype=np.float64) - np.frombuffer(log.start,
+                                                                           dtype=np.float64)
+        typical: float | None = float(np.median(seconds))
+        del seconds
+    else:
+        typical = None
+    # The agent's stall rule, with the options the run recorded (else the defaults).
+    options = recorded_options(tl.events) or default_options()
+    budget = None if typical is None else stall_budget(options, typical, use_phase=False)
     painter = _Painter(tl, typical, budget)
     painter.not_running()
-    painter.steps()
     painter.evaluations_and_saves()
     painter.gaps()
-    totals, per_incident = _sweep(painter.pieces, tl.start, tl.end)
+    segments = _sweep(painter.pieces, tl.start, tl.end)
+    totals, per_incident = _paint(segments, painter.step_pieces())
     not_running = totals.pop("not_running")
     span = tl.end - tl.start
 
@@ -302,33 +418,49 @@ def account(tl: Timeline) -> Accounting:
         ev = incident_evidence.evidence(attempt)
         nxt = tl.attempts[attempt.index + 1] if attempt.index + 1 < len(tl.attempts) else None
         charged = per_incident.get(attempt.index, {})
-        lost = sorted(x.step for x in execs if painter.wasted.get(id(x)) == attempt.index)
         incidents.append(Incident(
-            attempt, ev, incident_evidence.cause(ev), nxt.resumed_from if nxt else None, lost,
+            attempt, ev, incident_evidence.cause(ev), nxt.resumed_from if nxt else None,
+            sorted(painter.lost.get(attempt.index, [])),
             {"recomputed": charged.get("recomputed", 0.0),
              "restart_downtime": charged.get("restart_downtime", 0.0),
              "stalled": charged.get("stalled", 0.0)}))
 
-    survivors = [x for x in execs if id(x) not in painter.wasted]
-    tokens = [x.tokens for x in execs]
-    known = all(t is not None for t in tokens) and bool(tokens)
+    unique, productive_tokens, processed_tokens, unsaved = _survivors(tl, painter)
     return Accounting(
         span_seconds=span, wall_seconds=span - not_running, not_running_seconds=not_running,
         seconds={c: totals[c] for c in CATEGORIES}, incidents=incidents,
         typical_step_seconds=typical, stall_budget_seconds=budget,
-        unique_steps=len({x.step for x in survivors}), executed_steps=len(execs),
-        recomputed_steps=len(painter.wasted),
-        productive_tokens_per_rank=math.fsum(x.tokens for x in survivors) if known else None,
-        processed_tokens_per_rank=math.fsum(tokens) if known else None,
-        unsaved_steps=_unsaved(tl, survivors))
+        unique_steps=unique, executed_steps=n, recomputed_steps=painter.recomputed,
+        productive_tokens_per_rank=productive_tokens,
+        processed_tokens_per_rank=processed_tokens, unsaved_steps=unsaved)
 
 
-def _unsaved(tl: Timeline, survivors: list[StepExec]) -> int | None:
-    """A run that ended unfinished: completed steps after its newest saved checkpoint (they
-    are lost unless someone resumes and redoes them). None for finished or running runs."""
-    if tl.state != "ended":
-        return None
-    saved = [e["step"] for e in tl.events if e["event"] == "checkpoint_saved"
-             and isinstance(e.get("step"), int)]
-    newest = max(saved, default=0)
-    return sum(1 for x in survivors if x.step >= newest)
+def _survivors(tl: Timeline, painter: _Painter
+               ) -> tuple[int, float | None, float | None, int | None]:
+    """Over the steps no later attempt threw away: how many distinct steps, their tokens,
+    all steps' tokens (None unless every step recorded them), and (for a run that ended
+    unfinished) how many completed after its newest saved checkpoint: lost unless someone
+    resumes and redoes them."""
+    log = tl.steps
+    steps = np.frombuffer(log.step, dtype=np.int64)
+    tokens = np.frombuffer(log.tokens, dtype=np.float64)
+    keep = np.ones(len(log), dtype=bool)
+    lost = {s for steps_lost in painter.lost.values() for s in steps_lost}
+    if lost:  # mark the discarded executions (exactly those step_pieces counted)
+        later = _later_resumes(tl.attempts)
+        for attempt in tl.attempts:
+            rng = attempt.execs
+            if not len(rng) or not later[attempt.index]:
+                continue
+            earliest = min(r for _, r in later[attempt.index])
+            keep[rng.lo:rng.hi] &= steps[rng.lo:rng.hi] < earliest
+    unique = int(np.unique(steps[keep]).size)
+    known = len(log) > 0 and not bool(np.isnan(tokens).any())
+    productive = math.fsum(tokens[keep]) if known else None
+    processed = math.fsum(tokens) if known else None
+    unsaved = None
+    if tl.state == "ended":
+        saved = [e["step"] for e in tl.events if e["event"] == "checkpoint_saved"
+                 and isinstance(e.get("step"), int)]
+        unsaved = int(np.count_nonzero(steps[keep] >= max(saved, default=0)))
+    return unique, productive, processed, unsaved

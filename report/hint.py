@@ -9,10 +9,10 @@ MTBF, and the suggestion says so; with no failure or no save there is none.
 
 from __future__ import annotations
 
-import math
 import statistics
 from typing import Any
 
+from trainwatch.plan.interval import young_daly_interval
 from trainwatch.report.goodput import Accounting
 from trainwatch.report.timeline import Timeline, number
 
@@ -25,7 +25,7 @@ def checkpoint_hint(tl: Timeline, acc: Accounting) -> dict[str, Any] | None:
         return None
     save = statistics.median(saves)
     mtbf = acc.wall_seconds / len(failures)
-    interval = math.sqrt(2.0 * save * mtbf)
+    interval = young_daly_interval(save, mtbf)
     return {
         "current_every_steps": tl.config("checkpoint", "every_steps"),
         "suggested_every_steps": max(1, round(interval / acc.typical_step_seconds)),

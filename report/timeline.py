@@ -6,6 +6,10 @@ controller's, or a new ``trainwatch train``) starts a new one, and its ranks jou
 step takes as long as the slowest rank's); the other ranks are only counted, to
 cross-check the world size. Nothing here guesses: what the run directory does not say
 stays ``None`` and a warning says why.
+
+The metrics log is streamed: each line is parsed and dropped, and a step keeps five
+numbers in columns (``StepLog``, 40 bytes a step) instead of a dict and an object, so a
+million-step run is read in tens of MiB. ``StepExec`` objects are made on demand.
 """
 
 from __future__ import annotations
@@ -13,12 +17,14 @@ from __future__ import annotations
 import bisect
 import math
 import re
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Sequence
 
+from trainwatch.contract.layout import TORCHRUN_LOG
 from trainwatch.errors import ConfigError, FormatError
-from trainwatch.rundir import ReadResult, RunDir, Skipped
+from trainwatch.rundir import ReadResult, RunDir, Skipped, iter_jsonl
 
 # Events that say an attempt's processes are gone (or going): its end marker.
 TERMINAL_EVENTS = ("failed", "job_stopped", "job_exited", "launcher_exited")
@@ -45,6 +51,70 @@ class StepExec:
         return self.end - self.start
 
 
+class StepLog:
+    """Rank 0's completed steps as columns (index order = end time once ``sort``ed)."""
+
+    def __init__(self) -> None:
+        self.step, self.start, self.end = array("q"), array("d"), array("d")
+        self.wait, self.tokens = array("d"), array("d")   # tokens: NaN when not recorded
+        self.attempt_starts: list[int] = [0]  # first index of each attempt's steps
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def append(self, step: int, start: float, end: float, wait: float,
+               tokens: float | None) -> None:
+        self.step.append(step)  # first: OverflowError leaves the columns as they were
+        self.start.append(start)
+        self.end.append(end)
+        self.wait.append(wait)
+        self.tokens.append(math.nan if tokens is None else tokens)
+
+    def sort(self) -> None:
+        """Order by end time (the log is in that order unless clocks or writers disagree)."""
+        end = self.end
+        if all(end[i] <= end[i + 1] for i in range(len(end) - 1)):
+            return
+        order = sorted(range(len(end)), key=end.__getitem__)
+        for name in ("step", "start", "end", "wait", "tokens"):
+            column = getattr(self, name)
+            setattr(self, name, array(column.typecode, (column[i] for i in order)))
+
+    def attempt_of(self, i: int) -> int:
+        return bisect.bisect_right(self.attempt_starts, i) - 1
+
+    def exec(self, i: int) -> StepExec:
+        tokens = self.tokens[i]
+        return StepExec(self.step[i], self.start[i], self.end[i], self.wait[i],
+                        None if tokens != tokens else tokens, self.attempt_of(i))
+
+
+class StepRange(Sequence):
+    """Steps ``lo``..``hi`` of a StepLog as a read-only sequence of StepExec (made on demand)."""
+
+    def __init__(self, log: StepLog, lo: int, hi: int):
+        self.log, self.lo, self.hi = log, lo, hi
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = self.hi - self.lo
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(i)
+        return self.log.exec(self.lo + i)
+
+    def __iter__(self) -> Iterator[StepExec]:
+        return (self.log.exec(i) for i in range(self.lo, self.hi))
+
+    def step_numbers(self) -> Sequence[int]:
+        return self.log.step[self.lo:self.hi]
+
+
 @dataclass
 class Attempt:
     index: int
@@ -52,7 +122,7 @@ class Attempt:
     restart_count: int | None              # torchrun's TORCHELASTIC_RESTART_COUNT
     ranks: dict[int, int | None] = field(default_factory=dict)  # rank -> pid
     events: list[dict[str, Any]] = field(default_factory=list)  # journal events in its window
-    execs: list[StepExec] = field(default_factory=list)
+    execs: Sequence[StepExec] = ()                              # its steps (a StepRange)
     evals: dict[int, float] = field(default_factory=dict)       # step -> time of its record
     resumed_from: int | None = None        # the step this attempt started at
     resume_source: str | None = None       # which evidence said so
@@ -79,10 +149,12 @@ class Timeline:
     skipped_journal: list[Skipped]
     skipped_metrics: list[Skipped]
     warnings: list[str]
+    steps: StepLog = field(default_factory=StepLog)
 
     @property
-    def execs(self) -> list[StepExec]:
-        return [x for a in self.attempts for x in a.execs]
+    def execs(self) -> StepRange:
+        """Every step execution, in end-time order (each attempt's are contiguous)."""
+        return StepRange(self.steps, 0, len(self.steps))
 
     def config(self, section: str, key: str) -> int | None:
         """An integer from run.json's trainer config (e.g. train.steps), or None."""
@@ -131,37 +203,39 @@ def _events(result: ReadResult, path: Path) -> tuple[list[dict[str, Any]], list[
     return events, skipped
 
 
-def _rank0_metrics(run: RunDir) -> tuple[list[StepExec], list[tuple[int, float]],
-                                         list[Skipped]]:
-    result = run.metrics(0)
-    skipped = list(result.skipped)
+def _rank0_metrics(run: RunDir) -> tuple[StepLog, list[tuple[int, float]], list[Skipped]]:
+    """Stream rank 0's metrics log into a StepLog; evaluations as (step, time)."""
+    log, evals, skipped = StepLog(), [], []
     where = str(run.metrics_file(0))
-    execs, evals = [], []
-    for record in result.records:
+    for lineno, record in iter_jsonl(run.metrics_file(0), skipped, run.root):
         kind, step, when = record.get("kind"), record.get("step"), number(record.get("time"))
         if kind not in ("step", "eval"):
             continue  # other kinds are the loop's own records, not ours to judge
         if not isinstance(step, int) or isinstance(step, bool) or when is None:
-            skipped.append(Skipped(where, f"{kind} record without an integer step and a time"))
+            skipped.append(Skipped(where, f"{kind} record without an integer step and a time",
+                                   lineno))
             continue
         if kind == "eval":
             evals.append((step, when))
             continue
         seconds = number(record.get("step_time_seconds"))
         if seconds is None or seconds < 0:
-            skipped.append(Skipped(where, "step record without step_time_seconds"))
+            skipped.append(Skipped(where, "step record without step_time_seconds", lineno))
             continue
         wait = number(record.get("data_wait_seconds")) or 0.0
-        execs.append(StepExec(step, when - seconds, when, min(max(wait, 0.0), seconds),
-                              number(record.get("tokens"))))
-    execs.sort(key=lambda x: x.end)
-    return execs, evals, skipped
+        try:
+            log.append(step, when - seconds, when, min(max(wait, 0.0), seconds),
+                       number(record.get("tokens")))
+        except OverflowError:
+            skipped.append(Skipped(where, "step number out of range", lineno))
+    log.sort()
+    return log, evals, skipped
 
 
 def _torchrun_exits(run: RunDir) -> list[dict[str, Any]]:
     """Workers torchrun reported as failed (exit code, local rank, pid); [] without its log."""
     try:
-        text = run.log_text("torchrun.log")
+        text = run.log_text(TORCHRUN_LOG)
     except (OSError, FormatError):
         return []
     return [{"exitcode": int(code), "local_rank": int(local), "pid": int(pid)}
@@ -285,7 +359,8 @@ def read_timeline(path: str | Path) -> Timeline:
     if not info:
         warnings.append(f"{run.run_file}: missing or unreadable; world size from the journal")
     events, skipped_journal = _events(run.journal(), run.journal_file)
-    execs, evals, skipped_metrics = _rank0_metrics(run)
+    log, evals, skipped_metrics = _rank0_metrics(run)
+    execs = StepRange(log, 0, len(log))
     if not events and not execs:
         raise ConfigError("nothing to report: no journal events and no rank 0 metrics",
                           file=str(run.root))
@@ -295,16 +370,18 @@ def read_timeline(path: str | Path) -> Timeline:
     attempts = _group_attempts(events)
     if not attempts:
         warnings.append("no rank_started events: the run is read as a single attempt")
-        first = min([e["time"] for e in events] + [x.start for x in execs])
+        first = min([e["time"] for e in events] + ([min(log.start)] if log else []))
         attempts = [Attempt(0, first, None)]
     starts = [a.started_at for a in attempts]
     for e in events:
         if (attempt := _window(attempts, starts, e["time"])) is not None:
             attempt.events.append(e)
-    for x in execs:
-        attempt = _window(attempts, starts, x.end) or attempts[0]
-        x.attempt = attempt.index
-        attempt.execs.append(x)
+    # Steps are in end-time order, so each attempt's are one contiguous range: those that
+    # ended before its successor started (the first attempt also takes earlier ones).
+    bounds = [0] + [bisect.bisect_left(log.end, a.started_at) for a in attempts[1:]] + [len(log)]
+    log.attempt_starts = bounds[:-1]
+    for attempt, lo, hi in zip(attempts, bounds, bounds[1:]):
+        attempt.execs = StepRange(log, lo, hi)
     for step, when in evals:
         if (attempt := _window(attempts, starts, when)) is not None:
             attempt.evals[step] = when
@@ -322,10 +399,10 @@ def read_timeline(path: str | Path) -> Timeline:
                             "in its last heartbeat interval may be missing from its metrics "
                             "log (recomputed steps may be undercounted)")
 
-    bounds = _span_events(events)
-    start = min([e["time"] for e in bounds] + [x.start for x in execs]
+    span = _span_events(events)
+    start = min([e["time"] for e in span] + ([min(log.start)] if log else [])
                 or [e["time"] for e in events])
-    last = [e["time"] for e in bounds] + [x.end for x in execs] + [t for _, t in evals]
+    last = [e["time"] for e in span] + ([log.end[-1]] if log else []) + [t for _, t in evals]
     end = max(last or [e["time"] for e in events])
     last_attempt = attempts[-1]
     if last_attempt.ended_at is None:
@@ -334,7 +411,7 @@ def read_timeline(path: str | Path) -> Timeline:
     world_size = _world_size(info, events, attempts, run, warnings)
     return Timeline(run.root, info, str(info.get("job") or run.root.resolve().name), world_size,
                     start, end, attempts, events, _not_running(events, start, end), state,
-                    skipped_journal, skipped_metrics, warnings)
+                    skipped_journal, skipped_metrics, warnings, log)
 
 
 def _world_size(info: dict[str, Any], events: list[dict[str, Any]], attempts: list[Attempt],

@@ -8,4 +8,9 @@ python3 -m venv .venv
 pip install -q --upgrade pip
 pip install -q torch==2.13.0 numpy
 pip install -q -e '.[test]'
+# With no arguments (CI), lint and type-check the whole tree first (pyproject.toml).
+if [ $# -eq 0 ]; then
+    ruff check .
+    mypy
+fi
 python -m pytest -q "$@"

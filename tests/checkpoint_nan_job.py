@@ -37,7 +37,7 @@ for step in range(5):
     if ckpt.check_step(step, loss, norm, data={"batch": step + 1}):
         opt.step()
         applied.append(step)
-    ckpt.after_step(step + 1, lambda: {})
+    ckpt.after_step(step + 1, dict)
 ckpt.close()
 (run_dir / f"result-rank-{rank}.json").write_text(json.dumps({
     "applied": applied, "grad_norm_finite": bool(torch.isfinite(norm)),

@@ -2,7 +2,7 @@
 
     torchrun --standalone --nproc-per-node N tests/diagnose_job.py RUN_DIR STEPS
 
-Faults (environment): FAULT=data_fifo|flock|extra_collective|slow|checkpoint,
+Faults (environment): FAULT=data_fifo|flock|extra_collective|size_mismatch|slow|checkpoint,
 FAULT_RANK, FAULT_STEP, FAULT_ARG (FIFO path, lock file path, extra seconds per step, or
 checkpoint interval); DEADLOCK_RANK: that rank's threads deadlock on two locks at
 FAULT_STEP (besides FAULT, so one job can carry two blocked ranks).
@@ -131,6 +131,8 @@ for step in range(steps):
             if FAULT == "extra_collective" and faulty and step == FAULT_STEP:
                 dist.barrier()  # the bug: a collective only this rank issues
             flat = torch.cat([p.grad.flatten() for p in model.parameters()])
+            if FAULT == "size_mismatch" and faulty and step == FAULT_STEP:
+                dist.all_reduce(torch.cat([flat, torch.zeros(4096)]))  # the bug: a bigger one
             dist.all_reduce(flat)
             offset = 0
             for p in model.parameters():

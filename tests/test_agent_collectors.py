@@ -77,11 +77,11 @@ def test_ranks_skips_and_counts_torn_and_alien_status_files(tmp_path):
     first = ranks.collect()
     second = ranks.collect()  # the same bad files again: not counted twice
     skipped = samples(second, "trainwatch_collector_status_files_skipped_total")
-    assert {dict(k)["reason"]: v for k, v in skipped.items()} == {
+    assert {dict(k)["reason"]: v for k, v in skipped.items() if v} == {
         "not_json": 1, "alien_format": 1, "unsupported_version": 1}
     (run.status_dir / "rank-00001.json").write_text("garbage, new version of the file")
     third = ranks.collect()
-    assert value(third, "trainwatch_collector_status_files_skipped_total", job="exp",
+    assert value(third, "trainwatch_collector_status_files_skipped_total", run="exp",
                  reason="not_json") == 2
     job = third.data["jobs"][0]
     assert [r["rank"] for r in job["ranks"]] == [0]
@@ -133,11 +133,11 @@ def test_ranks_export_checkpoint_age_and_failures_from_the_status_files(tmp_path
     age = samples(result, "trainwatch_checkpoint_age_seconds")
     failures = samples(result, "trainwatch_checkpoint_failures_total")
     node = ("node", "node-a")
-    assert 100 <= age[(("job", "saved"), node)] < 160
-    assert 50 <= age[(("job", "fresh"), node)] < 110
-    assert set(age) == {(("job", "saved"), node), (("job", "fresh"), node)}
-    assert failures == {(("job", "saved"), node): 2, (("job", "fresh"), node): 0,
-                        (("job", "done"), node): 4, (("job", "other"), node): 0}
+    assert 100 <= age[(node, ("run", "saved"))] < 160
+    assert 50 <= age[(node, ("run", "fresh"))] < 110
+    assert set(age) == {(node, ("run", "saved")), (node, ("run", "fresh"))}
+    assert failures == {(node, ("run", "saved")): 2, (node, ("run", "fresh")): 0,
+                        (node, ("run", "done")): 4, (node, ("run", "other")): 0}
 
 
 def test_ranks_export_checkpoint_saves_and_nonfinite_skips_from_the_status_files(tmp_path):
@@ -148,9 +148,9 @@ def test_ranks_export_checkpoint_saves_and_nonfinite_skips_from_the_status_files
     write_status(plain, 0, os.getpid(), job="plain")
     result = collector(make_ctx([run.root, plain.root]), "ranks").collect()
     node = ("node", "node-a")
-    assert samples(result, "trainwatch_checkpoint_saves_total") == {(("job", "exp"), node): 5}
+    assert samples(result, "trainwatch_checkpoint_saves_total") == {(node, ("run", "exp")): 5}
     assert samples(result, "trainwatch_train_nonfinite_skipped_steps_total") == {
-        (("job", "exp"), node): 2}
+        (node, ("run", "exp")): 2}
 
 
 def test_ranks_reports_gone_and_zombie_processes(tmp_path):
@@ -365,7 +365,7 @@ def test_storage_probe_that_hangs_becomes_an_error_not_a_hung_agent(tmp_path):
 
 
 def test_storage_parses_diskstats_and_mounts_from_fixture_proc():
-    from trainwatch.agent.collectors.storage import mount_of, parse_diskstats, parse_mounts
+    from trainwatch.host.storage import mount_of, parse_diskstats, parse_mounts
     mounts = parse_mounts((FIXTURES / "proc/self/mounts").read_text())
     assert mount_of("/data set/tokens", mounts)[1] == "/data set"
     assert mount_of("/home/x", mounts)[1] == "/"
@@ -449,7 +449,7 @@ def test_nccl_ras_env_consistency_and_debug_log(tmp_path):
         for proc in ranks:
             proc.kill()
             proc.wait()
-    lab = dict(job="exp")
+    lab = dict(run="exp")
     assert value(result, "trainwatch_nccl_ras_up", **lab) == 1
     assert value(result, "trainwatch_nccl_ras_communicators", **lab) == 1
     assert value(result, "trainwatch_nccl_ras_ranks_missing", **lab) == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -111,7 +112,7 @@ def test_agent_end_to_end(tmp_path, job, prometheus):
         check = subprocess.run(["promtool", "check", "metrics"], input=metrics,
                                capture_output=True)
         assert check.returncode == 0, check.stdout + check.stderr
-        assert b'trainwatch_rank_up{job="run"' in metrics
+        assert re.search(rb'trainwatch_rank_up\{[^}]*run="run"', metrics)
 
         # 2. a real Prometheus scrapes it; the series are queryable
         prom = prometheus(url.removeprefix("http://"))
@@ -143,8 +144,20 @@ def test_agent_end_to_end(tmp_path, job, prometheus):
         assert found["cause"] in ("cpu_contention", "data_wait", "network_errors", "unknown")
         assert _query(prom, "trainwatch_straggler_active == 1") or wait_for(
             lambda: _query(prom, "trainwatch_straggler_active == 1"), 15, what="prom flag")
+        assert "runs at 0." in found["message"], found["message"]  # never "1.02x the speed"
+        # ... held while the rank stays slow (hysteresis): polled over the next 40 steps
+        held, until = [], found["detected_step"] + 40
+        while (_rank(url, 1).get("step") or 0) < until:
+            held.append(1 in _findings(url, "straggler"))
+            time.sleep(0.2)
+        print(f"straggler flag up {sum(held)}/{len(held)} polls while slow")
+        assert sum(held) >= 0.9 * len(held), held
         (run_dir / "control" / "slow-1").unlink()
+        slow_until = _rank(url, 1)["step"]
         wait_for(lambda: not _findings(url, "straggler"), 60, what="straggler flag clears")
+        cleared_after = _rank(url, 1)["step"] - slow_until
+        print(f"straggler flag cleared {cleared_after} steps after the rank recovered")
+        assert cleared_after <= 30 + 5, cleared_after  # + the agent's 1 s collection (~5 steps)
 
         # 5. SIGSTOP rank 1 -> frozen within 10 s of its last progress; rank 0 stuck
         pid = _rank(url, 1)["pid"]
@@ -201,7 +214,7 @@ def test_agent_exports_checkpoint_age_and_failures_of_the_real_trainer(tmp_path)
         text = wait_for(exported, 120, what="two failed mirror copies in the agent's /metrics")
         age = next(line for line in text.splitlines()
                    if line.startswith("trainwatch_checkpoint_age_seconds{"))
-        assert 'job="run"' in age and 0 <= float(age.split()[-1]) < 120
+        assert 'run="run"' in age and 0 <= float(age.split()[-1]) < 120
         check = subprocess.run(["promtool", "check", "metrics"], input=text.encode(),
                                capture_output=True)
         assert check.returncode == 0, check.stdout + check.stderr

@@ -21,6 +21,62 @@ def ranks_data(now, *, progress_age, heartbeat_age=0.1, status="sleeping", timin
                                   "timing": timing, "env": {}}]})
 
 
+def job_of(now, ranks, job="exp"):
+    """Several ranks of one job: (rank, step, phase, progress_age, heartbeat_age, status)."""
+    views = [{"rank": r, "local_rank": r, "pid": 4000 + r, "state": "running", "step": step,
+              "phase": phase, "phase_since": now - age, "last_progress_at": now - age,
+              "heartbeat_at": now - hb, "started_at": now - 600,
+              "metrics": {"step": step - 1, "step_time_seconds": 0.1},
+              "progress_age": age, "heartbeat_age": hb, "phase_age": age,
+              "process": {"status": status}} for r, step, phase, age, hb, status in ranks]
+    return Result(data={"observed_mono": time.monotonic(),
+                        "jobs": [{"job": job, "run_dir": "/r", "ranks": views, "timing": None,
+                                  "env": {}}]})
+
+
+def incident_samples(result):
+    seconds = [s for s in result.samples if s.name == "trainwatch_stall_incident_seconds"]
+    roles = {s.labels["role"]: s.value for s in result.samples
+             if s.name == "trainwatch_stall_incident_ranks"}
+    return seconds, roles
+
+
+def test_a_4_rank_stall_is_one_incident_naming_the_culprit():
+    ctx = make_ctx()
+    findings = collector(ctx, "findings")
+    now = time.time()
+    # rank 2 SIGSTOPped in forward; the others wait in the all-reduce (backward)
+    publish(ctx, "ranks", job_of(now, [(0, 50, "backward", 8.0, 0.1, "sleeping"),
+                                       (1, 50, "backward", 8.0, 0.1, "sleeping"),
+                                       (2, 50, "forward", 8.2, 8.2, "stopped"),
+                                       (3, 50, "backward", 7.9, 0.1, "sleeping")]))
+    result = findings.collect()
+    by_id = {f["id"]: f for f in result.data["findings"]}
+    incident = by_id["stall_incident/exp"]
+    assert incident["culprit_ranks"] == [2] and incident["waiting_ranks"] == [0, 1, 3]
+    assert incident["stall_kind"] == "frozen" and incident["severity"] == "critical"
+    assert [f["rank"] for f in by_id.values() if f["severity"] == "critical"
+            and f["kind"] == "stall"] == [2]
+    assert all(by_id[f"stall/exp/{r}"]["role"] == "waiting" for r in (0, 1, 3))
+    (seconds,), roles = incident_samples(result)
+    assert seconds.labels["culprit_rank"] == "2" and seconds.labels["kind"] == "frozen"
+    assert 8.0 <= seconds.value < 9.0 and roles == {"culprit": 1, "waiting": 3}
+    # a stuck rank outside the collective the others wait in (a FIFO in data loading)
+    publish(ctx, "ranks", job_of(now, [(0, 50, "backward", 8.0, 0.1, "sleeping"),
+                                       (1, 50, "data", 8.2, 0.1, "sleeping")]))
+    (seconds,), roles = incident_samples(findings.collect())
+    assert seconds.labels["culprit_rank"] == "1" and seconds.labels["kind"] == "stuck"
+    # a node whose stalled ranks all wait alike names no culprit
+    publish(ctx, "ranks", job_of(now, [(4, 50, "backward", 8.0, 0.1, "sleeping"),
+                                       (5, 50, "backward", 8.0, 0.1, "sleeping")]))
+    (seconds,), roles = incident_samples(findings.collect())
+    assert seconds.labels["culprit_rank"] == "unknown" and roles == {"culprit": 0, "waiting": 2}
+    # progress again: no incident series, counts back to 0
+    publish(ctx, "ranks", job_of(now, [(4, 51, "forward", 0.1, 0.1, "sleeping")]))
+    seconds, roles = incident_samples(findings.collect())
+    assert seconds == [] and roles == {"culprit": 0, "waiting": 0}
+
+
 def stall_metric(result, name):
     return [s.value for s in result.samples if s.name == name][0]
 
@@ -33,8 +89,9 @@ def test_stall_finding_lifecycle():
     assert findings.collect().data["findings"] == []
     publish(ctx, "ranks", ranks_data(now, progress_age=8.0, heartbeat_age=8.0, status="stopped"))
     first = findings.collect()
-    (finding,) = first.data["findings"]
+    finding, incident = first.data["findings"]
     assert finding["id"] == "stall/exp/1" and finding["stall_kind"] == "frozen"
+    assert finding["role"] == "culprit" and incident["culprit_rank"] == 1
     assert finding["phase"] == "backward" and abs(finding["since"] - (now - 8.0)) < 1
     assert stall_metric(first, "trainwatch_rank_stalled") == 1
     info = [s for s in first.samples if s.name == "trainwatch_rank_stall_info"][0]
@@ -55,7 +112,7 @@ def test_straggler_finding_from_published_timing():
     ctx = make_ctx()
     findings = collector(ctx, "findings")
     now = time.time()
-    for step in (5, 10, 15):
+    for step in (5, 10, 15, 20):
         # what the ranks collector makes of rank 1's status (rank 0 is on another node)
         timing = job_window({1: {"step": step, "window_steps": 5, "time": now + step,
                                  "compute_seconds": 0.13, "data_wait_seconds": 0.0,
@@ -66,7 +123,7 @@ def test_straggler_finding_from_published_timing():
     assert set(by_kind) == {"straggler", "node_straggler"}  # rank 0 lives on another node
     finding = by_kind["straggler"]
     assert finding["rank"] == 1 and abs(by_kind["node_straggler"]["ratio"] - 1.3) < 1e-6
-    assert finding["since_step"] == 1 and finding["detected_step"] == 15
+    assert finding["since_step"] == 1 and finding["detected_step"] == 20  # 4 windows
     assert finding["cause"] == "unknown" and abs(finding["ratio"] - 1.3) < 1e-6
     ratio = [s.value for s in result.samples if s.name == "trainwatch_straggler_time_ratio"][0]
     assert abs(ratio - 1.3) < 1e-9

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -56,8 +55,8 @@ def setup(tmp_path_factory):
     agent, url = start_agent(folder, "--run-dir", str(jobs["healthy"][1]),
                              "--run-dir", str(jobs["frozen"][1]))
     try:
-        for name, (_proc, run_dir) in jobs.items():
-            wait_for(lambda: _ranks(url, name) and all(
+        for name in jobs:
+            wait_for(lambda name=name: _ranks(url, name) and all(
                 r["health"] == "ok" for r in _ranks(url, name).values())
                 and len(_ranks(url, name)) == 2, 120, what=f"job {name} healthy in /status")
         yield {"agent": agent, "url": url, "jobs": jobs, "folder": folder}
@@ -114,7 +113,7 @@ def test_hostile_status_files_cost_only_themselves(setup, tmp_path):
         ranks = _ranks(url, "healthy")
         assert sorted(ranks) == [0, 1], ranks  # the real ranks stay visible throughout
         return all(_metric(text, "trainwatch_collector_status_files_skipped_total",
-                           job="healthy", reason=r) for r in reasons)
+                           run="healthy", reason=r) for r in reasons)
 
     wait_for(all_counted, 60, what="every hostile file counted by its reason")
     with_files = _scrape_p99(url)
@@ -143,7 +142,7 @@ def test_hostile_status_files_cost_only_themselves(setup, tmp_path):
 def _stalls_total(url: str, job: str) -> float:
     text = http_get(url + "/metrics").decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("trainwatch_rank_stalls_total{") and f'job="{job}"' in line)
+               if line.startswith("trainwatch_rank_stalls_total{") and f'run="{job}"' in line)
 
 
 # 60 s is the figure operators reported; any pause longer than the heartbeat staleness

@@ -59,7 +59,7 @@ def test_fixture_journal_counts_every_kind_of_event(tmp_path):
     rules = {(r.name, r.severity) for r in load_rules().rules}
     assert {(dict(k)["alertname"], dict(k)["severity"]) for k in alerts} == rules
     assert sum(alerts.values()) == 3
-    assert all(dict(k)["job"] == "exp1" and dict(k)["node"] == "node-a" for k in alerts)
+    assert all(dict(k)["run"] == "exp1" and dict(k)["node"] == "node-a" for k in alerts)
     assert value(result, "trainwatch_action_taken_total", action="stall_restart") == 1
     assert value(result, "trainwatch_action_taken_total", action="restart") == 0
     assert value(result, "trainwatch_action_skipped_total", action="rollback_skip") == 1
@@ -218,7 +218,7 @@ def test_no_journal_yet_exports_zeros_and_status_lists_the_journal(tmp_path):
     ctx = make_ctx([run.root])
     journal = collector(ctx, "journal")
     result = journal.collect()
-    assert value(result, "trainwatch_train_restarts_total", job="run", kind="torchrun") == 0
+    assert value(result, "trainwatch_train_restarts_total", run="run", kind="torchrun") == 0
     assert not samples(result, "trainwatch_checkpoint_last_save_duration_seconds")
     run.journal_file.write_bytes(LINES[7] + b"[]\n")
     result = journal.collect()
@@ -245,7 +245,7 @@ def test_events_from_the_real_writers(tmp_path):
 
     run = RunDir(tmp_path / "run").create()
     rule = next(r for r in load_rules().rules if r.name == "TrainingStalled")
-    alert = Alert(rule, {"alertname": rule.name, "job": "run", "rank": "1"},
+    alert = Alert(rule, {"alertname": rule.name, "run": "run", "rank": "1"},
                   {"summary": "stalled"}, 12.0, time.time(), state="firing")
     JournalNotifier(str(run.root)).notify("firing", alert, time.time())
     JournalNotifier(str(run.root)).notify("resolved", alert, time.time())
@@ -256,11 +256,11 @@ def test_events_from_the_real_writers(tmp_path):
     controller.restart("TrainingStalled")  # attempt 2
     controller.proc.wait(30)
     runner = ActionRunner(run.root, None, Policy())
-    request = ActionRequest("CheckpointTooOld", "checkpoint_now", {"job": "run"}, "f1",
+    request = ActionRequest("CheckpointTooOld", "checkpoint_now", {"run": "run"}, "f1",
                             "2026-01-01T00:00:00Z", "engine")
     runner.handle(request)
     runner.handle(request)  # a duplicate delivery: skipped
-    runner.handle(ActionRequest("TrainingStalled", "stall_restart", {"job": "run"}, "f2",
+    runner.handle(ActionRequest("TrainingStalled", "stall_restart", {"run": "run"}, "f2",
                                 "2026-01-01T00:00:00Z", "engine"))  # no controller: skipped
 
     model = torch.nn.Linear(4, 2)

@@ -2,8 +2,8 @@
 
 import time
 
-from trainwatch.agent.config import STALL_DEFAULTS
-from trainwatch.agent.stall import KNOWN_PHASES, StallDetector
+from trainwatch.agent.stall import StallDetector
+from trainwatch.contract.stall import STALL_DEFAULTS
 
 
 def rank(now, *, progress_age, heartbeat_age=0.2, phase="forward", status="sleeping",
@@ -13,11 +13,6 @@ def rank(now, *, progress_age, heartbeat_age=0.2, phase="forward", status="sleep
             "progress_age": progress_age, "heartbeat_age": heartbeat_age,
             "started_at": now - 100, "process": {"status": status},
             "metrics": {"step": step, "step_time_seconds": step_time}}
-
-
-def test_known_phases_match_the_trainer_telemetry():
-    from trainwatch.trainer.telemetry import KNOWN_PHASES as TELEMETRY_PHASES
-    assert KNOWN_PHASES == TELEMETRY_PHASES
 
 
 def test_budget_is_floor_or_k_times_typical_step():

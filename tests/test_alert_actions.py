@@ -106,7 +106,7 @@ def _post(url, body, token=TOKEN, raw=None):
 
 def _payload(alertname="TrainingStalled", status="firing", starts="2026-12-02T10:00:00Z",
              fingerprint="a1b2c3d4e5f60718", job="exp1"):
-    alert = {"status": status, "labels": {"alertname": alertname, "job": job, "rank": "0",
+    alert = {"status": status, "labels": {"alertname": alertname, "run": job, "rank": "0",
                                           "severity": "critical"},
              "annotations": {"summary": "x"}, "startsAt": starts,
              "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "", "fingerprint": fingerprint}
@@ -227,7 +227,7 @@ def test_crash_loop_trips_the_guard_and_raises_training_restart_loop(job):
     engine = Engine(ruleset, history)
 
     def guard_tripped(job_name, tripped):
-        history.add({"__name__": "trainwatch_action_restart_guard_tripped", "job": job_name},
+        history.add({"__name__": "trainwatch_action_restart_guard_tripped", "run": job_name},
                     time.time(), 1.0 if tripped else 0.0)
 
     runner = ActionRunner(c.run.root, c, Policy(min_interval_seconds=300, guard_max_restarts=2),
@@ -254,7 +254,7 @@ def test_progress_resets_the_guard(job):
     c.start()
     for _ in range(3):  # each restart happens after the job made progress: never blocked
         before = _wait_for(lambda: c.progress_step())
-        _wait_for(lambda: (c.progress_step() or 0) > before)
+        _wait_for(lambda before=before: (c.progress_step() or 0) > before)
         assert runner.restart_job("restart", None).taken
     _wait_for(lambda: len(_starts(c.run)) == 4)
     assert not runner.guard_tripped and len(c.run.events("action_taken")) == 3
@@ -365,7 +365,8 @@ def test_rollback_quarantines_the_configured_dir_and_the_mirror_too(tmp_path):
     ckpt = Checkpointer(cfg, run.root).start()
     try:
         for step in range(1, 16):
-            ckpt.after_step(step, lambda: {"model": model.state_dict(), "data": {"s": step}},
+            ckpt.after_step(step, lambda step=step: {"model": model.state_dict(),
+                                                     "data": {"s": step}},
                             final=step == 15)
     finally:
         ckpt.close()

@@ -25,8 +25,24 @@ from trainwatch.rundir import RunDir
 from test_alert_actions import TOKEN, _wait_for
 from test_alert_prometheus_e2e import ALERTMANAGER, _free_port, _ready, processes  # noqa: F401
 
-STALL = {"__name__": "trainwatch_rank_stall_seconds", "job": "exp1", "node": "n1", "rank": "0",
-         "local_rank": "0"}
+STALL = {"__name__": "trainwatch_stall_incident_seconds", "run": "exp1", "node": "n1",
+         "culprit_rank": "0", "kind": "frozen"}
+WAITING = {"__name__": "trainwatch_stall_incident_ranks", "run": "exp1", "node": "n1",
+           "role": "waiting"}
+
+
+def stall(history, t, seconds, culprit="0", waiting=1):
+    """What an agent exports for a run's stall incident: its age, and the waiting ranks."""
+    history.add({**STALL, "culprit_rank": culprit}, t, seconds)
+    history.add(WAITING, t, waiting)
+
+
+def incident_gauges(registry):
+    seconds = Gauge("trainwatch_stall_incident_seconds", "x",
+                    ["run", "node", "culprit_rank", "kind"], registry=registry)
+    Gauge("trainwatch_stall_incident_ranks", "x", ["run", "node", "role"],
+          registry=registry).labels("exp1", "n1", "waiting").set(1)
+    return seconds
 
 
 @pytest.fixture
@@ -43,46 +59,46 @@ def test_dedup_and_resolve_are_announced_once(tmp_path, fast_rules):
     engine = Engine(fast_rules, history, notifiers=[JournalNotifier(str(run.root))],
                     on_firing=fired.append)
     for t in range(0, 120, 15):  # stalled from t=0; `for` is 30s
-        history.add(STALL, t, 100.0 + t)
+        stall(history, t, 100.0 + t)
         engine.evaluate(t)
         assert [a.state for a in engine.alerts()] == (["pending"] if t < 30 else ["firing"])
     for t in range(120, 180, 15):
-        history.add(STALL, t, 0.0)
+        stall(history, t, 0.0)
         engine.evaluate(t)
     firing, resolved = run.events("alert_firing"), run.events("alert_resolved")
     assert len(firing) == 1 and len(resolved) == 1 and len(fired) == 1
-    assert firing[0]["alert"] == "TrainingStalled" and firing[0]["labels"]["rank"] == "0"
-    assert firing[0]["value"] == 130.0  # the value when it started firing (t=30)
+    assert firing[0]["alert"] == "TrainingStalled" and firing[0]["labels"]["culprit_rank"] == "0"
+    assert firing[0]["value"] == 1.0  # the ranks waiting for the culprit
 
 
 def test_silenced_alerts_neither_notify_nor_act(tmp_path, fast_rules):
     run = RunDir(tmp_path / "exp1").create()
     silences = Silences(run.root / "alerts" / "silences.json")
-    silence = silences.add({"alertname": "TrainingStalled", "job": "exp1"}, 3600, now=0)
+    silence = silences.add({"alertname": "TrainingStalled", "run": "exp1"}, 3600, now=0)
     history, fired = History(), []
     engine = Engine(fast_rules, history, silences=silences,
                     notifiers=[JournalNotifier(str(run.root))], on_firing=fired.append)
     for t in (0, 30, 60):
-        history.add(STALL, t, 100.0)
+        stall(history, t, 100.0)
         engine.evaluate(t)
     assert engine.firing() and not fired and not run.events("alert_firing")
     silences.expire(silence.id, now=60)
-    history.add({**STALL, "rank": "1"}, 90, 100.0)  # a new alert after the silence ended
+    stall(history, 90, 100.0, culprit="1")  # a new incident after the silence ended
     engine.evaluate(90)
     engine.evaluate(120)
-    assert [e["labels"]["rank"] for e in run.events("alert_firing")] == ["1"]
+    assert [e["labels"]["culprit_rank"] for e in run.events("alert_firing")] == ["1"]
 
 
 def test_silence_cli_roundtrip(tmp_path):
     def tw(*args):
         return subprocess.run([sys.executable, "-m", "trainwatch", "alerts", "silence", *args,
                                "--run-dir", str(tmp_path)], capture_output=True, text=True)
-    out = tw("add", "alertname=TrainingStalled", "job=exp1", "--duration", "1h",
+    out = tw("add", "alertname=TrainingStalled", "run=exp1", "--duration", "1h",
              "--comment", "drill")
     assert out.returncode == 0, out.stderr
     sid = out.stdout.split()[1]
     listed = json.loads(tw("list", "--json").stdout)
-    assert listed[0]["matchers"] == {"alertname": "TrainingStalled", "job": "exp1"}
+    assert listed[0]["matchers"] == {"alertname": "TrainingStalled", "run": "exp1"}
     assert tw("expire", sid).returncode == 0
     assert json.loads(tw("list", "--json").stdout) == []
     assert tw("add", "job", "--duration", "1h").returncode == 2
@@ -91,9 +107,8 @@ def test_silence_cli_roundtrip(tmp_path):
 
 def test_scraping_a_real_exporter_and_agent_down(fast_rules):
     registry = CollectorRegistry()
-    gauge = Gauge("trainwatch_rank_stall_seconds", "x", ["job", "node", "rank", "local_rank"],
-                  registry=registry)
-    gauge.labels("exp1", "n1", "0", "0").set(0)
+    gauge = incident_gauges(registry)
+    gauge.labels("exp1", "n1", "0", "frozen").set(0)
     server, _ = start_http_server(0, "127.0.0.1", registry)
     port = server.server_address[1]
     history = History()
@@ -101,12 +116,12 @@ def test_scraping_a_real_exporter_and_agent_down(fast_rules):
     scraper = Scraper(history, [f"127.0.0.1:{port}"], timeout=2)
     try:
         scraper.scrape_all(0)
-        gauge.labels("exp1", "n1", "0", "0").set(75)
+        gauge.labels("exp1", "n1", "0", "frozen").set(75)
         for t in (15, 30, 45):
             scraper.scrape_all(t)
             engine.evaluate(t)
         assert [a.name for a in engine.firing()] == ["TrainingStalled"]
-        assert engine.firing()[0].value == 75
+        assert engine.firing()[0].value == 1
     finally:
         server.shutdown()
         server.server_close()
@@ -117,7 +132,7 @@ def test_scraping_a_real_exporter_and_agent_down(fast_rules):
     assert names == ["TrainwatchAgentDown"]
     down = engine.firing()[0]
     assert down.labels["instance"] == f"127.0.0.1:{port}"
-    assert Evaluator(history).vector(parse("trainwatch_rank_stall_seconds").root, 90) == {}
+    assert Evaluator(history).vector(parse("trainwatch_stall_incident_seconds").root, 90) == {}
 
 
 def test_webhook_notifier_speaks_the_receivers_format(tmp_path, fast_rules):
@@ -129,7 +144,7 @@ def test_webhook_notifier_speaks_the_receivers_format(tmp_path, fast_rules):
         engine = Engine(fast_rules, history,
                         notifiers=[WebhookNotifier(receiver.url + "/webhook", TOKEN)])
         for t in (0, 30):
-            history.add(STALL, t, 100.0)
+            stall(history, t, 100.0)
             engine.evaluate(t)
     finally:
         receiver.stop()
@@ -153,16 +168,16 @@ def test_alertmanager_v2_api_receives_firing_and_resolved(tmp_path, fast_rules, 
     engine = Engine(fast_rules, history, notifiers=[am])
     now = time.time()
     for dt in (0, 30, 45):
-        history.add(STALL, now - 60 + dt, 100.0)
+        stall(history, now - 60 + dt, 100.0)
         engine.evaluate(now - 60 + dt)
 
     def alerts():
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/alerts", timeout=5) as r:
             return [a for a in json.load(r) if a["labels"].get("alertname") == "TrainingStalled"]
     got = _wait_for(alerts)
-    assert got[0]["labels"]["rank"] == "0" and got[0]["status"]["state"] == "active"
+    assert got[0]["labels"]["culprit_rank"] == "0" and got[0]["status"]["state"] == "active"
     assert "no progress" in got[0]["annotations"]["summary"]
-    history.add(STALL, now, 0.0)
+    stall(history, now, 0.0)
     engine.evaluate(now)  # resolved: sent again with endsAt = now
     _wait_for(lambda: not [a for a in alerts() if a["status"]["state"] == "active"])
     assert am.sent >= 2
@@ -170,8 +185,7 @@ def test_alertmanager_v2_api_receives_firing_and_resolved(tmp_path, fast_rules, 
 
 def test_alerts_watch_cli_scrapes_an_agent_and_journals(tmp_path):
     registry = CollectorRegistry()
-    Gauge("trainwatch_rank_stall_seconds", "x", ["job", "node", "rank", "local_rank"],
-          registry=registry).labels("exp1", "n1", "3", "1").set(42)
+    incident_gauges(registry).labels("exp1", "n1", "3", "stuck").set(42)
     server, _ = start_http_server(0, "127.0.0.1", registry)
     (tmp_path / "t.yaml").write_text("evaluation_interval: 1s\nstall_for: 0s\n")
     run = RunDir(tmp_path / "exp1").create()
@@ -181,7 +195,7 @@ def test_alerts_watch_cli_scrapes_an_agent_and_journals(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         firing = _wait_for(lambda: run.events("alert_firing"), timeout=60)
-        assert firing[0]["alert"] == "TrainingStalled" and firing[0]["labels"]["rank"] == "3"
+        assert firing[0]["alert"] == "TrainingStalled" and firing[0]["labels"]["culprit_rank"] == "3"
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)

@@ -22,7 +22,9 @@ from trainwatch.alerts.actions import ActionRunner, Policy
 from trainwatch.alerts.controller import JobController
 from trainwatch.alerts.receiver import Receiver
 from trainwatch.alerts.rules import load_rules
+from trainwatch.contract.metrics import METRICS
 
+from deploy_configs import alertmanager_config, prometheus_config
 from test_alert_actions import JOB_SCRIPT, TOKEN, _starts, _wait_for
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
@@ -79,34 +81,22 @@ def test_prometheus_alertmanager_webhook_restarts_the_job_once(tmp_path, process
     runner = ActionRunner(run_dir, controller, Policy(min_interval_seconds=3600))
     receiver = Receiver(ruleset, runner, TOKEN).start()
     registry = CollectorRegistry()
-    stall = Gauge("trainwatch_rank_stall_seconds", "stall", ["job", "node", "rank", "local_rank"],
-                  registry=registry)
+    spec = METRICS["trainwatch_stall_incident_seconds"]
+    stall = Gauge(spec.name, "stall", list(spec.labels), registry=registry)
+    waiting = METRICS["trainwatch_stall_incident_ranks"]
+    Gauge(waiting.name, "ranks", list(waiting.labels), registry=registry).labels(
+        "exp1", "n1", "waiting").set(1)
     exporter, exporter_thread = start_http_server(0, "127.0.0.1", registry)
     exporter_port = exporter.server_address[1]
     try:
         controller.start()
         _wait_for(lambda: controller.rank_pids())
-        stall.labels("exp1", "n1", "0", "0").set(0)
+        stall.labels("exp1", "n1", "0", "frozen").set(0)
 
-        # Alertmanager: route everything to the receiver, re-notify every few seconds.
+        # The shipped Alertmanager config, re-notifying every few seconds.
         am_port, prom_port = _free_port(), _free_port()
         (tmp_path / "token").write_text(TOKEN)
-        (tmp_path / "alertmanager.yml").write_text(f"""
-route:
-  receiver: trainwatch
-  group_by: [alertname, job]
-  group_wait: 1s
-  group_interval: 1s
-  repeat_interval: 3s
-receivers:
-  - name: trainwatch
-    webhook_configs:
-      - url: {receiver.url}/webhook
-        send_resolved: true
-        http_config:
-          authorization:
-            credentials_file: {tmp_path / 'token'}
-""")
+        alertmanager_config(tmp_path / "alertmanager.yml", receiver.url, tmp_path / "token")
         processes([ALERTMANAGER, f"--config.file={tmp_path / 'alertmanager.yml'}",
                    f"--storage.path={tmp_path / 'am-data'}", "--cluster.listen-address=",
                    f"--web.listen-address=127.0.0.1:{am_port}"], tmp_path / "alertmanager.log")
@@ -115,17 +105,9 @@ receivers:
                               "--thresholds", str(thresholds), "-o", str(rules)],
                              capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
-        (tmp_path / "prometheus.yml").write_text(f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-rule_files: [{rules}]
-alerting:
-  alertmanagers:
-    - static_configs: [{{targets: ['127.0.0.1:{am_port}']}}]
-scrape_configs:
-  - job_name: trainwatch-agent
-    honor_labels: true
-    static_configs: [{{targets: ['127.0.0.1:{exporter_port}']}}]
-""")
+        prometheus_config(tmp_path / "prometheus.yml", rules,
+                          {"trainwatch-agent": [f"127.0.0.1:{exporter_port}"]},
+                          alertmanager=f"127.0.0.1:{am_port}")
         processes(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
                    f"--storage.tsdb.path={tmp_path / 'prom-data'}",
                    f"--web.listen-address=127.0.0.1:{prom_port}"], tmp_path / "prometheus.log")
@@ -135,11 +117,12 @@ scrape_configs:
         # The rank freezes; the agent would report it as stalled.
         first_pid = controller.proc.pid
         os.kill(controller.rank_pids()[0], signal.SIGSTOP)
-        stall.labels("exp1", "n1", "0", "0").set(120)
+        stall.labels("exp1", "n1", "0", "frozen").set(120)
 
         taken = _wait_for(lambda: runner.run.events("action_taken"), timeout=90)
         assert taken[0]["alert"] == "TrainingStalled" and taken[0]["delivery"] == "webhook"
-        assert taken[0]["labels"]["rank"] == "0"
+        # one alert per run incident: the run and the culprit, not the scrape job's labels
+        assert taken[0]["labels"]["culprit_rank"] == "0" and taken[0]["labels"]["run"] == "exp1"
         _wait_for(lambda: len(_starts(controller.run)) == 2)
         assert controller.proc.pid != first_pid and controller.alive()
 

@@ -3,7 +3,7 @@
 SIGSTOP a rank -> the agent flags the stall -> TrainingStalled fires -> evidence is
 captured, the job is killed and restarted -> it resumes from its newest verified
 checkpoint and finishes.  A crash loop trips the no-progress guard, which raises
-TrainingRestartLoop.  Needs the agent (issue 4) and checkpoints (issue 3).
+TrainingRestartLoop.  Needs the agent and checkpoints.
 """
 
 import importlib.util
@@ -117,7 +117,7 @@ def test_crash_loop_trips_the_guard_and_pages(tmp_path):
     assert "restart guard" in skipped[-1]["reason"]
     loops = [e for e in events if e["event"] == "alert_firing"
              and e["alert"] == "TrainingRestartLoop"]
-    assert loops and loops[0]["severity"] == "critical" and loops[0]["labels"]["job"] == "exp1"
+    assert loops and loops[0]["severity"] == "critical" and loops[0]["labels"]["run"] == "exp1"
     assert json.loads((run.root / "alerts" / "actions.json").read_text())["guard_tripped"]
     # --no-live still says why it gave up, not only the exit code
     assert ("the job failed and was not restarted: restart guard"

@@ -33,8 +33,9 @@ def test_disk_full_fails_cleanly_and_keeps_the_previous(tmp_path, small_disk, mo
     ckpt = Checkpointer(CheckpointConfig(dir=str(small_disk), mode=mode, every_steps=1,
                                          keep_last=1, save_final=False),
                         tmp_path / "run", telemetry=tel).start()
-    state = lambda: {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                     "data": {"index": step}}
+    def state():
+        return {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                "data": {"index": step}}
     for step in range(1, 5):
         loss = model(torch.randn(4, 400)).square().mean()
         opt.zero_grad()

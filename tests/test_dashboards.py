@@ -81,7 +81,7 @@ def test_every_metric_a_panel_or_rule_reads_is_exported_by_the_agent(dashboards)
     for d in dashboards:
         for q in queries(d):
             if q.expr.strip():
-                read |= promql.parse(substitute(q.expr, {"job": "j", "node": "n",
+                read |= promql.parse(substitute(q.expr, {"run": "j", "node": "n",
                                                          "rank": "0"})).metrics
     for rule in load_rules().rules:
         read |= rule.metrics
@@ -98,12 +98,12 @@ def test_shipped_dashboards_pass_the_checker(dashboards):
 
 
 def test_board_refuses_a_metric_outside_the_contract():
-    board = Board("x", "x", "x", ("job",))
+    board = Board("x", "x", "x", ("run",))
     with pytest.raises(ValueError, match="trainwatch_train_losss is not in the metrics contract"):
         board.sel("trainwatch_train_losss")
     # Variables filter only the metrics that carry the label: GPU series have no job.
     assert board.sel("trainwatch_gpu_power_watts") == "trainwatch_gpu_power_watts"
-    assert board.sel("trainwatch_train_loss") == 'trainwatch_train_loss{job=~"$job"}'
+    assert board.sel("trainwatch_train_loss") == 'trainwatch_train_loss{run=~"$run"}'
 
 
 def _with_query(dashboard: dict, expr: str, legend: str = "") -> dict:
@@ -115,12 +115,12 @@ def _with_query(dashboard: dict, expr: str, legend: str = "") -> dict:
 
 
 @pytest.mark.parametrize("expr,legend,problem", [
-    ('trainwatch_train_losss{job=~"$job"}', "", "trainwatch_train_losss is not in the metrics"),
-    ('sum(rate(trainwatch_rank_steps_total{job=~"$job"}[$__rate_interval])', "", "unclosed '('"),
-    ('trainwatch_train_loss{job=~"$jobs"}', "", "$jobs is not a variable"),
+    ('trainwatch_train_losss{run=~"$run"}', "", "trainwatch_train_losss is not in the metrics"),
+    ('sum(rate(trainwatch_rank_steps_total{run=~"$run"}[$__rate_interval])', "", "unclosed '('"),
+    ('trainwatch_train_loss{run=~"$runs"}', "", "$runs is not a variable"),
     ('trainwatch_train_loss{rank="$rank"}', "", "$rank can hold several values"),
-    ('trainwatch_gpu_power_watts{job=~"$job"}', "", "has no label 'job'"),
-    ('sum by (job) (trainwatch_train_loss)', "rank {{rank}}", "legend uses 'rank'"),
+    ('trainwatch_gpu_power_watts{run=~"$run"}', "", "has no label 'run'"),
+    ('sum by (run) (trainwatch_train_loss)', "rank {{rank}}", "legend uses 'rank'"),
     ('sum by (rnak) (trainwatch_train_loss)', "", "by (rnak): no series here has that label"),
     ('topk(3, trainwatch_train_loss)', "", "function topk() is not supported"),
 ])
@@ -168,7 +168,7 @@ def test_variables_and_units(dashboards):
     variables = {v["name"]: v for v in training["templating"]["list"]}
     assert variables["rank"]["multi"] and variables["rank"]["includeAll"]
     assert variables["rank"]["definition"] == \
-        'label_values(trainwatch_rank_up{job=~"$job", node=~"$node"}, rank)'
+        'label_values(trainwatch_rank_up{run=~"$run", node=~"$node"}, rank)'
     by_title = {p["title"]: p for p in panels(training)}
     assert by_title["Heartbeat age"]["fieldConfig"]["defaults"]["unit"] == "s"
     assert by_title["MFU per rank"]["fieldConfig"]["defaults"]["unit"] == "percentunit"

@@ -1,9 +1,10 @@
 """Every dashboard query, run by a real Prometheus over a real job.
 
 A real 2-rank gloo run (`trainwatch train`), a real `trainwatch agent` watching it, and
-Debian's Prometheus scraping the agent with trainwatch's exported alert rules loaded.
+Debian's Prometheus scraping the agent with the shipped scrape config (no honor_labels) and
+trainwatch's exported alert rules loaded.
 Each panel, variable and annotation query runs through /api/v1/query with the template
-variables set as Grafana would (job = the run, node and rank = All, $__rate_interval =
+variables set as Grafana would (run = the run, node and rank = All, $__rate_interval =
 15s): every one must succeed, and the panels a CPU training run feeds must show data.
 """
 
@@ -17,6 +18,7 @@ import sys
 import pytest
 
 from agent_helpers import free_port, http_get, start_agent, stop_process, wait_for
+from deploy_configs import prometheus_config
 from trainwatch.dashboards.check import check_with_prometheus, prometheus_query
 from trainwatch.dashboards.generate import build_all
 
@@ -68,14 +70,8 @@ def test_every_dashboard_query_runs_against_a_real_prometheus(tmp_path, launch_t
     subprocess.run([sys.executable, "-m", "trainwatch", "alerts", "export", "-o", str(rules)],
                    check=True)
     port = free_port()
-    (tmp_path / "prometheus.yml").write_text(f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-rule_files: [{rules}]
-scrape_configs:
-  - job_name: trainwatch-agent
-    honor_labels: true
-    static_configs: [{{targets: ['{agent_url.removeprefix("http://")}']}}]
-""")
+    prometheus_config(tmp_path / "prometheus.yml", rules,
+                      {"trainwatch-agent": [agent_url.removeprefix("http://")]})
     prom_proc = subprocess.Popen(
         ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
          f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
@@ -91,12 +87,15 @@ scrape_configs:
                  and len(_series(prom, "increase(trainwatch_train_restarts_total[15s])")) == 2
                  and len(_series(prom, "trainwatch_checkpoint_last_save_duration_seconds")) == 1,
                  120, interval=0.5, what="both ranks training, scraped by Prometheus")
-        job = _series(prom, "trainwatch_rank_up")[0]["metric"]["job"]
+        # The shipped scrape config keeps `job` for the scrape job; the run is `run`.
+        up = _series(prom, "trainwatch_rank_up")[0]["metric"]
+        assert up["job"] == "trainwatch-agent" and "exported_job" not in up
+        run = up["run"]
 
         empty = []
         for dashboard in build_all():
             problems, counts = check_with_prometheus(
-                dashboard, prom, {"job": job, "node": ".*", "rank": ".*"}, duration="15s")
+                dashboard, prom, {"run": run, "node": ".*", "rank": ".*"}, duration="15s")
             assert not problems, "\n".join(map(str, problems))
             assert len(counts) >= 10
             wanted = MUST_SHOW_DATA[dashboard["uid"]]
@@ -110,7 +109,7 @@ scrape_configs:
         assert not empty, "no data:\n" + "\n".join(empty)
 
         # A query Prometheus refuses is reported with dashboard, panel and reason.
-        problems, _ = check_with_prometheus(build_all()[0], prom, {"job": "("})
+        problems, _ = check_with_prometheus(build_all()[0], prom, {"run": "("})
         assert problems and all("error parsing regexp" in p.problem for p in problems)
         assert problems[0].dashboard == "trainwatch-training-overview"
 

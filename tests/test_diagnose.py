@@ -7,6 +7,7 @@ tmpfs, a slow rank) and checks that diagnose names the culprit.
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent_helpers import free_port, http_get, stop_process, wait_for
+from agent_helpers import free_port, get_json, http_get, stop_process, wait_for
 from conftest import REPO, tmpfs_mount, torchrun_env
 from trainwatch.rundir import RunDir
 
@@ -143,7 +144,7 @@ def agent(tmp_path):
         stop_process(proc)
 
 
-def test_sigstop_rank_named_stuck_on_4_ranks_within_20s(start_job, agent):
+def test_sigstop_rank_named_stuck_on_4_ranks_within_20s(start_job, agent, tmp_path):
     job = start_job(nproc=4)
     job.wait_step(10)
     os.kill(job.pid(2), signal.SIGSTOP)
@@ -167,6 +168,80 @@ def test_sigstop_rank_named_stuck_on_4_ranks_within_20s(start_job, agent):
     (node,) = report["evidence"]["agents"]
     assert node.get("error") is None and node["node"] == socket.gethostname()
     assert not [line for line in report["could_not_see"] if "agent" in line]
+    # The same stall is one incident, and one TrainingStalled alert naming rank 2 with its
+    # three waiting ranks, in the embedded engine and in a real Prometheus.
+    incident = next(f for f in get_json(agent + "/status")["findings"]
+                    if f["kind"] == "stall_incident")
+    assert incident["culprit_ranks"] == [2] and incident["stall_kind"] == "frozen", incident
+    embedded = one_stall_alert_embedded(agent, tmp_path)
+    assert embedded.labels["culprit_rank"] == "2" and embedded.value == 3, embedded
+    if shutil.which("prometheus"):
+        labels, value = one_stall_alert_prometheus(agent, tmp_path)
+        assert labels["culprit_rank"] == "2" and float(value) == 3, (labels, value)
+
+
+def one_stall_alert_embedded(agent_url: str, tmp_path: Path):
+    """Scrape the agent into the embedded engine until TrainingStalled fires with all the
+    waiting ranks counted; exactly one such alert."""
+    from trainwatch.alerts.engine import Engine
+    from trainwatch.alerts.evaluate import History
+    from trainwatch.alerts.rules import load_rules
+    from trainwatch.alerts.scrape import Scraper
+    (tmp_path / "fast.yaml").write_text("stall_for: 0s\n")
+    history = History()
+    engine = Engine(load_rules(thresholds_file=tmp_path / "fast.yaml"), history)
+    scraper = Scraper(history, [agent_url])
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        now = time.time()
+        scraper.scrape_all(now)
+        engine.evaluate(now)
+        stalled = [a for a in engine.firing() if a.name == "TrainingStalled"]
+        if stalled and stalled[0].value == 3:
+            assert len(stalled) == 1, [a.labels for a in stalled]
+            return stalled[0]
+        time.sleep(1)
+    raise AssertionError(f"embedded engine: {[(a.labels, a.value) for a in engine.firing()]}")
+
+
+def one_stall_alert_prometheus(agent_url: str, tmp_path: Path):
+    """A real Prometheus scraping the agent with the exported rules: exactly one alert."""
+    rules = tmp_path / "rules.yaml"
+    out = subprocess.run([sys.executable, "-m", "trainwatch", "alerts", "export", "--thresholds",
+                          str(tmp_path / "fast.yaml"), "-o", str(rules)], capture_output=True,
+                         text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    port = free_port()
+    (tmp_path / "prometheus.yml").write_text(f"""
+global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+rule_files: [{rules}]
+scrape_configs:
+  - job_name: trainwatch-agent
+    honor_labels: true
+    static_configs: [{{targets: ['{agent_url.removeprefix("http://")}']}}]
+""")
+    log = open(tmp_path / "prometheus.log", "wb")
+    prom = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'prom-data'}",
+                             f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        def firing():
+            try:
+                alerts = get_json(f"http://127.0.0.1:{port}/api/v1/alerts")["data"]["alerts"]
+            except (OSError, ValueError):
+                return None
+            stalled = [a for a in alerts if a["labels"]["alertname"] == "TrainingStalled"
+                       and a["state"] == "firing"]
+            return stalled if stalled and float(stalled[0]["value"]) == 3 else None
+        stalled = wait_for(firing, 90, what="TrainingStalled firing in Prometheus")
+        assert len(stalled) == 1, stalled
+        return stalled[0]["labels"], stalled[0]["value"]
+    finally:
+        stop_process(prom)
+        log.close()
+
+
 
 
 @pytest.mark.parametrize("flight_recorder", [True, False], ids=["fr", "stacks-only"])
@@ -249,6 +324,28 @@ def test_extra_collective_is_a_desync_at_the_right_sequence_number(start_job):
     assert finding["ranks"] == [1]
     ops = " ".join(finding["evidence"])
     assert "rank 1: gloo:barrier" in ops and "rank 0: gloo:all_reduce" in ops, ops
+
+
+def test_collective_mismatch_abort_blames_the_aborting_rank_or_says_tie(start_job):
+    """Rank 1 all-reduces a bigger tensor; gloo aborts the receiving rank (SIGABRT) and
+    torchrun SIGTERMs the other. torchrun's root cause decides; without its log the last
+    heartbeats may be a tie, never a confident wrong answer."""
+    job = start_job(FAULT="size_mismatch", FAULT_RANK="1", FAULT_STEP="8")
+    job.proc.wait(timeout=120)
+    code, report, _ = diagnose(job.run, "--stall-after", "1")
+    assert code == 1
+    dead = top(report, "rank_dead")
+    root = report["evidence"]["launcher"]["root_cause"]
+    assert root["exitcode"] == -6 and dead["ranks"] == [root["rank"]], (root, dead)
+    assert dead["confidence"] == "high" and "root cause" in " ".join(dead["evidence"])
+    assert any("stopped the others" in e and "SIGTERM" in e for e in dead["evidence"])
+    (job.run.root / "logs").rename(job.run.root / "logs.away")  # no launcher evidence now
+    code, report, _ = diagnose(job.run, "--stall-after", "1")
+    blamed = top(report, "rank_dead")
+    if len(blamed["ranks"]) > 1:
+        assert "tie" in blamed["title"] and blamed["confidence"] in ("low", "medium"), blamed
+    else:
+        assert blamed["ranks"] == [root["rank"]] and blamed["confidence"] != "high", blamed
 
 
 def test_sigkilled_rank_is_dead(start_job):

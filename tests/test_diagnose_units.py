@@ -12,10 +12,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from trainwatch.diagnose import collectives, findings
+from trainwatch.diagnose import analysis, collectives
 from trainwatch.diagnose.gather import Options, gather
 from trainwatch.diagnose.model import Evidence
-from trainwatch.diagnose.redact import MASK, redact, redact_env, redact_text
+from trainwatch.redact import MASK, redact, redact_env, redact_text
 from trainwatch.rundir import RunDir
 
 
@@ -139,7 +139,7 @@ def test_remote_node_evidence_from_agents_and_honest_gaps(tmp_path, agent_url):
     # (the dead one is refused at once either way).
     ev = gather(run, Options(agent_urls=[agent_url, dead_agent], timeout=20,
                              request_dumps=False))
-    found = findings.analyse(ev)
+    found = analysis.analyse(ev)
     gpu = next(f for f in found if f.category == "gpu_fault")
     assert gpu.ranks == [1] and gpu.nodes == ["node-b"] and gpu.runbook == "GPUXidErrors"
     storage = {f.title: f for f in found if f.category == "storage"}
@@ -181,7 +181,7 @@ def prometheus_url(tmp_path):
     """A real Prometheus on 127.0.0.1 with one always-firing alert for job "exp"."""
     (tmp_path / "rules.yml").write_text(
         "groups:\n- name: t\n  interval: 1s\n  rules:\n"
-        "  - alert: TrainingStalled\n    expr: vector(1)\n    labels: {job: exp}\n")
+        "  - alert: TrainingStalled\n    expr: vector(1)\n    labels: {run: exp}\n")
     (tmp_path / "prometheus.yml").write_text(
         "global: {evaluation_interval: 1s}\nrule_files: [rules.yml]\n")
     port = closed_port()
@@ -220,7 +220,7 @@ def test_firing_alerts_from_a_real_prometheus(tmp_path, prometheus_url):
                          "phase": "forward", "phase_since": now})
     ev = gather(run, Options(prometheus_url=prometheus_url, timeout=5, request_dumps=False))
     assert not [line for line in ev.unseen if "Prometheus" in line], ev.unseen
-    alerts = next(f for f in findings.analyse(ev) if f.category == "alerts")
+    alerts = next(f for f in analysis.analyse(ev) if f.category == "alerts")
     assert alerts.title == "alerts firing: TrainingStalled" and alerts.severity == "info"
 
 
@@ -237,7 +237,7 @@ def test_firing_alerts_from_a_real_prometheus(tmp_path, prometheus_url):
 ])
 def test_locate_where_a_rank_is(frames, phase, where):
     stack = [{"file": f, "line": 1, "function": fn} for f, fn in frames]
-    assert findings.locate(phase, stack) == where
+    assert analysis.locate(phase, stack) == where
 
 
 def test_a_rank_waiting_in_another_group_is_followed():
@@ -252,7 +252,7 @@ def test_a_rank_waiting_in_another_group_is_followed():
                           "progress_age": 60.0, "heartbeat_age": 0.1, "phase": "backward",
                           "process": {"status": "sleeping", "visible": True}}
     ev.collectives["groups"] = {"0": world, "5": sub}
-    found = findings.analyse(ev)
+    found = analysis.analyse(ev)
     assert found[0].ranks == [1]
     assert found[0].title == ("rank 1 waits in collective #1 of process group 5 while the "
                               "others wait for it")
@@ -332,3 +332,18 @@ def test_proc_locks_and_lock_source_parsing(tmp_path):
     assert locks.frame_locks(str(tmp_path / "bad.py"), 1, innermost=True) == ([], None)
     assert locks.frame_locks(None, None, innermost=True) == ([], None)
     assert procinfo._addr("0100007F:1F90") == "127.0.0.1:8080"
+
+
+def test_heartbeats_order_deaths_only_beyond_one_interval():
+    from trainwatch.diagnose.analysis import order_by_heartbeat
+    from trainwatch.diagnose.model import Evidence
+    ev = Evidence(run_dir="/r", collected_at=1000.0, host="h")
+    ev.ranks = {0: {"heartbeat_at": 900.000000, "heartbeat_interval": 0.2},
+                1: {"heartbeat_at": 900.000037, "heartbeat_interval": 0.2}}
+    tied, why = order_by_heartbeat(ev, [0, 1])
+    assert tied == [0, 1] and "37 µs apart" in why and "cannot be told" in why
+    ev.ranks[1]["heartbeat_at"] = 903.0
+    first, why = order_by_heartbeat(ev, [0, 1])
+    assert first == [0] and "stopped first" in why
+    ev.ranks = {0: {"heartbeat_at": 900.0}, 1: {"heartbeat_at": 900.5}}  # interval unknown: 1 s
+    assert order_by_heartbeat(ev, [0, 1])[0] == [0, 1]

@@ -14,7 +14,7 @@ import pytest
 
 from agent_helpers import start_agent, stop_process, wait_for
 from trainwatch.drill import catalog
-from trainwatch.drill.findings import FindingsWatcher
+from trainwatch.drill.agent_findings import FindingsWatcher
 from trainwatch.drill.runner import RECORD_FORMAT, record_file, stop_tree
 from trainwatch.drill.score import CRITERIA, launcher_failures, score
 from trainwatch.drill.settings import changed_defaults, settings_for, write_files
@@ -192,7 +192,7 @@ def hung_rank(root, *, duplicate=False, **kw):
     r.event(17, "fault_injected", "rank1", rank=1, step=15, fault="hang")
     for rank, at in ((1, 23), (0, 23.1)):
         r.event(at, "alert_firing", alert="TrainingStalled", severity="critical",
-                labels={"rank": str(rank), "job": "j"})
+                labels={"rank": str(rank), "run": "j"})
     r.event(28, "job_stopped", pid=1, hard=True, returncode=-9)
     r.event(28, "job_started", pid=2, attempt=2)
     r.event(28, "action_taken", action="stall_restart", alert="TrainingStalled")

@@ -21,7 +21,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trainwatch.errors import ConfigError, TrainwatchError
+from trainwatch.errors import ConfigError
 from trainwatch.rundir import SKIP_REASONS, RunDir, read_jsonl
 
 SCALE = float(os.environ.get("TRAINWATCH_FUZZ_SCALE", "1"))

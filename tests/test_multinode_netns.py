@@ -35,6 +35,7 @@ import pytest
 from agent_helpers import REPO, get_json, http_get, stop_process
 from conftest import kill_tree
 from netns import Node, NetnsWorker, kill_all, unavailable, veth_nodes
+from trainwatch.contract.ports import AGENT_PORT
 from trainwatch.rundir import RunDir
 
 pytestmark = [pytest.mark.slow,
@@ -62,7 +63,6 @@ collectors:
   versions: {enabled: false}
 straggler: {ratio: 3.0}
 """
-AGENT_PORT = 9464
 
 
 @pytest.fixture(scope="module")

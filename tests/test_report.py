@@ -547,8 +547,8 @@ def test_prom_textfile_passes_promtool_and_uses_only_contract_names(tmp_path):
     text = out.read_text()
     names = set(re.findall(r"^(trainwatch_[a-z_]+)[{ ]", text, re.M))
     assert names and names <= {n for n in METRICS if n.startswith("trainwatch_cost_")}
-    assert 'trainwatch_cost_incidents{job="synth"} 1.0' in text
-    assert re.search(r'trainwatch_cost_badput_seconds\{category="recomputed",job="synth"\} 5\.0',
+    assert 'trainwatch_cost_incidents{run="synth"} 1.0' in text
+    assert re.search(r'trainwatch_cost_badput_seconds\{category="recomputed",run="synth"\} 5\.0',
                      text)
     goodput = float(re.search(r"^trainwatch_cost_goodput_ratio\S* (\S+)$", text, re.M)[1])
     assert goodput == near(data["goodput_ratio"])
@@ -571,3 +571,52 @@ def test_every_json_key_is_documented(tmp_path):
     keys |= set(data["attempts"][0]) | set(data["incidents"][0])
     keys |= set(data["incidents"][0]["evidence"])
     assert {k for k in keys if f"`{k}`" not in docs} == set()
+
+
+def _long_run(root: Path, steps: int) -> Path:
+    """A run of ``steps`` steps with a restart that recomputes 100 of them, written fast."""
+    run = RunDir(root).create()
+    run.write_run_info({"job": "long", "world_size": 1, "nproc_per_node": 1})
+    lines, t = [], T0 + 1.0
+    journal = [{"v": 1, "time": T0, "event": "rank_started", "source": "rank0", "rank": 0,
+                "pid": 1, "restart_count": 0}]
+    for i, step in enumerate([*range(steps // 2), *range(steps // 2 - 100, steps)]):
+        if i == steps // 2:
+            t += 5.0
+            journal.append({"v": 1, "time": t, "event": "rank_started", "source": "rank0",
+                            "rank": 0, "pid": 2, "restart_count": 1})
+            t += 1.0
+        t += 0.1
+        lines.append(json.dumps({"v": 1, "kind": "step", "step": step, "time": t, "rank": 0,
+                                 "step_time_seconds": 0.09, "data_wait_seconds": 0.001,
+                                 "loss": 2.5, "tokens": 512, "phase_seconds": {"forward": 0.05,
+                                 "backward": 0.03}, "memory_bytes": 1 << 30}))
+    run.metrics_file(0).write_text("\n".join(lines) + "\n")
+    run.journal_file.write_text("".join(json.dumps(e) + "\n" for e in journal))
+    return run.root
+
+
+def test_report_streams_the_metrics_log(tmp_path):
+    """Memory grows by a few dozen bytes a step (columns), not by a record and objects per
+    step: the peak of reading and accounting 20,000 steps is within ~100 bytes a step of
+    reading 2,000 (it was ~3 KiB a step)."""
+    import tracemalloc
+
+    from trainwatch.report import cost, goodput, render, timeline
+
+    def peak(steps: int) -> tuple[int, dict]:
+        root = _long_run(tmp_path / str(steps), steps)
+        tracemalloc.start()
+        try:
+            tl = timeline.read_timeline(root)
+            data = render.report(tl, goodput.account(tl), cost.CostSettings())
+            return tracemalloc.get_traced_memory()[1], data
+        finally:
+            tracemalloc.stop()
+
+    small, _ = peak(2_000)
+    large, data = peak(20_000)
+    assert data["steps"]["executed"] == 20_100 and data["steps"]["recomputed"] == 100
+    assert data["steps"]["unique"] == 20_000
+    per_step = (large - small) / 18_100
+    assert per_step < 100, f"{per_step:.0f} bytes of peak memory per step"

@@ -52,7 +52,7 @@ def test_example_config_lists_every_key_with_its_default(repo):
 
     example = yaml.safe_load((repo / "examples" / "trainer.yaml").read_text())
     defaults = Config().to_dict()
-    # The checkpoint section belongs to issue 3 and is documented with checkpointing.
+    # The checkpoint section is documented with checkpointing (docs/checkpoints.md).
     example.pop("checkpoint", None)
     defaults.pop("checkpoint")
     assert example == defaults

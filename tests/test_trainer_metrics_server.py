@@ -35,7 +35,7 @@ def test_rank_serves_contract_metrics_from_its_telemetry(tmp_path):
         tel.close()
     series = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
               if line and not line.startswith("#")}
-    labels = 'job="exp",local_rank="1",node="{}",rank="3"'.format(tel.state["node"])
+    labels = 'local_rank="1",node="{}",rank="3",run="exp"'.format(tel.state["node"])
     assert series[f"trainwatch_train_loss{{{labels}}}"] == 0.5
     assert series[f"trainwatch_train_validation_loss{{{labels}}}"] == 1.25
     assert series[f"trainwatch_rank_steps_total{{{labels}}}"] == 3

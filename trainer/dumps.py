@@ -22,13 +22,12 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainwatch.rundir import FORMAT_VERSION, atomic_write_json
+from trainwatch.contract.layout import CONTROL_DUMP, DUMP_FORMAT, FORMAT_VERSION
+from trainwatch.rundir import atomic_write_json
 
 if TYPE_CHECKING:
     from trainwatch.trainer.telemetry import Telemetry
 
-DUMP_FORMAT = "trainwatch.dump"
-CONTROL_NAME = "dump"
 MAX_FRAMES = 40
 # Flight-recorder fields worth keeping (frames are trimmed; tensors never appear).
 _FR_ENTRY_FIELDS = ("record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id",
@@ -37,13 +36,9 @@ _FR_ENTRY_FIELDS = ("record_id", "pg_id", "process_group", "collective_seq_id", 
                     "is_p2p", "timeout_ms", "thread_name")
 
 
-def dump_path(run_dir: Path, rank: int) -> Path:
-    return Path(run_dir) / "diagnostics" / f"dump-rank-{rank:05d}.json"
-
-
 def install(tel: "Telemetry") -> None:
     """Answer ``control/dump`` requests from this rank's telemetry thread."""
-    tel.on_control(CONTROL_NAME, lambda request: write_dump(tel, request))
+    tel.on_control(CONTROL_DUMP, lambda request: write_dump(tel, request))
 
 
 def write_dump(tel: "Telemetry", request: Path) -> Path:
@@ -60,7 +55,7 @@ def write_dump(tel: "Telemetry", request: Path) -> Path:
         "threads": thread_stacks(), "flight_recorder": None, "flight_recorder_error": None,
     }
     record["flight_recorder"], record["flight_recorder_error"] = flight_recorder_trace()
-    path = dump_path(tel.run.root, tel.rank)
+    path = tel.run.dump_file(tel.rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, record, durable=False)
     tel.event("diagnostics_dumped", request=request_id, path=str(path))

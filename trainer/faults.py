@@ -44,10 +44,9 @@ from typing import Callable, Iterator
 
 import torch
 
+from trainwatch.contract.env import FAULT_ENV, LAUNCH_ENV
 from trainwatch.errors import ConfigError
 
-ENV = "TRAINWATCH_FAULT"
-LAUNCH_ENV = "TRAINWATCH_LAUNCH"  # set by trainwatch.alerts.controller.JobController
 ONE_SHOT = ("exit", "kill", "sleep", "hang", "freeze", "nan", "eval")
 KINDS = ONE_SHOT + ("slow",)
 # Extra keys each kind takes, with their types.
@@ -89,14 +88,14 @@ def parse_faults(text: str) -> list[Fault]:
         kind, *pairs = spec.split(":")
         if kind not in KINDS:
             raise ConfigError(f"unknown fault kind '{kind}' (known: {', '.join(KINDS)})",
-                              file=ENV, key=spec)
+                              file=FAULT_ENV, key=spec)
         fields: dict[str, object] = {"kind": kind, "attempt": 0 if kind in ONE_SHOT else None}
         types = {"rank": int, "step": int, "attempt": int, "launch": int, **_PARAMS[kind]}
         for pair in pairs:
             key, sep, raw = pair.partition("=")
             if not sep or key not in types:
                 raise ConfigError(f"'{pair}' is not one of {', '.join(k + '=' for k in types)}",
-                                  file=ENV, key=spec)
+                                  file=FAULT_ENV, key=spec)
             if key == "attempt" and raw == "any":
                 fields["attempt"] = None
                 continue
@@ -104,24 +103,25 @@ def parse_faults(text: str) -> list[Fault]:
                 fields[key] = types[key](raw)
             except ValueError:
                 raise ConfigError(f"{key} must be {types[key].__name__}, got '{raw}'",
-                                  file=ENV, key=spec) from None
+                                  file=FAULT_ENV, key=spec) from None
         if fields.get("launch") is not None and fields["launch"] < 1:
-            raise ConfigError("launch must be >= 1 (the first start is 1)", file=ENV, key=spec)
+            raise ConfigError("launch must be >= 1 (the first start is 1)", file=FAULT_ENV, key=spec)
         if kind in ONE_SHOT and fields.get("step") is None:
-            raise ConfigError("needs step=N", file=ENV, key=spec)
+            raise ConfigError("needs step=N", file=FAULT_ENV, key=spec)
         if kind == "sleep" and not fields.get("seconds", 0) > 0:
-            raise ConfigError("needs seconds=S > 0", file=ENV, key=spec)
+            raise ConfigError("needs seconds=S > 0", file=FAULT_ENV, key=spec)
         if kind == "slow" and not (fields.get("factor", 0) > 1 or fields.get("delay", 0) > 0):
-            raise ConfigError("needs factor=F > 1 or delay=S > 0", file=ENV, key=spec)
+            raise ConfigError("needs factor=F > 1 or delay=S > 0", file=FAULT_ENV, key=spec)
         if kind == "slow" and "factor" not in fields:
             fields["factor"] = 1.0
         if kind == "eval" and fields.get("seconds") is not None and not fields["seconds"] > 0:
-            raise ConfigError("seconds=S must be > 0 (leave it out to hang)", file=ENV, key=spec)
+            raise ConfigError("seconds=S must be > 0 (leave it out to hang)", file=FAULT_ENV,
+                              key=spec)
         if kind == "eval" and "seconds" not in fields:
             fields["seconds"] = math.inf
         until, start = fields.get("until"), fields.get("step") or 0
         if until is not None and until <= start:  # type: ignore[operator]
-            raise ConfigError(f"until={until} must be after step={start}", file=ENV, key=spec)
+            raise ConfigError(f"until={until} must be after step={start}", file=FAULT_ENV, key=spec)
         faults.append(Fault(**fields))  # type: ignore[arg-type]
     return faults
 
@@ -143,7 +143,7 @@ class FaultInjector:
         if attempt is None:
             attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
         launch = int(os.environ.get(LAUNCH_ENV, "1") or 1)
-        return cls(parse_faults(os.environ.get(ENV, "")), rank=rank, attempt=attempt,
+        return cls(parse_faults(os.environ.get(FAULT_ENV, "")), rank=rank, attempt=attempt,
                    launch=launch, on_fire=on_fire)
 
     @contextlib.contextmanager

@@ -24,13 +24,15 @@ from pathlib import Path
 from typing import IO
 
 from trainwatch import __version__
+from trainwatch.contract.env import FAULT_ENV, JOB_ENV, NODE_ENV, RUN_DIR_ENV
+from trainwatch.contract.layout import CHECKPOINT_DIRS_KEY, TORCHRUN_LOG, TORCHRUN_LOG_DIR
 from trainwatch.errors import ConfigError
-from trainwatch.node import ENV as NODE_ENV, node_name
+from trainwatch.node import node_name
 from trainwatch.rundir import RunDir
 from trainwatch.trainer.checkpoint.catalog import complete
 from trainwatch.trainer.checkpoint.compat import check_compatible
 from trainwatch.trainer.config import Config, load_config
-from trainwatch.trainer.faults import ENV as FAULT_ENV, parse_faults
+from trainwatch.trainer.faults import parse_faults
 
 FLIGHT_RECORDER_ENTRIES = 2000
 
@@ -52,7 +54,7 @@ class LaunchSpec:
 
     @property
     def job(self) -> str:
-        return os.environ.get("TRAINWATCH_JOB") or self.run_dir.resolve().name
+        return os.environ.get(JOB_ENV) or self.run_dir.resolve().name
 
     @property
     def node(self) -> str:
@@ -86,7 +88,7 @@ def torchrun_command(spec: LaunchSpec, run: RunDir) -> list[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run",
            f"--nproc-per-node={spec.nproc_per_node}", f"--max-restarts={spec.max_restarts}",
            f"--monitor-interval={spec.monitor_interval}",
-           f"--log-dir={run.logs_dir / 'torchrun'}", "--redirects=3", "--tee=3"]
+           f"--log-dir={run.logs_dir / TORCHRUN_LOG_DIR}", "--redirects=3", "--tee=3"]
     if spec.nnodes == 1 and not spec.rdzv_endpoint:
         cmd.append("--standalone")
     else:
@@ -116,8 +118,8 @@ def torchrun_env(spec: LaunchSpec, run: RunDir) -> dict[str, str]:
         # breaks re-rendezvous).
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         "TMPDIR": str(run.tmp_dir.resolve()),
-        "TRAINWATCH_RUN_DIR": str(run.root.resolve()),
-        "TRAINWATCH_JOB": spec.job,
+        RUN_DIR_ENV: str(run.root.resolve()),
+        JOB_ENV: spec.job,
         NODE_ENV: spec.node,
         "PYTHONUNBUFFERED": "1",
     })
@@ -135,7 +137,13 @@ def write_run_info(spec: LaunchSpec, run: RunDir, cfg: Config, cmd: list[str]) -
         "world_size": spec.nnodes * spec.nproc_per_node, "nproc_per_node": spec.nproc_per_node,
         "nnodes": spec.nnodes, "max_restarts": spec.max_restarts, "config": cfg.to_dict(),
         "config_digest": cfg.digest(), "trainwatch_version": __version__, "command": cmd,
+        CHECKPOINT_DIRS_KEY: [str(p.resolve()) for p in checkpoint_folders(run, cfg)],
     })
+
+
+def checkpoint_folders(run: RunDir, cfg: Config) -> list[Path]:
+    """Where the job's checkpoints go: ``checkpoint.dir`` and ``mirror_dir``."""
+    return run.configured_checkpoint_folders(cfg.checkpoint.dir, cfg.checkpoint.mirror_dir)
 
 
 def _die_with_parent() -> None:
@@ -174,10 +182,7 @@ def refuse_incompatible_checkpoint(spec: LaunchSpec, cfg: Config) -> None:
     say it once, before starting anything. Reads manifests only (the ranks verify)."""
     if not cfg.checkpoint.enabled or cfg.checkpoint.resume == "never":
         return
-    run = RunDir(spec.run_dir)
-    folders = [run.root / d for d in (cfg.checkpoint.dir, cfg.checkpoint.mirror_dir) if d]
-    if not cfg.checkpoint.dir:
-        folders.append(run.checkpoint_dir)
+    folders = checkpoint_folders(RunDir(spec.run_dir), cfg)
     newest = max((e for folder in folders for e in complete(folder)),
                  key=lambda e: e.step, default=None)
     if newest is not None:
@@ -208,7 +213,7 @@ def launch(spec: LaunchSpec) -> int:
         proc.send_signal(signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    pump = threading.Thread(target=_pump, args=(proc.stdout, run.logs_dir / "torchrun.log"),
+    pump = threading.Thread(target=_pump, args=(proc.stdout, run.logs_dir / TORCHRUN_LOG),
                             daemon=True)
     pump.start()
     try:

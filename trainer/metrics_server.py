@@ -15,7 +15,7 @@ from typing import Any, Iterator
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from trainwatch.contract.metrics import JOB_RANK, METRICS
+from trainwatch.contract.metrics import RUN_RANK, METRICS
 from trainwatch.trainer.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ _COUNTERS = {
 
 def _family(name: str, extra_labels: tuple[str, ...] = ()) -> Metric:
     spec = METRICS[name]
-    assert spec.labels == JOB_RANK + extra_labels, name
+    assert spec.labels == RUN_RANK + extra_labels, name
     cls = CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily
     return cls(name, spec.help, labels=spec.labels)
 

@@ -75,7 +75,7 @@ class GPT(nn.Module):
         self.apply(self._init_weights)
         # GPT-2: scale residual projections by 1/sqrt(2·layers) so depth does not blow up.
         for name, param in self.named_parameters():
-            if name.endswith("proj.weight") or name.endswith("down.weight"):
+            if name.endswith(("proj.weight", "down.weight")):
                 nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * cfg.layers))
 
     @staticmethod

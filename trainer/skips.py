@@ -19,8 +19,6 @@ import torch.distributed as dist
 from trainwatch.errors import ConfigError
 from trainwatch.rundir import RunDir
 
-SKIP_FILE = "skip-steps.json"
-
 
 @dataclass
 class SkipSteps:
@@ -57,7 +55,7 @@ def _position(state: dict[str, Any]) -> dict[str, Any]:
 
 def read_skip_steps(run: RunDir) -> SkipSteps:
     """The window in ``control/skip-steps.json``; a file that is not one is bad input."""
-    path = run.control_dir / SKIP_FILE
+    path = run.skip_steps_file
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:

@@ -20,7 +20,7 @@ journal events.
             s.record(loss=loss, lr=lr, tokens=x.numel(), samples=x.shape[0])
     tel.close()
 
-Rules it keeps (DESIGN.md, "never harm the job"):
+Rules it keeps (never harm the job: telemetry is bounded and non-blocking):
 * the loop only touches memory: files are written by a background thread,
   every ``heartbeat_interval`` seconds, so I/O never stalls a step;
 * tensors passed to ``record`` are kept as they are (no ``.item()``) and read
@@ -52,6 +52,8 @@ import psutil
 import torch
 
 from trainwatch.beat import BeatWriter, beat_path
+from trainwatch.contract.env import JOB_ENV, run_dir_from_env
+from trainwatch.contract.states import FAILED, FINISHED, RUNNING
 from trainwatch.contract.timing import MIDDLE_HALF_WIDTH, summarize
 from trainwatch.node import node_name
 from trainwatch.rundir import RunDir, append_jsonl
@@ -59,11 +61,6 @@ from trainwatch.trainer import dumps
 from trainwatch.trainer.flops import peak_flops_for
 
 log = logging.getLogger(__name__)
-
-# Phases the tools know budgets for; any other name is accepted and shown as is.
-KNOWN_PHASES = ("init", "step", "data", "forward", "backward", "optimizer", "eval", "checkpoint",
-                "telemetry_exchange", "idle", "finished")
-
 
 # json.dumps builds a new encoder on every call that passes options; the flush reuses one.
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
@@ -148,7 +145,7 @@ class Telemetry:
         self.enabled = enabled
         self.run = RunDir(run_dir)
         self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
-        self.job = job or os.environ.get("TRAINWATCH_JOB") or self.run.root.resolve().name
+        self.job = job or os.environ.get(JOB_ENV) or self.run.root.resolve().name
         self.heartbeat_interval = heartbeat_interval
         self.exchange_every = max(0, int(exchange_every))
         self.flops_per_token = flops_per_token
@@ -204,8 +201,9 @@ class Telemetry:
             "restart_count": restart_count if restart_count is not None else int(
                 os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
             "backend": None, "device": str(self.device),
-            "started_at": now, "heartbeat_at": now, "step": None, "phase": "init",
-            "phase_since": now, "last_progress_at": now, "state": "running",
+            "started_at": now, "heartbeat_at": now, "heartbeat_interval": heartbeat_interval,
+            "step": None, "phase": "init",
+            "phase_since": now, "last_progress_at": now, "state": RUNNING,
             "metrics": {}, "eval": {},
             "counters": {"steps_total": 0, "nonfinite_loss_total": 0,
                          "nonfinite_grad_norm_total": 0, "telemetry_errors_total": 0,
@@ -239,8 +237,9 @@ class Telemetry:
 
     @classmethod
     def from_env(cls, run_dir: str | Path | None = None, **kwargs: Any) -> "Telemetry":
-        """Build from torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, TRAINWATCH_RUN_DIR)."""
-        run_dir = run_dir or os.environ.get("TRAINWATCH_RUN_DIR") or "trainwatch-run"
+        """Build from torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, and the run
+        directory's variable, ``contract.env.RUN_DIR_ENV``)."""
+        run_dir = run_dir or run_dir_from_env()
         kwargs.setdefault("rank", int(os.environ.get("RANK", "0")))
         kwargs.setdefault("local_rank", int(os.environ.get("LOCAL_RANK", "0")))
         kwargs.setdefault("world_size", int(os.environ.get("WORLD_SIZE", "1")))
@@ -267,7 +266,7 @@ class Telemetry:
         self._thread.start()
         return self
 
-    def close(self, state: str = "finished") -> None:
+    def close(self, state: str = FINISHED) -> None:
         """Flush everything and write the final status (``finished`` or ``failed``)."""
         if not self.enabled:
             return
@@ -276,11 +275,11 @@ class Telemetry:
             self._thread.join(timeout=10)
         with self._lock:
             self._state["state"] = state
-        self.set_phase(state if state in ("finished", "failed") else "idle")
+        self.set_phase(state if state in (FINISHED, FAILED) else "idle")
         self._guard(self._flush)
         # A finished job's ranks all posted the last exchange: wait for it, or gloo aborts
         # the process at exit on the pending work; a failed rank must not wait on others.
-        self._guard(lambda: self._collect_exchange(wait=state == "finished"))
+        self._guard(lambda: self._collect_exchange(wait=state == FINISHED))
         self._write_status()
         if self._beat is not None:
             self._beat.close()
@@ -289,7 +288,7 @@ class Telemetry:
         return self.start()
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.close("failed" if exc_type else "finished")
+        self.close(FAILED if exc_type else FINISHED)
 
     # ------------------------------------------------------------------ in the loop
     def step(self, step: int) -> _StepBlock:
@@ -539,7 +538,7 @@ class Telemetry:
                 continue
             if mtime > self._control_seen.get(name, 0.0):
                 self._control_seen[name] = mtime
-                self._guard(lambda: handler(path))
+                self._guard(lambda handler=handler, path=path: handler(path))
 
     def _flush(self) -> None:
         """Resolve pending steps (the only place tensors are read) and append them to the log."""

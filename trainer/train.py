@@ -27,6 +27,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from trainwatch.contract.env import RUN_DIR_ENV, run_dir_from_env
+from trainwatch.contract.states import FAILED, FINISHED, STOPPED
 from trainwatch.errors import ConfigError
 from trainwatch.rundir import RunDir
 from trainwatch.trainer.checkpoint import Checkpointer, Restored
@@ -59,14 +61,14 @@ class Ranks:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m trainwatch.trainer",
                                      description="One rank of the trainwatch reference trainer.")
-    parser.add_argument("--run-dir", default=os.environ.get("TRAINWATCH_RUN_DIR"),
-                        help="run directory (default: $TRAINWATCH_RUN_DIR)")
+    parser.add_argument("--run-dir", default=run_dir_from_env(None),
+                        help=f"run directory (default: ${RUN_DIR_ENV})")
     parser.add_argument("--config", help="YAML config file")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="override a config key, e.g. train.steps=50")
     args = parser.parse_args(argv)
     if not args.run_dir:
-        parser.error("--run-dir is required (or set TRAINWATCH_RUN_DIR)")
+        parser.error(f"--run-dir is required (or set {RUN_DIR_ENV})")
     return args
 
 
@@ -345,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:
         ckpt.close()
         tel.event("failed", error=f"{type(exc).__name__}: {exc}")
-        tel.close("failed")
+        tel.close(FAILED)
         if isinstance(exc, (ConfigError, Terminated)):
             print(f"trainwatch: rank {ranks.rank}: {exc}", file=sys.stderr)
             return exc.exit_code
@@ -353,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             server.close()
-    tel.close("stopped" if ckpt.exit_code else "finished")
+    tel.close(STOPPED if ckpt.exit_code else FINISHED)
     if ranks.distributed:
         dist.destroy_process_group()
     return ckpt.exit_code

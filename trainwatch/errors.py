@@ -1,6 +1,6 @@
 """Errors that the CLI turns into meaningful exit codes.
 
-Exit codes are part of the interface (see DESIGN.md): 0 ok, 1 a problem was
+Exit codes are part of the interface (README, every --help): 0 ok, 1 a problem was
 found, 2 bad usage or input.
 """
 

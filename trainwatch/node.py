@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import socket
 
-ENV = "TRAINWATCH_NODE"
+from trainwatch.contract.env import NODE_ENV
 
 
 def node_name() -> str:
-    return os.environ.get(ENV) or socket.gethostname()
+    return os.environ.get(NODE_ENV) or socket.gethostname()

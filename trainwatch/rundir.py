@@ -8,25 +8,29 @@ alien or future-version files by skipping them and saying why.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import math
 import os
+import secrets
 import stat
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from trainwatch.contract.layout import (CHECKPOINT_DIRS_KEY, FORMAT_VERSION, METRICS_FILE_GLOB,
+                                       RUN_FORMAT, STATUS_FILE_GLOB, STATUS_FORMAT, RunLayout,
+                                       rank_of_file)
 from trainwatch.errors import ConfigError, FormatError
 from trainwatch.node import node_name
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-STATUS_FORMAT = "trainwatch.status"
-RUN_FORMAT = "trainwatch.run"
+__all__ = ["FORMAT_VERSION", "RUN_FORMAT", "STATUS_FORMAT", "RunDir", "Skipped", "ReadResult",
+           "atomic_write_bytes", "atomic_write_json", "append_jsonl", "read_record",
+           "read_jsonl", "parse_jsonl_line", "iter_run_dirs", "pick_run_dir"]
 
 # Journal event names written by trainwatch itself.  Readers must accept
 # names they do not know (newer writers may add some).
@@ -51,7 +55,7 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, durable: bool = True) -
     power cut; heartbeats skip that (a lost heartbeat is harmless, fsync is not free).
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _create_temp(path)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -67,6 +71,19 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, durable: bool = True) -
         raise
     if durable:
         fsync_dir(path.parent)
+
+
+def _create_temp(path: Path) -> tuple[int, str]:
+    """A new temporary file beside ``path`` created with mode 0666 filtered by the umask and
+    the folder's default ACL, like any file the writer creates: the agent's group reads
+    the run directory through them (mkstemp's fixed 0600 would shut it out)."""
+    for _ in range(100):
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
 
 
 def fsync_dir(path: str | Path) -> None:
@@ -106,9 +123,9 @@ MAX_RECORD_BYTES = 4 << 20  # a status file, run.json, a dump: writers produce a
 MAX_LINE_BYTES = 1 << 20    # one JSON line (journal, metrics log)
 
 # Why a file or line was skipped: the ``reason`` label of the agent's skip counters.
-SKIP_REASONS = ("special_file", "outside_run_dir", "too_large", "unreadable", "not_json",
-                "too_deep", "not_object", "alien_format", "unsupported_version",
-                "rank_mismatch", "wrong_type")
+SKIP_REASONS = ("special_file", "outside_run_dir", "too_large", "permission_denied",
+                "unreadable", "not_json", "too_deep", "not_object", "alien_format",
+                "unsupported_version", "rank_mismatch", "wrong_type")
 
 
 class SkippedFile(FormatError):
@@ -148,6 +165,9 @@ def open_run_file(path: str | Path, root: str | Path | None = None) -> tuple[int
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise
+    except PermissionError:
+        raise SkippedFile(path, "permission_denied", "permission denied (docs/run-directory.md: "
+                          "Permissions)") from None
     except OSError as exc:
         raise SkippedFile(path, "unreadable", f"unreadable ({exc.strerror or exc})") from None
     st = os.fstat(fd)
@@ -331,25 +351,25 @@ def line_skip_code(reason: str) -> str:
             "not a JSON object": "not_object"}.get(reason, "unsupported_version")
 
 
-def read_jsonl(path: str | Path, root: str | Path | None = None, *,
-               max_line_bytes: int = MAX_LINE_BYTES) -> ReadResult:
-    """Read a JSON-lines file, skipping (and reporting) torn, alien or overlong lines."""
-    result = ReadResult()
+def iter_jsonl(path: str | Path, skipped: list[Skipped], root: str | Path | None = None, *,
+               max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Stream a JSON-lines file as (line number, record), appending torn, alien or overlong
+    lines to ``skipped``: memory stays one line, however long the file."""
     try:
         fd, _ = open_run_file(path, root)
     except FileNotFoundError:
-        return result
+        return
     except SkippedFile as exc:
-        result.skipped.append(Skipped(str(path), exc.detail, code=exc.reason))
-        return result
+        skipped.append(Skipped(str(path), exc.detail, code=exc.reason))
+        return
     with os.fdopen(fd, "rb") as fh:
         lineno, long_line = 0, False
         while True:
             try:
                 line = fh.readline(max_line_bytes + 1)
             except OSError as exc:
-                result.skipped.append(Skipped(str(path), f"unreadable ({exc.strerror or exc})",
-                                              code="unreadable"))
+                skipped.append(Skipped(str(path), f"unreadable ({exc.strerror or exc})",
+                                       code="unreadable"))
                 break
             if not line:
                 break
@@ -359,68 +379,29 @@ def read_jsonl(path: str | Path, root: str | Path | None = None, *,
             lineno += 1
             if len(line) > max_line_bytes:
                 long_line = not line.endswith(b"\n")
-                result.skipped.append(Skipped(str(path), f"line longer than {max_line_bytes} "
-                                              "bytes", lineno, code="too_large"))
+                skipped.append(Skipped(str(path), f"line longer than {max_line_bytes} "
+                                       "bytes", lineno, code="too_large"))
                 continue
             obj, reason = parse_jsonl_line(line)
             if reason is not None:
-                result.skipped.append(Skipped(str(path), reason, lineno,
-                                              code=line_skip_code(reason)))
+                skipped.append(Skipped(str(path), reason, lineno, code=line_skip_code(reason)))
             elif obj is not None:
-                result.records.append(obj)
+                yield lineno, obj
+
+
+def read_jsonl(path: str | Path, root: str | Path | None = None, *,
+               max_line_bytes: int = MAX_LINE_BYTES) -> ReadResult:
+    """Read a JSON-lines file, skipping (and reporting) torn, alien or overlong lines."""
+    result = ReadResult()
+    result.records = [obj for _, obj in iter_jsonl(path, result.skipped, root,
+                                                   max_line_bytes=max_line_bytes)]
     return result
 
 
 # --------------------------------------------------------------------------- the directory
 
-class RunDir:
-    """Paths and typed access to one run directory (see docs/run-directory.md)."""
-
-    def __init__(self, root: str | Path):
-        self.root = Path(root)
-
-    # paths -----------------------------------------------------------------
-    @property
-    def run_file(self) -> Path:
-        return self.root / "run.json"
-
-    @property
-    def journal_file(self) -> Path:
-        return self.root / "journal.jsonl"
-
-    @property
-    def status_dir(self) -> Path:
-        return self.root / "status"
-
-    @property
-    def metrics_dir(self) -> Path:
-        return self.root / "metrics"
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.root / "checkpoints"
-
-    @property
-    def diagnostics_dir(self) -> Path:
-        return self.root / "diagnostics"
-
-    @property
-    def control_dir(self) -> Path:
-        return self.root / "control"
-
-    @property
-    def logs_dir(self) -> Path:
-        return self.root / "logs"
-
-    @property
-    def tmp_dir(self) -> Path:
-        return self.root / "tmp"
-
-    def status_file(self, rank: int) -> Path:
-        return self.status_dir / f"rank-{rank:05d}.json"
-
-    def metrics_file(self, rank: int) -> Path:
-        return self.metrics_dir / f"rank-{rank:05d}.jsonl"
+class RunDir(RunLayout):
+    """Typed reading and writing of one run directory (paths: ``RunLayout``)."""
 
     # setup -------------------------------------------------------------------
     def create(self) -> "RunDir":
@@ -453,6 +434,20 @@ class RunDir:
                 log.warning("%s", exc)
             return None
 
+    def checkpoint_folders(self) -> list[Path]:
+        """Where this run's checkpoints live (run.json's record; see ``RunLayout``)."""
+        return self.recorded_checkpoint_folders(self.run_info())
+
+    def record_checkpoint_folders(self, folders: list[Path]) -> None:
+        """Note the checkpoint folders in run.json, so every reader finds them."""
+        info = self.run_info() or {}
+        recorded = [str(Path(f).resolve()) for f in folders]
+        if info.get(CHECKPOINT_DIRS_KEY) == recorded:
+            return
+        info.pop("format", None)
+        info.pop("version", None)
+        self.write_run_info({**info, CHECKPOINT_DIRS_KEY: recorded})
+
     # per-rank status ---------------------------------------------------------
     def write_status(self, rank: int, status: dict[str, Any]) -> None:
         atomic_write_json(self.status_file(rank),
@@ -462,9 +457,15 @@ class RunDir:
     def statuses(self) -> ReadResult:
         """Every rank's status, newest format only; torn/alien files are skipped and listed."""
         result = ReadResult()
-        if not self.status_dir.is_dir():
+        try:
+            names = os.listdir(self.status_dir)
+        except PermissionError:  # glob would hide it: zero ranks that are really unseen
+            result.skipped.append(Skipped(str(self.status_dir), "status folder not readable "
+                                          "(permission denied)", code="permission_denied"))
             return result
-        for path in sorted(self.status_dir.glob("rank-*.json")):
+        except (FileNotFoundError, NotADirectoryError):
+            return result
+        for path in sorted(self.status_dir / n for n in fnmatch.filter(names, STATUS_FILE_GLOB)):
             try:
                 record = check_status(read_record(path, STATUS_FORMAT, root=self.root), path)
             except SkippedFile as exc:
@@ -501,13 +502,8 @@ class RunDir:
         return read_jsonl(self.metrics_file(rank), self.root)
 
     def ranks_with_metrics(self) -> list[int]:
-        ranks = []
-        for path in self.metrics_dir.glob("rank-*.jsonl"):
-            try:
-                ranks.append(int(path.stem.split("-", 1)[1]))
-            except ValueError:
-                continue
-        return sorted(ranks)
+        ranks = [rank_of_file(path) for path in self.metrics_dir.glob(METRICS_FILE_GLOB)]
+        return sorted(r for r in ranks if r is not None)
 
 
 def iter_run_dirs(folder: str | Path) -> Iterator[RunDir]:
@@ -516,8 +512,9 @@ def iter_run_dirs(folder: str | Path) -> Iterator[RunDir]:
     if not folder.is_dir():
         return
     for child in sorted(folder.iterdir()):
-        if (child / "status").is_dir() or (child / "run.json").exists():
-            yield RunDir(child)
+        run = RunDir(child)
+        if run.status_dir.is_dir() or run.run_file.exists():
+            yield run
 
 
 def pick_run_dir(argument: str | Path | None, option: str | Path | None,

@@ -7,13 +7,16 @@ trainwatch_straggler_* for the node's local ranks.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
 from typing import Any
 
+from trainwatch.agent.incident import group
 from trainwatch.agent.registry import Collector, Result, register
-from trainwatch.agent.stall import STALL_KINDS, StallDetector, phase_holds
+from trainwatch.agent.stall import StallDetector, phase_holds
 from trainwatch.agent.straggler import JobStragglers
+from trainwatch.contract.states import STALL_KINDS
 
 _THERMAL = ("hw_thermal", "sw_thermal")
 _POWER = ("hw_power_brake", "sw_power_cap")
@@ -75,13 +78,16 @@ class FindingsCollector(Collector):
             if job.get("timing"):
                 tracker.update(job["timing"], local, now)
             holders = phase_holds(self.stalls, job["ranks"], elapsed)
+            stalled = []
             for rank in job["ranks"]:
                 key = (job["job"], rank["rank"], rank.get("pid"))
                 keep.add(key)
-                labels = {"job": job["job"], "node": self.ctx.node, "rank": rank["rank"],
+                labels = {"run": job["job"], "node": self.ctx.node, "rank": rank["rank"],
                           "local_rank": rank.get("local_rank", "")}
                 verdict = self._stall(key, job, rank, labels, elapsed, holders, result,
                                       current)
+                if verdict.stalled:
+                    stalled.append((rank, verdict))
                 straggler = self._straggler(tracker, job, rank, labels, result, current)
                 verdicts[f"{job['job']}/{rank['rank']}"] = {
                     "stall": {"budget_seconds": verdict.budget, "stalled": verdict.stalled,
@@ -89,6 +95,7 @@ class FindingsCollector(Collector):
                     "straggler": straggler,
                     "typical_step_seconds": self.stalls.typical_step(key)}
             nodes[job["job"]] = self._node_straggler(tracker, job, result, current)
+            self._incident(job, stalled, now, result, current)
         self.stalls.forget(keep)
         for name in set(self.stragglers) - {job["job"] for job in ranks_data["jobs"]}:
             del self.stragglers[name]  # the job's run dir is gone
@@ -129,6 +136,38 @@ class FindingsCollector(Collector):
                        kind=kind)
         return verdict
 
+    def _incident(self, job, stalled, now, result, current) -> None:
+        """One incident per job on this node: culprit(s) critical, waiting ranks context."""
+        incident = group(stalled)
+        labels = {"run": job["job"], "node": self.ctx.node}
+        result.add("trainwatch_stall_incident_ranks", len(incident.culprits) if incident else 0,
+                   **labels, role="culprit")
+        result.add("trainwatch_stall_incident_ranks", len(incident.waiting) if incident else 0,
+                   **labels, role="waiting")
+        if incident is None:
+            return
+        culprit = incident.culprit
+        result.add("trainwatch_stall_incident_seconds",
+                   max(0.0, now - incident.since) if incident.since else 0.0, **labels,
+                   culprit_rank="unknown" if culprit is None else culprit, kind=incident.kind)
+        iid = f"stall_incident/{job['job']}"
+        for r in incident.culprits + incident.waiting:
+            finding = current.get(f"stall/{job['job']}/{r}")
+            if finding is not None:
+                finding["incident"] = iid
+                finding["role"] = "culprit" if r in incident.culprits else "waiting"
+                if r not in incident.culprits and incident.culprits:
+                    finding["severity"] = "info"  # context of the incident, not a page
+        who = (f"rank(s) {incident.culprits} {incident.kind} ({incident.reason})"
+               if incident.culprits else incident.reason)
+        current[iid] = {
+            "id": iid, "kind": "stall_incident", "severity": "critical", "job": job["job"],
+            "node": self.ctx.node, "culprit_rank": culprit, "culprit_ranks": incident.culprits,
+            "waiting_ranks": incident.waiting, "stall_kind": incident.kind,
+            "since": incident.since, "reason": incident.reason,
+            "message": (f"job {job['job']} stalled: {who}; {len(incident.waiting)} rank(s) on "
+                        f"this node wait{'' if incident.culprits else ' (culprit unknown here)'}")}
+
     # -- stragglers ------------------------------------------------------------------
     def _straggler(self, tracker, job, rank, labels, result, current) -> dict[str, Any] | None:
         scores = tracker.last_scores
@@ -137,15 +176,18 @@ class FindingsCollector(Collector):
             return None
         track = tracker.ranks.get(r)
         active = bool(track and track.active)
+        # The level the verdict follows (median of recent windows), not one noisy window.
+        ratio = track.level if track and track.level is not None else scores.ratio[r]
         result.add("trainwatch_straggler_score", scores.score[r], **labels)
-        result.add("trainwatch_straggler_time_ratio", scores.ratio[r], **labels)
+        result.add("trainwatch_straggler_time_ratio", ratio, **labels)
         result.add("trainwatch_straggler_slow_windows", track.slow_windows if track else 0,
                    **labels)
         result.add("trainwatch_straggler_active", active, **labels)
         local = (job.get("timing") or {}).get("local") or {}
         if r in local:
             result.add("trainwatch_rank_local_seconds", local[r], **labels)
-        summary = {"ratio": round(scores.ratio[r], 4), "score": round(scores.score[r], 3),
+        summary = {"ratio": round(ratio, 4), "window_ratio": round(scores.ratio[r], 4),
+                   "score": round(scores.score[r], 3),
                    "slow_windows": track.slow_windows if track else 0, "active": active}
         if active:
             cause, evidence = self._cause(job, rank)
@@ -158,12 +200,13 @@ class FindingsCollector(Collector):
                 "slow_windows": summary["slow_windows"], "since": track.since,
                 "since_step": track.since_step, "detected_step": track.detected_step,
                 "cause": cause, "evidence": evidence,
-                "message": (f"rank {r} runs at {1 / max(scores.ratio[r], 1e-9):.2f}x the speed "
-                            f"of the other ranks (cause: {cause})")}
+                "message": (f"rank {r} runs at {1 / max(ratio, 1e-9):.2f}x the speed of the "
+                            f"other ranks (needs {ratio:.2f}x their time per step outside "
+                            f"collectives; cause: {cause})")}
         return summary
 
     def _node_straggler(self, tracker, job, result, current) -> dict[str, Any] | None:
-        labels = {"job": job["job"], "node": self.ctx.node}
+        labels = {"run": job["job"], "node": self.ctx.node}
         if tracker.node_ratio is None:
             return None
         result.add("trainwatch_straggler_node_time_ratio", tracker.node_ratio, **labels)
@@ -191,28 +234,56 @@ class FindingsCollector(Collector):
             if rank.get("pid") not in g.get("pids", ()):
                 continue
             events = [name for name, on in (g.get("clock_events") or {}).items() if on]
-            for group, cause in ((_THERMAL, "gpu_thermal"), (_POWER, "gpu_power"),
-                                 (("hw_slowdown",), "gpu_throttle")):
-                hit = [e for e in events if e in group]
+            for reasons, cause in ((_THERMAL, "gpu_thermal"), (_POWER, "gpu_power"),
+                                   (("hw_slowdown",), "gpu_throttle")):
+                hit = [e for e in events if e in reasons]
                 if hit:
                     return cause, [f"GPU {g['index']} clock events active: {', '.join(hit)}"]
         timing = job.get("timing") or {}
         local, data = timing.get("local") or {}, timing.get("data_wait") or {}
         r = rank["rank"]
+        slow_storage = self._slow_storage(job)
+        if (rank.get("process") or {}).get("status") == "disk_sleep":
+            return "storage", ["the rank's process is in uninterruptible I/O (D)"] + slow_storage
         if r in data and local.get(r, 0) > 0:
             share = data[r] / local[r]
             if share >= float(opts["data_wait"]):
-                return "data_wait", [f"data wait is {share:.0%} of the rank's local step time"]
+                evidence = [f"data wait is {share:.0%} of the rank's local step time"]
+                if slow_storage:
+                    return "storage", evidence + slow_storage
+                return "data_wait", evidence
         contention = (rank.get("process") or {}).get("cpu_contention_ratio")
-        if isinstance(contention, (int, float)) and contention >= float(opts["cpu_contention"]):
+        # Contention is a cause only where this rank suffers more of it than its peers on
+        # the node: on a machine every rank shares, it slows all of them alike.
+        peers = [c for other in job.get("ranks", []) if other is not rank and isinstance(
+            c := (other.get("process") or {}).get("cpu_contention_ratio"), (int, float))]
+        baseline = statistics.median(peers) if peers else 0.0
+        if isinstance(contention, (int, float)) and contention >= float(opts["cpu_contention"]) \
+                and contention - baseline >= float(opts["cpu_contention"]) / 2:
             cpus = (rank.get("process") or {}).get("cpus") or []
-            return "cpu_contention", [f"other processes used {contention:.0%} of the rank's "
-                                      f"cores {cpus}"]
+            return "cpu_contention", [
+                f"other processes used {contention:.0%} of the rank's cores {cpus}"
+                + (f" (its peers on this node: {baseline:.0%})" if peers else "")]
         network = self.ctx.store.data("network") or {}
         growing = network.get("errors_growing") or []
         if growing:
             return "network_errors", [f"error counters growing on {', '.join(growing)}"]
         return "unknown", []
+
+    def _slow_storage(self, job: dict[str, Any]) -> list[str]:
+        """Evidence that the job's storage is slow: a failed or slow probe of its directories."""
+        storage = self.ctx.store.data("storage")
+        slow = float(self.ctx.config.straggler["storage_probe_seconds"])
+        lines = []
+        for entry in storage if isinstance(storage, list) else []:
+            if entry.get("job") not in (None, job["job"]):
+                continue
+            probe = entry.get("probe") or {}
+            if probe and not probe.get("ok", True):
+                lines.append(f"storage probe of {entry.get('path')} failed: {probe.get('error')}")
+            elif isinstance(probe.get("seconds"), (int, float)) and probe["seconds"] >= slow:
+                lines.append(f"storage probe of {entry.get('path')} took {probe['seconds']:.2f} s")
+        return lines
 
     # -- bookkeeping -----------------------------------------------------------------
     def _settle(self, current: dict[str, dict[str, Any]], now: float) -> None:

@@ -65,7 +65,7 @@ class GpuCollector(Collector):
         for job in (self.ctx.store.data("ranks") or {}).get("jobs", []):
             for r in job["ranks"]:
                 if isinstance(r.get("pid"), int):
-                    out[r["pid"]] = {"job": job["job"], "rank": r["rank"],
+                    out[r["pid"]] = {"run": job["job"], "rank": r["rank"],
                                      "local_rank": r.get("local_rank", "")}
         return out
 

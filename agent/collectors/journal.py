@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwatch.agent.registry import Collector, Result, register
-from trainwatch.alerts.rules import ACTIONS, SEVERITIES, load_rules
+from trainwatch.contract.alerts import ACTIONS, SEVERITIES, alert_catalog
 from trainwatch.rundir import SkippedFile, open_run_file, parse_jsonl_line
 
 RESTART_KINDS = ("torchrun", "controller")
@@ -87,9 +87,8 @@ class JournalCollector(Collector):
     def __init__(self, ctx, options):
         super().__init__(ctx, options)
         self.tails: dict[str, _Tail] = {}
-        rules = load_rules().rules
-        self.rule_alerts = sorted({(r.name, r.severity) for r in rules})
-        self.known_names = {"alertname": {r.name for r in rules},
+        self.rule_alerts = alert_catalog()
+        self.known_names = {"alertname": {name for name, _ in self.rule_alerts},
                             "action": set(ACTIONS) | {NO_ACTION}}
         self.cap = max(MIN_READ_BYTES, int(options["max_bytes_per_run"]))
 
@@ -219,7 +218,7 @@ class JournalCollector(Collector):
     def _export(self, tail: _Tail, job: str, result: Result) -> None:
         """Every counter of the run, the rules' alerts and the known actions at 0 too: a
         series that appears only at its first event hides that event from increase()."""
-        labels = {"job": job, "node": self.ctx.node}
+        labels = {"run": job, "node": self.ctx.node}
         for name, severity in sorted(set(self.rule_alerts) | set(tail.alerts)):
             result.add("trainwatch_alert_fired_total", tail.alerts[(name, severity)], **labels,
                        alertname=name, severity=severity)

@@ -55,7 +55,7 @@ class NcclCollector(Collector):
         return result
 
     def _job(self, job: dict[str, Any], result: Result) -> tuple[dict[str, Any], str | None]:
-        lab = {"job": job["job"], "node": self.ctx.node}
+        lab = {"run": job["job"], "node": self.ctx.node}
         backend = job.get("backend")
         envs = [e for e in (job.get("env") or {}).values() if e]
         entry: dict[str, Any] = {"backend": backend,

@@ -9,15 +9,12 @@ environment) plus configured ``peers``; a connect is timed, never retried inline
 
 from __future__ import annotations
 
-import re
-import socket
-import time
 from typing import Any
 
 from trainwatch.agent.registry import Collector, Result, register
-from trainwatch.host.sysfs import read_int, read_text
+from trainwatch.host.network import connect_seconds, infiniband_ports, interfaces
 
-NIC_COUNTERS = {
+NIC_METRICS = {
     "rx_bytes": "trainwatch_network_receive_bytes_total",
     "tx_bytes": "trainwatch_network_transmit_bytes_total",
     "rx_errors": "trainwatch_network_receive_errors_total",
@@ -25,26 +22,6 @@ NIC_COUNTERS = {
     "rx_dropped": "trainwatch_network_receive_drops_total",
     "tx_dropped": "trainwatch_network_transmit_drops_total",
 }
-IB_ERROR_COUNTERS = (
-    "symbol_error", "port_rcv_errors", "port_rcv_remote_physical_errors",
-    "port_rcv_switch_relay_errors", "link_downed", "link_error_recovery",
-    "port_xmit_discards", "port_xmit_constraint_errors", "port_rcv_constraint_errors",
-    "local_link_integrity_errors", "excessive_buffer_overrun_errors", "VL15_dropped",
-)
-_RATE = re.compile(r"([\d.]+)\s*Gb/sec")
-
-
-def _state_name(text: str | None) -> str:
-    """'4: ACTIVE' -> 'ACTIVE'."""
-    if not text:
-        return ""
-    return text.split(":", 1)[-1].strip()
-
-
-def connect_seconds(host: str, port: int, timeout: float) -> float:
-    started = time.perf_counter()
-    with socket.create_connection((host, port), timeout=timeout):
-        return time.perf_counter() - started
 
 
 @register("network", interval=5.0, timeout=10.0, first_delay=1.5, options={
@@ -74,70 +51,37 @@ class NetworkCollector(Collector):
             growing.append(key)
 
     def _nics(self, result: Result, growing: list[str]) -> list[dict[str, Any]]:
-        base = self.ctx.sys_path("class", "net")
-        if not base.is_dir():
-            return []
-        out = []
-        for dev in sorted(p for p in base.iterdir() if p.name not in self.options[
-                "exclude_interfaces"]):
-            lab = {"node": self.ctx.node, "device": dev.name}
-            operstate = read_text(dev / "operstate")
-            entry: dict[str, Any] = {"device": dev.name, "operstate": operstate,
-                                     "up": operstate == "up"}
-            result.add("trainwatch_network_up", operstate == "up", **lab)
+        nics = interfaces(self.ctx.sys_path("class", "net"), self.options["exclude_interfaces"])
+        for entry in nics:
+            lab = {"node": self.ctx.node, "device": entry["device"]}
+            result.add("trainwatch_network_up", entry["up"], **lab)
             errors = 0
-            for name, metric in NIC_COUNTERS.items():
-                value = read_int(dev / "statistics" / name)
+            for name, metric in NIC_METRICS.items():
+                value = entry[name]
                 result.add(metric, value, **lab)
-                entry[name] = value
                 if value is not None and ("errors" in name or "dropped" in name):
                     errors += value
-            flaps = read_int(dev / "carrier_changes")
-            result.add("trainwatch_network_carrier_changes_total", flaps, **lab)
-            entry["carrier_changes"] = flaps
-            self._grew(dev.name, errors, growing)
-            out.append(entry)
-        return out
+            result.add("trainwatch_network_carrier_changes_total", entry["carrier_changes"],
+                       **lab)
+            self._grew(entry["device"], errors, growing)
+        return nics
 
     def _infiniband(self, result: Result, growing: list[str]) -> list[dict[str, Any]]:
-        base = self.ctx.sys_path("class", "infiniband")
-        if not base.is_dir():
-            return []
         out = []
-        for dev in sorted(base.iterdir()):
-            ports = dev / "ports"
-            if not ports.is_dir():
-                continue
-            for port in sorted(ports.iterdir(), key=lambda p: p.name):
-                lab = {"node": self.ctx.node, "device": dev.name, "port": port.name}
-                state = _state_name(read_text(port / "state"))
-                phys = _state_name(read_text(port / "phys_state"))
-                layer = read_text(port / "link_layer") or ""
-                result.add("trainwatch_network_ib_port_active", state == "ACTIVE", **lab)
-                result.add("trainwatch_network_ib_port_info", 1, **lab, state=state,
-                           phys_state=phys, link_layer=layer)
-                rate = _RATE.search(read_text(port / "rate") or "")
-                rate_bytes = float(rate.group(1)) * 1e9 / 8 if rate else None
-                result.add("trainwatch_network_ib_rate_bytes_per_second", rate_bytes, **lab)
-                counters = port / "counters"
-                rcv, xmit = read_int(counters / "port_rcv_data"), read_int(
-                    counters / "port_xmit_data")
-                result.add("trainwatch_network_ib_receive_bytes_total",
-                           rcv * 4 if rcv is not None else None, **lab)
-                result.add("trainwatch_network_ib_transmit_bytes_total",
-                           xmit * 4 if xmit is not None else None, **lab)
-                errors, values = 0, {}
-                for name in IB_ERROR_COUNTERS:
-                    value = read_int(counters / name)
-                    if value is None:
-                        continue
-                    values[name] = value
-                    errors += value
-                    result.add("trainwatch_network_ib_errors_total", value, **lab, counter=name)
-                self._grew(f"{dev.name}/{port.name}", errors, growing)
-                out.append({"device": dev.name, "port": port.name, "state": state,
-                            "phys_state": phys, "link_layer": layer,
-                            "rate_bytes_per_second": rate_bytes, "errors": values})
+        for p in infiniband_ports(self.ctx.sys_path("class", "infiniband")):
+            lab = {"node": self.ctx.node, "device": p["device"], "port": p["port"]}
+            result.add("trainwatch_network_ib_port_active", p["state"] == "ACTIVE", **lab)
+            result.add("trainwatch_network_ib_port_info", 1, **lab, state=p["state"],
+                       phys_state=p["phys_state"], link_layer=p["link_layer"])
+            result.add("trainwatch_network_ib_rate_bytes_per_second",
+                       p["rate_bytes_per_second"], **lab)
+            result.add("trainwatch_network_ib_receive_bytes_total", p["receive_bytes"], **lab)
+            result.add("trainwatch_network_ib_transmit_bytes_total", p["transmit_bytes"], **lab)
+            for name, value in p["errors"].items():
+                result.add("trainwatch_network_ib_errors_total", value, **lab, counter=name)
+            self._grew(f"{p['device']}/{p['port']}", sum(p["errors"].values()), growing)
+            out.append({k: v for k, v in p.items()
+                        if k not in ("receive_bytes", "transmit_bytes")})
         return out
 
     def _peers(self, result: Result) -> list[dict[str, Any]]:
@@ -152,7 +96,7 @@ class NetworkCollector(Collector):
         out = []
         for job, role, peer in dict.fromkeys(targets):
             host, _, port = peer.rpartition(":")
-            lab = {"node": self.ctx.node, "job": job, "role": role, "peer": peer}
+            lab = {"node": self.ctx.node, "run": job, "role": role, "peer": peer}
             entry: dict[str, Any] = {"job": job, "role": role, "peer": peer, "up": False,
                                      "connect_seconds": None, "error": None}
             try:

@@ -18,14 +18,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainwatch.beat import beat_path, read_beat
-from trainwatch.host.procinfo import PROCESS_STATES, ProcessTracker
+from trainwatch.host.procinfo import ProcessTracker
 from trainwatch.agent.registry import Collector, Result, register
-from trainwatch.agent.stall import KNOWN_PHASES
+from trainwatch.contract.states import KNOWN_PHASES, PROCESS_STATES, RANK_STATES
 from trainwatch.contract.timing import job_window
+from trainwatch.errors import FormatError
+from trainwatch.rundir import (RUN_FORMAT, SKIP_REASONS, Skipped, SkippedFile,
+                               read_record)
 
 log = logging.getLogger(__name__)
-
-RANK_STATES = ("running", "finished", "failed", "stopped")  # docs/run-directory.md
 _TRAIN_GAUGES = {  # status metrics field -> metric
     "loss": "trainwatch_train_loss", "grad_norm": "trainwatch_train_grad_norm",
     "lr": "trainwatch_train_learning_rate",
@@ -177,7 +178,11 @@ class RanksCollector(Collector):
     def _job(self, run, now: float, mono: float, result: Result,
              live: set[int]) -> dict[str, Any] | None:
         statuses = run.statuses()
-        info = run.run_info() or {}
+        info, info_skipped = self._run_info(run)
+        if info_skipped is not None:
+            statuses.skipped.append(info_skipped)
+        # Unseen is not absent: what the agent may not read makes its health degraded.
+        unreadable = [s.path for s in statuses.skipped if s.code == "permission_denied"]
         job_name = info.get("job") or run.root.resolve().name
         key = str(run.root)
         self._count_skipped(key, statuses.skipped)
@@ -188,9 +193,13 @@ class RanksCollector(Collector):
         # Each local rank carries the job's timing summary: no other node's file is needed.
         timing = job_window({r["rank"]: r.get("timing") for r in local})
         skipped_by_reason = self._skip_total.get(key, {})
-        for reason, count in sorted(skipped_by_reason.items()):
-            result.add("trainwatch_collector_status_files_skipped_total", count, job=job_name,
-                       node=self.ctx.node, reason=reason)
+        # Every reason from 0, so increase() sees the first skip (a counter born at 1 shows none).
+        for reason in SKIP_REASONS:
+            result.add("trainwatch_collector_status_files_skipped_total",
+                       skipped_by_reason.get(reason, 0), run=job_name, node=self.ctx.node,
+                       reason=reason)
+        result.add("trainwatch_collector_run_files_unreadable", len(unreadable), run=job_name,
+                   node=self.ctx.node)
         ranks = []
         env: dict[int, dict[str, str]] = {}
         for status in sorted(local, key=lambda r: r["rank"]):
@@ -209,8 +218,18 @@ class RanksCollector(Collector):
                 "status_files_skipped_total": sum(skipped_by_reason.values()),
                 "status_files_skipped_by_reason": dict(sorted(skipped_by_reason.items())),
                 "skipped": list(self._skip_recent.get(key, ())),
+                "unreadable": unreadable,
                 "timing": timing, "ranks": ranks, "env": env,
-                "checkpoint_dir": str(run.checkpoint_dir)}
+                "checkpoint_dir": str(run.recorded_checkpoint_folders(info)[0])}
+
+    def _run_info(self, run) -> tuple[dict[str, Any], Skipped | None]:
+        """run.json, or {} and why not: permission denied is reported, never logged per run."""
+        try:
+            return read_record(run.run_file, RUN_FORMAT, root=run.root), None
+        except SkippedFile as exc:
+            return {}, Skipped(str(run.run_file), exc.detail, code=exc.reason)
+        except FormatError:  # missing: a run that has not written it yet
+            return {}, None
 
     def _checkpoint(self, local: list[dict[str, Any]], info: dict[str, Any], now: float,
                     job: str, result: Result) -> None:
@@ -225,7 +244,7 @@ class RanksCollector(Collector):
         facts = [r["checkpoint"] for r in local if isinstance(r.get("checkpoint"), dict)]
         if not facts:
             return
-        labels = {"job": job, "node": self.ctx.node}
+        labels = {"run": job, "node": self.ctx.node}
         for field, metric in _CHECKPOINT_COUNTERS.items():
             values = [_num(f.get(field)) for f in facts]
             result.add(metric, max((v for v in values if v is not None), default=None),
@@ -271,7 +290,7 @@ class RanksCollector(Collector):
 
     def _rank(self, run_key: str, s: dict[str, Any], beat: dict[str, Any] | None, now: float,
               mono: float, job: str, result: Result) -> dict[str, Any]:
-        labels = {"job": job, "node": self.ctx.node, "rank": s["rank"],
+        labels = {"run": job, "node": self.ctx.node, "rank": s["rank"],
                   "local_rank": s.get("local_rank", "")}
         s, publish = _with_beat(s, beat)
         metrics = s.get("metrics") if isinstance(s.get("metrics"), dict) else {}

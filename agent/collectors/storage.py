@@ -2,62 +2,22 @@
 
 Per directory: filesystem size, free bytes and inodes, read-only state, a small
 write + fsync + read probe, and a time-to-full prediction from the recent fill rate.
-Every filesystem call runs behind a deadline (``agent/timeouts.py``): a hung mount is
-reported as an error for that directory; the agent and the other directories carry on.
+Every filesystem call runs behind a deadline (``trainwatch/host/timeouts.py``): a hung
+mount is reported as an error for that directory; the agent and the other directories carry on.
 Block-device I/O counters come from /proc/diskstats for the devices behind them.
 """
 
 from __future__ import annotations
 
-import errno
 import math
 import os
 import time
 from collections import deque
-from pathlib import Path
 from typing import Any
 
 from trainwatch.agent.registry import Collector, Result, register
+from trainwatch.host.storage import mount_of, parse_diskstats, parse_mounts, write_probe
 from trainwatch.host.timeouts import Deadline, Hung
-
-SECTOR = 512
-
-
-def parse_mounts(text: str) -> list[tuple[str, str, str, str]]:
-    """(source, mountpoint, fstype, options) from /proc/self/mounts text (octal escapes)."""
-    out = []
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) >= 4:
-            unescape = lambda s: s.encode().decode("unicode_escape")  # noqa: E731
-            out.append((unescape(parts[0]), unescape(parts[1]), parts[2], parts[3]))
-    return out
-
-
-def mount_of(path: str, mounts: list[tuple[str, str, str, str]]):
-    """The mount entry with the longest mountpoint containing ``path``."""
-    best = None
-    for entry in mounts:
-        point = entry[1].rstrip("/") or "/"
-        if path == point or path.startswith(point.rstrip("/") + "/") or point == "/":
-            if best is None or len(point) > len(best[1].rstrip("/") or "/"):
-                best = entry
-    return best
-
-
-def parse_diskstats(text: str) -> dict[str, dict[str, float]]:
-    out = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) < 14:
-            continue
-        try:
-            out[parts[2]] = {"read_bytes": int(parts[5]) * SECTOR,
-                             "written_bytes": int(parts[9]) * SECTOR,
-                             "io_seconds": int(parts[12]) / 1000.0}
-        except ValueError:
-            continue
-    return out
 
 
 def time_to_full(history: deque) -> float:
@@ -76,31 +36,6 @@ def time_to_full(history: deque) -> float:
     if slope >= 0:
         return math.inf
     return max(0.0, ys[-1] / -slope)
-
-
-def write_probe(path: str, size: int, node: str) -> float:
-    """Write, fsync, read back and remove a small file; returns seconds taken."""
-    started = time.perf_counter()
-    name = Path(path, f".trainwatch-probe-{node}-{os.getpid()}")
-    payload = os.urandom(size)
-    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        written = os.write(fd, payload)
-        if written != size:
-            raise OSError(errno.ENOSPC, "short write")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-        try:
-            data = name.read_bytes()
-        finally:
-            try:
-                name.unlink()
-            except OSError:
-                pass
-    if data != payload:
-        raise OSError(errno.EIO, "read back different bytes")
-    return time.perf_counter() - started
 
 
 @register("storage", interval=15.0, timeout=30.0, first_delay=1.5, options={
@@ -123,11 +58,12 @@ class StorageCollector(Collector):
         jobs = {j["run_dir"]: j["job"] for j in ranks.get("jobs", [])}
         for run in self.ctx.run_dirs():
             job = jobs.get(str(run.root), run.root.name)
-            for path, role in ((run.root, "run"), (run.checkpoint_dir, "checkpoint")):
+            folders = run.checkpoint_folders()
+            for path, role in ((run.root, "run"), *((f, "checkpoint") for f in folders)):
                 if str(path) not in seen:
                     seen.add(str(path))
                     targets.append((str(path), role, job))
-        for i, entry in enumerate(self.options["paths"]):
+        for entry in self.options["paths"]:
             if isinstance(entry, str):
                 entry = {"path": entry}
             path = str(entry.get("path", "")) if isinstance(entry, dict) else ""
@@ -175,14 +111,14 @@ class StorageCollector(Collector):
             mount = mount_of(os.path.abspath(path), mounts)
             if mount is not None:
                 entry["mountpoint"] = mount[1]
-                result.add("trainwatch_storage_probe_success", 0, node=self.ctx.node, job=job,
+                result.add("trainwatch_storage_probe_success", 0, node=self.ctx.node, run=job,
                            role=role, mountpoint=mount[1])
             return entry
         mount = mount_of(real, mounts)
         mountpoint = mount[1] if mount else "/"
         if mount and mount[0].startswith("/dev/"):
             devices.add(os.path.basename(mount[0]))
-        lab = {"node": self.ctx.node, "job": job, "role": role, "mountpoint": mountpoint}
+        lab = {"node": self.ctx.node, "run": job, "role": role, "mountpoint": mountpoint}
         size, free = vfs.f_blocks * vfs.f_frsize, vfs.f_bavail * vfs.f_frsize
         readonly = bool(vfs.f_flag & os.ST_RDONLY)
         history = self.history.setdefault(path, deque(maxlen=240))

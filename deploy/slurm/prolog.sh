@@ -9,9 +9,17 @@ set -euo pipefail
 RUNS_ROOT="${TRAINWATCH_RUNS_ROOT:-/var/lib/trainwatch/runs}"
 : "${SLURM_JOB_ID:?not running under Slurm}"
 run_dir="$RUNS_ROOT/slurm-$SLURM_JOB_ID"
+AGENT_GROUP="${TRAINWATCH_AGENT_GROUP:-trainwatch}"
 mkdir -p "$run_dir"/{status,metrics,checkpoints,diagnostics,control,logs,tmp}
-if [ -n "${SLURM_JOB_USER:-}" ] && id "$SLURM_JOB_USER" >/dev/null 2>&1; then
-    chown -R "$SLURM_JOB_USER" "$run_dir"
+# The job's user owns it; the agent's group reads it (setgid folders keep the group on
+# everything the job creates; the job's umask, 027 or 022, keeps files group-readable):
+# docs/run-directory.md, "Permissions". Only the job writes, control/ included.
+owner="${SLURM_JOB_USER:-root}"
+id "$owner" >/dev/null 2>&1 || owner=root
+if getent group "$AGENT_GROUP" >/dev/null; then
+    chown -R "$owner:$AGENT_GROUP" "$run_dir"
+else
+    chown -R "$owner" "$run_dir"
 fi
-chmod 0755 "$run_dir"
+find "$run_dir" -type d -exec chmod 2750 {} +
 exit 0

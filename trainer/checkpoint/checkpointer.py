@@ -67,8 +67,8 @@ class Checkpointer:
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else (rank or 0)
         self.world_size = dist.get_world_size() if self.distributed else (world_size or 1)
-        self.folder = self._resolve(config.dir) if config.dir else self.run.checkpoint_dir
-        self.mirror = self._resolve(config.mirror_dir) if config.mirror_dir else None
+        folders = self.run.configured_checkpoint_folders(config.dir, config.mirror_dir)
+        self.folder, self.mirror = folders[0], (folders[1] if len(folders) > 1 else None)
         self.requests = Requests()
         self.exit_code = 0
         self._group = None
@@ -87,10 +87,6 @@ class Checkpointer:
             "last_error": None, "in_flight": False, "saves_total": 0, "failures_total": 0,
             "skipped_total": 0, "nonfinite_skipped_total": 0}
 
-    def _resolve(self, path: str) -> Path:
-        path = Path(path)
-        return path if path.is_absolute() else self.run.root / path
-
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "Checkpointer":
         """Handle SIGUSR1/SIGTERM and the control file; clear what crashed saves left."""
@@ -98,12 +94,22 @@ class Checkpointer:
             return self
         self.requests.install(self.telemetry)
         if self.rank == 0:
+            self._record_folders()
             for folder in filter(None, (self.folder, self.mirror)):
                 for path in catalog.remove_incomplete(folder):
                     self._journal("checkpoint_pruned", path=str(path),
                                   reason="incomplete (a save was interrupted)")
         self._publish()  # "checkpointing on, nothing saved yet" is a fact readers need too
         return self
+
+    def _record_folders(self) -> None:
+        """Note where checkpoints go in run.json, so diagnose, the agent and
+        ``trainwatch checkpoint list`` find them wherever they are."""
+        try:
+            self.run.record_checkpoint_folders([f for f in (self.folder, self.mirror) if f])
+        except OSError as exc:
+            log.warning("cannot record the checkpoint folders in %s: %s", self.run.run_file,
+                        exc.strerror or exc)
 
     def close(self) -> None:
         """Wait for the save in flight, stop handling signals, publish the final facts."""

@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from trainwatch.errors import EXIT_PROBLEM, ConfigError
+from trainwatch.rundir import RunDir
 from trainwatch.trainer.checkpoint import catalog
 from trainwatch.trainer.checkpoint.digest import checkpoint_digest
 from trainwatch.trainer.checkpoint.manifest import MANIFEST, Verification, step_of, verify
@@ -26,8 +27,9 @@ def _target(path: str) -> tuple[Path, bool]:
         raise ConfigError("no such directory", file=path)
     if (p / MANIFEST).exists() or step_of(p.name) is not None:
         return p, True
-    if (p / "checkpoints").is_dir():
-        return p / "checkpoints", False
+    run = RunDir(p)
+    if run.run_file.exists() or run.checkpoint_dir.is_dir():  # a run directory
+        return run.checkpoint_folders()[0], False
     return p, False
 
 

@@ -13,9 +13,9 @@ import signal
 import threading
 from typing import Any
 
-log = logging.getLogger(__name__)
+from trainwatch.contract.layout import CONTROL_CHECKPOINT
 
-CONTROL_FILE = "checkpoint"
+log = logging.getLogger(__name__)
 
 
 class Requests:
@@ -48,7 +48,7 @@ class Requests:
     def install(self, telemetry: Any = None) -> None:
         """Signal handlers (main thread only) and the control-file handler."""
         if telemetry is not None:
-            telemetry.on_control(CONTROL_FILE, lambda path: self.ask_save(f"control file {path}"))
+            telemetry.on_control(CONTROL_CHECKPOINT, lambda path: self.ask_save(f"control file {path}"))
         if threading.current_thread() is not threading.main_thread():
             log.warning("trainwatch checkpoint: not in the main thread, SIGUSR1/SIGTERM not handled")
             return

@@ -1,7 +1,7 @@
 """The one metrics contract: every metric name, type, unit and label set, defined once.
 
 The agent exports exactly these; alert rules, dashboards and docs may only use
-names declared here (a test checks it).  Naming follows DESIGN.md:
+names declared here (a test checks it).  Naming follows Prometheus conventions:
 ``trainwatch_<subsystem>_<what>_<unit>``, base units, ``_total`` for counters,
 ``_info`` gauges of value 1.  Labels never carry unbounded values.
 """
@@ -10,16 +10,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-JOB_RANK = ("job", "node", "rank", "local_rank")
-JOB_NODE = ("job", "node")
+# The training run's id is the label ``run``: ``job`` belongs to Prometheus (the scrape job,
+# ``trainwatch-agent``), and an exporter's own ``job`` would be renamed ``exported_job`` or
+# overwrite the scrape job under default label handling.
+RUN_LABEL = "run"
+RUN = (RUN_LABEL,)
+RUN_RANK = (RUN_LABEL, "node", "rank", "local_rank")
+RUN_NODE = (RUN_LABEL, "node")
 NODE = ("node",)
 GPU = ("node", "gpu", "uuid")
-RANK_GPU = JOB_RANK + ("gpu", "uuid")
+RANK_GPU = RUN_RANK + ("gpu", "uuid")
 COLLECTOR = ("node", "collector")
-STORAGE = ("node", "job", "role", "mountpoint")
+STORAGE = ("node", RUN_LABEL, "role", "mountpoint")
 DEVICE = ("node", "device")
 IB_PORT = ("node", "device", "port")
-PEER = ("node", "job", "role", "peer")
+PEER = ("node", RUN_LABEL, "role", "peer")
 
 
 @dataclass(frozen=True)
@@ -37,110 +42,124 @@ def _m(name: str, type_: str, help_: str, labels: tuple[str, ...], unit: str = "
 
 _SPECS = [
     # --- training progress, from the ranks' status files --------------------------------
-    _m("trainwatch_train_loss", "gauge", "Latest training loss reported by the rank.", JOB_RANK),
-    _m("trainwatch_train_grad_norm", "gauge", "Latest gradient norm (before clipping).", JOB_RANK),
-    _m("trainwatch_train_learning_rate", "gauge", "Current learning rate.", JOB_RANK),
+    _m("trainwatch_train_loss", "gauge", "Latest training loss reported by the rank.", RUN_RANK),
+    _m("trainwatch_train_grad_norm", "gauge", "Latest gradient norm (before clipping).", RUN_RANK),
+    _m("trainwatch_train_learning_rate", "gauge", "Current learning rate.", RUN_RANK),
     _m("trainwatch_train_tokens_per_second", "gauge", "Training throughput in tokens/s.",
-       JOB_RANK),
+       RUN_RANK),
     _m("trainwatch_train_samples_per_second", "gauge", "Training throughput in samples/s.",
-       JOB_RANK),
+       RUN_RANK),
     _m("trainwatch_train_mfu_ratio", "gauge",
-       "Model FLOPs utilisation (0-1); absent when the peak is unknown.", JOB_RANK, "ratio"),
-    _m("trainwatch_train_validation_loss", "gauge", "Latest validation loss.", JOB_RANK),
+       "Model FLOPs utilisation (0-1); absent when the peak is unknown.", RUN_RANK, "ratio"),
+    _m("trainwatch_train_validation_loss", "gauge", "Latest validation loss.", RUN_RANK),
     _m("trainwatch_train_nonfinite_loss_total", "counter",
-       "Steps whose loss was NaN or Inf.", JOB_RANK),
+       "Steps whose loss was NaN or Inf.", RUN_RANK),
     _m("trainwatch_train_last_nonfinite_loss_timestamp_seconds", "gauge",
-       "Unix time of the newest step whose loss was NaN or Inf; absent if none.", JOB_RANK,
+       "Unix time of the newest step whose loss was NaN or Inf; absent if none.", RUN_RANK,
        "seconds"),
     _m("trainwatch_train_nonfinite_grad_norm_total", "counter",
-       "Steps whose gradient norm was NaN or Inf.", JOB_RANK),
+       "Steps whose gradient norm was NaN or Inf.", RUN_RANK),
     # --- per-rank timing, heartbeat and phase ---------------------------------------------
-    _m("trainwatch_rank_step", "gauge", "Last step the rank started.", JOB_RANK),
+    _m("trainwatch_rank_step", "gauge", "Last step the rank started.", RUN_RANK),
     _m("trainwatch_rank_steps_total", "counter", "Steps completed by this rank process.",
-       JOB_RANK),
+       RUN_RANK),
     _m("trainwatch_rank_step_time_seconds", "gauge", "Wall time of the rank's last step.",
-       JOB_RANK, "seconds"),
+       RUN_RANK, "seconds"),
     _m("trainwatch_rank_phase_time_seconds", "gauge",
-       "Time the last step spent in each phase.", JOB_RANK + ("phase",), "seconds"),
+       "Time the last step spent in each phase.", RUN_RANK + ("phase",), "seconds"),
     _m("trainwatch_rank_data_wait_seconds", "gauge",
-       "Time the last step waited for data.", JOB_RANK, "seconds"),
+       "Time the last step waited for data.", RUN_RANK, "seconds"),
     _m("trainwatch_rank_heartbeat_age_seconds", "gauge",
-       "Seconds since the rank's telemetry thread last wrote its status.", JOB_RANK, "seconds"),
+       "Seconds since the rank's telemetry thread last wrote its status.", RUN_RANK, "seconds"),
     _m("trainwatch_rank_progress_age_seconds", "gauge",
-       "Seconds since the rank last completed a step.", JOB_RANK, "seconds"),
+       "Seconds since the rank last completed a step.", RUN_RANK, "seconds"),
     _m("trainwatch_rank_phase_age_seconds", "gauge",
-       "Seconds the rank has been in its current phase.", JOB_RANK, "seconds"),
+       "Seconds the rank has been in its current phase.", RUN_RANK, "seconds"),
     _m("trainwatch_rank_phase", "gauge",
        "1 for the phase the rank is in now, 0 for the other known phases.",
-       JOB_RANK + ("phase",)),
+       RUN_RANK + ("phase",)),
     _m("trainwatch_rank_memory_bytes", "gauge",
-       "CUDA peak allocated bytes on GPU, resident set size on CPU.", JOB_RANK, "bytes"),
+       "CUDA peak allocated bytes on GPU, resident set size on CPU.", RUN_RANK, "bytes"),
     _m("trainwatch_rank_up", "gauge",
-       "1 if the rank's process is alive and not a zombie, else 0.", JOB_RANK),
+       "1 if the rank's process is alive and not a zombie, else 0.", RUN_RANK),
     _m("trainwatch_rank_restarts", "gauge",
-       "Restart count torchrun reports for the rank's current process.", JOB_RANK),
+       "Restart count torchrun reports for the rank's current process.", RUN_RANK),
     _m("trainwatch_rank_telemetry_errors_total", "counter",
-       "Telemetry failures counted (never raised) in the rank.", JOB_RANK),
+       "Telemetry failures counted (never raised) in the rank.", RUN_RANK),
     _m("trainwatch_rank_publish_failing", "gauge",
        "1 while the rank cannot write its status file or metrics log (a full or failing "
        "disk), as its beat file says; the rank itself may train on. Absent for ranks "
-       "without a beat file.", JOB_RANK),
+       "without a beat file.", RUN_RANK),
     _m("trainwatch_rank_info", "info",
        "1 per rank; labels name its process-group backend and torch device.",
-       JOB_RANK + ("backend", "device")),
+       RUN_RANK + ("backend", "device")),
     _m("trainwatch_rank_state", "gauge",
        "1 for the rank's reported lifecycle state (running, finished, failed, stopped), "
        "0 for the others.",
-       JOB_RANK + ("state",)),
+       RUN_RANK + ("state",)),
     _m("trainwatch_rank_local_seconds", "gauge",
        "Mean per-step time outside collective phases over the last timing window (own speed).",
-       JOB_RANK, "seconds"),
+       RUN_RANK, "seconds"),
     # --- stall detection (agent/stall.py) ---------------------------------------------------
     _m("trainwatch_rank_stalled", "gauge",
-       "1 while the rank's step has not advanced within its stall budget, else 0.", JOB_RANK),
+       "1 while the rank's step has not advanced within its stall budget, else 0.", RUN_RANK),
     _m("trainwatch_rank_stall_seconds", "gauge",
        "Seconds since the last progress of a stalled rank; 0 when not stalled.",
-       JOB_RANK, "seconds"),
+       RUN_RANK, "seconds"),
     _m("trainwatch_rank_stall_budget_seconds", "gauge",
        "The stall budget currently applied to the rank: max(floor, k x typical step) or its "
-       "phase's budget.", JOB_RANK, "seconds"),
+       "phase's budget.", RUN_RANK, "seconds"),
     _m("trainwatch_rank_stall_info", "info",
        "1 while the rank is stalled; kind is stuck (alive, heartbeat fresh), frozen (heartbeat "
        "stale or process stopped) or dead; phase is where it stalled.",
-       JOB_RANK + ("kind", "phase")),
+       RUN_RANK + ("kind", "phase")),
     _m("trainwatch_rank_stalls_total", "counter",
-       "Stalls detected for the rank since the agent started, by kind.", JOB_RANK + ("kind",)),
+       "Stalls detected for the rank since the agent started, by kind.", RUN_RANK + ("kind",)),
+    # --- stall incidents (agent/incident.py): one per run and node ------------------------
+    _m("trainwatch_stall_incident_ranks", "gauge",
+       "This node's ranks of the run in its open stall incident, by role: culprit (dead, "
+       "frozen, or stuck outside the collective the others wait in) or waiting; 0 when "
+       "there is none.", RUN_NODE + ("role",)),
+    _m("trainwatch_stall_incident_seconds", "gauge",
+       "Seconds since the run's open stall incident on this node began (the first stalled "
+       "rank's last progress); present only while one is open. culprit_rank is the rank "
+       "this node's evidence blames, or unknown (all its stalled ranks wait); kind is that "
+       "rank's stall kind (dead, frozen, stuck) or unknown.",
+       RUN_NODE + ("culprit_rank", "kind"), "seconds"),
     # --- processes of the local ranks (psutil) -------------------------------------------
     _m("trainwatch_process_state", "gauge",
        "1 for the OS state of the rank's process (running, sleeping, disk_sleep, stopped, "
-       "zombie, gone, unknown), 0 for the others.", JOB_RANK + ("state",)),
+       "zombie, gone, unknown), 0 for the others.", RUN_RANK + ("state",)),
     _m("trainwatch_process_cpu_seconds_total", "counter",
-       "User+system CPU time of the rank's process.", JOB_RANK, "seconds"),
+       "User+system CPU time of the rank's process.", RUN_RANK, "seconds"),
     _m("trainwatch_process_resident_memory_bytes", "gauge",
-       "Resident set size of the rank's process.", JOB_RANK, "bytes"),
-    _m("trainwatch_process_threads", "gauge", "Threads in the rank's process.", JOB_RANK),
+       "Resident set size of the rank's process.", RUN_RANK, "bytes"),
+    _m("trainwatch_process_threads", "gauge", "Threads in the rank's process.", RUN_RANK),
     _m("trainwatch_process_cpu_contention_ratio", "gauge",
        "Share (0-1) of the CPU time available on the rank's allowed cores that other "
-       "processes used over the last interval.", JOB_RANK, "ratio"),
+       "processes used over the last interval.", RUN_RANK, "ratio"),
     # --- straggler detection (agent/straggler.py) ------------------------------------------
     _m("trainwatch_straggler_score", "gauge",
        "Robust z-score of the rank's per-step local time against the job (median/MAD).",
-       JOB_RANK),
+       RUN_RANK),
     _m("trainwatch_straggler_time_ratio", "gauge",
-       "Rank's per-step local time divided by the job median (1 = typical, 1.25 = 0.8x speed).",
-       JOB_RANK, "ratio"),
+       "Rank's per-step local time divided by the median of the other ranks, the median of "
+       "the last few timing windows: the level the straggler verdict follows "
+       "(1 = typical, 1.25 = 0.8x speed).",
+       RUN_RANK, "ratio"),
     _m("trainwatch_straggler_slow_windows", "gauge",
-       "Consecutive timing windows in which the rank was slow.", JOB_RANK),
+       "Consecutive timing windows in which the rank was slower than straggler.clear_ratio.",
+       RUN_RANK),
     _m("trainwatch_straggler_active", "gauge",
-       "1 while the rank is flagged as a straggler, else 0.", JOB_RANK),
+       "1 while the rank is flagged as a straggler, else 0.", RUN_RANK),
     _m("trainwatch_straggler_info", "info",
        "1 while the rank is flagged; cause is the likely reason from node evidence "
-       "(gpu_thermal, gpu_power, gpu_throttle, cpu_contention, data_wait, network_errors, "
-       "unknown).", JOB_RANK + ("cause",)),
+       "(gpu_thermal, gpu_power, gpu_throttle, cpu_contention, storage, data_wait, "
+       "network_errors, unknown).", RUN_RANK + ("cause",)),
     _m("trainwatch_straggler_node_time_ratio", "gauge",
-       "Median local time of this node's ranks divided by the job median.", JOB_NODE, "ratio"),
+       "Median local time of this node's ranks divided by the job median.", RUN_NODE, "ratio"),
     _m("trainwatch_straggler_node_active", "gauge",
-       "1 while this node's ranks as a group are flagged as stragglers, else 0.", JOB_NODE),
+       "1 while this node's ranks as a group are flagged as stragglers, else 0.", RUN_NODE),
     # --- GPU (NVML) ----------------------------------------------------------------------
     _m("trainwatch_gpu_info", "info", "1 per GPU; labels name the model.", GPU + ("name",)),
     _m("trainwatch_gpu_utilization_ratio", "gauge",
@@ -182,20 +201,20 @@ _SPECS = [
        "GPU memory used by a training rank's process (mapped by pid).", RANK_GPU, "bytes"),
     # --- NCCL / collectives ----------------------------------------------------------------
     _m("trainwatch_nccl_ras_up", "gauge",
-       "1 if NCCL's RAS endpoint answered; absent when the job does not use NCCL.", JOB_NODE),
+       "1 if NCCL's RAS endpoint answered; absent when the job does not use NCCL.", RUN_NODE),
     _m("trainwatch_nccl_ras_communicators", "gauge",
-       "Communicators the RAS endpoint reports.", JOB_NODE),
+       "Communicators the RAS endpoint reports.", RUN_NODE),
     _m("trainwatch_nccl_ras_ranks_missing", "gauge",
-       "Ranks the RAS endpoint reports as missing or unreachable.", JOB_NODE),
+       "Ranks the RAS endpoint reports as missing or unreachable.", RUN_NODE),
     _m("trainwatch_nccl_ras_errors", "gauge",
-       "Communicator errors (async errors, aborts) the RAS endpoint reports.", JOB_NODE),
+       "Communicator errors (async errors, aborts) the RAS endpoint reports.", RUN_NODE),
     _m("trainwatch_nccl_log_warnings_total", "counter",
-       "NCCL WARN lines seen in NCCL_DEBUG_FILE logs since the agent started.", JOB_NODE),
+       "NCCL WARN lines seen in NCCL_DEBUG_FILE logs since the agent started.", RUN_NODE),
     _m("trainwatch_nccl_env_consistent", "gauge",
        "1 if NCCL_*/TORCH_* environment is identical across the node's ranks, else 0.",
-       JOB_NODE),
+       RUN_NODE),
     _m("trainwatch_nccl_env_mismatches", "gauge",
-       "Number of NCCL_*/TORCH_* variables that differ across the node's ranks.", JOB_NODE),
+       "Number of NCCL_*/TORCH_* variables that differ across the node's ranks.", RUN_NODE),
     # --- storage (run, checkpoint, data dirs) ----------------------------------------------
     _m("trainwatch_storage_size_bytes", "gauge", "Filesystem size.", STORAGE, "bytes"),
     _m("trainwatch_storage_free_bytes", "gauge", "Bytes available to unprivileged users.",
@@ -268,13 +287,17 @@ _SPECS = [
     _m("trainwatch_collector_timeouts_total", "counter",
        "Runs abandoned after the collector's timeout (hung).", COLLECTOR),
     _m("trainwatch_collector_status_files_skipped_total", "counter",
-       "Status file versions skipped, by reason (trainwatch.rundir.SKIP_REASONS: special "
+       "Status file (and run.json) versions skipped, by reason (trainwatch.rundir.SKIP_REASONS: special "
        "files, links out of the run directory, too large, not JSON, nested too deeply, "
        "alien, unknown version, rank not the one in the file name, wrong field types).",
-       JOB_NODE + ("reason",)),
+       RUN_NODE + ("reason",)),
+    _m("trainwatch_collector_run_files_unreadable", "gauge",
+       "Files and folders of the run the agent may not read now (permission denied: the "
+       "status folder, status files, run.json); its ranks there are unseen, not absent.",
+       RUN_NODE),
     _m("trainwatch_collector_journal_lines_skipped_total", "counter",
        "Journal lines the agent skipped as torn, alien (not an object, unknown record "
-       "version, no event name) or longer than its read cap.", JOB_NODE),
+       "version, no event name) or longer than its read cap.", RUN_NODE),
     _m("trainwatch_collector_run_dirs", "gauge", "Run directories the agent watches.", NODE),
     _m("trainwatch_collector_agent_cpu_seconds_total", "counter",
        "CPU time used by the agent process.", NODE, "seconds"),
@@ -282,83 +305,82 @@ _SPECS = [
        "Resident set size of the agent process.", NODE, "bytes"),
 ]
 
-# --- alerts and controller (issue 5, branch `alerts`) ---------------------------------
+# --- alerts and controller -------------------------------------------------------------
 # Checkpoint facts come from the checkpoint library's `checkpoint` field in the ranks'
 # status files (the agent's ranks collector exports them); trainwatch_action_* is
 # exported by the alert controller itself (`trainwatch run` / the webhook receiver).
 _SPECS += [
     _m("trainwatch_checkpoint_age_seconds", "gauge",
        "Seconds since the newest verified checkpoint of the run (since the run started when "
-       "there is none).", JOB_NODE, "seconds"),
+       "there is none).", RUN_NODE, "seconds"),
     _m("trainwatch_checkpoint_failures_total", "counter",
        "Checkpoint saves of the run that failed (the most any of the node's ranks counted; "
-       "resets when the job restarts).", JOB_NODE),
+       "resets when the job restarts).", RUN_NODE),
     _m("trainwatch_action_restart_guard_tripped", "gauge",
        "1 once the controller stopped restarting a job that makes no forward progress.",
-       ("job",)),
+       RUN),
 ]
 
 # --- what the run's journal and checkpoint facts say happened (agent collectors `journal`
 # and `ranks`, branch `journalmetrics`). Every event is journaled once by one writer, so
-# where several nodes read one shared journal, take max by (job, ...) across nodes.
+# where several nodes read one shared journal, take max by (run, ...) across nodes.
 _SPECS += [
     _m("trainwatch_alert_fired_total", "counter",
        "Alerts that fired for the run (alert_firing events in its journal), by rule; names "
        "outside the rules set past the agent's cap, and unknown severities, are 'other'.",
-       JOB_NODE + ("alertname", "severity")),
+       RUN_NODE + ("alertname", "severity")),
     _m("trainwatch_action_taken_total", "counter",
        "Automated actions the controller took for the run (action_taken events), by action.",
-       JOB_NODE + ("action",)),
+       RUN_NODE + ("action",)),
     _m("trainwatch_action_skipped_total", "counter",
        "Automated actions the controller decided not to take (action_skipped events: dry "
        "run, rate limit, restart guard, duplicate delivery, ...), by action.",
-       JOB_NODE + ("action",)),
+       RUN_NODE + ("action",)),
     _m("trainwatch_train_restarts_total", "counter",
        "Restarts of the job's ranks, by kind: torchrun (restarted events) or controller (the "
        "controller starting the job again, job_started after the first attempt).",
-       JOB_NODE + ("kind",)),
+       RUN_NODE + ("kind",)),
     _m("trainwatch_checkpoint_last_save_duration_seconds", "gauge",
        "Seconds the newest checkpoint save took to write and fsync its files (in the "
-       "background in async mode); absent before the first save.", JOB_NODE, "seconds"),
+       "background in async mode); absent before the first save.", RUN_NODE, "seconds"),
     _m("trainwatch_checkpoint_last_blocking_seconds", "gauge",
        "Seconds the newest checkpoint save blocked the training loop; absent before the "
-       "first save.", JOB_NODE, "seconds"),
+       "first save.", RUN_NODE, "seconds"),
     _m("trainwatch_checkpoint_saves_total", "counter",
        "Verified checkpoint saves of the run (the most any of the node's ranks counted; "
-       "resets when the job restarts).", JOB_NODE),
+       "resets when the job restarts).", RUN_NODE),
     _m("trainwatch_train_nonfinite_skipped_steps_total", "counter",
        "Steps the checkpoint library's non-finite guard skipped (or halted on) because a "
-       "rank's loss or gradient was NaN or Inf (resets when the job restarts).", JOB_NODE),
+       "rank's loss or gradient was NaN or Inf (resets when the job restarts).", RUN_NODE),
 ]
 
 # --- cost and goodput (`trainwatch report --prom-textfile`, branch `report`) -----------
 # Written per run by the report into a node_exporter textfile, not by the agent. Money is
 # left to PromQL (accelerator seconds x price), so no currency sits in a metric name.
-JOB = ("job",)
 _SPECS += [
     _m("trainwatch_cost_goodput_ratio", "gauge",
-       "Productive step time of surviving steps divided by the run's wall time (0-1).", JOB,
+       "Productive step time of surviving steps divided by the run's wall time (0-1).", RUN,
        "ratio"),
     _m("trainwatch_cost_effective_training_time_ratio", "gauge",
-       "Time in surviving steps, data wait included, divided by the wall time (0-1).", JOB,
+       "Time in surviving steps, data wait included, divided by the wall time (0-1).", RUN,
        "ratio"),
     _m("trainwatch_cost_wall_seconds", "gauge",
-       "Wall time the run held its accelerators (its span minus time no launcher ran).", JOB,
+       "Wall time the run held its accelerators (its span minus time no launcher ran).", RUN,
        "seconds"),
     _m("trainwatch_cost_productive_seconds", "gauge",
-       "Wall time spent in surviving steps, data wait excluded.", JOB, "seconds"),
+       "Wall time spent in surviving steps, data wait excluded.", RUN, "seconds"),
     _m("trainwatch_cost_badput_seconds", "gauge",
        "Wall time lost, by category (data_wait, recomputed, restart_downtime, "
-       "initial_startup, checkpoint, evaluation, stalled, shutdown, other).", JOB + ("category",),
+       "initial_startup, checkpoint, evaluation, stalled, shutdown, other).", RUN + ("category",),
        "seconds"),
     _m("trainwatch_cost_accelerators", "gauge",
-       "Accelerators the report bills the run for.", JOB),
+       "Accelerators the report bills the run for.", RUN),
     _m("trainwatch_cost_incidents", "gauge",
-       "Interruptions (ends of attempts that did not finish the run) in the report.", JOB),
+       "Interruptions (ends of attempts that did not finish the run) in the report.", RUN),
     _m("trainwatch_cost_recomputed_steps", "gauge",
-       "Step executions whose work a restart or rollback threw away.", JOB),
+       "Step executions whose work a restart or rollback threw away.", RUN),
     _m("trainwatch_cost_productive_tokens", "gauge",
-       "Tokens trained by the surviving steps, job-wide.", JOB),
+       "Tokens trained by the surviving steps, job-wide.", RUN),
 ]
 
 METRICS: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}

@@ -8,6 +8,7 @@ collector reports "absent" and never invents numbers.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -84,8 +85,8 @@ class NvmlBackend:
         self._events = self._try(nv.nvmlEventSetCreate)
         if self._events is not None:
             for handle in self._handles:
-                self._try(lambda h=handle: nv.nvmlDeviceRegisterEvents(
-                    h, nv.nvmlEventTypeXidCriticalError, self._events))
+                self._try(functools.partial(nv.nvmlDeviceRegisterEvents, handle,
+                                            nv.nvmlEventTypeXidCriticalError, self._events))
         driver = _text(self._try(nv.nvmlSystemGetDriverVersion) or "")
         cuda = self._try(nv.nvmlSystemGetCudaDriverVersion)
         cuda_text = f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else ""
@@ -100,9 +101,10 @@ class NvmlBackend:
 
     def _try(self, fn: Callable[[], Any]) -> Any:
         """Call an NVML getter; unsupported or failing fields are None, never invented."""
+        error = self._nv.NVMLError if self._nv else Exception
         try:
             return fn()
-        except self._nv.NVMLError if self._nv else Exception:
+        except error:
             return None
 
     def snapshots(self) -> list[GpuSnapshot]:
@@ -173,9 +175,10 @@ class NvmlBackend:
                 data = nv.nvmlEventSetWait(self._events, 0)
             except nv.NVMLError:  # NVMLError_Timeout: nothing pending
                 break
-            uuid = _text(self._try(lambda: nv.nvmlDeviceGetUUID(data.device)) or "")
+            uuid = _text(self._try(functools.partial(nv.nvmlDeviceGetUUID, data.device)) or "")
             index = next((i for i, h in enumerate(self._handles)
-                          if _text(self._try(lambda h=h: nv.nvmlDeviceGetUUID(h)) or "") == uuid),
+                          if _text(self._try(functools.partial(nv.nvmlDeviceGetUUID, h)) or "")
+                          == uuid),
                          index_of.get(id(data.device), -1))
             events.append((index, int(data.eventData)))
         return events

@@ -20,7 +20,6 @@ _STATUS = {
     psutil.STATUS_STOPPED: "stopped", psutil.STATUS_TRACING_STOP: "stopped",
     psutil.STATUS_ZOMBIE: "zombie", psutil.STATUS_DEAD: "gone",
 }
-PROCESS_STATES = ("running", "sleeping", "disk_sleep", "stopped", "zombie", "gone", "unknown")
 # Filtered environment the NCCL and network collectors need; values never leave the agent.
 ENV_PREFIXES = ("NCCL_", "TORCH_", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES")
 
@@ -396,7 +395,7 @@ def _process(pid: int, proc_root: str = "/proc") -> dict[str, Any]:
 def _is_fifo(path: str | None) -> bool:
     import stat as stat_mod
     try:
-        return bool(path) and stat_mod.S_ISFIFO(os.stat(path).st_mode)
+        return path is not None and stat_mod.S_ISFIFO(os.stat(path).st_mode)
     except OSError:
         return False
 

@@ -24,8 +24,8 @@ class Deadline:
     def call(self, key: str, fn: Callable[[], Any], timeout: float) -> Any:
         pending = self._inflight.get(key)
         if pending is not None:
-            future, since = pending
-            if not future.done():
+            previous, since = pending
+            if not previous.done():
                 raise Hung(f"previous call still hung after {time.time() - since:.1f} s")
             del self._inflight[key]
         future: Future = Future()

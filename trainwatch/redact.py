@@ -1,4 +1,5 @@
-"""Remove secrets (tokens, keys, passwords) from everything diagnose prints or bundles.
+"""Remove secrets (tokens, keys, passwords) from everything trainwatch prints, reports or
+bundles (diagnose, preflight).
 
 Two nets: by key name (``WANDB_API_KEY=...``, ``"password": ...``, ``token: ...``)
 and by value shape (bearer tokens, cloud keys, private-key blocks, URL

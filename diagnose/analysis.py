@@ -10,20 +10,21 @@ from __future__ import annotations
 import re
 import signal
 import statistics
+import time
 from typing import Any
 
+from trainwatch.contract.stall import (default_options, heartbeat_stale, published_budget,
+                                      stall_budget)
 from trainwatch.contract.timing import job_window
 from trainwatch.diagnose import agents, causes, collectives, journal, prometheus
 from trainwatch.diagnose.model import Evidence, Finding
 from trainwatch.diagnose.stacks import format_frames, main_stack
 
-STALL_FLOOR_SECONDS = 5.0
-STALL_STEP_MULTIPLE = 10.0
-HEARTBEAT_STALE_SECONDS = 10.0
 STRAGGLER_LATENESS_RATIO = 0.15   # entering collectives this much of a step after the others
 STRAGGLER_LATENESS_FLOOR = 0.02   # seconds: below this it is scheduling noise
 STRAGGLER_TIMING_RATIO = 1.3      # local time vs the job median
 LOW_FREE_RATIO = 0.02
+DEFAULT_HEARTBEAT_INTERVAL = 1.0  # trainer telemetry's default, for ranks that do not say
 
 # Where a rank that is not in a collective is, from its stack (first match wins).
 _WHERE = (
@@ -51,8 +52,14 @@ class Analysis:
         step_times = [v["recent"]["step_time"] for v in ev.ranks.values()
                       if (v.get("recent") or {}).get("step_time")]
         self.step_time = statistics.median(step_times) if step_times else None
-        self.stall_after = stall_after or max(STALL_FLOOR_SECONDS,
-                                              STALL_STEP_MULTIPLE * (self.step_time or 0))
+        # The agent's stall rule: its published budget, else the options the run recorded,
+        # else the defaults (an explicit --stall-after wins over all). Without a known step
+        # time the floor applies: diagnose is asked because something already looks wrong.
+        self.stall_options = ev.journal.get("stall_options") or default_options()
+        job = (ev.run or {}).get("job") or next(
+            (v.get("job") for v in ev.ranks.values() if v.get("job")), None)
+        self.stall_after = stall_after or published_budget(ev.agents, job) or stall_budget(
+            self.stall_options, self.step_time or 0.0, use_phase=False)
         ages = [v["progress_age"] for v in self.running.values()
                 if v.get("progress_age") is not None]
         self.progress_age = min(ages) if ages else None
@@ -116,41 +123,120 @@ def analyse(ev: Evidence, stall_after: float | None = None) -> list[Finding]:
 # --------------------------------------------------------------------------- checks
 
 def check_dead(a: Analysis) -> list[Finding]:
+    """Dead ranks, and which one failed first — only as far as the evidence can order them.
+
+    torchrun's root cause (its first observed failure) or its failure lines decide when
+    present. Without them, last heartbeats order deaths only when they lie further apart
+    than the heartbeat interval (and the clock's resolution); closer than that it is a tie,
+    said as one, with the other evidence (exit signals, the first error in the logs).
+    """
     ev = a.ev
     by_pid = {v.get("pid"): r for r, v in ev.ranks.items()}
+    root = ev.launcher.get("root_cause")
     launcher = [(by_pid[x["pid"]], x) for x in ev.launcher.get("failed", []) if x["pid"] in by_pid]
-    culprits = {r: f"the launcher logged its exit: {_exit_text(x['exitcode'])} ({x['log']})"
-                for r, x in launcher}
+    culprits: dict[int, str] = {}
+    if root and root.get("rank") in ev.ranks:
+        culprits[root["rank"]] = (f"torchrun names it the root cause (first observed failure): "
+                                  f"{_exit_text(root['exitcode'])} ({root['log']})"
+                                  + (f"; its error file says: {root['error']}"
+                                     if root.get("error") else ""))
+    elif launcher:
+        culprits = {r: f"the launcher logged its exit: {_exit_text(x['exitcode'])} ({x['log']})"
+                    for r, x in launcher}
     dead = [r for r, v in ev.ranks.items()
             if v.get("state") == "running" and a.proc(r) in ("gone", "zombie")]
     failed = [r for r, v in ev.ranks.items() if v.get("state") == "failed"]
+    tie: list[int] = []
     if not culprits and dead:
-        # Without the launcher's word, the rank whose heartbeat stopped first died first.
-        first = max(dead, key=lambda r: ev.ranks[r].get("heartbeat_age") or 0)
-        culprits[first] = "its heartbeat stopped first"
+        tie, why = order_by_heartbeat(ev, dead)
+        for r in (tie[:1] if len(tie) == 1 else []):
+            culprits[r] = why
     for r in failed:
         culprits.setdefault(r, "its telemetry recorded state 'failed' (an exception)")
-    if not culprits:
+    if not culprits and not tie:
         return []
     a.explained |= set(culprits) | set(dead)
+    if len(tie) > 1 and not culprits:
+        return [_tie_finding(a, tie, why)]
     findings = []
     for rank, why in sorted(culprits.items()):
         evidence = [a.where_line(rank), why]
         followers = sorted(set(dead) - set(culprits))
-        if followers:
+        torn_down = [f"rank {x['rank']}: {_exit_text(x['exitcode'])}"
+                     for x in ev.launcher.get("failures", []) if x.get("rank") != rank]
+        if torn_down:
+            evidence.append("torchrun then stopped the others: " + ", ".join(torn_down))
+        elif followers:
             evidence.append(f"rank(s) {followers} also exited afterwards (stopped by the "
                             "launcher or failed in the collective)")
+        evidence += _first_error_lines(ev)
         if ev.journal.get("restarts"):
             evidence.append(f"journal: {ev.journal['restarts']} restart(s) so far")
-        exitcode = next((x["exitcode"] for r, x in launcher if r == rank), None)
+        exitcode = (root["exitcode"] if root and root.get("rank") == rank else
+                    next((x["exitcode"] for r, x in launcher if r == rank), None))
+        from_launcher = (root and root.get("rank") == rank) or rank in dict(launcher)
         hint = ("dmesg -T | grep -i -E 'killed process|out of memory'" if exitcode == -9
                 else f"tail -n 100 {ev.run_dir}/logs/*.log")
         findings.append(Finding(
             "rank_dead", f"rank {rank} is dead", ranks=[rank], nodes=[a.node(rank)],
-            confidence="high" if rank in dict(launcher) or len(culprits) == 1 else "medium",
+            confidence="high" if from_launcher or rank in failed else "medium",
             evidence=evidence, runbook="TrainingRankDown", next_command=hint,
             stack=format_frames(a.stack(rank))))
     return findings
+
+
+def order_by_heartbeat(ev: Evidence, dead: list[int]) -> tuple[list[int], str]:
+    """([the rank that stopped first], why) when the gap says so, else (the tied ranks, why).
+
+    Two last heartbeats closer than one heartbeat interval (the ranks write them
+    independently, up to one interval apart while both run) or than the clock's resolution
+    say nothing about which process died first.
+    """
+    beats = {r: ev.ranks[r].get("heartbeat_at") for r in dead}
+    known = sorted((t, r) for r, t in beats.items() if isinstance(t, (int, float)))
+    if not known:
+        return sorted(dead), "no heartbeat times to order them by"
+    intervals = [ev.ranks[r].get("heartbeat_interval") for r in dead]
+    interval = max([i for i in intervals if isinstance(i, (int, float)) and i > 0]
+                   or [DEFAULT_HEARTBEAT_INTERVAL])
+    resolution = time.get_clock_info("time").resolution
+    first_t, first = known[0]
+    tied = [r for t, r in known if t - first_t <= max(interval, resolution)]
+    if len(tied) == 1 and len(known) > 1:
+        gap = known[1][0] - first_t
+        return [first], (f"its heartbeat stopped first, {gap:.2f} s before the next rank's "
+                         f"(more than one heartbeat interval, {interval:g} s)")
+    if len(known) == 1:
+        return [first], "the only dead rank with a heartbeat time"
+    gap = known[len(tied) - 1][0] - first_t
+    return sorted(tied), (f"their last heartbeats are {_gap(gap)} apart, within one heartbeat "
+                          f"interval ({interval:g} s): the order they died in cannot be told "
+                          "from heartbeats")
+
+
+def _tie_finding(a: Analysis, tied: list[int], why: str) -> Finding:
+    evidence = [a.where_line(r) for r in tied] + [why] + _first_error_lines(a.ev)
+    evidence.append("no launcher log with exit codes in the run directory's logs/ "
+                    "(torchrun's root cause would decide it)")
+    return Finding(
+        "rank_dead", f"ranks {tied} died at about the same time: which failed first is a tie",
+        ranks=tied, nodes=sorted({a.node(r) for r in tied}), confidence="low",
+        evidence=evidence, runbook="TrainingRankDown",
+        next_command=f"grep -n -E 'Error|terminate|Signal' {a.ev.run_dir}/logs/*.log | head")
+
+
+def _first_error_lines(ev: Evidence) -> list[str]:
+    first = ev.launcher.get("first_error")
+    if not first:
+        return []
+    who = f"rank {first['rank']}" if first.get("rank") is not None else "no rank prefix"
+    note = (" (a peer's failure seen from this rank, not its cause)"
+            if re.search(r"reset by peer|closed by peer|Broken pipe", first["line"]) else "")
+    return [f"first error in the logs ({who}): {first['line']}{note}"]
+
+
+def _gap(seconds: float) -> str:
+    return f"{seconds * 1e6:.0f} µs" if seconds < 0.01 else f"{seconds:.2f} s"
 
 
 def check_frozen(a: Analysis) -> list[Finding]:
@@ -173,7 +259,7 @@ def check_frozen(a: Analysis) -> list[Finding]:
             runbook, category = "StorageProbeSlow", "storage"
             remote = f"ssh {a.node(rank)} " if (v.get("process") or {}).get("via") else ""
             cmd = f"{remote}cat /proc/{v.get('pid')}/stack; {remote}df -h {a.ev.run_dir}"
-        elif status == "unknown" and hb is not None and hb > HEARTBEAT_STALE_SECONDS:
+        elif status == "unknown" and heartbeat_stale(a.stall_options, hb):
             title = f"rank {rank} is frozen or dead (heartbeat {_s(hb)} old)"
             runbook, category = "TrainingStalled", "rank_stuck"
             cmd = f"ssh {a.node(rank)} py-spy dump --pid {v.get('pid')}"

@@ -1,0 +1,74 @@
+"""One stall incident per job and node: the culprit rank(s) and the ranks that wait for them.
+
+When one rank stops, every other rank blocks in its next collective and stalls too; a
+page per rank would bury the one that matters.  The evidence on this node decides who the
+culprit is: a dead or frozen rank first (nothing in it runs), else a stuck rank outside a
+collective while others wait inside one, else the ranks behind on step.  A node whose
+stalled ranks all wait (the culprit is elsewhere, or cannot be told apart) names none:
+the alert rule then takes the culprit another node's agent named, or says "unknown".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# Phases in which a rank waits for its peers (trainer telemetry's collective phases, and
+# the names hand-written loops use for their collectives).
+COLLECTIVE_PHASES = frozenset({
+    "backward", "telemetry_exchange", "allreduce", "all_reduce", "allgather", "all_gather",
+    "reduce_scatter", "broadcast", "barrier", "collective", "sync"})
+_KIND_ORDER = {"dead": 0, "frozen": 1, "stuck": 2}
+
+
+@dataclass
+class Incident:
+    culprits: list[int]
+    waiting: list[int]
+    kind: str                       # the culprits' stall kind, or "unknown"
+    since: float | None             # when the first of them stopped progressing
+    reason: str
+    ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def culprit(self) -> int | None:
+        """The one rank the alert names (the first culprit), None when unknown."""
+        return self.culprits[0] if self.culprits else None
+
+
+def group(stalled: list[tuple[dict[str, Any], Any]]) -> Incident | None:
+    """``stalled``: (rank view, StallVerdict) of the node's stalled ranks of one job."""
+    if not stalled:
+        return None
+    by_rank = {rank["rank"]: (rank, verdict) for rank, verdict in stalled}
+    kinds = {r: v.kind for r, (_, v) in by_rank.items()}
+    worst = min(_KIND_ORDER.get(k, 3) for k in kinds.values())
+    culprits: list[int] = []
+    reason = ""
+    if worst < 2:  # dead or frozen: nothing in those ranks runs
+        culprits = [r for r, k in kinds.items() if _KIND_ORDER.get(k, 3) == worst]
+        reason = f"{'dead' if worst == 0 else 'frozen'} while the others wait"
+    else:
+        phases = {r: str(rank.get("phase") or "") for r, (rank, _) in by_rank.items()}
+        waiting_in_collective = [r for r, p in phases.items() if p in COLLECTIVE_PHASES]
+        outside = [r for r, p in phases.items() if p not in COLLECTIVE_PHASES]
+        if waiting_in_collective and outside:
+            culprits = outside
+            reason = ("stuck outside a collective (phase "
+                      f"{', '.join(sorted({phases[r] for r in outside}))}) while the others "
+                      "wait in one")
+        else:
+            steps = {r: rank.get("step") for r, (rank, _) in by_rank.items()
+                     if isinstance(rank.get("step"), int)}
+            if len(set(steps.values())) > 1:
+                low = min(steps.values())
+                culprits = [r for r, s in steps.items() if s == low]
+                reason = f"behind the others (step {low})"
+    culprits.sort(key=lambda r: (by_rank[r][1].since or 0.0, r))
+    waiting = sorted(r for r in by_rank if r not in culprits)
+    sinces = [v.since for _, v in by_rank.values() if v.since is not None]
+    kind = kinds[culprits[0]] if culprits else "unknown"
+    if not culprits:
+        reason = "all stalled ranks here wait alike: the culprit is on another node or unclear"
+    return Incident(culprits, waiting, kind, min(sinces) if sinces else None, reason,
+                    {r: rank for r, (rank, _) in by_rank.items()})

@@ -1,0 +1,206 @@
+"""Readers at scale: peak memory and time of `trainwatch report`, `drill score` and
+`diagnose` on a run of many steps, against a plain JSON parse of the same files.
+
+    python benchmarks/report_scale.py [--steps 300000[,1000000]] [--repeat 3] [--json]
+
+Writes a synthetic run directory per step count: rank 0's metrics log as the telemetry
+writes it (one line per step, ~400 bytes), a journal with two restarts (one resumed from
+an older checkpoint, so steps are recomputed), a save every 1,000 steps and an
+evaluation every 5,000. Each reader runs as its own process; its peak RSS (VmHWM) and
+wall time are measured alongside a process that only reads and `json.loads` every line
+of the same files (the least any reader must do), in alternation, ``--repeat`` times.
+Goals: peak memory flat in steps (<= 200 MiB at 1M steps), time <= 2x the plain parse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PLAIN_PARSE = r"""
+import json, sys
+n = 0
+for path in sys.argv[1:]:
+    with open(path, "rb") as fh:
+        for line in fh:
+            json.loads(line)
+            n += 1
+print(n)
+"""
+
+# Runs a reader in-process and reports its own peak RSS (VmHWM) on stderr's last line.
+WRAP = r"""
+import sys, runpy
+from pathlib import Path
+argv = sys.argv[1:]
+sys.argv = ["trainwatch", *argv]
+code = 0
+try:
+    runpy.run_module("trainwatch", run_name="__main__")
+except SystemExit as exc:
+    code = exc.code if isinstance(exc.code, int) else 0
+hwm = [l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmHWM")]
+print("HWM", int(hwm[0].split()[1]) * 1024, file=sys.stderr)
+sys.exit(code)
+"""
+
+PARSE_WRAP = PLAIN_PARSE + r"""
+from pathlib import Path
+hwm = [l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmHWM")]
+print("HWM", int(hwm[0].split()[1]) * 1024, file=sys.stderr)
+"""
+
+
+def make_run(root: Path, steps: int) -> Path:
+    """A run of ``steps`` completed steps in three attempts (see the module docstring)."""
+    run = root / f"run-{steps}"
+    for d in ("status", "metrics", "checkpoints", "logs", "control", "diagnostics", "tmp"):
+        (run / d).mkdir(parents=True, exist_ok=True)
+    t0 = 1_800_000_000.0
+    step_s = 0.1
+    (run / "run.json").write_text(json.dumps({
+        "format": "trainwatch.run", "version": 1, "job": "scale", "created_at": t0,
+        "world_size": 2, "nproc_per_node": 2, "config": {"train": {"steps": steps}}}))
+    journal = [{"v": 1, "time": t0, "event": "launcher_started", "source": "launcher",
+                "host": "n0", "pid": 1}]
+    crash1, crash2 = int(steps * 0.4), int(steps * 0.75)
+    resume1, resume2 = crash1 - crash1 % 1000 - 1000, crash2 - crash2 % 1000
+    plan = [(0, 0, crash1), (1, resume1, crash2), (2, resume2, steps)]
+    t = t0 + 5.0
+    with open(run / "metrics" / "rank-00000.jsonl", "w") as metrics:
+        for attempt, first, stop in plan:
+            for rank in (0, 1):
+                journal.append({"v": 1, "time": t, "event": "rank_started",
+                                "source": f"rank{rank}", "host": "n0", "rank": rank,
+                                "pid": 100 + 10 * attempt + rank, "restart_count": attempt})
+            if attempt:
+                journal.append({"v": 1, "time": t + 0.5, "event": "checkpoint_resumed",
+                                "source": "rank0", "host": "n0", "rank": 0, "step": first})
+            t += 3.0
+            lines = []
+            for step in range(first, stop):
+                t += step_s
+                lines.append(json.dumps({
+                    "v": 1, "kind": "step", "step": step, "time": t, "rank": 0,
+                    "step_time_seconds": step_s - 0.0003,
+                    "phase_seconds": {"data": 0.0002, "forward": 0.03, "backward": 0.05,
+                                      "optimizer": 0.012},
+                    "data_wait_seconds": 0.0002, "loss": 3.2, "grad_norm": 0.9, "lr": 3e-4,
+                    "tokens": 4096, "samples": 16, "tokens_per_second": 41000.0,
+                    "samples_per_second": 160.0, "mfu": None, "memory_bytes": 321716224,
+                    "memory_kind": "rss"}, separators=(",", ":")))
+                if (step + 1) % 1000 == 0:
+                    journal.append({"v": 1, "time": t + 0.05, "event": "checkpoint_saved",
+                                    "source": "rank0", "host": "n0", "rank": 0,
+                                    "step": step + 1, "mode": "async",
+                                    "blocking_seconds": 0.02, "write_seconds": 0.3})
+                    t += 0.02
+                if (step + 1) % 5000 == 0:
+                    t += 1.0
+                    lines.append(json.dumps({"v": 1, "kind": "eval", "step": step, "time": t,
+                                             "rank": 0, "val_loss": 3.0}))
+                if len(lines) >= 10000:
+                    metrics.write("\n".join(lines) + "\n")
+                    lines = []
+            if lines:
+                metrics.write("\n".join(lines) + "\n")
+            if stop < steps:
+                journal.append({"v": 1, "time": t + 1.0, "event": "failed", "source": "rank1",
+                                "host": "n0", "rank": 1, "error": "RuntimeError('boom')"})
+                journal.append({"v": 1, "time": t + 2.0, "event": "restarted",
+                                "source": "launcher", "host": "n0"})
+                t += 20.0
+    journal.append({"v": 1, "time": t + 0.5, "event": "finished", "source": "rank0",
+                    "host": "n0", "rank": 0})
+    journal.append({"v": 1, "time": t + 1.0, "event": "launcher_exited", "source": "launcher",
+                    "host": "n0", "pid": 1, "returncode": 0})
+    journal.sort(key=lambda e: e["time"])
+    (run / "journal.jsonl").write_text("".join(json.dumps(e) + "\n" for e in journal))
+    for rank in (0, 1):
+        (run / "status" / f"rank-{rank:05d}.json").write_text(json.dumps({
+            "format": "trainwatch.status", "version": 1, "job": "scale", "rank": rank,
+            "world_size": 2, "state": "finished", "step": steps - 1, "pid": 999_999_999}))
+    (run / "drill").mkdir(exist_ok=True)  # what `trainwatch drill run` leaves, to re-score
+    (run / "drill" / "drill.json").write_text(json.dumps({
+        "format": "trainwatch.drill.record", "version": 1, "drill": "rank-killed",
+        "exit_code": 0, "started_at": t0, "ended_at": t + 1.0, "settings": {}}))
+    return run
+
+
+def measure(cmd: list[str]) -> tuple[float, int, int]:
+    """(wall seconds, peak RSS bytes, exit code) of one process."""
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - started
+    hwm = [line for line in proc.stderr.splitlines() if line.startswith("HWM ")]
+    if not hwm:
+        raise SystemExit(f"{cmd}: no peak RSS reported (exit {proc.returncode}):\n"
+                         f"{proc.stderr[-2000:]}")
+    return wall, int(hwm[-1].split()[1]), proc.returncode
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", default="300000")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--readers", default="report,drill,diagnose")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    readers = [r for r in args.readers.split(",") if r]
+    out: dict = {"load_average_1m_start": os.getloadavg()[0], "runs": []}
+    with tempfile.TemporaryDirectory(prefix="tw-report-scale-") as tmp:
+        for steps in [int(s) for s in args.steps.split(",")]:
+            run = make_run(Path(tmp), steps)
+            files = [str(run / "journal.jsonl"), str(run / "metrics" / "rank-00000.jsonl")]
+            commands = {
+                "plain_parse": [sys.executable, "-c", PARSE_WRAP, *files],
+                "report": [sys.executable, "-c", WRAP, "report", str(run), "--json"],
+                "drill": [sys.executable, "-c", WRAP, "drill", "score", str(run), "--json"],
+                "diagnose": [sys.executable, "-c", WRAP, "diagnose", "--run-dir", str(run),
+                             "--json"],
+            }
+            samples: dict[str, list[tuple[float, int]]] = {k: [] for k in commands}
+            for _ in range(args.repeat):  # alternate, so load hits every reader alike
+                for name in ["plain_parse", *readers]:
+                    wall, rss, _code = measure(commands[name])
+                    samples[name].append((wall, rss))
+            size = sum(os.path.getsize(f) for f in files)
+            row = {"steps": steps, "bytes": size}
+            base_wall = statistics.median(w for w, _ in samples["plain_parse"])
+            base_rss = statistics.median(r for _, r in samples["plain_parse"])
+            for name in ["plain_parse", *readers]:
+                walls = [w for w, _ in samples[name]]
+                rsss = [r for _, r in samples[name]]
+                row[name] = {"wall_s": statistics.median(walls), "wall_min": min(walls),
+                             "wall_max": max(walls), "peak_rss_mib": max(rsss) / 2**20,
+                             "wall_ratio": statistics.median(walls) / base_wall,
+                             "rss_ratio": max(rsss) / base_rss}
+            out["runs"].append(row)
+    out["load_average_1m_end"] = os.getloadavg()[0]
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    for row in out["runs"]:
+        print(f"{row['steps']} steps ({row['bytes'] / 2**20:.0f} MiB of JSON lines), "
+              f"median of {args.repeat} alternating runs:")
+        print(f"  {'reader':12} {'wall s':>8} {'(min-max)':>14} {'x parse':>8} "
+              f"{'peak RSS MiB':>13} {'x parse':>8}")
+        for name in ["plain_parse", *readers]:
+            r = row[name]
+            print(f"  {name:12} {r['wall_s']:8.2f} {r['wall_min']:6.2f}-{r['wall_max']:<7.2f} "
+                  f"{r['wall_ratio']:8.2f} {r['peak_rss_mib']:13.1f} {r['rss_ratio']:8.2f}")
+    print(f"(load average {out['load_average_1m_start']:.1f} at start, "
+          f"{out['load_average_1m_end']:.1f} at end; goals: report/drill/diagnose peak "
+          "<= 200 MiB at 1M steps, wall <= 2x plain parse)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

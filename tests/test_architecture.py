@@ -1,0 +1,189 @@
+"""The import graph of the real modules obeys the rules in docs/architecture.md.
+
+Every ``.py`` file under the component folders and ``trainwatch/`` is parsed (``ast``), and
+every import of a ``trainwatch.*`` module, at module level or inside a function, is an edge
+between the importing and the imported component. The allowed directions come from the
+table in docs/architecture.md, so the document and the check cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+# Every component: the top-level folders trainwatch/ links to.
+COMPONENTS = tuple(sorted(p.name for p in (REPO / "trainwatch").iterdir() if p.is_symlink()))
+SHARED = ("contract", "host")  # packages of the shared core with rules of their own
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+
+
+def component_of(module: str) -> str | None:
+    """The component a ``trainwatch.*`` module belongs to; None for other modules."""
+    parts = module.split(".")
+    if parts[0] != "trainwatch":
+        return None
+    if len(parts) > 1 and parts[1] in COMPONENTS + SHARED:
+        return parts[1]
+    return "core"
+
+
+def source_files() -> dict[str, Path]:
+    """module name -> file, for every module in the repository's packages (real paths)."""
+    files = {}
+    for folder in COMPONENTS:
+        for path in (REPO / folder).rglob("*.py"):
+            rel = path.relative_to(REPO).with_suffix("")
+            files[".".join(("trainwatch", *rel.parts))] = path
+    for path in (REPO / "trainwatch").rglob("*.py"):
+        rel = path.relative_to(REPO).with_suffix("")
+        if rel.parts[1] not in COMPONENTS:  # the symlinks: already read from the real folder
+            files[".".join(rel.parts)] = path
+    return files
+
+
+def imports_of(path: Path, module: str) -> set[str]:
+    """Every module ``path`` imports (absolute and relative, anywhere in the file)."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = module.rsplit(".", 1)[0] if path.name != "__init__.py" else module
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            # ``from trainwatch import agent`` imports a component, not just the package.
+            found |= {f"{target}.{alias.name}" for alias in node.names
+                      if component_of(f"{target}.{alias.name}") in COMPONENTS + SHARED}
+    return found
+
+
+def component_graph() -> dict[tuple[str, str], set[str]]:
+    """(from component, to component) -> the files where such an import happens."""
+    edges: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for module, path in source_files().items():
+        source = component_of(module)
+        for target_module in imports_of(path, module):
+            target = component_of(target_module)
+            if source and target and target != source:
+                edges[(source, target)].add(str(path.relative_to(REPO)))
+    return edges
+
+
+def allowed_imports(text: str) -> dict[str, set[str]]:
+    """The table between the import-rules markers of docs/architecture.md."""
+    block = text.split("<!-- import-rules: begin -->")[1].split("<!-- import-rules: end -->")[0]
+    rules = {}
+    for line in block.strip().splitlines()[2:]:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rules[cells[0]] = {c.strip() for c in cells[1].split(",") if c.strip()}
+    return rules
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one node (Tarjan), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                group.append(top)
+                if top == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(set(graph) | {n for targets in graph.values() for n in targets}):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+@pytest.fixture(scope="module")
+def edges():
+    return component_graph()
+
+
+@pytest.fixture(scope="module")
+def rules():
+    return allowed_imports(ARCHITECTURE.read_text())
+
+
+def test_the_rules_name_every_component_and_have_no_cycle(rules):
+    assert set(rules) == set(COMPONENTS) | set(SHARED) | {"core"}
+    assert all(targets <= set(rules) for targets in rules.values())
+    assert cycles(rules) == []
+
+
+def test_components_import_only_what_the_architecture_allows(edges, rules):
+    forbidden = {f"{a} -> {b}": sorted(files) for (a, b), files in edges.items()
+                 if b not in rules[a]}
+    assert forbidden == {}, "imports docs/architecture.md does not allow"
+
+
+def test_no_cycle_between_components(edges):
+    graph: dict[str, set[str]] = defaultdict(set)
+    for a, b in edges:
+        graph[a].add(b)
+    assert cycles(graph) == []
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert cycles({"agent": {"alerts"}, "alerts": {"agent", "trainer"}, "trainer": set()}) == [
+        ["agent", "alerts"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_graph_sees_imports_inside_functions(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("def f():\n    from trainwatch.agent.config import load_config\n"
+                    "from trainwatch import alerts\nfrom . import sibling\n")
+    found = imports_of(path, "trainwatch.report.m")
+    assert {"trainwatch.agent.config", "trainwatch.alerts", "trainwatch.report.sibling"} <= found
+
+
+def test_modules_are_imported_by_their_one_path():
+    """``trainwatch.agent.x``, never a bare ``agent.x`` (import path = file path)."""
+    bare = {}
+    for module, path in source_files().items():
+        for target in imports_of(path, module):
+            if target.split(".")[0] in COMPONENTS + SHARED:
+                bare.setdefault(str(path.relative_to(REPO)), []).append(target)
+    assert bare == {}
+
+
+def test_the_contract_is_torch_free():
+    code = ("import sys, pkgutil, importlib, trainwatch.contract as c\n"
+            "for m in pkgutil.iter_modules(c.__path__): importlib.import_module(f'{c.__name__}.{m.name}')\n"
+            "import trainwatch.agent.daemon, trainwatch.diagnose.cli, trainwatch.report.cli\n"
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=REPO, check=True)
+    assert out.stdout.strip() == "False"

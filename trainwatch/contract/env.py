@@ -1,0 +1,23 @@
+"""Environment variables trainwatch reads or sets, and the defaults they stand in for."""
+
+from __future__ import annotations
+
+import os
+
+RUN_DIR_ENV = "TRAINWATCH_RUN_DIR"        # the run directory (set for the ranks by the launcher)
+JOB_ENV = "TRAINWATCH_JOB"                # the job's name (default: the run directory's name)
+NODE_ENV = "TRAINWATCH_NODE"              # this node's name (default: the hostname)
+FAULT_ENV = "TRAINWATCH_FAULT"            # a fault to inject (docs/trainer.md)
+LAUNCH_ENV = "TRAINWATCH_LAUNCH"          # the controller's launch count (1, 2, ...)
+GRAFANA_TOKEN_ENV = "TRAINWATCH_GRAFANA_TOKEN"
+RECEIVER_TOKEN_ENV = "TRAINWATCH_RECEIVER_TOKEN"
+REHEARSAL_ENV = "TRAINWATCH_REHEARSAL"    # "1" while `trainwatch rehearse` runs a command
+REGENERATE_ENV = "TRAINWATCH_REGENERATE"  # tests: rewrite expected files instead of comparing
+
+# The run directory of a reading command given none (relative to the working directory).
+DEFAULT_RUN_DIR = "trainwatch-run"
+
+
+def run_dir_from_env(default: str | None = DEFAULT_RUN_DIR) -> str | None:
+    """``$TRAINWATCH_RUN_DIR``, else ``default``."""
+    return os.environ.get(RUN_DIR_ENV) or default

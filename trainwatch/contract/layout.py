@@ -1,0 +1,196 @@
+"""The run directory's layout: every file and folder a run leaves, named once.
+
+Writers and readers in every component build paths from here (through
+``trainwatch.rundir.RunDir``, which adds the reading and writing), so a name is
+changed in one place. The formats of the files are in docs/run-directory.md;
+``FORMAT_VERSION`` is their version.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+FORMAT_VERSION = 1
+
+# Document formats (the "format" field of each JSON document).
+RUN_FORMAT = "trainwatch.run"
+STATUS_FORMAT = "trainwatch.status"
+DUMP_FORMAT = "trainwatch.dump"
+
+# Top level.
+RUN_FILE = "run.json"
+JOURNAL_FILE = "journal.jsonl"
+STATUS_DIR = "status"
+METRICS_DIR = "metrics"
+CHECKPOINTS_DIR = "checkpoints"   # the default checkpoint folder (checkpoint.dir moves it)
+DIAGNOSTICS_DIR = "diagnostics"
+CONTROL_DIR = "control"
+ALERTS_DIR = "alerts"
+LOGS_DIR = "logs"
+TMP_DIR = "tmp"
+DRILL_DIR = "drill"
+REHEARSAL_DIR = "rehearsal"       # only in a rehearsal's run: what each rank measured
+
+# control/: touching a file asks every rank (or the action runner) for something.
+CONTROL_CHECKPOINT = "checkpoint"        # save a checkpoint at the next step boundary
+CONTROL_DUMP = "dump"                    # write stacks and the flight recorder now
+CONTROL_HOLD_ACTIONS = "hold-actions"    # automatic actions are held while it exists
+SKIP_STEPS_FILE = "skip-steps.json"      # steps a rollback asked to drop
+
+# alerts/: the alert state a run keeps.
+SILENCES_FILE = "silences.json"
+ACTIONS_LEDGER_FILE = "actions.json"
+
+# logs/
+TORCHRUN_LOG = "torchrun.log"
+TORCHRUN_LOG_DIR = "torchrun"            # torchrun's own per-rank log folders
+JOB_LOG = "job.log"
+AGENT_LOG = "agent.log"
+REHEARSAL_LOG = "rehearsal.log"              # the rehearsal's ranks (or the user's command)
+REHEARSAL_PROBE_LOG = "rehearsal-probe.log"  # its probe ranks, for a user's command
+REHEARSAL_AGENT_LOG = "rehearsal-agent.log"
+# In a checkpoint folder: a rehearsal's own saves and probe files; hidden, never a step-*
+# directory a run could resume from, and removed when the rehearsal ends.
+REHEARSAL_SCRATCH_PREFIX = ".rehearsal-"
+
+# run.json: where the run's checkpoints live (absolute paths, primary folder first).
+CHECKPOINT_DIRS_KEY = "checkpoint_dirs"
+
+
+# Per-rank files: status/rank-00000.json, metrics/rank-00000.jsonl,
+# diagnostics/dump-rank-00000.json.
+RANK_PREFIX = "rank-"
+DUMP_PREFIX = "dump-"
+STATUS_FILE_GLOB = f"{RANK_PREFIX}*.json"
+METRICS_FILE_GLOB = f"{RANK_PREFIX}*.jsonl"
+DUMP_FILE_GLOB = f"{DUMP_PREFIX}{RANK_PREFIX}*.json"
+
+
+def rank_file_name(rank: int, suffix: str) -> str:
+    return f"{RANK_PREFIX}{rank:05d}{suffix}"
+
+
+def rank_of_file(path: Path) -> int | None:
+    """The rank a per-rank file belongs to, from its name; None for another file."""
+    _, _, number = path.name.split(".", 1)[0].rpartition(RANK_PREFIX)
+    return int(number) if number.isdigit() else None
+
+
+class RunLayout:
+    """The paths of one run directory; no I/O (``RunDir`` reads and writes them)."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    @property
+    def run_file(self) -> Path:
+        return self.root / RUN_FILE
+
+    @property
+    def journal_file(self) -> Path:
+        return self.root / JOURNAL_FILE
+
+    @property
+    def status_dir(self) -> Path:
+        return self.root / STATUS_DIR
+
+    @property
+    def metrics_dir(self) -> Path:
+        return self.root / METRICS_DIR
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """The default checkpoint folder; ``recorded_checkpoint_folders`` says where a run's are."""
+        return self.root / CHECKPOINTS_DIR
+
+    @property
+    def diagnostics_dir(self) -> Path:
+        return self.root / DIAGNOSTICS_DIR
+
+    @property
+    def control_dir(self) -> Path:
+        return self.root / CONTROL_DIR
+
+    @property
+    def alerts_dir(self) -> Path:
+        return self.root / ALERTS_DIR
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.root / LOGS_DIR
+
+    @property
+    def tmp_dir(self) -> Path:
+        return self.root / TMP_DIR
+
+    @property
+    def drill_dir(self) -> Path:
+        return self.root / DRILL_DIR
+
+    @property
+    def rehearsal_dir(self) -> Path:
+        return self.root / REHEARSAL_DIR
+
+    def status_file(self, rank: int) -> Path:
+        return self.status_dir / rank_file_name(rank, ".json")
+
+    def metrics_file(self, rank: int) -> Path:
+        return self.metrics_dir / rank_file_name(rank, ".jsonl")
+
+    def dump_file(self, rank: int) -> Path:
+        return self.diagnostics_dir / f"{DUMP_PREFIX}{rank_file_name(rank, '.json')}"
+
+    def control_file(self, name: str) -> Path:
+        return self.control_dir / name
+
+    @property
+    def skip_steps_file(self) -> Path:
+        return self.control_dir / SKIP_STEPS_FILE
+
+    @property
+    def hold_actions_file(self) -> Path:
+        return self.control_dir / CONTROL_HOLD_ACTIONS
+
+    @property
+    def silences_file(self) -> Path:
+        return self.alerts_dir / SILENCES_FILE
+
+    @property
+    def actions_ledger_file(self) -> Path:
+        return self.alerts_dir / ACTIONS_LEDGER_FILE
+
+    def resolve(self, path: str | Path) -> Path:
+        """A path from a run's config: absolute as given, relative to the run directory."""
+        path = Path(path)
+        return path if path.is_absolute() else self.root / path
+
+    def configured_checkpoint_folders(self, folder: str | None,
+                                      mirror: str | None = None) -> list[Path]:
+        """The checkpoint folders ``checkpoint.dir`` and ``checkpoint.mirror_dir`` name
+        (the default folder when ``dir`` is unset), primary first."""
+        folders = [self.resolve(folder) if folder else self.checkpoint_dir]
+        if mirror:
+            folders.append(self.resolve(mirror))
+        return folders
+
+    def recorded_checkpoint_folders(self, run_info: dict[str, Any] | None) -> list[Path]:
+        """Where this run's checkpoints live, as its ``run.json`` records them.
+
+        The checkpoint folders may be anywhere (another disk); readers must look where the
+        run put them, not only in ``RUN_DIR/checkpoints``. A run.json written before the
+        record existed still names them in its trainer config.
+        """
+        info = run_info if isinstance(run_info, dict) else {}
+        recorded = info.get(CHECKPOINT_DIRS_KEY)
+        if isinstance(recorded, list) and recorded and all(
+                isinstance(p, str) and p for p in recorded):
+            return [self.resolve(p) for p in recorded]
+        section = (info.get("config") or {}).get("checkpoint") if isinstance(
+            info.get("config"), dict) else None
+        if isinstance(section, dict):
+            folder, mirror = section.get("dir"), section.get("mirror_dir")
+            return self.configured_checkpoint_folders(
+                folder if isinstance(folder, str) else None,
+                mirror if isinstance(mirror, str) else None)
+        return [self.checkpoint_dir]

@@ -1,0 +1,26 @@
+"""The enumerations files and metrics carry: phases, rank, process and collector states.
+
+Status files, metric labels, dashboards and diagnose all speak these words; they are
+defined here once, torch-free, so the agent and the dashboards need not import the
+trainer to know them.
+"""
+
+from __future__ import annotations
+
+# Phases a rank's status names (docs/run-directory.md). Tools know budgets and colours for
+# these; any other name a user's loop sets is accepted and shown as is.
+KNOWN_PHASES = ("init", "step", "data", "forward", "backward", "optimizer", "eval", "checkpoint",
+                "telemetry_exchange", "idle", "finished")
+
+# A rank's ``state`` in its status file.
+RUNNING, FINISHED, FAILED, STOPPED = "running", "finished", "failed", "stopped"
+RANK_STATES = (RUNNING, FINISHED, FAILED, STOPPED)
+
+# A rank process as the host sees it (``trainwatch_process_state``'s ``state`` label).
+PROCESS_STATES = ("running", "sleeping", "disk_sleep", "stopped", "zombie", "gone", "unknown")
+
+# The kinds of stall the agent tells apart (``trainwatch_rank_stall_info``'s ``kind``).
+STALL_KINDS = ("stuck", "frozen", "dead")
+
+# An agent collector's state (``trainwatch_collector_state``'s ``state`` label).
+COLLECTOR_STATES = ("ok", "failed", "timeout", "absent", "pending", "disabled")
