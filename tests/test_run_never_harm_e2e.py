@@ -136,7 +136,9 @@ def test_a_hang_inside_the_evaluation_is_caught_within_its_phase_budget(tmp_path
         finally:
             kill_tree(proc)
     assert found, (tmp_path / "run.log").read_text()[-3000:]
-    assert found[0]["phase"] == "eval" and found[0]["stall_kind"] == "stuck"
+    events = [(e["event"], e.get("reason") or e.get("fault")) for e in run.events(
+        "fault_injected", "job_started", "job_stopped", "job_exited", "alert_firing")]
+    assert found[0]["phase"] == "eval" and found[0]["stall_kind"] == "stuck", (found, events)
     assert "waiting for rank 0 in eval" in found[1]["message"]
     began = injected[0]["time"]
     for rank in (0, 1):  # not before the evaluation's budget, and soon after it

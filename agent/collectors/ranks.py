@@ -154,7 +154,8 @@ class RanksCollector(Collector):
             log.warning("agent was not running for %.1f s (paused?): re-observing the ranks "
                         "for %.1f s before judging stalls", mono - last, stale + interval)
 
-    def _age(self, key: tuple, value: float | None, now: float, mono: float) -> float | None:
+    def _age(self, key: tuple, value: float | None, now: float, mono: float,
+             tolerance: float = 0.0) -> float | None:
         """How old ``value`` (a rank's wall-clock timestamp) is, from observations.
 
         A new value is as old as the wall clock says, but never older than our previous
@@ -165,7 +166,7 @@ class RanksCollector(Collector):
             return None
         self._looked.add(key)
         seen = self._seen.get(key)
-        if seen is None or seen.value != value:
+        if seen is None or abs(seen.value - value) > tolerance:
             age = max(0.0, now - value)
             if seen is not None:
                 age = min(age, mono - seen.looked)
@@ -311,7 +312,9 @@ class RanksCollector(Collector):
         heartbeat_age = self._age(who + ("heartbeat",), heartbeat_at, now, mono)
         progress_age = self._age(who + ("progress",), progress_at or _num(s.get("started_at")),
                                  now, mono)
-        phase_age = self._age(who + ("phase",), phase_since, now, mono)
+        # A phase's start is re-derived from the rank's clock offset on every write, so it
+        # wobbles by microseconds: the same phase (name) within half a second is the same.
+        phase_age = self._age(who + ("phase", phase), phase_since, now, mono, tolerance=0.5)
         result.add("trainwatch_rank_heartbeat_age_seconds", heartbeat_age, **labels)
         if progress_at is not None:
             result.add("trainwatch_rank_progress_age_seconds", progress_age, **labels)
