@@ -1,7 +1,7 @@
 """Prometheus exposition of the last collected values (a prometheus-client custom collector).
 
 Nothing here touches hardware: a scrape only formats what the collectors stored.
-Only names declared in ``trainwatch/metrics_contract.py`` are exported, with exactly
+Only names declared in ``trainwatch/contract/metrics.py`` are exported, with exactly
 their declared labels; anything else is dropped, counted and logged once.
 """
 
@@ -11,10 +11,11 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from typing import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
 
 import psutil
-from prometheus_client import generate_latest
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 
@@ -100,42 +101,52 @@ class SnapshotCollector:
 
 
 class CachedExposition:
-    """The rendered /metrics body, so frequent scrapes do not each pay for a rendering.
+    """The rendered /metrics body per exposition format, so frequent scrapes do not each
+    pay for a rendering.
 
-    A body younger than ``max_age`` is served as is; if collectors stored something
-    newer meanwhile, it is re-rendered in the background for the next scrape
-    (stale-while-revalidate, at most ``max_age`` old).  An older body is re-rendered
-    before answering, so a scrape every 15 s always gets fresh values and an idle agent
-    renders nothing.
+    The format follows the scrape's Accept header (prometheus-client's ``choose_encoder``):
+    OpenMetrics when asked, the classic text format otherwise. A body younger than
+    ``max_age`` is served as is; if collectors stored something newer meanwhile, it is
+    re-rendered in the background for the next scrape (stale-while-revalidate, at most
+    ``max_age`` old). An older body is re-rendered before answering, so a scrape every
+    15 s always gets fresh values and an idle agent renders nothing.
     """
 
     def __init__(self, ctx: AgentContext, registry: CollectorRegistry, max_age: float = 1.0):
         self.ctx, self.registry, self.max_age = ctx, registry, max_age
         self._lock = threading.Lock()
         self._render_lock = threading.Lock()
-        self._body, self._version, self._at = b"", -1, float("-inf")
-        self._refreshing = False
+        self._cache: dict[str, _Rendered] = {}
 
-    def _render(self) -> None:
+    def _render(self, content_type: str, encoder: Callable[[CollectorRegistry], bytes]) -> None:
         with self._render_lock:
             version = self.ctx.store.version
-            body = generate_latest(self.registry)
+            body = encoder(self.registry)
             with self._lock:
-                self._body, self._version, self._at = body, version, time.monotonic()
-                self._refreshing = False
+                self._cache[content_type] = _Rendered(body, version, time.monotonic())
 
-    def body(self) -> bytes:
+    def body(self, accept: str = "") -> tuple[bytes, str]:
+        """(body, content type) for a scrape sending this Accept header."""
+        encoder, content_type = choose_encoder(accept)
         with self._lock:
-            age = time.monotonic() - self._at
-            if age < self.max_age:
-                if self.ctx.store.version != self._version and not self._refreshing:
-                    self._refreshing = True
-                    threading.Thread(target=self._render, daemon=True,
-                                     name="metrics-render").start()
-                return self._body
-        self._render()
+            cached = self._cache.get(content_type)
+            if cached is not None and time.monotonic() - cached.at < self.max_age:
+                if self.ctx.store.version != cached.version and not cached.refreshing:
+                    cached.refreshing = True
+                    threading.Thread(target=self._render, args=(content_type, encoder),
+                                     daemon=True, name="metrics-render").start()
+                return cached.body, content_type
+        self._render(content_type, encoder)
         with self._lock:
-            return self._body
+            return self._cache[content_type].body, content_type
+
+
+@dataclass
+class _Rendered:
+    body: bytes
+    version: int
+    at: float
+    refreshing: bool = False
 
 
 def build_registry(ctx: AgentContext) -> tuple[CollectorRegistry, SnapshotCollector]:

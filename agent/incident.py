@@ -70,5 +70,9 @@ def group(stalled: list[tuple[dict[str, Any], Any]]) -> Incident | None:
     kind = kinds[culprits[0]] if culprits else "unknown"
     if not culprits:
         reason = "all stalled ranks here wait alike: the culprit is on another node or unclear"
+    elif len(culprits) > 1 and not waiting:
+        # Every rank of the node at once: one node-level incident (hung storage, a driver,
+        # the host), named by its first rank, not one page per rank.
+        reason = f"every stalled rank on this node is {kind}: a node-level problem"
     return Incident(culprits, waiting, kind, min(sinces) if sinces else None, reason,
                     {r: rank for r, (rank, _) in by_rank.items()})

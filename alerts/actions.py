@@ -254,8 +254,10 @@ class ActionRunner:
         hard = action in ("stall_restart", "rollback_skip")
         details["pid"] = self.controller.restart(
             action + (f" ({req.alertname})" if req else ""), hard=hard)
-        return self._taken(req, f"{action}: restarted the job from its newest verified "
-                           "checkpoint", details, action=action)
+        resume, kind = self.controller.resume_point()
+        details["resume_from"] = {"step": resume, "kind": kind}
+        return self._taken(req, f"{action}: {_resume_phrase(resume, kind)}", details,
+                           action=action)
 
     def _prepare_rollback(self) -> dict[str, Any]:
         """Find the bad step; hide checkpoints taken at or after it; ask to skip the window."""
@@ -321,6 +323,18 @@ class ActionRunner:
                               **_req_fields(req), **(extra or {}))
         log.info("action skipped: %s", reason)
         return Outcome(False, reason, extra or {})
+
+
+def _resume_phrase(step: int | None, kind: str) -> str:
+    """What the journal may claim about where the restarted job continues: only what the
+    run directory shows (the job verifies a trainwatch checkpoint when it resumes)."""
+    if kind == "checkpoint":
+        return (f"restarted the job; it resumes from its newest complete checkpoint, step "
+                f"{step} (verified by the job as it loads, else the newest that verifies)")
+    if kind == "declared":
+        return (f"restarted the job; its newest declared checkpoint is step {step} "
+                "(the job's own files: trainwatch did not verify them)")
+    return "restarted the job; no checkpoint found: it starts from the beginning"
 
 
 class _Default(dict):

@@ -212,7 +212,10 @@ def _job_command(run_dir, job_command, nproc_per_node, config, steps) -> list[st
 @click.option("--nproc-per-node", type=int, help="Also run and supervise `trainwatch train`.")
 @click.option("--config", type=click.Path(dir_okay=False), help="Trainer config file.")
 @click.option("--steps", type=int, help="Override train.steps.")
-@click.option("--job-command", help="Supervise this command instead of `trainwatch train`.")
+@click.option("--job-command",
+              help="Supervise this command (quoted, e.g. 'torchrun --nproc-per-node 4 "
+                   "train.py') instead of `trainwatch train`: the same as `trainwatch run -- "
+                   "COMMAND` (docs/own-trainer.md).")
 @click.option("--straggler-command",
               help="Scheduler adapter run for stragglers, e.g. 'scontrol requeue {slurm_job_id}'.")
 @click.option("--dry-run", is_flag=True, help="Journal what would be done; do nothing.")
@@ -220,6 +223,7 @@ def receive(rules_file, thresholds_file, run_dir, listen, token_file, nproc_per_
             steps, job_command, straggler_command, dry_run) -> None:
     """Serve Alertmanager's webhook (POST /webhook) and run trainwatch's automatic actions."""
     from trainwatch.alerts.actions import ActionRunner, Policy
+    from trainwatch.alerts.command import supervised_job
     from trainwatch.alerts.controller import JobController
     from trainwatch.alerts.receiver import Receiver, load_token
     from trainwatch.alerts.silences import Silences
@@ -228,7 +232,10 @@ def receive(rules_file, thresholds_file, run_dir, listen, token_file, nproc_per_
     token = load_token(token_file)
     host, port = _listen(listen)
     command = _job_command(run_dir, job_command, nproc_per_node, config, steps)
-    controller = JobController(run_dir, command) if command else None
+    if job_command:  # the same supervision as `trainwatch run -- COMMAND`
+        controller = supervised_job(run_dir, command, "trainwatch alerts receive")
+    else:
+        controller = JobController(run_dir, command) if command else None
     policy = Policy.from_thresholds(ruleset.thresholds, dry_run=dry_run,
                                     straggler_command=straggler_command)
     runner = ActionRunner(run_dir, controller, policy,

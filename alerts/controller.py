@@ -10,7 +10,6 @@ hung or diverged jobs, so a frozen (SIGSTOPped) rank cannot keep a restart waiti
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import signal
 import socket
@@ -18,10 +17,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
 
+from trainwatch.alerts.jobenv import job_environment
 from trainwatch.contract.env import LAUNCH_ENV
 from trainwatch.contract.layout import CONTROL_DUMP, DUMP_FILE_GLOB, JOB_LOG, STATUS_FILE_GLOB
 from trainwatch.node import node_name
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 
 
 def train_command(run_dir: str | Path, nproc_per_node: int, *, config: str | None = None,
-                  steps: int | None = None, overrides: list[str] = (),
+                  steps: int | None = None, overrides: Sequence[str] = (),
                   max_restarts: int = 0) -> list[str]:
     """The ``trainwatch train`` command line the controller runs (the trainer's launcher)."""
     cmd = [sys.executable, "-m", "trainwatch", "train", "--run-dir", str(run_dir),
@@ -61,6 +62,7 @@ class JobController:
         self.stop_grace = stop_grace_seconds
         self.proc: subprocess.Popen | None = None
         self.starts = 0
+        self.started_at: float | None = None
         self.stopping = False
         self.lock = threading.RLock()
         self.extra_args: list[str] = []
@@ -69,8 +71,7 @@ class JobController:
     def start(self, reason: str = "start") -> int:
         with self.lock:
             log_file = open(self.run.logs_dir / JOB_LOG, "ab")
-            env = {**(os.environ if self.env is None else self.env),
-                   LAUNCH_ENV: str(self.starts + 1)}
+            env = {**job_environment(self.env), LAUNCH_ENV: str(self.starts + 1)}
             try:
                 self.proc = subprocess.Popen(self.command + self.extra_args, env=env,
                                              stdout=log_file, stderr=subprocess.STDOUT,
@@ -78,6 +79,7 @@ class JobController:
             finally:
                 log_file.close()
             self.starts += 1
+            self.started_at = time.time()
             self.stopping = False
             self.run.append_event("job_started", "engine", pid=self.proc.pid, reason=reason,
                                   attempt=self.starts, command=self.command + self.extra_args)
@@ -134,6 +136,8 @@ class JobController:
             return self.start(reason)
 
     def _tree(self) -> list[psutil.Process]:
+        if self.proc is None:
+            return []
         try:
             root = psutil.Process(self.proc.pid)
             return [root] + root.children(recursive=True)
@@ -142,13 +146,27 @@ class JobController:
 
     # ------------------------------------------------------------------ observation
     def progress_step(self) -> int | None:
-        """The step a restart would resume from: the newest complete checkpoint (or None).
+        """The step a restart would resume from: the newest complete checkpoint, or the
+        newest one the job declared (``Telemetry.checkpoint_saved``) that still exists.
 
         Forward progress means this moves; a job that crashes before its next checkpoint
         every time makes none, however many steps it trains in between.
         """
         steps = [step for step, _ in self.checkpoints()]
+        steps += [step for step, _ in self.declared_checkpoints()]
         return max(steps) if steps else None
+
+    def resume_point(self) -> tuple[int | None, str]:
+        """What a restart resumes from, as the journal may say it: ``(step, kind)`` with kind
+        ``checkpoint`` (a complete trainwatch checkpoint; the job verifies its hashes when it
+        resumes), ``declared`` (the job's own files, not verified by trainwatch) or ``none``."""
+        ours = self.checkpoints()
+        declared = self.declared_checkpoints()
+        if ours and (not declared or ours[-1][0] >= declared[-1][0]):
+            return ours[-1][0], "checkpoint"
+        if declared:
+            return declared[-1][0], "declared"
+        return None, "none"
 
     def checkpoints(self) -> list[tuple[int, Path]]:
         """(step, path) of complete checkpoints in every checkpoint folder, oldest first.
@@ -159,12 +177,12 @@ class JobController:
         folders = self.run.checkpoint_folders()
         found: dict[Path, int] = {}
         try:
-            from trainwatch.trainer.checkpoint.catalog import scan
+            from trainwatch.trainer.checkpoint import catalog
         except ImportError:
-            scan = None
-        if scan is not None:
+            catalog = None  # type: ignore[assignment]
+        if catalog is not None:
             for folder in folders:
-                found.update({e.path: e.step for e in scan(folder)
+                found.update({e.path: e.step for e in catalog.scan(folder)
                               if e.state == "complete" and e.step is not None})
         for event in self.run.events("checkpoint_saved"):
             path = Path(str(event.get("path", "")))
@@ -182,6 +200,19 @@ class JobController:
         mine = [s for s in records if s.get("node") in names] or records
         return {s["rank"]: (s["pid"], s.get("local_rank") or 0) for s in mine
                 if s.get("pid") in tree}
+
+    def declared_checkpoints(self) -> list[tuple[int, Path]]:
+        """(step, path) of saves the job declared itself that still exist, oldest first; a
+        file saved over and over counts with its newest step."""
+        found: dict[Path, int] = {}
+        for event in self.run.events("checkpoint_saved"):
+            step = event.get("step")
+            if not event.get("declared") or isinstance(step, bool) or not isinstance(step, int):
+                continue
+            path = Path(str(event.get("path", "")))
+            if path.exists():
+                found[path] = max(step, found.get(path, step))
+        return sorted((step, path) for path, step in found.items())
 
     def rank_pids(self) -> dict[int, int]:
         return {s["rank"]: s["pid"] for s in self.run.statuses().records

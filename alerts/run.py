@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 from typing import Iterator
 
 import click
@@ -24,7 +25,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.logging import RichHandler
 
+from trainwatch.agent.config import load_config as load_agent_config
 from trainwatch.alerts.actions import ActionRunner, Policy
+from trainwatch.alerts.command import TELEMETRY_GRACE_SECONDS, TelemetryWatch, supervised_job
 from trainwatch.alerts.controller import JobController, train_command
 from trainwatch.alerts.engine import Engine
 from trainwatch.alerts.evaluate import History
@@ -38,7 +41,7 @@ from trainwatch.alerts.run_view import Progress, live_view
 from trainwatch.alerts.scrape import Scraper
 from trainwatch.alerts.silences import Silences
 from trainwatch.alerts.supervise import Supervisor
-from trainwatch.contract.layout import AGENT_LOG, JOB_LOG
+from trainwatch.contract.layout import AGENT_LOG, JOB_LOG, LOGS_DIR
 from trainwatch.contract.ports import LOOPBACK
 from trainwatch.contract.stall import RECORD_KEY as STALL_RECORD_KEY
 from trainwatch.errors import ConfigError
@@ -72,7 +75,7 @@ def wait_for_agent(proc: subprocess.Popen, target: str, timeout: float = 60.0) -
                 return True
         except OSError:
             time.sleep(0.2)
-    click.echo(f"trainwatch agent on {target} is not up (see logs/agent.log): alerts that "
+    click.echo(f"trainwatch agent on {target} is not up (see {LOGS_DIR}/{AGENT_LOG}): alerts that "
                "need its metrics are blind until it is", err=True)
     return False
 
@@ -90,8 +93,9 @@ def _logs_above(console: Console) -> Iterator[None]:
         root.handlers = saved
 
 
-@click.command("run")
-@click.option("--nproc-per-node", type=int, required=True, help="Ranks on this machine.")
+@click.command("run", context_settings={"allow_interspersed_args": False})
+@click.option("--nproc-per-node", type=int,
+              help="Ranks on this machine (the reference trainer; not with a COMMAND).")
 @click.option("--run-dir", required=True, type=click.Path(file_okay=False),
               help="Where the run keeps its state (status, metrics, journal, logs).")
 @click.option("--steps", type=click.IntRange(min=1), help="Override train.steps.")
@@ -99,8 +103,9 @@ def _logs_above(console: Console) -> Iterator[None]:
               help="Trainer YAML config (see examples/trainer.yaml).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override one trainer config key, e.g. --set optim.lr=1e-3 (repeatable).")
-@click.option("--max-restarts", type=int, default=1, show_default=True,
-              help="torchrun's own restarts of failed ranks before the controller steps in.")
+@click.option("--max-restarts", type=int,
+              help="torchrun's own restarts of failed ranks before the controller steps in "
+                   "(reference trainer; default 1). With a COMMAND, give torchrun's own flag.")
 @click.option("--thresholds", "thresholds_file", type=click.Path(dir_okay=False),
               help="Alert threshold overrides.")
 @click.option("--rules", "rules_file", type=click.Path(dir_okay=False), help="Rules file.")
@@ -110,21 +115,50 @@ def _logs_above(console: Console) -> Iterator[None]:
 @click.option("--dry-run", is_flag=True, help="Journal what actions would do; do nothing.")
 @click.option("--no-live", is_flag=True,
               help="No live view (for logs and CI): only alerts and the outcome are printed.")
+@click.option("--telemetry-grace", type=float, default=TELEMETRY_GRACE_SECONDS,
+              show_default=True, metavar="SECONDS",
+              help="With a COMMAND: say so when no rank has published telemetry this long "
+                   "after a start.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresholds_file,
-        rules_file,
-        agent_config, webhook, alertmanager, dry_run, no_live) -> None:
-    """Train with the agent and the embedded alert engine watching (Ctrl-C stops all)."""
+        rules_file, agent_config, webhook, alertmanager, dry_run, no_live, telemetry_grace,
+        command) -> None:
+    """Train with the agent and the embedded alert engine watching (Ctrl-C stops all).
+
+    \b
+    trainwatch run --nproc-per-node 4 --run-dir runs/exp1        the reference trainer
+    trainwatch run --run-dir runs/exp1 -- COMMAND [ARGS...]      your own job, e.g.
+        trainwatch run --run-dir runs/exp1 -- torchrun --nproc-per-node 4 train.py
+
+    A COMMAND gets $TRAINWATCH_RUN_DIR and is restarted, rolled back and stopped like the
+    reference trainer; what it must do for that is in docs/own-trainer.md.
+    """
     # Everything is checked before anything starts or the run directory is touched.
     ruleset = load_rules(rules_file, thresholds_file)
-    plan = check_launch(run_dir, nproc_per_node=nproc_per_node, config=config,
-                        overrides=list(overrides), steps=steps,
-                        agent_config=agent_config)
     console = Console()
-    if plan.already_complete:
-        console.print(ALREADY_COMPLETE, highlight=False)
-        render_summary(summarize(run_dir, "already complete", plan.target_steps), console)
-        return
-    run_ = RunDir(run_dir).create()
+    if not console.is_terminal:  # logs and pipes: lines long enough not to break commands
+        console = Console(width=120)
+    if command:
+        plan = None
+        controller, agent_stall = supervised_command(
+            run_dir, list(command), nproc_per_node=nproc_per_node, steps=steps, config=config,
+            overrides=overrides, max_restarts=max_restarts, agent_config=agent_config)
+    else:
+        if nproc_per_node is None:
+            raise ConfigError("give --nproc-per-node (the reference trainer) or -- COMMAND "
+                              "(your own job)", key="--nproc-per-node")
+        plan = check_launch(run_dir, nproc_per_node=nproc_per_node, config=config,
+                            overrides=list(overrides), steps=steps, agent_config=agent_config)
+        if plan.already_complete:
+            console.print(ALREADY_COMPLETE, highlight=False)
+            render_summary(summarize(run_dir, "already complete", plan.target_steps), console)
+            return
+        controller = JobController(run_dir, train_command(
+            run_dir, nproc_per_node, config=config, steps=steps, overrides=list(overrides),
+            max_restarts=1 if max_restarts is None else max_restarts))
+        agent_stall = plan.agent_stall
+    target_steps = plan.target_steps if plan is not None else None
+    run_ = controller.run
     interval = parse_duration(ruleset.thresholds["evaluation_interval"])
     history = History()
     notifiers = [JournalNotifier(str(run_.root))]
@@ -138,31 +172,33 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     targets = [f"{LOOPBACK}:{port}"]
     agent_url = f"http://{targets[0]}"
     loop = EngineLoop(engine, Scraper(history, targets), interval)
-    controller = JobController(run_.root, train_command(run_.root, nproc_per_node, config=config,
-                                                   steps=steps, overrides=list(overrides),
-                                                   max_restarts=max_restarts))
     runner = ActionRunner(run_.root, controller,
                           Policy.from_thresholds(ruleset.thresholds, dry_run=dry_run),
                           silences=silences)
     connect_actions(engine, runner, loop)
     supervisor = Supervisor(controller, runner)
+    watch = (TelemetryWatch(controller, lambda text: click.echo(text, err=True),
+                            grace=telemetry_grace) if command else None)
     run_.append_event("controller_started", "engine", nproc_per_node=nproc_per_node,
-                      agent=targets, rules=len(ruleset.rules), dry_run=dry_run,
-                      **{STALL_RECORD_KEY: plan.agent_stall})
+                      command=list(command) or None, agent=targets, rules=len(ruleset.rules),
+                      dry_run=dry_run, **{STALL_RECORD_KEY: agent_stall})
     started = time.time()
     interrupted = False
-    progress = Progress(plan.target_steps)
+    progress = Progress(target_steps)
     job_log_start = _size(run_.logs_dir / JOB_LOG)
     # SIGTERM stops everything as cleanly as Ctrl-C does (trainwatch.cli.main makes sure
     # SIGINT raises KeyboardInterrupt).
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         controller.start("trainwatch run")
-        click.echo(f"trainwatch run: {run_.root}: starting {nproc_per_node} rank(s) under "
-                   f"torchrun; agent {agent_url}")
+        what = (f"starting {' '.join(command)}" if command
+                else f"starting {nproc_per_node} rank(s) under torchrun")
+        click.echo(f"trainwatch run: {run_.root}: {what}; agent {agent_url}")
         wait_for_agent(agent_proc, targets[0])
         loop.start()
         supervisor.start()
+        if watch is not None:
+            watch.start()
         if no_live:
             _progress_lines(run_, supervisor, progress)
         else:
@@ -175,6 +211,8 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     except KeyboardInterrupt:
         interrupted = True
     finally:
+        if watch is not None:
+            watch.stop()
         supervisor.stop()
         loop.stop()
         loop.tick()  # a last evaluation, so what ended the run (e.g. the guard) is announced
@@ -189,7 +227,7 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
         raise ConfigError("the training job rejected its input (exit 2): "
                           + _new_lines(run_.logs_dir / JOB_LOG, job_log_start))
     outcome = "interrupted" if interrupted else "failed" if code else "finished"
-    render_summary(summarize(run_.root, outcome, plan.target_steps), console)
+    render_summary(summarize(run_.root, outcome, target_steps), console)
     if code and code != 130:
         skipped = run_.events("action_skipped")
         why = f": {skipped[-1].get('reason')}" if skipped else ""
@@ -197,6 +235,22 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
                    f"{run_.journal_file} and {run_.logs_dir}/", err=True)
     if code:
         sys.exit(code if code in (2, 130) else 1)
+
+
+def supervised_command(run_dir, command, *, nproc_per_node, steps, config, overrides,
+                       max_restarts, agent_config) -> tuple[JobController, dict]:
+    """The checks of a ``-- COMMAND`` launch (the trainer's options do not apply), then its
+    controller and the agent's stall options; ConfigError (exit 2) before anything starts."""
+    given = [name for name, value in (("--nproc-per-node", nproc_per_node), ("--steps", steps),
+                                      ("--config", config), ("--set", overrides),
+                                      ("--max-restarts", max_restarts)) if value]
+    if given:
+        raise ConfigError(f"{', '.join(given)} configure the reference trainer; with a COMMAND "
+                          "put your job's own options in the command", key=given[0])
+    if Path(run_dir).exists() and not Path(run_dir).is_dir():
+        raise ConfigError("exists and is not a directory", file=str(run_dir), key="--run-dir")
+    agent = load_agent_config(agent_config, run_dirs=[str(run_dir)])  # else it dies unseen
+    return supervised_job(run_dir, command, "trainwatch run"), agent.stall
 
 
 def _progress_lines(run: RunDir, supervisor: Supervisor, progress: Progress,

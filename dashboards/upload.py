@@ -48,8 +48,8 @@ def check_url(url: str) -> str:
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise ConfigError(f"'{url}' is not an http(s) URL of a Grafana server", key="--url")
     if parsed.username or parsed.password:
-        raise ConfigError("put credentials in --token-file or $TRAINWATCH_GRAFANA_TOKEN, not "
-                          "in the URL", key="--url")
+        raise ConfigError(f"put credentials in --token-file or ${TOKEN_ENV}, not in the URL",
+                          key="--url")
     # grafana-client appends "api" to the path: a sub-path must end with "/".
     return url if url.endswith("/") else url + "/"
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from trainwatch.diagnose.http_json import get_json
 from trainwatch.diagnose.model import Evidence
 
 AGENT_FORMAT = "trainwatch.agent.status"
+MAX_PARALLEL = 16
 
 
 def gather(ev: Evidence, urls: list[str], timeout: float) -> None:
@@ -16,8 +18,9 @@ def gather(ev: Evidence, urls: list[str], timeout: float) -> None:
         return
     job = (ev.run or {}).get("job") or next(
         (v.get("job") for v in ev.ranks.values() if v.get("job")), None)
-    for url in urls:
-        ev.agents.append(fetch(url, timeout))
+    # Concurrently: 128 nodes' agents cost one timeout at worst, not 128.
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(urls))) as pool:
+        ev.agents.extend(pool.map(lambda url: fetch(url, timeout), urls))
     for agent in ev.agents:
         if agent.get("error"):
             ev.cannot_see(f"agent {agent['url']}: {agent['error']}")

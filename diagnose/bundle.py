@@ -48,7 +48,7 @@ def write(path: str | Path, run: RunDir, ev: Evidence, report: dict[str, Any],
 
 
 def _run_files(run: RunDir) -> list[tuple[str, Path]]:
-    files = [("run.json", run.run_file), ("journal.jsonl", run.journal_file)]
+    files = [(run.run_file.name, run.run_file), (run.journal_file.name, run.journal_file)]
     for folder in (run.status_dir, run.metrics_dir, run.diagnostics_dir, run.logs_dir):
         if folder.is_dir():  # logs/ holds torchrun's per-attempt, per-rank folders
             found = [p for p in sorted(folder.rglob("*"))

@@ -12,10 +12,8 @@ from typing import Any
 
 from trainwatch.diagnose import locks
 from trainwatch.diagnose.stacks import main_stack, short_path
+from trainwatch.host.procinfo import TELLING_WAITS, describe_wait
 
-# Waits that explain a stall by themselves; a futex or poll wait is what every rank
-# waiting in a collective shows too, so it explains nothing on its own.
-_TELLING = ("file_lock", "fifo_open", "file_open", "pipe", "fifo", "socket", "file_io", "disk_io")
 RUNBOOK_SECTIONS = {
     "deadlock": "deadlock", "lock": "lock", "file_lock": "file-lock", "fifo_open": "fifo",
     "fifo": "fifo", "pipe": "pipe", "socket": "socket", "file_io": "file-io",
@@ -33,7 +31,7 @@ def rank_cause(view: dict[str, Any], stack: dict[str, Any] | None) -> dict[str, 
         main = kernel.get(view.get("pid"))
         wait = (main or {}).get("wait") or {}
         frames = main_stack(stack)
-        if wait.get("kind") in _TELLING:
+        if wait.get("kind") in TELLING_WAITS:
             cause = dict(wait)
         elif wait.get("kind") == "futex" or (not main and frames):
             awaited = locks.thread_locks(frames)["awaited"] if frames else None
@@ -71,43 +69,8 @@ def describe(cause: dict[str, Any]) -> str:
         held = f" while holding {', '.join(cause['held'])}" if cause.get("held") else ""
         return (f"waits for lock {cause['lock']} ({short_path(cause['at'])}){held}; "
                 "no thread of this process is shown holding it")
-    if kind == "file_lock":
-        holder = cause.get("holder")
-        who = (f"held by pid {holder['pid']} ({holder['cmdline'] or '?'})" if holder
-               else "held by a process not visible here (another node or pid namespace)")
-        return f"waits for a file lock ({cause.get('lock') or '?'}) on " \
-               f"{cause.get('path') or '?'}{_mount(cause)}, {who}"
-    if kind == "fifo_open":
-        return f"blocked opening FIFO {cause.get('path') or '?'}{_mount(cause)}: " + \
-            _peers(cause.get("peers"), "no other process has it open (nobody will write)")
-    if kind in ("pipe", "fifo"):
-        return f"blocked in {cause.get('direction')} on a {kind} " \
-               f"{cause.get('path') or ''}".rstrip() + ": " + \
-            _peers(cause.get("peers"), "no other process holds its other end")
-    if kind == "socket":
-        peer = cause.get("peer")
-        who = (f"peer pid {peer['pid']} ({peer['cmdline'] or '?'})" if peer
-               else "the peer is not on this host")
-        return (f"blocked in {cause.get('direction')} on a {cause.get('protocol', '?')} socket "
-                f"{cause.get('local') or '?'} -> {cause.get('remote') or '?'}; {who}")
-    if kind in ("file_io", "file_open", "disk_io"):
-        what = "uninterruptible I/O" if kind == "disk_io" else f"{cause.get('direction') or 'open'}"
-        return f"blocked in {what} on {cause.get('path') or cause.get('wchan') or '?'}" + \
-            _mount(cause)
-    return str(kind)
+    return describe_wait(cause)
 
 
 def _thread(t: dict[str, Any]) -> str:
     return f"{t.get('name')} (tid {t.get('tid')})"
-
-
-def _mount(cause: dict[str, Any]) -> str:
-    m = cause.get("mount")
-    return f" (on {m['mountpoint']}, {m['fstype']} {m['source']})" if m else ""
-
-
-def _peers(peers: list[dict[str, Any]] | None, none: str) -> str:
-    if not peers:
-        return none
-    return "other end held by " + ", ".join(f"pid {p['pid']} ({p['cmdline'] or '?'})"
-                                            for p in peers[:3])

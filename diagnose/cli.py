@@ -75,13 +75,13 @@ def diagnose(run_dir_arg: Path | None, run_dir: Path | None, agent_urls: tuple[s
     problem = any(f.severity in ("critical", "warning") for f in found)
     exit_code = EXIT_PROBLEM if problem else EXIT_OK
 
-    text = io.StringIO()
-    render_human.render(ev, found, Console(file=text, width=120, no_color=True))
     if as_json:
         click.echo(render_json.render(ev, found, exit_code))
     else:
         render_human.render(ev, found, Console())
     if bundle_file:
+        text = io.StringIO()  # the human report goes into the bundle too
+        render_human.render(ev, found, Console(file=text, width=120, no_color=True))
         try:
             path = bundle.write(bundle_file, run, ev, render_json.report(ev, found, exit_code),
                                 text.getvalue())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from trainwatch.contract.alerts import SEVERITIES
@@ -65,7 +65,9 @@ class Evidence:
             self.unseen.append(what)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        # Shallow: the values are already plain JSON-like data, and a deep copy of a
+        # thousand ranks' evidence costs seconds (redaction copies it anyway).
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
         for key in ("ranks", "dumps", "stacks"):
             data[key] = {str(k): v for k, v in data[key].items()}
         return data

@@ -21,7 +21,7 @@ def render(ev: Evidence, findings: list[Finding], console: Console) -> None:
                        style="bold"))
     console.print(Text(redact_text(context_line(ev)), style="dim"))
     if ev.ranks:
-        console.print(rank_table(ev))
+        console.print(rank_table(ev, findings))
     for i, finding in enumerate(findings, 1):
         console.print(finding_panel(i, finding))
     if ev.unseen:
@@ -48,14 +48,32 @@ def context_line(ev: Evidence) -> str:
             f"alerts firing (journal): {', '.join(alerts) or 'none'}")
 
 
-def rank_table(ev: Evidence) -> Table:
+MAX_TABLE_RANKS = 32
+
+
+def shown_ranks(ev: Evidence, findings: list[Finding]) -> list[int]:
+    """Every rank of a small job; of a large one, the ranks the findings name, then the first
+    few others (the table is for reading, --json has them all)."""
+    if len(ev.ranks) <= MAX_TABLE_RANKS:
+        return sorted(ev.ranks)
+    named = sorted({r for f in findings for r in f.ranks if r in ev.ranks and f.severity != "info"})
+    rest = [r for r in sorted(ev.ranks) if r not in named]
+    return sorted(named[:MAX_TABLE_RANKS] + rest[:max(0, MAX_TABLE_RANKS // 2 - len(named))])
+
+
+def rank_table(ev: Evidence, findings: list[Finding]) -> Table:
     table = Table(title="Ranks", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
                   padding=(0, 1, 0, 0))
     for column in ("rank", "node", "pid", "process", "state", "step", "phase", "for",
                    "beat", "progress"):
         table.add_column(column, no_wrap=True, overflow="ellipsis",
                          max_width=14 if column in ("node", "phase") else None)
-    for rank, v in sorted(ev.ranks.items()):
+    shown = shown_ranks(ev, findings)
+    if len(shown) < len(ev.ranks):
+        table.caption = (f"{len(shown)} of {len(ev.ranks)} ranks: those the findings name, then "
+                         "the first others (--json lists every rank)")
+    for rank in shown:
+        v = ev.ranks[rank]
         table.add_row(str(rank), str(v.get("node")), str(v.get("pid")),
                       str((v.get("process") or {}).get("status")), str(v.get("state")),
                       str(v.get("step")), str(v.get("phase")), _age(v.get("phase_age")),

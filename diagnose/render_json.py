@@ -22,4 +22,5 @@ def report(ev: Evidence, findings: list[Finding], exit_code: int) -> dict[str, A
 
 
 def render(ev: Evidence, findings: list[Finding], exit_code: int) -> str:
-    return json.dumps(report(ev, findings, exit_code), indent=2, default=str)
+    # Compact: json's C encoder only runs without indent (seconds saved at 1,000 ranks).
+    return json.dumps(report(ev, findings, exit_code), separators=(",", ":"), default=str)

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from trainwatch.contract.env import FAULT_ENV
 from trainwatch.drill.catalog import DRILLS, Drill
 
 
@@ -23,9 +24,8 @@ def console_for(stderr: bool = False) -> Console:
                                                        no_color=True)
 
 
-def _table(title: str, console: Console) -> Table:
-    return Table(title=title, title_justify="left",
-                 box=box.SIMPLE_HEAD if console.is_terminal else box.ASCII)
+def _table(title: str) -> Table:
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
 
 
 def to_json(data: Any) -> str:
@@ -58,21 +58,22 @@ CRITERIA_TEXT = ("the fault fired; detected within the drill's deadline; recover
 
 
 def render_catalog(console: Console, changed: dict[str, list[dict[str, Any]]]) -> None:
-    table = _table("trainwatch drills", console)
-    for col in ("drill", "simulates", "TRAINWATCH_FAULT", "detected by (any)", "recovery"):
-        table.add_column(col, overflow="fold")
+    table = _table("trainwatch drills")
+    for col in ("drill", "simulates", FAULT_ENV, "detected by (any)", "recovery"):
+        # A fault value is copied into a shell: never broken inside, only at its commas.
+        table.add_column(col, overflow="fold", no_wrap=col == FAULT_ENV)
     for d in DRILLS:
         recovery = d.expected_recovery()
         if d.recover_within is not None:
             recovery += f"; first step within {d.recover_within:g} s"
-        table.add_row(d.name, d.simulates, d.fault_env(),
+        table.add_row(d.name, d.simulates, d.fault_env().replace(",", ",\n"),
                       "\n".join(map(str, d.detect)) + f"\nwithin {d.detect_within:g} s",
                       recovery)
     console.print(table)
     console.print(Text(f"Pass criteria: {CRITERIA_TEXT}."))
     common = [r for r in changed[DRILLS[0].name]
               if all(r in rows for rows in changed.values())]
-    console.print(Text("Drills run the reference trainer (it honours TRAINWATCH_FAULT) under "
+    console.print(Text(f"Drills run the reference trainer (it honours {FAULT_ENV}) under "
                        "`trainwatch run`, with shorter waits than production so that a drill "
                        f"takes a minute: {_changes(common)}; and"))
     for d in DRILLS:
@@ -149,7 +150,7 @@ def render_card(card: dict[str, Any], console: Console) -> None:
     console.print(Text.assemble(f"drill {card['name']}: ", verdict,
                                 f"  ({_secs(card['run']['seconds'])}, fault {card['fault']})"))
     console.print(Text(f"  simulates: {card['simulates']}"))
-    table = _table("", console)
+    table = _table("")
     for col in ("criterion", "result", "why"):
         table.add_column(col, overflow="fold")
     for c in card["criteria"]:
@@ -171,7 +172,7 @@ def render_card(card: dict[str, Any], console: Console) -> None:
 
 def render_summary(cards: list[dict[str, Any]], console: Console) -> None:
     if len(cards) > 1:
-        table = _table("Game day", console)
+        table = _table("Game day")
         for col in ("drill", "result", "detected after", "first step after resume",
                     "steps lost", "actions taken"):
             table.add_column(col, overflow="fold")

@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from trainwatch.contract.layout import TORCHRUN_LOG
 from trainwatch.drill import catalog
 from trainwatch.drill.catalog import ALERT, CONTROLLER, FINDING, LAUNCHER, NONE, TORCHRUN, Drill
 from trainwatch.drill.record import RECORD_FORMAT, RECORD_VERSION, record_file
@@ -55,7 +56,7 @@ def read_record(run_dir: str | Path) -> dict[str, Any]:
 def launcher_failures(run: RunDir, near: float) -> list[float]:
     """Times torchrun logged a failed worker; its log has no year, so take ``near``'s."""
     try:
-        text = run.log_text("torchrun.log")
+        text = run.log_text(TORCHRUN_LOG)
     except (OSError, FormatError):
         return []
     year = time.localtime(near).tm_year

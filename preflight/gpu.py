@@ -98,8 +98,9 @@ def _ecc(snaps: list[GpuSnapshot]) -> Check:
         if g.ecc is None and g.retired_pending is None and g.remapped_rows is None:
             continue
         reported += 1
-        if (g.ecc or {}).get("uncorrected"):
-            problems.append(f"GPU {g.index}: {g.ecc['uncorrected']} uncorrectable ECC "
+        uncorrected = (g.ecc or {}).get("uncorrected")
+        if uncorrected:
+            problems.append(f"GPU {g.index}: {uncorrected} uncorrectable ECC "
                             "error(s) since the driver loaded")
         if g.retired_pending:
             problems.append(f"GPU {g.index}: page retirement pending (reset the GPU)")

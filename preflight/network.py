@@ -45,7 +45,7 @@ def check_network(request: Request, cfg: dict[str, Any], sys_root: str) -> list[
     targets += [(f"network.peer.{h}:{p}", (h, p)) for h, p in request.peers]
     if targets:
         with ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
-            checks += pool.map(lambda t: check_peer(t[0], *t[1], cfg), targets)
+            checks += pool.map(lambda t: check_peer(t[0], t[1][0], t[1][1], cfg), targets)
     else:
         checks.append(Check("network.peers", "skipped", "no --peer or --master given"))
     checks.append(check_clock(cfg))

@@ -16,7 +16,8 @@ from typing import Any
 
 from trainwatch.host.storage import mount_of, parse_mounts, write_probe
 from trainwatch.host.timeouts import Deadline, Hung
-from trainwatch.preflight.model import Check, Request, human_bytes
+from trainwatch.preflight.model import Check, Request
+from trainwatch.units import human_bytes
 
 
 def check_storage(request: Request, cfg: dict[str, Any], proc_root: str,
@@ -119,7 +120,7 @@ def _space(role: str, path: str, size: int, free: int, cfg: dict[str, Any],
     text = f"{human_bytes(free)} free of {human_bytes(size)}"
     if free < need:
         why = (f"room for {cfg['checkpoint_room']} checkpoint(s) of "
-               f"{human_bytes(checkpoint_bytes)}" if room == need
+               f"{human_bytes(checkpoint_bytes or 0)}" if room == need
                else "storage.min_free_bytes")
         return Check(id_, "fail", f"{path}: only {text}, need {human_bytes(need)} ({why})",
                      evidence, runbook="StorageFull")

@@ -56,7 +56,7 @@ def _plan(cfg, source: str, nproc: int, write_gbps: float | None) -> dict:
               help="Alert receiver (Alertmanager webhook format) to send a test alert to.")
 @click.option("--alertmanager", metavar="URL", help="Alertmanager to send a test alert to.")
 @click.option("--token-file", type=click.Path(dir_okay=False),
-              help="Bearer token for --webhook (default: $TRAINWATCH_RECEIVER_TOKEN).")
+              help=f"Bearer token for --webhook (default: ${TOKEN_ENV}).")
 @click.option("--min-allreduce-mbps", type=float, default=10.0, show_default=True,
               help="All-reduce bus bandwidth floor in MB/s.")
 @click.option("--max-allreduce-latency-ms", type=float, default=250.0, show_default=True,
@@ -70,8 +70,8 @@ def _plan(cfg, source: str, nproc: int, write_gbps: float | None) -> dict:
 def rehearse(config, overrides, nproc, run_dir, steps, webhook, alertmanager, token_file,
              min_allreduce_mbps, max_allreduce_latency_ms, write_gbps, timeout, as_json,
              command) -> None:
-    """Rehearse a run small before running it big: versions on every rank, forward/backward/
-    step, loss falling on one batch, checkpoint save -> load -> save, all-reduce, telemetry
+    """Rehearse a run small before running it big: versions on every rank, forward,
+    backward and step, loss falling on one batch, checkpoint save -> load -> save, all-reduce, telemetry
     to the agent, a test alert to the receiver, checkpoint storage, plan's estimates.
 
     After `--`, a COMMAND (your own trainer, instrumented with trainwatch telemetry) is run

@@ -10,9 +10,12 @@ so glibc serves large tensors with mmap and unmaps them on free.
 from __future__ import annotations
 
 import resource
+from typing import TYPE_CHECKING
 
 import psutil
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
@@ -25,6 +28,8 @@ class PeakMemory:
     """``PeakMemory(device)`` marks the baseline; ``.peak_bytes()`` is the peak above it."""
 
     def __init__(self, device: torch.device):
+        import torch  # the parent process that only needs MALLOC_ENV never loads torch
+
         self.device = device
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -38,6 +43,8 @@ class PeakMemory:
 
     def peak_bytes(self) -> int | None:
         """None when an earlier peak hides this one (CPU only)."""
+        import torch
+
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             return torch.cuda.max_memory_allocated(self.device) - self.base

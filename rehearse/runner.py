@@ -15,7 +15,8 @@ from typing import Any
 
 from trainwatch.contract.env import FAULT_ENV, REHEARSAL_ENV, RUN_DIR_ENV
 from trainwatch.contract.layout import (REHEARSAL_AGENT_LOG, REHEARSAL_DIR, REHEARSAL_LOG,
-                                        REHEARSAL_PROBE_LOG, REHEARSAL_SCRATCH_PREFIX)
+                                        REHEARSAL_PROBE_LOG, REHEARSAL_SCRATCH_PREFIX,
+                                        STATUS_FILE_GLOB)
 from trainwatch.errors import ConfigError
 from trainwatch.rehearse.checks import Check
 from trainwatch.rehearse.memory import MALLOC_ENV
@@ -286,7 +287,7 @@ def rehearse(s: Settings, cfg: Any | None, plan: dict[str, Any] | None) -> dict[
     from trainwatch.proctree import stop
 
     run = RunDir(s.run_dir)
-    if run.run_file.exists() or (any(run.status_dir.glob("rank-*.json"))
+    if run.run_file.exists() or (any(run.status_dir.glob(STATUS_FILE_GLOB))
                                  and not run.rehearsal_dir.is_dir()):
         # Another run's directory: the rehearsal's ranks would overwrite its status files.
         raise ConfigError("this is a training run's directory; give the rehearsal a new one",
@@ -363,7 +364,7 @@ def rehearse(s: Settings, cfg: Any | None, plan: dict[str, Any] | None) -> dict[
 def _rank_results(out: Path) -> dict[int, dict[str, Any]]:
     import json
     results = {}
-    for path in sorted(out.glob("rank-*.json")):
+    for path in sorted(out.glob(STATUS_FILE_GLOB)):  # one per rank, named like status files
         try:
             data = json.loads(path.read_text())
             results[int(data["rank"])] = data

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from trainwatch import __version__
+from trainwatch.contract.layout import rank_file_name
 from trainwatch.rehearse.memory import PeakMemory
 from trainwatch.rundir import RunDir, atomic_write_json
 
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rank = int(os.environ.get("RANK", "0"))
     result: dict[str, Any] = {"rank": rank}
-    out = Path(args.out) / f"rank-{rank:05d}.json"
+    out = Path(args.out) / rank_file_name(rank, ".json")
     stage = "config"
     try:
         cfg = load_config(args.config, args.overrides)

@@ -26,12 +26,22 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def job(tmp_path):
     """A 2-rank torchrun job (tests/agent_job.py); stopped via its control file, then by PID."""
+    yield from _job(tmp_path, 2)
+
+
+@pytest.fixture
+def job4(tmp_path):
+    """The same with 4 ranks and 50 ms steps."""
+    yield from _job(tmp_path, 4, TW_STEP_SLEEP="0.05", TW_SLOW_EXTRA="0.015")
+
+
+def _job(tmp_path, nproc, **env):
     run_dir = tmp_path / "run"
     log = open(tmp_path / "job.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         str(REPO / "tests" / "agent_job.py"), str(run_dir)],
-        env=torchrun_env(tmp_path), stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        [sys.executable, "-m", "torch.distributed.run", "--standalone",
+         f"--nproc-per-node={nproc}", str(REPO / "tests" / "agent_job.py"), str(run_dir)],
+        env=torchrun_env(tmp_path, **env), stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     yield proc, run_dir
     pids = []
     for path in (run_dir / "status").glob("rank-*.json"):
@@ -222,3 +232,38 @@ def test_agent_exports_checkpoint_age_and_failures_of_the_real_trainer(tmp_path)
         stop_process(trainer, signal.SIGKILL)
         code = stop_process(agent)
     assert code == 0
+
+
+def test_straggler_at_0_8x_in_a_4_rank_job_flagged_held_and_cleared(tmp_path, job4):
+    """Rank 2 of 4 at ~0.8x speed (forward 65 ms instead of 50): flagged within 30 steps,
+    flagged in >= 90 % of polls while slow, cleared within 30 steps after; nobody else."""
+    proc, run_dir = job4
+    agent, url = start_agent(tmp_path, "--run-dir", str(run_dir))
+    try:
+        wait_for(lambda: all(_rank(url, r).get("straggler") for r in range(4)), 120,
+                 what="4 ranks with straggler scores")
+        start = _rank(url, 0)["step"]
+        wait_for(lambda: _rank(url, 0)["step"] >= start + 20, 60, what="20 clean steps")
+        assert not _findings(url, "straggler")
+        (run_dir / "control" / "slow-2").touch()
+        found = wait_for(lambda: _findings(url, "straggler").get(2), 60, what="rank 2 flagged")
+        slow_from = int((run_dir / "control" / "slow-2.from").read_text())
+        print(f"4 ranks: straggler flagged {found['detected_step'] - slow_from} steps after the "
+              f"slowdown (ratio {found['ratio']}, {found['message']})")
+        assert found["detected_step"] - slow_from <= 30 and "runs at 0." in found["message"]
+        held, until = [], found["detected_step"] + 40
+        while (_rank(url, 2).get("step") or 0) < until:
+            flagged = _findings(url, "straggler")
+            held.append(2 in flagged)
+            assert set(flagged) <= {2}, flagged
+            time.sleep(0.2)
+        print(f"4 ranks: flag up {sum(held)}/{len(held)} polls while slow")
+        assert sum(held) >= 0.9 * len(held), held
+        (run_dir / "control" / "slow-2").unlink()
+        slow_until = _rank(url, 2)["step"]
+        wait_for(lambda: not _findings(url, "straggler"), 60, what="flag clears")
+        cleared_after = _rank(url, 2)["step"] - slow_until
+        print(f"4 ranks: flag cleared {cleared_after} steps after the rank recovered")
+        assert cleared_after <= 30 + 10, cleared_after  # + the agent's 1 s collection
+    finally:
+        stop_process(agent)

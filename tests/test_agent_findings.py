@@ -1,6 +1,7 @@
 """Findings are conditions: they appear with evidence, keep their identity while they
 last, clear by themselves and are remembered as recently cleared."""
 
+import os
 import time
 
 from test_agent_collectors import collector, make_ctx, publish
@@ -149,3 +150,51 @@ def test_old_observations_are_not_judged_and_no_counter_moves():
     assert findings.collect().data["findings"] == []
     publish(ctx, "ranks", ranks_data(now, progress_age=60.0, heartbeat_age=60.0))
     assert findings.collect().data["findings"][0]["stall_kind"] == "frozen"
+
+
+def test_incident_names_what_a_stuck_culprit_waits_on_from_the_kernel(tmp_path):
+    """The culprit blocks in flock on a file another process holds: the incident says so."""
+    import fcntl
+    import subprocess
+    import sys
+    lock = open(tmp_path / "held.lock", "a")
+    fcntl.flock(lock, fcntl.LOCK_EX)  # this test process is the holder
+    child = subprocess.Popen([sys.executable, "-c", "import fcntl, sys; "
+                              "fcntl.flock(open(sys.argv[1], 'a'), fcntl.LOCK_EX)",
+                              str(tmp_path / "held.lock")])
+    try:
+        from trainwatch.host.procinfo import main_thread_wait
+        deadline = time.time() + 30
+        while main_thread_wait(child.pid) is None and time.time() < deadline:
+            time.sleep(0.05)
+        ctx = make_ctx()
+        findings = collector(ctx, "findings")
+        now = time.time()
+        data = job_of(now, [(0, 50, "backward", 8.0, 0.1, "sleeping"),
+                            (1, 50, "data", 8.2, 0.1, "sleeping")])
+        data.data["jobs"][0]["ranks"][1]["pid"] = child.pid
+        publish(ctx, "ranks", data)
+        incident = next(f for f in findings.collect().data["findings"]
+                        if f["kind"] == "stall_incident")
+        assert incident["culprit_ranks"] == [1] and incident["cause"]["kind"] == "file_lock"
+        assert incident["cause"]["holder"]["pid"] == os.getpid(), incident["cause"]
+        assert f"held by pid {os.getpid()}" in incident["message"], incident["message"]
+    finally:
+        child.kill()
+        child.wait()
+        lock.close()
+
+
+def test_a_node_whose_ranks_all_freeze_is_one_node_level_incident():
+    ctx = make_ctx()
+    findings = collector(ctx, "findings")
+    now = time.time()
+    publish(ctx, "ranks", job_of(now, [(r, 50, "checkpoint", 9.0 + r, 9.0, "disk_sleep")
+                                       for r in range(8, 16)]))
+    result = findings.collect()
+    (incident,) = [f for f in result.data["findings"] if f["kind"] == "stall_incident"]
+    assert sorted(incident["culprit_ranks"]) == list(range(8, 16))
+    assert incident["culprit_rank"] == 15  # the first to stop
+    assert "node-level" in incident["reason"] and incident["waiting_ranks"] == []
+    (seconds,), roles = incident_samples(result)
+    assert roles == {"culprit": 8, "waiting": 0}  # one alert for the node, not eight

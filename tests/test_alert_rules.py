@@ -44,6 +44,9 @@ def _generated(ruleset):
     return {
         GENERATED / "prometheus-rules.yaml": prometheus_yaml(ruleset),
         GENERATED / "prometheusrule.yaml": prometheusrule_yaml(ruleset),
+        # kustomize reads only files under its own folder: the base holds a copy
+        REPO / "deploy" / "kubernetes" / "base" / "prometheusrule.yaml":
+            prometheusrule_yaml(ruleset),
         PROMTOOL_TEST: promtool_test_file(ruleset, SCENARIOS,
                                           "../../alerts/generated/prometheus-rules.yaml",
                                           DEFAULT_RUNBOOK_BASE),

@@ -187,3 +187,42 @@ def test_the_contract_is_torch_free():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=REPO, check=True)
     assert out.stdout.strip() == "False"
+
+
+def _code_constants(path: Path) -> list[tuple[int, object]]:
+    """String and number constants of a module's code (docstrings left out)."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                       ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and id(node) not in docstrings]
+
+
+def test_each_shared_name_has_one_definition_site():
+    """Control and state file names, log names, environment variable names and default
+    ports appear in code only where the contract defines them (others import them)."""
+    from trainwatch.contract import env, layout, ports
+
+    names = {v for k, v in vars(layout).items() if k.isupper() and isinstance(v, str)
+             and (v.endswith((".json", ".jsonl", ".log")) or k.startswith("CONTROL_HOLD")
+                  or k.endswith("_GLOB"))}
+    names |= {v for k, v in vars(env).items() if k.endswith("_ENV")}
+    numbers = {ports.AGENT_PORT, ports.RECEIVER_PORT}
+    assert {"skip-steps.json", "silences.json", "actions.json", "TRAINWATCH_RUN_DIR"} <= names
+
+    def spells(value: str, name: str) -> bool:
+        """The name as a value, a path's end or a $VARIABLE (prose may mention it)."""
+        return value == name or f"/{name}" in value or f"${name}" in value
+
+    found = []
+    for module, path in source_files().items():
+        if module.startswith("trainwatch.contract."):
+            continue
+        for line, value in _code_constants(path):
+            if (isinstance(value, str) and any(spells(value, n) for n in names)) or (
+                    isinstance(value, int) and value in numbers):
+                found.append(f"{path.relative_to(REPO)}:{line}: {value!r}")
+    assert found == []

@@ -46,7 +46,8 @@ MUST_SHOW_DATA = {
     "trainwatch-self": {"Agents scraped", "Collectors up", "Run directories", "Agent CPU",
                         "Agent memory (RSS)", "Collector state", "Collector run time",
                         "Since last success", "Collector runs", "Collector errors",
-                        "Skipped status files", "Skipped journal lines",
+                        "Skipped status files", "Unreadable run files",
+                        "Skipped journal lines",
                         "Rank telemetry errors"},
 }
 

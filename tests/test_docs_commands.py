@@ -43,6 +43,7 @@ def _commands(page: Path):
             cmd, used = _resolve(words)
             if used:
                 rest = " ".join(words[used:]) + " " + m.group(2)
+                rest = rest.split(" -- ", 1)[0]  # after `--`: the user's own command
                 yield number, " ".join(words[:used]), cmd, OPTION.findall(rest)
 
 

@@ -330,7 +330,7 @@ def agent_server():
 def test_agent_answers_any_request_and_keeps_serving(agent_server, capfd, raw):
     address = agent_server.server_address[:2]
     _exchange(address, raw)
-    assert _exchange(address, b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n").startswith(
+    assert _exchange(address, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(
         b"HTTP/1.1 200")
     assert "Traceback" not in capfd.readouterr().err
 

@@ -86,7 +86,9 @@ class TelemetryConfig:
     heartbeat_interval: float = 1.0
     exchange_every: int = 10
     peak_flops: float | None = None
-    metrics_port: int | None = None  # local rank r serves 127.0.0.1:(port + r)/metrics
+    metrics_port: int | None = None  # local rank r serves metrics_host:(port + r)/metrics
+    # Loopback unless told: in a pod, "0.0.0.0" lets a PodMonitor scrape the pod IP.
+    metrics_host: str = "127.0.0.1"
 
 
 @dataclass
@@ -247,4 +249,6 @@ def validate(config: Config, *, source: str) -> None:
          f"must be positive or null, got {tel.peak_flops}")
     need(tel.metrics_port is None or 1 <= tel.metrics_port <= 65535, "telemetry.metrics_port",
          f"must be a port number (1-65535) or null, got {tel.metrics_port}")
+    need(isinstance(tel.metrics_host, str) and bool(tel.metrics_host.strip()),
+         "telemetry.metrics_host", f"must be an address to listen on, got {tel.metrics_host!r}")
     config.checkpoint.validate(file=source)

@@ -37,12 +37,14 @@ reader can tell "alive but not progressing" from "frozen or dead".
 
 from __future__ import annotations
 
+import functools
 import collections
 import contextlib
 import json
 import logging
 import math
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -52,6 +54,7 @@ import psutil
 import torch
 
 from trainwatch.beat import BeatWriter, beat_path
+from trainwatch import __version__
 from trainwatch.contract.env import JOB_ENV, run_dir_from_env
 from trainwatch.contract.states import FAILED, FINISHED, RUNNING
 from trainwatch.contract.timing import MIDDLE_HALF_WIDTH, summarize
@@ -68,6 +71,16 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 def _now() -> float:
     return time.time()
+
+
+# The Telemetry started last in this process: ``Checkpoints.from_env()`` reports to it
+# without being handed it, so the three-line setup stays three lines.
+_current: "Telemetry | None" = None
+
+
+def current() -> "Telemetry | None":
+    """The telemetry this process started (and has not closed), or None."""
+    return _current
 
 
 class StepRecorder:
@@ -221,6 +234,9 @@ class Telemetry:
         self._publish_failing_since: float | None = None
         self._publish_error: str | None = None
         self._failed_this_beat = False
+        self._finished_journaled = False
+        self._watch: Any = None
+        self._next_step = 0
         self._step_start_ns = 0
         self._step_phase_ns: dict[str, int] = {}
         self._step_cuda_events: dict[str, list[tuple[Any, Any]]] = {}
@@ -260,16 +276,43 @@ class Telemetry:
         self._guard(lambda: self.run.append_event(
             "rank_started", f"rank{self.rank}", rank=self.rank, pid=os.getpid(),
             restart_count=self._state["restart_count"]))
+        if self.rank == 0:
+            self._guard(self._describe_run)
         self._write_status()
         self._thread = threading.Thread(target=self._heartbeat_loop, daemon=True,
                                         name=f"trainwatch-telemetry-rank{self.rank}")
         self._thread.start()
+        global _current
+        _current = self
         return self
 
+    def _describe_run(self) -> None:
+        """Fill in what ``run.json`` lacks (world size, command, start): readers such as
+        ``trainwatch report`` need them whoever launched the job; a launcher's own values stay."""
+        info = self.run.run_info() or {}
+        now = _now()
+        facts = {"job": self.job, "created_at": now, "started_at": now,
+                 "world_size": self.world_size,
+                 "command": info.get("command") or [os.path.basename(sys.executable),
+                                                    *sys.argv],
+                 "trainwatch_version": __version__}
+        missing = {k: v for k, v in facts.items() if info.get(k) is None}
+        if missing:
+            self.run.write_run_info({**{k: v for k, v in info.items()
+                                        if k not in ("format", "version")}, **missing})
+
     def close(self, state: str = FINISHED) -> None:
-        """Flush everything and write the final status (``finished`` or ``failed``)."""
+        """Flush everything and write the final status (``finished``, ``stopped`` or
+        ``failed``); a finished job's rank 0 journals ``finished`` unless the loop did."""
+        global _current
+        if _current is self:
+            _current = None
         if not self.enabled:
             return
+        if self._watch is not None:
+            self._watch.seal()
+        if state == FINISHED and self.rank == 0 and not self._finished_journaled:
+            self.event("finished", step=self._state.get("step"))
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
@@ -296,6 +339,41 @@ class Telemetry:
         progress is recorded when the block ends normally."""
         self._step_block.step = step
         return self._step_block
+
+    def watch(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
+              first_step: int | None = None) -> Any:
+        """Time forward, backward and the optimizer and find each step by hooks, instead of
+        ``step``/``phase`` blocks (keep ``phase("data")`` and custom phases). Steps are
+        numbered from ``first_step`` (default: where ``Checkpoints`` resumed, else 0); record
+        values with ``record``. Returns the hooks' handle (``remove()``)."""
+        from trainwatch.trainer.watch import NoWatch, Watch
+        if self._watch is not None:
+            self._watch.remove()
+        if first_step is None:
+            first_step = self._next_step
+        self._watch = (Watch(self, model, optimizer, first_step) if self.enabled
+                       else NoWatch())
+        return self._watch
+
+    def record(self, **values: Any) -> None:
+        """Values of the current watched step (loss, grad_norm, lr, tokens, samples, ...);
+        tensors stay on the device, as with ``StepRecorder.record``."""
+        watch = self._watch
+        target = watch.values if watch is not None and hasattr(watch, "values") else (
+            self._step_block.recorder.values)
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                value = value.detach()
+            target[key] = value
+
+    def continue_at(self, step: int) -> None:
+        """The next step the loop runs (``Checkpoints`` tells after a resume, a save or a
+        skipped step), so watched steps carry the loop's numbers."""
+        self._next_step = step
+        watch = self._watch
+        if watch is not None and not watch.open:
+            watch.seal()
+            watch.next_step = step
 
     def phase(self, name: str) -> _PhaseBlock | contextlib.nullcontext:
         """Mark what this rank is doing (in the loop's thread); nested phases restore the
@@ -352,8 +430,30 @@ class Telemetry:
         with self._lock:
             self._state["checkpoint"] = checkpoint
 
+    def checkpoint_saved(self, path: str | Path, step: int, *, verified: bool = False,
+                         **fields: Any) -> None:
+        """Declare a checkpoint the job wrote itself (its own files, not ``Checkpoints``).
+
+        ``step`` is the number of steps it holds (where a resume continues). The restart
+        guard counts progress from it and the agent exports its age (CheckpointTooOld);
+        trainwatch does not verify such files. Call on the rank that saved, after the file
+        is complete. ``verified``: a checkpoint folder sealed with a trainwatch manifest (the
+        framework adapters), which resume verifies.
+        """
+        now = _now()
+        with self._lock:
+            facts = dict(self._state.get("checkpoint") or {})
+            facts.update(step=int(step), path=str(path), time=now, ok=True, last_error=None,
+                         in_flight=False, declared=not verified,
+                         saves_total=int(facts.get("saves_total") or 0) + 1)
+            self._state["checkpoint"] = facts
+        self.event("checkpoint_saved", step=int(step), path=str(Path(path).resolve()),
+                   **({} if verified else {"declared": True}), **fields)
+
     def event(self, event: str, **fields: Any) -> None:
         """Append a journal event from this rank; failures are counted, never raised."""
+        if event == "finished":
+            self._finished_journaled = True
         if self.enabled:
             self._guard(lambda: self.run.append_event(event, f"rank{self.rank}",
                                                       rank=self.rank, **fields))
@@ -423,14 +523,20 @@ class Telemetry:
         self._state["step"] = step
         self._phase = ("step", now)  # inside a step, between explicit phase blocks
 
-    def _end_step(self, step: int, values: dict[str, Any]) -> None:
-        now = time.perf_counter_ns()
+    def _end_step(self, step: int, values: dict[str, Any],
+                  ended: tuple[int, int, dict, dict] | None = None) -> None:
+        """Record a finished step; ``ended`` is (start ns, end ns, phases, CUDA events) of
+        a step that ended earlier (``watch`` seals a step only when the next one begins)."""
         try:
-            step_ns = now - self._step_start_ns
+            if ended is None:
+                start_ns, now = self._step_start_ns, time.perf_counter_ns()
+                phases, cuda_events = self._step_phase_ns, self._step_cuda_events
+                # The pending record owns these from here on; phases between steps go elsewhere.
+                self._step_phase_ns, self._step_cuda_events = {}, {}
+            else:
+                start_ns, now, phases, cuda_events = ended
+            step_ns = now - start_ns
             end_time = now / 1e9 + self._wall_offset
-            phases, cuda_events = self._step_phase_ns, self._step_cuda_events
-            # The pending record owns these from here on; phases between steps go elsewhere.
-            self._step_phase_ns, self._step_cuda_events = {}, {}
             # These counters have no writer but this thread; the deque is thread-safe.
             counters, pending = self._state["counters"], self._pending
             if len(pending) == pending.maxlen:
@@ -438,7 +544,8 @@ class Telemetry:
             pending.append((step, end_time, step_ns, phases, cuda_events, values))
             counters["steps_total"] += 1
             self._state["last_progress_at"] = end_time
-            self._phase = ("idle", now)  # between steps: the loop's own code, outside any phase
+            if ended is None:
+                self._phase = ("idle", now)  # between steps: the loop's own code
             if self.exchange_every:
                 data_ns = phases.get("data", 0)
                 local_ns = step_ns
@@ -538,7 +645,7 @@ class Telemetry:
                 continue
             if mtime > self._control_seen.get(name, 0.0):
                 self._control_seen[name] = mtime
-                self._guard(lambda handler=handler, path=path: handler(path))
+                self._guard(functools.partial(handler, path))
 
     def _flush(self) -> None:
         """Resolve pending steps (the only place tensors are read) and append them to the log."""

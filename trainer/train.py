@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainwatch.contract.env import RUN_DIR_ENV, run_dir_from_env
+from trainwatch.contract.env import RUN_DIR_ENV
 from trainwatch.contract.states import FAILED, FINISHED, STOPPED
 from trainwatch.errors import ConfigError
 from trainwatch.rundir import RunDir
@@ -61,7 +61,7 @@ class Ranks:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m trainwatch.trainer",
                                      description="One rank of the trainwatch reference trainer.")
-    parser.add_argument("--run-dir", default=run_dir_from_env(None),
+    parser.add_argument("--run-dir", default=os.environ.get(RUN_DIR_ENV),
                         help=f"run directory (default: ${RUN_DIR_ENV})")
     parser.add_argument("--config", help="YAML config file")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
@@ -340,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
         run.create()
         tel.start()
         if cfg.telemetry.metrics_port and tel.enabled:
-            server = MetricsServer(tel, cfg.telemetry.metrics_port + ranks.local_rank)
+            server = MetricsServer(tel, cfg.telemetry.metrics_port + ranks.local_rank,
+                                   cfg.telemetry.metrics_host)
         ckpt.start()
         train(cfg, run, ranks, tel, ckpt)
         ckpt.close()

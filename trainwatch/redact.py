@@ -8,6 +8,7 @@ credentials, JWTs), so a secret is caught in structured data and in free text.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -47,16 +48,30 @@ def redact_text(text: str) -> str:
     return _KEY_VALUE.sub(by_key, text)
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _redact_short(text: str) -> str:
+    return redact_text(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _secret_key(key: str) -> bool:
+    return bool(SECRET_KEY.search(key))
+
+
 def redact(obj: Any) -> Any:
-    """A copy of ``obj`` (JSON-like data) with secret-named values and secret-shaped text masked."""
+    """A copy of ``obj`` (JSON-like data) with secret-named values and secret-shaped text masked.
+
+    Evidence repeats the same short strings (states, phases, node names) thousands of
+    times at scale; those are masked once and remembered.
+    """
     if isinstance(obj, dict):
-        return {k: (MASK if isinstance(k, str) and SECRET_KEY.search(k)
+        return {k: (MASK if isinstance(k, str) and _secret_key(k)
                     and isinstance(v, (str, int, float)) and v not in ("", None)
                     else redact(v)) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [redact(v) for v in obj]
     if isinstance(obj, str):
-        return redact_text(obj)
+        return _redact_short(obj) if len(obj) <= 256 else redact_text(obj)
     return obj
 
 

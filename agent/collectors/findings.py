@@ -14,6 +14,7 @@ from typing import Any
 
 from trainwatch.agent.incident import group
 from trainwatch.agent.registry import Collector, Result, register
+from trainwatch.host.procinfo import describe_wait, main_thread_wait
 from trainwatch.agent.stall import StallDetector, phase_holds
 from trainwatch.agent.straggler import JobStragglers
 from trainwatch.contract.states import STALL_KINDS
@@ -160,11 +161,18 @@ class FindingsCollector(Collector):
                     finding["severity"] = "info"  # context of the incident, not a page
         who = (f"rank(s) {incident.culprits} {incident.kind} ({incident.reason})"
                if incident.culprits else incident.reason)
+        # What the culprit waits on, from the kernel (a file lock, a FIFO, a socket...).
+        cause = None
+        if culprit is not None and incident.kind == "stuck":
+            cause = main_thread_wait(incident.ranks[culprit].get("pid"),
+                                     self.ctx.config.proc_root)
+            if cause is not None:
+                who += f": {describe_wait(cause)}"
         current[iid] = {
             "id": iid, "kind": "stall_incident", "severity": "critical", "job": job["job"],
             "node": self.ctx.node, "culprit_rank": culprit, "culprit_ranks": incident.culprits,
             "waiting_ranks": incident.waiting, "stall_kind": incident.kind,
-            "since": incident.since, "reason": incident.reason,
+            "since": incident.since, "reason": incident.reason, "cause": cause,
             "message": (f"job {job['job']} stalled: {who}; {len(incident.waiting)} rank(s) on "
                         f"this node wait{'' if incident.culprits else ' (culprit unknown here)'}")}
 

@@ -59,10 +59,10 @@ class StorageCollector(Collector):
         for run in self.ctx.run_dirs():
             job = jobs.get(str(run.root), run.root.name)
             folders = run.checkpoint_folders()
-            for path, role in ((run.root, "run"), *((f, "checkpoint") for f in folders)):
-                if str(path) not in seen:
-                    seen.add(str(path))
-                    targets.append((str(path), role, job))
+            for folder, role in ((run.root, "run"), *((f, "checkpoint") for f in folders)):
+                if str(folder) not in seen:
+                    seen.add(str(folder))
+                    targets.append((str(folder), role, job))
         for entry in self.options["paths"]:
             if isinstance(entry, str):
                 entry = {"path": entry}
@@ -79,7 +79,8 @@ class StorageCollector(Collector):
         except OSError:
             mounts = []
         timeout = float(self.options["probe_timeout"])
-        entries, devices = [], set()
+        entries: list[dict[str, Any]] = []
+        devices: set[str] = set()
         for path, role, job in self._targets():
             entries.append(self._one(path, role, job, mounts, timeout, result, devices))
         try:

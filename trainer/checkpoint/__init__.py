@@ -8,7 +8,7 @@ torch``, which takes seconds on a loaded node — seconds a rollback would wait.
 from importlib import import_module
 from typing import Any
 
-_EXPORTS = {"Checkpointer": "checkpointer", "EXIT_STOPPED": "checkpointer",
+_EXPORTS = {"Checkpointer": "checkpointer", "Checkpoints": "checkpoints", "EXIT_STOPPED": "checkpointer",
             "CheckpointConfig": "config", "NonFiniteHalt": "nonfinite", "Restored": "resume"}
 __all__ = sorted(_EXPORTS)
 

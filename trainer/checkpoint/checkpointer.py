@@ -41,7 +41,8 @@ from trainwatch.rundir import RunDir
 from trainwatch.trainer.checkpoint import catalog, resume as resume_mod, retention, rng
 from trainwatch.trainer.checkpoint.config import CheckpointConfig
 from trainwatch.trainer.checkpoint.manifest import verify
-from trainwatch.trainer.checkpoint.nonfinite import NonFiniteHalt, nonfinite_flag
+from trainwatch.trainer.checkpoint.nonfinite import (NonFiniteHalt, nonfinite_flag,
+                                                     nonfinite_state)
 from trainwatch.trainer.checkpoint.requests import Requests
 from trainwatch.trainer.checkpoint.snapshot import HostSnapshot
 from trainwatch.trainer.checkpoint.writer import (Payload, Written, copy_checkpoint,
@@ -305,6 +306,18 @@ class Checkpointer:
         for all of this); in async mode it is how long the loop was blocked.
         """
         mode = self.cfg.mode
+        poisoned = nonfinite_state(payload.shared) if self.cfg.nonfinite != "off" else []
+        if poisoned:
+            # A loop without the step guard (check_step) trained on a NaN: keep the last
+            # good checkpoints, the ones a rollback returns to, out of retention's reach.
+            with self._lock:
+                self.facts["skipped_total"] += 1
+                self.facts["in_flight"] = False
+            self._journal("checkpoint_skipped", step=payload.step, policy="nonfinite",
+                          reason=f"NaN/Inf in {', '.join(poisoned[:3])}"
+                                 + (f" and {len(poisoned) - 3} more" if len(poisoned) > 3 else ""))
+            self._publish()
+            return
         try:
             written = write_checkpoint(self.folder, payload, fsync=self.cfg.fsync)
             # The sha256s were taken from the bytes as written; reading them back now would

@@ -1,10 +1,15 @@
-"""Detect a NaN/Inf loss or gradient norm without reading it on the host.
+"""Detect a NaN/Inf loss or gradient norm without reading it on the host, and NaN/Inf in
+state about to be saved.
 
 The flag stays a tensor on the loss's device; the checkpointer sums it across ranks in
 the one small all_reduce it does per step, so a bad value on any rank is seen by all.
+The state check runs on the host copy a save already made (the writer's thread in async
+mode), never on the device.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -21,3 +26,18 @@ def nonfinite_flag(loss: torch.Tensor, grad_norm: torch.Tensor | float | None) -
         norm = torch.as_tensor(grad_norm, device=loss.device).detach()
         bad = bad | ~torch.isfinite(norm).all()
     return bad.to(torch.float32)
+
+
+def nonfinite_state(tree: Any, prefix: str = "") -> list[str]:
+    """Dotted names of the floating-point tensors in ``tree`` holding a NaN or Inf."""
+    found: list[str] = []
+    if isinstance(tree, torch.Tensor):
+        if tree.is_floating_point() and not torch.isfinite(tree).all():
+            found.append(prefix or "tensor")
+    elif isinstance(tree, dict):
+        for key, value in tree.items():
+            found += nonfinite_state(value, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(tree, (list, tuple)):
+        for i, value in enumerate(tree):
+            found += nonfinite_state(value, f"{prefix}.{i}" if prefix else str(i))
+    return found

@@ -18,6 +18,6 @@ REGENERATE_ENV = "TRAINWATCH_REGENERATE"  # tests: rewrite expected files instea
 DEFAULT_RUN_DIR = "trainwatch-run"
 
 
-def run_dir_from_env(default: str | None = DEFAULT_RUN_DIR) -> str | None:
+def run_dir_from_env(default: str = DEFAULT_RUN_DIR) -> str:
     """``$TRAINWATCH_RUN_DIR``, else ``default``."""
     return os.environ.get(RUN_DIR_ENV) or default

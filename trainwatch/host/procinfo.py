@@ -164,6 +164,10 @@ _LOCK_WCHANS = ("locks_lock_inode_wait", "flock_lock_inode_wait", "locks_lock_fi
                 "__flock_lock_file", "fcntl_setlk", "posix_lock_inode_wait", "flock_lock_file_wait")
 _FIFO_WCHANS = ("wait_for_partner", "fifo_open")
 F_SETLKW = (7, 38)  # F_SETLKW, F_OFD_SETLKW
+# Waits that explain a stall by themselves; a futex or poll wait is what every rank
+# waiting in a collective shows too, so it explains nothing on its own.
+TELLING_WAITS = ("file_lock", "fifo_open", "file_open", "pipe", "fifo", "socket", "file_io",
+                 "disk_io")
 MAX_THREADS = 256
 MAX_FD_SCAN = 50000
 
@@ -447,3 +451,56 @@ def _read(path: str) -> str | None:
             return fh.read(1 << 20)
     except OSError:
         return None
+
+
+def describe_wait(wait: dict[str, Any]) -> str:
+    """One line a human reads: what a thread waits for, and who holds the other end."""
+    kind = wait.get("kind")
+    if kind == "file_lock":
+        holder = wait.get("holder")
+        who = (f"held by pid {holder['pid']} ({holder['cmdline'] or '?'})" if holder
+               else "held by a process not visible here (another node or pid namespace)")
+        return f"waits for a file lock ({wait.get('lock') or '?'}) on " \
+               f"{wait.get('path') or '?'}{_mount(wait)}, {who}"
+    if kind == "fifo_open":
+        return f"blocked opening FIFO {wait.get('path') or '?'}{_mount(wait)}: " + \
+            _peers(wait.get("peers"), "no other process has it open (nobody will write)")
+    if kind in ("pipe", "fifo"):
+        return f"blocked in {wait.get('direction')} on a {kind} " \
+               f"{wait.get('path') or ''}".rstrip() + ": " + \
+            _peers(wait.get("peers"), "no other process holds its other end")
+    if kind == "socket":
+        peer = wait.get("peer")
+        who = (f"peer pid {peer['pid']} ({peer['cmdline'] or '?'})" if peer
+               else "the peer is not on this host")
+        return (f"blocked in {wait.get('direction')} on a {wait.get('protocol', '?')} socket "
+                f"{wait.get('local') or '?'} -> {wait.get('remote') or '?'}; {who}")
+    if kind in ("file_io", "file_open", "disk_io"):
+        what = "uninterruptible I/O" if kind == "disk_io" else f"{wait.get('direction') or 'open'}"
+        return f"blocked in {what} on {wait.get('path') or wait.get('wchan') or '?'}" + \
+            _mount(wait)
+    return str(kind)
+
+
+def _mount(wait: dict[str, Any]) -> str:
+    m = wait.get("mount")
+    return f" (on {m['mountpoint']}, {m['fstype']} {m['source']})" if m else ""
+
+
+def _peers(peers: list[dict[str, Any]] | None, none: str) -> str:
+    if not peers:
+        return none
+    return "other end held by " + ", ".join(f"pid {p['pid']} ({p['cmdline'] or '?'})"
+                                            for p in peers[:3])
+
+
+def main_thread_wait(pid: Any, proc_root: str = "/proc") -> dict[str, Any] | None:
+    """What the process's main thread waits on, when that alone explains a stall."""
+    if not isinstance(pid, int) or pid <= 0:
+        return None
+    main = next((t for t in thread_waits(pid, proc_root) if t["tid"] == pid), None)
+    wait = (main or {}).get("wait") or {}
+    if wait.get("kind") not in TELLING_WAITS:
+        return None
+    return {**wait, "thread": {"tid": main["tid"], "wchan": main["wchan"],
+                               "syscall": main["syscall"]}}

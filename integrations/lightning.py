@@ -1,0 +1,200 @@
+"""PyTorch Lightning: telemetry, verified checkpoints and checkpoint-now requests by callback.
+
+    from trainwatch.integrations.lightning import TrainwatchCallback
+    cb = TrainwatchCallback(every_steps=100)
+    trainer = L.Trainer(callbacks=[cb], ...)
+    trainer.fit(model, data, ckpt_path=cb.resume_path())   # newest verified; None when none
+
+Per rank: a step per training batch with forward (batch start to backward), backward and
+optimizer phases from Lightning's hooks, and the loss ``training_step`` returned (the
+tensor itself: no device sync; a logged ``grad_norm`` too, if the module logs one).
+Checkpoints are Lightning's own (``trainer.save_checkpoint``), written into
+``RUN_DIR/checkpoints/step-N/`` and sealed with a trainwatch manifest, every
+``every_steps``, when ``RUN_DIR/control/checkpoint`` is touched (CheckpointTooOld's
+action) and on SIGTERM before Lightning stops (the ranks agree on the step with one small
+all-reduce per step).
+``resume_path()`` is the newest of them that verifies. Needs ``lightning`` installed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback
+
+from trainwatch.contract.env import run_dir_from_env
+from trainwatch.integrations.sealed import newest_verified, seal
+from trainwatch.rundir import RunDir
+from trainwatch.trainer.checkpoint import catalog, retention
+from trainwatch.trainer.checkpoint.manifest import step_dir_name
+from trainwatch.trainer.telemetry import Telemetry
+
+CHECKPOINT_FILE = "lightning.ckpt"
+
+
+class TrainwatchCallback(Callback):
+    """Telemetry and verified, requestable checkpoints for a Lightning ``Trainer``."""
+
+    def __init__(self, run_dir: str | Path | None = None, *, every_steps: int = 0,
+                 keep_last: int = 3, **telemetry: Any):
+        self.run = RunDir(run_dir or run_dir_from_env())
+        self.every_steps, self.keep_last = every_steps, keep_last
+        self.telemetry_options = telemetry
+        self.tel: Telemetry | None = None
+        self._requested = threading.Event()
+        self._phase: Any = None
+        self._step: Any = None
+        self._recorder: Any = None
+        self._resumed_from: Path | None = None
+        self._stopping = False
+
+    # ------------------------------------------------------------------ resume
+    def resume_path(self) -> str | None:
+        """The newest verified checkpoint's file, for ``trainer.fit(ckpt_path=...)``."""
+        found = newest_verified([(e.step, e.path) for e in catalog.complete(self.run.checkpoint_dir)
+                                 if e.step is not None and (e.path / CHECKPOINT_FILE).exists()])
+        if found is None:
+            return None
+        self._resumed_from = found[1]
+        return str(found[1] / CHECKPOINT_FILE)
+
+    # ------------------------------------------------------------------ lifecycle
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage != "fit" or self.tel is not None:
+            return
+        self.run.create()
+        options = {"rank": trainer.global_rank, "local_rank": trainer.local_rank,
+                   "world_size": trainer.world_size, "device": pl_module.device,
+                   **self.telemetry_options}
+        self.tel = Telemetry.from_env(self.run.root, **options).start()
+        self.tel.on_control("checkpoint", lambda path: self._requested.set())
+        if trainer.global_rank == 0:
+            catalog.remove_incomplete(self.run.checkpoint_dir)
+
+    def _telemetry(self) -> Telemetry:
+        if self.tel is None:
+            raise RuntimeError("TrainwatchCallback: used before Trainer.fit set it up")
+        return self.tel
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if self._resumed_from is not None and trainer.global_rank == 0:
+            self._telemetry().event("checkpoint_resumed", step=trainer.global_step,
+                           path=str(self._resumed_from), framework="lightning")
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        self._close("finished")
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._close("stopped" if self._stopping else "failed")
+
+    def _close(self, state: str) -> None:
+        if self.tel is not None:
+            self._leave_phase()
+            self.tel.close(state)
+            self.tel = None
+
+    # ------------------------------------------------------------------ the step
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
+                             batch_idx: int) -> None:
+        self._step = self._telemetry().step(trainer.global_step)
+        self._recorder = self._step.__enter__()
+        self._enter_phase("forward")
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
+        self._enter_phase("backward")
+
+    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+        self._leave_phase()
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        self._enter_phase("optimizer")
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self._leave_phase()
+        if self._step is None:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        values: dict[str, Any] = {}
+        if isinstance(loss, torch.Tensor):
+            values["loss"] = loss.detach()
+        norm = trainer.callback_metrics.get("grad_norm")
+        if isinstance(norm, torch.Tensor):
+            values["grad_norm"] = norm
+        samples = _batch_size(batch)
+        if samples:
+            values["samples"] = samples
+        self._recorder.record(**values)
+        self._step.__exit__(None, None, None)
+        self._step = None
+        self._maybe_save(trainer)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _maybe_save(self, trainer: Any) -> None:
+        step = trainer.global_step
+        stopping = bool(trainer.received_sigterm)
+        requested = self._requested.is_set() or stopping
+        if trainer.world_size > 1:  # every rank must save at the same step
+            requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
+            if requested:  # the same on every rank: all of them take this second vote
+                stopping = trainer.strategy.reduce_boolean_decision(stopping, all=False)
+        due = self.every_steps and step % self.every_steps == 0
+        if not (requested or due):
+            return
+        self._requested.clear()
+        if stopping:
+            # Lightning stops at the end of this batch (SIGTERMException): save first.
+            self._stopping = True
+        with self._telemetry().phase("checkpoint"):
+            folder = self.run.checkpoint_dir
+            tmp = folder / f".tmp-{step_dir_name(step)}-lightning"
+            if trainer.global_rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+            trainer.save_checkpoint(str(tmp / CHECKPOINT_FILE))  # every rank; rank 0 writes
+            if trainer.global_rank == 0:
+                reason = "stop" if stopping else "request" if requested else "interval"
+                self._publish(tmp, folder / step_dir_name(step), step, trainer.world_size,
+                              reason)
+
+    def _publish(self, tmp: Path, final: Path, step: int, world_size: int, reason: str) -> None:
+        seal(tmp, step, world_size=world_size, framework="lightning")
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        size = sum(p.stat().st_size for p in final.iterdir())
+        tel = self._telemetry()
+        tel.checkpoint_saved(final, step, verified=True, bytes=size, reason=reason,
+                                  framework="lightning")
+        for entry, why in retention.to_prune(catalog.scan(final.parent),
+                                             keep_last=self.keep_last, keep_best=0,
+                                             newest_verified=final):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            tel.event("checkpoint_pruned", step=entry.step, path=str(entry.path),
+                           reason=why)
+
+    # ------------------------------------------------------------------ phases
+    def _enter_phase(self, name: str) -> None:
+        self._leave_phase()
+        self._phase = self._telemetry().phase(name)
+        self._phase.__enter__()
+
+    def _leave_phase(self) -> None:
+        if self._phase is not None:
+            self._phase.__exit__(None, None, None)
+            self._phase = None
+
+
+def _batch_size(batch: Any) -> int | None:
+    """Samples in a batch from its first tensor's shape (no device access)."""
+    first = batch
+    while isinstance(first, (list, tuple)) and first:
+        first = first[0]
+    if isinstance(first, dict) and first:
+        first = next(iter(first.values()))
+    return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else None

@@ -1,0 +1,117 @@
+"""Hugging Face ``Trainer``: telemetry, verified checkpoints and checkpoint-now requests.
+
+    from trainwatch.integrations.transformers import TrainwatchCallback
+    cb = TrainwatchCallback()
+    trainer = Trainer(model, args, callbacks=[cb], ...)
+    trainer.train(resume_from_checkpoint=cb.resume_path(args.output_dir))   # None when none
+
+Per rank: steps and forward/backward/optimizer phases from hooks on the model and the
+optimizer (``tel.watch``), and the loss and gradient norm the Trainer already logs
+(``logging_steps``; plain floats it computed: no extra device sync). A touch of
+``RUN_DIR/control/checkpoint`` (CheckpointTooOld's action) makes the Trainer save at the
+next step (``control.should_save``; the ranks agree with one small all-reduce per step);
+every ``checkpoint-N`` folder it saves is sealed with a trainwatch manifest once all
+ranks wrote their files, and ``resume_path`` is the newest that verifies. Needs
+``transformers`` (and ``accelerate``) installed.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers import TrainerCallback
+
+from trainwatch.contract.env import run_dir_from_env
+from trainwatch.integrations.sealed import newest_verified, seal
+from trainwatch.rundir import RunDir
+from trainwatch.trainer.telemetry import Telemetry
+
+CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
+
+
+class TrainwatchCallback(TrainerCallback):
+    """Telemetry and verified, requestable checkpoints for a Hugging Face ``Trainer``."""
+
+    def __init__(self, run_dir: str | Path | None = None, **telemetry: Any):
+        self.run = RunDir(run_dir or run_dir_from_env())
+        self.telemetry_options = telemetry
+        self.tel: Telemetry | None = None
+        self._requested = threading.Event()
+        self._resumed_from: Path | None = None
+
+    def resume_path(self, output_dir: str | Path) -> str | None:
+        """The newest ``checkpoint-N`` in ``output_dir`` whose manifest verifies."""
+        candidates = []
+        folder = Path(output_dir)
+        if folder.is_dir():
+            for child in folder.iterdir():
+                match = CHECKPOINT_DIR.match(child.name)
+                if match and child.is_dir():
+                    candidates.append((int(match.group(1)), child))
+        found = newest_verified(candidates)
+        if found is None:
+            return None
+        self._resumed_from = found[1]
+        return str(found[1])
+
+    # ------------------------------------------------------------------ lifecycle
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
+                       optimizer: Any = None, **kwargs: Any) -> None:
+        self.run.create()
+        options = {"rank": args.process_index, "local_rank": args.local_process_index,
+                   "world_size": args.world_size, "device": args.device,
+                   **self.telemetry_options}
+        self.tel = Telemetry.from_env(self.run.root, **options).start()
+        self.tel.on_control("checkpoint", lambda path: self._requested.set())
+        if model is not None and optimizer is not None:
+            # The torch optimizer inside accelerate's wrapper runs the step hooks.
+            self.tel.watch(model, getattr(optimizer, "optimizer", optimizer),
+                           first_step=state.global_step)
+        if self._resumed_from is not None and state.is_world_process_zero:
+            self.tel.event("checkpoint_resumed", step=state.global_step,
+                           path=str(self._resumed_from), framework="transformers")
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.tel is not None:
+            self.tel.close("finished")
+            self.tel = None
+
+    # ------------------------------------------------------------------ the step
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None,
+               **kwargs: Any) -> None:
+        if self.tel is None or not logs or "loss" not in logs:
+            return
+        values = {"loss": logs["loss"]}
+        if isinstance(logs.get("grad_norm"), (int, float)):
+            values["grad_norm"] = logs["grad_norm"]
+        if isinstance(logs.get("learning_rate"), (int, float)):
+            values["lr"] = logs["learning_rate"]
+        self.tel.record(**values)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        requested = self._requested.is_set()
+        if args.world_size > 1 and dist.is_available() and dist.is_initialized():
+            flag = torch.tensor([float(requested)], device=args.device)
+            dist.all_reduce(flag)  # every rank must save at the same step
+            requested = bool(flag.item())
+        if requested:
+            self._requested.clear()
+            control.should_save = True
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if args.world_size > 1 and dist.is_available() and dist.is_initialized():
+            dist.barrier()  # every rank has written its own files (its RNG state)
+        if not state.is_world_process_zero or self.tel is None:
+            return
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if not folder.is_dir():
+            return
+        seal(folder, state.global_step, world_size=args.world_size, framework="transformers")
+        size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+        self.tel.checkpoint_saved(folder, state.global_step, verified=True, bytes=size,
+                                  framework="transformers")

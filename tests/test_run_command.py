@@ -1,0 +1,91 @@
+"""`trainwatch run -- COMMAND` with jobs that are not torchrun DDP loops: bad input, a job
+that ends at once, one that never publishes telemetry, and one that keeps its own
+checkpoint files and declares them (restart guard and CheckpointTooOld)."""
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import kill_tree
+from trainwatch.rundir import RunDir
+
+HERE = Path(__file__).resolve().parent
+
+
+def _run(run_dir, *args, thresholds=None, **popen):
+    cmd = [sys.executable, "-m", "trainwatch", "run", "--run-dir", str(run_dir), "--no-live"]
+    if thresholds:
+        cmd += ["--thresholds", str(thresholds)]
+    return subprocess.Popen([*cmd, *args], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **popen)
+
+
+def test_a_command_that_does_not_exist_is_exit_2_naming_it(tmp_path):
+    out = _run(tmp_path / "r", "--", "no-such-trainer", "--lr", "1").communicate(timeout=60)[0]
+    assert b"no-such-trainer" in out and b"not found" in out
+    assert not (tmp_path / "r").exists()  # nothing started, nothing written
+
+
+def test_trainer_options_with_a_command_are_exit_2(tmp_path):
+    proc = _run(tmp_path / "r", "--steps", "5", "--", sys.executable, "-c", "pass")
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 2 and b"--steps" in out
+
+
+def test_a_job_that_exits_0_at_once_is_finished_not_restarted(tmp_path):
+    proc = _run(tmp_path / "r", "--", sys.executable, "-c", "pass")
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0, out
+    run = RunDir(tmp_path / "r")
+    assert len(run.events("job_started")) == 1 and not run.events("action_taken")
+    assert run.run_info()["command"] == [sys.executable, "-c", "pass"]
+
+
+def test_a_job_without_telemetry_is_reported_while_it_runs(tmp_path):
+    proc = _run(tmp_path / "r", "--telemetry-grace", "2", "--", sys.executable, "-c",
+                "import time; time.sleep(300)")
+    lines = []
+    try:
+        for line in proc.stdout:  # waits on the message, not on time
+            lines.append(line)
+            if b"no rank has published telemetry" in line:
+                break
+        assert proc.poll() is None, b"".join(lines)  # said so; the job keeps running
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    finally:
+        kill_tree(proc)
+    assert proc.returncode == 130
+    assert RunDir(tmp_path / "r").events("job_silent")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("trainwatch.agent.daemon") is None,
+                    reason="needs the agent")
+def test_declared_saves_keep_the_guard_quiet_and_drive_checkpoint_too_old(tmp_path):
+    thresholds = tmp_path / "thresholds.yaml"
+    thresholds.write_text("evaluation_interval: 1s\ncheckpoint_max_age_seconds: 3\n"
+                          "restart_guard_max_restarts: 1\n")
+    proc = _run(tmp_path / "r", "--", sys.executable, str(HERE / "declared_job.py"),
+                thresholds=thresholds)
+    try:
+        out = proc.communicate(timeout=400)[0]
+    finally:
+        kill_tree(proc)
+    assert proc.returncode == 0, out[-3000:]
+    run = RunDir(tmp_path / "r")
+    restarts = [e for e in run.events("action_taken") if e.get("action") == "restart"]
+    # two crashes, each after progress: two restarts, more than the guard's 1 allows
+    # without progress
+    assert len(restarts) == 2, run.events("action_skipped")
+    assert all(r["resume_from"]["kind"] == "declared" for r in restarts)
+    assert "trainwatch did not verify" in restarts[-1]["reason"]
+    assert not [e for e in run.events("action_skipped") if "guard" in e.get("reason", "")]
+    assert any(e.get("alert") == "CheckpointTooOld" for e in run.events("alert_firing"))
+    assert [e for e in run.events("action_taken") if e.get("action") == "checkpoint_now"]
+    assert run.events("finished")
