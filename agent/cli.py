@@ -12,8 +12,10 @@ from trainwatch.contract.ports import AGENT_LISTEN
 
 
 @click.command("agent")
+@click.argument("run_dir_args", nargs=-1, metavar="[RUN_DIR]...",
+                type=click.Path(file_okay=False))
 @click.option("--run-dir", "run_dirs", multiple=True, type=click.Path(file_okay=False),
-              help="Run directory to watch (repeatable).")
+              help="Run directory to watch (repeatable; or give them as RUN_DIR...).")
 @click.option("--discover", "discover", multiple=True, type=click.Path(file_okay=False),
               help="Folder whose sub-folders are run directories (re-scanned; repeatable).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False),
@@ -22,12 +24,13 @@ from trainwatch.contract.ports import AGENT_LISTEN
               help=f"Where to serve /metrics, /status, /healthz [{AGENT_LISTEN}].")
 @click.option("--check-config", is_flag=True,
               help="Validate the config, print it as JSON and exit (0 ok, 2 invalid).")
-def agent(run_dirs, discover, config_file, listen, check_config) -> None:
+def agent(run_dir_args, run_dirs, discover, config_file, listen, check_config) -> None:
     """Run the node agent: collectors, stall and straggler detection, HTTP endpoints.
 
     Binds 127.0.0.1 unless --listen says otherwise. SIGHUP reloads --config;
     SIGTERM stops cleanly.
     """
+    run_dirs = tuple(dict.fromkeys((*run_dir_args, *run_dirs)))
     reload_args = {"run_dirs": run_dirs, "discover": discover, "listen": listen}
     config = load_config(config_file, **reload_args)
     if check_config:

@@ -136,6 +136,8 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     # Everything is checked before anything starts or the run directory is touched.
     ruleset = load_rules(rules_file, thresholds_file)
     console = Console()
+    if not console.is_terminal:  # logs and pipes: lines long enough not to break commands
+        console = Console(width=120)
     if command:
         plan = None
         controller, agent_stall = supervised_command(

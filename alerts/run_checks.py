@@ -4,7 +4,7 @@ A launch that would be rejected must be rejected here, in this process, within a
 second or two and before the run directory is touched: otherwise the agent and the
 engine start, the job fails seconds later with exit 2, and the rejected launch is
 journaled as if it had been an attempt (``report`` would count its seconds, ``diagnose``
-would look at it). Only what needs torch (reading a given dataset) is left to the launcher.
+would look at it). torch is imported only to check a dataset the config names.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class LaunchPlan:
 def check_launch(run_dir: str | Path, *, nproc_per_node: int, config: str | None,
                  overrides: list[str], steps: int | None,
                  agent_config: str | None) -> LaunchPlan:
-    """Every torch-free check of a launch; ConfigError (exit 2) naming the input at fault."""
+    """Every check of a launch; ConfigError (exit 2) naming the input at fault."""
     if nproc_per_node < 1:
         raise ConfigError(f"must be at least 1, got {nproc_per_node}", key="--nproc-per-node")
     run_root = Path(run_dir)
@@ -49,6 +49,9 @@ def check_launch(run_dir: str | Path, *, nproc_per_node: int, config: str | None
     if os.environ.get(FAULT_ENV):  # drills only: parsing them imports torch
         from trainwatch.trainer.faults import parse_faults
         parse_faults(os.environ[FAULT_ENV])
+    if cfg.data.path is not None:  # a given dataset: its manifest and checksums (imports torch)
+        from trainwatch.trainer.data import load_dataset
+        load_dataset(cfg.data.path)
     # The agent's config too, or a bad file would make the agent die unseen; its stall
     # options are recorded with the run, so report and diagnose judge stalls as it did.
     agent = load_agent_config(agent_config, run_dirs=[str(run_root)])

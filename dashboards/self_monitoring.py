@@ -70,9 +70,15 @@ def build(runbook_base: str) -> dict:
                  target(b.increase("trainwatch_collector_status_files_skipped_total"),
                         "{{node}} {{run}} {{reason}}"),
                  description="Status files the agent rejected, by reason: special files "
-                             "(FIFOs, devices), links out of the run directory, too large, "
+                             "(FIFOs, devices), links out of the run directory, permission "
+                             "denied, too large, "
                              "torn or nested too deeply, alien, wrong rank or field types "
                              "(listed in /status).")
+    b.timeseries("Unreadable run files",
+                 target(b.sel("trainwatch_collector_run_files_unreadable"), "{{node}} {{run}}"),
+                 description="Files and folders of a run the agent may not read (permission "
+                             "denied): its ranks there are unseen. docs/run-directory.md, "
+                             "Permissions.", alerts=("TrainwatchRunUnreadable",))
     b.timeseries("Skipped journal lines",
                  target(b.increase("trainwatch_collector_journal_lines_skipped_total"),
                         "{{node}} {{run}}"),

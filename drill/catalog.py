@@ -156,4 +156,4 @@ def get(name: str) -> Drill:
     for drill in DRILLS:
         if drill.name == name:
             return drill
-    raise ConfigError(f"unknown drill {name!r} (known: {', '.join(names())})", key="NAME")
+    raise ConfigError(f"unknown drill {name!r} (known: {', '.join(names())})")

@@ -77,10 +77,9 @@ def run_drills(names: tuple[str, ...], run_all: bool, nproc_per_node: int, steps
     from trainwatch.drill.settings import settings_for
 
     if run_all and names:
-        raise ConfigError("give drill names or --all, not both", key="NAME")
+        raise ConfigError("give drill names or --all, not both")
     if not run_all and not names:
-        raise ConfigError("name at least one drill (see `trainwatch drill list`) or pass --all",
-                          key="NAME")
+        raise ConfigError("name at least one drill (see `trainwatch drill list`) or pass --all")
     drills = list(catalog.DRILLS) if run_all else [catalog.get(n) for n in names]
     # Every setting is checked before the first drill starts.
     plans = [settings_for(d, nproc_per_node=nproc_per_node, steps=steps,

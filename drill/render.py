@@ -24,9 +24,8 @@ def console_for(stderr: bool = False) -> Console:
                                                        no_color=True)
 
 
-def _table(title: str, console: Console) -> Table:
-    return Table(title=title, title_justify="left",
-                 box=box.SIMPLE_HEAD if console.is_terminal else box.ASCII)
+def _table(title: str) -> Table:
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
 
 
 def to_json(data: Any) -> str:
@@ -59,14 +58,15 @@ CRITERIA_TEXT = ("the fault fired; detected within the drill's deadline; recover
 
 
 def render_catalog(console: Console, changed: dict[str, list[dict[str, Any]]]) -> None:
-    table = _table("trainwatch drills", console)
+    table = _table("trainwatch drills")
     for col in ("drill", "simulates", FAULT_ENV, "detected by (any)", "recovery"):
-        table.add_column(col, overflow="fold")
+        # A fault value is copied into a shell: never broken inside, only at its commas.
+        table.add_column(col, overflow="fold", no_wrap=col == FAULT_ENV)
     for d in DRILLS:
         recovery = d.expected_recovery()
         if d.recover_within is not None:
             recovery += f"; first step within {d.recover_within:g} s"
-        table.add_row(d.name, d.simulates, d.fault_env(),
+        table.add_row(d.name, d.simulates, d.fault_env().replace(",", ",\n"),
                       "\n".join(map(str, d.detect)) + f"\nwithin {d.detect_within:g} s",
                       recovery)
     console.print(table)
@@ -150,7 +150,7 @@ def render_card(card: dict[str, Any], console: Console) -> None:
     console.print(Text.assemble(f"drill {card['name']}: ", verdict,
                                 f"  ({_secs(card['run']['seconds'])}, fault {card['fault']})"))
     console.print(Text(f"  simulates: {card['simulates']}"))
-    table = _table("", console)
+    table = _table("")
     for col in ("criterion", "result", "why"):
         table.add_column(col, overflow="fold")
     for c in card["criteria"]:
@@ -172,7 +172,7 @@ def render_card(card: dict[str, Any], console: Console) -> None:
 
 def render_summary(cards: list[dict[str, Any]], console: Console) -> None:
     if len(cards) > 1:
-        table = _table("Game day", console)
+        table = _table("Game day")
         for col in ("drill", "result", "detected after", "first step after resume",
                     "steps lost", "actions taken"):
             table.add_column(col, overflow="fold")

@@ -17,7 +17,8 @@ from typing import Any
 import psutil
 
 from trainwatch.host.timeouts import Deadline, Hung
-from trainwatch.preflight.model import Check, human_bytes
+from trainwatch.preflight.model import Check
+from trainwatch.units import human_bytes
 
 SHM_TIMEOUT = 5.0  # seconds; /dev/shm is memory, so a slow answer means a sick kernel
 # psutil status -> what the evidence says, and how bad a leftover in it is.
@@ -126,8 +127,14 @@ def check_memory(cfg: dict[str, Any]) -> Check:
     return Check("host.memory", "ok", text, evidence)
 
 
+# A shell whose command line mentions torchrun is a wrapper, not a trainer: what it started
+# is a process of its own, and is found as such.
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "fish", "csh", "tcsh", "busybox"})
+
+
 def find_trainers(patterns: list[str]) -> list[dict[str, Any]]:
-    """Processes that look like training processes, other than this one and its parents."""
+    """Processes that look like training processes, other than this one and its parents
+    (and shells that merely mention one)."""
     compiled = [re.compile(p) for p in patterns]
     me = psutil.Process()
     mine = {me.pid, *(p.pid for p in me.parents())}
@@ -137,8 +144,11 @@ def find_trainers(patterns: list[str]) -> list[dict[str, Any]]:
         info = proc.info
         if info["pid"] in mine:
             continue
-        cmdline = " ".join(info["cmdline"] or [])
+        argv = info["cmdline"] or []
+        cmdline = " ".join(argv)
         name = info["name"] or ""
+        if name in SHELLS or (argv and os.path.basename(argv[0]) in SHELLS):
+            continue
         if not any(p.search(cmdline) or p.search(name) for p in compiled):
             continue
         state, severity = _LEFTOVER_STATUS.get(info["status"],

@@ -61,14 +61,5 @@ def worst(checks: list[Check], strict: bool) -> int:
     return EXIT_PROBLEM if any(c.status in bad for c in checks) else EXIT_OK
 
 
-def human_bytes(n: float) -> str:
-    """1536 -> '1.5 KiB': sizes in messages people read (the evidence keeps bytes)."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
 def counts(checks: list[Check]) -> dict[str, int]:
     return {status: sum(c.status == status for c in checks) for status in STATUSES}

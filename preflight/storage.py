@@ -16,7 +16,8 @@ from typing import Any
 
 from trainwatch.host.storage import mount_of, parse_mounts, write_probe
 from trainwatch.host.timeouts import Deadline, Hung
-from trainwatch.preflight.model import Check, Request, human_bytes
+from trainwatch.preflight.model import Check, Request
+from trainwatch.units import human_bytes
 
 
 def check_storage(request: Request, cfg: dict[str, Any], proc_root: str,

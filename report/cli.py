@@ -20,12 +20,15 @@ from rich.console import Console
               help="Accelerators the job held in all [default: the run's world size].")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path),
               help="YAML with gpu_hour_price, gpus or accelerators_per_rank.")
+@click.option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path),
+              metavar="FILE", help="Write the report as one self-contained HTML page of charts "
+                                   "(no network needed to view it).")
 @click.option("--prom-textfile", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write trainwatch_cost_* gauges for node_exporter's textfile "
                    "collector (name it *.prom).")
 def report(run_dir: Path | None, run_dir_opt: Path | None, as_json: bool,
            gpu_hour_price: float | None, gpus: int | None, config_file: Path | None,
-           prom_textfile: Path | None) -> None:
+           html_file: Path | None, prom_textfile: Path | None) -> None:
     """Where a run's wall time went: goodput, badput by category, one row per incident
     (interruption) with its cause and cost.
 
@@ -42,6 +45,13 @@ def report(run_dir: Path | None, run_dir_opt: Path | None, as_json: bool,
     if prom_textfile is not None:
         from trainwatch.report.prom import write_textfile
         write_textfile(prom_textfile, data)
+    if html_file is not None:
+        from trainwatch.report.html import write_html
+        from trainwatch.report.series import read_series
+        write_html(html_file, data, read_series(run_dir))
+        if not as_json:
+            click.echo(f"wrote {html_file}: open it in a browser (self-contained, works offline)")
+            return
     if as_json:
         click.echo(render.to_json(data))
         return

@@ -96,3 +96,26 @@ def launch_train():
     yield start
     for proc in procs:
         kill_tree(proc)
+
+
+@pytest.fixture(scope="session")
+def recovered_run(tmp_path_factory):
+    """A real `trainwatch run` whose rank 1 exits at step 15; the controller restarts the job
+    from its checkpoint and it finishes. Its mirror folder is unusable, so every mirror copy
+    fails for real (checkpoint_failed, ENOTDIR). Shared by the HTML report and runbook tests:
+    restarts, an incident, rank logs, checkpoint saves and failures to look at."""
+    tmp = tmp_path_factory.mktemp("recovered")
+    (tmp / "not-a-directory").write_text("")
+    (tmp / "train.yaml").write_text(
+        "train: {steps: 40, batch_size: 4, eval_interval: 1000}\n"
+        f"checkpoint: {{every_steps: 10, fsync: false, mirror_dir: {tmp}/not-a-directory/m}}\n")
+    run_dir = tmp / "exp"
+    options = ["--config", str(tmp / "train.yaml"), "--max-restarts", "0"]
+    done = subprocess.run(
+        [sys.executable, "-m", "trainwatch", "run", "--nproc-per-node", "2", "--run-dir",
+         str(run_dir), *options, "--no-live"],
+        env=torchrun_env(tmp, TRAINWATCH_FAULT="exit:rank=1:step=15:launch=1"),
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "incidents   │ 1:" in done.stdout
+    return run_dir, options

@@ -144,6 +144,33 @@ def test_readers_take_the_run_dir_as_argument_or_option(tmp_path, command):
     assert str(alien) in as_arg.stderr and as_arg.stderr == as_opt.stderr
     both = tw(*command, str(alien), "--run-dir", str(tmp_path))
     assert both.returncode == 2 and "two run directories given" in both.stderr
+    assert "key 'RUN_DIR'" not in both.stderr
+
+
+@pytest.mark.parametrize("command", [["checkpoint", "list"], ["checkpoint", "verify"]])
+def test_checkpoint_takes_the_run_dir_as_argument_or_option(tmp_path, command):
+    as_arg, as_opt = tw(*command, str(tmp_path)), tw(*command, "--run-dir", str(tmp_path))
+    assert as_arg.returncode == as_opt.returncode
+    assert as_arg.stdout + as_arg.stderr == as_opt.stdout + as_opt.stderr
+    assert "no checkpoints in" in as_arg.stdout + as_arg.stderr
+    both = tw(*command, str(tmp_path), "--run-dir", str(tmp_path / "other"))
+    assert both.returncode == 2 and "two run directories given" in both.stderr
+
+
+@pytest.mark.parametrize("command", [["train"], ["agent", "--check-config"]])
+def test_writers_take_the_run_dir_as_argument_or_option(tmp_path, command):
+    """train and agent took only --run-dir; RUN_DIR works too."""
+    run_dir = tmp_path / "exp"
+    as_arg = tw(*command, str(run_dir), "--nproc-per-node", "0") if command == ["train"] \
+        else tw(*command, str(run_dir))
+    as_opt = tw(*command, "--run-dir", str(run_dir), "--nproc-per-node", "0") \
+        if command == ["train"] else tw(*command, "--run-dir", str(run_dir))
+    assert as_arg.returncode == as_opt.returncode
+    assert as_arg.stdout == as_opt.stdout and as_arg.stderr == as_opt.stderr
+    if command == ["train"]:
+        assert as_arg.returncode == 2 and "--nproc-per-node" in as_arg.stderr
+    else:
+        assert as_arg.returncode == 0 and str(run_dir) in as_arg.stdout
 
 
 def test_report_without_a_run_dir_says_what_to_give():

@@ -15,6 +15,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -402,6 +403,22 @@ def test_host_leftover_zombie_and_live_trainers():
     assert "torchrun --nproc-per-node=8" in by_pid[live.pid]["cmdline"]
     assert check.status == "fail" and f"pid {zombie.pid} pt_main_thread zombie" in check.message
     assert os.getpid() not in by_pid  # never itself
+
+
+def test_a_shell_wrapper_that_mentions_torchrun_is_not_a_trainer():
+    """`bash -c '... torchrun ...'` only launches; its torchrun child is what counts."""
+    wrapper = subprocess.Popen(["bash", "-c", "sleep 60; echo torchrun --nproc-per-node=8"])
+    try:
+        deadline = time.time() + 20
+        while time.time() < deadline and not psutil.Process(wrapper.pid).children():
+            time.sleep(0.05)
+        check = host.check_leftovers(settings()["host"])
+    finally:
+        for child in psutil.Process(wrapper.pid).children():
+            child.kill()
+        wrapper.kill()
+        wrapper.wait()
+    assert wrapper.pid not in {p["pid"] for p in check.evidence["processes"]}
 
 
 # --------------------------------------------------------------------------- network

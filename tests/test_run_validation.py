@@ -86,6 +86,14 @@ def test_bad_input_to_a_new_run_dir_creates_nothing(tmp_path):
     assert not run_dir.exists()
 
 
+def test_a_missing_dataset_is_refused_before_anything_starts(tmp_path, used_run_dir):
+    before = _tree(used_run_dir)
+    done = _run(tmp_path, used_run_dir, "--set", f"data.path={tmp_path / 'no-data'}")
+    assert done.returncode == 2, _message(done.stderr)
+    assert "no-data" in _message(done.stderr) and "Traceback" not in done.stderr
+    assert _tree(used_run_dir) == before
+
+
 def test_train_names_steps_option_not_the_config_key(tmp_path):
     done = subprocess.run([sys.executable, "-m", "trainwatch", "train", "--run-dir",
                            str(tmp_path / "r"), "--steps", "-5"],

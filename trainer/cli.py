@@ -14,8 +14,11 @@ from trainwatch.contract.env import NODE_ENV
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--nproc-per-node", type=int, default=1, show_default=True,
               help="Ranks on this machine.")
-@click.option("--run-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Where the run keeps its state (status, metrics, journal, logs).")
+@click.argument("run_dir_arg", required=False, metavar="[RUN_DIR]",
+                type=click.Path(file_okay=False, path_type=Path))
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Where the run keeps its state (status, metrics, journal, logs); or give "
+                   "it as RUN_DIR.")
 @click.option("--steps", type=click.IntRange(min=1), help="Shorthand for --set train.steps=N.")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False),
               help="YAML config (sections model, data, optim, train, telemetry, checkpoint).")
@@ -40,7 +43,8 @@ from trainwatch.contract.env import NODE_ENV
 @click.option("--metrics-port", type=int,
               help="Ranks serve Prometheus metrics on 127.0.0.1:(PORT + local rank) "
                    "(shorthand for --set telemetry.metrics_port=PORT).")
-def train(nproc_per_node: int, run_dir: Path, steps: int | None, config_file: str | None,
+def train(run_dir_arg: Path | None, nproc_per_node: int, run_dir: Path | None,
+          steps: int | None, config_file: str | None,
           overrides: tuple[str, ...], max_restarts: int, nnodes: int, node_rank: int | None,
           rdzv_endpoint: str | None, rdzv_id: str | None, local_addr: str | None,
           node_name: str | None, metrics_port: int | None) -> None:
@@ -50,8 +54,10 @@ def train(nproc_per_node: int, run_dir: Path, steps: int | None, config_file: st
     Fault drills: set TRAINWATCH_FAULT (docs/trainer.md), e.g.
     TRAINWATCH_FAULT=exit:rank=1:step=5.
     """
+    from trainwatch.rundir import pick_run_dir
     from trainwatch.trainer.launcher import LaunchSpec, launch
 
+    run_dir = pick_run_dir(run_dir_arg, run_dir)
     spec = LaunchSpec(run_dir=run_dir, nproc_per_node=nproc_per_node, config=config_file,
                       overrides=[*overrides,
                                  *([f"train.steps={steps}"] if steps is not None else []),

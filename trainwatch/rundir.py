@@ -519,16 +519,12 @@ def iter_run_dirs(folder: str | Path) -> Iterator[RunDir]:
 
 def pick_run_dir(argument: str | Path | None, option: str | Path | None,
                  default: str | Path | None = None) -> Path:
-    """The run directory of a reading command, given as RUN_DIR or as --run-dir.
-
-    Commands that create a run take ``--run-dir``, those that read one a positional
-    RUN_DIR; users type either, so the readers accept both.
-    """
+    """The run directory of a command, given as RUN_DIR or as --run-dir: every command
+    takes both, so users need not remember which one a command wants."""
     if argument is not None and option is not None and Path(argument) != Path(option):
         raise ConfigError(f"two run directories given ({argument} and --run-dir {option}); "
-                          "give one", key="RUN_DIR")
+                          "give one")
     chosen = argument if argument is not None else option if option is not None else default
     if chosen is None:
-        raise ConfigError("no run directory given: pass RUN_DIR (or --run-dir RUN_DIR)",
-                          key="RUN_DIR")
+        raise ConfigError("no run directory given: pass RUN_DIR (or --run-dir RUN_DIR)")
     return Path(chosen)

@@ -14,15 +14,15 @@ from pathlib import Path
 import click
 
 from trainwatch.errors import EXIT_PROBLEM, ConfigError
-from trainwatch.rundir import RunDir
+from trainwatch.rundir import RunDir, pick_run_dir
 from trainwatch.trainer.checkpoint import catalog
-from trainwatch.trainer.checkpoint.digest import checkpoint_digest
 from trainwatch.trainer.checkpoint.manifest import MANIFEST, Verification, step_of, verify
 
 
-def _target(path: str) -> tuple[Path, bool]:
+def _target(argument: str | None, option: str | None) -> tuple[Path, bool]:
     """(folder or checkpoint, is_single_checkpoint) for what the user named."""
-    p = Path(path)
+    p = pick_run_dir(argument, option)
+    path = str(p)
     if not p.is_dir():
         raise ConfigError("no such directory", file=path)
     if (p / MANIFEST).exists() or step_of(p.name) is not None:
@@ -43,27 +43,33 @@ def checkpoint() -> None:
 
 
 @checkpoint.command("list")
-@click.argument("directory")
+@click.argument("directory", required=False, metavar="[RUN_DIR]")
+@click.option("--run-dir", "run_dir_opt", metavar="RUN_DIR",
+              help="The run directory (or a checkpoint folder, or one checkpoint), if not "
+                   "given as RUN_DIR.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def list_cmd(directory: str, as_json: bool) -> None:
+def list_cmd(directory: str | None, run_dir_opt: str | None, as_json: bool) -> None:
     """List checkpoints, newest first, with leftovers of interrupted saves (no hashing)."""
-    folder, single = _target(directory)
+    folder, single = _target(directory, run_dir_opt)
     entries = catalog.scan(folder.parent if single else folder)
     if single:
         entries = [e for e in entries if e.path == folder]
     if as_json:
         _emit([e.as_dict() for e in entries])
         return
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(box=None)
+    from trainwatch.units import human_bytes
+
+    table = Table(box=box.SIMPLE_HEAD)
     table.add_column("checkpoint", no_wrap=True)
-    for name in ("state", "bytes", "val_loss", "ranks", "why", "note"):
-        table.add_column(name)
+    for name in ("state", "size", "val_loss", "ranks", "why", "note"):
+        table.add_column(name, justify="right" if name == "size" else "left")
     for e in entries:
         d = e.as_dict()
-        table.add_row(e.path.name, e.state, f"{e.bytes:,}",
+        table.add_row(e.path.name, e.state, human_bytes(e.bytes) if e.bytes else "-",
                       "-" if e.val_loss is None else f"{e.val_loss:.4f}",
                       str(d["world_size"] or "-"), str(d["reason_saved"] or "-"), e.reason)
     Console().print(table if entries else f"no checkpoints in {folder}")
@@ -89,11 +95,14 @@ def _verify_all(targets: list[Path], quiet: bool) -> list[Verification]:
 
 
 @checkpoint.command("verify")
-@click.argument("directory")
+@click.argument("directory", required=False, metavar="[RUN_DIR]")
+@click.option("--run-dir", "run_dir_opt", metavar="RUN_DIR",
+              help="The run directory (or a checkpoint folder, or one checkpoint), if not "
+                   "given as RUN_DIR.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def verify_cmd(directory: str, as_json: bool) -> None:
+def verify_cmd(directory: str | None, run_dir_opt: str | None, as_json: bool) -> None:
     """Check every file's size and sha256 against the manifest; exit 1 on any mismatch."""
-    folder, single = _target(directory)
+    folder, single = _target(directory, run_dir_opt)
     entries = [] if single else catalog.scan(folder)
     targets = [folder] if single else [e.path for e in entries if e.state != "incomplete"]
     results = _verify_all(targets, as_json)
@@ -116,21 +125,26 @@ def verify_cmd(directory: str, as_json: bool) -> None:
 
 
 @checkpoint.command("digest")
-@click.argument("directory")
+@click.argument("directory", required=False, metavar="[RUN_DIR]")
+@click.option("--run-dir", "run_dir_opt", metavar="RUN_DIR",
+              help="The run directory (or a checkpoint folder, or one checkpoint), if not "
+                   "given as RUN_DIR.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def digest_cmd(directory: str, as_json: bool) -> None:
+def digest_cmd(directory: str | None, run_dir_opt: str | None, as_json: bool) -> None:
     """Print one sha256 of the model weights (canonical order); a folder means its newest
     checkpoint that verifies."""
-    folder, single = _target(directory)
-    if single:
-        chosen = folder
-    else:
+    folder, single = _target(directory, run_dir_opt)
+    chosen = folder
+    if not single:
         candidates = catalog.complete(folder)
-        chosen = next((e.path for e in candidates if verify(e.path).ok), None)
-        if chosen is None:
+        verified = next((e.path for e in candidates if verify(e.path).ok), None)
+        if verified is None:
             raise ConfigError(f"no checkpoint here verifies ({len(candidates)} complete; "
-                              f"`trainwatch checkpoint verify {directory}` says why)"
+                              f"`trainwatch checkpoint verify {folder}` says why)"
                               if candidates else "no complete checkpoints here", file=str(folder))
+        chosen = verified
+    from trainwatch.trainer.checkpoint.digest import checkpoint_digest  # imports torch
+
     try:
         value = checkpoint_digest(chosen)
     except (OSError, RuntimeError) as exc:
