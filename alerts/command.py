@@ -21,6 +21,7 @@ from typing import Callable
 from trainwatch import __version__
 from trainwatch.alerts.controller import JobController
 from trainwatch.contract.env import JOB_ENV, NODE_ENV, RUN_DIR_ENV
+from trainwatch.contract.layout import JOB_LOG, STATUS_FILE_GLOB
 from trainwatch.errors import ConfigError
 from trainwatch.node import node_name
 from trainwatch.rundir import RunDir
@@ -111,7 +112,7 @@ class TelemetryWatch:
                  "stall detection and automatic restarts cannot see the job. Still starting "
                  "(imports, data)? Then this clears itself. Otherwise: does it call "
                  "`Telemetry.from_env().start()` on every rank (docs/own-trainer.md)? "
-                 f"Its output is in {ctl.run.logs_dir / 'job.log'}.")
+                 f"Its output is in {ctl.run.logs_dir / JOB_LOG}.")
         ctl.run.append_event("job_silent", "engine", seconds=self.grace, attempt=ctl.starts)
         return True
 
@@ -125,6 +126,6 @@ class TelemetryWatch:
 
 def _published_since(run: RunDir, since: float) -> bool:
     try:
-        return any(p.stat().st_mtime >= since for p in run.status_dir.glob("rank-*.json"))
+        return any(p.stat().st_mtime >= since for p in run.status_dir.glob(STATUS_FILE_GLOB))
     except OSError:
         return False

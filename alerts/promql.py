@@ -129,7 +129,7 @@ def _lex(text: str) -> list[_Tok]:
         if not m:
             raise PromQLError(f"unexpected character {text[pos]!r}", pos)
         if m.lastgroup != "ws":
-            tokens.append(_Tok(m.lastgroup, m.group(), pos))
+            tokens.append(_Tok(m.lastgroup or "", m.group(), pos))
         pos = m.end()
     tokens.append(_Tok("eof", "", len(text)))
     return tokens

@@ -124,8 +124,18 @@ def measure(proc: psutil.Process, url: str, seconds: float, rate: float) -> dict
             "series": series}
 
 
-def footprint(ranks: int, duration: float, rate: float) -> dict:
-    """One agent watching ``ranks`` simulated local ranks: steady state, then under load."""
+SCRAPE_INTERVAL = 15.0  # seconds between scrapes in the steady window (Prometheus' default)
+
+
+def node_exporter_usage(proc: psutil.Process, url: str, seconds: float) -> dict:
+    """node_exporter's CPU and RSS over the same window as the agent's, scraped as often."""
+    return measure(proc, url, seconds, 1 / SCRAPE_INTERVAL)
+
+
+def footprint(ranks: int, duration: float, rate: float, compare: str | None = None) -> dict:
+    """One agent watching ``ranks`` simulated local ranks: steady state, then under load.
+    With ``compare`` (node_exporter's path) it runs alongside, measured over the same
+    steady-state window in a second thread."""
     tmp = Path(tempfile.mkdtemp(prefix="tw-footprint-"))
     run = RunDir(tmp / "run").create()
     sleepers = [subprocess.Popen(["sleep", str(duration * 2 + 120)]) for _ in range(ranks)]
@@ -138,6 +148,12 @@ def footprint(ranks: int, duration: float, rate: float) -> dict:
                               str(run.root), "--listen", f"127.0.0.1:{port}"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/metrics"
+    exporter = exporter_url = None
+    if compare:
+        exporter_port = free_port()
+        exporter = subprocess.Popen([compare, f"--web.listen-address=127.0.0.1:{exporter_port}"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        exporter_url = f"http://127.0.0.1:{exporter_port}/metrics"
     try:
         for _ in range(100):
             try:
@@ -147,8 +163,16 @@ def footprint(ranks: int, duration: float, rate: float) -> dict:
                 time.sleep(0.2)
         time.sleep(3)  # let every collector run once (startup is not steady state)
         proc = psutil.Process(agent.pid)
+        other: dict = {}
+        side = None
+        if exporter is not None:
+            side = threading.Thread(target=lambda: other.update(node_exporter_usage(
+                psutil.Process(exporter.pid), exporter_url, duration)), daemon=True)
+            side.start()
         # 1. steady state: collectors at their default intervals, scraped every 15 s
-        steady = measure(proc, url, duration, 1 / 15)
+        steady = measure(proc, url, duration, 1 / SCRAPE_INTERVAL)
+        if side is not None:
+            side.join(duration + 30)
         # 2. /metrics latency under a steady request load
         loaded = measure(proc, url, max(20.0, duration / 3), rate)
         hwm = next((int(line.split()[1]) * 1024 for line in
@@ -158,6 +182,9 @@ def footprint(ranks: int, duration: float, rate: float) -> dict:
         stop.set()
         agent.terminate()
         agent.wait(15)
+        if exporter is not None:
+            exporter.terminate()
+            exporter.wait(15)
         for p in sleepers:
             p.kill()
             p.wait()
@@ -175,20 +202,33 @@ def footprint(ranks: int, duration: float, rate: float) -> dict:
         "metrics_p50_ms": q(0.50), "metrics_p99_ms": q(0.99),
         "healthz_p50_ms": q(0.50, baseline), "healthz_p99_ms": q(0.99, baseline),
         "load_average_1m": os.getloadavg()[0],
+        **({"node_exporter_cpu_fraction_of_one_core": other["cpu"] / other["elapsed"],
+            "node_exporter_peak_rss_mib": other["peak_rss"] / 2**20,
+            "agent_over_node_exporter_cpu": (steady["cpu"] / steady["elapsed"])
+            / max(other["cpu"] / other["elapsed"], 1e-9),
+            "agent_over_node_exporter_rss": steady["peak_rss"] / max(other["peak_rss"], 1)}
+           if other else {}),
     }
 
 
 def main() -> int:
+    global SCRAPE_INTERVAL
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=30.0,
                         help="seconds of steady state to measure (use 300 for a real figure)")
     parser.add_argument("--ranks", default="8",
                         help="simulated local ranks; a comma list runs one agent per count")
     parser.add_argument("--rate", type=float, default=5.0, help="/metrics requests per second")
+    parser.add_argument("--node-exporter", nargs="?", const="/usr/bin/prometheus-node-exporter",
+                        help="also run node_exporter (Debian's path by default) alongside and "
+                             "compare CPU and memory")
+    parser.add_argument("--scrape-interval", type=float, default=SCRAPE_INTERVAL,
+                        help="seconds between scrapes in the steady-state window")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    SCRAPE_INTERVAL = args.scrape_interval
     counts = [int(c) for c in str(args.ranks).split(",") if c.strip()]
-    runs = [footprint(n, args.duration, args.rate) for n in counts]
+    runs = [footprint(n, args.duration, args.rate, args.node_exporter) for n in counts]
     extra = {
         "straggler_scoring_4096_ms": scoring_ms(4096),
         "straggler_scoring_64_ms": scoring_ms(64),
@@ -203,16 +243,18 @@ def main() -> int:
         return 0
     for results in runs:
         print(f"agent footprint: {results['ranks']} simulated ranks; steady state "
-              f"{results['duration_s']} s scraped every 15 s; then {results['scrapes']} scrapes "
+              f"{results['duration_s']} s scraped every {SCRAPE_INTERVAL:g} s; then {results['scrapes']} scrapes "
               f"of {results['series']} series at {args.rate}/s (load average "
               f"{results['load_average_1m']:.1f})")
         print(f"{'measure':32} {'measured':>12} {'goal':>8}  ok")
         for key, value in results.items():
             if isinstance(value, float) and key != "load_average_1m":
                 goal = goals.get(key)
-                shown = f"{value * 100:.2f} %" if key.startswith("cpu") else f"{value:.2f}"
-                goal_s = "" if goal is None else (f"{goal * 100:g} %" if key.startswith("cpu")
-                                                  else f"{goal:g}")
+                pct = "cpu_fraction" in key
+                shown = f"{value * 100:.2f} %" if pct else f"{value:.2f}"
+                goal_s = "" if goal is None else (f"{goal * 100:g} %" if pct else f"{goal:g}")
+                if key.startswith("agent_over_node_exporter"):
+                    goal, shown, goal_s = 1.0, f"{value:.2f}", "1"
                 ok = "" if goal is None else ("yes" if value <= goal else "NO")
                 print(f"{key:32} {shown:>12} {goal_s:>8}  {ok}")
     for key, value in extra.items():

@@ -98,7 +98,7 @@ class StepRange(Sequence):
     def __len__(self) -> int:
         return self.hi - self.lo
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         n = self.hi - self.lo
@@ -205,7 +205,8 @@ def _events(result: ReadResult, path: Path) -> tuple[list[dict[str, Any]], list[
 
 def _rank0_metrics(run: RunDir) -> tuple[StepLog, list[tuple[int, float]], list[Skipped]]:
     """Stream rank 0's metrics log into a StepLog; evaluations as (step, time)."""
-    log, evals, skipped = StepLog(), [], []
+    log, evals = StepLog(), []
+    skipped: list[Skipped] = []
     where = str(run.metrics_file(0))
     for lineno, record in iter_jsonl(run.metrics_file(0), skipped, run.root):
         kind, step, when = record.get("kind"), record.get("step"), number(record.get("time"))

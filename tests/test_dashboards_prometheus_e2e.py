@@ -5,11 +5,14 @@ Debian's Prometheus scraping the agent with the shipped scrape config (no honor_
 trainwatch's exported alert rules loaded.
 Each panel, variable and annotation query runs through /api/v1/query with the template
 variables set as Grafana would (run = the run, node and rank = All, $__rate_interval =
-15s): every one must succeed, and the panels a CPU training run feeds must show data.
+15s): every one must succeed, and the panels a CPU training run feeds must show data;
+every series an alert rule reads arrives (bar those a CPU run lacks), labelled as the
+rules expect.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import subprocess
@@ -19,6 +22,8 @@ import pytest
 
 from agent_helpers import free_port, http_get, start_agent, stop_process, wait_for
 from deploy_configs import prometheus_config
+from trainwatch.alerts.rules import load_rules
+from trainwatch.contract.metrics import METRICS, MetricSpec
 from trainwatch.dashboards.check import check_with_prometheus, prometheus_query
 from trainwatch.dashboards.generate import build_all
 
@@ -50,6 +55,13 @@ MUST_SHOW_DATA = {
                         "Skipped journal lines",
                         "Rank telemetry errors"},
 }
+
+
+# Absent on a healthy one-node CPU run: no GPU, InfiniBand or NCCL, no stall, no controller,
+# no NaN, and no other node to compare this node's ranks with.
+CPU_ABSENT = re.compile(r"trainwatch_(gpu_|nccl_ras_|nccl_log_|network_ib_|stall_incident_"
+                        r"|action_restart_guard|train_last_nonfinite|straggler_node_)")
+NO_RUN = MetricSpec("", "", "", ())
 
 
 def _series(prom: str, expr: str) -> list:
@@ -108,6 +120,21 @@ def test_every_dashboard_query_runs_against_a_real_prometheus(tmp_path, launch_t
                                or q.panel.startswith("variable")):
                     empty.append(f"{q.dashboard}: {q.panel} {q.ref} {q.expr}")
         assert not empty, "no data:\n" + "\n".join(empty)
+
+        # Every alert expression reads series this scrape config delivers, with `run` where
+        # the contract says so (none arrive as exported_job), bar CPU_ABSENT.
+        missing = []
+        for rule in load_rules().rules:
+            for name in sorted(set(re.findall(r"\b(trainwatch_[a-z0-9_]+|up)\b", rule.expr))):
+                if CPU_ABSENT.match(name):
+                    continue
+                series = _series(prom, name)
+                wrong = [s["metric"] for s in series if s["metric"].get("job") !=
+                         "trainwatch-agent" or ("run" in METRICS.get(name, NO_RUN).labels
+                                                and "run" not in s["metric"])]
+                if not series or wrong:
+                    missing.append(f"{rule.name}: {name} {'no series' if not series else wrong}")
+        assert not missing, "\n".join(missing)
 
         # A query Prometheus refuses is reported with dashboard, panel and reason.
         problems, _ = check_with_prometheus(build_all()[0], prom, {"run": "("})

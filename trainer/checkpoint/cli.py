@@ -134,15 +134,15 @@ def digest_cmd(directory: str | None, run_dir_opt: str | None, as_json: bool) ->
     """Print one sha256 of the model weights (canonical order); a folder means its newest
     checkpoint that verifies."""
     folder, single = _target(directory, run_dir_opt)
-    if single:
-        chosen = folder
-    else:
+    chosen = folder
+    if not single:
         candidates = catalog.complete(folder)
-        chosen = next((e.path for e in candidates if verify(e.path).ok), None)
-        if chosen is None:
+        verified = next((e.path for e in candidates if verify(e.path).ok), None)
+        if verified is None:
             raise ConfigError(f"no checkpoint here verifies ({len(candidates)} complete; "
                               f"`trainwatch checkpoint verify {folder}` says why)"
                               if candidates else "no complete checkpoints here", file=str(folder))
+        chosen = verified
     from trainwatch.trainer.checkpoint.digest import checkpoint_digest  # imports torch
 
     try:

@@ -16,11 +16,11 @@ def to_prune(entries: list[Entry], *, keep_last: int, keep_best: int,
              newest_verified: Path | None) -> list[tuple[Entry, str]]:
     """Complete checkpoints the policy lets go, each with the reason it is not kept."""
     complete = sorted((e for e in entries if e.state == "complete"),
-                      key=lambda e: e.step, reverse=True)
+                      key=lambda e: e.step or 0, reverse=True)
     keep = {e.path for e in complete[:max(1, keep_last)]}
     if keep_best:
         scored = sorted((e for e in complete if e.val_loss is not None),
-                        key=lambda e: (e.val_loss, -e.step))
+                        key=lambda e: (e.val_loss, -(e.step or 0)))
         keep |= {e.path for e in scored[:keep_best]}
     if newest_verified is None:
         return []  # nothing verified: delete nothing, an unverified copy may be all there is

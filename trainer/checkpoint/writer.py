@@ -105,15 +105,13 @@ def _data_position(ranks: list[dict[str, Any]]) -> list[Any]:
     return positions
 
 
-_WRITE_BUFFER = 8 << 20  # tensors arrive as large views and go straight through
-
-
 def _save_file(path: Path, obj: Any, do_fsync: bool, helpers: ThreadPoolExecutor
                ) -> tuple[int, Future, Future | None]:
     """Serialize ``obj`` into ``path``; returns its size and the pending hash and fsync."""
     out = None
     try:
-        with open(path, "xb", buffering=_WRITE_BUFFER) as fh:
+        # Unbuffered: tensors arrive as large views and go to the kernel without a copy.
+        with open(path, "xb", buffering=0) as fh:
             out = _CountingFile(fh)
             torch.save(obj, out)
     except (OSError, RuntimeError) as exc:

@@ -500,7 +500,7 @@ def main_thread_wait(pid: Any, proc_root: str = "/proc") -> dict[str, Any] | Non
         return None
     main = next((t for t in thread_waits(pid, proc_root) if t["tid"] == pid), None)
     wait = (main or {}).get("wait") or {}
-    if wait.get("kind") not in TELLING_WAITS:
+    if main is None or wait.get("kind") not in TELLING_WAITS:
         return None
     return {**wait, "thread": {"tid": main["tid"], "wchan": main["wchan"],
                                "syscall": main["syscall"]}}
