@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trainwatch.agent.config import build_config
+
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
 REPO = Path(__file__).resolve().parent.parent
@@ -85,3 +87,18 @@ def test_monitors_use_default_label_handling_and_the_agent_runs_unprivileged(ren
     assert agent["allowPrivilegeEscalation"] is False and agent["readOnlyRootFilesystem"]
     runs = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "runs")
     assert runs["readOnly"] is True
+
+
+def test_base_resources_fit_together(rendered):
+    docs = {d["kind"]: d for d in rendered["base"] if d["kind"] != "PodMonitor"}
+    ds, svc, sm = docs["DaemonSet"], docs["Service"], docs["ServiceMonitor"]
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["endpoints"][0]["port"] in {p["name"] for p in svc["spec"]["ports"]}
+    container = ds["spec"]["template"]["spec"]["containers"][0]
+    cfg = build_config(yaml.safe_load(docs["ConfigMap"]["data"]["agent.yaml"]), file="cm")
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert cfg.sys_root in mounts and cfg.proc_root in mounts
+    assert cfg.discover[0] in mounts
