@@ -11,12 +11,12 @@ itself as soon as the rank progresses again.
 from __future__ import annotations
 
 import statistics
+import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from trainwatch.contract.stall import heartbeat_stale, stall_budget
-
 
 
 @dataclass
@@ -56,25 +56,48 @@ class StallDetector:
                 self._history.pop(key, None)
                 self._last_step.pop(key, None)
 
-    def budget(self, key: tuple, phase: str | None, *, use_phase: bool = True) -> float:
+    def budget(self, key: tuple, phase: str | None, *, use_phase: bool = True,
+               declared: dict[str, float] | None = None) -> float:
+        """The rank's own budget: its phase's (declared by the job, else configured), else
+        ``max(floor, k x typical step)``, else ``first_step_seconds``."""
+        if use_phase and phase is not None:
+            budget = self.phase_budget(phase, declared)
+            if budget is not None:
+                return budget
         return stall_budget(self.opt, self.typical_step(key), phase, use_phase=use_phase)
 
-    def check(self, key: tuple, rank: dict[str, Any], now: float) -> StallVerdict:
-        """Is this rank stalled now, and what kind of stall is it?"""
+    def phase_budget(self, phase: str, declared: dict[str, float] | None = None) -> float | None:
+        """A phase's own budget: what the job declared for it wins over the agent config."""
+        if declared and phase in declared:
+            return float(declared[phase])
+        configured = self.opt["phase_budgets"].get(phase)
+        return float(configured) if configured is not None else None
+
+    def check(self, key: tuple, rank: dict[str, Any], elapsed: float = 0.0,
+              holders: Sequence[PhaseHold] = ()) -> StallVerdict:
+        """Is this rank stalled now, and what kind of stall is it?
+
+        Ages are the agent's observations (``heartbeat_age``, ``progress_age``) plus
+        ``elapsed``, the time since they were observed. ``holders``: ranks of the job in a
+        phase with a budget (evaluation, checkpoint, declared): a rank that is alive but
+        waiting inherits the budget of the phase the slowest of them is in.
+        """
         self.observe(key, rank)
         phase = rank.get("phase")
-        progress_at = rank.get("last_progress_at") or rank.get("started_at")
-        heartbeat_at = rank.get("heartbeat_at")
+        declared = rank.get("phase_budgets") or {}
         process = (rank.get("process") or {}).get("status", "unknown")
-        if rank.get("state") != "running" or progress_at is None:
-            return StallVerdict(False, None, self.budget(key, phase), None, 0.0,
-                                f"rank is {rank.get('state')}")
-        stalled_for = max(0.0, now - progress_at)
-        hb_age = now - heartbeat_at if heartbeat_at is not None else None
+        progress_age = rank.get("progress_age")
+        if rank.get("state") != "running" or progress_age is None:
+            return StallVerdict(False, None, self.budget(key, phase, declared=declared), None,
+                                0.0, f"rank is {rank.get('state')}")
+        stalled_for = max(0.0, progress_age + elapsed)
+        hb_age = rank.get("heartbeat_age")
+        hb_age = hb_age + elapsed if hb_age is not None else None
         hb_stale = heartbeat_stale(self.opt, hb_age)
         if process in ("gone", "zombie") and (hb_stale or process == "zombie"):
-            return StallVerdict(True, "dead", 0.0, progress_at, stalled_for,
+            return StallVerdict(True, "dead", 0.0, time.time() - stalled_for, stalled_for,
                                 f"process {rank.get('pid')} is {process}")
+        waiting_for = None
         if process == "stopped" or (process == "disk_sleep" and hb_stale):
             # Nothing in the process runs (SIGSTOP, or stuck in D state with a silent
             # heartbeat): a phase budget would only delay the news.
@@ -82,11 +105,52 @@ class StallDetector:
             age = f"{hb_age:.1f} s" if hb_age is not None else "unknown"
             kind, why = "frozen", f"process is {process}, heartbeat {age} old"
         elif hb_stale:
-            budget = self.budget(key, phase)
+            budget = self.budget(key, phase, declared=declared)
             kind, why = "frozen", f"heartbeat {hb_age:.1f} s old"
         else:
-            budget = self.budget(key, phase)
+            budget = self.budget(key, phase, declared=declared)
             kind, why = "stuck", "heartbeat fresh, step not advancing"
+            for hold in holders:
+                if hold.rank == rank.get("rank"):
+                    continue
+                # The holder's phase began phase_age ago; this rank's clock started
+                # (progress_age - phase_age) before that.
+                inherited = hold.budget + max(0.0, stalled_for - hold.phase_age)
+                if inherited > budget:
+                    budget, waiting_for = inherited, hold
         if stalled_for <= budget:
-            return StallVerdict(False, None, budget, None, stalled_for, "progressing")
-        return StallVerdict(True, kind, budget, progress_at, stalled_for, why)
+            reason = "progressing" if waiting_for is None else (
+                f"waiting for rank {waiting_for.rank} in {waiting_for.phase}")
+            return StallVerdict(False, None, budget, None, stalled_for, reason)
+        if waiting_for is not None:
+            why += (f", waiting for rank {waiting_for.rank} in {waiting_for.phase} "
+                    f"(budget {waiting_for.budget:.0f} s)")
+        return StallVerdict(True, kind, budget, time.time() - stalled_for, stalled_for, why)
+
+
+@dataclass(frozen=True)
+class PhaseHold:
+    """A rank in a phase with its own budget, and how long it has been in it."""
+
+    rank: int
+    phase: str
+    budget: float
+    phase_age: float
+
+
+def phase_holds(detector: StallDetector, ranks: list[dict[str, Any]],
+                elapsed: float = 0.0) -> list[PhaseHold]:
+    """The job's running ranks that are in a budgeted phase (the others may wait on them).
+
+    Only ranks this agent sees count: the local ones, or every rank when the run directory
+    is shared by the job's nodes.
+    """
+    holds = []
+    for r in ranks:
+        phase, age = r.get("phase"), r.get("phase_age")
+        if r.get("state") != "running" or not isinstance(phase, str) or age is None:
+            continue
+        budget = detector.phase_budget(phase, r.get("phase_budgets"))
+        if budget is not None:
+            holds.append(PhaseHold(r["rank"], phase, budget, age + elapsed))
+    return holds

@@ -19,8 +19,9 @@ _RANK_FIELDS = ("rank", "local_rank", "pid", "node", "state", "step", "phase", "
                 "backend", "device")
 
 
-def _age(now: float, at: Any) -> float | None:
-    return round(max(0.0, now - at), 3) if isinstance(at, (int, float)) else None
+def _age(observed: Any, elapsed: float) -> float | None:
+    """An age the ranks collector observed, carried forward to now."""
+    return round(observed + elapsed, 3) if isinstance(observed, (int, float)) else None
 
 
 def build_status(ctx: AgentContext, *, listen: str, config_loaded_at: float) -> dict[str, Any]:
@@ -38,6 +39,8 @@ def build_status(ctx: AgentContext, *, listen: str, config_loaded_at: float) -> 
             gpus_by_pid.setdefault(proc["pid"], []).append(
                 {"gpu": g["index"], "uuid": g["uuid"], "memory_bytes": proc.get("memory_bytes")})
 
+    observed = ranks_data.get("observed_mono")
+    elapsed = max(0.0, time.monotonic() - observed) if isinstance(observed, float) else 0.0
     jobs = []
     for job in ranks_data["jobs"]:
         ranks = []
@@ -48,9 +51,10 @@ def build_status(ctx: AgentContext, *, listen: str, config_loaded_at: float) -> 
             entry.update({
                 "health": _rank_health(r, verdict),
                 "process": {k: v for k, v in (r.get("process") or {}).items()},
-                "phase_age_seconds": _age(now, r.get("phase_since")),
-                "heartbeat_age_seconds": _age(now, r.get("heartbeat_at")),
-                "progress_age_seconds": _age(now, r.get("last_progress_at")),
+                "phase_age_seconds": _age(r.get("phase_age"), elapsed),
+                "heartbeat_age_seconds": _age(r.get("heartbeat_age"), elapsed),
+                "progress_age_seconds": _age(r.get("progress_age"), elapsed),
+                "publish": r.get("publish"),
                 "loss": metrics.get("loss"), "step_time_seconds": metrics.get("step_time_seconds"),
                 "typical_step_seconds": verdict.get("typical_step_seconds"),
                 "tokens_per_second": metrics.get("tokens_per_second"),

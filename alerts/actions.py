@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from trainwatch.alerts.confirm import Confirmation, confirm_stall
 from trainwatch.alerts.controller import JobController
 from trainwatch.contract.layout import CONTROL_CHECKPOINT, CONTROL_DIR, CONTROL_HOLD_ACTIONS
 from trainwatch.contract.metrics import RUN_LABEL
@@ -62,6 +63,9 @@ class Outcome:
     taken: bool
     reason: str
     details: dict[str, Any] = field(default_factory=dict)
+    # False: the delivery may be asked again (a stall the evidence did not confirm), so
+    # it is not kept in the ledger as handled.
+    final: bool = True
 
 
 @dataclass
@@ -70,6 +74,10 @@ class Policy:
     guard_max_restarts: int = 3
     skip_window_steps: int = 0
     dry_run: bool = False
+    # Before a stall action kills anything, look at the ranks ourselves (alerts/confirm.py)
+    # for at least / at most this long.
+    confirm_min_seconds: float = 2.0
+    confirm_max_seconds: float = 30.0
     # Optional scheduler adapter for stragglers: a command template run after the
     # checkpoint, e.g. "scontrol requeue {slurm_job_id}" or "kubectl cordon {node}".
     straggler_command: str | None = None
@@ -78,7 +86,10 @@ class Policy:
     def from_thresholds(cls, thresholds: dict[str, Any], **kw: Any) -> "Policy":
         return cls(min_interval_seconds=float(thresholds["action_min_interval_seconds"]),
                    guard_max_restarts=int(thresholds["restart_guard_max_restarts"]),
-                   skip_window_steps=int(thresholds["skip_window_steps"]), **kw)
+                   skip_window_steps=int(thresholds["skip_window_steps"]),
+                   confirm_min_seconds=float(thresholds.get("stall_confirm_min_seconds", 2)),
+                   confirm_max_seconds=float(thresholds.get("stall_confirm_max_seconds", 30)),
+                   **kw)
 
 
 class ActionRunner:
@@ -132,8 +143,11 @@ class ActionRunner:
                                              "outcome": "in progress"}
             self._save(ledger)
             outcome = self._decide_and_act(req, ledger)
-            ledger["deliveries"][req.key]["outcome"] = (
-                "taken" if outcome.taken else f"skipped: {outcome.reason}")
+            if outcome.final:
+                ledger["deliveries"][req.key]["outcome"] = (
+                    "taken" if outcome.taken else f"skipped: {outcome.reason}")
+            else:
+                del ledger["deliveries"][req.key]
             self._save(ledger)
             return outcome
 
@@ -163,7 +177,18 @@ class ActionRunner:
         if last is not None and now - last < self.policy.min_interval_seconds:
             return self._skip(req, f"rate limited: the job was restarted {now - last:.0f}s ago "
                               f"(minimum {self.policy.min_interval_seconds:.0f}s)")
-        return self._restart(req.action, req, ledger)
+        confirmation = None
+        if req.action == "stall_restart":
+            # One signal (the agent's reading of the status files) never kills a job.
+            confirmation = confirm_stall(self.run, self.controller.rank_processes(),
+                                         min_seconds=self.policy.confirm_min_seconds,
+                                         max_seconds=self.policy.confirm_max_seconds)
+            if not confirmation.confirmed:
+                outcome = self._skip(req, f"stall not confirmed: {confirmation.reason}",
+                                     extra={"confirmation": confirmation.journal()})
+                outcome.final = False
+                return outcome
+        return self._restart(req.action, req, ledger, confirmation)
 
     # ------------------------------------------------------------------ restarts
     def restart_job(self, action: str, req: ActionRequest | None = None, *,
@@ -181,8 +206,8 @@ class ActionRunner:
             self._save(ledger)
             return outcome
 
-    def _restart(self, action: str, req: ActionRequest | None,
-                 ledger: dict[str, Any]) -> Outcome:
+    def _restart(self, action: str, req: ActionRequest | None, ledger: dict[str, Any],
+                 confirmation: Confirmation | None = None) -> Outcome:
         step = self.controller.progress_step()
         previous = ledger.get("step_at_last_restart")
         first_restart = ledger.get("last_restart_at") is None
@@ -207,6 +232,8 @@ class ActionRunner:
                 self.on_guard(self.job, True)
             return outcome
         details: dict[str, Any] = {"step_before": step, "restarts_without_progress": count}
+        if confirmation is not None:
+            details["confirmation"] = confirmation.journal()
         if self.policy.dry_run:
             return self._skip(req, f"dry run: would {action} the job", action=action,
                               extra=details)

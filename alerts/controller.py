@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +25,7 @@ import psutil
 from trainwatch.alerts.jobenv import job_environment
 from trainwatch.contract.env import LAUNCH_ENV
 from trainwatch.contract.layout import CONTROL_DUMP, DUMP_FILE_GLOB, JOB_LOG, STATUS_FILE_GLOB
+from trainwatch.node import node_name
 from trainwatch.proctree import wait_gone
 from trainwatch.errors import FormatError
 from trainwatch.rundir import RunDir, read_run_file
@@ -187,6 +189,17 @@ class JobController:
             if isinstance(event.get("step"), int) and path.is_dir() and path.parent in folders:
                 found.setdefault(path, event["step"])
         return sorted((step, path) for path, step in found.items())
+
+    def rank_processes(self) -> dict[int, tuple[int, int]]:
+        """{rank: (pid, local rank)} of this node's ranks that are in the job's process tree
+        (a status file of an earlier start names a pid that is no longer ours)."""
+        with self.lock:
+            tree = {p.pid for p in self._tree()} if self.proc is not None else set()
+        records = self.run.statuses().records
+        names = {node_name(), socket.gethostname()}
+        mine = [s for s in records if s.get("node") in names] or records
+        return {s["rank"]: (s["pid"], s.get("local_rank") or 0) for s in mine
+                if s.get("pid") in tree}
 
     def declared_checkpoints(self) -> list[tuple[int, Path]]:
         """(step, path) of saves the job declared itself that still exist, oldest first; a

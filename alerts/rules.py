@@ -20,7 +20,7 @@ import yaml
 from pydantic import AfterValidator, create_model
 
 from trainwatch.alerts import promql
-from trainwatch.configfile import read_config_text, yaml_error
+from trainwatch.configfile import YAML_LOADER, read_config_text, yaml_error
 from trainwatch.configmodel import AnyNumber, ConfigModel, Lines, validate
 from trainwatch.errors import ConfigError
 from trainwatch.contract.alerts import ACTIONS, RULES_RESOURCE, SEVERITIES, THRESHOLDS_RESOURCE
@@ -86,19 +86,30 @@ class RuleSet:
 def _compose(path: Path) -> yaml.Node | None:
     text = read_config_text(path)
     try:
-        return yaml.compose(text, Loader=yaml.SafeLoader)
+        return yaml.compose(text, Loader=YAML_LOADER)
     except yaml.YAMLError as exc:
         raise yaml_error(exc, path) from None
+    except RecursionError:
+        raise ConfigError("invalid YAML: nested too deeply", file=str(path)) from None
 
 
-def _value(node: yaml.Node) -> Any:
-    return yaml.SafeLoader("").construct_object(node, deep=True)
+def _value(node: yaml.Node, path: Path) -> Any:
+    """The Python value of a node; one PyYAML cannot build is a ConfigError at its line."""
+    try:
+        return yaml.SafeLoader("").construct_object(node, deep=True)
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError) as exc:
+        raise ConfigError(f"invalid YAML value: {exc}", file=str(path),
+                          line=node.start_mark.line + 1) from None
 
 
 def _mapping(node: yaml.Node, path: Path, what: str) -> list[tuple[str, yaml.Node, int]]:
     if not isinstance(node, yaml.MappingNode):
         raise ConfigError(f"{what} must be a mapping", file=str(path),
                           line=node.start_mark.line + 1)
+    for k, _ in node.value:
+        if not isinstance(k, yaml.ScalarNode):
+            raise ConfigError(f"{what}: keys must be plain names", file=str(path),
+                              line=k.start_mark.line + 1)
     return [(k.value, v, k.start_mark.line + 1) for k, v in node.value]
 
 
@@ -124,7 +135,7 @@ def _default_thresholds() -> tuple[dict[str, Any], Lines]:
     lines: Lines = {}
     root = _compose(THRESHOLDS_FILE)
     for key, node, line in _mapping(root, THRESHOLDS_FILE, "the thresholds file"):
-        values[key] = _value(node)
+        values[key] = _value(node, THRESHOLDS_FILE)
         lines[(key,)] = line
     return values, lines
 
@@ -149,7 +160,7 @@ def load_thresholds(override: str | Path | None = None) -> dict[str, Any]:
         if root is not None:
             file, lines = str(path), {}
             for key, node, line in _mapping(root, path, "the thresholds file"):
-                values[key] = _value(node)
+                values[key] = _value(node, path)
                 lines[(key,)] = line
     return validate(thresholds_model(), values, file=file, lines=lines).model_dump()
 
@@ -176,7 +187,7 @@ def load_rules(rules_file: str | Path | None = None,
     seen: dict[str, int] = {}
     for group_node in groups_node.value:
         group = dict((k, (v, line)) for k, v, line in _mapping(group_node, path, "a group"))
-        gname = _value(group["name"][0]) if "name" in group else None
+        gname = _value(group["name"][0], path) if "name" in group else None
         gline = group_node.start_mark.line + 1
         if not gname or "rules" not in group:
             raise ConfigError("a group needs 'name' and 'rules'", file=str(path), line=gline)
@@ -216,7 +227,7 @@ def _load_rule(node: yaml.Node, group: str, path: Path, thresholds: dict[str, An
         if key not in RULE_KEYS:
             raise ConfigError(f"unknown key (allowed: {', '.join(sorted(RULE_KEYS))})",
                               file=str(path), key=key, line=key_line)
-        value = _value(value_node)
+        value = _value(value_node, path)
         if not isinstance(value, (str, int, float)):
             raise ConfigError("must be a string", file=str(path), key=key, line=key_line)
         raw[key] = _substitute(str(value), thresholds, path, key_line, key)

@@ -11,13 +11,17 @@ optimizer (``tel.watch``), and the loss and gradient norm the Trainer already lo
 ``RUN_DIR/control/checkpoint`` (CheckpointTooOld's action) makes the Trainer save at the
 next step (``control.should_save``; the ranks agree with one small all-reduce per step);
 every ``checkpoint-N`` folder it saves is sealed with a trainwatch manifest once all
-ranks wrote their files, and ``resume_path`` is the newest that verifies. Needs
+ranks wrote their files, and ``resume_path`` is the newest that verifies. On SIGTERM the
+ranks agree to save at the step's end and stop; the process then exits 75 (stopped after a
+checkpoint). Needs
 ``transformers`` (and ``accelerate``) installed.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -29,6 +33,7 @@ from transformers import TrainerCallback
 from trainwatch.contract.env import run_dir_from_env
 from trainwatch.integrations.sealed import newest_verified, seal
 from trainwatch.rundir import RunDir
+from trainwatch.trainer.checkpoint.checkpointer import EXIT_STOPPED
 from trainwatch.trainer.telemetry import Telemetry
 
 CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
@@ -42,6 +47,9 @@ class TrainwatchCallback(TrainerCallback):
         self.telemetry_options = telemetry
         self.tel: Telemetry | None = None
         self._requested = threading.Event()
+        self._term = threading.Event()
+        self._stopping = False
+        self._previous_term: Any = None
         self._resumed_from: Path | None = None
 
     def resume_path(self, output_dir: str | Path) -> str | None:
@@ -68,6 +76,8 @@ class TrainwatchCallback(TrainerCallback):
                    **self.telemetry_options}
         self.tel = Telemetry.from_env(self.run.root, **options).start()
         self.tel.on_control("checkpoint", lambda path: self._requested.set())
+        if threading.current_thread() is threading.main_thread():
+            self._previous_term = signal.signal(signal.SIGTERM, self._on_term)
         if model is not None and optimizer is not None:
             # The torch optimizer inside accelerate's wrapper runs the step hooks.
             self.tel.watch(model, getattr(optimizer, "optimizer", optimizer),
@@ -77,9 +87,23 @@ class TrainwatchCallback(TrainerCallback):
                            path=str(self._resumed_from), framework="transformers")
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._previous_term is not None:
+            signal.signal(signal.SIGTERM, self._previous_term)
+            self._previous_term = None
         if self.tel is not None:
-            self.tel.close("finished")
+            self.tel.close("stopped" if self._stopping else "finished")
             self.tel = None
+        if self._stopping:  # saved; "stopped, resume me", not "finished"
+            if dist.is_available() and dist.is_initialized():
+                dist.destroy_process_group()  # else exiting waits on the group's peers
+            raise SystemExit(EXIT_STOPPED)
+
+    def _on_term(self, signum: int, frame: Any) -> None:
+        if self._term.is_set():  # asked twice: not reaching a step boundary, die as asked
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        self._term.set()
 
     # ------------------------------------------------------------------ the step
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None,
@@ -94,14 +118,17 @@ class TrainwatchCallback(TrainerCallback):
         self.tel.record(**values)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        requested = self._requested.is_set()
+        requested, stopping = self._requested.is_set(), self._term.is_set()
         if args.world_size > 1 and dist.is_available() and dist.is_initialized():
-            flag = torch.tensor([float(requested)], device=args.device)
-            dist.all_reduce(flag)  # every rank must save at the same step
-            requested = bool(flag.item())
-        if requested:
+            flags = torch.tensor([float(requested), float(stopping)], device=args.device)
+            dist.all_reduce(flags)  # every rank must save (and stop) at the same step
+            requested, stopping = (value > 0 for value in flags.tolist())
+        if requested or stopping:
             self._requested.clear()
             control.should_save = True
+        if stopping:  # SIGTERM: save this step, then end training and exit 75
+            self._stopping = True
+            control.should_training_stop = True
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if args.world_size > 1 and dist.is_available() and dist.is_initialized():

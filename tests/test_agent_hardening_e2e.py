@@ -132,8 +132,58 @@ def test_hostile_status_files_cost_only_themselves(setup, tmp_path):
           f"hostile files; agent RSS max {max(rss) / 2 ** 20:.1f} MiB")
     assert ups and all(up == 1 for up in ups), ups
     assert max(rss) < 60 * 2 ** 20
-    # Paired and loose (the machine is shared); the 200 MB file once made it 80x slower.
-    assert with_files < max(2 * baseline, baseline + 0.05)
+    # Scrape latency is a speed goal (benchmarks/hostile_files.py measures it paired and
+    # repeated); here only what cannot be noise: no byte of the 200 MB file was read.
     skipped = {s["path"].rsplit("/", 1)[-1]: s["code"] for s in [
         j for j in get_json(url + "/status")["jobs"] if j["job"] == "healthy"][0]["skipped"]}
     assert {k: v for k, v in skipped.items() if k in expected} == expected
+
+
+def _stalls_total(url: str, job: str) -> float:
+    text = http_get(url + "/metrics").decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("trainwatch_rank_stalls_total{") and f'run="{job}"' in line)
+
+
+# 60 s is the figure operators reported; any pause longer than the heartbeat staleness
+# (5 s) and the stall floor (5 s) used to produce the false verdicts, so the default run
+# pauses 30 s (twice the 15 s case that was reported) to keep the suite short.
+PAUSE = float(os.environ.get("TRAINWATCH_PAUSE_SECONDS", "30"))
+
+
+def test_paused_agent_judges_nobody_on_old_observations(setup):
+    """SIGSTOP the agent beside a healthy job and a job whose rank 1 freezes during the
+    pause: after SIGCONT the healthy job has no stall and no stall counter moved; the
+    frozen rank is reported."""
+    url, agent = setup["url"], setup["agent"]
+    frozen_pids = _pids(setup["jobs"]["frozen"][1])
+    wait_for(lambda: all(r["health"] == "ok" for r in _ranks(url, "healthy").values()), 60,
+             what="healthy job ok before the pause")
+    before = _stalls_total(url, "healthy")
+    os.kill(agent.pid, signal.SIGSTOP)
+    try:
+        time.sleep(PAUSE / 2)
+        os.kill(frozen_pids[1], signal.SIGSTOP)  # a real freeze while nobody watches
+        time.sleep(PAUSE / 2)
+    finally:
+        os.kill(agent.pid, signal.SIGCONT)
+    seen = []
+
+    def frozen_reported():
+        status = get_json(url + "/status")
+        healthy = [j for j in status["jobs"] if j["job"] == "healthy"][0]
+        seen.append([(r["rank"], r["health"], r["stall"]) for r in healthy["ranks"]])
+        assert not [f for f in status["findings"] if f["job"] == "healthy"], status["findings"]
+        assert all(r["health"] in ("ok", "unknown") for r in healthy["ranks"]), healthy
+        return [f for f in status["findings"] if f["job"] == "frozen" and f.get("rank") == 1
+                and f.get("stall_kind") == "frozen"]
+
+    (finding,) = wait_for(frozen_reported, 60, interval=0.2,
+                          what="frozen rank 1 reported after the pause")
+    for _ in range(10):  # and the healthy job stays clean a while longer
+        frozen_reported()
+        time.sleep(0.5)
+    assert _stalls_total(url, "healthy") == before
+    assert finding["stalled_seconds"] >= PAUSE / 2 - 5
+    print(f"paused {PAUSE:.0f} s; {len(seen)} /status reads after SIGCONT, none with a "
+          "finding for the healthy job")

@@ -200,7 +200,12 @@ def test_dry_run_hold_silence_and_foreign_job_do_not_act(job, receiver_for):
     rec = receiver_for(c, dry_run=True)
     _wait_for(lambda: c.rank_pids())
     _, body = _post(rec.url, _payload(fingerprint="01"))
+    # the fake job is healthy: the controller's own look refutes the stall first
+    assert "stall not confirmed: rank 0 is progressing" in body["results"][0]["reason"]
+    os.kill(c.rank_pids()[0], signal.SIGSTOP)
+    _, body = _post(rec.url, _payload(fingerprint="01"))  # asked again: not kept as handled
     assert "dry run: would stall_restart" in body["results"][0]["reason"]
+    os.kill(c.rank_pids()[0], signal.SIGCONT)
     rec.runner.policy.dry_run = False
     _, body = _post(rec.url, _payload(fingerprint="02", job="other"))
     assert "this controller runs 'exp1'" in body["results"][0]["reason"]
@@ -212,7 +217,7 @@ def test_dry_run_hold_silence_and_foreign_job_do_not_act(job, receiver_for):
     _, body = _post(rec.url, _payload(fingerprint="04"))
     assert body["results"][0]["reason"] == "silenced"
     assert len(_starts(c.run)) == 1 and not c.run.events("action_taken")
-    assert len(c.run.events("action_skipped")) == 4
+    assert len(c.run.events("action_skipped")) == 5  # one not confirmed, then four
 
 
 def test_crash_loop_trips_the_guard_and_raises_training_restart_loop(job):
@@ -294,6 +299,8 @@ def test_receive_cli_supervises_a_job_and_acts_on_webhooks(tmp_path):
     try:
         _wait_for(lambda: len(_starts(run)) == 1)
         _wait_for(lambda: _healthy(f"http://127.0.0.1:{port}/healthz"))
+        _wait_for(lambda: run.statuses().records)
+        os.kill(run.statuses().records[0]["pid"], signal.SIGSTOP)  # really stalled
         code, body = _post(f"http://127.0.0.1:{port}", _payload())
         assert code == 200 and body["results"][0]["outcome"] == "taken", body
         _wait_for(lambda: len(_starts(run)) == 2)

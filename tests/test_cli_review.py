@@ -157,6 +157,24 @@ def test_checkpoint_takes_the_run_dir_as_argument_or_option(tmp_path, command):
     assert both.returncode == 2 and "two run directories given" in both.stderr
 
 
+def test_checkpoint_list_reads_manifests_only_and_prints_human_sizes(tmp_path):
+    """Listing is names and manifests: no torch import (it took seconds), sizes in KiB/MiB."""
+    import json
+    folder = tmp_path / "checkpoints" / "step-00000010"
+    folder.mkdir(parents=True)
+    (folder / "model.pt").write_bytes(b"x" * 3 * 1024 * 1024)
+    (folder / "manifest.json").write_text(json.dumps({
+        "format": "trainwatch.checkpoint", "version": 1, "step": 10, "world_size": 2,
+        "files": {"model.pt": {"bytes": 3 * 1024 * 1024, "sha256": "0" * 64}}}))
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "trainwatch", "checkpoint",
+                           "list", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    imported = {ln.rsplit("|", 1)[1].strip().split(".")[0] for ln in done.stderr.splitlines()
+                if ln.startswith("import time:") and "|" in ln}
+    assert "torch" not in imported
+    assert "step-00000010" in done.stdout and "3.0 MiB" in done.stdout
+
+
 @pytest.mark.parametrize("command", [["train"], ["agent", "--check-config"]])
 def test_writers_take_the_run_dir_as_argument_or_option(tmp_path, command):
     """train and agent took only --run-dir; RUN_DIR works too."""

@@ -37,12 +37,12 @@ SITUATION = {
                 "TrainingStragglerNode", "TrainwatchAgentDown", "TrainwatchCollectorFailing",
                 "TrainwatchVersionSkew", "GPUXidErrors", "GPUUncorrectableECC",
                 "GPUThermalThrottling", "GPUPowerThrottling", "NetworkInterfaceErrors",
-                "NetworkLinkFlapping"],
+                "NetworkLinkFlapping", "TrainwatchRunUnreadable"],
 }
 # Sections whose commands act on a job that is not running (they restart it).
 STOPPED_JOB_SECTIONS = ("Restart by hand",)
 ANSWERS_1 = ("trainwatch diagnose", "trainwatch checkpoint verify")
-SILENT = ("touch ",)  # acts, prints nothing by design
+SILENT = ("touch ", "chgrp ", "find ")  # act, print nothing by design
 
 
 def _systemd_unit() -> bool:
@@ -57,9 +57,12 @@ NEEDS = [
      "an InfiniBand HCA"),
     (r"-u trainwatch-agent|status trainwatch-agent", _systemd_unit,
      "the agent's systemd unit (deploy/systemd)"),
+    (r"\b(id|chgrp -R) trainwatch\b", lambda: subprocess.run(
+        ["getent", "group", "trainwatch"], capture_output=True).returncode == 0,
+     "the trainwatch user and group (docs/run-directory.md, Permissions)"),
 ]
 # Tools CI installs (.ci/run): missing there is a failure, not a skip.
-CI_TOOLS = ("ethtool", "curl", "dmesg", "top", "ip", "py-spy")
+CI_TOOLS = ("ethtool", "curl", "dmesg", "top", "ip", "py-spy", "getfacl")
 
 
 def commands(name: str) -> list[tuple[str, str]]:

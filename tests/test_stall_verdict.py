@@ -61,8 +61,11 @@ def agent_verdict(options: dict) -> tuple[float, bool]:
     now = time.time()
     for step in range(20):  # the agent saw 20 steps of 0.2 s
         det.observe(("stall", 0), live_status(now, step))
-    verdict = det.check(("stall", 0), {**live_status(now, 19), "process": {"status": "sleeping"}},
-                        now)
+    status = live_status(now, 19)  # as the ranks collector observes it: with ages
+    view = {**status, "process": {"status": "sleeping"},
+            "heartbeat_age": now - status["heartbeat_at"],
+            "progress_age": now - status["last_progress_at"]}
+    verdict = det.check(("stall", 0), view)
     return verdict.budget, verdict.stalled
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -170,15 +171,23 @@ def _coerce(value: Any, hint: Any, *, source: str, key: str) -> Any:
         if kind is bool and isinstance(value, bool):
             return value
         if kind is int and isinstance(value, int) and not isinstance(value, bool):
+            if abs(value) >= 1 << 62:  # torch, numpy and the file formats stop at 64 bits
+                raise ConfigError(f"{value} is out of range", file=source, key=key)
             return value
         if kind is float and not isinstance(value, bool):
+            number = None
             if isinstance(value, (int, float)):
-                return float(value)
-            if isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
+                number = float(value) if abs(value) < 1e300 else math.inf
+            elif isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
                 try:
-                    return float(value)
+                    number = float(value)
                 except ValueError:
                     pass
+            if number is not None:
+                if not math.isfinite(number):
+                    raise ConfigError(f"must be a finite number, got {value!r}", file=source,
+                                      key=key)
+                return number
         if kind is str and isinstance(value, str):
             return value
     raise ConfigError(f"must be {_hint_name(hint)}, got {_type_name(value)} {value!r}",
@@ -208,6 +217,11 @@ def validate(config: Config, *, source: str) -> None:
                        ("train.steps", t.steps), ("train.batch_size", t.batch_size),
                        ("train.eval_batches", t.eval_batches)):
         need(value >= 1, key, f"must be at least 1, got {value}")
+    # numpy seeds are 0 .. 2**32-1, and each rank seeds train.seed + 1 + rank
+    for key, value in (("train.seed", t.seed), ("data.corpus_seed", d.corpus_seed),
+                       ("data.shuffle_seed", d.shuffle_seed)):
+        need(0 <= value < (1 << 32) - (1 << 20), key,
+             f"must be between 0 and {(1 << 32) - (1 << 20) - 1}, got {value}")
     need(m.width % m.heads == 0, "model.heads",
          f"model.width ({m.width}) must be divisible by model.heads ({m.heads})")
     need(0.0 <= m.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {m.dropout}")

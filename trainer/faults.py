@@ -9,6 +9,10 @@
     TRAINWATCH_FAULT="slow:rank=1:factor=1.25"         rank 1 computes 1.25x slower (a straggler)
     TRAINWATCH_FAULT="slow:factor=2:step=10:until=60"  every rank is 2x slower in steps 10-59
     TRAINWATCH_FAULT="nan:rank=1:step=23"              rank 1's loss at step 23 is NaN (a bad batch)
+    TRAINWATCH_FAULT="slow:delay=0.25"                 every step takes 0.25 s longer (pacing)
+    TRAINWATCH_FAULT="eval:rank=0:step=30:seconds=90"  after step 30 rank 0 alone evaluates for
+                                                       90 s (the others wait in the next
+                                                       collective); no seconds: it hangs there
 
 Several faults are separated by commas. ``rank`` may be omitted (every rank).
 One-shot faults (all but ``slow``) fire on the first attempt only, i.e. when the
@@ -30,6 +34,7 @@ a corrupt batch, until the step's data is skipped.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -42,11 +47,12 @@ import torch
 from trainwatch.contract.env import FAULT_ENV, LAUNCH_ENV
 from trainwatch.errors import ConfigError
 
-ONE_SHOT = ("exit", "kill", "sleep", "hang", "freeze", "nan")
+ONE_SHOT = ("exit", "kill", "sleep", "hang", "freeze", "nan", "eval")
 KINDS = ONE_SHOT + ("slow",)
 # Extra keys each kind takes, with their types.
 _PARAMS = {"exit": {"code": int}, "kill": {}, "sleep": {"seconds": float}, "hang": {},
-           "freeze": {}, "nan": {}, "slow": {"factor": float, "until": int}}
+           "freeze": {}, "nan": {}, "slow": {"factor": float, "until": int, "delay": float},
+           "eval": {"seconds": float}}
 # A backward pass costs about twice the forward: a straggler's whole step is ~3x forward.
 _STEP_PER_FORWARD = 3.0
 
@@ -62,6 +68,7 @@ class Fault:
     seconds: float = 0.0
     factor: float = 1.0
     until: int | None = None  # slow: first step that runs at full speed again
+    delay: float = 0.0  # slow: seconds added to every step (pacing a drill or test)
 
     def slows(self, step: int) -> bool:
         """For ``slow``: whether ``step`` is in its window [step, until)."""
@@ -103,8 +110,15 @@ def parse_faults(text: str) -> list[Fault]:
             raise ConfigError("needs step=N", file=FAULT_ENV, key=spec)
         if kind == "sleep" and not fields.get("seconds", 0) > 0:
             raise ConfigError("needs seconds=S > 0", file=FAULT_ENV, key=spec)
-        if kind == "slow" and not fields.get("factor", 0) > 1:
-            raise ConfigError("needs factor=F > 1", file=FAULT_ENV, key=spec)
+        if kind == "slow" and not (fields.get("factor", 0) > 1 or fields.get("delay", 0) > 0):
+            raise ConfigError("needs factor=F > 1 or delay=S > 0", file=FAULT_ENV, key=spec)
+        if kind == "slow" and "factor" not in fields:
+            fields["factor"] = 1.0
+        if kind == "eval" and fields.get("seconds") is not None and not fields["seconds"] > 0:
+            raise ConfigError("seconds=S must be > 0 (leave it out to hang)", file=FAULT_ENV,
+                              key=spec)
+        if kind == "eval" and "seconds" not in fields:
+            fields["seconds"] = math.inf
         until, start = fields.get("until"), fields.get("step") or 0
         if until is not None and until <= start:  # type: ignore[operator]
             raise ConfigError(f"until={until} must be after step={start}", file=FAULT_ENV, key=spec)
@@ -138,7 +152,8 @@ class FaultInjector:
             yield
             return
         for fault in self.faults:
-            if fault.kind in ONE_SHOT and fault.kind != "nan" and self._due(fault, step):
+            if fault.kind in ONE_SHOT and fault.kind not in ("nan", "eval") \
+                    and self._due(fault, step):
                 self._fire(fault, step)
         started = time.perf_counter()
         yield
@@ -149,7 +164,21 @@ class FaultInjector:
                     self._fired.add(fault)
                     if self.on_fire is not None:
                         self.on_fire(fault, step)
-                time.sleep((fault.factor - 1.0) * _STEP_PER_FORWARD * elapsed)
+                time.sleep((fault.factor - 1.0) * _STEP_PER_FORWARD * elapsed + fault.delay)
+
+    def evaluation(self, step: int) -> float | None:
+        """Seconds of a rank-alone evaluation due after ``step`` (inf: it hangs), or None.
+
+        Like loops that evaluate or save on rank 0 only while the other ranks go on to the
+        next collective and wait there; the trainer runs it in the ``eval`` phase.
+        """
+        for fault in self.faults:
+            if fault.kind == "eval" and self._due(fault, step):
+                print(f"trainwatch: injecting fault eval ({fault.seconds:g} s, this rank "
+                      f"alone) after step {step} (pid {os.getpid()})", file=sys.stderr,
+                      flush=True)
+                return fault.seconds
+        return None
 
     def loss(self, step: int, loss: torch.Tensor) -> torch.Tensor:
         """``loss``, made NaN when a ``nan`` fault is due at ``step`` (once per process)."""

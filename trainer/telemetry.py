@@ -53,6 +53,7 @@ from typing import Any, Callable
 import psutil
 import torch
 
+from trainwatch.beat import BeatWriter, beat_path
 from trainwatch import __version__
 from trainwatch.contract.env import JOB_ENV, run_dir_from_env
 from trainwatch.contract.states import FAILED, FINISHED, RUNNING
@@ -222,7 +223,17 @@ class Telemetry:
                          "pending_dropped_total": 0},
             "last_nonfinite_loss_at": None,
             "timing": None, "checkpoint": None, "info": {},
+            # Budgets of phases this job declared (declare_phase): seconds a rank may spend
+            # in them without a step before the agent calls it stalled.
+            "phase_budgets": {},
         }
+        # Status/metrics writes that failed, for the beat file (which still gets through
+        # when those cannot be written: a full disk).
+        self._beat: BeatWriter | None = None
+        self._publish_errors = 0
+        self._publish_failing_since: float | None = None
+        self._publish_error: str | None = None
+        self._failed_this_beat = False
         self._finished_journaled = False
         self._watch: Any = None
         self._next_step = 0
@@ -259,6 +270,7 @@ class Telemetry:
         if not self.enabled:
             return self
         self.run.create()
+        self._beat = self._guard(lambda: BeatWriter(beat_path(self.run.status_dir, self.rank)))
         self._guard(self._setup_exchange_group)
         self._guard(lambda: dumps.install(self))  # control/dump -> stacks + flight recorder
         self._guard(lambda: self.run.append_event(
@@ -312,6 +324,8 @@ class Telemetry:
         # the process at exit on the pending work; a failed rank must not wait on others.
         self._guard(lambda: self._collect_exchange(wait=state == FINISHED))
         self._write_status()
+        if self._beat is not None:
+            self._beat.close()
 
     def __enter__(self) -> "Telemetry":
         return self.start()
@@ -391,6 +405,20 @@ class Telemetry:
                              {"v": 1, "kind": kind, "step": step, "time": _now(),
                               "rank": self.rank, **clean})
         self._guard(write)
+
+    def declare_phase(self, name: str, budget_seconds: float) -> None:
+        """Give a phase of this loop its own stall budget (an evaluation or save that is
+        longer than the agent's default for it, or one the agent does not know).
+
+        While any rank of the job is in this phase, that rank and every rank waiting for
+        it in a collective may go ``budget_seconds`` without a step before the agent calls
+        the job stalled (docs/agent.md, "Stall budgets"). Call once, before the phase runs.
+        """
+        seconds = float(budget_seconds)
+        if not math.isfinite(seconds) or seconds <= 0:
+            raise ValueError(f"budget_seconds must be a positive number, got {budget_seconds!r}")
+        with self._lock:
+            self._state["phase_budgets"][str(name)] = seconds
 
     def set_info(self, **info: Any) -> None:
         """Static facts shown in the status file (model size, config hash, backend...)."""
@@ -598,7 +626,11 @@ class Telemetry:
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.heartbeat_interval):
             self._wall_offset = time.time() - time.perf_counter_ns() / 1e9
-            self._guard(self._flush)
+            try:
+                self._flush()
+            except Exception as exc:  # noqa: BLE001 - counted, and told through the beat
+                self.count_error(repr(exc))
+                self._publish_failed(exc)
             if self._exchange_in_flight is not None:
                 self._guard(lambda: self._collect_exchange(wait=False))
             self._guard(self._poll_control)
@@ -676,16 +708,51 @@ class Telemetry:
         return line
 
     def _write_status(self) -> None:
+        """Write the status file, then the beat file (which says whether publishing
+        works: a reader must never mistake a full disk for a frozen rank)."""
         self._guard(self._summarize_timing)
+        with self._lock:
+            self._state["heartbeat_at"] = _now()
+            snapshot = _copy(self.state)
         try:
-            with self._lock:
-                self._state["heartbeat_at"] = _now()
-                snapshot = _copy(self.state)
             self.run.write_status(self.rank, snapshot)
         except Exception as exc:  # noqa: BLE001
             with self._lock:
                 self._state["counters"]["telemetry_errors_total"] += 1
-            log.warning("trainwatch: could not write status: %r", exc)
+                count = self._state["counters"]["telemetry_errors_total"]
+            if count <= 5 or count % 100 == 0:
+                log.warning("trainwatch: could not write status (%d errors so far): %r",
+                            count, exc)
+            self._publish_failed(exc)
+        if not self._failed_this_beat:  # status and metrics log both written
+            self._publish_failing_since = None
+        self._failed_this_beat = False
+        if self._beat is not None:
+            try:
+                self._beat.write(self._beat_record(snapshot))
+            except Exception as exc:  # noqa: BLE001
+                self.count_error(f"beat file: {exc!r}")
+
+    def _publish_failed(self, exc: BaseException) -> None:
+        self._failed_this_beat = True
+        self._publish_errors += 1
+        self._publish_error = repr(exc)
+        if self._publish_failing_since is None:
+            self._publish_failing_since = _now()
+
+    def _beat_record(self, s: dict[str, Any]) -> dict[str, Any]:
+        metrics = s.get("metrics") or {}
+        phase = s.get("phase")
+        return {"v": 1, "rank": self.rank, "pid": s["pid"], "state": s["state"],
+                "heartbeat_at": s["heartbeat_at"], "step": s["step"],
+                "last_progress_at": s["last_progress_at"],
+                "steps_total": s["counters"]["steps_total"], "phase": phase,
+                "phase_since": s["phase_since"],
+                "phase_budget": s["phase_budgets"].get(phase),
+                "step_time_seconds": metrics.get("step_time_seconds"),
+                "publish_errors_total": self._publish_errors,
+                "publish_failing_since": self._publish_failing_since,
+                "last_publish_error": self._publish_error}
 
 
 def _copy(obj: Any) -> Any:

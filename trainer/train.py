@@ -18,6 +18,7 @@ import os
 import random
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -277,6 +278,12 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpoi
             record.record(loss=loss, grad_norm=grad_norm, lr=lr, tokens=tokens_per_step,
                           samples=samples_per_step)
 
+        alone = faults.evaluation(step)  # TRAINWATCH_FAULT=eval:...: this rank alone
+        if alone is not None:
+            with tel.phase("eval"):
+                deadline = time.monotonic() + alone
+                while time.monotonic() < deadline:
+                    time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
         if due(step, cfg.train.eval_interval, last):
             with tel.phase("eval"):
                 val_loss = evaluate(model, data, cfg, ranks)

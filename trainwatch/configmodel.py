@@ -9,13 +9,14 @@ dotted key and the line of that key in the YAML file.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError, WithJsonSchema
 
-from trainwatch.configfile import load_yaml_mapping, read_config_text
+from trainwatch.configfile import YAML_LOADER, load_yaml_mapping, read_config_text
 from trainwatch.errors import ConfigError
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -24,8 +25,8 @@ Lines = dict[tuple[str, ...], int]
 
 
 def _any_number(value: Any) -> Any:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"must be a number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"must be a finite number, got {value!r}")
     return value
 
 
@@ -47,7 +48,7 @@ class ConfigModel(BaseModel):
     """Base of every config section: unknown keys are errors, values are not coerced
     (``"3"`` is not a number, ``1`` is not ``true``)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class KeyProblem(ValueError):
@@ -61,8 +62,8 @@ class KeyProblem(ValueError):
 def yaml_lines(path: str | Path) -> Lines:
     """The line (1-based) of every key and list item in a YAML file, by its path."""
     try:
-        root = yaml.compose(read_config_text(path), Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
+        root = yaml.compose(read_config_text(path), Loader=YAML_LOADER)
+    except (yaml.YAMLError, RecursionError):
         return {}
     lines: Lines = {}
 
@@ -77,8 +78,11 @@ def yaml_lines(path: str | Path) -> Lines:
                 lines[where + (str(index),)] = item.start_mark.line + 1
                 walk(item, where + (str(index),))
 
-    if root is not None:
-        walk(root, ())
+    try:
+        if root is not None:
+            walk(root, ())
+    except RecursionError:  # nested deeper than any config: the keys found so far will do
+        pass
     return lines
 
 
@@ -130,7 +134,7 @@ def _problem(model: type[BaseModel], error: Any, loc: tuple[str, ...]) -> str:
         noun = getattr(parent, "unknown_noun", "key") if parent else "key"
         return f"unknown {noun} (known: {', '.join(known)})"
     if kind in ("float_type", "float_parsing", "finite_number"):
-        return f"must be a number, got {value!r}"
+        return f"must be a finite number, got {value!r}"
     if kind in ("int_type", "int_parsing", "int_from_float"):
         return f"must be a whole number, got {value!r}"
     if kind == "bool_type":

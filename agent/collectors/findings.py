@@ -15,7 +15,7 @@ from typing import Any
 from trainwatch.agent.incident import group
 from trainwatch.agent.registry import Collector, Result, register
 from trainwatch.host.procinfo import describe_wait, main_thread_wait
-from trainwatch.agent.stall import StallDetector
+from trainwatch.agent.stall import StallDetector, phase_holds
 from trainwatch.agent.straggler import JobStragglers
 from trainwatch.contract.states import STALL_KINDS
 
@@ -32,13 +32,41 @@ class FindingsCollector(Collector):
         self.active: dict[str, dict[str, Any]] = {}
         self.cleared: deque = deque(maxlen=int(options["keep_cleared"]))
         self.stall_counts: dict[tuple, int] = {}
+        self._last: Result | None = None
 
     def collect(self) -> Result:
         ranks_data = self.ctx.store.data("ranks")
         if not ranks_data:
             return Result.absent("no rank data collected yet")
+        waiting = self._not_yet(ranks_data)
+        if waiting is not None:
+            # Judge nobody on old observations: keep the last verdicts (no new finding,
+            # none cleared, no counter moved) until the ranks have been looked at again.
+            if self._last is None:
+                return Result.absent(waiting)
+            return Result(samples=self._last.samples, data=self._last.data,
+                          reason=waiting)
+        self._last = result = self._judge(ranks_data)
+        return result
+
+    def _not_yet(self, ranks_data: dict[str, Any]) -> str | None:
+        """Why the rank observations cannot be judged now (None: they can)."""
+        mono = time.monotonic()
+        observed = ranks_data.get("observed_mono")
+        interval = float(self.ctx.config.collector("ranks")["interval"])
+        if not isinstance(observed, (int, float)):
+            return "no rank observation yet"
+        if mono - observed > max(5.0, 3 * interval):
+            return (f"rank observations are {mono - observed:.1f} s old (the agent was "
+                    "paused or the ranks collector is late): re-observing")
+        if mono < ranks_data.get("judge_after_mono", 0.0):
+            return "re-observing the ranks after a pause of the agent"
+        return None
+
+    def _judge(self, ranks_data: dict[str, Any]) -> Result:
         result = Result()
         now = time.time()
+        elapsed = max(0.0, time.monotonic() - ranks_data["observed_mono"])
         current: dict[str, dict[str, Any]] = {}
         verdicts: dict[str, Any] = {}
         nodes: dict[str, Any] = {}
@@ -50,13 +78,15 @@ class FindingsCollector(Collector):
             local = [r["rank"] for r in job["ranks"] if r.get("state") == "running"]
             if job.get("timing"):
                 tracker.update(job["timing"], local, now)
+            holders = phase_holds(self.stalls, job["ranks"], elapsed)
             stalled = []
             for rank in job["ranks"]:
                 key = (job["job"], rank["rank"], rank.get("pid"))
                 keep.add(key)
                 labels = {"run": job["job"], "node": self.ctx.node, "rank": rank["rank"],
                           "local_rank": rank.get("local_rank", "")}
-                verdict = self._stall(key, job, rank, labels, now, result, current)
+                verdict = self._stall(key, job, rank, labels, elapsed, holders, result,
+                                      current)
                 if verdict.stalled:
                     stalled.append((rank, verdict))
                 straggler = self._straggler(tracker, job, rank, labels, result, current)
@@ -77,8 +107,8 @@ class FindingsCollector(Collector):
         return result
 
     # -- stalls ----------------------------------------------------------------------
-    def _stall(self, key, job, rank, labels, now, result, current):
-        verdict = self.stalls.check(key, rank, now)
+    def _stall(self, key, job, rank, labels, elapsed, holders, result, current):
+        verdict = self.stalls.check(key, rank, elapsed, holders)
         result.add("trainwatch_rank_stalled", verdict.stalled, **labels)
         result.add("trainwatch_rank_stall_seconds",
                    verdict.stalled_for if verdict.stalled else 0.0, **labels)

@@ -9,12 +9,15 @@ status files) trainwatch_checkpoint_* and the non-finite guard's series.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
+from trainwatch.beat import beat_path, read_beat
 from trainwatch.host.procinfo import ProcessTracker
 from trainwatch.agent.registry import Collector, Result, register
 from trainwatch.contract.states import KNOWN_PHASES, PROCESS_STATES, RANK_STATES
@@ -23,6 +26,7 @@ from trainwatch.errors import FormatError
 from trainwatch.rundir import (RUN_FORMAT, SKIP_REASONS, Skipped, SkippedFile,
                                read_record)
 
+log = logging.getLogger(__name__)
 _TRAIN_GAUGES = {  # status metrics field -> metric
     "loss": "trainwatch_train_loss", "grad_norm": "trainwatch_train_grad_norm",
     "lr": "trainwatch_train_learning_rate",
@@ -52,6 +56,57 @@ def _num(value: Any) -> float | None:
     return float(value)
 
 
+@dataclass
+class _Seen:
+    value: float
+    anchor: float  # monotonic time at which the value was new
+    looked: float  # monotonic time of the last look
+
+
+def _budgets(declared: Any) -> dict[str, float]:
+    """Phase budgets a rank declared (Telemetry.declare_phase): positive numbers only."""
+    if not isinstance(declared, dict):
+        return {}
+    return {str(k): float(v) for k, v in list(declared.items())[:64]
+            if _num(v) is not None and 0 < v < 1e9}
+
+
+def _with_beat(s: dict[str, Any], beat: dict[str, Any] | None):
+    """The status, brought up to date by the rank's beat file, and its publish state.
+
+    The beat file is written in place right after the status file, so it is as new as
+    the status when both work, and newer when the status cannot be written (full disk):
+    then its heartbeat, step and phase are the rank's truth. Only a beat of the same
+    process counts (a stale one of an earlier start is ignored).
+    """
+    if beat is None or beat.get("pid") != s.get("pid") or beat.get("rank") != s["rank"]:
+        return s, None
+    failing_since = _num(beat.get("publish_failing_since"))
+    errors = beat.get("publish_errors_total")
+    publish = {"failing": failing_since is not None, "failing_since": failing_since,
+               "errors_total": errors if isinstance(errors, int) else None,
+               "last_error": str(beat.get("last_publish_error") or "")[:160] or None}
+    heartbeat = _num(beat.get("heartbeat_at"))
+    if heartbeat is None or heartbeat <= (_num(s.get("heartbeat_at")) or 0.0):
+        return s, publish
+    merged = dict(s, heartbeat_at=heartbeat)
+    for field, ok in (("last_progress_at", _num), ("phase_since", _num),
+                      ("step", lambda v: v if isinstance(v, int) and not isinstance(v, bool)
+                       else None),
+                      ("phase", lambda v: v if isinstance(v, str) else None),
+                      ("state", lambda v: v if v in RANK_STATES else None)):
+        value = ok(beat.get(field))
+        if value is not None:
+            merged[field] = value
+    budget = _num(beat.get("phase_budget"))
+    if budget is not None and isinstance(merged.get("phase"), str):
+        merged["phase_budgets"] = {**_budgets(s.get("phase_budgets")), merged["phase"]: budget}
+    steps = beat.get("steps_total")
+    if isinstance(steps, int) and isinstance(s.get("counters"), dict):
+        merged["counters"] = dict(s["counters"], steps_total=steps)
+    return merged, publish
+
+
 @register("ranks", interval=1.0, timeout=5.0, options={"max_skipped_shown": 10})
 class RanksCollector(Collector):
     def __init__(self, ctx, options):
@@ -60,25 +115,69 @@ class RanksCollector(Collector):
         self._skip_seen: dict[str, set[tuple[str, int, int]]] = {}
         self._skip_total: dict[str, dict[str, int]] = {}  # run dir -> reason code -> count
         self._skip_recent: dict[str, deque] = {}
+        self._seen: dict[tuple, _Seen] = {}
+        self._looked: set[tuple] = set()
+        self._last_run: float | None = None  # monotonic
+        self._judge_after = 0.0               # monotonic: no verdicts before (re-observing)
 
     def collect(self) -> Result:
         result = Result()
-        now = time.time()
+        now, mono = time.time(), time.monotonic()
+        self._notice_pause(mono)
         self.procs.begin()
         live: set[int] = set()
+        self._looked = set()
         jobs = []
         runs = self.ctx.run_dirs()
         result.add("trainwatch_collector_run_dirs", len(runs), node=self.ctx.node)
         for run in runs:
-            job = self._job(run, now, result, live)
+            job = self._job(run, now, mono, result, live)
             if job is not None:
                 jobs.append(job)
         self.procs.end(live)
-        result.data = {"time": now, "jobs": jobs}
+        for key in set(self._seen) - self._looked:  # ranks gone: forget what we saw
+            del self._seen[key]
+        result.data = {"time": now, "observed_mono": mono, "judge_after_mono": self._judge_after,
+                       "jobs": jobs}
         return result
 
+    # -- the agent's own time -------------------------------------------------------
+    def _notice_pause(self, mono: float) -> None:
+        """A long gap since the last run means this agent was paused (SIGSTOP, a VM
+        pause, an overloaded node) or hung: what it remembers is old. Findings wait until
+        it has looked again for a heartbeat's worth of time before judging anyone."""
+        interval = float(self.ctx.config.collector("ranks")["interval"])
+        last, self._last_run = self._last_run, mono
+        if last is not None and mono - last > max(5.0, 3 * interval):
+            stale = float(self.ctx.config.stall["heartbeat_stale_seconds"])
+            self._judge_after = mono + stale + interval
+            log.warning("agent was not running for %.1f s (paused?): re-observing the ranks "
+                        "for %.1f s before judging stalls", mono - last, stale + interval)
+
+    def _age(self, key: tuple, value: float | None, now: float, mono: float,
+             tolerance: float = 0.0) -> float | None:
+        """How old ``value`` (a rank's wall-clock timestamp) is, from observations.
+
+        A new value is as old as the wall clock says, but never older than our previous
+        look (it was written since): a clock jump or an agent pause cannot age it. A value
+        seen before keeps ageing on the monotonic clock from when it was new.
+        """
+        if value is None:
+            return None
+        self._looked.add(key)
+        seen = self._seen.get(key)
+        if seen is None or abs(seen.value - value) > tolerance:
+            age = max(0.0, now - value)
+            if seen is not None:
+                age = min(age, mono - seen.looked)
+            self._seen[key] = _Seen(value, mono - age, mono)
+            return age
+        seen.looked = mono
+        return mono - seen.anchor
+
     # ------------------------------------------------------------------------------
-    def _job(self, run, now: float, result: Result, live: set[int]) -> dict[str, Any] | None:
+    def _job(self, run, now: float, mono: float, result: Result,
+             live: set[int]) -> dict[str, Any] | None:
         statuses = run.statuses()
         info, info_skipped = self._run_info(run)
         if info_skipped is not None:
@@ -105,7 +204,8 @@ class RanksCollector(Collector):
         ranks = []
         env: dict[int, dict[str, str]] = {}
         for status in sorted(local, key=lambda r: r["rank"]):
-            rank = self._rank(status, now, job_name, result)
+            beat = read_beat(beat_path(run.status_dir, status["rank"]), run.root)
+            rank = self._rank(key, status, beat, now, mono, job_name, result)
             ranks.append(rank)
             if isinstance(status.get("pid"), int):
                 live.add(status["pid"])
@@ -189,9 +289,11 @@ class RanksCollector(Collector):
         if len(seen) > 10000:  # bounded memory for a directory that keeps producing junk
             seen.clear()
 
-    def _rank(self, s: dict[str, Any], now: float, job: str, result: Result) -> dict[str, Any]:
+    def _rank(self, run_key: str, s: dict[str, Any], beat: dict[str, Any] | None, now: float,
+              mono: float, job: str, result: Result) -> dict[str, Any]:
         labels = {"run": job, "node": self.ctx.node, "rank": s["rank"],
                   "local_rank": s.get("local_rank", "")}
+        s, publish = _with_beat(s, beat)
         metrics = s.get("metrics") if isinstance(s.get("metrics"), dict) else {}
         counters = s.get("counters") if isinstance(s.get("counters"), dict) else {}
         proc = self.procs.inspect(s.get("pid"), s.get("started_at"))
@@ -206,14 +308,19 @@ class RanksCollector(Collector):
             result.add("trainwatch_rank_state", name == state, **labels, state=name)
         result.add("trainwatch_rank_step", _num(s.get("step")), **labels)
         result.add("trainwatch_rank_restarts", _num(s.get("restart_count")), **labels)
-        if heartbeat_at is not None:
-            result.add("trainwatch_rank_heartbeat_age_seconds", max(0.0, now - heartbeat_at),
-                       **labels)
+        who = (run_key, s["rank"], s.get("pid"))
+        heartbeat_age = self._age(who + ("heartbeat",), heartbeat_at, now, mono)
+        progress_age = self._age(who + ("progress",), progress_at or _num(s.get("started_at")),
+                                 now, mono)
+        # A phase's start is re-derived from the rank's clock offset on every write, so it
+        # wobbles by microseconds: the same phase (name) within half a second is the same.
+        phase_age = self._age(who + ("phase", phase), phase_since, now, mono, tolerance=0.5)
+        result.add("trainwatch_rank_heartbeat_age_seconds", heartbeat_age, **labels)
         if progress_at is not None:
-            result.add("trainwatch_rank_progress_age_seconds", max(0.0, now - progress_at),
-                       **labels)
-        if phase_since is not None:
-            result.add("trainwatch_rank_phase_age_seconds", max(0.0, now - phase_since), **labels)
+            result.add("trainwatch_rank_progress_age_seconds", progress_age, **labels)
+        result.add("trainwatch_rank_phase_age_seconds", phase_age, **labels)
+        if publish is not None:
+            result.add("trainwatch_rank_publish_failing", publish["failing"], **labels)
         if phase:
             for name in dict.fromkeys(KNOWN_PHASES + (phase,)):
                 result.add("trainwatch_rank_phase", name == phase, **labels, phase=name)
@@ -246,6 +353,9 @@ class RanksCollector(Collector):
             "pid": s.get("pid"), "state": state, "step": s.get("step"), "phase": phase,
             "phase_since": phase_since, "heartbeat_at": heartbeat_at,
             "last_progress_at": progress_at, "started_at": _num(s.get("started_at")),
+            # Ages as observed by this agent (see _age), at result.data["observed_mono"].
+            "heartbeat_age": heartbeat_age, "progress_age": progress_age, "phase_age": phase_age,
+            "phase_budgets": _budgets(s.get("phase_budgets")), "publish": publish,
             "restart_count": s.get("restart_count"), "backend": s.get("backend"),
             "device": s.get("device"), "world_size": s.get("world_size"),
             "metrics": {k: metrics.get(k) for k in (

@@ -86,6 +86,10 @@ _SPECS = [
        "Restart count torchrun reports for the rank's current process.", RUN_RANK),
     _m("trainwatch_rank_telemetry_errors_total", "counter",
        "Telemetry failures counted (never raised) in the rank.", RUN_RANK),
+    _m("trainwatch_rank_publish_failing", "gauge",
+       "1 while the rank cannot write its status file or metrics log (a full or failing "
+       "disk), as its beat file says; the rank itself may train on. Absent for ranks "
+       "without a beat file.", RUN_RANK),
     _m("trainwatch_rank_info", "info",
        "1 per rank; labels name its process-group backend and torch device.",
        RUN_RANK + ("backend", "device")),

@@ -1,0 +1,50 @@
+"""The beat file: fixed size, rewritten in place, CRC-checked; the agent takes it over a
+stale status file and reads "cannot publish" from it."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from test_agent_collectors import collector, make_ctx, value, write_status
+from trainwatch.beat import BEAT_BYTES, BeatWriter, beat_path, decode, encode, read_beat
+from trainwatch.rundir import RunDir
+
+
+def test_beat_is_fixed_size_rewritten_in_place_and_torn_records_are_dropped(tmp_path):
+    path = tmp_path / "rank-00000.beat"
+    writer = BeatWriter(path)
+    inode = os.stat(path).st_ino
+    for step in range(3):
+        writer.write({"rank": 0, "step": step, "last_publish_error": "x" * 5000})
+    writer.close()
+    assert os.stat(path).st_size == BEAT_BYTES and os.stat(path).st_ino == inode
+    assert read_beat(path)["step"] == 2
+    data = encode({"rank": 0, "step": 7})
+    assert decode(data)["step"] == 7
+    assert decode(data[:20] + b"9" + data[21:]) is None  # a byte changed mid-write
+    assert decode(b"garbage") is None and decode(b"") is None
+
+
+def test_agent_takes_a_fresh_beat_over_a_stale_status_and_reports_cannot_publish(tmp_path):
+    run = RunDir(tmp_path / "run").create()
+    old = time.time() - 120
+    write_status(run, 0, os.getpid(), heartbeat_at=old, last_progress_at=old, step=3)
+    writer = BeatWriter(beat_path(run.status_dir, 0))
+    now = time.time()
+    writer.write({"v": 1, "rank": 0, "pid": os.getpid(), "state": "running",
+                  "heartbeat_at": now, "step": 900, "last_progress_at": now - 0.5,
+                  "steps_total": 901, "phase": "forward", "phase_since": now - 0.1,
+                  "publish_errors_total": 42, "publish_failing_since": now - 60,
+                  "last_publish_error": "OSError(28, 'No space left on device')"})
+    result = collector(make_ctx([run.root]), "ranks").collect()
+    (rank,) = result.data["jobs"][0]["ranks"]
+    assert rank["step"] == 900 and rank["heartbeat_age"] < 5 and rank["progress_age"] < 5
+    assert rank["publish"]["failing"] and "No space" in rank["publish"]["last_error"]
+    assert value(result, "trainwatch_rank_publish_failing", rank=0) == 1
+    assert value(result, "trainwatch_rank_steps_total", rank=0) == 901
+    # a beat of another process (an earlier start) is ignored
+    writer.write({"v": 1, "rank": 0, "pid": 1, "heartbeat_at": time.time(), "step": 5})
+    result = collector(make_ctx([run.root]), "ranks").collect()
+    assert result.data["jobs"][0]["ranks"][0]["step"] == 3
+    writer.close()

@@ -1,0 +1,145 @@
+"""`trainwatch run` with default thresholds must never harm a healthy job.
+
+One real 2-rank run serves two faults nobody scripted for the safety net: its `status/`
+and `metrics/` live on small real tmpfs mounts that the test fills up while it trains, and
+rank 0 alone evaluates for 90 s after step 30 while rank 1 waits in the next collective.
+The job must train to the end with no restart, no stall verdict and no TrainingStalled,
+and TrainwatchCannotPublish must fire within 30 s of the disk filling. A second, short run
+hangs inside that evaluation: the stall is still caught once the phase budget is spent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from conftest import kill_tree, tmpfs_mount
+from trainwatch.rundir import RunDir
+
+pytestmark = pytest.mark.slow
+
+
+def _start(tmp_path, run_dir, fault, *extra):
+    (tmp_path / "train.yaml").write_text(
+        "train: {steps: 60, batch_size: 4, eval_interval: 1000}\n"
+        "checkpoint: {every_steps: 20, fsync: false}\n")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir(exist_ok=True)
+    cmd = [sys.executable, "-m", "trainwatch", "run", "--nproc-per-node", "2",
+           "--run-dir", str(run_dir), "--config", str(tmp_path / "train.yaml"), "--no-live",
+           *extra]
+    return subprocess.Popen(cmd, stdout=open(tmp_path / "run.log", "wb"),
+                            stderr=subprocess.STDOUT,
+                            env={**os.environ, "TMPDIR": str(scratch), "OMP_NUM_THREADS": "1",
+                                 "TRAINWATCH_FAULT": fault})
+
+
+def _agent_status(run: RunDir) -> dict | None:
+    started = run.events("controller_started")
+    if not started or not started[-1].get("agent"):
+        return None
+    try:
+        with urllib.request.urlopen(f"http://{started[-1]['agent'][0]}/status",
+                                    timeout=5) as resp:
+            return json.loads(resp.read())
+    except OSError:
+        return None
+
+
+def _fill(folder) -> None:
+    chunk = b"\0" * 65536
+    with open(folder / "filler", "wb") as fh:
+        try:
+            while True:
+                fh.write(chunk)
+                fh.flush()
+        except OSError:
+            pass
+
+
+def _step(run: RunDir, rank: int) -> int:
+    for s in run.statuses().records:
+        if s["rank"] == rank and isinstance(s.get("step"), int):
+            return s["step"]
+    return -1
+
+
+def test_full_disk_and_a_90s_rank0_evaluation_do_not_harm_the_job(tmp_path):
+    run = RunDir(tmp_path / "exp")
+    with tmpfs_mount(run.status_dir, "1m"), tmpfs_mount(run.metrics_dir, "1m"):
+        proc = _start(tmp_path, run.root, "slow:delay=0.25,eval:rank=0:step=30:seconds=90")
+        try:
+            deadline = time.time() + 300
+            while _step(run, 1) < 8 and time.time() < deadline and proc.poll() is None:
+                time.sleep(0.2)
+            assert _step(run, 1) >= 8, (tmp_path / "run.log").read_text()[-3000:]
+            _fill(run.status_dir)
+            _fill(run.metrics_dir)
+            filled_at = time.time()
+            budgets, stalls = [], []
+            while proc.poll() is None and time.time() < filled_at + 400:
+                status = _agent_status(run)
+                for job in (status or {}).get("jobs", []):
+                    for r in job["ranks"]:
+                        if r["rank"] == 1 and r.get("phase") not in (None, "eval") and \
+                                any(o["rank"] == 0 and o.get("phase") == "eval"
+                                    for o in job["ranks"]):
+                            budgets.append((r.get("stall") or {}).get("budget_seconds"))
+                stalls += [f for f in (status or {}).get("findings", [])
+                           if f["kind"] == "stall"]
+                time.sleep(1)
+            code = proc.wait(timeout=120)
+        finally:
+            kill_tree(proc)
+    log = (tmp_path / "run.log").read_text()[-3000:]
+    assert code == 0, log
+    firing = run.events("alert_firing")
+    publish = [e for e in firing if e.get("alert") == "TrainwatchCannotPublish"]
+    assert publish and publish[0]["time"] - filled_at <= 30, (firing, filled_at)
+    assert not stalls, stalls
+    assert not [e for e in firing if e.get("alert") == "TrainingStalled"], firing
+    assert not run.events("action_taken") and len(run.events("job_started")) == 1
+    assert not run.events("restarted", "checkpoint_resumed")
+    assert run.events("finished")
+    # rank 1 waited on rank 0's evaluation and inherited its budget (300 s by default)
+    assert budgets and max(b for b in budgets if b is not None) >= 300, budgets
+    print(f"TrainwatchCannotPublish fired {publish[0]['time'] - filled_at:.1f} s after the "
+          f"disk filled; {len(budgets)} looks at rank 1 waiting on rank 0's evaluation")
+
+
+def test_a_hang_inside_the_evaluation_is_caught_within_its_phase_budget(tmp_path):
+    run = RunDir(tmp_path / "exp")
+    (tmp_path / "agent.yaml").write_text(
+        "stall:\n  phase_budgets: {checkpoint: 600, eval: 15, init: 600}\n")
+    proc = _start(tmp_path, run.root, "slow:delay=0.2,eval:rank=0:step=5",
+                  "--agent-config", str(tmp_path / "agent.yaml"))
+    try:
+        found, deadline = None, time.time() + 300
+        while found is None and time.time() < deadline and proc.poll() is None:
+            status = _agent_status(run) or {}
+            stalls = {f["rank"]: f for f in status.get("findings", []) if f["kind"] == "stall"}
+            if {0, 1} <= set(stalls):
+                found = stalls
+            time.sleep(0.5)
+        injected = [e for e in run.events("fault_injected") if e.get("fault") == "eval"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        finally:
+            kill_tree(proc)
+    assert found, (tmp_path / "run.log").read_text()[-3000:]
+    events = [(e["event"], e.get("reason") or e.get("fault")) for e in run.events(
+        "fault_injected", "job_started", "job_stopped", "job_exited", "alert_firing")]
+    assert found[0]["phase"] == "eval" and found[0]["stall_kind"] == "stuck", (found, events)
+    assert "waiting for rank 0 in eval" in found[1]["message"]
+    began = injected[0]["time"]
+    for rank in (0, 1):  # not before the evaluation's budget, and soon after it
+        assert 14 <= found[rank]["detected_at"] - began <= 15 + 15, (found, began)
