@@ -52,3 +52,13 @@ def test_cli_prints_a_schema_and_rejects_an_unknown_name():
     done = subprocess.run([sys.executable, "-m", "trainwatch", "config", "schema", "nope"],
                           capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 2
+
+
+def test_override_files_schemas_require_nothing_and_show_the_defaults():
+    preflight = json.loads(schema_text("preflight"))
+    assert "required" not in json.dumps(preflight)
+    storage = preflight["$defs"]["StorageSettings"]["properties"]
+    assert storage["min_free_bytes"]["default"] == load_settings(None)["storage"]["min_free_bytes"]
+    thresholds = json.loads(schema_text("thresholds"))
+    assert thresholds["properties"]["stall_for"]["default"] == load_thresholds()["stall_for"]
+    assert thresholds["additionalProperties"] is False

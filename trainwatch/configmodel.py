@@ -174,16 +174,18 @@ def _model_at(model: type[BaseModel], loc: tuple[str, ...]) -> type[BaseModel] |
     return current if isinstance(current, type) and issubclass(current, BaseModel) else None
 
 
-def json_schema(model: Any, title: str, *, partial: bool = False) -> dict[str, Any]:
+def json_schema(model: Any, title: str, *,
+                defaults: dict[str, Any] | None = None) -> dict[str, Any]:
     """The JSON Schema of a config model (or a dataclass) for editors (yaml-language-server).
 
-    ``partial``: a user's file holds only the keys it changes (the defaults live in a
-    file of their own), so no key is required."""
+    ``defaults``: the values of a config whose defaults live in a file of their own (a
+    user's file holds only the keys it changes): no key is required, each shows its default."""
     from pydantic import TypeAdapter
 
     schema = TypeAdapter(model).json_schema(mode="validation")
-    if partial:
+    if defaults is not None:
         schema = _optional(schema)
+        _add_defaults(schema, schema, defaults)
     schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
     schema["title"] = title
     return schema
@@ -195,3 +197,15 @@ def _optional(node: Any) -> Any:
     if isinstance(node, list):
         return [_optional(v) for v in node]
     return node
+
+
+def _add_defaults(root: dict[str, Any], node: dict[str, Any], values: dict[str, Any]) -> None:
+    if "$ref" in node:
+        node = root["$defs"][node["$ref"].rsplit("/", 1)[1]]
+    for key, prop in node.get("properties", {}).items():
+        if key not in values:
+            continue
+        if isinstance(values[key], dict) and ("$ref" in prop or "properties" in prop):
+            _add_defaults(root, prop, values[key])
+        else:
+            prop["default"] = values[key]

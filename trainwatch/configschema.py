@@ -14,23 +14,30 @@ from typing import Any
 import click
 
 # config name -> ("module:attribute" of its model, or of a function returning it; title;
-# partial: a user's file holds only what it changes, the defaults are in a file of their own)
-SCHEMAS: dict[str, tuple[str, str, bool]] = {
+# for a config whose defaults are in a file of their own (a user's file holds only what it
+# changes), "module:attribute" of the function that loads them, else None)
+SCHEMAS: dict[str, tuple[str, str, str | None]] = {
     "agent": ("trainwatch.agent.config:agent_settings_model",
-              "trainwatch agent config (trainwatch agent --config)", False),
+              "trainwatch agent config (trainwatch agent --config)", None),
     "preflight": ("trainwatch.preflight.settings:PreflightSettings",
-                  "trainwatch preflight config (trainwatch preflight --config)", True),
+                  "trainwatch preflight config (trainwatch preflight --config)",
+                  "trainwatch.preflight.settings:load_settings"),
     "thresholds": ("trainwatch.alerts.rules:thresholds_model",
-                   "trainwatch alert thresholds (--thresholds FILE)", True),
+                   "trainwatch alert thresholds (--thresholds FILE)",
+                   "trainwatch.alerts.rules:load_thresholds"),
     "trainer": ("trainwatch.trainer.config:Config",
-                "trainwatch trainer config (trainwatch train --config)", False),
+                "trainwatch trainer config (trainwatch train --config)", None),
 }
 SCHEMA_DIR = "deploy/schemas"
 
 
+def _resolve(target: str) -> Any:
+    module_name, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
 def model_of(name: str) -> Any:
-    module_name, _, attr = SCHEMAS[name][0].partition(":")
-    model = getattr(importlib.import_module(module_name), attr)
+    model = _resolve(SCHEMAS[name][0])
     if callable(model) and not isinstance(model, type):
         model = model()
     return model
@@ -40,8 +47,9 @@ def schema_text(name: str) -> str:
     """The schema as the committed file holds it: sorted keys, stable bytes."""
     from trainwatch.configmodel import json_schema
 
-    _, title, partial = SCHEMAS[name]
-    schema = json_schema(model_of(name), title, partial=partial)
+    _, title, defaults = SCHEMAS[name]
+    values = _resolve(defaults)(None) if defaults else None
+    schema = json_schema(model_of(name), title, defaults=values)
     return json.dumps(schema, indent=2, sort_keys=True) + "\n"
 
 
