@@ -8,11 +8,16 @@ registers (see ``agent/registry.py``), so a typo is an error, never ignored.
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar, Optional
+
+from pydantic import (AfterValidator, BeforeValidator, Field, WithJsonSchema, create_model,
+                      model_validator)
 
 from trainwatch.configfile import load_yaml_mapping
+from trainwatch.configmodel import ConfigModel, KeyProblem, Lines, Number, validate, yaml_lines
 from trainwatch.contract.ports import AGENT_LISTEN
 from trainwatch.contract.stall import STALL_DEFAULTS
 from trainwatch.errors import ConfigError
@@ -70,119 +75,143 @@ def parse_listen(text: str, *, file: str | None = None) -> tuple[str, int]:
     return host.strip("[]"), number
 
 
-def _number(value: Any, file: str | None, key: str, *, minimum: float = 0.0,
-            positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"must be a number, got {value!r}", file=file, key=key)
-    if positive and value <= 0:
-        raise ConfigError(f"must be > 0, got {value!r}", file=file, key=key)
-    if value < minimum:
-        raise ConfigError(f"must be >= {minimum:g}, got {value!r}", file=file, key=key)
-    return float(value)
-
-
-def _check_type(value: Any, expected: Any, file: str | None, key: str) -> Any:
-    """Validate one option against the type of its default value."""
-    if isinstance(expected, bool):
-        if not isinstance(value, bool):
-            raise ConfigError(f"must be true or false, got {value!r}", file=file, key=key)
-        return value
-    if isinstance(expected, (int, float)):
-        return _number(value, file, key)
-    if isinstance(expected, str) or expected is None:
-        if value is not None and not isinstance(value, str):
-            raise ConfigError(f"must be a string, got {value!r}", file=file, key=key)
-        return value
-    if isinstance(expected, list):
-        if not isinstance(value, list):
-            raise ConfigError(f"must be a list, got {type(value).__name__}", file=file, key=key)
-        return value
-    if isinstance(expected, dict):
-        if not isinstance(value, dict):
-            raise ConfigError(f"must be a mapping, got {type(value).__name__}", file=file,
-                              key=key)
-        return value
+def _positive(value: Any) -> Any:
+    if value <= 0:
+        raise ValueError(f"must be > 0, got {value!r}")
     return value
 
 
-def _merge_section(defaults: dict[str, Any], given: Any, file: str | None,
-                   section: str) -> dict[str, Any]:
-    if given is None:
-        return copy.deepcopy(defaults)
-    if not isinstance(given, dict):
-        raise ConfigError(f"must be a mapping, got {type(given).__name__}", file=file,
-                          key=section)
-    merged = copy.deepcopy(defaults)
-    for key, value in given.items():
-        full = f"{section}.{key}"
-        if key not in defaults:
-            raise ConfigError(f"unknown key (known: {', '.join(sorted(defaults))})", file=file,
-                              key=full)
-        merged[key] = _check_type(value, defaults[key], file, full)
-    return merged
+def _whole(value: Any) -> Any:
+    """3.0 is the whole number 3 (YAML writes either); 1.5 stays and fails as not whole."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
-def build_config(data: dict[str, Any], *, file: str | None = None) -> AgentConfig:
-    """Validate a config mapping (already parsed) against the registered collectors."""
+def _no_none(value: Any) -> Any:
+    """A section written with nothing under it (``stall:``) keeps its defaults."""
+    return {} if value is None else value
+
+
+Seconds = Annotated[Number, AfterValidator(_positive),
+                    WithJsonSchema({"type": "number", "exclusiveMinimum": 0})]
+Whole = Annotated[int, BeforeValidator(_whole), Field(ge=1)]
+Section = BeforeValidator(_no_none)
+
+
+class StallSettings(ConfigModel):
+    """The stall rule's options (the rule itself: ``trainwatch.contract.stall``)."""
+
+    floor_seconds: Seconds = STALL_DEFAULTS["floor_seconds"]
+    k: Seconds = STALL_DEFAULTS["k"]
+    first_step_seconds: Seconds = STALL_DEFAULTS["first_step_seconds"]
+    heartbeat_stale_seconds: Seconds = STALL_DEFAULTS["heartbeat_stale_seconds"]
+    phase_budgets: dict[str, Seconds] = Field(
+        default_factory=lambda: dict(STALL_DEFAULTS["phase_budgets"]))
+    history: Number = STALL_DEFAULTS["history"]
+
+
+class StragglerSettings(ConfigModel):
+    """When a rank or node is flagged slow (``agent/straggler.py``)."""
+
+    ratio: Annotated[float, Field(gt=1)] = STRAGGLER_DEFAULTS["ratio"]
+    clear_ratio: Number = STRAGGLER_DEFAULTS["clear_ratio"]
+    noise_sigmas: Number = STRAGGLER_DEFAULTS["noise_sigmas"]
+    score: Number = STRAGGLER_DEFAULTS["score"]
+    min_ranks_for_score: Whole = STRAGGLER_DEFAULTS["min_ranks_for_score"]
+    windows: Whole = STRAGGLER_DEFAULTS["windows"]
+    cpu_contention: Number = STRAGGLER_DEFAULTS["cpu_contention"]
+    data_wait: Number = STRAGGLER_DEFAULTS["data_wait"]
+    storage_probe_seconds: Number = STRAGGLER_DEFAULTS["storage_probe_seconds"]
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> "StragglerSettings":
+        if not 1.0 <= self.clear_ratio <= self.ratio:
+            raise KeyProblem("clear_ratio", "must be between 1 and straggler.ratio (hysteresis)")
+        return self
+
+
+class CollectorSettings(ConfigModel):
+    """The keys every collector takes; its own options are added per collector."""
+
+    enabled: bool = True
+    interval: Seconds = 1.0
+    timeout: Seconds = 1.0
+
+
+class CollectorsBase(ConfigModel):
+    unknown_noun: ClassVar[str] = "collector"
+
+
+def _option_type(default: Any) -> Any:
+    """A collector option's type is the type of its default."""
+    if isinstance(default, bool):
+        return bool
+    if isinstance(default, (int, float)):
+        return Number
+    if isinstance(default, list):
+        return list[Any]
+    if isinstance(default, dict):
+        return dict[str, Any]
+    return Optional[str]
+
+
+def _listen(value: str) -> str:
+    try:
+        parse_listen(value)
+    except ConfigError as exc:
+        raise ValueError(exc.problem) from None
+    return value
+
+
+def _paths(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value
+
+
+class AgentSettingsBase(ConfigModel):
+    """The agent's config file (``trainwatch agent --config``); every key is optional.
+    ``collectors`` is added per registered collector by ``agent_settings_model()``."""
+
+    listen: Annotated[str, AfterValidator(_listen)] = AGENT_LISTEN
+    node: Optional[str] = None
+    run_dirs: Annotated[list[str], BeforeValidator(_paths)] = Field(default_factory=list)
+    discover: Annotated[list[str], BeforeValidator(_paths)] = Field(default_factory=list)
+    sys_root: str = "/sys"
+    proc_root: str = "/proc"
+    stall: Annotated[StallSettings, Section] = Field(default_factory=StallSettings)
+    straggler: Annotated[StragglerSettings, Section] = Field(default_factory=StragglerSettings)
+
+
+@functools.cache
+def agent_settings_model() -> type[ConfigModel]:
+    """The agent config file's model: fixed sections plus one per registered collector."""
     from trainwatch.agent.registry import all_collectors
 
-    known = {"listen", "node", "run_dirs", "discover", "sys_root", "proc_root", "collectors",
-             "stall", "straggler"}
-    for key in data:
-        if key not in known:
-            raise ConfigError(f"unknown key (known: {', '.join(sorted(known))})", file=file,
-                              key=str(key))
-    cfg = AgentConfig(file=file)
-    if "listen" in data:
-        cfg.listen = str(data["listen"])
-        parse_listen(cfg.listen, file=file)
-    if data.get("node"):
-        cfg.node = _check_type(data["node"], "", file, "node")
-    for key in ("run_dirs", "discover"):
-        value = data.get(key)
-        if value is None:
-            continue
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ConfigError("must be a list of paths", file=file, key=key)
-        setattr(cfg, key, list(value))
-    for key in ("sys_root", "proc_root"):
-        if key in data:
-            setattr(cfg, key, _check_type(data[key], "", file, key) or getattr(cfg, key))
+    sections: dict[str, Any] = {}
+    for name, spec in sorted(all_collectors().items()):
+        fields: dict[str, Any] = {
+            "enabled": (bool, spec.default_enabled),
+            "interval": (Seconds, spec.interval),
+            "timeout": (Seconds, spec.timeout),
+            **{key: (_option_type(default), Field(default_factory=functools.partial(
+                copy.deepcopy, default))) for key, default in spec.options.items()}}
+        model = create_model(f"{name.title()}Collector", __base__=CollectorSettings, **fields)
+        sections[name] = (Annotated[model, Section], Field(default_factory=model))
+    collectors = create_model("Collectors", __base__=CollectorsBase, **sections)
+    section: Any = (Annotated[collectors, Section], Field(default_factory=collectors))
+    return create_model("AgentSettings", __base__=AgentSettingsBase, collectors=section)
 
-    cfg.stall = _merge_section(STALL_DEFAULTS, data.get("stall"), file, "stall")
-    for key in ("floor_seconds", "k", "first_step_seconds", "heartbeat_stale_seconds"):
-        _number(cfg.stall[key], file, f"stall.{key}", positive=True)
-    for phase, seconds in cfg.stall["phase_budgets"].items():
-        _number(seconds, file, f"stall.phase_budgets.{phase}", positive=True)
-    cfg.straggler = _merge_section(STRAGGLER_DEFAULTS, data.get("straggler"), file, "straggler")
-    if cfg.straggler["ratio"] <= 1.0:
-        raise ConfigError("must be > 1 (a ratio to the median)", file=file, key="straggler.ratio")
-    if not 1.0 <= cfg.straggler["clear_ratio"] <= cfg.straggler["ratio"]:
-        raise ConfigError("must be between 1 and straggler.ratio (hysteresis)", file=file,
-                          key="straggler.clear_ratio")
-    for key in ("windows", "min_ranks_for_score"):
-        if int(cfg.straggler[key]) != cfg.straggler[key] or cfg.straggler[key] < 1:
-            raise ConfigError("must be a whole number >= 1", file=file, key=f"straggler.{key}")
-        cfg.straggler[key] = int(cfg.straggler[key])
 
-    sections = data.get("collectors") or {}
-    if not isinstance(sections, dict):
-        raise ConfigError("must be a mapping of collector name to options", file=file,
-                          key="collectors")
-    registered = all_collectors()
-    for name in sections:
-        if name not in registered:
-            raise ConfigError(f"unknown collector (known: {', '.join(sorted(registered))})",
-                              file=file, key=f"collectors.{name}")
-    for name, spec in registered.items():
-        defaults = {"enabled": spec.default_enabled, "interval": spec.interval,
-                    "timeout": spec.timeout, **copy.deepcopy(spec.options)}
-        merged = _merge_section(defaults, sections.get(name), file, f"collectors.{name}")
-        _number(merged["interval"], file, f"collectors.{name}.interval", positive=True)
-        _number(merged["timeout"], file, f"collectors.{name}.timeout", positive=True)
-        cfg.collectors[name] = merged
+def build_config(data: dict[str, Any], *, file: str | None = None,
+                 lines: Lines | None = None) -> AgentConfig:
+    """Validate a config mapping (already parsed) against the registered collectors."""
+    settings = validate(agent_settings_model(), data, file=file, lines=lines).model_dump()
+    cfg = AgentConfig(file=file, listen=settings["listen"], run_dirs=settings["run_dirs"],
+                      discover=settings["discover"], sys_root=settings["sys_root"],
+                      proc_root=settings["proc_root"], collectors=settings["collectors"],
+                      stall=settings["stall"], straggler=settings["straggler"])
+    if settings["node"]:
+        cfg.node = settings["node"]
     return cfg
 
 
@@ -191,7 +220,8 @@ def load_config(path: str | Path | None, *, run_dirs: list[str] | tuple[str, ...
                 listen: str | None = None) -> AgentConfig:
     """Load the YAML file (if any) and apply command-line values on top."""
     data: dict[str, Any] = load_yaml_mapping(path) if path else {}
-    cfg = build_config(data, file=str(path) if path else None)
+    cfg = build_config(data, file=str(path) if path else None,
+                       lines=yaml_lines(path) if path else None)
     if run_dirs:
         cfg.run_dirs = list(run_dirs)
     if discover:

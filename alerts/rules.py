@@ -9,17 +9,19 @@ render differently, and alerts without a runbook.
 
 from __future__ import annotations
 
-import math
+import functools
 import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
 import yaml
+from pydantic import AfterValidator, create_model
 
 from trainwatch.alerts import promql
 from trainwatch.configfile import YAML_LOADER, read_config_text, yaml_error
+from trainwatch.configmodel import AnyNumber, ConfigModel, Lines, validate
 from trainwatch.errors import ConfigError
 from trainwatch.contract.alerts import ACTIONS, RULES_RESOURCE, SEVERITIES, THRESHOLDS_RESOURCE
 from trainwatch.contract.metrics import METRICS
@@ -113,40 +115,54 @@ def _mapping(node: yaml.Node, path: Path, what: str) -> list[tuple[str, yaml.Nod
 
 # --------------------------------------------------------------------------- thresholds
 
-def load_thresholds(override: str | Path | None = None) -> dict[str, Any]:
-    """Defaults from the package, with ``override`` (only changed keys) on top."""
+def _duration(value: str) -> str:
+    try:
+        promql.parse_duration(value)
+    except ValueError as exc:
+        raise ValueError(f"bad duration: {exc}") from None
+    return value
+
+
+Duration = Annotated[str, AfterValidator(_duration)]
+
+
+class ThresholdsBase(ConfigModel):
+    unknown_noun: ClassVar[str] = "threshold"
+
+
+def _default_thresholds() -> tuple[dict[str, Any], Lines]:
     values: dict[str, Any] = {}
-    lines: dict[str, int] = {}
+    lines: Lines = {}
     root = _compose(THRESHOLDS_FILE)
     for key, node, line in _mapping(root, THRESHOLDS_FILE, "the thresholds file"):
         values[key] = _value(node, THRESHOLDS_FILE)
-        lines[key] = line
-    if override is None:
-        return values
-    path = Path(override)
-    root = _compose(path)
-    if root is None:
-        return values
-    for key, node, line in _mapping(root, path, "the thresholds file"):
-        if key not in values:
-            raise ConfigError(f"unknown threshold (known: {', '.join(sorted(values))})",
-                              file=str(path), key=key, line=line)
-        new = _value(node, path)
-        _check_threshold_type(key, values[key], new, path, line)
-        values[key] = new
-    return values
+        lines[(key,)] = line
+    return values, lines
 
 
-def _check_threshold_type(key: str, default: Any, new: Any, path: Path, line: int) -> None:
-    if isinstance(default, str):
-        try:
-            promql.parse_duration(new)
-        except ValueError as exc:
-            raise ConfigError(f"bad duration: {exc}", file=str(path), key=key,
-                              line=line) from None
-    elif not isinstance(new, (int, float)) or isinstance(new, bool) or not math.isfinite(new):
-        raise ConfigError(f"must be a finite number, got {new!r}", file=str(path), key=key,
-                          line=line)
+@functools.cache
+def thresholds_model() -> type[ConfigModel]:
+    """A field per threshold of the package's thresholds.yaml (the one home of the values),
+    typed by its value there: a Prometheus duration or a number."""
+    defaults, _ = _default_thresholds()
+    fields: dict[str, Any] = {key: (Duration if isinstance(value, str) else AnyNumber, ...)
+                              for key, value in defaults.items()}
+    return create_model("Thresholds", __base__=ThresholdsBase, **fields)
+
+
+def load_thresholds(override: str | Path | None = None) -> dict[str, Any]:
+    """Defaults from the package, with ``override`` (only changed keys) on top."""
+    values, lines = _default_thresholds()
+    file = str(THRESHOLDS_FILE)
+    if override is not None:
+        path = Path(override)
+        root = _compose(path)
+        if root is not None:
+            file, lines = str(path), {}
+            for key, node, line in _mapping(root, path, "the thresholds file"):
+                values[key] = _value(node, path)
+                lines[(key,)] = line
+    return validate(thresholds_model(), values, file=file, lines=lines).model_dump()
 
 
 # --------------------------------------------------------------------------- rules

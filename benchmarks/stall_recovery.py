@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from trainwatch.drill.findings import FindingsWatcher
+from trainwatch.drill.agent_findings import FindingsWatcher
 from trainwatch.proctree import stop
 from trainwatch.rundir import RunDir
 

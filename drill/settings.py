@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from trainwatch.configmodel import validate
 from trainwatch.drill.catalog import Drill
 from trainwatch.errors import ConfigError
 
@@ -82,12 +83,24 @@ def settings_for(drill: Drill, *, nproc_per_node: int = 2, steps: int | None = N
                           f"got {steps}", key="--steps")
     trainer = _merged(TRAINER, drill.trainer)
     trainer["train"]["steps"] = steps
+    thresholds, agent = _merged(THRESHOLDS, drill.thresholds), _merged(AGENT, drill.agent)
+    _check(drill, thresholds, agent)
     return DrillSettings(
         drill=drill, nproc_per_node=nproc_per_node, steps=steps,
         detect_within=drill.detect_within if detect_within is None else detect_within,
         recover_within=drill.recover_within if recover_within is None else recover_within,
-        thresholds=_merged(THRESHOLDS, drill.thresholds), agent=_merged(AGENT, drill.agent),
-        trainer=trainer)
+        thresholds=thresholds, agent=agent, trainer=trainer)
+
+
+def _check(drill: Drill, thresholds: dict[str, Any], agent: dict[str, Any]) -> None:
+    """The drill's thresholds and agent settings through the same typed models as the files
+    a user writes, so a mistake in a drill fails before its run starts, naming the key."""
+    from trainwatch.agent.config import agent_settings_model
+    from trainwatch.alerts.rules import load_thresholds, thresholds_model
+
+    validate(thresholds_model(), {**load_thresholds(), **thresholds},
+             file=f"drill {drill.name} (thresholds)")
+    validate(agent_settings_model(), agent, file=f"drill {drill.name} (agent)")
 
 
 def write_files(settings: DrillSettings, folder: Path) -> dict[str, Path]:

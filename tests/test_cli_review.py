@@ -72,7 +72,7 @@ def test_run_with_a_bad_agent_config_exits_2_before_starting_anything(tmp_path):
     done = tw("run", "--nproc-per-node", "1", "--run-dir", str(tmp_path / "run"), "--no-live",
               "--agent-config", str(config))
     assert done.returncode == 2
-    assert f"{config}, key 'colectors': unknown key" in done.stderr
+    assert f"{config}:1, key 'colectors': unknown key" in done.stderr
     assert not (tmp_path / "run").exists()
 
 

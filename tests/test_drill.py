@@ -94,6 +94,21 @@ def test_impossible_settings_are_bad_usage():
     assert settings_for(drill, steps=20, detect_within=0).detect_within == 0
 
 
+@pytest.mark.parametrize("change, file, key", [
+    ({"agent": {"stall": {"floor_secs": 1}}}, "drill rank-killed (agent)", "stall.floor_secs"),
+    ({"agent": {"collectors": {"ranks": {"interval": 0}}}}, "drill rank-killed (agent)",
+     "collectors.ranks.interval"),
+    ({"thresholds": {"stall_for": "soon"}}, "drill rank-killed (thresholds)", "stall_for"),
+])
+def test_a_drill_with_a_bad_setting_fails_before_it_runs_naming_the_key(change, file, key):
+    import dataclasses
+
+    drill = dataclasses.replace(catalog.get("rank-killed"), **change)
+    with pytest.raises(ConfigError) as err:
+        settings_for(drill)
+    assert (err.value.file, err.value.key) == (file, key)
+
+
 def test_list_shows_the_catalog_and_its_json_is_stable():
     done = drill_cli("list", "--json")
     assert done.returncode == 0, done.stderr
