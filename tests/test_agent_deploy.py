@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from trainwatch.rundir import iter_run_dirs
 

@@ -37,7 +37,7 @@ SITUATION = {
                 "TrainingStragglerNode", "TrainwatchAgentDown", "TrainwatchCollectorFailing",
                 "TrainwatchVersionSkew", "GPUXidErrors", "GPUUncorrectableECC",
                 "GPUThermalThrottling", "GPUPowerThrottling", "NetworkInterfaceErrors",
-                "NetworkLinkFlapping", "TrainwatchRunUnreadable"],
+                "NetworkLinkFlapping", "TrainwatchRunUnreadable", "TrainwatchCannotPublish"],
 }
 # Sections whose commands act on a job that is not running (they restart it).
 STOPPED_JOB_SECTIONS = ("Restart by hand",)
