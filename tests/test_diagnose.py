@@ -149,13 +149,21 @@ def test_sigstop_rank_named_stuck_on_4_ranks_within_20s(start_job, agent, tmp_pa
     job.wait_step(10)
     os.kill(job.pid(2), signal.SIGSTOP)
     job.wait(stalled_for(3), "no progress for 3 s")
-    started = time.monotonic()
-    code, report, _ = diagnose(job.run, "--stall-after", "2", "--agent", agent)
-    elapsed = time.monotonic() - started
-    print(f"diagnose on 4 ranks (one SIGSTOPped): {elapsed:.1f} s")
-    assert elapsed < 20, f"diagnose took {elapsed:.1f} s on 4 ranks"
+    # On a loaded machine a healthy rank may still be finishing its step: ask again until
+    # every other rank waits in the collective (each diagnose must still be fast).
+    deadline = time.monotonic() + 60
+    while True:
+        started = time.monotonic()
+        code, report, _ = diagnose(job.run, "--stall-after", "2", "--agent", agent)
+        elapsed = time.monotonic() - started
+        print(f"diagnose on 4 ranks (one SIGSTOPped): {elapsed:.1f} s")
+        assert elapsed < 20, f"diagnose took {elapsed:.1f} s on 4 ranks"
+        finding = top(report)
+        waits = [e for e in finding.get("evidence", []) if "wait in collective" in e]
+        if (waits and "[0, 1, 3]" in waits[0]) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     assert code == 1
-    finding = top(report)
     assert finding["category"] == "rank_stuck" and finding["ranks"] == [2], finding
     assert "stopped" in finding["title"]
     waiting = next(e for e in finding["evidence"] if "wait in collective" in e)
@@ -170,8 +178,16 @@ def test_sigstop_rank_named_stuck_on_4_ranks_within_20s(start_job, agent, tmp_pa
     assert not [line for line in report["could_not_see"] if "agent" in line]
     # The same stall is one incident, and one TrainingStalled alert naming rank 2 with its
     # three waiting ranks, in the embedded engine and in a real Prometheus.
-    incident = next(f for f in get_json(agent + "/status")["findings"]
-                    if f["kind"] == "stall_incident")
+    # The agent judges on its own budget (a few seconds past diagnose's --stall-after).
+    deadline = time.monotonic() + 60
+    while True:
+        incidents = [f for f in get_json(agent + "/status")["findings"]
+                     if f["kind"] == "stall_incident"]
+        if incidents or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert len(incidents) == 1, incidents
+    incident = incidents[0]
     assert incident["culprit_ranks"] == [2] and incident["stall_kind"] == "frozen", incident
     embedded = one_stall_alert_embedded(agent, tmp_path)
     assert embedded.labels["culprit_rank"] == "2" and embedded.value == 3, embedded
