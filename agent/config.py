@@ -182,13 +182,25 @@ class AgentSettingsBase(ConfigModel):
     straggler: Annotated[StragglerSettings, Section] = Field(default_factory=StragglerSettings)
 
 
-@functools.cache
 def agent_settings_model() -> type[ConfigModel]:
-    """The agent config file's model: fixed sections plus one per registered collector."""
+    """The agent config file's model: fixed sections plus one per registered collector.
+
+    Built again when the registered collectors change (one registered after the first
+    config was read must still get its section)."""
     from trainwatch.agent.registry import all_collectors
 
+    specs = all_collectors()
+    return _settings_model(tuple((name, id(spec)) for name, spec in sorted(specs.items())))
+
+
+@functools.cache
+def _settings_model(registered: tuple[tuple[str, int], ...]) -> type[ConfigModel]:
+    from trainwatch.agent.registry import all_collectors
+
+    specs = all_collectors()
     sections: dict[str, Any] = {}
-    for name, spec in sorted(all_collectors().items()):
+    for name, _ in registered:
+        spec = specs[name]
         fields: dict[str, Any] = {
             "enabled": (bool, spec.default_enabled),
             "interval": (Seconds, spec.interval),
