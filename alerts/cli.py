@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -244,6 +245,9 @@ def receive(rules_file, thresholds_file, run_dir, listen, token_file, nproc_per_
     click.echo(f"receiving Alertmanager webhooks on {receiver.url}/webhook "
                f"(job {runner.job}{', dry run' if dry_run else ''})")
     supervisor = None
+    # SIGTERM (systemctl stop, a pod's end) stops the job it started as Ctrl-C does, never
+    # leaving it orphaned.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     if controller is not None:
         controller.start()
         supervisor = Supervisor(controller, runner).start()
