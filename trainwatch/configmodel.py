@@ -125,6 +125,23 @@ def config_error(model: type[BaseModel], error: Any, *, file: str | None,
 _ITEM_NOUNS = {"int_type": "ints", "int_from_float": "ints", "string_type": "strs",
                "float_type": "numbers"}
 
+_NUMBER = "must be a finite number, got {value!r}"
+_WHOLE = "must be a whole number, got {value!r}"
+_MAPPING = "must be a mapping, got {type}"
+# pydantic error kind -> what a person reads after "key 'a.b':".
+_MESSAGES = {
+    "float_type": _NUMBER, "float_parsing": _NUMBER, "finite_number": _NUMBER,
+    "int_type": _WHOLE, "int_parsing": _WHOLE, "int_from_float": _WHOLE,
+    "bool_type": "must be true or false, got {value!r}",
+    "string_too_short": "must be a non-empty string, got {value!r}",
+    "string_type": "must be a string, got {value!r}",
+    "list_type": "must be a list, got {type}",
+    "dict_type": _MAPPING, "model_type": _MAPPING, "model_attributes_type": _MAPPING,
+    "greater_than": "must be > {ctx[gt]}, got {value!r}",
+    "greater_than_equal": "must be >= {ctx[ge]}, got {value!r}",
+    "less_than_equal": "must be <= {ctx[le]}, got {value!r}",
+}
+
 
 def _problem(model: type[BaseModel], error: Any, loc: tuple[str, ...]) -> str:
     kind, value, ctx = error["type"], error.get("input"), error.get("ctx") or {}
@@ -133,26 +150,9 @@ def _problem(model: type[BaseModel], error: Any, loc: tuple[str, ...]) -> str:
         known = sorted(parent.model_fields) if parent else []
         noun = getattr(parent, "unknown_noun", "key") if parent else "key"
         return f"unknown {noun} (known: {', '.join(known)})"
-    if kind in ("float_type", "float_parsing", "finite_number"):
-        return f"must be a finite number, got {value!r}"
-    if kind in ("int_type", "int_parsing", "int_from_float"):
-        return f"must be a whole number, got {value!r}"
-    if kind == "bool_type":
-        return f"must be true or false, got {value!r}"
-    if kind == "string_too_short":
-        return f"must be a non-empty string, got {value!r}"
-    if kind == "string_type":
-        return f"must be a string, got {value!r}"
-    if kind == "list_type":
-        return f"must be a list, got {type(value).__name__}"
-    if kind in ("dict_type", "model_type", "model_attributes_type"):
-        return f"must be a mapping, got {type(value).__name__}"
-    if kind == "greater_than":
-        return f"must be > {ctx['gt']}, got {value!r}"
-    if kind == "greater_than_equal":
-        return f"must be >= {ctx['ge']}, got {value!r}"
-    if kind == "less_than_equal":
-        return f"must be <= {ctx['le']}, got {value!r}"
+    template = _MESSAGES.get(kind)
+    if template is not None:
+        return template.format(value=value, type=type(value).__name__, ctx=ctx)
     if kind == "value_error":
         return str(ctx.get("error") or error["msg"])
     return str(error["msg"])
