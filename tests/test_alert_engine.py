@@ -201,3 +201,42 @@ def test_alerts_watch_cli_scrapes_an_agent_and_journals(tmp_path):
         proc.wait(timeout=30)
         server.shutdown()
         server.server_close()
+
+
+def test_an_action_answered_not_final_is_asked_again_while_its_alert_fires(fast_rules):
+    """A refuted stall is looked at again (not only when the alert starts firing), and
+    nothing more is asked once an answer is final or the alert resolves."""
+    from trainwatch.alerts.actions import Outcome
+    from trainwatch.alerts.loop import EngineLoop, connect_actions
+
+    class Runner:  # answers: not confirmed, not confirmed, then acted
+        job, guard_tripped, on_guard = "exp1", False, None
+        policy = Policy(recheck_seconds=0.2)
+
+        def __init__(self):
+            self.asked = []
+
+        def handle(self, req):
+            self.asked.append(req.alertname)
+            return Outcome(len(self.asked) >= 3, "x", final=len(self.asked) >= 3)
+
+    runner, history = Runner(), History()
+    engine = Engine(fast_rules, history)
+    loop = EngineLoop(engine, None, interval=1.0)
+    connect_actions(engine, runner, loop)
+    t = 0.0
+
+    def tick_until(done, seconds=10.0):
+        nonlocal t
+        deadline = time.monotonic() + seconds
+        while not done() and time.monotonic() < deadline:
+            stall(history, t, 100.0 + t)
+            loop.tick(t)
+            t += 15.0
+            time.sleep(0.05)
+        return done()
+
+    assert tick_until(lambda: len(runner.asked) >= 3)
+    assert runner.asked == ["TrainingStalled"] * 3
+    tick_until(lambda: False, seconds=1.0)  # final: never asked again while it fires
+    assert len(runner.asked) == 3
