@@ -1,8 +1,9 @@
 """`trainwatch run` end to end: the real trainer under torchrun, the real agent, the engine.
 
 SIGSTOP a rank -> the agent flags the stall -> TrainingStallSuspected fires -> the
-controller confirms the stall itself -> evidence is captured, the job is killed and restarted -> it resumes from its newest verified
-checkpoint and finishes.  A crash loop trips the no-progress guard, which raises
+controller confirms the stall itself -> evidence is captured, the job is killed and
+restarted -> it resumes from its newest verified checkpoint and finishes.  A crash loop
+trips the no-progress guard, which raises
 TrainingRestartLoop.  Needs the agent and checkpoints.
 """
 
