@@ -151,7 +151,6 @@ def open_run_file(path: str | Path, root: str | Path | None = None) -> tuple[int
     ``root``: symlinks may point anywhere inside it, never out of it.  FileNotFoundError
     passes through (a missing file is not a bad one).
     """
-    path = Path(path)
     try:
         before = _stat_inside(path, root)
         if not stat.S_ISREG(before.st_mode):
@@ -172,7 +171,7 @@ def open_run_file(path: str | Path, root: str | Path | None = None) -> tuple[int
     return fd, st
 
 
-def _stat_inside(path: Path, root: str | Path | None) -> os.stat_result:
+def _stat_inside(path: str | Path, root: str | Path | None) -> os.stat_result:
     """``os.stat(path)``, once ``path`` is known to stay inside ``root`` (SkippedFile if not).
 
     Fast path (every status and beat file, every second): ``path`` is spelled as ``root``
@@ -328,8 +327,7 @@ def check_status(obj: dict[str, Any], path: str | Path) -> dict[str, Any]:
     rank = obj.get("rank")
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < MAX_RANK:
         raise SkippedFile(path, "wrong_type", f"rank {_short(rank)} is not a rank number")
-    name = Path(path).name
-    if name != f"rank-{rank:05d}.json":
+    if os.path.basename(path) != f"rank-{rank:05d}.json":
         raise SkippedFile(path, "rank_mismatch", f"says rank {rank}, its name says otherwise")
     for key, types in _STATUS_TYPES.items():
         value = obj.get(key)
@@ -486,7 +484,9 @@ class RunDir(RunLayout):
             return result
         except (FileNotFoundError, NotADirectoryError):
             return result
-        for path in sorted(self.status_dir / n for n in fnmatch.filter(names, STATUS_FILE_GLOB)):
+        folder = os.fspath(self.status_dir)  # plain strings: this runs every second per rank
+        for path in (os.path.join(folder, n) for n in sorted(fnmatch.filter(names,
+                                                                             STATUS_FILE_GLOB))):
             try:
                 record = check_status(read_record(path, STATUS_FORMAT, root=self.root), path)
             except SkippedFile as exc:

@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from trainwatch.beat import beat_path, read_beat
+from trainwatch.beat import beat_name, read_beat
 from trainwatch.host.procinfo import ProcessTracker
 from trainwatch.agent.registry import Collector, Result, label_values, register
 from trainwatch.contract.states import KNOWN_PHASES, PROCESS_STATES, RANK_STATES
@@ -246,8 +246,9 @@ class RanksCollector(Collector):
                    node=self.ctx.node)
         ranks = []
         env: dict[int, dict[str, str]] = {}
+        status_dir = os.fspath(run.status_dir)
         for status in sorted(local, key=lambda r: r["rank"]):
-            beat = read_beat(beat_path(run.status_dir, status["rank"]), run.root)
+            beat = read_beat(os.path.join(status_dir, beat_name(status["rank"])), run.root)
             rank = self._rank(key, status, beat, now, mono, job_name, result)
             ranks.append(rank)
             if isinstance(status.get("pid"), int):
