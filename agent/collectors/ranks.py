@@ -67,16 +67,25 @@ class _Labels:
     """The label sets of one rank's series, made once while its labels stay the same (a
     rank exports dozens of series every second)."""
 
-    __slots__ = ("base", "states", "processes", "phases")
+    __slots__ = ("base", "states", "processes", "phases", "info", "info_of")
 
     def __init__(self, base: dict[str, str]):
         self.base = base
+        self.info: dict[str, str] = {}
+        self.info_of: tuple[Any, Any] | None = None  # (backend, device) ``info`` is for
         self.states = {name: {**base, "state": name} for name in RANK_STATES}
         self.processes = {name: {**base, "state": name} for name in PROCESS_STATES}
         self.phases = {name: {**base, "phase": name} for name in KNOWN_PHASES}
 
     def phase(self, name: str) -> dict[str, str]:
         return self.phases.get(name) or {**self.base, "phase": name}
+
+    def info_labels(self, backend: Any, device: Any) -> dict[str, str]:
+        if self.info_of != (backend, device):
+            self.info_of = (backend, device)
+            self.info = {**self.base, **label_values({"backend": backend or "",
+                                                      "device": device or ""})}
+        return self.info
 
 
 def _budgets(declared: Any) -> dict[str, float]:
@@ -351,8 +360,7 @@ class RanksCollector(Collector):
         heartbeat_at, progress_at = _num(s.get("heartbeat_at")), _num(s.get("last_progress_at"))
         phase_since = _num(s.get("phase_since"))
 
-        add("trainwatch_rank_info", 1, {**base, **label_values(
-            {"backend": s.get("backend") or "", "device": s.get("device") or ""})})
+        add("trainwatch_rank_info", 1, labels.info_labels(s.get("backend"), s.get("device")))
         for name in RANK_STATES:
             add("trainwatch_rank_state", name == state, labels.states[name])
         add("trainwatch_rank_step", _num(s.get("step")), base)
