@@ -175,18 +175,17 @@ def test_checkpoint_list_reads_manifests_only_and_prints_human_sizes(tmp_path):
     assert "step-00000010" in done.stdout and "3.0 MiB" in done.stdout
 
 
-@pytest.mark.parametrize("command", [["train"], ["agent", "--check-config"]])
+@pytest.mark.parametrize("command", [["train"], ["run"], ["agent", "--check-config"]])
 def test_writers_take_the_run_dir_as_argument_or_option(tmp_path, command):
-    """train and agent took only --run-dir; RUN_DIR works too."""
+    """train, run and agent took only --run-dir; RUN_DIR works too."""
     run_dir = tmp_path / "exp"
-    as_arg = tw(*command, str(run_dir), "--nproc-per-node", "0") if command == ["train"] \
-        else tw(*command, str(run_dir))
-    as_opt = tw(*command, "--run-dir", str(run_dir), "--nproc-per-node", "0") \
-        if command == ["train"] else tw(*command, "--run-dir", str(run_dir))
+    bad = ["--nproc-per-node", "0"] if command != ["agent", "--check-config"] else []
+    as_arg = tw(*command, str(run_dir), *bad)
+    as_opt = tw(*command, "--run-dir", str(run_dir), *bad)
     assert as_arg.returncode == as_opt.returncode
     assert as_arg.stdout == as_opt.stdout and as_arg.stderr == as_opt.stderr
-    if command == ["train"]:
-        assert as_arg.returncode == 2 and "--nproc-per-node" in as_arg.stderr
+    if bad:
+        assert as_arg.returncode == 2 and "nproc" in as_arg.stderr, as_arg.stderr
     else:
         assert as_arg.returncode == 0 and str(run_dir) in as_arg.stdout
 
