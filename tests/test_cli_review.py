@@ -2,6 +2,7 @@
 input, never a traceback (found by walking the README and every --help as a new user)."""
 
 import socket
+import os
 import subprocess
 import sys
 
@@ -244,3 +245,16 @@ def test_checkpoint_digest_tells_no_checkpoints_from_none_that_verifies(tmp_path
     bad = tw("checkpoint", "digest", str(tmp_path))
     assert bad.returncode == 2
     assert "no checkpoint here verifies (1 complete; `trainwatch checkpoint verify" in bad.stderr
+
+
+def test_the_launcher_starts_torchrun_without_importing_torch_itself(tmp_path):
+    """`trainwatch train` (and every restart by the controller) only parses the config and
+    the faults before torchrun: importing torch there cost seconds of every restart."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "trainwatch", "train",
+                           str(tmp_path / "exp"), "--nproc-per-node", "0"],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "TRAINWATCH_FAULT": "nan:step=3"})
+    assert done.returncode == 2, done.stderr[-2000:]  # refused before torchrun: nothing ran
+    imported = {ln.rsplit("|", 1)[1].strip().split(".")[0] for ln in done.stderr.splitlines()
+                if ln.startswith("import time:") and "|" in ln}
+    assert "trainwatch" in imported and "torch" not in imported
