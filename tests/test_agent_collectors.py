@@ -185,10 +185,14 @@ def test_ranks_look_at_an_on_time_ranks_process_every_few_seconds_and_a_late_one
     write_status(run, 0, rank.pid)
     ranks = collector(make_ctx([run.root], collectors={"ranks": {"process_every": 3600}}),
                       "ranks")
+    def kernel_state() -> str:
+        return open(f"/proc/{rank.pid}/stat").read().split(") ")[1][:1]
     try:
+        while kernel_state() != "S":  # sleep(1) has started sleeping
+            time.sleep(0.01)
         assert value(ranks.collect(), "trainwatch_process_state", state="sleeping") == 1
         os.kill(rank.pid, signal.SIGSTOP)
-        while not open(f"/proc/{rank.pid}/stat").read().split(") ")[1].startswith("T"):
+        while kernel_state() != "T":
             time.sleep(0.01)
         deadline = time.time() + 30
         while time.time() < deadline:
