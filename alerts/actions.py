@@ -78,6 +78,8 @@ class Policy:
     # for at least / at most this long.
     confirm_min_seconds: float = 2.0
     confirm_max_seconds: float = 30.0
+    # A stall the evidence did not confirm is asked again this often while its alert fires.
+    recheck_seconds: float = 60.0
     # Optional scheduler adapter for stragglers: a command template run after the
     # checkpoint, e.g. "scontrol requeue {slurm_job_id}" or "kubectl cordon {node}".
     straggler_command: str | None = None
@@ -89,6 +91,7 @@ class Policy:
                    skip_window_steps=int(thresholds["skip_window_steps"]),
                    confirm_min_seconds=float(thresholds.get("stall_confirm_min_seconds", 2)),
                    confirm_max_seconds=float(thresholds.get("stall_confirm_max_seconds", 30)),
+                   recheck_seconds=float(thresholds.get("stall_recheck_seconds", 60)),
                    **kw)
 
 

@@ -6,6 +6,8 @@ import logging
 import threading
 import time
 
+from typing import Callable
+
 from trainwatch.alerts.actions import ActionRequest, ActionRunner
 from trainwatch.alerts.engine import Alert, Engine
 from trainwatch.alerts.evaluate import labels_key
@@ -28,6 +30,8 @@ class EngineLoop:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.ticks = 0
+        # Called with the tick's time after each evaluation (re-asking open actions).
+        self.after_tick: list[Callable[[float], None]] = []
 
     def set_local(self, labels: dict[str, str], value: float) -> None:
         self.local[labels_key(labels)] = value
@@ -39,6 +43,8 @@ class EngineLoop:
         for key, value in self.local.items():
             self.engine.history.add(key, t, value)
         self.engine.evaluate(t)
+        for hook in self.after_tick:
+            hook(t)
         self.ticks += 1
 
     def start(self) -> "EngineLoop":
@@ -62,20 +68,59 @@ class EngineLoop:
 
 
 def connect_actions(engine: Engine, runner: ActionRunner, loop: EngineLoop) -> None:
-    """Firing alerts with an action go to the runner; a tripped guard becomes a metric."""
+    """Firing alerts with an action go to the runner; a tripped guard becomes a metric.
+
+    The engine announces an alert once, when it starts firing. An answer that is not final
+    (a stall the controller's own evidence did not confirm) is asked again every
+    ``policy.recheck_seconds`` while the alert keeps firing, as Alertmanager's
+    ``repeat_interval`` re-delivers to the webhook receiver: a stall that was refuted while
+    the job still moved and then became real is acted on without a new alert.
+    """
+    lock = threading.Lock()
+    busy: set[str] = set()  # fingerprints being handled now
+    reask_at: dict[str, float] = {}  # fingerprint -> monotonic time to ask again
+
+    def handle(alert: Alert, req: ActionRequest) -> None:
+        final = False
+        try:
+            final = runner.handle(req).final
+        finally:  # an action that raised is asked again too
+            with lock:
+                busy.discard(alert.fingerprint)
+                if final:
+                    reask_at.pop(alert.fingerprint, None)
+                else:
+                    reask_at[alert.fingerprint] = (time.monotonic()
+                                                   + runner.policy.recheck_seconds)
+
     def on_firing(alert: Alert) -> None:
+        with lock:
+            if alert.fingerprint in busy:
+                return
+            busy.add(alert.fingerprint)
         req = ActionRequest(alert.name, alert.rule.action, dict(alert.labels),
                             alert.fingerprint, rfc3339(alert.active_at), "engine",
                             dict(alert.annotations))
         # Acting (evidence, stopping the job) takes seconds; evaluation must not wait.
-        threading.Thread(target=runner.handle, args=(req,), name="tw-action",
+        threading.Thread(target=handle, args=(alert, req), name="tw-action",
                          daemon=True).start()
+
+    def reask(_t: float) -> None:
+        firing = {a.fingerprint: a for a in engine.firing() if a.rule.action}
+        now = time.monotonic()
+        with lock:
+            for fp in [fp for fp in reask_at if fp not in firing]:
+                del reask_at[fp]  # resolved: nothing left to ask
+            due = [firing[fp] for fp, at in reask_at.items() if at <= now and fp not in busy]
+        for alert in due:
+            on_firing(alert)
 
     def on_guard(job: str, tripped: bool) -> None:
         loop.set_local({"__name__": "trainwatch_action_restart_guard_tripped", RUN_LABEL: job},
                        1.0 if tripped else 0.0)
 
     engine.on_firing = on_firing
+    loop.after_tick.append(reask)
     runner.on_guard = on_guard
     loop.set_local({"__name__": "trainwatch_action_restart_guard_tripped", RUN_LABEL: runner.job},
                    1.0 if runner.guard_tripped else 0.0)

@@ -46,7 +46,7 @@ from trainwatch.contract.ports import LOOPBACK
 from trainwatch.contract.stall import RECORD_KEY as STALL_RECORD_KEY
 from trainwatch.errors import ConfigError
 from trainwatch.proctree import stop
-from trainwatch.rundir import RunDir
+from trainwatch.rundir import RunDir, pick_run_dir
 
 
 def _free_port() -> int:
@@ -93,11 +93,32 @@ def _logs_above(console: Console) -> Iterator[None]:
         root.handlers = saved
 
 
-@click.command("run", context_settings={"allow_interspersed_args": False})
+class _RunCommand(click.Command):
+    """``trainwatch run [RUN_DIR] [OPTIONS] [-- COMMAND...]``: what follows ``--`` is the
+    user's own job, untouched; before it, options and at most one RUN_DIR in any order."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        command = args[args.index("--") + 1:] if "--" in args else []
+        rest = super().parse_args(ctx, args[:args.index("--")] if "--" in args else args)
+        before = ctx.params.pop("positional", ())
+        if len(before) > 1:
+            raise click.UsageError(f"one RUN_DIR before --, got {' '.join(before)}; your own "
+                                   "job goes after --: trainwatch run RUN_DIR -- COMMAND ...",
+                                   ctx)
+        ctx.params["run_dir_arg"] = before[0] if before else None
+        ctx.params["command"] = tuple(command)
+        return rest
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return [*super().collect_usage_pieces(ctx), "[-- COMMAND [ARGS]...]"]
+
+
+@click.command("run", cls=_RunCommand)
 @click.option("--nproc-per-node", type=int,
               help="Ranks on this machine (the reference trainer; not with a COMMAND).")
-@click.option("--run-dir", required=True, type=click.Path(file_okay=False),
-              help="Where the run keeps its state (status, metrics, journal, logs).")
+@click.option("--run-dir", type=click.Path(file_okay=False),
+              help="Where the run keeps its state (status, metrics, journal, logs); or give "
+                   "it as RUN_DIR.")
 @click.option("--steps", type=click.IntRange(min=1), help="Override train.steps.")
 @click.option("--config", type=click.Path(dir_okay=False),
               help="Trainer YAML config (see examples/trainer.yaml).")
@@ -119,21 +140,23 @@ def _logs_above(console: Console) -> Iterator[None]:
               show_default=True, metavar="SECONDS",
               help="With a COMMAND: say so when no rank has published telemetry this long "
                    "after a start.")
-@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.argument("positional", nargs=-1, metavar="[RUN_DIR]")
 def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresholds_file,
         rules_file, agent_config, webhook, alertmanager, dry_run, no_live, telemetry_grace,
-        command) -> None:
+        run_dir_arg, command) -> None:
     """Train with the agent and the embedded alert engine watching (Ctrl-C stops all).
 
     \b
-    trainwatch run --nproc-per-node 4 --run-dir runs/exp1        the reference trainer
-    trainwatch run --run-dir runs/exp1 -- COMMAND [ARGS...]      your own job, e.g.
-        trainwatch run --run-dir runs/exp1 -- torchrun --nproc-per-node 4 train.py
+    trainwatch run runs/exp1 --nproc-per-node 4                  the reference trainer
+    trainwatch run runs/exp1 -- COMMAND [ARGS...]                your own job, e.g.
+        trainwatch run runs/exp1 -- torchrun --nproc-per-node 4 train.py
+    (--run-dir runs/exp1 instead of RUN_DIR works too.)
 
     A COMMAND gets $TRAINWATCH_RUN_DIR and is restarted, rolled back and stopped like the
     reference trainer; what it must do for that is in docs/own-trainer.md.
     """
     # Everything is checked before anything starts or the run directory is touched.
+    run_dir = str(pick_run_dir(run_dir_arg, run_dir))
     ruleset = load_rules(rules_file, thresholds_file)
     console = Console()
     if not console.is_terminal:  # logs and pipes: lines long enough not to break commands

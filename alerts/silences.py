@@ -12,6 +12,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from trainwatch.contract.alerts import ACTS_BEFORE
 from trainwatch.errors import ConfigError, FormatError
 from trainwatch.rundir import atomic_write_json, read_run_file
 
@@ -109,8 +110,13 @@ class Silences:
         raise ConfigError(f"no silence with id {silence_id}", file=str(self.path))
 
     def matching(self, labels: dict[str, str], t: float) -> list[Silence]:
+        """Active silences of these labels; an alert that acts before a page
+        (``ACTS_BEFORE``) is also held by a silence of that page."""
         try:
             silences = self.load()
         except ConfigError:
             return []
-        return [s for s in silences if s.active(t) and s.matches(labels)]
+        page = ACTS_BEFORE.get(labels.get("alertname", ""))
+        also = {**labels, "alertname": page} if page else None
+        return [s for s in silences if s.active(t)
+                and (s.matches(labels) or (also is not None and s.matches(also)))]

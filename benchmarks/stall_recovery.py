@@ -8,8 +8,9 @@ freezes one rank with SIGSTOP (a wedged process: it keeps its sockets, so the ot
 wait in the collective) and times, from the SIGSTOP:
 
 * detect: the agent's stall finding (``detected_at``, polled from its ``/status``);
-* confirm: the ``TrainingStalled`` alert firing (``alert_firing`` in the journal);
-* kill: the controller's ``stall_restart`` action (``action_taken``);
+* alert: the ``TrainingStallSuspected`` alert firing (``alert_firing`` in the journal);
+* kill: the controller's ``stall_restart`` action, after it confirmed the stall with its
+  own evidence (``action_taken``; its ``confirmation`` says how long that took);
 * restart: the first ``rank_started`` of the new attempt;
 * first step: the first step the new attempt completed (rank 0's metrics log).
 
@@ -34,7 +35,7 @@ from trainwatch.drill.agent_findings import FindingsWatcher
 from trainwatch.proctree import stop
 from trainwatch.rundir import RunDir
 
-PHASES = ("detect", "confirm", "kill", "restart", "first_step")
+PHASES = ("detect", "alert", "kill", "restart", "first_step")
 
 
 def _wait(what: str, timeout: float, check, every: float = 0.25):
@@ -102,8 +103,8 @@ def one(tmp: Path, nproc: int, timeout: float) -> dict:
                 times["detect"] = stalls[0]["detected_at"]
             events = [e for e in run.events() if isinstance(e.get("time"), (int, float))
                       and e["time"] >= t0]
-            for key, match in (("confirm", lambda e: e["event"] == "alert_firing"
-                                and e.get("alert") == "TrainingStalled"),
+            for key, match in (("alert", lambda e: e["event"] == "alert_firing"
+                                and e.get("alert") == "TrainingStallSuspected"),
                                ("kill", lambda e: e["event"] == "action_taken"),
                                ("restart", lambda e: e["event"] == "rank_started")):
                 if times[key] is None:

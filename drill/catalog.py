@@ -79,7 +79,7 @@ class Drill:
 
 _RANK_DOWN = (Signal(LAUNCHER, "torchrun"), Signal(FINDING, "stall"),
               Signal(ALERT, "TrainingRankDown"))
-_STALL = (Signal(FINDING, "stall"), Signal(ALERT, "TrainingStalled"))
+_STALL = (Signal(FINDING, "stall"), Signal(ALERT, "TrainingStallSuspected"))
 
 DRILLS: tuple[Drill, ...] = (
     Drill(
@@ -109,8 +109,9 @@ DRILLS: tuple[Drill, ...] = (
         fault_kind="hang", fault_step=15, fault_params="launch=1",
         detect=_STALL, recovery=CONTROLLER, action="stall_restart",
         detect_within=30, recover_within=120, steps=40,
-        notes="the agent flags a stall (heartbeats go on, steps do not); TrainingStalled "
-              "fires; stall_restart captures stacks, kills the job and restarts it."),
+        notes="the agent flags a stall (heartbeats go on, steps do not); "
+              "TrainingStallSuspected fires; the controller confirms the stall, stall_restart "
+              "captures stacks, kills the job and restarts it (before TrainingStalled pages)."),
     Drill(
         name="frozen-rank",
         simulates="a whole rank process stops (SIGSTOP; a frozen host, a GPU that wedged the "

@@ -33,7 +33,7 @@ _TIER = {"not_running": 0, "step": 1, "checkpoint": 2, "evaluation": 3, "stalled
          "restart_downtime": 5, "initial_startup": 6, "shutdown": 7}
 # What makes an attempt's silent end a stall rather than a crash: the stall alert, or the
 # controller's stall restart, in its journal window.
-STALL_ALERTS = ("TrainingStalled",)
+STALL_ALERTS = ("TrainingStallSuspected", "TrainingStalled")
 STALL_ACTIONS = ("stall_restart",)
 INCIDENT_OUTCOMES = ("interrupted", "stopped", "ended")
 

@@ -44,6 +44,9 @@ def alertmanager_config(path: Path, receiver_url: str, token_file: Path,
     doc["route"].update(group_wait="1s", group_interval="1s", repeat_interval=repeat_interval)
     doc["route"]["routes"] = [r for r in doc["route"]["routes"]
                               if r["receiver"] == "trainwatch-actions"]
+    for route in doc["route"]["routes"]:  # the actions route repeats on its own clock
+        if "repeat_interval" in route:
+            route["repeat_interval"] = repeat_interval
     doc["receivers"] = [r for r in doc["receivers"] if r["name"] == "trainwatch-actions"]
     hook = doc["receivers"][0]["webhook_configs"][0]
     hook["url"] = receiver_url.rstrip("/") + "/webhook"

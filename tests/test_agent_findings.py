@@ -163,10 +163,14 @@ def test_incident_names_what_a_stuck_culprit_waits_on_from_the_kernel(tmp_path):
                               "fcntl.flock(open(sys.argv[1], 'a'), fcntl.LOCK_EX)",
                               str(tmp_path / "held.lock")])
     try:
-        from trainwatch.host.procinfo import main_thread_wait
-        deadline = time.time() + 30
-        while main_thread_wait(child.pid) is None and time.time() < deadline:
+        from trainwatch.host.procinfo import main_thread_wait, thread_waits
+        # Wait for the flock itself: starting Python, the child also waits on file reads.
+        deadline = time.time() + 60
+        while (main_thread_wait(child.pid) or {}).get("kind") != "file_lock" \
+                and time.time() < deadline:
+            assert child.poll() is None, f"the child exited ({child.returncode})"
             time.sleep(0.05)
+        assert main_thread_wait(child.pid) is not None, thread_waits(child.pid)
         ctx = make_ctx()
         findings = collector(ctx, "findings")
         now = time.time()

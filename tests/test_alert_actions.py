@@ -104,7 +104,7 @@ def _post(url, body, token=TOKEN, raw=None):
         return err.code, json.loads(err.read())
 
 
-def _payload(alertname="TrainingStalled", status="firing", starts="2026-12-02T10:00:00Z",
+def _payload(alertname="TrainingStallSuspected", status="firing", starts="2026-12-02T10:00:00Z",
              fingerprint="a1b2c3d4e5f60718", job="exp1"):
     alert = {"status": status, "labels": {"alertname": alertname, "run": job, "rank": "0",
                                           "severity": "critical"},
@@ -213,6 +213,7 @@ def test_dry_run_hold_silence_and_foreign_job_do_not_act(job, receiver_for):
     _, body = _post(rec.url, _payload(fingerprint="03"))
     assert body["results"][0]["reason"].startswith("held")
     (c.run.control_dir / "hold-actions").unlink()
+    # a silence of the page (TrainingStalled) holds the alert that acts before it
     Silences(c.run.root / "alerts" / "silences.json").add({"alertname": "TrainingStalled"}, 600)
     _, body = _post(rec.url, _payload(fingerprint="04"))
     assert body["results"][0]["reason"] == "silenced"

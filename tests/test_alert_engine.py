@@ -58,17 +58,21 @@ def test_dedup_and_resolve_are_announced_once(tmp_path, fast_rules):
     fired = []
     engine = Engine(fast_rules, history, notifiers=[JournalNotifier(str(run.root))],
                     on_firing=fired.append)
-    for t in range(0, 120, 15):  # stalled from t=0; `for` is 30s
+    for t in range(0, 120, 15):  # stalled from t=0; the page's `for` is 30s, the action's 0s
         stall(history, t, 100.0 + t)
         engine.evaluate(t)
-        assert [a.state for a in engine.alerts()] == (["pending"] if t < 30 else ["firing"])
+        states = {a.name: a.state for a in engine.alerts()}
+        assert states == {"TrainingStallSuspected": "firing",
+                          "TrainingStalled": "pending" if t < 30 else "firing"}
     for t in range(120, 180, 15):
         stall(history, t, 0.0)
         engine.evaluate(t)
     firing, resolved = run.events("alert_firing"), run.events("alert_resolved")
-    assert len(firing) == 1 and len(resolved) == 1 and len(fired) == 1
-    assert firing[0]["alert"] == "TrainingStalled" and firing[0]["labels"]["culprit_rank"] == "0"
-    assert firing[0]["value"] == 1.0  # the ranks waiting for the culprit
+    assert [e["alert"] for e in firing] == ["TrainingStallSuspected", "TrainingStalled"]
+    assert len(resolved) == 2
+    assert [a.name for a in fired] == ["TrainingStallSuspected"]  # only it acts, once
+    assert firing[1]["labels"]["culprit_rank"] == "0" and firing[1]["labels"]["severity"] == "critical"
+    assert firing[1]["value"] == 1.0  # the ranks waiting for the culprit
 
 
 def test_silenced_alerts_neither_notify_nor_act(tmp_path, fast_rules):
@@ -81,12 +85,15 @@ def test_silenced_alerts_neither_notify_nor_act(tmp_path, fast_rules):
     for t in (0, 30, 60):
         stall(history, t, 100.0)
         engine.evaluate(t)
+    # silencing the page holds the alert that acts before it (TrainingStallSuspected) too
     assert engine.firing() and not fired and not run.events("alert_firing")
     silences.expire(silence.id, now=60)
     stall(history, 90, 100.0, culprit="1")  # a new incident after the silence ended
     engine.evaluate(90)
     engine.evaluate(120)
-    assert [e["labels"]["culprit_rank"] for e in run.events("alert_firing")] == ["1"]
+    assert [(e["alert"], e["labels"]["culprit_rank"]) for e in run.events("alert_firing")] == [
+        ("TrainingStallSuspected", "1"), ("TrainingStalled", "1")]
+    assert [a.name for a in fired] == ["TrainingStallSuspected"]
 
 
 def test_silence_cli_roundtrip(tmp_path):
@@ -120,8 +127,9 @@ def test_scraping_a_real_exporter_and_agent_down(fast_rules):
         for t in (15, 30, 45):
             scraper.scrape_all(t)
             engine.evaluate(t)
-        assert [a.name for a in engine.firing()] == ["TrainingStalled"]
-        assert engine.firing()[0].value == 1
+        assert sorted(a.name for a in engine.firing()) == ["TrainingStallSuspected",
+                                                           "TrainingStalled"]
+        assert {a.value for a in engine.firing()} == {1}
     finally:
         server.shutdown()
         server.server_close()
@@ -150,7 +158,7 @@ def test_webhook_notifier_speaks_the_receivers_format(tmp_path, fast_rules):
         receiver.stop()
     skipped = run.events("action_skipped")
     assert len(skipped) == 1 and skipped[0]["reason"] == "no job controller attached (report only)"
-    assert skipped[0]["delivery"] == "webhook" and skipped[0]["alert"] == "TrainingStalled"
+    assert skipped[0]["delivery"] == "webhook" and skipped[0]["alert"] == "TrainingStallSuspected"
 
 
 @pytest.mark.slow
@@ -194,10 +202,51 @@ def test_alerts_watch_cli_scrapes_an_agent_and_journals(tmp_path):
                              "--target", f"127.0.0.1:{server.server_address[1]}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        firing = _wait_for(lambda: run.events("alert_firing"), timeout=60)
-        assert firing[0]["alert"] == "TrainingStalled" and firing[0]["labels"]["culprit_rank"] == "3"
+        firing = _wait_for(lambda: len(run.events("alert_firing")) == 2
+                           and run.events("alert_firing"), timeout=60)
+        assert {e["alert"] for e in firing} == {"TrainingStallSuspected", "TrainingStalled"}
+        assert {e["labels"]["culprit_rank"] for e in firing} == {"3"}
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
         server.shutdown()
         server.server_close()
+
+
+def test_an_action_answered_not_final_is_asked_again_while_its_alert_fires(fast_rules):
+    """A refuted stall is looked at again (not only when the alert starts firing), and
+    nothing more is asked once an answer is final or the alert resolves."""
+    from trainwatch.alerts.actions import Outcome
+    from trainwatch.alerts.loop import EngineLoop, connect_actions
+
+    class Runner:  # answers: not confirmed, not confirmed, then acted
+        job, guard_tripped, on_guard = "exp1", False, None
+        policy = Policy(recheck_seconds=0.2)
+
+        def __init__(self):
+            self.asked = []
+
+        def handle(self, req):
+            self.asked.append(req.alertname)
+            return Outcome(len(self.asked) >= 3, "x", final=len(self.asked) >= 3)
+
+    runner, history = Runner(), History()
+    engine = Engine(fast_rules, history)
+    loop = EngineLoop(engine, None, interval=1.0)
+    connect_actions(engine, runner, loop)
+    t = 0.0
+
+    def tick_until(done, seconds=10.0):
+        nonlocal t
+        deadline = time.monotonic() + seconds
+        while not done() and time.monotonic() < deadline:
+            stall(history, t, 100.0 + t)
+            loop.tick(t)
+            t += 15.0
+            time.sleep(0.05)
+        return done()
+
+    assert tick_until(lambda: len(runner.asked) >= 3)
+    assert runner.asked == ["TrainingStallSuspected"] * 3
+    tick_until(lambda: False, seconds=1.0)  # final: never asked again while it fires
+    assert len(runner.asked) == 3

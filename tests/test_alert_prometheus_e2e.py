@@ -1,7 +1,7 @@
 """Real Prometheus -> real Alertmanager -> trainwatch's webhook receiver -> restart.
 
 Prometheus (rules exported by `trainwatch alerts export`) scrapes an exporter with
-a stalled rank; TrainingStalled fires; Alertmanager routes it to the receiver, which
+a stalled rank; TrainingStallSuspected fires; Alertmanager routes it to the receiver, which
 captures evidence and restarts the real job process.  Alertmanager's own repeated
 notifications of the same alert are duplicate deliveries that must not act again.
 """
@@ -120,7 +120,7 @@ def test_prometheus_alertmanager_webhook_restarts_the_job_once(tmp_path, process
         stall.labels("exp1", "n1", "0", "frozen").set(120)
 
         taken = _wait_for(lambda: runner.run.events("action_taken"), timeout=90)
-        assert taken[0]["alert"] == "TrainingStalled" and taken[0]["delivery"] == "webhook"
+        assert taken[0]["alert"] == "TrainingStallSuspected" and taken[0]["delivery"] == "webhook"
         # one alert per run incident: the run and the culprit, not the scrape job's labels
         assert taken[0]["labels"]["culprit_rank"] == "0" and taken[0]["labels"]["run"] == "exp1"
         _wait_for(lambda: len(_starts(controller.run)) == 2)

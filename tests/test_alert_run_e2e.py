@@ -1,8 +1,9 @@
 """`trainwatch run` end to end: the real trainer under torchrun, the real agent, the engine.
 
-SIGSTOP a rank -> the agent flags the stall -> TrainingStalled fires -> evidence is
-captured, the job is killed and restarted -> it resumes from its newest verified
-checkpoint and finishes.  A crash loop trips the no-progress guard, which raises
+SIGSTOP a rank -> the agent flags the stall -> TrainingStallSuspected fires -> the
+controller confirms the stall itself -> evidence is captured, the job is killed and
+restarted -> it resumes from its newest verified checkpoint and finishes.  A crash loop
+trips the no-progress guard, which raises
 TrainingRestartLoop.  Needs the agent and checkpoints.
 """
 
@@ -81,9 +82,10 @@ def test_sigstopped_rank_is_restarted_from_checkpoint_and_finishes(tmp_path):
     events = run.events()
     names = [e["event"] for e in events]
     firing = [e for e in events if e["event"] == "alert_firing"]
-    assert firing[0]["alert"] == "TrainingStalled"
+    assert firing[0]["alert"] == "TrainingStallSuspected"
     taken = [e for e in events if e["event"] == "action_taken"]
     assert len(taken) == 1 and taken[0]["action"] == "stall_restart"
+    assert taken[0]["alert"] == "TrainingStallSuspected" and taken[0]["confirmation"]["confirmed"]
     evidence = taken[0]["evidence"]
     assert os.path.exists(os.path.join(evidence, "rank-00001.json"))
     assert "stopped" in open(os.path.join(evidence, "py-spy-rank-00001.txt")).read()

@@ -2,6 +2,7 @@
 input, never a traceback (found by walking the README and every --help as a new user)."""
 
 import socket
+import os
 import subprocess
 import sys
 
@@ -175,18 +176,17 @@ def test_checkpoint_list_reads_manifests_only_and_prints_human_sizes(tmp_path):
     assert "step-00000010" in done.stdout and "3.0 MiB" in done.stdout
 
 
-@pytest.mark.parametrize("command", [["train"], ["agent", "--check-config"]])
+@pytest.mark.parametrize("command", [["train"], ["run"], ["agent", "--check-config"]])
 def test_writers_take_the_run_dir_as_argument_or_option(tmp_path, command):
-    """train and agent took only --run-dir; RUN_DIR works too."""
+    """train, run and agent took only --run-dir; RUN_DIR works too."""
     run_dir = tmp_path / "exp"
-    as_arg = tw(*command, str(run_dir), "--nproc-per-node", "0") if command == ["train"] \
-        else tw(*command, str(run_dir))
-    as_opt = tw(*command, "--run-dir", str(run_dir), "--nproc-per-node", "0") \
-        if command == ["train"] else tw(*command, "--run-dir", str(run_dir))
+    bad = ["--nproc-per-node", "0"] if command != ["agent", "--check-config"] else []
+    as_arg = tw(*command, str(run_dir), *bad)
+    as_opt = tw(*command, "--run-dir", str(run_dir), *bad)
     assert as_arg.returncode == as_opt.returncode
     assert as_arg.stdout == as_opt.stdout and as_arg.stderr == as_opt.stderr
-    if command == ["train"]:
-        assert as_arg.returncode == 2 and "--nproc-per-node" in as_arg.stderr
+    if bad:
+        assert as_arg.returncode == 2 and "nproc" in as_arg.stderr, as_arg.stderr
     else:
         assert as_arg.returncode == 0 and str(run_dir) in as_arg.stdout
 
@@ -245,3 +245,16 @@ def test_checkpoint_digest_tells_no_checkpoints_from_none_that_verifies(tmp_path
     bad = tw("checkpoint", "digest", str(tmp_path))
     assert bad.returncode == 2
     assert "no checkpoint here verifies (1 complete; `trainwatch checkpoint verify" in bad.stderr
+
+
+def test_the_launcher_starts_torchrun_without_importing_torch_itself(tmp_path):
+    """`trainwatch train` (and every restart by the controller) only parses the config and
+    the faults before torchrun: importing torch there cost seconds of every restart."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "trainwatch", "train",
+                           str(tmp_path / "exp"), "--nproc-per-node", "0"],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "TRAINWATCH_FAULT": "nan:step=3"})
+    assert done.returncode == 2, done.stderr[-2000:]  # refused before torchrun: nothing ran
+    imported = {ln.rsplit("|", 1)[1].strip().split(".")[0] for ln in done.stderr.splitlines()
+                if ln.startswith("import time:") and "|" in ln}
+    assert "trainwatch" in imported and "torch" not in imported

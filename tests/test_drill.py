@@ -80,7 +80,7 @@ def test_the_settings_files_a_drill_writes_load_with_the_real_loaders(tmp_path):
     # What the output admits: every shortened wait, with its production default.
     rows = {r["key"]: r for r in changed_defaults(catalog.get("hung-rank"))}
     assert rows["stall_for"]["drill"] == "2s" and rows["stall_for"]["default"] == "1m"
-    assert rows["evaluation_interval"]["default"] == "15s"
+    assert rows["evaluation_interval"]["default"] == "5s"
     assert "rank_down_for" not in rows and "rank_down_for" in {
         r["key"] for r in changed_defaults(catalog.get("rank-killed"))}
 
@@ -196,7 +196,7 @@ class DrillRun:
 
 def hung_rank(root, *, duplicate=False, **kw):
     """hung-rank: rank 1 hangs in step 15 at +17 s; the agent flags the stall at +21 s,
-    TrainingStalled fires at +23 s, stall_restart at +28 s; the job resumes from checkpoint
+    TrainingStallSuspected fires at +23 s, stall_restart at +28 s; the job resumes from checkpoint
     10 and its first step ends at +37 s; it finishes at +66 s."""
     r = DrillRun(root, "hung-rank", findings=[("stall", 21.0)], **kw)
     r.event(0, "controller_started", agent=["127.0.0.1:1"])
@@ -206,17 +206,17 @@ def hung_rank(root, *, duplicate=False, **kw):
     r.event(11.5, "checkpoint_saved", "rank0", step=10, reason="interval")
     r.event(17, "fault_injected", "rank1", rank=1, step=15, fault="hang")
     for rank, at in ((1, 23), (0, 23.1)):
-        r.event(at, "alert_firing", alert="TrainingStalled", severity="critical",
+        r.event(at, "alert_firing", alert="TrainingStallSuspected", severity="info",
                 labels={"rank": str(rank), "run": "j"})
     r.event(28, "job_stopped", pid=1, hard=True, returncode=-9)
     r.event(28, "job_started", pid=2, attempt=2)
-    r.event(28, "action_taken", action="stall_restart", alert="TrainingStalled")
-    r.event(28.1, "action_skipped", action="stall_restart", alert="TrainingStalled",
+    r.event(28, "action_taken", action="stall_restart", alert="TrainingStallSuspected")
+    r.event(28.1, "action_skipped", action="stall_restart", alert="TrainingStallSuspected",
             reason="rate limited")
     r.attempt(35, resumed=10)
     if duplicate:  # a second delivery acted again: a second restart for the same fault
         r.steps(10, 29, start=36)
-        r.event(57, "action_taken", action="stall_restart", alert="TrainingStalled")
+        r.event(57, "action_taken", action="stall_restart", alert="TrainingStallSuspected")
         r.attempt(58, resumed=20)
         r.steps(20, 39, start=59)
         end = 80

@@ -178,7 +178,7 @@ def test_stopped_rank_is_detected_restarted_and_counted_as_stalled(runs):
     stalled = runs["stalled"]
     assert stalled.done_at is not None and stalled.code == 0, stalled.log
     run = stalled.run
-    assert any(e.get("alert") == "TrainingStalled" for e in run.events("alert_firing"))
+    assert any(e.get("alert") == "TrainingStallSuspected" for e in run.events("alert_firing"))
     stall = _actions(run, "stall_restart")
     assert len(stall) == 1
     evidence = Path(stall[0]["evidence"])

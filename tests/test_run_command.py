@@ -38,7 +38,10 @@ def test_trainer_options_with_a_command_are_exit_2(tmp_path):
 
 
 def test_a_job_that_exits_0_at_once_is_finished_not_restarted(tmp_path):
-    proc = _run(tmp_path / "r", "--", sys.executable, "-c", "pass")
+    # the run directory as RUN_DIR, as every other command takes it
+    proc = subprocess.Popen([sys.executable, "-m", "trainwatch", "run", str(tmp_path / "r"),
+                             "--no-live", "--", sys.executable, "-c", "pass"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 0, out
     run = RunDir(tmp_path / "r")

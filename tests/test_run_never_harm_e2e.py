@@ -3,7 +3,7 @@
 One real 2-rank run serves two faults nobody scripted for the safety net: its `status/`
 and `metrics/` live on small real tmpfs mounts that the test fills up while it trains, and
 rank 0 alone evaluates for 90 s after step 30 while rank 1 waits in the next collective.
-The job must train to the end with no restart, no stall verdict and no TrainingStalled,
+The job must train to the end with no restart, no stall verdict and no stall alert,
 and TrainwatchCannotPublish must fire within 30 s of the disk filling. A second, short run
 hangs inside that evaluation: the stall is still caught once the phase budget is spent.
 """
@@ -119,7 +119,7 @@ def test_full_disk_and_a_90s_rank0_evaluation_do_not_harm_the_job(tmp_path):
     publish = [e for e in firing if e.get("alert") == "TrainwatchCannotPublish"]
     assert publish and publish[0]["time"] - filled_at <= 30, (firing, filled_at)
     assert not stalls, "\n".join(json.dumps(f, default=str) for f in stalls[:5])
-    assert not [e for e in firing if e.get("alert") == "TrainingStalled"], firing
+    assert not [e for e in firing if e.get("alert", "").startswith("TrainingStall")], firing
     assert not run.events("action_taken") and len(run.events("job_started")) == 1
     assert not run.events("restarted", "checkpoint_resumed")
     assert run.events("finished")

@@ -33,7 +33,7 @@ SITUATION = {
                   "TrainingLossNonFinite", "TrainingLossNotDecreasing", "TrainingLossSpike",
                   "TrainingThroughputDrop", "CheckpointFailed", "CheckpointTooOld",
                   "StorageFillingUp", "StorageFull", "StorageProbeSlow", "NCCLErrors"],
-    "stalled": ["TrainingStalled", "NCCLPeerUnresponsive", "TrainingStragglerRank",
+    "stalled": ["TrainingStallSuspected", "TrainingStalled", "NCCLPeerUnresponsive", "TrainingStragglerRank",
                 "TrainingStragglerNode", "TrainwatchAgentDown", "TrainwatchCollectorFailing",
                 "TrainwatchVersionSkew", "GPUXidErrors", "GPUUncorrectableECC",
                 "GPUThermalThrottling", "GPUPowerThrottling", "NetworkInterfaceErrors",

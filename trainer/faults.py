@@ -40,12 +40,13 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
-
-import torch
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from trainwatch.contract.env import FAULT_ENV, LAUNCH_ENV
 from trainwatch.errors import ConfigError
+
+if TYPE_CHECKING:  # the launcher parses faults before torchrun starts: no torch import there
+    import torch
 
 ONE_SHOT = ("exit", "kill", "sleep", "hang", "freeze", "nan", "eval")
 KINDS = ONE_SHOT + ("slow",)

@@ -13,6 +13,9 @@ import yaml
 
 SEVERITIES = ("critical", "warning", "info")
 ACTIONS = ("stall_restart", "restart", "rollback_skip", "straggler", "checkpoint_now")
+# An alert that acts before the page it stands in for: silencing the page (the name people
+# know to silence) holds the early action too.
+ACTS_BEFORE = {"TrainingStallSuspected": "TrainingStalled"}
 
 # Where the packaged rules source lives.
 RULES_PACKAGE = "trainwatch.alerts"
