@@ -2,6 +2,11 @@
 
 budget = max(floor, k x typical step time), or the phase's own budget (checkpoint,
 eval, init), or ``first_step_seconds`` before the rank has a typical step time.
+Time a phase budget covered (the rank's own phase, or the phase of a rank it waits for)
+is not counted against the ordinary budget once that phase ends: the agent sees the end
+of a phase before it can see the step that follows (a rank publishes its progress only
+once per heartbeat), and a rank that evaluated for 90 s has not been stalled for 90 s
+when it starts its next step.
 The evidence decides the kind: ``dead`` (process gone or zombie), ``frozen``
 (process stopped, or heartbeat stale: nothing in it runs) or
 ``stuck`` (heartbeat fresh, step stale: alive but waiting).  A finding clears by
@@ -34,6 +39,8 @@ class StallDetector:
         self.opt = options
         self._history: dict[tuple, deque] = {}
         self._last_step: dict[tuple, Any] = {}
+        # key -> (the rank's last progress, seconds since it that a phase budget covered)
+        self._covered: dict[tuple, tuple[Any, float]] = {}
 
     def typical_step(self, key: tuple) -> float | None:
         history = self._history.get(key)
@@ -55,6 +62,9 @@ class StallDetector:
             if key not in keep:
                 self._history.pop(key, None)
                 self._last_step.pop(key, None)
+        for key in list(self._covered):
+            if key not in keep:
+                del self._covered[key]
 
     def budget(self, key: tuple, phase: str | None, *, use_phase: bool = True,
                declared: dict[str, float] | None = None) -> float:
@@ -97,35 +107,58 @@ class StallDetector:
         if process in ("gone", "zombie") and (hb_stale or process == "zombie"):
             return StallVerdict(True, "dead", 0.0, time.time() - stalled_for, stalled_for,
                                 f"process {rank.get('pid')} is {process}")
-        waiting_for = None
+        waiting_for, covered, excused = None, False, 0.0
         if process == "stopped" or (process == "disk_sleep" and hb_stale):
             # Nothing in the process runs (SIGSTOP, or stuck in D state with a silent
             # heartbeat): a phase budget would only delay the news.
             budget = self.budget(key, phase, use_phase=False)
             age = f"{hb_age:.1f} s" if hb_age is not None else "unknown"
             kind, why = "frozen", f"process is {process}, heartbeat {age} old"
-        elif hb_stale:
-            budget = self.budget(key, phase, declared=declared)
-            kind, why = "frozen", f"heartbeat {hb_age:.1f} s old"
         else:
             budget = self.budget(key, phase, declared=declared)
-            kind, why = "stuck", "heartbeat fresh, step not advancing"
-            for hold in holders:
-                if hold.rank == rank.get("rank"):
-                    continue
-                # The holder's phase began phase_age ago; this rank's clock started
-                # (progress_age - phase_age) before that.
-                inherited = hold.budget + max(0.0, stalled_for - hold.phase_age)
-                if inherited > budget:
-                    budget, waiting_for = inherited, hold
+            covered = phase is not None and self.phase_budget(phase, declared) is not None
+            if hb_stale:
+                kind, why = "frozen", f"heartbeat {hb_age:.1f} s old"
+            else:
+                kind, why = "stuck", "heartbeat fresh, step not advancing"
+                for hold in holders:
+                    if hold.rank == rank.get("rank"):
+                        continue
+                    # The holder's phase began phase_age ago; this rank's clock started
+                    # (progress_age - phase_age) before that.
+                    inherited = hold.budget + max(0.0, stalled_for - hold.phase_age)
+                    if inherited > budget:
+                        budget, waiting_for, covered = inherited, hold, True
+            excused = self._excused(key, rank, stalled_for, covered and stalled_for <= budget)
+            if not covered and excused > 0.0:
+                budget += excused
         if stalled_for <= budget:
             reason = "progressing" if waiting_for is None else (
                 f"waiting for rank {waiting_for.rank} in {waiting_for.phase}")
+            if not covered and excused > 0.0:
+                reason += f" ({excused:.0f} s of it in a phase with its own budget)"
             return StallVerdict(False, None, budget, None, stalled_for, reason)
         if waiting_for is not None:
             why += (f", waiting for rank {waiting_for.rank} in {waiting_for.phase} "
                     f"(budget {waiting_for.budget:.0f} s)")
+        if not covered and excused > 0.0:
+            why += f", {stalled_for - excused:.1f} s since a phase with its own budget ended"
         return StallVerdict(True, kind, budget, time.time() - stalled_for, stalled_for, why)
+
+    def _excused(self, key: tuple, rank: dict[str, Any], stalled_for: float,
+                 covered_now: bool) -> float:
+        """Seconds of the rank's current stretch without a step that a phase budget
+        covered: remembered while covered, kept after the phase ends (the budget then
+        counts from there), forgotten when the rank progresses."""
+        progress = rank.get("last_progress_at")
+        seen = self._covered.get(key)
+        if seen is not None and (seen[0] != progress or seen[1] > stalled_for):
+            del self._covered[key]  # it progressed since: a new stretch
+            seen = None
+        if covered_now:
+            self._covered[key] = (progress, stalled_for)
+            return stalled_for
+        return seen[1] if seen is not None else 0.0
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from trainwatch.alerts.confirm import Confirmation, confirm_stall
 from trainwatch.alerts.controller import JobController
+from trainwatch.contract.alerts import ACTS_BEFORE
 from trainwatch.contract.layout import CONTROL_CHECKPOINT, CONTROL_DIR, CONTROL_HOLD_ACTIONS
 from trainwatch.contract.metrics import RUN_LABEL
 from trainwatch.errors import FormatError
@@ -183,9 +184,11 @@ class ActionRunner:
         confirmation = None
         if req.action == "stall_restart":
             # One signal (the agent's reading of the status files) never kills a job.
+            # Before the page (TrainingStallSuspected), a busy rank is left to the page.
             confirmation = confirm_stall(self.run, self.controller.rank_processes(),
                                          min_seconds=self.policy.confirm_min_seconds,
-                                         max_seconds=self.policy.confirm_max_seconds)
+                                         max_seconds=self.policy.confirm_max_seconds,
+                                         busy_refutes=req.alertname in ACTS_BEFORE)
             if not confirmation.confirmed:
                 outcome = self._skip(req, f"stall not confirmed: {confirmation.reason}",
                                      extra={"confirmation": confirmation.journal()})

@@ -17,6 +17,12 @@ it declared a budget for (``Telemetry.declare_phase``) that is not spent yet. Ot
 stall is confirmed after the window: ``max(min_seconds, 2 x the slowest rank's last step
 time)``, at most ``max_seconds``, and it ends as soon as the answer is known. Everything
 seen is returned for the journal.
+
+``busy_refutes`` is for acting early, before the page's ``for``: then a rank that keeps a
+CPU busy (``BUSY_CORES`` of one or more) refutes the stall too. It may be working outside
+any declared phase (an evaluation on rank 0 of a trainer that marks no phases) or spinning;
+the evidence cannot tell, so the early action leaves it to the page's own look. Ranks that
+wait in a collective, a lock or I/O use next to no CPU.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from trainwatch.rundir import RunDir
 
 _STEPS_TOTAL = re.compile(rb'^trainwatch_rank_steps_total\{[^}]*\} ([0-9.e+]+)$', re.M)
 _DONE = ("stopped", "zombie", "gone")
+BUSY_CORES = 0.25  # CPU time per second of the window that counts as working
 
 
 @dataclass
@@ -116,8 +123,22 @@ def _advanced(first: dict[str, Any], now: dict[str, Any]) -> str | None:
     return None
 
 
+def _busy(first: _Look, last: _Look) -> tuple[int, float] | None:
+    """(rank, cores) of the rank that used the most CPU between two looks, if it was busy."""
+    elapsed = last.at - first.at
+    if elapsed <= 0:
+        return None
+    used = []
+    for rank, facts in last.ranks.items():
+        a, b = first.ranks[rank].get("cpu_seconds"), facts.get("cpu_seconds")
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+            used.append(((b - a) / elapsed, rank))
+    cores, rank = max(used, default=(0.0, -1))
+    return (rank, cores) if cores >= BUSY_CORES else None
+
+
 def confirm_stall(run: RunDir, ranks: dict[int, tuple[int, int]], *, min_seconds: float = 2.0,
-                  max_seconds: float = 30.0, poll: float = 0.25,
+                  max_seconds: float = 30.0, poll: float = 0.25, busy_refutes: bool = False,
                   clock: Callable[[], float] = time.time) -> Confirmation:
     """Look at the job's ranks ({rank: (pid, local rank)}) for up to a window; see the
     module docstring."""
@@ -158,6 +179,12 @@ def confirm_stall(run: RunDir, ranks: dict[int, tuple[int, int]], *, min_seconds
         time.sleep(poll)
         last = _Look(run, ranks, port)
     evidence["last"] = last.ranks
+    busy = _busy(first, last) if busy_refutes else None
+    if busy is not None:
+        return Confirmation(False, f"rank {busy[0]} kept {busy[1]:.0%} of a core busy for "
+                            f"{last.at - first.at:.1f} s without a step: working outside a "
+                            "declared phase, or spinning; left to the page's own look",
+                            time.monotonic() - started, evidence)
     sources = ["process state and CPU time"]
     if any("steps_total" in f for f in first.ranks.values()):
         sources.append("beat files")

@@ -1,6 +1,9 @@
 """Stall budgets and kinds (the SIGSTOP run is in the end-to-end test)."""
 
+import os
 import time
+
+import psutil
 
 from trainwatch.agent.stall import StallDetector
 from trainwatch.contract.stall import STALL_DEFAULTS
@@ -98,7 +101,9 @@ def test_a_waiting_rank_inherits_the_budget_of_the_phase_the_slowest_rank_is_in(
     verdict = det.check(key1, waiting, holders=holders)
     assert not verdict.stalled and "waiting for rank 0 in eval" in verdict.reason
     assert not det.check(key0, evaluating, holders=holders).stalled
-    assert det.check(key1, waiting).stalled  # alone, its own budget (5 s) is long gone
+    alone = StallDetector(dict(STALL_DEFAULTS))  # never saw rank 0 evaluate
+    alone.observe(key1, rank(0, progress_age=0))
+    assert alone.check(key1, waiting).stalled  # its own budget (5 s) is long gone
     # a hang inside the evaluation: both are caught once the phase budget is spent
     hung = dict(evaluating, progress_age=302.0, phase_age=301.0)
     late = dict(waiting, progress_age=302.0)
@@ -121,3 +126,107 @@ def test_frozen_rank_inherits_nothing():
     frozen = dict(rank(0, progress_age=60.0, heartbeat_age=60.0, status="stopped"), rank=1)
     verdict = det.check(key, frozen, holders=[PhaseHold(0, "eval", 300.0, 59.0)])
     assert verdict.stalled and verdict.kind == "frozen"
+
+
+
+def at(t, *, progress_at=0.0, **kw):
+    """A rank seen at time ``t`` whose last step ended at ``progress_at``."""
+    return rank(t, progress_age=t - progress_at, **kw)
+
+
+def test_the_budget_a_phase_covered_is_not_charged_again_when_the_phase_ends():
+    """Ranks publish once per heartbeat, at different moments: the agent sees rank 0 leave
+    its evaluation before it sees the step rank 1 finished right after. The ordinary budget
+    then counts from the end of the phase, for the rank that evaluated and for the one that
+    waited; a hang after the phase is still caught one ordinary budget later."""
+    from trainwatch.agent.stall import phase_holds
+    det = StallDetector(dict(STALL_DEFAULTS))
+    key0, key1 = ("j", 0, 1), ("j", 1, 2)
+    for key in (key0, key1):
+        det.observe(key, rank(0, progress_age=0))  # typical step 0.1 s: budget 5 s
+
+    def look(r0, r1):
+        ranks = [dict(r0, rank=0), dict(r1, rank=1)]
+        holders = phase_holds(det, ranks)
+        return [det.check(k, r, holders=holders) for k, r in zip((key0, key1), ranks)]
+
+    def waiting(t):  # rank 1 in the next step's collective since just after step 10
+        return at(t, phase="backward", step=11) | {"phase_age": t - 0.2}
+
+    for t in (30.0, 60.0, 89.0):  # rank 0 evaluates from 0.5 s on
+        evaluating = at(t, phase="eval") | {"phase_age": t - 0.5}
+        assert not any(v.stalled for v in look(evaluating, waiting(t)))
+    # rank 0 is back in a step (none completed yet), rank 1 still waits for it
+    after = look(at(90.5, phase="forward", step=11), waiting(90.5))
+    assert not any(v.stalled for v in after), after
+    assert "in a phase with its own budget" in after[1].reason
+    # rank 0 finished that step; rank 1's beat that shows the same is not written yet
+    seen = look(at(91.0, progress_at=90.8, step=11), waiting(91.0))
+    assert not any(v.stalled for v in seen), seen
+    # ... but rank 1 hangs from there: caught once the ordinary budget (5 s) is spent
+    hung = look(at(96.0, progress_at=95.9, step=40), waiting(96.0))
+    assert not hung[0].stalled and hung[1].stalled and hung[1].kind == "stuck", hung
+    assert "since a phase with its own budget ended" in hung[1].reason
+    # a step starts a new stretch: the evaluation excuses nothing after it
+    det.check(key1, at(97.0, progress_at=96.9, step=12) | {"rank": 1})
+    later = det.check(key1, at(103.0, progress_at=96.9, step=12) | {"rank": 1})
+    assert later.stalled and later.budget == STALL_DEFAULTS["floor_seconds"], later
+
+
+def test_an_overrun_phase_is_excused_no_more_than_its_budget():
+    det = StallDetector({**STALL_DEFAULTS, "phase_budgets": {"eval": 15.0}})
+    key = ("j", 0, 1)
+    det.observe(key, rank(0, progress_age=0))
+    assert not det.check(key, at(14.0, phase="eval")).stalled
+    assert det.check(key, at(17.0, phase="eval")).stalled  # hung in the evaluation
+    out = det.check(key, at(21.0, phase="forward"))
+    assert out.stalled and out.budget == 14.0 + STALL_DEFAULTS["floor_seconds"], out
+
+
+def test_full_disk_rank1_seen_behind_rank0_after_its_evaluation_is_no_stall(tmp_path):
+    """The agent's real collectors on a run whose disk is full (status files stale, beat
+    files current): rank 0's beat already shows it back from a 90 s evaluation and past
+    the next step; rank 1's newest beat was written just before it finished that step."""
+    from trainwatch.agent.config import build_config
+    from trainwatch.agent.context import AgentContext
+    from trainwatch.agent.registry import all_collectors
+    from trainwatch.agent.state import CollectorRecord
+    from trainwatch.beat import BeatWriter, beat_path
+    from trainwatch.rundir import RunDir
+
+    run = RunDir(tmp_path / "exp").create()
+    ctx = AgentContext(build_config({"run_dirs": [str(run.root)]}))
+    ranks, findings = (all_collectors()[name].factory(ctx, ctx.config.collector(name))
+                       for name in ("ranks", "findings"))
+    pid, started = os.getpid(), psutil.Process().create_time()
+    now = time.time()
+    beats = {}
+    for r in (0, 1):  # the last status files written before the disk filled
+        run.write_status(r, {"job": "exp", "rank": r, "local_rank": r, "world_size": 2,
+                             "pid": pid, "started_at": started, "heartbeat_at": now - 80,
+                             "step": 8, "phase": "forward", "phase_since": now - 80,
+                             "last_progress_at": now - 80, "state": "running",
+                             "metrics": {"step": 8, "step_time_seconds": 0.3}})
+        beats[r] = BeatWriter(beat_path(run.status_dir, r))
+
+    def beat(r, step, phase, progress_at, phase_since):
+        beats[r].write({"v": 1, "rank": r, "pid": pid, "state": "running",
+                        "heartbeat_at": time.time(), "step": step, "phase": phase,
+                        "last_progress_at": progress_at, "phase_since": phase_since,
+                        "publish_failing_since": now - 70})
+
+    def judge() -> list:
+        result = ranks.collect()
+        ctx.store.set(CollectorRecord("ranks", True, 1, 1, state=result.state,
+                                      data=result.data))
+        return [f for f in findings.collect().data["findings"] if f["kind"] == "stall"]
+
+    try:
+        beat(0, 30, "eval", now - 89.0, now - 88.8)
+        beat(1, 31, "backward", now - 89.0, now - 88.9)
+        assert judge() == []  # rank 1 waits for rank 0's evaluation
+        beat(0, 32, "forward", time.time() - 0.1, time.time() - 0.05)
+        assert judge() == []
+    finally:
+        for writer in beats.values():
+            writer.close()

@@ -14,7 +14,8 @@ from trainwatch.alerts.confirm import confirm_stall
 from trainwatch.rundir import RunDir
 
 # A "rank": writes its status once (then its disk is "full"), and beats in place; it
-# steps every 0.1 s unless told to hang, optionally inside a declared phase.
+# steps every 0.1 s unless told to hang (asleep) or to work without stepping (busy: an
+# evaluation no phase declares), optionally inside a declared phase.
 RANK = """
 import os, sys, time
 from trainwatch.beat import BeatWriter, beat_path
@@ -31,7 +32,12 @@ while True:
                 "steps_total": step, "step_time_seconds": 0.1,
                 "phase": "generate" if mode == "declared" else "backward", "phase_since": since,
                 "phase_budget": 600 if mode == "declared" else None})
-    time.sleep(0.1)
+    if mode == "busy":
+        spin = time.monotonic() + 0.1
+        while time.monotonic() < spin:
+            pass
+    else:
+        time.sleep(0.1)
 """
 
 
@@ -83,3 +89,14 @@ def test_a_rank_in_a_declared_phase_within_its_budget_is_not_stalled(rank):
 def test_no_rank_process_means_no_kill(tmp_path):
     verdict = confirm_stall(RunDir(tmp_path / "r").create(), {})
     assert not verdict.confirmed
+
+
+def test_before_the_page_a_busy_rank_is_left_alone_an_idle_hang_is_not(rank):
+    """Acting early (busy_refutes): a rank working without a step may be an evaluation
+    nobody declared; waiting ranks and a hang use no CPU, so those are still confirmed."""
+    run, ranks = rank("busy")
+    early = confirm_stall(run, ranks, min_seconds=1.5, busy_refutes=True)
+    assert not early.confirmed and "of a core busy" in early.reason, early.reason
+    assert confirm_stall(run, ranks, min_seconds=1.5).confirmed  # the page's own look acts
+    run, ranks = rank("hang")
+    assert confirm_stall(run, ranks, min_seconds=1.5, busy_refutes=True).confirmed

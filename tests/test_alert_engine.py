@@ -70,7 +70,8 @@ def test_dedup_and_resolve_are_announced_once(tmp_path, fast_rules):
     firing, resolved = run.events("alert_firing"), run.events("alert_resolved")
     assert [e["alert"] for e in firing] == ["TrainingStallSuspected", "TrainingStalled"]
     assert len(resolved) == 2
-    assert [a.name for a in fired] == ["TrainingStallSuspected"]  # only it acts, once
+    # each acts once: the early look at once, the page's own look after its `for`
+    assert [a.name for a in fired] == ["TrainingStallSuspected", "TrainingStalled"]
     assert firing[1]["labels"]["culprit_rank"] == "0" and firing[1]["labels"]["severity"] == "critical"
     assert firing[1]["value"] == 1.0  # the ranks waiting for the culprit
 
@@ -93,7 +94,7 @@ def test_silenced_alerts_neither_notify_nor_act(tmp_path, fast_rules):
     engine.evaluate(120)
     assert [(e["alert"], e["labels"]["culprit_rank"]) for e in run.events("alert_firing")] == [
         ("TrainingStallSuspected", "1"), ("TrainingStalled", "1")]
-    assert [a.name for a in fired] == ["TrainingStallSuspected"]
+    assert [a.name for a in fired] == ["TrainingStallSuspected", "TrainingStalled"]
 
 
 def test_silence_cli_roundtrip(tmp_path):
@@ -157,8 +158,9 @@ def test_webhook_notifier_speaks_the_receivers_format(tmp_path, fast_rules):
     finally:
         receiver.stop()
     skipped = run.events("action_skipped")
-    assert len(skipped) == 1 and skipped[0]["reason"] == "no job controller attached (report only)"
-    assert skipped[0]["delivery"] == "webhook" and skipped[0]["alert"] == "TrainingStallSuspected"
+    assert {e["reason"] for e in skipped} == {"no job controller attached (report only)"}
+    assert {e["delivery"] for e in skipped} == {"webhook"}
+    assert [e["alert"] for e in skipped] == ["TrainingStallSuspected", "TrainingStalled"]
 
 
 @pytest.mark.slow
@@ -226,9 +228,10 @@ def test_an_action_answered_not_final_is_asked_again_while_its_alert_fires(fast_
         def __init__(self):
             self.asked = []
 
-        def handle(self, req):
+        def handle(self, req):  # per alert: not final twice, then final
             self.asked.append(req.alertname)
-            return Outcome(len(self.asked) >= 3, "x", final=len(self.asked) >= 3)
+            final = self.asked.count(req.alertname) >= 3
+            return Outcome(final, "x", final=final)
 
     runner, history = Runner(), History()
     engine = Engine(fast_rules, history)
@@ -246,7 +249,7 @@ def test_an_action_answered_not_final_is_asked_again_while_its_alert_fires(fast_
             time.sleep(0.05)
         return done()
 
-    assert tick_until(lambda: len(runner.asked) >= 3)
-    assert runner.asked == ["TrainingStallSuspected"] * 3
+    early = "TrainingStallSuspected"
+    assert tick_until(lambda: runner.asked.count(early) >= 3)
     tick_until(lambda: False, seconds=1.0)  # final: never asked again while it fires
-    assert len(runner.asked) == 3
+    assert runner.asked.count(early) == 3

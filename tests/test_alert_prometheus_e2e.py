@@ -76,7 +76,7 @@ def test_prometheus_alertmanager_webhook_restarts_the_job_once(tmp_path, process
     controller = JobController(run_dir, [sys.executable, str(script), str(run_dir)],
                                stop_grace_seconds=3)
     thresholds = tmp_path / "thresholds.yaml"
-    thresholds.write_text("stall_for: 0s\n")
+    thresholds.write_text("stall_for: 1h\n")  # the early action acts; the page never fires
     ruleset = load_rules(thresholds_file=thresholds)
     runner = ActionRunner(run_dir, controller, Policy(min_interval_seconds=3600))
     receiver = Receiver(ruleset, runner, TOKEN).start()
