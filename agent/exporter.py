@@ -83,8 +83,9 @@ class SnapshotCollector:
         else:
             family = GaugeMetricFamily(name, spec.help, labels=labels)
         seen: set[tuple[str, ...]] = set()
+        wanted = set(labels)
         for sample in samples:
-            if set(sample.labels) != set(labels):
+            if sample.labels.keys() != wanted:
                 self._reject(name, f"labels {sorted(sample.labels)} != {labels}")
                 continue
             values = tuple(sample.labels[k] for k in labels)

@@ -16,11 +16,16 @@ if TYPE_CHECKING:
     from trainwatch.agent.context import AgentContext
 
 
-@dataclass
+@dataclass(slots=True)
 class Sample:
     name: str
-    labels: dict[str, str]
+    labels: dict[str, str]  # shared between samples: never changed once made
     value: float
+
+
+def label_values(labels: dict[str, Any]) -> dict[str, str]:
+    """Label values as Prometheus text: ``None`` is the empty string."""
+    return {k: "" if v is None else str(v) for k, v in labels.items()}
 
 
 @dataclass
@@ -41,8 +46,14 @@ class Result:
         """Add a sample; ``None`` values are unknown and are not exported."""
         if value is None:
             return
-        self.samples.append(Sample(metric, {k: "" if v is None else str(v)
-                                          for k, v in labels.items()}, float(value)))
+        self.samples.append(Sample(metric, label_values(labels), float(value)))
+
+    def add_labeled(self, metric: str, value: float | int | bool | None,
+                    labels: dict[str, str]) -> None:
+        """``add`` with labels made once by ``label_values`` and shared by many samples
+        (a collector exporting dozens of series per rank builds them once per rank)."""
+        if value is not None:
+            self.samples.append(Sample(metric, labels, float(value)))
 
     @classmethod
     def absent(cls, reason: str, data: Any = None) -> "Result":

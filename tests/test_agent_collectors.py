@@ -6,6 +6,7 @@ import errno
 import json
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -172,6 +173,42 @@ def test_ranks_reports_gone_and_zombie_processes(tmp_path):
     assert value(result, "trainwatch_process_state", rank=0, state="gone") == 1
     assert value(result, "trainwatch_process_state", rank=1, state="zombie") == 1
     assert value(result, "trainwatch_rank_up", rank=1) == 0
+
+
+def test_ranks_look_at_an_on_time_ranks_process_every_few_seconds_and_a_late_ones_at_once(
+        tmp_path):
+    """psutil costs per rank: an on-time rank's process facts are reused for
+    ``process_every`` seconds, but a rank whose heartbeat is late is looked at in the very
+    next run (a SIGSTOPped rank shows ``stopped`` long before the hour is up)."""
+    run = RunDir(tmp_path / "run").create()
+    rank = subprocess.Popen(["sleep", "120"])
+    write_status(run, 0, rank.pid)
+    ranks = collector(make_ctx([run.root], collectors={"ranks": {"process_every": 3600}}),
+                      "ranks")
+    def kernel_state() -> str:
+        return open(f"/proc/{rank.pid}/stat").read().split(") ")[1][:1]
+    try:
+        while kernel_state() != "S":  # sleep(1) has started sleeping
+            time.sleep(0.01)
+        assert value(ranks.collect(), "trainwatch_process_state", state="sleeping") == 1
+        os.kill(rank.pid, signal.SIGSTOP)
+        while kernel_state() != "T":
+            time.sleep(0.01)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            result = ranks.collect()
+            age = value(result, "trainwatch_rank_heartbeat_age_seconds")
+            if value(result, "trainwatch_process_state", state="stopped") == 1:
+                break
+            assert value(result, "trainwatch_process_state", state="sleeping") == 1
+            assert age <= 2.0  # on time: the facts of the first look, not a new one
+            time.sleep(0.2)
+        else:
+            raise AssertionError("a late rank's process was not looked at again")
+        assert age > 2.0 and value(result, "trainwatch_rank_up") == 1
+    finally:
+        rank.kill()
+        rank.wait()
 
 
 # --------------------------------------------------------------------------- network

@@ -97,3 +97,23 @@ def test_whole_file_readers_never_block_or_read_past_the_cap(tmp_path):
         read_run_file(tmp_path / "big", max_bytes=99)
     assert info.value.reason == "too_large"
     assert read_run_file_tail(tmp_path / "big", max_bytes=10) == b"x" * 10
+
+
+def test_a_linked_folder_is_checked_like_a_linked_file(tmp_path):
+    """The status folder itself may be a link: followed inside the run directory, refused
+    out of it (a file read through it is checked where it really is)."""
+    run = RunDir(tmp_path / "run").create()
+    write_status(run, 0)
+    os.rename(run.status_dir, run.tmp_dir / "status")
+    os.symlink("tmp/status", run.status_dir)
+    assert [r["rank"] for r in run.statuses().records] == [0]
+    os.unlink(run.status_dir)
+    os.rename(run.tmp_dir / "status", tmp_path / "elsewhere")
+    os.symlink(tmp_path / "elsewhere", run.status_dir)
+    result = run.statuses()
+    assert result.records == []
+    assert [s.code for s in result.skipped] == ["outside_run_dir"]
+    assert read_run_file(run.status_file(0))  # without a root, any place is fine
+    with pytest.raises(SkippedFile) as info:
+        read_run_file(run.root / "status" / ".." / "status" / "rank-00000.json", run.root)
+    assert info.value.reason == "outside_run_dir"

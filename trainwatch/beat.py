@@ -20,6 +20,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from trainwatch.contract.layout import rank_file_name
 from trainwatch.errors import FormatError
 from trainwatch.rundir import read_run_file
 
@@ -28,8 +29,12 @@ BEAT_SUFFIX = ".beat"
 _ERROR_CHARS = 160
 
 
+def beat_name(rank: int) -> str:
+    return rank_file_name(rank, BEAT_SUFFIX)
+
+
 def beat_path(status_dir: str | Path, rank: int) -> Path:
-    return Path(status_dir) / f"rank-{rank:05d}{BEAT_SUFFIX}"
+    return Path(status_dir) / beat_name(rank)
 
 
 def encode(record: dict[str, Any]) -> bytes:

@@ -17,9 +17,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from trainwatch.beat import beat_path, read_beat
+from trainwatch.beat import beat_name, read_beat
 from trainwatch.host.procinfo import ProcessTracker
-from trainwatch.agent.registry import Collector, Result, register
+from trainwatch.agent.registry import Collector, Result, label_values, register
 from trainwatch.contract.states import KNOWN_PHASES, PROCESS_STATES, RANK_STATES
 from trainwatch.contract.timing import job_window
 from trainwatch.errors import FormatError
@@ -61,6 +61,31 @@ class _Seen:
     value: float
     anchor: float  # monotonic time at which the value was new
     looked: float  # monotonic time of the last look
+
+
+class _Labels:
+    """The label sets of one rank's series, made once while its labels stay the same (a
+    rank exports dozens of series every second)."""
+
+    __slots__ = ("base", "states", "processes", "phases", "info", "info_of")
+
+    def __init__(self, base: dict[str, str]):
+        self.base = base
+        self.info: dict[str, str] = {}
+        self.info_of: tuple[Any, Any] | None = None  # (backend, device) ``info`` is for
+        self.states = {name: {**base, "state": name} for name in RANK_STATES}
+        self.processes = {name: {**base, "state": name} for name in PROCESS_STATES}
+        self.phases = {name: {**base, "phase": name} for name in KNOWN_PHASES}
+
+    def phase(self, name: str) -> dict[str, str]:
+        return self.phases.get(name) or {**self.base, "phase": name}
+
+    def info_labels(self, backend: Any, device: Any) -> dict[str, str]:
+        if self.info_of != (backend, device):
+            self.info_of = (backend, device)
+            self.info = {**self.base, **label_values({"backend": backend or "",
+                                                      "device": device or ""})}
+        return self.info
 
 
 def _budgets(declared: Any) -> dict[str, float]:
@@ -107,7 +132,8 @@ def _with_beat(s: dict[str, Any], beat: dict[str, Any] | None):
     return merged, publish
 
 
-@register("ranks", interval=1.0, timeout=5.0, options={"max_skipped_shown": 10})
+@register("ranks", interval=1.0, timeout=5.0,
+          options={"max_skipped_shown": 10, "process_every": 5.0})
 class RanksCollector(Collector):
     def __init__(self, ctx, options):
         super().__init__(ctx, options)
@@ -117,6 +143,8 @@ class RanksCollector(Collector):
         self._skip_recent: dict[str, deque] = {}
         self._seen: dict[tuple, _Seen] = {}
         self._looked: set[tuple] = set()
+        self._labels: dict[tuple, _Labels] = {}
+        self._labels_used: set[tuple] = set()
         self._last_run: float | None = None  # monotonic
         self._judge_after = 0.0               # monotonic: no verdicts before (re-observing)
 
@@ -127,6 +155,7 @@ class RanksCollector(Collector):
         self.procs.begin()
         live: set[int] = set()
         self._looked = set()
+        self._labels_used = set()
         jobs = []
         runs = self.ctx.run_dirs()
         result.add("trainwatch_collector_run_dirs", len(runs), node=self.ctx.node)
@@ -137,6 +166,8 @@ class RanksCollector(Collector):
         self.procs.end(live)
         for key in set(self._seen) - self._looked:  # ranks gone: forget what we saw
             del self._seen[key]
+        for key in set(self._labels) - self._labels_used:
+            del self._labels[key]
         result.data = {"time": now, "observed_mono": mono, "judge_after_mono": self._judge_after,
                        "jobs": jobs}
         return result
@@ -175,6 +206,27 @@ class RanksCollector(Collector):
         seen.looked = mono
         return mono - seen.anchor
 
+    def _looks_old(self, s: dict[str, Any], metrics: dict[str, Any], state: str,
+                   heartbeat_age: float | None, progress_age: float | None) -> bool:
+        """Is anything about this rank late, so its process must be looked at now?
+
+        A rank whose heartbeat and step are on time is alive and running: its process
+        facts may be a few seconds old (``process_every``). A heartbeat two beats late, a
+        step late by twice the last step time, or a rank that is not running is looked at
+        in this very collection, well before the stall rule could call it stalled
+        (``heartbeat_stale_seconds``; at least ``floor_seconds`` without a step).
+        """
+        if state != "running" or heartbeat_age is None:
+            return True
+        opts = self.ctx.config.stall
+        beat = _num(s.get("heartbeat_interval")) or 1.0
+        step = _num(metrics.get("step_time_seconds")) or 0.0
+        if heartbeat_age > min(2 * beat, float(opts["heartbeat_stale_seconds"]) / 2):
+            return True
+        budget = max(float(opts["floor_seconds"]), float(opts["k"]) * step)
+        return progress_age is not None and progress_age > min(max(2 * beat, 2 * step),
+                                                                budget / 2)
+
     # ------------------------------------------------------------------------------
     def _job(self, run, now: float, mono: float, result: Result,
              live: set[int]) -> dict[str, Any] | None:
@@ -203,8 +255,9 @@ class RanksCollector(Collector):
                    node=self.ctx.node)
         ranks = []
         env: dict[int, dict[str, str]] = {}
+        status_dir = os.fspath(run.status_dir)
         for status in sorted(local, key=lambda r: r["rank"]):
-            beat = read_beat(beat_path(run.status_dir, status["rank"]), run.root)
+            beat = read_beat(os.path.join(status_dir, beat_name(status["rank"])), run.root)
             rank = self._rank(key, status, beat, now, mono, job_name, result)
             ranks.append(rank)
             if isinstance(status.get("pid"), int):
@@ -291,23 +344,27 @@ class RanksCollector(Collector):
 
     def _rank(self, run_key: str, s: dict[str, Any], beat: dict[str, Any] | None, now: float,
               mono: float, job: str, result: Result) -> dict[str, Any]:
-        labels = {"run": job, "node": self.ctx.node, "rank": s["rank"],
-                  "local_rank": s.get("local_rank", "")}
+        label_key = (job, s["rank"], s.get("local_rank", ""))
+        self._labels_used.add(label_key)
+        labels = self._labels.get(label_key)
+        if labels is None:
+            labels = self._labels[label_key] = _Labels(label_values(
+                {"run": job, "node": self.ctx.node, "rank": s["rank"],
+                 "local_rank": s.get("local_rank", "")}))
+        base, add = labels.base, result.add_labeled
         s, publish = _with_beat(s, beat)
         metrics = s.get("metrics") if isinstance(s.get("metrics"), dict) else {}
         counters = s.get("counters") if isinstance(s.get("counters"), dict) else {}
-        proc = self.procs.inspect(s.get("pid"), s.get("started_at"))
         state = s.get("state") if isinstance(s.get("state"), str) else "running"
         phase = s.get("phase") if isinstance(s.get("phase"), str) else None
         heartbeat_at, progress_at = _num(s.get("heartbeat_at")), _num(s.get("last_progress_at"))
         phase_since = _num(s.get("phase_since"))
 
-        result.add("trainwatch_rank_info", 1, **labels, backend=s.get("backend") or "",
-                   device=s.get("device") or "")
+        add("trainwatch_rank_info", 1, labels.info_labels(s.get("backend"), s.get("device")))
         for name in RANK_STATES:
-            result.add("trainwatch_rank_state", name == state, **labels, state=name)
-        result.add("trainwatch_rank_step", _num(s.get("step")), **labels)
-        result.add("trainwatch_rank_restarts", _num(s.get("restart_count")), **labels)
+            add("trainwatch_rank_state", name == state, labels.states[name])
+        add("trainwatch_rank_step", _num(s.get("step")), base)
+        add("trainwatch_rank_restarts", _num(s.get("restart_count")), base)
         who = (run_key, s["rank"], s.get("pid"))
         heartbeat_age = self._age(who + ("heartbeat",), heartbeat_at, now, mono)
         progress_age = self._age(who + ("progress",), progress_at or _num(s.get("started_at")),
@@ -315,39 +372,40 @@ class RanksCollector(Collector):
         # A phase's start is re-derived from the rank's clock offset on every write, so it
         # wobbles by microseconds: the same phase (name) within half a second is the same.
         phase_age = self._age(who + ("phase", phase), phase_since, now, mono, tolerance=0.5)
-        result.add("trainwatch_rank_heartbeat_age_seconds", heartbeat_age, **labels)
+        add("trainwatch_rank_heartbeat_age_seconds", heartbeat_age, base)
         if progress_at is not None:
-            result.add("trainwatch_rank_progress_age_seconds", progress_age, **labels)
-        result.add("trainwatch_rank_phase_age_seconds", phase_age, **labels)
+            add("trainwatch_rank_progress_age_seconds", progress_age, base)
+        add("trainwatch_rank_phase_age_seconds", phase_age, base)
         if publish is not None:
-            result.add("trainwatch_rank_publish_failing", publish["failing"], **labels)
+            add("trainwatch_rank_publish_failing", publish["failing"], base)
         if phase:
             for name in dict.fromkeys(KNOWN_PHASES + (phase,)):
-                result.add("trainwatch_rank_phase", name == phase, **labels, phase=name)
+                add("trainwatch_rank_phase", name == phase, labels.phase(name))
         for field, metric in _TRAIN_GAUGES.items():
-            result.add(metric, _num(metrics.get(field)), **labels)
+            add(metric, _num(metrics.get(field)), base)
         phases = metrics.get("phase_seconds")
         if isinstance(phases, dict):
             for name, seconds in phases.items():
-                result.add("trainwatch_rank_phase_time_seconds", _num(seconds), **labels,
-                           phase=name)
+                add("trainwatch_rank_phase_time_seconds", _num(seconds),
+                    labels.phase(str(name)))
         evals = s.get("eval") if isinstance(s.get("eval"), dict) else {}
-        result.add("trainwatch_train_validation_loss", _num(evals.get("val_loss")), **labels)
-        result.add("trainwatch_train_last_nonfinite_loss_timestamp_seconds",
-                   _num(s.get("last_nonfinite_loss_at")), **labels)
+        add("trainwatch_train_validation_loss", _num(evals.get("val_loss")), base)
+        add("trainwatch_train_last_nonfinite_loss_timestamp_seconds",
+            _num(s.get("last_nonfinite_loss_at")), base)
         for field, metric in _COUNTERS.items():
-            result.add(metric, _num(counters.get(field)), **labels)
+            add(metric, _num(counters.get(field)), base)
 
+        late = self._looks_old(s, metrics, state, heartbeat_age, progress_age)
+        proc = self.procs.inspect(s.get("pid"), s.get("started_at"),
+                                  reuse_for=0.0 if late else float(self.options["process_every"]))
         alive = proc["status"] not in ("gone", "zombie", "unknown")
-        result.add("trainwatch_rank_up", alive if proc["status"] != "unknown" else None,
-                   **labels)
+        add("trainwatch_rank_up", alive if proc["status"] != "unknown" else None, base)
         for name in PROCESS_STATES:
-            result.add("trainwatch_process_state", name == proc["status"], **labels, state=name)
-        result.add("trainwatch_process_cpu_seconds_total", proc.get("cpu_seconds"), **labels)
-        result.add("trainwatch_process_resident_memory_bytes", proc.get("rss_bytes"), **labels)
-        result.add("trainwatch_process_threads", proc.get("threads"), **labels)
-        result.add("trainwatch_process_cpu_contention_ratio", proc.get("cpu_contention_ratio"),
-                   **labels)
+            add("trainwatch_process_state", name == proc["status"], labels.processes[name])
+        add("trainwatch_process_cpu_seconds_total", proc.get("cpu_seconds"), base)
+        add("trainwatch_process_resident_memory_bytes", proc.get("rss_bytes"), base)
+        add("trainwatch_process_threads", proc.get("threads"), base)
+        add("trainwatch_process_cpu_contention_ratio", proc.get("cpu_contention_ratio"), base)
         return {
             "rank": s["rank"], "local_rank": s.get("local_rank"), "node": s.get("node"),
             "pid": s.get("pid"), "state": state, "step": s.get("step"), "phase": phase,

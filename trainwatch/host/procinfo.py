@@ -7,6 +7,7 @@ created before the rank's telemetry started (a reused pid is a different process
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,8 +51,9 @@ def read_cpu_jiffies(proc_root: str) -> dict[int, tuple[float, float]]:
 @dataclass
 class _Tracked:
     process: psutil.Process
-    cpu_seconds: float | None = None
     env: dict[str, str] = field(default_factory=dict)
+    facts: dict[str, Any] | None = None  # the last inspection's
+    due: float = 0.0                     # monotonic: inspect again from then on
 
 
 class ProcessTracker:
@@ -60,13 +62,13 @@ class ProcessTracker:
     def __init__(self, proc_root: str = "/proc"):
         self.proc_root = proc_root
         self._tracked: dict[int, _Tracked] = {}
-        self._cpu_prev: dict[int, tuple[float, float]] = {}
         self._cpu_now: dict[int, tuple[float, float]] = {}
-        self._own_prev: dict[int, tuple[float, float]] = {}
+        # pid -> (its CPU seconds, the per-CPU load) at its last inspection
+        self._own_prev: dict[int, tuple[float, dict[int, tuple[float, float]]]] = {}
 
     def begin(self) -> None:
         """Call once per collection before ``inspect``: samples per-CPU load."""
-        self._cpu_prev, self._cpu_now = self._cpu_now, read_cpu_jiffies(self.proc_root)
+        self._cpu_now = read_cpu_jiffies(self.proc_root)
 
     def end(self, live_pids: set[int]) -> None:
         for pid in list(self._tracked):
@@ -74,17 +76,29 @@ class ProcessTracker:
                 del self._tracked[pid]
                 self._own_prev.pop(pid, None)
 
-    def inspect(self, pid: Any, started_at: Any) -> dict[str, Any]:
-        """Process facts for one rank; ``status`` is ``gone`` or ``unknown`` when not found."""
+    def inspect(self, pid: Any, started_at: Any, reuse_for: float = 0.0) -> dict[str, Any]:
+        """Process facts for one rank; ``status`` is ``gone`` or ``unknown`` when not found.
+
+        ``reuse_for``: the facts of an inspection up to that many seconds old are returned
+        as they were (the first wait is staggered by pid, so many ranks are not all
+        inspected in the same collection); 0 inspects now.
+        """
         if not isinstance(pid, int) or pid <= 0:
             return {"status": "unknown"}
         tracked = self._tracked.get(pid)
+        mono = time.monotonic()
+        if tracked is not None and tracked.facts is not None and reuse_for > 0 \
+                and mono < tracked.due:
+            return tracked.facts
         try:
             if tracked is None:
                 proc = psutil.Process(pid)
                 if isinstance(started_at, (int, float)) and proc.create_time() > started_at + 2:
                     return {"status": "gone"}  # pid reused by a younger process
                 tracked = self._tracked[pid] = _Tracked(proc, env=_filtered_env(proc))
+                tracked.due = mono + reuse_for * (pid % 5 + 1) / 5
+            else:
+                tracked.due = mono + reuse_for
             proc = tracked.process
             with proc.oneshot():
                 status = _STATUS.get(proc.status(), "unknown")
@@ -99,30 +113,39 @@ class ProcessTracker:
                     cpus = []
             info["cpus"] = cpus
             info["cpu_contention_ratio"] = self._contention(pid, cpu, cpus)
+            tracked.facts = info
             return info
         except psutil.NoSuchProcess:
             self._tracked.pop(pid, None)
             return {"status": "gone"}
         except psutil.ZombieProcess:
-            return {"status": "zombie"}
+            return self._remember(tracked, {"status": "zombie"})
         except psutil.AccessDenied:
-            return {"status": "unknown"}
+            return self._remember(tracked, {"status": "unknown"})
+
+    @staticmethod
+    def _remember(tracked: _Tracked | None, facts: dict[str, Any]) -> dict[str, Any]:
+        if tracked is not None:
+            tracked.facts = facts
+        return facts
 
     def env(self, pid: Any) -> dict[str, str]:
         tracked = self._tracked.get(pid) if isinstance(pid, int) else None
         return dict(tracked.env) if tracked else {}
 
     def _contention(self, pid: int, cpu_seconds: float, cpus: list[int]) -> float | None:
-        """Share of the rank's allowed cores' time used by *other* processes since last time."""
+        """Share of the rank's allowed cores' time used by *other* processes since its
+        last inspection."""
         prev = self._own_prev.get(pid)
-        self._own_prev[pid] = (cpu_seconds, 0.0)
-        if prev is None or not cpus or not self._cpu_prev:
+        self._own_prev[pid] = (cpu_seconds, self._cpu_now)
+        if prev is None or not cpus or not prev[1]:
             return None
+        before = prev[1]
         busy = total = 0.0
         for cpu in cpus:
-            if cpu in self._cpu_now and cpu in self._cpu_prev:
-                busy += self._cpu_now[cpu][0] - self._cpu_prev[cpu][0]
-                total += self._cpu_now[cpu][1] - self._cpu_prev[cpu][1]
+            if cpu in self._cpu_now and cpu in before:
+                busy += self._cpu_now[cpu][0] - before[cpu][0]
+                total += self._cpu_now[cpu][1] - before[cpu][1]
         if total <= 0:
             return None
         others = busy - (cpu_seconds - prev[0])
