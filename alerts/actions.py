@@ -90,9 +90,9 @@ class Policy:
         return cls(min_interval_seconds=float(thresholds["action_min_interval_seconds"]),
                    guard_max_restarts=int(thresholds["restart_guard_max_restarts"]),
                    skip_window_steps=int(thresholds["skip_window_steps"]),
-                   confirm_min_seconds=float(thresholds.get("stall_confirm_min_seconds", 2)),
-                   confirm_max_seconds=float(thresholds.get("stall_confirm_max_seconds", 30)),
-                   recheck_seconds=float(thresholds.get("stall_recheck_seconds", 60)),
+                   confirm_min_seconds=float(thresholds["stall_confirm_min_seconds"]),
+                   confirm_max_seconds=float(thresholds["stall_confirm_max_seconds"]),
+                   recheck_seconds=float(thresholds["stall_recheck_seconds"]),
                    **kw)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-
 from typing import Callable
 
 from trainwatch.alerts.actions import ActionRequest, ActionRunner
@@ -77,7 +76,7 @@ def connect_actions(engine: Engine, runner: ActionRunner, loop: EngineLoop) -> N
     the job still moved and then became real is acted on without a new alert.
     """
     lock = threading.Lock()
-    busy: set[str] = set()  # fingerprints being handled now
+    in_flight: set[str] = set()  # fingerprints being handled now
     reask_at: dict[str, float] = {}  # fingerprint -> monotonic time to ask again
 
     def handle(alert: Alert, req: ActionRequest) -> None:
@@ -86,7 +85,7 @@ def connect_actions(engine: Engine, runner: ActionRunner, loop: EngineLoop) -> N
             final = runner.handle(req).final
         finally:  # an action that raised is asked again too
             with lock:
-                busy.discard(alert.fingerprint)
+                in_flight.discard(alert.fingerprint)
                 if final:
                     reask_at.pop(alert.fingerprint, None)
                 else:
@@ -95,9 +94,9 @@ def connect_actions(engine: Engine, runner: ActionRunner, loop: EngineLoop) -> N
 
     def on_firing(alert: Alert) -> None:
         with lock:
-            if alert.fingerprint in busy:
+            if alert.fingerprint in in_flight:
                 return
-            busy.add(alert.fingerprint)
+            in_flight.add(alert.fingerprint)
         req = ActionRequest(alert.name, alert.rule.action, dict(alert.labels),
                             alert.fingerprint, rfc3339(alert.active_at), "engine",
                             dict(alert.annotations))
@@ -111,7 +110,7 @@ def connect_actions(engine: Engine, runner: ActionRunner, loop: EngineLoop) -> N
         with lock:
             for fp in [fp for fp in reask_at if fp not in firing]:
                 del reask_at[fp]  # resolved: nothing left to ask
-            due = [firing[fp] for fp, at in reask_at.items() if at <= now and fp not in busy]
+            due = [firing[fp] for fp, at in reask_at.items() if at <= now and fp not in in_flight]
         for alert in due:
             on_firing(alert)
 

@@ -98,8 +98,9 @@ class _RunCommand(click.Command):
     user's own job, untouched; before it, options and at most one RUN_DIR in any order."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        command = args[args.index("--") + 1:] if "--" in args else []
-        rest = super().parse_args(ctx, args[:args.index("--")] if "--" in args else args)
+        split = args.index("--") if "--" in args else len(args)
+        command = args[split + 1:]
+        rest = super().parse_args(ctx, args[:split])
         before = ctx.params.pop("positional", ())
         if len(before) > 1:
             raise click.UsageError(f"one RUN_DIR before --, got {' '.join(before)}; your own "

@@ -14,7 +14,6 @@ import os
 import socket
 import string
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -64,9 +63,13 @@ def documents(keys: list[str]):
                          b"&a [*a]", b"{" * 1200, b"- " * 1200 + b"x"]))
 
 
-def expect_config_error(fn, path: Path) -> None:
+def loaded_or_config_error(tmp_path_factory, name: str, data: bytes, load) -> None:
+    """Write ``data`` as a fresh file ``name`` and ``load(path)`` it: it loads, or raises a
+    ConfigError naming that file."""
+    path = tmp_path_factory.mktemp("f") / name
+    path.write_bytes(data)
     try:
-        fn()
+        load(path)
     except ConfigError as exc:
         assert exc.file and (str(path) in str(exc.file) or exc.file == "--set"), exc
 
@@ -143,9 +146,7 @@ TRAINER_KEYS = ["model", "data", "optim", "train", "checkpoint", "telemetry", "l
 @given(data=documents(TRAINER_KEYS))
 def test_trainer_config_any_bytes_is_loaded_or_a_config_error(tmp_path_factory, data):
     from trainwatch.trainer.config import load_config
-    path = tmp_path_factory.mktemp("t") / "train.yaml"
-    path.write_bytes(data)
-    expect_config_error(lambda: load_config(path), path)
+    loaded_or_config_error(tmp_path_factory, "train.yaml", data, load_config)
 
 
 @fuzz("overrides")
@@ -173,9 +174,8 @@ AGENT_KEYS = ["listen", "node", "run_dirs", "discover", "collectors", "stall", "
 @given(data=documents(AGENT_KEYS))
 def test_agent_config_any_bytes_is_loaded_or_a_config_error(tmp_path_factory, data):
     from trainwatch.agent.config import load_config
-    path = tmp_path_factory.mktemp("a") / "agent.yaml"
-    path.write_bytes(data)
-    expect_config_error(lambda: load_config(str(path)), path)
+    loaded_or_config_error(tmp_path_factory, "agent.yaml", data,
+                           lambda path: load_config(str(path)))
 
 
 RULE_KEYS = ["groups", "name", "rules", "alert", "expr", "for", "severity", "action",
@@ -186,9 +186,7 @@ RULE_KEYS = ["groups", "name", "rules", "alert", "expr", "for", "severity", "act
 @given(data=documents(RULE_KEYS))
 def test_rules_file_any_bytes_is_loaded_or_a_config_error(tmp_path_factory, data):
     from trainwatch.alerts.rules import load_rules
-    path = tmp_path_factory.mktemp("r") / "rules.yaml"
-    path.write_bytes(data)
-    expect_config_error(lambda: load_rules(path), path)
+    loaded_or_config_error(tmp_path_factory, "rules.yaml", data, load_rules)
 
 
 @fuzz("thresholds")
@@ -196,9 +194,8 @@ def test_rules_file_any_bytes_is_loaded_or_a_config_error(tmp_path_factory, data
                        "action_min_interval_seconds", "loss_spike_factor", "x"]))
 def test_thresholds_any_bytes_are_loaded_or_a_config_error(tmp_path_factory, data):
     from trainwatch.alerts.rules import load_rules
-    path = tmp_path_factory.mktemp("th") / "thresholds.yaml"
-    path.write_bytes(data)
-    expect_config_error(lambda: load_rules(thresholds_file=path), path)
+    loaded_or_config_error(tmp_path_factory, "thresholds.yaml", data,
+                           lambda path: load_rules(thresholds_file=path))
 
 
 @fuzz("test_file")
@@ -208,9 +205,8 @@ def test_thresholds_any_bytes_are_loaded_or_a_config_error(tmp_path_factory, dat
 def test_alert_test_files_replay_or_raise_a_config_error(tmp_path_factory, data):
     from trainwatch.alerts.replay import replay_file
     from trainwatch.alerts.rules import load_rules
-    path = tmp_path_factory.mktemp("tf") / "alerts.test.yaml"
-    path.write_bytes(data)
-    expect_config_error(lambda: replay_file(load_rules(), path), path)
+    loaded_or_config_error(tmp_path_factory, "alerts.test.yaml", data,
+                           lambda path: replay_file(load_rules(), path))
 
 
 def test_a_fifo_as_any_config_file_is_an_error_not_a_hang(tmp_path):
