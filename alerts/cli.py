@@ -261,8 +261,8 @@ def receive(rules_file, thresholds_file, run_dir, listen, token_file, nproc_per_
         receiver.stop()
         if supervisor is not None:
             supervisor.stop()
-        if controller is not None and controller.alive():
-            controller.stop("receiver stopped")
+        if controller is not None:
+            controller.close("receiver stopped")
     if supervisor is not None and supervisor.exit_code:
         sys.exit(1)
 

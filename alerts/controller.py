@@ -51,6 +51,10 @@ def train_command(run_dir: str | Path, nproc_per_node: int, *, config: str | Non
     return cmd
 
 
+class ControllerClosed(RuntimeError):
+    """A start asked of a controller that was closed (the controller is shutting down)."""
+
+
 class JobController:
     """Start, stop and restart one job; observe its progress through the run directory."""
 
@@ -64,12 +68,15 @@ class JobController:
         self.starts = 0
         self.started_at: float | None = None
         self.stopping = False
+        self.closed = False  # close(): nothing starts again, not even a restart under way
         self.lock = threading.RLock()
         self.extra_args: list[str] = []
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, reason: str = "start") -> int:
         with self.lock:
+            if self.closed:
+                raise ControllerClosed(f"not starting the job ({reason}): the controller is closed")
             log_file = open(self.run.logs_dir / JOB_LOG, "ab")
             env = {**job_environment(self.env), LAUNCH_ENV: str(self.starts + 1)}
             try:
@@ -128,6 +135,14 @@ class JobController:
             self.run.append_event("job_stopped", "engine", pid=self.proc.pid, reason=reason,
                                   returncode=code, hard=hard, killed=killed)
             return code
+
+    def close(self, reason: str) -> None:
+        """Stop the job for good: an action thread that is restarting it meanwhile starts
+        nothing after this (its new processes would outlive the controller)."""
+        with self.lock:
+            self.closed = True
+            if self.alive():
+                self.stop(reason)
 
     def restart(self, reason: str, *, hard: bool = False) -> int:
         with self.lock:

@@ -8,6 +8,7 @@ import time
 from typing import Callable
 
 from trainwatch.alerts.actions import ActionRequest, ActionRunner
+from trainwatch.alerts.controller import ControllerClosed
 from trainwatch.alerts.engine import Alert, Engine
 from trainwatch.alerts.evaluate import labels_key
 from trainwatch.alerts.notify import rfc3339
@@ -83,6 +84,8 @@ def connect_actions(engine: Engine, runner: ActionRunner, loop: EngineLoop) -> N
         final = False
         try:
             final = runner.handle(req).final
+        except ControllerClosed:
+            log.info("%s: not acted on, the controller is shutting down", alert.name)
         finally:  # an action that raised is asked again too
             with lock:
                 in_flight.discard(alert.fingerprint)

@@ -240,8 +240,7 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
         supervisor.stop()
         loop.stop()
         loop.tick()  # a last evaluation, so what ended the run (e.g. the guard) is announced
-        if controller.alive():
-            controller.stop("interrupted" if interrupted else "controller stopped")
+        controller.close("interrupted" if interrupted else "controller stopped")
         stop(agent_proc)
         code = 130 if interrupted else (supervisor.exit_code or 0)
         run_.append_event("controller_stopped", "engine", exit_code=code,
