@@ -4,10 +4,10 @@ checkpoint or a ``.tmp-`` directory that every reader ignores.
 Order: state files into ``.tmp-step-N-...``, the manifest last, fsync the directory,
 rename it to ``step-N``, fsync the parent.
 
-Time to durable is what counts: each file is serialized straight into the page cache
-(no hashing in the way), then hashed from its mapped pages on one helper thread while
-another fsyncs it and the loop serializes the next file, so hashing and the disk's
-writeback overlap instead of adding up.
+Time to durable is what counts, so nothing waits in line: while a file is serialized
+into the page cache, a helper thread hashes the part already written (mapped window by
+window, no copy) and asks the kernel to start writing it back; the final fsync then only
+waits for the tail, and the hash is ready about when the last byte is.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import mmap
 import os
 import platform
 import shutil
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -28,8 +29,11 @@ import torch
 
 from trainwatch import __version__
 from trainwatch.rundir import fsync_dir
+from trainwatch.trainer.checkpoint.writeback import start_writeback
 from trainwatch.trainer.checkpoint.manifest import (FORMAT, FORMAT_VERSION, HASH_CHUNK, MANIFEST,
                                                     rank_file_name, step_dir_name)
+
+HASH_WINDOW = 8 << 20  # hashed (and handed to writeback) this far behind the writer; page-aligned
 
 
 class CheckpointWriteError(OSError):
@@ -55,35 +59,66 @@ class Written:
     seconds: float
 
 
-class _CountingFile:
-    """A write-only file that counts what passes through it and keeps the OSError of a
-    failed write (torch.save turns it into a RuntimeError without the errno)."""
+class _HashingFile:
+    """A write-only file that counts what passes through it, keeps the OSError of a failed
+    write (torch.save turns it into a RuntimeError without the errno), and has a helper
+    thread hash it and start its writeback a window behind the writer."""
 
-    def __init__(self, fh: BinaryIO):
+    def __init__(self, fh: BinaryIO, path: Path, helpers: ThreadPoolExecutor):
         self.fh, self.bytes = fh, 0
         self.error: OSError | None = None
+        self._written = threading.Condition()
+        self._finished = False
+        self.hashed: Future = helpers.submit(self._hash_behind, path)
 
     def write(self, data: bytes) -> int:
-        self.bytes += len(data)
+        view = memoryview(data).cast("B")
         try:
-            return self.fh.write(data)
+            done = 0
+            while done < len(view):  # one write(2) stops at 2 GiB, a signal can cut it short
+                done += self.fh.write(view[done:])
         except OSError as exc:
             self.error = exc
+            self.finish()
             raise
+        with self._written:
+            self.bytes += done
+            self._written.notify()
+        return done
 
     def flush(self) -> None:
         self.fh.flush()
 
+    def finish(self) -> None:
+        """No more bytes come; the hash takes the tail."""
+        with self._written:
+            self._finished = True
+            self._written.notify()
 
-def _sha256_of(path: Path) -> str:
-    """sha256 of a file just written, from its pages in the page cache (no copy; hashlib
-    releases the GIL on large buffers)."""
-    sha = hashlib.sha256()
-    with open(path, "rb") as fh:
-        if os.fstat(fh.fileno()).st_size:
-            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as pages:
-                sha.update(pages)
-    return sha.hexdigest()
+    def _hash_behind(self, path: Path) -> str:
+        sha = hashlib.sha256()
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            hashed = 0
+            while True:
+                with self._written:
+                    self._written.wait_for(lambda start=hashed: (
+                        self._finished or self.bytes - start >= HASH_WINDOW))
+                    finished, written = self._finished, self.bytes
+                if self.error is not None:
+                    return ""
+                end = written if finished else written - (written - hashed) % HASH_WINDOW
+                if end > hashed:
+                    # hashlib releases the GIL on large buffers; windows start page-aligned
+                    with mmap.mmap(fd, end - hashed, offset=hashed,
+                                   access=mmap.ACCESS_READ) as pages:
+                        sha.update(pages)
+                    start_writeback(fd, hashed, end - hashed)
+                    hashed = end
+                if finished:
+                    return sha.hexdigest()
+        finally:
+            os.close(fd)
 
 
 def _fsync_path(path: Path) -> None:
@@ -112,15 +147,18 @@ def _save_file(path: Path, obj: Any, do_fsync: bool, helpers: ThreadPoolExecutor
     try:
         # Unbuffered: tensors arrive as large views and go to the kernel without a copy.
         with open(path, "xb", buffering=0) as fh:
-            out = _CountingFile(fh)
-            torch.save(obj, out)
+            out = _HashingFile(fh, path, helpers)
+            try:
+                torch.save(obj, out)
+            finally:
+                out.finish()
     except (OSError, RuntimeError) as exc:
         cause = out.error if out is not None and out.error is not None else exc
         if isinstance(cause, OSError):
             raise OSError(cause.errno, cause.strerror or str(cause), str(path)) from exc
         raise
     synced = helpers.submit(_fsync_path, path) if do_fsync else None
-    return out.bytes, helpers.submit(_sha256_of, path), synced
+    return out.bytes, out.hashed, synced
 
 
 def _write_manifest(directory: Path, manifest: dict[str, Any], do_fsync: bool) -> None:
@@ -168,7 +206,7 @@ def write_checkpoint(folder: str | Path, payload: Payload, *, fsync: bool = True
         folder.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
         pending: dict[str, tuple[int, Future, Future | None]] = {}
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="trainwatch-ckpt-io") as helpers:
+        with ThreadPoolExecutor(max_workers=3, thread_name_prefix="trainwatch-ckpt-io") as helpers:
             for key, tree in payload.shared.items():
                 pending[f"{key}.pt"] = _save_file(tmp / f"{key}.pt", tree, fsync, helpers)
             for rank, state in enumerate(payload.ranks):
