@@ -12,7 +12,7 @@ import psutil
 
 from trainwatch.agent.config import AgentConfig, load_config
 from trainwatch.agent.context import AgentContext
-from trainwatch.agent.exporter import CachedExposition, build_registry
+from trainwatch.agent.exporter import CachedExposition, SnapshotExporter
 from trainwatch.agent.runner import CollectorRunner
 from trainwatch.agent.server import AgentHTTPServer
 from trainwatch.agent.status import build_status
@@ -26,8 +26,8 @@ class Agent:
         self.ctx = AgentContext(config)
         self.reload_args = reload_args or {}
         self.runner = CollectorRunner(self.ctx)
-        self.registry, self.exporter = build_registry(self.ctx)
-        self.exposition = CachedExposition(self.ctx, self.registry)
+        self.exporter = SnapshotExporter(self.ctx)
+        self.exposition = CachedExposition(self.ctx, self.exporter)
         self.config_loaded_at = time.time()
         self._stop = threading.Event()
         self._reload = threading.Event()

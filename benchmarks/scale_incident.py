@@ -36,11 +36,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from prometheus_client import generate_latest  # noqa: E402
+from trainwatch.agent.exposition import TEXT  # noqa: E402
 
 from trainwatch.agent.config import build_config  # noqa: E402
 from trainwatch.agent.context import AgentContext  # noqa: E402
-from trainwatch.agent.exporter import build_registry  # noqa: E402
+from trainwatch.agent.exporter import SnapshotExporter  # noqa: E402
 from trainwatch.agent.registry import Result, all_collectors  # noqa: E402
 from trainwatch.agent.state import CollectorRecord  # noqa: E402
 from trainwatch.agent.status import build_status  # noqa: E402
@@ -81,7 +81,7 @@ class SimulatedNode:
         self._publish("ranks", Result(data={"jobs": [{"job": RUN, "run_dir": "/sim",
                                                        "ranks": ranks, "timing": None,
                                                        "env": {}}]}))
-        self.registry, _ = build_registry(self.ctx)
+        self.exporter = SnapshotExporter(self.ctx)
 
     def _publish(self, name: str, result: Result) -> None:
         self.ctx.store.set(CollectorRecord(name, True, 1, 1, state=result.state,
@@ -91,7 +91,7 @@ class SimulatedNode:
         self._publish("findings", self.findings.collect())
 
     def metrics(self) -> bytes:
-        return generate_latest(self.registry)
+        return self.exporter.render(TEXT)
 
     def status(self) -> bytes:
         return json.dumps(build_status(self.ctx, listen="simulated",

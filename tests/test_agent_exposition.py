@@ -1,0 +1,122 @@
+"""The agent's own exposition writer must write what prometheus-client would, byte for
+byte, in both formats — for every metric in the contract, with hostile label values and
+every kind of float — while dropping what the contract does not allow."""
+
+import math
+import shutil
+import subprocess
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
+
+from trainwatch.agent.exposition import (OPENMETRICS, TEXT, ExpositionWriter, content_type_for,
+                                         format_value)
+from trainwatch.agent.registry import Sample
+from trainwatch.contract.metrics import METRICS
+
+VALUES = [0.0, 1.0, -2.5, 0.1, 1e-7, 1234567.0, 1733232000.123, 1e16, 12345678901.0,
+          math.inf, -math.inf, math.nan, 42]
+LABEL_VALUES = ['plain', 'with "quotes"', "back\\slash", "new\nline", "ünïcode ✓", ""]
+
+
+def contract_samples():
+    """Every contract metric, a few series each, in an order unlike the sorted output."""
+    samples = []
+    for index, spec in enumerate(reversed(list(METRICS.values()))):
+        for series in range(3):
+            labels = {name: LABEL_VALUES[(index + series + i) % len(LABEL_VALUES)] + str(series)
+                      for i, name in enumerate(reversed(spec.labels))}
+            value = VALUES[(index + series) % len(VALUES)]
+            if spec.type == "counter":
+                value = 0.0 if math.isnan(value) else abs(value)  # OpenMetrics refuses these
+            samples.append(Sample(spec.name, labels, value))
+    return samples
+
+
+def reference(samples, openmetrics):
+    """What prometheus-client writes for the same samples."""
+    class Families:
+        def collect(self):
+            for spec in sorted(METRICS.values(), key=lambda s: s.name):
+                kind = CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily
+                family = kind(spec.name, spec.help, labels=list(spec.labels))
+                mine = [s for s in samples if s.name == spec.name]
+                for s in mine:
+                    family.add_metric([s.labels[k] for k in spec.labels], s.value)
+                if mine:
+                    yield family
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Families())
+    return (generate_openmetrics if openmetrics else generate_latest)(registry)
+
+
+def writer():
+    rejected = []
+    return ExpositionWriter(METRICS, lambda name, why: rejected.append((name, why))), rejected
+
+
+@pytest.mark.parametrize("content_type", [TEXT, OPENMETRICS])
+def test_every_contract_metric_is_written_as_prometheus_client_writes_it(content_type):
+    samples = contract_samples()
+    w, rejected = writer()
+    first = w.render(samples, content_type)
+    assert first == reference(samples, content_type == OPENMETRICS)
+    assert w.render(samples, content_type) == first  # from the cached prefixes
+    assert rejected == []
+
+
+def test_openmetrics_output_parses_strictly_and_text_passes_promtool(tmp_path):
+    samples = contract_samples()
+    w, _ = writer()
+    families = {f.name: f for f in text_string_to_metric_families(
+        w.render(samples, OPENMETRICS).decode())}
+    assert len(families) == len(METRICS)
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool not installed")
+    lint = subprocess.run(["promtool", "check", "metrics"], input=w.render(samples, TEXT),
+                          capture_output=True)
+    # promtool lints names and help; a contract problem would show here as well
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_unknown_names_and_wrong_labels_are_dropped_and_reported():
+    spec = METRICS["trainwatch_rank_up"]
+    good = {k: "1" for k in spec.labels}
+    w, rejected = writer()
+    body = w.render([Sample("trainwatch_not_in_contract", {}, 1.0),
+                     Sample(spec.name, {**good, "extra": "x"}, 1.0),
+                     Sample(spec.name, good, 1.0)]).decode()
+    assert "trainwatch_not_in_contract" not in body and "extra" not in body
+    assert body.count(f"\n{spec.name}{{") == 1
+    assert [name for name, _ in rejected] == ["trainwatch_not_in_contract", spec.name]
+
+
+def test_the_first_of_two_identical_series_wins():
+    spec = METRICS["trainwatch_rank_up"]
+    labels = {k: "0" for k in spec.labels}
+    w, _ = writer()
+    body = w.render([Sample(spec.name, labels, 1.0),
+                     Sample(spec.name, dict(reversed(list(labels.items()))), 0.0)]).decode()
+    assert body.count(f"{spec.name}{{") == 1 and body.rstrip().endswith(" 1.0")
+
+
+def test_cached_prefixes_follow_the_live_series():
+    spec = METRICS["trainwatch_rank_up"]
+    w, _ = writer()
+    series = [Sample(spec.name, {k: str(rank) for k in spec.labels}, 1.0) for rank in range(50)]
+    w.render(series)
+    w.render(series[:2])
+    assert len(w._prefixes) == 2
+
+
+def test_content_negotiation_and_values():
+    assert content_type_for("") == TEXT
+    assert content_type_for("text/plain;version=0.0.4") == TEXT
+    assert content_type_for("application/openmetrics-text;version=1.0.0,text/plain;q=0.5") \
+        == OPENMETRICS
+    assert [format_value(v) for v in (math.inf, -math.inf, math.nan, 1234567.0, 0.5)] == \
+        ["+Inf", "-Inf", "NaN", "1.234567e+06", "0.5"]
