@@ -41,6 +41,7 @@ class Result:
     data: Any = None
     state: str = "ok"
     reason: str | None = None
+    later: list[Callable[[], list[Sample]]] = field(default_factory=list)
 
     def add(self, metric: str, value: float | int | bool | None, /, **labels: Any) -> None:
         """Add a sample; ``None`` values are unknown and are not exported."""
@@ -54,6 +55,17 @@ class Result:
         (a collector exporting dozens of series per rank builds them once per rank)."""
         if value is not None:
             self.samples.append(Sample(metric, labels, float(value)))
+
+    def defer(self, produce: Callable[[], list[Sample]]) -> None:
+        """Samples to build only if someone reads them: a collector that runs every second
+        while Prometheus scrapes every 15 s would otherwise build 14 of 15 sets for
+        nothing. ``produce`` must only read values already taken (it may run later, on
+        the scrape's thread, more than once)."""
+        self.later.append(produce)
+
+    def every_sample(self) -> list[Sample]:
+        """The samples added now and the deferred ones, built now."""
+        return self.samples + [sample for produce in self.later for sample in produce()]
 
     @classmethod
     def absent(cls, reason: str, data: Any = None) -> "Result":

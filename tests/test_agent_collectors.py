@@ -40,15 +40,15 @@ def collector(ctx: AgentContext, name: str):
 
 def publish(ctx: AgentContext, name: str, result: Result) -> None:
     ctx.store.set(CollectorRecord(name, True, 1, 1, state=result.state, data=result.data,
-                                  samples=tuple(result.samples)))
+                                  samples=tuple(result.every_sample())))
 
 
 def samples(result: Result, name: str) -> dict[tuple, float]:
-    return {tuple(sorted(s.labels.items())): s.value for s in result.samples if s.name == name}
+    return {tuple(sorted(s.labels.items())): s.value for s in result.every_sample() if s.name == name}
 
 
 def value(result: Result, name: str, **labels) -> float:
-    for s in result.samples:
+    for s in result.every_sample():
         if s.name == name and all(s.labels.get(k) == str(v) for k, v in labels.items()):
             return s.value
     raise KeyError(f"{name} {labels}")
@@ -92,8 +92,23 @@ def test_ranks_skips_and_counts_torn_and_alien_status_files(tmp_path):
         first, "trainwatch_process_state", rank=0, state="sleeping") == 1
     assert value(first, "trainwatch_train_loss", rank=0) == 1.5
     assert value(first, "trainwatch_rank_phase", rank=0, phase="forward") == 1
-    assert not [x for x in first.samples
+    assert not [x for x in first.every_sample()
                 if x.name == "trainwatch_train_last_nonfinite_loss_timestamp_seconds"]
+
+
+def test_rank_series_are_built_when_a_scrape_reads_them_not_every_collection(tmp_path):
+    run = RunDir(tmp_path / "run").create()
+    for rank in (0, 1):
+        write_status(run, rank, os.getpid())
+    ctx = make_ctx([run.root])
+    result = collector(ctx, "ranks").collect()
+    assert not [s for s in result.samples if s.name == "trainwatch_rank_up"]
+    assert len(result.later) == 2  # one producer per rank, nothing built yet
+    ctx.store.set(CollectorRecord("ranks", True, 1, 1))
+    ctx.store.finish("ranks", result, started=time.time(), duration=0.01)
+    stored = list(ctx.store.get("ranks").samples)
+    assert stored == list(ctx.store.get("ranks").samples)  # a second read builds the same
+    assert sorted(s.labels["rank"] for s in stored if s.name == "trainwatch_rank_up") == ["0", "1"]
 
 
 def test_ranks_export_when_the_newest_nonfinite_loss_happened(tmp_path):

@@ -19,7 +19,7 @@ from typing import Any
 
 from trainwatch.beat import beat_name, read_beat
 from trainwatch.host.procinfo import ProcessTracker
-from trainwatch.agent.registry import Collector, Result, label_values, register
+from trainwatch.agent.registry import Collector, Result, Sample, label_values, register
 from trainwatch.contract.states import KNOWN_PHASES, PROCESS_STATES, RANK_STATES
 from trainwatch.contract.timing import job_window
 from trainwatch.errors import FormatError
@@ -130,6 +130,50 @@ def _with_beat(s: dict[str, Any], beat: dict[str, Any] | None):
     if isinstance(steps, int) and isinstance(s.get("counters"), dict):
         merged["counters"] = dict(s["counters"], steps_total=steps)
     return merged, publish
+
+
+def _rank_samples(labels: _Labels, s: dict[str, Any], state: str, phase: str | None,
+                  ages: dict[str, float | None], publish: dict[str, Any] | None,
+                  proc: dict[str, Any]) -> list[Sample]:
+    """One rank's series, from what a collection took (built when a scrape reads them)."""
+    out = Result()
+    base, add = labels.base, out.add_labeled
+    metrics = s.get("metrics") if isinstance(s.get("metrics"), dict) else {}
+    counters = s.get("counters") if isinstance(s.get("counters"), dict) else {}
+    add("trainwatch_rank_info", 1, labels.info_labels(s.get("backend"), s.get("device")))
+    for name in RANK_STATES:
+        add("trainwatch_rank_state", name == state, labels.states[name])
+    add("trainwatch_rank_step", _num(s.get("step")), base)
+    add("trainwatch_rank_restarts", _num(s.get("restart_count")), base)
+    add("trainwatch_rank_heartbeat_age_seconds", ages["heartbeat"], base)
+    add("trainwatch_rank_progress_age_seconds", ages["progress"], base)
+    add("trainwatch_rank_phase_age_seconds", ages["phase"], base)
+    if publish is not None:
+        add("trainwatch_rank_publish_failing", publish["failing"], base)
+    if phase:
+        for name in dict.fromkeys(KNOWN_PHASES + (phase,)):
+            add("trainwatch_rank_phase", name == phase, labels.phase(name))
+    for field, metric in _TRAIN_GAUGES.items():
+        add(metric, _num(metrics.get(field)), base)
+    phases = metrics.get("phase_seconds")
+    if isinstance(phases, dict):
+        for name, seconds in phases.items():
+            add("trainwatch_rank_phase_time_seconds", _num(seconds), labels.phase(str(name)))
+    evals = s.get("eval") if isinstance(s.get("eval"), dict) else {}
+    add("trainwatch_train_validation_loss", _num(evals.get("val_loss")), base)
+    add("trainwatch_train_last_nonfinite_loss_timestamp_seconds",
+        _num(s.get("last_nonfinite_loss_at")), base)
+    for field, metric in _COUNTERS.items():
+        add(metric, _num(counters.get(field)), base)
+    add("trainwatch_rank_up", proc["status"] not in ("gone", "zombie", "unknown")
+        if proc["status"] != "unknown" else None, base)
+    for name in PROCESS_STATES:
+        add("trainwatch_process_state", name == proc["status"], labels.processes[name])
+    add("trainwatch_process_cpu_seconds_total", proc.get("cpu_seconds"), base)
+    add("trainwatch_process_resident_memory_bytes", proc.get("rss_bytes"), base)
+    add("trainwatch_process_threads", proc.get("threads"), base)
+    add("trainwatch_process_cpu_contention_ratio", proc.get("cpu_contention_ratio"), base)
+    return out.samples
 
 
 @register("ranks", interval=1.0, timeout=5.0,
@@ -351,20 +395,12 @@ class RanksCollector(Collector):
             labels = self._labels[label_key] = _Labels(label_values(
                 {"run": job, "node": self.ctx.node, "rank": s["rank"],
                  "local_rank": s.get("local_rank", "")}))
-        base, add = labels.base, result.add_labeled
         s, publish = _with_beat(s, beat)
         metrics = s.get("metrics") if isinstance(s.get("metrics"), dict) else {}
-        counters = s.get("counters") if isinstance(s.get("counters"), dict) else {}
         state = s.get("state") if isinstance(s.get("state"), str) else "running"
         phase = s.get("phase") if isinstance(s.get("phase"), str) else None
         heartbeat_at, progress_at = _num(s.get("heartbeat_at")), _num(s.get("last_progress_at"))
         phase_since = _num(s.get("phase_since"))
-
-        add("trainwatch_rank_info", 1, labels.info_labels(s.get("backend"), s.get("device")))
-        for name in RANK_STATES:
-            add("trainwatch_rank_state", name == state, labels.states[name])
-        add("trainwatch_rank_step", _num(s.get("step")), base)
-        add("trainwatch_rank_restarts", _num(s.get("restart_count")), base)
         who = (run_key, s["rank"], s.get("pid"))
         heartbeat_age = self._age(who + ("heartbeat",), heartbeat_at, now, mono)
         progress_age = self._age(who + ("progress",), progress_at or _num(s.get("started_at")),
@@ -372,40 +408,12 @@ class RanksCollector(Collector):
         # A phase's start is re-derived from the rank's clock offset on every write, so it
         # wobbles by microseconds: the same phase (name) within half a second is the same.
         phase_age = self._age(who + ("phase", phase), phase_since, now, mono, tolerance=0.5)
-        add("trainwatch_rank_heartbeat_age_seconds", heartbeat_age, base)
-        if progress_at is not None:
-            add("trainwatch_rank_progress_age_seconds", progress_age, base)
-        add("trainwatch_rank_phase_age_seconds", phase_age, base)
-        if publish is not None:
-            add("trainwatch_rank_publish_failing", publish["failing"], base)
-        if phase:
-            for name in dict.fromkeys(KNOWN_PHASES + (phase,)):
-                add("trainwatch_rank_phase", name == phase, labels.phase(name))
-        for field, metric in _TRAIN_GAUGES.items():
-            add(metric, _num(metrics.get(field)), base)
-        phases = metrics.get("phase_seconds")
-        if isinstance(phases, dict):
-            for name, seconds in phases.items():
-                add("trainwatch_rank_phase_time_seconds", _num(seconds),
-                    labels.phase(str(name)))
-        evals = s.get("eval") if isinstance(s.get("eval"), dict) else {}
-        add("trainwatch_train_validation_loss", _num(evals.get("val_loss")), base)
-        add("trainwatch_train_last_nonfinite_loss_timestamp_seconds",
-            _num(s.get("last_nonfinite_loss_at")), base)
-        for field, metric in _COUNTERS.items():
-            add(metric, _num(counters.get(field)), base)
-
         late = self._looks_old(s, metrics, state, heartbeat_age, progress_age)
         proc = self.procs.inspect(s.get("pid"), s.get("started_at"),
                                   reuse_for=0.0 if late else float(self.options["process_every"]))
-        alive = proc["status"] not in ("gone", "zombie", "unknown")
-        add("trainwatch_rank_up", alive if proc["status"] != "unknown" else None, base)
-        for name in PROCESS_STATES:
-            add("trainwatch_process_state", name == proc["status"], labels.processes[name])
-        add("trainwatch_process_cpu_seconds_total", proc.get("cpu_seconds"), base)
-        add("trainwatch_process_resident_memory_bytes", proc.get("rss_bytes"), base)
-        add("trainwatch_process_threads", proc.get("threads"), base)
-        add("trainwatch_process_cpu_contention_ratio", proc.get("cpu_contention_ratio"), base)
+        ages = {"heartbeat": heartbeat_age, "phase": phase_age,
+                "progress": progress_age if progress_at is not None else None}
+        result.defer(lambda: _rank_samples(labels, s, state, phase, ages, publish, proc))
         return {
             "rank": s["rank"], "local_rank": s.get("local_rank"), "node": s.get("node"),
             "pid": s.get("pid"), "state": state, "step": s.get("step"), "phase": phase,

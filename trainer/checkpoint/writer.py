@@ -100,10 +100,13 @@ class _HashingFile:
         fd = os.open(path, os.O_RDONLY)
         try:
             hashed = 0
+
+            def window_ready() -> bool:
+                return self._finished or self.bytes - hashed >= HASH_WINDOW
+
             while True:
                 with self._written:
-                    self._written.wait_for(lambda start=hashed: (
-                        self._finished or self.bytes - start >= HASH_WINDOW))
+                    self._written.wait_for(window_ready)
                     finished, written = self._finished, self.bytes
                 if self.error is not None:
                     return ""
