@@ -74,7 +74,6 @@ class _RankTrack:
 
     recent: deque = field(default_factory=lambda: deque(maxlen=64))  # (step, log ratio, z)
     level: float | None = None          # as a ratio (exp of the median log-ratio)
-    noise: float | None = None          # standard deviation of one window's log-ratio
     slow_windows: int = 0
     streak_from: int | None = None      # first step of the current run of slow windows
     streak_since: float | None = None
@@ -83,6 +82,11 @@ class _RankTrack:
     since_step: int | None = None
     detected_at: float | None = None
     detected_step: int | None = None
+
+    @property
+    def noise(self) -> float | None:
+        """Standard deviation of one window's log-ratio (computed when a verdict needs it)."""
+        return _jitter([v for _, v, _ in self.recent])
 
 
 @dataclass
@@ -105,11 +109,9 @@ class JobStragglers:
         while track.recent and track.recent[0][0] < horizon:
             track.recent.popleft()  # an agent that missed a long stretch starts afresh
         track.recent.append((step, math.log(max(ratio, 1e-9)), z))
-        values = [v for _, v, _ in track.recent]
         last = list(track.recent)[-n:]
         level = median_sorted(sorted(v for _, v, _ in last))
         track.level = math.exp(level)
-        track.noise = _jitter(values)
         if ratio >= float(opts["clear_ratio"]):
             if track.streak_from is None:
                 track.streak_from, track.streak_since = step - window_steps + 1, when
@@ -122,9 +124,9 @@ class JobStragglers:
             z_ok = not scores or median_sorted(sorted(scores)) >= float(opts["score"])
             # The median of n windows varies by about 1.25 x noise / sqrt(n).
             # No verdict before the rank's noise is known (4 windows).
-            if track.noise is not None and level >= enter and z_ok and \
-                    level >= float(opts["noise_sigmas"]) * 1.2533 * track.noise / math.sqrt(
-                        len(last)):
+            noise = track.noise if level >= enter and z_ok else None
+            if noise is not None and \
+                    level >= float(opts["noise_sigmas"]) * 1.2533 * noise / math.sqrt(len(last)):
                 track.active, track.detected_at, track.detected_step = True, when, step
                 track.since = track.streak_since if track.streak_since is not None else when
                 track.since_step = track.streak_from if track.streak_from is not None else step

@@ -85,7 +85,7 @@ class SimulatedNode:
 
     def _publish(self, name: str, result: Result) -> None:
         self.ctx.store.set(CollectorRecord(name, True, 1, 1, state=result.state,
-                                           data=result.data, samples=tuple(result.samples)))
+                                           data=result.data, samples=tuple(result.every_sample())))
 
     def collect(self) -> None:
         self._publish("findings", self.findings.collect())

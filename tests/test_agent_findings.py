@@ -36,8 +36,8 @@ def job_of(now, ranks, job="exp"):
 
 
 def incident_samples(result):
-    seconds = [s for s in result.samples if s.name == "trainwatch_stall_incident_seconds"]
-    roles = {s.labels["role"]: s.value for s in result.samples
+    seconds = [s for s in result.every_sample() if s.name == "trainwatch_stall_incident_seconds"]
+    roles = {s.labels["role"]: s.value for s in result.every_sample()
              if s.name == "trainwatch_stall_incident_ranks"}
     return seconds, roles
 
@@ -79,7 +79,7 @@ def test_a_4_rank_stall_is_one_incident_naming_the_culprit():
 
 
 def stall_metric(result, name):
-    return [s.value for s in result.samples if s.name == name][0]
+    return [s.value for s in result.every_sample() if s.name == name][0]
 
 
 def test_stall_finding_lifecycle():
@@ -95,7 +95,7 @@ def test_stall_finding_lifecycle():
     assert finding["role"] == "culprit" and incident["culprit_rank"] == 1
     assert finding["phase"] == "backward" and abs(finding["since"] - (now - 8.0)) < 1
     assert stall_metric(first, "trainwatch_rank_stalled") == 1
-    info = [s for s in first.samples if s.name == "trainwatch_rank_stall_info"][0]
+    info = [s for s in first.every_sample() if s.name == "trainwatch_rank_stall_info"][0]
     assert info.labels["kind"] == "frozen" and info.labels["phase"] == "backward"
     again = findings.collect()
     assert again.data["findings"][0]["detected_at"] == finding["detected_at"]
@@ -104,7 +104,7 @@ def test_stall_finding_lifecycle():
     assert cleared.data["findings"] == []
     assert stall_metric(cleared, "trainwatch_rank_stalled") == 0
     assert cleared.data["recently_cleared"][0]["id"] == "stall/exp/1"
-    total = [s for s in cleared.samples if s.name == "trainwatch_rank_stalls_total"
+    total = [s for s in cleared.every_sample() if s.name == "trainwatch_rank_stalls_total"
              and s.labels["kind"] == "frozen"][0]
     assert total.value == 1
 
@@ -126,7 +126,7 @@ def test_straggler_finding_from_published_timing():
     assert finding["rank"] == 1 and abs(by_kind["node_straggler"]["ratio"] - 1.3) < 1e-6
     assert finding["since_step"] == 1 and finding["detected_step"] == 20  # 4 windows
     assert finding["cause"] == "unknown" and abs(finding["ratio"] - 1.3) < 1e-6
-    ratio = [s.value for s in result.samples if s.name == "trainwatch_straggler_time_ratio"][0]
+    ratio = [s.value for s in result.every_sample() if s.name == "trainwatch_straggler_time_ratio"][0]
     assert abs(ratio - 1.3) < 1e-9
 
 
@@ -143,7 +143,7 @@ def test_old_observations_are_not_judged_and_no_counter_moves():
     publish(ctx, "ranks", stale)
     result = findings.collect()
     assert result.data["findings"] == [] and "re-observing" in result.reason
-    assert sum(s.value for s in result.samples if s.name == "trainwatch_rank_stalls_total") == 0
+    assert sum(s.value for s in result.every_sample() if s.name == "trainwatch_rank_stalls_total") == 0
     resync = ranks_data(now, progress_age=60.0, heartbeat_age=60.0)
     resync.data["judge_after_mono"] = time.monotonic() + 5  # the ranks collector saw a gap
     publish(ctx, "ranks", resync)

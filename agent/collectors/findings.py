@@ -44,7 +44,7 @@ class FindingsCollector(Collector):
             # none cleared, no counter moved) until the ranks have been looked at again.
             if self._last is None:
                 return Result.absent(waiting)
-            return Result(samples=self._last.samples, data=self._last.data,
+            return Result(samples=self._last.every_sample(), data=self._last.data,
                           reason=waiting)
         self._last = result = self._judge(ranks_data)
         return result
@@ -109,14 +109,14 @@ class FindingsCollector(Collector):
     # -- stalls ----------------------------------------------------------------------
     def _stall(self, key, job, rank, labels, elapsed, holders, result, current):
         verdict = self.stalls.check(key, rank, elapsed, holders)
-        result.add("trainwatch_rank_stalled", verdict.stalled, **labels)
-        result.add("trainwatch_rank_stall_seconds",
+        result.add_later("trainwatch_rank_stalled", verdict.stalled, **labels)
+        result.add_later("trainwatch_rank_stall_seconds",
                    verdict.stalled_for if verdict.stalled else 0.0, **labels)
-        result.add("trainwatch_rank_stall_budget_seconds", verdict.budget, **labels)
+        result.add_later("trainwatch_rank_stall_budget_seconds", verdict.budget, **labels)
         fid = f"stall/{job['job']}/{rank['rank']}"
         if verdict.stalled:
             phase = rank.get("phase") or ""
-            result.add("trainwatch_rank_stall_info", 1, **labels, kind=verdict.kind, phase=phase)
+            result.add_later("trainwatch_rank_stall_info", 1, **labels, kind=verdict.kind, phase=phase)
             previous = self.active.get(fid)
             if previous is None or previous.get("stall_kind") != verdict.kind:
                 counter_key = (job["job"], rank["rank"], verdict.kind)
@@ -132,7 +132,7 @@ class FindingsCollector(Collector):
                             f"{phase or '?'} at step {rank.get('step')}; no progress for "
                             f"{verdict.stalled_for:.1f} s (budget {verdict.budget:.1f} s)")}
         for kind in STALL_KINDS:
-            result.add("trainwatch_rank_stalls_total",
+            result.add_later("trainwatch_rank_stalls_total",
                        self.stall_counts.get((job["job"], rank["rank"], kind), 0), **labels,
                        kind=kind)
         return verdict
@@ -186,20 +186,20 @@ class FindingsCollector(Collector):
         active = bool(track and track.active)
         # The level the verdict follows (median of recent windows), not one noisy window.
         ratio = track.level if track and track.level is not None else scores.ratio[r]
-        result.add("trainwatch_straggler_score", scores.score[r], **labels)
-        result.add("trainwatch_straggler_time_ratio", ratio, **labels)
-        result.add("trainwatch_straggler_slow_windows", track.slow_windows if track else 0,
+        result.add_later("trainwatch_straggler_score", scores.score[r], **labels)
+        result.add_later("trainwatch_straggler_time_ratio", ratio, **labels)
+        result.add_later("trainwatch_straggler_slow_windows", track.slow_windows if track else 0,
                    **labels)
-        result.add("trainwatch_straggler_active", active, **labels)
+        result.add_later("trainwatch_straggler_active", active, **labels)
         local = (job.get("timing") or {}).get("local") or {}
         if r in local:
-            result.add("trainwatch_rank_local_seconds", local[r], **labels)
+            result.add_later("trainwatch_rank_local_seconds", local[r], **labels)
         summary = {"ratio": round(ratio, 4), "window_ratio": round(scores.ratio[r], 4),
                    "score": round(scores.score[r], 3),
                    "slow_windows": track.slow_windows if track else 0, "active": active}
         if active:
             cause, evidence = self._cause(job, rank)
-            result.add("trainwatch_straggler_info", 1, **labels, cause=cause)
+            result.add_later("trainwatch_straggler_info", 1, **labels, cause=cause)
             fid = f"straggler/{job['job']}/{r}"
             current[fid] = {
                 "id": fid, "kind": "straggler", "severity": "warning", "job": job["job"],

@@ -111,9 +111,19 @@ def job_window(timings: dict[int, Any]) -> dict[str, Any] | None:
     "data_wait": {rank: seconds}}``, with the values of the ranks that published that
     same window; None if none carries a usable job summary.
     """
+    checked: list[dict[str, Any]] = []  # every rank carries the same summary: check it once
+
+    def valid_once(summary: Any) -> bool:
+        if any(summary == seen for seen in checked):
+            return True
+        if valid_summary(summary):
+            checked.append(summary)
+            return True
+        return False
+
     usable = {r: t for r, t in timings.items() if isinstance(t, dict)
               and isinstance(t.get("step"), int) and not isinstance(t.get("step"), bool)
-              and valid_summary(t.get("job")) and own_local_seconds(t) is not None}
+              and own_local_seconds(t) is not None and valid_once(t.get("job"))}
     if not usable:
         return None
     newest = max(usable.values(), key=lambda t: (t["step"], _finite(t.get("time")) or 0.0))
