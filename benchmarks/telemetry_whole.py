@@ -17,6 +17,10 @@ Wall time is the process tree's, from start to exit; CPU time is user + system o
 whole tree (``RUSAGE_CHILDREN``). Printed per training: the median of the per-pair
 ratios on/off with their range, and the extra milliseconds per step. Goal: <= 1.005 for
 both wall and CPU. ``OMP_NUM_THREADS`` is 1 on both sides (a shared 2-core machine).
+
+With ``--control`` every pair is followed by an A/A pair (telemetry off on both sides):
+the spread of ratios between identical runs is this machine's resolution, and an on/off
+ratio inside it shows nothing either way.
 """
 
 from __future__ import annotations
@@ -86,16 +90,25 @@ def run_once(cmd: list[str]) -> tuple[float, float]:
     return wall, cpu
 
 
-def measure(which: str, pairs: int, steps: int, tmp: Path, data_dir: Path) -> dict:
-    rows = []
+def measure(which: str, pairs: int, steps: int, tmp: Path, data_dir: Path,
+            control: bool = False) -> dict:
+    rows, same = [], []
     for i in range(pairs):
         got = {}
         for enabled in ((True, False) if i % 2 else (False, True)):
             run_dir = tmp / f"{which}-{i}-{'on' if enabled else 'off'}"
             got[enabled] = run_once(command(which, enabled, steps, run_dir, data_dir))
         rows.append({"on": got[True], "off": got[False]})
+        if control:
+            a, b = (run_once(command(which, False, steps, tmp / f"{which}-{i}-aa{k}", data_dir))
+                    for k in (0, 1))
+            same.append((a[0] / b[0], a[1] / b[1]))
     wall = sorted(r["on"][0] / r["off"][0] for r in rows)
     cpu = sorted(r["on"][1] / r["off"][1] for r in rows)
+    resolution = {}
+    if same:
+        resolution = {"aa_wall_ratio_range": [min(w for w, _ in same), max(w for w, _ in same)],
+                      "aa_cpu_ratio_range": [min(c for _, c in same), max(c for _, c in same)]}
     extra_ms = sorted((r["on"][0] - r["off"][0]) / steps * 1000 for r in rows)
     extra_cpu_ms = sorted((r["on"][1] - r["off"][1]) / steps * 1000 for r in rows)
     return {"pairs": pairs, "steps": steps,
@@ -105,7 +118,7 @@ def measure(which: str, pairs: int, steps: int, tmp: Path, data_dir: Path) -> di
             "extra_cpu_ms_per_step": statistics.median(extra_cpu_ms),
             "off_wall_s": statistics.median(r["off"][0] for r in rows),
             "off_cpu_s": statistics.median(r["off"][1] for r in rows),
-            "runs": rows}
+            **resolution, "runs": rows}
 
 
 def main() -> int:
@@ -113,6 +126,8 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--which", default="trainer,plain")
+    parser.add_argument("--control", action="store_true",
+                        help="also run an A/A pair (off/off) after each pair: the resolution")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", help=argparse.SUPPRESS)
@@ -129,7 +144,8 @@ def main() -> int:
             subprocess.run([sys.executable, "-m", "trainwatch", "data", "prepare", "--out",
                             str(data_dir)], check=True, stdout=subprocess.DEVNULL)
         for which in [w for w in args.which.split(",") if w]:
-            out["results"][which] = measure(which, args.pairs, args.steps, tmp, data_dir)
+            out["results"][which] = measure(which, args.pairs, args.steps, tmp, data_dir,
+                                            args.control)
     out["load_average_1m_end"] = os.getloadavg()[0]
     if args.json:
         print(json.dumps(out, indent=1))
@@ -143,6 +159,10 @@ def main() -> int:
               f"({r['cpu_ratio_range'][0]:.4f}-{r['cpu_ratio_range'][1]:.4f})  "
               f"+{r['extra_wall_ms_per_step']:.3f} ms wall, +{r['extra_cpu_ms_per_step']:.3f} "
               f"ms CPU per step; off: {r['off_wall_s']:.1f} s wall, {r['off_cpu_s']:.1f} s CPU")
+        if "aa_wall_ratio_range" in r:
+            (wl, wh), (cl, ch) = r["aa_wall_ratio_range"], r["aa_cpu_ratio_range"]
+            print(f"  {'':8} A/A (off/off, the resolution): wall {wl:.4f}-{wh:.4f}  "
+                  f"CPU {cl:.4f}-{ch:.4f}")
     return 0
 
 
