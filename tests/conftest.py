@@ -11,6 +11,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+# Started first: with a test file per xdist worker, the longest file started last sets when
+# the whole suite ends (its 90 s evaluation on a full disk is the longest single wait).
+LONGEST_FILES = ("test_run_never_harm_e2e.py",)
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.path.name not in LONGEST_FILES)  # stable: order kept
+
 
 def torchrun_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     """Environment for a torchrun child: TMPDIR in the test's own folder, quiet OMP."""
