@@ -111,6 +111,23 @@ def test_rank_series_are_built_when_a_scrape_reads_them_not_every_collection(tmp
     assert sorted(s.labels["rank"] for s in stored if s.name == "trainwatch_rank_up") == ["0", "1"]
 
 
+def test_another_nodes_rank_is_never_taken_for_ours_in_a_multi_node_job(tmp_path):
+    """On a shared run dir, before this node's ranks write, only the other node's status
+    is there: its pid means nothing here, so reporting it (as dead) could restart a
+    healthy job. A one-node job whose statuses name another host is still ours."""
+    run = RunDir(tmp_path / "run").create()
+    write_status(run, 1, os.getpid(), node="node-b")
+    ranks = collector(make_ctx([run.root]), "ranks")
+    assert [r["rank"] for r in ranks.collect().data["jobs"][0]["ranks"]] == [1]  # one node
+    run.write_run_info({"job": "exp", "nnodes": 2, "world_size": 2})
+    assert ranks.collect().data["jobs"][0]["ranks"] == []
+    run.write_run_info({"job": "exp", "nnodes": 1, "world_size": 2})
+    write_status(run, 0, os.getpid(), node="node-c")  # two other nodes named: several
+    assert ranks.collect().data["jobs"][0]["ranks"] == []
+    write_status(run, 0, os.getpid())  # ours has written
+    assert [r["rank"] for r in ranks.collect().data["jobs"][0]["ranks"]] == [0]
+
+
 def test_ranks_export_when_the_newest_nonfinite_loss_happened(tmp_path):
     run = RunDir(tmp_path / "run").create()
     write_status(run, 0, os.getpid(), last_nonfinite_loss_at=1796208437.5)

@@ -286,7 +286,7 @@ class RanksCollector(Collector):
         records = statuses.records  # typed and named after their rank (RunDir.statuses)
         if records:
             job_name = str(records[0].get("job") or job_name)
-        local = self._local(records)
+        local = self._local(records, info)
         # Each local rank carries the job's timing summary: no other node's file is needed.
         timing = job_window({r["rank"]: r.get("timing") for r in local})
         skipped_by_reason = self._skip_total.get(key, {})
@@ -362,11 +362,23 @@ class RanksCollector(Collector):
         if since is not None:
             result.add("trainwatch_checkpoint_age_seconds", max(0.0, now - since), **labels)
 
-    def _local(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Ranks of this node; a run dir on a shared filesystem holds every node's ranks."""
+    def _local(self, records: list[dict[str, Any]], info: dict[str, Any]) -> list[dict[str, Any]]:
+        """Ranks of this node.
+
+        A run dir on a shared filesystem holds every node's ranks: in a job of several
+        nodes (run.json's ``nnodes``, or statuses naming several nodes) only the ranks
+        naming this node are ours — none while ours have not written yet, never another
+        node's, whose pid means nothing here. A one-node job whose statuses name another
+        host (the trainer's container has a hostname of its own) is all ours.
+        """
         names = {self.ctx.node, socket.gethostname()}
         mine = [r for r in records if r.get("node") in names]
-        return mine if mine else records
+        if mine:
+            return mine
+        nnodes = info.get("nnodes")
+        several = (isinstance(nnodes, int) and not isinstance(nnodes, bool) and nnodes > 1) \
+            or len({r.get("node") for r in records}) > 1
+        return [] if several else records
 
     def _count_skipped(self, key: str, skipped) -> None:
         seen = self._skip_seen.setdefault(key, set())
