@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:
     from trainwatch.agent.context import AgentContext
@@ -26,6 +26,20 @@ class Sample:
 def label_values(labels: dict[str, Any]) -> dict[str, str]:
     """Label values as Prometheus text: ``None`` is the empty string."""
     return {k: "" if v is None else str(v) for k, v in labels.items()}
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """A run's samples: those made during the run, then those its producers build when
+    read (``Result.defer``, ``Result.add_later``)."""
+
+    made: tuple[Sample, ...]
+    later: tuple[Callable[[], list[Sample]], ...]
+
+    def __iter__(self) -> Iterator[Sample]:
+        yield from self.made
+        for produce in self.later:
+            yield from produce()
 
 
 @dataclass
@@ -77,9 +91,13 @@ class Result:
         the scrape's thread, more than once)."""
         self.later.append(produce)
 
+    def deferred(self) -> Deferred:
+        """The samples, the deferred ones still unbuilt (what the state store keeps)."""
+        return Deferred(tuple(self.samples), tuple(self.later))
+
     def every_sample(self) -> list[Sample]:
         """The samples added now and the deferred ones, built now."""
-        return self.samples + [sample for produce in self.later for sample in produce()]
+        return list(self.deferred())
 
     @classmethod
     def absent(cls, reason: str, data: Any = None) -> "Result":

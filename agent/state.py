@@ -9,23 +9,9 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterable
 
 from trainwatch.agent.registry import Result, Sample
-
-
-@dataclass(frozen=True)
-class Deferred:
-    """A run's samples: those made during the run, then those its producers build when a
-    scrape reads them (``Result.defer``)."""
-
-    made: tuple[Sample, ...]
-    later: tuple[Callable[[], list[Sample]], ...]
-
-    def __iter__(self) -> Iterator[Sample]:
-        yield from self.made
-        for produce in self.later:
-            yield from produce()
 
 
 @dataclass(frozen=True)
@@ -88,7 +74,7 @@ class StateStore:
     def finish(self, name: str, result: Result, *, started: float, duration: float) -> None:
         """Store a completed run: samples only when ok (absent exports none)."""
         ok = result.state == "ok"
-        samples = Deferred(tuple(result.samples), tuple(result.later)) if ok else ()
+        samples = result.deferred() if ok else ()
         self.update(name, state=result.state, reason=result.reason,
                     samples=samples, data=result.data,
                     last_run_at=started, duration=duration,

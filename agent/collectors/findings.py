@@ -44,8 +44,8 @@ class FindingsCollector(Collector):
             # none cleared, no counter moved) until the ranks have been looked at again.
             if self._last is None:
                 return Result.absent(waiting)
-            return Result(samples=self._last.every_sample(), data=self._last.data,
-                          reason=waiting)
+            return Result(samples=self._last.samples, later=self._last.later,
+                          data=self._last.data, reason=waiting)
         self._last = result = self._judge(ranks_data)
         return result
 

@@ -78,8 +78,7 @@ class _HashingFile:
             while done < len(view):  # one write(2) stops at 2 GiB, a signal can cut it short
                 done += self.fh.write(view[done:])
         except OSError as exc:
-            self.error = exc
-            self.finish()
+            self.error = exc  # the caller's finish() then stops the hash
             raise
         with self._written:
             self.bytes += done
