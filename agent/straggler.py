@@ -10,7 +10,9 @@ when that is clear of the rank's own window-to-window noise, clear below
 ``clear_ratio``): a rank that stays slow stays flagged through noisy windows, and a
 noisy machine raises the bar instead of the flag.  Worlds of 2-3 ranks have no spread
 to score against; there the ratio to the other ranks' median alone decides (for two
-ranks: slower than the other one).  Work per window is O(local ranks), whatever the
+ranks: slower than the other one).  Windows shorter than the agent's look are not lost:
+each rank's status lists its standing in its last few windows (``recent``), and the
+verdict takes those it has not seen.  Work per window is O(local ranks), whatever the
 world size.
 """
 
@@ -21,10 +23,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from trainwatch.contract.timing import median_sorted, median_without, valid_summary
-
-MAD_SCALE = 1.4826   # MAD -> standard deviation for normal data
-NOISE_FLOOR = 0.02   # spreads below 2 % of the median are noise, not signal
+from trainwatch.contract.timing import (MAD_SCALE, median_sorted, median_without, standing,
+                                        valid_summary)
 
 
 @dataclass
@@ -38,16 +38,10 @@ class Scores:
 def score(summary: dict[str, Any], local: dict[int, float]) -> Scores:
     """Robust scores of some ranks against the job; ratio uses the median of the *other*
     ranks (works for 2), read from the summary's middle values."""
-    median, mad = float(summary["median"]), float(summary["mad"])
-    spread = max(MAD_SCALE * mad, NOISE_FLOOR * abs(median), 1e-12)
     ratios, scores = {}, {}
     for rank, value in local.items():
-        other = median_without(summary, [value])
-        if other is None:  # alone in the job, or not in this window: compare with all
-            other = median if summary["ranks"] > 1 else value
-        ratios[rank] = value / other if other > 0 else 1.0
-        scores[rank] = (value - median) / spread
-    return Scores(median, mad, ratios, scores)
+        ratios[rank], scores[rank] = standing(summary, value)
+    return Scores(float(summary["median"]), float(summary["mad"]), ratios, scores)
 
 
 def _jitter(values: Sequence[float]) -> float | None:
@@ -150,8 +144,15 @@ class JobStragglers:
         self.last_scores = scores
         scored = summary["ranks"] >= int(self.options["min_ranks_for_score"])
         world = summary["ranks"]
+        recent = window.get("recent") or {}
         for rank, ratio in scores.ratio.items():
             track = self.ranks.setdefault(rank, _RankTrack())
+            # Windows that came and went since the last look, as the rank scored them.
+            seen = track.recent[-1][0] if track.recent else None
+            for old_step, old_ratio, old_z in recent.get(rank, ()):
+                if old_step < step and (seen is None or old_step > seen):
+                    self._advance(track, old_ratio, old_z if scored else None, now, old_step,
+                                  window_steps)
             self._advance(track, ratio, scores.score[rank] if scored else None, now, step,
                           window_steps)
         others = median_without(summary, mine.values()) if mine else None

@@ -247,9 +247,11 @@ def test_straggler_at_0_8x_in_a_4_rank_job_flagged_held_and_cleared(tmp_path, jo
         assert not _findings(url, "straggler")
         (run_dir / "control" / "slow-2").touch()
         found = wait_for(lambda: _findings(url, "straggler").get(2), 60, what="rank 2 flagged")
+        seen_at = _rank(url, 2)["step"]
         slow_from = int((run_dir / "control" / "slow-2.from").read_text())
         print(f"4 ranks: straggler flagged {found['detected_step'] - slow_from} steps after the "
-              f"slowdown (ratio {found['ratio']}, {found['message']})")
+              f"slowdown, seen {seen_at - slow_from} steps after it (ratio {found['ratio']}, "
+              f"{found['message']})")
         assert found["detected_step"] - slow_from <= 30 and "runs at 0." in found["message"]
         held, until = [], found["detected_step"] + 40
         while (_rank(url, 2).get("step") or 0) < until:

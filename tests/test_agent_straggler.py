@@ -9,7 +9,9 @@ from pathlib import Path
 
 from trainwatch.agent.config import STRAGGLER_DEFAULTS
 from trainwatch.agent.straggler import JobStragglers, score
-from trainwatch.contract.timing import job_window, own_local_seconds, summarize
+from trainwatch.contract.timing import job_window, own_local_seconds, recent_standing, summarize
+from trainwatch.rundir import RunDir
+from trainwatch.trainer.telemetry import Telemetry
 
 
 def status_timing(step, values, rank, window_steps=5):
@@ -110,6 +112,52 @@ def test_sparse_sampling_still_flags():
     for step in (20, 40, 60, 80, 100):
         tracker.update(window(step, [1.0, 1.01, 0.99, 1.3]), local_ranks=[3], now=step)
     assert tracker.ranks[3].active and tracker.ranks[3].detected_step == 80
+
+
+def _flag_step_when_looking_every(look_every, tmp_path):
+    """Real telemetry of 4 ranks writes its status; an agent reads it every
+    ``look_every``-th 5-step window; rank 2 runs at 0.8x from step 50."""
+    tels = [Telemetry(tmp_path, rank=r, world_size=4, exchange_every=0) for r in range(4)]
+    tels[0].run.create()
+    tracker = JobStragglers(dict(STRAGGLER_DEFAULTS))
+    rng = random.Random(3)
+    for i in range(40):
+        step = 5 * i + 4
+        local = [0.05 * (1 + rng.uniform(-0.02, 0.02)) for _ in range(4)]
+        if step >= 50:
+            local[2] *= 1.25
+        for tel in tels:
+            tel._keep_gathered(step, 5, float(step), [[v, 0.0, v] for v in local])
+        if i % look_every == 0:
+            for tel in tels:
+                tel._write_status()
+            statuses = RunDir(tmp_path).statuses().records
+            tracker.update(job_window({s["rank"]: s["timing"] for s in statuses}),
+                           local_ranks=range(4), now=float(step))
+            if tracker.ranks[2].active:
+                assert not any(tracker.ranks[r].active for r in (0, 1, 3))
+                return tracker.ranks[2].detected_step
+    for tel in tels:
+        tel.close()
+    return None
+
+
+def test_windows_between_the_agents_looks_count_toward_the_verdict(tmp_path):
+    """The agent looks about once a second; 5 steps of 65 ms are a third of that.  Each
+    rank's status lists its standing in its last windows, so an agent that looks every
+    third window reaches the verdict at the same window as one that sees every window."""
+    every = _flag_step_when_looking_every(1, tmp_path / "every")
+    third = _flag_step_when_looking_every(3, tmp_path / "third")
+    assert every is not None and every - 50 <= 15, every
+    assert third == every
+
+
+def test_recent_standing_skips_what_is_not_a_window():
+    timing = {"recent": [["x", 1.2, 0.5], [7, "nan", 0.0], [9, 1.3, 4.0], "junk",
+                         [True, 1.1, 0.0], [5, 1.2, 0.5], [6, -1.0, 0.0], [8, 1.0]]}
+    assert recent_standing(timing) == [(5, 1.2, 0.5), (9, 1.3, 4.0)]
+    assert recent_standing({"recent": {"a": 1}}) == [] == recent_standing("junk")
+    assert len(recent_standing({"recent": [[i, 1.0, 0.0] for i in range(10**5)]})) == 16
 
 
 def test_clean_noisy_run_never_flags():

@@ -147,7 +147,8 @@ def test_phases_between_steps_stay_out_of_step_records(tmp_path):
 
 def test_status_file_size_does_not_grow_with_world_size(tmp_path):
     """A timing window of 32k ranks leaves a status as small as one of 1k: each rank keeps
-    its own means and a fixed-size job summary, never a copy of every rank's values."""
+    its own means, a fixed-size job summary and its standing in its last few windows,
+    never a copy of every rank's values."""
     sizes = {}
     for world in (1024, 4096, 32768):
         tel = Telemetry(tmp_path / str(world), rank=world - 1, world_size=world,
@@ -155,10 +156,12 @@ def test_status_file_size_does_not_grow_with_world_size(tmp_path):
         tel.run.create()
         # what the all-gather hands every rank: (compute, data wait, local) per rank
         rows = [[0.5 + (r % 97) / 1000, 0.001, 0.25 + (r % 89) / 1000] for r in range(world)]
-        tel._keep_gathered(99, 10, time.time(), rows)
+        for step in range(9, 100, 10):  # more windows between two beats than it keeps
+            tel._keep_gathered(step, 10, time.time(), rows)
         tel._write_status()
         status = tel.run.statuses().records[0]
         job = status["timing"]["job"]
+        assert [w[0] for w in status["timing"]["recent"]] == list(range(29, 100, 10))
         assert job["ranks"] == world and status["timing"]["local_seconds"] == rows[-1][2]
         assert job["median"] == statistics.median(r[2] for r in rows)
         sizes[world] = tel.run.status_file(world - 1).stat().st_size

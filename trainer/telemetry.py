@@ -57,7 +57,7 @@ from trainwatch.beat import BeatWriter, beat_path
 from trainwatch import __version__
 from trainwatch.contract.env import JOB_ENV, run_dir_from_env
 from trainwatch.contract.states import FAILED, FINISHED, RUNNING
-from trainwatch.contract.timing import MIDDLE_HALF_WIDTH, summarize
+from trainwatch.contract.timing import MIDDLE_HALF_WIDTH, RECENT_WINDOWS, standing, summarize
 from trainwatch.node import node_name
 from trainwatch.rundir import RunDir, append_jsonl
 from trainwatch.trainer import dumps
@@ -185,9 +185,11 @@ class Telemetry:
         # (work, gathered tensors, sent tensor, step, window steps, time) of the last
         # all-gather until someone publishes it; guarded by _lock.
         self._exchange_in_flight: tuple | None = None
-        # (step, window steps, time, per-rank rows) of the newest completed exchange, until
-        # the heartbeat thread summarizes it; guarded by _lock.
-        self._gathered: tuple | None = None
+        # (step, window steps, time, per-rank rows) of the completed exchanges, newest
+        # last, until the heartbeat thread summarizes them; guarded by _lock.
+        self._gathered: collections.deque = collections.deque(maxlen=RECENT_WINDOWS)
+        # This rank's (step, ratio, z) in its last windows: the status's timing.recent.
+        self._recent: collections.deque = collections.deque(maxlen=RECENT_WINDOWS)
         # The job summary keeps enough values around the median to leave out every rank
         # of one node (an agent compares its node with the rest).
         local_world = os.environ.get("LOCAL_WORLD_SIZE", "")
@@ -599,28 +601,36 @@ class Telemetry:
         self._keep_gathered(step, n, started, out)
 
     def _keep_gathered(self, step: int, n: int, started: float, gathered: list) -> None:
-        """Hold the newest completed window (per rank: compute, data wait, local seconds,
-        as lists or tensors) for the heartbeat thread to summarize: O(1) here, in the loop."""
+        """Queue a completed window (per rank: compute, data wait, local seconds, as lists
+        or tensors) for the heartbeat thread to summarize: O(1) here, in the loop."""
         with self._lock:
-            if self._gathered is None or self._gathered[0] < step:  # never replace a newer one
-                self._gathered = (step, n, started, gathered)
+            if not self._gathered or self._gathered[-1][0] < step:  # never behind a newer one
+                self._gathered.append((step, n, started, gathered))
 
     def _summarize_timing(self) -> None:
-        """Publish the newest gathered window as ``timing``: own means + job summary."""
+        """Publish the newest gathered window as ``timing`` (own means + job summary),
+        with this rank's standing in every window since the last beat as ``recent``."""
         with self._lock:
-            gathered, self._gathered = self._gathered, None
-        if gathered is None:
+            pending = list(self._gathered)
+            self._gathered.clear()
+        timing = None
+        for step, n, started, rows in pending:
+            if self._recent and self._recent[-1][0] >= step:
+                continue  # an exchange that completed after a newer one was published
+            rows = [r.tolist() if isinstance(r, torch.Tensor) else r for r in rows]
+            own = rows[self.rank] if self.rank < len(rows) else rows[0]
+            job = summarize([r[2] for r in rows], self._middle_half_width)
+            ratio, z = standing(job, own[2])
+            self._recent.append([step, round(ratio, 4), round(z, 3)])
+            timing = {"step": step, "window_steps": n, "time": started,
+                      "compute_seconds": own[0], "data_wait_seconds": own[1],
+                      "local_seconds": own[2], "job": job}
+        if timing is None:
             return
-        step, n, started, rows = gathered
-        rows = [r.tolist() if isinstance(r, torch.Tensor) else r for r in rows]
-        own = rows[self.rank] if self.rank < len(rows) else rows[0]
-        timing = {"step": step, "window_steps": n, "time": started,
-                  "compute_seconds": own[0], "data_wait_seconds": own[1],
-                  "local_seconds": own[2],
-                  "job": summarize([r[2] for r in rows], self._middle_half_width)}
+        timing["recent"] = list(self._recent)
         with self._lock:
             current = self._state["timing"]
-            if current is None or current["step"] < step:
+            if current is None or current["step"] < timing["step"]:
                 self._state["timing"] = timing
 
     def _heartbeat_loop(self) -> None:

@@ -7,6 +7,12 @@ around the median (``middle``, starting at index ``middle_from`` of the sorted l
 That middle is enough to compute exactly the median of the job *without* any few ranks
 (up to about half its width): the "median of the other ranks" straggler scoring compares a
 rank, or a node's ranks, against. Readers parse O(1) per rank, never O(world).
+
+A rank also keeps its own standing in its last ``RECENT_WINDOWS`` windows (``recent``:
+step, ratio to the median of the other ranks, robust z-score), computed as a reader
+would from each window's summary: windows come faster than an agent looks (5 steps of
+65 ms are a third of its 1 s collection), and a verdict over every window, not every
+third, follows a slowdown in steps rather than in agent polls.
 """
 
 from __future__ import annotations
@@ -17,6 +23,9 @@ from typing import Any, Iterable, Sequence
 
 MIDDLE_HALF_WIDTH = 9   # default; writers widen it to the local world size (ranks per node)
 MIDDLE_HALF_WIDTH_MAX = 65
+RECENT_WINDOWS = 8      # a rank's own standing in its last windows (``recent``)
+MAD_SCALE = 1.4826      # MAD -> standard deviation for normal data
+NOISE_FLOOR = 0.02      # spreads below 2 % of the median are noise, not signal
 
 
 def median_sorted(values: Sequence[float]) -> float:
@@ -85,6 +94,34 @@ def median_without(summary: dict[str, Any], removed: Iterable[float]) -> float |
     return (window[lo] + window[hi]) / 2.0
 
 
+def standing(summary: dict[str, Any], value: float) -> tuple[float, float]:
+    """One rank's ``(ratio, z)`` in a window: its local seconds over the median of the
+    *other* ranks (works for 2), and its robust z-score against the job."""
+    median, mad = float(summary["median"]), float(summary["mad"])
+    spread = max(MAD_SCALE * mad, NOISE_FLOOR * abs(median), 1e-12)
+    other = median_without(summary, [value])
+    if other is None:  # alone in the job, or not in this window: compare with all
+        other = median if summary["ranks"] > 1 else value
+    return (value / other if other > 0 else 1.0), (value - median) / spread
+
+
+def recent_standing(timing: Any, limit: int = 2 * RECENT_WINDOWS) -> list[tuple[int, float, float]]:
+    """A status ``timing``'s ``recent`` as ``(step, ratio, z)`` in step order; entries that
+    are not three finite numbers with an integer step are skipped (any bytes may be there)."""
+    entries = timing.get("recent") if isinstance(timing, dict) else None
+    if not isinstance(entries, list):
+        return []
+    usable = []
+    for entry in entries[-limit:]:
+        if not (isinstance(entry, list) and len(entry) == 3):
+            continue
+        step, ratio, z = entry[0], _finite(entry[1]), _finite(entry[2])
+        if isinstance(step, int) and not isinstance(step, bool) and ratio is not None \
+                and ratio > 0 and z is not None:
+            usable.append((step, ratio, z))
+    return sorted(usable)
+
+
 def own_local_seconds(timing: Any) -> float | None:
     """A rank's own mean local seconds from its status ``timing``, or None if unusable."""
     if not isinstance(timing, dict):
@@ -108,8 +145,9 @@ def job_window(timings: dict[int, Any]) -> dict[str, Any] | None:
     """The newest usable window among some ranks' status ``timing`` (index = rank).
 
     ``{"step", "window_steps", "time", "job": summary, "local": {rank: seconds},
-    "data_wait": {rank: seconds}}``, with the values of the ranks that published that
-    same window; None if none carries a usable job summary.
+    "data_wait": {rank: seconds}, "recent": {rank: [(step, ratio, z), ...]}}``, with the
+    values of the ranks that published that same window; None if none carries a usable
+    job summary.
     """
     checked: list[dict[str, Any]] = []  # every rank carries the same summary: check it once
 
@@ -133,4 +171,5 @@ def job_window(timings: dict[int, Any]) -> dict[str, Any] | None:
             "time": newest.get("time"), "job": newest["job"],
             "local": {r: own_local_seconds(t) for r, t in same.items()},
             "data_wait": {r: _finite(t.get("data_wait_seconds")) or 0.0
-                          for r, t in same.items()}}
+                          for r, t in same.items()},
+            "recent": {r: recent_standing(t) for r, t in same.items()}}
