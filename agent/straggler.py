@@ -149,6 +149,8 @@ class JobStragglers:
             track = self.ranks.setdefault(rank, _RankTrack())
             # Windows that came and went since the last look, as the rank scored them.
             seen = track.recent[-1][0] if track.recent else None
+            if seen is not None and seen >= step:
+                seen = None  # steps went back: a restart resumed from a checkpoint
             for old_step, old_ratio, old_z in recent.get(rank, ()):
                 if old_step < step and (seen is None or old_step > seen):
                     self._advance(track, old_ratio, old_z if scored else None, now, old_step,

@@ -152,6 +152,15 @@ def test_windows_between_the_agents_looks_count_toward_the_verdict(tmp_path):
     assert third == every
 
 
+def test_missed_windows_count_again_after_a_restart_went_back_in_steps():
+    tracker = JobStragglers(dict(STRAGGLER_DEFAULTS))
+    tracker.update(window(100, [1.0, 1.0, 1.0, 1.0]), [3], 0)
+    resumed = window(45, [1.0, 1.0, 1.0, 1.0], [3])  # resumed from the step-30 checkpoint
+    resumed["recent"] = {3: [(35, 1.0, 0.0), (40, 1.0, 0.0)]}
+    tracker.update(resumed, [3], 1)
+    assert [s for s, _, _ in tracker.ranks[3].recent] == [100, 35, 40, 45]
+
+
 def test_recent_standing_skips_what_is_not_a_window():
     timing = {"recent": [["x", 1.2, 0.5], [7, "nan", 0.0], [9, 1.3, 4.0], "junk",
                          [True, 1.1, 0.0], [5, 1.2, 0.5], [6, -1.0, 0.0], [8, 1.0]]}
