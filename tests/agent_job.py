@@ -6,7 +6,7 @@ Each step "computes" for a fixed time (a sleep inside the forward phase, so timi
 steady on a loaded machine).  Control files in RUN_DIR/control steer it:
 ``slow-<rank>`` makes that rank's forward phase TW_SLOW_EXTRA seconds longer (about
 0.8x speed by default) while the file exists, and the rank notes its first slow step
-in ``slow-<rank>.from``; ``stop`` ends the job cleanly.
+in ``slow-<rank>.from`` and its first normal one after that in ``slow-<rank>.until``; ``stop`` ends the job cleanly.
 """
 
 import os
@@ -41,6 +41,10 @@ for step in range(max_steps):
             slow = os.path.exists(f"{control}/slow-{rank}")
             if slow and not os.path.exists(f"{control}/slow-{rank}.from"):
                 with open(f"{control}/slow-{rank}.from", "w") as fh:  # first slow step
+                    fh.write(str(step))
+            elif not slow and os.path.exists(f"{control}/slow-{rank}.from") \
+                    and not os.path.exists(f"{control}/slow-{rank}.until"):
+                with open(f"{control}/slow-{rank}.until", "w") as fh:  # first fast step after
                     fh.write(str(step))
             time.sleep(base + (extra if slow else 0.0))
             loss = torch.nn.functional.mse_loss(model(x), y)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
+from pathlib import Path
 
 import pytest
 
@@ -99,6 +100,14 @@ def _query(prom: str, expr: str) -> list:
 
 def _findings(url: str, kind: str) -> dict[int, dict]:
     return {f["rank"]: f for f in get_json(url + "/status")["findings"] if f["kind"] == kind}
+
+
+def _read_int(path: Path) -> int | None:
+    """A step a rank noted in a control file, once it is there and whole."""
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _rank(url: str, rank: int) -> dict:
@@ -262,9 +271,11 @@ def test_straggler_at_0_8x_in_a_4_rank_job_flagged_held_and_cleared(tmp_path, jo
         print(f"4 ranks: flag up {sum(held)}/{len(held)} polls while slow")
         assert sum(held) >= 0.9 * len(held), held
         (run_dir / "control" / "slow-2").unlink()
-        slow_until = _rank(url, 2)["step"]
         wait_for(lambda: not _findings(url, "straggler"), 60, what="flag clears")
-        cleared_after = _rank(url, 2)["step"] - slow_until
+        seen_at = _rank(url, 2)["step"]  # as the agent last saw it: never ahead of the rank
+        until = wait_for(lambda: _read_int(run_dir / "control" / "slow-2.until"), 30,
+                         what="rank 2's first normal step")
+        cleared_after = seen_at - until
         print(f"4 ranks: flag cleared {cleared_after} steps after the rank recovered")
         assert cleared_after <= 30 + 10, cleared_after  # + the agent's 1 s collection
     finally:
