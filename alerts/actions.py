@@ -194,7 +194,7 @@ class ActionRunner:
                                      extra={"confirmation": confirmation.journal()})
                 outcome.final = False
                 return outcome
-        return self._restart(req.action, req, ledger, confirmation)
+        return self._restart(self.controller, req.action, req, ledger, confirmation)
 
     # ------------------------------------------------------------------ restarts
     def restart_job(self, action: str, req: ActionRequest | None = None, *,
@@ -204,17 +204,20 @@ class ActionRunner:
         ``only_if_exited``: do nothing if the job runs again by now (an alert's action got
         there first), so one failure never restarts the job twice.
         """
+        controller = self.controller
+        if controller is None:
+            return Outcome(False, "no job controller attached (report only)")
         with self.lock:
-            if only_if_exited and self.controller.alive():
+            if only_if_exited and controller.alive():
                 return Outcome(False, "the job was already restarted")
             ledger = self._ledger()
-            outcome = self._restart(action, req, ledger)
+            outcome = self._restart(controller, action, req, ledger)
             self._save(ledger)
             return outcome
 
-    def _restart(self, action: str, req: ActionRequest | None, ledger: dict[str, Any],
-                 confirmation: Confirmation | None = None) -> Outcome:
-        step = self.controller.progress_step()
+    def _restart(self, controller: JobController, action: str, req: ActionRequest | None,
+                 ledger: dict[str, Any], confirmation: Confirmation | None = None) -> Outcome:
+        step = controller.progress_step()
         previous = ledger.get("step_at_last_restart")
         first_restart = ledger.get("last_restart_at") is None
         progressed = first_restart or (step is not None and (previous is None or step > previous))
@@ -244,11 +247,11 @@ class ActionRunner:
             return self._skip(req, f"dry run: would {action} the job", action=action,
                               extra=details)
         if action == "stall_restart":
-            details["evidence"] = str(self.controller.capture_evidence("stall"))
+            details["evidence"] = str(controller.capture_evidence("stall"))
         elif action == "rollback_skip":
             # Stop first, so no checkpoint is written after the bad one is chosen.
-            self.controller.stop(f"{action} ({req.alertname if req else 'exit'})", hard=True)
-            details.update(self._prepare_rollback())
+            controller.stop(f"{action} ({req.alertname if req else 'exit'})", hard=True)
+            details.update(self._prepare_rollback(controller))
         elif action == "straggler":
             details["requested"] = str(self._touch("checkpoint"))
             details["adapter"] = self._run_adapter(req)
@@ -258,14 +261,14 @@ class ActionRunner:
         self._save(ledger)
         # Hung or diverged jobs are killed (no checkpoint can or should be written).
         hard = action in ("stall_restart", "rollback_skip")
-        details["pid"] = self.controller.restart(
+        details["pid"] = controller.restart(
             action + (f" ({req.alertname})" if req else ""), hard=hard)
-        resume, kind = self.controller.resume_point()
+        resume, kind = controller.resume_point()
         details["resume_from"] = {"step": resume, "kind": kind}
         return self._taken(req, f"{action}: {_resume_phrase(resume, kind)}", details,
                            action=action)
 
-    def _prepare_rollback(self) -> dict[str, Any]:
+    def _prepare_rollback(self, controller: JobController) -> dict[str, Any]:
         """Find the bad step; hide checkpoints taken at or after it; ask to skip the window."""
         bad = _first_bad_step(self.run)
         details: dict[str, Any] = {"bad_step": bad}
@@ -273,13 +276,13 @@ class ActionRunner:
             details["note"] = "no non-finite or spiking step found in the metrics log"
             return details
         moved = []
-        for step, path in self.controller.checkpoints():  # checkpoint.dir and mirror_dir
+        for step, path in controller.checkpoints():  # checkpoint.dir and mirror_dir
             if step >= bad:
                 target = self._quarantine_folder(path.parent) / path.name
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.move(str(path), target)
                 moved.append({"step": step, "moved_from": str(path), "moved_to": str(target)})
-        resume = max((s for s, _ in self.controller.checkpoints() if s < bad), default=None)
+        resume = max((s for s, _ in controller.checkpoints() if s < bad), default=None)
         skip_to = bad + self.policy.skip_window_steps
         request = {"from_step": (resume + 1) if resume is not None else 0, "to_step": skip_to,
                    "reason": f"non-finite or spiking loss at step {bad}"}
@@ -298,8 +301,10 @@ class ActionRunner:
         return folder / name
 
     def _run_adapter(self, req: ActionRequest | None) -> dict[str, Any]:
+        template = self.policy.straggler_command
+        assert template, "a straggler without an adapter is answered before any restart"
         labels = dict(req.labels) if req else {}
-        cmd = self.policy.straggler_command.format_map(_Default(labels))
+        cmd = template.format_map(_Default(labels))
         res = subprocess.run(shlex.split(cmd), capture_output=True, text=True, timeout=60)
         return {"command": cmd, "returncode": res.returncode,
                 "output": (res.stdout + res.stderr)[-2000:]}

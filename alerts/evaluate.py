@@ -113,12 +113,16 @@ class Evaluator:
             if not self._matches(node, key):
                 continue
             i = bisect.bisect_right(times, end) - 1
-            if i < 0 or times[i] < end - LOOKBACK_SECONDS or values[i] is STALE:
+            if i < 0 or times[i] < end - LOOKBACK_SECONDS:
                 continue
-            out[key] = values[i]
+            value = values[i]
+            if value is None:  # STALE: the series vanished
+                continue
+            out[key] = value
         return out
 
     def _range(self, node: Selector, t: float):
+        assert node.range is not None, "the parser gives range functions range selectors only"
         end = t - node.offset
         start = end - node.range
         for key, times, values in self.history.series(node.name):
@@ -161,6 +165,7 @@ class Evaluator:
             elif node.op == "count":
                 out[key] = float(len(values))
             elif node.op == "quantile":
+                assert isinstance(node.param, Number), "the parser gives quantile a number"
                 out[key] = _quantile(node.param.value, values)
         return out
 
@@ -170,21 +175,13 @@ class Evaluator:
         op = node.op
         if op in ("and", "unless", "or"):
             return _set_op(op, lhs, rhs, node.on)
-        lhs_vec, rhs_vec = isinstance(lhs, dict), isinstance(rhs, dict)
-        if not lhs_vec and not rhs_vec:
-            return _scalar_op(op, lhs, rhs)[0]
-        if lhs_vec != rhs_vec:
-            vec, scalar, swap = (lhs, rhs, False) if lhs_vec else (rhs, lhs, True)
-            out: Vector = {}
-            for key, v in vec.items():
-                a, b = (scalar, v) if swap else (v, scalar)
-                value, keep = _scalar_op(op, a, b)
-                if op in ("<", ">", "<=", ">=", "==", "!="):
-                    value = v  # the vector's value is kept, whichever side it is on
-                if keep:
-                    out[key if op in ("<", ">", "<=", ">=", "==", "!=") else _drop_name(key)] = value
-            return out
-        return _vector_op(op, lhs, rhs, node.on, node.group_left)
+        if isinstance(lhs, dict):
+            if isinstance(rhs, dict):
+                return _vector_op(op, lhs, rhs, node.on, node.group_left)
+            return _vector_scalar_op(op, lhs, rhs, scalar_left=False)
+        if isinstance(rhs, dict):
+            return _vector_scalar_op(op, rhs, lhs, scalar_left=True)
+        return _scalar_op(op, lhs, rhs)[0]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -214,6 +211,19 @@ def _scalar_op(op: str, a: float, b: float) -> tuple[float, bool]:
     keep = {">": a > b, "<": a < b, ">=": a >= b, "<=": a <= b, "==": a == b,
             "!=": a != b}[op]
     return a, keep
+
+
+def _vector_scalar_op(op: str, vec: Vector, scalar: float, scalar_left: bool) -> Vector:
+    comparison = op in ("<", ">", "<=", ">=", "==", "!=")
+    out: Vector = {}
+    for key, v in vec.items():
+        a, b = (scalar, v) if scalar_left else (v, scalar)
+        value, keep = _scalar_op(op, a, b)
+        if comparison:
+            value = v  # the vector's value is kept, whichever side it is on
+        if keep:
+            out[key if comparison else _drop_name(key)] = value
+    return out
 
 
 def _vector_op(op: str, lhs: Vector, rhs: Vector, on: tuple[str, ...] | None,

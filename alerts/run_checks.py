@@ -72,14 +72,13 @@ def _resume_step(run_root: Path, cfg: Config, world_size: int) -> int | None:
     ck = cfg.checkpoint
     if not ck.enabled or ck.resume == "never":
         return None
-    from trainwatch.trainer.checkpoint.catalog import complete
+    from trainwatch.trainer.checkpoint.catalog import newest_complete
     from trainwatch.trainer.checkpoint.compat import check_compatible
 
     folders = RunLayout(run_root).configured_checkpoint_folders(ck.dir, ck.mirror_dir)
-    newest = max((e for folder in folders for e in complete(folder) if e.step is not None),
-                 key=lambda e: e.step, default=None)
+    newest = newest_complete(folders)
     if newest is None:
         return None
-    check_compatible(newest.manifest, newest.path, config_hash=cfg.training_digest(),
-                     world_size=world_size)
-    return newest.step
+    step, path, manifest = newest
+    check_compatible(manifest, path, config_hash=cfg.training_digest(), world_size=world_size)
+    return step

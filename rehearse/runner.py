@@ -126,7 +126,8 @@ def storage_checks(probe: dict[str, Any], plan: dict[str, Any] | None) -> list[C
 
 
 def version_check(results: dict[int, dict[str, Any]]) -> Check:
-    reported = {r: res.get("versions") for r, res in results.items() if res.get("versions")}
+    reported: dict[int, dict[str, Any]] = {r: res["versions"] for r, res in results.items()
+                                           if res.get("versions")}
     if not reported:
         return Check("versions", "SKIP", "no rank got far enough to report its versions")
     base = reported[min(reported)]

@@ -214,18 +214,17 @@ class _Painter:
     def evaluations_and_saves(self) -> None:
         log = self.log
         for attempt in self.attempts:
-            saves = [e for e in attempt.named("checkpoint_saved")
-                     if not e.get("copy") and number(e.get("blocking_seconds"))
+            saves = [(e, blocking) for e in attempt.named("checkpoint_saved")
+                     if not e.get("copy") and (blocking := number(e.get("blocking_seconds")))
                      and isinstance(e.get("step"), int)]
-            wanted = set(attempt.evals) | {e["step"] - 1 for e in saves}
+            wanted = set(attempt.evals) | {e["step"] - 1 for e, _ in saves}
             by_step = self._indices(attempt, wanted)
             for step, when in sorted(attempt.evals.items()):
                 i = by_step.get(step)
                 if i is not None and when > log.end[i]:
                     self.add(log.end[i], when, "evaluation")
                     self.after[i] = when
-            for e in saves:
-                blocking = number(e.get("blocking_seconds"))
+            for e, blocking in saves:
                 i = by_step.get(e["step"] - 1)
                 if i is not None:
                     anchor = self.after.get(i, log.end[i])

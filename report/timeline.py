@@ -122,7 +122,7 @@ class Attempt:
     restart_count: int | None              # torchrun's TORCHELASTIC_RESTART_COUNT
     ranks: dict[int, int | None] = field(default_factory=dict)  # rank -> pid
     events: list[dict[str, Any]] = field(default_factory=list)  # journal events in its window
-    execs: Sequence[StepExec] = ()                              # its steps (a StepRange)
+    execs: StepRange = field(default_factory=lambda: StepRange(StepLog(), 0, 0))  # its steps
     evals: dict[int, float] = field(default_factory=dict)       # step -> time of its record
     resumed_from: int | None = None        # the step this attempt started at
     resume_source: str | None = None       # which evidence said so

@@ -201,7 +201,8 @@ def _hint_name(hint: Any) -> str:
 
 
 def _type_name(value: Any) -> str:
-    return {dict: "mapping", list: "list"}.get(type(value), type(value).__name__)
+    names: dict[type, str] = {dict: "mapping", list: "list"}
+    return names.get(type(value), type(value).__name__)
 
 
 def validate(config: Config, *, source: str) -> None:

@@ -84,7 +84,8 @@ def generate_corpus(size_bytes: int, seed: int) -> bytes:
 # --------------------------------------------------------------------------- prepare / verify
 
 def _sha256(data: bytes | np.ndarray) -> str:
-    return hashlib.sha256(memoryview(data)).hexdigest()
+    # numpy's stubs declare the buffer protocol for Python 3.12 and later only.
+    return hashlib.sha256(memoryview(data)).hexdigest()  # type: ignore[arg-type]
 
 
 def prepare(out: str | Path, text: bytes, *, val_fraction: float,
@@ -240,13 +241,14 @@ class ShardedBatches:
         self._order: np.ndarray | None = None
 
     def _epoch_order(self) -> np.ndarray:
-        if self._order_epoch != self.epoch:
+        order = self._order
+        if order is None or self._order_epoch != self.epoch:
             windows = np.arange(self.num_windows)
             if self.shuffle:
                 windows = np.random.default_rng([self.seed, self.epoch]).permutation(windows)
-            self._order = windows[self.rank::self.world_size][:self.windows_per_rank]
+            order = self._order = windows[self.rank::self.world_size][:self.windows_per_rank]
             self._order_epoch = self.epoch
-        return self._order
+        return order
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         return self

@@ -38,7 +38,10 @@ _FR_ENTRY_FIELDS = ("record_id", "pg_id", "process_group", "collective_seq_id", 
 
 def install(tel: "Telemetry") -> None:
     """Answer ``control/dump`` requests from this rank's telemetry thread."""
-    tel.on_control(CONTROL_DUMP, lambda request: write_dump(tel, request))
+    def answer(request: Path) -> None:
+        write_dump(tel, request)
+
+    tel.on_control(CONTROL_DUMP, answer)
 
 
 def write_dump(tel: "Telemetry", request: Path) -> Path:
@@ -80,7 +83,8 @@ def flight_recorder_trace() -> tuple[dict[str, Any] | None, str | None]:
     if int(os.environ.get("TORCH_FR_BUFFER_SIZE", "0") or 0) <= 0:
         return None, "flight recorder disabled (set TORCH_FR_BUFFER_SIZE, e.g. 2000)"
     try:
-        from torch._C._distributed_c10d import _dump_fr_trace
+        # torch's stub for this extension module omits the flight recorder's dump.
+        from torch._C._distributed_c10d import _dump_fr_trace  # type: ignore[attr-defined]
     except ImportError as exc:
         return None, f"flight recorder unavailable in this torch: {exc}"
     try:

@@ -51,9 +51,10 @@ if TYPE_CHECKING:  # the launcher parses faults before torchrun starts: no torch
 ONE_SHOT = ("exit", "kill", "sleep", "hang", "freeze", "nan", "eval")
 KINDS = ONE_SHOT + ("slow",)
 # Extra keys each kind takes, with their types.
-_PARAMS = {"exit": {"code": int}, "kill": {}, "sleep": {"seconds": float}, "hang": {},
-           "freeze": {}, "nan": {}, "slow": {"factor": float, "until": int, "delay": float},
-           "eval": {"seconds": float}}
+_PARAMS: dict[str, dict[str, type[int] | type[float]]] = {
+    "exit": {"code": int}, "kill": {}, "sleep": {"seconds": float}, "hang": {}, "freeze": {},
+    "nan": {}, "slow": {"factor": float, "until": int, "delay": float},
+    "eval": {"seconds": float}}
 # A backward pass costs about twice the forward: a straggler's whole step is ~3x forward.
 _STEP_PER_FORWARD = 3.0
 
@@ -90,7 +91,9 @@ def parse_faults(text: str) -> list[Fault]:
         if kind not in KINDS:
             raise ConfigError(f"unknown fault kind '{kind}' (known: {', '.join(KINDS)})",
                               file=FAULT_ENV, key=spec)
-        fields: dict[str, object] = {"kind": kind, "attempt": 0 if kind in ONE_SHOT else None}
+        attempt: int | None = 0 if kind in ONE_SHOT else None
+        ints: dict[str, int] = {}
+        floats: dict[str, float] = {}
         types = {"rank": int, "step": int, "attempt": int, "launch": int, **_PARAMS[kind]}
         for pair in pairs:
             key, sep, raw = pair.partition("=")
@@ -98,32 +101,40 @@ def parse_faults(text: str) -> list[Fault]:
                 raise ConfigError(f"'{pair}' is not one of {', '.join(k + '=' for k in types)}",
                                   file=FAULT_ENV, key=spec)
             if key == "attempt" and raw == "any":
-                fields["attempt"] = None
+                attempt = None
                 continue
             try:
-                fields[key] = types[key](raw)
+                value = types[key](raw)
             except ValueError:
                 raise ConfigError(f"{key} must be {types[key].__name__}, got '{raw}'",
                                   file=FAULT_ENV, key=spec) from None
-        if fields.get("launch") is not None and fields["launch"] < 1:
+            if key == "attempt":
+                attempt = int(value)
+            elif isinstance(value, int):
+                ints[key] = value
+            else:
+                floats[key] = value
+        launch, step, until = ints.get("launch"), ints.get("step"), ints.get("until")
+        if launch is not None and launch < 1:
             raise ConfigError("launch must be >= 1 (the first start is 1)", file=FAULT_ENV, key=spec)
-        if kind in ONE_SHOT and fields.get("step") is None:
+        if kind in ONE_SHOT and step is None:
             raise ConfigError("needs step=N", file=FAULT_ENV, key=spec)
-        if kind == "sleep" and not fields.get("seconds", 0) > 0:
+        if kind == "sleep" and not floats.get("seconds", 0) > 0:
             raise ConfigError("needs seconds=S > 0", file=FAULT_ENV, key=spec)
-        if kind == "slow" and not (fields.get("factor", 0) > 1 or fields.get("delay", 0) > 0):
+        if kind == "slow" and not (floats.get("factor", 0) > 1 or floats.get("delay", 0) > 0):
             raise ConfigError("needs factor=F > 1 or delay=S > 0", file=FAULT_ENV, key=spec)
-        if kind == "slow" and "factor" not in fields:
-            fields["factor"] = 1.0
-        if kind == "eval" and fields.get("seconds") is not None and not fields["seconds"] > 0:
+        if kind == "eval" and "seconds" in floats and not floats["seconds"] > 0:
             raise ConfigError("seconds=S must be > 0 (leave it out to hang)", file=FAULT_ENV,
                               key=spec)
-        if kind == "eval" and "seconds" not in fields:
-            fields["seconds"] = math.inf
-        until, start = fields.get("until"), fields.get("step") or 0
-        if until is not None and until <= start:  # type: ignore[operator]
+        if kind == "eval" and "seconds" not in floats:
+            floats["seconds"] = math.inf
+        start = step or 0
+        if until is not None and until <= start:
             raise ConfigError(f"until={until} must be after step={start}", file=FAULT_ENV, key=spec)
-        faults.append(Fault(**fields))  # type: ignore[arg-type]
+        faults.append(Fault(kind, attempt=attempt, **ints,
+                            seconds=floats.get("seconds", Fault.seconds),
+                            factor=floats.get("factor", Fault.factor),
+                            delay=floats.get("delay", Fault.delay)))
     return faults
 
 

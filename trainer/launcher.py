@@ -29,7 +29,7 @@ from trainwatch.contract.layout import CHECKPOINT_DIRS_KEY, TORCHRUN_LOG, TORCHR
 from trainwatch.errors import ConfigError
 from trainwatch.node import node_name
 from trainwatch.rundir import RunDir
-from trainwatch.trainer.checkpoint.catalog import complete
+from trainwatch.trainer.checkpoint.catalog import newest_complete
 from trainwatch.trainer.checkpoint.compat import check_compatible
 from trainwatch.trainer.config import Config, load_config
 from trainwatch.trainer.faults import parse_faults
@@ -183,10 +183,10 @@ def refuse_incompatible_checkpoint(spec: LaunchSpec, cfg: Config) -> None:
     if not cfg.checkpoint.enabled or cfg.checkpoint.resume == "never":
         return
     folders = checkpoint_folders(RunDir(spec.run_dir), cfg)
-    newest = max((e for folder in folders for e in complete(folder)),
-                 key=lambda e: e.step, default=None)
+    newest = newest_complete(folders)
     if newest is not None:
-        check_compatible(newest.manifest, newest.path, config_hash=cfg.training_digest(),
+        _, path, manifest = newest
+        check_compatible(manifest, path, config_hash=cfg.training_digest(),
                          world_size=spec.nnodes * spec.nproc_per_node)
 
 

@@ -41,7 +41,8 @@ _COUNTERS = {
 }
 
 
-def _family(name: str, extra_labels: tuple[str, ...] = ()) -> Metric:
+def _family(name: str,
+            extra_labels: tuple[str, ...] = ()) -> CounterMetricFamily | GaugeMetricFamily:
     spec = METRICS[name]
     assert spec.labels == RUN_RANK + extra_labels, name
     cls = CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily
@@ -80,9 +81,10 @@ class TelemetryCollector:
                             ("trainwatch_rank_restarts", state.get("restart_count")),
                             ("trainwatch_train_last_nonfinite_loss_timestamp_seconds",
                              state.get("last_nonfinite_loss_at"))):
-            if _number(value) is not None:
+            number = _number(value)
+            if number is not None:
                 family = _family(name)
-                family.add_metric(labels, float(value))
+                family.add_metric(labels, number)
                 yield family
         for name, key in _COUNTERS.items():
             family = _family(name)

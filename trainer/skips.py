@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch.distributed as dist
 
 from trainwatch.errors import ConfigError
+from trainwatch.trainer.data import ShardedBatches
 from trainwatch.rundir import RunDir
 
 
@@ -33,7 +34,7 @@ class SkipSteps:
     def __contains__(self, step: int) -> bool:
         return self.first <= step <= self.last
 
-    def drop(self, step: int, loader: Iterator, batches: int, *, final: bool
+    def drop(self, step: int, loader: ShardedBatches, batches: int, *, final: bool
              ) -> dict[str, Any] | None:
         """Read and discard ``step``'s ``batches``; after the window's last step (or the
         run's), the ``data_skipped`` journal fields: steps, batches and data positions."""
@@ -44,6 +45,7 @@ class SkipSteps:
         self.dropped.append(step)
         if step != self.last and not final:
             return None
+        assert self._start is not None, "taken when the window's first step was dropped"
         return {"steps": list(self.dropped), "batches_per_rank": len(self.dropped) * batches,
                 "data_from": _position(self._start), "data_to": _position(loader.state_dict()),
                 "reason": self.reason}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from trainwatch.errors import FormatError
 from trainwatch.trainer.checkpoint.manifest import (INCOMPLETE_PREFIXES, MANIFEST, read_manifest,
@@ -77,6 +77,14 @@ def scan(folder: str | Path) -> list[Entry]:
 def complete(folder: str | Path) -> list[Entry]:
     """Checkpoints with a readable manifest, newest first (not yet checksum-verified)."""
     return [e for e in scan(folder) if e.state == "complete"]
+
+
+def newest_complete(folders: Iterable[str | Path]) -> tuple[int, Path, dict[str, Any]] | None:
+    """(step, path, manifest) of the newest complete checkpoint in ``folders``; the earlier
+    folder wins a tie. Not yet checksum-verified."""
+    found = [(e.step, e.path, e.manifest) for folder in folders for e in complete(folder)
+             if e.step is not None and e.manifest is not None]
+    return max(found, key=lambda f: f[0], default=None)
 
 
 def remove_incomplete(folder: str | Path) -> list[Path]:

@@ -167,6 +167,7 @@ class Checkpointer:
                                  "to start over them: move them away or set "
                                  "checkpoint.resume: never", "file": str(self.folder)}
             return {}
+        assert chosen.manifest is not None, "a verified checkpoint's manifest was read"
         try:
             resume_mod.check_compatible(chosen.manifest, chosen.path,
                                         config_hash=self.config_hash, world_size=self.world_size)
@@ -262,11 +263,14 @@ class Checkpointer:
         phase = self.telemetry.phase("checkpoint") if self.telemetry else contextlib.nullcontext()
         with phase:
             shared = {k: v for k, v in state.items() if k != "data"}
-            mine = {"rng": rng.capture(), "data": state.get("data")}
+            mine: dict[str, Any] = {"rng": rng.capture(), "data": state.get("data")}
             ranks = [mine]
             if self._group is not None:
-                ranks = [None] * self.world_size if self.rank == 0 else None
-                dist.gather_object(mine, ranks, dst=0, group=self._group)
+                # gather_object fills rank 0's list in place, one state per rank.
+                gathered: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
+                dist.gather_object(mine, gathered, dst=0, group=self._group)
+                if gathered is not None:
+                    ranks = gathered
             if self.rank != 0:
                 return
             waited = 0.0
@@ -345,19 +349,19 @@ class Checkpointer:
         self._publish()
         self._prune(self.folder)
         if self.mirror is not None:
-            self._copy_to_mirror(written)
+            self._copy_to_mirror(written, self.mirror)
 
-    def _copy_to_mirror(self, written: Written) -> None:
+    def _copy_to_mirror(self, written: Written, mirror: Path) -> None:
         try:
-            copy = copy_checkpoint(written.path, self.mirror, fsync=self.cfg.fsync)
+            copy = copy_checkpoint(written.path, mirror, fsync=self.cfg.fsync)
         except Exception as exc:  # noqa: BLE001
-            self._failed(None, exc, self.mirror, copy=True)
+            self._failed(None, exc, mirror, copy=True)
             return
-        self._newest_verified[self.mirror] = copy.path
+        self._newest_verified[mirror] = copy.path
         self._journal("checkpoint_saved", step=int(written.path.name.split("-")[1]),
                       path=str(copy.path), bytes=copy.bytes, write_seconds=round(copy.seconds, 6),
                       copy="mirror", copied_from=str(written.path))
-        self._prune(self.mirror)
+        self._prune(mirror)
 
     def _failed(self, step: int | None, exc: BaseException, folder: Path, *,
                 copy: bool = False) -> None:

@@ -14,7 +14,9 @@ import torch
 
 def capture() -> dict[str, Any]:
     version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    legacy = np.random.get_state(legacy=True)
+    assert isinstance(legacy, tuple), "the global RandomState's MT19937 state is the legacy tuple"
+    kind, keys, pos, has_gauss, cached = legacy
     state: dict[str, Any] = {
         "python": [version, list(internal), gauss],
         "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
