@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, TypeGuard
 
 MIDDLE_HALF_WIDTH = 9   # default; writers widen it to the local world size (ranks per node)
 MIDDLE_HALF_WIDTH_MAX = 65
@@ -49,7 +49,7 @@ def summarize(values: Sequence[float], half_width: int = MIDDLE_HALF_WIDTH) -> d
             "middle_from": start, "middle": ordered[start:stop]}
 
 
-def valid_summary(summary: Any) -> bool:
+def valid_summary(summary: Any) -> TypeGuard[dict[str, Any]]:
     """True for a summary a reader can use (any bytes may be in a status file)."""
     if not isinstance(summary, dict):
         return False
