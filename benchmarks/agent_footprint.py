@@ -1,12 +1,14 @@
 """Agent footprint: CPU, memory and /metrics latency with 8 (or more) simulated ranks;
 straggler scoring time for 4096 ranks; a rank's status file size at 4k and 32k world size.
 
-    python benchmarks/agent_footprint.py [--duration 30] [--ranks 8[,64,256]] [--json]
+    python benchmarks/agent_footprint.py [--duration 30] [--ranks 8[,64,256]]
+        [--step-seconds 0.1] [--json]
 
 `sleep` processes stand in for rank processes (so the agent inspects real pids); a
-thread writes each one's status file every second, as trainer telemetry does by default,
-with advancing steps and a timing window every 10 steps (its own means and the job
-summary, as the telemetry writes them).  The status size is measured on a real
+thread writes each one's status file and then its beat file every second, as trainer
+telemetry does by default, with advancing steps (0.1 s each, or ``--step-seconds``) and a
+timing window every 10 steps (its own means and the job summary, as the telemetry writes
+them).  The status size is measured on a real
 ``Telemetry`` fed one gathered window of 4,096 / 32,768 ranks.  The agent runs
 as a separate process with its default config; we sample its CPU time and RSS, and
 first measure CPU and RSS in steady state (scraped every 15 s, like Prometheus), then
@@ -35,6 +37,7 @@ import psutil
 
 from trainwatch.agent.config import STRAGGLER_DEFAULTS
 from trainwatch.agent.straggler import JobStragglers
+from trainwatch.beat import BeatWriter, beat_path
 from trainwatch.contract.timing import job_window, summarize
 from trainwatch.rundir import RunDir
 
@@ -45,31 +48,44 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def simulate_ranks(run: RunDir, pids: list[int], stop: threading.Event, interval: float) -> None:
+def simulate_ranks(run: RunDir, pids: list[int], stop: threading.Event, interval: float,
+                   step_seconds: float = 0.1) -> None:
     world, started, step = len(pids), time.time(), 0
     rng = random.Random(0)
-    timing = None
+    timings: list[dict | None] = [None] * world
+    beats = [BeatWriter(beat_path(run.status_dir, rank)) for rank in range(world)]
+    steps_per_write = max(1, round(interval / step_seconds))
     while not stop.wait(interval):
         now = time.time()
-        step += 10
+        window = step // 10 != (step + steps_per_write) // 10  # a 10-step window ended
+        step += steps_per_write
         compute = [0.09 + rng.uniform(0, 0.005) for _ in range(world)]
         job = summarize(compute)
         for rank, pid in enumerate(pids):
-            timing = {"step": step, "window_steps": 10, "time": now,
-                      "compute_seconds": compute[rank], "data_wait_seconds": 0.001,
-                      "local_seconds": compute[rank], "job": job}
+            if window:
+                timings[rank] = {"step": step - step % 10, "window_steps": 10, "time": now,
+                                 "compute_seconds": compute[rank], "data_wait_seconds": 0.001,
+                                 "local_seconds": compute[rank], "job": job}
             run.write_status(rank, {
                 "job": "bench", "rank": rank, "local_rank": rank, "world_size": world,
                 "node": socket.gethostname(), "pid": pid, "restart_count": 0,
                 "backend": "gloo", "device": "cpu", "started_at": started,
                 "heartbeat_at": now, "step": step, "phase": "forward", "phase_since": now,
                 "last_progress_at": now, "state": "running",
-                "metrics": {"step": step, "loss": 2.0, "step_time_seconds": 0.1,
+                "metrics": {"step": step, "loss": 2.0, "step_time_seconds": step_seconds,
                             "phase_seconds": {"data": 0.001, "forward": 0.03, "backward": 0.05,
                                               "optimizer": 0.01},
                             "data_wait_seconds": 0.001, "tokens_per_second": 1e5,
                             "samples_per_second": 100.0, "memory_bytes": 1 << 30},
-                "counters": {"steps_total": step}, "timing": timing})
+                "counters": {"steps_total": step}, "timing": timings[rank]})
+            beats[rank].write({  # right after the status, as the telemetry writes it
+                "v": 1, "rank": rank, "pid": pid, "state": "running", "heartbeat_at": now,
+                "step": step, "last_progress_at": now, "steps_total": step,
+                "phase": "forward", "phase_since": now, "phase_budget": None,
+                "step_time_seconds": step_seconds, "publish_errors_total": 0,
+                "publish_failing_since": None, "last_publish_error": None})
+    for writer in beats:
+        writer.close()
 
 
 def scoring_ms(n: int, reps: int = 50) -> float:
@@ -132,7 +148,8 @@ def node_exporter_usage(proc: psutil.Process, url: str, seconds: float) -> dict:
     return measure(proc, url, seconds, 1 / SCRAPE_INTERVAL)
 
 
-def footprint(ranks: int, duration: float, rate: float, compare: str | None = None) -> dict:
+def footprint(ranks: int, duration: float, rate: float, compare: str | None = None,
+              step_seconds: float = 0.1) -> dict:
     """One agent watching ``ranks`` simulated local ranks: steady state, then under load.
     With ``compare`` (node_exporter's path) it runs alongside, measured over the same
     steady-state window in a second thread."""
@@ -141,7 +158,8 @@ def footprint(ranks: int, duration: float, rate: float, compare: str | None = No
     sleepers = [subprocess.Popen(["sleep", str(duration * 2 + 120)]) for _ in range(ranks)]
     stop = threading.Event()
     writer = threading.Thread(target=simulate_ranks, args=(run, [p.pid for p in sleepers],
-                                                           stop, 1.0), daemon=True)
+                                                           stop, 1.0, step_seconds),
+                              daemon=True)
     writer.start()
     port = free_port()
     agent = subprocess.Popen([sys.executable, "-m", "trainwatch", "agent", "--run-dir",
@@ -224,11 +242,14 @@ def main() -> int:
                              "compare CPU and memory")
     parser.add_argument("--scrape-interval", type=float, default=SCRAPE_INTERVAL,
                         help="seconds between scrapes in the steady-state window")
+    parser.add_argument("--step-seconds", type=float, default=0.1,
+                        help="the simulated ranks' step time (a timing window every 10 steps)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     SCRAPE_INTERVAL = args.scrape_interval
     counts = [int(c) for c in str(args.ranks).split(",") if c.strip()]
-    runs = [footprint(n, args.duration, args.rate, args.node_exporter) for n in counts]
+    runs = [footprint(n, args.duration, args.rate, args.node_exporter, args.step_seconds)
+            for n in counts]
     extra = {
         "straggler_scoring_4096_ms": scoring_ms(4096),
         "straggler_scoring_64_ms": scoring_ms(64),

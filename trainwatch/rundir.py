@@ -476,26 +476,33 @@ class RunDir(RunLayout):
     def statuses(self) -> ReadResult:
         """Every rank's status, newest format only; torn/alien files are skipped and listed."""
         result = ReadResult()
+        for path in self.status_files(result.skipped):
+            try:
+                result.records.append(self.read_status(path))
+            except SkippedFile as exc:
+                result.skipped.append(Skipped(path, exc.detail, code=exc.reason))
+            except FormatError:  # vanished between the listing and the read
+                continue
+        return result
+
+    def status_files(self, skipped: list[Skipped]) -> list[str]:
+        """The status files' paths, sorted (plain strings: this runs every second per rank);
+        an unreadable status folder is added to ``skipped``."""
         try:
             names = os.listdir(self.status_dir)
         except PermissionError:  # glob would hide it: zero ranks that are really unseen
-            result.skipped.append(Skipped(str(self.status_dir), "status folder not readable "
-                                          "(permission denied)", code="permission_denied"))
-            return result
+            skipped.append(Skipped(str(self.status_dir), "status folder not readable "
+                                   "(permission denied)", code="permission_denied"))
+            return []
         except (FileNotFoundError, NotADirectoryError):
-            return result
-        folder = os.fspath(self.status_dir)  # plain strings: this runs every second per rank
-        for path in (os.path.join(folder, n) for n in sorted(fnmatch.filter(names,
-                                                                             STATUS_FILE_GLOB))):
-            try:
-                record = check_status(read_record(path, STATUS_FORMAT, root=self.root), path)
-            except SkippedFile as exc:
-                result.skipped.append(Skipped(str(path), exc.detail, code=exc.reason))
-            except FormatError:  # vanished between the listing and the read
-                continue
-            else:
-                result.records.append(record)
-        return result
+            return []
+        folder = os.fspath(self.status_dir)
+        return [os.path.join(folder, n) for n in sorted(fnmatch.filter(names, STATUS_FILE_GLOB))]
+
+    def read_status(self, path: str) -> dict[str, Any]:
+        """One status file of ``status_files``: SkippedFile when unusable, FormatError when
+        it vanished."""
+        return check_status(read_record(path, STATUS_FORMAT, root=self.root), path)
 
     # journal -----------------------------------------------------------------
     def append_event(self, event: str, source: str, **fields: Any) -> dict[str, Any]:

@@ -17,8 +17,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from trainwatch.beat import beat_name, read_beat
 from trainwatch.host.procinfo import ProcessTracker
+from trainwatch.agent.rankfiles import RankFiles
 from trainwatch.agent.registry import Collector, Result, Sample, label_values, register
 from trainwatch.contract.states import KNOWN_PHASES, PROCESS_STATES, RANK_STATES
 from trainwatch.contract.timing import job_window
@@ -100,8 +100,9 @@ def _with_beat(s: dict[str, Any], beat: dict[str, Any] | None):
     """The status, brought up to date by the rank's beat file, and its publish state.
 
     The beat file is written in place right after the status file, so it is as new as
-    the status when both work, and newer when the status cannot be written (full disk):
-    then its heartbeat, step and phase are the rank's truth. Only a beat of the same
+    the status when both work, and newer when the status cannot be written (full disk)
+    or was read a few seconds ago (``RankFiles``): then its heartbeat, step and phase are
+    the rank's truth. Only a beat of the same
     process counts (a stale one of an earlier start is ignored).
     """
     if beat is None or beat.get("pid") != s.get("pid") or beat.get("rank") != s["rank"]:
@@ -129,6 +130,11 @@ def _with_beat(s: dict[str, Any], beat: dict[str, Any] | None):
     steps = beat.get("steps_total")
     if isinstance(steps, int) and isinstance(s.get("counters"), dict):
         merged["counters"] = dict(s["counters"], steps_total=steps)
+    # The step time too: the stall budget learns a rank's typical step from one per step seen.
+    step_time = _num(beat.get("step_time_seconds"))
+    if step_time is not None and step_time >= 0 and isinstance(s.get("metrics"), dict):
+        merged["metrics"] = dict(s["metrics"], step=merged.get("step"),
+                                 step_time_seconds=step_time)
     return merged, publish
 
 
@@ -177,7 +183,7 @@ def _rank_samples(labels: _Labels, s: dict[str, Any], state: str, phase: str | N
 
 
 @register("ranks", interval=1.0, timeout=5.0,
-          options={"max_skipped_shown": 10, "process_every": 5.0})
+          options={"max_skipped_shown": 10, "process_every": 5.0, "status_every": 5.0})
 class RanksCollector(Collector):
     def __init__(self, ctx, options):
         super().__init__(ctx, options)
@@ -189,6 +195,7 @@ class RanksCollector(Collector):
         self._looked: set[tuple] = set()
         self._labels: dict[tuple, _Labels] = {}
         self._labels_used: set[tuple] = set()
+        self._files: dict[str, RankFiles] = {}  # run dir -> its rank files, as last read
         self._last_run: float | None = None  # monotonic
         self._judge_after = 0.0               # monotonic: no verdicts before (re-observing)
 
@@ -207,6 +214,8 @@ class RanksCollector(Collector):
             job = self._job(run, now, mono, result, live)
             if job is not None:
                 jobs.append(job)
+        for key in set(self._files) - {str(run.root) for run in runs}:
+            del self._files[key]
         self.procs.end(live)
         for key in set(self._seen) - self._looked:  # ranks gone: forget what we saw
             del self._seen[key]
@@ -274,14 +283,17 @@ class RanksCollector(Collector):
     # ------------------------------------------------------------------------------
     def _job(self, run, now: float, mono: float, result: Result,
              live: set[int]) -> dict[str, Any] | None:
-        statuses = run.statuses()
+        key = str(run.root)
+        files = self._files.get(key)
+        if files is None:
+            files = self._files[key] = RankFiles(float(self.options["status_every"]))
+        statuses, beats = files.read(run, mono)
         info, info_skipped = self._run_info(run)
         if info_skipped is not None:
             statuses.skipped.append(info_skipped)
         # Unseen is not absent: what the agent may not read makes its health degraded.
         unreadable = [s.path for s in statuses.skipped if s.code == "permission_denied"]
         job_name = info.get("job") or run.root.resolve().name
-        key = str(run.root)
         self._count_skipped(key, statuses.skipped)
         records = statuses.records  # typed and named after their rank (RunDir.statuses)
         if records:
@@ -299,10 +311,9 @@ class RanksCollector(Collector):
                    node=self.ctx.node)
         ranks = []
         env: dict[int, dict[str, str]] = {}
-        status_dir = os.fspath(run.status_dir)
         for status in sorted(local, key=lambda r: r["rank"]):
-            beat = read_beat(os.path.join(status_dir, beat_name(status["rank"])), run.root)
-            rank = self._rank(key, status, beat, now, mono, job_name, result)
+            rank = self._rank(key, status, beats.get(status["rank"]), now, mono, job_name,
+                              result)
             ranks.append(rank)
             if isinstance(status.get("pid"), int):
                 live.add(status["pid"])

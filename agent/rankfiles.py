@@ -1,0 +1,92 @@
+"""A run directory's rank files as the agent reads them every second: each rank's small
+beat file every time, its status file only when the beat cannot stand in for it.
+
+The beat (``trainwatch/beat.py``) is written right after the status and carries all a
+stall verdict needs: heartbeat, step, when the step last advanced, step time, phase and
+its budget, state. The status adds what is exported for scrapes every 15 s (loss,
+throughput, counters) and checkpoint facts: a few seconds old is new enough for those.
+Parsing every rank's status every second was the largest part of the agent's CPU at 64
+ranks, so a rank whose timing windows are far apart (steps of a second or more) has its
+status parsed every few seconds instead.
+
+A status is read again at once when its beat says it may have changed in a way the beat
+does not carry: no usable beat, a beat of another process (a restart) or in another
+state, a beat that has not moved since the last look (the status may then be the newer
+of the two), or a step past the next timing window; otherwise every ``refresh`` seconds.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from trainwatch.beat import beat_name, read_beat
+from trainwatch.contract.layout import RANK_PREFIX
+from trainwatch.errors import FormatError
+from trainwatch.rundir import ReadResult, RunDir, Skipped, SkippedFile
+
+
+@dataclass(slots=True)
+class _Held:
+    record: dict[str, Any]
+    read_at: float  # monotonic
+    beat_at: Any    # the beat's heartbeat at the last look
+
+
+class RankFiles:
+    """Reads one run directory's status and beat files, keeping each status it parsed."""
+
+    def __init__(self, refresh: float):
+        self.refresh = refresh
+        self._held: dict[str, _Held] = {}
+
+    def read(self, run: RunDir, mono: float) -> tuple[ReadResult, dict[int, dict[str, Any] | None]]:
+        """The statuses (as ``RunDir.statuses``) and each listed rank's beat (None: none)."""
+        result, beats = ReadResult(), {}
+        held: dict[str, _Held] = {}
+        status_dir = os.fspath(run.status_dir)
+        for path in run.status_files(result.skipped):
+            rank = _rank_of(path)
+            beat = None if rank is None else read_beat(
+                os.path.join(status_dir, beat_name(rank)), run.root)
+            kept = self._held.get(path)
+            if kept is None or self._stale(kept, beat, mono):
+                try:
+                    kept = _Held(run.read_status(path), mono, None)
+                except SkippedFile as exc:
+                    result.skipped.append(Skipped(path, exc.detail, code=exc.reason))
+                    continue
+                except FormatError:  # vanished between the listing and the read
+                    continue
+            kept.beat_at = beat.get("heartbeat_at") if beat is not None else None
+            held[path] = kept
+            result.records.append(kept.record)
+            beats[kept.record["rank"]] = beat
+        self._held = held  # ranks whose files are gone are forgotten
+        return result, beats
+
+    def _stale(self, kept: _Held, beat: dict[str, Any] | None, mono: float) -> bool:
+        if beat is None or mono - kept.read_at >= self.refresh:
+            return True
+        record = kept.record
+        return (beat.get("pid") != record.get("pid") or beat.get("rank") != record["rank"]
+                or beat.get("state") != record.get("state")
+                or beat.get("heartbeat_at") == kept.beat_at
+                or _window_due(record.get("timing"), beat.get("step")))
+
+
+def _window_due(timing: Any, step: Any) -> bool:
+    """Has the rank stepped past the end of the next timing window? Straggler verdicts
+    count in windows (flagged within a few of them), so none may be missed; the status is
+    then read every time until it carries the new window."""
+    if not isinstance(timing, dict) or not isinstance(step, int):
+        return False
+    last, size = timing.get("step"), timing.get("window_steps")
+    return isinstance(last, int) and isinstance(size, int) and step >= last + size
+
+
+def _rank_of(path: str) -> int | None:
+    """The rank in a status file's name (``rank-00012.json``); None for another name."""
+    number = os.path.basename(path)[len(RANK_PREFIX):-len(".json")]
+    return int(number) if number.isdigit() else None

@@ -1,0 +1,128 @@
+"""The agent reads a rank's beat every second and its status only when the beat cannot
+stand in for it: real files, a clock the test moves."""
+
+from __future__ import annotations
+
+import time
+
+from trainwatch.agent.rankfiles import RankFiles
+from trainwatch.beat import BeatWriter, beat_path
+from trainwatch.rundir import RunDir
+
+
+def status(run: RunDir, rank: int, pid: int, **extra) -> None:
+    run.write_status(rank, {"job": "exp", "rank": rank, "pid": pid, "state": "running",
+                            "heartbeat_at": time.time(), "step": 1, **extra})
+
+
+def beat(writer: BeatWriter, rank: int, pid: int, at: float, state: str = "running",
+         step: int = 2) -> None:
+    writer.write({"v": 1, "rank": rank, "pid": pid, "state": state, "heartbeat_at": at,
+                  "step": step, "last_progress_at": at})
+
+
+def loss(files: RankFiles, run: RunDir, mono: float) -> object:
+    result, beats = files.read(run, mono)
+    assert [r["rank"] for r in result.records] == [0] and beats[0] is not None
+    return result.records[0].get("loss")
+
+
+def test_status_is_read_again_only_when_the_beat_cannot_stand_in_for_it(tmp_path):
+    run = RunDir(tmp_path / "run").create()
+    writer = BeatWriter(beat_path(run.status_dir, 0))
+    files = RankFiles(refresh=5.0)
+    try:
+        status(run, 0, 100, loss=1.0)
+        beat(writer, 0, 100, 1000.0)
+        assert loss(files, run, 0.0) == 1.0
+        status(run, 0, 100, loss=2.0)
+        beat(writer, 0, 100, 1001.0)
+        assert loss(files, run, 1.0) == 1.0    # the beat moved: the status read at 0 stands
+        assert loss(files, run, 2.0) == 2.0    # the beat did not move: read again
+        status(run, 0, 100, loss=3.0)
+        beat(writer, 0, 100, 1002.0)
+        assert loss(files, run, 3.0) == 2.0
+        beat(writer, 0, 100, 1003.0)
+        assert loss(files, run, 7.0) == 3.0    # refresh seconds since the last read
+        status(run, 0, 200, loss=4.0)          # restarted: a new process, read at once
+        beat(writer, 0, 200, 1004.0)
+        assert loss(files, run, 8.0) == 4.0
+        status(run, 0, 200, loss=5.0, state="finished")
+        beat(writer, 0, 200, 1005.0, state="finished")
+        assert loss(files, run, 9.0) == 5.0    # another state: read at once
+    finally:
+        writer.close()
+
+
+def test_status_is_read_every_time_once_a_new_timing_window_is_due(tmp_path):
+    """Straggler verdicts count in windows: none may be skipped between refreshes."""
+    run = RunDir(tmp_path / "run").create()
+    writer = BeatWriter(beat_path(run.status_dir, 0))
+    files = RankFiles(refresh=3600.0)
+    window = {"step": 10, "window_steps": 10}
+    try:
+        status(run, 0, 100, loss=1.0, timing=window)
+        beat(writer, 0, 100, 1000.0, step=12)
+        assert loss(files, run, 0.0) == 1.0
+        status(run, 0, 100, loss=2.0, timing=window)
+        beat(writer, 0, 100, 1001.0, step=19)
+        assert loss(files, run, 1.0) == 1.0    # the next window ends at step 20
+        status(run, 0, 100, loss=3.0, timing=window)
+        beat(writer, 0, 100, 1002.0, step=20)
+        assert loss(files, run, 2.0) == 3.0    # due: read, though it is not there yet
+        status(run, 0, 100, loss=4.0, timing=window)
+        beat(writer, 0, 100, 1003.0, step=21)
+        assert loss(files, run, 3.0) == 4.0    # still due: read again
+        status(run, 0, 100, loss=5.0, timing={"step": 20, "window_steps": 10})
+        beat(writer, 0, 100, 1004.0, step=22)
+        assert loss(files, run, 4.0) == 5.0
+        status(run, 0, 100, loss=6.0, timing={"step": 20, "window_steps": 10})
+        beat(writer, 0, 100, 1005.0, step=23)
+        assert loss(files, run, 5.0) == 5.0    # the new window is in: not due any more
+    finally:
+        writer.close()
+
+
+def test_a_rank_without_a_usable_beat_has_its_status_read_every_time(tmp_path):
+    run = RunDir(tmp_path / "run").create()
+    files = RankFiles(refresh=3600.0)
+    status(run, 0, 100, loss=1.0)
+    result, beats = files.read(run, 0.0)
+    assert result.records[0]["loss"] == 1.0 and beats == {0: None}
+    status(run, 0, 100, loss=2.0)
+    assert files.read(run, 1.0)[0].records[0]["loss"] == 2.0
+    beat_path(run.status_dir, 0).write_bytes(b"torn")
+    status(run, 0, 100, loss=3.0)
+    assert files.read(run, 2.0)[0].records[0]["loss"] == 3.0
+    run.status_file(0).unlink()  # gone: forgotten, not served from memory
+    assert files.read(run, 3.0)[0].records == []
+
+
+def test_a_restarted_rank_is_never_judged_on_its_old_process(tmp_path):
+    """The ranks collector with a long refresh: after a restart the new pid's status is
+    read in the same collection, so the rank is up, not a dead process."""
+    import subprocess
+
+    from test_agent_collectors import collector, make_ctx, value
+
+    run = RunDir(tmp_path / "run").create()
+    writer = BeatWriter(beat_path(run.status_dir, 0))
+    old, new = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "60"])
+    ranks = collector(make_ctx([run.root], collectors={"ranks": {"status_every": 3600}}),
+                      "ranks")
+    try:
+        status(run, 0, old.pid, started_at=time.time(), last_progress_at=time.time())
+        beat(writer, 0, old.pid, time.time())
+        assert value(ranks.collect(), "trainwatch_rank_up") == 1
+        old.kill()
+        old.wait()
+        status(run, 0, new.pid, started_at=time.time(), last_progress_at=time.time())
+        beat(writer, 0, new.pid, time.time())
+        result = ranks.collect()
+        assert value(result, "trainwatch_rank_up") == 1
+        assert result.data["jobs"][0]["ranks"][0]["pid"] == new.pid
+    finally:
+        writer.close()
+        for p in (old, new):
+            p.kill()
+            p.wait()
