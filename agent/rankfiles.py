@@ -43,26 +43,30 @@ class RankFiles:
 
     def read(self, run: RunDir, mono: float) -> tuple[ReadResult, dict[int, dict[str, Any] | None]]:
         """The statuses (as ``RunDir.statuses``) and each listed rank's beat (None: none)."""
-        result, beats = ReadResult(), {}
+        result, beats = ReadResult(), dict[int, dict[str, Any] | None]()
         held: dict[str, _Held] = {}
-        status_dir = os.fspath(run.status_dir)
-        for path in run.status_files(result.skipped):
-            rank = _rank_of(path)
-            beat = None if rank is None else read_beat(
-                os.path.join(status_dir, beat_name(rank)), run.root)
-            kept = self._held.get(path)
-            if kept is None or self._stale(kept, beat, mono):
-                try:
-                    kept = _Held(run.read_status(path), mono, None)
-                except SkippedFile as exc:
-                    result.skipped.append(Skipped(path, exc.detail, code=exc.reason))
-                    continue
-                except FormatError:  # vanished between the listing and the read
-                    continue
-            kept.beat_at = beat.get("heartbeat_at") if beat is not None else None
-            held[path] = kept
-            result.records.append(kept.record)
-            beats[kept.record["rank"]] = beat
+        folder = run.status_folder(result.skipped)
+        if folder is None:
+            self._held = held
+            return result, beats
+        with folder:
+            for path in run.status_files(folder):
+                rank = _rank_of(path)
+                beat = None if rank is None else read_beat(
+                    os.path.join(folder.path, beat_name(rank)), run.root, folder)
+                kept = self._held.get(path)
+                if kept is None or self._stale(kept, beat, mono):
+                    try:
+                        kept = _Held(run.read_status(path, folder), mono, None)
+                    except SkippedFile as exc:
+                        result.skipped.append(Skipped(path, exc.detail, code=exc.reason))
+                        continue
+                    except FormatError:  # vanished between the listing and the read
+                        continue
+                kept.beat_at = beat.get("heartbeat_at") if beat is not None else None
+                held[path] = kept
+                result.records.append(kept.record)
+                beats[kept.record["rank"]] = beat
         self._held = held  # ranks whose files are gone are forgotten
         return result, beats
 

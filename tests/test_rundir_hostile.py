@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from trainwatch.rundir import (SKIP_REASONS, RunDir, SkippedFile, read_jsonl, read_run_file,
+from trainwatch.rundir import (SKIP_REASONS, RunDir, RunFolder, SkippedFile, read_jsonl, read_run_file,
                                read_run_file_tail)
 
 pytestmark = pytest.mark.timeout(60)  # a reader that blocks on a FIFO fails here, not hangs
@@ -117,3 +117,26 @@ def test_a_linked_folder_is_checked_like_a_linked_file(tmp_path):
     with pytest.raises(SkippedFile) as info:
         read_run_file(run.root / "status" / ".." / "status" / "rank-00000.json", run.root)
     assert info.value.reason == "outside_run_dir"
+
+
+def test_a_folder_read_checks_files_swapped_after_its_listing(tmp_path):
+    """RunFolder trusts the listing's file type only to skip a stat: a file replaced
+    by a link or a FIFO after the listing is refused when read, as read_run_file would."""
+    run = RunDir(tmp_path / "run").create()
+    for rank in (0, 1, 2):
+        write_status(run, rank)
+    (tmp_path / "outside.json").write_bytes(run.status_file(0).read_bytes())
+    with RunFolder(run.status_dir, run.root) as folder:
+        assert folder.read("rank-00000.json").startswith(b"{")
+        os.unlink(run.status_file(1))
+        os.symlink(tmp_path / "outside.json", run.status_file(1))
+        os.unlink(run.status_file(2))
+        os.mkfifo(run.status_file(2))
+        with pytest.raises(SkippedFile) as info:
+            folder.read("rank-00001.json")
+        assert info.value.reason == "outside_run_dir"
+        with pytest.raises(SkippedFile) as info:
+            folder.read("rank-00002.json")
+        assert info.value.reason == "special_file"
+        with pytest.raises(FileNotFoundError):
+            folder.read("rank-00003.json")  # not listed

@@ -22,7 +22,7 @@ from typing import Any
 
 from trainwatch.contract.layout import rank_file_name
 from trainwatch.errors import FormatError
-from trainwatch.rundir import read_run_file
+from trainwatch.rundir import RunFolder, read_run_file
 
 BEAT_BYTES = 1024
 BEAT_SUFFIX = ".beat"
@@ -86,9 +86,13 @@ class BeatWriter:
             self._fd = -1
 
 
-def read_beat(path: str | Path, root: str | Path | None = None) -> dict[str, Any] | None:
-    """A rank's beat record, or None when there is none or it is unusable."""
+def read_beat(path: str | Path, root: str | Path | None = None,
+              folder: RunFolder | None = None) -> dict[str, Any] | None:
+    """A rank's beat record (listed in ``folder`` when given), or None when there is none
+    or it is unusable."""
     try:
-        return decode(read_run_file(path, root, max_bytes=BEAT_BYTES))
+        data = read_run_file(path, root, max_bytes=BEAT_BYTES) if folder is None else \
+            folder.read(os.path.basename(path), max_bytes=BEAT_BYTES)
+        return decode(data)
     except (OSError, FormatError):
         return None

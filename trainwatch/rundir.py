@@ -156,19 +156,32 @@ def open_run_file(path: str | Path, root: str | Path | None = None) -> tuple[int
         if not stat.S_ISREG(before.st_mode):
             raise SkippedFile(path, "special_file", f"{_file_kind(before.st_mode)}, not a "
                               "regular file")
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        fd = os.open(path, _OPEN_FLAGS)
     except FileNotFoundError:
         raise
     except PermissionError:
-        raise SkippedFile(path, "permission_denied", "permission denied (docs/run-directory.md: "
-                          "Permissions)") from None
+        raise _permission_denied(path) from None
     except OSError as exc:
         raise SkippedFile(path, "unreadable", f"unreadable ({exc.strerror or exc})") from None
+    return fd, _regular(fd, path)
+
+
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+def _permission_denied(path: str | Path) -> SkippedFile:
+    return SkippedFile(path, "permission_denied", "permission denied (docs/run-directory.md: "
+                       "Permissions)")
+
+
+def _regular(fd: int, path: str | Path) -> os.stat_result:
+    """The open file's stat; SkippedFile (and the descriptor closed) unless it is a
+    regular file (swapped between the check and the open)."""
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):  # swapped between the stat and the open
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise SkippedFile(path, "special_file", f"{_file_kind(st.st_mode)}, not a regular file")
-    return fd, st
+    return st
 
 
 def _stat_inside(path: str | Path, root: str | Path | None) -> os.stat_result:
@@ -201,6 +214,11 @@ def read_run_file(path: str | Path, root: str | Path | None = None, *,
                   max_bytes: int = MAX_RECORD_BYTES) -> bytes:
     """The bytes of a regular file of at most ``max_bytes``; SkippedFile otherwise."""
     fd, st = open_run_file(path, root)
+    return _read_open(fd, st, path, max_bytes)
+
+
+def _read_open(fd: int, st: os.stat_result, path: str | Path, max_bytes: int) -> bytes:
+    """Read and close ``fd``, a regular file: at most ``max_bytes`` or SkippedFile."""
     try:
         if st.st_size > max_bytes:
             raise SkippedFile(path, "too_large", f"{st.st_size} bytes, more than the "
@@ -234,6 +252,58 @@ def read_run_file_tail(path: str | Path, root: str | Path | None = None, *,
         raise SkippedFile(path, "unreadable", f"unreadable ({exc.strerror or exc})") from None
     finally:
         os.close(fd)
+
+
+class RunFolder:
+    """A folder of the run directory, listed once, whose files are read relative to it:
+    no stat per file (every status and beat file, every second).
+
+    The folder is checked like a run file's path (inside the run directory) and opened;
+    the listing's file types (``d_type``) tell a plain file without a stat, and it is
+    opened relative to the folder without following a link and checked again on its
+    descriptor. Anything else (a link, a special file, a type the listing does not
+    tell) takes ``read_run_file``'s way.
+    """
+
+    def __init__(self, path: str | Path, root: str | Path | None = None):
+        self.path, self.root = os.fspath(path), root
+        before = _stat_inside(self.path, root)  # FileNotFoundError passes through
+        if not stat.S_ISDIR(before.st_mode):
+            raise NotADirectoryError(self.path)
+        self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            st = os.fstat(self.fd)
+            if (st.st_dev, st.st_ino) != (before.st_dev, before.st_ino):
+                raise SkippedFile(self.path, "unreadable", "replaced while being opened")
+            self.entries = {entry.name: entry for entry in os.scandir(self.fd)}
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def __enter__(self) -> "RunFolder":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        os.close(self.fd)
+
+    def read(self, name: str, *, max_bytes: int = MAX_RECORD_BYTES) -> bytes:
+        """The bytes of the listed file ``name`` (FileNotFoundError when it is not listed
+        or is gone), as ``read_run_file`` reads them."""
+        path = os.path.join(self.path, name)
+        entry = self.entries.get(name)
+        if entry is None:
+            raise FileNotFoundError(path)
+        if not entry.is_file(follow_symlinks=False):
+            return read_run_file(path, self.root, max_bytes=max_bytes)
+        try:
+            fd = os.open(name, _OPEN_FLAGS | os.O_NOFOLLOW, dir_fd=self.fd)
+        except FileNotFoundError:
+            raise
+        except PermissionError:
+            raise _permission_denied(path) from None
+        except OSError:  # a link since the listing (ELOOP), or unreadable: checked and said
+            return read_run_file(path, self.root, max_bytes=max_bytes)
+        return _read_open(fd, _regular(fd, path), path, max_bytes)
 
 
 def parse_json(data: bytes | str) -> tuple[Any, str | None]:
@@ -271,11 +341,14 @@ class ReadResult:
 
 
 def read_record(path: str | Path, expected_format: str, *, root: str | Path | None = None,
-                max_bytes: int = MAX_RECORD_BYTES) -> dict[str, Any]:
-    """Read one versioned JSON document; FormatError (a SkippedFile with its reason code
-    for anything but a missing file) saying what is wrong with it."""
+                max_bytes: int = MAX_RECORD_BYTES,
+                folder: RunFolder | None = None) -> dict[str, Any]:
+    """Read one versioned JSON document (listed in ``folder`` when given); FormatError (a
+    SkippedFile with its reason code for anything but a missing file) saying what is wrong
+    with it."""
     try:
-        raw = read_run_file(path, root, max_bytes=max_bytes)
+        raw = read_run_file(path, root, max_bytes=max_bytes) if folder is None else \
+            folder.read(os.path.basename(path), max_bytes=max_bytes)
     except FileNotFoundError:
         raise FormatError(f"{path}: missing") from None
     if not raw.strip():
@@ -476,33 +549,47 @@ class RunDir(RunLayout):
     def statuses(self) -> ReadResult:
         """Every rank's status, newest format only; torn/alien files are skipped and listed."""
         result = ReadResult()
-        for path in self.status_files(result.skipped):
-            try:
-                result.records.append(self.read_status(path))
-            except SkippedFile as exc:
-                result.skipped.append(Skipped(path, exc.detail, code=exc.reason))
-            except FormatError:  # vanished between the listing and the read
-                continue
+        folder = self.status_folder(result.skipped)
+        if folder is None:
+            return result
+        with folder:
+            for path in self.status_files(folder):
+                try:
+                    result.records.append(self.read_status(path, folder))
+                except SkippedFile as exc:
+                    result.skipped.append(Skipped(path, exc.detail, code=exc.reason))
+                except FormatError:  # vanished between the listing and the read
+                    continue
         return result
 
-    def status_files(self, skipped: list[Skipped]) -> list[str]:
-        """The status files' paths, sorted (plain strings: this runs every second per rank);
-        an unreadable status folder is added to ``skipped``."""
+    def status_folder(self, skipped: list[Skipped]) -> RunFolder | None:
+        """The status folder, listed (close it after use); None when there is none or it
+        cannot be read, which is added to ``skipped``."""
         try:
-            names = os.listdir(self.status_dir)
+            return RunFolder(self.status_dir, self.root)
         except PermissionError:  # glob would hide it: zero ranks that are really unseen
             skipped.append(Skipped(str(self.status_dir), "status folder not readable "
                                    "(permission denied)", code="permission_denied"))
-            return []
+        except SkippedFile as exc:
+            skipped.append(Skipped(exc.path, exc.detail, code=exc.reason))
         except (FileNotFoundError, NotADirectoryError):
-            return []
-        folder = os.fspath(self.status_dir)
-        return [os.path.join(folder, n) for n in sorted(fnmatch.filter(names, STATUS_FILE_GLOB))]
+            pass
+        except OSError as exc:
+            skipped.append(Skipped(str(self.status_dir), f"status folder unreadable "
+                                   f"({exc.strerror or exc})", code="unreadable"))
+        return None
 
-    def read_status(self, path: str) -> dict[str, Any]:
-        """One status file of ``status_files``: SkippedFile when unusable, FormatError when
-        it vanished."""
-        return check_status(read_record(path, STATUS_FORMAT, root=self.root), path)
+    def status_files(self, folder: RunFolder) -> list[str]:
+        """The paths of the status files listed in ``folder``, sorted (plain strings: this
+        runs every second per rank)."""
+        return [os.path.join(folder.path, n)
+                for n in sorted(fnmatch.filter(folder.entries, STATUS_FILE_GLOB))]
+
+    def read_status(self, path: str, folder: RunFolder | None = None) -> dict[str, Any]:
+        """One status file (listed in ``folder`` when given): SkippedFile when unusable,
+        FormatError when it vanished."""
+        return check_status(read_record(path, STATUS_FORMAT, root=self.root, folder=folder),
+                            path)
 
     # journal -----------------------------------------------------------------
     def append_event(self, event: str, source: str, **fields: Any) -> dict[str, Any]:
