@@ -233,10 +233,11 @@ def receive(rules_file, thresholds_file, run_dir, listen, token_file, nproc_per_
     token = load_token(token_file)
     host, port = _listen(listen)
     command = _job_command(run_dir, job_command, nproc_per_node, config, steps)
-    if job_command:  # the same supervision as `trainwatch run -- COMMAND`
+    controller: JobController | None = None
+    if job_command and command is not None:  # the same supervision as `trainwatch run -- COMMAND`
         controller = supervised_job(run_dir, command, "trainwatch alerts receive")
-    else:
-        controller = JobController(run_dir, command) if command else None
+    elif command:
+        controller = JobController(run_dir, command)
     policy = Policy.from_thresholds(ruleset.thresholds, dry_run=dry_run,
                                     straggler_command=straggler_command)
     runner = ActionRunner(run_dir, controller, policy,
@@ -281,7 +282,7 @@ def receive(rules_file, thresholds_file, run_dir, listen, token_file, nproc_per_
 def watch(rules_file, thresholds_file, targets, run_dir, webhook, webhook_token_file,
           alertmanager) -> None:
     """Run the embedded engine against agents' /metrics (no Prometheus); Ctrl-C stops."""
-    from trainwatch.alerts.engine import Engine
+    from trainwatch.alerts.engine import Engine, Notifier
     from trainwatch.alerts.evaluate import History
     from trainwatch.alerts.loop import EngineLoop
     from trainwatch.alerts.notify import AlertmanagerNotifier, JournalNotifier, WebhookNotifier
@@ -291,7 +292,8 @@ def watch(rules_file, thresholds_file, targets, run_dir, webhook, webhook_token_
     ruleset = _load(rules_file, thresholds_file)
     token = load_token(webhook_token_file) if webhook_token_file else None
     history = History()
-    notifiers = [JournalNotifier(run_dir)] + [WebhookNotifier(u, token) for u in webhook]
+    notifiers: list[Notifier] = [JournalNotifier(run_dir)]
+    notifiers += [WebhookNotifier(u, token) for u in webhook]
     if alertmanager:
         notifiers.append(AlertmanagerNotifier(alertmanager))
     silences = Silences(RunDir(run_dir).silences_file) if run_dir else None

@@ -16,7 +16,7 @@ import logging
 import math
 import threading
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Protocol
 
 from trainwatch.alerts.evaluate import Evaluator, History, labels_key
 from trainwatch.alerts.rules import Rule, RuleSet, render_template
@@ -72,12 +72,18 @@ class Transition:
     silenced: bool
 
 
+class Notifier(Protocol):
+    """Where transitions go (alerts/notify.py): the journal, webhooks, Alertmanager."""
+
+    def notify(self, kind: str, alert: Alert, t: float) -> None: ...
+
+
 class Engine:
     """Evaluates a RuleSet over a History; notifies and triggers actions on transitions."""
 
     def __init__(self, ruleset: RuleSet, history: History | None = None, *,
                  runbook_base: str | None = None, silences=None,
-                 notifiers: Iterable = (), on_firing: Callable[[Alert], None] | None = None):
+                 notifiers: Iterable[Notifier] = (), on_firing: Callable[[Alert], None] | None = None):
         self.ruleset = ruleset
         self.history = history if history is not None else History()
         self.evaluator = Evaluator(self.history)

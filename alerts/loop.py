@@ -100,7 +100,9 @@ def connect_actions(engine: Engine, runner: ActionRunner, loop: EngineLoop) -> N
             if alert.fingerprint in in_flight:
                 return
             in_flight.add(alert.fingerprint)
-        req = ActionRequest(alert.name, alert.rule.action, dict(alert.labels),
+        action = alert.rule.action
+        assert action, "only the alerts of rules with an action are handed over"
+        req = ActionRequest(alert.name, action, dict(alert.labels),
                             alert.fingerprint, rfc3339(alert.active_at), "engine",
                             dict(alert.annotations))
         # Acting (evidence, stopping the job) takes seconds; evaluation must not wait.

@@ -52,10 +52,12 @@ class JournalNotifier:
 
 def webhook_alert(alert: Alert, kind: str, t: float) -> dict[str, Any]:
     """One alert in Alertmanager's webhook (version 4) shape."""
+    ends_at = "0001-01-01T00:00:00Z"
+    if kind == "resolved":
+        assert alert.resolved_at is not None, "the engine resolves an alert at a time"
+        ends_at = rfc3339(alert.resolved_at)
     return {"status": kind, "labels": alert.labels, "annotations": alert.annotations,
-            "startsAt": rfc3339(alert.active_at),
-            "endsAt": rfc3339(alert.resolved_at) if kind == "resolved" else
-            "0001-01-01T00:00:00Z",
+            "startsAt": rfc3339(alert.active_at), "endsAt": ends_at,
             "generatorURL": "", "fingerprint": alert.fingerprint}
 
 
@@ -92,7 +94,10 @@ class AlertmanagerNotifier:
     def _body(self, alerts: list[Alert], t: float) -> list[dict[str, Any]]:
         out = []
         for a in alerts:
-            ends = a.resolved_at if a.state == "inactive" else t + 4 * self.resend_seconds
+            ends = t + 4 * self.resend_seconds
+            if a.state == "inactive":
+                assert a.resolved_at is not None, "the engine resolves an alert at a time"
+                ends = a.resolved_at
             out.append({"labels": a.labels, "annotations": a.annotations,
                         "startsAt": rfc3339(a.active_at), "endsAt": rfc3339(ends),
                         "generatorURL": self.generator_url})

@@ -132,6 +132,7 @@ class Receiver:
     @property
     def url(self) -> str:
         host, port = self.server.server_address[:2]
+        assert isinstance(host, str), "an IP server's address is (host, port)"
         return f"http://{host}:{port}"
 
     def start(self) -> "Receiver":

@@ -134,6 +134,7 @@ def _default_thresholds() -> tuple[dict[str, Any], Lines]:
     values: dict[str, Any] = {}
     lines: Lines = {}
     root = _compose(THRESHOLDS_FILE)
+    assert root is not None, "the packaged thresholds file is not empty"
     for key, node, line in _mapping(root, THRESHOLDS_FILE, "the thresholds file"):
         values[key] = _value(node, THRESHOLDS_FILE)
         lines[(key,)] = line
@@ -298,7 +299,9 @@ def render_template(template: str, labels: dict[str, str], value: float) -> str:
         label = _ALLOWED_ACTIONS[0].match(body)
         if label:
             return labels.get(label.group(1), "")
-        digits = int(_ALLOWED_ACTIONS[1].match(body).group(1))
+        printf = _ALLOWED_ACTIONS[1].match(body)
+        assert printf, "load_rules lets no other template action through"
+        digits = int(printf.group(1))
         if value != value:
             return "NaN"
         if value in (float("inf"), float("-inf")):

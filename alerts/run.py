@@ -29,7 +29,7 @@ from trainwatch.agent.config import load_config as load_agent_config
 from trainwatch.alerts.actions import ActionRunner, Policy
 from trainwatch.alerts.command import TELEMETRY_GRACE_SECONDS, TelemetryWatch, supervised_job
 from trainwatch.alerts.controller import JobController, train_command
-from trainwatch.alerts.engine import Engine
+from trainwatch.alerts.engine import Engine, Notifier
 from trainwatch.alerts.evaluate import History
 from trainwatch.alerts.loop import EngineLoop, connect_actions
 from trainwatch.alerts.notify import AlertmanagerNotifier, JournalNotifier, WebhookNotifier
@@ -185,7 +185,7 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     run_ = controller.run
     interval = parse_duration(ruleset.thresholds["evaluation_interval"])
     history = History()
-    notifiers = [JournalNotifier(str(run_.root))]
+    notifiers: list[Notifier] = [JournalNotifier(str(run_.root))]
     notifiers += [WebhookNotifier(url) for url in webhook]
     if alertmanager:
         notifiers.append(AlertmanagerNotifier(alertmanager))

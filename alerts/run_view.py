@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from rich import box
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
@@ -39,12 +39,12 @@ class Progress:
     def update(self, run: RunDir, now: float | None = None) -> "Progress":
         now = time.time() if now is None else now
         self.ranks = run.statuses().records
-        steps = [_done(s) for s in self.ranks]
-        steps = [s for s in steps if s is not None]
+        done = [_done(s) for s in self.ranks]
+        steps = [s for s in done if s is not None]
         if steps:
-            self.step = min(steps)  # the job is as far as its slowest rank
-            if self._first is None or self.step < self._first[1]:
-                self._first = (now, self.step)  # first sight, or a restart went back
+            step = self.step = min(steps)  # the job is as far as its slowest rank
+            if self._first is None or step < self._first[1]:
+                self._first = (now, step)  # first sight, or a restart went back
         metrics = [s.get("metrics") or {} for s in self.ranks if s.get("rank") == 0]
         if metrics:
             self.loss = _number(metrics[0].get("loss"))
@@ -106,7 +106,8 @@ def live_view(run: RunDir, engine: Engine, progress: Progress, started: float,
     header = Text(f"trainwatch run · {run.root} · {elapsed}", style="bold")
     header.append(f"   agent {agent_url}" if agent_url else "   agent not running",
                   style="dim")
-    parts = [header, _progress(progress), _ranks(progress), _alerts(engine), _actions(run)]
+    parts: list[RenderableType] = [header, _progress(progress), _ranks(progress),
+                                   _alerts(engine), _actions(run)]
     return Group(*parts)
 
 

@@ -217,7 +217,7 @@ def check_dashboard(dashboard: dict[str, Any]) -> list[Problem]:
     if not ds or ds.get("type") != "datasource" or ds.get("query") != "prometheus":
         found.append(Problem(name, "dashboard", "needs a 'datasource' variable of type "
                                                 "datasource (prometheus)"))
-    titles: set[str] = set()
+    titles: set[object] = set()  # as the JSON has them
     for panel in panels(dashboard):
         if panel.get("type") == "row":
             continue
@@ -240,7 +240,7 @@ def check_dashboard(dashboard: dict[str, Any]) -> list[Problem]:
 
 def overlaps(dashboard: dict[str, Any]) -> list[Problem]:
     name = dashboard.get("uid") or "?"
-    placed = []
+    placed: list[tuple[object, tuple[Any, Any, Any, Any]]] = []  # (title, x y w h)
     found = []
     for panel in dashboard.get("panels") or []:  # gridPos of top-level panels share a grid
         g = panel.get("gridPos") or {}

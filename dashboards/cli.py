@@ -91,7 +91,7 @@ def check(paths: tuple[str, ...], prometheus_url: str | None, as_json: bool) -> 
     PATHS are dashboard JSON files or folders of them; default: the shipped dashboards.
     """
     from trainwatch.dashboards.check import check_dashboard, check_with_prometheus, queries
-    report = []
+    report: list[dict[str, Any]] = []
     for d in _load(paths):
         problems = check_dashboard(d)
         if prometheus_url and not problems:

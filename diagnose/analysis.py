@@ -352,9 +352,11 @@ def check_outside_collective(a: Analysis) -> list[Finding]:
             evidence.append("no stack for this rank (see 'could not see')")
         cause = causes.rank_cause(a.ev.ranks[rank], a.ev.stacks.get(rank))
         evidence += cause_lines(cause, stack)
-        where = _CAUSE_WHERE.get((cause or {}).get("kind"), where)
-        category = "storage" if (where.startswith("file I/O") or (cause or {}).get(
-            "kind") == "disk_io") and a.proc(rank) == "disk_sleep" else "rank_stuck"
+        kind = cause.get("kind") if cause else None
+        if isinstance(kind, str):
+            where = _CAUSE_WHERE.get(kind, where)
+        category = "storage" if (where.startswith("file I/O") or kind == "disk_io") and a.proc(
+            rank) == "disk_sleep" else "rank_stuck"
         title = (f"rank {rank} is stuck outside a collective, in {where}, while the "
                  "others wait" + (f": {causes.describe(cause)}" if cause else ""))
         elsewhere = [(pg, g) for pg, g in a.groups.items() if rank in g["waiting"]]
@@ -465,7 +467,7 @@ def check_straggler(a: Analysis) -> list[Finding]:
         late = g.get("lateness") or {}
         if len(late) < 2 or not step:
             continue
-        rank = max(late, key=late.get)
+        rank = max(late, key=lambda r: late[r])
         if late[rank] >= max(STRAGGLER_LATENESS_RATIO * step, STRAGGLER_LATENESS_FLOOR):
             others = statistics.median(v for r, v in late.items() if r != rank)
             return [_straggler(a, rank, [
@@ -511,7 +513,7 @@ _AGENT_KINDS = (  # agent finding kind / node evidence -> (category, runbook)
 
 def check_node_evidence(a: Analysis) -> list[Finding]:
     """Node problems the agents report, attached to the ranks on those nodes."""
-    findings = []
+    findings: list[Finding] = []
     for f in agents.node_findings(a.ev):
         kind = str(f.get("kind", ""))
         if kind == "stall":

@@ -97,35 +97,39 @@ def find_deadlock(threads: list[dict[str, Any]],
     the kernel facts are not readable), so a thread that merely passes a ``with`` line
     is not taken for a waiter.
     """
-    info = {}
+    info: dict[int | str | None, dict[str, Any]] = {}  # by tid, else by name
     for t in threads:
         facts = thread_locks(t.get("frames") or [])
-        k = kernel.get(t.get("tid")) if t.get("tid") is not None else None
+        tid = t.get("tid")
+        k = kernel.get(tid) if tid is not None else None
         blocked = (k is None or k.get("state") in ("S", "D")) and \
             (k is None or (k.get("wait") or {}).get("kind") in ("futex", None))
         if facts["awaited"] and blocked:
-            info[t.get("tid") or t.get("name")] = {**facts, "thread": t}
-    holder_of: dict[str, Any] = {}
-    for key, facts in info.items():
+            info[tid or t.get("name")] = {**facts, "thread": t}
+    holder_of: dict[str, int | str | None] = {}
+    for holder, facts in info.items():
         for h in facts["held"]:
-            holder_of.setdefault(h["lock"], key)
+            holder_of.setdefault(h["lock"], holder)
     for start in info:
-        chain, key = [], start
+        chain: list[int | str | None] = []
+        key: int | str | None = start
         while key in info and key not in chain:
             chain.append(key)
             key = holder_of.get(info[key]["awaited"]["lock"])
         if key == start and len(chain) >= 2:
             links = []
-            for i, k in enumerate(chain):
+            for i, member in enumerate(chain):
                 nxt = chain[(i + 1) % len(chain)]
-                lock = info[k]["awaited"]["lock"]
+                waits = kernel.get(member) if isinstance(member, int) else None  # tid unknown
+                lock = info[member]["awaited"]["lock"]
                 taken = next(h for h in info[nxt]["held"] if h["lock"] == lock)
+                awaited = info[member]["awaited"]
                 links.append({
-                    "thread": _who(info[k]["thread"]), "waits_for": lock,
-                    "at": f"{info[k]['awaited']['file']}:{info[k]['awaited']['line']}",
+                    "thread": _who(info[member]["thread"]), "waits_for": lock,
+                    "at": f"{awaited['file']}:{awaited['line']}",
                     "held_by": _who(info[nxt]["thread"]),
                     "taken_at": f"{taken['file']}:{taken['line']}",
-                    "kernel": (kernel.get(k) or {}).get("wchan")})
+                    "kernel": (waits or {}).get("wchan")})
             return {"kind": "deadlock", "threads": links}
     return None
 

@@ -94,7 +94,7 @@ def recent_steps(path: Path, root: Path | None = None) -> dict[str, Any]:
         for name, seconds in (recorded.items() if isinstance(recorded, dict) else ()):
             if isinstance(seconds, (int, float)) and not isinstance(seconds, bool):
                 phases.setdefault(str(name), []).append(seconds)
-    losses = [s.get("loss") for s in steps if isinstance(s.get("loss"), (int, float))]
+    losses = [loss for s in steps if isinstance(loss := s.get("loss"), (int, float))]
     return {"steps": len(steps), "last_step": steps[-1].get("step"),
             "step_time": median("step_time_seconds"), "data_wait": median("data_wait_seconds"),
             "phases": {k: statistics.median(v) for k, v in phases.items()},

@@ -27,7 +27,7 @@ def gather(ev: Evidence, timeout: float, native: bool = False) -> None:
     if live and pyspy is None:
         ev.cannot_see("py-spy is not installed: stacks only from ranks that answer "
                       "control/dump (pip install py-spy)")
-    elif live:
+    elif live and pyspy is not None:
         with ThreadPoolExecutor(max_workers=min(8, len(live))) as pool:
             futures = {r: pool.submit(py_spy_dump, pyspy, v["pid"], timeout, native,
                                       v["process"].get("status") == "stopped")

@@ -11,6 +11,7 @@ from typing import Any
 
 from rich import box
 from rich.console import Console
+from rich.status import Status
 from rich.table import Table
 from rich.text import Text
 
@@ -112,8 +113,8 @@ class Progress:
         self.console = console
         self.drill = drill
         self.name = drill.name
-        self.status = None
-        self._last: str | None = None
+        self.status: Status | None = None
+        self._last: list[str] | None = None
 
     def __enter__(self) -> "Progress":
         if self.console.is_terminal:

@@ -70,7 +70,7 @@ def stop_tree(proc: subprocess.Popen, grace: float = STOP_GRACE_SECONDS) -> None
 
 def snapshot(run: RunDir, started: float, watcher: FindingsWatcher) -> dict[str, Any]:
     """What the progress display shows: time, step, and the story so far."""
-    steps = [s.get("step") for s in run.statuses().records if isinstance(s.get("step"), int)]
+    steps = [step for s in run.statuses().records if isinstance(step := s.get("step"), int)]
     events = run.events("fault_injected", "alert_firing", "action_taken", "job_started",
                         "checkpoint_resumed", "finished")
     return {"elapsed": time.time() - started, "step": max(steps) if steps else None,

@@ -203,7 +203,7 @@ def _elapsed(record: dict[str, Any]) -> float | None:
 
 
 def _detection(drill: Drill, run: RunDir, events, findings, t0: float) -> dict[str, Any]:
-    signals = []
+    signals: list[dict[str, Any]] = []
     for signal in drill.detect:
         times = _signal_times(signal, run, events, findings, t0)
         signals.append({**signal.to_json(), "at": times[0] if times else None,

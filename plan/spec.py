@@ -94,6 +94,7 @@ class PlanSpec:
     def total_tokens(self) -> float:
         if self.tokens is not None:
             return self.tokens
+        assert self.steps is not None, "make_plan sets the tokens of a spec without steps"
         return float(self.steps * self.tokens_per_step)
 
     @property

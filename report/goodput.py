@@ -188,7 +188,8 @@ class _Painter:
                         yield start, end, "recomputed", self.incident_of(discarder - 1)
                         continue
                 length = end - start
-                excess = length - typical if budget is not None and length > budget else 0.0
+                excess = (length - typical if typical is not None and budget is not None
+                          and length > budget else 0.0)  # a budget comes with a typical step
                 useful = length - excess
                 seconds = end - x_start
                 wait = useful * (waits[i] / seconds) if seconds > 0 else 0.0
