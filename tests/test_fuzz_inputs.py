@@ -2,7 +2,8 @@
 
 Property for every target: no uncaught exception. A reader of the run directory skips what
 it cannot use and says why (a SKIP_REASONS code); a config, rules, thresholds or test-file
-loader raises ConfigError naming the file (exit 2); the payload parser raises PayloadError
+loader raises ConfigError naming the file (exit 2); the dashboards and checkpoint commands
+report a file or name it, on any dashboard JSON or manifest; the payload parser raises PayloadError
 (400); an HTTP server answers every request and keeps serving. Examples per target are in
 ``EXAMPLES`` (a few seconds each); ``TRAINWATCH_FUZZ_SCALE=10`` runs ten times as many.
 """
@@ -27,7 +28,7 @@ SCALE = float(os.environ.get("TRAINWATCH_FUZZ_SCALE", "1"))
 EXAMPLES = {"status": 100, "jsonl": 100, "journal_collector": 40, "trainer_config": 100,
             "overrides": 200, "agent_config": 100, "rules": 60, "thresholds": 100,
             "test_file": 60, "payload": 200, "receiver_http": 40, "agent_http": 40,
-            "dashboard": 100}
+            "dashboard": 100, "manifest": 100, "cost_config": 100, "preflight_config": 100}
 
 
 def fuzz(target: str):
@@ -150,6 +151,21 @@ def test_trainer_config_any_bytes_is_loaded_or_a_config_error(tmp_path_factory, 
     loaded_or_config_error(tmp_path_factory, "train.yaml", data, load_config)
 
 
+@fuzz("cost_config")
+@given(data=documents(["gpu_hour_price", "gpus", "accelerators_per_rank", "price"]))
+def test_report_cost_config_any_bytes_is_loaded_or_a_config_error(tmp_path_factory, data):
+    from trainwatch.report.cost import load_settings
+    loaded_or_config_error(tmp_path_factory, "cost.yaml", data, load_settings)
+
+
+@fuzz("preflight_config")
+@given(data=documents(["gpu", "storage", "host", "network", "software", "sys_root",
+                       "proc_root", "paths", "min_free_bytes", "min_free_gib", "timeout"]))
+def test_preflight_config_any_bytes_is_loaded_or_a_config_error(tmp_path_factory, data):
+    from trainwatch.preflight.settings import load_settings
+    loaded_or_config_error(tmp_path_factory, "preflight.yaml", data, load_settings)
+
+
 @fuzz("overrides")
 @given(key=st.one_of(st.sampled_from(["train.seed", "optim.lr", "model.layers",
                                       "checkpoint.every_steps", "data.shuffle_seed",
@@ -242,6 +258,34 @@ def test_dashboard_check_any_json_is_checked_or_a_config_error(tmp_path_factory,
     crashed = done.exception is not None and not isinstance(done.exception,
                                                             (SystemExit, ConfigError))
     assert not crashed, (done.output, done.exception)
+
+
+@fuzz("manifest")
+@given(manifest=st.one_of(
+    st.binary(max_size=300),
+    st.fixed_dictionaries(
+        {"format": st.just("trainwatch.checkpoint"), "version": st.just(1)},
+        optional={"step": st.one_of(st.just(10), json_values),
+                  "files": st.one_of(st.just({"model.pt": {"sha256": "0" * 64, "bytes": 3}}),
+                                     json_values),
+                  "shared": json_values, "world_size": json_values,
+                  "created_at": json_values, "config_hash": json_values,
+                  "reason": json_values}).map(lambda d: json.dumps(d).encode())))
+def test_checkpoint_commands_read_any_manifest(tmp_path_factory, manifest):
+    """A checkpoint folder whose manifest.json holds any bytes: list, verify and digest
+    report it (0/1) or name it (2), never a traceback."""
+    from click.testing import CliRunner
+    from trainwatch.trainer.checkpoint.cli import checkpoint
+    folder = tmp_path_factory.mktemp("ckpt")
+    step = folder / "step-00000010"
+    step.mkdir()
+    (step / "model.pt").write_bytes(b"abc")
+    (step / "manifest.json").write_bytes(manifest)
+    for command in ("list", "verify", "digest"):
+        done = CliRunner().invoke(checkpoint, [command, "--json", str(folder)])
+        crashed = done.exception is not None and not isinstance(done.exception,
+                                                                (SystemExit, ConfigError))
+        assert not crashed, (command, done.output, done.exception)
 
 
 def test_a_fifo_as_any_config_file_is_an_error_not_a_hang(tmp_path):
