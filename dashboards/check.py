@@ -54,6 +54,67 @@ class Query:
     ref: str = ""  # the target's refId
 
 
+def malformed(dashboard: dict[str, Any]) -> str | None:
+    """The first key whose value the checks cannot use (``panels[2].title: ...``), or None.
+
+    Grafana's own JSON, from any file: a title that is a list or a target that is a
+    string is bad input to name, not a traceback.
+    """
+    def texts(obj: dict[str, Any], keys: tuple[str, ...], where: str) -> str | None:
+        bad = next((k for k in keys if not isinstance(obj.get(k), (str, type(None)))), None)
+        return None if bad is None else f"{where}{bad}: not a string"
+
+    def objects(obj: dict[str, Any], key: str, where: str) -> tuple[str | None, list]:
+        value = obj.get(key)
+        if value is None:
+            return None, []
+        if not isinstance(value, list):
+            return f"{where}{key}: not a list", []
+        bad = next((i for i, v in enumerate(value) if not isinstance(v, dict)), None)
+        return (None, value) if bad is None else (f"{where}{key}[{bad}]: not an object", [])
+
+    def panel(p: dict[str, Any], where: str, nested: bool) -> str | None:
+        found = texts(p, ("title", "type"), where)
+        grid = p.get("gridPos")
+        if grid is not None and not (isinstance(grid, dict) and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool)
+                for k, v in grid.items() if k in ("x", "y", "w", "h"))):
+            found = found or f"{where}gridPos: not an object of numbers x, y, w, h"
+        bad, targets = objects(p, "targets", where)
+        found = found or bad
+        for i, t in enumerate(targets):
+            found = found or texts(t, ("expr", "legendFormat", "refId"), f"{where}targets[{i}].")
+        if not nested:
+            bad, inner = objects(p, "panels", where)
+            found = found or bad
+            for i, q in enumerate(inner):
+                found = found or panel(q, f"{where}panels[{i}].", True)
+        return found
+
+    found = texts(dashboard, ("uid", "title"), "")
+    bad, top = objects(dashboard, "panels", "")
+    found = found or bad
+    for i, p in enumerate(top):
+        found = found or panel(p, f"panels[{i}].", False)
+    for section, keys in (("templating", ("name", "type")), ("annotations", ("name", "expr"))):
+        value = dashboard.get(section)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            return found or f"{section}: not an object"
+        bad, items = objects(value, "list", f"{section}.")
+        found = found or bad
+        for i, item in enumerate(items):
+            where = f"{section}.list[{i}]."
+            found = found or texts(item, keys, where)
+            query = item.get("query")
+            if section == "templating" and isinstance(query, dict):
+                found = found or texts(query, ("query",), f"{where}query.")
+            elif section == "templating" and query is not None and not isinstance(query, str):
+                found = found or f"{where}query: not a string or an object"
+    return found
+
+
 def panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Every panel, those inside (collapsed) rows too."""
     for panel in dashboard.get("panels") or []:
@@ -72,7 +133,7 @@ def queries(dashboard: dict[str, Any]) -> Iterator[Query]:
         if var.get("type") != "query":
             continue
         text = var.get("query")
-        text = text.get("query", "") if isinstance(text, dict) else text or ""
+        text = (text.get("query") if isinstance(text, dict) else text) or ""
         m = _LABEL_VALUES.match(text)
         where = f"variable '{var.get('name')}'"
         if m:

@@ -21,6 +21,7 @@ _runbook_opt = click.option("--runbook-base", default=None,
 def _load(paths: tuple[str, ...], runbook_base: str | None = None) -> list[dict[str, Any]]:
     """Dashboards from JSON files (or folders of them), else built from the source."""
     from trainwatch.alerts.rules import DEFAULT_RUNBOOK_BASE
+    from trainwatch.dashboards.check import malformed
     from trainwatch.dashboards.generate import build_all
     if not paths:
         return build_all(runbook_base or DEFAULT_RUNBOOK_BASE)
@@ -36,6 +37,10 @@ def _load(paths: tuple[str, ...], runbook_base: str | None = None) -> list[dict[
             raise ConfigError(f"not a dashboard JSON file: {exc}", file=str(f)) from None
         if not isinstance(doc, dict) or not isinstance(doc.get("panels"), list):
             raise ConfigError("not a Grafana dashboard (no 'panels' list)", file=str(f))
+        bad = malformed(doc)
+        if bad is not None:
+            key, _, what = bad.partition(": ")
+            raise ConfigError(f"not a usable Grafana dashboard: {what}", file=str(f), key=key)
         out.append(doc)
     return out
 

@@ -229,6 +229,9 @@ def test_cli_check_fails_on_a_dashboard_with_an_unknown_metric(tmp_path, dashboa
     (tmp_path / "torn.json").write_text('{"panels": [')
     out = _cli("check", str(tmp_path / "torn.json"))
     assert out.returncode == 2 and "torn.json" in out.stderr and "not a dashboard JSON" in out.stderr
+    (tmp_path / "odd.json").write_text('{"uid": "x", "panels": [{"title": ["a"]}]}')
+    out = _cli("check", str(tmp_path / "odd.json"))
+    assert out.returncode == 2 and "odd.json, key 'panels[0].title'" in out.stderr, out.stderr
     out = _cli("check", "--prometheus", "http://127.0.0.1:9")
     assert out.returncode == 2 and "cannot query Prometheus at http://127.0.0.1:9" in out.stderr
 

@@ -26,7 +26,8 @@ from trainwatch.rundir import SKIP_REASONS, RunDir, read_jsonl
 SCALE = float(os.environ.get("TRAINWATCH_FUZZ_SCALE", "1"))
 EXAMPLES = {"status": 100, "jsonl": 100, "journal_collector": 40, "trainer_config": 100,
             "overrides": 200, "agent_config": 100, "rules": 60, "thresholds": 100,
-            "test_file": 60, "payload": 200, "receiver_http": 40, "agent_http": 40}
+            "test_file": 60, "payload": 200, "receiver_http": 40, "agent_http": 40,
+            "dashboard": 100}
 
 
 def fuzz(target: str):
@@ -207,6 +208,40 @@ def test_alert_test_files_replay_or_raise_a_config_error(tmp_path_factory, data)
     from trainwatch.alerts.rules import load_rules
     loaded_or_config_error(tmp_path_factory, "alerts.test.yaml", data,
                            lambda path: replay_file(load_rules(), path))
+
+
+def _paths(doc, prefix=()):
+    """Every place in a JSON document, as a tuple of keys and indexes."""
+    yield prefix
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) \
+        else ()
+    for key, value in items:
+        yield from _paths(value, prefix + (key,))
+
+
+@fuzz("dashboard")
+@given(data=st.data())
+def test_dashboard_check_any_json_is_checked_or_a_config_error(tmp_path_factory, data):
+    """A shipped dashboard with a few values swapped for any JSON: `dashboards check`
+    reports problems (0/1) or names the file and key (2), never a traceback."""
+    import copy
+    from click.testing import CliRunner
+    from trainwatch.alerts.rules import DEFAULT_RUNBOOK_BASE
+    from trainwatch.dashboards.cli import dashboards
+    from trainwatch.dashboards.generate import build_all
+    doc = copy.deepcopy(data.draw(st.sampled_from(build_all(DEFAULT_RUNBOOK_BASE))))
+    for _ in range(data.draw(st.integers(1, 3))):
+        path = data.draw(st.sampled_from([p for p in _paths(doc) if p]))
+        parent = doc
+        for key in path[:-1]:
+            parent = parent[key]
+        parent[path[-1]] = data.draw(json_values)
+    file = tmp_path_factory.mktemp("dash") / "board.json"
+    file.write_text(json.dumps(doc))
+    done = CliRunner().invoke(dashboards, ["check", "--json", str(file)])
+    crashed = done.exception is not None and not isinstance(done.exception,
+                                                            (SystemExit, ConfigError))
+    assert not crashed, (done.output, done.exception)
 
 
 def test_a_fifo_as_any_config_file_is_an_error_not_a_hang(tmp_path):
