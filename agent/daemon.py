@@ -3,6 +3,7 @@ and handles signals (SIGHUP reloads the config, SIGTERM/SIGINT stop cleanly)."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import threading
@@ -51,6 +52,11 @@ class Agent:
             raise listen_error(exc, host, port, key="listen" if from_file else "--listen",
                                file=from_file or None) from None
         self.runner.start()
+        # What the agent has loaded by now (modules, config, collectors: ~50k objects)
+        # lives as long as it does: frozen out of the cyclic collector's way, a full
+        # collection walks only what was made since (at 64 ranks it had taken ~17 ms,
+        # every ~30 s, of a process that collects every second).
+        gc.freeze()
         self.server.serve_in_thread()
         log.warning("trainwatch agent serving on http://%s (/metrics /status /healthz)",
                     self.address)

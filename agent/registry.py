@@ -31,7 +31,7 @@ def label_values(labels: dict[str, Any]) -> dict[str, str]:
 @dataclass(frozen=True)
 class Deferred:
     """A run's samples: those made during the run, then those its producers build when
-    read (``Result.defer``, ``Result.add_later``)."""
+    read (``Result.defer``)."""
 
     made: tuple[Sample, ...]
     later: tuple[Callable[[], list[Sample]], ...]
@@ -56,7 +56,6 @@ class Result:
     state: str = "ok"
     reason: str | None = None
     later: list[Callable[[], list[Sample]]] = field(default_factory=list)
-    _rows: list[tuple[str, float, dict[str, Any]]] = field(default_factory=list, repr=False)
 
     def add(self, metric: str, value: float | int | bool | None, /, **labels: Any) -> None:
         """Add a sample; ``None`` values are unknown and are not exported."""
@@ -70,19 +69,6 @@ class Result:
         (a collector exporting dozens of series per rank builds them once per rank)."""
         if value is not None:
             self.samples.append(Sample(metric, labels, float(value)))
-
-    def add_later(self, metric: str, value: float | int | bool | None, /, **labels: Any) -> None:
-        """``add``, with the label set made only when a scrape reads the sample (for the
-        per-rank series a collector refreshes every second)."""
-        if value is None:
-            return
-        if not self._rows:
-            self.later.append(self._row_samples)
-        self._rows.append((metric, float(value), labels))
-
-    def _row_samples(self) -> list[Sample]:
-        return [Sample(metric, label_values(labels), value)
-                for metric, value, labels in self._rows]
 
     def defer(self, produce: Callable[[], list[Sample]]) -> None:
         """Samples to build only if someone reads them: a collector that runs every second

@@ -10,16 +10,19 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
+from functools import partial
 from typing import Any
 
 from trainwatch.agent.incident import group
-from trainwatch.agent.registry import Collector, Result, register
+from trainwatch.agent.registry import Collector, Result, Sample, label_values, register
 from trainwatch.host.procinfo import describe_wait, main_thread_wait
 from trainwatch.agent.stall import StallDetector, phase_holds
 from trainwatch.agent.straggler import JobStragglers
 from trainwatch.contract.states import STALL_KINDS
 
 _THERMAL = ("hw_thermal", "sw_thermal")
+_NO_LABELS: dict[str, str] = {}
+_KIND_LABELS = {kind: {"kind": kind} for kind in STALL_KINDS}
 _POWER = ("hw_power_brake", "sw_power_cap")
 
 
@@ -85,11 +88,12 @@ class FindingsCollector(Collector):
                 keep.add(key)
                 labels = {"run": job["job"], "node": self.ctx.node, "rank": rank["rank"],
                           "local_rank": rank.get("local_rank", "")}
-                verdict = self._stall(key, job, rank, labels, elapsed, holders, result,
-                                      current)
+                rows: list[tuple[str, float, dict[str, Any]]] = []
+                verdict = self._stall(key, job, rank, rows, elapsed, holders, current)
                 if verdict.stalled:
                     stalled.append((rank, verdict))
-                straggler = self._straggler(tracker, job, rank, labels, result, current)
+                straggler = self._straggler(tracker, job, rank, rows, current)
+                result.defer(partial(_rank_series, labels, rows))
                 verdicts[f"{job['job']}/{rank['rank']}"] = {
                     "stall": {"budget_seconds": verdict.budget, "stalled": verdict.stalled,
                               "kind": verdict.kind},
@@ -107,16 +111,16 @@ class FindingsCollector(Collector):
         return result
 
     # -- stalls ----------------------------------------------------------------------
-    def _stall(self, key, job, rank, labels, elapsed, holders, result, current):
+    def _stall(self, key, job, rank, rows, elapsed, holders, current):
         verdict = self.stalls.check(key, rank, elapsed, holders)
-        result.add_later("trainwatch_rank_stalled", verdict.stalled, **labels)
-        result.add_later("trainwatch_rank_stall_seconds",
-                   verdict.stalled_for if verdict.stalled else 0.0, **labels)
-        result.add_later("trainwatch_rank_stall_budget_seconds", verdict.budget, **labels)
+        rows += (("trainwatch_rank_stalled", verdict.stalled, _NO_LABELS),
+                 ("trainwatch_rank_stall_seconds",
+                  verdict.stalled_for if verdict.stalled else 0.0, _NO_LABELS),
+                 ("trainwatch_rank_stall_budget_seconds", verdict.budget, _NO_LABELS))
         fid = f"stall/{job['job']}/{rank['rank']}"
         if verdict.stalled:
             phase = rank.get("phase") or ""
-            result.add_later("trainwatch_rank_stall_info", 1, **labels, kind=verdict.kind, phase=phase)
+            rows.append(("trainwatch_rank_stall_info", 1, {"kind": verdict.kind, "phase": phase}))
             previous = self.active.get(fid)
             if previous is None or previous.get("stall_kind") != verdict.kind:
                 counter_key = (job["job"], rank["rank"], verdict.kind)
@@ -132,9 +136,9 @@ class FindingsCollector(Collector):
                             f"{phase or '?'} at step {rank.get('step')}; no progress for "
                             f"{verdict.stalled_for:.1f} s (budget {verdict.budget:.1f} s)")}
         for kind in STALL_KINDS:
-            result.add_later("trainwatch_rank_stalls_total",
-                       self.stall_counts.get((job["job"], rank["rank"], kind), 0), **labels,
-                       kind=kind)
+            rows.append(("trainwatch_rank_stalls_total",
+                         self.stall_counts.get((job["job"], rank["rank"], kind), 0),
+                         _KIND_LABELS[kind]))
         return verdict
 
     def _incident(self, job, stalled, now, result, current) -> None:
@@ -177,7 +181,7 @@ class FindingsCollector(Collector):
                         f"this node wait{'' if incident.culprits else ' (culprit unknown here)'}")}
 
     # -- stragglers ------------------------------------------------------------------
-    def _straggler(self, tracker, job, rank, labels, result, current) -> dict[str, Any] | None:
+    def _straggler(self, tracker, job, rank, rows, current) -> dict[str, Any] | None:
         scores = tracker.last_scores
         r = rank["rank"]
         if scores is None or r not in scores.ratio:
@@ -186,20 +190,20 @@ class FindingsCollector(Collector):
         active = bool(track and track.active)
         # The level the verdict follows (median of recent windows), not one noisy window.
         ratio = track.level if track and track.level is not None else scores.ratio[r]
-        result.add_later("trainwatch_straggler_score", scores.score[r], **labels)
-        result.add_later("trainwatch_straggler_time_ratio", ratio, **labels)
-        result.add_later("trainwatch_straggler_slow_windows", track.slow_windows if track else 0,
-                   **labels)
-        result.add_later("trainwatch_straggler_active", active, **labels)
+        rows += (("trainwatch_straggler_score", scores.score[r], _NO_LABELS),
+                 ("trainwatch_straggler_time_ratio", ratio, _NO_LABELS),
+                 ("trainwatch_straggler_slow_windows", track.slow_windows if track else 0,
+                  _NO_LABELS),
+                 ("trainwatch_straggler_active", active, _NO_LABELS))
         local = (job.get("timing") or {}).get("local") or {}
         if r in local:
-            result.add_later("trainwatch_rank_local_seconds", local[r], **labels)
+            rows.append(("trainwatch_rank_local_seconds", local[r], _NO_LABELS))
         summary = {"ratio": round(ratio, 4), "window_ratio": round(scores.ratio[r], 4),
                    "score": round(scores.score[r], 3),
                    "slow_windows": track.slow_windows if track else 0, "active": active}
         if active:
             cause, evidence = self._cause(job, rank)
-            result.add_later("trainwatch_straggler_info", 1, **labels, cause=cause)
+            rows.append(("trainwatch_straggler_info", 1, {"cause": cause}))
             fid = f"straggler/{job['job']}/{r}"
             current[fid] = {
                 "id": fid, "kind": "straggler", "severity": "warning", "job": job["job"],
@@ -304,3 +308,12 @@ class FindingsCollector(Collector):
             if fid not in current:
                 self.cleared.append({**finding, "cleared_at": now})
         self.active = current
+
+
+def _rank_series(labels: dict[str, Any], rows: list[tuple[str, Any, dict[str, Any]]]
+                 ) -> list[Sample]:
+    """One rank's stall and straggler series from the rows a judgement took (built when
+    a scrape reads them: a row per series is cheaper than a sample every second)."""
+    base = label_values(labels)
+    return [Sample(metric, {**base, **label_values(extra)} if extra else base, float(value))
+            for metric, value, extra in rows if value is not None]
