@@ -102,8 +102,8 @@ def _with_beat(s: dict[str, Any], beat: dict[str, Any] | None):
     The beat file is written in place right after the status file, so it is as new as
     the status when both work, and newer when the status cannot be written (full disk)
     or was read a few seconds ago (``RankFiles``): then its heartbeat, step and phase are
-    the rank's truth. Only a beat of the same
-    process counts (a stale one of an earlier start is ignored).
+    the rank's truth. Only a beat of the same process counts (a stale one of an earlier
+    start is ignored).
     """
     if beat is None or beat.get("pid") != s.get("pid") or beat.get("rank") != s["rank"]:
         return s, None
