@@ -12,7 +12,7 @@ status parsed every few seconds instead.
 A status is read again at once when its beat says it may have changed in a way the beat
 does not carry: no usable beat, a beat of another process (a restart) or in another
 state, a beat that has not moved since the last look (the status may then be the newer
-of the two), or a step past the next timing window; otherwise every ``refresh`` seconds.
+of the two), or a beat naming a newer timing window; otherwise every ``refresh`` seconds.
 """
 
 from __future__ import annotations
@@ -77,17 +77,20 @@ class RankFiles:
         return (beat.get("pid") != record.get("pid") or beat.get("rank") != record["rank"]
                 or beat.get("state") != record.get("state")
                 or beat.get("heartbeat_at") == kept.beat_at
-                or _window_due(record.get("timing"), beat.get("step")))
+                or _new_window(record.get("timing"), beat))
 
 
-def _window_due(timing: Any, step: Any) -> bool:
-    """Has the rank stepped past the end of the next timing window? Straggler verdicts
-    count in windows (flagged within a few of them), so none may be missed; the status is
-    then read every time until it carries the new window."""
-    if not isinstance(timing, dict) or not isinstance(step, int):
-        return False
-    last, size = timing.get("step"), timing.get("window_steps")
-    return isinstance(last, int) and isinstance(size, int) and step >= last + size
+def _new_window(timing: Any, beat: dict[str, Any]) -> bool:
+    """Does the status carry a timing window the kept one does not? Straggler verdicts
+    count in windows (flagged within a few of them), so none may be missed. The beat names
+    the newest window's step (``timing_step``); a beat without it (an older writer) is
+    taken to have one once the rank steps past the end of the next window."""
+    kept = timing.get("step") if isinstance(timing, dict) else None
+    if "timing_step" in beat:
+        return beat["timing_step"] != kept
+    step, size = beat.get("step"), timing.get("window_steps") if isinstance(timing, dict) else None
+    return isinstance(kept, int) and isinstance(size, int) and isinstance(step, int) \
+        and step >= kept + size
 
 
 def _rank_of(path: str) -> int | None:

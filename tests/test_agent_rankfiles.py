@@ -16,9 +16,9 @@ def status(run: RunDir, rank: int, pid: int, **extra) -> None:
 
 
 def beat(writer: BeatWriter, rank: int, pid: int, at: float, state: str = "running",
-         step: int = 2) -> None:
+         step: int = 2, **extra) -> None:
     writer.write({"v": 1, "rank": rank, "pid": pid, "state": state, "heartbeat_at": at,
-                  "step": step, "last_progress_at": at})
+                  "step": step, "last_progress_at": at, **extra})
 
 
 def loss(files: RankFiles, run: RunDir, mono: float) -> object:
@@ -54,8 +54,33 @@ def test_status_is_read_again_only_when_the_beat_cannot_stand_in_for_it(tmp_path
         writer.close()
 
 
+def test_status_is_read_as_soon_as_the_beat_names_a_new_timing_window(tmp_path):
+    """Straggler verdicts count in windows: none may be skipped between refreshes, the
+    first ones of a run neither (a status read before its first window has no window
+    size to tell when the next is due)."""
+    run = RunDir(tmp_path / "run").create()
+    writer = BeatWriter(beat_path(run.status_dir, 0))
+    files = RankFiles(refresh=3600.0)
+    try:
+        status(run, 0, 100, loss=1.0, timing=None)
+        beat(writer, 0, 100, 1000.0, step=3, timing_step=None)
+        assert loss(files, run, 0.0) == 1.0
+        status(run, 0, 100, loss=2.0, timing={"step": 9, "window_steps": 10})
+        beat(writer, 0, 100, 1001.0, step=10, timing_step=9)
+        assert loss(files, run, 1.0) == 2.0    # the beat names a window the kept one lacks
+        status(run, 0, 100, loss=3.0, timing={"step": 9, "window_steps": 10})
+        beat(writer, 0, 100, 1002.0, step=25, timing_step=9)
+        assert loss(files, run, 2.0) == 2.0    # past step 19, but window 19 is not out yet
+        status(run, 0, 100, loss=4.0, timing={"step": 19, "window_steps": 10})
+        beat(writer, 0, 100, 1003.0, step=26, timing_step=19)
+        assert loss(files, run, 3.0) == 4.0
+    finally:
+        writer.close()
+
+
 def test_status_is_read_every_time_once_a_new_timing_window_is_due(tmp_path):
-    """Straggler verdicts count in windows: none may be skipped between refreshes."""
+    """A beat that does not name its window (an older writer): the status is read every
+    time once the rank steps past the end of the next window, until it carries it."""
     run = RunDir(tmp_path / "run").create()
     writer = BeatWriter(beat_path(run.status_dir, 0))
     files = RankFiles(refresh=3600.0)

@@ -760,6 +760,7 @@ class Telemetry:
                 "phase_since": s["phase_since"],
                 "phase_budget": s["phase_budgets"].get(phase),
                 "step_time_seconds": metrics.get("step_time_seconds"),
+                "timing_step": (s.get("timing") or {}).get("step"),
                 "publish_errors_total": self._publish_errors,
                 "publish_failing_since": self._publish_failing_since,
                 "last_publish_error": self._publish_error}
