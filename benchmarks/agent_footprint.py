@@ -82,6 +82,7 @@ def simulate_ranks(run: RunDir, pids: list[int], stop: threading.Event, interval
                 "v": 1, "rank": rank, "pid": pid, "state": "running", "heartbeat_at": now,
                 "step": step, "last_progress_at": now, "steps_total": step,
                 "phase": "forward", "phase_since": now, "phase_budget": None,
+                "timing_step": (timings[rank] or {}).get("step"),
                 "step_time_seconds": step_seconds, "publish_errors_total": 0,
                 "publish_failing_since": None, "last_publish_error": None})
     for writer in beats:
