@@ -165,5 +165,6 @@ def test_status_file_size_does_not_grow_with_world_size(tmp_path):
         assert job["ranks"] == world and status["timing"]["local_seconds"] == rows[-1][2]
         assert job["median"] == statistics.median(r[2] for r in rows)
         sizes[world] = tel.run.status_file(world - 1).stat().st_size
-    assert max(sizes.values()) - min(sizes.values()) <= 16, sizes  # a digit or two of ids
+    # Digits differ: ids, clock readings, the rounded ratios and scores in `recent`.
+    assert max(sizes.values()) - min(sizes.values()) <= 64, sizes
     assert max(sizes.values()) < 4096, sizes
