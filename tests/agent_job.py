@@ -60,4 +60,5 @@ for step in range(max_steps):
         if stop.item() > 0:
             break
 tel.close()
+del model  # free DDP (and its hold on the group) before exit: see examples/plain_loop.py
 dist.destroy_process_group()

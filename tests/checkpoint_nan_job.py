@@ -42,4 +42,5 @@ ckpt.close()
 (run_dir / f"result-rank-{rank}.json").write_text(json.dumps({
     "applied": applied, "grad_norm_finite": bool(torch.isfinite(norm)),
     "weights": [p.detach().flatten().tolist() for p in model.parameters()]}))
+del model  # free DDP (and its hold on the group) before exit: see examples/plain_loop.py
 dist.destroy_process_group()

@@ -48,5 +48,6 @@ for step in range(args.steps):
                     final=step == args.steps - 1)
 ckpt.close()
 tel.close()
+del model  # free DDP (and its hold on the group) before exit: see examples/plain_loop.py
 if distributed:
     dist.destroy_process_group()

@@ -325,6 +325,9 @@ class Telemetry:
         # A finished job's ranks all posted the last exchange: wait for it, or gloo aborts
         # the process at exit on the pending work; a failed rank must not wait on others.
         self._guard(lambda: self._collect_exchange(wait=state == FINISHED))
+        # Let go of the process group: a Telemetry that outlives destroy_process_group (a
+        # module-level global) must not keep gloo's worker threads running into shutdown.
+        self._exchange_group = None
         self._write_status()
         if self._beat is not None:
             self._beat.close()
