@@ -4,7 +4,8 @@ torchrun restarts failed ranks within ``--max-restarts``; when the launcher give
 up (exits non-zero) the supervisor restarts the job from its newest verified
 checkpoint through the ActionRunner, so the no-progress guard also stops crash
 loops.  A clean exit (0) means training finished; exit code 2 (bad input) is not
-restarted either.
+restarted either, nor is a job whose every rank reported ``finished`` before it exited
+non-zero (a crash in interpreter teardown, after training ended).
 """
 
 from __future__ import annotations
@@ -50,7 +51,16 @@ class Supervisor:
             if pid == self._handled_pid:
                 return
             self._handled_pid = pid
-            self.controller.run.append_event("job_exited", "engine", returncode=code, pid=pid)
+            # A job whose every rank said "finished" is not restarted for its exit code.
+            finished = code not in (0, 2) and self.controller.ranks_finished()
+            self.controller.run.append_event("job_exited", "engine", returncode=code, pid=pid,
+                                             **({"ranks_finished": True} if finished else {}))
+        if finished:
+            log.warning("the job exited with %s after every rank reported finished "
+                        "(a crash on the way out): not restarted", code)
+            self.exit_code = 0
+            self.finished.set()
+            return
         if code in (0, 2):  # finished, or bad input that a restart cannot fix
             self.exit_code = code
             self.finished.set()

@@ -477,3 +477,21 @@ def test_a_tripped_guard_clears_once_the_job_progresses_again(job):
     assert not runner.guard_tripped and changes == [True, True, False]
     (cleared,) = c.run.events("action_guard_cleared")
     assert cleared["step"] > cleared["step_at_last_restart"]
+
+
+@pytest.mark.parametrize("ranks, started, finished", [
+    ({0: "finished", 1: "finished"}, +1, True),    # every rank of this start said finished
+    ({0: "finished", 1: "running"}, +1, False),    # rank 1 crashed before its last status
+    ({0: "finished"}, +1, False),                  # rank 1 never wrote one
+    ({0: "finished", 1: "finished"}, -1, False),   # a finished run before this start
+])
+def test_a_job_counts_as_finished_only_when_every_rank_of_this_start_says_so(
+        tmp_path, ranks, started, finished):
+    c = JobController(tmp_path / "exp1", [sys.executable, "-c", "pass"])
+    c.started_at = time.time()
+    for rank, state in ranks.items():
+        c.run.write_status(rank, {"job": "exp1", "rank": rank, "pid": 10 + rank, "node": "n1",
+                                  "world_size": 2, "state": state, "step": 9,
+                                  "started_at": c.started_at + started,
+                                  "heartbeat_at": c.started_at + started})
+    assert c.ranks_finished() is finished

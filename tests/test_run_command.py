@@ -17,11 +17,11 @@ from trainwatch.rundir import RunDir
 HERE = Path(__file__).resolve().parent
 
 
-def _run(run_dir, *args, thresholds=None, **popen):
+def _run(run_dir, *args, thresholds=None, env=None, **popen):
     cmd = [sys.executable, "-m", "trainwatch", "run", "--run-dir", str(run_dir), "--no-live"]
     if thresholds:
         cmd += ["--thresholds", str(thresholds)]
-    return subprocess.Popen([*cmd, *args], env={**os.environ, "OMP_NUM_THREADS": "1"},
+    return subprocess.Popen([*cmd, *args], env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **popen)
 
 
@@ -92,3 +92,30 @@ def test_declared_saves_keep_the_guard_quiet_and_drive_checkpoint_too_old(tmp_pa
     assert any(e.get("alert") == "CheckpointTooOld" for e in run.events("alert_firing"))
     assert [e for e in run.events("action_taken") if e.get("action") == "checkpoint_now"]
     assert run.events("finished")
+
+
+@pytest.mark.slow
+def test_a_rank_that_aborts_after_finishing_is_not_restarted_one_that_aborts_before_is(
+        tmp_path):
+    """gloo can abort a finished script on its way out ("terminate called without an
+    active exception"): the launcher exits non-zero, but every rank said ``finished``, so
+    the job is done. The same abort before the last status is a crash: restarted."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", "2", str(HERE / "teardown_abort_job.py")]
+    outcomes = {}
+    for when in ("after", "before"):
+        proc = _run(tmp_path / when, "--", *torchrun, when,
+                    env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+        try:
+            out = proc.communicate(timeout=300)[0].decode(errors="replace")
+        finally:
+            kill_tree(proc)
+        run = RunDir(tmp_path / when)
+        exits = run.events("job_exited")
+        outcomes[when] = (proc.returncode, len(run.events("job_started")),
+                          [(e["returncode"], e.get("ranks_finished", False)) for e in exits])
+        assert proc.returncode == 0, out[-3000:]
+        assert all(s["state"] == "finished" for s in run.statuses().records)
+    assert outcomes["after"][1:] == (1, [(1, True)])            # done: one start, no restart
+    assert outcomes["before"][1] == 2                            # a crash: restarted once
+    assert outcomes["before"][2] == [(1, False), (0, False)]
