@@ -25,7 +25,6 @@ import psutil
 from trainwatch.alerts.jobenv import job_environment
 from trainwatch.contract.env import LAUNCH_ENV
 from trainwatch.contract.layout import CONTROL_DUMP, DUMP_FILE_GLOB, JOB_LOG, STATUS_FILE_GLOB
-from trainwatch.contract.states import FINISHED
 from trainwatch.node import node_name
 from trainwatch.proctree import wait_gone
 from trainwatch.errors import FormatError
@@ -173,22 +172,8 @@ class JobController:
         return max(steps) if steps else None
 
     def ranks_finished(self) -> bool:
-        """Every rank of the current start wrote a ``finished`` status: training ended,
-        whatever the launcher's exit code says (a rank can crash in interpreter teardown,
-        after its last status). Statuses from before this start never count, and one whose
-        clock reads earlier (another node's skew) only makes this False: a restart, as
-        for any non-zero exit."""
-        if self.started_at is None:
-            return False
-        fresh = [r for r in self.run.statuses().records
-                 if isinstance(r.get("started_at"), (int, float))
-                 and r["started_at"] >= self.started_at]
-        worlds = {r.get("world_size") for r in fresh}
-        if len(worlds) != 1:
-            return False
-        world = worlds.pop()
-        finished = {r.get("rank") for r in fresh if r.get("state") == FINISHED}
-        return isinstance(world, int) and world > 0 and finished == set(range(world))
+        """Every rank of the current start wrote a ``finished`` status (``RunDir.finished_since``)."""
+        return self.started_at is not None and self.run.finished_since(self.started_at)
 
     def resume_point(self) -> tuple[int | None, str]:
         """What a restart resumes from, as the journal may say it: ``(step, kind)`` with kind

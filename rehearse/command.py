@@ -97,13 +97,19 @@ def checkpoint_round_trip(run: RunDir) -> Check:
                  "save and load again to the same digests")
 
 
-def command_checks(run: RunDir, code: int | None, tail: str, agent_url: str | None,
-                   agent_proc: subprocess.Popen | None) -> tuple[list[Check], list[str]]:
+def command_checks(run: RunDir, code: int | None, tail: str, started: float,
+                   agent_url: str | None, agent_proc: subprocess.Popen | None
+                   ) -> tuple[list[Check], list[str]]:
     from trainwatch.rehearse.runner import telemetry_check
 
     checks = []
     if code is None:
         checks.append(Check("job", "FAIL", "the command did not end in time", {"log_tail": tail}))
+    elif code != 0 and run.finished_since(started):
+        checks.append(Check("job", "WARN", f"the command exited {code} after every rank "
+                            "reported finished: a crash on the way out, which torchrun "
+                            "--max-restarts would restart (docs/own-trainer.md, Exit cleanly)",
+                            {"log_tail": tail}))
     elif code != 0:
         checks.append(Check("job", "FAIL", f"the command exited {code}", {"log_tail": tail}))
     else:

@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -351,8 +352,9 @@ def rehearse(s: Settings, cfg: Any | None, plan: dict[str, Any] | None) -> dict[
             results = _rank_results(out)
             checks.append(version_check(results))
             checks.append(allreduce_check(results, s))
+            started = time.time()
             code, tail = run_job(s.command, env, run.logs_dir / REHEARSAL_LOG, s.timeout)
-            more, remains = command_checks(run, code, tail, agent_url, agent_proc)
+            more, remains = command_checks(run, code, tail, started, agent_url, agent_proc)
             checks += more
     finally:
         if agent_proc is not None:

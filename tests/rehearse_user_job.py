@@ -1,7 +1,10 @@
 """A user's own trainer (not trainwatch's): a DDP regression instrumented with trainwatch
 telemetry and saving its last state with trainwatch's Checkpointer, for tests/test_rehearse.py.
 
-    [torchrun ...] tests/rehearse_user_job.py --lr 0.05 [--steps 20]
+    [torchrun ...] tests/rehearse_user_job.py --lr 0.05 [--steps 20] [--abort-on-exit]
+
+``--abort-on-exit``: the last rank aborts (SIGABRT) after training ended, as gloo's
+teardown can abort a finished script.
 
 The run directory comes from $TRAINWATCH_RUN_DIR (the own-trainer contract).
 """
@@ -20,6 +23,7 @@ from trainwatch.trainer.telemetry import Telemetry
 parser = argparse.ArgumentParser()
 parser.add_argument("--lr", type=float, required=True)
 parser.add_argument("--steps", type=int, default=20)
+parser.add_argument("--abort-on-exit", action="store_true")
 args = parser.parse_args()
 
 distributed = "WORLD_SIZE" in os.environ
@@ -51,3 +55,5 @@ tel.close()
 del model  # free DDP (and its hold on the group) before exit: see examples/plain_loop.py
 if distributed:
     dist.destroy_process_group()
+if args.abort_on_exit and tel.rank == tel.world_size - 1:
+    os.abort()

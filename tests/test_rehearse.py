@@ -168,6 +168,16 @@ def test_a_users_own_trainer_is_rehearsed_from_its_run_directory(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_users_trainer_that_aborts_after_finishing_is_a_warning_not_a_failure(tmp_path):
+    code, checks, _ = rehearse("--nproc-per-node", "1", "--run-dir", str(tmp_path / "run"),
+                               "--", sys.executable, USER_JOB, "--lr", "0.05",
+                               "--abort-on-exit")
+    assert checks["job"]["status"] == "WARN", checks["job"]
+    assert "after every rank reported finished" in checks["job"]["reason"]
+    assert code == 0 and checks["steps"]["status"] == "PASS"
+
+
+@pytest.mark.slow
 def test_a_users_trainer_at_learning_rate_0_fails_loss_falls(tmp_path):
     code, checks, _ = rehearse("--nproc-per-node", "1", "--run-dir", str(tmp_path / "run"),
                                "--", sys.executable, USER_JOB, "--lr", "0")

@@ -23,6 +23,7 @@ from typing import Any, Iterator
 from trainwatch.contract.layout import (CHECKPOINT_DIRS_KEY, FORMAT_VERSION, METRICS_FILE_GLOB,
                                        RUN_FORMAT, STATUS_FILE_GLOB, STATUS_FORMAT, RunLayout,
                                        rank_of_file)
+from trainwatch.contract.states import FINISHED
 from trainwatch.errors import ConfigError, FormatError
 from trainwatch.node import node_name
 
@@ -561,6 +562,20 @@ class RunDir(RunLayout):
                 except FormatError:  # vanished between the listing and the read
                     continue
         return result
+
+    def finished_since(self, since: float) -> bool:
+        """Every rank of a job started at ``since`` (this host's clock) wrote a ``finished``
+        status: training ended, whatever the launcher's exit code says (a rank can crash in
+        interpreter teardown, after its last status). Statuses from before ``since`` never
+        count, and one whose clock reads earlier (another node's skew) only makes this False."""
+        fresh = [r for r in self.statuses().records
+                 if isinstance(r.get("started_at"), (int, float)) and r["started_at"] >= since]
+        worlds = {r.get("world_size") for r in fresh}
+        if len(worlds) != 1:
+            return False
+        world = worlds.pop()
+        finished = {r.get("rank") for r in fresh if r.get("state") == FINISHED}
+        return isinstance(world, int) and world > 0 and finished == set(range(world))
 
     def status_folder(self, skipped: list[Skipped]) -> RunFolder | None:
         """The status folder, listed (close it after use); None when there is none or it
