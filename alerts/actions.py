@@ -6,7 +6,8 @@ to ``ActionRunner.handle``.  Before anything acts:
 * the delivery key (alert fingerprint + startsAt) is recorded in a persisted ledger
   first, so a duplicated or retried delivery never acts twice, even across restarts;
 * ``control/hold-actions`` in the run directory, or a matching silence, holds it;
-* restarts of one job are rate-limited (``action_min_interval_seconds``);
+* restarts of one job are rate-limited (``action_min_interval_seconds``); a rollback
+  only by an earlier rollback, as another restart may have resumed past the bad step;
 * the no-progress guard stops restarting after ``restart_guard_max_restarts``
   restarts without forward progress and raises TrainingRestartLoop.
 
@@ -176,10 +177,14 @@ class ActionRunner:
             request = self._touch("checkpoint")
             return self._taken(req, "report only: asked for a checkpoint; no scheduler "
                                "adapter configured to move the job", {"requested": str(request)})
-        last = ledger.get("last_restart_at")
+        # A rollback is the one remedy for a bad step; any other restart resumed from the
+        # newest checkpoint, maybe past that step, so only an earlier rollback holds it back.
+        rollback = req.action == "rollback_skip"
+        last = ledger.get("last_rollback_at" if rollback else "last_restart_at")
         now = self.clock()
         if last is not None and now - last < self.policy.min_interval_seconds:
-            return self._skip(req, f"rate limited: the job was restarted {now - last:.0f}s ago "
+            what = "rolled back" if rollback else "restarted"
+            return self._skip(req, f"rate limited: the job was {what} {now - last:.0f}s ago "
                               f"(minimum {self.policy.min_interval_seconds:.0f}s)")
         confirmation = None
         if req.action == "stall_restart":
@@ -258,6 +263,8 @@ class ActionRunner:
         ledger["step_at_last_restart"] = step
         ledger["restarts_without_progress"] = count + 1
         ledger["last_restart_at"] = self.clock()
+        if action == "rollback_skip":
+            ledger["last_rollback_at"] = ledger["last_restart_at"]
         self._save(ledger)
         # Hung or diverged jobs are killed (no checkpoint can or should be written).
         hard = action in ("stall_restart", "rollback_skip")

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from trainwatch.alerts.actions import ActionRunner, Policy
+from trainwatch.alerts.actions import ActionRequest, ActionRunner, Policy
 from trainwatch.alerts.controller import JobController
 from trainwatch.alerts.engine import Engine
 from trainwatch.alerts.evaluate import History
@@ -495,3 +495,27 @@ def test_a_job_counts_as_finished_only_when_every_rank_of_this_start_says_so(
                                   "started_at": c.started_at + started,
                                   "heartbeat_at": c.started_at + started})
     assert c.ranks_finished() is finished
+
+
+def test_a_rollback_is_held_back_by_an_earlier_rollback_not_by_another_restart(job):
+    """A stall restart and a NaN alert in the same minute: the restart resumed from the
+    newest checkpoint, maybe past the bad step, so the rollback must still happen."""
+    c = job()
+    runner = ActionRunner(c.run.root, c, Policy(min_interval_seconds=300, guard_max_restarts=5))
+    c.start()
+    _wait_for(lambda: (c.progress_step() or 0) >= 20)
+    assert runner.restart_job("stall_restart").taken
+    _wait_for(lambda: len(_starts(c.run)) == 2)
+    with open(c.run.metrics_file(0), "w") as fh:
+        for step in range(21):
+            loss = float("nan") if step == 12 else 5.0 - step * 0.01
+            fh.write(json.dumps({"v": 1, "kind": "step", "step": step, "loss": loss}) + "\n")
+
+    def nan_alert(fingerprint):
+        return ActionRequest("TrainingLossNonFinite", "rollback_skip", {"run": "exp1"},
+                             fingerprint, "2026-12-02T10:00:00Z", "engine")
+
+    first = runner.handle(nan_alert("nan1"))
+    assert first.taken and first.details["bad_step"] == 12, first.reason
+    second = runner.handle(nan_alert("nan2"))
+    assert not second.taken and "rate limited: the job was rolled back" in second.reason
