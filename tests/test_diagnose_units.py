@@ -258,22 +258,24 @@ def test_a_rank_waiting_in_another_group_is_followed():
                               "others wait for it")
 
 
-def _blocked_child(code: str, *args: str, **kwargs):
-    """A Python child that blocks in the kernel; waits until its main thread is in a syscall."""
+def _blocked_child(code: str, *args: str, kind: str, **kwargs):
+    """A Python child that blocks in the kernel; waits until its main thread's wait is of
+    ``kind`` (on its way there it may be in others: a page fault at start-up is disk I/O)."""
     import subprocess
     import sys
     import time
     from trainwatch.host.procinfo import thread_waits
     child = subprocess.Popen([sys.executable, "-c", code, *args], **kwargs)
     deadline = time.time() + 30
+    main = None
     while time.time() < deadline:
         waits = thread_waits(child.pid)
         main = next((t for t in waits if t["tid"] == child.pid), None)
-        if main and main["wait"] and main["wait"]["kind"] not in ("futex", "poll"):
+        if main and main["wait"] and main["wait"]["kind"] == kind:
             return child, main
         time.sleep(0.05)
     child.kill()
-    raise AssertionError("child never blocked")
+    raise AssertionError(f"child never blocked on a {kind}; last seen: {main}")
 
 
 def test_kernel_wait_on_a_pipe_and_a_tcp_socket_names_the_other_end():
@@ -281,7 +283,8 @@ def test_kernel_wait_on_a_pipe_and_a_tcp_socket_names_the_other_end():
     import socket
     import subprocess
     read_end, write_end = os.pipe()
-    child, main = _blocked_child(f"import os; os.read({read_end}, 1)", pass_fds=[read_end])
+    child, main = _blocked_child(f"import os; os.read({read_end}, 1)", pass_fds=[read_end],
+                                 kind="pipe")
     try:
         wait = main["wait"]
         assert wait["kind"] == "pipe" and wait["direction"] == "read"
@@ -295,7 +298,7 @@ def test_kernel_wait_on_a_pipe_and_a_tcp_socket_names_the_other_end():
     port = server.getsockname()[1]
     child, main = _blocked_child(
         "import socket, sys; s = socket.create_connection(('127.0.0.1', int(sys.argv[1]))); "
-        "s.recv(1)", str(port), stdout=subprocess.DEVNULL)
+        "s.recv(1)", str(port), kind="socket", stdout=subprocess.DEVNULL)
     try:
         conn, _ = server.accept()  # until accepted, our end has no socket (no inode) to find
         from trainwatch.host.procinfo import thread_waits
