@@ -58,11 +58,8 @@ class Supervisor:
         if finished:
             log.warning("the job exited with %s after every rank reported finished "
                         "(a crash on the way out): not restarted", code)
-            self.exit_code = 0
-            self.finished.set()
-            return
-        if code in (0, 2):  # finished, or bad input that a restart cannot fix
-            self.exit_code = code
+        if finished or code in (0, 2):  # finished, or bad input that a restart cannot fix
+            self.exit_code = 0 if finished else code
             self.finished.set()
             return
         outcome = self.runner.restart_job("restart", None, only_if_exited=True)
