@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import shlex
 import shutil
 import subprocess
@@ -32,6 +33,7 @@ from typing import Any, Callable
 from trainwatch.alerts.confirm import Confirmation, confirm_stall
 from trainwatch.alerts.controller import JobController
 from trainwatch.contract.alerts import ACTS_BEFORE
+from trainwatch.contract.env import JOB_ENV
 from trainwatch.contract.layout import CONTROL_CHECKPOINT, CONTROL_DIR, CONTROL_HOLD_ACTIONS
 from trainwatch.contract.metrics import RUN_LABEL
 from trainwatch.errors import FormatError
@@ -105,12 +107,18 @@ class ActionRunner:
         self.run = RunDir(run_dir).create()
         self.controller = controller
         self.policy = policy
-        self.job = job or self.run.root.resolve().name
+        self._job = job
         self.silences = silences
         self.on_guard = on_guard  # (job, tripped): the guard tripped or was cleared
         self.clock = clock
         self.ledger_path = self.run.actions_ledger_file
         self.lock = threading.Lock()
+
+    @property
+    def job(self) -> str:
+        """The run this runner acts for, read each time: the job may write run.json's name
+        (RunDir.run_name) after the runner started."""
+        return self._job or self.run.run_name(os.environ.get(JOB_ENV))
 
     # ------------------------------------------------------------------ ledger
     def _ledger(self) -> dict[str, Any]:

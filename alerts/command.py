@@ -47,7 +47,7 @@ def job_env(run: RunDir, base: dict[str, str] | None = None) -> dict[str, str]:
     name, the node name, and torch settings restarts need; a user's own values win."""
     env = dict(os.environ if base is None else base)
     env[RUN_DIR_ENV] = str(run.root.resolve())
-    env.setdefault(JOB_ENV, run.root.resolve().name)
+    env[JOB_ENV] = run.run_name(env.get(JOB_ENV))  # the run.json name wins
     env.setdefault(NODE_ENV, node_name())
     # torchrun --max-restarts with gloo on torch 2.13 re-rendezvous only without the shared store.
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
@@ -63,7 +63,7 @@ def describe_run(run: RunDir, command: list[str], supervisor: str) -> None:
     previous = run.run_info() or {}
     keep = {k: v for k, v in previous.items()
             if k in ("created_at", "world_size", "checkpoint", "started_at")}
-    run.write_run_info({"job": run.root.resolve().name, "created_at": time.time(),
+    run.write_run_info({"job": run.run_name(os.environ.get(JOB_ENV)), "created_at": time.time(),
                         "started_at": time.time(), **keep, "command": list(command),
                         "supervisor": supervisor, "trainwatch_version": __version__})
 

@@ -41,6 +41,7 @@ def test_slurm_prolog_and_epilog_manage_discoverable_run_dirs(tmp_path):
     out = subprocess.run(["bash", str(DEPLOY / "slurm" / "task_prolog.sh")], env=env,
                          check=True, capture_output=True, text=True).stdout
     assert f"export TRAINWATCH_RUN_DIR={tmp_path}/runs/slurm-4242" in out
+    assert "export TRAINWATCH_JOB=slurm-4242\n" in out  # one name: the directory's
     subprocess.run(["bash", str(DEPLOY / "slurm" / "epilog.sh")], env=env, check=True)
     assert list(iter_run_dirs(tmp_path / "runs")) == []
     assert (tmp_path / "finished" / "slurm-4242" / "status").is_dir()

@@ -158,7 +158,7 @@ class Telemetry:
         self.enabled = enabled
         self.run = RunDir(run_dir)
         self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
-        self.job = job or os.environ.get(JOB_ENV) or self.run.root.resolve().name
+        self.job = job or self.run.run_name(os.environ.get(JOB_ENV))
         self.heartbeat_interval = heartbeat_interval
         self.exchange_every = max(0, int(exchange_every))
         self.flops_per_token = flops_per_token

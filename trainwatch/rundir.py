@@ -527,6 +527,15 @@ class RunDir(RunLayout):
                 log.warning("%s", exc)
             return None
 
+    def run_name(self, fallback: str | None = None) -> str:
+        """The run's one identity, its ``run`` label everywhere (telemetry, agent, alerts,
+        receiver): the ``job`` of run.json as whoever created the run directory wrote it,
+        else ``fallback`` (a writer's $TRAINWATCH_JOB), else the directory's name."""
+        job = (self.run_info() or {}).get("job")
+        if isinstance(job, str) and job:
+            return job
+        return fallback or self.root.resolve().name
+
     def checkpoint_folders(self) -> list[Path]:
         """Where this run's checkpoints live (run.json's record; see ``RunLayout``)."""
         return self.recorded_checkpoint_folders(self.run_info())

@@ -106,7 +106,7 @@ class JournalCollector(Collector):
                 tail = self.tails[key] = _Tail(
                     recent=deque(maxlen=int(self.options["max_skipped_shown"])))
             self._read(run.journal_file, tail, run.root)
-            job = jobs.get(key) or (run.run_info() or {}).get("job") or run.root.resolve().name
+            job = jobs.get(key) or run.run_name()
             if tail.caught_up:
                 self._export(tail, str(job), result)
             summaries[key] = {"job": job, "path": str(run.journal_file),

@@ -293,11 +293,11 @@ class RanksCollector(Collector):
             statuses.skipped.append(info_skipped)
         # Unseen is not absent: what the agent may not read makes its health degraded.
         unreadable = [s.path for s in statuses.skipped if s.code == "permission_denied"]
-        job_name = info.get("job") or run.root.resolve().name
         self._count_skipped(key, statuses.skipped)
         records = statuses.records  # typed and named after their rank (RunDir.statuses)
-        if records:
-            job_name = str(records[0].get("job") or job_name)
+        # The run's one name (RunDir.run_name): run.json's, else what its ranks call it.
+        job_name = str(info.get("job") or (records[0].get("job") if records else None)
+                       or run.root.resolve().name)
         local = self._local(records, info)
         # Each local rank carries the job's timing summary: no other node's file is needed.
         timing = job_window({r["rank"]: r.get("timing") for r in local})
