@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import IO
 
 from trainwatch import __version__
-from trainwatch.contract.env import FAULT_ENV, JOB_ENV, NODE_ENV, RUN_DIR_ENV
+from trainwatch.contract.env import FAULT_ENV, JOB_ENV, NODE_ENV, RUN_DIR_ENV, STORE_ADDR_ENV
 from trainwatch.contract.layout import CHECKPOINT_DIRS_KEY, TORCHRUN_LOG, TORCHRUN_LOG_DIR
+from trainwatch.contract.ports import LOOPBACK
 from trainwatch.errors import ConfigError
 from trainwatch.node import node_name
 from trainwatch.rundir import RunDir
@@ -54,7 +55,7 @@ class LaunchSpec:
 
     @property
     def job(self) -> str:
-        return os.environ.get(JOB_ENV) or self.run_dir.resolve().name
+        return RunDir(self.run_dir).run_name(os.environ.get(JOB_ENV))
 
     @property
     def node(self) -> str:
@@ -85,7 +86,8 @@ def validate(spec: LaunchSpec) -> Config:
 
 
 def torchrun_command(spec: LaunchSpec, run: RunDir) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run",
+    # torchrun, its stores bound to STORE_ADDR_ENV (trainer/stores.py)
+    cmd = [sys.executable, "-m", "trainwatch.trainer.stores",
            f"--nproc-per-node={spec.nproc_per_node}", f"--max-restarts={spec.max_restarts}",
            f"--monitor-interval={spec.monitor_interval}",
            f"--log-dir={run.logs_dir / TORCHRUN_LOG_DIR}", "--redirects=3", "--tee=3"]
@@ -122,6 +124,9 @@ def torchrun_env(spec: LaunchSpec, run: RunDir) -> dict[str, str]:
         JOB_ENV: spec.job,
         NODE_ENV: spec.node,
         "PYTHONUNBUFFERED": "1",
+        # torchrun's stores listen on loopback for one node, on the address other nodes
+        # reach this one at for several (--local-addr), never on every interface.
+        STORE_ADDR_ENV: spec.local_addr or (LOOPBACK if spec.nnodes == 1 else ""),
     })
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // spec.nproc_per_node)))
     # Keep the last collectives in the flight recorder, so `trainwatch diagnose` can

@@ -37,6 +37,7 @@ from trainwatch.trainer.data import Dataset, ShardedBatches, ensure_default_data
 from trainwatch.trainer.faults import FaultInjector
 from trainwatch.trainer.metrics_server import MetricsServer
 from trainwatch.trainer.model import GPT
+from trainwatch.trainer.stores import bind_stores
 from trainwatch.trainer.skips import agree_skip_steps
 from trainwatch.trainer.state import TrainingState
 from trainwatch.trainer.telemetry import Telemetry
@@ -90,6 +91,7 @@ def setup_process_group(cfg: Config) -> Ranks:
         device = torch.device("cpu")
     restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     if distributed:
+        bind_stores()  # rank 0 serves the workers' store: on $TRAINWATCH_STORE_ADDR only
         dist.init_process_group("nccl" if use_cuda else "gloo",
                                 device_id=device if use_cuda else None)
         restart_count = agree_restart_count(restart_count, device)

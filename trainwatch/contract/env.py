@@ -11,6 +11,7 @@ FAULT_ENV = "TRAINWATCH_FAULT"            # a fault to inject (docs/trainer.md)
 LAUNCH_ENV = "TRAINWATCH_LAUNCH"          # the controller's launch count (1, 2, ...)
 GRAFANA_TOKEN_ENV = "TRAINWATCH_GRAFANA_TOKEN"
 RECEIVER_TOKEN_ENV = "TRAINWATCH_RECEIVER_TOKEN"
+STORE_ADDR_ENV = "TRAINWATCH_STORE_ADDR"  # torchrun's stores listen here only (trainer/stores.py)
 REHEARSAL_ENV = "TRAINWATCH_REHEARSAL"    # "1" while `trainwatch rehearse` runs a command
 REGENERATE_ENV = "TRAINWATCH_REGENERATE"  # tests: rewrite expected files instead of comparing
 

@@ -1,0 +1,63 @@
+"""torchrun's stores started by `trainwatch train` listen on one address (issue #22, item 6).
+
+torch's TCPStore server listens on every interface whatever host it is given; the
+launcher's torchrun and rank 0 make theirs through trainer/stores.py, bound to
+$TRAINWATCH_STORE_ADDR. The whole job is checked with `ss` in
+tests/test_deploy_shipped_e2e.py; here one store, in a child process, and the launch.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainwatch.contract.env import STORE_ADDR_ENV
+from trainwatch.rundir import RunDir
+from trainwatch.trainer.launcher import LaunchSpec, torchrun_command, torchrun_env
+
+STORE = """
+import datetime, os, subprocess, sys
+from trainwatch.trainer.stores import bind_stores
+bind_stores()
+import torch.distributed as dist
+from torch.distributed.elastic.utils.distributed import create_c10d_store
+store = create_c10d_store(True, "localhost", 0, 1, 10)
+store.set("k", "v")
+assert store.get("k") == b"v"
+mine = [l for l in subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout
+        .splitlines() if f"pid={os.getpid()}," in l]
+print("\\n".join(mine))
+"""
+
+
+@pytest.mark.skipif(not shutil.which("ss"), reason="needs ss")
+@pytest.mark.parametrize("bound", [True, False])
+def test_a_store_server_listens_on_the_given_address_only(bound):
+    env = {**os.environ}
+    env.pop(STORE_ADDR_ENV, None)
+    if bound:
+        env[STORE_ADDR_ENV] = "127.0.0.1"
+    out = subprocess.run([sys.executable, "-c", STORE], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    local = [line.split()[3] for line in out.stdout.splitlines()]
+    assert local, out.stdout
+    if bound:
+        assert all(a.startswith("127.0.0.1:") for a in local), local
+    else:  # torch's own behaviour, which is why the binding exists
+        assert any(a.startswith(("*:", "0.0.0.0:", "[::]:")) for a in local), local
+
+
+def test_the_launch_binds_one_node_to_loopback_and_several_to_their_address(tmp_path):
+    run = RunDir(Path(tmp_path) / "r").create()
+    one = LaunchSpec(run.root, 2)
+    assert torchrun_command(one, run)[1:3] == ["-m", "trainwatch.trainer.stores"]
+    assert torchrun_env(one, run)[STORE_ADDR_ENV] == "127.0.0.1"
+    several = LaunchSpec(run.root, 2, nnodes=2, rdzv_endpoint="10.0.0.1:29400",
+                         local_addr="10.0.0.2")
+    assert torchrun_env(several, run)[STORE_ADDR_ENV] == "10.0.0.2"
