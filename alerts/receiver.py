@@ -23,14 +23,14 @@ from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from trainwatch.alerts.actions import ActionRequest, ActionRunner
 from trainwatch.alerts.rules import RuleSet
 from trainwatch.configfile import read_secret
 from trainwatch.contract.env import RECEIVER_TOKEN_ENV as TOKEN_ENV
-from trainwatch.contract.metrics import METRICS
+from trainwatch.contract.metrics import METRICS, RUN_LABEL
 from trainwatch.errors import listen_error
 
 log = logging.getLogger(__name__)
@@ -121,6 +121,10 @@ class Receiver:
         guard = METRICS["trainwatch_action_restart_guard_tripped"]
         self.guard = Gauge(guard.name, guard.help, list(guard.labels), registry=self.registry)
         self.guard.labels(runner.job).set(1 if runner.guard_tripped else 0)
+        other = METRICS["trainwatch_receiver_other_run_alerts_total"]
+        self.other_run = Counter(other.name.removesuffix("_total"), other.help,
+                                 list(other.labels), registry=self.registry)
+        self.other_run.labels(runner.job)  # from 0, so increase() sees the first one
         try:
             self.server = _Server((host, port), self._handler())
         except OSError as exc:
@@ -178,9 +182,18 @@ class Receiver:
             results.append({"alertname": None, "outcome": "refused", "count": len(rest),
                             "reason": f"more than {MAX_ALERTS_PER_PAYLOAD} alerts in one "
                                       "payload"})
+        job = self.runner.job
         for alert in alerts:
             name = alert["labels"]["alertname"]
             rule = self.ruleset.get(name)
+            run = alert["labels"].get(RUN_LABEL)
+            if run is not None and run != job:
+                # Another run's alert on a shared webhook: not ours to act on nor to journal.
+                self.other_run.labels(job).inc()
+                log.debug("dropped %s for run %r (this receiver's run is %r)", name, run, job)
+                results.append({"alertname": name, "outcome": "dropped",
+                                "reason": "for another run"})
+                continue
             if alert["status"] != "firing":
                 results.append({"alertname": name, "outcome": "ignored", "reason": "resolved"})
                 continue
@@ -199,7 +212,8 @@ class Receiver:
             outcome = self.runner.handle(req)
             results.append({"alertname": name, "outcome": "taken" if outcome.taken else "skipped",
                             "reason": outcome.reason})
-        self.guard.labels(self.runner.job).set(1 if self.runner.guard_tripped else 0)
+        self.guard.clear()  # the run's name may have changed (run.json written since)
+        self.guard.labels(job).set(1 if self.runner.guard_tripped else 0)
         return results
 
     def _handler(self):

@@ -208,7 +208,7 @@ def test_dry_run_hold_silence_and_foreign_job_do_not_act(job, receiver_for):
     os.kill(c.rank_pids()[0], signal.SIGCONT)
     rec.runner.policy.dry_run = False
     _, body = _post(rec.url, _payload(fingerprint="02", job="other"))
-    assert "this controller runs 'exp1'" in body["results"][0]["reason"]
+    assert body["results"][0]["outcome"] == "dropped"  # another run's: not journaled
     (c.run.control_dir / "hold-actions").touch()
     _, body = _post(rec.url, _payload(fingerprint="03"))
     assert body["results"][0]["reason"].startswith("held")
@@ -218,7 +218,7 @@ def test_dry_run_hold_silence_and_foreign_job_do_not_act(job, receiver_for):
     _, body = _post(rec.url, _payload(fingerprint="04"))
     assert body["results"][0]["reason"] == "silenced"
     assert len(_starts(c.run)) == 1 and not c.run.events("action_taken")
-    assert len(c.run.events("action_skipped")) == 5  # one not confirmed, then four
+    assert len(c.run.events("action_skipped")) == 4  # one not confirmed, then three
 
 
 def test_crash_loop_trips_the_guard_and_raises_training_restart_loop(job):

@@ -225,6 +225,10 @@ _SPECS = [
        STORAGE),
     _m("trainwatch_storage_probe_success", "gauge",
        "1 if the last write+fsync+read probe finished within its timeout.", STORAGE),
+    _m("trainwatch_storage_probe_skipped", "gauge",
+       "1 if the agent's user may not write into the directory (a job's own run "
+       "directory), so it is not probed; its filesystem's latency is then unmeasured.",
+       STORAGE),
     _m("trainwatch_storage_probe_duration_seconds", "gauge",
        "Duration of the last completed write+fsync+read probe.", STORAGE, "seconds"),
     _m("trainwatch_storage_time_to_full_seconds", "gauge",
@@ -319,6 +323,9 @@ _SPECS += [
     _m("trainwatch_action_restart_guard_tripped", "gauge",
        "1 once the controller stopped restarting a job that makes no forward progress.",
        RUN),
+    _m("trainwatch_receiver_other_run_alerts_total", "counter",
+       "Alerts the webhook receiver of this run was sent for another run (one Alertmanager "
+       "webhook for several runs): dropped without a journal line.", RUN),
 ]
 
 # --- what the run's journal and checkpoint facts say happened (agent collectors `journal`
