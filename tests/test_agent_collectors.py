@@ -433,6 +433,26 @@ def test_storage_probe_that_hangs_becomes_an_error_not_a_hung_agent(tmp_path):
     assert "still hung" in next(e for e in again.data if e["role"] == "run")["probe"]["error"]
 
 
+def test_storage_probe_where_the_agent_may_not_write_is_skipped_not_failed(tmp_path,
+                                                                           monkeypatch):
+    """The agent reads a job's 0750 run directory through its group and may not write
+    there: a skipped probe, said and counted, never StorageProbeSlow (a real unprivileged
+    agent: tests/test_deploy_shipped_e2e.py)."""
+    from trainwatch.agent.collectors import storage as storage_module
+
+    def denied(path, size, node):
+        raise PermissionError(errno.EACCES, "Permission denied")
+    monkeypatch.setattr(storage_module, "write_probe", denied)
+    run = RunDir(tmp_path / "run").create()
+    result = collector(make_ctx([run.root]), "storage").collect()
+    with pytest.raises(KeyError):
+        value(result, "trainwatch_storage_probe_success", role="run")
+    assert value(result, "trainwatch_storage_probe_skipped", role="run") == 1
+    assert value(result, "trainwatch_storage_free_bytes", role="run") > 0
+    entry = next(e for e in result.data if e["role"] == "run")
+    assert "may not write here" in entry["probe"]["skipped"] and not entry["probe"]["error"]
+
+
 def test_storage_parses_diskstats_and_mounts_from_fixture_proc():
     from trainwatch.host.storage import mount_of, parse_diskstats, parse_mounts
     mounts = parse_mounts((FIXTURES / "proc/self/mounts").read_text())

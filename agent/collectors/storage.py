@@ -9,6 +9,7 @@ Block-device I/O counters come from /proc/diskstats for the devices behind them.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import time
@@ -148,7 +149,17 @@ class StorageCollector(Collector):
             except Hung as exc:
                 probe["error"] = f"probe hung: {exc}"
             except OSError as exc:
+                if exc.errno in (errno.EACCES, errno.EPERM):
+                    # The job's own directory (0750, the agent reads through its group):
+                    # not a slow disk, so no StorageProbeSlow; said here and counted.
+                    probe["skipped"] = (f"the agent's user may not write here "
+                                        f"({exc.strerror}); list a folder it may write on "
+                                        "this filesystem in collectors.storage.paths")
+                    result.add("trainwatch_storage_probe_skipped", 1, **lab)
+                    entry["probe"] = probe
+                    return entry
                 probe["error"] = f"probe failed: {exc.strerror or exc}"
+            result.add("trainwatch_storage_probe_skipped", 0, **lab)
             result.add("trainwatch_storage_probe_success", probe["ok"], **lab)
             entry["probe"] = probe
         return entry
