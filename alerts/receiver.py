@@ -174,7 +174,20 @@ class Receiver:
         log.warning("refused %d alert(s): %s", len(alerts), reason)
 
     def handle_alerts(self, alerts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        results = []
+        results: list[dict[str, Any]] = []
+        job, ours = self.runner.job, []
+        for alert in alerts:
+            run = alert["labels"].get(RUN_LABEL)
+            if run is None or run == job:
+                ours.append(alert)
+                continue
+            # Another run's alert on a shared webhook: not ours to act on nor to journal.
+            self.other_run.labels(job).inc()
+            log.debug("dropped %s for run %r (this receiver's run is %r)",
+                      alert["labels"]["alertname"], run, job)
+            results.append({"alertname": alert["labels"]["alertname"], "outcome": "dropped",
+                            "reason": "for another run"})
+        alerts = ours
         if len(alerts) > MAX_ALERTS_PER_PAYLOAD:
             rest = alerts[MAX_ALERTS_PER_PAYLOAD:]
             alerts = alerts[:MAX_ALERTS_PER_PAYLOAD]
@@ -182,18 +195,9 @@ class Receiver:
             results.append({"alertname": None, "outcome": "refused", "count": len(rest),
                             "reason": f"more than {MAX_ALERTS_PER_PAYLOAD} alerts in one "
                                       "payload"})
-        job = self.runner.job
         for alert in alerts:
             name = alert["labels"]["alertname"]
             rule = self.ruleset.get(name)
-            run = alert["labels"].get(RUN_LABEL)
-            if run is not None and run != job:
-                # Another run's alert on a shared webhook: not ours to act on nor to journal.
-                self.other_run.labels(job).inc()
-                log.debug("dropped %s for run %r (this receiver's run is %r)", name, run, job)
-                results.append({"alertname": name, "outcome": "dropped",
-                                "reason": "for another run"})
-                continue
             if alert["status"] != "firing":
                 results.append({"alertname": name, "outcome": "ignored", "reason": "resolved"})
                 continue

@@ -50,10 +50,13 @@ def test_another_runs_alert_is_dropped_silently_and_counted(tmp_path, receiver_i
         assert code == 200 and body["results"] == [
             {"alertname": "TrainingStallSuspected", "outcome": "dropped",
              "reason": "for another run"}]
+    flood = [_payload(fingerprint=f"{i:04x}", job="exp2")["alerts"][0] for i in range(150)]
+    _, body = _post(rec.url, {**_payload(), "alerts": flood})  # past the payload cap too
+    assert {r["outcome"] for r in body["results"]} == {"dropped"}
     assert rec.runner.run.events() == []  # no journal line, no duplicate either
     assert "exp2" not in caplog.text
     assert _metric(rec, "trainwatch_receiver_other_run_alerts_total") == \
-        'trainwatch_receiver_other_run_alerts_total{run="exp1"} 3.0'
+        'trainwatch_receiver_other_run_alerts_total{run="exp1"} 153.0'
     # its own run's alert still reaches the runner (a dry run, no controller: journaled)
     _, body = _post(rec.url, _payload(fingerprint="03", job="exp1"))
     assert body["results"][0]["outcome"] == "skipped"
