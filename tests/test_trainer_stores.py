@@ -22,11 +22,16 @@ from trainwatch.trainer.launcher import LaunchSpec, torchrun_command, torchrun_e
 
 STORE = """
 import datetime, os, subprocess, sys
-from trainwatch.trainer.stores import bind_stores
-bind_stores()
-import torch.distributed as dist
-from torch.distributed.elastic.utils.distributed import create_c10d_store
-store = create_c10d_store(True, "localhost", 0, 1, 10)
+from trainwatch.trainer import stores
+where = sys.argv[1]
+stores.bind_stores(creators=stores.TORCHRUN_CREATORS if where == "torchrun"
+                   else stores.RANK_CREATORS)
+if where == "torchrun":  # its rendezvous store
+    from torch.distributed.elastic.utils.distributed import create_c10d_store
+    store = create_c10d_store(True, "localhost", 0, 1, 10)
+else:  # rank 0's store for the workers (init_process_group, env://)
+    from torch.distributed.rendezvous import _create_c10d_store
+    store = _create_c10d_store("localhost", 0, 0, 1, datetime.timedelta(seconds=10))
 store.set("k", "v")
 assert store.get("k") == b"v"
 mine = [l for l in subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout
@@ -36,13 +41,14 @@ print("\\n".join(mine))
 
 
 @pytest.mark.skipif(not shutil.which("ss"), reason="needs ss")
-@pytest.mark.parametrize("bound", [True, False])
-def test_a_store_server_listens_on_the_given_address_only(bound):
+@pytest.mark.parametrize("where,bound", [("torchrun", True), ("rank", True),
+                                         ("rank", False)])
+def test_a_store_server_listens_on_the_given_address_only(where, bound):
     env = {**os.environ}
     env.pop(STORE_ADDR_ENV, None)
     if bound:
         env[STORE_ADDR_ENV] = "127.0.0.1"
-    out = subprocess.run([sys.executable, "-c", STORE], env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-c", STORE, where], env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     local = [line.split()[3] for line in out.stdout.splitlines()]

@@ -21,15 +21,19 @@ from trainwatch.contract.env import STORE_ADDR_ENV
 # TCPStore's parameters in order (torch.distributed.TCPStore.__init__).
 _PARAMS = ("host_name", "port", "world_size", "is_master", "timeout", "wait_for_workers",
            "multi_tenant", "master_listen_fd", "use_libuv")
-# The modules that create store servers, each with its own name for the class.
-_CREATORS = ("torch.distributed", "torch.distributed.rendezvous",
-             "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend",
-             "torch.distributed.elastic.rendezvous.dynamic_rendezvous",
-             "torch.distributed.elastic.utils.distributed")
+# The modules that create store servers, each with its own name for the class: in a rank
+# (init_process_group's env:// store)...
+RANK_CREATORS = ("torch.distributed", "torch.distributed.rendezvous")
+# ...and in torchrun (its rendezvous), whose modules a rank need not import.
+TORCHRUN_CREATORS = RANK_CREATORS + (
+    "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend",
+    "torch.distributed.elastic.rendezvous.dynamic_rendezvous",
+    "torch.distributed.elastic.utils.distributed")
 
 
-def bind_stores(address: str | None = None) -> None:
-    """Make every TCPStore server this process starts listen on ``address`` only."""
+def bind_stores(address: str | None = None, creators: tuple[str, ...] = RANK_CREATORS) -> None:
+    """Make every TCPStore server this process starts (through ``creators``) listen on
+    ``address`` (default ``$TRAINWATCH_STORE_ADDR``) only."""
     wanted = address or os.environ.get(STORE_ADDR_ENV)
     if not wanted:
         return
@@ -53,7 +57,7 @@ def bind_stores(address: str | None = None) -> None:
                 kwargs["master_listen_fd"] = sock.detach()
             super().__init__(**kwargs)
 
-    for name in _CREATORS:
+    for name in creators:
         module = sys.modules.get(name) or importlib.import_module(name)
         if getattr(module, "TCPStore", None) is base:
             module.TCPStore = BoundTCPStore  # type: ignore[attr-defined]
@@ -65,7 +69,7 @@ def _family(address: str) -> socket.AddressFamily:
 
 def torchrun_main() -> None:
     """``python -m trainwatch.trainer.stores ARGS``: torchrun with its stores bound."""
-    bind_stores()
+    bind_stores(creators=TORCHRUN_CREATORS)
     from torch.distributed.run import main
     main()
 
