@@ -201,3 +201,37 @@ def test_digest_bits_are_the_float_bits_summed():
     values = [1.5, -2.25, 3.0]
     expected = sum(struct.unpack("<i", struct.pack("<f", v))[0] for v in values)
     assert digest([torch.tensor(values)])[0].item() == expected
+
+
+# ---------------------------------------------------------------- the agent's collector
+def test_collector_names_the_odd_rank_from_status_files_after_two_digests(tmp_path):
+    """Real status files through the ranks collector: three replicas, rank 1 diverges at
+    step 19; one odd digest is no verdict, the second names rank 1."""
+    import os
+
+    from test_agent_collectors import collector, make_ctx, publish, samples, value, write_status
+    from trainwatch.rundir import RunDir
+
+    run = RunDir(tmp_path / "run").create()
+    ctx = make_ctx([run.root])
+    ranks, replicas = collector(ctx, "ranks"), collector(ctx, "replicas")
+
+    def look(per_rank):
+        for rank, ds in per_rank.items():
+            write_status(run, rank, os.getpid(), replicas=[_d(s, b) for s, b in ds])
+        publish(ctx, "ranks", ranks.collect())
+        return replicas.collect()
+
+    result = look({0: [(9, A)], 1: [(9, A)], 2: [(9, A)]})
+    assert value(result, "trainwatch_replica_digest_ranks_agreeing", group="0") == 3
+    assert not samples(result, "trainwatch_replica_divergence_digests")
+    result = look({0: [(9, A), (19, B)], 1: [(9, A), (19, C)], 2: [(9, A), (19, B)]})
+    assert value(result, "trainwatch_replica_divergence_digests", suspects="1") == 1
+    result = look({0: [(19, B), (29, A)], 1: [(19, C), (29, C)], 2: [(19, B), (29, A)]})
+    assert value(result, "trainwatch_replica_divergence_digests", suspects="1") == 2
+    assert value(result, "trainwatch_replica_digest_mismatch", rank=1) == 2
+    assert value(result, "trainwatch_replica_digest_mismatch", rank=0) == 0
+    assert value(result, "trainwatch_replica_digest_step", group="0") == 29
+    assert value(result, "trainwatch_replica_digest_value", rank=1) == int(C, 16) & ((1 << 52) - 1)
+    assert value(result, "trainwatch_replica_digest_value_step", rank=1) == 29
+    assert result.data["groups"]["exp/0"]["suspects"] == [1]
