@@ -234,4 +234,4 @@ def test_collector_names_the_odd_rank_from_status_files_after_two_digests(tmp_pa
     assert value(result, "trainwatch_replica_digest_step", group="0") == 29
     assert value(result, "trainwatch_replica_digest_value", rank=1) == int(C, 16) & ((1 << 52) - 1)
     assert value(result, "trainwatch_replica_digest_value_step", rank=1) == 29
-    assert result.data["groups"]["exp/0"]["suspects"] == [1]
+    assert result.data["jobs"]["exp"]["0"]["suspects"] == [1]

@@ -26,8 +26,11 @@ from typing import Any, Iterable
 
 import torch
 
-# Every 50th step: the default's measured overhead is in docs/sdc.md (benchmarks/replica_digest.py).
-DEFAULT_EVERY = 50
+from trainwatch.trainer.config import TelemetryConfig
+
+# The reference trainer's default (``telemetry.replica_every``); its measured overhead is
+# in docs/sdc.md (benchmarks/replica_digest.py).
+DEFAULT_EVERY = TelemetryConfig.replica_every
 KEEP = 8  # digests a status lists: the agent compares the newest that every rank has
 BITS = (1 << 64) - 1
 _INT_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

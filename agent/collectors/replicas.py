@@ -27,7 +27,7 @@ class ReplicasCollector(Collector):
         if not ranks_data:
             return Result.absent("no rank data collected yet")
         result = Result()
-        summary: dict[str, Any] = {}
+        summary: dict[str, dict[str, Any]] = {}
         jobs = set()
         for job in ranks_data["jobs"]:
             name = job["job"]
@@ -42,14 +42,14 @@ class ReplicasCollector(Collector):
                 if v.suspects:
                     result.add("trainwatch_replica_divergence_digests", v.streak, **labels,
                                suspects=suspects_label(v.suspects, v.majority))
-                summary[f"{name}/{group}"] = {
+                summary.setdefault(name, {})[group] = {
                     "step": v.last_step if v.last_step >= 0 else None,
                     "compared": v.compared, "agreeing": v.agreeing,
                     "suspects": v.suspects, "majority": v.majority, "digests": v.streak}
             for rank in job["ranks"]:
                 self._rank(name, rank, verdicts, result)
         self.judge.forget(jobs)
-        result.data = {"groups": summary}
+        result.data = {"jobs": summary}  # /status shows each job's groups
         return result
 
     def _rank(self, job: str, rank: dict[str, Any], verdicts: dict, result: Result) -> None:
