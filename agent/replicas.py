@@ -26,21 +26,22 @@ def digests(value: Any) -> list[dict[str, Any]]:
     """The well-formed digests of a rank's status ``replicas`` field (others dropped)."""
     if not isinstance(value, list):
         return []
-    out = []
-    for d in value[-MAX_DIGESTS:]:
-        if not isinstance(d, dict):
-            continue
-        step, bits, group = d.get("step"), d.get("bits"), d.get("group", 0)
-        norm, tolerance = d.get("norm"), d.get("tolerance")
-        if not (isinstance(step, int) and not isinstance(step, bool) and step >= 0):
-            continue
-        if not (isinstance(bits, str) and len(bits) == 16 and set(bits) <= _HEX):
-            continue
-        if isinstance(group, bool) or not isinstance(group, (int, str)) or len(str(group)) > 64:
-            continue
-        out.append({"step": step, "group": str(group), "bits": bits,
-                    "norm": _number(norm), "tolerance": _number(tolerance)})
-    return out
+    return [d for d in map(digest, value[-MAX_DIGESTS:]) if d is not None]
+
+
+def digest(d: Any) -> dict[str, Any] | None:
+    """One digest record, checked and normalised (group as text), or None."""
+    if not isinstance(d, dict):
+        return None
+    step, bits, group = d.get("step"), d.get("bits"), d.get("group", 0)
+    if not (isinstance(step, int) and not isinstance(step, bool) and step >= 0):
+        return None
+    if not (isinstance(bits, str) and len(bits) == 16 and set(bits) <= _HEX):
+        return None
+    if isinstance(group, bool) or not isinstance(group, (int, str)) or len(str(group)) > 64:
+        return None
+    return {"step": step, "group": str(group), "bits": bits,
+            "norm": _number(d.get("norm")), "tolerance": _number(d.get("tolerance"))}
 
 
 def _number(value: Any) -> float | None:

@@ -99,6 +99,10 @@ def test_telemetry_publishes_digests_in_status_and_beat(tmp_path):
     assert status["replicas"][1]["bits"] == after[9]
     beat = (tmp_path / "run" / "status" / "rank-00000.beat").read_text()
     assert '"replica_step":9' in beat
+    logged = [json.loads(line) for line in
+              (tmp_path / "run" / "metrics" / "rank-00000.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["bits"]) for r in logged if r["kind"] == "replicas"] == [
+        (4, after[4]), (9, after[9])]
 
 
 def test_watched_loop_digests_after_the_optimizer_step(tmp_path):
@@ -235,3 +239,4 @@ def test_collector_names_the_odd_rank_from_status_files_after_two_digests(tmp_pa
     assert value(result, "trainwatch_replica_digest_value", rank=1) == int(C, 16) & ((1 << 52) - 1)
     assert value(result, "trainwatch_replica_digest_value_step", rank=1) == 29
     assert result.data["jobs"]["exp"]["0"]["suspects"] == [1]
+

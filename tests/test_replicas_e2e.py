@@ -62,3 +62,4 @@ def test_agent_names_the_corrupted_rank_within_two_digests(tmp_path, launch_trai
         assert (digests[1][step] != digests[0][step]) == (step >= FAULT_STEP), step
     first_odd = min(s for s in steps if digests[1][s] != digests[0][s])
     assert first_odd - FAULT_STEP < EVERY
+

@@ -686,6 +686,12 @@ class Telemetry:
             digests = self._replicas.resolve()
             with self._lock:
                 self._state["replicas"] = (self._state["replicas"] + digests)[-KEEP:]
+            if self.metrics_log:  # the history a rollback picks its clean checkpoint from
+                now = _now()
+                for digest in digests:
+                    append_jsonl(self.run.metrics_file(self.rank),
+                                 {"v": 1, "kind": "replicas", "time": now, "rank": self.rank,
+                                  **digest})
         # popleft, one at a time, because the loop appends without a lock
         pending = [self._pending.popleft() for _ in range(len(self._pending))]
         if not pending:
