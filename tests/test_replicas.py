@@ -240,3 +240,31 @@ def test_collector_names_the_odd_rank_from_status_files_after_two_digests(tmp_pa
     assert value(result, "trainwatch_replica_digest_value_step", rank=1) == 29
     assert result.data["jobs"]["exp"]["0"]["suspects"] == [1]
 
+
+# ---------------------------------------------------------------- the rollback's choice
+def _log(run, rank, entries, time0=1000.0):
+    from trainwatch.rundir import append_jsonl
+    for i, (step, bits) in enumerate(entries):
+        append_jsonl(run.metrics_file(rank), {"v": 1, "kind": "replicas", "time": time0 + i,
+                                              "rank": rank, **_d(step, bits, group=0)})
+
+
+def test_rollback_finds_the_newest_agreeing_step_before_a_confirmed_divergence(tmp_path):
+    from trainwatch.alerts.replica_rollback import find_divergence
+    from trainwatch.rundir import RunDir
+
+    run = RunDir(tmp_path / "run").create()
+    _log(run, 0, [(4, A), (9, B), (14, C), (19, A)])
+    _log(run, 1, [(4, A), (9, B), (14, A), (19, B)])
+    _log(run, 2, [(4, A), (9, B), (14, C), (19, A)])
+    found = find_divergence(run)
+    assert (found.first_odd_step, found.last_agreeing_step, found.suspects, found.digests) == (
+        14, 9, [1], 2)
+    assert found.clean_checkpoint_step == 10
+    # logged before the last rollback: judged no more
+    assert find_divergence(run, since=2000.0).digests == 0
+    # one odd digest alone is not confirmed
+    run2 = RunDir(tmp_path / "run2").create()
+    for rank in range(3):
+        _log(run2, rank, [(4, A), (9, C if rank == 2 else B), (14, A)])
+    assert find_divergence(run2).digests == 1
