@@ -40,8 +40,7 @@ def tensors_of(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None =
                ) -> list[torch.Tensor]:
     """The tensors a digest covers, in a fixed order: the parameters, then (with an
     optimizer) each parameter's state tensors by key (Adam's moments, step)."""
-    params = [p for p in model.parameters()]
-    tensors = list(params)
+    tensors = list(model.parameters())
     if optimizer is not None:
         for group in optimizer.param_groups:
             for p in group["params"]:
