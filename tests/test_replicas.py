@@ -268,3 +268,32 @@ def test_rollback_finds_the_newest_agreeing_step_before_a_confirmed_divergence(t
     for rank in range(3):
         _log(run2, rank, [(4, A), (9, C if rank == 2 else B), (14, A)])
     assert find_divergence(run2).digests == 1
+
+
+def test_any_replicas_field_is_read_or_dropped_never_raised():
+    """A status is the rank's to write and anyone's to corrupt: whatever its ``replicas``
+    field holds, the agent keeps well-formed digests only and votes without raising."""
+    from hypothesis import given, settings, strategies as st
+
+    scalars = st.none() | st.booleans() | st.integers(-2, 2**70) | st.floats() | st.text(max_size=20)
+    values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
+                          | st.dictionaries(st.sampled_from(
+                              ["step", "bits", "group", "norm", "tolerance", "x"]), inner,
+                              max_size=6), max_leaves=30)
+    digest_like = st.fixed_dictionaries({"step": st.integers(0, 30), "bits": st.sampled_from([A, B])},
+                                        optional={"group": scalars, "norm": scalars,
+                                                  "tolerance": scalars})
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.lists(st.lists(digest_like, max_size=5) | values, min_size=1, max_size=4))
+    def check(fields):
+        judge = ReplicaJudge()
+        ranks = []
+        for rank, field in enumerate(fields):
+            kept = digests(field)
+            assert all(isinstance(d["step"], int) and len(d["bits"]) == 16 for d in kept)
+            ranks.append({"rank": rank, "state": "running", "replicas": kept})
+        for verdict in judge.update("j", ranks).values():
+            assert verdict.streak >= 0 and set(verdict.suspects) <= set(range(len(fields)))
+
+    check()
