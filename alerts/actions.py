@@ -205,9 +205,11 @@ class ActionRunner:
             # The alert is the agent's reading; the ranks' logged digests must say it too.
             divergence = find_divergence(self.run, self._last_action_time("replica_rollback"))
             if divergence.digests < 2:
-                return self._skip(req, "divergence not confirmed by the logged digests "
-                                  f"({divergence.digests} odd digest(s) in a row)",
-                                  extra={"divergence": divergence.journal()})
+                outcome = self._skip(req, "divergence not confirmed by the logged digests "
+                                     f"({divergence.digests} odd digest(s) in a row)",
+                                     extra={"divergence": divergence.journal()})
+                outcome.final = False  # a later delivery looks again
+                return outcome
         return self._restart(self.controller, req.action, req, ledger, confirmation)
 
     # ------------------------------------------------------------------ restarts
