@@ -12,7 +12,8 @@ status parsed every few seconds instead.
 A status is read again at once when its beat says it may have changed in a way the beat
 does not carry: no usable beat, a beat of another process (a restart) or in another
 state, a beat that has not moved since the last look (the status may then be the newer
-of the two), or a beat naming a newer timing window; otherwise every ``refresh`` seconds.
+of the two), or a beat naming a newer timing window or parameter digest; otherwise
+every ``refresh`` seconds.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ class RankFiles:
         return (beat.get("pid") != record.get("pid") or beat.get("rank") != record["rank"]
                 or beat.get("state") != record.get("state")
                 or beat.get("heartbeat_at") == kept.beat_at
-                or _new_window(record.get("timing"), beat))
+                or _new_window(record.get("timing"), beat)
+                or _new_digest(record.get("replicas"), beat))
 
 
 def _new_window(timing: Any, beat: dict[str, Any]) -> bool:
@@ -91,6 +93,16 @@ def _new_window(timing: Any, beat: dict[str, Any]) -> bool:
     step, size = beat.get("step"), timing.get("window_steps") if isinstance(timing, dict) else None
     return isinstance(kept, int) and isinstance(size, int) and isinstance(step, int) \
         and step >= kept + size
+
+
+def _new_digest(replicas: Any, beat: dict[str, Any]) -> bool:
+    """Does the status carry a parameter digest the kept one does not (the beat names the
+    newest digest's step, ``replica_step``)? Replica verdicts compare every digest."""
+    step = beat.get("replica_step")
+    if step is None:
+        return False
+    newest = replicas[-1] if isinstance(replicas, list) and replicas else None
+    return not isinstance(newest, dict) or newest.get("step") != step
 
 
 def _rank_of(path: str) -> int | None:

@@ -33,6 +33,7 @@ def build_status(ctx: AgentContext, *, listen: str, config_loaded_at: float) -> 
     gpu = (records["gpu"].data if "gpu" in records else None) or {}
     nccl = (records["nccl"].data if "nccl" in records else None) or {}
     journals = (records["journal"].data if "journal" in records else None) or {}
+    replicas = (records["replicas"].data if "replicas" in records else None) or {}
     gpus_by_pid: dict[int, list[dict[str, Any]]] = {}
     for g in gpu.get("gpus", []):
         for proc in g.get("processes", []):
@@ -72,6 +73,7 @@ def build_status(ctx: AgentContext, *, listen: str, config_loaded_at: float) -> 
             "journal": journals.get(job["run_dir"]),
             "nccl": (nccl.get("jobs") or {}).get(job["job"], {}).get("ras"),
             "node_straggler": (findings.get("node_stragglers") or {}).get(job["job"]),
+            "replica_groups": (replicas.get("jobs") or {}).get(job["job"], {}),
             "ranks": ranks})
 
     active = findings.get("findings", [])

@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from trainwatch.alerts.confirm import Confirmation, confirm_stall
 from trainwatch.alerts.controller import JobController
+from trainwatch.alerts.replica_rollback import find_divergence
 from trainwatch.contract.alerts import ACTS_BEFORE
 from trainwatch.contract.env import JOB_ENV
 from trainwatch.contract.layout import CONTROL_CHECKPOINT, CONTROL_DIR, CONTROL_HOLD_ACTIONS
@@ -41,7 +42,8 @@ from trainwatch.rundir import RunDir, atomic_write_json, read_run_file
 
 log = logging.getLogger(__name__)
 
-RESTARTING = ("stall_restart", "restart", "rollback_skip", "straggler")
+RESTARTING = ("stall_restart", "restart", "rollback_skip", "straggler", "replica_rollback")
+ROLLBACKS = ("rollback_skip", "replica_rollback")  # rate-limited only by an earlier rollback
 LEDGER_FORMAT = "trainwatch.actions"
 
 
@@ -187,7 +189,7 @@ class ActionRunner:
                                "adapter configured to move the job", {"requested": str(request)})
         # A rollback is the one remedy for a bad step; any other restart resumed from the
         # newest checkpoint, maybe past that step, so only an earlier rollback holds it back.
-        rollback = req.action == "rollback_skip"
+        rollback = req.action in ROLLBACKS
         last = ledger.get("last_rollback_at" if rollback else "last_restart_at")
         now = self.clock()
         if last is not None and now - last < self.policy.min_interval_seconds:
@@ -206,6 +208,15 @@ class ActionRunner:
                 outcome = self._skip(req, f"stall not confirmed: {confirmation.reason}",
                                      extra={"confirmation": confirmation.journal()})
                 outcome.final = False
+                return outcome
+        if req.action == "replica_rollback":
+            # The alert is the agent's reading; the ranks' logged digests must say it too.
+            divergence = find_divergence(self.run, self._last_action_time("replica_rollback"))
+            if divergence.digests < 2:
+                outcome = self._skip(req, "divergence not confirmed by the logged digests "
+                                     f"({divergence.digests} odd digest(s) in a row)",
+                                     extra={"divergence": divergence.journal()})
+                outcome.final = False  # a later delivery looks again
                 return outcome
         return self._restart(self.controller, req.action, req, ledger, confirmation)
 
@@ -265,17 +276,20 @@ class ActionRunner:
             # Stop first, so no checkpoint is written after the bad one is chosen.
             controller.stop(f"{action} ({req.alertname if req else 'exit'})", hard=True)
             details.update(self._prepare_rollback(controller))
+        elif action == "replica_rollback":
+            controller.stop(f"{action} ({req.alertname if req else 'exit'})", hard=True)
+            details.update(self._prepare_replica_rollback(controller))
         elif action == "straggler":
             details["requested"] = str(self._touch("checkpoint"))
             details["adapter"] = self._run_adapter(req)
         ledger["step_at_last_restart"] = step
         ledger["restarts_without_progress"] = count + 1
         ledger["last_restart_at"] = self.clock()
-        if action == "rollback_skip":
+        if action in ROLLBACKS:
             ledger["last_rollback_at"] = ledger["last_restart_at"]
         self._save(ledger)
         # Hung or diverged jobs are killed (no checkpoint can or should be written).
-        hard = action in ("stall_restart", "rollback_skip")
+        hard = action in ("stall_restart", *ROLLBACKS)
         details["pid"] = controller.restart(
             action + (f" ({req.alertname})" if req else ""), hard=hard)
         resume, kind = controller.resume_point()
@@ -304,6 +318,31 @@ class ActionRunner:
         atomic_write_json(self.run.skip_steps_file, request)
         details.update({"resume_step": resume, "quarantined": moved, "skip": request})
         return details
+
+    def _prepare_replica_rollback(self, controller: JobController) -> dict[str, Any]:
+        """Hide the checkpoints saved after the newest step whose digests agreed, so the job
+        resumes from weights every replica held; name the suspects for preflight."""
+        divergence = find_divergence(self.run, self._last_action_time("replica_rollback"))
+        clean = divergence.clean_checkpoint_step
+        moved = [self._quarantine(step, path) for step, path in controller.checkpoints()
+                 if clean is None or step > clean]
+        statuses = {s.get("rank"): s.get("node") for s in self.run.statuses().records}
+        suspects = [{"rank": r, "node": statuses.get(r)} for r in divergence.suspects]
+        return {"divergence": divergence.journal(), "clean_checkpoint_step": clean,
+                "quarantined": moved, "suspects": suspects,
+                "preflight": "run `trainwatch preflight` on the suspects' nodes before they "
+                             "train again (docs/sdc.md)"}
+
+    def _quarantine(self, step: int, path: Path) -> dict[str, Any]:
+        target = self._quarantine_folder(path.parent) / path.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(path), target)
+        return {"step": step, "moved_from": str(path), "moved_to": str(target)}
+
+    def _last_action_time(self, action: str) -> float:
+        times = [e.get("time") for e in self.run.events("action_taken")
+                 if e.get("action") == action]
+        return max((t for t in times if isinstance(t, (int, float))), default=float("-inf"))
 
     def _quarantine_folder(self, folder: Path) -> Path:
         """RUN_DIR/checkpoints -> diagnostics/quarantine-<time>/; any other checkpoint folder

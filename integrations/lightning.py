@@ -13,7 +13,9 @@ Checkpoints are Lightning's own (``trainer.save_checkpoint``), written into
 ``every_steps``, when ``RUN_DIR/control/checkpoint`` is touched (CheckpointTooOld's
 action) and on SIGTERM before Lightning stops (the ranks agree on the step with one small
 all-reduce per step).
-``resume_path()`` is the newest of them that verifies. Needs ``lightning`` installed.
+``resume_path()`` is the newest of them that verifies. ``replica_every=N`` digests the
+module's parameters every N steps for the replica check (docs/sdc.md). Needs ``lightning``
+installed.
 """
 
 from __future__ import annotations
@@ -41,9 +43,10 @@ class TrainwatchCallback(Callback):
     """Telemetry and verified, requestable checkpoints for a Lightning ``Trainer``."""
 
     def __init__(self, run_dir: str | Path | None = None, *, every_steps: int = 0,
-                 keep_last: int = 3, **telemetry: Any):
+                 keep_last: int = 3, replica_every: int = 0, **telemetry: Any):
         self.run = RunDir(run_dir or run_dir_from_env())
         self.every_steps, self.keep_last = every_steps, keep_last
+        self.replica_every = replica_every  # parameter digests across replicas (docs/sdc.md)
         self.telemetry_options = telemetry
         self.tel: Telemetry | None = None
         self._requested = threading.Event()
@@ -73,6 +76,8 @@ class TrainwatchCallback(Callback):
                    **self.telemetry_options}
         self.tel = Telemetry.from_env(self.run.root, **options).start()
         self.tel.on_control("checkpoint", lambda path: self._requested.set())
+        if self.replica_every:
+            self.tel.check_replicas(pl_module, every=self.replica_every)
         if trainer.global_rank == 0:
             catalog.remove_incomplete(self.run.checkpoint_dir)
 

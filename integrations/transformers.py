@@ -13,8 +13,8 @@ next step (``control.should_save``; the ranks agree with one small all-reduce pe
 every ``checkpoint-N`` folder it saves is sealed with a trainwatch manifest once all
 ranks wrote their files, and ``resume_path`` is the newest that verifies. On SIGTERM the
 ranks agree to save at the step's end and stop; the process then exits 75 (stopped after a
-checkpoint). Needs
-``transformers`` (and ``accelerate``) installed.
+checkpoint). ``replica_every=N`` digests the model's parameters every N steps for the
+replica check (docs/sdc.md). Needs ``transformers`` (and ``accelerate``) installed.
 """
 
 from __future__ import annotations
@@ -42,8 +42,10 @@ CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
 class TrainwatchCallback(TrainerCallback):
     """Telemetry and verified, requestable checkpoints for a Hugging Face ``Trainer``."""
 
-    def __init__(self, run_dir: str | Path | None = None, **telemetry: Any):
+    def __init__(self, run_dir: str | Path | None = None, *, replica_every: int = 0,
+                 **telemetry: Any):
         self.run = RunDir(run_dir or run_dir_from_env())
+        self.replica_every = replica_every  # parameter digests across replicas (docs/sdc.md)
         self.telemetry_options = telemetry
         self.tel: Telemetry | None = None
         self._requested = threading.Event()
@@ -82,6 +84,8 @@ class TrainwatchCallback(TrainerCallback):
             # The torch optimizer inside accelerate's wrapper runs the step hooks.
             self.tel.watch(model, getattr(optimizer, "optimizer", optimizer),
                            first_step=state.global_step)
+        if model is not None and self.replica_every:
+            self.tel.check_replicas(model, every=self.replica_every)
         if self._resumed_from is not None and state.is_world_process_zero:
             self.tel.event("checkpoint_resumed", step=state.global_step,
                            path=str(self._resumed_from), framework="transformers")

@@ -31,6 +31,6 @@ args = TrainingArguments(output_dir=os.path.join(os.environ["TRAINWATCH_RUN_DIR"
                          save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
                          dataloader_num_workers=0, remove_unused_columns=False,
                          ddp_backend="gloo")
-cb = TrainwatchCallback(heartbeat_interval=0.5)
+cb = TrainwatchCallback(heartbeat_interval=0.5, replica_every=5)
 trainer = Trainer(model=Tiny(), args=args, train_dataset=data, callbacks=[cb])
 trainer.train(resume_from_checkpoint=cb.resume_path(args.output_dir))

@@ -29,7 +29,7 @@ class Tiny(L.LightningModule):
 
 g = torch.Generator().manual_seed(0)
 data = TensorDataset(torch.randn(4096, 8, generator=g), torch.randn(4096, 1, generator=g))
-cb = TrainwatchCallback(heartbeat_interval=0.5)
+cb = TrainwatchCallback(heartbeat_interval=0.5, replica_every=5)
 trainer = L.Trainer(accelerator="cpu", devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                     strategy="ddp", max_steps=STEPS, callbacks=[cb], logger=False,
                     enable_checkpointing=False, enable_progress_bar=False,

@@ -9,7 +9,7 @@ from trainwatch.contract.metrics import METRICS
 AGENT = Path(__file__).resolve().parent.parent / "agent"
 # Subsystems only the agent exports (train_/rank_ names may also come from other components).
 AGENT_SUBSYSTEMS = ("gpu", "nccl", "storage", "network", "process", "straggler", "collector",
-                    "versions", "alert")
+                    "versions", "alert", "replica")
 NAME = re.compile(r'"(trainwatch_[a-z0-9_]+)"')
 
 

@@ -151,3 +151,24 @@ def test_a_restarted_rank_is_never_judged_on_its_old_process(tmp_path):
         for p in (old, new):
             p.kill()
             p.wait()
+
+
+def test_status_is_read_as_soon_as_the_beat_names_a_new_parameter_digest(tmp_path):
+    """Replica verdicts compare every digest: a beat naming a newer one (``replica_step``)
+    makes the agent read the status at once, not ``refresh`` seconds later."""
+    run = RunDir(tmp_path / "run").create()
+    writer = BeatWriter(beat_path(run.status_dir, 0))
+    files = RankFiles(refresh=3600.0)
+    digest = {"group": 0, "bits": "0" * 16, "norm": None, "tolerance": None}
+    try:
+        status(run, 0, 100, loss=1.0, replicas=[{"step": 9, **digest}])
+        beat(writer, 0, 100, 1000.0, replica_step=9)
+        assert loss(files, run, 0.0) == 1.0
+        status(run, 0, 100, loss=2.0, replicas=[{"step": 9, **digest}])
+        beat(writer, 0, 100, 1001.0, replica_step=9)
+        assert loss(files, run, 1.0) == 1.0    # same digest: the kept status stands
+        status(run, 0, 100, loss=3.0, replicas=[{"step": 9, **digest}, {"step": 19, **digest}])
+        beat(writer, 0, 100, 1002.0, replica_step=19)
+        assert loss(files, run, 2.0) == 3.0    # a new digest: read now
+    finally:
+        writer.close()

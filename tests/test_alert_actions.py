@@ -519,3 +519,43 @@ def test_a_rollback_is_held_back_by_an_earlier_rollback_not_by_another_restart(j
     assert first.taken and first.details["bad_step"] == 12, first.reason
     second = runner.handle(nan_alert("nan2"))
     assert not second.taken and "rate limited: the job was rolled back" in second.reason
+
+
+def test_replica_rollback_acts_only_on_confirmed_digests_and_resumes_before_them(job):
+    """TrainingReplicaDivergence's action reads the ranks' logged digests itself: one odd
+    digest is not acted on (asked again later); two are, and every checkpoint saved after
+    the newest agreeing digest is quarantined."""
+    c = job()
+    runner = ActionRunner(c.run.root, c, Policy(min_interval_seconds=300, guard_max_restarts=3))
+    c.start()
+    _wait_for(lambda: (c.progress_step() or 0) >= 45)
+
+    def log(odd_steps):
+        now = time.time()
+        for rank in range(3):
+            with open(c.run.metrics_file(rank), "w") as fh:
+                for step in (19, 24, 29, 34, 39):
+                    bits = ("b" if rank == 1 and step in odd_steps else "a") * 16
+                    fh.write(json.dumps({"v": 1, "kind": "replicas", "time": now, "rank": rank,
+                                         "step": step, "group": 0, "bits": bits}) + "\n")
+
+    def alert(fingerprint):
+        return ActionRequest("TrainingReplicaDivergence", "replica_rollback",
+                             {"run": "exp1", "suspects": "1"}, fingerprint,
+                             "2026-12-02T10:00:00Z", "engine")
+
+    log({34})
+    first = runner.handle(alert("sdc1"))
+    assert not first.taken and not first.final and "not confirmed" in first.reason
+    log({34, 39})
+    second = runner.handle(alert("sdc1"))  # the same alert, asked again
+    assert second.taken, second.reason
+    taken = c.run.events("action_taken")[-1]
+    assert taken["action"] == "replica_rollback"
+    assert taken["divergence"]["first_odd_step"] == 34
+    assert taken["clean_checkpoint_step"] == 30
+    assert {q["step"] for q in taken["quarantined"]} >= {35, 40, 45}
+    assert all(q["step"] > 30 for q in taken["quarantined"])
+    assert taken["suspects"] == [{"rank": 1, "node": None}]
+    _wait_for(lambda: len(_starts(c.run)) == 2)
+    assert _starts(c.run, field=1)[1] == 30

@@ -126,3 +126,8 @@ def test_framework_job_is_watched_checkpointed_on_request_and_resumed(jobs, kind
     sealed = [e for e in job.run.events("checkpoint_saved") if e.get("framework") == kind]
     from trainwatch.trainer.checkpoint.manifest import verify
     assert verify(sealed[0]["path"]).ok or not Path(sealed[0]["path"]).exists()
+    # replica_every=5: both DDP ranks digested their parameters, and the digests agree
+    digests = {s["rank"]: {d["step"]: d["bits"] for d in s["replicas"]}
+               for s in job.run.statuses().records}
+    common = set(digests[0]) & set(digests[1])
+    assert common and all(digests[0][s] == digests[1][s] for s in common), digests

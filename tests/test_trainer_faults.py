@@ -124,3 +124,29 @@ def test_the_job_controller_numbers_its_starts_for_the_faults(tmp_path):
         controller.start()
         assert controller.proc.wait(timeout=60) == 0
     assert out.read_text().split() == ["1", "2"]
+
+
+@pytest.mark.parametrize("dtype,bit", [("float32", 20), ("bfloat16", 20), ("float32", 31)])
+def test_sdc_flips_one_bit_of_one_weight_once_after_its_step(dtype, bit):
+    import torch
+
+    (fault,) = parse_faults(f"sdc:rank=1:step=3:bit={bit}")
+    assert fault == Fault("sdc", rank=1, step=3, attempt=0, bit=bit)
+    model = torch.nn.Linear(4, 2).to(getattr(torch, dtype))
+    before = [p.detach().clone() for p in model.parameters()]
+    injector = FaultInjector([fault], rank=1, attempt=0)
+    with injector.forward(3):  # the forward leaves it alone: it acts after the update
+        pass
+    injector.corrupt(2, model)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    injector.corrupt(3, model)
+    injector.corrupt(3, model)  # once per process
+    weight = next(model.parameters())
+    width = 8 * weight.element_size()
+    ints = {16: torch.int16, 32: torch.int32}[width]
+    changed = (before[0].view(ints) ^ weight.detach().view(ints)).view(-1)
+    flipped = 1 << min(bit, width - 1)
+    assert int(changed[0]) & ((1 << width) - 1) == flipped and not changed[1:].any()
+    for bad in ("sdc:rank=1", "sdc:step=3:bit=32", "sdc:step=3:bit=-1"):
+        with pytest.raises(ConfigError):
+            parse_faults(bad)

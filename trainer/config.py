@@ -85,6 +85,9 @@ class TelemetryConfig:
     enabled: bool = True
     heartbeat_interval: float = 1.0
     exchange_every: int = 10
+    # Steps between parameter digests compared across replicas (docs/sdc.md: the overhead
+    # measured at 50); 0: off.
+    replica_every: int = 50
     peak_flops: float | None = None
     metrics_port: int | None = None  # local rank r serves metrics_host:(port + r)/metrics
     # Loopback unless told: in a pod, "0.0.0.0" lets a PodMonitor scrape the pod IP.
@@ -246,6 +249,8 @@ def validate(config: Config, *, source: str) -> None:
          f"must be positive, got {tel.heartbeat_interval}")
     need(tel.exchange_every >= 0, "telemetry.exchange_every",
          f"must be >= 0 (0 disables), got {tel.exchange_every}")
+    need(tel.replica_every >= 0, "telemetry.replica_every",
+         f"must be >= 0 (0 disables), got {tel.replica_every}")
     need(tel.peak_flops is None or tel.peak_flops > 0, "telemetry.peak_flops",
          f"must be positive or null, got {tel.peak_flops}")
     need(tel.metrics_port is None or 1 <= tel.metrics_port <= 65535, "telemetry.metrics_port",

@@ -10,6 +10,9 @@
     TRAINWATCH_FAULT="slow:factor=2:step=10:until=60"  every rank is 2x slower in steps 10-59
     TRAINWATCH_FAULT="nan:rank=1:step=23"              rank 1's loss at step 23 is NaN (a bad batch)
     TRAINWATCH_FAULT="slow:delay=0.25"                 every step takes 0.25 s longer (pacing)
+    TRAINWATCH_FAULT="sdc:rank=1:step=40"              after step 40's optimizer step, rank 1
+                                                       flips bit 20 (``bit=B``) of one weight:
+                                                       silent data corruption (docs/sdc.md)
     TRAINWATCH_FAULT="eval:rank=0:step=30:seconds=90"  after step 30 rank 0 alone evaluates for
                                                        90 s (the others wait in the next
                                                        collective); no seconds: it hangs there
@@ -28,7 +31,10 @@ Faults fire inside the forward phase, where a slow or stuck accelerator would sh
 (``FaultInjector.loss``), so backward, the gradient norm and the non-finite guard all
 see it. A job a controller restarts (``trainwatch run``) is
 a new torchrun, attempt 0 again: there ``nan`` fires again whenever step S runs, like
-a corrupt batch, until the step's data is skipped.
+a corrupt batch, until the step's data is skipped. ``sdc`` flips the bit right after the
+optimizer step (``FaultInjector.corrupt``), in the first element of the model's first
+parameter, as a GPU that computed one value wrong would leave it: no error, and the
+replicas' weights differ from then on.
 """
 
 from __future__ import annotations
@@ -48,13 +54,13 @@ from trainwatch.errors import ConfigError
 if TYPE_CHECKING:  # the launcher parses faults before torchrun starts: no torch import there
     import torch
 
-ONE_SHOT = ("exit", "kill", "sleep", "hang", "freeze", "nan", "eval")
+ONE_SHOT = ("exit", "kill", "sleep", "hang", "freeze", "nan", "eval", "sdc")
 KINDS = ONE_SHOT + ("slow",)
 # Extra keys each kind takes, with their types.
 _PARAMS: dict[str, dict[str, type[int] | type[float]]] = {
     "exit": {"code": int}, "kill": {}, "sleep": {"seconds": float}, "hang": {}, "freeze": {},
     "nan": {}, "slow": {"factor": float, "until": int, "delay": float},
-    "eval": {"seconds": float}}
+    "eval": {"seconds": float}, "sdc": {"bit": int}}
 # A backward pass costs about twice the forward: a straggler's whole step is ~3x forward.
 _STEP_PER_FORWARD = 3.0
 
@@ -71,6 +77,7 @@ class Fault:
     factor: float = 1.0
     until: int | None = None  # slow: first step that runs at full speed again
     delay: float = 0.0  # slow: seconds added to every step (pacing a drill or test)
+    bit: int = 20  # sdc: which bit of the weight to flip (20: a float32's value by ~12 %)
 
     def slows(self, step: int) -> bool:
         """For ``slow``: whether ``step`` is in its window [step, until)."""
@@ -126,6 +133,8 @@ def parse_faults(text: str) -> list[Fault]:
         if kind == "eval" and "seconds" in floats and not floats["seconds"] > 0:
             raise ConfigError("seconds=S must be > 0 (leave it out to hang)", file=FAULT_ENV,
                               key=spec)
+        if kind == "sdc" and not 0 <= ints.get("bit", Fault.bit) < 32:
+            raise ConfigError("bit=B must be 0-31", file=FAULT_ENV, key=spec)
         if kind == "eval" and "seconds" not in floats:
             floats["seconds"] = math.inf
         start = step or 0
@@ -164,7 +173,7 @@ class FaultInjector:
             yield
             return
         for fault in self.faults:
-            if fault.kind in ONE_SHOT and fault.kind not in ("nan", "eval") \
+            if fault.kind in ONE_SHOT and fault.kind not in ("nan", "eval", "sdc") \
                     and self._due(fault, step):
                 self._fire(fault, step)
         started = time.perf_counter()
@@ -199,6 +208,21 @@ class FaultInjector:
                 self._fire(fault, step)
                 return loss * float("nan")
         return loss
+
+    def corrupt(self, step: int, model: torch.nn.Module) -> None:
+        """Flip one bit of one weight when an ``sdc`` fault is due after ``step``'s update."""
+        for fault in self.faults:
+            if fault.kind == "sdc" and self._due(fault, step):
+                import torch
+                param = next(model.parameters())
+                width = 8 * param.element_size()
+                ints = {16: torch.int16, 32: torch.int32, 64: torch.int64}[width]
+                bit = min(fault.bit, width - 1)
+                mask = (1 << bit) - ((1 << width) if bit == width - 1 else 0)  # two's complement
+                with torch.no_grad():
+                    param.data.view(ints).view(-1)[0] ^= torch.tensor(mask, dtype=ints)
+                print(f"trainwatch: injecting fault sdc (bit {fault.bit} of a weight) after "
+                      f"step {step} (pid {os.getpid()})", file=sys.stderr, flush=True)
 
     def _due(self, fault: Fault, step: int) -> bool:
         """True the first time ``step`` reaches a one-shot fault; journals it (on_fire)."""

@@ -62,6 +62,7 @@ from trainwatch.node import node_name
 from trainwatch.rundir import RunDir, append_jsonl
 from trainwatch.trainer import dumps
 from trainwatch.trainer.flops import peak_flops_for
+from trainwatch.trainer.replicas import DEFAULT_EVERY, KEEP, ReplicaCheck
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +226,8 @@ class Telemetry:
                          "pending_dropped_total": 0},
             "last_nonfinite_loss_at": None,
             "timing": None, "checkpoint": None, "info": {},
+            # The newest parameter digests (check_replicas), oldest first.
+            "replicas": [],
             # Budgets of phases this job declared (declare_phase): seconds a rank may spend
             # in them without a step before the agent calls it stalled.
             "phase_budgets": {},
@@ -238,6 +241,7 @@ class Telemetry:
         self._failed_this_beat = False
         self._finished_journaled = False
         self._watch: Any = None
+        self._replicas: ReplicaCheck | None = None
         self._next_step = 0
         self._step_start_ns = 0
         self._step_phase_ns: dict[str, int] = {}
@@ -359,6 +363,19 @@ class Telemetry:
         self._watch = (Watch(self, model, optimizer, first_step) if self.enabled
                        else NoWatch())
         return self._watch
+
+    def check_replicas(self, model: torch.nn.Module, *, every: int = DEFAULT_EVERY,
+                       optimizer: torch.optim.Optimizer | None = None,
+                       tolerance: float | None = None, replica_group: int | str = 0) -> None:
+        """Digest the parameters (and ``optimizer``'s state) after every ``every``-th step
+        and publish the digest, so the agent can name a rank whose weights diverged from
+        its replicas' (silent data corruption, docs/sdc.md). Ranks with the same
+        ``replica_group`` hold replicas (default: every rank, as in DDP); ``tolerance``
+        (relative, on the norm) for replicas that are not bitwise equal. Works with
+        ``step`` blocks and with ``watch``."""
+        check = ReplicaCheck(model, every, optimizer, tolerance, replica_group)
+        if self.enabled:
+            self._replicas = check
 
     def record(self, **values: Any) -> None:
         """Values of the current watched step (loss, grad_norm, lr, tokens, samples, ...);
@@ -549,6 +566,9 @@ class Telemetry:
             pending.append((step, end_time, step_ns, phases, cuda_events, values))
             counters["steps_total"] += 1
             self._state["last_progress_at"] = end_time
+            replicas = self._replicas
+            if replicas is not None and replicas.due(step):
+                replicas.take(step)  # after the optimizer step; read by the thread
             if ended is None:
                 self._phase = ("idle", now)  # between steps: the loop's own code
             if self.exchange_every:
@@ -662,6 +682,16 @@ class Telemetry:
 
     def _flush(self) -> None:
         """Resolve pending steps (the only place tensors are read) and append them to the log."""
+        if self._replicas is not None and self._replicas.taken:
+            digests = self._replicas.resolve()
+            with self._lock:
+                self._state["replicas"] = (self._state["replicas"] + digests)[-KEEP:]
+            if self.metrics_log:  # the history a rollback picks its clean checkpoint from
+                now = _now()
+                for digest in digests:
+                    append_jsonl(self.run.metrics_file(self.rank),
+                                 {"v": 1, "kind": "replicas", "time": now, "rank": self.rank,
+                                  **digest})
         # popleft, one at a time, because the loop appends without a lock
         pending = [self._pending.popleft() for _ in range(len(self._pending))]
         if not pending:
@@ -764,6 +794,7 @@ class Telemetry:
                 "phase_budget": s["phase_budgets"].get(phase),
                 "step_time_seconds": metrics.get("step_time_seconds"),
                 "timing_step": (s.get("timing") or {}).get("step"),
+                "replica_step": s["replicas"][-1]["step"] if s.get("replicas") else None,
                 "publish_errors_total": self._publish_errors,
                 "publish_failing_since": self._publish_failing_since,
                 "last_publish_error": self._publish_error}

@@ -225,6 +225,8 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpoi
     model = state.model
     ddp = DDP(model, device_ids=[ranks.device.index] if ranks.device.type == "cuda" else None
               ) if ranks.distributed else model
+    if cfg.telemetry.replica_every > 0:  # silent data corruption: docs/sdc.md
+        tel.check_replicas(model, every=cfg.telemetry.replica_every)
     tel.flops_per_token = model.flops_per_token()
     tel.set_info(params=model.num_params(), flops_per_token=tel.flops_per_token,
                  config_digest=cfg.digest(),
@@ -276,6 +278,7 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpoi
                     state.optimizer.step()
                     state.scheduler.step()
                 state.optimizer.zero_grad(set_to_none=True)
+            faults.corrupt(step, model)  # TRAINWATCH_FAULT=sdc:...
             state.step = step + 1
             record.record(loss=loss, grad_norm=grad_norm, lr=lr, tokens=tokens_per_step,
                           samples=samples_per_step)

@@ -20,6 +20,7 @@ from typing import Any
 from trainwatch.host.procinfo import ProcessTracker
 from trainwatch.agent.rankfiles import RankFiles
 from trainwatch.agent.registry import Collector, Result, Sample, label_values, register
+from trainwatch.agent.replicas import digests
 from trainwatch.contract.states import KNOWN_PHASES, PROCESS_STATES, RANK_STATES
 from trainwatch.contract.timing import job_window
 from trainwatch.errors import FormatError
@@ -451,4 +452,5 @@ class RanksCollector(Collector):
                 "step", "loss", "step_time_seconds", "data_wait_seconds", "tokens_per_second",
                 "samples_per_second", "memory_bytes")},
             "process": proc,
+            "replicas": digests(s.get("replicas")),  # parameter digests (collector replicas)
         }

@@ -12,7 +12,8 @@ from importlib import resources
 import yaml
 
 SEVERITIES = ("critical", "warning", "info")
-ACTIONS = ("stall_restart", "restart", "rollback_skip", "straggler", "checkpoint_now")
+ACTIONS = ("stall_restart", "restart", "rollback_skip", "straggler", "checkpoint_now",
+           "replica_rollback")
 # An alert that acts before the page it stands in for: silencing the page (the name people
 # know to silence) holds the early action too.
 ACTS_BEFORE = {"TrainingStallSuspected": "TrainingStalled"}

@@ -390,5 +390,31 @@ _SPECS += [
        "Tokens trained by the surviving steps, job-wide.", RUN),
 ]
 
+# --- replica divergence: silent data corruption (agent collector `replicas`, docs/sdc.md).
+# Ranks of one replica group hold the same parameters; each publishes a digest of them
+# every N steps and the agent compares the digests of one step across the ranks it sees.
+REPLICA_GROUP = RUN_NODE + ("group",)
+_SPECS += [
+    _m("trainwatch_replica_divergence_digests", "gauge",
+       "Consecutive compared digests of the replica group in which the same ranks "
+       "(suspects: '3', or 'one of 0,1' without a majority) disagreed; absent while all agree.",
+       REPLICA_GROUP + ("suspects",)),
+    _m("trainwatch_replica_digest_mismatch", "gauge",
+       "Consecutive compared digests in which the rank's parameters differed from its replica "
+       "group's majority (0: agrees, or no majority to differ from).", RUN_RANK),
+    _m("trainwatch_replica_digest_step", "gauge",
+       "Newest step whose digests the agent compared across the group's ranks.", REPLICA_GROUP),
+    _m("trainwatch_replica_digest_ranks_compared", "gauge",
+       "Ranks whose digests of the newest compared step the agent compared.", REPLICA_GROUP),
+    _m("trainwatch_replica_digest_ranks_agreeing", "gauge",
+       "Ranks in the strict majority of the newest compared step (0: none).", REPLICA_GROUP),
+    _m("trainwatch_replica_digest_value", "gauge",
+       "The low 52 bits of the rank's newest parameter digest (exact in a float), to compare "
+       "replicas across nodes in PromQL.", RUN_RANK + ("group",)),
+    _m("trainwatch_replica_digest_value_step", "gauge",
+       "The step of the rank's newest parameter digest (trainwatch_replica_digest_value).",
+       RUN_RANK + ("group",)),
+]
+
 METRICS: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}
 
