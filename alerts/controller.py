@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -71,6 +72,7 @@ class JobController:
         self.closed = False  # close(): nothing starts again, not even a restart under way
         self.lock = threading.RLock()
         self.extra_args: list[str] = []
+        self.unrecorded: list[str] = []  # events a full or failing disk kept out of the journal
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, reason: str = "start") -> int:
@@ -88,8 +90,8 @@ class JobController:
             self.starts += 1
             self.started_at = time.time()
             self.stopping = False
-            self.run.append_event("job_started", "engine", pid=self.proc.pid, reason=reason,
-                                  attempt=self.starts, command=self.command + self.extra_args)
+            self.journal("job_started", pid=self.proc.pid, reason=reason, attempt=self.starts,
+                         command=self.command + self.extra_args)
             return self.proc.pid
 
     def alive(self) -> bool:
@@ -132,9 +134,18 @@ class JobController:
                 _signal(p, signal.SIGKILL)
             code = self.proc.wait()
             wait_gone(leftover, timeout=5)
-            self.run.append_event("job_stopped", "engine", pid=self.proc.pid, reason=reason,
-                                  returncode=code, hard=hard, killed=killed)
+            self.journal("job_stopped", pid=self.proc.pid, reason=reason, returncode=code,
+                         hard=hard, killed=killed)
             return code
+
+    def journal(self, event: str, **fields: Any) -> None:
+        """Journal one of the supervisor's events. A full disk costs the event (listed in
+        ``unrecorded`` for the user), never the start or stop it records."""
+        try:
+            self.run.append_event(event, "engine", **fields)
+        except OSError as exc:
+            self.unrecorded.append(f"{event} ({exc.strerror or exc})")
+            log.warning("could not journal %s: %s", event, exc.strerror or exc)
 
     def close(self, reason: str) -> None:
         """Stop the job for good: an action thread that is restarting it meanwhile starts

@@ -18,7 +18,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import click
 from rich.console import Console
@@ -203,9 +203,9 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     supervisor = Supervisor(controller, runner)
     watch = (TelemetryWatch(controller, lambda text: click.echo(text, err=True),
                             grace=telemetry_grace) if command else None)
-    run_.append_event("controller_started", "engine", nproc_per_node=nproc_per_node,
-                      command=list(command) or None, agent=targets, rules=len(ruleset.rules),
-                      dry_run=dry_run, **{STALL_RECORD_KEY: agent_stall})
+    controller.journal("controller_started", nproc_per_node=nproc_per_node,
+                       command=list(command) or None, agent=targets, rules=len(ruleset.rules),
+                       dry_run=dry_run, **{STALL_RECORD_KEY: agent_stall})
     started = time.time()
     interrupted = False
     progress = Progress(target_steps)
@@ -235,17 +235,21 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     except KeyboardInterrupt:
         interrupted = True
     finally:
-        if watch is not None:
-            watch.stop()
-        supervisor.stop()
-        loop.stop()
-        loop.tick()  # a last evaluation, so what ended the run (e.g. the guard) is announced
-        controller.close("interrupted" if interrupted else "controller stopped")
-        stop(agent_proc)
+        _shut_down(controller, [
+            ("the telemetry watch", watch.stop if watch is not None else lambda: None),
+            ("the supervisor", supervisor.stop), ("the engine", loop.stop),
+            # a last evaluation, so what ended the run (e.g. the guard) is announced
+            ("the last evaluation", loop.tick),
+            ("the job", lambda: controller.close("interrupted" if interrupted
+                                                 else "controller stopped")),
+            ("the agent", lambda: stop(agent_proc))])
         code = 130 if interrupted else (supervisor.exit_code or 0)
-        run_.append_event("controller_stopped", "engine", exit_code=code,
-                          interrupted=interrupted, seconds=round(time.time() - started, 3),
-                          actions=len(run_.events("action_taken")))
+        controller.journal("controller_stopped", exit_code=code, interrupted=interrupted,
+                           seconds=round(time.time() - started, 3),
+                           actions=len(run_.events("action_taken")))
+        if controller.unrecorded:
+            click.echo("trainwatch run: could not record in the journal (is the disk full?): "
+                       + "; ".join(controller.unrecorded[-10:]), err=True)
     if code == 2:
         raise ConfigError("the training job rejected its input (exit 2): "
                           + _new_lines(run_.logs_dir / JOB_LOG, job_log_start))
@@ -258,6 +262,16 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
                    f"{run_.journal_file} and {run_.logs_dir}/", err=True)
     if code:
         sys.exit(code if code in (2, 130) else 1)
+
+
+def _shut_down(controller: JobController, steps: list[tuple[str, Callable[[], object]]]) -> None:
+    """Every step of the shutdown, whatever one raises (a full disk under the journal):
+    everything the run started stops; what failed is listed with what was not recorded."""
+    for what, step in steps:
+        try:
+            step()
+        except Exception as exc:  # noqa: BLE001 - the steps after it must still run
+            controller.unrecorded.append(f"stopping {what}: {exc}")
 
 
 def supervised_command(run_dir, command, *, nproc_per_node, steps, config, overrides,
