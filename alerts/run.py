@@ -17,7 +17,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 from typing import Callable, Iterator
 
 import click
@@ -35,12 +34,13 @@ from trainwatch.alerts.loop import EngineLoop, connect_actions
 from trainwatch.alerts.notify import AlertmanagerNotifier, JournalNotifier, WebhookNotifier
 from trainwatch.alerts.promql import parse_duration
 from trainwatch.alerts.rules import load_rules
-from trainwatch.alerts.run_checks import check_launch
+from trainwatch.alerts.run_checks import check_launch, check_run_dir
 from trainwatch.alerts.run_summary import ALREADY_COMPLETE, render as render_summary, summarize
 from trainwatch.alerts.run_view import Progress, live_view
 from trainwatch.alerts.scrape import Scraper
 from trainwatch.alerts.silences import Silences
 from trainwatch.alerts.supervise import Supervisor
+from trainwatch.clitypes import NPROC_PER_NODE, seconds
 from trainwatch.contract.layout import AGENT_LOG, JOB_LOG, LOGS_DIR
 from trainwatch.contract.ports import LOOPBACK
 from trainwatch.contract.stall import RECORD_KEY as STALL_RECORD_KEY
@@ -115,7 +115,7 @@ class _RunCommand(click.Command):
 
 
 @click.command("run", cls=_RunCommand)
-@click.option("--nproc-per-node", type=int,
+@click.option("--nproc-per-node", type=NPROC_PER_NODE,
               help="Ranks on this machine (the reference trainer; not with a COMMAND).")
 @click.option("--run-dir", type=click.Path(file_okay=False),
               help="Where the run keeps its state (status, metrics, journal, logs); or give "
@@ -137,7 +137,7 @@ class _RunCommand(click.Command):
 @click.option("--dry-run", is_flag=True, help="Journal what actions would do; do nothing.")
 @click.option("--no-live", is_flag=True,
               help="No live view (for logs and CI): only alerts and the outcome are printed.")
-@click.option("--telemetry-grace", type=float, default=TELEMETRY_GRACE_SECONDS,
+@click.option("--telemetry-grace", type=seconds(), default=TELEMETRY_GRACE_SECONDS,
               show_default=True, metavar="SECONDS",
               help="With a COMMAND: say so when no rank has published telemetry this long "
                    "after a start.")
@@ -284,8 +284,7 @@ def supervised_command(run_dir, command, *, nproc_per_node, steps, config, overr
     if given:
         raise ConfigError(f"{', '.join(given)} configure the reference trainer; with a COMMAND "
                           "put your job's own options in the command", key=given[0])
-    if Path(run_dir).exists() and not Path(run_dir).is_dir():
-        raise ConfigError("exists and is not a directory", file=str(run_dir), key="--run-dir")
+    check_run_dir(run_dir)
     agent = load_agent_config(agent_config, run_dirs=[str(run_dir)])  # else it dies unseen
     return supervised_job(run_dir, command, "trainwatch run"), agent.stall
 
