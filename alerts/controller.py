@@ -10,6 +10,7 @@ hung or diverged jobs, so a frozen (SIGSTOPped) rank cannot keep a restart waiti
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import signal
 import socket
@@ -25,7 +26,8 @@ import psutil
 
 from trainwatch.alerts.jobenv import job_environment
 from trainwatch.contract.env import LAUNCH_ENV
-from trainwatch.contract.layout import CONTROL_DUMP, DUMP_FILE_GLOB, JOB_LOG, STATUS_FILE_GLOB
+from trainwatch.contract.layout import (CONTROL_DUMP, DUMP_FILE_GLOB, JOB_LOG, RANK_PREFIX,
+                                       STATUS_FILE_GLOB)
 from trainwatch.node import node_name
 from trainwatch.proctree import wait_gone
 from trainwatch.errors import FormatError
@@ -181,6 +183,22 @@ class JobController:
         steps = [step for step, _ in self.checkpoints()]
         steps += [step for step, _ in self.declared_checkpoints()]
         return max(steps) if steps else None
+
+    def ranks_reported(self) -> bool:
+        """Some rank of the current start wrote its status or beat file: the job got as far
+        as running a rank. One that exits before that failed to launch (a missing script, a
+        bad launcher option): restarting it would fail the same way."""
+        if self.started_at is None:
+            return False
+        since = self.started_at - 0.05  # file times come from the coarser kernel clock
+        try:
+            with os.scandir(self.run.status_dir) as entries:
+                return any(e.name.startswith(RANK_PREFIX)
+                           and e.is_file(follow_symlinks=False)
+                           and e.stat(follow_symlinks=False).st_mtime >= since
+                           for e in entries)
+        except OSError:
+            return False
 
     def ranks_finished(self) -> bool:
         """Every rank of the current start wrote a ``finished`` status (``RunDir.finished_since``)."""

@@ -255,7 +255,11 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
                           + _new_lines(run_.logs_dir / JOB_LOG, job_log_start))
     outcome = "interrupted" if interrupted else "failed" if code else "finished"
     render_summary(summarize(run_.root, outcome, target_steps), console)
-    if code and code != 130:
+    if supervisor.launch_failed:
+        click.echo("trainwatch run: the job failed before any rank started (not restarted: "
+                   "it would fail the same way); the end of its log:"
+                   + _new_lines(run_.logs_dir / JOB_LOG, job_log_start, n=20), err=True)
+    elif code and code != 130:
         skipped = run_.events("action_skipped")
         why = f": {skipped[-1].get('reason')}" if skipped else ""
         click.echo(f"trainwatch run: the job failed and was not restarted{why}; see "
