@@ -248,7 +248,7 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
                            seconds=round(time.time() - started, 3),
                            actions=len(run_.events("action_taken")))
         if controller.unrecorded:
-            click.echo("trainwatch run: could not record in the journal (is the disk full?): "
+            click.echo("trainwatch run: could not record (is the disk full?): "
                        + "; ".join(controller.unrecorded[-10:]), err=True)
     if code == 2:
         raise ConfigError("the training job rejected its input (exit 2): "
