@@ -7,10 +7,12 @@ import signal
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
 
 from trainwatch.alerts.promql import parse_duration
+from trainwatch.clitypes import NPROC_PER_NODE
 from trainwatch.contract.env import RECEIVER_TOKEN_ENV
 from trainwatch.contract.layout import ALERTS_DIR, SILENCES_FILE
 from trainwatch.contract.ports import RECEIVER_LISTEN
@@ -188,6 +190,19 @@ def _listen(text: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
+def _check_target(text: str) -> None:
+    """A scrape target is HOST:PORT or an http(s) URL with a host, or ConfigError (exit 2
+    before the engine starts: a bad one would only be retried and logged forever)."""
+    parts = urlsplit(text if "://" in text else f"http://{text}")
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1 or \
+            (port is None and "://" not in text):
+        raise ConfigError(f"'{text}' is not HOST:PORT or an http(s) URL", key="--target")
+
+
 def _job_command(run_dir, job_command, nproc_per_node, config, steps) -> list[str] | None:
     import shlex
 
@@ -210,7 +225,7 @@ def _job_command(run_dir, job_command, nproc_per_node, config, steps) -> list[st
               help="Where to serve the webhook (loopback unless you say otherwise).")
 @click.option("--token-file", type=click.Path(dir_okay=False),
               help=f"File holding the bearer token (default: ${RECEIVER_TOKEN_ENV}).")
-@click.option("--nproc-per-node", type=int, help="Also run and supervise `trainwatch train`.")
+@click.option("--nproc-per-node", type=NPROC_PER_NODE, help="Also run and supervise `trainwatch train`.")
 @click.option("--config", type=click.Path(dir_okay=False), help="Trainer config file.")
 @click.option("--steps", type=int, help="Override train.steps.")
 @click.option("--job-command",
@@ -290,6 +305,8 @@ def watch(rules_file, thresholds_file, targets, run_dir, webhook, webhook_token_
     from trainwatch.alerts.scrape import Scraper
     from trainwatch.alerts.silences import Silences
     ruleset = _load(rules_file, thresholds_file)
+    for target in targets:
+        _check_target(target)
     token = load_token(webhook_token_file) if webhook_token_file else None
     history = History()
     notifiers: list[Notifier] = [JournalNotifier(run_dir)]

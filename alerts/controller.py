@@ -10,6 +10,7 @@ hung or diverged jobs, so a frozen (SIGSTOPped) rank cannot keep a restart waiti
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import signal
 import socket
@@ -19,12 +20,14 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from trainwatch.alerts.jobenv import job_environment
 from trainwatch.contract.env import LAUNCH_ENV
-from trainwatch.contract.layout import CONTROL_DUMP, DUMP_FILE_GLOB, JOB_LOG, STATUS_FILE_GLOB
+from trainwatch.contract.layout import (CONTROL_DUMP, DUMP_FILE_GLOB, JOB_LOG, RANK_PREFIX,
+                                       STATUS_FILE_GLOB)
 from trainwatch.node import node_name
 from trainwatch.proctree import wait_gone
 from trainwatch.errors import FormatError
@@ -71,6 +74,7 @@ class JobController:
         self.closed = False  # close(): nothing starts again, not even a restart under way
         self.lock = threading.RLock()
         self.extra_args: list[str] = []
+        self.unrecorded: list[str] = []  # events a full or failing disk kept out of the journal
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, reason: str = "start") -> int:
@@ -88,8 +92,8 @@ class JobController:
             self.starts += 1
             self.started_at = time.time()
             self.stopping = False
-            self.run.append_event("job_started", "engine", pid=self.proc.pid, reason=reason,
-                                  attempt=self.starts, command=self.command + self.extra_args)
+            self.journal("job_started", pid=self.proc.pid, reason=reason, attempt=self.starts,
+                         command=self.command + self.extra_args)
             return self.proc.pid
 
     def alive(self) -> bool:
@@ -132,9 +136,18 @@ class JobController:
                 _signal(p, signal.SIGKILL)
             code = self.proc.wait()
             wait_gone(leftover, timeout=5)
-            self.run.append_event("job_stopped", "engine", pid=self.proc.pid, reason=reason,
-                                  returncode=code, hard=hard, killed=killed)
+            self.journal("job_stopped", pid=self.proc.pid, reason=reason, returncode=code,
+                         hard=hard, killed=killed)
             return code
+
+    def journal(self, event: str, **fields: Any) -> None:
+        """Journal one of the supervisor's events. A full disk costs the event (listed in
+        ``unrecorded`` for the user), never the start or stop it records."""
+        try:
+            self.run.append_event(event, "engine", **fields)
+        except OSError as exc:
+            self.unrecorded.append(f"{event} ({exc.strerror or exc})")
+            log.warning("could not journal %s: %s", event, exc.strerror or exc)
 
     def close(self, reason: str) -> None:
         """Stop the job for good: an action thread that is restarting it meanwhile starts
@@ -170,6 +183,22 @@ class JobController:
         steps = [step for step, _ in self.checkpoints()]
         steps += [step for step, _ in self.declared_checkpoints()]
         return max(steps) if steps else None
+
+    def ranks_reported(self) -> bool:
+        """Some rank of the current start wrote its status or beat file: the job got as far
+        as running a rank. One that exits before that failed to launch (a missing script, a
+        bad launcher option): restarting it would fail the same way."""
+        if self.started_at is None:
+            return False
+        since = self.started_at - 0.05  # file times come from the coarser kernel clock
+        try:
+            with os.scandir(self.run.status_dir) as entries:
+                return any(e.name.startswith(RANK_PREFIX)
+                           and e.is_file(follow_symlinks=False)
+                           and e.stat(follow_symlinks=False).st_mtime >= since
+                           for e in entries)
+        except OSError:
+            return False
 
     def ranks_finished(self) -> bool:
         """Every rank of the current start wrote a ``finished`` status (``RunDir.finished_since``)."""

@@ -6,7 +6,9 @@ otherwise, requires ``Authorization: Bearer <token>`` (compared in constant time
 never logged), rejects malformed payloads with a 4xx and a reason before anything
 acts, and hands each firing alert whose rule has an action to ``ActionRunner``
 (which makes duplicate deliveries harmless).  ``/metrics`` exports the controller's
-own state (the restart guard) for Prometheus.
+own state (the restart guard) for Prometheus. It serves through the agent's bounded
+server (``trainwatch/httpserver.py``): at most ``MAX_CONNECTIONS`` open, each request
+whole within ``READ_TIMEOUT_SECONDS`` of its first byte, bodies capped before reading.
 """
 
 from __future__ import annotations
@@ -14,13 +16,10 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import socket
-import sys
 import threading
 import time
 from collections import deque
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
@@ -32,15 +31,16 @@ from trainwatch.configfile import read_secret
 from trainwatch.contract.env import RECEIVER_TOKEN_ENV as TOKEN_ENV
 from trainwatch.contract.metrics import METRICS, RUN_LABEL
 from trainwatch.errors import listen_error
+from trainwatch.httpserver import BoundedHTTPServer, Request, Response
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 1 << 20
-READ_TIMEOUT_SECONDS = 10.0      # a client that stops sending is dropped, never waited on
+READ_TIMEOUT_SECONDS = 10.0      # a request must arrive whole this soon after its first byte
+MAX_CONNECTIONS = 64             # open at once; more are closed at once (Alertmanager retries)
 MAX_ALERTS_PER_PAYLOAD = 100     # the rest of a bigger payload is journaled as refused
 MAX_ACTIONS_PER_WINDOW = 20      # action requests handed to the controller per window...
 ACTION_WINDOW_SECONDS = 60.0     # ...beyond which they are journaled as refused
-_DISCONNECTS = (ConnectionError, TimeoutError, OSError)
 
 
 class PayloadError(ValueError):
@@ -96,19 +96,6 @@ def parse_payload(body: bytes) -> list[dict[str, Any]]:
     return alerts
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that went away (a scrape timeout, a closed connection) is one log line,
-        not a traceback; anything else is a bug and keeps its traceback."""
-        exc = sys.exc_info()[1]
-        if isinstance(exc, _DISCONNECTS):
-            log.info("client %s went away: %s", client_address[0], type(exc).__name__)
-        else:
-            log.exception("error serving %s", client_address[0])
-
-
 class Receiver:
     """The webhook server; ``start()`` serves in a thread, ``stop()`` shuts it down."""
 
@@ -126,10 +113,12 @@ class Receiver:
                                  list(other.labels), registry=self.registry)
         self.other_run.labels(runner.job)  # from 0, so increase() sees the first one
         try:
-            self.server = _Server((host, port), self._handler())
+            self.server = BoundedHTTPServer(
+                (host, port), self._route, max_connections=MAX_CONNECTIONS,
+                idle_timeout=READ_TIMEOUT_SECONDS, read_timeout=READ_TIMEOUT_SECONDS,
+                max_body=MAX_BODY_BYTES, name="tw-receiver")
         except OSError as exc:
             raise listen_error(exc, host, port, key="--listen") from None
-        self.thread: threading.Thread | None = None
         self._requests: deque[float] = deque()  # monotonic times of recent action requests
         self._requests_lock = threading.Lock()
 
@@ -140,9 +129,7 @@ class Receiver:
         return f"http://{host}:{port}"
 
     def start(self) -> "Receiver":
-        self.thread = threading.Thread(target=self.server.serve_forever, name="tw-receiver",
-                                       daemon=True)
-        self.thread.start()
+        self.server.serve_in_thread()
         return self
 
     def stop(self) -> None:
@@ -220,88 +207,32 @@ class Receiver:
         self.guard.labels(job).set(1 if self.runner.guard_tripped else 0)
         return results
 
-    def _handler(self):
-        receiver = self
+    def _route(self, request: Request) -> Response:
+        """The answer to one request, read whole within the server's bounds (in its pool
+        of threads): nothing acts before the token, the type and the payload check out."""
+        if request.method in ("GET", "HEAD"):
+            if request.path == "/healthz":
+                return _json(200, {"ok": True})
+            if request.path == "/metrics":
+                return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry), {}
+            return _json(404, {"error": "not found; POST alerts to /webhook"})
+        if request.method != "POST" or request.path != "/webhook":
+            return _json(404, {"error": "not found; POST alerts to /webhook"})
+        if not self.authorized(request.headers.get("authorization")):
+            return _json(401, {"error": "missing or wrong bearer token"})
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype != "application/json" and not (
+                ctype.startswith("application/") and ctype.endswith("+json")):
+            return _json(415, {"error": f"Content-Type must be application/json, got "
+                                        f"{ctype[:64]!r}"})
+        if "content-length" not in request.headers:
+            return _json(411, {"error": "Content-Length required"})
+        try:
+            alerts = parse_payload(request.body)
+        except PayloadError as exc:
+            return _json(400, {"error": str(exc)})
+        return _json(200, {"results": self.handle_alerts(alerts)})
 
-        class Handler(BaseHTTPRequestHandler):
-            server_version = "trainwatch-receiver"
-            timeout = READ_TIMEOUT_SECONDS  # socket timeout: reads never wait longer
 
-            def log_message(self, fmt: str, *args: Any) -> None:  # path and status only
-                log.info("%s %s", self.address_string(), fmt % args)
-
-            def _reply(self, code: int, body: dict[str, Any] | bytes,
-                       content_type: str = "application/json") -> None:
-                data = body if isinstance(body, bytes) else (json.dumps(body) + "\n").encode()
-                self.send_response(code)
-                if self.close_connection:
-                    self.send_header("Connection", "close")
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self) -> None:
-                if self.path == "/healthz":
-                    self._reply(200, {"ok": True})
-                elif self.path == "/metrics":
-                    self._reply(200, generate_latest(receiver.registry), CONTENT_TYPE_LATEST)
-                else:
-                    self._reply(404, {"error": "not found; POST alerts to /webhook"})
-
-            def do_POST(self) -> None:
-                if self.path != "/webhook":
-                    self._refuse(404, "not found; POST alerts to /webhook")
-                    return
-                if not receiver.authorized(self.headers.get("Authorization")):
-                    self._refuse(401, "missing or wrong bearer token")
-                    return
-                ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
-                if ctype != "application/json" and not (
-                        ctype.startswith("application/") and ctype.endswith("+json")):
-                    self._refuse(415, f"Content-Type must be application/json, got "
-                                      f"{ctype[:64]!r}")
-                    return
-                raw = self.headers.get("Content-Length")
-                if raw is None:
-                    self._refuse(411, "Content-Length required")
-                    return
-                if not raw.strip().isdigit():  # negative, signed, hex, empty: not a length
-                    self._refuse(400, f"bad Content-Length {raw[:32]!r}")
-                    return
-                length = int(raw)
-                if length > MAX_BODY_BYTES:
-                    self._refuse(413, f"body larger than {MAX_BODY_BYTES} bytes")
-                    return
-                try:
-                    body = self.rfile.read(length)  # each wait bounded by the socket timeout
-                except TimeoutError:
-                    self._refuse(408, f"body not received within {self.timeout:g} s")
-                    return
-                if len(body) < length:
-                    self._refuse(400, "body shorter than its Content-Length")
-                    return
-                try:
-                    alerts = parse_payload(body)
-                except PayloadError as exc:
-                    self._reply(400, {"error": str(exc)})
-                    return
-                self._reply(200, {"results": receiver.handle_alerts(alerts)})
-
-            def _refuse(self, code: int, error: str) -> None:
-                """Answer and close without reading the body. Closing a socket with unread
-                data resets it, which can destroy the answer in flight, so we stop sending,
-                then discard at most 64 KiB for at most a second before closing."""
-                self.close_connection = True
-                self._reply(code, {"error": error})
-                try:
-                    self.wfile.flush()
-                    self.connection.shutdown(socket.SHUT_WR)
-                    self.connection.settimeout(1.0)
-                    left = 64 << 10
-                    while left > 0 and (chunk := self.connection.recv(min(left, 16384))):
-                        left -= len(chunk)
-                except OSError:
-                    pass
-
-        return Handler
+def _json(code: int, body: dict[str, Any]) -> Response:
+    return code, "application/json", (json.dumps(body) + "\n").encode(), {}

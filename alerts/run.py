@@ -17,8 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import click
 from rich.console import Console
@@ -35,12 +34,13 @@ from trainwatch.alerts.loop import EngineLoop, connect_actions
 from trainwatch.alerts.notify import AlertmanagerNotifier, JournalNotifier, WebhookNotifier
 from trainwatch.alerts.promql import parse_duration
 from trainwatch.alerts.rules import load_rules
-from trainwatch.alerts.run_checks import check_launch
+from trainwatch.alerts.run_checks import check_launch, check_run_dir
 from trainwatch.alerts.run_summary import ALREADY_COMPLETE, render as render_summary, summarize
 from trainwatch.alerts.run_view import Progress, live_view
 from trainwatch.alerts.scrape import Scraper
 from trainwatch.alerts.silences import Silences
 from trainwatch.alerts.supervise import Supervisor
+from trainwatch.clitypes import NPROC_PER_NODE, seconds
 from trainwatch.contract.layout import AGENT_LOG, JOB_LOG, LOGS_DIR
 from trainwatch.contract.ports import LOOPBACK
 from trainwatch.contract.stall import RECORD_KEY as STALL_RECORD_KEY
@@ -115,7 +115,7 @@ class _RunCommand(click.Command):
 
 
 @click.command("run", cls=_RunCommand)
-@click.option("--nproc-per-node", type=int,
+@click.option("--nproc-per-node", type=NPROC_PER_NODE,
               help="Ranks on this machine (the reference trainer; not with a COMMAND).")
 @click.option("--run-dir", type=click.Path(file_okay=False),
               help="Where the run keeps its state (status, metrics, journal, logs); or give "
@@ -137,7 +137,7 @@ class _RunCommand(click.Command):
 @click.option("--dry-run", is_flag=True, help="Journal what actions would do; do nothing.")
 @click.option("--no-live", is_flag=True,
               help="No live view (for logs and CI): only alerts and the outcome are printed.")
-@click.option("--telemetry-grace", type=float, default=TELEMETRY_GRACE_SECONDS,
+@click.option("--telemetry-grace", type=seconds(), default=TELEMETRY_GRACE_SECONDS,
               show_default=True, metavar="SECONDS",
               help="With a COMMAND: say so when no rank has published telemetry this long "
                    "after a start.")
@@ -203,9 +203,9 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     supervisor = Supervisor(controller, runner)
     watch = (TelemetryWatch(controller, lambda text: click.echo(text, err=True),
                             grace=telemetry_grace) if command else None)
-    run_.append_event("controller_started", "engine", nproc_per_node=nproc_per_node,
-                      command=list(command) or None, agent=targets, rules=len(ruleset.rules),
-                      dry_run=dry_run, **{STALL_RECORD_KEY: agent_stall})
+    controller.journal("controller_started", nproc_per_node=nproc_per_node,
+                       command=list(command) or None, agent=targets, rules=len(ruleset.rules),
+                       dry_run=dry_run, **{STALL_RECORD_KEY: agent_stall})
     started = time.time()
     interrupted = False
     progress = Progress(target_steps)
@@ -235,29 +235,47 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     except KeyboardInterrupt:
         interrupted = True
     finally:
-        if watch is not None:
-            watch.stop()
-        supervisor.stop()
-        loop.stop()
-        loop.tick()  # a last evaluation, so what ended the run (e.g. the guard) is announced
-        controller.close("interrupted" if interrupted else "controller stopped")
-        stop(agent_proc)
+        _shut_down(controller, [
+            ("the telemetry watch", watch.stop if watch is not None else lambda: None),
+            ("the supervisor", supervisor.stop), ("the engine", loop.stop),
+            # a last evaluation, so what ended the run (e.g. the guard) is announced
+            ("the last evaluation", loop.tick),
+            ("the job", lambda: controller.close("interrupted" if interrupted
+                                                 else "controller stopped")),
+            ("the agent", lambda: stop(agent_proc))])
         code = 130 if interrupted else (supervisor.exit_code or 0)
-        run_.append_event("controller_stopped", "engine", exit_code=code,
-                          interrupted=interrupted, seconds=round(time.time() - started, 3),
-                          actions=len(run_.events("action_taken")))
+        controller.journal("controller_stopped", exit_code=code, interrupted=interrupted,
+                           seconds=round(time.time() - started, 3),
+                           actions=len(run_.events("action_taken")))
+        if controller.unrecorded:
+            click.echo("trainwatch run: could not record (is the disk full?): "
+                       + "; ".join(controller.unrecorded[-10:]), err=True)
     if code == 2:
         raise ConfigError("the training job rejected its input (exit 2): "
                           + _new_lines(run_.logs_dir / JOB_LOG, job_log_start))
     outcome = "interrupted" if interrupted else "failed" if code else "finished"
     render_summary(summarize(run_.root, outcome, target_steps), console)
-    if code and code != 130:
+    if supervisor.launch_failed:
+        click.echo("trainwatch run: the job failed before any rank started (not restarted: "
+                   "it would fail the same way); the end of its log:"
+                   + _new_lines(run_.logs_dir / JOB_LOG, job_log_start, n=20), err=True)
+    elif code and code != 130:
         skipped = run_.events("action_skipped")
         why = f": {skipped[-1].get('reason')}" if skipped else ""
         click.echo(f"trainwatch run: the job failed and was not restarted{why}; see "
                    f"{run_.journal_file} and {run_.logs_dir}/", err=True)
     if code:
         sys.exit(code if code in (2, 130) else 1)
+
+
+def _shut_down(controller: JobController, steps: list[tuple[str, Callable[[], object]]]) -> None:
+    """Every step of the shutdown, whatever one raises (a full disk under the journal):
+    everything the run started stops; what failed is listed with what was not recorded."""
+    for what, step in steps:
+        try:
+            step()
+        except Exception as exc:  # noqa: BLE001 - the steps after it must still run
+            controller.unrecorded.append(f"stopping {what}: {exc}")
 
 
 def supervised_command(run_dir, command, *, nproc_per_node, steps, config, overrides,
@@ -270,8 +288,7 @@ def supervised_command(run_dir, command, *, nproc_per_node, steps, config, overr
     if given:
         raise ConfigError(f"{', '.join(given)} configure the reference trainer; with a COMMAND "
                           "put your job's own options in the command", key=given[0])
-    if Path(run_dir).exists() and not Path(run_dir).is_dir():
-        raise ConfigError("exists and is not a directory", file=str(run_dir), key="--run-dir")
+    check_run_dir(run_dir)
     agent = load_agent_config(agent_config, run_dirs=[str(run_dir)])  # else it dies unseen
     return supervised_job(run_dir, command, "trainwatch run"), agent.stall
 

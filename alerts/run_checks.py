@@ -10,13 +10,14 @@ would look at it). torch is imported only to check a dataset the config names.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainwatch.agent.config import load_config as load_agent_config
 from trainwatch.contract.env import FAULT_ENV
-from trainwatch.contract.layout import RunLayout
+from trainwatch.contract.layout import AGENT_LOG, JOB_LOG, RunLayout
 from trainwatch.contract.stall import default_options
 from trainwatch.errors import ConfigError
 from trainwatch.trainer.config import Config, load_config
@@ -42,9 +43,7 @@ def check_launch(run_dir: str | Path, *, nproc_per_node: int, config: str | None
     """Every check of a launch; ConfigError (exit 2) naming the input at fault."""
     if nproc_per_node < 1:
         raise ConfigError(f"must be at least 1, got {nproc_per_node}", key="--nproc-per-node")
-    run_root = Path(run_dir)
-    if run_root.exists() and not run_root.is_dir():
-        raise ConfigError("exists and is not a directory", file=str(run_root), key="--run-dir")
+    run_root = check_run_dir(run_dir)
     cfg = _trainer_config(config, overrides, steps)
     if os.environ.get(FAULT_ENV):  # drills only: parsing them imports torch
         from trainwatch.trainer.faults import parse_faults
@@ -59,26 +58,68 @@ def check_launch(run_dir: str | Path, *, nproc_per_node: int, config: str | None
                       agent.stall)
 
 
+def check_run_dir(run_dir: str | Path) -> Path:
+    """The run directory, if ``trainwatch run`` can keep its state there: a directory (or
+    none yet) whose journal, run.json and logs, where present, are regular files (a
+    directory or FIFO there would fail the supervisor after it started the agent)."""
+    root = Path(run_dir)
+    if root.exists() and not root.is_dir():
+        raise ConfigError("exists and is not a directory", file=str(root), key="--run-dir")
+    layout = RunLayout(root)
+    for path in (layout.journal_file, layout.run_file, layout.logs_dir / AGENT_LOG,
+                 layout.logs_dir / JOB_LOG):
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise ConfigError(f"cannot be checked: {exc.strerror or exc}", file=str(path)) \
+                from None
+        if not stat.S_ISREG(mode):
+            raise ConfigError("is not a regular file (a directory, FIFO or device): "
+                              "trainwatch run writes to it; move it away",
+                              file=str(path))
+    return root
+
+
 def _trainer_config(config: str | None, overrides: list[str], steps: int | None) -> Config:
     """The trainer's own validation (file, line and key), without importing torch."""
     return load_config(config, [*overrides, *([f"train.steps={steps}"] if steps else [])])
 
 
 def _resume_step(run_root: Path, cfg: Config, world_size: int) -> int | None:
-    """The step the newest complete checkpoint would resume from (None: a fresh start);
-    a checkpoint of another experiment or world size is refused here, as the ranks would."""
+    """The step the newest usable checkpoint would resume from (None: a fresh start, there
+    is none). Checkpoints that exist but of which none has all its files at their sizes
+    (the quick half of the ranks' verification; they also check the sha256) are refused
+    (exit 2), as the ranks would: the run must not quietly start over from step 0. So is
+    a checkpoint of another experiment or world size."""
     if not run_root.is_dir():
         return None
     ck = cfg.checkpoint
     if not ck.enabled or ck.resume == "never":
         return None
-    from trainwatch.trainer.checkpoint.catalog import newest_complete
+    from trainwatch.trainer.checkpoint.catalog import scan
     from trainwatch.trainer.checkpoint.compat import check_compatible
+    from trainwatch.trainer.checkpoint.manifest import verify
 
     folders = RunLayout(run_root).configured_checkpoint_folders(ck.dir, ck.mirror_dir)
-    newest = newest_complete(folders)
-    if newest is None:
-        return None
-    step, path, manifest = newest
-    check_compatible(manifest, path, config_hash=cfg.training_digest(), world_size=world_size)
-    return step
+    found = sorted(((e.step, -order, e) for order, folder in enumerate(folders)
+                    for e in scan(folder) if e.step is not None),
+                   key=lambda found: found[:2], reverse=True)
+    refused: list[tuple[Path, str]] = []
+    for step, _, entry in found:
+        if entry.state == "complete":
+            checked = verify(entry.path, full=False)
+            if checked.ok and entry.manifest is not None:
+                check_compatible(entry.manifest, entry.path, config_hash=cfg.training_digest(),
+                                 world_size=world_size)
+                return step
+            refused.append((entry.path, checked.reason))
+        else:
+            refused.append((entry.path, entry.reason))
+    if refused:
+        newest, why = refused[0]
+        raise ConfigError(f"no checkpoint verifies ({len(refused)} found, newest {newest.name}: "
+                          f"{why}); refusing to start over them from step 0: move them away "
+                          "or set checkpoint.resume: never", file=str(newest.parent))
+    return None

@@ -5,7 +5,9 @@ up (exits non-zero) the supervisor restarts the job from its newest verified
 checkpoint through the ActionRunner, so the no-progress guard also stops crash
 loops.  A clean exit (0) means training finished; exit code 2 (bad input) is not
 restarted either, nor is a job whose every rank reported ``finished`` before it exited
-non-zero (a crash in interpreter teardown, after training ended).
+non-zero (a crash in interpreter teardown, after training ended), nor one that failed
+before any rank of its start published a status or beat file (a launch failure: a missing
+script, a bad launcher option; a restart would fail the same way).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class Supervisor:
         self.poll_seconds = poll_seconds
         self.finished = threading.Event()  # training ended (cleanly, or the guard gave up)
         self.exit_code: int | None = None
+        self.launch_failed = False  # it ended because the job failed before any rank ran
         self._handled_pid: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -53,12 +56,20 @@ class Supervisor:
             self._handled_pid = pid
             # A job whose every rank said "finished" is not restarted for its exit code.
             finished = code not in (0, 2) and self.controller.ranks_finished()
-            self.controller.run.append_event("job_exited", "engine", returncode=code, pid=pid,
-                                             **({"ranks_finished": True} if finished else {}))
+            launch_failed = code not in (0, 2) and not finished and \
+                not self.controller.ranks_reported()
+            self.controller.journal("job_exited", returncode=code, pid=pid,
+                                    **({"ranks_finished": True} if finished else {}),
+                                    **({"launch_failed": True} if launch_failed else {}))
         if finished:
             log.warning("the job exited with %s after every rank reported finished "
                         "(a crash on the way out): not restarted", code)
-        if finished or code in (0, 2):  # finished, or bad input that a restart cannot fix
+        if launch_failed:
+            log.warning("the job exited with %s before any rank published its status: a "
+                        "launch failure, not restarted", code)
+            self.launch_failed = True
+        # finished, bad input or a failed launch: a restart cannot fix these
+        if finished or launch_failed or code in (0, 2):
             self.exit_code = 0 if finished else code
             self.finished.set()
             return

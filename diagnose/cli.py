@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from trainwatch.clitypes import seconds
 from trainwatch.contract.env import DEFAULT_RUN_DIR, RUN_DIR_ENV, run_dir_from_env
 from trainwatch.contract.ports import AGENT_PORT
 from trainwatch.diagnose import analysis, bundle, render_human, render_json
@@ -31,9 +32,9 @@ from trainwatch.rundir import RunDir, pick_run_dir
 @click.option("--bundle", "bundle_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write a tar.gz of all evidence (secrets redacted).")
 @click.option("--native", is_flag=True, help="Include native (C/C++) frames in py-spy stacks.")
-@click.option("--timeout", type=click.FloatRange(0.5, 300), default=5.0, show_default=True,
+@click.option("--timeout", type=seconds(0.5, 300), default=5.0, show_default=True,
               help="Seconds to wait for each source (rank dumps, py-spy, agents, Prometheus).")
-@click.option("--stall-after", type=click.FloatRange(0.1), default=None,
+@click.option("--stall-after", type=seconds(0.1), default=None,
               help="Seconds without progress that count as a stall [default: the agent's "
                    "stall budget: from its /status, else the options the run recorded, else "
                    "max(5, 10 x median step time)].")

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import click
 
+from trainwatch.clitypes import NPROC_PER_NODE, seconds
 from trainwatch.drill import catalog, render
 from trainwatch.errors import EXIT_PROBLEM, ConfigError, output_error
 
 _DEADLINES = [
-    click.option("--detect-within", type=click.FloatRange(min=0), metavar="SECONDS",
+    click.option("--detect-within", type=seconds(), metavar="SECONDS",
                  help="Override every drill's detection deadline."),
-    click.option("--recover-within", type=click.FloatRange(min=0), metavar="SECONDS",
+    click.option("--recover-within", type=seconds(), metavar="SECONDS",
                  help="Override every drill's deadline for the first step after resuming."),
 ]
 
@@ -51,7 +52,7 @@ def list_drills(as_json: bool) -> None:
 @drill.command("run")
 @click.argument("names", nargs=-1, metavar="NAME...")
 @click.option("--all", "run_all", is_flag=True, help="Run every drill of the catalog.")
-@click.option("--nproc-per-node", type=int, default=2, show_default=True,
+@click.option("--nproc-per-node", type=NPROC_PER_NODE, default=2, show_default=True,
               help="Ranks of the drill's run (at least 2).")
 @click.option("--steps", type=int, help="Override the drill's train.steps.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
@@ -61,7 +62,7 @@ def list_drills(as_json: bool) -> None:
                    "kept, as evidence).")
 @click.option("--json", "as_json", is_flag=True,
               help="Scorecards as JSON on stdout (docs/drill.md); progress goes to stderr.")
-@click.option("--timeout", type=click.FloatRange(min=1), default=300, show_default=True,
+@click.option("--timeout", type=seconds(1), default=300, show_default=True,
               metavar="SECONDS", help="Stop a drill (and fail it) after this long.")
 @_deadlines
 def run_drills(names: tuple[str, ...], run_all: bool, nproc_per_node: int, steps: int | None,

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from trainwatch.clitypes import seconds
 from trainwatch.errors import ConfigError
 from trainwatch.node import node_name
 from trainwatch.preflight.model import GROUPS
@@ -44,7 +45,7 @@ def _size(value: str | None) -> int | None:
                    "storage.checkpoint_room of them is required.")
 @click.option("--expect-gpus", type=click.IntRange(min=0), metavar="N",
               help="GPUs this node must have (fail if NVML sees another number or none).")
-@click.option("--xid-watch", type=click.FloatRange(min=0), metavar="SECONDS",
+@click.option("--xid-watch", type=seconds(), metavar="SECONDS",
               help="Watch this long for GPU XID events [default: 0, no watch].")
 @click.option("--peer", "peers", multiple=True, metavar="HOST:PORT",
               help="A host the job talks to (another node, storage): TCP connect must "

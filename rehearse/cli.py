@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from trainwatch.clitypes import NPROC_PER_NODE, seconds
 from trainwatch.contract.env import RECEIVER_TOKEN_ENV as TOKEN_ENV
 from trainwatch.errors import ConfigError
 
@@ -46,7 +47,7 @@ def _plan(cfg, source: str, nproc: int, write_gbps: float | None) -> dict:
               help="The reference trainer's YAML config to rehearse (default: its defaults).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override one trainer config key (repeatable).")
-@click.option("--nproc-per-node", "nproc", type=int, default=2, show_default=True,
+@click.option("--nproc-per-node", "nproc", type=NPROC_PER_NODE, default=2, show_default=True,
               help="Ranks on this machine.")
 @click.option("--run-dir", type=click.Path(file_okay=False),
               help="Where the rehearsal's run directory goes (default: a new temporary one).")
@@ -63,7 +64,7 @@ def _plan(cfg, source: str, nproc: int, write_gbps: float | None) -> dict:
               help="All-reduce latency ceiling in ms.")
 @click.option("--write-gbps", type=float,
               help="Checkpoint write throughput plan assumes, GB/s (plan's default: 1).")
-@click.option("--timeout", type=float, default=600.0, show_default=True,
+@click.option("--timeout", type=seconds(1), default=600.0, show_default=True,
               help="Seconds the ranks (or the command) may take.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)

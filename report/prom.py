@@ -7,14 +7,17 @@ collector never reads half a file. A number the report does not know is left out
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any, Iterator
 
-from prometheus_client import CollectorRegistry, write_to_textfile
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from trainwatch.errors import ConfigError
 from trainwatch.contract.metrics import METRICS
+from trainwatch.errors import ConfigError, output_error
+from trainwatch.rundir import atomic_write_bytes
 
 
 class _ReportCollector:
@@ -54,9 +57,22 @@ class _ReportCollector:
 
 
 def write_textfile(path: str | Path, data: dict[str, Any]) -> None:
+    """Replace ``path`` atomically (a temporary file beside it, renamed), so the textfile
+    collector never reads half a file; only a regular file is ever replaced: a device, FIFO,
+    socket, directory or symlink at ``path`` is refused (exit 2), never overwritten."""
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise output_error(exc, path, key="--prom-textfile") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise ConfigError("exists and is not a regular file (a device, FIFO, symlink or "
+                          "directory): not replacing it", file=str(path), key="--prom-textfile")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_ReportCollector(data))
     try:
-        write_to_textfile(str(path), registry)
+        atomic_write_bytes(path, generate_latest(registry))
     except OSError as exc:
-        raise ConfigError(f"cannot write: {exc.strerror}", file=str(path)) from None
+        raise output_error(exc, path, key="--prom-textfile") from None

@@ -383,7 +383,8 @@ def tmpfs(tmp_path):
 
 
 def test_storage_on_a_filling_then_full_tmpfs(tmpfs):
-    ctx = make_ctx([tmpfs], collectors={"storage": {"probe_bytes": 65536}})
+    ctx = make_ctx([tmpfs], collectors={"storage": {"probe_bytes": 65536,
+                                                    "probe_interval": 0}})
     storage = collector(ctx, "storage")
     lab = dict(role="run", mountpoint=str(tmpfs))
     first = storage.collect()
@@ -409,10 +410,27 @@ def test_storage_on_a_filling_then_full_tmpfs(tmpfs):
     assert entry["mountpoint"] == str(tmpfs)
 
 
+def test_storage_reads_free_space_every_collection_and_probes_every_probe_interval(tmpfs):
+    """Free space (cheap) on every collection; the write probe's result is kept between
+    probes, its series still exported each time."""
+    ctx = make_ctx([tmpfs], collectors={"storage": {"probe_interval": 3600}})
+    storage = collector(ctx, "storage")
+    lab = dict(role="run", mountpoint=str(tmpfs))
+    first = storage.collect()
+    (tmpfs / "fill").write_bytes(b"x" * 300_000)
+    second = storage.collect()
+    assert value(second, "trainwatch_storage_free_bytes", **lab) < \
+        value(first, "trainwatch_storage_free_bytes", **lab) - 250_000
+    assert value(second, "trainwatch_storage_probe_success", **lab) == 1
+    assert value(second, "trainwatch_storage_probe_duration_seconds", **lab) == \
+        value(first, "trainwatch_storage_probe_duration_seconds", **lab)  # not probed again
+
+
 def test_storage_probe_that_hangs_becomes_an_error_not_a_hung_agent(tmp_path):
     """A FIFO where the probe file goes blocks open() in the kernel, like a dead mount."""
     run = RunDir(tmp_path / "run").create()
-    ctx = make_ctx([run.root], collectors={"storage": {"probe_timeout": 0.5}})
+    ctx = make_ctx([run.root], collectors={"storage": {"probe_timeout": 0.5,
+                                                        "probe_interval": 0}})
     fifo = run.root / f".trainwatch-probe-{ctx.node}-{os.getpid()}"
     os.mkfifo(fifo)
     storage = collector(ctx, "storage")

@@ -36,7 +36,11 @@ run = RunDir(sys.argv[1]).create()
 step = max([int(p.name.split("-")[1]) for p in run.checkpoint_dir.glob("step-*")], default=0)
 with open(run.root / "starts.txt", "a") as fh:
     fh.write(f"{os.getpid()} {step}\\n")
-if os.environ.get("CRASH"):
+if os.environ.get("LAUNCH_FAIL"):  # before any rank published anything
+    sys.exit(1)
+if os.environ.get("CRASH"):  # a rank that started, then crashed
+    run.write_status(0, {"job": run.root.name, "rank": 0, "pid": os.getpid(), "node": "n1",
+                         "state": "running", "step": step, "heartbeat_at": time.time()})
     sys.exit(1)
 while True:
     step += 1
@@ -247,6 +251,22 @@ def test_crash_loop_trips_the_guard_and_raises_training_restart_loop(job):
     assert runner.guard_tripped
     engine.evaluate(time.time())
     assert [a.name for a in engine.firing()] == ["TrainingRestartLoop"]
+
+
+def test_a_job_that_fails_before_any_rank_published_is_a_launch_failure_not_restarted(job):
+    """A missing script or a bad launcher option fails the same way on every restart."""
+    c = job(LAUNCH_FAIL="1")
+    runner = ActionRunner(c.run.root, c, Policy(min_interval_seconds=0, guard_max_restarts=3))
+    sup = Supervisor(c, runner, poll_seconds=0.1)
+    c.start()
+    sup.start()
+    try:
+        assert sup.finished.wait(60)
+    finally:
+        sup.stop()
+    assert sup.exit_code == 1 and sup.launch_failed
+    assert len(_starts(c.run)) == 1 and not c.run.events("action_taken")
+    assert c.run.events("job_exited")[-1].get("launch_failed") is True
 
 
 def test_progress_resets_the_guard(job):

@@ -258,3 +258,59 @@ def test_the_launcher_starts_torchrun_without_importing_torch_itself(tmp_path):
     imported = {ln.rsplit("|", 1)[1].strip().split(".")[0] for ln in done.stderr.splitlines()
                 if ln.startswith("import time:") and "|" in ln}
     assert "trainwatch" in imported and "torch" not in imported
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_diagnose_refuses_a_timeout_that_is_not_a_finite_number(tmp_path, value):
+    (tmp_path / "status").mkdir()
+    done = tw("diagnose", str(tmp_path), "--timeout", value, "--no-dump-request")
+    _no_traceback(done)
+    assert done.returncode == 2 and "'--timeout'" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("target", ["notaport:abc", "localhost", "host:99999", "ftp://h:1"])
+def test_alerts_watch_refuses_an_unparsable_target_at_start(target):
+    """It used to run forever, logging a traceback per scrape."""
+    done = tw("alerts", "watch", "--target", target, timeout=30)
+    _no_traceback(done)
+    assert done.returncode == 2 and "key '--target'" in done.stderr, done.stderr
+
+
+def _report_run(tmp_path):
+    from trainwatch.rundir import RunDir
+    run = RunDir(tmp_path / "run").create()
+    run.append_event("run_started", "rank0", world_size=1)
+    return run.root
+
+
+@pytest.mark.parametrize("kind", ["char device", "fifo", "symlink", "directory"])
+def test_report_prom_textfile_never_replaces_what_is_not_a_regular_file(tmp_path, kind):
+    """As root it used to turn a device node into a regular file."""
+    import stat
+    path = tmp_path / "cost.prom"
+    if kind == "char device":
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a /dev/null of our own
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "symlink":
+        (tmp_path / "target.prom").write_text("mine\n")
+        path.symlink_to(tmp_path / "target.prom")
+    else:
+        path.mkdir()
+    before = os.lstat(path)
+    done = tw("report", str(_report_run(tmp_path)), "--prom-textfile", str(path))
+    _no_traceback(done)
+    assert done.returncode == 2 and "'--prom-textfile'" in done.stderr, done.stderr
+    after = os.lstat(path)
+    assert (after.st_mode, after.st_ino) == (before.st_mode, before.st_ino)
+    if kind == "symlink":
+        assert (tmp_path / "target.prom").read_text() == "mine\n"
+
+
+def test_report_prom_textfile_replaces_a_regular_file_atomically(tmp_path):
+    path = tmp_path / "cost.prom"
+    path.write_text("old\n")
+    done = tw("report", str(_report_run(tmp_path)), "--prom-textfile", str(path))
+    assert done.returncode == 0, done.stderr
+    assert "trainwatch_cost_wall_seconds" in path.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cost.prom", "run"]  # no temp left

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from agent_helpers import wait_for
 from test_alert_actions import TOKEN, _payload
 from trainwatch.alerts import receiver as receiver_module
 from trainwatch.alerts.actions import ActionRunner, Policy
@@ -100,3 +101,68 @@ def test_a_client_that_goes_away_is_one_log_line(rec, caplog, capfd):
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Traceback" not in caplog.text
     assert _raw(rec, _head(len(body)), body)[0] == 200  # still serving
+
+
+def _drip(address, text: bytes, seconds: float) -> tuple[float, bytes]:
+    """Send ``text`` a byte a second until the server answers or closes; (seconds it took,
+    what it said)."""
+    started = time.monotonic()
+    with socket.create_connection(address, timeout=1.0) as s:
+        for byte in text:
+            try:
+                s.sendall(bytes([byte]))
+                answer = s.recv(4096)  # one second per byte: the wait is the drip
+                return time.monotonic() - started, answer
+            except socket.timeout:
+                if time.monotonic() - started > seconds:
+                    return time.monotonic() - started, b"still open"
+            except (ConnectionResetError, BrokenPipeError):
+                return time.monotonic() - started, b""
+    return time.monotonic() - started, b"sent it all"
+
+
+def test_a_client_sending_a_byte_a_second_is_cut_off_at_the_read_timeout(rec):
+    """It used to hold a thread for as long as it kept dripping (150 s and more)."""
+    body = json.dumps(_payload()).encode()
+    request = _head(len(body)).replace("\n", "\r\n").encode() + b"\r\n" + body
+    took, answer = _drip(rec.server.server_address[:2], request, seconds=20)
+    assert took < 2.0 + 3.0, (took, answer)  # READ_TIMEOUT_SECONDS is 2 s here
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 408 "), answer
+
+
+@pytest.fixture
+def capped(tmp_path, monkeypatch):
+    monkeypatch.setattr(receiver_module, "READ_TIMEOUT_SECONDS", 3.0)
+    monkeypatch.setattr(receiver_module, "MAX_CONNECTIONS", 4)
+    runner = ActionRunner(tmp_path / "exp1", None, Policy(dry_run=True))
+    r = Receiver(load_rules(), runner, TOKEN).start()
+    yield r
+    r.stop()
+
+
+def test_connections_beyond_the_cap_are_refused_and_webhooks_still_served(capped):
+    address = capped.server.server_address[:2]
+    body = json.dumps(_payload()).encode()
+    slow = [socket.create_connection(address, timeout=5) for _ in range(3)]
+    try:
+        for s in slow:
+            s.sendall(b"POST /webhook HTTP/1.1\r\n")  # and nothing more for now
+        assert _raw(capped, _head(len(body)), body)[0] == 200  # the 4th: served meanwhile
+        slow.append(socket.create_connection(address, timeout=5))
+        slow[-1].sendall(b"P")
+        wait_for(lambda: capped.server.open_connections == 4, 10, interval=0.05,
+                 what="the 4th open connection")
+        with socket.create_connection(address, timeout=5) as fifth:
+            started = time.monotonic()
+            try:
+                refused = fifth.recv(100)  # closed at once, unanswered
+            except ConnectionResetError:
+                refused = b""
+            assert refused == b"" and time.monotonic() - started < 2.0
+    finally:
+        for s in slow:
+            s.close()
+    wait_for(lambda: capped.server.open_connections == 0, 10, interval=0.05,
+             what="the slow clients gone")
+    assert capped.server.refused_connections == 1
+    assert _raw(capped, _head(len(body)), body)[0] == 200  # once they are gone

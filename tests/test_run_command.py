@@ -119,3 +119,21 @@ def test_a_rank_that_aborts_after_finishing_is_not_restarted_one_that_aborts_bef
     assert outcomes["after"][1:] == (1, [(1, True)])            # done: one start, no restart
     assert outcomes["before"][1] == 2                            # a crash: restarted once
     assert outcomes["before"][2] == [(1, False), (0, False)]
+
+
+def test_a_job_that_fails_before_any_rank_starts_is_not_restarted(tmp_path):
+    """torchrun with a script that does not exist: every rank fails before it publishes
+    anything, and every restart would too. It used to be restarted 3 times until the guard."""
+    proc = _run(tmp_path / "r", "--", sys.executable, "-m", "torch.distributed.run",
+                "--standalone", "--nproc-per-node", "2", str(tmp_path / "no-such-script.py"),
+                env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+    try:
+        out = proc.communicate(timeout=300)[0].decode(errors="replace")
+    finally:
+        kill_tree(proc)
+    run = RunDir(tmp_path / "r")
+    assert proc.returncode == 1, out[-3000:]
+    assert len(run.events("job_started")) == 1 and not run.events("action_taken")
+    assert run.events("job_exited")[-1].get("launch_failed") is True
+    assert "failed before any rank started" in out and "exitcode" in out, out[-3000:]
+    assert "Traceback (most recent call last)" not in out.split("end of its log")[0]

@@ -63,6 +63,9 @@ def _message(stderr: str) -> str:
     (("--steps", "-5"), "--steps", "train.steps"),
     (("--steps", "0"), "--steps", "train.steps"),
     (("--agent-config", "missing-agent.yaml"), "missing-agent.yaml", None),
+    (("--nproc-per-node", "99999999999999999999"), "--nproc-per-node", None),
+    (("--telemetry-grace", "-1"), "--telemetry-grace", None),
+    (("--telemetry-grace", "nan"), "--telemetry-grace", None),
 ])
 def test_bad_input_exits_2_before_anything_starts(tmp_path, used_run_dir, args, says, not_says):
     before = _tree(used_run_dir)
@@ -100,3 +103,42 @@ def test_train_names_steps_option_not_the_config_key(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "--steps" in done.stderr and "train.steps" not in done.stderr
+
+
+def test_a_journal_that_is_a_directory_is_refused_before_anything_starts(tmp_path,
+                                                                          used_run_dir):
+    """It used to fail after the agent had started, leaving the agent running."""
+    (used_run_dir / "journal.jsonl").unlink()
+    (used_run_dir / "journal.jsonl").mkdir()
+    before = _tree(used_run_dir)
+    done = _run(tmp_path, used_run_dir)
+    message = _message(done.stderr)
+    assert done.returncode == 2, done.stdout + message
+    assert "journal.jsonl" in message and "not a regular file" in message
+    assert "Traceback" not in message and "torch" not in _imported(done.stderr)
+    assert _tree(used_run_dir) == before
+
+
+def test_checkpoints_of_which_none_verifies_are_refused_not_trained_over(tmp_path,
+                                                                          used_run_dir):
+    """A real checkpoint with a truncated file: the ranks would pass it over and find no
+    other; the launch must not start over from step 0 (exit 2, naming the folder)."""
+    import torch
+
+    from trainwatch.trainer.checkpoint import CheckpointConfig, Checkpointer
+    folder = used_run_dir / "checkpoints"
+    model = torch.nn.Linear(8, 8)
+    ckpt = Checkpointer(CheckpointConfig(dir=str(folder), mode="sync", every_steps=1,
+                                         save_final=False, fsync=False),
+                        used_run_dir).start()
+    ckpt.after_step(1, lambda: {"model": model.state_dict(), "data": {"index": 1}})
+    ckpt.close()
+    shard = next(p for p in (folder / "step-00000001").iterdir() if p.suffix == ".pt")
+    shard.write_bytes(shard.read_bytes()[:10])
+    before = _tree(used_run_dir)
+    done = _run(tmp_path, used_run_dir, "--nproc-per-node", "1")
+    message = _message(done.stderr)
+    assert done.returncode == 2, done.stdout + message
+    assert "no checkpoint verifies" in message and str(folder) in message, message
+    assert "Traceback" not in message
+    assert _tree(used_run_dir) == before

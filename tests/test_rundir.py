@@ -1,5 +1,6 @@
 """The run-directory contract: atomic writes and readers that never crash."""
 
+import errno
 import json
 import os
 
@@ -92,3 +93,46 @@ def test_every_journal_event_written_in_the_code_is_listed_in_EVENTS():
         elif name not in EVENTS:
             missing.append((name, where))
     assert not missing, f"journal events not in trainwatch.rundir.EVENTS: {missing}"
+
+
+def _fill_to_the_brim(folder) -> None:
+    """Fill a tmpfs until not one more byte fits (big chunks, then smaller, down to 1)."""
+    with open(folder / "filler", "wb", buffering=0) as fh:
+        size = 1 << 16
+        while size:
+            try:
+                fh.write(b"\0" * size)
+            except OSError:
+                size //= 2
+
+
+def test_a_journal_line_on_a_full_disk_is_all_or_nothing(tmp_path):
+    """A real tmpfs filled to the brim: an append that only partly fits (the slack of the
+    journal's last page) is taken back, never left torn to glue the next line to itself."""
+    from conftest import tmpfs_mount
+    with tmpfs_mount(tmp_path / "disk", "1m") as disk:
+        run = RunDir(disk / "run").create()
+        run.append_event("run_started", "cli")
+        _fill_to_the_brim(disk)
+        before = run.journal_file.read_bytes()
+        with pytest.raises(OSError) as raised:
+            run.append_event("checkpoint_failed", "rank0", error="x" * 6000)  # > one page
+        assert raised.value.errno == errno.ENOSPC
+        assert run.journal_file.read_bytes() == before  # taken back, byte for byte
+        (disk / "filler").unlink()
+        run.append_event("finished", "cli")
+        result = run.journal()
+    assert [r["event"] for r in result.records] == ["run_started", "finished"]
+    assert result.skipped == []
+
+
+def test_a_torn_fragment_costs_itself_not_the_line_glued_to_it(tmp_path):
+    """What an older writer left on a full disk: half a line, then a whole one glued on."""
+    run = RunDir(tmp_path).create()
+    run.append_event("run_started", "cli")
+    with open(run.journal_file, "ab") as fh:
+        fh.write(b'{"v":1,"time":1.0,"event":"checkpoint_fai')
+    run.append_event("finished", "cli", nested={"v": 1})
+    result = run.journal()
+    assert [r["event"] for r in result.records] == ["run_started", "finished"]
+    assert [(s.line, s.code) for s in result.skipped] == [(2, "not_json")]

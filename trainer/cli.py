@@ -8,11 +8,12 @@ from pathlib import Path
 
 import click
 
+from trainwatch.clitypes import NPROC_PER_NODE
 from trainwatch.contract.env import NODE_ENV
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--nproc-per-node", type=int, default=1, show_default=True,
+@click.option("--nproc-per-node", type=NPROC_PER_NODE, default=1, show_default=True,
               help="Ranks on this machine.")
 @click.argument("run_dir_arg", required=False, metavar="[RUN_DIR]",
                 type=click.Path(file_okay=False, path_type=Path))

@@ -8,6 +8,7 @@ alien or future-version files by skipping them and saying why.
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import json
 import logging
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["FORMAT_VERSION", "RUN_FORMAT", "STATUS_FORMAT", "RunDir", "Skipped", "ReadResult",
            "atomic_write_bytes", "atomic_write_json", "append_jsonl", "read_record",
-           "read_jsonl", "parse_jsonl_line", "iter_run_dirs", "pick_run_dir"]
+           "read_jsonl", "parse_jsonl_line", "parse_jsonl_pieces", "iter_run_dirs", "pick_run_dir"]
 
 # Journal event names written by trainwatch itself.  Readers must accept
 # names they do not know (newer writers may add some).
@@ -102,13 +103,38 @@ def atomic_write_json(path: str | Path, obj: Any, *, durable: bool = True) -> No
 
 
 def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
-    """Append one JSON line with a single O_APPEND write (whole lines, even with many writers)."""
+    """Append one JSON line with a single O_APPEND write (whole lines, even with many writers).
+
+    All or nothing: a write cut short (a full disk) is taken back and OSError(ENOSPC) raised,
+    so the file never holds half a line that the next append would glue to its own.
+    """
     data = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, data)
+        written = os.write(fd, data)
+        if written < len(data):
+            _take_back(fd, path, written)
+            raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} for a whole line "
+                          f"({written} of {len(data)} bytes fit; taken back)", str(path))
     finally:
         os.close(fd)
+
+
+def _take_back(fd: int, path: str | Path, written: int) -> None:
+    """Undo the first ``written`` bytes of a line an O_APPEND write cut short: truncate them
+    away while they end the file; when another writer appended since, end them with a
+    newline in place instead (no new space needed), so readers skip them as one torn line."""
+    end = os.lseek(fd, 0, os.SEEK_CUR)  # after an O_APPEND write: the end of ours
+    if written == 0:
+        return
+    if os.fstat(fd).st_size == end:
+        os.ftruncate(fd, end - written)
+        return
+    pad = os.open(path, os.O_WRONLY | os.O_CLOEXEC)  # pwrite on an O_APPEND fd would append
+    try:
+        os.pwrite(pad, b"\n", end - 1)
+    finally:
+        os.close(pad)
 
 
 # --------------------------------------------------------------------------- reading
@@ -438,6 +464,28 @@ def parse_jsonl_line(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
     return obj, None
 
 
+# Every JSON line trainwatch writes starts with its record version: where a torn fragment
+# (a crash mid-append, an older writer on a full disk) has a whole line glued to it, the
+# whole line starts at one of these.
+RECORD_START = b'{"v":'
+
+
+def parse_jsonl_pieces(line: bytes) -> list[tuple[dict[str, Any] | None, str | None]]:
+    """``parse_jsonl_line`` of one line, resynchronised: a line that is not JSON but ends in
+    a whole record glued to a torn fragment gives the fragment's skip reason, then the
+    record (a torn line costs itself, never the next one)."""
+    first = parse_jsonl_line(line)
+    if first[1] != "torn or not JSON":
+        return [first]
+    at = line.find(RECORD_START, 1)
+    while at > 0:
+        obj, reason = parse_jsonl_line(line[at:])
+        if reason != "torn or not JSON":
+            return [first, (obj, reason)]
+        at = line.find(RECORD_START, at + 1)
+    return [first]
+
+
 def line_skip_code(reason: str) -> str:
     """The SKIP_REASONS code of a ``parse_jsonl_line`` reason."""
     return {"nested too deeply": "too_deep", "torn or not JSON": "not_json",
@@ -475,11 +523,12 @@ def iter_jsonl(path: str | Path, skipped: list[Skipped], root: str | Path | None
                 skipped.append(Skipped(str(path), f"line longer than {max_line_bytes} "
                                        "bytes", lineno, code="too_large"))
                 continue
-            obj, reason = parse_jsonl_line(line)
-            if reason is not None:
-                skipped.append(Skipped(str(path), reason, lineno, code=line_skip_code(reason)))
-            elif obj is not None:
-                yield lineno, obj
+            for obj, reason in parse_jsonl_pieces(line):
+                if reason is not None:
+                    skipped.append(Skipped(str(path), reason, lineno,
+                                           code=line_skip_code(reason)))
+                elif obj is not None:
+                    yield lineno, obj
 
 
 def read_jsonl(path: str | Path, root: str | Path | None = None, *,

@@ -33,7 +33,7 @@ from typing import Any
 
 from trainwatch.agent.registry import Collector, Result, register
 from trainwatch.contract.alerts import ACTIONS, SEVERITIES, alert_catalog
-from trainwatch.rundir import SkippedFile, open_run_file, parse_jsonl_line
+from trainwatch.rundir import SkippedFile, open_run_file, parse_jsonl_pieces
 
 RESTART_KINDS = ("torchrun", "controller")
 OTHER = "other"
@@ -167,13 +167,13 @@ class JournalCollector(Collector):
             tail.in_long_line = False
         for line in lines:
             tail.line += 1
-            record, reason = parse_jsonl_line(line)
-            if record is not None and not isinstance(record.get("event"), str):
-                reason = "no event name"
-            if reason is not None:
-                self._skip(path, tail, reason)
-            elif record is not None:
-                self._count(record, tail)
+            for record, reason in parse_jsonl_pieces(line):
+                if record is not None and not isinstance(record.get("event"), str):
+                    reason = "no event name"
+                if reason is not None:
+                    self._skip(path, tail, reason)
+                elif record is not None:
+                    self._count(record, tail)
 
     def _skip(self, path: Path, tail: _Tail, reason: str) -> None:
         tail.lines_skipped += 1

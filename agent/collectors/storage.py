@@ -39,9 +39,12 @@ def time_to_full(history: deque) -> float:
     return max(0.0, ys[-1] / -slope)
 
 
-@register("storage", interval=15.0, timeout=30.0, first_delay=1.5, options={
+# Free space is read every 5 s (a statvfs is cheap), so a disk that fills is named within
+# seconds of the first write it fails; the write probe (a write and an fsync) runs less often.
+@register("storage", interval=5.0, timeout=30.0, first_delay=1.5, options={
     "paths": [],               # extra directories: [{path: /data, role: data}, ...]
     "probe": True,             # write+fsync+read probe in each directory
+    "probe_interval": 15.0,    # seconds between probes of a directory (its result is kept)
     "probe_bytes": 4096,
     "probe_timeout": 5.0,      # per directory; a hung mount becomes an error
     "history_seconds": 600.0,  # window of the fill-rate regression
@@ -51,6 +54,7 @@ class StorageCollector(Collector):
         super().__init__(ctx, options)
         self.deadline = Deadline()
         self.history: dict[str, deque] = {}
+        self.probes: dict[str, tuple[float, dict[str, Any]]] = {}  # path: (when, result)
 
     def _targets(self) -> list[tuple[str, str, str]]:
         """(path, role, job) for every run's dir and checkpoint dir plus configured paths."""
@@ -140,26 +144,40 @@ class StorageCollector(Collector):
                       "files_free": vfs.f_favail, "readonly": readonly,
                       "time_to_full_seconds": None if math.isinf(ttf) else round(ttf, 1)})
         if self.options["probe"]:
-            probe: dict[str, Any] = {"ok": False, "seconds": None, "error": None}
-            try:
-                seconds = self.deadline.call(f"probe:{path}", lambda: write_probe(
-                    path, int(self.options["probe_bytes"]), self.ctx.node), timeout)
-                probe.update(ok=True, seconds=round(seconds, 6))
-                result.add("trainwatch_storage_probe_duration_seconds", seconds, **lab)
-            except Hung as exc:
-                probe["error"] = f"probe hung: {exc}"
-            except OSError as exc:
-                if exc.errno in (errno.EACCES, errno.EPERM):
-                    # The job's own directory (0750, the agent reads through its group):
-                    # not a slow disk, so no StorageProbeSlow; said here and counted.
-                    probe["skipped"] = (f"the agent's user may not write here "
-                                        f"({exc.strerror}); list a folder it may write on "
-                                        "this filesystem in collectors.storage.paths")
-                    result.add("trainwatch_storage_probe_skipped", 1, **lab)
-                    entry["probe"] = probe
-                    return entry
-                probe["error"] = f"probe failed: {exc.strerror or exc}"
+            probe = self._probe(path, timeout)
+            if probe.get("skipped"):
+                result.add("trainwatch_storage_probe_skipped", 1, **lab)
+                entry["probe"] = probe
+                return entry
             result.add("trainwatch_storage_probe_skipped", 0, **lab)
+            if probe["seconds"] is not None:
+                result.add("trainwatch_storage_probe_duration_seconds", probe["seconds"], **lab)
             result.add("trainwatch_storage_probe_success", probe["ok"], **lab)
             entry["probe"] = probe
         return entry
+
+    def _probe(self, path: str, timeout: float) -> dict[str, Any]:
+        """The write probe of ``path``: run when the last is ``probe_interval`` old, else
+        the last result again (the series stay put between probes)."""
+        now = time.monotonic()
+        last = self.probes.get(path)
+        if last is not None and now - last[0] < float(self.options["probe_interval"]):
+            return last[1]
+        probe: dict[str, Any] = {"ok": False, "seconds": None, "error": None}
+        try:
+            seconds = self.deadline.call(f"probe:{path}", lambda: write_probe(
+                path, int(self.options["probe_bytes"]), self.ctx.node), timeout)
+            probe.update(ok=True, seconds=round(seconds, 6))
+        except Hung as exc:
+            probe["error"] = f"probe hung: {exc}"
+        except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EPERM):
+                # The job's own directory (0750, the agent reads through its group): not
+                # a slow disk, so no StorageProbeSlow; said here and counted.
+                probe["skipped"] = (f"the agent's user may not write here ({exc.strerror}); "
+                                    "list a folder it may write on this filesystem in "
+                                    "collectors.storage.paths")
+            else:
+                probe["error"] = f"probe failed: {exc.strerror or exc}"
+        self.probes[path] = (now, probe)
+        return probe

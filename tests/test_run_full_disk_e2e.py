@@ -1,0 +1,124 @@
+"""`trainwatch run` against a real full disk (a tmpfs filled to the brim while it trains).
+
+Ctrl-C with the run directory itself on the full disk: the supervisor stops the job and the
+agent (the mount is no longer busy), says what it could not record, prints its summary and
+exits 130, never a traceback. With the checkpoint folder on the full disk: StorageFull names
+the mount within 15 s of the first failed save.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from agent_helpers import wait_for
+from conftest import kill_tree, tmpfs_mount
+from trainwatch.rundir import RunDir
+
+pytestmark = pytest.mark.slow
+
+
+def _start(tmp_path, run_dir, *sets: str) -> subprocess.Popen:
+    (tmp_path / "train.yaml").write_text(
+        "train: {steps: 100000, batch_size: 4, eval_interval: 0}\n"
+        "checkpoint: {every_steps: 5, fsync: false}\n")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir(exist_ok=True)
+    cmd = [sys.executable, "-m", "trainwatch", "run", "--nproc-per-node", "1",
+           "--run-dir", str(run_dir), "--config", str(tmp_path / "train.yaml"), "--no-live",
+           *[arg for s in sets for arg in ("--set", s)]]
+    return subprocess.Popen(cmd, stdout=open(tmp_path / "run.log", "wb"),
+                            stderr=subprocess.STDOUT,
+                            env={**os.environ, "TMPDIR": str(scratch), "OMP_NUM_THREADS": "1",
+                                 "TRAINWATCH_FAULT": "slow:delay=0.2"})
+
+
+def _fill_to_the_brim(folder) -> float:
+    """Fill a tmpfs until not one more byte fits (again: what others freed); the time it was
+    full."""
+    with open(folder / "filler", "ab", buffering=0) as fh:
+        size = 1 << 20
+        while size:
+            try:
+                fh.write(b"\0" * size)
+            except OSError:
+                size //= 2
+    return time.time()
+
+
+def _use_the_journals_slack(run: RunDir) -> None:
+    """Lines that fit in the free end of the journal's last page, as a long run would have
+    written, until none does: only then does an append meet the full disk."""
+    for _ in range(200):
+        try:
+            run.append_event("test_padding", "test", pad="x" * 64)
+        except OSError:
+            return
+
+
+def _steps(run: RunDir) -> int:
+    steps = [s.get("step") for s in run.statuses().records]
+    return max((s for s in steps if isinstance(s, int)), default=-1)
+
+
+def test_ctrl_c_on_a_full_run_directory_stops_everything_and_exits_130(tmp_path):
+    run = RunDir(tmp_path / "disk")
+    with tmpfs_mount(run.root, "48m"):
+        proc = _start(tmp_path, run.root)
+        try:
+            wait_for(lambda: _steps(run) >= 6 or proc.poll() is not None, 240, what="step 6")
+            assert proc.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
+            started = psutil.Process(proc.pid).children(recursive=True)
+            assert len(started) >= 3  # the agent, the launcher, torchrun and its rank
+            _fill_to_the_brim(run.root)
+            proc.send_signal(signal.SIGINT)
+            deadline = time.time() + 120
+            while proc.poll() is None and time.time() < deadline:  # keep it full: the job
+                _fill_to_the_brim(run.root)                       # frees what it gives up
+                _use_the_journals_slack(run)
+                time.sleep(0.05)
+            code = proc.wait(timeout=1)
+        finally:
+            kill_tree(proc)
+        log = (tmp_path / "run.log").read_text()
+        left = [p.pid for p in started if p.is_running() and p.status() != "zombie"]
+        unmounted = subprocess.run(["umount", str(run.root)], capture_output=True, text=True)
+    assert code == 130, log[-3000:]
+    assert "Traceback" not in log, log[-3000:]
+    assert left == [], log[-3000:]
+    assert unmounted.returncode == 0, unmounted.stderr  # nothing of ours holds the mount
+    assert "trainwatch run interrupted" in log  # the summary
+    assert "could not record" in log and "controller_stopped" in log, log[-3000:]
+
+
+def test_storage_full_names_the_full_disk_within_15s_of_the_first_failed_save(tmp_path):
+    run = RunDir(tmp_path / "run")
+    disk = tmp_path / "ckpt"
+    with tmpfs_mount(disk, "16m"):
+        proc = _start(tmp_path, run.root, f"checkpoint.dir={disk}")
+        try:
+            wait_for(lambda: run.events("checkpoint_saved") or proc.poll() is not None, 240,
+                     what="a first checkpoint")
+            assert proc.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
+            _fill_to_the_brim(disk)
+            failed = wait_for(lambda: run.events("checkpoint_failed"), 120,
+                              what="a failed save")
+            firing = wait_for(lambda: [e for e in run.events("alert_firing")
+                                       if e.get("alert") == "StorageFull"], 120,
+                              what="StorageFull")
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=120)
+            finally:
+                kill_tree(proc)
+    after = firing[0]["time"] - failed[0]["time"]
+    print(f"StorageFull fired {after:.1f} s after the first failed save")
+    assert after <= 15, (after, firing[0])
+    assert firing[0]["labels"]["mountpoint"] == str(disk)
