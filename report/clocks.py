@@ -3,7 +3,7 @@
 Every journal event carries its writer's wall clock (``time``) and monotonic clock
 (``mono``, with the machine's ``boot``). On one machine and boot all processes share
 the monotonic clock, so a writer's ``time - mono`` is its wall clock's offset: writers
-that agree within ``TOLERANCE_SECONDS`` form the machine's clock, and a writer that
+that agree within ``CLOCKS_AGREE_SECONDS`` form the machine's clock, and a writer that
 disagrees (a rank whose clock is 5 minutes behind) has its times moved onto it. Events
 without ``mono`` (older run directories) and writers on other machines stay as written:
 monotonic clocks of two machines cannot be compared.
@@ -15,7 +15,8 @@ import math
 import statistics
 from typing import Any
 
-TOLERANCE_SECONDS = 1.0
+from trainwatch.node import CLOCKS_AGREE_SECONDS
+
 # Whose clock a machine keeps when its writers split evenly: the controller's, the
 # launcher's, then the lowest rank's.
 _PREFERRED = ("engine", "launcher", "webhook")
@@ -39,11 +40,11 @@ def _machine_offset(offsets: dict[str, float]) -> float:
     """The offset most writers of one machine agree on (ties: the preferred writer's)."""
     clusters: list[list[str]] = []
     for source in sorted(offsets, key=offsets.__getitem__):
-        if clusters and offsets[source] - offsets[clusters[-1][0]] <= TOLERANCE_SECONDS:
+        if clusters and offsets[source] - offsets[clusters[-1][0]] <= CLOCKS_AGREE_SECONDS:
             clusters[-1].append(source)
         else:
             clusters.append([source])
-    best = max(clusters, key=lambda c: (len(c), [-k for k in min(map(_rank_order, c))]))
+    best = min(clusters, key=lambda c: (-len(c), min(map(_rank_order, c))))
     return statistics.median(offsets[s] for s in best)
 
 
@@ -57,7 +58,8 @@ def align(events: list[dict[str, Any]]) -> dict[str, float]:
     per_writer: dict[tuple[str, str, str], list[float]] = {}
     for e in events:
         writer, mono = _writer(e), e.get("mono")
-        if writer is not None and isinstance(mono, float) and math.isfinite(mono):
+        if writer is not None and isinstance(mono, (int, float)) and not isinstance(
+                mono, bool) and math.isfinite(mono):
             per_writer.setdefault(writer, []).append(e["time"] - mono)
     machines: dict[tuple[str, str], dict[str, float]] = {}
     for (host, boot, source), offsets in per_writer.items():
@@ -66,7 +68,7 @@ def align(events: list[dict[str, Any]]) -> dict[str, float]:
     for (host, boot), writers in machines.items():
         reference = _machine_offset(writers)
         for source, offset in writers.items():
-            if abs(reference - offset) > TOLERANCE_SECONDS:
+            if abs(reference - offset) > CLOCKS_AGREE_SECONDS:
                 shift[(host, boot, source)] = reference - offset
     if not shift:
         return {}

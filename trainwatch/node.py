@@ -20,6 +20,11 @@ def node_name() -> str:
     return os.environ.get(NODE_ENV) or socket.gethostname()
 
 
+# Wall clocks of one machine's processes that differ by no more than this agree (readers
+# move the times of a process whose clock is further off onto the machine's clock).
+CLOCKS_AGREE_SECONDS = 1.0
+
+
 @functools.cache
 def boot_id() -> str:
     """This boot of this machine ('' where unknown): the monotonic readings of two records

@@ -23,13 +23,11 @@ from trainwatch.agent.registry import Collector, Result, Sample, label_values, r
 from trainwatch.contract.states import KNOWN_PHASES, PROCESS_STATES, RANK_STATES
 from trainwatch.contract.timing import job_window
 from trainwatch.errors import FormatError
-from trainwatch.node import boot_id
+from trainwatch.node import CLOCKS_AGREE_SECONDS, boot_id
 from trainwatch.rundir import (RUN_FORMAT, SKIP_REASONS, Skipped, SkippedFile,
                                read_record)
 
 log = logging.getLogger(__name__)
-# Wall clocks of one machine's processes that differ by less than this agree.
-CLOCK_TOLERANCE_SECONDS = 1.0
 _TRAIN_GAUGES = {  # status metrics field -> metric
     "loss": "trainwatch_train_loss", "grad_norm": "trainwatch_train_grad_norm",
     "lr": "trainwatch_train_learning_rate",
@@ -152,7 +150,7 @@ def _on_our_clock(s: dict[str, Any], now: float, mono: float) -> dict[str, Any]:
     if hb_at is None or hb_mono is None or not s.get("boot") or s.get("boot") != boot_id():
         return s
     ahead = (hb_at - hb_mono) - (now - mono)
-    if abs(ahead) <= CLOCK_TOLERANCE_SECONDS:
+    if abs(ahead) <= CLOCKS_AGREE_SECONDS:
         return s
     moved = dict(s, clock_ahead_seconds=ahead)
     for field in ("heartbeat_at", "last_progress_at", "phase_since", "started_at"):
