@@ -6,8 +6,12 @@ to ``ActionRunner.handle``.  Before anything acts:
 * the delivery key (alert fingerprint + startsAt) is recorded in a persisted ledger
   first, so a duplicated or retried delivery never acts twice, even across restarts;
 * ``control/hold-actions`` in the run directory, or a matching silence, holds it;
-* restarts of one job are rate-limited (``action_min_interval_seconds``); a rollback
-  only by an earlier rollback, as another restart may have resumed past the bad step;
+* restarts an alert asks for are rate-limited (``action_min_interval_seconds`` since the
+  last restart of any kind); a rollback only by an earlier rollback, as another restart
+  may have resumed past the bad step. A refusal for the rate limit is not final: it is
+  asked again when the window ends (``Outcome.retry_after``). A job that exited by itself
+  is restarted at once (``restart_job``): nothing running is killed, and waiting would
+  only idle the allocation; the no-progress guard bounds such crash loops;
 * the no-progress guard stops restarting after ``restart_guard_max_restarts``
   restarts without forward progress and raises TrainingRestartLoop.
 
@@ -69,9 +73,12 @@ class Outcome:
     taken: bool
     reason: str
     details: dict[str, Any] = field(default_factory=dict)
-    # False: the delivery may be asked again (a stall the evidence did not confirm), so
-    # it is not kept in the ledger as handled.
+    # False: the delivery may be asked again (a stall the evidence did not confirm, a
+    # restart the rate limit held back), so it is not kept in the ledger as handled.
     final: bool = True
+    # Seconds after which asking again can get another answer (the rate limit's window
+    # ends); None: whenever the caller re-asks (``Policy.recheck_seconds``).
+    retry_after: float | None = None
 
 
 @dataclass
@@ -194,8 +201,12 @@ class ActionRunner:
         now = self.clock()
         if last is not None and now - last < self.policy.min_interval_seconds:
             what = "rolled back" if rollback else "restarted"
-            return self._skip(req, f"rate limited: the job was {what} {now - last:.0f}s ago "
-                              f"(minimum {self.policy.min_interval_seconds:.0f}s)")
+            wait = self.policy.min_interval_seconds - (now - last)
+            outcome = self._skip(req, f"rate limited: the job was {what} {now - last:.0f}s ago "
+                                 f"(minimum {self.policy.min_interval_seconds:.0f}s); asked "
+                                 f"again in {wait:.0f}s", extra={"retry_after": wait})
+            outcome.final, outcome.retry_after = False, wait
+            return outcome
         confirmation = None
         if req.action == "stall_restart":
             # One signal (the agent's reading of the status files) never kills a job.

@@ -71,8 +71,9 @@ def connect_actions(engine: Engine, runner: ActionRunner, loop: EngineLoop) -> N
     """Firing alerts with an action go to the runner; a tripped guard becomes a metric.
 
     The engine announces an alert once, when it starts firing. An answer that is not final
-    (a stall the controller's own evidence did not confirm) is asked again every
-    ``policy.recheck_seconds`` while the alert keeps firing, as Alertmanager's
+    is asked again while the alert keeps firing: a restart the rate limit held back when
+    its window ends, a stall the controller's own evidence did not confirm every
+    ``policy.recheck_seconds``, as Alertmanager's
     ``repeat_interval`` re-delivers to the webhook receiver: a stall that was refuted while
     the job still moved and then became real is acted on without a new alert.
     """
@@ -81,9 +82,12 @@ def connect_actions(engine: Engine, runner: ActionRunner, loop: EngineLoop) -> N
     reask_at: dict[str, float] = {}  # fingerprint -> monotonic time to ask again
 
     def handle(alert: Alert, req: ActionRequest) -> None:
-        final = False
+        final, wait = False, runner.policy.recheck_seconds
         try:
-            final = runner.handle(req).final
+            outcome = runner.handle(req)
+            final = outcome.final
+            if outcome.retry_after is not None:
+                wait = outcome.retry_after
         except ControllerClosed:
             log.info("%s: not acted on, the controller is shutting down", alert.name)
         finally:  # an action that raised is asked again too
@@ -92,8 +96,7 @@ def connect_actions(engine: Engine, runner: ActionRunner, loop: EngineLoop) -> N
                 if final:
                     reask_at.pop(alert.fingerprint, None)
                 else:
-                    reask_at[alert.fingerprint] = (time.monotonic()
-                                                   + runner.policy.recheck_seconds)
+                    reask_at[alert.fingerprint] = time.monotonic() + wait
 
     def on_firing(alert: Alert) -> None:
         with lock:

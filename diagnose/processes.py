@@ -9,7 +9,7 @@ from typing import Any
 import psutil
 
 from trainwatch.diagnose.model import Evidence
-from trainwatch.host.procinfo import thread_waits
+from trainwatch.host.procinfo import reused, thread_waits
 
 # psutil status -> the words docs/agent.md uses.
 _STATUS = {psutil.STATUS_DISK_SLEEP: "disk_sleep", psutil.STATUS_STOPPED: "stopped",
@@ -30,18 +30,21 @@ def gather(ev: Evidence) -> None:
             view["process"] = {"status": "unknown", "visible": False}
             remote.add(view.get("node") or "?")
             continue
-        view["process"] = inspect(view["pid"], view.get("started_at"))
+        view["process"] = inspect(view["pid"], view.get("started_at"),
+                                  view.get("process_created_at"))
     if remote:
         ev.cannot_see(f"processes on node(s) {sorted(remote)} (not this host, {ev.host}); "
                       "run diagnose there or pass their --agent URL")
 
 
-def inspect(pid: int, started_at: float | None) -> dict[str, Any]:
-    """State of one rank process; a reused pid (started after the rank did) counts as gone."""
+def inspect(pid: int, started_at: float | None,
+            created_at: float | None = None) -> dict[str, Any]:
+    """State of one rank process; a reused pid (another process than the rank's) counts as
+    gone."""
     try:
         proc = psutil.Process(pid)
         with proc.oneshot():
-            if started_at is not None and proc.create_time() > started_at + 1.0:
+            if reused(proc.create_time(), started_at, created_at):
                 return {"status": "gone", "visible": True, "note": "pid reused by another process"}
             status = _STATUS.get(proc.status(), proc.status())
             info: dict[str, Any] = {"status": status, "visible": True,

@@ -24,6 +24,7 @@ from typing import Any, Iterator, Sequence
 
 from trainwatch.contract.layout import TORCHRUN_LOG
 from trainwatch.errors import ConfigError, FormatError
+from trainwatch.report.clocks import align
 from trainwatch.rundir import ReadResult, RunDir, Skipped, iter_jsonl
 
 # Events that say an attempt's processes are gone (or going): its end marker.
@@ -192,24 +193,32 @@ def number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def _events(result: ReadResult, path: Path) -> tuple[list[dict[str, Any]], list[Skipped]]:
+def _events(result: ReadResult, path: Path
+            ) -> tuple[list[dict[str, Any]], list[Skipped], dict[str, float]]:
+    """The journal's events in time order, on one clock per machine (report/clocks.py), and
+    the seconds each source's times were moved by."""
     events, skipped = [], list(result.skipped)
     for record in result.records:
         if not isinstance(record.get("event"), str) or number(record.get("time")) is None:
             skipped.append(Skipped(str(path), "not a journal event (no event name or time)"))
             continue
         events.append({**record, "time": float(record["time"])})
+    moved = align(events)
     events.sort(key=lambda e: e["time"])  # stable: same-time events keep their file order
-    return events, skipped
+    return events, skipped, moved
 
 
-def _rank0_metrics(run: RunDir) -> tuple[StepLog, list[tuple[int, float]], list[Skipped]]:
-    """Stream rank 0's metrics log into a StepLog; evaluations as (step, time)."""
+def _rank0_metrics(run: RunDir, moved: float = 0.0
+                   ) -> tuple[StepLog, list[tuple[int, float]], list[Skipped]]:
+    """Stream rank 0's metrics log into a StepLog; evaluations as (step, time). ``moved``:
+    seconds to add to rank 0's times (its wall clock disagreed with its machine's)."""
     log, evals = StepLog(), []
     skipped: list[Skipped] = []
     where = str(run.metrics_file(0))
     for lineno, record in iter_jsonl(run.metrics_file(0), skipped, run.root):
         kind, step, when = record.get("kind"), record.get("step"), number(record.get("time"))
+        if when is not None:
+            when += moved
         if kind not in ("step", "eval"):
             continue  # other kinds are the loop's own records, not ours to judge
         if not isinstance(step, int) or isinstance(step, bool) or when is None:
@@ -359,8 +368,12 @@ def read_timeline(path: str | Path) -> Timeline:
     info = run.run_info() or {}
     if not info:
         warnings.append(f"{run.run_file}: missing or unreadable; world size from the journal")
-    events, skipped_journal = _events(run.journal(), run.journal_file)
-    log, evals, skipped_metrics = _rank0_metrics(run)
+    events, skipped_journal, moved = _events(run.journal(), run.journal_file)
+    log, evals, skipped_metrics = _rank0_metrics(run, moved.get("rank0", 0.0))
+    for source, seconds in sorted(moved.items()):
+        warnings.append(f"{source}'s wall clock is {abs(seconds):.1f} s "
+                        f"{'behind' if seconds > 0 else 'ahead of'} its machine's: its times "
+                        "were read on the machine's clock")
     execs = StepRange(log, 0, len(log))
     if not events and not execs:
         raise ConfigError("nothing to report: no journal events and no rank 0 metrics",

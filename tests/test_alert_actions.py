@@ -187,9 +187,11 @@ def test_stall_webhook_captures_evidence_restarts_once_and_dedups(job, receiver_
     code, body = _post(rec.url, _payload())
     assert body["results"][0]["outcome"] == "skipped"
     assert "duplicate delivery" in body["results"][0]["reason"]
-    # A new firing of the alert soon after: rate limited.
-    code, body = _post(rec.url, _payload(starts="2026-12-02T10:01:00Z"))
-    assert "rate limited" in body["results"][0]["reason"]
+    # A new firing of the alert soon after: rate limited, and not answered for good: its
+    # repeat is looked at again (rate limited again, not a "duplicate").
+    for _ in range(2):
+        code, body = _post(rec.url, _payload(starts="2026-12-02T10:01:00Z"))
+        assert "rate limited" in body["results"][0]["reason"], body
     assert len(_starts(c.run)) == 2 and len(c.run.events("action_taken")) == 1
     # Resolved alerts and alerts without an action never act.
     _, body = _post(rec.url, _payload(status="resolved"))
@@ -246,6 +248,12 @@ def test_crash_loop_trips_the_guard_and_raises_training_restart_loop(job):
         sup.stop()
     assert sup.exit_code == 1
     assert len(_starts(c.run)) == 3  # the first start and two restarts, then the guard
+    # The documented rule (docs/alerts.md): a job that exited is restarted at once, not
+    # held by the 300 s rate limit; the guard is what bounds the loop.
+    exits = [e["time"] for e in c.run.events("job_exited")]
+    restarts = [e["time"] for e in c.run.events("action_taken")]
+    assert len(restarts) == 2 and all(0 <= r - x < 30 for x, r in zip(exits, restarts))
+    assert restarts[-1] - restarts[0] < 300
     skipped = c.run.events("action_skipped")
     assert "restart guard" in skipped[-1]["reason"]
     assert runner.guard_tripped
@@ -579,3 +587,31 @@ def test_replica_rollback_acts_only_on_confirmed_digests_and_resumes_before_them
     assert taken["suspects"] == [{"rank": 1, "node": None}]
     _wait_for(lambda: len(_starts(c.run)) == 2)
     assert _starts(c.run, field=1)[1] == 30
+
+
+def test_a_restart_held_by_the_rate_limit_is_done_when_the_window_ends(job, receiver_for):
+    """A stall inside the rate limit's window is held back, not dropped: Alertmanager's
+    repeats are looked at again (never "duplicate"), and the first one after the window
+    ends restarts the still frozen job. Real timings: a 6 s window after a crash restart."""
+    c = job()
+    c.start()
+    rec = receiver_for(c, min_interval_seconds=6)
+    _wait_for(lambda: c.rank_pids())
+    assert rec.runner.restart_job("restart", None).taken  # the job exited: restarted at once
+    restarted_at = c.run.events("action_taken")[-1]["time"]
+    _wait_for(lambda: len(_starts(c.run)) == 2 and c.rank_pids().get(0) == _starts(c.run)[-1])
+    os.kill(c.rank_pids()[0], signal.SIGSTOP)
+    code, body = _post(rec.url, _payload())
+    assert "rate limited" in body["results"][0]["reason"], body
+    assert "asked again in" in body["results"][0]["reason"]
+    assert c.run.events("action_skipped")[-1]["retry_after"] <= 6
+    # Alertmanager repeats the alert every minute; here, every 2 s until it acts.
+    answers = [body["results"][0]]
+    deadline = time.monotonic() + 60
+    while answers[-1]["outcome"] != "taken" and time.monotonic() < deadline:
+        time.sleep(2)
+        answers.append(_post(rec.url, _payload())[1]["results"][0])
+    assert all("rate limited" in a["reason"] for a in answers[:-1]), answers
+    taken = c.run.events("action_taken")[-1]
+    assert taken["action"] == "stall_restart" and taken["time"] - restarted_at >= 6
+    _wait_for(lambda: len(_starts(c.run)) == 3)

@@ -253,3 +253,37 @@ def test_an_action_answered_not_final_is_asked_again_while_its_alert_fires(fast_
     assert tick_until(lambda: runner.asked.count(early) >= 3)
     tick_until(lambda: False, seconds=1.0)  # final: never asked again while it fires
     assert runner.asked.count(early) == 3
+
+
+def test_a_restart_held_by_the_rate_limit_is_asked_again_when_its_window_ends(fast_rules):
+    """Not at the next stall recheck (a minute later): a frozen job stayed frozen that long."""
+    from trainwatch.alerts.actions import Outcome
+    from trainwatch.alerts.loop import EngineLoop, connect_actions
+
+    class Runner:  # held back for 0.3 s, then acted
+        job, guard_tripped, on_guard = "exp1", False, None
+        policy = Policy(recheck_seconds=600)
+
+        def __init__(self):
+            self.asked = []
+
+        def handle(self, req):
+            if req.alertname != "TrainingStallSuspected":  # the page's own action
+                return Outcome(True, "restarted")
+            self.asked.append(time.monotonic())
+            if len(self.asked) == 1:
+                return Outcome(False, "rate limited", final=False, retry_after=0.3)
+            return Outcome(True, "restarted")
+
+    runner, history = Runner(), History()
+    engine = Engine(fast_rules, history)
+    loop = EngineLoop(engine, None, interval=1.0)
+    connect_actions(engine, runner, loop)
+    t = 0.0
+    deadline = time.monotonic() + 20
+    while len(runner.asked) < 2 and time.monotonic() < deadline:
+        stall(history, t, 100.0 + t)
+        loop.tick(t)
+        t += 1.0
+        time.sleep(0.05)
+    assert len(runner.asked) == 2 and runner.asked[1] - runner.asked[0] >= 0.3

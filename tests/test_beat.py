@@ -48,3 +48,29 @@ def test_agent_takes_a_fresh_beat_over_a_stale_status_and_reports_cannot_publish
     result = collector(make_ctx([run.root]), "ranks").collect()
     assert result.data["jobs"][0]["ranks"][0]["step"] == 3
     writer.close()
+
+
+def test_a_rank_whose_clock_is_5_min_behind_is_neither_stale_nor_gone(tmp_path):
+    """The agent measures a rank of its own machine on the shared monotonic clock, and tells
+    its process by the kernel's start time: a rank's wall clock 300 s behind changes
+    nothing (it made the rank look 300 s stale at first sight, and its process "gone")."""
+    import psutil
+
+    from trainwatch.node import boot_id
+
+    run = RunDir(tmp_path / "run").create()
+    behind = time.time() - 300
+    write_status(run, 0, os.getpid(), started_at=behind - 5, heartbeat_at=behind,
+                 last_progress_at=behind - 0.2, phase_since=behind - 0.1,
+                 heartbeat_mono=time.monotonic(), boot=boot_id(),
+                 process_created_at=psutil.Process().create_time())
+    result = collector(make_ctx([run.root]), "ranks").collect()
+    (rank,) = result.data["jobs"][0]["ranks"]
+    assert rank["heartbeat_age"] < 5 and rank["progress_age"] < 5, rank
+    assert rank["process"]["status"] != "gone"
+    assert value(result, "trainwatch_rank_up", rank=0) == 1
+    # another boot's monotonic reading says nothing about ours: the wall clock stands
+    write_status(run, 0, os.getpid(), heartbeat_at=behind, heartbeat_mono=time.monotonic(),
+                 boot="another-boot")
+    result = collector(make_ctx([run.root]), "ranks").collect()
+    assert result.data["jobs"][0]["ranks"][0]["heartbeat_age"] > 290

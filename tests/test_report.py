@@ -620,3 +620,55 @@ def test_report_streams_the_metrics_log(tmp_path):
     assert data["steps"]["unique"] == 20_000
     per_step = (large - small) / 18_100
     assert per_step < 100, f"{per_step:.0f} bytes of peak memory per step"
+
+
+class SkewedRun(Run):
+    """A Run whose rank 0 reads a wall clock ``behind`` seconds slow; every writer records its
+    monotonic clock (one machine, one boot) beside the wall time, as RunDir.append_event does."""
+
+    def __init__(self, root: Path, behind: float, **kw):
+        super().__init__(root, **kw)
+        self.behind = behind
+
+    def event(self, name, source, at=None, **fields):
+        when = self.clock if at is None else at
+        skew = self.behind if source == "rank0" else 0.0
+        append_jsonl(self.run.journal_file, {"v": 1, "time": T0 + when - skew, "mono": 500.0 + when,
+                                             "event": name, "source": source, "host": "h",
+                                             "boot": "b1", **fields})
+
+    def steps(self, first, last, **kw):
+        start = len(self.run.metrics(0).records)
+        super().steps(first, last, **kw)
+        lines = self.run.metrics(0).records  # rank 0's own log is on its own clock too
+        for line in lines[start:]:
+            line["time"] -= self.behind
+        self.run.metrics_file(0).write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def _clean_run(run):
+    run.event("launcher_started", "launcher", pid=1)
+    run.wait(2)
+    run.attempt(0)
+    run.rank_event("run_started", world_size=2, start_step=0, steps=30)
+    run.wait(1)
+    run.steps(0, 29, gap=0.01)
+    run.rank_event("finished", step=29)
+    run.wait(0.5)
+    run.event("launcher_exited", "launcher", pid=1, returncode=0)
+
+
+@pytest.mark.parametrize("behind", [300.0, -300.0])
+def test_a_rank_clock_off_by_5_min_is_read_on_its_machines_clock(tmp_path, behind):
+    """Rank 0's wall clock disagrees with the launcher's by 5 min: the journal's monotonic
+    readings put it back, so the report matches the same run with agreeing clocks (it took
+    the skew into the wall time: 30 s became 5 min 33 s)."""
+    _clean_run(SkewedRun(tmp_path / "skewed", behind))
+    _clean_run(SkewedRun(tmp_path / "agreed", 0.0))
+    skewed, agreed = report_json(tmp_path / "skewed"), report_json(tmp_path / "agreed")
+    assert_sums_to_wall(skewed)
+    assert skewed["time"]["wall_seconds"] == pytest.approx(agreed["time"]["wall_seconds"],
+                                                           abs=1e-3)
+    assert agreed["time"]["wall_seconds"] < 40
+    assert skewed["categories"] == pytest.approx(agreed["categories"], abs=1e-3)
+    assert any("rank0's wall clock is 300.0 s" in w for w in skewed["warnings"])

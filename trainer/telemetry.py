@@ -58,7 +58,7 @@ from trainwatch import __version__
 from trainwatch.contract.env import JOB_ENV, run_dir_from_env
 from trainwatch.contract.states import FAILED, FINISHED, RUNNING
 from trainwatch.contract.timing import MIDDLE_HALF_WIDTH, RECENT_WINDOWS, standing, summarize
-from trainwatch.node import node_name
+from trainwatch.node import boot_id, node_name
 from trainwatch.rundir import RunDir, append_jsonl
 from trainwatch.trainer import dumps
 from trainwatch.trainer.flops import peak_flops_for
@@ -218,6 +218,13 @@ class Telemetry:
                 os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
             "backend": None, "device": str(self.device),
             "started_at": now, "heartbeat_at": now, "heartbeat_interval": heartbeat_interval,
+            # This process's monotonic clock at the heartbeat, and the boot it counts from:
+            # a reader on the same machine and boot measures ages on it, whatever this
+            # rank's wall clock says (a clock minutes behind must not look stalled).
+            "heartbeat_mono": time.monotonic(), "boot": boot_id(),
+            # The kernel's start time of this process (boot time + ticks, not this rank's
+            # wall clock): how an agent tells this process from a later one with its pid.
+            "process_created_at": _created(self._process),
             "step": None, "phase": "init",
             "phase_since": now, "last_progress_at": now, "state": RUNNING,
             "metrics": {}, "eval": {},
@@ -659,11 +666,7 @@ class Telemetry:
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.heartbeat_interval):
             self._wall_offset = time.time() - time.perf_counter_ns() / 1e9
-            try:
-                self._flush()
-            except Exception as exc:  # noqa: BLE001 - counted, and told through the beat
-                self.count_error(repr(exc))
-                self._publish_failed(exc)
+            self._guard(self._flush)
             if self._exchange_in_flight is not None:
                 self._guard(lambda: self._collect_exchange(wait=False))
             self._guard(self._poll_control)
@@ -681,17 +684,26 @@ class Telemetry:
                 self._guard(functools.partial(handler, path))
 
     def _flush(self) -> None:
-        """Resolve pending steps (the only place tensors are read) and append them to the log."""
+        """Resolve pending steps (the only place tensors are read) and append them to the log.
+
+        Only a failed write is a publish failure (told through the beat file:
+        TrainwatchCannotPublish); a value that cannot be read (a device's error, a
+        collective's from a dead peer) is a telemetry error like any other.
+        """
         if self._replicas is not None and self._replicas.taken:
             digests = self._replicas.resolve()
             with self._lock:
                 self._state["replicas"] = (self._state["replicas"] + digests)[-KEEP:]
             if self.metrics_log:  # the history a rollback picks its clean checkpoint from
                 now = _now()
-                for digest in digests:
-                    append_jsonl(self.run.metrics_file(self.rank),
-                                 {"v": 1, "kind": "replicas", "time": now, "rank": self.rank,
-                                  **digest})
+                try:
+                    for digest in digests:
+                        append_jsonl(self.run.metrics_file(self.rank),
+                                     {"v": 1, "kind": "replicas", "time": now,
+                                      "rank": self.rank, **digest})
+                except OSError as exc:
+                    self.count_error(repr(exc))
+                    self._publish_failed(exc)
         # popleft, one at a time, because the loop appends without a lock
         pending = [self._pending.popleft() for _ in range(len(self._pending))]
         if not pending:
@@ -703,12 +715,16 @@ class Telemetry:
             self._state["metrics"] = lines[-1]
         if self.metrics_log:
             data = "".join([_ENCODER.encode(line) + "\n" for line in lines]).encode()
-            fd = os.open(self.run.metrics_file(self.rank), os.O_WRONLY | os.O_APPEND | os.O_CREAT,
-                         0o644)
             try:
-                os.write(fd, data)  # one append: whole lines, even if the process dies
-            finally:
-                os.close(fd)
+                fd = os.open(self.run.metrics_file(self.rank),
+                             os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                try:
+                    os.write(fd, data)  # one append: whole lines, even if the process dies
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                self.count_error(repr(exc))
+                self._publish_failed(exc)
 
     def _resolve(self, p: tuple, memory: dict[str, Any]) -> dict[str, Any]:
         step, end_time, step_ns, phase_ns, cuda_events, recorded = p
@@ -756,10 +772,11 @@ class Telemetry:
         self._guard(self._summarize_timing)
         with self._lock:
             self._state["heartbeat_at"] = _now()
+            self._state["heartbeat_mono"] = time.monotonic()
             snapshot = _copy(self.state)
         try:
             self.run.write_status(self.rank, snapshot)
-        except Exception as exc:  # noqa: BLE001
+        except OSError as exc:  # the run directory cannot be written: a publish failure
             with self._lock:
                 self._state["counters"]["telemetry_errors_total"] += 1
                 count = self._state["counters"]["telemetry_errors_total"]
@@ -767,6 +784,8 @@ class Telemetry:
                 log.warning("trainwatch: could not write status (%d errors so far): %r",
                             count, exc)
             self._publish_failed(exc)
+        except Exception as exc:  # noqa: BLE001 - a value that does not encode: not the disk
+            self.count_error(f"status: {exc!r}")
         if not self._failed_this_beat:  # status and metrics log both written
             self._publish_failing_since = None
         self._failed_this_beat = False
@@ -787,7 +806,8 @@ class Telemetry:
         metrics = s.get("metrics") or {}
         phase = s.get("phase")
         return {"v": 1, "rank": self.rank, "pid": s["pid"], "state": s["state"],
-                "heartbeat_at": s["heartbeat_at"], "step": s["step"],
+                "heartbeat_at": s["heartbeat_at"], "heartbeat_mono": s["heartbeat_mono"],
+                "boot": s["boot"], "step": s["step"],
                 "last_progress_at": s["last_progress_at"],
                 "steps_total": s["counters"]["steps_total"], "phase": phase,
                 "phase_since": s["phase_since"],
@@ -798,6 +818,13 @@ class Telemetry:
                 "publish_errors_total": self._publish_errors,
                 "publish_failing_since": self._publish_failing_since,
                 "last_publish_error": self._publish_error}
+
+
+def _created(process: psutil.Process) -> float | None:
+    try:
+        return process.create_time()
+    except psutil.Error:
+        return None
 
 
 def _copy(obj: Any) -> Any:

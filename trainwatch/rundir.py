@@ -26,7 +26,7 @@ from trainwatch.contract.layout import (CHECKPOINT_DIRS_KEY, FORMAT_VERSION, MET
                                        rank_of_file)
 from trainwatch.contract.states import FINISHED
 from trainwatch.errors import ConfigError, FormatError
-from trainwatch.node import node_name
+from trainwatch.node import boot_id, node_name
 
 log = logging.getLogger(__name__)
 
@@ -666,8 +666,11 @@ class RunDir(RunLayout):
 
     # journal -----------------------------------------------------------------
     def append_event(self, event: str, source: str, **fields: Any) -> dict[str, Any]:
-        record = {"v": FORMAT_VERSION, "time": time.time(), "event": event, "source": source,
-                  "host": node_name(), **fields}
+        # ``mono``/``boot``: the writer's monotonic clock beside its wall clock, so a reader
+        # can place events of processes whose wall clocks disagree (report/clocks.py).
+        record = {"v": FORMAT_VERSION, "time": time.time(), "mono": time.monotonic(),
+                  "event": event, "source": source, "host": node_name(), "boot": boot_id(),
+                  **fields}
         append_jsonl(self.journal_file, record)
         return record
 

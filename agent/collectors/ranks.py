@@ -24,6 +24,7 @@ from trainwatch.agent.replicas import digests
 from trainwatch.contract.states import KNOWN_PHASES, PROCESS_STATES, RANK_STATES
 from trainwatch.contract.timing import job_window
 from trainwatch.errors import FormatError
+from trainwatch.node import CLOCKS_AGREE_SECONDS, boot_id
 from trainwatch.rundir import (RUN_FORMAT, SKIP_REASONS, Skipped, SkippedFile,
                                read_record)
 
@@ -117,6 +118,8 @@ def _with_beat(s: dict[str, Any], beat: dict[str, Any] | None):
     if heartbeat is None or heartbeat <= (_num(s.get("heartbeat_at")) or 0.0):
         return s, publish
     merged = dict(s, heartbeat_at=heartbeat)
+    if _num(beat.get("heartbeat_mono")) is not None:
+        merged["heartbeat_mono"] = beat["heartbeat_mono"]
     for field, ok in (("last_progress_at", _num), ("phase_since", _num),
                       ("step", lambda v: v if isinstance(v, int) and not isinstance(v, bool)
                        else None),
@@ -137,6 +140,25 @@ def _with_beat(s: dict[str, Any], beat: dict[str, Any] | None):
         merged["metrics"] = dict(s["metrics"], step=merged.get("step"),
                                  step_time_seconds=step_time)
     return merged, publish
+
+
+def _on_our_clock(s: dict[str, Any], now: float, mono: float) -> dict[str, Any]:
+    """The status with its wall-clock times moved onto this agent's wall clock when the rank's
+    disagrees (a rank 5 minutes behind would look 5 minutes stale, or its process younger
+    than the rank). Same machine and boot only: then the rank's ``heartbeat_mono`` is on
+    our monotonic clock, and its wall clock's offset from ours is exact."""
+    hb_at, hb_mono = _num(s.get("heartbeat_at")), _num(s.get("heartbeat_mono"))
+    if hb_at is None or hb_mono is None or not s.get("boot") or s.get("boot") != boot_id():
+        return s
+    ahead = (hb_at - hb_mono) - (now - mono)
+    if abs(ahead) <= CLOCKS_AGREE_SECONDS:
+        return s
+    moved = dict(s, clock_ahead_seconds=ahead)
+    for field in ("heartbeat_at", "last_progress_at", "phase_since", "started_at"):
+        value = _num(s.get(field))
+        if value is not None:
+            moved[field] = value - ahead
+    return moved
 
 
 def _rank_samples(labels: _Labels, s: dict[str, Any], state: str, phase: str | None,
@@ -420,6 +442,7 @@ class RanksCollector(Collector):
                 {"run": job, "node": self.ctx.node, "rank": s["rank"],
                  "local_rank": s.get("local_rank", "")}))
         s, publish = _with_beat(s, beat)
+        s = _on_our_clock(s, now, mono)
         metrics = s.get("metrics") if isinstance(s.get("metrics"), dict) else {}
         state = s.get("state") if isinstance(s.get("state"), str) else "running"
         phase = s.get("phase") if isinstance(s.get("phase"), str) else None
@@ -434,7 +457,8 @@ class RanksCollector(Collector):
         phase_age = self._age(who + ("phase", phase), phase_since, now, mono, tolerance=0.5)
         late = self._looks_old(s, metrics, state, heartbeat_age, progress_age)
         proc = self.procs.inspect(s.get("pid"), s.get("started_at"),
-                                  reuse_for=0.0 if late else float(self.options["process_every"]))
+                                  reuse_for=0.0 if late else float(self.options["process_every"]),
+                                  created_at=s.get("process_created_at"))
         ages = {"heartbeat": heartbeat_age, "phase": phase_age,
                 "progress": progress_age if progress_at is not None else None}
         result.defer(lambda: _rank_samples(labels, s, state, phase, ages, publish, proc))

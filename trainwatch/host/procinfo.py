@@ -76,8 +76,14 @@ class ProcessTracker:
                 del self._tracked[pid]
                 self._own_prev.pop(pid, None)
 
-    def inspect(self, pid: Any, started_at: Any, reuse_for: float = 0.0) -> dict[str, Any]:
+    def inspect(self, pid: Any, started_at: Any, reuse_for: float = 0.0,
+                created_at: Any = None) -> dict[str, Any]:
         """Process facts for one rank; ``status`` is ``gone`` or ``unknown`` when not found.
+
+        Is ``pid`` still the rank's process? ``created_at`` (the start time the rank read of
+        itself from the kernel) must match the process's; without it (older writers),
+        the process must not be younger than the rank's ``started_at``, which trusts the
+        rank's wall clock to agree with this host's.
 
         ``reuse_for``: the facts of an inspection up to that many seconds old are returned
         as they were (the first wait is staggered by pid, so many ranks are not all
@@ -93,8 +99,8 @@ class ProcessTracker:
         try:
             if tracked is None:
                 proc = psutil.Process(pid)
-                if isinstance(started_at, (int, float)) and proc.create_time() > started_at + 2:
-                    return {"status": "gone"}  # pid reused by a younger process
+                if reused(proc.create_time(), started_at, created_at):
+                    return {"status": "gone"}
                 tracked = self._tracked[pid] = _Tracked(proc, env=_filtered_env(proc))
                 tracked.due = mono + reuse_for * (pid % 5 + 1) / 5
             else:
@@ -527,3 +533,10 @@ def main_thread_wait(pid: Any, proc_root: str = "/proc") -> dict[str, Any] | Non
         return None
     return {**wait, "thread": {"tid": main["tid"], "wchan": main["wchan"],
                                "syscall": main["syscall"]}}
+
+
+def reused(created: float, started_at: Any, created_at: Any) -> bool:
+    """Does the pid belong to another process than the rank that published it?"""
+    if isinstance(created_at, (int, float)) and not isinstance(created_at, bool):
+        return abs(created - created_at) > 1.0  # the kernel's clock both times
+    return isinstance(started_at, (int, float)) and created > started_at + 2
