@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from agent_helpers import wait_for
-from conftest import kill_tree
+from conftest import kill_tree, start_train
 from trainwatch.contract.env import SUPERVISOR_ENV
 from trainwatch.node import node_name
 from trainwatch.rundir import RunDir
@@ -209,3 +209,28 @@ def test_a_job_that_outlives_its_killed_supervisor_is_stopped_before_the_next_on
     assert stopped["previous"]["pid"] == first.pid
     starts = run.events("job_started")
     assert len(starts) == 2 and starts[1]["time"] > stopped["time"]
+
+
+def test_a_repeated_sigterm_to_the_launcher_still_stops_torchrun_and_its_ranks(tmp_path):
+    """A killed supervisor's PDEATHSIG reaches its child once per thread it had: the
+    launcher forwards the first only, so torchrun's own shutdown is not interrupted."""
+    run = RunDir(tmp_path / "exp")
+    launcher = start_train("--run-dir", str(run.root), "--nproc-per-node", "2",
+                           "--config", _trainer_config(tmp_path, 3000), "--max-restarts", "0",
+                           env={"TRAINWATCH_FAULT": PACE, "TMPDIR": str(tmp_path)})
+    tree: list[psutil.Process] = []
+    try:
+        wait_for(lambda: _step(run) >= 3 or launcher.poll() is not None, 240,
+                 what="the ranks to train")
+        tree = psutil.Process(launcher.pid).children(recursive=True)
+        for _ in range(10):  # as a dying supervisor's threads end, over a second or so
+            launcher.send_signal(signal.SIGTERM)
+            time.sleep(0.1)
+        assert launcher.wait(timeout=90) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 30
+        while _running(tree) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not _running(tree), _describe(_running(tree))
+    finally:
+        _kill_all(_running(tree))
+        kill_tree(launcher)

@@ -215,8 +215,12 @@ def _launch(spec: LaunchSpec, run: RunDir, cfg: Config) -> int:
     received: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
+        # The first signal only: torchrun's handler raises inside its own shutdown on a
+        # second one and hangs there with its ranks unreaped, and a killed supervisor's
+        # PR_SET_PDEATHSIG comes once for each thread it had.
+        if not received:
+            proc.send_signal(signum)
         received.append(signum)
-        proc.send_signal(signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     pump = threading.Thread(target=_pump, args=(proc.stdout, run.logs_dir / TORCHRUN_LOG),
