@@ -205,3 +205,29 @@ def test_a_spawned_child_outlives_the_thread_that_started_it(procs):
     thread.join()
     procs.extend(plain)
     assert plain[0].wait(timeout=10) == -signal.SIGTERM
+
+
+def test_every_command_that_starts_a_job_refuses_a_held_run_directory(run, tmp_path):
+    """`trainwatch train` by hand, `alerts receive` with a job and `rehearse` respect the
+    lock as `trainwatch run` does: exit 2 naming the holder, nothing started."""
+    lock = acquire(run, "trainwatch run")
+    env = {k: v for k, v in os.environ.items() if k != SUPERVISOR_ENV}
+    env["TRAINWATCH_RECEIVER_TOKEN"] = "t" * 32
+    commands = {
+        "train": ["train", "--run-dir", str(run.root), "--nproc-per-node", "1",
+                  "--set", "train.steps=1"],
+        "receive": ["alerts", "receive", "--run-dir", str(run.root), "--listen", "127.0.0.1:0",
+                    "--job-command", f"{sys.executable} -c pass"],
+        "rehearse": ["rehearse", "--run-dir", str(run.root), "--nproc-per-node", "1"],
+    }
+    try:
+        for name, args in commands.items():
+            done = subprocess.run([sys.executable, "-m", "trainwatch", *args], env=env,
+                                  capture_output=True, text=True, timeout=120)
+            out = done.stdout + done.stderr
+            assert done.returncode == 2, (name, out)
+            assert f"already supervised by pid {os.getpid()} on host" in out, (name, out)
+            assert "Traceback" not in out
+        assert not run.events()  # none of them started or journaled anything
+    finally:
+        lock.release()
