@@ -244,11 +244,14 @@ def receive(rules_file, thresholds_file, run_dir, listen, token_file, nproc_per_
     from trainwatch.alerts.receiver import Receiver, load_token
     from trainwatch.alerts.silences import Silences
     from trainwatch.alerts.supervise import Supervisor
+    from trainwatch.runlock import hold
     ruleset = _load(rules_file, thresholds_file)
     token = load_token(token_file)
     host, port = _listen(listen)
     command = _job_command(run_dir, job_command, nproc_per_node, config, steps)
     controller: JobController | None = None
+    # Acting as the job's supervisor: the run's one supervisor (trainwatch.runlock).
+    lock = hold(RunDir(run_dir), "trainwatch alerts receive") if command else None
     if job_command and command is not None:  # the same supervision as `trainwatch run -- COMMAND`
         controller = supervised_job(run_dir, command, "trainwatch alerts receive")
     elif command:
@@ -279,6 +282,8 @@ def receive(rules_file, thresholds_file, run_dir, listen, token_file, nproc_per_
             supervisor.stop()
         if controller is not None:
             controller.close("receiver stopped")
+        if lock is not None:
+            lock.release()
     if supervisor is not None and supervisor.exit_code:
         sys.exit(1)
 

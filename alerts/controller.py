@@ -29,7 +29,7 @@ from trainwatch.contract.env import LAUNCH_ENV
 from trainwatch.contract.layout import (CONTROL_DUMP, DUMP_FILE_GLOB, JOB_LOG, RANK_PREFIX,
                                        STATUS_FILE_GLOB)
 from trainwatch.node import node_name
-from trainwatch.proctree import wait_gone
+from trainwatch.proctree import spawn, wait_gone
 from trainwatch.errors import FormatError
 from trainwatch.rundir import RunDir, read_run_file
 
@@ -84,9 +84,11 @@ class JobController:
             log_file = open(self.run.logs_dir / JOB_LOG, "ab")
             env = {**job_environment(self.env), LAUNCH_ENV: str(self.starts + 1)}
             try:
-                self.proc = subprocess.Popen(self.command + self.extra_args, env=env,
-                                             stdout=log_file, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, start_new_session=True)
+                # spawn: the job gets SIGTERM if this process dies (a killed supervisor
+                # leaves no job behind), whichever thread starts it.
+                self.proc = spawn(self.command + self.extra_args, env=env, stdout=log_file,
+                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  start_new_session=True)
             finally:
                 log_file.close()
             self.starts += 1

@@ -26,7 +26,8 @@ from rich.logging import RichHandler
 
 from trainwatch.agent.config import load_config as load_agent_config
 from trainwatch.alerts.actions import ActionRunner, Policy
-from trainwatch.alerts.command import TELEMETRY_GRACE_SECONDS, TelemetryWatch, supervised_job
+from trainwatch.alerts.command import (TELEMETRY_GRACE_SECONDS, TelemetryWatch, resolve,
+                                       supervised_job)
 from trainwatch.alerts.controller import JobController, train_command
 from trainwatch.alerts.engine import Engine, Notifier
 from trainwatch.alerts.evaluate import History
@@ -45,8 +46,9 @@ from trainwatch.contract.layout import AGENT_LOG, JOB_LOG, LOGS_DIR
 from trainwatch.contract.ports import LOOPBACK
 from trainwatch.contract.stall import RECORD_KEY as STALL_RECORD_KEY
 from trainwatch.errors import ConfigError
-from trainwatch.proctree import stop
+from trainwatch.proctree import spawn, stop
 from trainwatch.rundir import RunDir, pick_run_dir
+from trainwatch.runlock import hold
 
 
 def _free_port() -> int:
@@ -61,8 +63,8 @@ def start_agent(run: RunDir, port: int, config: str | None) -> subprocess.Popen:
     if config:
         cmd += ["--config", str(config)]
     with open(run.logs_dir / AGENT_LOG, "ab") as log:
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        return spawn(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                     start_new_session=True)
 
 
 def wait_for_agent(proc: subprocess.Popen, target: str, timeout: float = 60.0) -> bool:
@@ -156,7 +158,8 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     A COMMAND gets $TRAINWATCH_RUN_DIR and is restarted, rolled back and stopped like the
     reference trainer; what it must do for that is in docs/own-trainer.md.
     """
-    # Everything is checked before anything starts or the run directory is touched.
+    # Everything is checked before anything starts or the run directory is touched; then
+    # the run's lock (one supervisor per run directory; what a killed one left is stopped).
     run_dir = str(pick_run_dir(run_dir_arg, run_dir))
     ruleset = load_rules(rules_file, thresholds_file)
     console = Console()
@@ -164,9 +167,11 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
         console = Console(width=120)
     if command:
         plan = None
-        controller, agent_stall = supervised_command(
+        agent_stall = check_command(
             run_dir, list(command), nproc_per_node=nproc_per_node, steps=steps, config=config,
             overrides=overrides, max_restarts=max_restarts, agent_config=agent_config)
+        lock = hold(RunDir(run_dir), "trainwatch run")
+        controller = supervised_job(run_dir, list(command), "trainwatch run")
     else:
         if nproc_per_node is None:
             raise ConfigError("give --nproc-per-node (the reference trainer) or -- COMMAND "
@@ -177,6 +182,7 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
             console.print(ALREADY_COMPLETE, highlight=False)
             render_summary(summarize(run_dir, "already complete", plan.target_steps), console)
             return
+        lock = hold(RunDir(run_dir), "trainwatch run")
         controller = JobController(run_dir, train_command(
             run_dir, nproc_per_node, config=config, steps=steps, overrides=list(overrides),
             max_restarts=1 if max_restarts is None else max_restarts))
@@ -250,6 +256,7 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
         if controller.unrecorded:
             click.echo("trainwatch run: could not record (is the disk full?): "
                        + "; ".join(controller.unrecorded[-10:]), err=True)
+        lock.release()
     if code == 2:
         raise ConfigError("the training job rejected its input (exit 2): "
                           + _new_lines(run_.logs_dir / JOB_LOG, job_log_start))
@@ -278,10 +285,10 @@ def _shut_down(controller: JobController, steps: list[tuple[str, Callable[[], ob
             controller.unrecorded.append(f"stopping {what}: {exc}")
 
 
-def supervised_command(run_dir, command, *, nproc_per_node, steps, config, overrides,
-                       max_restarts, agent_config) -> tuple[JobController, dict]:
-    """The checks of a ``-- COMMAND`` launch (the trainer's options do not apply), then its
-    controller and the agent's stall options; ConfigError (exit 2) before anything starts."""
+def check_command(run_dir, command, *, nproc_per_node, steps, config, overrides,
+                  max_restarts, agent_config) -> dict:
+    """The checks of a ``-- COMMAND`` launch (the trainer's options do not apply); the
+    agent's stall options. ConfigError (exit 2) before anything starts."""
     given = [name for name, value in (("--nproc-per-node", nproc_per_node), ("--steps", steps),
                                       ("--config", config), ("--set", overrides),
                                       ("--max-restarts", max_restarts)) if value]
@@ -289,8 +296,9 @@ def supervised_command(run_dir, command, *, nproc_per_node, steps, config, overr
         raise ConfigError(f"{', '.join(given)} configure the reference trainer; with a COMMAND "
                           "put your job's own options in the command", key=given[0])
     check_run_dir(run_dir)
+    resolve(command)
     agent = load_agent_config(agent_config, run_dirs=[str(run_dir)])  # else it dies unseen
-    return supervised_job(run_dir, command, "trainwatch run"), agent.stall
+    return agent.stall
 
 
 def _progress_lines(run: RunDir, supervisor: Supervisor, progress: Progress,

@@ -1,5 +1,6 @@
 """The drill catalog: the real-world failure each drill simulates, the ``TRAINWATCH_FAULT`` it
-injects into the reference trainer, what must notice it and what must recover from it.
+injects into the reference trainer (or, for the supervisor drills, what the drill itself does
+to ``trainwatch run``), what must notice it and what must recover from it.
 
 A drill's settings (alert thresholds, agent and trainer config) are the drill defaults of
 ``trainwatch.drill.settings`` plus the few overrides listed here: shorter waits than a
@@ -14,9 +15,17 @@ from typing import Any
 from trainwatch.errors import ConfigError
 
 # How a drill's failure may be noticed (Signal.kind).
-ALERT, FINDING, LAUNCHER = "alert", "finding", "launcher"
-# How the run must get going again (Drill.recovery).
-TORCHRUN, CONTROLLER, NONE = "torchrun", "controller", "none"
+ALERT, FINDING, LAUNCHER, SUPERVISOR = "alert", "finding", "launcher", "supervisor"
+# How the run must get going again (Drill.recovery); RERUN: the same command, run again.
+TORCHRUN, CONTROLLER, RERUN, NONE = "torchrun", "controller", "rerun", "none"
+# What a supervisor drill does to `trainwatch run` at the fault step (Drill.supervisor_fault).
+KILL_SUPERVISOR, SECOND_SUPERVISOR = "kill", "second"
+# SUPERVISOR signals, by name: the journal event the drill (or the next supervisor) writes.
+SUPERVISOR_SIGNALS = {
+    "tree-gone": "every process of the killed trainwatch run ended by itself",
+    "leftovers-stopped": "the next trainwatch run stopped what the killed one left",
+    "refused": "the second trainwatch run exited 2 naming the holder",
+}
 
 
 @dataclass(frozen=True)
@@ -32,6 +41,8 @@ class Signal:
             return f"alert {self.name}"
         if self.kind == FINDING:
             return f"agent finding {self.name}"
+        if self.kind == SUPERVISOR:
+            return SUPERVISOR_SIGNALS[self.name]
         return "torchrun: worker failed"
 
     def to_json(self) -> dict[str, str]:
@@ -46,7 +57,7 @@ class Drill:
     fault_step: int
     fault_params: str              # extra ``key=value`` pairs of the fault spec
     detect: tuple[Signal, ...]     # any of these counts as detection; the first one is timed
-    recovery: str                  # TORCHRUN, CONTROLLER or NONE
+    recovery: str                  # TORCHRUN, CONTROLLER, RERUN or NONE
     action: str | None             # the automatic action that must be taken (once)
     detect_within: float           # seconds from the fault to the first detection
     recover_within: float | None   # seconds from the fault to the first step after resuming
@@ -57,23 +68,31 @@ class Drill:
     thresholds: dict[str, Any] = field(default_factory=dict)
     agent: dict[str, Any] = field(default_factory=dict)
     trainer: dict[str, Any] = field(default_factory=dict)
+    supervisor_fault: str | None = None  # KILL_SUPERVISOR, SECOND_SUPERVISOR: the drill acts
     notes: str = ""
 
     @property
     def fault(self) -> str:
-        """The failure, as a TRAINWATCH_FAULT spec."""
+        """The failure, as a TRAINWATCH_FAULT spec (a supervisor drill's: kind and step)."""
+        if self.supervisor_fault:
+            return f"{self.fault_kind}:step={self.fault_step}"
         extra = f":{self.fault_params}" if self.fault_params else ""
         return f"{self.fault_kind}:rank={self.fault_rank}:step={self.fault_step}{extra}"
 
     def fault_env(self) -> str:
-        """The whole TRAINWATCH_FAULT value: the failure, and the pacing if any."""
-        return ",".join(filter(None, (self.fault, self.pace)))
+        """The whole TRAINWATCH_FAULT value: the failure, and the pacing if any (a supervisor
+        drill's is the pacing only: the drill itself acts)."""
+        return ",".join(filter(None, (None if self.supervisor_fault else self.fault,
+                                      self.pace)))
 
     def expected_recovery(self) -> str:
         if self.recovery == TORCHRUN:
             return "torchrun restarts the ranks; they resume from the newest checkpoint"
         if self.recovery == CONTROLLER:
             return (f"the controller's {self.action}: the job restarts from a checkpoint")
+        if self.recovery == RERUN:
+            return ("the same trainwatch run command, run again, trains one job, resumed from "
+                    "the newest checkpoint")
         return f"no restart; action {self.action} (report only)" if self.action else "none"
 
 
@@ -145,6 +164,31 @@ DRILLS: tuple[Drill, ...] = (
         thresholds={"straggler_for": "2s"}, trainer={"telemetry": {"exchange_every": 5}},
         notes="on one machine the straggler action only asks for a checkpoint and reports "
               "(no --straggler-command); the run must finish without a restart."),
+    Drill(
+        name="supervisor-killed",
+        simulates="trainwatch run itself is SIGKILLed (the OOM killer picks it, a node agent "
+                  "kills the session, kill -9 by hand) while its job trains",
+        fault_kind="supervisor_kill", fault_step=15, fault_params="",
+        detect=(Signal(SUPERVISOR, "tree-gone"), Signal(SUPERVISOR, "leftovers-stopped")),
+        recovery=RERUN, action=None,
+        detect_within=60, recover_within=150, steps=40, pace="slow:delay=0.2",
+        supervisor_fault=KILL_SUPERVISOR,
+        notes="the agent, the launcher (and with it torchrun and the ranks) get SIGTERM when "
+              "their supervisor dies; the drill then runs the same command again, which must "
+              "find no job left (or stop it first) and train one job from the newest "
+              "checkpoint. slow:delay=0.2 paces the steps so the kill lands mid-run."),
+    Drill(
+        name="two-supervisors",
+        simulates="the same trainwatch run command is started twice on one run directory (a "
+                  "retried CI step, a second terminal, a scheduler that requeues too early)",
+        fault_kind="second_supervisor", fault_step=15, fault_params="",
+        detect=(Signal(SUPERVISOR, "refused"),),
+        recovery=NONE, action=None,
+        detect_within=45, recover_within=None, steps=60, pace="slow:delay=0.5",
+        supervisor_fault=SECOND_SUPERVISOR,
+        notes="the second trainwatch run must exit 2 at once naming the first's pid and host, "
+              "start nothing and write nothing; the first run must finish untouched. "
+              "slow:delay=0.5 keeps the first run training while the second one starts."),
 )
 
 

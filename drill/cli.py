@@ -31,8 +31,9 @@ def _deadlines(func):
 @click.group("drill", context_settings={"help_option_names": ["-h", "--help"]})
 def drill() -> None:
     """Game day for the run's safety net: inject a real failure (a killed, hung or frozen
-    rank, a NaN batch, a straggler) into a real run under `trainwatch run`, and score how it
-    was detected and recovered. Docs: docs/drill.md."""
+    rank, a NaN batch, a straggler, a killed supervisor, a second supervisor) into a real
+    run under `trainwatch run`, and score how it was detected and recovered. Docs:
+    docs/drill.md."""
 
 
 @drill.command("list")

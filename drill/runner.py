@@ -104,6 +104,10 @@ def run_drill(settings: DrillSettings, run_dir: Path, *, timeout: float,
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
     watcher = FindingsWatcher(run)
+    fault = None
+    if settings.drill.supervisor_fault:  # the drill itself acts on `trainwatch run`
+        from trainwatch.drill.supervisor import SupervisorFault
+        fault = SupervisorFault(settings.drill, run, cmd, env, run.drill_dir / "run.log")
     try:
         while proc.poll() is None:
             if time.time() - started > timeout:
@@ -111,6 +115,8 @@ def run_drill(settings: DrillSettings, run_dir: Path, *, timeout: float,
                 stop_tree(proc)
                 break
             watcher.poll()
+            if fault is not None:
+                proc = fault.check(proc)
             if on_progress is not None:
                 on_progress(snapshot(run, started, watcher))
             time.sleep(poll_seconds)
@@ -121,6 +127,8 @@ def run_drill(settings: DrillSettings, run_dir: Path, *, timeout: float,
     finally:
         if proc.poll() is None:  # an error in the loop itself: leave nothing running
             stop_tree(proc)
+        if fault is not None:
+            fault.stop_left()
         record.update({"ended_at": time.time(), "exit_code": proc.returncode,
                        "findings": watcher.findings(), "agent_polls_failed": watcher.errors})
         atomic_write_json(record_file(run.root), record)

@@ -16,7 +16,8 @@ from typing import Any
 
 from trainwatch.contract.layout import TORCHRUN_LOG
 from trainwatch.drill import catalog
-from trainwatch.drill.catalog import ALERT, CONTROLLER, FINDING, LAUNCHER, NONE, TORCHRUN, Drill
+from trainwatch.drill.catalog import (ALERT, CONTROLLER, FINDING, LAUNCHER, NONE, RERUN,
+                                      SUPERVISOR, TORCHRUN, Drill)
 from trainwatch.drill.record import RECORD_FORMAT, RECORD_VERSION, record_file
 from trainwatch.errors import ConfigError, FormatError
 from trainwatch.rundir import RunDir, read_run_file
@@ -84,9 +85,21 @@ def _signal_times(signal: catalog.Signal, run: RunDir, events: list[dict[str, An
                  and isinstance(f.get("detected_at"), (int, float))]
     elif signal.kind == LAUNCHER:
         times = launcher_failures(run, fault_at)
+    elif signal.kind == SUPERVISOR:
+        times = [e["time"] for e in events if _supervisor_signal(signal.name, e)]
     else:
         times = []
     return sorted(t for t in times if t >= fault_at)
+
+
+def _supervisor_signal(name: str, event: dict[str, Any]) -> bool:
+    """Whether a journal event is the supervisor drills' signal ``name`` (catalog)."""
+    if name == "tree-gone":
+        return event["event"] == "supervisor_tree_gone"
+    if name == "leftovers-stopped":
+        return event["event"] == "leftovers_stopped" and not event.get("left")
+    return (name == "refused" and event["event"] == "second_supervisor_exited"
+            and event.get("exit_code") == 2 and event.get("named_holder") is True)
 
 
 # --------------------------------------------------------------------------- scoring
@@ -181,15 +194,20 @@ def score(run_dir: str | Path, *, detect_within: float | None = None,
                      "lost": steps_lost, "recomputed": report["steps"]["recomputed"],
                      "checkpoint_interval": every}
 
+    where = (f"trainwatch run (pid {fault.get('pid') or fault.get('holder')})"
+             if drill.supervisor_fault else f"rank {card['fault_injected']['rank']}")
     criteria = [_verdict("fault injected", True,
-                         f"{drill.fault_kind} on rank {card['fault_injected']['rank']} at step "
+                         f"{drill.fault_kind} on {where} at step "
                          f"{fault.get('step')}, {_secs(card['fault_injected']['seconds_into_run'])}"
                          " into the drill")]
     criteria.append(_detected(drill, detection, detect_within))
     criteria.append(_recovered(drill, recovery, card["actions"], restarts, recover_within))
     criteria.append(finished)
     criteria.append(_steps_lost(card["steps"], restarts))
-    criteria.append(_duplicates(card["actions"], restarts))
+    # Only the drill's own rerun may start a supervisor after the fault: never two jobs.
+    supervisors = [e for e in events if e["event"] == "controller_started" and e["time"] > t0]
+    criteria.append(_duplicates(card["actions"], restarts, len(supervisors),
+                                1 if drill.recovery == RERUN else 0))
     card["criteria"] = criteria
     card["passed"] = all(c["passed"] for c in criteria)
     return card
@@ -235,7 +253,9 @@ def _recovery(drill: Drill, restarts, t0: float) -> dict[str, Any]:
     first = restarts[0] if restarts else None
     first_step_at = first.execs[0].end if first is not None and first.execs else None
     by = None
-    if first is not None:
+    if first is not None and drill.recovery == RERUN:
+        by = "rerun"
+    elif first is not None:
         by = "torchrun" if (first.restart_count or 0) > 0 else "controller"
     return {"expected": drill.expected_recovery(), "action": drill.action,
             "restarts": len(restarts), "by": by,
@@ -266,9 +286,12 @@ def _recovered(drill: Drill, recovery: dict[str, Any], actions, restarts,
         return _verdict("recovered", False, f"{drill.action} was taken, but "
                         + ("the job was not restarted" if not restarts
                            else f"the ranks were restarted by {recovery['by']}"))
+    if drill.recovery == RERUN and recovery["by"] != "rerun":
+        return _verdict("recovered", False, "the command run again trained no job")
     if recovery["first_step_at"] is None:
         return _verdict("recovered", False, "no step completed after the restart")
-    text = (f"by {drill.action if drill.recovery == CONTROLLER else 'torchrun'}: first step "
+    by = {CONTROLLER: str(drill.action), RERUN: "running the same command again"}
+    text = (f"by {by.get(drill.recovery, 'torchrun')}: first step "
             f"after resuming from step {recovery['resumed_from']} completed "
             f"{_secs(recovery['seconds'])} after the fault")
     if within is not None and recovery["seconds"] > within:
@@ -307,12 +330,15 @@ def _steps_lost(steps: dict[str, Any], restarts) -> dict[str, Any]:
                                                 if every is not None else ""))
 
 
-def _duplicates(actions, restarts) -> dict[str, Any]:
+def _duplicates(actions, restarts, supervisors: int = 0, allowed: int = 0) -> dict[str, Any]:
     counts = Counter(a["action"] for a in actions if a["taken"])
     twice = {name: n for name, n in counts.items() if n > 1}
     problems = [f"{name} taken {n} times" for name, n in sorted(twice.items())]
     if len(restarts) > 1:
         problems.append(f"the job was restarted {len(restarts)} times for one fault")
+    if supervisors > allowed:
+        problems.append(f"{supervisors} supervisors started a job after the fault (expected "
+                        f"{allowed})")
     if problems:
         return _verdict("no duplicate actions", False, "; ".join(problems))
     done = ", ".join(f"{name} once" for name in sorted(counts)) or "no action taken"

@@ -23,6 +23,7 @@ from trainwatch.rehearse.checks import Check
 from trainwatch.rehearse.memory import MALLOC_ENV
 from trainwatch.rehearse import probes
 from trainwatch.rundir import RunDir
+from trainwatch.runlock import hold
 
 LOSS_DROP = 0.01            # the over-fit loss must fall by at least 1 %
 CHECKPOINT_TOLERANCE = 0.05  # plan's checkpoint size vs the real one: WARN beyond 5 %
@@ -286,15 +287,23 @@ def telemetry_check(agent_url: str | None, agent_proc: subprocess.Popen | None, 
 
 def rehearse(s: Settings, cfg: Any | None, plan: dict[str, Any] | None) -> dict[str, Any]:
     """Run everything; returns the report (checks, paths, what remains for a command)."""
-    from trainwatch.proctree import stop
-
     run = RunDir(s.run_dir)
     if run.run_file.exists() or (any(run.status_dir.glob(STATUS_FILE_GLOB))
                                  and not run.rehearsal_dir.is_dir()):
         # Another run's directory: the rehearsal's ranks would overwrite its status files.
         raise ConfigError("this is a training run's directory; give the rehearsal a new one",
                           file=str(run.root), key="--run-dir")
-    run.create()
+    lock = hold(run, "trainwatch rehearse")  # not beside a supervisor's job, nor a rehearsal's
+    try:
+        return _rehearse(s, run, cfg, plan)
+    finally:
+        lock.release()
+
+
+def _rehearse(s: Settings, run: RunDir, cfg: Any | None,
+              plan: dict[str, Any] | None) -> dict[str, Any]:
+    from trainwatch.proctree import stop
+
     out = run.rehearsal_dir
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()

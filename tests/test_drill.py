@@ -40,14 +40,20 @@ def test_every_drill_injects_a_valid_fault_that_real_rules_and_findings_can_dete
     assert len(set(names)) == len(names) >= 6
     assert {"rank-killed", "rank-crash", "hung-rank", "frozen-rank", "nan-batch",
             "straggler"} <= set(names)
+    assert {"supervisor-killed", "two-supervisors"} <= set(names)
     for drill in catalog.DRILLS:
         faults = parse_faults(drill.fault_env())
-        assert faults[0].kind == drill.fault_kind and faults[0].rank == drill.fault_rank
+        if drill.supervisor_fault:  # the drill acts itself; the ranks are only paced
+            assert [f.kind for f in faults] == ["slow"] and drill.pace
+        else:
+            assert faults[0].kind == drill.fault_kind and faults[0].rank == drill.fault_rank
         assert drill.fault.startswith(f"{drill.fault_kind}:")
         assert drill.detect, drill.name
         for signal in drill.detect:
             if signal.kind == catalog.ALERT:
                 assert signal.name in rules, signal
+            elif signal.kind == catalog.SUPERVISOR:
+                assert drill.supervisor_fault and signal.name in catalog.SUPERVISOR_SIGNALS
             else:
                 assert (signal.kind, signal.name) in {(catalog.FINDING, "stall"),
                                                       (catalog.FINDING, "straggler"),
@@ -282,6 +288,74 @@ def test_a_duplicated_action_fails_the_drill(tmp_path):
                              "one fault")
 
 
+def supervisor_killed(root, *, second_job=False):
+    """supervisor-killed: the drill SIGKILLs trainwatch run at step 16 (+17 s); its tree is
+    gone at +20 s; the same command again starts at +22 s, resumes from checkpoint 10, its
+    first step ends at +31 s and it finishes. ``second_job``: one more supervisor started
+    a job beside it."""
+    r = DrillRun(root, "supervisor-killed")
+    r.event(0, "controller_started", agent=["127.0.0.1:1"])
+    r.event(0.1, "job_started", pid=1, attempt=1)
+    r.attempt(1)
+    r.steps(0, 16, start=1)
+    r.event(11.5, "checkpoint_saved", "rank0", step=10, reason="interval")
+    r.event(17, "fault_injected", "drill", step=16, fault="supervisor_kill", pid=42)
+    r.event(20, "supervisor_tree_gone", "drill", processes=5, seconds=3.0)
+    r.event(22, "controller_started", agent=["127.0.0.1:2"])
+    if second_job:
+        r.event(22.5, "controller_started", agent=["127.0.0.1:3"])
+    r.event(22.1, "job_started", pid=2, attempt=1)
+    r.attempt(29, resumed=10)
+    r.steps(10, 39, start=30)
+    r.event(61, "finished", "rank0", step=39)
+    r.event(62, "controller_stopped", exit_code=0)
+    return r
+
+
+def two_supervisors(root, *, second_exit=2):
+    """two-supervisors: at step 15 (+17 s) the drill starts the same command again; it exits
+    ``second_exit`` at +21 s; the first run finishes untouched."""
+    r = DrillRun(root, "two-supervisors")
+    r.event(0, "controller_started", agent=["127.0.0.1:1"])
+    r.event(0.1, "job_started", pid=1, attempt=1)
+    r.attempt(1)
+    r.steps(0, 59, start=1)
+    r.event(17, "fault_injected", "drill", step=15, fault="second_supervisor", holder=42)
+    if second_exit != 2:  # it did not refuse: it started a job of its own
+        r.event(19, "controller_started", agent=["127.0.0.1:2"])
+    r.event(21, "second_supervisor_exited", "drill", exit_code=second_exit,
+            named_holder=second_exit == 2, seconds=4.0)
+    r.event(62, "finished", "rank0", step=59)
+    r.event(63, "controller_stopped", exit_code=0)
+    return r
+
+
+def test_the_supervisor_drills_score_the_guards_and_fail_two_jobs(tmp_path):
+    card = score(supervisor_killed(tmp_path / "killed").run.root)
+    assert card["passed"], card["criteria"]
+    v = verdicts(card)
+    assert v["fault injected"]["detail"].startswith("supervisor_kill on trainwatch run (pid 42)")
+    assert card["detection"]["first"] == catalog.SUPERVISOR_SIGNALS["tree-gone"]
+    assert card["detection"]["seconds"] == pytest.approx(3.0)
+    assert card["recovery"]["by"] == "rerun" and card["recovery"]["resumed_from"] == 10
+    assert "running the same command again" in v["recovered"]["detail"]
+    assert card["steps"]["lost"] == 6
+    card = score(supervisor_killed(tmp_path / "two-jobs", second_job=True).run.root)
+    v = verdicts(card)
+    assert not card["passed"] and not v["no duplicate actions"]["passed"]
+    assert "2 supervisors started a job after the fault (expected 1)" \
+        in v["no duplicate actions"]["detail"]
+
+    card = score(two_supervisors(tmp_path / "refused").run.root)
+    assert card["passed"], card["criteria"]
+    assert card["detection"]["first"] == catalog.SUPERVISOR_SIGNALS["refused"]
+    assert card["detection"]["seconds"] == pytest.approx(4.0)
+    assert card["recovery"]["restarts"] == 0 and card["steps"]["lost"] == 0
+    card = score(two_supervisors(tmp_path / "not-refused", second_exit=0).run.root)
+    v = verdicts(card)
+    assert not v["detected"]["passed"] and not v["no duplicate actions"]["passed"]
+
+
 def test_a_drill_that_is_never_detected_or_never_finishes_fails_with_reasons(tmp_path):
     r = DrillRun(tmp_path / "straggler", "straggler", exit_code=None, timed_out=True)
     r.attempt(1)
@@ -468,6 +542,31 @@ def test_rank_killed_drill_passes_for_real(tmp_path):
     assert "rank 1 killed by SIGKILL" in card["report"]["incidents"][0]["cause"]
     assert Path(card["run_dir"]).is_dir() and card["kept"]
     assert "rank-killed" in done.stderr  # the progress display, on stderr
+
+
+@pytest.mark.slow
+def test_supervisor_killed_drill_leaves_nothing_and_the_rerun_trains_one_job_for_real(tmp_path):
+    done = run_drills(tmp_path, "supervisor-killed", "--keep")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (card,) = json.loads(done.stdout)["drills"]
+    assert card["passed"], json.dumps(card["criteria"], indent=1)
+    assert card["detection"]["first"] == catalog.SUPERVISOR_SIGNALS["tree-gone"]
+    assert card["recovery"]["by"] == "rerun" and card["recovery"]["restarts"] == 1
+    run = RunDir(card["run_dir"])
+    assert len(run.events("controller_started")) == 2 and not run.events("leftovers_stopped")
+
+
+@pytest.mark.slow
+def test_two_supervisors_drill_refuses_the_second_for_real(tmp_path):
+    done = run_drills(tmp_path, "two-supervisors", "--keep")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (card,) = json.loads(done.stdout)["drills"]
+    assert card["passed"], json.dumps(card["criteria"], indent=1)
+    assert card["detection"]["seconds"] < 45 and card["recovery"]["restarts"] == 0
+    run = RunDir(card["run_dir"])
+    assert len(run.events("controller_started")) == 1
+    second = (run.drill_dir / "second.log").read_text()
+    assert "already supervised by pid" in second and "Traceback" not in second
 
 
 @pytest.mark.slow

@@ -12,7 +12,6 @@ of a restarted attempt writes the ``restarted`` event.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -29,7 +28,9 @@ from trainwatch.contract.layout import CHECKPOINT_DIRS_KEY, TORCHRUN_LOG, TORCHR
 from trainwatch.contract.ports import LOOPBACK
 from trainwatch.errors import ConfigError
 from trainwatch.node import node_name
+from trainwatch.proctree import die_with_parent
 from trainwatch.rundir import RunDir
+from trainwatch.runlock import hold, under_holder
 from trainwatch.trainer.checkpoint.catalog import newest_complete
 from trainwatch.trainer.checkpoint.compat import check_compatible
 from trainwatch.trainer.config import Config, load_config
@@ -151,14 +152,6 @@ def checkpoint_folders(run: RunDir, cfg: Config) -> list[Path]:
     return run.configured_checkpoint_folders(cfg.checkpoint.dir, cfg.checkpoint.mirror_dir)
 
 
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM if the launcher dies, so torchrun is never orphaned."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def _pump(stream: IO[bytes], log_file: Path) -> None:
     """Copy torchrun's output to the console and to RUN_DIR/logs/torchrun.log.
 
@@ -200,6 +193,19 @@ def launch(spec: LaunchSpec) -> int:
     cfg = validate(spec)
     refuse_incompatible_checkpoint(spec, cfg)
     run = RunDir(spec.run_dir).create()
+    # Started by hand, the launcher is the run's supervisor (one per run directory); under
+    # `trainwatch run` or `alerts receive` their lock covers it. The nodes of a multi-node
+    # job may share one run directory, so they hold none.
+    lock = hold(run, "trainwatch train") if spec.nnodes == 1 and under_holder(run) is None \
+        else None
+    try:
+        return _launch(spec, run, cfg)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _launch(spec: LaunchSpec, run: RunDir, cfg: Config) -> int:
     cmd = torchrun_command(spec, run)
     if spec.node_rank in (None, 0):
         write_run_info(spec, run, cfg, cmd)
@@ -210,12 +216,16 @@ def launch(spec: LaunchSpec) -> int:
 
     proc = subprocess.Popen(cmd, env=torchrun_env(spec, run), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True,
-                            preexec_fn=_die_with_parent)
+                            preexec_fn=die_with_parent())  # torchrun is never orphaned
     received: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
+        # The first signal only: torchrun's handler raises inside its own shutdown on a
+        # second one and hangs there with its ranks unreaped, and a killed supervisor's
+        # PR_SET_PDEATHSIG comes once for each thread it had.
+        if not received:
+            proc.send_signal(signum)
         received.append(signum)
-        proc.send_signal(signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     pump = threading.Thread(target=_pump, args=(proc.stdout, run.logs_dir / TORCHRUN_LOG),

@@ -9,6 +9,10 @@ JOB_ENV = "TRAINWATCH_JOB"                # the job's name (default: the run dir
 NODE_ENV = "TRAINWATCH_NODE"              # this node's name (default: the hostname)
 FAULT_ENV = "TRAINWATCH_FAULT"            # a fault to inject (docs/trainer.md)
 LAUNCH_ENV = "TRAINWATCH_LAUNCH"          # the controller's launch count (1, 2, ...)
+# The id of the supervisor that started a process (its lock record's ``token``), inherited
+# by everything under it: a launcher knows it runs under the lock's holder, and the next
+# supervisor finds what a killed one left running.
+SUPERVISOR_ENV = "TRAINWATCH_SUPERVISOR"
 GRAFANA_TOKEN_ENV = "TRAINWATCH_GRAFANA_TOKEN"
 RECEIVER_TOKEN_ENV = "TRAINWATCH_RECEIVER_TOKEN"
 STORE_ADDR_ENV = "TRAINWATCH_STORE_ADDR"  # torchrun's stores listen here only (trainer/stores.py)

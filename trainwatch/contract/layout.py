@@ -15,12 +15,14 @@ FORMAT_VERSION = 1
 
 # Document formats (the "format" field of each JSON document).
 RUN_FORMAT = "trainwatch.run"
+LOCK_FORMAT = "trainwatch.lock"
 STATUS_FORMAT = "trainwatch.status"
 DUMP_FORMAT = "trainwatch.dump"
 
 # Top level.
 RUN_FILE = "run.json"
 JOURNAL_FILE = "journal.jsonl"
+SUPERVISOR_LOCK_FILE = "supervisor.lock"  # flock'ed by the run's one supervisor; who holds it
 STATUS_DIR = "status"
 METRICS_DIR = "metrics"
 CHECKPOINTS_DIR = "checkpoints"   # the default checkpoint folder (checkpoint.dir moves it)
@@ -90,6 +92,10 @@ class RunLayout:
     @property
     def journal_file(self) -> Path:
         return self.root / JOURNAL_FILE
+
+    @property
+    def supervisor_lock_file(self) -> Path:
+        return self.root / SUPERVISOR_LOCK_FILE
 
     @property
     def status_dir(self) -> Path:
