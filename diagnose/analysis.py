@@ -18,12 +18,13 @@ from trainwatch.contract.stall import (default_options, heartbeat_stale, publish
 from trainwatch.contract.timing import job_window
 from trainwatch.diagnose import agents, causes, collectives, journal, prometheus
 from trainwatch.diagnose.model import Evidence, Finding
-from trainwatch.diagnose.stacks import format_frames, main_stack
+from trainwatch.diagnose.stacks import format_frames, main_stack, main_thread, qualified
 
 STRAGGLER_LATENESS_RATIO = 0.15   # entering collectives this much of a step after the others
 STRAGGLER_LATENESS_FLOOR = 0.02   # seconds: below this it is scheduling noise
 STRAGGLER_TIMING_RATIO = 1.3      # local time vs the job median
 LOW_FREE_RATIO = 0.02
+BUSY_CPU_PERCENT = 80.0           # main thread running or runnable, over diagnose's sample
 DEFAULT_HEARTBEAT_INTERVAL = 1.0  # trainer telemetry's default, for ranks that do not say
 
 # Where a rank that is not in a collective is, from its stack (first match wins).
@@ -112,7 +113,8 @@ class Analysis:
 def analyse(ev: Evidence, stall_after: float | None = None) -> list[Finding]:
     a = Analysis(ev, stall_after)
     found: list[Finding] = []
-    for check in (check_dead, check_frozen, check_desync, check_crossed, check_outside_collective,
+    for check in (check_dead, check_frozen, check_desync, check_crossed, check_busy,
+                  check_outside_collective,
                   check_blocked_in_kernel, check_unexplained_stall, check_storage_and_checkpoints, check_nonfinite,
                   check_straggler, check_node_evidence):
         found += check(a)
@@ -364,6 +366,50 @@ def check_crossed(a: Analysis) -> list[Finding]:
     return findings
 
 
+def check_busy(a: Analysis) -> list[Finding]:
+    """A rank that burns a core outside any collective while the job stalls: busy, not
+    frozen. Holding the GIL in C (a regex, a C extension) also silences its telemetry
+    thread, so its heartbeat looks like a frozen process's; its CPU and stack say otherwise."""
+    if not a.stalled:
+        return []
+    waiting = {r for g in a.groups.values() for r in g["waiting"]}
+    findings = []
+    for rank, v in sorted(a.running.items()):
+        process = v.get("process") or {}
+        cpu, runnable = process.get("cpu_percent"), process.get("main_runnable_percent")
+        stack = a.stack(rank)
+        if rank in a.explained or rank in waiting or not isinstance(runnable, (int, float)) \
+                or runnable < BUSY_CPU_PERCENT or _in_collective(stack):
+            continue
+        a.explained.add(rank)
+        main = main_thread(a.ev.stacks.get(rank)) or {}
+        where = qualified(stack[-1]) if stack else "code diagnose has no stack of"
+        callers = " <- ".join(f"{qualified(f)} ({_short(f)})" for f in reversed(stack[-4:]))
+        evidence = [a.where_line(rank),
+                    f"CPU: its main thread was running or ready to run {runnable:.0f} % of "
+                    f"the time diagnose looked (on a CPU: the process used {cpu:.0f} % of a "
+                    f"core; process {a.proc(rank)}): busy, not frozen"]
+        if callers:
+            evidence.append(f"main thread: {callers}")
+        gil = main.get("owns_gil")
+        stale = heartbeat_stale(a.stall_options, v.get("heartbeat_age"))
+        if gil:
+            evidence.append("py-spy: the main thread is active and holds the GIL"
+                            + (f"; the telemetry thread could not run, so the heartbeat is "
+                               f"{_s(v.get('heartbeat_age'))} old" if stale else ""))
+        evidence += a.waiting_lines([rank])
+        title = (f"rank {rank} is busy in {where} (main thread runnable {runnable:.0f} %)"
+                 + (", holding the GIL" if gil else "") + ", while the others wait")
+        findings.append(Finding(
+            "rank_stuck", title, ranks=[rank], nodes=[a.node(rank)],
+            confidence="high" if stack else "medium", evidence=evidence,
+            runbook="TrainingStalled",
+            next_command=f"py-spy top --pid {v.get('pid')}   # or: py-spy dump --pid "
+                         f"{v.get('pid')} --native (the C frames under {where})",
+            stack=format_frames(stack)))
+    return findings
+
+
 def check_outside_collective(a: Analysis) -> list[Finding]:
     """Ranks the others wait for that are alive but somewhere else (data, I/O, a lock)."""
     if not a.stalled:
@@ -454,8 +500,9 @@ def check_unexplained_stall(a: Analysis) -> list[Finding]:
         nodes=sorted({a.node(r) for r in a.running}),
         evidence=[a.where_line(r) for r in sorted(a.running)] + a.waiting_lines([]),
         runbook="TrainingStalled",
-        next_command=f"TORCH_FR_BUFFER_SIZE=2000 in the job's environment, then "
-                     f"trainwatch diagnose --run-dir {a.ev.run_dir} --native")]
+        next_command=(f"trainwatch diagnose --run-dir {a.ev.run_dir} --native" if a.groups else
+                      f"TORCH_FR_BUFFER_SIZE=2000 in the job's environment, then "
+                      f"trainwatch diagnose --run-dir {a.ev.run_dir} --native"))]
 
 
 def check_storage_and_checkpoints(a: Analysis) -> list[Finding]:
@@ -645,6 +692,10 @@ def cause_lines(cause: dict[str, Any] | None, stack: list[dict[str, Any]]) -> li
         lines.append(f"runbook section: trainwatch runbook {cause['runbook'].split('#')[0]} "
                      f"(#{cause['runbook'].split('#')[1]})")
     return lines
+
+
+def _short(frame: dict[str, Any]) -> str:
+    return f"{str(frame.get('file')).rsplit('/', 1)[-1]}:{frame.get('line')}"
 
 
 def _in_collective(stack: list[dict[str, Any]]) -> bool:

@@ -35,6 +35,7 @@ def gather(run: RunDir, options: Options,
         ("rank dumps", lambda: rank_dumps.gather(run, ev, options.timeout)
          if options.request_dumps else None),
         ("stacks", lambda: stacks.gather(ev, options.timeout, options.native)),
+        ("cpu", lambda: processes.sample_cpu(ev)),
         ("flight recorder", lambda: flight_recorder.gather(ev)),
         ("agents", lambda: agents.gather(ev, options.agent_urls, options.timeout)),
         ("prometheus", lambda: prometheus.gather(ev, options.prometheus_url, options.timeout)),

@@ -53,3 +53,24 @@ def test_rank_skipping_a_side_group_collective_is_named(start_job):
     assert "all_reduce" in finding["title"], finding
     assert any("[0, 2] wait" in e for e in finding["evidence"]), finding["evidence"]
     no_confident_wrong(report, 1)
+
+
+def test_rank_busy_in_c_holding_the_gil_is_busy_not_frozen(start_job):
+    """Rank 1 backtracks in a regular expression: 100 % CPU, the GIL held (its telemetry
+    thread cannot beat). Busy is not frozen: the function is named from its stack, and no
+    advice to set what the job already set."""
+    job = start_job(FAULT="regex", FAULT_RANK="1", FAULT_STEP="10")
+    job.wait(lambda s: s[0]["step"] == 10 and time.time() - s[1]["heartbeat_at"] > 3
+             and stalled_for(3)(s), "rank 1 busy in the regex, its heartbeat stale")
+    code, report, _ = timed_diagnose(job.run, "--stall-after", "2")
+    assert code == 1
+    finding = top(report)
+    assert finding["category"] == "rank_stuck" and finding["ranks"] == [1], finding
+    assert "busy" in finding["title"] and "frozen" not in finding["title"], finding["title"]
+    assert "re.match" in finding["title"], finding["title"]
+    assert "busy_in_regex" in " ".join(finding["evidence"]), finding["evidence"]
+    assert any("GIL" in e for e in finding["evidence"]), finding["evidence"]
+    assert any("CPU" in e for e in finding["evidence"]), finding["evidence"]
+    assert "TORCH_FR_BUFFER_SIZE" not in " ".join(
+        f["next_command"] or "" for f in report["findings"]), report["findings"]
+    no_confident_wrong(report, 1)

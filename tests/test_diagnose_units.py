@@ -162,6 +162,7 @@ def test_missing_py_spy_is_reported_not_guessed(tmp_path, monkeypatch):
                          "heartbeat_at": now, "last_progress_at": now, "step": 1,
                          "phase": "forward", "phase_since": now})
     monkeypatch.setenv("PATH", str(tmp_path))  # no py-spy on it
+    monkeypatch.setattr("sys.executable", str(tmp_path / "python"))  # nor next to Python
     ev = gather(run, Options(timeout=1, request_dumps=False))
     assert ev.ranks[0]["process"]["status"] in ("running", "sleeping")
     assert any("py-spy is not installed" in line for line in ev.unseen)
