@@ -6,17 +6,27 @@ Every case checks the rank, the cause, that no confident claim is wrong, and tha
 diagnose answers within 20 s (printed).
 """
 
-import os
-import signal
 import time
 
-import psutil
 import pytest
 
-from test_diagnose import diagnose, stalled_for, start_job, top  # noqa: F401 - fixture
+from test_diagnose import Job, diagnose, stalled_for, top
 
 pytestmark = pytest.mark.slow
 LIMIT_S = 20
+
+
+@pytest.fixture
+def jobs(tmp_path):
+    """Starts test_diagnose's torchrun ``Job``s; each is killed with its ranks afterwards."""
+    started: list[Job] = []
+
+    def start(**kwargs) -> Job:
+        started.append(Job(tmp_path, **kwargs))
+        return started[-1]
+    yield start
+    for job in started:
+        job.stop()
 
 
 def timed_diagnose(run, *args: str):
@@ -35,12 +45,12 @@ def no_confident_wrong(report: dict, culprit: int) -> None:
     assert not wrong, wrong
 
 
-def test_rank_skipping_a_side_group_collective_is_named(start_job):
+def test_rank_skipping_a_side_group_collective_is_named(jobs):
     """Rank 1 skips one all_reduce on a side group and goes on to the next step's gradient
     all_reduce; ranks 0 and 2 wait in the side group's collective. The rank that did not
     enter it is the culprit, not the ranks waiting in it."""
     step = 12
-    job = start_job(nproc=3, FAULT="skip_side", FAULT_RANK="1", FAULT_STEP=str(step))
+    job = jobs(nproc=3, FAULT="skip_side", FAULT_RANK="1", FAULT_STEP=str(step))
     job.wait(lambda s: s[1]["step"] == step + 1 and s[0]["step"] == step and stalled_for(2)(s),
              "ranks 0 and 2 waiting in the side group, rank 1 a step ahead")
     code, report, _ = timed_diagnose(job.run, "--stall-after", "1")
@@ -55,11 +65,11 @@ def test_rank_skipping_a_side_group_collective_is_named(start_job):
     no_confident_wrong(report, 1)
 
 
-def test_rank_busy_in_c_holding_the_gil_is_busy_not_frozen(start_job):
+def test_rank_busy_in_c_holding_the_gil_is_busy_not_frozen(jobs):
     """Rank 1 backtracks in a regular expression: 100 % CPU, the GIL held (its telemetry
     thread cannot beat). Busy is not frozen: the function is named from its stack, and no
     advice to set what the job already set."""
-    job = start_job(FAULT="regex", FAULT_RANK="1", FAULT_STEP="10")
+    job = jobs(FAULT="regex", FAULT_RANK="1", FAULT_STEP="10")
     job.wait(lambda s: s[0]["step"] == 10 and time.time() - s[1]["heartbeat_at"] > 3
              and stalled_for(3)(s), "rank 1 busy in the regex, its heartbeat stale")
     code, report, _ = timed_diagnose(job.run, "--stall-after", "2")
