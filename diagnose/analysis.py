@@ -139,7 +139,11 @@ def check_dead(a: Analysis) -> list[Finding]:
     root = ev.launcher.get("root_cause")
     launcher = [(by_pid[x["pid"]], x) for x in ev.launcher.get("failed", []) if x["pid"] in by_pid]
     culprits: dict[int, str] = {}
-    if root and root.get("rank") in ev.ranks:
+    doubted = _doubt_root(ev, root) if root and root.get("rank") in ev.ranks else None
+    if doubted:
+        rank, why = doubted
+        culprits[rank] = why
+    elif root and root.get("rank") in ev.ranks:
         culprits[root["rank"]] = (f"torchrun names it the root cause (first observed failure): "
                                   f"{_exit_text(root['exitcode'])} ({root['log']})"
                                   + (f"; its error file says: {root['error']}"
@@ -167,7 +171,8 @@ def check_dead(a: Analysis) -> list[Finding]:
         evidence = [a.where_line(rank), why]
         followers = sorted(set(dead) - set(culprits))
         torn_down = [f"rank {x['rank']}: {_exit_text(x['exitcode'])}"
-                     for x in ev.launcher.get("failures", []) if x.get("rank") != rank]
+                     for x in ev.launcher.get("failures", []) + ([root] if doubted else [])
+                     if x.get("rank") != rank]
         if torn_down:
             evidence.append("torchrun then stopped the others: " + ", ".join(torn_down))
         elif followers:
@@ -177,13 +182,16 @@ def check_dead(a: Analysis) -> list[Finding]:
         if ev.journal.get("restarts"):
             evidence.append(f"journal: {ev.journal['restarts']} restart(s) so far")
         exitcode = (root["exitcode"] if root and root.get("rank") == rank else
-                    next((x["exitcode"] for r, x in launcher if r == rank), None))
+                    next((x["exitcode"] for x in ev.launcher.get("failures", [])
+                          if x.get("rank") == rank),
+                         next((x["exitcode"] for r, x in launcher if r == rank), None)))
         from_launcher = (root and root.get("rank") == rank) or rank in dict(launcher)
+        confident = (from_launcher or rank in failed) and not doubted
         hint = ("dmesg -T | grep -i -E 'killed process|out of memory'" if exitcode == -9
                 else f"tail -n 100 {ev.run_dir}/logs/*.log")
         findings.append(Finding(
             "rank_dead", f"rank {rank} is dead", ranks=[rank], nodes=[a.node(rank)],
-            confidence="high" if from_launcher or rank in failed else "medium",
+            confidence="high" if confident else "medium",
             evidence=evidence, runbook="TrainingRankDown", next_command=hint,
             stack=format_frames(a.stack(rank))))
     return findings
@@ -229,13 +237,49 @@ def _tie_finding(a: Analysis, tied: list[int], why: str) -> Finding:
         next_command=f"grep -n -E 'Error|terminate|Signal' {a.ev.run_dir}/logs/*.log | head")
 
 
+def _doubt_root(ev: Evidence, root: dict[str, Any]) -> tuple[int, str] | None:
+    """torchrun's root cause against the ranks' own errors: (the rank that more likely
+    failed first, why) when they disagree, else None.
+
+    torchrun orders failures by when it observed them, to the second, and takes the lower
+    rank on a tie: when one rank's death makes another abort before the next poll, it may
+    name the one that aborted. A root-cause rank whose own error is a peer's failure seen
+    from it (connection reset or closed by the peer) did not fail first; the rank it tore
+    down with no error of its own (killed by a signal) more likely did.
+    """
+    errors = ev.launcher.get("errors_by_rank") or {}
+    own = errors.get(root["rank"]) or errors.get(str(root["rank"]))
+    if not own or not _PEER_FAILURE.search(own):
+        return None
+    others = [x for x in ev.launcher.get("failures", [])
+              if x.get("rank") != root["rank"] and x.get("rank") in ev.ranks
+              and not _PEER_FAILURE.search(errors.get(x["rank"]) or errors.get(str(x["rank"]))
+                                           or "")]
+    killed = [x for x in others if x["exitcode"] < 0] or others
+    if len(killed) != 1:
+        return None
+    other = killed[0]
+    same = other.get("time") and other.get("time") == root.get("time")
+    return other["rank"], (
+        f"torchrun names rank {root['rank']} the root cause ({_exit_text(root['exitcode'])}), "
+        f"but rank {root['rank']}'s own error is a peer's failure seen from it: {own[:160]}; "
+        f"rank {other['rank']} ended {_exit_text(other['exitcode'])} with no error of its own, "
+        "so it more likely failed first"
+        + (f"; torchrun observed both at {other['time']} (one poll: on a tie it takes the "
+           "lower rank, not the one that died first)" if same else "")
+        + ". Confidence medium: the launcher's order and the ranks' own errors disagree")
+
+
+_PEER_FAILURE = re.compile(r"reset by peer|closed by peer|Broken pipe")
+
+
 def _first_error_lines(ev: Evidence) -> list[str]:
     first = ev.launcher.get("first_error")
     if not first:
         return []
     who = f"rank {first['rank']}" if first.get("rank") is not None else "no rank prefix"
     note = (" (a peer's failure seen from this rank, not its cause)"
-            if re.search(r"reset by peer|closed by peer|Broken pipe", first["line"]) else "")
+            if _PEER_FAILURE.search(first["line"]) else "")
     return [f"first error in the logs ({who}): {first['line']}{note}"]
 
 

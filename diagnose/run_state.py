@@ -108,9 +108,11 @@ def launcher_exits(logs_dir: Path) -> dict[str, Any]:
     the rank of its "Root Cause (first observed failure)" block with exit code, signal and
     error file (``TORCHELASTIC_ERROR_FILE`` contents when the worker wrote one);
     ``failures``: the other ranks of its "Failures:" block (those it tore down);
-    ``first_error``: the first error line in the logs, with the rank its prefix names.
+    ``first_error``: the first error line in the logs, with the rank its prefix names;
+    ``errors_by_rank``: each rank's own first error line (by its ``[rankN]:`` prefix).
     """
     exits, root, others, first_error = [], None, [], None
+    by_rank: dict[int, str] = {}
     if logs_dir.is_dir():
         for path in sorted(logs_dir.glob("*.log")):
             try:
@@ -127,12 +129,16 @@ def launcher_exits(logs_dir: Path) -> dict[str, Any]:
             others += blocks.get("failures", [])
             if first_error is None:
                 first_error = _first_error(text, str(path))
-    return {"failed": exits, "root_cause": root, "failures": others, "first_error": first_error}
+            for rank, line in _errors_by_rank(text).items():
+                by_rank.setdefault(rank, line)
+    return {"failed": exits, "root_cause": root, "failures": others, "first_error": first_error,
+            "errors_by_rank": by_rank}
 
 
 # torchrun's failure table: "[1]:\n  time : ...\n  rank : 1 (local_rank: 1)\n  exitcode : -6
 # (pid: 42)\n  error_file: <N/A>\n  traceback : ..." under "Failures:" / "Root Cause".
-_ENTRY = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)"
+_ENTRY = re.compile(r"(?:time\s*:\s*(?P<time>\S+)\s*\n(?:\s*host\s*:[^\n]*\n)?\s*)?"
+                    r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)"
                     r"\s*\(pid:\s*(\d+)\)[^\n]*\n\s*error_file\s*:\s*([^\n]*)")
 _ERROR_LINE = re.compile(r"^(?:\[(?:rank|default)(\d+)\]:?\s*)?(?:terminate called|.*\b\w*Error\b:|"
                          r".*\bwhat\(\):)", re.M)
@@ -152,9 +158,10 @@ def _failure_blocks(text: str, log: str) -> dict[str, Any]:
 
 
 def _entry(match: re.Match, log: str) -> dict[str, Any]:
-    error_file = match[5].strip()
-    entry = {"rank": int(match[1]), "local_rank": int(match[2]), "exitcode": int(match[3]),
-             "pid": int(match[4]), "log": log, "error_file": None, "error": None}
+    error_file = match[6].strip()
+    entry = {"rank": int(match[2]), "local_rank": int(match[3]), "exitcode": int(match[4]),
+             "pid": int(match[5]), "log": log, "error_file": None, "error": None,
+             "time": match["time"]}  # when torchrun observed it (a poll, to the second)
     if error_file and not error_file.startswith("<"):
         entry["error_file"] = error_file
         entry["error"] = _error_file_message(Path(error_file))
@@ -185,6 +192,15 @@ def _first_error(text: str, log: str) -> dict[str, Any] | None:
         return None
     line = text[match.start():text.find("\n", match.start())].strip()
     return {"rank": int(match[1]) if match[1] else None, "line": line[:300], "log": log}
+
+
+def _errors_by_rank(text: str) -> dict[int, str]:
+    found: dict[int, str] = {}
+    for match in _ERROR_LINE.finditer(text):
+        if match[1] is not None and int(match[1]) not in found:
+            end = text.find("\n", match.start())
+            found[int(match[1])] = text[match.start():end if end >= 0 else None].strip()[:300]
+    return found
 
 
 def _world_size(ranks: dict[int, dict[str, Any]]) -> int:

@@ -6,6 +6,7 @@ Faults (environment): FAULT=data_fifo|worker_fifo|flock|extra_collective|size_mi
 skip_side|regex|oom|slow|checkpoint, FAULT_RANK, FAULT_STEP, FAULT_ARG (FIFO path, lock file
 path, extra seconds per step, or checkpoint interval); DEADLOCK_RANK: that rank's threads
 deadlock on two locks at FAULT_STEP (besides FAULT, so one job can carry two blocked ranks).
+ABORT_ON_ERROR=1: an uncaught error aborts the rank (SIGABRT), as NCCL's watchdog does.
 worker_fifo: a DataLoader worker process of the faulty rank blocks on the FIFO; skip_side:
 every step also all-reduces on a side group, which the faulty rank skips once; regex: the
 faulty rank runs a catastrophic regular expression (busy in C, holding the GIL); oom: the
@@ -39,6 +40,14 @@ DEADLOCK_RANK = int(os.environ.get("DEADLOCK_RANK", "-1"))
 STEP_SLEEP = float(os.environ.get("STEP_SLEEP", "0.03"))
 
 dist.init_process_group("gloo")
+if os.environ.get("ABORT_ON_ERROR") == "1":
+    report = sys.excepthook  # torch's: prints the error with a [rankN]: prefix
+
+    def abort(*exc_info):
+        report(*exc_info)
+        sys.stderr.flush()
+        os.abort()
+    sys.excepthook = abort
 rank = dist.get_rank()
 faulty = rank == FAULT_RANK
 

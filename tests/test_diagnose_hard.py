@@ -6,6 +6,8 @@ Every case checks the rank, the cause, that no confident claim is wrong, and tha
 diagnose answers within 20 s (printed).
 """
 
+import os
+import signal
 import time
 
 import pytest
@@ -83,4 +85,25 @@ def test_rank_busy_in_c_holding_the_gil_is_busy_not_frozen(jobs):
     assert any("CPU" in e for e in finding["evidence"]), finding["evidence"]
     assert "TORCH_FR_BUFFER_SIZE" not in " ".join(
         f["next_command"] or "" for f in report["findings"]), report["findings"]
+    no_confident_wrong(report, 1)
+
+
+def test_racing_deaths_weigh_a_peers_failure_against_the_launchers_order(jobs):
+    """Rank 1 is SIGKILLed while rank 0 waits for it in the all_reduce; rank 0 fails at
+    once ("Connection reset by peer") and aborts. torchrun sees both exits in one poll and names the
+    lower rank its root cause. Rank 0's error is a peer's failure seen from it: rank 1 is
+    named, with less than high confidence, and the disagreement is said."""
+    job = jobs(launcher_args=("--monitor-interval=3",), ABORT_ON_ERROR="1")
+    job.wait_step(8)
+    os.kill(job.pid(1), signal.SIGKILL)
+    job.proc.wait(timeout=60)
+    code, report, _ = timed_diagnose(job.run)
+    assert code == 1
+    root = report["evidence"]["launcher"]["root_cause"]
+    assert root["rank"] == 0, (root, job.tail())  # the race this test is about
+    dead = top(report, "rank_dead")
+    assert dead["ranks"] == [1], dead
+    assert dead["confidence"] == "medium", dead
+    text = " ".join(dead["evidence"])
+    assert "SIGKILL" in text and "peer" in text and "root cause" in text, dead["evidence"]
     no_confident_wrong(report, 1)
