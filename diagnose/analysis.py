@@ -80,10 +80,17 @@ class Analysis:
 
     def where_line(self, rank: int) -> str:
         v = self.ev.ranks[rank]
-        return (f"rank {rank} on {self.node(rank)} (pid {v.get('pid')}): step {v.get('step')}, "
-                f"phase {v.get('phase')} for {_s(v.get('phase_age'))}, heartbeat "
+        beat = v.get("from_beat")
+        source = (f" (from its beat file; its status file says step {beat['status_step']})"
+                  if beat and beat.get("status_step") != v.get("step") else "")
+        publish = v.get("publish")
+        since = (publish or {}).get("failing_since")
+        failing = (f"; it could not write its status since {_s(self.ev.collected_at - since)} "
+                   f"ago: {publish.get('last_error')}" if publish and since else "")
+        return (f"rank {rank} on {self.node(rank)} (pid {v.get('pid')}): step {v.get('step')}"
+                f"{source}, phase {v.get('phase')} for {_s(v.get('phase_age'))}, heartbeat "
                 f"{_s(v.get('heartbeat_age'))} old, last progress {_s(v.get('progress_age'))} "
-                f"ago, process {self.proc(rank)}")
+                f"ago, process {self.proc(rank)}{failing}")
 
     def stack(self, rank: int) -> list[dict[str, Any]]:
         return main_stack(self.ev.stacks.get(rank))

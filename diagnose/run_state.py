@@ -1,4 +1,5 @@
-"""Per-rank status, recent step timings and launcher exits, from the run directory."""
+"""Per-rank status (brought up to date by its beat file), recent step timings and launcher
+exits, from the run directory."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from trainwatch.beat import beat_path, merge_beat, read_beat
 from trainwatch.diagnose.model import Evidence
 from trainwatch.errors import FormatError
 from trainwatch.rundir import RunDir, parse_json, read_run_file_tail
@@ -30,7 +32,16 @@ def gather(run: RunDir, ev: Evidence) -> None:
         if not isinstance(rank, int):
             ev.skipped.append(f"{run.status_file(0).parent}: status without an integer rank")
             continue
-        ev.ranks[rank] = rank_view(status, now)
+        # The beat file is written in place after the status: newer when the status could
+        # not be written (a full disk) or the rank died between the two.
+        merged, publish = merge_beat(status, read_beat(beat_path(run.status_dir, rank),
+                                                       run.root))
+        ev.ranks[rank] = rank_view(merged, now)
+        if merged is not status:
+            ev.ranks[rank]["from_beat"] = {"status_step": status.get("step"),
+                                           "status_heartbeat_at": status.get("heartbeat_at")}
+        if publish and publish["failing"]:
+            ev.ranks[rank]["publish"] = publish
         ev.ranks[rank]["recent"] = recent_steps(run.metrics_file(rank), run.root)
     if not ev.ranks:
         ev.cannot_see(f"no rank status files in {run.status_dir} (job not started, "

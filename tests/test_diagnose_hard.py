@@ -12,7 +12,10 @@ import time
 
 import pytest
 
+from agent_helpers import wait_for
+from conftest import tmpfs_mount
 from test_diagnose import Job, diagnose, stalled_for, top
+from trainwatch.beat import beat_path, read_beat
 
 pytestmark = pytest.mark.slow
 LIMIT_S = 20
@@ -107,3 +110,36 @@ def test_racing_deaths_weigh_a_peers_failure_against_the_launchers_order(jobs):
     text = " ".join(dead["evidence"])
     assert "SIGKILL" in text and "peer" in text and "root cause" in text, dead["evidence"]
     no_confident_wrong(report, 1)
+
+
+def test_a_dead_ranks_step_comes_from_its_beat_not_a_stale_status(jobs, tmp_path):
+    """The status folder (a small tmpfs) fills up at step ~30: status files stop changing,
+    the fixed-size beat files go on. Rank 1 dies at step 60: diagnose says step 60."""
+    with tmpfs_mount(tmp_path / "run" / "status", "1m") as status_dir:
+        job = jobs()
+        job.wait_step(30)
+        filler = status_dir / "filler"
+        with open(filler, "wb") as fh:  # fill the tmpfs: ENOSPC for every new status file
+            try:
+                while True:
+                    fh.write(b"\0" * 65536)
+            except OSError:
+                pass
+        stale = {r: s["step"] for r, s in job.statuses().items()}
+        wait_for(lambda: all((beat(status_dir, r) or {}).get("step", 0) >= 60 for r in (0, 1)),
+                 120, what="both ranks at step 60 by their beats")
+        assert all(s["step"] <= max(stale.values()) + 5 for s in job.statuses().values())
+        os.kill(job.pid(1), signal.SIGKILL)
+        job.proc.wait(timeout=60)
+        code, report, _ = timed_diagnose(job.run)
+    assert code == 1
+    dead = top(report, "rank_dead")
+    assert dead["ranks"] == [1], dead
+    step = report["evidence"]["ranks"]["1"]["step"]
+    assert step >= 60, report["evidence"]["ranks"]["1"]
+    assert f"step {step} (from its beat file" in dead["evidence"][0], dead["evidence"]
+    assert "could not write its status" in dead["evidence"][0], dead["evidence"]
+
+
+def beat(status_dir, rank: int):
+    return read_beat(beat_path(status_dir, rank))
