@@ -16,11 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# Phases in which a rank waits for its peers (trainer telemetry's collective phases, and
-# the names hand-written loops use for their collectives).
-COLLECTIVE_PHASES = frozenset({
-    "backward", "telemetry_exchange", "allreduce", "all_reduce", "allgather", "all_gather",
-    "reduce_scatter", "broadcast", "barrier", "collective", "sync"})
+from trainwatch.contract.states import COLLECTIVE_PHASES
+
 _KIND_ORDER = {"dead": 0, "frozen": 1, "stuck": 2}
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from trainwatch.contract.stall import (default_options, heartbeat_stale, published_budget,
                                       stall_budget)
+from trainwatch.contract.states import COLLECTIVE_PHASES
 from trainwatch.contract.timing import job_window
 from trainwatch.diagnose import agents, causes, collectives, journal, prometheus
 from trainwatch.diagnose.model import Evidence, Finding
@@ -171,9 +172,10 @@ def check_dead(a: Analysis) -> list[Finding]:
     if not culprits and not tie:
         return []
     a.explained |= set(culprits) | set(dead)
+    hang = hang_before_death(a, dead)
+    findings = [hang] if hang else []
     if len(tie) > 1 and not culprits:
-        return [_tie_finding(a, tie, why)]
-    findings = []
+        return findings + [_ended_hang(_tie_finding(a, tie, why), hang)]
     for rank, why in sorted(culprits.items()):
         evidence = [a.where_line(rank), why]
         followers = sorted(set(dead) - set(culprits))
@@ -201,7 +203,62 @@ def check_dead(a: Analysis) -> list[Finding]:
             confidence="high" if confident else "medium",
             evidence=evidence, runbook="TrainingRankDown", next_command=hint,
             stack=format_frames(a.stack(rank))))
-    return findings
+    return [_ended_hang(f, hang) if f is not hang else f for f in findings]
+
+
+def hang_before_death(a: Analysis, dead: list[int]) -> Finding | None:
+    """Dead ranks whose job had stopped progressing well before they died: the deaths
+    ended a hang (a timeout, the launcher, an operator), the hang is what to explain.
+
+    The job's last progress is the newest step any rank completed; its death, the last
+    heartbeat of a dead rank. Where each rank was comes from its last status: ranks in a
+    phase outside collectives are the ones the others waited for.
+    """
+    ranks = a.ev.ranks
+    ages = [v["progress_age"] for v in ranks.values()
+            if isinstance(v.get("progress_age"), (int, float))]
+    deaths = [ranks[r]["heartbeat_at"] for r in dead
+              if isinstance(ranks[r].get("heartbeat_at"), (int, float))]
+    if not ages or not deaths:
+        return None
+    stalled = max(deaths) - (a.ev.collected_at - min(ages))
+    if stalled <= a.stall_after:
+        return None
+    phases = {r: str(v.get("phase") or "") for r, v in ranks.items() if r in dead}
+    outside = sorted(r for r, p in phases.items() if p and p not in COLLECTIVE_PHASES)
+    inside = sorted(r for r, p in phases.items() if p in COLLECTIVE_PHASES)
+    evidence = [f"the last step any rank completed was {_s(stalled)} before the last "
+                f"heartbeat of a dead rank (stall budget {_s(a.stall_after)}): the run was "
+                "already stalled when its ranks died"]
+    evidence += [a.where_line(r) for r in sorted(phases)]
+    if outside and inside:
+        culprits, confidence = outside, "medium"
+        title = (f"the run was stalled for {_s(stalled)} before it died: rank(s) {outside} "
+                 "were outside a collective while the others waited in one")
+        evidence.append(f"rank(s) {outside} in phase(s) "
+                        f"{', '.join(sorted({phases[r] for r in outside}))}; rank(s) {inside} "
+                        "in collective phases, waiting for them (from the last statuses: "
+                        "no live process to confirm it)")
+    else:
+        culprits, confidence = sorted(phases), "low"
+        title = (f"the run was stalled for {_s(stalled)} before it died; whom it waited for "
+                 "cannot be told from the last statuses")
+    return Finding("rank_stuck", title, ranks=culprits, confidence=confidence,
+                   nodes=sorted({a.node(r) for r in culprits}), evidence=evidence,
+                   runbook="TrainingStalled",
+                   next_command=f"grep -n -E 'Error|Signal|timeout' {a.ev.run_dir}/logs/*.log "
+                                "| head   # then reproduce with diagnose while it hangs")
+
+
+def _ended_hang(finding: Finding, hang: Finding | None) -> Finding:
+    """A death after the run had stalled ended the hang: as its cause, confidence low."""
+    if hang is None:
+        return finding
+    finding.confidence = "low"
+    finding.title += " (after the run had already stalled)"
+    finding.evidence.append("the run had stalled before this death (see the finding on the "
+                            "stall): the death ended a hang, it is not what caused it")
+    return finding
 
 
 def order_by_heartbeat(ev: Evidence, dead: list[int]) -> tuple[list[int], str]:

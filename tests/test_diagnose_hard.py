@@ -143,3 +143,24 @@ def test_a_dead_ranks_step_comes_from_its_beat_not_a_stale_status(jobs, tmp_path
 
 def beat(status_dir, rank: int):
     return read_beat(beat_path(status_dir, rank))
+
+
+def test_post_mortem_of_a_killed_hang_says_it_was_stalled_before_it_died(jobs, tmp_path):
+    """Rank 1 blocks in data loading, rank 0 waits in the all_reduce; after a while the
+    operator stops the job (SIGTERM to torchrun). Afterwards diagnose says the run was
+    already stalled before it died, and where each rank was: the deaths ended a hang."""
+    fifo = tmp_path / "never-written.fifo"
+    os.mkfifo(fifo)
+    job = jobs(FAULT="data_fifo", FAULT_RANK="1", FAULT_STEP="12", FAULT_ARG=str(fifo))
+    job.wait(lambda s: s[1]["phase"] == "data" and stalled_for(8)(s), "stalled for 8 s")
+    job.proc.send_signal(signal.SIGTERM)
+    job.proc.wait(timeout=60)
+    code, report, _ = timed_diagnose(job.run)
+    assert code == 1
+    finding = top(report)
+    assert "stalled" in finding["title"] and "before" in finding["title"], finding
+    assert finding["ranks"] == [1], finding
+    assert finding["confidence"] != "high", finding
+    text = " ".join(finding["evidence"])
+    assert "phase data" in text and "[0]" in text, finding["evidence"]
+    no_confident_wrong(report, 1)
