@@ -17,7 +17,7 @@ from trainwatch.contract.stall import (default_options, heartbeat_stale, publish
                                       stall_budget)
 from trainwatch.contract.states import COLLECTIVE_PHASES
 from trainwatch.contract.timing import job_window
-from trainwatch.diagnose import agents, causes, collectives, journal, prometheus
+from trainwatch.diagnose import agents, causes, collectives, journal, prometheus, workers
 from trainwatch.diagnose.model import Evidence, Finding
 from trainwatch.diagnose.stacks import format_frames, main_stack, main_thread, qualified
 
@@ -553,9 +553,21 @@ def check_outside_collective(a: Analysis) -> list[Finding]:
         if not stack:
             evidence.append("no stack for this rank (see 'could not see')")
         cause = causes.rank_cause(a.ev.ranks[rank], a.ev.stacks.get(rank))
-        evidence += cause_lines(cause, stack)
+        worker = workers.blocked_worker(a.ev.ranks[rank])
+        if worker:  # the rank waits for a batch: the worker process it waits for is the culprit
+            cause = worker["cause"]
+            if cause:
+                cause["process"] = {"pid": worker["pid"], "role": "DataLoader worker"}
+            evidence.append(f"DataLoader worker pid {worker['pid']} (a child process of rank "
+                            f"{rank}) is inside a batch while the rank waits for it: "
+                            + " <- ".join(reversed(worker["stack"][-4:])))
+            evidence += [f"worker pid {worker['pid']}: {line}"
+                         for line in cause_lines(cause, worker["frames"])]
+            where = f"data loading (its DataLoader worker pid {worker['pid']} is blocked)"
+        else:
+            evidence += cause_lines(cause, stack)
         kind = cause.get("kind") if cause else None
-        if isinstance(kind, str):
+        if isinstance(kind, str) and not worker:
             where = _CAUSE_WHERE.get(kind, where)
         category = "storage" if (where.startswith("file I/O") or kind == "disk_io") and a.proc(
             rank) == "disk_sleep" else "rank_stuck"

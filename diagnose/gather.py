@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from trainwatch.diagnose import (agents, checkpoints, flight_recorder, journal, processes,
-                                 prometheus, rank_dumps, run_state, stacks)
+                                 prometheus, rank_dumps, run_state, stacks, workers)
 from trainwatch.diagnose.model import Evidence
 from trainwatch.rundir import RunDir
 
@@ -35,6 +35,7 @@ def gather(run: RunDir, options: Options,
         ("rank dumps", lambda: rank_dumps.gather(run, ev, options.timeout)
          if options.request_dumps else None),
         ("stacks", lambda: stacks.gather(ev, options.timeout, options.native)),
+        ("data workers", lambda: workers.gather(ev, options.timeout)),
         ("cpu", lambda: processes.sample_cpu(ev)),
         ("flight recorder", lambda: flight_recorder.gather(ev)),
         ("agents", lambda: agents.gather(ev, options.agent_urls, options.timeout)),

@@ -23,8 +23,7 @@ _STDLIB = re.compile(r"/lib/python3\.\d+/")
 
 
 def gather(ev: Evidence, timeout: float, native: bool = False) -> None:
-    # On PATH, else next to this Python (installed into trainwatch's own environment).
-    pyspy = shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
+    pyspy = find_py_spy()
     live = {r: v for r, v in ev.ranks.items()
             if (v.get("process") or {}).get("status") not in _NO_STACK}
     if live and pyspy is None:
@@ -45,6 +44,11 @@ def gather(ev: Evidence, timeout: float, native: bool = False) -> None:
             ev.stacks[rank] = {"source": "rank dump", "threads": [
                 {"name": t.get("name"), "frames": t.get("frames", []),
                  "telemetry": bool(t.get("dumper"))} for t in dump.get("threads", [])]}
+
+
+def find_py_spy() -> str | None:
+    """py-spy on PATH, else next to this Python (installed into trainwatch's environment)."""
+    return shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
 
 
 def py_spy_dump(pyspy: str, pid: int, timeout: float, native: bool,

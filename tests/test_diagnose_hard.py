@@ -10,6 +10,7 @@ import os
 import signal
 import time
 
+import psutil
 import pytest
 
 from agent_helpers import wait_for
@@ -163,4 +164,30 @@ def test_post_mortem_of_a_killed_hang_says_it_was_stalled_before_it_died(jobs, t
     assert finding["confidence"] != "high", finding
     text = " ".join(finding["evidence"])
     assert "phase data" in text and "[0]" in text, finding["evidence"]
+    no_confident_wrong(report, 1)
+
+
+def test_hung_data_loader_worker_is_named_with_its_stack(jobs, tmp_path):
+    """Rank 1's DataLoader (2 worker processes) waits in _try_get_data for a worker that
+    blocks opening a FIFO nobody writes: diagnose names that worker (pid, stack, cause)."""
+    fifo = tmp_path / "never-written.fifo"
+    os.mkfifo(fifo)
+    job = jobs(FAULT="worker_fifo", FAULT_RANK="1", FAULT_STEP="12", FAULT_ARG=str(fifo))
+    job.wait(lambda s: s[1]["phase"] == "data" and (s[1]["step"] or 0) >= 10
+             and stalled_for(3)(s), "rank 1 waiting for its data worker")
+    rank_pid = job.pid(1)
+    code, report, _ = timed_diagnose(job.run, "--stall-after", "2")
+    assert code == 1
+    finding = top(report)
+    assert finding["category"] == "rank_stuck" and finding["ranks"] == [1], finding
+    assert "data loading" in finding["title"], finding["title"]
+    workers = {c.pid for c in psutil.Process(rank_pid).children()}
+    blocked = [w for w in report["evidence"]["ranks"]["1"]["data_workers"] if w.get("blocked")]
+    assert len(blocked) == 1 and blocked[0]["pid"] in workers, blocked
+    pid = blocked[0]["pid"]
+    assert f"worker pid {pid}" in finding["title"], finding["title"]
+    assert any("__getitem__" in line for line in blocked[0]["stack"]), blocked[0]
+    assert finding["cause"]["kind"] == "fifo_open" and finding["cause"]["path"] == str(fifo)
+    assert any(f"pid {pid}" in e and "__getitem__" in e for e in finding["evidence"]), \
+        finding["evidence"]
     no_confident_wrong(report, 1)
