@@ -174,6 +174,7 @@ def check_dead(a: Analysis) -> list[Finding]:
     a.explained |= set(culprits) | set(dead)
     hang = hang_before_death(a, dead)
     findings = [hang] if hang else []
+    killed_by_oom: set[int] = set()
     if len(tie) > 1 and not culprits:
         return findings + [_ended_hang(_tie_finding(a, tie, why), hang)]
     for rank, why in sorted(culprits.items()):
@@ -198,12 +199,58 @@ def check_dead(a: Analysis) -> list[Finding]:
         confident = (from_launcher or rank in failed) and not doubted
         hint = ("dmesg -T | grep -i -E 'killed process|out of memory'" if exitcode == -9
                 else f"tail -n 100 {ev.run_dir}/logs/*.log")
+        title = f"rank {rank} is dead"
+        if exitcode in (-9, None):
+            oom_title, oom_lines, oom_sure = _oom(ev.ranks[rank])
+            evidence += oom_lines
+            if oom_title:
+                title = f"rank {rank} was {oom_title}"
+                confident = confident and oom_sure
+                if oom_sure:
+                    killed_by_oom.add(rank)
         findings.append(Finding(
-            "rank_dead", f"rank {rank} is dead", ranks=[rank], nodes=[a.node(rank)],
+            "rank_dead", title, ranks=[rank], nodes=[a.node(rank)],
             confidence="high" if confident else "medium",
             evidence=evidence, runbook="TrainingRankDown", next_command=hint,
             stack=format_frames(a.stack(rank))))
-    return [_ended_hang(f, hang) if f is not hang else f for f in findings]
+    # An OOM kill is a cause of its own, even after a slow stretch (allocating): no hang.
+    if hang and set(hang.ranks) <= killed_by_oom:
+        return [f for f in findings if f is not hang]
+    return [f if f is hang or set(f.ranks) & killed_by_oom else _ended_hang(f, hang)
+            for f in findings]
+
+
+def _oom(view: dict[str, Any]) -> tuple[str | None, list[str], bool]:
+    """(title, evidence, sure) about an OOM kill of a SIGKILLed rank: the kernel's line for
+    its pid decides; without a readable kernel log, its cgroup's OOM kill count suggests."""
+    oom = view.get("oom")
+    if not oom:
+        return None, [], False
+    where = (f"cgroup {oom.get('cgroup')}, limit {_bytes(oom.get('limit_bytes'))}"
+             if oom.get("cgroup") else "its memory cgroup unknown")
+    lines = []
+    if oom.get("oom_kills") is not None:
+        lines.append(f"memory cgroup {oom.get('cgroup')}: {oom['oom_kills']} OOM kill(s) "
+                     f"counted, limit {_bytes(oom.get('limit_bytes'))}")
+    kernel = oom.get("kernel")
+    if kernel and kernel.get("line"):
+        lines.append(f"kernel log: {kernel['line']}")
+        if kernel.get("memcg"):
+            where = (f"cgroup {kernel['memcg']}, limit {_bytes(oom.get('limit_bytes'))}")
+        return f"killed by the OOM killer ({where})", lines, True
+    if oom.get("kernel_error"):
+        lines.append(f"kernel log not readable: {oom['kernel_error']}")
+        if oom.get("oom_kills"):
+            return (f"killed by SIGKILL, most likely by the OOM killer ({where})", lines,
+                    False)
+        return None, lines, False
+    lines.append(f"the kernel log has no OOM kill of pid {view.get('pid')}: not the OOM "
+                 "killer")
+    return None, lines, False
+
+
+def _bytes(n: int | None) -> str:
+    return "none (unlimited)" if n is None else f"{n / 2**30:.2f} GiB"
 
 
 def hang_before_death(a: Analysis, dead: list[int]) -> Finding | None:

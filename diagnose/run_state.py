@@ -62,7 +62,7 @@ def rank_view(status: dict[str, Any], now: float) -> dict[str, Any]:
     metrics = status.get("metrics") or {}
     return {
         "rank": status["rank"], "job": status.get("job"), "node": status.get("node"),
-        "pid": status.get("pid"),
+        "pid": status.get("pid"), "cgroup": status.get("cgroup"),
         "local_rank": status.get("local_rank"), "world_size": status.get("world_size"),
         "state": status.get("state"),
         "step": status.get("step"), "phase": status.get("phase"),

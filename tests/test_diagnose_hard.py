@@ -17,6 +17,8 @@ from agent_helpers import wait_for
 from conftest import tmpfs_mount
 from test_diagnose import Job, diagnose, stalled_for, top
 from trainwatch.beat import beat_path, read_beat
+from trainwatch.host.cgroup import cgroup_dir
+from trainwatch.host.cgroup import memory_cgroup as memory_cgroup_of
 
 pytestmark = pytest.mark.slow
 LIMIT_S = 20
@@ -190,4 +192,58 @@ def test_hung_data_loader_worker_is_named_with_its_stack(jobs, tmp_path):
     assert finding["cause"]["kind"] == "fifo_open" and finding["cause"]["path"] == str(fifo)
     assert any(f"pid {pid}" in e and "__getitem__" in e for e in finding["evidence"]), \
         finding["evidence"]
+    no_confident_wrong(report, 1)
+
+
+@pytest.fixture
+def memory_cgroup():
+    """A real memory cgroup with a 1.5 GiB limit (v2 where the memory controller is there,
+    else v1), removed afterwards; skips where cgroups cannot be made (not root, no
+    controller)."""
+    limit = 3 << 29
+    own = memory_cgroup_of("self")
+    if own is None:
+        pytest.skip("no memory cgroup on this host (/proc/self/cgroup)")
+    version, _, path = own.partition(":")
+    base = cgroup_dir(own)
+    name = f"trainwatch-oom-test-{os.getpid()}"
+    folder = f"{base}/{name}" if base else None
+    try:
+        os.mkdir(folder)
+        limit_file = "memory.limit_in_bytes" if version == "v1" else "memory.max"
+        with open(f"{folder}/{limit_file}", "w") as fh:
+            fh.write(str(limit))
+    except (OSError, TypeError) as exc:
+        pytest.skip(f"cannot make a memory cgroup under {base}: {exc}")
+    try:
+        yield f"{version}:{path.rstrip('/')}/{name}", folder, limit
+    finally:
+        deadline = time.time() + 30
+        while True:
+            try:
+                os.rmdir(folder)
+                break
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.5)
+
+
+def test_oom_kill_is_named_with_its_cgroup_and_limit(memory_cgroup, jobs):
+    """The job runs in a memory cgroup; rank 1 allocates until the kernel's OOM killer
+    kills it (SIGKILL). diagnose reads the kernel log and the cgroup the rank recorded."""
+    cgroup, folder, limit = memory_cgroup
+    job = jobs(prefix=("sh", "-c", f'echo $$ > {folder}/cgroup.procs && exec "$@"', "sh"),
+               FAULT="oom", FAULT_RANK="1", FAULT_STEP="10")
+    assert job.proc.wait(timeout=180) != 0, job.tail()
+    code, report, _ = timed_diagnose(job.run)
+    assert code == 1
+    dead = top(report, "rank_dead")
+    assert dead["ranks"] == [1], dead
+    assert f"killed by the OOM killer (cgroup {cgroup.partition(':')[2]}" in dead["title"], dead
+    assert f"limit {limit / 2**30:.2f} GiB" in dead["title"], dead["title"]
+    assert any("kernel log" in e and "Killed process" in e for e in dead["evidence"])
+    assert any("1 OOM kill(s)" in e for e in dead["evidence"]), dead["evidence"]
+    assert dead["confidence"] == "high"
+    assert not [f for f in report["findings"] if "stalled" in f["title"]], report["findings"]
     no_confident_wrong(report, 1)

@@ -351,3 +351,28 @@ def test_heartbeats_order_deaths_only_beyond_one_interval():
     assert first == [0] and "stopped first" in why
     ev.ranks = {0: {"heartbeat_at": 900.0}, 1: {"heartbeat_at": 900.5}}  # interval unknown: 1 s
     assert order_by_heartbeat(ev, [0, 1])[0] == [0, 1]
+
+
+def test_memory_cgroup_facts_v1_and_v2(tmp_path):
+    """The rank's memory cgroup from /proc/PID/cgroup, then its limit and OOM kills from
+    memory.events (v2) or memory.oom_control (v1); a missing cgroup is None, not a guess."""
+    from trainwatch.host.cgroup import memory_cgroup, memory_facts
+    proc = tmp_path / "proc" / "42"
+    proc.mkdir(parents=True)
+    (proc / "cgroup").write_text("0::/job.slice/train\n")
+    assert memory_cgroup(42, str(tmp_path / "proc")) == "v2:/job.slice/train"
+    v2 = tmp_path / "cg" / "job.slice" / "train"
+    v2.mkdir(parents=True)
+    (v2 / "memory.max").write_text("1073741824\n")
+    (v2 / "memory.events").write_text("low 0\nhigh 0\nmax 7\noom 1\noom_kill 1\n")
+    assert memory_facts("v2:/job.slice/train", str(tmp_path / "cg")) == {
+        "cgroup": "/job.slice/train", "dir": str(v2), "limit_bytes": 1 << 30, "oom_kills": 1}
+    (proc / "cgroup").write_text("5:devices:/\n4:memory:/batch/7\n0::/\n")
+    assert memory_cgroup(42, str(tmp_path / "proc")) == "v1:/batch/7"
+    v1 = tmp_path / "cg" / "memory" / "batch" / "7"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    (v1 / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    facts = memory_facts("v1:/batch/7", str(tmp_path / "cg"))
+    assert facts["limit_bytes"] is None and facts["oom_kills"] == 2
+    assert memory_facts("v2:/gone", str(tmp_path / "cg"))["dir"] is None
