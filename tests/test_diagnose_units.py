@@ -376,3 +376,33 @@ def test_memory_cgroup_facts_v1_and_v2(tmp_path):
     facts = memory_facts("v1:/batch/7", str(tmp_path / "cg"))
     assert facts["limit_bytes"] is None and facts["oom_kills"] == 2
     assert memory_facts("v2:/gone", str(tmp_path / "cg"))["dir"] is None
+
+
+def test_oom_without_a_readable_kernel_log_is_said_and_not_certain():
+    """Not root with kernel.dmesg_restrict=1: the kernel log cannot be read. That is said,
+    and a cgroup that counted an OOM kill makes it "most likely", at medium confidence."""
+    import sys
+    if os.geteuid() != 0 or not os.path.exists("/usr/bin/setpriv"):
+        pytest.skip("needs root to switch to an unprivileged user")
+    if open("/proc/sys/kernel/dmesg_restrict").read().strip() != "1":
+        pytest.skip("kernel.dmesg_restrict is 0 here: the kernel log is readable by all")
+    done = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+         "import json; from trainwatch.host.cgroup import kernel_oom_kills; "
+         "print(json.dumps(kernel_oom_kills()))"], capture_output=True, text=True,
+        cwd=os.path.dirname(os.path.dirname(__file__)), timeout=60)
+    kernel = json.loads(done.stdout)
+    assert "needs privileges" in kernel["error"], kernel
+    ev = Evidence(run_dir="/r", collected_at=time.time(), host="h")
+    ev.ranks[1] = {"rank": 1, "pid": 42, "node": "h", "state": "running", "step": 9,
+                   "process": {"status": "gone"},
+                   "oom": {"cgroup": "/job", "limit_bytes": 1 << 30, "oom_kills": 1,
+                           "kernel": None, "kernel_error": kernel["error"]}}
+    ev.launcher = {"failed": [{"exitcode": -9, "local_rank": 1, "pid": 42, "log": "l"}],
+                   "root_cause": {"rank": 1, "local_rank": 1, "exitcode": -9, "pid": 42,
+                                  "log": "l"}, "failures": []}
+    dead = next(f for f in analysis.analyse(ev) if f.category == "rank_dead")
+    assert dead.title == ("rank 1 was killed by SIGKILL, most likely by the OOM killer "
+                          "(cgroup /job, limit 1.00 GiB)"), dead.title
+    assert dead.confidence == "medium"
+    assert any("kernel log not readable" in e for e in dead.evidence), dead.evidence
