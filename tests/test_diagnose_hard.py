@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from agent_helpers import wait_for
+from agent_helpers import get_json, start_agent, stop_process, wait_for
 from conftest import tmpfs_mount
 from test_diagnose import Job, diagnose, stalled_for, top
 from trainwatch.beat import beat_path, read_beat
@@ -53,15 +53,24 @@ def no_confident_wrong(report: dict, culprit: int) -> None:
     assert not wrong, wrong
 
 
-def test_rank_skipping_a_side_group_collective_is_named(jobs):
+def test_rank_skipping_a_side_group_collective_is_named(jobs, tmp_path):
     """Rank 1 skips one all_reduce on a side group and goes on to the next step's gradient
     all_reduce; ranks 0 and 2 wait in the side group's collective. The rank that did not
-    enter it is the culprit, not the ranks waiting in it."""
+    enter it is the culprit, not the ranks waiting in it: in diagnose and in the node
+    agent's stall incident."""
     step = 12
     job = jobs(nproc=3, FAULT="skip_side", FAULT_RANK="1", FAULT_STEP=str(step))
-    job.wait(lambda s: s[1]["step"] == step + 1 and s[0]["step"] == step and stalled_for(2)(s),
-             "ranks 0 and 2 waiting in the side group, rank 1 a step ahead")
-    code, report, _ = timed_diagnose(job.run, "--stall-after", "1")
+    agent, url = start_agent(tmp_path, "--run-dir", str(job.run.root))
+    try:
+        job.wait(lambda s: s[1]["step"] == step + 1 and s[0]["step"] == step
+                 and stalled_for(2)(s), "ranks 0 and 2 waiting in the side group")
+        code, report, _ = timed_diagnose(job.run, "--stall-after", "1")
+        incident = wait_for(lambda: next((f for f in get_json(url + "/status")["findings"]
+                                          if f["kind"] == "stall_incident"), None), 90,
+                            what="the agent's stall incident")
+    finally:
+        stop_process(agent)
+    assert incident["culprit_ranks"] == [1] and incident["waiting_ranks"] == [0, 2], incident
     assert code == 1
     finding = top(report)
     assert finding["category"] == "collective_desync" and finding["ranks"] == [1], finding
