@@ -6,6 +6,9 @@ culprit is: a dead or frozen rank first (nothing in it runs), else a stuck rank 
 collective while others wait inside one, else the ranks behind on step.  A node whose
 stalled ranks all wait (the culprit is elsewhere, or cannot be told apart) names none:
 the alert rule then takes the culprit another node's agent named, or says "unknown".
+When every stalled rank waits in a collective but at different steps, the collective
+sequences went apart (a rank skipped one, or issued an extra one): the smaller side is
+the culprit, whether it is ahead or behind.
 """
 
 from __future__ import annotations
@@ -13,11 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# Phases in which a rank waits for its peers (trainer telemetry's collective phases, and
-# the names hand-written loops use for their collectives).
-COLLECTIVE_PHASES = frozenset({
-    "backward", "telemetry_exchange", "allreduce", "all_reduce", "allgather", "all_gather",
-    "reduce_scatter", "broadcast", "barrier", "collective", "sync"})
+from trainwatch.contract.states import COLLECTIVE_PHASES
+
 _KIND_ORDER = {"dead": 0, "frozen": 1, "stuck": 2}
 
 
@@ -60,7 +60,9 @@ def group(stalled: list[tuple[dict[str, Any], Any]]) -> Incident | None:
         else:
             steps = {r: rank.get("step") for r, (rank, _) in by_rank.items()
                      if isinstance(rank.get("step"), int)}
-            if len(set(steps.values())) > 1:
+            if len(set(steps.values())) > 1 and not outside:
+                culprits, reason = _out_of_step(steps)
+            elif len(set(steps.values())) > 1:
                 low = min(steps.values())
                 culprits = [r for r, s in steps.items() if s == low]
                 reason = f"behind the others (step {low})"
@@ -76,3 +78,18 @@ def group(stalled: list[tuple[dict[str, Any], Any]]) -> Incident | None:
         reason = f"every stalled rank on this node is {kind}: a node-level problem"
     return Incident(culprits, waiting, kind, min(sinces) if sinces else None, reason,
                     {r: rank for r, (rank, _) in by_rank.items()})
+
+
+def _out_of_step(steps: dict[int, int]) -> tuple[list[int], str]:
+    """Every rank waits in a collective, at different steps: a rank a step ahead skipped a
+    collective the others wait in, or ranks a step behind issued an extra one. Either way
+    the odd one out is the smaller side; equal sides name no one."""
+    sides: dict[int, list[int]] = {}
+    for rank, step in steps.items():
+        sides.setdefault(step, []).append(rank)
+    ordered = sorted(sides.values(), key=len)
+    if len(ordered[0]) == len(ordered[1]):
+        return [], ""
+    odd = sorted(ordered[0])
+    return odd, (f"out of step with the others (step {steps[odd[0]]}, while all wait in "
+                 "collectives): a skipped or extra collective")

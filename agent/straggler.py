@@ -68,7 +68,8 @@ class _RankTrack:
 
     recent: deque = field(default_factory=lambda: deque(maxlen=64))  # (step, log ratio, z)
     level: float | None = None          # as a ratio (exp of the median log-ratio)
-    slow_windows: int = 0
+    slow_windows: int = 0               # slow windows in the current run (see _advance)
+    normal_run: int = 0                 # normal windows in a row since the last slow one
     streak_from: int | None = None      # first step of the current run of slow windows
     streak_since: float | None = None
     active: bool = False
@@ -110,15 +111,24 @@ class JobStragglers:
             if track.streak_from is None:
                 track.streak_from, track.streak_since = step - window_steps + 1, when
             track.slow_windows += 1
+            track.normal_run = 0
         else:
-            track.streak_from = track.streak_since = None
-            track.slow_windows = 0
+            # One normal-looking window does not end a run of slow ones (a slow rank on a
+            # loaded machine has them); two in a row do.
+            track.normal_run += 1
+            if track.normal_run >= 2:
+                track.streak_from = track.streak_since = None
+                track.slow_windows = 0
         if not track.active:
             scores = [v for _, _, v in last if v is not None]
             z_ok = not scores or median_sorted(sorted(scores)) >= float(opts["score"])
             # The median of n windows varies by about 1.25 x noise / sqrt(n).
             # No verdict before the rank's noise is known (4 windows).
-            noise = track.noise if level >= enter and z_ok else None
+            # And as many slow windows in the current run as the level spans: a loaded
+            # machine's one- or two-window bursts (a rank twice as slow for 10 steps) are
+            # not a rank that stays slow.
+            steady = track.slow_windows >= n
+            noise = track.noise if level >= enter and z_ok and steady else None
             if noise is not None and \
                     level >= float(opts["noise_sigmas"]) * 1.2533 * noise / math.sqrt(len(last)):
                 track.active, track.detected_at, track.detected_step = True, when, step

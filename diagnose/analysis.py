@@ -15,15 +15,17 @@ from typing import Any
 
 from trainwatch.contract.stall import (default_options, heartbeat_stale, published_budget,
                                       stall_budget)
+from trainwatch.contract.states import COLLECTIVE_PHASES
 from trainwatch.contract.timing import job_window
-from trainwatch.diagnose import agents, causes, collectives, journal, prometheus
+from trainwatch.diagnose import agents, causes, collectives, journal, prometheus, workers
 from trainwatch.diagnose.model import Evidence, Finding
-from trainwatch.diagnose.stacks import format_frames, main_stack
+from trainwatch.diagnose.stacks import format_frames, main_stack, main_thread, qualified
 
 STRAGGLER_LATENESS_RATIO = 0.15   # entering collectives this much of a step after the others
 STRAGGLER_LATENESS_FLOOR = 0.02   # seconds: below this it is scheduling noise
 STRAGGLER_TIMING_RATIO = 1.3      # local time vs the job median
 LOW_FREE_RATIO = 0.02
+BUSY_CPU_PERCENT = 80.0           # main thread running or runnable, over diagnose's sample
 DEFAULT_HEARTBEAT_INTERVAL = 1.0  # trainer telemetry's default, for ranks that do not say
 
 # Where a rank that is not in a collective is, from its stack (first match wins).
@@ -67,6 +69,8 @@ class Analysis:
             self.progress_age > self.stall_after
         self.groups = collectives.analyse(ev.collectives.get("groups", {}))
         ev.collectives["analysis"] = self.groups
+        self.crossed = collectives.crossed_waits(self.groups)
+        ev.collectives["crossed"] = self.crossed
         self.explained: set[int] = set()
 
     def proc(self, rank: int) -> str:
@@ -77,10 +81,17 @@ class Analysis:
 
     def where_line(self, rank: int) -> str:
         v = self.ev.ranks[rank]
-        return (f"rank {rank} on {self.node(rank)} (pid {v.get('pid')}): step {v.get('step')}, "
-                f"phase {v.get('phase')} for {_s(v.get('phase_age'))}, heartbeat "
+        beat = v.get("from_beat")
+        source = (f" (from its beat file; its status file says step {beat['status_step']})"
+                  if beat and beat.get("status_step") != v.get("step") else "")
+        publish = v.get("publish")
+        since = (publish or {}).get("failing_since")
+        failing = (f"; it could not write its status since {_s(self.ev.collected_at - since)} "
+                   f"ago: {publish.get('last_error')}" if publish and since else "")
+        return (f"rank {rank} on {self.node(rank)} (pid {v.get('pid')}): step {v.get('step')}"
+                f"{source}, phase {v.get('phase')} for {_s(v.get('phase_age'))}, heartbeat "
                 f"{_s(v.get('heartbeat_age'))} old, last progress {_s(v.get('progress_age'))} "
-                f"ago, process {self.proc(rank)}")
+                f"ago, process {self.proc(rank)}{failing}")
 
     def stack(self, rank: int) -> list[dict[str, Any]]:
         return main_stack(self.ev.stacks.get(rank))
@@ -110,7 +121,8 @@ class Analysis:
 def analyse(ev: Evidence, stall_after: float | None = None) -> list[Finding]:
     a = Analysis(ev, stall_after)
     found: list[Finding] = []
-    for check in (check_dead, check_frozen, check_desync, check_outside_collective,
+    for check in (check_dead, check_frozen, check_desync, check_crossed, check_busy,
+                  check_outside_collective,
                   check_blocked_in_kernel, check_unexplained_stall, check_storage_and_checkpoints, check_nonfinite,
                   check_straggler, check_node_evidence):
         found += check(a)
@@ -135,7 +147,11 @@ def check_dead(a: Analysis) -> list[Finding]:
     root = ev.launcher.get("root_cause")
     launcher = [(by_pid[x["pid"]], x) for x in ev.launcher.get("failed", []) if x["pid"] in by_pid]
     culprits: dict[int, str] = {}
-    if root and root.get("rank") in ev.ranks:
+    doubted = _doubt_root(ev, root) if root and root.get("rank") in ev.ranks else None
+    if doubted:
+        rank, why = doubted
+        culprits[rank] = why
+    elif root and root.get("rank") in ev.ranks:
         culprits[root["rank"]] = (f"torchrun names it the root cause (first observed failure): "
                                   f"{_exit_text(root['exitcode'])} ({root['log']})"
                                   + (f"; its error file says: {root['error']}"
@@ -156,14 +172,17 @@ def check_dead(a: Analysis) -> list[Finding]:
     if not culprits and not tie:
         return []
     a.explained |= set(culprits) | set(dead)
+    hang = hang_before_death(a, dead)
+    findings = [hang] if hang else []
+    killed_by_oom: set[int] = set()
     if len(tie) > 1 and not culprits:
-        return [_tie_finding(a, tie, why)]
-    findings = []
+        return findings + [_ended_hang(_tie_finding(a, tie, why), hang)]
     for rank, why in sorted(culprits.items()):
         evidence = [a.where_line(rank), why]
         followers = sorted(set(dead) - set(culprits))
         torn_down = [f"rank {x['rank']}: {_exit_text(x['exitcode'])}"
-                     for x in ev.launcher.get("failures", []) if x.get("rank") != rank]
+                     for x in ev.launcher.get("failures", []) + ([root] if doubted else [])
+                     if x.get("rank") != rank]
         if torn_down:
             evidence.append("torchrun then stopped the others: " + ", ".join(torn_down))
         elif followers:
@@ -173,16 +192,120 @@ def check_dead(a: Analysis) -> list[Finding]:
         if ev.journal.get("restarts"):
             evidence.append(f"journal: {ev.journal['restarts']} restart(s) so far")
         exitcode = (root["exitcode"] if root and root.get("rank") == rank else
-                    next((x["exitcode"] for r, x in launcher if r == rank), None))
+                    next((x["exitcode"] for x in ev.launcher.get("failures", [])
+                          if x.get("rank") == rank),
+                         next((x["exitcode"] for r, x in launcher if r == rank), None)))
         from_launcher = (root and root.get("rank") == rank) or rank in dict(launcher)
+        confident = (from_launcher or rank in failed) and not doubted
         hint = ("dmesg -T | grep -i -E 'killed process|out of memory'" if exitcode == -9
                 else f"tail -n 100 {ev.run_dir}/logs/*.log")
+        title = f"rank {rank} is dead"
+        if exitcode in (-9, None):
+            oom_title, oom_lines, oom_sure = _oom(ev.ranks[rank])
+            evidence += oom_lines
+            if oom_title:
+                title = f"rank {rank} was {oom_title}"
+                confident = confident and oom_sure
+                if oom_sure:
+                    killed_by_oom.add(rank)
         findings.append(Finding(
-            "rank_dead", f"rank {rank} is dead", ranks=[rank], nodes=[a.node(rank)],
-            confidence="high" if from_launcher or rank in failed else "medium",
+            "rank_dead", title, ranks=[rank], nodes=[a.node(rank)],
+            confidence="high" if confident else "medium",
             evidence=evidence, runbook="TrainingRankDown", next_command=hint,
             stack=format_frames(a.stack(rank))))
-    return findings
+    # An OOM kill is a cause of its own, even after a slow stretch (allocating): no hang.
+    if hang and set(hang.ranks) <= killed_by_oom:
+        return [f for f in findings if f is not hang]
+    return [f if f is hang or set(f.ranks) & killed_by_oom else _ended_hang(f, hang)
+            for f in findings]
+
+
+def _oom(view: dict[str, Any]) -> tuple[str | None, list[str], bool]:
+    """(title, evidence, sure) about an OOM kill of a SIGKILLed rank: the kernel's line for
+    its pid decides; without a readable kernel log, its cgroup's OOM kill count suggests."""
+    oom = view.get("oom")
+    if not oom:
+        return None, [], False
+    where = (f"cgroup {oom.get('cgroup')}, limit {_bytes(oom.get('limit_bytes'))}"
+             if oom.get("cgroup") else "its memory cgroup unknown")
+    lines = []
+    if oom.get("oom_kills") is not None:
+        lines.append(f"memory cgroup {oom.get('cgroup')}: {oom['oom_kills']} OOM kill(s) "
+                     f"counted, limit {_bytes(oom.get('limit_bytes'))}")
+    kernel = oom.get("kernel")
+    if kernel and kernel.get("line"):
+        lines.append(f"kernel log: {kernel['line']}")
+        if kernel.get("memcg"):
+            where = (f"cgroup {kernel['memcg']}, limit {_bytes(oom.get('limit_bytes'))}")
+        return f"killed by the OOM killer ({where})", lines, True
+    if oom.get("kernel_error"):
+        lines.append(f"kernel log not readable: {oom['kernel_error']}")
+        if oom.get("oom_kills"):
+            return (f"killed by SIGKILL, most likely by the OOM killer ({where})", lines,
+                    False)
+        return None, lines, False
+    lines.append(f"the kernel log has no OOM kill of pid {view.get('pid')}: not the OOM "
+                 "killer")
+    return None, lines, False
+
+
+def _bytes(n: int | None) -> str:
+    return "none (unlimited)" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def hang_before_death(a: Analysis, dead: list[int]) -> Finding | None:
+    """Dead ranks whose job had stopped progressing well before they died: the deaths
+    ended a hang (a timeout, the launcher, an operator), the hang is what to explain.
+
+    The job's last progress is the newest step any rank completed; its death, the last
+    heartbeat of a dead rank. Where each rank was comes from its last status: ranks in a
+    phase outside collectives are the ones the others waited for.
+    """
+    ranks = a.ev.ranks
+    ages = [v["progress_age"] for v in ranks.values()
+            if isinstance(v.get("progress_age"), (int, float))]
+    deaths = [ranks[r]["heartbeat_at"] for r in dead
+              if isinstance(ranks[r].get("heartbeat_at"), (int, float))]
+    if not ages or not deaths:
+        return None
+    stalled = max(deaths) - (a.ev.collected_at - min(ages))
+    if stalled <= a.stall_after:
+        return None
+    phases = {r: str(v.get("phase") or "") for r, v in ranks.items() if r in dead}
+    outside = sorted(r for r, p in phases.items() if p and p not in COLLECTIVE_PHASES)
+    inside = sorted(r for r, p in phases.items() if p in COLLECTIVE_PHASES)
+    evidence = [f"the last step any rank completed was {_s(stalled)} before the last "
+                f"heartbeat of a dead rank (stall budget {_s(a.stall_after)}): the run was "
+                "already stalled when its ranks died"]
+    evidence += [a.where_line(r) for r in sorted(phases)]
+    if outside and inside:
+        culprits, confidence = outside, "medium"
+        title = (f"the run was stalled for {_s(stalled)} before it died: rank(s) {outside} "
+                 "were outside a collective while the others waited in one")
+        evidence.append(f"rank(s) {outside} in phase(s) "
+                        f"{', '.join(sorted({phases[r] for r in outside}))}; rank(s) {inside} "
+                        "in collective phases, waiting for them (from the last statuses: "
+                        "no live process to confirm it)")
+    else:
+        culprits, confidence = sorted(phases), "low"
+        title = (f"the run was stalled for {_s(stalled)} before it died; whom it waited for "
+                 "cannot be told from the last statuses")
+    return Finding("rank_stuck", title, ranks=culprits, confidence=confidence,
+                   nodes=sorted({a.node(r) for r in culprits}), evidence=evidence,
+                   runbook="TrainingStalled",
+                   next_command=f"grep -n -E 'Error|Signal|timeout' {a.ev.run_dir}/logs/*.log "
+                                "| head   # then reproduce with diagnose while it hangs")
+
+
+def _ended_hang(finding: Finding, hang: Finding | None) -> Finding:
+    """A death after the run had stalled ended the hang: as its cause, confidence low."""
+    if hang is None:
+        return finding
+    finding.confidence = "low"
+    finding.title += " (after the run had already stalled)"
+    finding.evidence.append("the run had stalled before this death (see the finding on the "
+                            "stall): the death ended a hang, it is not what caused it")
+    return finding
 
 
 def order_by_heartbeat(ev: Evidence, dead: list[int]) -> tuple[list[int], str]:
@@ -225,13 +348,49 @@ def _tie_finding(a: Analysis, tied: list[int], why: str) -> Finding:
         next_command=f"grep -n -E 'Error|terminate|Signal' {a.ev.run_dir}/logs/*.log | head")
 
 
+def _doubt_root(ev: Evidence, root: dict[str, Any]) -> tuple[int, str] | None:
+    """torchrun's root cause against the ranks' own errors: (the rank that more likely
+    failed first, why) when they disagree, else None.
+
+    torchrun orders failures by when it observed them, to the second, and takes the lower
+    rank on a tie: when one rank's death makes another abort before the next poll, it may
+    name the one that aborted. A root-cause rank whose own error is a peer's failure seen
+    from it (connection reset or closed by the peer) did not fail first; the rank it tore
+    down with no error of its own (killed by a signal) more likely did.
+    """
+    errors = ev.launcher.get("errors_by_rank") or {}
+    own = errors.get(root["rank"]) or errors.get(str(root["rank"]))
+    if not own or not _PEER_FAILURE.search(own):
+        return None
+    others = [x for x in ev.launcher.get("failures", [])
+              if x.get("rank") != root["rank"] and x.get("rank") in ev.ranks
+              and not _PEER_FAILURE.search(errors.get(x["rank"]) or errors.get(str(x["rank"]))
+                                           or "")]
+    killed = [x for x in others if x["exitcode"] < 0] or others
+    if len(killed) != 1:
+        return None
+    other = killed[0]
+    same = other.get("time") and other.get("time") == root.get("time")
+    return other["rank"], (
+        f"torchrun names rank {root['rank']} the root cause ({_exit_text(root['exitcode'])}), "
+        f"but rank {root['rank']}'s own error is a peer's failure seen from it: {own[:160]}; "
+        f"rank {other['rank']} ended {_exit_text(other['exitcode'])} with no error of its own, "
+        "so it more likely failed first"
+        + (f"; torchrun observed both at {other['time']} (one poll: on a tie it takes the "
+           "lower rank, not the one that died first)" if same else "")
+        + ". Confidence medium: the launcher's order and the ranks' own errors disagree")
+
+
+_PEER_FAILURE = re.compile(r"reset by peer|closed by peer|Broken pipe")
+
+
 def _first_error_lines(ev: Evidence) -> list[str]:
     first = ev.launcher.get("first_error")
     if not first:
         return []
     who = f"rank {first['rank']}" if first.get("rank") is not None else "no rank prefix"
     note = (" (a peer's failure seen from this rank, not its cause)"
-            if re.search(r"reset by peer|closed by peer|Broken pipe", first["line"]) else "")
+            if _PEER_FAILURE.search(first["line"]) else "")
     return [f"first error in the logs ({who}): {first['line']}{note}"]
 
 
@@ -316,6 +475,96 @@ def check_desync(a: Analysis) -> list[Finding]:
     return findings
 
 
+def check_crossed(a: Analysis) -> list[Finding]:
+    """Ranks waiting in different groups' collectives for each other: one side skipped a
+    collective (or issued an extra one). The smaller side is named; equal sides are a tie."""
+    if not a.stalled:
+        return []
+    findings = []
+    for c in a.crossed:
+        culprits, waiting, other = c["culprits"], c["waiting"], c["waits_in"]
+        if set(culprits + waiting) & a.explained:
+            continue
+        a.explained |= set(culprits + waiting)
+        names = f"rank(s) {culprits}"
+        evidence = [
+            f"process group {c['group']}: rank(s) {waiting} wait in collective #{c['seq']} "
+            f"{c['op']}; {names} never entered it (their last there: "
+            f"#{a.groups[c['group']]['behind'][culprits[0]]['last_enqueued']}, completed)",
+            f"process group {other['group']}: {names} wait in collective #{other['seq']} "
+            f"{other['op']}, which rank(s) {waiting} never entered",
+            "each side waits for the other: one skipped a collective the other issued "
+            "(or issued an extra one)"]
+        if c["tie"]:
+            title = (f"collective desync: ranks {culprits} and {waiting} wait in different "
+                     f"collectives (#{c['seq']} of process group {c['group']}, "
+                     f"#{other['seq']} of process group {other['group']}); which side "
+                     "skipped one cannot be told")
+            evidence.append("the two sides are the same size: no odd one out")
+            culprits, confidence = sorted(culprits + waiting), "low"
+        else:
+            title = (f"collective desync: {names} did not enter collective #{c['seq']} "
+                     f"({c['op']}) of process group {c['group']}, which rank(s) {waiting} "
+                     "wait in")
+            evidence.append(f"{names} are the odd one out ({len(culprits)} against "
+                            f"{len(waiting)})")
+            confidence = "high"
+        findings.append(Finding(
+            "collective_desync", title, ranks=culprits, confidence=confidence,
+            nodes=sorted({a.node(r) for r in culprits if r in a.ev.ranks}),
+            evidence=[a.where_line(r) for r in culprits if r in a.ev.ranks] + evidence,
+            runbook="TrainingStalled",
+            next_command="check the code between the two collectives: every rank must issue "
+                         "the same collectives on every group in the same order (look for "
+                         "rank-dependent branches)",
+            stack=format_frames(a.stack(culprits[0]))))
+    return findings
+
+
+def check_busy(a: Analysis) -> list[Finding]:
+    """A rank that burns a core outside any collective while the job stalls: busy, not
+    frozen. Holding the GIL in C (a regex, a C extension) also silences its telemetry
+    thread, so its heartbeat looks like a frozen process's; its CPU and stack say otherwise."""
+    if not a.stalled:
+        return []
+    waiting = {r for g in a.groups.values() for r in g["waiting"]}
+    findings = []
+    for rank, v in sorted(a.running.items()):
+        process = v.get("process") or {}
+        cpu, runnable = process.get("cpu_percent"), process.get("main_runnable_percent")
+        stack = a.stack(rank)
+        if rank in a.explained or rank in waiting or not isinstance(runnable, (int, float)) \
+                or runnable < BUSY_CPU_PERCENT or _in_collective(stack):
+            continue
+        a.explained.add(rank)
+        main = main_thread(a.ev.stacks.get(rank)) or {}
+        where = qualified(stack[-1]) if stack else "code diagnose has no stack of"
+        callers = " <- ".join(f"{qualified(f)} ({_short(f)})" for f in reversed(stack[-4:]))
+        evidence = [a.where_line(rank),
+                    f"CPU: its main thread was running or ready to run {runnable:.0f} % of "
+                    f"the time diagnose looked (on a CPU: the process used {cpu:.0f} % of a "
+                    f"core; process {a.proc(rank)}): busy, not frozen"]
+        if callers:
+            evidence.append(f"main thread: {callers}")
+        gil = main.get("owns_gil")
+        stale = heartbeat_stale(a.stall_options, v.get("heartbeat_age"))
+        if gil:
+            evidence.append("py-spy: the main thread is active and holds the GIL"
+                            + (f"; the telemetry thread could not run, so the heartbeat is "
+                               f"{_s(v.get('heartbeat_age'))} old" if stale else ""))
+        evidence += a.waiting_lines([rank])
+        title = (f"rank {rank} is busy in {where} (main thread runnable {runnable:.0f} %)"
+                 + (", holding the GIL" if gil else "") + ", while the others wait")
+        findings.append(Finding(
+            "rank_stuck", title, ranks=[rank], nodes=[a.node(rank)],
+            confidence="high" if stack else "medium", evidence=evidence,
+            runbook="TrainingStalled",
+            next_command=f"py-spy top --pid {v.get('pid')}   # or: py-spy dump --pid "
+                         f"{v.get('pid')} --native (the C frames under {where})",
+            stack=format_frames(stack)))
+    return findings
+
+
 def check_outside_collective(a: Analysis) -> list[Finding]:
     """Ranks the others wait for that are alive but somewhere else (data, I/O, a lock)."""
     if not a.stalled:
@@ -351,9 +600,21 @@ def check_outside_collective(a: Analysis) -> list[Finding]:
         if not stack:
             evidence.append("no stack for this rank (see 'could not see')")
         cause = causes.rank_cause(a.ev.ranks[rank], a.ev.stacks.get(rank))
-        evidence += cause_lines(cause, stack)
+        worker = workers.blocked_worker(a.ev.ranks[rank])
+        if worker:  # the rank waits for a batch: the worker process it waits for is the culprit
+            cause = worker["cause"]
+            if cause:
+                cause["process"] = {"pid": worker["pid"], "role": "DataLoader worker"}
+            evidence.append(f"DataLoader worker pid {worker['pid']} (a child process of rank "
+                            f"{rank}) is inside a batch while the rank waits for it: "
+                            + " <- ".join(reversed(worker["stack"][-4:])))
+            evidence += [f"worker pid {worker['pid']}: {line}"
+                         for line in cause_lines(cause, worker["frames"])]
+            where = f"data loading (its DataLoader worker pid {worker['pid']} is blocked)"
+        else:
+            evidence += cause_lines(cause, stack)
         kind = cause.get("kind") if cause else None
-        if isinstance(kind, str):
+        if isinstance(kind, str) and not worker:
             where = _CAUSE_WHERE.get(kind, where)
         category = "storage" if (where.startswith("file I/O") or kind == "disk_io") and a.proc(
             rank) == "disk_sleep" else "rank_stuck"
@@ -406,8 +667,9 @@ def check_unexplained_stall(a: Analysis) -> list[Finding]:
         nodes=sorted({a.node(r) for r in a.running}),
         evidence=[a.where_line(r) for r in sorted(a.running)] + a.waiting_lines([]),
         runbook="TrainingStalled",
-        next_command=f"TORCH_FR_BUFFER_SIZE=2000 in the job's environment, then "
-                     f"trainwatch diagnose --run-dir {a.ev.run_dir} --native")]
+        next_command=(f"trainwatch diagnose --run-dir {a.ev.run_dir} --native" if a.groups else
+                      f"TORCH_FR_BUFFER_SIZE=2000 in the job's environment, then "
+                      f"trainwatch diagnose --run-dir {a.ev.run_dir} --native"))]
 
 
 def check_storage_and_checkpoints(a: Analysis) -> list[Finding]:
@@ -597,6 +859,10 @@ def cause_lines(cause: dict[str, Any] | None, stack: list[dict[str, Any]]) -> li
         lines.append(f"runbook section: trainwatch runbook {cause['runbook'].split('#')[0]} "
                      f"(#{cause['runbook'].split('#')[1]})")
     return lines
+
+
+def _short(frame: dict[str, Any]) -> str:
+    return f"{str(frame.get('file')).rsplit('/', 1)[-1]}:{frame.get('line')}"
 
 
 def _in_collective(stack: list[dict[str, Any]]) -> bool:

@@ -82,3 +82,36 @@ def lateness(per_rank: dict[int, dict[str, Any]]) -> dict[int, float]:
         for rank, t in created.items():
             late[rank].append((t - first) / 1e9)
     return {r: round(statistics.median(v), 4) for r, v in late.items() if v}
+
+
+def crossed_waits(analysed: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Ranks that wait in different groups' collectives, each for the other side.
+
+    Some ranks wait in group h's newest collective that the others never entered, because
+    those others went on to group g's next collective, which the first ones never entered:
+    one side skipped a collective (or issued an extra one). The smaller side is the odd one
+    out (``culprits``); with equal sides it cannot be told (``tie``). Each entry names the
+    collective the culprits did not enter (``group``, ``seq``, ``op``, ``waiting``) and
+    the one they wait in instead (``waits_in``).
+    """
+    found, seen = [], set()
+    for h, gh in analysed.items():
+        for g, gg in analysed.items():
+            if g == h:
+                continue
+            # ``waiting`` sit in h's newest collective and never entered g's; ``missing``
+            # completed all they entered in h and sit in g's newest.
+            waiting = sorted(r for r in gh["waiting"] if r in gg["behind"]
+                             and not gg["behind"][r]["in_collective"])
+            missing = sorted(r for r in gg["waiting"] if r in gh["behind"]
+                             and not gh["behind"][r]["in_collective"])
+            key = frozenset((h, g))
+            if not waiting or not missing or key in seen or len(missing) > len(waiting):
+                continue
+            seen.add(key)
+            found.append({"group": h, "seq": gh["frontier"], "op": gh["frontier_op"],
+                          "waiting": waiting, "culprits": missing,
+                          "tie": len(missing) == len(waiting),
+                          "waits_in": {"group": g, "seq": gg["frontier"],
+                                       "op": gg["frontier_op"]}})
+    return found

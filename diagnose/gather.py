@@ -8,8 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from trainwatch.diagnose import (agents, checkpoints, flight_recorder, journal, processes,
-                                 prometheus, rank_dumps, run_state, stacks)
+from trainwatch.diagnose import (agents, checkpoints, flight_recorder, journal, oom, processes,
+                                 prometheus, rank_dumps, run_state, stacks, workers)
 from trainwatch.diagnose.model import Evidence
 from trainwatch.rundir import RunDir
 
@@ -31,10 +31,13 @@ def gather(run: RunDir, options: Options,
     steps: list[tuple[str, Callable[[], None]]] = [
         ("rank status", lambda: run_state.gather(run, ev)),
         ("processes", lambda: processes.gather(ev)),
+        ("oom kills", lambda: oom.gather(ev)),
         ("journal", lambda: journal.gather(run, ev)),
         ("rank dumps", lambda: rank_dumps.gather(run, ev, options.timeout)
          if options.request_dumps else None),
         ("stacks", lambda: stacks.gather(ev, options.timeout, options.native)),
+        ("data workers", lambda: workers.gather(ev, options.timeout)),
+        ("cpu", lambda: processes.sample_cpu(ev)),
         ("flight recorder", lambda: flight_recorder.gather(ev)),
         ("agents", lambda: agents.gather(ev, options.agent_urls, options.timeout)),
         ("prometheus", lambda: prometheus.gather(ev, options.prometheus_url, options.timeout)),

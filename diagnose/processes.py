@@ -4,6 +4,7 @@ what each of its threads waits in (the kernel's view, trainwatch/host/procinfo.p
 from __future__ import annotations
 
 import socket
+import time
 from typing import Any
 
 import psutil
@@ -12,6 +13,7 @@ from trainwatch.diagnose.model import Evidence
 from trainwatch.host.procinfo import reused, thread_waits
 
 # psutil status -> the words docs/agent.md uses.
+CPU_SAMPLE_MIN_S = 0.5  # shortest interval a CPU share is measured over
 _STATUS = {psutil.STATUS_DISK_SLEEP: "disk_sleep", psutil.STATUS_STOPPED: "stopped",
            psutil.STATUS_TRACING_STOP: "stopped", psutil.STATUS_ZOMBIE: "zombie",
            psutil.STATUS_DEAD: "gone"}
@@ -49,6 +51,8 @@ def inspect(pid: int, started_at: float | None,
             status = _STATUS.get(proc.status(), proc.status())
             info: dict[str, Any] = {"status": status, "visible": True,
                                     "cpu_seconds": round(sum(proc.cpu_times()[:2]), 2),
+                                    "cpu_sampled_at": time.monotonic(),
+                                    "main_thread_runnable_ns": _runnable_ns(pid),
                                     "rss_bytes": proc.memory_info().rss,
                                     "threads": proc.num_threads()}
     except psutil.NoSuchProcess:
@@ -61,3 +65,38 @@ def inspect(pid: int, started_at: float | None,
     if blocked:
         info["threads_in_disk_sleep"] = blocked
     return info
+
+
+def sample_cpu(ev: Evidence) -> None:
+    """Each live local rank's CPU use since ``gather``: ``cpu_percent`` (of one core, the
+    whole process) and ``main_runnable_percent`` (its main thread on a CPU or waiting for
+    one, which a loaded machine does not lower). A main thread runnable all the time with a
+    silent heartbeat is busy (in C, holding the GIL), not frozen."""
+    views = [v for v in ev.ranks.values() if (v.get("process") or {}).get("cpu_sampled_at")
+             and v["process"]["status"] not in ("gone", "zombie")]
+    if not views:
+        return
+    first = min(v["process"]["cpu_sampled_at"] for v in views)
+    time.sleep(max(0.0, CPU_SAMPLE_MIN_S - (time.monotonic() - first)))
+    for view in views:
+        info = view["process"]
+        try:
+            cpu = sum(psutil.Process(view["pid"]).cpu_times()[:2])
+        except psutil.Error:
+            continue
+        elapsed = time.monotonic() - info.pop("cpu_sampled_at")
+        info["cpu_percent"] = round(100.0 * max(0.0, cpu - info["cpu_seconds"]) / elapsed, 1)
+        info["cpu_seconds"] = round(cpu, 2)
+        before, after = info.pop("main_thread_runnable_ns", None), _runnable_ns(view["pid"])
+        if before is not None and after is not None:
+            info["main_runnable_percent"] = round(min(100.0, (after - before) / elapsed / 1e7),
+                                                  1)
+
+
+def _runnable_ns(pid: int) -> int | None:
+    """Nanoseconds the main thread ran plus waited to run (``schedstat``), None if unknown."""
+    try:
+        fields = open(f"/proc/{pid}/task/{pid}/schedstat").read().split()
+        return int(fields[0]) + int(fields[1])
+    except (OSError, ValueError, IndexError):
+        return None

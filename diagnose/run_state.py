@@ -1,4 +1,5 @@
-"""Per-rank status, recent step timings and launcher exits, from the run directory."""
+"""Per-rank status (brought up to date by its beat file), recent step timings and launcher
+exits, from the run directory."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from trainwatch.beat import beat_path, merge_beat, read_beat
 from trainwatch.diagnose.model import Evidence
 from trainwatch.errors import FormatError
 from trainwatch.rundir import RunDir, parse_json, read_run_file_tail
@@ -30,7 +32,16 @@ def gather(run: RunDir, ev: Evidence) -> None:
         if not isinstance(rank, int):
             ev.skipped.append(f"{run.status_file(0).parent}: status without an integer rank")
             continue
-        ev.ranks[rank] = rank_view(status, now)
+        # The beat file is written in place after the status: newer when the status could
+        # not be written (a full disk) or the rank died between the two.
+        merged, publish = merge_beat(status, read_beat(beat_path(run.status_dir, rank),
+                                                       run.root))
+        ev.ranks[rank] = rank_view(merged, now)
+        if merged is not status:
+            ev.ranks[rank]["from_beat"] = {"status_step": status.get("step"),
+                                           "status_heartbeat_at": status.get("heartbeat_at")}
+        if publish and publish["failing"]:
+            ev.ranks[rank]["publish"] = publish
         ev.ranks[rank]["recent"] = recent_steps(run.metrics_file(rank), run.root)
     if not ev.ranks:
         ev.cannot_see(f"no rank status files in {run.status_dir} (job not started, "
@@ -51,7 +62,7 @@ def rank_view(status: dict[str, Any], now: float) -> dict[str, Any]:
     metrics = status.get("metrics") or {}
     return {
         "rank": status["rank"], "job": status.get("job"), "node": status.get("node"),
-        "pid": status.get("pid"),
+        "pid": status.get("pid"), "cgroup": status.get("cgroup"),
         "local_rank": status.get("local_rank"), "world_size": status.get("world_size"),
         "state": status.get("state"),
         "step": status.get("step"), "phase": status.get("phase"),
@@ -110,9 +121,11 @@ def launcher_exits(logs_dir: Path) -> dict[str, Any]:
     the rank of its "Root Cause (first observed failure)" block with exit code, signal and
     error file (``TORCHELASTIC_ERROR_FILE`` contents when the worker wrote one);
     ``failures``: the other ranks of its "Failures:" block (those it tore down);
-    ``first_error``: the first error line in the logs, with the rank its prefix names.
+    ``first_error``: the first error line in the logs, with the rank its prefix names;
+    ``errors_by_rank``: each rank's own first error line (by its ``[rankN]:`` prefix).
     """
     exits, root, others, first_error = [], None, [], None
+    by_rank: dict[int, str] = {}
     if logs_dir.is_dir():
         for path in sorted(logs_dir.glob("*.log")):
             try:
@@ -129,12 +142,16 @@ def launcher_exits(logs_dir: Path) -> dict[str, Any]:
             others += blocks.get("failures", [])
             if first_error is None:
                 first_error = _first_error(text, str(path))
-    return {"failed": exits, "root_cause": root, "failures": others, "first_error": first_error}
+            for rank, line in _errors_by_rank(text).items():
+                by_rank.setdefault(rank, line)
+    return {"failed": exits, "root_cause": root, "failures": others, "first_error": first_error,
+            "errors_by_rank": by_rank}
 
 
 # torchrun's failure table: "[1]:\n  time : ...\n  rank : 1 (local_rank: 1)\n  exitcode : -6
 # (pid: 42)\n  error_file: <N/A>\n  traceback : ..." under "Failures:" / "Root Cause".
-_ENTRY = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)"
+_ENTRY = re.compile(r"(?:time\s*:\s*(?P<time>\S+)\s*\n(?:\s*host\s*:[^\n]*\n)?\s*)?"
+                    r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)"
                     r"\s*\(pid:\s*(\d+)\)[^\n]*\n\s*error_file\s*:\s*([^\n]*)")
 _ERROR_LINE = re.compile(r"^(?:\[(?:rank|default)(\d+)\]:?\s*)?(?:terminate called|.*\b\w*Error\b:|"
                          r".*\bwhat\(\):)", re.M)
@@ -154,9 +171,10 @@ def _failure_blocks(text: str, log: str) -> dict[str, Any]:
 
 
 def _entry(match: re.Match, log: str) -> dict[str, Any]:
-    error_file = match[5].strip()
-    entry = {"rank": int(match[1]), "local_rank": int(match[2]), "exitcode": int(match[3]),
-             "pid": int(match[4]), "log": log, "error_file": None, "error": None}
+    error_file = match[6].strip()
+    entry = {"rank": int(match[2]), "local_rank": int(match[3]), "exitcode": int(match[4]),
+             "pid": int(match[5]), "log": log, "error_file": None, "error": None,
+             "time": match["time"]}  # when torchrun observed it (a poll, to the second)
     if error_file and not error_file.startswith("<"):
         entry["error_file"] = error_file
         entry["error"] = _error_file_message(Path(error_file))
@@ -187,6 +205,15 @@ def _first_error(text: str, log: str) -> dict[str, Any] | None:
         return None
     line = text[match.start():text.find("\n", match.start())].strip()
     return {"rank": int(match[1]) if match[1] else None, "line": line[:300], "log": log}
+
+
+def _errors_by_rank(text: str) -> dict[int, str]:
+    found: dict[int, str] = {}
+    for match in _ERROR_LINE.finditer(text):
+        if match[1] is not None and int(match[1]) not in found:
+            end = text.find("\n", match.start())
+            found[int(match[1])] = text[match.start():end if end >= 0 else None].strip()[:300]
+    return found
 
 
 def _world_size(ranks: dict[int, dict[str, Any]]) -> int:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import re
+import os
 import shutil
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -21,7 +23,7 @@ _STDLIB = re.compile(r"/lib/python3\.\d+/")
 
 
 def gather(ev: Evidence, timeout: float, native: bool = False) -> None:
-    pyspy = shutil.which("py-spy")
+    pyspy = find_py_spy()
     live = {r: v for r, v in ev.ranks.items()
             if (v.get("process") or {}).get("status") not in _NO_STACK}
     if live and pyspy is None:
@@ -42,6 +44,11 @@ def gather(ev: Evidence, timeout: float, native: bool = False) -> None:
             ev.stacks[rank] = {"source": "rank dump", "threads": [
                 {"name": t.get("name"), "frames": t.get("frames", []),
                  "telemetry": bool(t.get("dumper"))} for t in dump.get("threads", [])]}
+
+
+def find_py_spy() -> str | None:
+    """py-spy on PATH, else next to this Python (installed into trainwatch's environment)."""
+    return shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
 
 
 def py_spy_dump(pyspy: str, pid: int, timeout: float, native: bool,
@@ -71,7 +78,8 @@ def py_spy_dump(pyspy: str, pid: int, timeout: float, native: bool,
                                      "function": f.get("name")}
                                     for f in reversed(t.get("frames", []))],
                          "telemetry": (t.get("thread_name") or "").startswith(
-                             "trainwatch-telemetry")}
+                             "trainwatch-telemetry"),
+                         "active": t.get("active"), "owns_gil": t.get("owns_gil")}
                         for t in threads]}
 
 
@@ -86,15 +94,27 @@ def _reason(stderr: str) -> str:
     return lines[-1] if lines else "py-spy failed"
 
 
-def main_stack(stack: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Frames of the rank's main thread (innermost last), or [] when unknown."""
+def main_thread(stack: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The rank's main thread (py-spy or dump view), or None when unknown."""
     if not stack or not stack.get("threads"):
-        return []
+        return None
     threads = stack["threads"]
     main = next((t for t in threads if t.get("name") == "MainThread"), None)
-    if main is None:
-        main = next((t for t in threads if not t.get("telemetry")), threads[0])
-    return main.get("frames", [])
+    return main or next((t for t in threads if not t.get("telemetry")), threads[0])
+
+
+def main_stack(stack: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Frames of the rank's main thread (innermost last), or [] when unknown."""
+    main = main_thread(stack)
+    return main.get("frames", []) if main else []
+
+
+def qualified(frame: dict[str, Any]) -> str:
+    """``re.match``, ``train.step``: a frame's function with its module (from the path)."""
+    path = short_path(frame.get("file"))
+    module = path.rsplit("/", 1)[-1] if path.startswith("/") else path
+    module = module.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+    return f"{module}.{frame.get('function')}"
 
 
 def format_frames(frames: list[dict[str, Any]], limit: int = 12) -> list[str]:

@@ -2,10 +2,15 @@
 
     torchrun --standalone --nproc-per-node N tests/diagnose_job.py RUN_DIR STEPS
 
-Faults (environment): FAULT=data_fifo|flock|extra_collective|size_mismatch|slow|checkpoint,
-FAULT_RANK, FAULT_STEP, FAULT_ARG (FIFO path, lock file path, extra seconds per step, or
-checkpoint interval); DEADLOCK_RANK: that rank's threads deadlock on two locks at
-FAULT_STEP (besides FAULT, so one job can carry two blocked ranks).
+Faults (environment): FAULT=data_fifo|worker_fifo|flock|extra_collective|size_mismatch|
+skip_side|regex|oom|slow|checkpoint, FAULT_RANK, FAULT_STEP, FAULT_ARG (FIFO path, lock file
+path, extra seconds per step, or checkpoint interval); DEADLOCK_RANK: that rank's threads
+deadlock on two locks at FAULT_STEP (besides FAULT, so one job can carry two blocked ranks).
+ABORT_ON_ERROR=1: an uncaught error aborts the rank (SIGABRT), as NCCL's watchdog does.
+worker_fifo: a DataLoader worker process of the faulty rank blocks on the FIFO; skip_side:
+every step also all-reduces on a side group, which the faulty rank skips once; regex: the
+faulty rank runs a catastrophic regular expression (busy in C, holding the GIL); oom: the
+faulty rank allocates memory until the kernel kills it.
 Gradients are all-reduced by hand (one flat tensor per step) so each step issues
 exactly one training collective, plus the telemetry's timing exchange.
 """
@@ -14,6 +19,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -34,6 +40,14 @@ DEADLOCK_RANK = int(os.environ.get("DEADLOCK_RANK", "-1"))
 STEP_SLEEP = float(os.environ.get("STEP_SLEEP", "0.03"))
 
 dist.init_process_group("gloo")
+if os.environ.get("ABORT_ON_ERROR") == "1":
+    report = sys.excepthook  # torch's: prints the error with a [rankN]: prefix
+
+    def abort(*exc_info):
+        report(*exc_info)
+        sys.stderr.flush()
+        os.abort()
+    sys.excepthook = abort
 rank = dist.get_rank()
 faulty = rank == FAULT_RANK
 
@@ -45,11 +59,23 @@ class Batches(Dataset):
         return 10**9
 
     def __getitem__(self, index):
-        if FAULT == "data_fifo" and faulty and index == FAULT_STEP:
+        if FAULT in ("data_fifo", "worker_fifo") and faulty and index == FAULT_STEP:
             with open(FAULT_ARG, "rb") as fifo:
                 fifo.read(1)
         g = torch.Generator().manual_seed(index * 100 + rank)
         return torch.randn(32, generator=g)
+
+
+def busy_in_regex():
+    """Backtracking that takes longer than any test waits: sre holds the GIL throughout."""
+    return re.match(r"(a+)+$", "a" * 40 + "b")
+
+
+def allocate_until_killed():
+    """Touch memory in 64 MiB pieces until the OOM killer ends this process."""
+    hog = []
+    while True:
+        hog.append(b"\x01" * (64 << 20))
 
 
 def take_file_lock(path):
@@ -82,7 +108,9 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 target = torch.nn.Linear(32, 1)
-loader = iter(DataLoader(Batches(), batch_size=None, num_workers=0))
+workers = 2 if FAULT == "worker_fifo" else 0
+loader = iter(DataLoader(Batches(), batch_size=None, num_workers=workers))
+side = dist.new_group(list(range(dist.get_world_size()))) if FAULT == "skip_side" else None
 
 
 def save_checkpoint(step):
@@ -122,6 +150,10 @@ for step in range(steps):
                 take_file_lock(FAULT_ARG)
             if rank == DEADLOCK_RANK and step == FAULT_STEP:
                 deadlock()
+            if faulty and step == FAULT_STEP and FAULT == "regex":
+                busy_in_regex()
+            if faulty and step == FAULT_STEP and FAULT == "oom":
+                allocate_until_killed()
             time.sleep(STEP_SLEEP + (float(FAULT_ARG) if FAULT == "slow" and faulty else 0))
             loss = torch.nn.functional.mse_loss(model(x), y)
         with tel.phase("backward"):
@@ -138,6 +170,8 @@ for step in range(steps):
             for p in model.parameters():
                 p.grad.copy_(flat[offset:offset + p.numel()].view_as(p) / dist.get_world_size())
                 offset += p.numel()
+            if side is not None and not (faulty and step == FAULT_STEP):
+                dist.all_reduce(torch.ones(1), group=side)  # the bug: one rank skips it once
         with tel.phase("optimizer"):
             opt.step()
         s.record(loss=loss, lr=0.01, samples=x.shape[0])

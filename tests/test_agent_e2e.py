@@ -245,7 +245,7 @@ def test_agent_exports_checkpoint_age_and_failures_of_the_real_trainer(tmp_path)
 
 def test_straggler_at_0_8x_in_a_4_rank_job_flagged_held_and_cleared(tmp_path, job4):
     """Rank 2 of 4 at ~0.8x speed (forward 65 ms instead of 50): flagged within 30 steps,
-    flagged in >= 90 % of polls while slow, cleared within 30 steps after; nobody else."""
+    flagged in >= 98 % of polls while slow, cleared within 30 steps after; nobody else."""
     proc, run_dir = job4
     agent, url = start_agent(tmp_path, "--run-dir", str(run_dir))
     try:
@@ -269,7 +269,7 @@ def test_straggler_at_0_8x_in_a_4_rank_job_flagged_held_and_cleared(tmp_path, jo
             assert set(flagged) <= {2}, flagged
             time.sleep(0.2)
         print(f"4 ranks: flag up {sum(held)}/{len(held)} polls while slow")
-        assert sum(held) >= 0.9 * len(held), held
+        assert sum(held) >= 0.98 * len(held), held
         (run_dir / "control" / "slow-2").unlink()
         wait_for(lambda: not _findings(url, "straggler"), 60, what="flag clears")
         seen_at = _rank(url, 2)["step"]  # as the agent last saw it: never ahead of the rank

@@ -202,3 +202,52 @@ def test_a_node_whose_ranks_all_freeze_is_one_node_level_incident():
     assert "node-level" in incident["reason"] and incident["waiting_ranks"] == []
     (seconds,), roles = incident_samples(result)
     assert roles == {"culprit": 8, "waiting": 0}  # one alert for the node, not eight
+
+
+def test_a_rank_a_step_ahead_of_ranks_waiting_in_a_collective_is_the_culprit():
+    """Rank 1 skipped a side group's all_reduce: it waits in the next step's collective
+    while ranks 0 and 2 wait in the one it skipped. The odd one out is named, not the ranks
+    behind; two equal sides name no one."""
+    ctx = make_ctx()
+    findings = collector(ctx, "findings")
+    now = time.time()
+    publish(ctx, "ranks", job_of(now, [(0, 12, "allreduce", 8.0, 0.1, "sleeping"),
+                                       (1, 13, "allreduce", 8.1, 0.1, "sleeping"),
+                                       (2, 12, "allreduce", 8.0, 0.1, "sleeping")]))
+    (incident,) = [f for f in findings.collect().data["findings"]
+                   if f["kind"] == "stall_incident"]
+    assert incident["culprit_ranks"] == [1] and incident["waiting_ranks"] == [0, 2], incident
+    assert "out of step" in incident["message"] + str(incident.get("evidence")), incident
+    ctx = make_ctx()
+    findings = collector(ctx, "findings")
+    publish(ctx, "ranks", job_of(now, [(0, 12, "allreduce", 8.0, 0.1, "sleeping"),
+                                       (1, 13, "allreduce", 8.1, 0.1, "sleeping")]))
+    (incident,) = [f for f in findings.collect().data["findings"]
+                   if f["kind"] == "stall_incident"]
+    assert incident["culprit_ranks"] == [], incident
+
+
+def test_a_flagged_straggler_stays_flagged_while_its_newest_window_is_not_in():
+    """The slow rank is the last to publish each new window: at a poll in between, the
+    job's newest window lacks it. Its flag must not blink off there (the e2e saw the flag
+    in only 9 of 12 polls while rank 2 was slow)."""
+    ctx = make_ctx()
+    findings = collector(ctx, "findings")
+    now = time.time()
+    local = [0.05, 0.05, 0.0625, 0.05]  # rank 2 at 0.8x speed
+
+    def poll(step, published):
+        result = job_of(now, [(r, step, "forward", 0.05, 0.1, "sleeping") for r in range(4)])
+        result.data["jobs"][0]["timing"] = job_window({r: {
+            "step": step, "window_steps": 5, "time": float(step), "compute_seconds": local[r],
+            "data_wait_seconds": 0.0, "local_seconds": local[r], "job": summarize(local)}
+            for r in published})
+        publish(ctx, "ranks", result)
+        return {f["rank"] for f in findings.collect().data["findings"]
+                if f["kind"] == "straggler"}
+
+    for step in range(4, 44, 5):
+        flagged = poll(step, range(4))
+    assert flagged == {2}
+    assert poll(44, [0, 1, 3]) == {2}  # rank 2 has not published window 44 yet
+    assert poll(44, range(4)) == {2}

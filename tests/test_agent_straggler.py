@@ -188,8 +188,20 @@ def test_recorded_step_times_10k_clean_steps_and_a_0_8x_rank():
         row = sim.evaluate(recording, world, window_steps=5, clean_steps=10000, trials=5)
         assert row["false_flags"] == 0, row
         assert row["missed"] == 0 and row["detected_after_max"] <= 30, row
-        assert row["held_min"] >= 0.9 and row["never_cleared"] == 0, row
+        assert row["held_min"] >= 0.98 and row["never_cleared"] == 0, row
         assert row["cleared_after_max"] <= 30 and row["other_ranks_flagged"] == 0, row
+
+
+def test_recorded_noisy_loaded_machine_10k_clean_steps_no_false_flag():
+    """4 CPU-bound ranks on 2 shared cores (load 15-25): windows vary by ~20 %; the noise
+    raises the bar, it never raises a flag."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import straggler_detection as sim
+    recording = sim.load(sim.RECORDING.with_name("cpu-oversubscribed-4rank.json"))
+    for world in (2, 3, 4):
+        clean = sim.bootstrap(recording, 10000, list(range(world)), random.Random(world))
+        assert sim.false_flags(sim.replay(clean, 5)) == 0, world
 
 
 def test_same_window_is_scored_once():

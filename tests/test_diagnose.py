@@ -31,7 +31,8 @@ class Job:
     """A torchrun job, killed with all its ranks by the finalizer."""
 
     def __init__(self, tmp_path: Path, nproc: int = 2, steps: int = 100000,
-                 trainer: bool = False, **env: str):
+                 trainer: bool = False, launcher_args: tuple[str, ...] = (),
+                 prefix: tuple[str, ...] = (), **env: str):
         self.run = RunDir(tmp_path / "run").create()
         self.nproc = nproc
         if trainer:  # the reference trainer; its launcher writes logs/torchrun.log itself
@@ -42,10 +43,10 @@ class Job:
         else:
             self.log = open(self.run.logs_dir / "torchrun.log", "wb")
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc-per-node={nproc}", "--max-restarts=0", JOB, str(self.run.root),
-                   str(steps)]
+                   f"--nproc-per-node={nproc}", "--max-restarts=0", *launcher_args, JOB,
+                   str(self.run.root), str(steps)]
         self.proc = subprocess.Popen(
-            cmd, env=torchrun_env(tmp_path, **{"TORCH_FR_BUFFER_SIZE": "2000", **env}), cwd=REPO,
+            [*prefix, *cmd], env=torchrun_env(tmp_path, **{"TORCH_FR_BUFFER_SIZE": "2000", **env}), cwd=REPO,
             stdout=self.log, stderr=subprocess.STDOUT)
 
     def statuses(self) -> dict[int, dict]:

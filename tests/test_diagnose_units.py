@@ -162,6 +162,7 @@ def test_missing_py_spy_is_reported_not_guessed(tmp_path, monkeypatch):
                          "heartbeat_at": now, "last_progress_at": now, "step": 1,
                          "phase": "forward", "phase_since": now})
     monkeypatch.setenv("PATH", str(tmp_path))  # no py-spy on it
+    monkeypatch.setattr("sys.executable", str(tmp_path / "python"))  # nor next to Python
     ev = gather(run, Options(timeout=1, request_dumps=False))
     assert ev.ranks[0]["process"]["status"] in ("running", "sleeping")
     assert any("py-spy is not installed" in line for line in ev.unseen)
@@ -350,3 +351,58 @@ def test_heartbeats_order_deaths_only_beyond_one_interval():
     assert first == [0] and "stopped first" in why
     ev.ranks = {0: {"heartbeat_at": 900.0}, 1: {"heartbeat_at": 900.5}}  # interval unknown: 1 s
     assert order_by_heartbeat(ev, [0, 1])[0] == [0, 1]
+
+
+def test_memory_cgroup_facts_v1_and_v2(tmp_path):
+    """The rank's memory cgroup from /proc/PID/cgroup, then its limit and OOM kills from
+    memory.events (v2) or memory.oom_control (v1); a missing cgroup is None, not a guess."""
+    from trainwatch.host.cgroup import memory_cgroup, memory_facts
+    proc = tmp_path / "proc" / "42"
+    proc.mkdir(parents=True)
+    (proc / "cgroup").write_text("0::/job.slice/train\n")
+    assert memory_cgroup(42, str(tmp_path / "proc")) == "v2:/job.slice/train"
+    v2 = tmp_path / "cg" / "job.slice" / "train"
+    v2.mkdir(parents=True)
+    (v2 / "memory.max").write_text("1073741824\n")
+    (v2 / "memory.events").write_text("low 0\nhigh 0\nmax 7\noom 1\noom_kill 1\n")
+    assert memory_facts("v2:/job.slice/train", str(tmp_path / "cg")) == {
+        "cgroup": "/job.slice/train", "dir": str(v2), "limit_bytes": 1 << 30, "oom_kills": 1}
+    (proc / "cgroup").write_text("5:devices:/\n4:memory:/batch/7\n0::/\n")
+    assert memory_cgroup(42, str(tmp_path / "proc")) == "v1:/batch/7"
+    v1 = tmp_path / "cg" / "memory" / "batch" / "7"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    (v1 / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    facts = memory_facts("v1:/batch/7", str(tmp_path / "cg"))
+    assert facts["limit_bytes"] is None and facts["oom_kills"] == 2
+    assert memory_facts("v2:/gone", str(tmp_path / "cg"))["dir"] is None
+
+
+def test_oom_without_a_readable_kernel_log_is_said_and_not_certain():
+    """Not root with kernel.dmesg_restrict=1: the kernel log cannot be read. That is said,
+    and a cgroup that counted an OOM kill makes it "most likely", at medium confidence."""
+    import sys
+    if os.geteuid() != 0 or not os.path.exists("/usr/bin/setpriv"):
+        pytest.skip("needs root to switch to an unprivileged user")
+    if open("/proc/sys/kernel/dmesg_restrict").read().strip() != "1":
+        pytest.skip("kernel.dmesg_restrict is 0 here: the kernel log is readable by all")
+    done = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+         "import json; from trainwatch.host.cgroup import kernel_oom_kills; "
+         "print(json.dumps(kernel_oom_kills()))"], capture_output=True, text=True,
+        cwd=os.path.dirname(os.path.dirname(__file__)), timeout=60)
+    kernel = json.loads(done.stdout)
+    assert "needs privileges" in kernel["error"], kernel
+    ev = Evidence(run_dir="/r", collected_at=time.time(), host="h")
+    ev.ranks[1] = {"rank": 1, "pid": 42, "node": "h", "state": "running", "step": 9,
+                   "process": {"status": "gone"},
+                   "oom": {"cgroup": "/job", "limit_bytes": 1 << 30, "oom_kills": 1,
+                           "kernel": None, "kernel_error": kernel["error"]}}
+    ev.launcher = {"failed": [{"exitcode": -9, "local_rank": 1, "pid": 42, "log": "l"}],
+                   "root_cause": {"rank": 1, "local_rank": 1, "exitcode": -9, "pid": 42,
+                                  "log": "l"}, "failures": []}
+    dead = next(f for f in analysis.analyse(ev) if f.category == "rank_dead")
+    assert dead.title == ("rank 1 was killed by SIGKILL, most likely by the OOM killer "
+                          "(cgroup /job, limit 1.00 GiB)"), dead.title
+    assert dead.confidence == "medium"
+    assert any("kernel log not readable" in e for e in dead.evidence), dead.evidence

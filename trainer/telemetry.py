@@ -58,6 +58,7 @@ from trainwatch import __version__
 from trainwatch.contract.env import JOB_ENV, run_dir_from_env
 from trainwatch.contract.states import FAILED, FINISHED, RUNNING
 from trainwatch.contract.timing import MIDDLE_HALF_WIDTH, RECENT_WINDOWS, standing, summarize
+from trainwatch.host.cgroup import memory_cgroup
 from trainwatch.node import boot_id, node_name
 from trainwatch.rundir import RunDir, append_jsonl
 from trainwatch.trainer import dumps
@@ -213,6 +214,8 @@ class Telemetry:
         self._state: dict[str, Any] = {
             "job": self.job, "rank": rank, "local_rank": local_rank, "world_size": world_size,
             "node": node_name(), "pid": os.getpid(),
+            # Its memory cgroup: after an OOM kill, diagnose reads the limit and kills there.
+            "cgroup": memory_cgroup(),
             # Default: torchrun's count, which is per node (see train.agree_restart_count).
             "restart_count": restart_count if restart_count is not None else int(
                 os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),

@@ -184,22 +184,27 @@ class FindingsCollector(Collector):
     def _straggler(self, tracker, job, rank, rows, current) -> dict[str, Any] | None:
         scores = tracker.last_scores
         r = rank["rank"]
-        if scores is None or r not in scores.ratio:
-            return None
         track = tracker.ranks.get(r)
+        # A slow rank is often the last to publish the newest window: its verdict (from the
+        # windows it did publish) stands until it does, the flag does not blink off.
+        if scores is None or (r not in scores.ratio and (track is None or track.level is None)):
+            return None
         active = bool(track and track.active)
         # The level the verdict follows (median of recent windows), not one noisy window.
         ratio = track.level if track and track.level is not None else scores.ratio[r]
-        rows += (("trainwatch_straggler_score", scores.score[r], _NO_LABELS),
-                 ("trainwatch_straggler_time_ratio", ratio, _NO_LABELS),
+        window_ratio = scores.ratio.get(r, ratio)
+        z = scores.score.get(r, track.recent[-1][2] if track and track.recent else None)
+        if z is not None:
+            rows.append(("trainwatch_straggler_score", z, _NO_LABELS))
+        rows += (("trainwatch_straggler_time_ratio", ratio, _NO_LABELS),
                  ("trainwatch_straggler_slow_windows", track.slow_windows if track else 0,
                   _NO_LABELS),
                  ("trainwatch_straggler_active", active, _NO_LABELS))
         local = (job.get("timing") or {}).get("local") or {}
         if r in local:
             rows.append(("trainwatch_rank_local_seconds", local[r], _NO_LABELS))
-        summary = {"ratio": round(ratio, 4), "window_ratio": round(scores.ratio[r], 4),
-                   "score": round(scores.score[r], 3),
+        summary = {"ratio": round(ratio, 4), "window_ratio": round(window_ratio, 4),
+                   "score": round(z, 3) if z is not None else None,
                    "slow_windows": track.slow_windows if track else 0, "active": active}
         if active:
             cause, evidence = self._cause(job, rank)

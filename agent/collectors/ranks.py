@@ -21,6 +21,7 @@ from trainwatch.host.procinfo import ProcessTracker
 from trainwatch.agent.rankfiles import RankFiles
 from trainwatch.agent.registry import Collector, Result, Sample, label_values, register
 from trainwatch.agent.replicas import digests
+from trainwatch.beat import declared_budgets, merge_beat
 from trainwatch.contract.states import KNOWN_PHASES, PROCESS_STATES, RANK_STATES
 from trainwatch.contract.timing import job_window
 from trainwatch.errors import FormatError
@@ -88,58 +89,6 @@ class _Labels:
             self.info = {**self.base, **label_values({"backend": backend or "",
                                                       "device": device or ""})}
         return self.info
-
-
-def _budgets(declared: Any) -> dict[str, float]:
-    """Phase budgets a rank declared (Telemetry.declare_phase): positive numbers only."""
-    if not isinstance(declared, dict):
-        return {}
-    return {str(k): float(v) for k, v in list(declared.items())[:64]
-            if _num(v) is not None and 0 < v < 1e9}
-
-
-def _with_beat(s: dict[str, Any], beat: dict[str, Any] | None):
-    """The status, brought up to date by the rank's beat file, and its publish state.
-
-    The beat file is written in place right after the status file, so it is as new as
-    the status when both work, and newer when the status cannot be written (full disk)
-    or was read a few seconds ago (``RankFiles``): then its heartbeat, step and phase are
-    the rank's truth. Only a beat of the same process counts (a stale one of an earlier
-    start is ignored).
-    """
-    if beat is None or beat.get("pid") != s.get("pid") or beat.get("rank") != s["rank"]:
-        return s, None
-    failing_since = _num(beat.get("publish_failing_since"))
-    errors = beat.get("publish_errors_total")
-    publish = {"failing": failing_since is not None, "failing_since": failing_since,
-               "errors_total": errors if isinstance(errors, int) else None,
-               "last_error": str(beat.get("last_publish_error") or "")[:160] or None}
-    heartbeat = _num(beat.get("heartbeat_at"))
-    if heartbeat is None or heartbeat <= (_num(s.get("heartbeat_at")) or 0.0):
-        return s, publish
-    merged = dict(s, heartbeat_at=heartbeat)
-    if _num(beat.get("heartbeat_mono")) is not None:
-        merged["heartbeat_mono"] = beat["heartbeat_mono"]
-    for field, ok in (("last_progress_at", _num), ("phase_since", _num),
-                      ("step", lambda v: v if isinstance(v, int) and not isinstance(v, bool)
-                       else None),
-                      ("phase", lambda v: v if isinstance(v, str) else None),
-                      ("state", lambda v: v if v in RANK_STATES else None)):
-        value = ok(beat.get(field))
-        if value is not None:
-            merged[field] = value
-    budget = _num(beat.get("phase_budget"))
-    if budget is not None and isinstance(merged.get("phase"), str):
-        merged["phase_budgets"] = {**_budgets(s.get("phase_budgets")), merged["phase"]: budget}
-    steps = beat.get("steps_total")
-    if isinstance(steps, int) and isinstance(s.get("counters"), dict):
-        merged["counters"] = dict(s["counters"], steps_total=steps)
-    # The step time too: the stall budget learns a rank's typical step from one per step seen.
-    step_time = _num(beat.get("step_time_seconds"))
-    if step_time is not None and step_time >= 0 and isinstance(s.get("metrics"), dict):
-        merged["metrics"] = dict(s["metrics"], step=merged.get("step"),
-                                 step_time_seconds=step_time)
-    return merged, publish
 
 
 def _on_our_clock(s: dict[str, Any], now: float, mono: float) -> dict[str, Any]:
@@ -441,7 +390,7 @@ class RanksCollector(Collector):
             labels = self._labels[label_key] = _Labels(label_values(
                 {"run": job, "node": self.ctx.node, "rank": s["rank"],
                  "local_rank": s.get("local_rank", "")}))
-        s, publish = _with_beat(s, beat)
+        s, publish = merge_beat(s, beat)
         s = _on_our_clock(s, now, mono)
         metrics = s.get("metrics") if isinstance(s.get("metrics"), dict) else {}
         state = s.get("state") if isinstance(s.get("state"), str) else "running"
@@ -469,7 +418,7 @@ class RanksCollector(Collector):
             "last_progress_at": progress_at, "started_at": _num(s.get("started_at")),
             # Ages as observed by this agent (see _age), at result.data["observed_mono"].
             "heartbeat_age": heartbeat_age, "progress_age": progress_age, "phase_age": phase_age,
-            "phase_budgets": _budgets(s.get("phase_budgets")), "publish": publish,
+            "phase_budgets": declared_budgets(s.get("phase_budgets")), "publish": publish,
             "restart_count": s.get("restart_count"), "backend": s.get("backend"),
             "device": s.get("device"), "world_size": s.get("world_size"),
             "metrics": {k: metrics.get(k) for k in (

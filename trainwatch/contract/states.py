@@ -12,6 +12,13 @@ from __future__ import annotations
 KNOWN_PHASES = ("init", "step", "data", "forward", "backward", "optimizer", "eval", "checkpoint",
                 "telemetry_exchange", "idle", "finished")
 
+# Phases in which a rank waits for its peers (the trainer telemetry's collective phases, and
+# the names hand-written loops use for their collectives): a stalled rank in one of these
+# waits for another; one outside them is where the others wait for.
+COLLECTIVE_PHASES = frozenset({
+    "backward", "telemetry_exchange", "allreduce", "all_reduce", "allgather", "all_gather",
+    "reduce_scatter", "broadcast", "barrier", "collective", "sync"})
+
 # A rank's ``state`` in its status file.
 RUNNING, FINISHED, FAILED, STOPPED = "running", "finished", "failed", "stopped"
 RANK_STATES = (RUNNING, FINISHED, FAILED, STOPPED)
