@@ -137,7 +137,7 @@ def write_run_info(spec: LaunchSpec, run: RunDir, cfg: Config, cmd: list[str]) -
         "world_size": spec.nnodes * spec.nproc_per_node, "nproc_per_node": spec.nproc_per_node,
         "nnodes": spec.nnodes, "max_restarts": spec.max_restarts, "config": cfg.to_dict(),
         "config_digest": cfg.digest(), "trainwatch_version": __version__, "command": cmd,
-        CHECKPOINT_DIRS_KEY: [str(p.resolve()) for p in checkpoint_folders(run, cfg)],
+        CHECKPOINT_DIRS_KEY: [run.recordable(p) for p in checkpoint_folders(run, cfg)],
     })
 
 

@@ -54,7 +54,8 @@ REHEARSAL_AGENT_LOG = "rehearsal-agent.log"
 # directory a run could resume from, and removed when the rehearsal ends.
 REHEARSAL_SCRATCH_PREFIX = ".rehearsal-"
 
-# run.json: where the run's checkpoints live (absolute paths, primary folder first).
+# run.json: where the run's checkpoints live (primary folder first): relative to the run
+# directory when inside it, so a copied or moved run directory names its own; else absolute.
 CHECKPOINT_DIRS_KEY = "checkpoint_dirs"
 
 
@@ -164,6 +165,15 @@ class RunLayout:
         """A path from a run's config: absolute as given, relative to the run directory."""
         path = Path(path)
         return path if path.is_absolute() else self.root / path
+
+    def recordable(self, path: str | Path) -> str:
+        """How run.json names a path: relative when it lies in the run directory, so a
+        copy of the directory resolves to the copy's files and never to the original's."""
+        resolved = Path(path).resolve()
+        try:
+            return resolved.relative_to(self.root.resolve()).as_posix() or "."
+        except ValueError:
+            return str(resolved)
 
     def configured_checkpoint_folders(self, folder: str | None,
                                       mirror: str | None = None) -> list[Path]:
