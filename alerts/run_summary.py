@@ -16,6 +16,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from trainwatch.invocation import program
 from trainwatch.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -37,12 +38,12 @@ class Summary:
     problems: list[str] = field(default_factory=list)               # what could not be read
 
     def next_commands(self) -> list[tuple[str, str]]:
-        rd = shlex.quote(str(self.run_dir))
-        cmds = [(f"trainwatch report {rd}", "where the time went, incidents, cost"),
-                (f"trainwatch report {rd} --html report.html", "the same as charts, one page")]
+        rd, tw = shlex.quote(str(self.run_dir)), program()
+        cmds = [(f"{tw} report {rd}", "where the time went, incidents, cost"),
+                (f"{tw} report {rd} --html report.html", "the same as charts, one page")]
         if self.outcome in ("failed", "interrupted"):
-            cmds.insert(0, (f"trainwatch diagnose {rd}", "why it stopped, with the evidence"))
-        cmds.append(("trainwatch dashboards export --out DIR",
+            cmds.insert(0, (f"{tw} diagnose {rd}", "why it stopped, with the evidence"))
+        cmds.append((f"{tw} dashboards export --out DIR",
                      "Grafana dashboards (deploy/compose/ runs Grafana with them)"))
         return cmds
 
