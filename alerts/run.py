@@ -35,7 +35,7 @@ from trainwatch.alerts.loop import EngineLoop, connect_actions
 from trainwatch.alerts.notify import AlertmanagerNotifier, JournalNotifier, WebhookNotifier
 from trainwatch.alerts.promql import parse_duration
 from trainwatch.alerts.rules import load_rules
-from trainwatch.alerts.run_checks import check_launch
+from trainwatch.alerts.run_checks import check_launch, refuse_rehearsal_dir
 from trainwatch.alerts.run_summary import ALREADY_COMPLETE, render as render_summary, summarize
 from trainwatch.alerts.run_view import Progress, live_view
 from trainwatch.alerts.scrape import Scraper
@@ -158,6 +158,7 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     """
     # Everything is checked before anything starts or the run directory is touched.
     run_dir = str(pick_run_dir(run_dir_arg, run_dir))
+    refuse_rehearsal_dir(run_dir)
     ruleset = load_rules(rules_file, thresholds_file)
     console = Console()
     if not console.is_terminal:  # logs and pipes: lines long enough not to break commands

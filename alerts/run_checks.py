@@ -36,6 +36,16 @@ class LaunchPlan:
         return self.resume_step is not None and self.resume_step >= self.target_steps
 
 
+def refuse_rehearsal_dir(run_dir: str | Path) -> None:
+    """A rehearsal's directory is no run's: its command's checkpoints would be resumed as
+    if they were the run's own, and the time since the rehearsal booked as downtime."""
+    run = RunLayout(run_dir)
+    if run.rehearsal_dir.is_dir():
+        raise ConfigError("trainwatch rehearse used this directory (its checkpoints, status and "
+                          f"{run.rehearsal_dir.name}/ are here); give the run a new one",
+                          file=str(run.root), key="--run-dir")
+
+
 def check_launch(run_dir: str | Path, *, nproc_per_node: int, config: str | None,
                  overrides: list[str], steps: int | None,
                  agent_config: str | None) -> LaunchPlan:

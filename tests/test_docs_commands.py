@@ -72,3 +72,42 @@ def test_code_fences_open_on_their_own_line(page):
            if "```" in line and not line.lstrip().startswith("```")
            and line.count("```") % 2 == 1]
     assert not bad
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to dashes."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+LINK = re.compile(r"\]\(([^)#\s]*\.md)?#([^)\s]+)\)")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_link_to_a_section_finds_it(page):
+    """A link to `page.md#section` lands on a heading of that page (a renamed heading
+    leaves the reader at the top of a long page)."""
+    broken = []
+    for number, line in enumerate(page.read_text().splitlines(), 1):
+        for target, anchor in LINK.findall(line):
+            linked = (page.parent / target).resolve() if target else page
+            if not linked.is_file():
+                broken.append(f"{page.name}:{number}: {target} does not exist")
+                continue
+            anchors = {_slug(h) for h in re.findall(r"^#+\s+(.*)$", linked.read_text(), re.M)}
+            if anchor not in anchors:
+                broken.append(f"{page.name}:{number}: {target or page.name}#{anchor}")
+    assert not broken
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_documented_subcommand_exists(page):
+    """`trainwatch GROUP WORD` in a code span or block names a subcommand of GROUP."""
+    unknown = []
+    for number, line in enumerate(page.read_text().splitlines(), 1):
+        for m in COMMAND.finditer(line):
+            words = m.group(1).split()
+            cmd, used = _resolve(words)
+            if used and isinstance(cmd, click.Group) and len(words) > used:
+                unknown.append(f"{page.name}:{number}: trainwatch {' '.join(words[:used + 1])}")
+    assert not unknown

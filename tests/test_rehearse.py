@@ -185,3 +185,19 @@ def test_a_users_trainer_at_learning_rate_0_fails_loss_falls(tmp_path):
     assert checks["loss_falls"]["status"] == "FAIL", checks["loss_falls"]
     assert "did not fall" in checks["loss_falls"]["reason"]
     assert checks["steps"]["status"] == checks["job"]["status"] == "PASS"
+
+
+@pytest.mark.slow
+def test_a_run_in_the_rehearsals_directory_is_refused(tmp_path):
+    """rehearse -- CMD then run -- CMD in the same folder would resume the rehearsal's
+    checkpoint and book the time since as downtime: exit 2 before anything starts."""
+    code, checks, _ = rehearse("--nproc-per-node", "1", "--run-dir", str(tmp_path / "run"),
+                               "--", sys.executable, USER_JOB, "--lr", "0.05")
+    assert code == 0, checks
+    before = sorted(p.name for p in (tmp_path / "run").iterdir())
+    done = subprocess.run([sys.executable, "-m", "trainwatch", "run", str(tmp_path / "run"),
+                           "--no-live", "--", sys.executable, USER_JOB, "--lr", "0.05"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--run-dir" in done.stderr and "rehearse" in done.stderr and "new one" in done.stderr
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before
