@@ -7,7 +7,9 @@ interrupted run, with or without the live view.
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,10 +19,11 @@ from rich.console import Console
 from rich.table import Table
 
 from trainwatch.invocation import program
-from trainwatch.rundir import RunDir
+from trainwatch.rundir import RunDir, SkippedFile, read_run_file_tail
 
 log = logging.getLogger(__name__)
 
+LOSS_TAIL_BYTES = 64 * 1024  # a few hundred steps' records; a log may be gigabytes
 ALREADY_COMPLETE = "Already complete — nothing to do (use a new --run-dir to train again)"
 
 
@@ -80,10 +83,25 @@ def _from_report(s: Summary) -> None:
 
 
 def _last_loss(run: RunDir) -> float | None:
+    """The reference trainer journals its loss; any loop's ranks log it every step: the
+    newest finite loss at the end of the lowest rank's metrics log."""
     for event in reversed(run.events("step_milestone")):
         loss = _number(event.get("loss"))
         if loss is not None:
             return loss
+    for rank in run.ranks_with_metrics()[:1]:
+        try:
+            tail = read_run_file_tail(run.metrics_file(rank), run.root, max_bytes=LOSS_TAIL_BYTES)
+        except (OSError, SkippedFile):
+            return None
+        for line in reversed(tail.splitlines()[1:] if len(tail) == LOSS_TAIL_BYTES
+                             else tail.splitlines()):
+            try:
+                loss = _number(json.loads(line).get("loss"))
+            except (ValueError, AttributeError):
+                continue
+            if loss is not None and math.isfinite(loss):
+                return loss
     return None
 
 

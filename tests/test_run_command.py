@@ -119,3 +119,15 @@ def test_a_rank_that_aborts_after_finishing_is_not_restarted_one_that_aborts_bef
     assert outcomes["after"][1:] == (1, [(1, True)])            # done: one start, no restart
     assert outcomes["before"][1] == 2                            # a crash: restarted once
     assert outcomes["before"][2] == [(1, False), (0, False)]
+
+
+def test_the_summary_of_an_own_loop_shows_its_final_loss(tmp_path):
+    """A loop that logs its loss each step (examples/own_loop.py) ends with that loss in the
+    summary, not `final loss -` (only the reference trainer journals its own)."""
+    example = HERE.parent / "examples" / "own_loop.py"
+    proc = _run(tmp_path / "r", "--", sys.executable, str(example), "--steps", "12",
+                "--checkpoint-every", "6")
+    out = proc.communicate(timeout=180)[0].decode()
+    assert proc.returncode == 0, out
+    last = RunDir(tmp_path / "r").metrics(0).records[-1]
+    assert f"final loss  │ {last['loss']:.4f}" in out, out
