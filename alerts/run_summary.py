@@ -110,10 +110,7 @@ def _checkpoints(s: Summary, run: RunDir) -> None:
         from trainwatch.trainer.checkpoint.catalog import complete
     except ImportError:
         return
-    info = run.run_info() or {}
-    section = ((info.get("config") or {}).get("checkpoint") or {})
-    folders = [run.root / d for d in (section.get("dir"), section.get("mirror_dir"))
-               if isinstance(d, str) and d] or [run.checkpoint_dir]
+    folders = run.checkpoint_folders()  # wherever the run put them (run.json)
     entries = [e for folder in folders for e in complete(folder)]
     s.checkpoints = len(entries)
     if entries:

@@ -195,7 +195,8 @@ class RunLayout:
         recorded = info.get(CHECKPOINT_DIRS_KEY)
         if isinstance(recorded, list) and recorded and all(
                 isinstance(p, str) and p for p in recorded):
-            return [self.resolve(p) for p in recorded]
+            # Absolute as the launcher wrote them before, so paths compare equal.
+            return [self.resolve(p).resolve() for p in recorded]
         section = (info.get("config") or {}).get("checkpoint") if isinstance(
             info.get("config"), dict) else None
         if isinstance(section, dict):
