@@ -111,3 +111,18 @@ def test_every_documented_subcommand_exists(page):
             if used and isinstance(cmd, click.Group) and len(words) > used:
                 unknown.append(f"{page.name}:{number}: trainwatch {' '.join(words[:used + 1])}")
     assert not unknown
+
+
+def test_own_trainer_page_starts_with_phase_budgets_as_the_agent_has_them():
+    """A newcomer's 90 s evaluation outside a phase is killed at ~9 s: the page says so
+    before the loop, with the budgets the agent really uses."""
+    from trainwatch.contract.stall import STALL_DEFAULTS
+
+    page = (REPO / "docs" / "own-trainer.md").read_text()
+    before_loop = page.split("## The lines your loop needs", 1)[0]
+    assert 'with tel.phase("eval"):' in before_loop and "tel.declare_phase(" in before_loop
+    budgets = STALL_DEFAULTS["phase_budgets"]
+    assert "{" + ", ".join(f"{k}: {v:g}" for k, v in budgets.items()) + "}" in before_loop
+    assert f'{budgets["eval"]:g} s by default' in before_loop
+    assert f'{STALL_DEFAULTS["floor_seconds"]:g} s and {STALL_DEFAULTS["k"]:g} ×' in before_loop
+    assert "## Which checkpoint API" in before_loop
