@@ -131,3 +131,30 @@ def test_the_summary_of_an_own_loop_shows_its_final_loss(tmp_path):
     assert proc.returncode == 0, out
     last = RunDir(tmp_path / "r").metrics(0).records[-1]
     assert f"final loss  │ {last['loss']:.4f}" in out, out
+
+
+def test_the_agent_listens_on_the_port_given_and_a_busy_one_is_exit_2(tmp_path):
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        busy = _run(tmp_path / "busy", "--agent-port", str(port), "--", sys.executable, "-c",
+                    "pass")
+        out = busy.communicate(timeout=60)[0].decode()
+        assert busy.returncode == 2 and "--agent-port" in out and str(port) in out, out
+        assert not (tmp_path / "busy").exists()
+    # The job itself reaches the agent there (it may start before the agent answers).
+    job = ("import time, urllib.request\n"
+           "for _ in range(300):\n"
+           "    try:\n"
+           f"        urllib.request.urlopen('http://127.0.0.1:{port}/healthz', timeout=5)\n"
+           "        break\n"
+           "    except OSError:\n"
+           "        time.sleep(0.2)\n"
+           "else:\n"
+           "    raise SystemExit(3)\n")
+    proc = _run(tmp_path / "r", "--agent-port", str(port), "--", sys.executable, "-c", job)
+    out = proc.communicate(timeout=120)[0].decode()
+    assert proc.returncode == 0, out
+    assert f"agent http://127.0.0.1:{port}" in out
