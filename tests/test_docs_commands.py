@@ -126,3 +126,24 @@ def test_own_trainer_page_starts_with_phase_budgets_as_the_agent_has_them():
     assert f'{budgets["eval"]:g} s by default' in before_loop
     assert f'{STALL_DEFAULTS["floor_seconds"]:g} s and {STALL_DEFAULTS["k"]:g} ×' in before_loop
     assert "## Which checkpoint API" in before_loop
+
+
+def test_readme_benchmark_figures_are_those_of_docs_benchmarks():
+    """The README keeps each benchmark's headline; every figure in it is the measured one
+    in docs/benchmarks.md (one table of record, no second set of numbers)."""
+    readme = (REPO / "README.md").read_text().split("## Benchmarks", 1)[1].split("\n## ", 1)[0]
+    record = (REPO / "docs" / "benchmarks.md").read_text()
+    rows = [line.split("|")[3] for line in readme.splitlines()
+            if line.startswith("| ") and not line.startswith(("| benchmark", "| ---"))]
+    assert len(rows) >= 20
+    figures = {f for row in rows for f in re.findall(r"\d[\d,.–]*\d|\d", row)}
+    assert figures and not {f for f in figures if f not in record}
+
+
+def test_readme_contents_lists_every_section():
+    readme = (REPO / "README.md").read_text()
+    contents = readme.split("## Contents", 1)[1].split("\n## ", 1)[0]
+    sections = re.findall(r"^## (.+)$", readme, re.M)
+    missing = [h for h in sections if h != "Contents" and f"(#{_slug(h)})" not in contents]
+    assert not missing
+    assert "## GPU quick-start" in readme
