@@ -7,6 +7,7 @@ interrupted run, with or without the live view.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
@@ -42,8 +43,9 @@ class Summary:
 
     def next_commands(self) -> list[tuple[str, str]]:
         rd, tw = shlex.quote(str(self.run_dir)), program()
-        cmds = [(f"{tw} report {rd}", "where the time went, incidents, cost"),
-                (f"{tw} report {rd} --html report.html", "the same as charts, one page")]
+        cmds = [(f"{tw} report {rd}", "where the time went, incidents, cost")]
+        if importlib.util.find_spec("plotly") is not None:  # the [html] extra
+            cmds.append((f"{tw} report {rd} --html report.html", "the same as charts, one page"))
         if self.outcome in ("failed", "interrupted"):
             cmds.insert(0, (f"{tw} diagnose {rd}", "why it stopped, with the evidence"))
         cmds.append((f"{tw} dashboards export --out DIR",

@@ -16,7 +16,7 @@ if [ -z "${TRAINWATCH_DEMO_SKIP_SETUP:-}" ]; then
     python3 -m venv .venv
     .venv/bin/pip install -q --upgrade pip
     .venv/bin/pip install -q torch==2.13.0 numpy
-    .venv/bin/pip install -q -e .
+    .venv/bin/pip install -q -e '.[html]'   # the summary's `report --html` draws with plotly
     trainwatch=.venv/bin/trainwatch
 fi
 "$trainwatch" run --nproc-per-node 2 --run-dir "$run_dir" --steps "$steps" "$@"
