@@ -70,7 +70,7 @@ def newcomer(tmp_path_factory):
 def test_the_readme_top_to_bottom_in_fresh_shells(newcomer):
     clone, home = newcomer
     lines = _two_commands()
-    assert lines == ["bash scripts/demo.sh", "bash scripts/test.sh"]
+    assert lines[:2] == ["bash scripts/demo.sh", "bash scripts/test.sh"]  # then installs
     first = _fresh_shell("bash scripts/demo.sh --no-live", clone, home, timeout=900)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "trainwatch run finished: runs/demo" in first.stdout
