@@ -9,8 +9,9 @@ from __future__ import annotations
 
 # Phases a rank's status names (docs/run-directory.md). Tools know budgets and colours for
 # these; any other name a user's loop sets is accepted and shown as is.
-KNOWN_PHASES = ("init", "step", "data", "forward", "backward", "optimizer", "eval", "checkpoint",
-                "telemetry_exchange", "idle", "finished")
+STEP_PHASE, EVAL_PHASE = "step", "eval"
+KNOWN_PHASES = ("init", STEP_PHASE, "data", "forward", "backward", "optimizer", EVAL_PHASE,
+                "checkpoint", "telemetry_exchange", "idle", "finished")
 
 # A rank's ``state`` in its status file.
 RUNNING, FINISHED, FAILED, STOPPED = "running", "finished", "failed", "stopped"
