@@ -83,12 +83,15 @@ def _resume_step(run_root: Path, cfg: Config, world_size: int) -> int | None:
     if not ck.enabled or ck.resume == "never":
         return None
     from trainwatch.trainer.checkpoint.catalog import newest_complete
-    from trainwatch.trainer.checkpoint.compat import check_compatible
+    from trainwatch.trainer.checkpoint.compat import check_compatible, config_changes
+    from trainwatch.rundir import RunDir
 
     folders = RunLayout(run_root).configured_checkpoint_folders(ck.dir, ck.mirror_dir)
     newest = newest_complete(folders)
     if newest is None:
         return None
     step, path, manifest = newest
-    check_compatible(manifest, path, config_hash=cfg.training_digest(), world_size=world_size)
+    recorded = (RunDir(run_root).run_info() or {}).get("config")
+    check_compatible(manifest, path, config_hash=cfg.training_digest(), world_size=world_size,
+                     changes=config_changes(recorded, cfg.to_dict()))
     return step

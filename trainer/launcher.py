@@ -30,7 +30,7 @@ from trainwatch.errors import ConfigError
 from trainwatch.node import node_name
 from trainwatch.rundir import RunDir
 from trainwatch.trainer.checkpoint.catalog import newest_complete
-from trainwatch.trainer.checkpoint.compat import check_compatible
+from trainwatch.trainer.checkpoint.compat import check_compatible, config_changes
 from trainwatch.trainer.config import Config, load_config
 from trainwatch.trainer.faults import parse_faults
 
@@ -186,8 +186,10 @@ def refuse_incompatible_checkpoint(spec: LaunchSpec, cfg: Config) -> None:
     newest = newest_complete(folders)
     if newest is not None:
         _, path, manifest = newest
+        recorded = (RunDir(spec.run_dir).run_info() or {}).get("config")
         check_compatible(manifest, path, config_hash=cfg.training_digest(),
-                         world_size=spec.nnodes * spec.nproc_per_node)
+                         world_size=spec.nnodes * spec.nproc_per_node,
+                         changes=config_changes(recorded, cfg.to_dict()))
 
 
 def launch(spec: LaunchSpec) -> int:
