@@ -35,7 +35,7 @@ from trainwatch.alerts.loop import EngineLoop, connect_actions
 from trainwatch.alerts.notify import AlertmanagerNotifier, JournalNotifier, WebhookNotifier
 from trainwatch.alerts.promql import parse_duration
 from trainwatch.alerts.rules import load_rules
-from trainwatch.alerts.run_checks import check_launch, check_run_dir
+from trainwatch.alerts.run_checks import check_launch, check_run_dir, refuse_rehearsal_dir
 from trainwatch.alerts.run_summary import ALREADY_COMPLETE, render as render_summary, summarize
 from trainwatch.alerts.run_view import Progress, live_view
 from trainwatch.alerts.scrape import Scraper
@@ -51,9 +51,14 @@ from trainwatch.rundir import RunDir, pick_run_dir
 from trainwatch.runlock import hold
 
 
-def _free_port() -> int:
+def _free_port(port: int = 0) -> int:
+    """``port`` on loopback if it is free (exit 2 if not), else any free one."""
     with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
+        try:
+            s.bind((LOOPBACK, port))
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {LOOPBACK}:{port}: {exc.strerror or exc}",
+                              key="--agent-port") from None
         return s.getsockname()[1]
 
 
@@ -143,10 +148,13 @@ class _RunCommand(click.Command):
               show_default=True, metavar="SECONDS",
               help="With a COMMAND: say so when no rank has published telemetry this long "
                    "after a start.")
+@click.option("--agent-port", type=click.IntRange(1, 65535), metavar="PORT",
+              help="The agent's port on loopback, for a Prometheus or a dashboard pointed at "
+                   "it (default: a free port, printed at the start).")
 @click.argument("positional", nargs=-1, metavar="[RUN_DIR]")
 def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresholds_file,
         rules_file, agent_config, webhook, alertmanager, dry_run, no_live, telemetry_grace,
-        run_dir_arg, command) -> None:
+        agent_port, run_dir_arg, command) -> None:
     """Train with the agent and the embedded alert engine watching (Ctrl-C stops all).
 
     \b
@@ -161,6 +169,8 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     # Everything is checked before anything starts or the run directory is touched; then
     # the run's lock (one supervisor per run directory; what a killed one left is stopped).
     run_dir = str(pick_run_dir(run_dir_arg, run_dir))
+    refuse_rehearsal_dir(run_dir)
+    port = _free_port(agent_port or 0)
     ruleset = load_rules(rules_file, thresholds_file)
     console = Console()
     if not console.is_terminal:  # logs and pipes: lines long enough not to break commands
@@ -197,7 +207,6 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
         notifiers.append(AlertmanagerNotifier(alertmanager))
     silences = Silences(run_.silences_file)
     engine = Engine(ruleset, history, silences=silences, notifiers=notifiers)
-    port = _free_port()
     agent_proc = start_agent(run_, port, agent_config)
     targets = [f"{LOOPBACK}:{port}"]
     agent_url = f"http://{targets[0]}"

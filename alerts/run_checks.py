@@ -37,6 +37,16 @@ class LaunchPlan:
         return self.resume_step is not None and self.resume_step >= self.target_steps
 
 
+def refuse_rehearsal_dir(run_dir: str | Path) -> None:
+    """A rehearsal's directory is no run's: its command's checkpoints would be resumed as
+    if they were the run's own, and the time since the rehearsal booked as downtime."""
+    run = RunLayout(run_dir)
+    if run.rehearsal_dir.is_dir():
+        raise ConfigError("trainwatch rehearse used this directory (its checkpoints, status and "
+                          f"{run.rehearsal_dir.name}/ are here); give the run a new one",
+                          file=str(run.root), key="--run-dir")
+
+
 def check_launch(run_dir: str | Path, *, nproc_per_node: int, config: str | None,
                  overrides: list[str], steps: int | None,
                  agent_config: str | None) -> LaunchPlan:
@@ -99,8 +109,9 @@ def _resume_step(run_root: Path, cfg: Config, world_size: int) -> int | None:
     if not ck.enabled or ck.resume == "never":
         return None
     from trainwatch.trainer.checkpoint.catalog import scan
-    from trainwatch.trainer.checkpoint.compat import check_compatible
+    from trainwatch.trainer.checkpoint.compat import check_compatible, config_changes
     from trainwatch.trainer.checkpoint.manifest import verify
+    from trainwatch.rundir import RunDir
 
     folders = RunLayout(run_root).configured_checkpoint_folders(ck.dir, ck.mirror_dir)
     found = sorted(((e.step, -order, e) for order, folder in enumerate(folders)
@@ -111,8 +122,10 @@ def _resume_step(run_root: Path, cfg: Config, world_size: int) -> int | None:
         if entry.state == "complete":
             checked = verify(entry.path, full=False)
             if checked.ok and entry.manifest is not None:
+                recorded = (RunDir(run_root).run_info() or {}).get("config")
                 check_compatible(entry.manifest, entry.path, config_hash=cfg.training_digest(),
-                                 world_size=world_size)
+                                 world_size=world_size,
+                                 changes=config_changes(recorded, cfg.to_dict()))
                 return step
             refused.append((entry.path, checked.reason))
         else:

@@ -7,7 +7,10 @@ interrupted run, with or without the live view.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
+import math
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,10 +19,12 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from trainwatch.rundir import RunDir
+from trainwatch.invocation import program
+from trainwatch.rundir import RunDir, SkippedFile, read_run_file_tail
 
 log = logging.getLogger(__name__)
 
+LOSS_TAIL_BYTES = 64 * 1024  # a few hundred steps' records; a log may be gigabytes
 ALREADY_COMPLETE = "Already complete — nothing to do (use a new --run-dir to train again)"
 
 
@@ -37,12 +42,13 @@ class Summary:
     problems: list[str] = field(default_factory=list)               # what could not be read
 
     def next_commands(self) -> list[tuple[str, str]]:
-        rd = shlex.quote(str(self.run_dir))
-        cmds = [(f"trainwatch report {rd}", "where the time went, incidents, cost"),
-                (f"trainwatch report {rd} --html report.html", "the same as charts, one page")]
+        rd, tw = shlex.quote(str(self.run_dir)), program()
+        cmds = [(f"{tw} report {rd}", "where the time went, incidents, cost")]
+        if importlib.util.find_spec("plotly") is not None:  # the [html] extra
+            cmds.append((f"{tw} report {rd} --html report.html", "the same as charts, one page"))
         if self.outcome in ("failed", "interrupted"):
-            cmds.insert(0, (f"trainwatch diagnose {rd}", "why it stopped, with the evidence"))
-        cmds.append(("trainwatch dashboards export --out DIR",
+            cmds.insert(0, (f"{tw} diagnose {rd}", "why it stopped, with the evidence"))
+        cmds.append((f"{tw} dashboards export --out DIR",
                      "Grafana dashboards (deploy/compose/ runs Grafana with them)"))
         return cmds
 
@@ -79,10 +85,25 @@ def _from_report(s: Summary) -> None:
 
 
 def _last_loss(run: RunDir) -> float | None:
+    """The reference trainer journals its loss; any loop's ranks log it every step: the
+    newest finite loss at the end of the lowest rank's metrics log."""
     for event in reversed(run.events("step_milestone")):
         loss = _number(event.get("loss"))
         if loss is not None:
             return loss
+    for rank in run.ranks_with_metrics()[:1]:
+        try:
+            tail = read_run_file_tail(run.metrics_file(rank), run.root, max_bytes=LOSS_TAIL_BYTES)
+        except (OSError, SkippedFile):
+            return None
+        for line in reversed(tail.splitlines()[1:] if len(tail) == LOSS_TAIL_BYTES
+                             else tail.splitlines()):
+            try:
+                loss = _number(json.loads(line).get("loss"))
+            except (ValueError, AttributeError):
+                continue
+            if loss is not None and math.isfinite(loss):
+                return loss
     return None
 
 
@@ -91,10 +112,7 @@ def _checkpoints(s: Summary, run: RunDir) -> None:
         from trainwatch.trainer.checkpoint.catalog import complete
     except ImportError:
         return
-    info = run.run_info() or {}
-    section = ((info.get("config") or {}).get("checkpoint") or {})
-    folders = [run.root / d for d in (section.get("dir"), section.get("mirror_dir"))
-               if isinstance(d, str) and d] or [run.checkpoint_dir]
+    folders = run.checkpoint_folders()  # wherever the run put them (run.json)
     entries = [e for folder in folders for e in complete(folder)]
     s.checkpoints = len(entries)
     if entries:

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from trainwatch.contract.env import GRAFANA_TOKEN_ENV
-from trainwatch.errors import ConfigError, output_error
+from trainwatch.errors import ConfigError, missing_extra, output_error
 
 _paths_arg = click.argument("paths", nargs=-1, type=click.Path(exists=True))
 _runbook_opt = click.option("--runbook-base", default=None,
@@ -136,7 +136,10 @@ def upload(paths: tuple[str, ...], url: str, folder: str, token_file: str | None
     PATHS are dashboard JSON files or folders of them; default: the shipped dashboards.
     Exit 2 on bad usage or a refused token, 1 when Grafana cannot be reached or fails.
     """
-    from trainwatch.dashboards.upload import Uploader, check_url, read_token
+    try:
+        from trainwatch.dashboards.upload import Uploader, check_url, read_token
+    except ImportError as exc:
+        raise missing_extra(exc, "grafana", key="upload") from None
     docs = _load(paths, runbook_base)
     check_url(url)
     if dry_run:

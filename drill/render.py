@@ -159,8 +159,8 @@ def render_card(card: dict[str, Any], console: Console) -> None:
                       else Text("FAIL", style="red"), c["detail"])
     console.print(table)
     if card["alerts"] or card["actions"]:
-        story = [f"{a['alert']} fired (rank {a['rank']}) {a['seconds']:+.1f} s"
-                 for a in card["alerts"]]
+        story = [f"{a['alert']} fired" + ("" if a["rank"] is None else f" (rank {a['rank']})")
+                 + f" {a['seconds']:+.1f} s" for a in card["alerts"]]  # job-wide: no rank
         story += [f"{a['action']} {'taken' if a['taken'] else 'skipped'} {a['seconds']:+.1f} s"
                   for a in card["actions"]]
         console.print(Text("  after the fault: " + "; ".join(story)))

@@ -10,7 +10,8 @@ optimizer phases from Lightning's hooks, and the loss ``training_step`` returned
 tensor itself: no device sync; a logged ``grad_norm`` too, if the module logs one).
 Checkpoints are Lightning's own (``trainer.save_checkpoint``), written into
 ``RUN_DIR/checkpoints/step-N/`` and sealed with a trainwatch manifest, every
-``every_steps``, when ``RUN_DIR/control/checkpoint`` is touched (CheckpointTooOld's
+``every_steps`` (default: the checkpoint library's, 100; 0 warns: then only on request and
+on SIGTERM), when ``RUN_DIR/control/checkpoint`` is touched (CheckpointTooOld's
 action) and on SIGTERM before Lightning stops (the ranks agree on the step with one small
 all-reduce per step).
 ``resume_path()`` is the newest of them that verifies. ``replica_every=N`` digests the
@@ -20,6 +21,7 @@ installed.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import threading
@@ -33,18 +35,26 @@ from trainwatch.contract.env import run_dir_from_env
 from trainwatch.integrations.sealed import newest_verified, seal
 from trainwatch.rundir import RunDir
 from trainwatch.trainer.checkpoint import catalog, retention
+from trainwatch.trainer.checkpoint.config import CheckpointConfig
 from trainwatch.trainer.checkpoint.manifest import step_dir_name
 from trainwatch.trainer.telemetry import Telemetry
 
 CHECKPOINT_FILE = "lightning.ckpt"
+log = logging.getLogger(__name__)
 
 
 class TrainwatchCallback(Callback):
     """Telemetry and verified, requestable checkpoints for a Lightning ``Trainer``."""
 
-    def __init__(self, run_dir: str | Path | None = None, *, every_steps: int = 0,
+    def __init__(self, run_dir: str | Path | None = None, *, every_steps: int | None = None,
                  keep_last: int = 3, replica_every: int = 0, **telemetry: Any):
         self.run = RunDir(run_dir or run_dir_from_env())
+        if every_steps is None:  # the checkpoint library's default: a crash never costs it all
+            every_steps = CheckpointConfig().every_steps
+        elif every_steps == 0:
+            log.warning("trainwatch: TrainwatchCallback(every_steps=0) saves no checkpoint on a "
+                        "schedule, only on request and on SIGTERM: a crash restarts from the "
+                        "newest of those, or from the beginning")
         self.every_steps, self.keep_last = every_steps, keep_last
         self.replica_every = replica_every  # parameter digests across replicas (docs/sdc.md)
         self.telemetry_options = telemetry

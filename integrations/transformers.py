@@ -11,7 +11,9 @@ optimizer (``tel.watch``), and the loss and gradient norm the Trainer already lo
 ``RUN_DIR/control/checkpoint`` (CheckpointTooOld's action) makes the Trainer save at the
 next step (``control.should_save``; the ranks agree with one small all-reduce per step);
 every ``checkpoint-N`` folder it saves is sealed with a trainwatch manifest once all
-ranks wrote their files, and ``resume_path`` is the newest that verifies. On SIGTERM the
+ranks wrote their files, and ``resume_path`` is the newest that verifies. ``output_dir`` is
+recorded as the run's checkpoint folder (run.json), so the controller, ``trainwatch
+checkpoint list|verify RUN_DIR`` and the run's summary see those checkpoints. On SIGTERM the
 ranks agree to save at the step's end and stop; the process then exits 75 (stopped after a
 checkpoint). ``replica_every=N`` digests the model's parameters every N steps for the
 replica check (docs/sdc.md). Needs ``transformers`` (and ``accelerate``) installed.
@@ -20,7 +22,6 @@ replica check (docs/sdc.md). Needs ``transformers`` (and ``accelerate``) install
 from __future__ import annotations
 
 import os
-import re
 import signal
 import threading
 from pathlib import Path
@@ -34,9 +35,8 @@ from trainwatch.contract.env import run_dir_from_env
 from trainwatch.integrations.sealed import newest_verified, seal
 from trainwatch.rundir import RunDir
 from trainwatch.trainer.checkpoint.checkpointer import EXIT_STOPPED
+from trainwatch.trainer.checkpoint.manifest import FRAMEWORK_STEP_DIR
 from trainwatch.trainer.telemetry import Telemetry
-
-CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
 
 
 class TrainwatchCallback(TrainerCallback):
@@ -60,7 +60,7 @@ class TrainwatchCallback(TrainerCallback):
         folder = Path(output_dir)
         if folder.is_dir():
             for child in folder.iterdir():
-                match = CHECKPOINT_DIR.match(child.name)
+                match = FRAMEWORK_STEP_DIR.match(child.name)
                 if match and child.is_dir():
                     candidates.append((int(match.group(1)), child))
         found = newest_verified(candidates)
@@ -78,6 +78,10 @@ class TrainwatchCallback(TrainerCallback):
                    **self.telemetry_options}
         self.tel = Telemetry.from_env(self.run.root, **options).start()
         self.tel.on_control("checkpoint", lambda path: self._requested.set())
+        if state.is_world_process_zero:
+            # The Trainer's output_dir is this run's checkpoint folder: the controller,
+            # `trainwatch checkpoint list|verify RUN_DIR` and the summary look there.
+            self.run.record_checkpoint_folders([Path(args.output_dir)])
         if threading.current_thread() is threading.main_thread():
             self._previous_term = signal.signal(signal.SIGTERM, self._on_term)
         if model is not None and optimizer is not None:

@@ -125,6 +125,10 @@ def plan(config, overrides, explain, as_json, **options) -> None:
 
     spec = build_spec(config, overrides, options)
     result = make_plan(spec)
+    # What the header's "1 x h100" rests on when the user said nothing about devices.
+    result["assumed"] = [f"--{k.replace('_', '-')}" for k in ("devices", "device_type")
+                         if options.get(k) is None and not (k == "device_type"
+                                                            and spec.device_type == "cpu")]
     if as_json:
         if not explain:
             result.pop("explain")

@@ -46,7 +46,7 @@ def compute(spec: PlanSpec, flop_params: int, sheet: Sheet) -> float | None:
     device_hours = sheet.add("compute", "device_hours", hours * spec.devices, "device-h",
                              "hours x devices", devices=spec.devices)
     price = spec.price_per_device_hour
-    sheet.add("compute", "cost", None if price is None else device_hours * price, "",
+    sheet.add("compute", "cost", None if price is None else device_hours * price, "price",
               "device_hours x price" if price is not None else "no --price given",
               price_per_device_hour=price)
     return step

@@ -38,9 +38,17 @@ def reliability(spec: PlanSpec, hours: float | None, step_seconds: float | None,
                       interval.young_daly_interval(save, mtbf * 3600), "s",
                       f"Young/Daly: {interval.FORMULA}", save_seconds=save,
                       mtbf_seconds=mtbf * 3600)
-    sheet.add("reliability", "checkpoint_every_steps",
-              None if not step_seconds else max(1, round(every / step_seconds)), "steps",
-              "checkpoint_interval_seconds / step_seconds", step_seconds=step_seconds)
+    run_steps = round(hours * 3600 / step_seconds) if hours and step_seconds else None
+    every_steps = None if not step_seconds else max(1, round(every / step_seconds))
+    if every_steps is not None and run_steps and every_steps > run_steps:
+        # An interval past the run's end means: the run is too short to need one.
+        sheet.add("reliability", "checkpoint_every_steps", max(1, run_steps), "steps",
+                  "the run's own steps: checkpoint_interval_seconds / step_seconds is "
+                  "longer than the whole run (a checkpoint at its end is enough)",
+                  interval_steps=every_steps, run_steps=run_steps)
+    else:
+        sheet.add("reliability", "checkpoint_every_steps", every_steps, "steps",
+                  "checkpoint_interval_seconds / step_seconds", step_seconds=step_seconds)
     if hours is None:
         sheet.add("reliability", "expected_interruptions", None, "",
                   "unknown: the run's duration is unknown (give --peak-flops)")

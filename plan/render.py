@@ -20,6 +20,8 @@ def human(value: Any, unit: str) -> str:
         return f"{value / 1e9:,.2f} GB/s"
     if unit in ("FLOP",):
         return f"{value:.3e} FLOP"
+    if unit == "price":  # the --price's own currency, whatever it is
+        return f"{value:,.2f} (in the currency of --price)"
     if unit == "s" and value >= 120:
         return f"{value:,.0f} s ({value / 3600:,.2f} h)"
     if isinstance(value, float):
@@ -29,8 +31,10 @@ def human(value: Any, unit: str) -> str:
 
 def render(plan: dict[str, Any], explain: bool = False) -> str:
     spec, notes = plan["spec"], plan["explain"]
+    assumed = plan.get("assumed") or []
     lines = [f"trainwatch plan · {spec['source']} · {spec['devices']} x {spec['device_type']}"
-             f" · {spec['precision']} {spec['optimizer']} · tp {spec['tp']} pp {spec['pp']} "
+             + (f" (assumed: give {' and '.join(assumed)})" if assumed else "")
+             + f" · {spec['precision']} {spec['optimizer']} · tp {spec['tp']} pp {spec['pp']} "
              f"sharding {spec['sharding']} · recompute {spec['recompute']}"]
     for section in SECTIONS:
         lines.append("")

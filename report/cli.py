@@ -7,6 +7,8 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from trainwatch.errors import missing_extra
+
 
 @click.command("report", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("run_dir", required=False, type=click.Path(path_type=Path))
@@ -46,7 +48,10 @@ def report(run_dir: Path | None, run_dir_opt: Path | None, as_json: bool,
         from trainwatch.report.prom import write_textfile
         write_textfile(prom_textfile, data)
     if html_file is not None:
-        from trainwatch.report.html import write_html
+        try:
+            from trainwatch.report.html import write_html
+        except ImportError as exc:
+            raise missing_extra(exc, "html", key="--html") from None
         from trainwatch.report.series import read_series
         write_html(html_file, data, read_series(run_dir))
         if not as_json:

@@ -17,6 +17,16 @@ from trainwatch.report.goodput import Accounting
 from trainwatch.report.timeline import Timeline, number
 
 
+def _observed_every_steps(events: list[dict[str, Any]]) -> int | None:
+    """A job without the reference trainer's config (``-- COMMAND``): the most common gap
+    between the steps of its scheduled saves, as its journal shows them."""
+    steps = sorted({s for e in events if e["event"] == "checkpoint_saved" and not e.get("copy")
+                    and e.get("reason") in (None, "interval")
+                    and isinstance(s := e.get("step"), int)})
+    gaps = [b - a for a, b in zip(steps, steps[1:]) if b > a]
+    return statistics.mode(gaps) if gaps else None
+
+
 def checkpoint_hint(tl: Timeline, acc: Accounting) -> dict[str, Any] | None:
     failures = [i for i in acc.incidents if i.attempt.outcome != "stopped"]
     saves = [b for e in tl.events if e["event"] == "checkpoint_saved" and not e.get("copy")
@@ -27,7 +37,8 @@ def checkpoint_hint(tl: Timeline, acc: Accounting) -> dict[str, Any] | None:
     mtbf = acc.wall_seconds / len(failures)
     interval = young_daly_interval(save, mtbf)
     return {
-        "current_every_steps": tl.config("checkpoint", "every_steps"),
+        "current_every_steps": (tl.config("checkpoint", "every_steps")
+                                or _observed_every_steps(tl.events)),
         "suggested_every_steps": max(1, round(interval / acc.typical_step_seconds)),
         "failures": len(failures),
         "mtbf_seconds": mtbf,

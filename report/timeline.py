@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from trainwatch.contract.layout import TORCHRUN_LOG
+from trainwatch.contract.layout import JOB_LOG, TORCHRUN_LOG
 from trainwatch.errors import ConfigError, FormatError
 from trainwatch.report.clocks import align
 from trainwatch.rundir import ReadResult, RunDir, Skipped, iter_jsonl
@@ -32,7 +32,8 @@ TERMINAL_EVENTS = ("failed", "job_stopped", "job_exited", "launcher_exited")
 # Events that bound the run's span; alert and controller bookkeeping does not (an alert
 # may resolve minutes after the job exited, when no accelerator is held any more).
 ENGINE_LIFECYCLE = ("job_started", "job_stopped", "job_exited")
-# torchrun's own line for a worker that failed, in RUN_DIR/logs/torchrun.log.
+# torchrun's own line for a worker that failed, in RUN_DIR/logs/torchrun.log (the reference
+# trainer's launcher) or logs/job.log (a `trainwatch run -- torchrun ...` job's output).
 _TORCHRUN_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
 
 
@@ -243,13 +244,17 @@ def _rank0_metrics(run: RunDir, moved: float = 0.0
 
 
 def _torchrun_exits(run: RunDir) -> list[dict[str, Any]]:
-    """Workers torchrun reported as failed (exit code, local rank, pid); [] without its log."""
-    try:
-        text = run.log_text(TORCHRUN_LOG)
-    except (OSError, FormatError):
-        return []
-    return [{"exitcode": int(code), "local_rank": int(local), "pid": int(pid)}
-            for code, local, pid in _TORCHRUN_FAILED.findall(text)]
+    """Workers torchrun reported as failed (exit code, local rank, pid); [] without a log."""
+    found: dict[tuple[int, int, int], dict[str, Any]] = {}
+    for name in (TORCHRUN_LOG, JOB_LOG):
+        try:
+            text = run.log_text(name)
+        except (OSError, FormatError):
+            continue
+        for code, local, pid in _TORCHRUN_FAILED.findall(text):
+            key = (int(code), int(local), int(pid))
+            found.setdefault(key, {"exitcode": key[0], "local_rank": key[1], "pid": key[2]})
+    return list(found.values())
 
 
 # --------------------------------------------------------------------------- attempts

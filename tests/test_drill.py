@@ -604,3 +604,23 @@ def test_a_drill_past_its_timeout_is_stopped_whole_and_fails(tmp_path):
     assert card["run"]["timed_out"] and not card["passed"] and card["kept"]
     assert verdicts(card)["run finished"]["detail"].startswith("timed out")
     assert 12 <= card["run"]["seconds"] < 12 + 60 + 10
+
+
+def test_a_job_wide_alert_in_the_scorecard_names_no_rank():
+    """An alert without a rank label (job-wide) reads "fired", never "rank None"."""
+    import io
+
+    from rich.console import Console
+
+    from trainwatch.drill.render import render_card
+
+    card = {"name": "hung-rank", "passed": True, "run": {"seconds": 30.0}, "fault": "hang",
+            "simulates": "a hung rank", "criteria": [], "settings": {}, "run_dir": "x",
+            "alerts": [{"alert": "TrainingStalled", "rank": None, "seconds": 8.0},
+                       {"alert": "TrainingRankDown", "rank": "1", "seconds": 9.0}],
+            "actions": []}
+    out = io.StringIO()
+    render_card(card, Console(file=out, width=200))
+    text = out.getvalue()
+    assert "rank None" not in text
+    assert "TrainingStalled fired +8.0 s" in text and "TrainingRankDown fired (rank 1)" in text

@@ -90,7 +90,9 @@ def jobs(tmp_path_factory):
         pytest.skip(f"not installed: {', '.join(missing)} (pip install -e '.[test]')")
     root = tmp_path_factory.mktemp("frameworks")
     (root / "thresholds.yaml").write_text(
-        "evaluation_interval: 1s\nstall_for: 2s\naction_min_interval_seconds: 30\n")
+        "evaluation_interval: 1s\nstall_for: 2s\naction_min_interval_seconds: 30\n"
+        # MSE of a batch of 4 random targets: 3x its mean is noise here, not a spike to roll back
+        "loss_spike_factor: 100\n")
     (root / "agent.yaml").write_text(
         "stall: {floor_seconds: 5, k: 10, first_step_seconds: 300}\n"
         "collectors:\n  ranks: {interval: 0.5}\n")
@@ -131,3 +133,21 @@ def test_framework_job_is_watched_checkpointed_on_request_and_resumed(jobs, kind
                for s in job.run.statuses().records}
     common = set(digests[0]) & set(digests[1])
     assert common and all(digests[0][s] == digests[1][s] for s in common), digests
+
+
+@pytest.mark.parametrize("kind", list(JOBS))
+def test_framework_checkpoints_are_first_class(jobs, kind):
+    """The framework's sealed checkpoints are the run's: the controller resumes from one
+    (not "no checkpoint found"), `checkpoint verify RUN_DIR` checks them, the summary
+    counts them."""
+    job = jobs[kind]
+    restart = [e for e in job.run.events("action_taken")
+               if e.get("action") in ("restart", "stall_restart")][-1]
+    assert restart["resume_from"]["kind"] == "checkpoint", restart
+    assert "no checkpoint found" not in restart["reason"]
+    verify = subprocess.run([sys.executable, "-m", "trainwatch", "checkpoint", "verify",
+                             str(job.run.root)], capture_output=True, text=True, timeout=120)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "OK " in verify.stdout
+    summary = job.log.read_text()
+    assert re.search(r"checkpoints │ \d+, newest at step \d+", summary), summary[-2000:]

@@ -146,3 +146,29 @@ def test_bad_input_is_exit_2_naming_the_option(args, key):
     done = subprocess.run([*PLAN, *args], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stdout
     assert key in done.stderr and "Traceback" not in done.stderr
+
+
+def test_plain_plan_says_what_it_assumed_and_keeps_figures_in_range():
+    """No options: the header says 1 x h100 is an assumption; the checkpoint interval is
+    never more steps than the run has; a cost is money in --price's currency."""
+    import json as _json
+    import subprocess as _sp
+    import sys as _sys
+
+    from trainwatch.trainer.config import Config
+
+    def plan(*args):
+        done = _sp.run([_sys.executable, "-m", "trainwatch", "plan", *args],
+                       capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    text = plan()
+    assert "1 x h100 (assumed: give --devices and --device-type)" in text.splitlines()[0]
+    data = _json.loads(plan("--json"))
+    assert data["assumed"] == ["--devices", "--device-type"]
+    assert data["reliability"]["checkpoint_every_steps"] <= Config().train.steps
+    priced = plan("--devices", "8", "--device-type", "h100", "--price", "2.5")
+    assert "assumed" not in priced.splitlines()[0]
+    cost = next(line for line in priced.splitlines() if line.strip().startswith("cost"))
+    assert "e+" not in cost and "(in the currency of --price)" in cost

@@ -33,3 +33,18 @@ def test_without_a_resettable_high_water_mark_a_hidden_peak_is_unknown(tmp_path,
     work = touch(16 * MiB)
     assert probe.peak_bytes() is None
     del work
+
+
+def test_plan_memory_check_can_fail_and_does_not_pass_a_model_too_small_to_judge():
+    from trainwatch.rehearse.runner import plan_checks
+
+    def status(estimate, ratio):
+        plan = {"memory": {"total_bytes": estimate}, "storage": {"checkpoint_bytes": 1.0}}
+        results = {0: {"memory": {"peak_bytes": estimate * ratio, "kind": "rss"}}}
+        return next(c for c in plan_checks(results, plan) if c.id == "plan.memory").status
+
+    small = 5.84e6                               # the reference trainer's defaults
+    assert status(small, 1.24) == status(small, 0.9) == "SKIP"
+    big = 2e9
+    assert status(big, 0.9) == "PASS"
+    assert status(big, 1.24) == "WARN" and status(big, 0.5) == "WARN"

@@ -137,3 +137,42 @@ def test_a_job_that_fails_before_any_rank_starts_is_not_restarted(tmp_path):
     assert run.events("job_exited")[-1].get("launch_failed") is True
     assert "failed before any rank started" in out and "exitcode" in out, out[-3000:]
     assert "Traceback (most recent call last)" not in out.split("end of its log")[0]
+
+
+def test_the_summary_of_an_own_loop_shows_its_final_loss(tmp_path):
+    """A loop that logs its loss each step (examples/own_loop.py) ends with that loss in the
+    summary, not `final loss -` (only the reference trainer journals its own)."""
+    example = HERE.parent / "examples" / "own_loop.py"
+    proc = _run(tmp_path / "r", "--", sys.executable, str(example), "--steps", "12",
+                "--checkpoint-every", "6")
+    out = proc.communicate(timeout=180)[0].decode()
+    assert proc.returncode == 0, out
+    last = RunDir(tmp_path / "r").metrics(0).records[-1]
+    assert f"final loss  │ {last['loss']:.4f}" in out, out
+
+
+def test_the_agent_listens_on_the_port_given_and_a_busy_one_is_exit_2(tmp_path):
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        busy = _run(tmp_path / "busy", "--agent-port", str(port), "--", sys.executable, "-c",
+                    "pass")
+        out = busy.communicate(timeout=60)[0].decode()
+        assert busy.returncode == 2 and "--agent-port" in out and str(port) in out, out
+        assert not (tmp_path / "busy").exists()
+    # The job itself reaches the agent there (it may start before the agent answers).
+    job = ("import time, urllib.request\n"
+           "for _ in range(300):\n"
+           "    try:\n"
+           f"        urllib.request.urlopen('http://127.0.0.1:{port}/healthz', timeout=5)\n"
+           "        break\n"
+           "    except OSError:\n"
+           "        time.sleep(0.2)\n"
+           "else:\n"
+           "    raise SystemExit(3)\n")
+    proc = _run(tmp_path / "r", "--agent-port", str(port), "--", sys.executable, "-c", job)
+    out = proc.communicate(timeout=120)[0].decode()
+    assert proc.returncode == 0, out
+    assert f"agent http://127.0.0.1:{port}" in out

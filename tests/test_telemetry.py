@@ -141,8 +141,11 @@ def test_phases_between_steps_stay_out_of_step_records(tmp_path):
         with tel.phase("backward"):
             pass
     tel.close()
-    steps = RunDir(tmp_path).metrics(0).records
+    records = RunDir(tmp_path).metrics(0).records
+    steps = [r for r in records if r["kind"] == "step"]
     assert [set(s["phase_seconds"]) for s in steps] == [{"forward"}, {"backward"}]
+    # The evaluation is its own record after step 0 (report books it as evaluation).
+    assert [(r["kind"], r["step"]) for r in records] == [("step", 0), ("eval", 0), ("step", 1)]
 
 
 def test_status_file_size_does_not_grow_with_world_size(tmp_path):

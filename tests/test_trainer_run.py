@@ -5,6 +5,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 
@@ -249,3 +250,23 @@ def test_an_incompatible_checkpoint_is_refused_before_anything_starts(
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.count(says) == 1 and "step-00000003" in done.stderr
     assert RunDir(run_dir).events("launcher_started") == []
+
+
+@pytest.mark.parametrize("how", ["train", "run"])
+def test_a_refused_resume_says_what_changed_not_only_two_hashes(tmp_path, how):
+    """A longer run in the directory of a shorter one: the refusal names the key that
+    changed (train.steps 5 -> 8) besides the checkpoint's and this config's hashes."""
+    run_dir = tmp_path / "run"
+    first = subprocess.run([*TRAIN, "--run-dir", str(run_dir), "--nproc-per-node", "1",
+                            "--steps", "5", "--max-restarts", "0"],
+                           capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    cmd = ([*TRAIN, "--run-dir", str(run_dir), "--nproc-per-node", "1", "--steps", "8"]
+           if how == "train" else
+           [sys.executable, "-m", "trainwatch", "run", str(run_dir), "--nproc-per-node", "1",
+            "--steps", "8", "--no-live"])
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "refusing to resume a different experiment" in done.stderr
+    assert "changed: train.steps 5 -> 8" in done.stderr, done.stderr

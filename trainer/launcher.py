@@ -32,7 +32,7 @@ from trainwatch.proctree import die_with_parent
 from trainwatch.rundir import RunDir
 from trainwatch.runlock import hold, under_holder
 from trainwatch.trainer.checkpoint.catalog import newest_complete
-from trainwatch.trainer.checkpoint.compat import check_compatible
+from trainwatch.trainer.checkpoint.compat import check_compatible, config_changes
 from trainwatch.trainer.config import Config, load_config
 from trainwatch.trainer.faults import parse_faults
 
@@ -143,7 +143,7 @@ def write_run_info(spec: LaunchSpec, run: RunDir, cfg: Config, cmd: list[str]) -
         "world_size": spec.nnodes * spec.nproc_per_node, "nproc_per_node": spec.nproc_per_node,
         "nnodes": spec.nnodes, "max_restarts": spec.max_restarts, "config": cfg.to_dict(),
         "config_digest": cfg.digest(), "trainwatch_version": __version__, "command": cmd,
-        CHECKPOINT_DIRS_KEY: [str(p.resolve()) for p in checkpoint_folders(run, cfg)],
+        CHECKPOINT_DIRS_KEY: [run.recordable(p) for p in checkpoint_folders(run, cfg)],
     })
 
 
@@ -184,8 +184,10 @@ def refuse_incompatible_checkpoint(spec: LaunchSpec, cfg: Config) -> None:
     newest = newest_complete(folders)
     if newest is not None:
         _, path, manifest = newest
+        recorded = (RunDir(spec.run_dir).run_info() or {}).get("config")
         check_compatible(manifest, path, config_hash=cfg.training_digest(),
-                         world_size=spec.nnodes * spec.nproc_per_node)
+                         world_size=spec.nnodes * spec.nproc_per_node,
+                         changes=config_changes(recorded, cfg.to_dict()))
 
 
 def launch(spec: LaunchSpec) -> int:

@@ -56,7 +56,7 @@ import torch
 from trainwatch.beat import BeatWriter, beat_path
 from trainwatch import __version__
 from trainwatch.contract.env import JOB_ENV, run_dir_from_env
-from trainwatch.contract.states import FAILED, FINISHED, RUNNING
+from trainwatch.contract.states import EVAL_PHASE, FAILED, FINISHED, RUNNING, STEP_PHASE
 from trainwatch.contract.timing import MIDDLE_HALF_WIDTH, RECENT_WINDOWS, standing, summarize
 from trainwatch.host.cgroup import memory_cgroup
 from trainwatch.node import boot_id, node_name
@@ -145,6 +145,8 @@ class _PhaseBlock:
         phases[name] = phases.get(name, 0) + now - started
         if cuda_start is not None:
             tel._guard(lambda: tel._cuda_event_pair_end(name, cuda_start))
+        if name == EVAL_PHASE and tel._phase[0] != STEP_PHASE:  # between steps: say so
+            tel._guard(lambda: tel._evaluated(now - started))
 
 
 class Telemetry:
@@ -177,7 +179,8 @@ class Telemetry:
         self._process = psutil.Process()
         # Finished steps as tuples (step, end time, step ns, phase ns, CUDA events per
         # phase, recorded values): the loop only appends, the thread resolves.
-        self._pending: collections.deque[tuple] = collections.deque(maxlen=max_pending)
+        # Steps to resolve (tuples), and ready lines (dicts: an evaluation between steps).
+        self._pending: collections.deque[tuple | dict] = collections.deque(maxlen=max_pending)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._control_handlers: dict[str, Callable[[Path], None]] = {}
@@ -422,6 +425,15 @@ class Telemetry:
     def set_phase(self, name: str) -> None:
         self._phase = (name, time.perf_counter_ns())
 
+    def _evaluated(self, nanoseconds: int) -> None:
+        """An evaluation between steps, in the metrics log as the reference trainer's are
+        (an ``eval`` record after the step): ``report`` books its time as evaluation, not
+        as a stall (any loop's ``with tel.phase("eval")``)."""
+        step = self._state.get("step")
+        if isinstance(step, int):  # after a step (the report's anchor), in the log's order
+            self._pending.append({"v": 1, "kind": EVAL_PHASE, "step": step, "time": _now(),
+                                  "rank": self.rank, "seconds": round(nanoseconds / 1e9, 6)})
+
     def log(self, step: int, kind: str = "eval", **values: float) -> None:
         """Record non-step metrics (validation loss, ...) in the metrics log and status."""
         if not self.enabled:
@@ -553,7 +565,7 @@ class Telemetry:
         self._step_phase_ns = {}  # phases between steps (eval, checkpoint) count nowhere
         self._step_cuda_events = {}
         self._state["step"] = step
-        self._phase = ("step", now)  # inside a step, between explicit phase blocks
+        self._phase = (STEP_PHASE, now)  # inside a step, between explicit phase blocks
 
     def _end_step(self, step: int, values: dict[str, Any],
                   ended: tuple[int, int, dict, dict] | None = None) -> None:
@@ -713,9 +725,11 @@ class Telemetry:
             return
         # Once per flush: reading RSS costs more than a whole step's bookkeeping.
         memory = _memory(self.device, self._process)
-        lines = [self._resolve(p, memory) for p in pending]
-        with self._lock:
-            self._state["metrics"] = lines[-1]
+        lines = [p if isinstance(p, dict) else self._resolve(p, memory) for p in pending]
+        steps = [line for line in lines if line["kind"] == "step"]
+        if steps:
+            with self._lock:
+                self._state["metrics"] = steps[-1]
         if self.metrics_log:
             data = "".join([_ENCODER.encode(line) + "\n" for line in lines]).encode()
             try:

@@ -49,6 +49,13 @@ def listen_error(exc: OSError, host: str, port: int, *, key: str,
     return ConfigError(problem, file=file, key=key)
 
 
+def missing_extra(exc: ImportError, extra: str, *, key: str) -> ConfigError:
+    """A feature whose library is an optional extra, asked for without it: exit 2 saying
+    what to install (the base install stays small: no plotting, no Grafana client)."""
+    return ConfigError(f"needs {getattr(exc, 'name', None) or exc}, which is not installed: "
+                       f"pip install 'trainwatch[{extra}]'", key=key)
+
+
 def output_error(exc: OSError, path: object, *, key: str) -> ConfigError:
     """An output path the user gave that cannot be written: exit 2 naming it."""
     return ConfigError(f"cannot write: {exc.strerror or exc}", file=str(exc.filename or path),

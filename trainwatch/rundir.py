@@ -594,7 +594,7 @@ class RunDir(RunLayout):
     def record_checkpoint_folders(self, folders: list[Path]) -> None:
         """Note the checkpoint folders in run.json, so every reader finds them."""
         info = self.run_info() or {}
-        recorded = [str(Path(f).resolve()) for f in folders]
+        recorded = [self.recordable(f) for f in folders]
         if info.get(CHECKPOINT_DIRS_KEY) == recorded:
             return
         info.pop("format", None)

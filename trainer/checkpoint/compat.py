@@ -8,9 +8,36 @@ from typing import Any
 from trainwatch.errors import ConfigError
 
 
+# Config sections that do not decide the weights (Config.training_digest leaves them out).
+NOT_TRAINING = ("checkpoint", "telemetry")
+
+
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def config_changes(before: Any, after: dict[str, Any]) -> str:
+    """What differs between the config a run recorded and this launch's, e.g.
+    ``train.steps 300 -> 1000``: what a person can act on, unlike two hashes."""
+    if not isinstance(before, dict):
+        return ""
+    old = _flat({k: v for k, v in before.items() if k not in NOT_TRAINING})
+    new = _flat({k: v for k, v in after.items() if k not in NOT_TRAINING})
+    changed = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new))
+               if old.get(k) != new.get(k)]
+    return "; ".join(changed)
+
+
 def check_compatible(manifest: dict[str, Any], path: Path, *, config_hash: str | None,
-                     world_size: int) -> None:
-    """Refuse a checkpoint this run cannot continue exactly (ConfigError, exit code 2)."""
+                     world_size: int, changes: str = "") -> None:
+    """Refuse a checkpoint this run cannot continue exactly (ConfigError, exit code 2);
+    ``changes`` (``config_changes``) says what differs from the run's recorded config."""
     if manifest.get("world_size") != world_size:
         raise ConfigError(
             f"written by a run with world size {manifest.get('world_size')}, this run has "
@@ -19,5 +46,6 @@ def check_compatible(manifest: dict[str, Any], path: Path, *, config_hash: str |
     if config_hash is not None and manifest.get("config_hash") != config_hash:
         raise ConfigError(
             f"written by config {manifest.get('config_hash')}, this run's config is "
-            f"{config_hash}; refusing to resume a different experiment: restore the original "
-            "config, or start a new run directory", file=str(path))
+            f"{config_hash}" + (f" (changed: {changes})" if changes else "")
+            + "; refusing to resume a different experiment: restore the original config, or "
+            "start a new run directory", file=str(path))

@@ -22,6 +22,9 @@ FORMAT = "trainwatch.checkpoint"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 STEP_DIR = re.compile(r"^step-(\d{8,})$")
+# The Hugging Face Trainer's own folder, sealed with a manifest by trainwatch's callback
+# (trainwatch.integrations.transformers): listed, verified and resumed like ours.
+FRAMEWORK_STEP_DIR = re.compile(r"^checkpoint-(\d+)$")
 # Prefixes of directories that are never checkpoints: a save in progress (or one a crash
 # interrupted) and a checkpoint being replaced.  Readers ignore them; the saver removes them.
 INCOMPLETE_PREFIXES = (".tmp-", ".replaced-")
@@ -37,7 +40,7 @@ def rank_file_name(rank: int) -> str:
 
 
 def step_of(name: str) -> int | None:
-    match = STEP_DIR.match(name)
+    match = STEP_DIR.match(name) or FRAMEWORK_STEP_DIR.match(name)
     return int(match.group(1)) if match else None
 
 

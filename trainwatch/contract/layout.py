@@ -56,7 +56,8 @@ REHEARSAL_AGENT_LOG = "rehearsal-agent.log"
 # directory a run could resume from, and removed when the rehearsal ends.
 REHEARSAL_SCRATCH_PREFIX = ".rehearsal-"
 
-# run.json: where the run's checkpoints live (absolute paths, primary folder first).
+# run.json: where the run's checkpoints live (primary folder first): relative to the run
+# directory when inside it, so a copied or moved run directory names its own; else absolute.
 CHECKPOINT_DIRS_KEY = "checkpoint_dirs"
 
 
@@ -171,6 +172,15 @@ class RunLayout:
         path = Path(path)
         return path if path.is_absolute() else self.root / path
 
+    def recordable(self, path: str | Path) -> str:
+        """How run.json names a path: relative when it lies in the run directory, so a
+        copy of the directory resolves to the copy's files and never to the original's."""
+        resolved = Path(path).resolve()
+        try:
+            return resolved.relative_to(self.root.resolve()).as_posix() or "."
+        except ValueError:
+            return str(resolved)
+
     def configured_checkpoint_folders(self, folder: str | None,
                                       mirror: str | None = None) -> list[Path]:
         """The checkpoint folders ``checkpoint.dir`` and ``checkpoint.mirror_dir`` name
@@ -191,7 +201,8 @@ class RunLayout:
         recorded = info.get(CHECKPOINT_DIRS_KEY)
         if isinstance(recorded, list) and recorded and all(
                 isinstance(p, str) and p for p in recorded):
-            return [self.resolve(p) for p in recorded]
+            # Absolute as the launcher wrote them before, so paths compare equal.
+            return [self.resolve(p).resolve() for p in recorded]
         section = (info.get("config") or {}).get("checkpoint") if isinstance(
             info.get("config"), dict) else None
         if isinstance(section, dict):

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 # Phases a rank's status names (docs/run-directory.md). Tools know budgets and colours for
 # these; any other name a user's loop sets is accepted and shown as is.
-KNOWN_PHASES = ("init", "step", "data", "forward", "backward", "optimizer", "eval", "checkpoint",
-                "telemetry_exchange", "idle", "finished")
+STEP_PHASE, EVAL_PHASE = "step", "eval"
+KNOWN_PHASES = ("init", STEP_PHASE, "data", "forward", "backward", "optimizer", EVAL_PHASE,
+                "checkpoint", "telemetry_exchange", "idle", "finished")
 
 # Phases in which a rank waits for its peers (the trainer telemetry's collective phases, and
 # the names hand-written loops use for their collectives): a stalled rank in one of these
