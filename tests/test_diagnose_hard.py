@@ -7,7 +7,9 @@ diagnose answers within 20 s (printed).
 """
 
 import os
+import shutil
 import signal
+import tempfile
 import time
 
 import psutil
@@ -178,12 +180,17 @@ def test_post_mortem_of_a_killed_hang_says_it_was_stalled_before_it_died(jobs, t
     no_confident_wrong(report, 1)
 
 
-def test_hung_data_loader_worker_is_named_with_its_stack(jobs, tmp_path):
+def test_hung_data_loader_worker_is_named_with_its_stack(jobs, tmp_path, request):
     """Rank 1's DataLoader (2 worker processes) waits in _try_get_data for a worker that
     blocks opening a FIFO nobody writes: diagnose names that worker (pid, stack, cause)."""
     fifo = tmp_path / "never-written.fifo"
     os.mkfifo(fifo)
-    job = jobs(FAULT="worker_fifo", FAULT_RANK="1", FAULT_STEP="12", FAULT_ARG=str(fifo))
+    # DataLoader workers hand tensors back through a Unix socket in TMPDIR: a short one,
+    # as a socket path has 107 bytes at most (pytest's folders under xdist are longer).
+    scratch = tempfile.mkdtemp(prefix="tw-")
+    job = jobs(FAULT="worker_fifo", FAULT_RANK="1", FAULT_STEP="12", FAULT_ARG=str(fifo),
+               TMPDIR=scratch)
+    request.addfinalizer(lambda: shutil.rmtree(scratch, ignore_errors=True))
     job.wait(lambda s: s[1]["phase"] == "data" and (s[1]["step"] or 0) >= 10
              and stalled_for(3)(s), "rank 1 waiting for its data worker")
     rank_pid = job.pid(1)
