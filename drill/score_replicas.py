@@ -22,8 +22,12 @@ def _verdict(name: str, passed: bool, detail: str) -> dict[str, Any]:
     return {"name": name, "passed": passed, "detail": detail}
 
 
-def criteria(drill: Drill, run: RunDir, events: list[dict[str, Any]], execs, fault_step: int,
-             t0: float, resumed_from: int | None) -> list[dict[str, Any]]:
+def criteria(drill: Drill, run: RunDir, events: list[dict[str, Any]], execs,
+             fault_step: int | None, t0: float,
+             resumed_from: int | None) -> list[dict[str, Any]]:
+    if not isinstance(fault_step, int):
+        return [_verdict(name, False, "the fault_injected event has no step")
+                for name in CRITERIA]
     alert = next((s.name for s in drill.detect), None)
     firing = [e for e in events if e["event"] == "alert_firing" and e.get("alert") == alert
               and e["time"] >= t0]

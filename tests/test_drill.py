@@ -672,6 +672,24 @@ def test_sdc_drill_names_the_rank_rolls_back_and_ends_as_a_clean_run_for_real(
     (taken,) = run.events("action_taken")
     assert taken["divergence"]["first_odd_step"] == 24
     assert taken["clean_checkpoint_step"] == card["recovery"]["resumed_from"] == 20
+    # The suspect's node is marked for preflight, which fails it until the record is removed.
+    (marked,) = taken["marked"]
+    record = json.loads(Path(marked).read_text())
+    assert record["ranks"] == [1] and record["evidence"]["first_odd_step"] == 24
+    assert Path(marked).parent == run.suspects_dir
+
+    def preflight():
+        done = subprocess.run([sys.executable, "-m", "trainwatch", "preflight", "--run-dir",
+                               str(run.root), "--only", "sdc", "--json"],
+                              capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "TRAINWATCH_NODE": record["node"]})
+        (check,) = [c for c in json.loads(done.stdout)["checks"] if c["id"] == "sdc.suspect"]
+        return done.returncode, check
+    code, check = preflight()
+    assert code == 1 and check["status"] == "fail" and f"rm {marked}" in check["message"]
+    Path(marked).unlink()
+    code, check = preflight()
+    assert code == 0 and check["status"] == "ok", check
     # "Equals a clean run's": a run of the same config, without the flip, that also started
     # afresh at checkpoint 20 (rank 0 exits in step 25; torchrun restarts every rank).
     # DDP lays out its gradient buckets anew at each start and gloo's 3-way sums round by
