@@ -36,13 +36,14 @@ from typing import Any, Callable
 
 from trainwatch.alerts.confirm import Confirmation, confirm_stall
 from trainwatch.alerts.controller import JobController
-from trainwatch.alerts.replica_rollback import find_divergence
+from trainwatch.alerts.replica_rollback import Divergence, find_divergence
 from trainwatch.contract.alerts import ACTS_BEFORE
 from trainwatch.contract.env import JOB_ENV
 from trainwatch.contract.layout import CONTROL_CHECKPOINT, CONTROL_DIR, CONTROL_HOLD_ACTIONS
 from trainwatch.contract.metrics import RUN_LABEL
 from trainwatch.errors import FormatError
 from trainwatch.rundir import RunDir, atomic_write_json, read_run_file
+from trainwatch.suspects import write_suspect
 
 log = logging.getLogger(__name__)
 
@@ -289,7 +290,8 @@ class ActionRunner:
             details.update(self._prepare_rollback(controller))
         elif action == "replica_rollback":
             controller.stop(f"{action} ({req.alertname if req else 'exit'})", hard=True)
-            details.update(self._prepare_replica_rollback(controller))
+            details.update(self._prepare_replica_rollback(controller,
+                                                          req.alertname if req else None))
         elif action == "straggler":
             details["requested"] = str(self._touch("checkpoint"))
             details["adapter"] = self._run_adapter(req)
@@ -330,7 +332,8 @@ class ActionRunner:
         details.update({"resume_step": resume, "quarantined": moved, "skip": request})
         return details
 
-    def _prepare_replica_rollback(self, controller: JobController) -> dict[str, Any]:
+    def _prepare_replica_rollback(self, controller: JobController,
+                                  alert: str | None) -> dict[str, Any]:
         """Hide the checkpoints saved after the newest step whose digests agreed, so the job
         resumes from weights every replica held; name the suspects for preflight."""
         divergence = find_divergence(self.run, self._last_action_time("replica_rollback"))
@@ -341,8 +344,25 @@ class ActionRunner:
         suspects = [{"rank": r, "node": statuses.get(r)} for r in divergence.suspects]
         return {"divergence": divergence.journal(), "clean_checkpoint_step": clean,
                 "quarantined": moved, "suspects": suspects,
-                "preflight": "run `trainwatch preflight` on the suspects' nodes before they "
-                             "train again (docs/sdc.md)"}
+                "marked": self._mark_suspects(divergence, suspects, clean, alert),
+                "preflight": "`trainwatch preflight --run-dir RUN_DIR` fails a marked node "
+                             "until its record is removed (docs/sdc.md)"}
+
+    def _mark_suspects(self, divergence: Divergence, suspects: list[dict[str, Any]],
+                       clean: int | None, alert: str | None) -> list[str]:
+        """A record per suspected node in RUN_DIR/suspects/ for preflight. Only a rank named
+        alone by a majority: a tie suspects every replica and marks none."""
+        if not divergence.majority:
+            return []
+        by_node: dict[str, list[int]] = {}
+        for s in suspects:
+            if isinstance(s["node"], str):
+                by_node.setdefault(s["node"], []).append(s["rank"])
+        evidence = {**divergence.journal(), "clean_checkpoint_step": clean}
+        return [str(write_suspect(self.run.suspects_dir, node, {
+            "ranks": ranks, "run": self.job, "run_dir": str(self.run.root.resolve()),
+            "time": self.clock(), "alert": alert, "evidence": evidence}))
+            for node, ranks in sorted(by_node.items())]
 
     def _quarantine(self, step: int, path: Path) -> dict[str, Any]:
         target = self._quarantine_folder(path.parent) / path.name

@@ -69,6 +69,8 @@ class Drill:
     agent: dict[str, Any] = field(default_factory=dict)
     trainer: dict[str, Any] = field(default_factory=dict)
     supervisor_fault: str | None = None  # KILL_SUPERVISOR, SECOND_SUPERVISOR: the drill acts
+    nproc_per_node: int = 2        # ranks by default, and the fewest the drill works with
+    detect_within_steps: int | None = None  # steps from the fault to the alert (sdc)
     notes: str = ""
 
     @property
@@ -189,6 +191,23 @@ DRILLS: tuple[Drill, ...] = (
         notes="the second trainwatch run must exit 2 at once naming the first's pid and host, "
               "start nothing and write nothing; the first run must finish untouched. "
               "slow:delay=0.5 keeps the first run training while the second one starts."),
+    Drill(
+        name="sdc",
+        simulates="silent data corruption: one GPU flips a bit of its copy of a weight without "
+                  "any error (a marginal SM, memory ECC does not cover)",
+        fault_kind="sdc", fault_step=22, fault_params="launch=1",
+        detect=(Signal(ALERT, "TrainingReplicaDivergence"),),
+        recovery=CONTROLLER, action="replica_rollback",
+        detect_within=30, recover_within=120, steps=60, pace="slow:delay=0.3",
+        agent={"collectors": {"replicas": {"interval": 0.5}}},
+        trainer={"telemetry": {"replica_every": 5},
+                 "checkpoint": {"mode": "sync", "keep_last": 10}},
+        nproc_per_node=3, detect_within_steps=20,
+        notes="3 ranks, so a majority names the odd one; a digest every 5 steps, so two "
+              "digests confirm the divergence within 10 steps of the flip (the rest of the "
+              "20-step allowance is the agent's and the engine's seconds at ~0.3 s a step). "
+              "replica_rollback must resume from a checkpoint saved before the flip; launch=1: "
+              "the replayed step 22 runs clean, as after a transient flip."),
 )
 
 

@@ -31,9 +31,9 @@ def _deadlines(func):
 @click.group("drill", context_settings={"help_option_names": ["-h", "--help"]})
 def drill() -> None:
     """Game day for the run's safety net: inject a real failure (a killed, hung or frozen
-    rank, a NaN batch, a straggler, a killed supervisor, a second supervisor) into a real
-    run under `trainwatch run`, and score how it was detected and recovered. Docs:
-    docs/drill.md."""
+    rank, a NaN batch, a straggler, a killed supervisor, a second supervisor, a bit flipped
+    in one replica's weights) into a real run under `trainwatch run`, and score how it was
+    detected and recovered. Docs: docs/drill.md."""
 
 
 @drill.command("list")
@@ -53,8 +53,9 @@ def list_drills(as_json: bool) -> None:
 @drill.command("run")
 @click.argument("names", nargs=-1, metavar="NAME...")
 @click.option("--all", "run_all", is_flag=True, help="Run every drill of the catalog.")
-@click.option("--nproc-per-node", type=NPROC_PER_NODE, default=2, show_default=True,
-              help="Ranks of the drill's run (at least 2).")
+@click.option("--nproc-per-node", type=NPROC_PER_NODE,
+              help="Ranks of the drill's run [default: the drill's own (`drill list --json`: "
+                   "nproc_per_node), and no fewer].")
 @click.option("--steps", type=int, help="Override the drill's train.steps.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Folder for the drills' run directories [default: a new temporary one].")
@@ -66,7 +67,7 @@ def list_drills(as_json: bool) -> None:
 @click.option("--timeout", type=seconds(1), default=300, show_default=True,
               metavar="SECONDS", help="Stop a drill (and fail it) after this long.")
 @_deadlines
-def run_drills(names: tuple[str, ...], run_all: bool, nproc_per_node: int, steps: int | None,
+def run_drills(names: tuple[str, ...], run_all: bool, nproc_per_node: int | None, steps: int | None,
                out: Path | None, keep: bool, as_json: bool, timeout: float,
                detect_within: float | None, recover_within: float | None) -> None:
     """Run drills one after another, each on a fresh run directory under --out, and score them.

@@ -43,8 +43,13 @@ def catalog_json(changed: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
          "criteria": {"detect_within_seconds": d.detect_within,
                       "recover_within_seconds": d.recover_within,
                       "steps_lost_max": "checkpoint interval", "run_finishes": True,
-                      "no_duplicate_actions": True},
-         "steps": d.steps, "max_restarts": d.max_restarts, "notes": d.notes,
+                      "no_duplicate_actions": True,
+                      **({"detect_within_steps": d.detect_within_steps,
+                          "suspect_named": True, "clean_checkpoint": True,
+                          "replicas_agree_at_the_end": True}
+                         if d.detect_within_steps is not None else {})},
+         "steps": d.steps, "nproc_per_node": d.nproc_per_node,
+         "max_restarts": d.max_restarts, "notes": d.notes,
          "changed_defaults": changed[d.name]} for d in DRILLS]}
 
 
@@ -55,7 +60,9 @@ def _changes(rows: list[dict[str, Any]]) -> str:
 CRITERIA_TEXT = ("the fault fired; detected within the drill's deadline; recovered as "
                  "expected, with the first step after resuming within its deadline; the run "
                  "finishes; steps lost <= the checkpoint interval; no action taken twice and "
-                 "at most one restart")
+                 "at most one restart; sdc also: the alert names the corrupted rank "
+                 "within its step allowance, the job resumes from a checkpoint saved before "
+                 "the flip, and every rank's last digest is equal")
 
 
 def render_catalog(console: Console, changed: dict[str, list[dict[str, Any]]]) -> None:
@@ -159,8 +166,8 @@ def render_card(card: dict[str, Any], console: Console) -> None:
                       else Text("FAIL", style="red"), c["detail"])
     console.print(table)
     if card["alerts"] or card["actions"]:
-        story = [f"{a['alert']} fired" + ("" if a["rank"] is None else f" (rank {a['rank']})")
-                 + f" {a['seconds']:+.1f} s" for a in card["alerts"]]  # job-wide: no rank
+        story = [f"{a['alert']} fired" + _who(a) + f" {a['seconds']:+.1f} s"
+                 for a in card["alerts"]]
         story += [f"{a['action']} {'taken' if a['taken'] else 'skipped'} {a['seconds']:+.1f} s"
                   for a in card["actions"]]
         console.print(Text("  after the fault: " + "; ".join(story)))
@@ -190,3 +197,9 @@ def render_summary(cards: list[dict[str, Any]], console: Console) -> None:
     console.print(Text(f"{passed} of {len(cards)} drill(s) passed",
                        style="bold green" if passed == len(cards) else "bold red"))
 
+
+def _who(alert: dict[str, Any]) -> str:
+    """Whom an alert named: the suspects of a divergence, a rank, or no one (job-wide)."""
+    if alert.get("suspects") is not None:
+        return f" (suspects {alert['suspects']})"
+    return "" if alert["rank"] is None else f" (rank {alert['rank']})"

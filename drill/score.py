@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwatch.contract.layout import TORCHRUN_LOG
-from trainwatch.drill import catalog
+from trainwatch.drill import catalog, score_replicas
 from trainwatch.drill.catalog import (ALERT, CONTROLLER, FINDING, LAUNCHER, NONE, RERUN,
                                       SUPERVISOR, TORCHRUN, Drill)
 from trainwatch.drill.record import RECORD_FORMAT, RECORD_VERSION, record_file
@@ -28,6 +28,13 @@ CRITERIA = ("fault injected", "detected", "recovered", "run finished", "steps lo
             "no duplicate actions")
 # torchrun's line for a failed worker, with its glog prefix (local time, no year):
 # E1202 14:59:14.580000 11755 .../api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 11875)
+
+
+def criteria_names(drill: Drill) -> tuple[str, ...]:
+    """Every drill's criteria, then the drill's own (sdc: score_replicas)."""
+    return CRITERIA + (score_replicas.CRITERIA if score_replicas.applies(drill) else ())
+
+
 _TORCHRUN_FAILED = re.compile(r"^[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(\.\d+)?\s.*?"
                               r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)", re.M)
 
@@ -161,10 +168,11 @@ def score(run_dir: str | Path, *, detect_within: float | None = None,
         why = (f"no fault_injected event for {drill.fault_kind}: the run reached step "
                f"{last if last is not None else 'none'}, the fault was due at step "
                f"{drill.fault_step}")
+        names = criteria_names(drill)
         card["criteria"] = [_verdict("fault injected", False, why), finished] + [
             _verdict(n, False, "not scored: no fault was injected")
-            for n in CRITERIA if n not in ("fault injected", "run finished")]
-        card["criteria"].sort(key=lambda c: CRITERIA.index(c["name"]))
+            for n in names if n not in ("fault injected", "run finished")]
+        card["criteria"].sort(key=lambda c: names.index(c["name"]))
         return card
     fault = faults[0]
     t0 = fault["time"]
@@ -172,6 +180,7 @@ def score(run_dir: str | Path, *, detect_within: float | None = None,
                               "rank": timeline.rank_of(fault),
                               "seconds_into_run": round(t0 - record.get("started_at", t0), 3)}
     card["alerts"] = [{"alert": e.get("alert"), "rank": (e.get("labels") or {}).get("rank"),
+                       "suspects": (e.get("labels") or {}).get("suspects"),
                        "severity": e.get("severity"), "at": e["time"],
                        "seconds": round(e["time"] - t0, 3)}
                       for e in events if e["event"] == "alert_firing"]
@@ -208,6 +217,9 @@ def score(run_dir: str | Path, *, detect_within: float | None = None,
     supervisors = [e for e in events if e["event"] == "controller_started" and e["time"] > t0]
     criteria.append(_duplicates(card["actions"], restarts, len(supervisors),
                                 1 if drill.recovery == RERUN else 0))
+    if score_replicas.applies(drill):
+        criteria += score_replicas.criteria(drill, run, events, tl.execs, fault.get("step"),
+                                            t0, recovery["resumed_from"])
     card["criteria"] = criteria
     card["passed"] = all(c["passed"] for c in criteria)
     return card
@@ -363,7 +375,7 @@ def unscored(drill: Drill, run_dir: str | Path, reason: str) -> dict[str, Any]:
             "alerts": [], "actions": [], "findings": record.get("findings") or [],
             "criteria": [_verdict(name, False, reason if name == "run finished"
                                   else "not scored: the run left nothing to score")
-                         for name in CRITERIA],
+                         for name in criteria_names(drill)],
             "report": None, "settings": record.get("settings") or {}}
 
 

@@ -66,10 +66,14 @@ class DrillSettings:
                 "changed_defaults": changed_defaults(self.drill)}
 
 
-def settings_for(drill: Drill, *, nproc_per_node: int = 2, steps: int | None = None,
+def settings_for(drill: Drill, *, nproc_per_node: int | None = None, steps: int | None = None,
                  detect_within: float | None = None,
                  recover_within: float | None = None) -> DrillSettings:
     """The drill's settings with the command line's overrides; impossible ones exit 2."""
+    nproc_per_node = drill.nproc_per_node if nproc_per_node is None else nproc_per_node
+    if nproc_per_node < drill.nproc_per_node:  # sdc: a majority of 3 names the odd replica
+        raise ConfigError(f"drill {drill.name} needs at least {drill.nproc_per_node} ranks, "
+                          f"got {nproc_per_node}", key="--nproc-per-node")
     if nproc_per_node < 2:
         raise ConfigError(f"must be at least 2 (drills fail rank {drill.fault_rank} and watch "
                           f"the others), got {nproc_per_node}", key="--nproc-per-node")

@@ -12,7 +12,7 @@ from trainwatch.errors import EXIT_OK, EXIT_PROBLEM
 # absent: the thing is not on this node (no GPU, no InfiniBand) - reported, never invented;
 # skipped: not asked for, or no way to check it here (the message says which).
 STATUSES = ("ok", "warn", "fail", "absent", "skipped")
-GROUPS = ("gpu", "storage", "host", "network", "software")
+GROUPS = ("gpu", "sdc", "storage", "host", "network", "software")
 DOCS = "docs/preflight.md"
 
 

@@ -8,7 +8,8 @@ from typing import Any, Callable
 
 from trainwatch.host.nvml import NvmlBackend
 from trainwatch.redact import redact
-from trainwatch.preflight import gpu, host, network, software, storage
+from trainwatch.node import node_name
+from trainwatch.preflight import gpu, host, network, software, storage, suspects
 from trainwatch.preflight.model import GROUPS, Check, Request
 
 
@@ -21,6 +22,7 @@ def run_checks(request: Request, settings: dict[str, Any], *,
     environ = dict(os.environ) if environ is None else environ
     steps: dict[str, Callable[[], list[Check]]] = {
         "gpu": lambda: gpu.check_gpus(probe, settings["gpu"]),
+        "sdc": lambda: [suspects.check_suspects(request, settings["sdc"], node_name())],
         "storage": lambda: storage.check_storage(request, settings["storage"],
                                                  settings["proc_root"]),
         "host": lambda: host.check_host(settings["host"], settings["sys_root"]),

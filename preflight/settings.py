@@ -105,6 +105,10 @@ class GpuSettings(ConfigModel):
     max_memory_used_ratio: Ratio
 
 
+class SdcSettings(ConfigModel):
+    suspect_dirs: list[Text]
+
+
 class StorageSettings(ConfigModel):
     probe_bytes: Size
     probe_timeout_seconds: Number
@@ -150,6 +154,7 @@ class PreflightSettings(ConfigModel):
     sys_root: Text
     proc_root: Text
     gpu: GpuSettings
+    sdc: SdcSettings
     storage: StorageSettings
     host: HostSettings
     network: NetworkSettings

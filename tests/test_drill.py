@@ -4,6 +4,7 @@ an exact expected value), the process handling, and real drills end to end."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -356,6 +357,71 @@ def test_the_supervisor_drills_score_the_guards_and_fail_two_jobs(tmp_path):
     assert not v["detected"]["passed"] and not v["no duplicate actions"]["passed"]
 
 
+def sdc_run(root, *, suspects="1", resumed=20, last_bits=("ab", "ab", "ab")):
+    """sdc: rank 1's weight flips after step 22 (+23 s); TrainingReplicaDivergence fires at
+    +27.1 s (rank 0 had finished step 25) naming ``suspects``; replica_rollback at +27.5 s
+    chose checkpoint 20; the job resumes from ``resumed`` and finishes; the ranks' last
+    digests are ``last_bits``."""
+    r = DrillRun(root, "sdc")
+    r.event(0, "controller_started", agent=["127.0.0.1:1"])
+    r.event(0.1, "job_started", pid=1, attempt=1)
+    r.attempt(1)
+    r.steps(0, 30, start=1)
+    r.event(21.5, "checkpoint_saved", "rank0", step=20, reason="interval")
+    r.event(23, "fault_injected", "rank1", rank=1, step=22, fault="sdc")
+    r.event(27.1, "alert_firing", alert="TrainingReplicaDivergence", severity="critical",
+            labels={"suspects": suspects, "run": "j", "group": "0"})
+    r.event(27.5, "action_taken", action="replica_rollback", alert="TrainingReplicaDivergence",
+            clean_checkpoint_step=20, suspects=[{"rank": int(suspects), "node": "h"}],
+            divergence={"first_odd_step": 24, "last_agreeing_step": 19})
+    r.event(27.5, "job_started", pid=2, attempt=2)
+    r.attempt(35, resumed=resumed)
+    r.steps(resumed, 59, start=36)
+    r.event(80, "finished", "rank0", step=59)
+    r.event(81, "job_exited", pid=2, returncode=0)
+    r.event(82, "controller_stopped", exit_code=0)
+    for rank, bits in enumerate(last_bits):
+        atomic_write_json(r.run.status_file(rank), {
+            "format": "trainwatch.status", "version": 1, "job": "j", "rank": rank,
+            "world_size": 3, "node": "h", "state": "finished", "step": 59,
+            "replicas": [{"step": 54, "group": 0, "bits": "aa"},
+                         {"step": 59, "group": 0, "bits": bits}]})
+    return r
+
+
+def test_the_sdc_drill_scores_the_suspect_the_steps_the_checkpoint_and_the_digests(tmp_path):
+    card = score(sdc_run(tmp_path / "good").run.root)
+    names = [c["name"] for c in card["criteria"]]
+    assert names == [*CRITERIA, "suspect named", "detected within steps", "clean checkpoint",
+                     "replicas agree at the end"]
+    assert card["passed"], card["criteria"]
+    v = verdicts(card)
+    assert "fired at step 25, 3 steps after the fault (within 20)" \
+        in v["detected within steps"]["detail"]
+    assert "suspects='1'" in v["suspect named"]["detail"]
+    assert "step 59) is bitwise equal on all 3 ranks" in v["replicas agree at the end"]["detail"]
+    # Resuming from a checkpoint saved after the flip loses no steps, so only the sdc
+    # criterion sees that the corrupted weight came back.
+    card = score(sdc_run(tmp_path / "late", resumed=30).run.root)
+    v = verdicts(card)
+    assert v["steps lost"]["passed"] and not card["passed"]
+    assert not v["clean checkpoint"]["passed"]
+    assert "saved after the fault" in v["clean checkpoint"]["detail"]
+    card = score(sdc_run(tmp_path / "wrong", suspects="0").run.root)
+    assert not verdicts(card)["suspect named"]["passed"] and not card["passed"]
+    card = score(sdc_run(tmp_path / "odd", last_bits=("ab", "ac", "ab")).run.root)
+    v = verdicts(card)
+    assert not v["replicas agree at the end"]["passed"]
+    assert "rank 1: step 59 bits ac" in v["replicas agree at the end"]["detail"]
+
+
+def test_the_sdc_drill_needs_three_ranks_for_a_majority():
+    assert settings_for(catalog.get("sdc")).nproc_per_node == 3
+    assert settings_for(catalog.get("rank-killed")).nproc_per_node == 2
+    with pytest.raises(ConfigError, match="drill sdc needs at least 3 ranks, got 2"):
+        settings_for(catalog.get("sdc"), nproc_per_node=2)
+
+
 def test_a_drill_that_is_never_detected_or_never_finishes_fails_with_reasons(tmp_path):
     r = DrillRun(tmp_path / "straggler", "straggler", exit_code=None, timed_out=True)
     r.attempt(1)
@@ -578,6 +644,66 @@ def test_nan_batch_drill_rolls_back_and_passes_for_real(tmp_path):
     assert card["detection"]["first"] == "alert TrainingLossNonFinite"
     assert card["recovery"]["by"] == "controller"
     assert not card["kept"] and not Path(card["run_dir"]).exists()  # passed, no --keep
+
+
+def _last_digests(run_dir) -> dict[int, tuple[int, str]]:
+    return {s["rank"]: (s["replicas"][-1]["step"], s["replicas"][-1]["bits"])
+            for s in RunDir(run_dir).statuses().records}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_sdc_drill_names_the_rank_rolls_back_and_ends_as_a_clean_run_for_real(
+        tmp_path, launch_train):
+    from conftest import finish
+
+    done = run_drills(tmp_path, "sdc", "--keep")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (card,) = json.loads(done.stdout)["drills"]
+    drill = catalog.get("sdc")
+    assert_sane(card, drill, action="replica_rollback")
+    assert card["settings"]["nproc_per_node"] == 3
+    assert card["detection"]["first"] == "alert TrainingReplicaDivergence"
+    assert [a["suspects"] for a in card["alerts"]] == ["1"]
+    v = verdicts(card)
+    steps = int(re.search(r"(\d+) steps after the fault", v["detected within steps"]["detail"])[1])
+    assert 2 <= steps <= drill.detect_within_steps  # two digests, 5 steps apart, after step 22
+    run = RunDir(card["run_dir"])
+    (taken,) = run.events("action_taken")
+    assert taken["divergence"]["first_odd_step"] == 24
+    assert taken["clean_checkpoint_step"] == card["recovery"]["resumed_from"] == 20
+    # The suspect's node is marked for preflight, which fails it until the record is removed.
+    (marked,) = taken["marked"]
+    record = json.loads(Path(marked).read_text())
+    assert record["ranks"] == [1] and record["evidence"]["first_odd_step"] == 24
+    assert Path(marked).parent == run.suspects_dir
+
+    def preflight():
+        done = subprocess.run([sys.executable, "-m", "trainwatch", "preflight", "--run-dir",
+                               str(run.root), "--only", "sdc", "--json"],
+                              capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "TRAINWATCH_NODE": record["node"]})
+        (check,) = [c for c in json.loads(done.stdout)["checks"] if c["id"] == "sdc.suspect"]
+        return done.returncode, check
+    code, check = preflight()
+    assert code == 1 and check["status"] == "fail" and f"rm {marked}" in check["message"]
+    Path(marked).unlink()
+    code, check = preflight()
+    assert code == 0 and check["status"] == "ok", check
+    # "Equals a clean run's": a run of the same config, without the flip, that also started
+    # afresh at checkpoint 20 (rank 0 exits in step 25; torchrun restarts every rank).
+    # DDP lays out its gradient buckets anew at each start and gloo's 3-way sums round by
+    # bucket position, so only runs restarted at the same step are bitwise alike.
+    clean = tmp_path / "clean"
+    code, out = finish(launch_train(
+        "--nproc-per-node", "3", "--run-dir", str(clean), "--config",
+        str(run.drill_dir / "train.yaml"), "--max-restarts", "1",
+        env={"TRAINWATCH_FAULT": "exit:rank=0:step=25", "OMP_NUM_THREADS": "1"}), timeout=400)
+    assert code == 0, out[-3000:]
+    assert [e["step"] for e in RunDir(clean).events("checkpoint_resumed")][-1:] == [20]
+    final = _last_digests(run.root)
+    assert set(final.values()) == set(_last_digests(clean).values())
+    assert len(set(final.values())) == 1 and next(iter(final.values()))[0] == 59
 
 
 @pytest.mark.slow

@@ -180,6 +180,67 @@ def test_gpu_real_nvml_on_this_machine_reports_absence_honestly():
         assert all(set(v.evidence) == {"reason"} for k, v in c.items() if k != "gpu.count")
 
 
+# --------------------------------------------------------------------------- sdc
+def _suspect(folder: Path, node: str) -> Path:
+    from trainwatch.suspects import write_suspect
+    return write_suspect(folder, node, {
+        "ranks": [1], "run": "exp1", "run_dir": "/runs/exp1", "time": 1_800_000_000.0,
+        "alert": "TrainingReplicaDivergence",
+        "evidence": {"first_odd_step": 24, "last_agreeing_step": 19, "suspects": [1],
+                     "majority": True, "digests": 2, "clean_checkpoint_step": 20}})
+
+
+def test_sdc_suspect_record_fails_its_node_until_removed(tmp_path):
+    """A replica rollback's record in RUN_DIR/suspects/ fails the node it names (the real
+    CLI, the node from TRAINWATCH_NODE), not another one; removing the file clears it."""
+    run = tmp_path / "exp1"
+    record = _suspect(run / "suspects", "gpu-node-7")
+
+    def preflight(node):
+        done = cli("--run-dir", str(run), "--only", "sdc", "--json",
+                   env={**os.environ, "TRAINWATCH_NODE": node})
+        return done.returncode, {c["id"]: c for c in json.loads(done.stdout)["checks"]}
+
+    code, checks = preflight("gpu-node-7")
+    check = checks["sdc.suspect"]
+    assert code == 1 and check["status"] == "fail", check
+    assert "node gpu-node-7 is suspected of silent data corruption" in check["message"]
+    assert "rank(s) [1] of run exp1" in check["message"] and "from step 24" in check["message"]
+    assert f"rm {record}" in check["message"]
+    assert check["runbook"] == "TrainingReplicaDivergence"
+    assert check["evidence"]["records"][0]["evidence"]["clean_checkpoint_step"] == 20
+    code, checks = preflight("gpu-node-8")
+    assert code == 0 and checks["sdc.suspect"]["status"] == "ok"
+    record.unlink()
+    code, checks = preflight("gpu-node-7")
+    assert code == 0 and checks["sdc.suspect"]["status"] == "ok"
+
+
+def test_sdc_suspect_dirs_from_the_config_and_unreadable_records(tmp_path):
+    shared = tmp_path / "shared"
+    _suspect(shared, "n/1 odd")  # the file name is made safe; the record's node matches
+    assert (shared / "n_1_odd.json").is_file()
+    cfg = settings(sdc={"suspect_dirs": [str(shared)]})
+    with_env = {"TRAINWATCH_NODE": "n/1 odd"}
+    old = os.environ.copy()
+    try:
+        os.environ.update(with_env)
+        assert checks_of(["sdc"], cfg)["sdc.suspect"].status == "fail"
+        (shared / "n_1_odd.json").unlink()
+        (shared / "torn.json").write_text('{"format": "trainwatch.sus')
+        c = checks_of(["sdc"], cfg)["sdc.suspect"]
+        assert c.status == "warn" and "torn.json" in c.message
+        assert checks_of(["sdc"])["sdc.suspect"].status == "skipped"  # nowhere to look
+        assert checks_of(["sdc"], settings(sdc={"suspect_dirs": [str(tmp_path / "none")]})
+                         )["sdc.suspect"].status == "ok"  # no folder: nothing marked
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    bad = write_config(tmp_path / "pf.yaml", {"sdc": {"suspect_dirs": "/not/a/list"}})
+    done = cli("--config", str(bad), "--only", "sdc")
+    assert done.returncode == 2 and "sdc.suspect_dirs" in done.stderr, done.stderr
+
+
 # --------------------------------------------------------------------------- storage
 def small(**kw):
     return settings(storage={"min_free_bytes": 0, "min_free_inodes": 1, **kw})
@@ -541,7 +602,7 @@ def test_defaults_file_loads_with_sizes_in_bytes():
     cfg = load_settings(None)
     assert cfg["storage"]["min_free_bytes"] == 5 * GIB
     assert cfg["host"]["min_shm_bytes"] == GIB
-    assert set(cfg) == {"sys_root", "proc_root", "gpu", "storage", "host", "network",
+    assert set(cfg) == {"sys_root", "proc_root", "gpu", "sdc", "storage", "host", "network",
                         "software"}
 
 
@@ -658,7 +719,7 @@ def test_docs_name_every_check_and_json_key():
     for key in ("schema", "node", "time", "strict", "fit", "exit_code", "counts", "checks",
                 "evidence", "runbook", "doc"):
         assert f"`{key}`" in text, key
-    ids = ["gpu.count", "gpu.ecc", "gpu.xid", "gpu.thermal", "gpu.memory",
+    ids = ["gpu.count", "gpu.ecc", "gpu.xid", "gpu.thermal", "gpu.memory", "sdc.suspect",
            "storage.<role>.writable", "storage.<role>.readable", "storage.<role>.space",
            "storage.<role>.inodes", "storage.dirs", "host.shm", "host.nofile", "host.memlock",
            "host.memory", "host.leftovers", "network.interfaces", "network.infiniband",

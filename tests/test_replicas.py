@@ -297,3 +297,23 @@ def test_any_replicas_field_is_read_or_dropped_never_raised():
             assert verdict.streak >= 0 and set(verdict.suspects) <= set(range(len(fields)))
 
     check()
+
+
+def test_rollback_marks_a_node_for_preflight_only_for_a_rank_named_alone(tmp_path):
+    """A majority's suspect gets RUN_DIR/suspects/<node>.json; a tie ("one of 0,1") would
+    fail every replica's node, so it marks none."""
+    from trainwatch.alerts.actions import ActionRunner, Policy
+    from trainwatch.alerts.replica_rollback import Divergence
+    from trainwatch.suspects import suspects_of
+
+    runner = ActionRunner(tmp_path / "run", None, Policy(), job="exp1", clock=lambda: 1000.0)
+    named = Divergence(24, 19, [1], True, 2)
+    (path,) = runner._mark_suspects(named, [{"rank": 1, "node": "n1"}], 20,
+                                    "TrainingReplicaDivergence")
+    (found, record), = suspects_of(runner.run.suspects_dir, "n1")[0]
+    assert str(found) == path and record["ranks"] == [1] and record["run"] == "exp1"
+    assert record["time"] == 1000.0 and record["evidence"]["clean_checkpoint_step"] == 20
+    assert suspects_of(runner.run.suspects_dir, "n2") == ([], [])
+    tie = Divergence(24, 19, [0, 1], False, 2)
+    assert runner._mark_suspects(tie, [{"rank": 0, "node": "n2"}, {"rank": 1, "node": "n3"}],
+                                 20, "TrainingReplicaDivergence") == []

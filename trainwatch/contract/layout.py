@@ -18,6 +18,7 @@ RUN_FORMAT = "trainwatch.run"
 LOCK_FORMAT = "trainwatch.lock"
 STATUS_FORMAT = "trainwatch.status"
 DUMP_FORMAT = "trainwatch.dump"
+SUSPECT_FORMAT = "trainwatch.suspect"  # a node suspected of silent data corruption
 
 # Top level.
 RUN_FILE = "run.json"
@@ -33,6 +34,7 @@ LOGS_DIR = "logs"
 TMP_DIR = "tmp"
 DRILL_DIR = "drill"
 REHEARSAL_DIR = "rehearsal"       # only in a rehearsal's run: what each rank measured
+SUSPECTS_DIR = "suspects"         # <node>.json: nodes a replica rollback suspects (preflight)
 
 # control/: touching a file asks every rank (or the action runner) for something.
 CONTROL_CHECKPOINT = "checkpoint"        # save a checkpoint at the next step boundary
@@ -138,6 +140,10 @@ class RunLayout:
     @property
     def rehearsal_dir(self) -> Path:
         return self.root / REHEARSAL_DIR
+
+    @property
+    def suspects_dir(self) -> Path:
+        return self.root / SUSPECTS_DIR
 
     def status_file(self, rank: int) -> Path:
         return self.status_dir / rank_file_name(rank, ".json")
