@@ -2,7 +2,8 @@
 
 When one rank stops, every other rank blocks in its next collective and stalls too; a
 page per rank would bury the one that matters.  The evidence on this node decides who the
-culprit is: a dead or frozen rank first (nothing in it runs), else a stuck rank outside a
+culprit is: a dead or frozen rank first (nothing in it runs), then a busy one (it runs, but
+not the job's code that beats and steps: C code holding the GIL), else a stuck rank outside a
 collective while others wait inside one, else the ranks behind on step.  A node whose
 stalled ranks all wait (the culprit is elsewhere, or cannot be told apart) names none:
 the alert rule then takes the culprit another node's agent named, or says "unknown".
@@ -18,7 +19,8 @@ from typing import Any
 
 from trainwatch.contract.states import COLLECTIVE_PHASES
 
-_KIND_ORDER = {"dead": 0, "frozen": 1, "stuck": 2}
+_KIND_ORDER = {"dead": 0, "frozen": 1, "busy": 2, "stuck": 3}
+_STUCK = _KIND_ORDER["stuck"]
 
 
 @dataclass
@@ -42,12 +44,12 @@ def group(stalled: list[tuple[dict[str, Any], Any]]) -> Incident | None:
         return None
     by_rank = {rank["rank"]: (rank, verdict) for rank, verdict in stalled}
     kinds = {r: v.kind for r, (_, v) in by_rank.items()}
-    worst = min(_KIND_ORDER.get(k, 3) for k in kinds.values())
+    worst = min(_KIND_ORDER.get(k, _STUCK) for k in kinds.values())
     culprits: list[int] = []
     reason = ""
-    if worst < 2:  # dead or frozen: nothing in those ranks runs
-        culprits = [r for r, k in kinds.items() if _KIND_ORDER.get(k, 3) == worst]
-        reason = f"{'dead' if worst == 0 else 'frozen'} while the others wait"
+    if worst < _STUCK:  # dead, frozen or busy: none of them beats, so none waits in a collective
+        culprits = [r for r, k in kinds.items() if _KIND_ORDER.get(k, _STUCK) == worst]
+        reason = f"{kinds[culprits[0]]} while the others wait"
     else:
         phases = {r: str(rank.get("phase") or "") for r, (rank, _) in by_rank.items()}
         waiting_in_collective = [r for r, p in phases.items() if p in COLLECTIVE_PHASES]

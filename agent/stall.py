@@ -8,8 +8,10 @@ of a phase before it can see the step that follows (a rank publishes its progres
 once per heartbeat), and a rank that evaluated for 90 s has not been stalled for 90 s
 when it starts its next step.
 The evidence decides the kind: ``dead`` (process gone or zombie), ``frozen``
-(process stopped, or heartbeat stale: nothing in it runs) or
-``stuck`` (heartbeat fresh, step stale: alive but waiting).  A finding clears by
+(process stopped, or heartbeat stale: nothing in it runs), ``busy`` (heartbeat stale but
+the process runnable and burning CPU: code in C holding the GIL, such as a catastrophic
+regular expression, starves the telemetry thread) or ``stuck`` (heartbeat fresh, step
+stale: alive but waiting).  A finding clears by
 itself as soon as the rank progresses again.
 """
 
@@ -21,7 +23,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from trainwatch.contract.stall import heartbeat_stale, stall_budget
+from trainwatch.contract.stall import (BUSY_CORES, BUSY_MAIN_RUNNABLE, heartbeat_stale,
+                                       stall_budget)
 
 
 @dataclass
@@ -117,7 +120,10 @@ class StallDetector:
         else:
             budget = self.budget(key, phase, declared=declared)
             covered = phase is not None and self.phase_budget(phase, declared) is not None
-            if hb_stale:
+            busy = busy_evidence(rank.get("process") or {}) if hb_stale else None
+            if busy is not None:
+                kind, why = "busy", f"{busy}, heartbeat {hb_age:.1f} s old"
+            elif hb_stale:
                 kind, why = "frozen", f"heartbeat {hb_age:.1f} s old"
             else:
                 kind, why = "stuck", "heartbeat fresh, step not advancing"
@@ -159,6 +165,21 @@ class StallDetector:
             self._covered[key] = (progress, stalled_for)
             return stalled_for
         return seen[1] if seen is not None else 0.0
+
+
+def busy_evidence(process: dict[str, Any]) -> str | None:
+    """"R, 100 % CPU" for a process whose main thread is runnable and that uses a CPU
+    (``BUSY_CORES``, or its main thread ran or waited to run ``BUSY_MAIN_RUNNABLE`` of the
+    time: a loaded machine gives it less CPU), else None."""
+    cores, main = process.get("cpu_cores"), process.get("main_runnable")
+    if process.get("status") != "running" or not (
+            (isinstance(cores, (int, float)) and cores >= BUSY_CORES)
+            or (isinstance(main, (int, float)) and main >= BUSY_MAIN_RUNNABLE)):
+        return None
+    said = f"R, {100 * cores:.0f} % CPU" if isinstance(cores, (int, float)) else "R"
+    if isinstance(main, (int, float)):
+        said += f", main thread runnable {100 * main:.0f} %"
+    return said
 
 
 @dataclass(frozen=True)

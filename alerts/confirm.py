@@ -36,11 +36,11 @@ from typing import Any, Callable
 import psutil
 
 from trainwatch.beat import read_beat
+from trainwatch.contract.stall import BUSY_CORES
 from trainwatch.rundir import RunDir
 
 _STEPS_TOTAL = re.compile(rb'^trainwatch_rank_steps_total\{[^}]*\} ([0-9.e+]+)$', re.M)
 _DONE = ("stopped", "zombie", "gone")
-BUSY_CORES = 0.25  # CPU time per second of the window that counts as working
 
 
 @dataclass

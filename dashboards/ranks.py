@@ -74,7 +74,7 @@ def build(runbook_base: str) -> dict:
     b.table("Stall incident: culprit", target(
         f"{b.sel('trainwatch_stall_incident_seconds')}", table=True),
             description="One incident per job and node: the rank the node's agent blames "
-                        "(dead, frozen, or stuck outside the collective the others wait in; "
+                        "(dead, frozen, busy, or stuck outside the collective the others wait in; "
                         "unknown when all its stalled ranks wait alike), its stall kind and "
                         "for how long. TrainingStalled fires once per incident.",
             alerts=("TrainingStalled",), w=6)
@@ -83,9 +83,10 @@ def build(runbook_base: str) -> dict:
                  description="Ranks in the open stall incident: the culprit(s), and the ranks "
                              "waiting for them.", alerts=("TrainingStalled",), w=6)
     b.table("Stall findings", target(f"{b.sel('trainwatch_rank_stall_info')} == 1", table=True),
-            description="kind: stuck (alive, heartbeat fresh: waiting on something), frozen "
-                        "(heartbeat stale or process stopped) or dead; phase: where it "
-                        "stalled. `trainwatch diagnose` names the culprit.",
+            description="kind: stuck (alive, heartbeat fresh: waiting on something), busy "
+                        "(heartbeat stale, process runnable and burning CPU: C code holding "
+                        "the GIL), frozen (heartbeat stale or process stopped) or dead; phase: "
+                        "where it stalled. `trainwatch diagnose` names the culprit.",
             alerts=("TrainingStalled",))
     b.timeseries("Stalls detected",
                  target(f"sum by (rank, kind) ({b.increase('trainwatch_rank_stalls_total')})",

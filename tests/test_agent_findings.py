@@ -78,6 +78,38 @@ def test_a_4_rank_stall_is_one_incident_naming_the_culprit():
     assert seconds == [] and roles == {"culprit": 0, "waiting": 0}
 
 
+def test_a_rank_busy_with_a_silent_heartbeat_is_the_busy_culprit():
+    """Rank 2 burns a core in C holding the GIL (its heartbeat stale), the others wait in
+    the all-reduce: the culprit is busy, named so in its finding, the incident and the
+    metrics, and never frozen."""
+    ctx = make_ctx()
+    findings = collector(ctx, "findings")
+    now = time.time()
+    result = job_of(now, [(0, 50, "backward", 8.0, 0.1, "sleeping"),
+                          (1, 50, "backward", 8.0, 0.1, "sleeping"),
+                          (2, 50, "forward", 8.2, 8.2, "running")])
+    result.data["jobs"][0]["ranks"][2]["process"].update(cpu_cores=0.98, main_runnable=1.0)
+    publish(ctx, "ranks", result)
+    judged = findings.collect()
+    by_id = {f["id"]: f for f in judged.data["findings"]}
+    incident, culprit = by_id["stall_incident/exp"], by_id["stall/exp/2"]
+    assert incident["culprit_ranks"] == [2] and incident["stall_kind"] == "busy", incident
+    assert incident["reason"] == "busy while the others wait"
+    assert culprit["stall_kind"] == "busy" and culprit["role"] == "culprit"
+    assert culprit["message"].startswith("rank 2 busy (R, 98 % CPU, main thread runnable "
+                                         "100 %, heartbeat 8.2 s old) in phase forward")
+    assert "trainwatch diagnose names the function" in culprit["message"]
+    assert "frozen" not in str(by_id)
+    (seconds,), _ = incident_samples(judged)
+    assert seconds.labels["kind"] == "busy"
+    kinds = {s.labels["kind"] for s in judged.every_sample()
+             if s.name == "trainwatch_rank_stall_info"}
+    assert kinds == {"busy", "stuck"}
+    counted = {s.labels["kind"]: s.value for s in judged.every_sample()
+               if s.name == "trainwatch_rank_stalls_total" and s.labels["rank"] == "2"}
+    assert counted == {"stuck": 0, "busy": 1, "frozen": 0, "dead": 0}
+
+
 def stall_metric(result, name):
     return [s.value for s in result.every_sample() if s.name == name][0]
 

@@ -79,6 +79,36 @@ def test_fixture_journal_counts_every_kind_of_event(tmp_path):
         (17, "record version 2 not supported"), (18, "no event name")]
 
 
+def test_a_run_its_supervisor_stopped_is_over_until_it_starts_again(tmp_path):
+    """controller_stopped after the ranks' start: the supervisor stopped the run (ranks it
+    SIGKILLed keep a running status; the rules leave such a run alone). Any start after it
+    (the controller's, the launcher's, a rank's) makes the run live again."""
+    run = run_with(tmp_path)
+    journal = collector(make_ctx([run.root]), "journal")
+
+    def stopped() -> float:
+        return value(journal.collect(), "trainwatch_run_supervisor_stopped")
+    assert stopped() == 0  # no journal yet
+    for event in ("controller_started", "job_started", "rank_started", "checkpoint_saved"):
+        run.append_event(event, "engine")
+    assert stopped() == 0
+    run.append_event("job_stopped", "engine", killed=[4242])
+    assert stopped() == 0  # a restart's stop: the job is started again right after
+    run.append_event("controller_stopped", "engine", exit_code=130, interrupted=True)
+    assert stopped() == 1
+    assert journal.collect().data[str(run.root)]["supervisor_stopped"] is True
+    run.append_event("alert_firing", "engine", alert="TrainingRankDown", severity="critical")
+    assert stopped() == 1  # what happens after the stop does not start it
+    for start in ("controller_started", "rank_started", "launcher_started"):
+        run.append_event(start, "engine")
+        assert stopped() == 0, start
+        run.append_event("controller_stopped", "engine")
+        assert stopped() == 1
+    # A fresh agent reads the whole journal: the same answer.
+    assert value(collector(make_ctx([run.root]), "journal").collect(),
+                 "trainwatch_run_supervisor_stopped") == 1
+
+
 def test_incremental_tail_counts_each_line_once_across_collections(tmp_path):
     whole = collector(make_ctx([run_with(tmp_path, JOURNAL.read_bytes(), "whole").root]),
                       "journal").collect()

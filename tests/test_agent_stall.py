@@ -63,6 +63,35 @@ def test_kinds_stuck_frozen_dead_and_clearing():
     assert not done.stalled
 
 
+def test_busy_is_not_frozen():
+    """A stale heartbeat with the process runnable and burning CPU (C code holding the GIL
+    starves the telemetry thread) is busy: the evidence says R and the CPU it used. Without
+    CPU used, or not runnable, a stale heartbeat is still frozen."""
+    det = StallDetector(dict(STALL_DEFAULTS))
+    now, key = 1000.0, ("j", 1, 1)
+    det.observe(key, rank(now, progress_age=0))
+
+    def check(**process):
+        r = rank(now, progress_age=12.0, heartbeat_age=12.0, status="running")
+        r["process"].update(process)
+        return det.check(key, r)
+    busy = check(cpu_cores=1.0, main_runnable=1.0)
+    assert busy.stalled and busy.kind == "busy", busy
+    assert busy.reason.startswith("R, 100 % CPU, main thread runnable 100 %"), busy.reason
+    # a loaded machine gives it a fraction of a core, but its main thread is always runnable
+    loaded = check(cpu_cores=0.1, main_runnable=0.95)
+    assert loaded.kind == "busy" and "R, 10 % CPU" in loaded.reason, loaded
+    assert check(cpu_cores=0.3).kind == "busy"
+    assert check(cpu_cores=0.01, main_runnable=0.02).kind == "frozen"
+    assert check().kind == "frozen"  # no CPU rate known yet
+    assert check(status="sleeping", cpu_cores=1.0, main_runnable=1.0).kind == "frozen"
+    assert check(status="stopped", cpu_cores=1.0).kind == "frozen"
+    # the heartbeat is fresh: a rank burning CPU without a step is stuck (a spin in Python)
+    fresh = rank(now, progress_age=12.0, status="running")
+    fresh["process"].update(cpu_cores=1.0, main_runnable=1.0)
+    assert det.check(key, fresh).kind == "stuck"
+
+
 def test_phase_budgets_apply_unless_the_process_is_stopped():
     det = StallDetector(dict(STALL_DEFAULTS))
     now, key = 1000.0, ("j", 0, 1)

@@ -15,7 +15,7 @@ import time
 import psutil
 import pytest
 
-from agent_helpers import get_json, start_agent, stop_process, wait_for
+from agent_helpers import get_json, http_get, start_agent, stop_process, wait_for
 from conftest import tmpfs_mount
 from test_diagnose import Job, diagnose, stalled_for, top
 from trainwatch.beat import beat_path, read_beat
@@ -103,6 +103,39 @@ def test_rank_busy_in_c_holding_the_gil_is_busy_not_frozen(jobs):
     assert "TORCH_FR_BUFFER_SIZE" not in " ".join(
         f["next_command"] or "" for f in report["findings"]), report["findings"]
     no_confident_wrong(report, 1)
+
+
+def test_agent_calls_a_rank_busy_in_c_busy_not_frozen(jobs, tmp_path):
+    """The node agent says what diagnose says: rank 1 backtracking in a regular expression
+    (the GIL held, its heartbeat stale) is busy (R, CPU used), in its finding, the stall
+    incident and the metrics; at no moment frozen."""
+    job = jobs(FAULT="regex", FAULT_RANK="1", FAULT_STEP="10")
+    agent, url = start_agent(tmp_path, "--run-dir", str(job.run.root))
+    kinds: list[str] = []
+
+    def busy():
+        found = [f for f in get_json(url + "/status")["findings"] if f.get("rank") == 1]
+        kinds.extend(f["stall_kind"] for f in found)
+        return next((f for f in found if f["stall_kind"] == "busy"), None)
+    try:
+        finding = wait_for(busy, 90, interval=0.3, what="the agent's busy finding for rank 1")
+        incident = next(f for f in get_json(url + "/status")["findings"]
+                        if f["kind"] == "stall_incident")
+        metrics = http_get(url + "/metrics").decode()
+    finally:
+        stop_process(agent)
+    assert "frozen" not in kinds, kinds
+    assert finding["message"].startswith("rank 1 busy (R, "), finding["message"]
+    assert "% CPU" in finding["message"] and "heartbeat" in finding["message"], finding
+    assert incident["culprit_ranks"] == [1] and incident["stall_kind"] == "busy", incident
+    info = [line for line in metrics.splitlines()
+            if line.startswith("trainwatch_rank_stall_info{") and 'rank="1"' in line]
+    assert len(info) == 1 and 'kind="busy"' in info[0], info
+    frozen = [line for line in metrics.splitlines()
+              if line.startswith("trainwatch_rank_stalls_total{") and 'rank="1"' in line
+              and 'kind="frozen"' in line]
+    assert frozen and float(frozen[0].split()[-1]) == 0, frozen
+    print(finding["message"])
 
 
 def test_racing_deaths_weigh_a_peers_failure_against_the_launchers_order(jobs):

@@ -3,7 +3,10 @@
 * a crash loop is the restart guard's (TrainingRestartLoop), never TrainingStartupFailed,
   though each start dies before it publishes a step;
 * a rank whose wall clock is 5 min behind the node's is neither down nor failed to start,
-  and `trainwatch report` measures the run on one clock (a 60 s run is ~60 s, not 6 min).
+  and `trainwatch report` measures the run on one clock (a 60 s run is ~60 s, not 6 min);
+* a run its supervisor stopped, whose ranks ignored SIGTERM and were SIGKILLed after the
+  grace period (their statuses still say running), is not a rank down for an agent that
+  keeps watching its folder; a new start makes it live again.
 """
 
 import importlib.util
@@ -16,7 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from agent_helpers import http_get, start_agent, stop_process, wait_for
 from conftest import kill_tree
+from trainwatch.alerts.engine import Engine
+from trainwatch.alerts.evaluate import History
+from trainwatch.alerts.rules import load_rules
+from trainwatch.alerts.scrape import Scraper
 from trainwatch.rundir import RunDir
 
 HERE = Path(__file__).parent
@@ -101,3 +109,79 @@ def test_a_rank_with_a_clock_5_min_behind_is_not_paged_and_the_report_keeps_one_
     assert report["goodput_ratio"] > 0.5, report["categories"]
     print(f"skewed rank: wall {wall:.1f} s of {took:.1f} s, goodput "
           f"{report['goodput_ratio']:.0%}, alerts {sorted(set(fired))}")
+
+
+def _metric(text: str, name: str) -> list[float]:
+    return [float(line.split()[-1]) for line in text.splitlines()
+            if line.startswith(name + "{")]
+
+
+def test_a_run_its_supervisor_stopped_whose_ranks_were_sigkilled_pages_nobody(tmp_path):
+    """`trainwatch run` is stopped (SIGTERM); its ranks ignore SIGTERM and are SIGKILLed
+    after the grace period, so their statuses still say running. An agent that keeps
+    watching the runs folder says the supervisor stopped the run, and the rules, replayed
+    by the embedded engine on that agent's scrapes over 2 simulated minutes, page nothing;
+    after a new start in the journal, the dead ranks page TrainingRankDown again."""
+    _configs(tmp_path)
+    runs = tmp_path / "runs"
+    run = RunDir(runs / "exp").create()
+    bin_dir = os.path.dirname(sys.executable)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainwatch", "run", "--run-dir", str(run.root), "--no-live",
+         "--thresholds", str(tmp_path / "thresholds.yaml"),
+         "--agent-config", str(tmp_path / "agent.yaml"), "--",
+         "torchrun", "--standalone", "--nproc-per-node=2", str(HERE / "agent_job.py"),
+         str(run.root)],
+        stdout=open(tmp_path / "run.log", "wb"), stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "TW_IGNORE_SIGTERM": "1",
+             "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"})
+    agent = None
+    try:
+        wait_for(lambda: len(run.statuses().records) == 2 and all(
+            (s.get("step") or 0) >= 3 for s in run.statuses().records)
+            or proc.poll() is not None, 180, what="both ranks past step 3")
+        assert proc.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
+        pids = [s["pid"] for s in run.statuses().records]
+        proc.terminate()
+        assert proc.wait(timeout=120) == 130, (tmp_path / "run.log").read_text()[-3000:]
+    finally:
+        kill_tree(proc)
+    (stopped,) = run.events("job_stopped")
+    assert set(pids) <= set(stopped["killed"]), stopped  # SIGKILLed after the grace
+    assert run.events()[-1]["event"] == "controller_stopped"
+    assert {s["state"] for s in run.statuses().records} == {"running"}
+    try:
+        agent, url = start_agent(tmp_path, "--discover", str(runs))
+
+        def scrape() -> str:
+            return http_get(url + "/metrics").decode()
+
+        def settled(stopped: float):
+            def check():
+                text = scrape()
+                return (_metric(text, "trainwatch_run_supervisor_stopped") == [stopped]
+                        and _metric(text, "trainwatch_rank_up") == [0.0, 0.0]
+                        and min(_metric(text, "trainwatch_rank_steps_total")) >= 3)
+            return check
+        wait_for(settled(1.0), 60, what="the agent to say the supervisor stopped the run")
+        engine = Engine(load_rules(), History())
+        scraper = Scraper(engine.history, [url])
+        t0 = time.time()
+
+        def firing_over(seconds: float, start: float) -> set[str]:
+            names: set[str] = set()
+            for i in range(int(seconds / 15) + 1):
+                scraper.scrape(url, start + 15 * i)
+                engine.evaluate(start + 15 * i)
+                names |= {a.name for alerts in engine.active.values() for a in alerts.values()
+                          if a.state == "firing"}
+            return names
+        quiet = firing_over(120, t0)
+        assert not quiet & {"TrainingRankDown", "TrainingStartupFailed", "TrainingStalled",
+                            "TrainingStallSuspected", "CheckpointTooOld"}, quiet
+        run.append_event("job_started", "engine", pid=1, reason="a new start", attempt=2)
+        wait_for(settled(0.0), 60, what="the agent to see the run live again")
+        assert "TrainingRankDown" in firing_over(120, t0 + 135)
+    finally:
+        if agent is not None:
+            stop_process(agent)

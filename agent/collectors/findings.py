@@ -24,6 +24,9 @@ _THERMAL = ("hw_thermal", "sw_thermal")
 _NO_LABELS: dict[str, str] = {}
 _KIND_LABELS = {kind: {"kind": kind} for kind in STALL_KINDS}
 _POWER = ("hw_power_brake", "sw_power_cap")
+# The agent reads no stacks (that takes ptrace): diagnose samples them.
+_BUSY_WHERE = ("; busy in code that holds the GIL or spins: trainwatch diagnose names the "
+               "function")
 
 
 @register("findings", interval=1.0, timeout=5.0, first_delay=1.5, options={"keep_cleared": 20})
@@ -134,7 +137,8 @@ class FindingsCollector(Collector):
                 "budget_seconds": verdict.budget,
                 "message": (f"rank {rank['rank']} {verdict.kind} ({verdict.reason}) in phase "
                             f"{phase or '?'} at step {rank.get('step')}; no progress for "
-                            f"{verdict.stalled_for:.1f} s (budget {verdict.budget:.1f} s)")}
+                            f"{verdict.stalled_for:.1f} s (budget {verdict.budget:.1f} s)"
+                            + (_BUSY_WHERE if verdict.kind == "busy" else ""))}
         for kind in STALL_KINDS:
             rows.append(("trainwatch_rank_stalls_total",
                          self.stall_counts.get((job["job"], rank["rank"], kind), 0),

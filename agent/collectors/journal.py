@@ -2,8 +2,10 @@
 
 Alerts fired (``alert_firing``), actions taken or skipped (``action_taken`` /
 ``action_skipped``), restarts (torchrun's ``restarted``, the controller's ``job_started``
-after its first attempt) and the newest checkpoint save's write and blocking time
-(``checkpoint_saved``, mirror copies left out).
+after its first attempt), the newest checkpoint save's write and blocking time
+(``checkpoint_saved``, mirror copies left out), and whether the run's supervisor stopped it
+(``controller_stopped`` after the last start): ranks SIGKILLed after the stop's grace
+period keep a ``running`` status, and such a run is over, not down.
 
 The journal is tailed, not re-read: the byte offset per file is remembered and at most
 ``max_bytes_per_run`` are read per run and collection (a long journal is caught up over
@@ -36,6 +38,10 @@ from trainwatch.contract.alerts import ACTIONS, SEVERITIES, alert_catalog
 from trainwatch.rundir import SkippedFile, open_run_file, parse_jsonl_pieces
 
 RESTART_KINDS = ("torchrun", "controller")
+# After a supervisor stopped a run (STOP_EVENT), any of these makes it live again.
+STOP_EVENT = "controller_stopped"
+START_EVENTS = frozenset({"controller_started", "job_started", "launcher_started", "run_started",
+                          "rank_started", "restarted"})
 OTHER = "other"
 NO_ACTION = "none"  # action_skipped without an action request (e.g. a malformed delivery)
 MIN_READ_BYTES = 1024
@@ -69,6 +75,7 @@ class _Tail:
     recent: deque = field(default_factory=lambda: deque(maxlen=10))
     extra: dict[str, set[str]] = field(default_factory=dict)  # label -> unknown names kept
     last_save: dict[str, float | None] | None = None
+    supervisor_stopped: bool = False  # the last start was followed by STOP_EVENT
 
     def start_over(self, file_id: tuple[int, int] | None) -> None:
         """A new file (rotated, truncated, rewritten): read it from the start, keep totals."""
@@ -113,7 +120,8 @@ class JournalCollector(Collector):
                               "offset": tail.offset, "caught_up": tail.caught_up,
                               "reopened_total": tail.reopened,
                               "lines_skipped_total": tail.lines_skipped,
-                              "skipped": list(tail.recent), "error": tail.error}
+                              "skipped": list(tail.recent), "error": tail.error,
+                              "supervisor_stopped": tail.supervisor_stopped}
         for key in set(self.tails) - watched:  # run dir no longer watched
             del self.tails[key]
         result.data = summaries
@@ -182,6 +190,8 @@ class JournalCollector(Collector):
     # -- counting ----------------------------------------------------------------------
     def _count(self, record: dict[str, Any], tail: _Tail) -> None:
         event = record["event"]
+        if event == STOP_EVENT or event in START_EVENTS:
+            tail.supervisor_stopped = event == STOP_EVENT
         if event == "alert_firing":
             severity = record.get("severity")
             tail.alerts[(self._name(tail, "alertname", record.get("alert")),
@@ -231,6 +241,7 @@ class JournalCollector(Collector):
                        kind=kind)
         result.add("trainwatch_collector_journal_lines_skipped_total", tail.lines_skipped,
                    **labels)
+        result.add("trainwatch_run_supervisor_stopped", tail.supervisor_stopped, **labels)
         if tail.last_save is not None:
             result.add("trainwatch_checkpoint_last_save_duration_seconds",
                        tail.last_save["write_seconds"], **labels)

@@ -110,7 +110,8 @@ _SPECS = [
        "The stall budget currently applied to the rank: max(floor, k x typical step) or its "
        "phase's budget.", RUN_RANK, "seconds"),
     _m("trainwatch_rank_stall_info", "info",
-       "1 while the rank is stalled; kind is stuck (alive, heartbeat fresh), frozen (heartbeat "
+       "1 while the rank is stalled; kind is stuck (alive, heartbeat fresh), busy (heartbeat "
+       "stale, process runnable and burning CPU: C code holding the GIL), frozen (heartbeat "
        "stale or process stopped) or dead; phase is where it stalled.",
        RUN_RANK + ("kind", "phase")),
     _m("trainwatch_rank_stalls_total", "counter",
@@ -118,13 +119,13 @@ _SPECS = [
     # --- stall incidents (agent/incident.py): one per run and node ------------------------
     _m("trainwatch_stall_incident_ranks", "gauge",
        "This node's ranks of the run in its open stall incident, by role: culprit (dead, "
-       "frozen, or stuck outside the collective the others wait in) or waiting; 0 when "
+       "frozen, busy, or stuck outside the collective the others wait in) or waiting; 0 when "
        "there is none.", RUN_NODE + ("role",)),
     _m("trainwatch_stall_incident_seconds", "gauge",
        "Seconds since the run's open stall incident on this node began (the first stalled "
        "rank's last progress); present only while one is open. culprit_rank is the rank "
        "this node's evidence blames, or unknown (all its stalled ranks wait); kind is that "
-       "rank's stall kind (dead, frozen, stuck) or unknown.",
+       "rank's stall kind (dead, frozen, busy, stuck) or unknown.",
        RUN_NODE + ("culprit_rank", "kind"), "seconds"),
     # --- processes of the local ranks (psutil) -------------------------------------------
     _m("trainwatch_process_state", "gauge",
@@ -343,6 +344,10 @@ _SPECS += [
        "Automated actions the controller decided not to take (action_skipped events: dry "
        "run, rate limit, restart guard, duplicate delivery, ...), by action.",
        RUN_NODE + ("action",)),
+    _m("trainwatch_run_supervisor_stopped", "gauge",
+       "1 while the run's journal says its supervisor (trainwatch run) stopped it after its "
+       "last start (controller_stopped): ranks killed by that stop are not down; 0 "
+       "otherwise.", RUN_NODE),
     _m("trainwatch_train_restarts_total", "counter",
        "Restarts of the job's ranks, by kind: torchrun (restarted events) or controller (the "
        "controller starting the job again, job_started after the first attempt).",

@@ -23,6 +23,12 @@ STALL_DEFAULTS: dict[str, Any] = {
     "history": 50,                 # step times kept per rank for the typical value
 }
 
+# A rank busy on a CPU: it used this many cores (CPU seconds per second), or its main thread
+# ran or waited to run this share of the time. The agent calls a rank with a silent
+# heartbeat busy, not frozen, on this; the early stall action leaves a busy rank alone.
+BUSY_CORES = 0.25
+BUSY_MAIN_RUNNABLE = 0.8
+
 # The journal event that records the options of the agent a run was watched by, and its key.
 RECORD_EVENT = "controller_started"
 RECORD_KEY = "stall"

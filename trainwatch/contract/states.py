@@ -28,7 +28,7 @@ RANK_STATES = (RUNNING, FINISHED, FAILED, STOPPED)
 PROCESS_STATES = ("running", "sleeping", "disk_sleep", "stopped", "zombie", "gone", "unknown")
 
 # The kinds of stall the agent tells apart (``trainwatch_rank_stall_info``'s ``kind``).
-STALL_KINDS = ("stuck", "frozen", "dead")
+STALL_KINDS = ("stuck", "busy", "frozen", "dead")
 
 # An agent collector's state (``trainwatch_collector_state``'s ``state`` label).
 COLLECTOR_STATES = ("ok", "failed", "timeout", "absent", "pending", "disabled")

@@ -22,6 +22,8 @@ _STATUS = {
     psutil.STATUS_ZOMBIE: "zombie", psutil.STATUS_DEAD: "gone",
 }
 # Filtered environment the NCCL and network collectors need; values never leave the agent.
+# The shortest window a CPU rate is taken over (CPU times count in 10 ms ticks).
+CPU_RATE_MIN_SECONDS = 0.5
 ENV_PREFIXES = ("NCCL_", "TORCH_", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES")
 
 
@@ -54,6 +56,9 @@ class _Tracked:
     env: dict[str, str] = field(default_factory=dict)
     facts: dict[str, Any] | None = None  # the last inspection's
     due: float = 0.0                     # monotonic: inspect again from then on
+    # (monotonic, CPU seconds, main thread runnable ns) the rates below are from
+    cpu_at: tuple[float, float, int | None] | None = None
+    cpu_rates: tuple[float | None, float | None] = (None, None)  # see _cpu_rates
 
 
 class ProcessTracker:
@@ -119,6 +124,8 @@ class ProcessTracker:
                     cpus = []
             info["cpus"] = cpus
             info["cpu_contention_ratio"] = self._contention(pid, cpu, cpus)
+            info["cpu_cores"], info["main_runnable"] = _cpu_rates(tracked, mono, cpu,
+                                                                  self.proc_root)
             tracked.facts = info
             return info
         except psutil.NoSuchProcess:
@@ -156,6 +163,35 @@ class ProcessTracker:
             return None
         others = busy - (cpu_seconds - prev[0])
         return min(1.0, max(0.0, others / total))
+
+
+def _cpu_rates(tracked: _Tracked, mono: float, cpu: float,
+               proc_root: str) -> tuple[float | None, float | None]:
+    """(cores the process used, share of the time its main thread ran or waited to run)
+    since an inspection at least ``CPU_RATE_MIN_SECONDS`` ago; None at the first. A rank
+    that burns CPU with a silent heartbeat is busy, not frozen (agent/stall.py); on a
+    loaded machine its main thread waits to run more than it runs."""
+    before = tracked.cpu_at
+    if before is not None and mono - before[0] < CPU_RATE_MIN_SECONDS:
+        return tracked.cpu_rates  # too short a window for clock-tick CPU times
+    pid = tracked.process.pid
+    runnable = _runnable_ns(f"{proc_root}/{pid}/task/{pid}/schedstat")
+    tracked.cpu_at = (mono, cpu, runnable)
+    if before is not None:
+        elapsed = mono - before[0]
+        main = None if runnable is None or before[2] is None else \
+            min(1.0, max(0, runnable - before[2]) / 1e9 / elapsed)
+        tracked.cpu_rates = (max(0.0, cpu - before[1]) / elapsed, main)
+    return tracked.cpu_rates
+
+
+def _runnable_ns(path: str) -> int | None:
+    """Nanoseconds a thread ran plus waited to run (``schedstat``), None if unknown."""
+    fields = (_read(path) or "").split()
+    try:
+        return int(fields[0]) + int(fields[1])
+    except (ValueError, IndexError):
+        return None
 
 
 def _filtered_env(proc: psutil.Process) -> dict[str, str]:
