@@ -4,6 +4,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -56,6 +57,19 @@ def tmpfs_mount(path: Path, size: str):
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill_to_the_brim(folder: Path) -> float:
+    """Fill a (tmpfs) folder until not one more byte fits, big chunks then smaller down to
+    one (again: what others freed since); the time it was full."""
+    with open(folder / "filler", "ab", buffering=0) as fh:
+        size = 1 << 20
+        while size:
+            try:
+                fh.write(b"\0" * size)
+            except OSError:
+                size //= 2
+    return time.time()
 
 
 TRAIN = [sys.executable, "-m", "trainwatch", "train"]

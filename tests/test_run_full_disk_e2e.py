@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from agent_helpers import wait_for
-from conftest import kill_tree, tmpfs_mount
+from conftest import fill_to_the_brim, kill_tree, tmpfs_mount
 from trainwatch.rundir import RunDir
 
 pytestmark = pytest.mark.slow
@@ -37,19 +37,6 @@ def _start(tmp_path, run_dir, *sets: str) -> subprocess.Popen:
                             stderr=subprocess.STDOUT,
                             env={**os.environ, "TMPDIR": str(scratch), "OMP_NUM_THREADS": "1",
                                  "TRAINWATCH_FAULT": "slow:delay=0.2"})
-
-
-def _fill_to_the_brim(folder) -> float:
-    """Fill a tmpfs until not one more byte fits (again: what others freed); the time it was
-    full."""
-    with open(folder / "filler", "ab", buffering=0) as fh:
-        size = 1 << 20
-        while size:
-            try:
-                fh.write(b"\0" * size)
-            except OSError:
-                size //= 2
-    return time.time()
 
 
 def _use_the_journals_slack(run: RunDir) -> None:
@@ -76,11 +63,11 @@ def test_ctrl_c_on_a_full_run_directory_stops_everything_and_exits_130(tmp_path)
             assert proc.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
             started = psutil.Process(proc.pid).children(recursive=True)
             assert len(started) >= 3  # the agent, the launcher, torchrun and its rank
-            _fill_to_the_brim(run.root)
+            fill_to_the_brim(run.root)
             proc.send_signal(signal.SIGINT)
             deadline = time.time() + 120
             while proc.poll() is None and time.time() < deadline:  # keep it full: the job
-                _fill_to_the_brim(run.root)                       # frees what it gives up
+                fill_to_the_brim(run.root)                       # frees what it gives up
                 _use_the_journals_slack(run)
                 time.sleep(0.05)
             code = proc.wait(timeout=1)
@@ -106,7 +93,7 @@ def test_storage_full_names_the_full_disk_within_15s_of_the_first_failed_save(tm
             wait_for(lambda: run.events("checkpoint_saved") or proc.poll() is not None, 240,
                      what="a first checkpoint")
             assert proc.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
-            _fill_to_the_brim(disk)
+            fill_to_the_brim(disk)
             failed = wait_for(lambda: run.events("checkpoint_failed"), 120,
                               what="a failed save")
             firing = wait_for(lambda: [e for e in run.events("alert_firing")

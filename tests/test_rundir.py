@@ -95,25 +95,14 @@ def test_every_journal_event_written_in_the_code_is_listed_in_EVENTS():
     assert not missing, f"journal events not in trainwatch.rundir.EVENTS: {missing}"
 
 
-def _fill_to_the_brim(folder) -> None:
-    """Fill a tmpfs until not one more byte fits (big chunks, then smaller, down to 1)."""
-    with open(folder / "filler", "wb", buffering=0) as fh:
-        size = 1 << 16
-        while size:
-            try:
-                fh.write(b"\0" * size)
-            except OSError:
-                size //= 2
-
-
 def test_a_journal_line_on_a_full_disk_is_all_or_nothing(tmp_path):
     """A real tmpfs filled to the brim: an append that only partly fits (the slack of the
     journal's last page) is taken back, never left torn to glue the next line to itself."""
-    from conftest import tmpfs_mount
+    from conftest import fill_to_the_brim, tmpfs_mount
     with tmpfs_mount(tmp_path / "disk", "1m") as disk:
         run = RunDir(disk / "run").create()
         run.append_event("run_started", "cli")
-        _fill_to_the_brim(disk)
+        fill_to_the_brim(disk)
         before = run.journal_file.read_bytes()
         with pytest.raises(OSError) as raised:
             run.append_event("checkpoint_failed", "rank0", error="x" * 6000)  # > one page
