@@ -174,6 +174,7 @@ class CollectorRunner:
                 return
             self._inflight[name] = (future, started)
             record = store.get(name)
+            assert record is not None
             store.update(name, state="timeout", samples=(), last_run_at=started,
                          timeouts=record.timeouts + 1,
                          reason=f"did not finish within {record.timeout:g} s (hung?)")
@@ -181,6 +182,7 @@ class CollectorRunner:
             return
         except Exception as exc:  # noqa: BLE001 - a failing collector must not stop the rest
             record = store.get(name)
+            assert record is not None
             store.update(name, state="failed", samples=(), last_run_at=started,
                          duration=time.time() - started, errors=record.errors + 1,
                          reason=f"{type(exc).__name__}: {exc}")

@@ -29,7 +29,7 @@ import re
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from trainwatch.agent.registry import Collector, Result, register
 from trainwatch.contract.alerts import ACTIONS, SEVERITIES, alert_catalog
@@ -47,6 +47,14 @@ def _num(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value)
+
+
+class _Save(TypedDict):
+    """The last checkpoint save seen: when, and how long it took (None when not reported)."""
+
+    time: float
+    write_seconds: float | None
+    blocking_seconds: float | None
 
 
 @dataclass
@@ -68,7 +76,7 @@ class _Tail:
     lines_skipped: int = 0
     recent: deque = field(default_factory=lambda: deque(maxlen=10))
     extra: dict[str, set[str]] = field(default_factory=dict)  # label -> unknown names kept
-    last_save: dict[str, float | None] | None = None
+    last_save: _Save | None = None
 
     def start_over(self, file_id: tuple[int, int] | None) -> None:
         """A new file (rotated, truncated, rewritten): read it from the start, keep totals."""
