@@ -99,7 +99,7 @@ AGENT_STATUS = {
 @pytest.fixture
 def agent_url():
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's naming
+        def do_GET(self):  # http.server's naming
             body = json.dumps(AGENT_STATUS).encode() if self.path == "/status" else b""
             self.send_response(200 if body else 404)
             self.end_headers()
