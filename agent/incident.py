@@ -60,8 +60,8 @@ def group(stalled: list[tuple[dict[str, Any], Any]]) -> Incident | None:
                       f"{', '.join(sorted({phases[r] for r in outside}))}) while the others "
                       "wait in one")
         else:
-            steps = {r: rank.get("step") for r, (rank, _) in by_rank.items()
-                     if isinstance(rank.get("step"), int)}
+            steps: dict[int, int] = {r: step for r, (rank, _) in by_rank.items()
+                                     if isinstance(step := rank.get("step"), int)}
             if len(set(steps.values())) > 1 and not outside:
                 culprits, reason = _out_of_step(steps)
             elif len(set(steps.values())) > 1:

@@ -54,7 +54,7 @@ class _Worker:
                 continue
             try:
                 future.set_result(self.collector.collect())
-            except BaseException as exc:  # noqa: BLE001 - reported as the collector's failure
+            except BaseException as exc:  # reported as the collector's failure
                 future.set_exception(exc)
 
 
@@ -174,13 +174,15 @@ class CollectorRunner:
                 return
             self._inflight[name] = (future, started)
             record = store.get(name)
+            assert record is not None
             store.update(name, state="timeout", samples=(), last_run_at=started,
                          timeouts=record.timeouts + 1,
                          reason=f"did not finish within {record.timeout:g} s (hung?)")
             log.warning("collector %s timed out after %.1f s", name, record.timeout)
             return
-        except Exception as exc:  # noqa: BLE001 - a failing collector must not stop the rest
+        except Exception as exc:  # a failing collector must not stop the rest
             record = store.get(name)
+            assert record is not None
             store.update(name, state="failed", samples=(), last_run_at=started,
                          duration=time.time() - started, errors=record.errors + 1,
                          reason=f"{type(exc).__name__}: {exc}")

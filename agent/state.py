@@ -75,7 +75,7 @@ class StateStore:
         """Store a completed run: samples only when ok (absent exports none)."""
         ok = result.state == "ok"
         samples = result.deferred() if ok else ()
+        success: dict[str, Any] = {"last_success_at": started + duration} if ok else {}
         self.update(name, state=result.state, reason=result.reason,
                     samples=samples, data=result.data,
-                    last_run_at=started, duration=duration,
-                    **({"last_success_at": started + duration} if ok else {}))
+                    last_run_at=started, duration=duration, **success)

@@ -15,8 +15,8 @@ from trainwatch.alerts.promql import parse_duration
 from trainwatch.clitypes import NPROC_PER_NODE
 from trainwatch.contract.env import RECEIVER_TOKEN_ENV
 from trainwatch.contract.layout import ALERTS_DIR, SILENCES_FILE
-from trainwatch.contract.ports import RECEIVER_LISTEN
-from trainwatch.errors import ConfigError, output_error
+from trainwatch.contract.ports import LOOPBACK, RECEIVER_LISTEN
+from trainwatch.errors import EXIT_PROBLEM, ConfigError, output_error
 from trainwatch.rundir import RunDir
 
 _rules_opt = click.option("--rules", "rules_file", type=click.Path(dir_okay=False),
@@ -117,7 +117,7 @@ def test(rules_file, thresholds_file, test_file) -> None:
                        f"{[a.labels for a in got]}")
     click.echo(f"{len(rows) - len(failed)}/{len(rows)} checks passed")
     if failed:
-        sys.exit(1)
+        sys.exit(EXIT_PROBLEM)
 
 
 @alerts.group("silence")
@@ -187,7 +187,7 @@ def _listen(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit():
         raise ConfigError(f"'{text}' is not HOST:PORT", key="--listen")
-    return host or "127.0.0.1", int(port)
+    return host or LOOPBACK, int(port)
 
 
 def _check_target(text: str) -> None:
@@ -285,7 +285,7 @@ def receive(rules_file, thresholds_file, run_dir, listen, token_file, nproc_per_
         if lock is not None:
             lock.release()
     if supervisor is not None and supervisor.exit_code:
-        sys.exit(1)
+        sys.exit(EXIT_PROBLEM)
 
 
 @alerts.command("watch")

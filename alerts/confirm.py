@@ -36,6 +36,7 @@ from typing import Any, Callable
 import psutil
 
 from trainwatch.beat import read_beat
+from trainwatch.contract.ports import LOOPBACK
 from trainwatch.contract.stall import BUSY_CORES
 from trainwatch.rundir import RunDir
 
@@ -74,7 +75,7 @@ def _process(pid: int) -> tuple[str, float | None]:
 def _served_steps(port: int, timeout: float = 0.5) -> float | None:
     """steps_total from a rank's own metrics server (127.0.0.1:port), or None."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as r:
+        with urllib.request.urlopen(f"http://{LOOPBACK}:{port}/metrics", timeout=timeout) as r:
             body = r.read(1 << 20)
     except (OSError, ValueError):
         return None

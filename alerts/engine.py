@@ -186,12 +186,12 @@ class Engine:
         for notifier in self.notifiers:
             try:
                 notifier.notify(tr.kind, alert, t)
-            except Exception as exc:  # noqa: BLE001 - a broken receiver must not stop the engine
+            except Exception as exc:  # a broken receiver must not stop the engine
                 log.warning("notifier %s failed: %s", type(notifier).__name__, exc)
         if tr.kind == "firing" and alert.rule.action and self.on_firing is not None:
             try:
                 self.on_firing(alert)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("action for %s failed", alert.name)
 
     def _resend(self, t: float) -> None:
@@ -203,7 +203,7 @@ class Engine:
             if resend is not None:
                 try:
                     resend(batch, t)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     log.warning("notifier %s failed: %s", type(notifier).__name__, exc)
 
 

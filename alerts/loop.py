@@ -62,7 +62,7 @@ class EngineLoop:
             started = time.time()
             try:
                 self.tick(started)
-            except Exception:  # noqa: BLE001 - the engine keeps evaluating
+            except Exception:  # the engine keeps evaluating
                 log.exception("engine tick failed")
             self._stop.wait(max(0.0, self.interval - (time.time() - started)))
 

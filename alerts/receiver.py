@@ -30,6 +30,7 @@ from trainwatch.alerts.rules import RuleSet
 from trainwatch.configfile import read_secret
 from trainwatch.contract.env import RECEIVER_TOKEN_ENV as TOKEN_ENV
 from trainwatch.contract.metrics import METRICS, RUN_LABEL
+from trainwatch.contract.ports import LOOPBACK
 from trainwatch.errors import listen_error
 from trainwatch.httpserver import BoundedHTTPServer, Request, Response
 
@@ -100,7 +101,7 @@ class Receiver:
     """The webhook server; ``start()`` serves in a thread, ``stop()`` shuts it down."""
 
     def __init__(self, ruleset: RuleSet, runner: ActionRunner, token: str,
-                 host: str = "127.0.0.1", port: int = 0):
+                 host: str = LOOPBACK, port: int = 0):
         self.ruleset = ruleset
         self.runner = runner
         self._token = token.encode()

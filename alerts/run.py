@@ -290,7 +290,7 @@ def _shut_down(controller: JobController, steps: list[tuple[str, Callable[[], ob
     for what, step in steps:
         try:
             step()
-        except Exception as exc:  # noqa: BLE001 - the steps after it must still run
+        except Exception as exc:  # the steps after it must still run
             controller.unrecorded.append(f"stopping {what}: {exc}")
 
 

@@ -63,7 +63,7 @@ def summarize(run_dir: str | Path, outcome: str, target_steps: int | None = None
         s.final_loss = _number(finished[-1].get("loss"))
     try:
         _from_report(s)
-    except Exception as exc:  # noqa: BLE001 - the summary is best effort, the run is over
+    except Exception as exc:  # the summary is best effort, the run is over
         log.debug("report for the summary failed", exc_info=True)
         s.problems.append(f"report: {exc}")
     if s.final_loss is None:

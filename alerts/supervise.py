@@ -82,5 +82,5 @@ class Supervisor:
         while not self._stop.wait(self.poll_seconds) and not self.finished.is_set():
             try:
                 self.check()
-            except Exception:  # noqa: BLE001 - supervision must keep going
+            except Exception:  # supervision must keep going
                 log.exception("supervisor check failed")

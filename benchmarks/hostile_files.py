@@ -28,9 +28,9 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from test_rundir_hostile import hostile  # noqa: E402
+from test_rundir_hostile import hostile
 
-from trainwatch.rundir import RunDir  # noqa: E402
+from trainwatch.rundir import RunDir
 
 
 def _port() -> int:

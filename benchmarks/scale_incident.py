@@ -100,7 +100,7 @@ class SimulatedNode:
 
 def serve(nodes: dict[str, SimulatedNode]) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
+        def do_GET(self):  # http.server's name
             parts = self.path.strip("/").split("/")
             node = nodes.get(parts[1]) if len(parts) == 3 and parts[0] == "node" else None
             if node is None or parts[2] not in ("metrics", "status"):

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from trainwatch.contract.env import GRAFANA_TOKEN_ENV
-from trainwatch.errors import ConfigError, missing_extra, output_error
+from trainwatch.errors import EXIT_PROBLEM, ConfigError, missing_extra, output_error
 
 _paths_arg = click.argument("paths", nargs=-1, type=click.Path(exists=True))
 _runbook_opt = click.option("--runbook-base", default=None,
@@ -116,7 +116,7 @@ def check(paths: tuple[str, ...], prometheus_url: str | None, as_json: bool) -> 
                 click.echo(f"OK {r['uid']} ({r['queries']} queries)")
         click.echo(f"{failed} problem(s) in {len(report)} dashboard(s)")
     if failed:
-        sys.exit(1)
+        sys.exit(EXIT_PROBLEM)
 
 
 @dashboards.command("upload")

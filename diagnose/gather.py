@@ -47,7 +47,7 @@ def gather(run: RunDir, options: Options,
         progress(name)
         try:
             step()
-        except Exception as exc:  # noqa: BLE001 - one broken source must not hide the rest
+        except Exception as exc:  # one broken source must not hide the rest
             log.debug("diagnose: %s failed", name, exc_info=True)
             ev.cannot_see(f"{name}: gathering failed ({exc!r})")
     return ev

@@ -14,7 +14,7 @@ def get_json(url: str, timeout: float, params: dict[str, str] | None = None) -> 
     if params:
         url = f"{url}?{urllib.parse.urlencode(params)}"
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - user's URL
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # user's URL
             return json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         raise OSError(f"HTTP {exc.code} {exc.reason}") from None

@@ -12,7 +12,7 @@ import click
 
 from trainwatch.clitypes import NPROC_PER_NODE, seconds
 from trainwatch.contract.env import RECEIVER_TOKEN_ENV as TOKEN_ENV
-from trainwatch.errors import ConfigError
+from trainwatch.errors import EXIT_PROBLEM, ConfigError
 
 FORMAT = "trainwatch.rehearsal"
 MARK = {"PASS": "PASS", "WARN": "WARN", "FAIL": "FAIL", "SKIP": "skip"}
@@ -109,4 +109,4 @@ def rehearse(config, overrides, nproc, run_dir, steps, webhook, alertmanager, to
             click.echo(f"{'-':<5} {'not checked':<22} {item}")
         click.echo(f"\nrehearsal {verdict}; run directory {report['run_dir']}")
     if verdict == "FAIL":
-        sys.exit(1)
+        sys.exit(EXIT_PROBLEM)

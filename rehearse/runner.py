@@ -18,6 +18,7 @@ from trainwatch.contract.env import FAULT_ENV, REHEARSAL_ENV, RUN_DIR_ENV
 from trainwatch.contract.layout import (REHEARSAL_AGENT_LOG, REHEARSAL_DIR, REHEARSAL_LOG,
                                         REHEARSAL_PROBE_LOG, REHEARSAL_SCRATCH_PREFIX,
                                         STATUS_FILE_GLOB)
+from trainwatch.contract.ports import LOOPBACK
 from trainwatch.errors import ConfigError
 from trainwatch.rehearse.checks import Check
 from trainwatch.rehearse.memory import MALLOC_ENV
@@ -50,7 +51,7 @@ class Settings:
 
 def _free_port() -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((LOOPBACK, 0))
         return s.getsockname()[1]
 
 
@@ -58,11 +59,11 @@ def start_agent(run: RunDir) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     log = open(run.logs_dir / REHEARSAL_AGENT_LOG, "ab")
     proc = subprocess.Popen([sys.executable, "-m", "trainwatch", "agent", "--run-dir",
-                             str(run.root), "--listen", f"127.0.0.1:{port}"],
+                             str(run.root), "--listen", f"{LOOPBACK}:{port}"],
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True)
     log.close()
-    return proc, f"http://127.0.0.1:{port}"
+    return proc, f"http://{LOOPBACK}:{port}"
 
 
 def job_env(run: RunDir, nproc: int) -> dict[str, str]:

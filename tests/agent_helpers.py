@@ -31,7 +31,7 @@ def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.2
             value = predicate()
             if value:
                 return value
-        except Exception as exc:  # noqa: BLE001 - retried until the deadline
+        except Exception as exc:  # retried until the deadline
             last_exc = exc
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}"

@@ -16,11 +16,11 @@ if os.environ.get("RANK") == "1":
     _real_time, _skew = time.time, float(os.environ.get("TW_SKEW", "300"))
     time.time = lambda: _real_time() - _skew
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainwatch.trainer.telemetry import Telemetry  # noqa: E402
+from trainwatch.trainer.telemetry import Telemetry
 
 steps, pace = int(sys.argv[1]), float(sys.argv[2])
 dist.init_process_group("gloo")

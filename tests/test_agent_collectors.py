@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from agent_helpers import wait_for
 from conftest import tmpfs_mount
 from fake_nvml import FakeGpuBackend
 from trainwatch.agent.config import build_config
@@ -192,11 +193,8 @@ def test_ranks_reports_gone_and_zombie_processes(tmp_path):
     child.wait()
     write_status(run, 0, child.pid)  # exited and reaped: gone
     zombie = subprocess.Popen([sys.executable, "-c", "pass"])
-    deadline = time.time() + 10
-    while time.time() < deadline:  # not reaped yet: a zombie
-        if open(f"/proc/{zombie.pid}/stat").read().split(") ")[1].startswith("Z"):
-            break
-        time.sleep(0.05)
+    wait_for(lambda: Path(f"/proc/{zombie.pid}/stat").read_text().split(") ")[1].startswith("Z"),
+             10, interval=0.05, what="the exited child to be a zombie (not reaped yet)")
     write_status(run, 1, zombie.pid)
     try:
         result = collector(make_ctx([run.root]), "ranks").collect()

@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from agent_helpers import wait_for
+
 from trainwatch.alerts.confirm import confirm_stall
 from trainwatch.rundir import RunDir
 
@@ -49,9 +51,8 @@ def rank(tmp_path):
         run = RunDir(tmp_path / f"run-{mode}").create()
         proc = subprocess.Popen([sys.executable, "-c", RANK, str(run.root), mode])
         procs.append(proc)
-        deadline = time.time() + 30
-        while not (run.status_dir / "rank-00000.beat").exists() and time.time() < deadline:
-            time.sleep(0.1)
+        wait_for((run.status_dir / "rank-00000.beat").exists, 30, interval=0.1,
+                 what=f"the {mode} rank's first beat file")
         time.sleep(0.3)
         return run, {0: (proc.pid, 0)}
 

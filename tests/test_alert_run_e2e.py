@@ -13,11 +13,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
 
+from agent_helpers import wait_for
 from conftest import kill_tree
 from trainwatch.rundir import RunDir
 
@@ -68,13 +68,11 @@ def test_sigstopped_rank_is_restarted_from_checkpoint_and_finishes(tmp_path):
     # the run finished before the test saw step 20 and could SIGSTOP a rank.
     proc = _run(tmp_path, run.root, env={"TRAINWATCH_FAULT": "slow:factor=8:launch=1"})
     try:
-        deadline = time.time() + 300
-        while time.time() < deadline:
+        def rank_1_at_step_20() -> dict | None:
             status = {s["rank"]: s for s in run.statuses().records}
-            if status.get(1, {}).get("step") is not None and status[1]["step"] >= 20:
-                break
-            time.sleep(0.2)
-        frozen_pid = status[1]["pid"]
+            return status[1] if (status.get(1, {}).get("step") or 0) >= 20 else None
+
+        frozen_pid = wait_for(rank_1_at_step_20, 300, interval=0.2, what="rank 1 at step 20")["pid"]
         os.kill(frozen_pid, signal.SIGSTOP)
         assert _finish(proc) == 0, (tmp_path / "run.log").read_text()[-3000:]
     finally:
@@ -134,10 +132,8 @@ def test_ctrl_c_stops_everything_and_the_job_checkpoints(tmp_path):
     run = RunDir(tmp_path / "exp1")
     proc = _run(tmp_path, run.root)
     try:
-        deadline = time.time() + 300
-        while time.time() < deadline and not any(
-                (s.get("step") or 0) >= 5 for s in run.statuses().records):
-            time.sleep(0.2)
+        wait_for(lambda: any((s.get("step") or 0) >= 5 for s in run.statuses().records), 300,
+                 interval=0.2, what="a rank at step 5")
         pids = [s["pid"] for s in run.statuses().records]
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 130

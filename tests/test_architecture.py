@@ -226,3 +226,29 @@ def test_each_shared_name_has_one_definition_site():
                     isinstance(value, int) and value in numbers):
                 found.append(f"{path.relative_to(REPO)}:{line}: {value!r}")
     assert found == []
+
+
+def test_the_loopback_address_is_spelled_only_in_the_contract():
+    """"127.0.0.1" (also inside an f-string or a --help text) is contract.ports.LOOPBACK."""
+    found = [f"{path.relative_to(REPO)}:{line}: {value!r}"
+             for module, path in source_files().items()
+             if not module.startswith("trainwatch.contract.")
+             for line, value in _code_constants(path)
+             if isinstance(value, str) and "127.0.0.1" in value]
+    assert found == []
+
+
+def test_exit_codes_are_named_by_trainwatch_errors():
+    """sys.exit / ctx.exit / SystemExit with a literal number: the codes are an interface
+    (0/1/2, 130 when interrupted), so each is one constant of trainwatch/errors.py."""
+    exits = ("sys.exit", "ctx.exit", "SystemExit", "os._exit")
+    found = []
+    for module, path in source_files().items():
+        if module == "trainwatch.errors":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.Call) and ast.unparse(node.func) in exits and node.args
+                    and isinstance(node.args[0], ast.Constant)
+                    and isinstance(node.args[0].value, int)):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)}")
+    assert found == []

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from agent_helpers import wait_for
+
 from trainwatch.errors import ConfigError
 from trainwatch.rundir import RunDir
 from trainwatch.trainer.checkpoint import (EXIT_STOPPED, CheckpointConfig, Checkpointer,
@@ -320,9 +322,7 @@ def test_control_file_via_telemetry(tmp_path):
     job.run(ckpt, 1)
     time.sleep(0.02)
     (tmp_path / "run/control/checkpoint").touch()
-    deadline = time.time() + 10
-    while not ckpt.requests.save and time.time() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: ckpt.requests.save, 10, interval=0.05, what="the checkpoint request seen")
     job.run(ckpt, 2)
     ckpt.close()
     tel.close()

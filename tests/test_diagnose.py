@@ -180,13 +180,9 @@ def test_sigstop_rank_named_stuck_on_4_ranks_within_20s(start_job, agent, tmp_pa
     # The same stall is one incident, and one TrainingStalled alert naming rank 2 with its
     # three waiting ranks, in the embedded engine and in a real Prometheus.
     # The agent judges on its own budget (a few seconds past diagnose's --stall-after).
-    deadline = time.monotonic() + 60
-    while True:
-        incidents = [f for f in get_json(agent + "/status")["findings"]
-                     if f["kind"] == "stall_incident"]
-        if incidents or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+    incidents = wait_for(lambda: [f for f in get_json(agent + "/status")["findings"]
+                                  if f["kind"] == "stall_incident"],
+                         60, interval=0.5, what="a stall incident in the agent's /status")
     assert len(incidents) == 1, incidents
     incident = incidents[0]
     assert incident["culprit_ranks"] == [2] and incident["stall_kind"] == "frozen", incident

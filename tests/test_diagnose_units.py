@@ -12,6 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from agent_helpers import wait_for
+
 from trainwatch.diagnose import analysis, collectives
 from trainwatch.diagnose.gather import Options, gather
 from trainwatch.diagnose.model import Evidence
@@ -99,7 +101,7 @@ AGENT_STATUS = {
 @pytest.fixture
 def agent_url():
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's naming
+        def do_GET(self):  # http.server's naming
             body = json.dumps(AGENT_STATUS).encode() if self.path == "/status" else b""
             self.send_response(200 if body else 404)
             self.end_headers()
@@ -192,18 +194,13 @@ def prometheus_url(tmp_path):
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            try:
-                query = urllib.parse.quote('ALERTS{alertstate="firing"}')
-                with urllib.request.urlopen(f"{url}/api/v1/query?query={query}", timeout=2) as r:
-                    if json.loads(r.read())["data"]["result"]:
-                        break
-            except OSError:
-                pass
-            time.sleep(0.5)
-        else:
-            pytest.fail("Prometheus never fired the test alert")
+        query = urllib.parse.quote('ALERTS{alertstate="firing"}')
+
+        def firing() -> list:
+            with urllib.request.urlopen(f"{url}/api/v1/query?query={query}", timeout=2) as r:
+                return json.loads(r.read())["data"]["result"]
+
+        wait_for(firing, 60, interval=0.5, what="Prometheus to fire the test alert")
         yield url
     finally:
         proc.terminate()

@@ -19,6 +19,7 @@ import psutil
 import pytest
 import yaml
 
+from agent_helpers import wait_for
 from conftest import tmpfs_mount
 from fake_nvml import FakeGpuBackend
 from trainwatch.host.nvml import GpuSnapshot
@@ -360,7 +361,7 @@ def test_storage_as_a_non_root_user():
                 found = checks_of(["storage", "host"], cfg, run_dir=base / "roots",
                                   checkpoint_dir=base / "mine")
                 payload = {k: [v.status, v.message] for k, v in found.items()}
-            except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            except BaseException as exc:  # reported to the parent
                 payload = {"error": repr(exc)}
             os.write(write, json.dumps(payload).encode())
             os._exit(0)
@@ -448,10 +449,8 @@ def test_host_leftover_zombie_and_live_trainers():
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
                              "torchrun", "--nproc-per-node=8", "train.py"])
     try:
-        deadline = time.time() + 20
-        while time.time() < deadline and Path(f"/proc/{zombie.pid}/stat").read_text(
-                ).split(") ")[1][0] != "Z":
-            time.sleep(0.05)
+        wait_for(lambda: Path(f"/proc/{zombie.pid}/stat").read_text().split(") ")[1][0] == "Z",
+                 20, interval=0.05, what="the exited child to be a zombie")
         check = host.check_leftovers(settings()["host"])
     finally:
         live.kill()
@@ -470,9 +469,8 @@ def test_a_shell_wrapper_that_mentions_torchrun_is_not_a_trainer():
     """`bash -c '... torchrun ...'` only launches; its torchrun child is what counts."""
     wrapper = subprocess.Popen(["bash", "-c", "sleep 60; echo torchrun --nproc-per-node=8"])
     try:
-        deadline = time.time() + 20
-        while time.time() < deadline and not psutil.Process(wrapper.pid).children():
-            time.sleep(0.05)
+        wait_for(lambda: psutil.Process(wrapper.pid).children(), 20, interval=0.05,
+                 what="bash to start its child")
         check = host.check_leftovers(settings()["host"])
     finally:
         for child in psutil.Process(wrapper.pid).children():

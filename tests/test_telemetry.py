@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from agent_helpers import wait_for
 from conftest import run_torchrun
 from trainwatch.rundir import RunDir
 from trainwatch.trainer.telemetry import Telemetry
@@ -76,11 +77,10 @@ def test_control_request_runs_handler_from_heartbeat_thread(tmp_path):
     tel = Telemetry(tmp_path, heartbeat_interval=0.05, exchange_every=0).start()
     tel.on_control("ping", lambda path: seen.append(path.name))
     (tmp_path / "control" / "ping").write_text("")
-    import time
-    deadline = time.time() + 5
-    while not seen and time.time() < deadline:
-        time.sleep(0.05)
-    tel.close()
+    try:
+        wait_for(lambda: seen, 5, interval=0.05, what="the ping control handler")
+    finally:
+        tel.close()
     assert seen == ["ping"]
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from agent_helpers import wait_for
 from conftest import torchrun_env
 from trainwatch.beat import beat_path, read_beat
 from trainwatch.trainer.telemetry import Telemetry
@@ -63,10 +64,8 @@ def test_only_a_failed_write_counts_as_cannot_publish(tmp_path):
     try:
         with tel.step(0) as s:
             s.record(loss=torch.tensor(1.0).as_subclass(_Reset))
-        deadline = time.monotonic() + 30
-        while tel.snapshot()["counters"]["telemetry_errors_total"] < 1:
-            assert time.monotonic() < deadline, "the heartbeat never resolved the step"
-            time.sleep(0.05)
+        wait_for(lambda: tel.snapshot()["counters"]["telemetry_errors_total"] >= 1, 30,
+                 interval=0.05, what="the heartbeat to resolve the step")
         time.sleep(0.2)
         beat = read_beat(beat_path(tel.run.status_dir, 0))
         assert beat["publish_errors_total"] == 0 and beat["publish_failing_since"] is None
@@ -75,9 +74,8 @@ def test_only_a_failed_write_counts_as_cannot_publish(tmp_path):
         (tmp_path / "metrics").write_text("not a directory")
         with tel.step(1) as s:
             s.record(loss=torch.tensor(1.0))
-        while read_beat(beat_path(tel.run.status_dir, 0))["publish_errors_total"] < 1:
-            assert time.monotonic() < deadline, "a failed write was not told"
-            time.sleep(0.05)
+        wait_for(lambda: read_beat(beat_path(tel.run.status_dir, 0))["publish_errors_total"] >= 1,
+                 30, interval=0.05, what="the beat to tell the failed write")
         assert "NotADirectoryError" in read_beat(beat_path(tel.run.status_dir, 0))[
             "last_publish_error"]
     finally:

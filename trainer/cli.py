@@ -10,6 +10,7 @@ import click
 
 from trainwatch.clitypes import NPROC_PER_NODE
 from trainwatch.contract.env import NODE_ENV
+from trainwatch.contract.ports import LOOPBACK
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -42,7 +43,7 @@ from trainwatch.contract.env import NODE_ENV
               help="Node name in the ranks' status and the journal; must match the node's "
                    f"agent (default: ${NODE_ENV}, else the hostname).")
 @click.option("--metrics-port", type=int,
-              help="Ranks serve Prometheus metrics on 127.0.0.1:(PORT + local rank) "
+              help=f"Ranks serve Prometheus metrics on {LOOPBACK}:(PORT + local rank) "
                    "(shorthand for --set telemetry.metrics_port=PORT).")
 def train(run_dir_arg: Path | None, nproc_per_node: int, run_dir: Path | None,
           steps: int | None, config_file: str | None,

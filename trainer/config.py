@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwatch.configfile import load_yaml_mapping, parse_override
+from trainwatch.contract.ports import LOOPBACK
 from trainwatch.errors import ConfigError
 from trainwatch.trainer.checkpoint.config import CheckpointConfig
 
@@ -91,7 +92,7 @@ class TelemetryConfig:
     peak_flops: float | None = None
     metrics_port: int | None = None  # local rank r serves metrics_host:(port + r)/metrics
     # Loopback unless told: in a pod, "0.0.0.0" lets a PodMonitor scrape the pod IP.
-    metrics_host: str = "127.0.0.1"
+    metrics_host: str = LOOPBACK
 
 
 @dataclass

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from trainwatch.contract.metrics import RUN_RANK, METRICS
+from trainwatch.contract.ports import LOOPBACK
 from trainwatch.trainer.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ class TelemetryCollector:
 class MetricsServer:
     """The HTTP endpoint; failing to bind is logged and counted, never raised."""
 
-    def __init__(self, telemetry: Telemetry, port: int, addr: str = "127.0.0.1"):
+    def __init__(self, telemetry: Telemetry, port: int, addr: str = LOOPBACK):
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(TelemetryCollector(telemetry))
         self.server = None

@@ -518,7 +518,7 @@ class Telemetry:
         """Run ``fn``; count and log a failure instead of raising into the training loop."""
         try:
             return fn()
-        except Exception as exc:  # noqa: BLE001 - telemetry must never fail the job
+        except Exception as exc:  # telemetry must never fail the job
             self.count_error(repr(exc))
             return None
 
@@ -604,7 +604,7 @@ class Telemetry:
                 self._window_steps += 1
                 if (step + 1) % self.exchange_every == 0:
                     self._exchange_timings(step)
-        except Exception as exc:  # noqa: BLE001 - telemetry must never fail the job
+        except Exception as exc:  # telemetry must never fail the job
             self.count_error(repr(exc))
 
     def _exchange_timings(self, step: int) -> None:
@@ -801,7 +801,7 @@ class Telemetry:
                 log.warning("trainwatch: could not write status (%d errors so far): %r",
                             count, exc)
             self._publish_failed(exc)
-        except Exception as exc:  # noqa: BLE001 - a value that does not encode: not the disk
+        except Exception as exc:  # a value that does not encode: not the disk
             self.count_error(f"status: {exc!r}")
         if not self._failed_this_beat:  # status and metrics log both written
             self._publish_failing_since = None
@@ -809,7 +809,7 @@ class Telemetry:
         if self._beat is not None:
             try:
                 self._beat.write(self._beat_record(snapshot))
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 self.count_error(f"beat file: {exc!r}")
 
     def _publish_failed(self, exc: BaseException) -> None:

@@ -15,7 +15,7 @@ import sys
 import click
 
 from trainwatch import __version__
-from trainwatch.errors import TrainwatchError
+from trainwatch.errors import EXIT_INTERRUPTED, EXIT_OK, TrainwatchError
 
 # command name -> "module:attribute" of a click command or group.
 COMMANDS = {
@@ -88,7 +88,7 @@ def main() -> None:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
@@ -96,6 +96,6 @@ def main() -> None:
         click.echo(f"trainwatch: error: {exc}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     else:
-        sys.exit(0)
+        sys.exit(EXIT_OK)

@@ -28,6 +28,6 @@ class FiniteRange(click.FloatRange):
         return number
 
 
-def seconds(min: float = 0, max: float | None = None) -> FiniteRange:  # noqa: A002
+def seconds(min: float = 0, max: float | None = None) -> FiniteRange:
     """A duration in seconds, finite, within [min, max]."""
     return FiniteRange(min, max)

@@ -1,7 +1,7 @@
 """Errors that the CLI turns into meaningful exit codes.
 
 Exit codes are part of the interface (README, every --help): 0 ok, 1 a problem was
-found, 2 bad usage or input.
+found, 2 bad usage or input, 130 interrupted (Ctrl-C, as shells report 128 + SIGINT).
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_PROBLEM = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
 
 
 class TrainwatchError(Exception):

@@ -184,7 +184,7 @@ class BoundedHTTPServer:
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._pool, self.respond, request)
-        except Exception as exc:  # noqa: BLE001 - one bad request must not kill the server
+        except Exception as exc:  # one bad request must not kill the server
             log.exception("error serving %s", request.path)
             return 500, "text/plain", f"error: {type(exc).__name__}\n".encode(), {}
 

@@ -75,7 +75,7 @@ class _Spawner:
             try:
                 result.set_result(subprocess.Popen(args, preexec_fn=die_with_parent(),
                                                    **kwargs))
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            except BaseException as exc:  # handed to the caller
                 result.set_exception(exc)
 
 

@@ -310,9 +310,10 @@ class FindingsCollector(Collector):
     def _settle(self, current: dict[str, dict[str, Any]], now: float) -> None:
         for fid, finding in current.items():
             previous = self.active.get(fid)
-            kept = ("detected_at",) if previous and previous.get("stall_kind") == finding.get(
-                "stall_kind") else ()
-            finding["detected_at"] = previous["detected_at"] if kept else now
+            if previous and previous.get("stall_kind") == finding.get("stall_kind"):
+                finding["detected_at"] = previous["detected_at"]
+            else:
+                finding["detected_at"] = now
         for fid, finding in self.active.items():
             if fid not in current:
                 self.cleared.append({**finding, "cleared_at": now})

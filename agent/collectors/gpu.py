@@ -11,7 +11,7 @@ import time
 from collections import deque
 from typing import Any
 
-from trainwatch.host.nvml import GpuUnavailable, NvmlBackend
+from trainwatch.host.nvml import GpuBackend, GpuUnavailable, NvmlBackend
 from trainwatch.agent.registry import Collector, Result, register
 
 
@@ -19,29 +19,31 @@ from trainwatch.agent.registry import Collector, Result, register
 class GpuCollector(Collector):
     def __init__(self, ctx, options):
         super().__init__(ctx, options)
-        self.backend = None
+        self.backend: GpuBackend | None = None
         self.versions: tuple[str, str] | None = None
         self._xids: deque = deque(maxlen=10000)  # (time, gpu index, xid)
         self._xid_totals: dict[tuple[int, int], int] = {}
 
-    def _open(self) -> None:
-        backend = (self.ctx.gpu_backend or NvmlBackend)()
+    def _open(self) -> GpuBackend:
+        backend: GpuBackend = (self.ctx.gpu_backend or NvmlBackend)()
         self.versions = backend.open()
         self.backend = backend
+        return backend
 
     def collect(self) -> Result:
-        if self.backend is None:
+        backend = self.backend
+        if backend is None:
             try:
-                self._open()
+                backend = self._open()
             except GpuUnavailable as exc:
                 return Result.absent(str(exc), data={"state": "absent", "reason": str(exc),
                                                      "gpus": []})
-        snaps = self.backend.snapshots()
+        snaps = backend.snapshots()
         if not snaps:
             return Result.absent("NVML reports no GPUs", data={"state": "absent", "gpus": [],
                                                               "reason": "NVML reports no GPUs"})
         now = time.time()
-        for index, xid in self.backend.xid_events():
+        for index, xid in backend.xid_events():
             self._xids.append((now, index, xid))
             self._xid_totals[(index, xid)] = self._xid_totals.get((index, xid), 0) + 1
         window = float(self.options["xid_window_seconds"])
@@ -56,6 +58,7 @@ class GpuCollector(Collector):
         gpus = []
         for g in snaps:
             gpus.append(self._export(g, result, ranks, recent))
+        assert self.versions is not None  # set with the backend by _open
         result.data = {"state": "ok", "driver": self.versions[0], "cuda": self.versions[1],
                        "gpus": gpus}
         return result

@@ -31,7 +31,7 @@ import re
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from trainwatch.agent.registry import Collector, Result, register
 from trainwatch.contract.alerts import ACTIONS, SEVERITIES, alert_catalog
@@ -55,6 +55,14 @@ def _num(value: Any) -> float | None:
     return float(value)
 
 
+class _Save(TypedDict):
+    """The last checkpoint save seen: when, and how long it took (None when not reported)."""
+
+    time: float
+    write_seconds: float | None
+    blocking_seconds: float | None
+
+
 @dataclass
 class _Tail:
     """How far one run's journal has been read, and what it said so far."""
@@ -74,7 +82,7 @@ class _Tail:
     lines_skipped: int = 0
     recent: deque = field(default_factory=lambda: deque(maxlen=10))
     extra: dict[str, set[str]] = field(default_factory=dict)  # label -> unknown names kept
-    last_save: dict[str, float | None] | None = None
+    last_save: _Save | None = None
     supervisor_stopped: bool = False  # the last start was followed by STOP_EVENT
 
     def start_over(self, file_id: tuple[int, int] | None) -> None:

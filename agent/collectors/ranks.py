@@ -116,8 +116,8 @@ def _rank_samples(labels: _Labels, s: dict[str, Any], state: str, phase: str | N
     """One rank's series, from what a collection took (built when a scrape reads them)."""
     out = Result()
     base, add = labels.base, out.add_labeled
-    metrics = s.get("metrics") if isinstance(s.get("metrics"), dict) else {}
-    counters = s.get("counters") if isinstance(s.get("counters"), dict) else {}
+    metrics = value if isinstance(value := s.get("metrics"), dict) else {}
+    counters = value if isinstance(value := s.get("counters"), dict) else {}
     add("trainwatch_rank_info", 1, labels.info_labels(s.get("backend"), s.get("device")))
     for name in RANK_STATES:
         add("trainwatch_rank_state", name == state, labels.states[name])
@@ -137,7 +137,7 @@ def _rank_samples(labels: _Labels, s: dict[str, Any], state: str, phase: str | N
     if isinstance(phases, dict):
         for name, seconds in phases.items():
             add("trainwatch_rank_phase_time_seconds", _num(seconds), labels.phase(str(name)))
-    evals = s.get("eval") if isinstance(s.get("eval"), dict) else {}
+    evals = value if isinstance(value := s.get("eval"), dict) else {}
     add("trainwatch_train_validation_loss", _num(evals.get("val_loss")), base)
     add("trainwatch_train_last_nonfinite_loss_timestamp_seconds",
         _num(s.get("last_nonfinite_loss_at")), base)
@@ -189,10 +189,10 @@ class RanksCollector(Collector):
         for key in set(self._files) - {str(run.root) for run in runs}:
             del self._files[key]
         self.procs.end(live)
-        for key in set(self._seen) - self._looked:  # ranks gone: forget what we saw
-            del self._seen[key]
-        for key in set(self._labels) - self._labels_used:
-            del self._labels[key]
+        for seen in set(self._seen) - self._looked:  # ranks gone: forget what we saw
+            del self._seen[seen]
+        for label_key in set(self._labels) - self._labels_used:
+            del self._labels[label_key]
         result.data = {"time": now, "observed_mono": mono, "judge_after_mono": self._judge_after,
                        "jobs": jobs}
         return result
@@ -392,9 +392,9 @@ class RanksCollector(Collector):
                  "local_rank": s.get("local_rank", "")}))
         s, publish = merge_beat(s, beat)
         s = _on_our_clock(s, now, mono)
-        metrics = s.get("metrics") if isinstance(s.get("metrics"), dict) else {}
-        state = s.get("state") if isinstance(s.get("state"), str) else "running"
-        phase = s.get("phase") if isinstance(s.get("phase"), str) else None
+        metrics = value if isinstance(value := s.get("metrics"), dict) else {}
+        state = value if isinstance(value := s.get("state"), str) else "running"
+        phase = value if isinstance(value := s.get("phase"), str) else None
         heartbeat_at, progress_at = _num(s.get("heartbeat_at")), _num(s.get("last_progress_at"))
         phase_since = _num(s.get("phase_since"))
         who = (run_key, s["rank"], s.get("pid"))

@@ -300,7 +300,7 @@ class Checkpointer:
                                                 args=(payload, blocking, waited),
                                                 name="trainwatch-checkpoint-writer", daemon=True)
                 self._writer.start()
-            except Exception as exc:  # noqa: BLE001 - e.g. no host memory for the copy
+            except Exception as exc:  # e.g. no host memory for the copy
                 self._failed(step, exc, self.folder)
 
     def _write(self, payload: Payload, blocking: float, waited: float) -> None:
@@ -328,7 +328,7 @@ class Checkpointer:
             # only read the page cache, so this checks the manifest and sizes.  Resume and
             # `trainwatch checkpoint verify` hash every file.
             check = verify(written.path, full=False)
-        except Exception as exc:  # noqa: BLE001 - a failed save must never fail the job
+        except Exception as exc:  # a failed save must never fail the job
             self._failed(payload.step, exc, self.folder)
             return
         if not check.ok:
@@ -354,7 +354,7 @@ class Checkpointer:
     def _copy_to_mirror(self, written: Written, mirror: Path) -> None:
         try:
             copy = copy_checkpoint(written.path, mirror, fsync=self.cfg.fsync)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self._failed(None, exc, mirror, copy=True)
             return
         self._newest_verified[mirror] = copy.path
@@ -399,7 +399,7 @@ class Checkpointer:
             return
         try:
             self.run.append_event(event, f"rank{self.rank}", rank=self.rank, **fields)
-        except Exception as exc:  # noqa: BLE001 - the journal may sit on the full disk too
+        except Exception as exc:  # the journal may sit on the full disk too
             log.warning("trainwatch checkpoint: could not journal %s: %s", event, exc)
 
 

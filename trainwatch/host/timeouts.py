@@ -34,7 +34,7 @@ class Deadline:
             if future.set_running_or_notify_cancel():
                 try:
                     future.set_result(fn())
-                except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                except BaseException as exc:  # handed to the caller
                     future.set_exception(exc)
 
         threading.Thread(target=target, daemon=True, name=f"deadline-{key[:40]}").start()
