@@ -7,6 +7,7 @@ the collectors' own health and the agent's CPU and memory.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -102,10 +103,10 @@ class CachedExposition:
     """The rendered /metrics body per exposition format, so a scrape serves bytes.
 
     The format follows the scrape's Accept header: OpenMetrics when asked, the text
-    format otherwise. While a format is scraped often (last asked for within
-    ``eager_for`` seconds), a background thread renders it each time a collector
-    stores something new, so a scrape at 1 s finds its body ready and each run is
-    rendered once, off the scrape's path. A format scraped rarely (every 15 s) is
+    format otherwise. While a format is scraped often (its last two scrapes, and the
+    last one, within ``eager_for`` seconds), a background thread renders it each time a
+    collector stores something new, so a scrape at 1 s finds its body ready and each run
+    is rendered once, off the scrape's path. A format scraped rarely (every 15 s) is
     rendered on the scrape instead: a collector running every second is then not
     rendered 14 times of 15 for nothing, and an idle agent renders nothing. A body is
     served while it is younger than ``max_age`` (a newer one is on its way) or matches
@@ -118,7 +119,7 @@ class CachedExposition:
         self.max_age, self.eager_for = max_age, eager_for
         self._lock = threading.Lock()
         self._cache: dict[str, _Rendered] = {}
-        self._asked: dict[str, float] = {}  # format -> when a scrape last asked for it
+        self._asked: dict[str, tuple[float, float]] = {}  # format -> its last two scrapes
         self._eager: threading.Thread | None = None
 
     def _render(self, content_type: str) -> _Rendered:
@@ -133,7 +134,7 @@ class CachedExposition:
         content_type = content_type_for(accept)
         now = time.monotonic()
         with self._lock:
-            self._asked[content_type] = now
+            self._asked[content_type] = (self._asked.get(content_type, (-math.inf,))[-1], now)
             if self._eager is None:
                 self._eager = threading.Thread(target=self._render_changes, daemon=True,
                                                name="metrics-render")
@@ -152,7 +153,8 @@ class CachedExposition:
             changed.clear()
             now = time.monotonic()
             with self._lock:
-                formats = [f for f, at in self._asked.items() if now - at < self.eager_for]
+                formats = [f for f, (before, last) in self._asked.items()
+                           if now - before < self.eager_for]
             for content_type in formats:
                 try:
                     self._render(content_type)

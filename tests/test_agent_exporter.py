@@ -69,16 +69,21 @@ def test_a_format_scraped_often_is_rendered_when_a_run_is_stored_not_on_the_scra
     exporter = SnapshotExporter(ctx)
     exposition = CachedExposition(ctx, exporter, max_age=0.0)
     store_run(ctx, "ranks", Counted(1.0))
-    body, content_type = exposition.body("application/openmetrics-text; version=1.0.0")
+    for _ in range(2):  # scraped often: twice within eager_for
+        body, content_type = exposition.body("application/openmetrics-text; version=1.0.0")
     assert content_type == OPENMETRICS and b"# EOF" in body
     newer = Counted(2.0)
     store_run(ctx, "ranks", newer)
     wait_for(lambda: newer.built == 1, 10, 0.02, "the new run rendered in the background")
     renders = []
     render = exporter.render
-    exporter.render = lambda content_type: renders.append(threading.current_thread()) \
+    exporter.render = lambda content_type: renders.append(
+        (content_type, threading.current_thread() is threading.main_thread())) \
         or render(content_type)
     body, _ = exposition.body("application/openmetrics-text")
     assert b'rank="3",run="r"} 2.0' in body and renders == []  # served as rendered
     text, content_type = exposition.body("")  # not scraped lately: rendered on the scrape
-    assert content_type == TEXT and b"# EOF" not in text and len(renders) == 1
+    assert content_type == TEXT and b"# EOF" not in text and renders == [(TEXT, True)]
+    store_run(ctx, "ranks", Counted(3.0))  # scraped once: rendered on its next scrape only
+    assert b'rank="3",run="r"} 3.0' in exposition.body("")[0]
+    assert [call for call in renders if call[0] == TEXT] == [(TEXT, True)] * 2
