@@ -8,9 +8,10 @@ Writes a synthetic run directory per step count: rank 0's metrics log as the tel
 writes it (one line per step, ~400 bytes), a journal with two restarts (one resumed from
 an older checkpoint, so steps are recomputed), a save every 1,000 steps and an
 evaluation every 5,000. ``--shape busy`` writes a busier run of the same length: an
-evaluation every 50 steps and 200 restarts (each resumed from the last save). Each reader runs as its own process; its peak RSS (VmHWM) and
-wall time are measured alongside a process that only reads and `json.loads` every line
-of the same files (the least any reader must do), in alternation, ``--repeat`` times.
+evaluation every 50 steps and 200 restarts (each resumed from the last save). Each
+reader runs as its own process; its peak RSS (VmHWM) and wall time are measured
+alongside a process that only reads and `json.loads` every line of the same files (the
+least any reader must do), in alternation, ``--repeat`` times.
 Goals: peak memory flat in steps (<= 200 MiB at 1M steps), time <= 2x the plain parse;
 on the busy shape at 1M steps <= 150 MiB and <= 1.3x the plain parse.
 """
