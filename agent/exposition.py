@@ -4,7 +4,9 @@ Why not prometheus-client's ``generate_latest``: an agent exports ~45 series per
 rank, and building metric-family objects, then validating and escaping every name and
 label of every sample on every scrape, was two thirds of the agent's CPU at 1 s scrapes.
 Here a series' line prefix (its name and escaped, sorted labels) is built the first time
-the series is seen and reused while it exists; a scrape formats only the values. Both
+the series is seen and reused while it exists, and a source's lines (one collector
+run's) are formatted once, the first time they are read: a scrape joins the lines of
+the runs it has already seen with a header per family (``families``, ``join``). Both
 formats are checked against prometheus-client's parsers and ``promtool check metrics``
 in tests/test_agent_exposition.py.
 
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Hashable, Iterable, Iterator, Mapping
 
 from trainwatch.agent.registry import Sample
 from trainwatch.contract.metrics import MetricSpec
@@ -57,31 +59,52 @@ def _escape_help(text: str, openmetrics: bool) -> str:
     return text.replace('"', r"\"") if openmetrics else text
 
 
+class Family:
+    """One metric's series from one source (a collector run), rendered once: the line
+    prefixes it holds (to drop a series another source already wrote) and its lines."""
+
+    __slots__ = ("prefixes", "lines")
+
+    def __init__(self, prefixes: set[str], lines: str):
+        self.prefixes, self.lines = prefixes, lines
+
+
+Families = dict[str, Family]
+_Key = tuple[str, tuple[tuple[str, str], ...]]
+
+
 class ExpositionWriter:
-    """Renders samples in either format; keeps the line prefixes of the series it saw in
-    its last render (so memory follows the live series, not every series ever seen)."""
+    """Renders samples in either format. ``families`` renders one source's samples to
+    lines, which do not depend on the format; ``join`` puts the families of several
+    sources together under one header each, so a source whose samples did not change
+    is not rendered again. Per source, it keeps the line prefixes of the series it saw
+    in that source's last rendering (memory follows the live series)."""
 
     def __init__(self, metrics: Mapping[str, MetricSpec],
                  reject: Callable[[str, str], None]):
         self.metrics, self.reject = metrics, reject
-        self._prefixes: dict[tuple[str, tuple[tuple[str, str], ...]], str | None] = {}
+        self._prefixes: dict[Hashable, dict[_Key, str | None]] = {}
         self._headers: dict[tuple[str, bool], str] = {}
 
     def render(self, samples: Iterable[Sample], content_type: str = TEXT) -> bytes:
-        openmetrics = content_type == OPENMETRICS
+        return self.join([self.families(samples)], content_type)
+
+    def families(self, samples: Iterable[Sample], source: Hashable = None) -> Families:
+        """The samples' lines per metric name, names outside the contract dropped."""
         by_name: dict[str, list[Sample]] = defaultdict(list)
         for sample in samples:
             by_name[sample.name].append(sample)
-        known = self._prefixes
-        live: dict[tuple[str, tuple[tuple[str, str], ...]], str | None] = {}
-        out: list[str] = []
-        for name in sorted(by_name):
+        known = self._prefixes.get(source, {})
+        live: dict[_Key, str | None] = {}
+        out: Families = {}
+        for name, group in by_name.items():
             spec = self.metrics.get(name)
             if spec is None:
                 self.reject(name, "not in the metrics contract")
                 continue
-            lines, seen = [], set()
-            for sample in by_name[name]:
+            lines: list[str] = []
+            seen: set[str] = set()
+            for sample in group:
                 key = (name, tuple(sample.labels.items()))
                 if key in live:
                     prefix = live[key]
@@ -94,9 +117,29 @@ class ExpositionWriter:
                 seen.add(prefix)
                 lines.append(prefix + format_value(sample.value) + "\n")
             if lines:
-                out.append(self._header(spec, openmetrics))
-                out.extend(lines)
-        self._prefixes = live
+                out[name] = Family(seen, "".join(lines))
+        self._prefixes[source] = live
+        return out
+
+    def forget(self, source: Hashable) -> None:
+        """Drop a source's cached prefixes (its collector is gone)."""
+        self._prefixes.pop(source, None)
+
+    def join(self, sources: Iterable[Families], content_type: str = TEXT) -> bytes:
+        """One exposition body from the sources' families, in the sources' order within
+        a family; a series two sources both hold is written once (the first's)."""
+        openmetrics = content_type == OPENMETRICS
+        merged: dict[str, list[Family]] = defaultdict(list)
+        for families in sources:
+            for name, family in families.items():
+                merged[name].append(family)
+        out: list[str] = []
+        for name in sorted(merged):
+            out.append(self._header(self.metrics[name], openmetrics))
+            parts = merged[name]
+            out.append(parts[0].lines)
+            if len(parts) > 1:
+                out.extend(_without_seen(parts))
         if openmetrics:
             out.append("# EOF\n")
         return "".join(out).encode()
@@ -121,3 +164,18 @@ class ExpositionWriter:
                       f"# TYPE {family} {kind}\n")
             self._headers[(spec.name, openmetrics)] = header
         return header
+
+
+def _without_seen(parts: list[Family]) -> Iterator[str]:
+    """The lines of ``parts[1:]`` whose series no earlier part wrote (rarely any)."""
+    seen = set(parts[0].prefixes)
+    for part in parts[1:]:
+        if seen.isdisjoint(part.prefixes):
+            seen |= part.prefixes
+            yield part.lines
+            continue
+        for line in part.lines[:-1].split("\n"):  # a value holds no space, a prefix ends in one
+            prefix = line[:line.rindex(" ") + 1]
+            if prefix not in seen:
+                seen.add(prefix)
+                yield line + "\n"

@@ -43,12 +43,14 @@ class CollectorRecord:
 class StateStore:
     records: dict[str, CollectorRecord] = field(default_factory=dict)
     version: int = 0  # bumped on every change: lets /metrics reuse its last rendering
+    changed: threading.Event = field(default_factory=threading.Event)  # set on every bump
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def set(self, record: CollectorRecord) -> None:
         with self._lock:
             self.records[record.name] = record
             self.version += 1
+        self.changed.set()
 
     def get(self, name: str) -> CollectorRecord | None:
         return self.records.get(name)
@@ -69,6 +71,7 @@ class StateStore:
             self.records[name] = record
             if bump:
                 self.version += 1
+                self.changed.set()
             return record
 
     def finish(self, name: str, result: Result, *, started: float, duration: float) -> None:

@@ -1,15 +1,19 @@
 """Readers at scale: peak memory and time of `trainwatch report`, `drill score` and
 `diagnose` on a run of many steps, against a plain JSON parse of the same files.
 
-    python benchmarks/report_scale.py [--steps 300000[,1000000]] [--repeat 3] [--json]
+    python benchmarks/report_scale.py [--steps 300000[,1000000]] [--shape plain|busy]
+        [--repeat 3] [--json]
 
 Writes a synthetic run directory per step count: rank 0's metrics log as the telemetry
 writes it (one line per step, ~400 bytes), a journal with two restarts (one resumed from
 an older checkpoint, so steps are recomputed), a save every 1,000 steps and an
-evaluation every 5,000. Each reader runs as its own process; its peak RSS (VmHWM) and
-wall time are measured alongside a process that only reads and `json.loads` every line
-of the same files (the least any reader must do), in alternation, ``--repeat`` times.
-Goals: peak memory flat in steps (<= 200 MiB at 1M steps), time <= 2x the plain parse.
+evaluation every 5,000. ``--shape busy`` writes a busier run of the same length: an
+evaluation every 50 steps and 200 restarts (each resumed from the last save). Each
+reader runs as its own process; its peak RSS (VmHWM) and wall time are measured
+alongside a process that only reads and `json.loads` every line of the same files (the
+least any reader must do), in alternation, ``--repeat`` times.
+Goals: peak memory flat in steps (<= 200 MiB at 1M steps), time <= 2x the plain parse;
+on the busy shape at 1M steps <= 150 MiB and <= 1.3x the plain parse.
 """
 
 from __future__ import annotations
@@ -58,9 +62,24 @@ print("HWM", int(hwm[0].split()[1]) * 1024, file=sys.stderr)
 """
 
 
-def make_run(root: Path, steps: int) -> Path:
-    """A run of ``steps`` completed steps in three attempts (see the module docstring)."""
-    run = root / f"run-{steps}"
+SHAPES = {"plain": {"eval_every": 5000, "restarts": 2},
+          "busy": {"eval_every": 50, "restarts": 200}}
+
+
+def attempts(steps: int, restarts: int) -> list[tuple[int, int, int]]:
+    """(attempt, first step, step it crashed at or the end) of each attempt."""
+    if restarts == 2:  # the plain shape: the first resume is from an older save
+        crash1, crash2 = int(steps * 0.4), int(steps * 0.75)
+        resume1, resume2 = crash1 - crash1 % 1000 - 1000, crash2 - crash2 % 1000
+        return [(0, 0, crash1), (1, resume1, crash2), (2, resume2, steps)]
+    crashes = [steps * (i + 1) // (restarts + 1) + 377 for i in range(restarts)]
+    firsts = [0, *(crash - crash % 1000 for crash in crashes)]
+    return list(zip(range(restarts + 1), firsts, [*crashes, steps]))
+
+
+def make_run(root: Path, steps: int, eval_every: int = 5000, restarts: int = 2) -> Path:
+    """A run of ``steps`` completed steps (see the module docstring)."""
+    run = root / f"run-{steps}-{eval_every}-{restarts}"
     for d in ("status", "metrics", "checkpoints", "logs", "control", "diagnostics", "tmp"):
         (run / d).mkdir(parents=True, exist_ok=True)
     t0 = 1_800_000_000.0
@@ -70,9 +89,7 @@ def make_run(root: Path, steps: int) -> Path:
         "world_size": 2, "nproc_per_node": 2, "config": {"train": {"steps": steps}}}))
     journal = [{"v": 1, "time": t0, "event": "launcher_started", "source": "launcher",
                 "host": "n0", "pid": 1}]
-    crash1, crash2 = int(steps * 0.4), int(steps * 0.75)
-    resume1, resume2 = crash1 - crash1 % 1000 - 1000, crash2 - crash2 % 1000
-    plan = [(0, 0, crash1), (1, resume1, crash2), (2, resume2, steps)]
+    plan = attempts(steps, restarts)
     t = t0 + 5.0
     with open(run / "metrics" / "rank-00000.jsonl", "w") as metrics:
         for attempt, first, stop in plan:
@@ -102,7 +119,7 @@ def make_run(root: Path, steps: int) -> Path:
                                     "step": step + 1, "mode": "async",
                                     "blocking_seconds": 0.02, "write_seconds": 0.3})
                     t += 0.02
-                if (step + 1) % 5000 == 0:
+                if (step + 1) % eval_every == 0:
                     t += 1.0
                     lines.append(json.dumps({"v": 1, "kind": "eval", "step": step, "time": t,
                                              "rank": 0, "val_loss": 3.0}))
@@ -149,15 +166,17 @@ def measure(cmd: list[str]) -> tuple[float, int, int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", default="300000")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="plain")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--readers", default="report,drill,diagnose")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     readers = [r for r in args.readers.split(",") if r]
-    out: dict = {"load_average_1m_start": os.getloadavg()[0], "runs": []}
+    out: dict = {"load_average_1m_start": os.getloadavg()[0], "shape": args.shape,
+                 **SHAPES[args.shape], "runs": []}
     with tempfile.TemporaryDirectory(prefix="tw-report-scale-") as tmp:
         for steps in [int(s) for s in args.steps.split(",")]:
-            run = make_run(Path(tmp), steps)
+            run = make_run(Path(tmp), steps, **SHAPES[args.shape])
             files = [str(run / "journal.jsonl"), str(run / "metrics" / "rank-00000.jsonl")]
             commands = {
                 "plain_parse": [sys.executable, "-c", PARSE_WRAP, *files],
@@ -188,7 +207,9 @@ def main() -> int:
         print(json.dumps(out, indent=1))
         return 0
     for row in out["runs"]:
-        print(f"{row['steps']} steps ({row['bytes'] / 2**20:.0f} MiB of JSON lines), "
+        print(f"{row['steps']} steps, {out['shape']} shape: an evaluation every "
+              f"{out['eval_every']} steps, {out['restarts']} restarts "
+              f"({row['bytes'] / 2**20:.0f} MiB of JSON lines), "
               f"median of {args.repeat} alternating runs:")
         print(f"  {'reader':12} {'wall s':>8} {'(min-max)':>14} {'x parse':>8} "
               f"{'peak RSS MiB':>13} {'x parse':>8}")

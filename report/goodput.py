@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -89,6 +89,14 @@ class Accounting:
 
 
 # --------------------------------------------------------------------------- helpers
+
+def _long_gaps(starts: np.ndarray, ends: np.ndarray, budget: float) -> Iterator[int]:
+    """Each i whose next step started more than ``budget`` after it ended (in chunks)."""
+    for lo in range(0, len(starts) - 1, _CHUNK):
+        hi = min(lo + _CHUNK, len(starts) - 1)
+        for i in np.nonzero(starts[lo + 1:hi + 1] - ends[lo:hi] > budget)[0].tolist():
+            yield lo + i
+
 
 def _later_resumes(attempts: list[Attempt]) -> list[list[tuple[int, int]]]:
     """Per attempt, (index, resumed_from) of every later attempt that says where it resumed."""
@@ -265,7 +273,7 @@ class _Painter:
             starts = np.frombuffer(log.start, dtype=np.float64)
             ends = np.frombuffer(log.end, dtype=np.float64)
             # after[i] >= end[i]: only a gap longer than the budget can hold a stall
-            for i in np.nonzero(starts[1:] - ends[:-1] > self.budget)[0].tolist():
+            for i in _long_gaps(starts, ends, self.budget):
                 if i + 1 >= n or (i + 1) in bounds:
                     continue
                 tail = self.after.get(i, log.end[i])
@@ -395,7 +403,7 @@ def account(tl: Timeline) -> Accounting:
     if n:
         seconds = np.frombuffer(log.end, dtype=np.float64) - np.frombuffer(log.start,
                                                                            dtype=np.float64)
-        typical: float | None = float(np.median(seconds))
+        typical: float | None = float(np.median(seconds, overwrite_input=True))
         del seconds
     else:
         typical = None
@@ -440,27 +448,61 @@ def _survivors(tl: Timeline, painter: _Painter
     """Over the steps no later attempt threw away: how many distinct steps, their tokens,
     all steps' tokens (None unless every step recorded them), and (for a run that ended
     unfinished) how many completed after its newest saved checkpoint: lost unless someone
-    resumes and redoes them."""
+    resumes and redoes them. Read in chunks (``_kept``): beyond the log, one byte per step."""
     log = tl.steps
     steps = np.frombuffer(log.step, dtype=np.int64)
     tokens = np.frombuffer(log.tokens, dtype=np.float64)
-    keep = np.ones(len(log), dtype=bool)
-    lost = {s for steps_lost in painter.lost.values() for s in steps_lost}
-    if lost:  # mark the discarded executions (exactly those step_pieces counted)
-        later = _later_resumes(tl.attempts)
-        for attempt in tl.attempts:
-            rng = attempt.execs
-            if not len(rng) or not later[attempt.index]:
-                continue
-            earliest = min(r for _, r in later[attempt.index])
-            keep[rng.lo:rng.hi] &= steps[rng.lo:rng.hi] < earliest
-    unique = int(np.unique(steps[keep]).size)
-    known = len(log) > 0 and not bool(np.isnan(tokens).any())
-    productive = math.fsum(tokens[keep]) if known else None
-    processed = math.fsum(tokens) if known else None
+    chunks = list(_kept(tl, painter))
+    unique = _distinct(steps, chunks)
+    known = len(log) > 0 and not any(np.isnan(tokens[lo:hi]).any() for lo, hi, _ in chunks)
+    productive = math.fsum(_values(tokens, chunks, kept=True)) if known else None
+    processed = math.fsum(_values(tokens, chunks, kept=False)) if known else None
     unsaved = None
     if tl.state == "ended":
-        saved = [e["step"] for e in tl.events if e["event"] == "checkpoint_saved"
-                 and isinstance(e.get("step"), int)]
-        unsaved = int(np.count_nonzero(steps[keep] >= max(saved, default=0)))
+        saved = max((e["step"] for e in tl.events if e["event"] == "checkpoint_saved"
+                     and isinstance(e.get("step"), int)), default=0)
+        unsaved = sum(int(np.count_nonzero(steps[lo:hi][keep] >= saved))
+                      for lo, hi, keep in chunks)
     return unique, productive, processed, unsaved
+
+
+_CHUNK = 1 << 16  # executions per temporary array: memory stays flat in the run's length
+
+
+def _kept(tl: Timeline, painter: _Painter) -> Iterator[tuple[int, int, np.ndarray]]:
+    """(lo, hi, mask) over the step log in chunks: the executions no later attempt threw
+    away (exactly those ``step_pieces`` did not count as recomputed)."""
+    log = tl.steps
+    steps = np.frombuffer(log.step, dtype=np.int64)
+    later = _later_resumes(tl.attempts) if painter.recomputed else []
+    cuts = [(a.execs.lo, a.execs.hi, min(r for _, r in later[a.index]))
+            for a in tl.attempts if later and len(a.execs) and later[a.index]]
+    for lo in range(0, len(log), _CHUNK):
+        hi = min(lo + _CHUNK, len(log))
+        keep = np.ones(hi - lo, dtype=bool)
+        for a, b, earliest in cuts:
+            if a < hi and b > lo:
+                part = slice(max(a, lo) - lo, min(b, hi) - lo)
+                keep[part] &= steps[lo:hi][part] < earliest
+        yield lo, hi, keep
+
+
+def _distinct(steps: np.ndarray, chunks: list[tuple[int, int, np.ndarray]]) -> int:
+    """How many distinct step numbers the kept executions hold: marked in a bitmap when
+    the numbers span little more than the log (as they do), else sorted."""
+    if not len(steps):
+        return 0
+    first, last = int(steps.min()), int(steps.max())
+    if last - first < 4 * len(steps) + 4096:
+        seen = np.zeros(last - first + 1, dtype=bool)
+        for lo, hi, keep in chunks:
+            seen[steps[lo:hi][keep] - first] = True
+        return int(np.count_nonzero(seen))
+    return int(np.unique(np.concatenate([steps[lo:hi][keep] for lo, hi, keep in chunks])).size)
+
+
+def _values(values: np.ndarray, chunks: list[tuple[int, int, np.ndarray]], *,
+            kept: bool) -> Iterator[float]:
+    """The values of the kept executions (or of all), a chunk at a time."""
+    for lo, hi, keep in chunks:
+        yield from values[lo:hi][keep] if kept else values[lo:hi]  # one float at a time

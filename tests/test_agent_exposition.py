@@ -110,7 +110,17 @@ def test_cached_prefixes_follow_the_live_series():
     series = [Sample(spec.name, {k: str(rank) for k in spec.labels}, 1.0) for rank in range(50)]
     w.render(series)
     w.render(series[:2])
-    assert len(w._prefixes) == 2
+    assert len(w._prefixes[None]) == 2
+
+
+def test_joined_sources_write_one_header_per_family_and_the_first_series_wins():
+    samples = contract_samples()
+    w, _ = writer()
+    half = len(samples) // 2
+    for content_type in (TEXT, OPENMETRICS):
+        joined = w.join([w.families(samples[:half], "a"), w.families(samples[half:], "b"),
+                         w.families(samples[:3], "again")], content_type)
+        assert joined == reference(samples, content_type == OPENMETRICS)
 
 
 def test_content_negotiation_and_values():

@@ -247,3 +247,26 @@ def test_node_ratio_leaves_out_every_local_rank_exactly():
         mine = statistics.median(values[r] for r in local)
         rest = statistics.median(v for i, v in enumerate(values) if i not in local)
         assert abs(tracker.node_ratio - mine / rest) < 1e-12
+
+
+def test_a_large_window_is_summarized_by_selection_exactly_as_by_sorting(monkeypatch):
+    """From VECTOR_FROM ranks the summary is selected with numpy (linear time): every number,
+    the middle and the slowest rank are those of the sorted summary, ties and even counts
+    included, for lists and arrays alike."""
+    import numpy as np
+
+    from trainwatch.contract import timing
+
+    rng = random.Random(11)
+    cases = []
+    for n in (timing.VECTOR_FROM, timing.VECTOR_FROM + 1, 1000, 4097):
+        cases += [[rng.uniform(0.05, 0.2) for _ in range(n)],
+                  [round(rng.uniform(0.05, 0.2), 2) for _ in range(n)],  # many ties
+                  [0.1] * n,
+                  [rng.gauss(0.1, 0.01) for _ in range(n - 1)] + [5.0]]
+    for values in cases:
+        for half_width in (1, 9, 65, 500):
+            selected = (summarize(values, half_width), summarize(np.array(values), half_width))
+            with monkeypatch.context() as m:
+                m.setattr(timing, "VECTOR_FROM", 10**9)
+                assert selected[0] == selected[1] == summarize(values, half_width)

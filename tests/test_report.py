@@ -672,3 +672,23 @@ def test_a_rank_clock_off_by_5_min_is_read_on_its_machines_clock(tmp_path, behin
     assert agreed["time"]["wall_seconds"] < 40
     assert skewed["categories"] == pytest.approx(agreed["categories"], abs=1e-3)
     assert any("rank0's wall clock is 300.0 s" in w for w in skewed["warnings"])
+
+
+def test_accounting_a_long_run_needs_little_beyond_its_step_log(tmp_path):
+    """Once the steps are read (40 bytes a step in columns), accounting them adds at most
+    ~one column's worth: distinct steps, tokens and the unsaved count are taken a chunk at
+    a time (a 1M-step run with 200 restarts had peaked at ~60 MiB above its log)."""
+    import tracemalloc
+
+    from trainwatch.report import goodput, timeline
+
+    tl = timeline.read_timeline(_long_run(tmp_path, 200_000))
+    tracemalloc.start()
+    try:
+        acc = goodput.account(tl)
+        per_step = tracemalloc.get_traced_memory()[1] / len(tl.steps)
+    finally:
+        tracemalloc.stop()
+    assert (acc.executed_steps, acc.recomputed_steps, acc.unique_steps) == (200_100, 100, 200_000)
+    assert acc.productive_tokens_per_rank == 512 * 200_000
+    assert per_step < 14, f"{per_step:.1f} bytes of peak memory per step to account"

@@ -1,0 +1,89 @@
+"""/metrics renders each collector run once, not once per scrape: a run's samples
+(deferred ones included) are built and formatted the first time they are read, and a
+format scraped often is rendered in the background as collectors store new runs."""
+
+import threading
+
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+from tests.agent_helpers import wait_for
+from trainwatch.agent.config import build_config
+from trainwatch.agent.context import AgentContext
+from trainwatch.agent.exporter import CachedExposition, SnapshotExporter
+from trainwatch.agent.exposition import OPENMETRICS, TEXT
+from trainwatch.agent.registry import Result, Sample
+from trainwatch.agent.state import CollectorRecord
+
+
+def rank_up(rank: int, value: float) -> Sample:
+    return Sample("trainwatch_rank_up", {"run": "r", "node": "n", "rank": str(rank),
+                                         "local_rank": str(rank)}, value)
+
+
+class Counted:
+    """A collector run whose deferred samples count how often they are built."""
+
+    def __init__(self, value: float):
+        self.built = 0
+        self.result = Result()
+        self.result.add("trainwatch_collector_run_dirs", 1, node="n")
+        self.result.defer(self.build)
+        self.value = value
+
+    def build(self):
+        self.built += 1
+        return [rank_up(rank, self.value) for rank in range(4)]
+
+
+def store_run(ctx: AgentContext, name: str, run: Counted) -> None:
+    ctx.store.set(CollectorRecord(name, True, 1.0, 1.0))
+    ctx.store.finish(name, run.result, started=1.0, duration=0.5)
+
+
+def test_a_run_is_rendered_once_for_every_scrape_and_format():
+    ctx = AgentContext(build_config({}))
+    exporter = SnapshotExporter(ctx)
+    ranks, other = Counted(1.0), Counted(0.0)
+    store_run(ctx, "ranks", ranks)
+    store_run(ctx, "other", other)  # same series: the first stored (ranks') wins
+    for _ in range(3):
+        exporter.render(TEXT)
+        text_string_to_metric_families(exporter.render(OPENMETRICS).decode())
+    ctx.store.update("ranks", bump=False, runs=5)  # bookkeeping, the same run
+    body = exporter.render(TEXT).decode()
+    assert (ranks.built, other.built) == (1, 1)
+    assert body.count("# TYPE trainwatch_rank_up gauge") == 1
+    assert body.count("trainwatch_rank_up{") == 4 and 'rank="3",run="r"} 1.0' in body
+    assert 'trainwatch_collector_runs_total{collector="ranks",node=' in body
+    assert body.split('trainwatch_collector_runs_total{collector="ranks"')[1].split()[1] == "5.0"
+    newer = Counted(0.5)
+    store_run(ctx, "ranks", newer)
+    assert 'rank="3",run="r"} 0.5' in exporter.render(TEXT).decode() and newer.built == 1
+    del ctx.store.records["other"]
+    assert "trainwatch_collector_run_dirs" in exporter.render(TEXT).decode()
+    assert 'collector="other"' not in exporter.render(TEXT).decode()
+
+
+def test_a_format_scraped_often_is_rendered_when_a_run_is_stored_not_on_the_scrape():
+    ctx = AgentContext(build_config({}))
+    exporter = SnapshotExporter(ctx)
+    exposition = CachedExposition(ctx, exporter, max_age=0.0)
+    store_run(ctx, "ranks", Counted(1.0))
+    for _ in range(2):  # scraped often: twice within eager_for
+        body, content_type = exposition.body("application/openmetrics-text; version=1.0.0")
+    assert content_type == OPENMETRICS and b"# EOF" in body
+    newer = Counted(2.0)
+    store_run(ctx, "ranks", newer)
+    wait_for(lambda: newer.built == 1, 10, 0.02, "the new run rendered in the background")
+    renders = []
+    render = exporter.render
+    exporter.render = lambda content_type: renders.append(
+        (content_type, threading.current_thread() is threading.main_thread())) \
+        or render(content_type)
+    body, _ = exposition.body("application/openmetrics-text")
+    assert b'rank="3",run="r"} 2.0' in body and renders == []  # served as rendered
+    text, content_type = exposition.body("")  # not scraped lately: rendered on the scrape
+    assert content_type == TEXT and b"# EOF" not in text and renders == [(TEXT, True)]
+    store_run(ctx, "ranks", Counted(3.0))  # scraped once: rendered on its next scrape only
+    assert b'rank="3",run="r"} 3.0' in exposition.body("")[0]
+    assert [call for call in renders if call[0] == TEXT] == [(TEXT, True)] * 2
