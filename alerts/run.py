@@ -45,7 +45,7 @@ from trainwatch.clitypes import NPROC_PER_NODE, seconds
 from trainwatch.contract.layout import AGENT_LOG, JOB_LOG, LOGS_DIR
 from trainwatch.contract.ports import LOOPBACK
 from trainwatch.contract.stall import RECORD_KEY as STALL_RECORD_KEY
-from trainwatch.errors import ConfigError
+from trainwatch.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, ConfigError
 from trainwatch.proctree import spawn, stop
 from trainwatch.rundir import RunDir, pick_run_dir
 from trainwatch.runlock import hold
@@ -258,7 +258,7 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
             ("the job", lambda: controller.close("interrupted" if interrupted
                                                  else "controller stopped")),
             ("the agent", lambda: stop(agent_proc))])
-        code = 130 if interrupted else (supervisor.exit_code or 0)
+        code = EXIT_INTERRUPTED if interrupted else (supervisor.exit_code or EXIT_OK)
         controller.journal("controller_stopped", exit_code=code, interrupted=interrupted,
                            seconds=round(time.time() - started, 3),
                            actions=len(run_.events("action_taken")))
@@ -266,7 +266,7 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
             click.echo("trainwatch run: could not record (is the disk full?): "
                        + "; ".join(controller.unrecorded[-10:]), err=True)
         lock.release()
-    if code == 2:
+    if code == EXIT_USAGE:
         raise ConfigError("the training job rejected its input (exit 2): "
                           + _new_lines(run_.logs_dir / JOB_LOG, job_log_start))
     outcome = "interrupted" if interrupted else "failed" if code else "finished"
@@ -275,13 +275,13 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
         click.echo("trainwatch run: the job failed before any rank started (not restarted: "
                    "it would fail the same way); the end of its log:"
                    + _new_lines(run_.logs_dir / JOB_LOG, job_log_start, n=20), err=True)
-    elif code and code != 130:
+    elif code and code != EXIT_INTERRUPTED:
         skipped = run_.events("action_skipped")
         why = f": {skipped[-1].get('reason')}" if skipped else ""
         click.echo(f"trainwatch run: the job failed and was not restarted{why}; see "
                    f"{run_.journal_file} and {run_.logs_dir}/", err=True)
     if code:
-        sys.exit(code if code in (2, 130) else 1)
+        sys.exit(code if code in (EXIT_USAGE, EXIT_INTERRUPTED) else EXIT_PROBLEM)
 
 
 def _shut_down(controller: JobController, steps: list[tuple[str, Callable[[], object]]]) -> None:
