@@ -13,6 +13,7 @@ import statistics
 import time
 from typing import Any
 
+from trainwatch import attempts
 from trainwatch.contract.stall import (default_options, heartbeat_stale, published_budget,
                                       stall_budget)
 from trainwatch.contract.states import COLLECTIVE_PHASES
@@ -189,8 +190,8 @@ def check_dead(a: Analysis) -> list[Finding]:
             evidence.append(f"rank(s) {followers} also exited afterwards (stopped by the "
                             "launcher or failed in the collective)")
         evidence += _first_error_lines(ev)
-        if ev.journal.get("restarts"):
-            evidence.append(f"journal: {ev.journal['restarts']} restart(s) so far")
+        if (ev.journal.get("restarts") or {}).get("restarts"):
+            evidence.append(f"journal: {attempts.describe(ev.journal['restarts'])} so far")
         exitcode = (root["exitcode"] if root and root.get("rank") == rank else
                     next((x["exitcode"] for x in ev.launcher.get("failures", [])
                           if x.get("rank") == rank),

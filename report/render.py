@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from trainwatch import attempts
 from trainwatch.report import cost as cost_mod
 from trainwatch.report.cost import CostSettings
 from trainwatch.report.goodput import CATEGORIES, Accounting
@@ -40,7 +41,8 @@ _CATEGORY_TEXT = {
 # --------------------------------------------------------------------------- the dictionary
 
 def _attempt(a) -> dict[str, Any]:
-    return {"index": a.index, "restart_count": a.restart_count, "started_at": a.started_at,
+    return {"index": a.index, "restart_count": a.restart_count, "restarted_by": a.restarted_by,
+            "started_at": a.started_at,
             "ended_at": a.ended_at, "outcome": a.outcome, "ranks": len(a.ranks),
             "resumed_from": a.resumed_from, "resume_source": a.resume_source,
             "first_step": a.execs[0].step if a.execs else None,
@@ -84,6 +86,7 @@ def report(tl: Timeline, acc: Accounting, settings: CostSettings) -> dict[str, A
         "tokens": {"productive": cost_mod.productive_tokens(acc, world),
                    "processed": cost_mod.processed_tokens(acc, world)},
         "attempts": [_attempt(a) for a in tl.attempts],
+        "restarts": attempts.summary([a.restarted_by for a in tl.attempts]),
         "incidents": incidents,
         "cost": cost_mod.costs(acc, settings, world),
         "checkpoint_hint": checkpoint_hint(tl, acc),
@@ -127,8 +130,8 @@ def render(data: dict[str, Any], console: Console) -> None:
     t, steps, price = data["time"], data["steps"], data["cost"]["gpu_hour_price"]
     console.print(Text(f"trainwatch report: {data['run_dir']} (job {data['job']}, "
                        f"{data['state']})", style="bold"))
-    console.print(f"wall time {duration(t['wall_seconds'])} over {len(data['attempts'])} "
-                  f"attempt(s), world size {data['world_size'] or '?'}"
+    console.print(f"wall time {duration(t['wall_seconds'])}, "
+                  f"{attempts.describe(data['restarts'])}, world size {data['world_size'] or '?'}"
                   + (f"; not running for {duration(t['not_running_seconds'])} between launches"
                      if t["not_running_seconds"] else ""))
     console.print(f"goodput {percent(data['goodput_ratio'])} · effective training time ratio "
