@@ -19,7 +19,7 @@ from trainwatch.contract.stall import (default_options, heartbeat_stale, publish
 from trainwatch.contract.states import COLLECTIVE_PHASES
 from trainwatch.contract.timing import job_window
 from trainwatch.diagnose import agents, causes, collectives, journal, prometheus, workers
-from trainwatch.diagnose.model import Evidence, Finding
+from trainwatch.diagnose.model import Evidence, Finding, step_label
 from trainwatch.diagnose.stacks import format_frames, main_stack, main_thread, qualified
 
 STRAGGLER_LATENESS_RATIO = 0.15   # entering collectives this much of a step after the others
@@ -89,7 +89,7 @@ class Analysis:
         since = (publish or {}).get("failing_since")
         failing = (f"; it could not write its status since {_s(self.ev.collected_at - since)} "
                    f"ago: {publish.get('last_error')}" if publish and since else "")
-        return (f"rank {rank} on {self.node(rank)} (pid {v.get('pid')}): step {v.get('step')}"
+        return (f"rank {rank} on {self.node(rank)} (pid {v.get('pid')}): step {step_label(v)}"
                 f"{source}, phase {v.get('phase')} for {_s(v.get('phase_age'))}, heartbeat "
                 f"{_s(v.get('heartbeat_age'))} old, last progress {_s(v.get('progress_age'))} "
                 f"ago, process {self.proc(rank)}{failing}")

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from trainwatch import attempts
-from trainwatch.diagnose.model import Evidence, Finding
+from trainwatch.diagnose.model import Evidence, Finding, step_label
 from trainwatch.redact import redact_text
 
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "green"}
@@ -79,7 +79,7 @@ def rank_table(ev: Evidence, findings: list[Finding]) -> Table:
         v = ev.ranks[rank]
         table.add_row(str(rank), str(v.get("node")), str(v.get("pid")),
                       str((v.get("process") or {}).get("status")), str(v.get("state")),
-                      str(v.get("step")), str(v.get("phase")), _age(v.get("phase_age")),
+                      step_label(v), str(v.get("phase")), _age(v.get("phase_age")),
                       _age(v.get("heartbeat_age")), _age(v.get("progress_age")))
     return table
 

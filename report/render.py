@@ -49,6 +49,12 @@ def _attempt(a) -> dict[str, Any]:
             "last_step": a.execs[-1].step if a.execs else None, "steps": len(a.execs)}
 
 
+def _completed(tl: Timeline) -> int | None:
+    """Steps completed, as diagnose and a checkpoint count them: the last step number + 1."""
+    last = next((a.execs[-1].step for a in reversed(tl.attempts) if a.execs), None)
+    return None if last is None else last + 1
+
+
 def report(tl: Timeline, acc: Accounting, settings: CostSettings) -> dict[str, Any]:
     world = tl.world_size
     incidents = []
@@ -77,7 +83,7 @@ def report(tl: Timeline, acc: Accounting, settings: CostSettings) -> dict[str, A
         "categories": dict(acc.seconds),
         "goodput_ratio": acc.goodput_ratio,
         "effective_training_time_ratio": acc.effective_training_time_ratio,
-        "steps": {"unique": acc.unique_steps, "executed": acc.executed_steps,
+        "steps": {"completed": _completed(tl), "unique": acc.unique_steps, "executed": acc.executed_steps,
                   "recomputed": acc.recomputed_steps,
                   "target": tl.config("train", "steps"),
                   "unsaved": acc.unsaved_steps,
@@ -135,8 +141,9 @@ def render(data: dict[str, Any], console: Console) -> None:
                   + (f"; not running for {duration(t['not_running_seconds'])} between launches"
                      if t["not_running_seconds"] else ""))
     console.print(f"goodput {percent(data['goodput_ratio'])} · effective training time ratio "
-                  f"{percent(data['effective_training_time_ratio'])} · {steps['unique']} "
-                  f"unique steps" + (f" of {steps['target']}" if steps["target"] else "")
+                  f"{percent(data['effective_training_time_ratio'])} · "
+                  f"{steps['completed'] if steps['completed'] is not None else '?'} steps "
+                  f"completed, {steps['unique']} unique" + (f" of {steps['target']}" if steps["target"] else "")
                   + f", {steps['executed']} executed, {steps['recomputed']} recomputed")
 
     table = _table("Where the time went")

@@ -30,6 +30,7 @@ def restarted_run(tmp_path_factory):
         env=torchrun_env(tmp, TRAINWATCH_FAULT="exit:rank=1:step=15:attempt=any:launch=1"),
         capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (tmp / "summary.txt").write_text(done.stdout)  # the run's closing summary
     return run_dir
 
 
@@ -57,3 +58,23 @@ def test_diagnose_and_report_count_the_same_attempts_and_restarts(restarted_run)
     words = "attempts 3 (2 restarts: 1 by torchrun, 1 by the controller)"
     assert words in _cli("report", str(restarted_run))
     assert words in _cli("diagnose", str(restarted_run))
+
+
+def test_diagnose_and_report_count_the_steps_completed_as_the_run_summary(restarted_run):
+    run = RunDir(restarted_run)
+    (finished,) = run.events("finished")
+    assert finished["step"] == STEPS - 1 and finished["steps_completed"] == STEPS
+    newest = max(e["step"] for e in run.events("checkpoint_saved"))
+    assert newest == STEPS  # a checkpoint's step counts the steps completed
+
+    report = json.loads(_cli("report", str(restarted_run), "--json"))
+    diagnose = json.loads(_cli("diagnose", str(restarted_run), "--json"))
+    assert report["steps"]["completed"] == report["steps"]["unique"] == STEPS
+    ranks = diagnose["evidence"]["ranks"]
+    assert {r["step"] for r in ranks.values()} == {STEPS - 1}  # the step it was in, last
+    assert {r["steps_completed"] for r in ranks.values()} == {STEPS}
+
+    label = f"{STEPS} steps completed"
+    assert label in _cli("report", str(restarted_run))
+    assert f"{STEPS} of {STEPS} completed" in (restarted_run.parent / "summary.txt").read_text()
+    assert f"{STEPS - 1} ({STEPS} completed)" in _cli("diagnose", str(restarted_run))
