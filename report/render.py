@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from trainwatch import attempts
+from trainwatch.contract.layout import CONFIG_DIGEST_KEY, WEIGHTS_CONFIG_DIGEST_KEY
 from trainwatch.report import cost as cost_mod
 from trainwatch.report.cost import CostSettings
 from trainwatch.report.goodput import CATEGORIES, Accounting
@@ -77,6 +78,8 @@ def report(tl: Timeline, acc: Accounting, settings: CostSettings) -> dict[str, A
     return {
         "format": FORMAT, "version": VERSION,
         "run_dir": str(tl.run_dir), "job": tl.job, "state": tl.state, "world_size": world,
+        "digests": {key: tl.info.get(key) if isinstance(tl.info.get(key), str) else None
+                    for key in (CONFIG_DIGEST_KEY, WEIGHTS_CONFIG_DIGEST_KEY)},
         "time": {"start": tl.start, "end": tl.end, "span_seconds": acc.span_seconds,
                  "not_running_seconds": acc.not_running_seconds,
                  "wall_seconds": acc.wall_seconds},

@@ -6,6 +6,7 @@ attempt and again on its restart; torchrun gives up, the controller starts a new
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -78,3 +79,18 @@ def test_diagnose_and_report_count_the_steps_completed_as_the_run_summary(restar
     assert label in _cli("report", str(restarted_run))
     assert f"{STEPS} of {STEPS} completed" in (restarted_run.parent / "summary.txt").read_text()
     assert f"{STEPS - 1} ({STEPS} completed)" in _cli("diagnose", str(restarted_run))
+
+
+def test_every_output_names_the_two_config_digests_alike(restarted_run):
+    run = RunDir(restarted_run)
+    info = run.run_info()
+    weights, whole = info["weights_config_digest"], info["config_digest"]
+    assert weights != whole  # two different things, by two names
+    listed = json.loads(_cli("checkpoint", "list", str(restarted_run), "--json"))
+    assert listed and {c["weights_config_digest"] for c in listed} == {weights}
+    for entry in listed:
+        manifest = json.loads((Path(entry["path"]) / "manifest.json").read_text())
+        assert manifest["weights_config_digest"] == weights and "config_hash" not in manifest
+    report = json.loads(_cli("report", str(restarted_run), "--json"))
+    assert report["digests"] == {"config_digest": whole, "weights_config_digest": weights}
+    assert {s["info"]["config_digest"] for s in run.statuses().records} == {whole}
