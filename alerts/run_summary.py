@@ -79,7 +79,7 @@ def _from_report(s: Summary) -> None:
     data = render.report(tl, goodput.account(tl), cost.load_settings(None))
     s.goodput = data.get("goodput_ratio")
     steps = data.get("steps") or {}
-    s.steps_done = steps.get("unique")
+    s.steps_done = steps.get("completed")  # the count diagnose and checkpoints show
     s.steps_target = s.steps_target or steps.get("target")
     s.incidents = [str(i.get("cause")) for i in data.get("incidents") or []]
 
@@ -134,7 +134,7 @@ def render(s: Summary, console: Console) -> None:
     table.add_column("value")
     if s.steps_done is not None or s.steps_target is not None:
         table.add_row("steps", f"{s.steps_done if s.steps_done is not None else '?'}"
-                      + (f" of {s.steps_target}" if s.steps_target else ""))
+                      + (f" of {s.steps_target}" if s.steps_target else "") + " completed")
     table.add_row("final loss", f"{s.final_loss:.4f}" if s.final_loss is not None else "-")
     table.add_row("goodput", f"{100 * s.goodput:.1f} %" if s.goodput is not None else "-")
     if s.incidents:

@@ -13,12 +13,13 @@ import statistics
 import time
 from typing import Any
 
+from trainwatch import attempts
 from trainwatch.contract.stall import (default_options, heartbeat_stale, published_budget,
                                       stall_budget)
 from trainwatch.contract.states import COLLECTIVE_PHASES
 from trainwatch.contract.timing import job_window
 from trainwatch.diagnose import agents, causes, collectives, journal, prometheus, workers
-from trainwatch.diagnose.model import Evidence, Finding
+from trainwatch.diagnose.model import Evidence, Finding, step_label
 from trainwatch.diagnose.stacks import format_frames, main_stack, main_thread, qualified
 
 STRAGGLER_LATENESS_RATIO = 0.15   # entering collectives this much of a step after the others
@@ -88,7 +89,7 @@ class Analysis:
         since = (publish or {}).get("failing_since")
         failing = (f"; it could not write its status since {_s(self.ev.collected_at - since)} "
                    f"ago: {publish.get('last_error')}" if publish and since else "")
-        return (f"rank {rank} on {self.node(rank)} (pid {v.get('pid')}): step {v.get('step')}"
+        return (f"rank {rank} on {self.node(rank)} (pid {v.get('pid')}): step {step_label(v)}"
                 f"{source}, phase {v.get('phase')} for {_s(v.get('phase_age'))}, heartbeat "
                 f"{_s(v.get('heartbeat_age'))} old, last progress {_s(v.get('progress_age'))} "
                 f"ago, process {self.proc(rank)}{failing}")
@@ -189,8 +190,8 @@ def check_dead(a: Analysis) -> list[Finding]:
             evidence.append(f"rank(s) {followers} also exited afterwards (stopped by the "
                             "launcher or failed in the collective)")
         evidence += _first_error_lines(ev)
-        if ev.journal.get("restarts"):
-            evidence.append(f"journal: {ev.journal['restarts']} restart(s) so far")
+        if (ev.journal.get("restarts") or {}).get("restarts"):
+            evidence.append(f"journal: {attempts.describe(ev.journal['restarts'])} so far")
         exitcode = (root["exitcode"] if root and root.get("rank") == rank else
                     next((x["exitcode"] for x in ev.launcher.get("failures", [])
                           if x.get("rank") == rank),

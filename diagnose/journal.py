@@ -1,9 +1,11 @@
-"""Recent restarts, firing alerts, checkpoint failures and actions from journal.jsonl."""
+"""Attempts and restarts (trainwatch/attempts.py), firing alerts, checkpoint failures and
+actions from journal.jsonl."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from trainwatch import attempts
 from trainwatch.contract.stall import recorded_options
 from trainwatch.diagnose.model import Evidence
 from trainwatch.rundir import RunDir
@@ -20,8 +22,8 @@ def gather(run: RunDir, ev: Evidence) -> None:
     if not run.journal_file.exists():
         ev.cannot_see(f"journal ({run.journal_file} does not exist)")
     events = [r for r in result.records[-RECENT:] if r.get("event") in _INTERESTING]
-    ev.journal = {"events": events, "restarts": sum(1 for r in result.records
-                                                    if r.get("event") == "restarted"),
+    ev.journal = {"events": events, "restarts": attempts.summary(
+                      [g.restarted_by for g in attempts.generations(result.records)]),
                   "firing_alerts": firing(result.records),
                   "stall_options": recorded_options(result.records)}
 

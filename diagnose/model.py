@@ -71,3 +71,10 @@ class Evidence:
         for key in ("ranks", "dumps", "stacks"):
             data[key] = {str(k): v for k, v in data[key].items()}
         return data
+
+
+def step_label(view: dict[str, Any]) -> str:
+    """A rank's step with what it means: the step it is in (or last started), then how many
+    it completed (a checkpoint's and the report's step count): "29 (30 completed)"."""
+    done = view.get("steps_completed")
+    return f"{view.get('step')}" + (f" ({done} completed)" if done is not None else "")

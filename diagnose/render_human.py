@@ -8,7 +8,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from trainwatch.diagnose.model import Evidence, Finding
+from trainwatch import attempts
+from trainwatch.diagnose.model import Evidence, Finding, step_label
 from trainwatch.redact import redact_text
 
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "green"}
@@ -35,7 +36,7 @@ def render(ev: Evidence, findings: list[Finding], console: Console) -> None:
 
 
 def context_line(ev: Evidence) -> str:
-    """Restarts, the newest checkpoint and firing alerts: what on-call asks first."""
+    """Attempts and restarts, the newest checkpoint and firing alerts: what on-call asks first."""
     newest = (ev.checkpoints or {}).get("newest")
     if newest:
         age = newest.get("age_seconds")
@@ -44,7 +45,9 @@ def context_line(ev: Evidence) -> str:
         ckpt = "unknown"
     alerts = sorted({str(r.get("alert") or r.get("alertname"))
                      for r in ev.journal.get("firing_alerts", [])})
-    return (f"restarts: {ev.journal.get('restarts', '?')} · newest checkpoint: {ckpt} · "
+    restarts = ev.journal.get("restarts")
+    return (f"{attempts.describe(restarts) if restarts else 'attempts unknown'} · "
+            f"newest checkpoint: {ckpt} · "
             f"alerts firing (journal): {', '.join(alerts) or 'none'}")
 
 
@@ -76,7 +79,7 @@ def rank_table(ev: Evidence, findings: list[Finding]) -> Table:
         v = ev.ranks[rank]
         table.add_row(str(rank), str(v.get("node")), str(v.get("pid")),
                       str((v.get("process") or {}).get("status")), str(v.get("state")),
-                      str(v.get("step")), str(v.get("phase")), _age(v.get("phase_age")),
+                      step_label(v), str(v.get("phase")), _age(v.get("phase_age")),
                       _age(v.get("heartbeat_age")), _age(v.get("progress_age")))
     return table
 

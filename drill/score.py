@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from trainwatch.attempts import rank_of
 from trainwatch.contract.layout import TORCHRUN_LOG
 from trainwatch.drill import catalog, score_replicas
 from trainwatch.drill.catalog import (ALERT, CONTROLLER, FINDING, LAUNCHER, NONE, RERUN,
@@ -177,7 +178,7 @@ def score(run_dir: str | Path, *, detect_within: float | None = None,
     fault = faults[0]
     t0 = fault["time"]
     card["fault_injected"] = {"at": t0, "step": fault.get("step"),
-                              "rank": timeline.rank_of(fault),
+                              "rank": rank_of(fault),
                               "seconds_into_run": round(t0 - record.get("started_at", t0), 3)}
     card["alerts"] = [{"alert": e.get("alert"), "rank": (e.get("labels") or {}).get("rank"),
                        "suspects": (e.get("labels") or {}).get("suspects"),

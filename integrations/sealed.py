@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from trainwatch import __version__
+from trainwatch.contract.layout import WEIGHTS_CONFIG_DIGEST_KEY
 from trainwatch.rundir import atomic_write_json
 from trainwatch.trainer.checkpoint.manifest import (FORMAT, FORMAT_VERSION, MANIFEST,
                                                     sha256_file, verify)
@@ -34,7 +35,7 @@ def seal(directory: Path, step: int, *, world_size: int, framework: str) -> Path
     atomic_write_json(directory / MANIFEST, {
         "format": FORMAT, "version": FORMAT_VERSION, "step": step, "created_at": time.time(),
         "reason": "framework", "framework": framework, "world_size": world_size,
-        "config_hash": None, "shared": [], "metrics": {}, "files": files,
+        WEIGHTS_CONFIG_DIGEST_KEY: None, "shared": [], "metrics": {}, "files": files,
         "versions": {"trainwatch": __version__}})
     return directory / MANIFEST
 

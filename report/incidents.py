@@ -11,7 +11,8 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-from trainwatch.report.timeline import Attempt, rank_of
+from trainwatch.attempts import rank_of
+from trainwatch.report.timeline import Attempt
 
 _ERROR_CHARS = 300
 

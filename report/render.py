@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from trainwatch import attempts
+from trainwatch.contract.layout import CONFIG_DIGEST_KEY, WEIGHTS_CONFIG_DIGEST_KEY
 from trainwatch.report import cost as cost_mod
 from trainwatch.report.cost import CostSettings
 from trainwatch.report.goodput import CATEGORIES, Accounting
@@ -40,11 +42,18 @@ _CATEGORY_TEXT = {
 # --------------------------------------------------------------------------- the dictionary
 
 def _attempt(a) -> dict[str, Any]:
-    return {"index": a.index, "restart_count": a.restart_count, "started_at": a.started_at,
+    return {"index": a.index, "restart_count": a.restart_count, "restarted_by": a.restarted_by,
+            "started_at": a.started_at,
             "ended_at": a.ended_at, "outcome": a.outcome, "ranks": len(a.ranks),
             "resumed_from": a.resumed_from, "resume_source": a.resume_source,
             "first_step": a.execs[0].step if a.execs else None,
             "last_step": a.execs[-1].step if a.execs else None, "steps": len(a.execs)}
+
+
+def _completed(tl: Timeline) -> int | None:
+    """Steps completed, as diagnose and a checkpoint count them: the last step number + 1."""
+    last = next((a.execs[-1].step for a in reversed(tl.attempts) if a.execs), None)
+    return None if last is None else last + 1
 
 
 def report(tl: Timeline, acc: Accounting, settings: CostSettings) -> dict[str, Any]:
@@ -69,13 +78,15 @@ def report(tl: Timeline, acc: Accounting, settings: CostSettings) -> dict[str, A
     return {
         "format": FORMAT, "version": VERSION,
         "run_dir": str(tl.run_dir), "job": tl.job, "state": tl.state, "world_size": world,
+        "digests": {key: tl.info.get(key) if isinstance(tl.info.get(key), str) else None
+                    for key in (CONFIG_DIGEST_KEY, WEIGHTS_CONFIG_DIGEST_KEY)},
         "time": {"start": tl.start, "end": tl.end, "span_seconds": acc.span_seconds,
                  "not_running_seconds": acc.not_running_seconds,
                  "wall_seconds": acc.wall_seconds},
         "categories": dict(acc.seconds),
         "goodput_ratio": acc.goodput_ratio,
         "effective_training_time_ratio": acc.effective_training_time_ratio,
-        "steps": {"unique": acc.unique_steps, "executed": acc.executed_steps,
+        "steps": {"completed": _completed(tl), "unique": acc.unique_steps, "executed": acc.executed_steps,
                   "recomputed": acc.recomputed_steps,
                   "target": tl.config("train", "steps"),
                   "unsaved": acc.unsaved_steps,
@@ -84,6 +95,7 @@ def report(tl: Timeline, acc: Accounting, settings: CostSettings) -> dict[str, A
         "tokens": {"productive": cost_mod.productive_tokens(acc, world),
                    "processed": cost_mod.processed_tokens(acc, world)},
         "attempts": [_attempt(a) for a in tl.attempts],
+        "restarts": attempts.summary([a.restarted_by for a in tl.attempts]),
         "incidents": incidents,
         "cost": cost_mod.costs(acc, settings, world),
         "checkpoint_hint": checkpoint_hint(tl, acc),
@@ -127,13 +139,14 @@ def render(data: dict[str, Any], console: Console) -> None:
     t, steps, price = data["time"], data["steps"], data["cost"]["gpu_hour_price"]
     console.print(Text(f"trainwatch report: {data['run_dir']} (job {data['job']}, "
                        f"{data['state']})", style="bold"))
-    console.print(f"wall time {duration(t['wall_seconds'])} over {len(data['attempts'])} "
-                  f"attempt(s), world size {data['world_size'] or '?'}"
+    console.print(f"wall time {duration(t['wall_seconds'])}, "
+                  f"{attempts.describe(data['restarts'])}, world size {data['world_size'] or '?'}"
                   + (f"; not running for {duration(t['not_running_seconds'])} between launches"
                      if t["not_running_seconds"] else ""))
     console.print(f"goodput {percent(data['goodput_ratio'])} · effective training time ratio "
-                  f"{percent(data['effective_training_time_ratio'])} · {steps['unique']} "
-                  f"unique steps" + (f" of {steps['target']}" if steps["target"] else "")
+                  f"{percent(data['effective_training_time_ratio'])} · "
+                  f"{steps['completed'] if steps['completed'] is not None else '?'} steps "
+                  f"completed, {steps['unique']} unique" + (f" of {steps['target']}" if steps["target"] else "")
                   + f", {steps['executed']} executed, {steps['recomputed']} recomputed")
 
     table = _table("Where the time went")

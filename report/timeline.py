@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from trainwatch.attempts import generations, rank_of
 from trainwatch.contract.layout import JOB_LOG, TORCHRUN_LOG
 from trainwatch.errors import ConfigError, FormatError
 from trainwatch.report.clocks import align
@@ -122,6 +123,7 @@ class Attempt:
     index: int
     started_at: float                      # first rank_started of this generation
     restart_count: int | None              # torchrun's TORCHELASTIC_RESTART_COUNT
+    restarted_by: str | None               # None for the first (trainwatch/attempts.py)
     ranks: dict[int, int | None] = field(default_factory=dict)  # rank -> pid
     events: list[dict[str, Any]] = field(default_factory=list)  # journal events in its window
     execs: StepRange = field(default_factory=lambda: StepRange(StepLog(), 0, 0))  # its steps
@@ -177,14 +179,6 @@ def check_run_dir(path: Path) -> RunDir:
         raise ConfigError("not a trainwatch run directory (no run.json, journal.jsonl or "
                           "metrics/)", file=str(path))
     return run
-
-
-def rank_of(event: dict[str, Any]) -> int | None:
-    rank = event.get("rank")
-    if isinstance(rank, int) and not isinstance(rank, bool):
-        return rank
-    source = str(event.get("source", ""))
-    return int(source[4:]) if source.startswith("rank") and source[4:].isdigit() else None
 
 
 def number(value: Any) -> float | None:
@@ -260,20 +254,9 @@ def _torchrun_exits(run: RunDir) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- attempts
 
 def _group_attempts(events: list[dict[str, Any]]) -> list[Attempt]:
-    """One attempt per generation of ``rank_started`` events: a new one begins when a rank
-    starts again or torchrun's restart count changes."""
-    attempts: list[Attempt] = []
-    for e in events:
-        if e["event"] != "rank_started" or (rank := rank_of(e)) is None:
-            continue
-        restart = e.get("restart_count") if isinstance(e.get("restart_count"), int) else None
-        current = attempts[-1] if attempts else None
-        if current is None or rank in current.ranks or restart != current.restart_count:
-            current = Attempt(len(attempts), e["time"], restart)
-            attempts.append(current)
-        pid = e.get("pid")
-        current.ranks[rank] = pid if isinstance(pid, int) else None
-    return attempts
+    """One attempt per generation of rank processes (trainwatch/attempts.py)."""
+    return [Attempt(i, g.started_at, g.restart_count, g.restarted_by, ranks=g.ranks)
+            for i, g in enumerate(generations(events))]
 
 
 def _window(attempts: list[Attempt], starts: list[float], t: float) -> Attempt | None:
@@ -390,7 +373,7 @@ def read_timeline(path: str | Path) -> Timeline:
     if not attempts:
         warnings.append("no rank_started events: the run is read as a single attempt")
         first = min([e["time"] for e in events] + ([min(log.start)] if log else []))
-        attempts = [Attempt(0, first, None)]
+        attempts = [Attempt(0, first, None, None)]
     starts = [a.started_at for a in attempts]
     for e in events:
         if (attempt := _window(attempts, starts, e["time"])) is not None:

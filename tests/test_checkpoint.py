@@ -148,7 +148,7 @@ def test_resume_is_exact(tmp_path, mode):
         ref.opt.state_dict()["state"][0]["exp_avg"])
     manifest = json.loads((b / "manifest.json").read_text())
     assert manifest["step"] == 12 and manifest["world_size"] == 1
-    assert manifest["config_hash"] == "cfg1" and manifest["versions"]["torch"] == torch.__version__
+    assert manifest["weights_config_digest"] == "cfg1" and manifest["versions"]["torch"] == torch.__version__
     assert set(manifest["files"]) == {"model.pt", "optimizer.pt", "scheduler.pt", "rank-00000.pt"}
     saved = events(tmp_path / "b", "checkpoint_saved")
     assert all(e["bytes"] > 0 and e["blocking_seconds"] >= 0 and e["mode"] == mode
@@ -221,7 +221,7 @@ def test_other_config_or_world_size_is_refused(tmp_path):
     job.run(ckpt, 2)
     ckpt.close()
     other = Checkpointer(CheckpointConfig(), tmp_path / "run", config_hash="cfg2")
-    with pytest.raises(ConfigError, match="config cfg1, this run's config is cfg2"):
+    with pytest.raises(ConfigError, match="weights_config_digest cfg1, this run's is cfg2"):
         other.resume()
     bigger = Checkpointer(CheckpointConfig(), tmp_path / "run", config_hash="cfg1", world_size=4)
     with pytest.raises(ConfigError, match="world size 1, this run has 4"):
@@ -402,3 +402,13 @@ def test_mirror_copy_is_used_when_the_primary_is_corrupt(tmp_path):
     restored = make(tmp_path, mirror_dir="mirror").resume()
     assert restored.step == 4 and restored.path == mirror / "step-00000004"
     assert events(tmp_path, "checkpoint_fallback")[-1]["next"] == str(mirror / "step-00000004")
+
+
+def test_a_manifest_written_before_the_rename_still_resumes(tmp_path):
+    """Manifests of earlier versions call the weights' config digest config_hash."""
+    from trainwatch.trainer.checkpoint.compat import check_compatible
+
+    old = {"config_hash": "cfg1", "world_size": 1}
+    check_compatible(old, tmp_path, config_hash="cfg1", world_size=1)
+    with pytest.raises(ConfigError, match="weights_config_digest cfg1, this run's is cfg2"):
+        check_compatible(old, tmp_path, config_hash="cfg2", world_size=1)

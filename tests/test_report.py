@@ -177,8 +177,8 @@ def test_a_restart_recomputes_crash_step_minus_resumed_checkpoint(tmp_path):
     assert c["evaluation"] == near(3 * (0.01 + 0.5))  # from the step's end: idle tail too
     assert c["checkpoint"] == near(0.75)
     assert c["stalled"] == 0
-    assert data["steps"] == {"unique": 30, "executed": 35, "recomputed": 5, "target": 30,
-                             "unsaved": None, "typical_seconds": 1.0,
+    assert data["steps"] == {"completed": 30, "unique": 30, "executed": 35, "recomputed": 5,
+                             "target": 30, "unsaved": None, "typical_seconds": 1.0,
                              "stall_budget_seconds": 10.0}
     assert data["goodput_ratio"] == near(27.0 / data["time"]["wall_seconds"])
     assert data["effective_training_time_ratio"] == pytest.approx(

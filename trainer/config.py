@@ -108,13 +108,15 @@ class Config:
         return dataclasses.asdict(self)
 
     def digest(self) -> str:
-        """A short hash of the resolved config, shown in status files and run.json."""
+        """A short hash of the whole resolved config (``config_digest`` in run.json, status
+        files and the journal): tells two runs' configs apart, whatever section changed."""
         text = json.dumps(self.to_dict(), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     def training_digest(self) -> str:
-        """A hash of what decides the weights (not ``checkpoint``/``telemetry``): a checkpoint
-        is resumed only by a run with the same one."""
+        """A hash of what decides the weights (not ``checkpoint``/``telemetry``;
+        ``weights_config_digest`` in run.json, manifests and reports): a checkpoint is resumed
+        only by a run with the same one."""
         text = json.dumps({k: v for k, v in self.to_dict().items()
                            if k not in ("checkpoint", "telemetry")}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:12]

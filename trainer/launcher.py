@@ -24,7 +24,8 @@ from typing import IO
 
 from trainwatch import __version__
 from trainwatch.contract.env import FAULT_ENV, JOB_ENV, NODE_ENV, RUN_DIR_ENV, STORE_ADDR_ENV
-from trainwatch.contract.layout import CHECKPOINT_DIRS_KEY, TORCHRUN_LOG, TORCHRUN_LOG_DIR
+from trainwatch.contract.layout import (CHECKPOINT_DIRS_KEY, CONFIG_DIGEST_KEY, TORCHRUN_LOG,
+                                       TORCHRUN_LOG_DIR, WEIGHTS_CONFIG_DIGEST_KEY)
 from trainwatch.contract.ports import LOOPBACK
 from trainwatch.errors import ConfigError
 from trainwatch.node import node_name
@@ -142,7 +143,8 @@ def write_run_info(spec: LaunchSpec, run: RunDir, cfg: Config, cmd: list[str]) -
         "job": spec.job, "created_at": previous.get("created_at", time.time()),
         "world_size": spec.nnodes * spec.nproc_per_node, "nproc_per_node": spec.nproc_per_node,
         "nnodes": spec.nnodes, "max_restarts": spec.max_restarts, "config": cfg.to_dict(),
-        "config_digest": cfg.digest(), "trainwatch_version": __version__, "command": cmd,
+        CONFIG_DIGEST_KEY: cfg.digest(), WEIGHTS_CONFIG_DIGEST_KEY: cfg.training_digest(),
+        "trainwatch_version": __version__, "command": cmd,
         CHECKPOINT_DIRS_KEY: [run.recordable(p) for p in checkpoint_folders(run, cfg)],
     })
 

@@ -245,7 +245,7 @@ class Telemetry:
             # The kernel's start time of this process (boot time + ticks, not this rank's
             # wall clock): how an agent tells this process from a later one with its pid.
             "process_created_at": _created(self._process),
-            "step": None, "phase": "init",
+            "step": None, "steps_completed": None, "phase": "init",
             "phase_since": now, "last_progress_at": now, "state": RUNNING,
             "metrics": {}, "eval": {},
             "counters": {"steps_total": 0, "nonfinite_loss_total": 0,
@@ -345,7 +345,8 @@ class Telemetry:
         if self._watch is not None:
             self._watch.seal()
         if state == FINISHED and self.rank == 0 and not self._finished_journaled:
-            self.event("finished", step=self._state.get("step"))
+            self.event("finished", step=self._state.get("step"),
+                       steps_completed=self._state.get("steps_completed"))
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
@@ -601,6 +602,7 @@ class Telemetry:
                 counters["pending_dropped_total"] += 1
             pending.append((step, end_time, step_ns, phases, cuda_events, values))
             counters["steps_total"] += 1
+            self._state["steps_completed"] = step + 1  # where the loop would resume
             self._state["last_progress_at"] = end_time
             replicas = self._replicas
             if replicas is not None and replicas.due(step):
@@ -842,7 +844,7 @@ class Telemetry:
         phase = s.get("phase")
         return {"v": 1, "rank": self.rank, "pid": s["pid"], "state": s["state"],
                 "heartbeat_at": s["heartbeat_at"], "heartbeat_mono": s["heartbeat_mono"],
-                "boot": s["boot"], "step": s["step"],
+                "boot": s["boot"], "step": s["step"], "steps_completed": s["steps_completed"],
                 "last_progress_at": s["last_progress_at"],
                 "steps_total": s["counters"]["steps_total"], "phase": phase,
                 "phase_since": s["phase_since"],

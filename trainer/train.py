@@ -306,7 +306,8 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpoi
             return  # stopped on request (SIGTERM), after saving a checkpoint
 
     if ranks.is_main:  # the final loss: one read of the device, once per run
-        tel.event("finished", step=state.step - 1, steps=cfg.train.steps,
+        tel.event("finished", step=state.step - 1, steps_completed=state.step,
+                  steps=cfg.train.steps,
                   loss=None if loss is None else loss.item())
 
 

@@ -113,6 +113,10 @@ def declared_budgets(declared: Any) -> dict[str, float]:
             if _num(v) is not None and 0 < v < 1e9}
 
 
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def merge_beat(s: dict[str, Any], beat: dict[str, Any] | None
                ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The status, brought up to date by the rank's beat file, and its publish state.
@@ -137,8 +141,7 @@ def merge_beat(s: dict[str, Any], beat: dict[str, Any] | None
     if _num(beat.get("heartbeat_mono")) is not None:
         merged["heartbeat_mono"] = beat["heartbeat_mono"]
     for field, ok in (("last_progress_at", _num), ("phase_since", _num),
-                      ("step", lambda v: v if isinstance(v, int) and not isinstance(v, bool)
-                       else None),
+                      ("step", _int), ("steps_completed", _int),
                       ("phase", lambda v: v if isinstance(v, str) else None),
                       ("state", lambda v: v if v in RANK_STATES else None)):
         value = ok(beat.get(field))

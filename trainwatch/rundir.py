@@ -414,6 +414,7 @@ def _short(value: Any) -> str:
 _NUMBER = (int, float)
 _STATUS_TYPES: dict[str, tuple[type, ...]] = {
     "pid": (int,), "world_size": (int,), "local_rank": (int,), "step": (int,),
+    "steps_completed": (int,),
     "restart_count": (int,), "state": (str,), "phase": (str,), "job": (str,), "node": (str,),
     "backend": (str,), "device": (str,), "cgroup": (str,), "heartbeat_at": _NUMBER, "started_at": _NUMBER,
     "last_progress_at": _NUMBER, "phase_since": _NUMBER, "last_nonfinite_loss_at": _NUMBER,

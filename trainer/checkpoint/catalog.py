@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from trainwatch.contract.layout import WEIGHTS_CONFIG_DIGEST_KEY
 from trainwatch.errors import FormatError
 from trainwatch.trainer.checkpoint.manifest import (INCOMPLETE_PREFIXES, MANIFEST, read_manifest,
-                                                    step_of)
+                                                    step_of, weights_config_digest)
 
 
 @dataclass
@@ -42,7 +43,8 @@ class Entry:
                 "state": self.state, "reason": self.reason, "bytes": self.bytes,
                 "created_at": manifest.get("created_at"), "val_loss": self.val_loss,
                 "world_size": manifest.get("world_size"),
-                "config_hash": manifest.get("config_hash"), "reason_saved": manifest.get("reason")}
+                WEIGHTS_CONFIG_DIGEST_KEY: weights_config_digest(manifest),
+                "reason_saved": manifest.get("reason")}
 
 
 def scan(folder: str | Path) -> list[Entry]:

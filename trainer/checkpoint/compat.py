@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trainwatch.contract.layout import WEIGHTS_CONFIG_DIGEST_KEY
 from trainwatch.errors import ConfigError
+from trainwatch.trainer.checkpoint.manifest import weights_config_digest
 
 
 # Config sections that do not decide the weights (Config.training_digest leaves them out).
@@ -43,9 +45,10 @@ def check_compatible(manifest: dict[str, Any], path: Path, *, config_hash: str |
             f"written by a run with world size {manifest.get('world_size')}, this run has "
             f"{world_size}; refusing to resume (resharding is not supported): run with the "
             "original world size, or start a new run directory", file=str(path))
-    if config_hash is not None and manifest.get("config_hash") != config_hash:
+    written = weights_config_digest(manifest)
+    if config_hash is not None and written != config_hash:
         raise ConfigError(
-            f"written by config {manifest.get('config_hash')}, this run's config is "
+            f"written by a config with {WEIGHTS_CONFIG_DIGEST_KEY} {written}, this run's is "
             f"{config_hash}" + (f" (changed: {changes})" if changes else "")
             + "; refusing to resume a different experiment: restore the original config, or "
             "start a new run directory", file=str(path))

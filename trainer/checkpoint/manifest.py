@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from trainwatch.contract.layout import LEGACY_WEIGHTS_CONFIG_KEY, WEIGHTS_CONFIG_DIGEST_KEY
 from trainwatch.errors import FormatError
 from trainwatch.rundir import check_format
 
@@ -52,6 +53,13 @@ def sha256_file(path: Path, progress: Callable[[int], None] | None = None) -> st
             if progress:
                 progress(len(chunk))
     return digest.hexdigest()
+
+
+def weights_config_digest(manifest: dict[str, Any]) -> str | None:
+    """The digest of the config that decided the checkpoint's weights (its older name in
+    manifests written before it was renamed)."""
+    value = manifest.get(WEIGHTS_CONFIG_DIGEST_KEY, manifest.get(LEGACY_WEIGHTS_CONFIG_KEY))
+    return value if isinstance(value, str) else None
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:

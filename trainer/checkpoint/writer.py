@@ -28,6 +28,7 @@ from typing import Any, BinaryIO
 import torch
 
 from trainwatch import __version__
+from trainwatch.contract.layout import WEIGHTS_CONFIG_DIGEST_KEY
 from trainwatch.rundir import fsync_dir
 from trainwatch.trainer.checkpoint.writeback import start_writeback
 from trainwatch.trainer.checkpoint.manifest import (FORMAT, FORMAT_VERSION, HASH_CHUNK, MANIFEST,
@@ -222,7 +223,7 @@ def write_checkpoint(folder: str | Path, payload: Payload, *, fsync: bool = True
         manifest = {
             "format": FORMAT, "version": FORMAT_VERSION, "step": payload.step,
             "created_at": time.time(), "reason": payload.reason,
-            "config_hash": payload.config_hash, "world_size": len(payload.ranks),
+            WEIGHTS_CONFIG_DIGEST_KEY: payload.config_hash, "world_size": len(payload.ranks),
             "shared": sorted(payload.shared), "metrics": payload.metrics,
             "data_position": _data_position(payload.ranks),
             "versions": {"torch": torch.__version__, "trainwatch": __version__,

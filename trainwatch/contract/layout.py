@@ -62,6 +62,14 @@ REHEARSAL_SCRATCH_PREFIX = ".rehearsal-"
 # directory when inside it, so a copied or moved run directory names its own; else absolute.
 CHECKPOINT_DIRS_KEY = "checkpoint_dirs"
 
+# The run's two config digests, named so that no output mixes them up (docs/run-directory.md):
+# CONFIG_DIGEST_KEY hashes the whole resolved config; WEIGHTS_CONFIG_DIGEST_KEY only the
+# sections that decide the weights, which a checkpoint's manifest records and a resume must
+# match. LEGACY_WEIGHTS_CONFIG_KEY is that value's name in manifests written before.
+CONFIG_DIGEST_KEY = "config_digest"
+WEIGHTS_CONFIG_DIGEST_KEY = "weights_config_digest"
+LEGACY_WEIGHTS_CONFIG_KEY = "config_hash"
+
 
 # Per-rank files: status/rank-00000.json, metrics/rank-00000.jsonl,
 # diagnostics/dump-rank-00000.json.
