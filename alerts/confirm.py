@@ -19,7 +19,8 @@ time)``, at most ``max_seconds``, and it ends as soon as the answer is known. Ev
 seen is returned for the journal.
 
 ``busy_refutes`` is for acting early, before the page's ``for``: then a rank that keeps a
-CPU busy (``BUSY_CORES`` of one or more) refutes the stall too. It may be working outside
+CPU busy (``BUSY_CORES`` of one or more, or its main thread runnable ``BUSY_MAIN_RUNNABLE``
+of the time, as the agent judges it) refutes the stall too. It may be working outside
 any declared phase (an evaluation on rank 0 of a trainer that marks no phases) or spinning;
 the evidence cannot tell, so the early action leaves it to the page's own look. Ranks that
 wait in a collective, a lock or I/O use next to no CPU.
@@ -37,7 +38,8 @@ import psutil
 
 from trainwatch.beat import read_beat
 from trainwatch.contract.ports import LOOPBACK
-from trainwatch.contract.stall import BUSY_CORES
+from trainwatch.contract.stall import BUSY_CORES, BUSY_MAIN_RUNNABLE
+from trainwatch.host.procinfo import main_thread_runnable_ns
 from trainwatch.rundir import RunDir
 
 _STEPS_TOTAL = re.compile(rb'^trainwatch_rank_steps_total\{[^}]*\} ([0-9.e+]+)$', re.M)
@@ -102,7 +104,8 @@ class _Look:
             beat = read_beat(run.status_dir / f"rank-{rank:05d}.beat", run.root)
             if beat is not None and beat.get("pid") != pid:
                 beat = None
-            facts: dict[str, Any] = {"pid": pid, "process": state, "cpu_seconds": cpu}
+            facts: dict[str, Any] = {"pid": pid, "process": state, "cpu_seconds": cpu,
+                                     "main_runnable_ns": main_thread_runnable_ns(pid)}
             status = statuses.get(rank) or {}
             if status.get("pid") == pid:  # progress there is progress, stale or not
                 facts["status_step"] = status.get("step")
@@ -125,17 +128,28 @@ def _advanced(first: dict[str, Any], now: dict[str, Any]) -> str | None:
 
 
 def _busy(first: _Look, last: _Look) -> tuple[int, float] | None:
-    """(rank, cores) of the rank that used the most CPU between two looks, if it was busy."""
+    """(rank, cores) of the rank that used the most CPU between two looks, if it was busy:
+    ``BUSY_CORES`` of a core, or its main thread ran or waited to run ``BUSY_MAIN_RUNNABLE``
+    of the time (a spinning rank on a loaded machine gets less CPU than it wants)."""
     elapsed = last.at - first.at
     if elapsed <= 0:
         return None
-    used = []
+    busy = []
     for rank, facts in last.ranks.items():
-        a, b = first.ranks[rank].get("cpu_seconds"), facts.get("cpu_seconds")
-        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-            used.append(((b - a) / elapsed, rank))
-    cores, rank = max(used, default=(0.0, -1))
-    return (rank, cores) if cores >= BUSY_CORES else None
+        before = first.ranks[rank]
+        a, b = before.get("cpu_seconds"), facts.get("cpu_seconds")
+        if not (isinstance(a, (int, float)) and isinstance(b, (int, float))):
+            continue
+        cores = (b - a) / elapsed
+        ra, rb = before.get("main_runnable_ns"), facts.get("main_runnable_ns")
+        runnable = (rb - ra) / 1e9 / elapsed if isinstance(ra, int) and isinstance(rb, int) \
+            else 0.0
+        if cores >= BUSY_CORES or runnable >= BUSY_MAIN_RUNNABLE:
+            busy.append((cores, rank))
+    if not busy:
+        return None
+    cores, rank = max(busy)
+    return rank, cores
 
 
 def confirm_stall(run: RunDir, ranks: dict[int, tuple[int, int]], *, min_seconds: float = 2.0,

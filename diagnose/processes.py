@@ -10,7 +10,7 @@ from typing import Any
 import psutil
 
 from trainwatch.diagnose.model import Evidence
-from trainwatch.host.procinfo import reused, thread_waits
+from trainwatch.host.procinfo import main_thread_runnable_ns, reused, thread_waits
 
 # psutil status -> the words docs/agent.md uses.
 CPU_SAMPLE_MIN_S = 0.5  # shortest interval a CPU share is measured over
@@ -52,7 +52,7 @@ def inspect(pid: int, started_at: float | None,
             info: dict[str, Any] = {"status": status, "visible": True,
                                     "cpu_seconds": round(sum(proc.cpu_times()[:2]), 2),
                                     "cpu_sampled_at": time.monotonic(),
-                                    "main_thread_runnable_ns": _runnable_ns(pid),
+                                    "main_thread_runnable_ns": main_thread_runnable_ns(pid),
                                     "rss_bytes": proc.memory_info().rss,
                                     "threads": proc.num_threads()}
     except psutil.NoSuchProcess:
@@ -87,16 +87,7 @@ def sample_cpu(ev: Evidence) -> None:
         elapsed = time.monotonic() - info.pop("cpu_sampled_at")
         info["cpu_percent"] = round(100.0 * max(0.0, cpu - info["cpu_seconds"]) / elapsed, 1)
         info["cpu_seconds"] = round(cpu, 2)
-        before, after = info.pop("main_thread_runnable_ns", None), _runnable_ns(view["pid"])
+        before, after = info.pop("main_thread_runnable_ns", None), main_thread_runnable_ns(view["pid"])
         if before is not None and after is not None:
             info["main_runnable_percent"] = round(min(100.0, (after - before) / elapsed / 1e7),
                                                   1)
-
-
-def _runnable_ns(pid: int) -> int | None:
-    """Nanoseconds the main thread ran plus waited to run (``schedstat``), None if unknown."""
-    try:
-        fields = open(f"/proc/{pid}/task/{pid}/schedstat").read().split()
-        return int(fields[0]) + int(fields[1])
-    except (OSError, ValueError, IndexError):
-        return None

@@ -175,7 +175,7 @@ def _cpu_rates(tracked: _Tracked, mono: float, cpu: float,
     if before is not None and mono - before[0] < CPU_RATE_MIN_SECONDS:
         return tracked.cpu_rates  # too short a window for clock-tick CPU times
     pid = tracked.process.pid
-    runnable = _runnable_ns(f"{proc_root}/{pid}/task/{pid}/schedstat")
+    runnable = main_thread_runnable_ns(pid, proc_root)
     tracked.cpu_at = (mono, cpu, runnable)
     if before is not None:
         elapsed = mono - before[0]
@@ -185,9 +185,11 @@ def _cpu_rates(tracked: _Tracked, mono: float, cpu: float,
     return tracked.cpu_rates
 
 
-def _runnable_ns(path: str) -> int | None:
-    """Nanoseconds a thread ran plus waited to run (``schedstat``), None if unknown."""
-    fields = (_read(path) or "").split()
+def main_thread_runnable_ns(pid: int, proc_root: str = "/proc") -> int | None:
+    """Nanoseconds a process's main thread ran plus waited to run (``schedstat``), None if
+    unknown: on a loaded machine a spinning thread waits to run more than it runs, so its
+    CPU time alone would not show it busy."""
+    fields = (_read(f"{proc_root}/{pid}/task/{pid}/schedstat") or "").split()
     try:
         return int(fields[0]) + int(fields[1])
     except (ValueError, IndexError):
