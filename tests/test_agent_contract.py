@@ -6,7 +6,7 @@ from pathlib import Path
 
 from trainwatch.contract.metrics import METRICS
 
-AGENT = Path(__file__).resolve().parent.parent / "agent"
+AGENT = Path(__file__).resolve().parent.parent / "trainwatch" / "agent"
 # Subsystems only the agent exports (train_/rank_ names may also come from other components).
 AGENT_SUBSYSTEMS = ("gpu", "nccl", "storage", "network", "process", "straggler", "collector",
                     "versions", "alert", "replica")

@@ -21,7 +21,7 @@ from trainwatch.errors import ConfigError
 from trainwatch.contract.metrics import METRICS
 
 REPO = Path(__file__).resolve().parent.parent
-GENERATED = REPO / "alerts" / "generated"
+GENERATED = REPO / "trainwatch" / "alerts" / "generated"
 SCENARIOS = REPO / "tests" / "promtool" / "scenarios.yaml"
 PROMTOOL_TEST = REPO / "tests" / "promtool" / "alerts.test.yaml"
 REQUIRED = ["TrainingStallSuspected", "TrainingStalled", "TrainingRankDown", "TrainingStartupFailed",
@@ -48,7 +48,7 @@ def _generated(ruleset):
         REPO / "deploy" / "kubernetes" / "base" / "prometheusrule.yaml":
             prometheusrule_yaml(ruleset),
         PROMTOOL_TEST: promtool_test_file(ruleset, SCENARIOS,
-                                          "../../alerts/generated/prometheus-rules.yaml",
+                                          "../../trainwatch/alerts/generated/prometheus-rules.yaml",
                                           DEFAULT_RUNBOOK_BASE),
     }
 

@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-# Every component: the top-level folders trainwatch/ links to.
-COMPONENTS = tuple(sorted(p.name for p in (REPO / "trainwatch").iterdir() if p.is_symlink()))
+PACKAGE = REPO / "trainwatch"
 SHARED = ("contract", "host")  # packages of the shared core with rules of their own
+# Every component: a subpackage of trainwatch/ that is not part of the shared core.
+COMPONENTS = tuple(sorted(p.name for p in PACKAGE.iterdir()
+                          if (p / "__init__.py").is_file() and p.name not in SHARED))
 ARCHITECTURE = REPO / "docs" / "architecture.md"
 
 
@@ -34,17 +36,17 @@ def component_of(module: str) -> str | None:
 
 
 def source_files() -> dict[str, Path]:
-    """module name -> file, for every module in the repository's packages (real paths)."""
-    files = {}
-    for folder in COMPONENTS:
-        for path in (REPO / folder).rglob("*.py"):
-            rel = path.relative_to(REPO).with_suffix("")
-            files[".".join(("trainwatch", *rel.parts))] = path
-    for path in (REPO / "trainwatch").rglob("*.py"):
-        rel = path.relative_to(REPO).with_suffix("")
-        if rel.parts[1] not in COMPONENTS:  # the symlinks: already read from the real folder
-            files[".".join(rel.parts)] = path
-    return files
+    """module name -> file, for every module of the package (import path = file path)."""
+    return {".".join(path.relative_to(REPO).with_suffix("").parts): path
+            for path in PACKAGE.rglob("*.py")}
+
+
+def test_the_package_is_real_folders():
+    """No symlink anywhere in the package: import-graph tools, editors and packagers read
+    the files where the import path says they are."""
+    links = [str(p.relative_to(REPO)) for p in PACKAGE.rglob("*") if p.is_symlink()]
+    assert links == []
+    assert {"trainer", "agent", "alerts", "dashboards", "runbooks"} <= set(COMPONENTS)
 
 
 def imports_of(path: Path, module: str) -> set[str]:

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from trainwatch.alerts import promql
-from trainwatch.alerts.rules import load_rules
+from trainwatch.alerts.rules import DEFAULT_RUNBOOK_BASE, load_rules
 from trainwatch.dashboards.check import (PROMETHEUS_SERIES, check_dashboard, panels, queries,
                                          substitute)
 from trainwatch.dashboards.generate import GENERATED_DIR, build_all, file_name, render
@@ -186,14 +186,14 @@ def test_variables_and_units(dashboards):
 
 def test_runbook_links_use_the_rules_base_and_exist(dashboards):
     rules = load_rules()
-    base = "https://github.com/trainwatch/trainwatch/blob/main/runbooks/"
+    base = DEFAULT_RUNBOOK_BASE
     links = [link["url"] for d in dashboards for p in panels(d) for link in p.get("links", [])]
     assert len(links) > 20
     for url in links:
         assert url.startswith(base)
         name = url[len(base):-3]
         assert rules.get(name) is not None and url == rules.get(name).runbook_url()
-        assert (REPO / "runbooks" / f"{name}.md").exists()
+        assert (REPO / "trainwatch" / "runbooks" / f"{name}.md").exists()
 
 
 # ------------------------------------------------------------------ CLI

@@ -15,7 +15,7 @@ from trainwatch.contract.metrics import METRICS
 
 REPO = Path(__file__).resolve().parent.parent
 PAGES = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md"),
-                *(REPO / "runbooks").glob("*.md")])
+                *(REPO / "trainwatch" / "runbooks").glob("*.md")])
 # `trainwatch <words>` then the rest of the command, up to what ends it in prose or shell.
 COMMAND = re.compile(r"trainwatch((?:\s+[a-z][a-z-]*)+)([^`|#;&]*)")
 OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")

@@ -681,7 +681,7 @@ def test_json_schema_and_exit_codes(tmp_path):
         assert check["id"].startswith(check["group"] + ".")
         assert check["doc"].startswith("docs/preflight.md#")
         if check["runbook"]:
-            assert (Path(__file__).parent.parent / "runbooks" / f"{check['runbook']}.md").exists()
+            assert (Path(__file__).parent.parent / "trainwatch" / "runbooks" / f"{check['runbook']}.md").exists()
     ids = {c["id"]: c for c in data["checks"]}
     assert ids[f"network.peer.127.0.0.1:{port}"]["status"] == "fail"
     assert ids["software.all"]["status"] == "skipped"

@@ -33,7 +33,7 @@ PREFIXES = ("Training", "Checkpoint", "GPU", "NCCL", "Storage", "Network", "Trai
 PROMETHEUS_METRICS = {"up"}
 RULE_KEYS = {"alert", "expr", "for", "keep_firing_for", "severity", "action", "summary",
              "description"}
-DEFAULT_RUNBOOK_BASE = "https://github.com/trainwatch/trainwatch/blob/main/runbooks/"
+DEFAULT_RUNBOOK_BASE = "https://github.com/trainwatch/trainwatch/blob/main/trainwatch/runbooks/"
 
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9_]+)\}")
 _NAME = re.compile(r"^[A-Z][A-Za-z0-9]+$")
