@@ -6,7 +6,7 @@ Runs the reference trainer (``trainwatch train``, 3 gloo ranks, no fault, digest
 ``--every`` steps) with an agent on its run directory, scraping the agent's /metrics every
 second: any ``trainwatch_replica_divergence_digests`` series or a non-zero
 ``trainwatch_replica_digest_mismatch`` is a false alarm. At the end the ranks' logged
-digests are compared step by step as the rollback reads them (alerts/replica_rollback.py).
+digests are compared step by step as the rollback reads them (control/replica_rollback.py).
 Prints the steps, the digests compared by the agent and in the logs, and the alarms.
 """
 

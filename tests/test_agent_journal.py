@@ -1,7 +1,7 @@
 """The journal collector: counters from a run's journal, tailed incrementally.
 
 Driven by tests/fixtures/journal/journal.jsonl (a controller-run job's journal in the
-shapes alerts/notify.py, alerts/actions.py, alerts/controller.py, trainer/train.py and the
+shapes alerts/notify.py, control/actions.py, control/controller.py, trainer/train.py and the
 checkpoint library write, plus a torn and some alien lines) and by the real writers.
 """
 
@@ -267,8 +267,8 @@ def test_events_from_the_real_writers(tmp_path):
     """The controller, the action runner, the journal notifier and the checkpoint library
     write the journal; the collector reads back what each wrote."""
     torch = pytest.importorskip("torch")
-    from trainwatch.alerts.actions import ActionRequest, ActionRunner, Policy
-    from trainwatch.alerts.controller import JobController
+    from trainwatch.control.actions import ActionRequest, ActionRunner, Policy
+    from trainwatch.control.controller import JobController
     from trainwatch.alerts.engine import Alert
     from trainwatch.alerts.notify import JournalNotifier
     from trainwatch.trainer.checkpoint import CheckpointConfig, Checkpointer

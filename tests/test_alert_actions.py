@@ -17,14 +17,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from trainwatch.alerts.actions import ActionRequest, ActionRunner, Policy
-from trainwatch.alerts.controller import JobController
+from trainwatch.control.actions import ActionRequest, ActionRunner, Policy
+from trainwatch.control.controller import JobController
 from trainwatch.alerts.engine import Engine
 from trainwatch.alerts.evaluate import History
-from trainwatch.alerts.receiver import Receiver
+from trainwatch.control.receiver import Receiver
 from trainwatch.alerts.rules import load_rules
 from trainwatch.alerts.silences import Silences
-from trainwatch.alerts.supervise import Supervisor
+from trainwatch.control.supervise import Supervisor
 from trainwatch.rundir import RunDir
 
 TOKEN = "s3cret-token-for-tests"
@@ -428,7 +428,7 @@ def test_rollback_quarantines_the_configured_dir_and_the_mirror_too(tmp_path):
 def test_a_later_nan_rolls_back_to_itself_not_to_one_already_rolled_back(tmp_path):
     """The metrics log keeps the NaN of an earlier, handled rollback; the next rollback
     must target the new bad step, or it would throw away everything trained since."""
-    from trainwatch.alerts.actions import _first_bad_step
+    from trainwatch.control.actions import _first_bad_step
 
     run = RunDir(tmp_path / "exp1").create()
     before = time.time() - 100
@@ -473,7 +473,7 @@ def test_deciding_a_rollback_does_not_import_torch(tmp_path):
     """The controller reads the checkpoint catalog before it stops a diverged job; an
     `import torch` there cost 10 s on a loaded node, long enough for the bad run to end."""
     code = ("import sys\n"
-            "from trainwatch.alerts.controller import JobController\n"
+            "from trainwatch.control.controller import JobController\n"
             f"c = JobController({str(tmp_path / 'exp1')!r}, ['true'])\n"
             "c.run.create()\n"
             "assert c.progress_step() is None and c.checkpoints() == []\n"

@@ -12,7 +12,7 @@ import pytest
 
 from agent_helpers import wait_for
 
-from trainwatch.alerts.confirm import confirm_stall
+from trainwatch.control.confirm import confirm_stall
 from trainwatch.rundir import RunDir
 
 # A "rank": writes its status once (then its disk is "full"), and beats in place; it

@@ -11,12 +11,12 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from trainwatch.alerts.actions import ActionRunner, Policy
+from trainwatch.control.actions import ActionRunner, Policy
 from trainwatch.alerts.engine import Engine
 from trainwatch.alerts.evaluate import Evaluator, History
 from trainwatch.alerts.notify import AlertmanagerNotifier, JournalNotifier, WebhookNotifier
 from trainwatch.alerts.promql import parse
-from trainwatch.alerts.receiver import Receiver
+from trainwatch.control.receiver import Receiver
 from trainwatch.alerts.rules import load_rules
 from trainwatch.alerts.scrape import Scraper
 from trainwatch.alerts.silences import Silences
@@ -218,8 +218,9 @@ def test_alerts_watch_cli_scrapes_an_agent_and_journals(tmp_path):
 def test_an_action_answered_not_final_is_asked_again_while_its_alert_fires(fast_rules):
     """A refuted stall is looked at again (not only when the alert starts firing), and
     nothing more is asked once an answer is final or the alert resolves."""
-    from trainwatch.alerts.actions import Outcome
-    from trainwatch.alerts.loop import EngineLoop, connect_actions
+    from trainwatch.control.actions import Outcome
+    from trainwatch.alerts.loop import EngineLoop
+    from trainwatch.control.dispatch import connect_actions
 
     class Runner:  # answers: not confirmed, not confirmed, then acted
         job, guard_tripped, on_guard = "exp1", False, None
@@ -257,8 +258,9 @@ def test_an_action_answered_not_final_is_asked_again_while_its_alert_fires(fast_
 
 def test_a_restart_held_by_the_rate_limit_is_asked_again_when_its_window_ends(fast_rules):
     """Not at the next stall recheck (a minute later): a frozen job stayed frozen that long."""
-    from trainwatch.alerts.actions import Outcome
-    from trainwatch.alerts.loop import EngineLoop, connect_actions
+    from trainwatch.control.actions import Outcome
+    from trainwatch.alerts.loop import EngineLoop
+    from trainwatch.control.dispatch import connect_actions
 
     class Runner:  # held back for 0.3 s, then acted
         job, guard_tripped, on_guard = "exp1", False, None

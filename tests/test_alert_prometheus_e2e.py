@@ -18,9 +18,9 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from trainwatch.alerts.actions import ActionRunner, Policy
-from trainwatch.alerts.controller import JobController
-from trainwatch.alerts.receiver import Receiver
+from trainwatch.control.actions import ActionRunner, Policy
+from trainwatch.control.controller import JobController
+from trainwatch.control.receiver import Receiver
 from trainwatch.alerts.rules import load_rules
 from trainwatch.contract.metrics import METRICS
 

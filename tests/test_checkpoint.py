@@ -19,9 +19,10 @@ from trainwatch.errors import ConfigError
 from trainwatch.rundir import RunDir
 from trainwatch.trainer.checkpoint import (EXIT_STOPPED, CheckpointConfig, Checkpointer,
                                            NonFiniteHalt)
-from trainwatch.trainer.checkpoint import catalog, retention
+from trainwatch.checkpoint_format import catalog
+from trainwatch.trainer.checkpoint import retention
 from trainwatch.trainer.checkpoint.digest import checkpoint_digest, state_digest
-from trainwatch.trainer.checkpoint.manifest import verify
+from trainwatch.checkpoint_format.manifest import verify
 from trainwatch.trainer.checkpoint.snapshot import HostSnapshot
 
 
@@ -406,7 +407,7 @@ def test_mirror_copy_is_used_when_the_primary_is_corrupt(tmp_path):
 
 def test_a_manifest_written_before_the_rename_still_resumes(tmp_path):
     """Manifests of earlier versions call the weights' config digest config_hash."""
-    from trainwatch.trainer.checkpoint.compat import check_compatible
+    from trainwatch.checkpoint_format.compat import check_compatible
 
     old = {"config_hash": "cfg1", "world_size": 1}
     check_compatible(old, tmp_path, config_hash="cfg1", world_size=1)

@@ -10,8 +10,8 @@ import torch
 from conftest import tmpfs_mount
 from trainwatch.rundir import RunDir
 from trainwatch.trainer.checkpoint import CheckpointConfig, Checkpointer
-from trainwatch.trainer.checkpoint import catalog
-from trainwatch.trainer.checkpoint.manifest import verify
+from trainwatch.checkpoint_format import catalog
+from trainwatch.checkpoint_format.manifest import verify
 from trainwatch.trainer.telemetry import Telemetry
 
 

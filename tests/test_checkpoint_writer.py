@@ -8,7 +8,7 @@ import threading
 import torch
 
 from trainwatch.trainer.checkpoint import writer
-from trainwatch.trainer.checkpoint.manifest import read_manifest, verify
+from trainwatch.checkpoint_format.manifest import read_manifest, verify
 from trainwatch.trainer.checkpoint.writeback import start_writeback
 from trainwatch.trainer.checkpoint.writer import Payload, write_checkpoint
 

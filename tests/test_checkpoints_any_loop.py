@@ -14,7 +14,7 @@ import torch
 from trainwatch import Checkpoints, Telemetry
 from trainwatch.rundir import RunDir
 from trainwatch.trainer.checkpoint import EXIT_STOPPED
-from trainwatch.trainer.checkpoint.catalog import complete
+from trainwatch.checkpoint_format.catalog import complete
 
 
 class Cursor:

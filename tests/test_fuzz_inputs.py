@@ -328,7 +328,7 @@ alert_objects = st.fixed_dictionaries(
     st.integers(1, 3000).map(lambda d: b'{"version":"4","alerts":' + nested(d).encode()
                                 + b"}")))
 def test_payload_parser_accepts_or_raises_payload_error(body):
-    from trainwatch.alerts.receiver import PayloadError, parse_payload
+    from trainwatch.control.receiver import PayloadError, parse_payload
     try:
         alerts = parse_payload(body)
     except PayloadError:
@@ -370,8 +370,8 @@ def _exchange(address, raw: bytes) -> bytes:
 
 @pytest.fixture(scope="module")
 def receiver_server(tmp_path_factory):
-    from trainwatch.alerts.actions import ActionRunner, Policy
-    from trainwatch.alerts.receiver import Receiver
+    from trainwatch.control.actions import ActionRunner, Policy
+    from trainwatch.control.receiver import Receiver
     from trainwatch.alerts.rules import load_rules
     runner = ActionRunner(tmp_path_factory.mktemp("rx") / "exp1", None, Policy(dry_run=True))
     rec = Receiver(load_rules(), runner, "t0k").start()

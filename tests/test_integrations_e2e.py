@@ -126,7 +126,7 @@ def test_framework_job_is_watched_checkpointed_on_request_and_resumed(jobs, kind
     assert resumed and resumed[-1]["step"] >= job.saved_step
     assert job.run.events("finished")
     sealed = [e for e in job.run.events("checkpoint_saved") if e.get("framework") == kind]
-    from trainwatch.trainer.checkpoint.manifest import verify
+    from trainwatch.checkpoint_format.manifest import verify
     assert verify(sealed[0]["path"]).ok or not Path(sealed[0]["path"]).exists()
     # replica_every=5: both DDP ranks digested their parameters, and the digests agree
     digests = {s["rank"]: {d["step"]: d["bits"] for d in s["replicas"]}

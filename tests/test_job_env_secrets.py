@@ -18,7 +18,7 @@ import sys
 import tarfile
 
 from agent_helpers import free_port, get_json, http_get, start_agent, stop_process, wait_for
-from trainwatch.alerts.jobenv import job_environment
+from trainwatch.control.jobenv import job_environment
 
 SECRETS = {"TRAINWATCH_RECEIVER_TOKEN": "tw-receiver-s3cret-7f1c",
            "HF_TOKEN": "hf-s3cret-2b9d", "CLOUD_API_KEY": "cloud-s3cret-8e4a",

@@ -192,7 +192,7 @@ def test_stopped_rank_is_detected_restarted_and_counted_as_stalled(runs):
 def test_ctrl_c_saves_a_checkpoint_and_leaves_nothing_running(runs):
     interrupted = runs["interrupted"]
     assert interrupted.done_at is not None and interrupted.code == 130, interrupted.log
-    from trainwatch.trainer.checkpoint.catalog import complete
+    from trainwatch.checkpoint_format.catalog import complete
     newest = complete(interrupted.run.checkpoint_dir)[0]
     assert newest.manifest["reason"] == "stop" and newest.step >= interrupted.done_at
     assert interrupted.tree and not [p for p in interrupted.tree if p.is_running()

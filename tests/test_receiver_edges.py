@@ -13,9 +13,9 @@ import pytest
 
 from agent_helpers import wait_for
 from test_alert_actions import TOKEN, _payload
-from trainwatch.alerts import receiver as receiver_module
-from trainwatch.alerts.actions import ActionRunner, Policy
-from trainwatch.alerts.receiver import Receiver
+from trainwatch.control import receiver as receiver_module
+from trainwatch.control.actions import ActionRunner, Policy
+from trainwatch.control.receiver import Receiver
 from trainwatch.alerts.rules import load_rules
 
 

@@ -14,8 +14,8 @@ import urllib.request
 import pytest
 
 from test_alert_actions import _payload, _post, TOKEN
-from trainwatch.alerts.actions import ActionRunner, Policy
-from trainwatch.alerts.receiver import Receiver
+from trainwatch.control.actions import ActionRunner, Policy
+from trainwatch.control.receiver import Receiver
 from trainwatch.alerts.rules import load_rules
 from trainwatch.contract.env import JOB_ENV
 from trainwatch.rundir import RunDir

@@ -250,7 +250,7 @@ def _log(run, rank, entries, time0=1000.0):
 
 
 def test_rollback_finds_the_newest_agreeing_step_before_a_confirmed_divergence(tmp_path):
-    from trainwatch.alerts.replica_rollback import find_divergence
+    from trainwatch.control.replica_rollback import find_divergence
     from trainwatch.rundir import RunDir
 
     run = RunDir(tmp_path / "run").create()
@@ -302,8 +302,8 @@ def test_any_replicas_field_is_read_or_dropped_never_raised():
 def test_rollback_marks_a_node_for_preflight_only_for_a_rank_named_alone(tmp_path):
     """A majority's suspect gets RUN_DIR/suspects/<node>.json; a tie ("one of 0,1") would
     fail every replica's node, so it marks none."""
-    from trainwatch.alerts.actions import ActionRunner, Policy
-    from trainwatch.alerts.replica_rollback import Divergence
+    from trainwatch.control.actions import ActionRunner, Policy
+    from trainwatch.control.replica_rollback import Divergence
     from trainwatch.suspects import suspects_of
 
     runner = ActionRunner(tmp_path / "run", None, Policy(), job="exp1", clock=lambda: 1000.0)

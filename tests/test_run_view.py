@@ -7,7 +7,7 @@ from rich.console import Console
 from trainwatch.alerts.engine import Engine
 from trainwatch.alerts.evaluate import History
 from trainwatch.alerts.rules import load_rules
-from trainwatch.alerts.run_view import Progress, live_view
+from trainwatch.control.run_view import Progress, live_view
 from trainwatch.rundir import RunDir
 
 

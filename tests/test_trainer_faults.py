@@ -111,8 +111,8 @@ def test_launch_limits_a_fault_to_one_start_of_the_job_by_a_controller():
 
 
 def test_the_job_controller_numbers_its_starts_for_the_faults(tmp_path):
-    from trainwatch.alerts.controller import LAUNCH_ENV as SET
-    from trainwatch.alerts.controller import JobController
+    from trainwatch.control.controller import LAUNCH_ENV as SET
+    from trainwatch.control.controller import JobController
     from trainwatch.trainer.faults import LAUNCH_ENV as READ
 
     assert SET == READ

@@ -28,7 +28,7 @@ COMMANDS = {
     "data": ("trainwatch.trainer.cli:data", "Prepare and inspect token datasets."),
     "diagnose": ("trainwatch.diagnose.cli:diagnose",
                   "Why is my run stalled? Gather evidence and name the culprit."),
-    "alerts": ("trainwatch.alerts.cli:alerts",
+    "alerts": ("trainwatch.control.cli:alerts",
                 "Check, export, test and silence alert rules; run the engine and webhook receiver."),
     "runbook": ("trainwatch.runbooks.cli:runbook", "Print the runbook of an alert."),
     "dashboards": ("trainwatch.dashboards.cli:dashboards",
@@ -45,7 +45,7 @@ COMMANDS = {
                   "A short real run before the big one: PASS/WARN/FAIL per check."),
     "config": ("trainwatch.configschema:config",
                 "Config files: print or export the JSON Schema of each, for editors."),
-    "run": ("trainwatch.alerts.run:run",
+    "run": ("trainwatch.control.run:run",
              "Train with the agent and the embedded alert engine watching; restarts from checkpoints."),
 }
 

@@ -1,1 +1,1 @@
-"""trainwatch.alerts: one rules source, the embedded engine, exports and automated actions."""
+"""trainwatch.alerts: one rules source, the embedded engine, its notifiers and exports."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import time
 from pathlib import Path
@@ -12,21 +11,20 @@ from urllib.parse import urlsplit
 import click
 
 from trainwatch.alerts.promql import parse_duration
-from trainwatch.clitypes import NPROC_PER_NODE
 from trainwatch.contract.env import RECEIVER_TOKEN_ENV
 from trainwatch.contract.layout import ALERTS_DIR, SILENCES_FILE
-from trainwatch.contract.ports import LOOPBACK, RECEIVER_LISTEN
+from trainwatch.configfile import read_secret
 from trainwatch.errors import EXIT_PROBLEM, ConfigError, output_error
 from trainwatch.rundir import RunDir
 
-_rules_opt = click.option("--rules", "rules_file", type=click.Path(dir_okay=False),
+rules_option = click.option("--rules", "rules_file", type=click.Path(dir_okay=False),
                           help="Rules file (default: the packaged alerts/rules.yaml).")
-_thresholds_opt = click.option("--thresholds", "thresholds_file",
+thresholds_option = click.option("--thresholds", "thresholds_file",
                                type=click.Path(dir_okay=False),
                                help="Threshold overrides (only the keys you change).")
 
 
-def _load(rules_file, thresholds_file):
+def load_ruleset(rules_file, thresholds_file):
     from trainwatch.alerts.rules import load_rules
     return load_rules(rules_file, thresholds_file)
 
@@ -45,16 +43,16 @@ def _silences(run_dir: str | None, file: str | None):
 
 @click.group("alerts")
 def alerts() -> None:
-    """Alert rules (one source), the embedded engine and the webhook receiver."""
+    """Alert rules (one source) and the embedded engine."""
 
 
 @alerts.command("check")
-@_rules_opt
-@_thresholds_opt
+@rules_option
+@thresholds_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def check(rules_file, thresholds_file, as_json) -> None:
     """Validate the rules and thresholds (exit 2 with file and line on a problem)."""
-    ruleset = _load(rules_file, thresholds_file)
+    ruleset = load_ruleset(rules_file, thresholds_file)
     if as_json:
         click.echo(json.dumps([{"alert": r.name, "severity": r.severity, "action": r.action,
                                 "for_seconds": r.for_seconds, "expr": r.expr,
@@ -67,8 +65,8 @@ def check(rules_file, thresholds_file, as_json) -> None:
 
 
 @alerts.command("export")
-@_rules_opt
-@_thresholds_opt
+@rules_option
+@thresholds_option
 @click.option("--format", "fmt", type=click.Choice(["prometheus", "prometheusrule"]),
               default="prometheus", show_default=True,
               help="Prometheus rule groups (a rule_files file) or a Kubernetes PrometheusRule.")
@@ -83,7 +81,7 @@ def export(rules_file, thresholds_file, fmt, runbook_base, name, namespace, outp
     """Print Prometheus rule groups or a Kubernetes PrometheusRule."""
     from trainwatch.alerts import export as ex
     from trainwatch.alerts.rules import DEFAULT_RUNBOOK_BASE
-    ruleset = _load(rules_file, thresholds_file)
+    ruleset = load_ruleset(rules_file, thresholds_file)
     base = runbook_base or DEFAULT_RUNBOOK_BASE
     text = (ex.prometheus_yaml(ruleset, base) if fmt == "prometheus"
             else ex.prometheusrule_yaml(ruleset, base, name, namespace))
@@ -97,14 +95,14 @@ def export(rules_file, thresholds_file, fmt, runbook_base, name, namespace, outp
 
 
 @alerts.command("test")
-@_rules_opt
-@_thresholds_opt
+@rules_option
+@thresholds_option
 @click.argument("test_file", type=click.Path(exists=True, dir_okay=False))
 def test(rules_file, thresholds_file, test_file) -> None:
     """Replay a `promtool test rules` file through the embedded engine (exit 1 on mismatch)."""
     from trainwatch.alerts.replay import replay_file
     from trainwatch.alerts.rules import DEFAULT_RUNBOOK_BASE
-    ruleset = _load(rules_file, thresholds_file)
+    ruleset = load_ruleset(rules_file, thresholds_file)
     rows = replay_file(ruleset, test_file, runbook_base=DEFAULT_RUNBOOK_BASE)
     if not rows:
         raise ConfigError("no alert_rule_test checks to replay (promtool's `tests:` list, each "
@@ -183,13 +181,6 @@ def silence_expire(run_dir, file, silence_id) -> None:
     click.echo(f"silence {silence_id} expired")
 
 
-def _listen(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError(f"'{text}' is not HOST:PORT", key="--listen")
-    return host or LOOPBACK, int(port)
-
-
 def _check_target(text: str) -> None:
     """A scrape target is HOST:PORT or an http(s) URL with a host, or ConfigError (exit 2
     before the engine starts: a bad one would only be retried and logged forever)."""
@@ -203,94 +194,9 @@ def _check_target(text: str) -> None:
         raise ConfigError(f"'{text}' is not HOST:PORT or an http(s) URL", key="--target")
 
 
-def _job_command(run_dir, job_command, nproc_per_node, config, steps) -> list[str] | None:
-    import shlex
-
-    from trainwatch.alerts.controller import train_command
-    if job_command and nproc_per_node:
-        raise ConfigError("give either --job-command or --nproc-per-node, not both")
-    if job_command:
-        return shlex.split(job_command)
-    if nproc_per_node:
-        return train_command(run_dir, nproc_per_node, config=config, steps=steps)
-    return None
-
-
-@alerts.command("receive")
-@_rules_opt
-@_thresholds_opt
-@click.option("--run-dir", required=True, type=click.Path(file_okay=False),
-              help="The run directory whose job this receiver acts on.")
-@click.option("--listen", default=RECEIVER_LISTEN, show_default=True, metavar="HOST:PORT",
-              help="Where to serve the webhook (loopback unless you say otherwise).")
-@click.option("--token-file", type=click.Path(dir_okay=False),
-              help=f"File holding the bearer token (default: ${RECEIVER_TOKEN_ENV}).")
-@click.option("--nproc-per-node", type=NPROC_PER_NODE, help="Also run and supervise `trainwatch train`.")
-@click.option("--config", type=click.Path(dir_okay=False), help="Trainer config file.")
-@click.option("--steps", type=int, help="Override train.steps.")
-@click.option("--job-command",
-              help="Supervise this command (quoted, e.g. 'torchrun --nproc-per-node 4 "
-                   "train.py') instead of `trainwatch train`: the same as `trainwatch run -- "
-                   "COMMAND` (docs/own-trainer.md).")
-@click.option("--straggler-command",
-              help="Scheduler adapter run for stragglers, e.g. 'scontrol requeue {slurm_job_id}'.")
-@click.option("--dry-run", is_flag=True, help="Journal what would be done; do nothing.")
-def receive(rules_file, thresholds_file, run_dir, listen, token_file, nproc_per_node, config,
-            steps, job_command, straggler_command, dry_run) -> None:
-    """Serve Alertmanager's webhook (POST /webhook) and run trainwatch's automatic actions."""
-    from trainwatch.alerts.actions import ActionRunner, Policy
-    from trainwatch.alerts.command import supervised_job
-    from trainwatch.alerts.controller import JobController
-    from trainwatch.alerts.receiver import Receiver, load_token
-    from trainwatch.alerts.silences import Silences
-    from trainwatch.alerts.supervise import Supervisor
-    from trainwatch.runlock import hold
-    ruleset = _load(rules_file, thresholds_file)
-    token = load_token(token_file)
-    host, port = _listen(listen)
-    command = _job_command(run_dir, job_command, nproc_per_node, config, steps)
-    controller: JobController | None = None
-    # Acting as the job's supervisor: the run's one supervisor (trainwatch.runlock).
-    lock = hold(RunDir(run_dir), "trainwatch alerts receive") if command else None
-    if job_command and command is not None:  # the same supervision as `trainwatch run -- COMMAND`
-        controller = supervised_job(run_dir, command, "trainwatch alerts receive")
-    elif command:
-        controller = JobController(run_dir, command)
-    policy = Policy.from_thresholds(ruleset.thresholds, dry_run=dry_run,
-                                    straggler_command=straggler_command)
-    runner = ActionRunner(run_dir, controller, policy,
-                          silences=Silences(RunDir(run_dir).silences_file))
-    receiver = Receiver(ruleset, runner, token, host, port).start()
-    click.echo(f"receiving Alertmanager webhooks on {receiver.url}/webhook "
-               f"(job {runner.job}{', dry run' if dry_run else ''})")
-    supervisor = None
-    # SIGTERM (systemctl stop, a pod's end) stops the job it started as Ctrl-C does, never
-    # leaving it orphaned.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    if controller is not None:
-        controller.start()
-        supervisor = Supervisor(controller, runner).start()
-    try:
-        while supervisor is None or not supervisor.finished.wait(1.0):
-            if supervisor is None:
-                time.sleep(1.0)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        receiver.stop()
-        if supervisor is not None:
-            supervisor.stop()
-        if controller is not None:
-            controller.close("receiver stopped")
-        if lock is not None:
-            lock.release()
-    if supervisor is not None and supervisor.exit_code:
-        sys.exit(EXIT_PROBLEM)
-
-
 @alerts.command("watch")
-@_rules_opt
-@_thresholds_opt
+@rules_option
+@thresholds_option
 @click.option("--target", "targets", multiple=True, required=True, metavar="HOST:PORT",
               help="An agent's HOST:PORT to scrape (repeatable).")
 @click.option("--run-dir", type=click.Path(file_okay=False),
@@ -306,13 +212,13 @@ def watch(rules_file, thresholds_file, targets, run_dir, webhook, webhook_token_
     from trainwatch.alerts.evaluate import History
     from trainwatch.alerts.loop import EngineLoop
     from trainwatch.alerts.notify import AlertmanagerNotifier, JournalNotifier, WebhookNotifier
-    from trainwatch.alerts.receiver import load_token
     from trainwatch.alerts.scrape import Scraper
     from trainwatch.alerts.silences import Silences
-    ruleset = _load(rules_file, thresholds_file)
+    ruleset = load_ruleset(rules_file, thresholds_file)
     for target in targets:
         _check_target(target)
-    token = load_token(webhook_token_file) if webhook_token_file else None
+    token = (read_secret(webhook_token_file, RECEIVER_TOKEN_ENV, "") if webhook_token_file
+             else None)
     history = History()
     notifiers: list[Notifier] = [JournalNotifier(run_dir)]
     notifiers += [WebhookNotifier(u, token) for u in webhook]

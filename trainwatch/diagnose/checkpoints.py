@@ -17,8 +17,8 @@ from typing import Any
 from trainwatch.diagnose import journal
 from trainwatch.diagnose.model import Evidence
 from trainwatch.rundir import RunDir
-from trainwatch.trainer.checkpoint.catalog import complete
-from trainwatch.trainer.checkpoint.manifest import verify
+from trainwatch.checkpoint_format.catalog import complete
+from trainwatch.checkpoint_format.manifest import verify
 
 
 def gather(run: RunDir, ev: Evidence) -> None:

@@ -34,9 +34,10 @@ from lightning.pytorch import Callback
 from trainwatch.contract.env import run_dir_from_env
 from trainwatch.integrations.sealed import newest_verified, seal
 from trainwatch.rundir import RunDir
-from trainwatch.trainer.checkpoint import catalog, retention
+from trainwatch.checkpoint_format import catalog
+from trainwatch.trainer.checkpoint import retention
 from trainwatch.trainer.checkpoint.config import CheckpointConfig
-from trainwatch.trainer.checkpoint.manifest import step_dir_name
+from trainwatch.checkpoint_format.manifest import step_dir_name
 from trainwatch.trainer.telemetry import Telemetry
 
 CHECKPOINT_FILE = "lightning.ckpt"

@@ -17,7 +17,7 @@ from pathlib import Path
 from trainwatch import __version__
 from trainwatch.contract.layout import WEIGHTS_CONFIG_DIGEST_KEY
 from trainwatch.rundir import atomic_write_json
-from trainwatch.trainer.checkpoint.manifest import (FORMAT, FORMAT_VERSION, MANIFEST,
+from trainwatch.checkpoint_format.manifest import (FORMAT, FORMAT_VERSION, MANIFEST,
                                                     sha256_file, verify)
 
 log = logging.getLogger(__name__)

@@ -35,7 +35,7 @@ from trainwatch.contract.env import run_dir_from_env
 from trainwatch.integrations.sealed import newest_verified, seal
 from trainwatch.rundir import RunDir
 from trainwatch.trainer.checkpoint.checkpointer import EXIT_STOPPED
-from trainwatch.trainer.checkpoint.manifest import FRAMEWORK_STEP_DIR
+from trainwatch.checkpoint_format.manifest import FRAMEWORK_STEP_DIR
 from trainwatch.trainer.telemetry import Telemetry
 
 

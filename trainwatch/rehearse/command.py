@@ -71,8 +71,8 @@ def loss_checks(records: dict[int, list[dict[str, Any]]]) -> list[Check]:
 
 def checkpoint_round_trip(run: RunDir) -> Check:
     """The newest verified checkpoint's files: load, save, load again; same digests."""
-    from trainwatch.trainer.checkpoint.catalog import complete
-    from trainwatch.trainer.checkpoint.manifest import verify
+    from trainwatch.checkpoint_format.catalog import complete
+    from trainwatch.checkpoint_format.manifest import verify
     from trainwatch.rehearse.worker import tree_digest
     import torch
 

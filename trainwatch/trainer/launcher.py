@@ -32,8 +32,8 @@ from trainwatch.node import node_name
 from trainwatch.proctree import die_with_parent
 from trainwatch.rundir import RunDir
 from trainwatch.runlock import hold, under_holder
-from trainwatch.trainer.checkpoint.catalog import newest_complete
-from trainwatch.trainer.checkpoint.compat import check_compatible, config_changes
+from trainwatch.checkpoint_format.catalog import newest_complete
+from trainwatch.checkpoint_format.compat import check_compatible, config_changes
 from trainwatch.trainer.config import Config, load_config
 from trainwatch.trainer.faults import parse_faults
 

@@ -1,6 +1,6 @@
 """Steps whose data a rollback asked to drop: ``RUN_DIR/control/skip-steps.json``.
 
-When a NaN or a loss spike rolls a job back (alerts/actions.py, ``rollback_skip``), the
+When a NaN or a loss spike rolls a job back (control/actions.py, ``rollback_skip``), the
 controller writes ``{"from_step": A, "to_step": B, "reason": ...}`` and restarts the job
 from the last checkpoint before the bad step. Steps A..B (inclusive) are then never
 trained: their batches are read and dropped, on every rank alike, so the data order of

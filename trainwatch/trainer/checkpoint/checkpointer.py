@@ -38,9 +38,10 @@ import torch.distributed as dist
 
 from trainwatch.errors import ConfigError
 from trainwatch.rundir import RunDir
-from trainwatch.trainer.checkpoint import catalog, resume as resume_mod, retention, rng
+from trainwatch.checkpoint_format import catalog
+from trainwatch.trainer.checkpoint import resume as resume_mod, retention, rng
 from trainwatch.trainer.checkpoint.config import CheckpointConfig
-from trainwatch.trainer.checkpoint.manifest import verify
+from trainwatch.checkpoint_format.manifest import verify
 from trainwatch.trainer.checkpoint.nonfinite import (NonFiniteHalt, nonfinite_flag,
                                                      nonfinite_state)
 from trainwatch.trainer.checkpoint.requests import Requests

@@ -15,8 +15,8 @@ import click
 
 from trainwatch.errors import EXIT_PROBLEM, ConfigError
 from trainwatch.rundir import RunDir, pick_run_dir
-from trainwatch.trainer.checkpoint import catalog
-from trainwatch.trainer.checkpoint.manifest import MANIFEST, Verification, step_of, verify
+from trainwatch.checkpoint_format import catalog
+from trainwatch.checkpoint_format.manifest import MANIFEST, Verification, step_of, verify
 
 
 def _target(argument: str | None, option: str | None) -> tuple[Path, bool]:

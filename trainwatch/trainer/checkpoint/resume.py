@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from trainwatch.trainer.checkpoint import rng
-from trainwatch.trainer.checkpoint.catalog import scan
-from trainwatch.trainer.checkpoint.compat import check_compatible  # noqa: F401 - resume's API
-from trainwatch.trainer.checkpoint.manifest import Verification, rank_file_name, verify
+from trainwatch.checkpoint_format.catalog import scan
+from trainwatch.checkpoint_format.compat import check_compatible  # noqa: F401 - resume's API
+from trainwatch.checkpoint_format.manifest import Verification, rank_file_name, verify
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainwatch.trainer.checkpoint.catalog import Entry
+from trainwatch.checkpoint_format.catalog import Entry
 
 
 def to_prune(entries: list[Entry], *, keep_last: int, keep_best: int,

@@ -31,7 +31,7 @@ from trainwatch import __version__
 from trainwatch.contract.layout import WEIGHTS_CONFIG_DIGEST_KEY
 from trainwatch.rundir import fsync_dir
 from trainwatch.trainer.checkpoint.writeback import start_writeback
-from trainwatch.trainer.checkpoint.manifest import (FORMAT, FORMAT_VERSION, HASH_CHUNK, MANIFEST,
+from trainwatch.checkpoint_format.manifest import (FORMAT, FORMAT_VERSION, HASH_CHUNK, MANIFEST,
                                                     rank_file_name, step_dir_name)
 
 HASH_WINDOW = 8 << 20  # hashed (and handed to writeback) this far behind the writer; page-aligned
@@ -240,7 +240,7 @@ def write_checkpoint(folder: str | Path, payload: Payload, *, fsync: bool = True
 
 def copy_checkpoint(source: str | Path, folder: str | Path, *, fsync: bool = True) -> Written:
     """Copy a verified checkpoint into ``folder`` (the mirror), atomically, checking hashes."""
-    from trainwatch.trainer.checkpoint.manifest import read_manifest
+    from trainwatch.checkpoint_format.manifest import read_manifest
 
     started = time.perf_counter()
     source, folder = Path(source), Path(folder)

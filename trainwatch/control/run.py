@@ -25,22 +25,23 @@ from rich.live import Live
 from rich.logging import RichHandler
 
 from trainwatch.agent.config import load_config as load_agent_config
-from trainwatch.alerts.actions import ActionRunner, Policy
-from trainwatch.alerts.command import (TELEMETRY_GRACE_SECONDS, TelemetryWatch, resolve,
+from trainwatch.control.actions import ActionRunner, Policy
+from trainwatch.control.command import (TELEMETRY_GRACE_SECONDS, TelemetryWatch, resolve,
                                        supervised_job)
-from trainwatch.alerts.controller import JobController, train_command
+from trainwatch.control.controller import JobController, train_command
 from trainwatch.alerts.engine import Engine, Notifier
 from trainwatch.alerts.evaluate import History
-from trainwatch.alerts.loop import EngineLoop, connect_actions
+from trainwatch.alerts.loop import EngineLoop
+from trainwatch.control.dispatch import connect_actions
 from trainwatch.alerts.notify import AlertmanagerNotifier, JournalNotifier, WebhookNotifier
 from trainwatch.alerts.promql import parse_duration
 from trainwatch.alerts.rules import load_rules
-from trainwatch.alerts.run_checks import check_launch, check_run_dir, refuse_rehearsal_dir
-from trainwatch.alerts.run_summary import ALREADY_COMPLETE, render as render_summary, summarize
-from trainwatch.alerts.run_view import Progress, live_view
+from trainwatch.control.run_checks import check_launch, check_run_dir, refuse_rehearsal_dir
+from trainwatch.control.run_summary import ALREADY_COMPLETE, render as render_summary, summarize
+from trainwatch.control.run_view import Progress, live_view
 from trainwatch.alerts.scrape import Scraper
 from trainwatch.alerts.silences import Silences
-from trainwatch.alerts.supervise import Supervisor
+from trainwatch.control.supervise import Supervisor
 from trainwatch.clitypes import NPROC_PER_NODE, seconds
 from trainwatch.contract.layout import AGENT_LOG, JOB_LOG, LOGS_DIR
 from trainwatch.contract.ports import LOOPBACK

@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 import threading
 
-from trainwatch.alerts.actions import ActionRunner
-from trainwatch.alerts.controller import JobController
+from trainwatch.control.actions import ActionRunner
+from trainwatch.control.controller import JobController
 
 log = logging.getLogger(__name__)
 

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from trainwatch.alerts.confirm import Confirmation, confirm_stall
-from trainwatch.alerts.controller import JobController
-from trainwatch.alerts.replica_rollback import Divergence, find_divergence
+from trainwatch.control.confirm import Confirmation, confirm_stall
+from trainwatch.control.controller import JobController
+from trainwatch.control.replica_rollback import Divergence, find_divergence
 from trainwatch.contract.alerts import ACTS_BEFORE
 from trainwatch.contract.env import JOB_ENV
 from trainwatch.contract.layout import CONTROL_CHECKPOINT, CONTROL_DIR, CONTROL_HOLD_ACTIONS
@@ -88,7 +88,7 @@ class Policy:
     guard_max_restarts: int = 3
     skip_window_steps: int = 0
     dry_run: bool = False
-    # Before a stall action kills anything, look at the ranks ourselves (alerts/confirm.py)
+    # Before a stall action kills anything, look at the ranks ourselves (control/confirm.py)
     # for at least / at most this long.
     confirm_min_seconds: float = 2.0
     confirm_max_seconds: float = 30.0

@@ -109,7 +109,7 @@ def _last_loss(run: RunDir) -> float | None:
 
 def _checkpoints(s: Summary, run: RunDir) -> None:
     try:
-        from trainwatch.trainer.checkpoint.catalog import complete
+        from trainwatch.checkpoint_format.catalog import complete
     except ImportError:
         return
     folders = run.checkpoint_folders()  # wherever the run put them (run.json)

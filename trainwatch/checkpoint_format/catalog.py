@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 from trainwatch.contract.layout import WEIGHTS_CONFIG_DIGEST_KEY
 from trainwatch.errors import FormatError
-from trainwatch.trainer.checkpoint.manifest import (INCOMPLETE_PREFIXES, MANIFEST, read_manifest,
+from trainwatch.checkpoint_format.manifest import (INCOMPLETE_PREFIXES, MANIFEST, read_manifest,
                                                     step_of, weights_config_digest)
 
 

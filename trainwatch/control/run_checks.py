@@ -108,9 +108,9 @@ def _resume_step(run_root: Path, cfg: Config, world_size: int) -> int | None:
     ck = cfg.checkpoint
     if not ck.enabled or ck.resume == "never":
         return None
-    from trainwatch.trainer.checkpoint.catalog import scan
-    from trainwatch.trainer.checkpoint.compat import check_compatible, config_changes
-    from trainwatch.trainer.checkpoint.manifest import verify
+    from trainwatch.checkpoint_format.catalog import scan
+    from trainwatch.checkpoint_format.compat import check_compatible, config_changes
+    from trainwatch.checkpoint_format.manifest import verify
     from trainwatch.rundir import RunDir
 
     folders = RunLayout(run_root).configured_checkpoint_folders(ck.dir, ck.mirror_dir)

@@ -25,7 +25,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from trainwatch.alerts.actions import ActionRequest, ActionRunner
+from trainwatch.control.actions import ActionRequest, ActionRunner
 from trainwatch.alerts.rules import RuleSet
 from trainwatch.configfile import read_secret
 from trainwatch.contract.env import RECEIVER_TOKEN_ENV as TOKEN_ENV

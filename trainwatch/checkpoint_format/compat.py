@@ -7,7 +7,7 @@ from typing import Any
 
 from trainwatch.contract.layout import WEIGHTS_CONFIG_DIGEST_KEY
 from trainwatch.errors import ConfigError
-from trainwatch.trainer.checkpoint.manifest import weights_config_digest
+from trainwatch.checkpoint_format.manifest import weights_config_digest
 
 
 # Config sections that do not decide the weights (Config.training_digest leaves them out).

@@ -2,7 +2,7 @@
 
 It drives ``trainwatch train`` (or any command that resumes from the run
 directory's newest verified checkpoint on start) and knows nothing about alerts;
-``alerts/actions.py`` decides when to call it.  Stopping kills the whole process
+``control/actions.py`` decides when to call it.  Stopping kills the whole process
 tree (launcher, torchrun, ranks): gracefully (SIGTERM, then SIGKILL) or at once for
 hung or diverged jobs, so a frozen (SIGSTOPped) rank cannot keep a restart waiting.
 """
@@ -24,7 +24,7 @@ from typing import Any
 
 import psutil
 
-from trainwatch.alerts.jobenv import job_environment
+from trainwatch.control.jobenv import job_environment
 from trainwatch.contract.env import LAUNCH_ENV
 from trainwatch.contract.layout import (CONTROL_DUMP, DUMP_FILE_GLOB, JOB_LOG, RANK_PREFIX,
                                        STATUS_FILE_GLOB)
@@ -227,7 +227,7 @@ class JobController:
         folders = self.run.checkpoint_folders()
         found: dict[Path, int] = {}
         try:
-            from trainwatch.trainer.checkpoint import catalog
+            from trainwatch.checkpoint_format import catalog
         except ImportError:
             catalog = None  # type: ignore[assignment]
         if catalog is not None:

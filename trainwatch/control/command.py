@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from trainwatch import __version__
-from trainwatch.alerts.controller import JobController
+from trainwatch.control.controller import JobController
 from trainwatch.contract.env import JOB_ENV, NODE_ENV, RUN_DIR_ENV
 from trainwatch.contract.layout import JOB_LOG, STATUS_FILE_GLOB
 from trainwatch.errors import ConfigError
