@@ -1,4 +1,5 @@
-"""Helpers for the agent tests: free ports, polling, and processes stopped by PID."""
+"""Helpers for the agent tests: free ports, polling, processes stopped by PID, and collectors
+run against fixture trees."""
 
 from __future__ import annotations
 
@@ -13,6 +14,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
+from trainwatch.agent.config import build_config
+from trainwatch.agent.context import AgentContext
+from trainwatch.agent.registry import Result, all_collectors
+from trainwatch.agent.state import CollectorRecord
+from trainwatch.host.nvml import GpuSnapshot
+from trainwatch.rundir import RunDir
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -22,7 +30,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.25,
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.25,
              what: str = "condition") -> Any:
     deadline = time.time() + timeout
     last_exc = None
@@ -81,3 +89,60 @@ def kill_pids(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def make_ctx(run_dirs=(), **config) -> AgentContext:
+    cfg = build_config({"run_dirs": [str(p) for p in run_dirs], **config})
+    cfg.node = "node-a"
+    return AgentContext(cfg)
+
+
+def collector(ctx: AgentContext, name: str):
+    return all_collectors()[name].factory(ctx, ctx.config.collector(name))
+
+
+def publish(ctx: AgentContext, name: str, result: Result) -> None:
+    ctx.store.set(CollectorRecord(name, True, 1, 1, state=result.state, data=result.data,
+                                  samples=tuple(result.every_sample())))
+
+
+def samples(result: Result, name: str) -> dict[tuple, float]:
+    return {tuple(sorted(s.labels.items())): s.value for s in result.every_sample() if s.name == name}
+
+
+def value(result: Result, name: str, **labels) -> float:
+    for s in result.every_sample():
+        if s.name == name and all(s.labels.get(k) == str(v) for k, v in labels.items()):
+            return s.value
+    raise KeyError(f"{name} {labels}")
+
+
+def write_status(run: RunDir, rank: int, pid: int, **extra) -> None:
+    now = time.time()
+    run.write_status(rank, {"job": "exp", "rank": rank, "local_rank": rank, "world_size": 2,
+                            "node": socket.gethostname(), "pid": pid, "backend": "gloo",
+                            "device": "cpu", "started_at": now, "heartbeat_at": now,
+                            "step": 3, "phase": "forward", "phase_since": now,
+                            "last_progress_at": now, "state": "running",
+                            "metrics": {"step": 3, "loss": 1.5, "step_time_seconds": 0.1},
+                            "counters": {"steps_total": 4}, **extra})
+
+
+def _gpu(index, pids=(), **kw):
+    events = {"gpu_idle": False, "sw_power_cap": False, "hw_slowdown": False,
+              "sw_thermal": False, "hw_thermal": False, "hw_power_brake": False}
+    events.update(kw.pop("events", {}))
+    return GpuSnapshot(index=index, uuid=f"GPU-{index:04d}", name="Fake H100",
+                       utilization=0.9, memory_used=40 << 30, memory_total=80 << 30,
+                       temperature=71.0, power_watts=650.0, power_limit_watts=700.0,
+                       sm_clock_hz=1.98e9, sm_clock_max_hz=1.98e9, clock_events=events,
+                       ecc={"corrected": 3, "uncorrected": 0},
+                       retired_pages={"single_bit": 0, "double_bit": 0}, retired_pending=False,
+                       remapped_rows={"correctable": 1, "uncorrectable": 0},
+                       remap_pending=False, remap_failed=False,
+                       nvlink_errors={0: {"replay": 2, "recovery": 0, "crc_flit": 1,
+                                          "crc_data": 0}},
+                       pcie_replay=0, processes=[(p, 1 << 30) for p in pids], **kw)

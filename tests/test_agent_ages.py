@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 
-from test_agent_collectors import collector, make_ctx, write_status
+from agent_helpers import collector, make_ctx, write_status
 from trainwatch.rundir import RunDir
 
 

@@ -16,54 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from agent_helpers import wait_for
+from agent_helpers import FIXTURES, _gpu, collector, make_ctx, publish, samples, value, wait_for, write_status
 from conftest import tmpfs_mount
 from fake_nvml import FakeGpuBackend
-from trainwatch.agent.config import build_config
-from trainwatch.agent.context import AgentContext
-from trainwatch.host.nvml import GpuSnapshot
-from trainwatch.agent.registry import Result, all_collectors
+from trainwatch.agent.registry import Result
 from trainwatch.agent.state import CollectorRecord
 from trainwatch.rundir import RunDir
-
-FIXTURES = Path(__file__).parent / "fixtures"
-
-
-def make_ctx(run_dirs=(), **config) -> AgentContext:
-    cfg = build_config({"run_dirs": [str(p) for p in run_dirs], **config})
-    cfg.node = "node-a"
-    return AgentContext(cfg)
-
-
-def collector(ctx: AgentContext, name: str):
-    return all_collectors()[name].factory(ctx, ctx.config.collector(name))
-
-
-def publish(ctx: AgentContext, name: str, result: Result) -> None:
-    ctx.store.set(CollectorRecord(name, True, 1, 1, state=result.state, data=result.data,
-                                  samples=tuple(result.every_sample())))
-
-
-def samples(result: Result, name: str) -> dict[tuple, float]:
-    return {tuple(sorted(s.labels.items())): s.value for s in result.every_sample() if s.name == name}
-
-
-def value(result: Result, name: str, **labels) -> float:
-    for s in result.every_sample():
-        if s.name == name and all(s.labels.get(k) == str(v) for k, v in labels.items()):
-            return s.value
-    raise KeyError(f"{name} {labels}")
-
-
-def write_status(run: RunDir, rank: int, pid: int, **extra) -> None:
-    now = time.time()
-    run.write_status(rank, {"job": "exp", "rank": rank, "local_rank": rank, "world_size": 2,
-                            "node": socket.gethostname(), "pid": pid, "backend": "gloo",
-                            "device": "cpu", "started_at": now, "heartbeat_at": now,
-                            "step": 3, "phase": "forward", "phase_since": now,
-                            "last_progress_at": now, "state": "running",
-                            "metrics": {"step": 3, "loss": 1.5, "step_time_seconds": 0.1},
-                            "counters": {"steps_total": 4}, **extra})
 
 
 # --------------------------------------------------------------------------- ranks
@@ -298,22 +256,6 @@ def test_network_flags_growing_errors_and_probes_peers(tmp_path):
 
 
 # --------------------------------------------------------------------------- gpu
-def _gpu(index, pids=(), **kw):
-    events = {"gpu_idle": False, "sw_power_cap": False, "hw_slowdown": False,
-              "sw_thermal": False, "hw_thermal": False, "hw_power_brake": False}
-    events.update(kw.pop("events", {}))
-    return GpuSnapshot(index=index, uuid=f"GPU-{index:04d}", name="Fake H100",
-                       utilization=0.9, memory_used=40 << 30, memory_total=80 << 30,
-                       temperature=71.0, power_watts=650.0, power_limit_watts=700.0,
-                       sm_clock_hz=1.98e9, sm_clock_max_hz=1.98e9, clock_events=events,
-                       ecc={"corrected": 3, "uncorrected": 0},
-                       retired_pages={"single_bit": 0, "double_bit": 0}, retired_pending=False,
-                       remapped_rows={"correctable": 1, "uncorrectable": 0},
-                       remap_pending=False, remap_failed=False,
-                       nvlink_errors={0: {"replay": 2, "recovery": 0, "crc_flit": 1,
-                                          "crc_data": 0}},
-                       pcie_replay=0, processes=[(p, 1 << 30) for p in pids], **kw)
-
 
 def test_gpu_maps_processes_to_ranks_and_windows_xids(tmp_path):
     run = RunDir(tmp_path / "run").create()

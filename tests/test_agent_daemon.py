@@ -15,7 +15,7 @@ import pytest
 
 from agent_helpers import free_port, get_json, http_get, start_agent, stop_process, wait_for
 from fake_nvml import FakeGpuBackend
-from test_agent_collectors import FIXTURES, _gpu, write_status
+from agent_helpers import FIXTURES, _gpu, write_status
 from trainwatch.agent import registry
 from trainwatch.agent.config import load_config
 from trainwatch.agent.daemon import Agent

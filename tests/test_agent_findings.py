@@ -4,7 +4,7 @@ last, clear by themselves and are remembered as recently cleared."""
 import os
 import time
 
-from test_agent_collectors import collector, make_ctx, publish
+from agent_helpers import collector, make_ctx, publish
 from trainwatch.agent.registry import Result
 from trainwatch.contract.timing import job_window, summarize
 

@@ -21,7 +21,7 @@ import pytest
 
 from agent_helpers import REPO, get_json, http_get, kill_pids, start_agent, stop_process, wait_for
 from conftest import torchrun_env
-from test_rundir_hostile import hostile
+from rundir_helpers import hostile
 
 pytestmark = pytest.mark.slow
 

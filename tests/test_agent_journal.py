@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from test_agent_collectors import FIXTURES, collector, make_ctx, publish, samples, value
+from agent_helpers import FIXTURES, collector, make_ctx, publish, samples, value
 from trainwatch.agent.status import build_status
 from trainwatch.alerts.rules import ACTIONS, load_rules
 from trainwatch.rundir import RunDir

@@ -128,7 +128,7 @@ def test_a_restarted_rank_is_never_judged_on_its_old_process(tmp_path):
     read in the same collection, so the rank is up, not a dead process."""
     import subprocess
 
-    from test_agent_collectors import collector, make_ctx, value
+    from agent_helpers import collector, make_ctx, value
 
     run = RunDir(tmp_path / "run").create()
     writer = BeatWriter(beat_path(run.status_dir, 0))

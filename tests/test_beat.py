@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from test_agent_collectors import collector, make_ctx, value, write_status
+from agent_helpers import collector, make_ctx, value, write_status
 from trainwatch.beat import BEAT_BYTES, BeatWriter, beat_path, decode, encode, read_beat
 from trainwatch.rundir import RunDir
 

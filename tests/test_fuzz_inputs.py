@@ -100,7 +100,7 @@ def test_status_reader_skips_with_a_reason_or_serves(tmp_path_factory, data):
 @fuzz("status")
 @given(data=st.binary(max_size=300))
 def test_ranks_collector_and_status_document_survive_any_status_bytes(tmp_path_factory, data):
-    from test_agent_collectors import collector, make_ctx, write_status
+    from agent_helpers import collector, make_ctx, write_status
     run = RunDir(tmp_path_factory.mktemp("c")).create()
     write_status(run, 0, os.getpid())
     run.status_file(1).write_bytes(data)
@@ -132,7 +132,7 @@ def test_metrics_and_journal_reader_skip_lines_with_a_reason(tmp_path_factory, l
                                    "time": json_values, "write_seconds": json_values}
     ).map(lambda d: json.dumps(d, default=str).encode())), max_size=8))
 def test_journal_collector_counts_or_skips_any_journal(tmp_path_factory, lines):
-    from test_agent_collectors import collector, make_ctx
+    from agent_helpers import collector, make_ctx
     run = RunDir(tmp_path_factory.mktemp("jc")).create()
     run.journal_file.write_bytes(b"\n".join(lines) + b"\n")
     result = collector(make_ctx([run.root]), "journal").collect()

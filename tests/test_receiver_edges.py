@@ -12,7 +12,7 @@ import time
 import pytest
 
 from agent_helpers import wait_for
-from test_alert_actions import TOKEN, _payload
+from control_helpers import TOKEN, _payload
 from trainwatch.control import receiver as receiver_module
 from trainwatch.control.actions import ActionRunner, Policy
 from trainwatch.control.receiver import Receiver

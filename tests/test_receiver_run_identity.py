@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from test_alert_actions import _payload, _post, TOKEN
+from control_helpers import TOKEN, _payload, _post
 from trainwatch.control.actions import ActionRunner, Policy
 from trainwatch.control.receiver import Receiver
 from trainwatch.alerts.rules import load_rules

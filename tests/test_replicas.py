@@ -213,7 +213,7 @@ def test_collector_names_the_odd_rank_from_status_files_after_two_digests(tmp_pa
     step 19; one odd digest is no verdict, the second names rank 1."""
     import os
 
-    from test_agent_collectors import collector, make_ctx, publish, samples, value, write_status
+    from agent_helpers import collector, make_ctx, publish, samples, value, write_status
     from trainwatch.rundir import RunDir
 
     run = RunDir(tmp_path / "run").create()

@@ -3,13 +3,12 @@ and none blocks, reads past its cap or raises."""
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 import time
 
 import pytest
 
+from rundir_helpers import hostile
 from trainwatch.rundir import (SKIP_REASONS, RunDir, RunFolder, SkippedFile, read_jsonl, read_run_file,
                                read_run_file_tail)
 
@@ -21,34 +20,6 @@ def write_status(run: RunDir, rank: int, **extra) -> None:
     run.write_status(rank, {"rank": rank, "pid": os.getpid(), "state": "running",
                             "heartbeat_at": now, "step": 1, **extra})
 
-
-def hostile(run: RunDir, tmp_path) -> dict[str, str]:
-    """One bad file per kind; returns file name -> expected reason code."""
-    s = run.status_dir
-    os.mkfifo(s / "rank-00002.json")
-    os.symlink("/dev/zero", s / "rank-00003.json")
-    with open(s / "rank-00004.json", "wb") as fh:  # 200 MB, sparse: the size alone refuses it
-        fh.truncate(200 << 20)
-    (s / "rank-00005.json").write_text('{"format":"trainwatch.status","version":1,"x":'
-                                       + "[" * 100_000 + "]" * 100_000 + "}")
-    (s / "rank-00006.json").write_text(json.dumps(
-        {"format": "trainwatch.status", "version": 1, "rank": 10 ** 30}))
-    (s / "rank-00007.json").write_text(json.dumps(
-        {"format": "trainwatch.status", "version": 1, "rank": 7, "heartbeat_at": "soon"}))
-    (s / "rank-00008.json").write_text(json.dumps(
-        {"format": "trainwatch.status", "version": 1, "rank": 1}))
-    sock = socket.socket(socket.AF_UNIX)
-    sock.bind(str(s / "rank-00009.json"))
-    sock.close()
-    (s / "rank-00010.json").mkdir()
-    outside = tmp_path / "outside.json"
-    outside.write_text(json.dumps({"format": "trainwatch.status", "version": 1, "rank": 11}))
-    os.symlink(outside, s / "rank-00011.json")
-    return {"rank-00002.json": "special_file", "rank-00003.json": "outside_run_dir",
-            "rank-00004.json": "too_large", "rank-00005.json": "too_deep",
-            "rank-00006.json": "wrong_type", "rank-00007.json": "wrong_type",
-            "rank-00008.json": "rank_mismatch", "rank-00009.json": "special_file",
-            "rank-00010.json": "special_file", "rank-00011.json": "outside_run_dir"}
 
 
 def test_each_hostile_status_file_is_skipped_with_its_reason_and_the_rest_served(tmp_path):
