@@ -2,7 +2,7 @@
 
     python benchmarks/diagnose_latency.py [--ranks 4] [--repeat 5]
 
-Starts tests/diagnose_job.py under torchrun with the flight recorder on, SIGSTOPs one
+Starts tests/jobs/diagnose_job.py under torchrun with the flight recorder on, SIGSTOPs one
 rank, and times the whole `python -m trainwatch diagnose --json` command (interpreter
 start, rank dumps, py-spy on every rank, analysis) several times, side by side with a
 plain `python -m trainwatch --version` start-up so the tool's own share is visible.

@@ -6,7 +6,7 @@
 
 A recording holds the per-step *local* time (outside collective phases) of every rank
 of a real 4-rank gloo run on the 2-core CI VM while other work loaded it (``source``
-says which): ``reference-4rank`` is tests/agent_job.py, steady steps as on a GPU node;
+says which): ``reference-4rank`` is tests/jobs/agent_job.py, steady steps as on a GPU node;
 ``cpu-oversubscribed-4rank`` is `trainwatch train` with 4 CPU-bound ranks on 2 shared
 cores (load average 15-25), where one 5-step window's ratio alone varies by ~20 %.
 Streams of any length are built by a block bootstrap of that recording

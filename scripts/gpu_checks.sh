@@ -41,6 +41,6 @@ PY
 # 3. telemetry overhead on CUDA (one process)
 python3 benchmarks/telemetry_overhead.py 2>&1 | tee "$OUT/telemetry-overhead.txt"
 # 4. trainwatch plan's memory estimate against torch.cuda.max_memory_allocated (for the README)
-python3 tests/plan_memory_job.py model.layers=8 model.width=1024 model.heads=8 \
+python3 tests/jobs/plan_memory_job.py model.layers=8 model.width=1024 model.heads=8 \
     model.context=1024 train.batch_size=8 train.device=cuda 2>&1 | tee "$OUT/plan-memory.txt"
 echo "done; logs in $OUT"

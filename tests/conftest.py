@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -141,3 +142,24 @@ def recovered_run(tmp_path_factory):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "incidents   │ 1:" in done.stdout
     return run_dir, options
+
+
+@pytest.fixture
+def processes():
+    """Start services (Prometheus, Alertmanager) with their logs; stopped by PID at the end."""
+    procs = []
+
+    def start(cmd, log):
+        p = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

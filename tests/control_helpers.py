@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+
 import json
 import urllib.error
 import urllib.request
@@ -14,6 +19,7 @@ TOKEN = "s3cret-token-for-tests"
 
 JOB_SCRIPT = """
 import os, sys, time
+
 from trainwatch.rundir import RunDir
 run = RunDir(sys.argv[1]).create()
 # resume from the newest "checkpoint", like the trainer
@@ -68,3 +74,25 @@ def _starts(run: RunDir, field: int = 0) -> list[int]:
     path = run.root / "starts.txt"
     lines = path.read_text().splitlines() if path.exists() else []
     return [int(line.split()[field]) for line in lines if line.strip()]
+
+
+def _run(tmp_path, run_dir, *extra, env=None):
+    cmd = [sys.executable, "-m", "trainwatch", "run", "--nproc-per-node", "2",
+           "--run-dir", str(run_dir), "--config", str(tmp_path / "train.yaml"),
+           "--thresholds", str(tmp_path / "thresholds.yaml"),
+           "--agent-config", str(tmp_path / "agent.yaml"), "--no-live", *extra]
+    scratch = tmp_path / "scratch"
+    scratch.mkdir(exist_ok=True)
+    return subprocess.Popen(cmd, stdout=open(tmp_path / "run.log", "wb"),
+                            stderr=subprocess.STDOUT,
+                            env={**os.environ, "TMPDIR": str(scratch), "OMP_NUM_THREADS": "1",
+                                 **(env or {})})
+
+
+def _finish(proc, timeout=420):
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)  # trainwatch run stops everything it started
+        proc.wait(timeout=60)
+        raise

@@ -8,7 +8,7 @@ the series is seen and reused while it exists, and a source's lines (one collect
 run's) are formatted once, the first time they are read: a scrape joins the lines of
 the runs it has already seen with a header per family (``families``, ``join``). Both
 formats are checked against prometheus-client's parsers and ``promtool check metrics``
-in tests/test_agent_exposition.py.
+in tests/agent/test_agent_exposition.py.
 
 Only names declared in the metrics contract are written, with exactly their declared
 labels; anything else is dropped and reported once through ``reject``.

@@ -224,6 +224,6 @@ def promtool_test_file(ruleset: RuleSet, scenarios: str | Path, rule_file: str,
                                       f"{labels} at {c['eval_time']}", file=str(scenarios))
                 exp["exp_annotations"] = dict(alert.annotations)
     doc = {"rule_files": [rule_file], **doc}
-    header = (f"# Generated from {Path(scenarios).name} by tests/test_alert_rules.py "
+    header = (f"# Generated from {Path(scenarios).name} by tests/alerts/test_alert_rules.py "
               f"({REGENERATE_ENV}=1 rewrites it). Do not edit.\n")
     return header + yaml.safe_dump(doc, sort_keys=False, width=100)

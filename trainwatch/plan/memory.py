@@ -12,7 +12,7 @@ with dropout; the ``5·a·s/h`` part is the attention matrix, which flash attent
 never stores (it keeps the output instead: 17 tensors of s·b·h). Tensor parallelism
 with sequence parallelism divides it by t; full recomputation keeps only each layer's
 input; with 1F1B pipelining the first stage holds ``p`` micro-batches of ``L/p``
-layers. The measured check: tests/test_plan_measured.py.
+layers. The measured check: tests/plan/test_plan_measured.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A checkpoint holds the weights and the optimizer state (the fp32 master copy and
 moments); gradients and activations are never saved. For the reference trainer the
 size is exact to well under 1 %: its files are ``torch.save`` zip archives, which add
 a small record per tensor (the constants below, measured with torch 2.13 and checked
-against a real run by tests/test_plan_measured.py).
+against a real run by tests/plan/test_plan_measured.py).
 """
 
 from __future__ import annotations

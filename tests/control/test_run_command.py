@@ -1,0 +1,178 @@
+"""`trainwatch run -- COMMAND` with jobs that are not torchrun DDP loops: bad input, a job
+that ends at once, one that never publishes telemetry, and one that keeps its own
+checkpoint files and declares them (restart guard and CheckpointTooOld)."""
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import kill_tree
+from trainwatch.rundir import RunDir
+
+HERE = Path(__file__).resolve().parent
+
+
+def _run(run_dir, *args, thresholds=None, env=None, **popen):
+    cmd = [sys.executable, "-m", "trainwatch", "run", "--run-dir", str(run_dir), "--no-live"]
+    if thresholds:
+        cmd += ["--thresholds", str(thresholds)]
+    return subprocess.Popen([*cmd, *args], env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **popen)
+
+
+def test_a_command_that_does_not_exist_is_exit_2_naming_it(tmp_path):
+    out = _run(tmp_path / "r", "--", "no-such-trainer", "--lr", "1").communicate(timeout=60)[0]
+    assert b"no-such-trainer" in out and b"not found" in out
+    assert not (tmp_path / "r").exists()  # nothing started, nothing written
+
+
+def test_trainer_options_with_a_command_are_exit_2(tmp_path):
+    proc = _run(tmp_path / "r", "--steps", "5", "--", sys.executable, "-c", "pass")
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 2 and b"--steps" in out
+
+
+def test_a_job_that_exits_0_at_once_is_finished_not_restarted(tmp_path):
+    # the run directory as RUN_DIR, as every other command takes it
+    proc = subprocess.Popen([sys.executable, "-m", "trainwatch", "run", str(tmp_path / "r"),
+                             "--no-live", "--", sys.executable, "-c", "pass"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0, out
+    run = RunDir(tmp_path / "r")
+    assert len(run.events("job_started")) == 1 and not run.events("action_taken")
+    assert run.run_info()["command"] == [sys.executable, "-c", "pass"]
+
+
+def test_a_job_without_telemetry_is_reported_while_it_runs(tmp_path):
+    proc = _run(tmp_path / "r", "--telemetry-grace", "2", "--", sys.executable, "-c",
+                "import time; time.sleep(300)")
+    lines = []
+    try:
+        for line in proc.stdout:  # waits on the message, not on time
+            lines.append(line)
+            if b"no rank has published telemetry" in line:
+                break
+        assert proc.poll() is None, b"".join(lines)  # said so; the job keeps running
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    finally:
+        kill_tree(proc)
+    assert proc.returncode == 130
+    assert RunDir(tmp_path / "r").events("job_silent")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("trainwatch.agent.daemon") is None,
+                    reason="needs the agent")
+def test_declared_saves_keep_the_guard_quiet_and_drive_checkpoint_too_old(tmp_path):
+    thresholds = tmp_path / "thresholds.yaml"
+    thresholds.write_text("evaluation_interval: 1s\ncheckpoint_max_age_seconds: 3\n"
+                          "restart_guard_max_restarts: 1\n")
+    proc = _run(tmp_path / "r", "--", sys.executable, str(HERE.parent / "jobs" / "declared_job.py"),
+                thresholds=thresholds)
+    try:
+        out = proc.communicate(timeout=400)[0]
+    finally:
+        kill_tree(proc)
+    assert proc.returncode == 0, out[-3000:]
+    run = RunDir(tmp_path / "r")
+    restarts = [e for e in run.events("action_taken") if e.get("action") == "restart"]
+    # two crashes, each after progress: two restarts, more than the guard's 1 allows
+    # without progress
+    assert len(restarts) == 2, run.events("action_skipped")
+    assert all(r["resume_from"]["kind"] == "declared" for r in restarts)
+    assert "trainwatch did not verify" in restarts[-1]["reason"]
+    assert not [e for e in run.events("action_skipped") if "guard" in e.get("reason", "")]
+    assert any(e.get("alert") == "CheckpointTooOld" for e in run.events("alert_firing"))
+    assert [e for e in run.events("action_taken") if e.get("action") == "checkpoint_now"]
+    assert run.events("finished")
+
+
+@pytest.mark.slow
+def test_a_rank_that_aborts_after_finishing_is_not_restarted_one_that_aborts_before_is(
+        tmp_path):
+    """gloo can abort a finished script on its way out ("terminate called without an
+    active exception"): the launcher exits non-zero, but every rank said ``finished``, so
+    the job is done. The same abort before the last status is a crash: restarted."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", "2", str(HERE.parent / "jobs" / "teardown_abort_job.py")]
+    outcomes = {}
+    for when in ("after", "before"):
+        proc = _run(tmp_path / when, "--", *torchrun, when,
+                    env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+        try:
+            out = proc.communicate(timeout=300)[0].decode(errors="replace")
+        finally:
+            kill_tree(proc)
+        run = RunDir(tmp_path / when)
+        exits = run.events("job_exited")
+        outcomes[when] = (proc.returncode, len(run.events("job_started")),
+                          [(e["returncode"], e.get("ranks_finished", False)) for e in exits])
+        assert proc.returncode == 0, out[-3000:]
+        assert all(s["state"] == "finished" for s in run.statuses().records)
+    assert outcomes["after"][1:] == (1, [(1, True)])            # done: one start, no restart
+    assert outcomes["before"][1] == 2                            # a crash: restarted once
+    assert outcomes["before"][2] == [(1, False), (0, False)]
+
+
+def test_a_job_that_fails_before_any_rank_starts_is_not_restarted(tmp_path):
+    """torchrun with a script that does not exist: every rank fails before it publishes
+    anything, and every restart would too. It used to be restarted 3 times until the guard."""
+    proc = _run(tmp_path / "r", "--", sys.executable, "-m", "torch.distributed.run",
+                "--standalone", "--nproc-per-node", "2", str(tmp_path / "no-such-script.py"),
+                env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+    try:
+        out = proc.communicate(timeout=300)[0].decode(errors="replace")
+    finally:
+        kill_tree(proc)
+    run = RunDir(tmp_path / "r")
+    assert proc.returncode == 1, out[-3000:]
+    assert len(run.events("job_started")) == 1 and not run.events("action_taken")
+    assert run.events("job_exited")[-1].get("launch_failed") is True
+    assert "failed before any rank started" in out and "exitcode" in out, out[-3000:]
+    assert "Traceback (most recent call last)" not in out.split("end of its log")[0]
+
+
+def test_the_summary_of_an_own_loop_shows_its_final_loss(tmp_path):
+    """A loop that logs its loss each step (examples/own_loop.py) ends with that loss in the
+    summary, not `final loss -` (only the reference trainer journals its own)."""
+    example = HERE.parents[1] / "examples" / "own_loop.py"
+    proc = _run(tmp_path / "r", "--", sys.executable, str(example), "--steps", "12",
+                "--checkpoint-every", "6")
+    out = proc.communicate(timeout=180)[0].decode()
+    assert proc.returncode == 0, out
+    last = RunDir(tmp_path / "r").metrics(0).records[-1]
+    assert f"final loss  │ {last['loss']:.4f}" in out, out
+
+
+def test_the_agent_listens_on_the_port_given_and_a_busy_one_is_exit_2(tmp_path):
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        busy = _run(tmp_path / "busy", "--agent-port", str(port), "--", sys.executable, "-c",
+                    "pass")
+        out = busy.communicate(timeout=60)[0].decode()
+        assert busy.returncode == 2 and "--agent-port" in out and str(port) in out, out
+        assert not (tmp_path / "busy").exists()
+    # The job itself reaches the agent there (it may start before the agent answers).
+    job = ("import time, urllib.request\n"
+           "for _ in range(300):\n"
+           "    try:\n"
+           f"        urllib.request.urlopen('http://127.0.0.1:{port}/healthz', timeout=5)\n"
+           "        break\n"
+           "    except OSError:\n"
+           "        time.sleep(0.2)\n"
+           "else:\n"
+           "    raise SystemExit(3)\n")
+    proc = _run(tmp_path / "r", "--agent-port", str(port), "--", sys.executable, "-c", job)
+    out = proc.communicate(timeout=120)[0].decode()
+    assert proc.returncode == 0, out
+    assert f"agent http://127.0.0.1:{port}" in out

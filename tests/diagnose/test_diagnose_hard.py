@@ -1,0 +1,300 @@
+"""`trainwatch diagnose` on the hard cases (issue #23), each a real torchrun job: a rank
+that skips a collective on a side group, a rank busy in C holding the GIL, racing deaths,
+stale status steps, a hang killed afterwards, a hung DataLoader worker, an OOM kill.
+
+Every case checks the rank, the cause, that no confident claim is wrong, and that
+diagnose answers within 20 s (printed).
+"""
+
+import os
+import shutil
+import signal
+import tempfile
+import time
+
+import psutil
+import pytest
+
+from agent_helpers import get_json, http_get, start_agent, stop_process, wait_for
+from conftest import tmpfs_mount
+from diagnose_helpers import Job, diagnose, stalled_for, top
+from trainwatch.beat import beat_path, read_beat
+from trainwatch.host.cgroup import cgroup_dir
+from trainwatch.host.cgroup import memory_cgroup as memory_cgroup_of
+
+pytestmark = pytest.mark.slow
+LIMIT_S = 20
+
+
+@pytest.fixture
+def jobs(tmp_path):
+    """Starts test_diagnose's torchrun ``Job``s; each is killed with its ranks afterwards."""
+    started: list[Job] = []
+
+    def start(**kwargs) -> Job:
+        started.append(Job(tmp_path, **kwargs))
+        return started[-1]
+    yield start
+    for job in started:
+        job.stop()
+
+
+def timed_diagnose(run, *args: str):
+    started = time.monotonic()
+    code, report, output = diagnose(run, *args)
+    elapsed = time.monotonic() - started
+    print(f"diagnose: {elapsed:.1f} s")
+    assert elapsed < LIMIT_S, f"diagnose took {elapsed:.1f} s"
+    return code, report, output
+
+
+def no_confident_wrong(report: dict, culprit: int) -> None:
+    """No critical high-confidence finding blames a rank other than the culprit."""
+    wrong = [f["title"] for f in report["findings"] if f["confidence"] == "high"
+             and f["severity"] == "critical" and f["ranks"] and culprit not in f["ranks"]]
+    assert not wrong, wrong
+
+
+def test_rank_skipping_a_side_group_collective_is_named(jobs, tmp_path):
+    """Rank 1 skips one all_reduce on a side group and goes on to the next step's gradient
+    all_reduce; ranks 0 and 2 wait in the side group's collective. The rank that did not
+    enter it is the culprit, not the ranks waiting in it: in diagnose and in the node
+    agent's stall incident."""
+    step = 12
+    job = jobs(nproc=3, FAULT="skip_side", FAULT_RANK="1", FAULT_STEP=str(step))
+    agent, url = start_agent(tmp_path, "--run-dir", str(job.run.root))
+    try:
+        job.wait(lambda s: s[1]["step"] == step + 1 and s[0]["step"] == step
+                 and stalled_for(2)(s), "ranks 0 and 2 waiting in the side group")
+        code, report, _ = timed_diagnose(job.run, "--stall-after", "1")
+        incident = wait_for(lambda: next((f for f in get_json(url + "/status")["findings"]
+                                          if f["kind"] == "stall_incident"), None), 90,
+                            what="the agent's stall incident")
+    finally:
+        stop_process(agent)
+    assert incident["culprit_ranks"] == [1] and incident["waiting_ranks"] == [0, 2], incident
+    assert code == 1
+    finding = top(report)
+    assert finding["category"] == "collective_desync" and finding["ranks"] == [1], finding
+    assert finding["confidence"] == "high"
+    # Which collective: the side group's all_reduce #step+1 (sequence numbers start at 1).
+    assert f"#{step + 1}" in finding["title"] and "process group 1" in finding["title"], finding
+    assert "all_reduce" in finding["title"], finding
+    assert any("[0, 2] wait" in e for e in finding["evidence"]), finding["evidence"]
+    no_confident_wrong(report, 1)
+
+
+def test_rank_busy_in_c_holding_the_gil_is_busy_not_frozen(jobs):
+    """Rank 1 backtracks in a regular expression: 100 % CPU, the GIL held (its telemetry
+    thread cannot beat). Busy is not frozen: the function is named from its stack, and no
+    advice to set what the job already set."""
+    job = jobs(FAULT="regex", FAULT_RANK="1", FAULT_STEP="10")
+    job.wait(lambda s: s[0]["step"] == 10 and time.time() - s[1]["heartbeat_at"] > 3
+             and stalled_for(3)(s), "rank 1 busy in the regex, its heartbeat stale")
+    code, report, _ = timed_diagnose(job.run, "--stall-after", "2")
+    assert code == 1
+    finding = top(report)
+    assert finding["category"] == "rank_stuck" and finding["ranks"] == [1], finding
+    assert "busy" in finding["title"] and "frozen" not in finding["title"], finding["title"]
+    assert "re.match" in finding["title"], finding["title"]
+    assert "busy_in_regex" in " ".join(finding["evidence"]), finding["evidence"]
+    assert any("GIL" in e for e in finding["evidence"]), finding["evidence"]
+    assert any("CPU" in e for e in finding["evidence"]), finding["evidence"]
+    assert "TORCH_FR_BUFFER_SIZE" not in " ".join(
+        f["next_command"] or "" for f in report["findings"]), report["findings"]
+    no_confident_wrong(report, 1)
+
+
+def test_agent_calls_a_rank_busy_in_c_busy_not_frozen(jobs, tmp_path):
+    """The node agent says what diagnose says: rank 1 backtracking in a regular expression
+    (the GIL held, its heartbeat stale) is busy (R, CPU used), in its finding, the stall
+    incident and the metrics; at no moment frozen."""
+    job = jobs(FAULT="regex", FAULT_RANK="1", FAULT_STEP="10")
+    agent, url = start_agent(tmp_path, "--run-dir", str(job.run.root))
+    kinds: list[str] = []
+
+    def busy():
+        found = [f for f in get_json(url + "/status")["findings"] if f.get("rank") == 1]
+        kinds.extend(f["stall_kind"] for f in found)
+        return next((f for f in found if f["stall_kind"] == "busy"), None)
+    try:
+        finding = wait_for(busy, 90, interval=0.3, what="the agent's busy finding for rank 1")
+        incident = next(f for f in get_json(url + "/status")["findings"]
+                        if f["kind"] == "stall_incident")
+        metrics = http_get(url + "/metrics").decode()
+    finally:
+        stop_process(agent)
+    assert "frozen" not in kinds, kinds
+    assert finding["message"].startswith("rank 1 busy (R, "), finding["message"]
+    assert "% CPU" in finding["message"] and "heartbeat" in finding["message"], finding
+    assert incident["culprit_ranks"] == [1] and incident["stall_kind"] == "busy", incident
+    info = [line for line in metrics.splitlines()
+            if line.startswith("trainwatch_rank_stall_info{") and 'rank="1"' in line]
+    assert len(info) == 1 and 'kind="busy"' in info[0], info
+    frozen = [line for line in metrics.splitlines()
+              if line.startswith("trainwatch_rank_stalls_total{") and 'rank="1"' in line
+              and 'kind="frozen"' in line]
+    assert frozen and float(frozen[0].split()[-1]) == 0, frozen
+    print(finding["message"])
+
+
+def test_racing_deaths_weigh_a_peers_failure_against_the_launchers_order(jobs):
+    """Rank 1 is SIGKILLed while rank 0 waits for it in the all_reduce; rank 0 fails at
+    once ("Connection reset by peer") and aborts. torchrun sees both exits in one poll and names the
+    lower rank its root cause. Rank 0's error is a peer's failure seen from it: rank 1 is
+    named, with less than high confidence, and the disagreement is said."""
+    job = jobs(launcher_args=("--monitor-interval=3",), ABORT_ON_ERROR="1")
+    job.wait_step(8)
+    os.kill(job.pid(1), signal.SIGKILL)
+    job.proc.wait(timeout=60)
+    code, report, _ = timed_diagnose(job.run)
+    assert code == 1
+    root = report["evidence"]["launcher"]["root_cause"]
+    assert root["rank"] == 0, (root, job.tail())  # the race this test is about
+    dead = top(report, "rank_dead")
+    assert dead["ranks"] == [1], dead
+    assert dead["confidence"] == "medium", dead
+    text = " ".join(dead["evidence"])
+    assert "SIGKILL" in text and "peer" in text and "root cause" in text, dead["evidence"]
+    no_confident_wrong(report, 1)
+
+
+def test_a_dead_ranks_step_comes_from_its_beat_not_a_stale_status(jobs, tmp_path):
+    """The status folder (a small tmpfs) fills up at step ~30: status files stop changing,
+    the fixed-size beat files go on. Rank 1 dies at step 60: diagnose says step 60."""
+    with tmpfs_mount(tmp_path / "run" / "status", "1m") as status_dir:
+        job = jobs()
+        job.wait_step(30)
+        filler = status_dir / "filler"
+        with open(filler, "wb") as fh:  # fill the tmpfs: ENOSPC for every new status file
+            try:
+                while True:
+                    fh.write(b"\0" * 65536)
+            except OSError:
+                pass
+        stale = {r: s["step"] for r, s in job.statuses().items()}
+        wait_for(lambda: all((beat(status_dir, r) or {}).get("step", 0) >= 60 for r in (0, 1)),
+                 120, what="both ranks at step 60 by their beats")
+        assert all(s["step"] <= max(stale.values()) + 5 for s in job.statuses().values())
+        os.kill(job.pid(1), signal.SIGKILL)
+        job.proc.wait(timeout=60)
+        code, report, _ = timed_diagnose(job.run)
+    assert code == 1
+    dead = top(report, "rank_dead")
+    assert dead["ranks"] == [1], dead
+    step = report["evidence"]["ranks"]["1"]["step"]
+    done = report["evidence"]["ranks"]["1"]["steps_completed"]  # from the beat file too
+    assert step >= 60 and done in (step, step + 1), report["evidence"]["ranks"]["1"]
+    assert f"step {step} ({done} completed) (from its beat file" in dead["evidence"][0], \
+        dead["evidence"]
+    assert "could not write its status" in dead["evidence"][0], dead["evidence"]
+
+
+def beat(status_dir, rank: int):
+    return read_beat(beat_path(status_dir, rank))
+
+
+def test_post_mortem_of_a_killed_hang_says_it_was_stalled_before_it_died(jobs, tmp_path):
+    """Rank 1 blocks in data loading, rank 0 waits in the all_reduce; after a while the
+    operator stops the job (SIGTERM to torchrun). Afterwards diagnose says the run was
+    already stalled before it died, and where each rank was: the deaths ended a hang."""
+    fifo = tmp_path / "never-written.fifo"
+    os.mkfifo(fifo)
+    job = jobs(FAULT="data_fifo", FAULT_RANK="1", FAULT_STEP="12", FAULT_ARG=str(fifo))
+    job.wait(lambda s: s[1]["phase"] == "data" and stalled_for(8)(s), "stalled for 8 s")
+    job.proc.send_signal(signal.SIGTERM)
+    job.proc.wait(timeout=60)
+    code, report, _ = timed_diagnose(job.run)
+    assert code == 1
+    finding = top(report)
+    assert "stalled" in finding["title"] and "before" in finding["title"], finding
+    assert finding["ranks"] == [1], finding
+    assert finding["confidence"] != "high", finding
+    text = " ".join(finding["evidence"])
+    assert "phase data" in text and "[0]" in text, finding["evidence"]
+    no_confident_wrong(report, 1)
+
+
+def test_hung_data_loader_worker_is_named_with_its_stack(jobs, tmp_path, request):
+    """Rank 1's DataLoader (2 worker processes) waits in _try_get_data for a worker that
+    blocks opening a FIFO nobody writes: diagnose names that worker (pid, stack, cause)."""
+    fifo = tmp_path / "never-written.fifo"
+    os.mkfifo(fifo)
+    # DataLoader workers hand tensors back through a Unix socket in TMPDIR: a short one,
+    # as a socket path has 107 bytes at most (pytest's folders under xdist are longer).
+    scratch = tempfile.mkdtemp(prefix="tw-")
+    job = jobs(FAULT="worker_fifo", FAULT_RANK="1", FAULT_STEP="12", FAULT_ARG=str(fifo),
+               TMPDIR=scratch)
+    request.addfinalizer(lambda: shutil.rmtree(scratch, ignore_errors=True))
+    job.wait(lambda s: s[1]["phase"] == "data" and (s[1]["step"] or 0) >= 10
+             and stalled_for(3)(s), "rank 1 waiting for its data worker")
+    rank_pid = job.pid(1)
+    code, report, _ = timed_diagnose(job.run, "--stall-after", "2")
+    assert code == 1
+    finding = top(report)
+    assert finding["category"] == "rank_stuck" and finding["ranks"] == [1], finding
+    assert "data loading" in finding["title"], finding["title"]
+    workers = {c.pid for c in psutil.Process(rank_pid).children()}
+    blocked = [w for w in report["evidence"]["ranks"]["1"]["data_workers"] if w.get("blocked")]
+    assert len(blocked) == 1 and blocked[0]["pid"] in workers, blocked
+    pid = blocked[0]["pid"]
+    assert f"worker pid {pid}" in finding["title"], finding["title"]
+    assert any("__getitem__" in line for line in blocked[0]["stack"]), blocked[0]
+    assert finding["cause"]["kind"] == "fifo_open" and finding["cause"]["path"] == str(fifo)
+    assert any(f"pid {pid}" in e and "__getitem__" in e for e in finding["evidence"]), \
+        finding["evidence"]
+    no_confident_wrong(report, 1)
+
+
+@pytest.fixture
+def memory_cgroup():
+    """A real memory cgroup with a 1.5 GiB limit (v2 where the memory controller is there,
+    else v1), removed afterwards; skips where cgroups cannot be made (not root, no
+    controller)."""
+    limit = 3 << 29
+    own = memory_cgroup_of("self")
+    if own is None:
+        pytest.skip("no memory cgroup on this host (/proc/self/cgroup)")
+    version, _, path = own.partition(":")
+    base = cgroup_dir(own)
+    name = f"trainwatch-oom-test-{os.getpid()}"
+    folder = f"{base}/{name}" if base else None
+    try:
+        os.mkdir(folder)
+        limit_file = "memory.limit_in_bytes" if version == "v1" else "memory.max"
+        with open(f"{folder}/{limit_file}", "w") as fh:
+            fh.write(str(limit))
+    except (OSError, TypeError) as exc:
+        pytest.skip(f"cannot make a memory cgroup under {base}: {exc}")
+    try:
+        yield f"{version}:{path.rstrip('/')}/{name}", folder, limit
+    finally:
+        deadline = time.time() + 30
+        while True:
+            try:
+                os.rmdir(folder)
+                break
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.5)
+
+
+def test_oom_kill_is_named_with_its_cgroup_and_limit(memory_cgroup, jobs):
+    """The job runs in a memory cgroup; rank 1 allocates until the kernel's OOM killer
+    kills it (SIGKILL). diagnose reads the kernel log and the cgroup the rank recorded."""
+    cgroup, folder, limit = memory_cgroup
+    job = jobs(prefix=("sh", "-c", f'echo $$ > {folder}/cgroup.procs && exec "$@"', "sh"),
+               FAULT="oom", FAULT_RANK="1", FAULT_STEP="10")
+    assert job.proc.wait(timeout=180) != 0, job.tail()
+    code, report, _ = timed_diagnose(job.run)
+    assert code == 1
+    dead = top(report, "rank_dead")
+    assert dead["ranks"] == [1], dead
+    assert f"killed by the OOM killer (cgroup {cgroup.partition(':')[2]}" in dead["title"], dead
+    assert f"limit {limit / 2**30:.2f} GiB" in dead["title"], dead["title"]
+    assert any("kernel log" in e and "Killed process" in e for e in dead["evidence"])
+    assert any("1 OOM kill(s)" in e for e in dead["evidence"]), dead["evidence"]
+    assert dead["confidence"] == "high"
+    assert not [f for f in report["findings"] if "stalled" in f["title"]], report["findings"]
+    no_confident_wrong(report, 1)

@@ -1,0 +1,107 @@
+"""A real torchrun job for diagnose to look at, and reading diagnose's answer."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from conftest import REPO, torchrun_env
+from trainwatch.rundir import RunDir
+
+JOB = str(REPO / "tests" / "jobs" / "diagnose_job.py")
+
+
+class Job:
+    """A torchrun job, killed with all its ranks by the finalizer."""
+
+    def __init__(self, tmp_path: Path, nproc: int = 2, steps: int = 100000,
+                 trainer: bool = False, launcher_args: tuple[str, ...] = (),
+                 prefix: tuple[str, ...] = (), **env: str):
+        self.run = RunDir(tmp_path / "run").create()
+        self.nproc = nproc
+        if trainer:  # the reference trainer; its launcher writes logs/torchrun.log itself
+            self.log = open(tmp_path / "launcher.out", "wb")
+            cmd = [sys.executable, "-m", "trainwatch", "train", f"--nproc-per-node={nproc}",
+                   "--max-restarts=0", "--run-dir", str(self.run.root), "--steps", str(steps),
+                   "--set", "telemetry.heartbeat_interval=0.2"]
+        else:
+            self.log = open(self.run.logs_dir / "torchrun.log", "wb")
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   f"--nproc-per-node={nproc}", "--max-restarts=0", *launcher_args, JOB,
+                   str(self.run.root), str(steps)]
+        self.proc = subprocess.Popen(
+            [*prefix, *cmd], env=torchrun_env(tmp_path, **{"TORCH_FR_BUFFER_SIZE": "2000", **env}), cwd=REPO,
+            stdout=self.log, stderr=subprocess.STDOUT)
+
+    def statuses(self) -> dict[int, dict]:
+        return {s["rank"]: s for s in self.run.statuses().records}
+
+    def wait(self, predicate, what: str, timeout: float = 120) -> dict[int, dict]:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            statuses = self.statuses()
+            if len(statuses) == self.nproc and predicate(statuses):
+                return statuses
+            if self.proc.poll() is not None and not predicate(statuses):
+                break
+            time.sleep(0.2)
+        raise AssertionError(f"job never reached: {what}\n{self.tail()}")
+
+    def wait_step(self, step: int) -> dict[int, dict]:
+        return self.wait(lambda s: all((r.get("step") or 0) >= step for r in s.values()),
+                         f"step {step}")
+
+    def pid(self, rank: int) -> int:
+        return self.statuses()[rank]["pid"]
+
+    def tail(self) -> str:
+        with open(self.log.name, errors="replace") as fh:
+            return fh.read()[-3000:]
+
+    def stop(self) -> None:
+        """Kill torchrun and every rank it started (ranks run in sessions of their own)."""
+        pids = {s["pid"] for s in self.statuses().values()}
+        try:
+            pids |= {c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+        for pid in pids:
+            try:
+                rank = psutil.Process(pid)
+                if not any(str(self.run.root) in arg for arg in rank.cmdline()):
+                    continue  # a reused pid is not ours
+                rank.send_signal(signal.SIGCONT)
+                rank.kill()
+            except psutil.Error:
+                pass
+        self.proc.wait(timeout=30)
+        self.log.close()
+
+
+def diagnose(run: RunDir, *args: str, timeout: float = 60) -> tuple[int, dict, str]:
+    proc = subprocess.run([sys.executable, "-m", "trainwatch", "diagnose", "--run-dir",
+                           str(run.root), "--json", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode, json.loads(proc.stdout), proc.stdout + proc.stderr
+
+
+def top(report: dict, category: str | None = None) -> dict:
+    findings = report["findings"]
+    if category:
+        matching = [f for f in findings if f["category"] == category]
+        assert matching, f"no {category} finding in {[f['title'] for f in findings]}"
+        return matching[0]
+    return findings[0]
+
+
+def stalled_for(seconds: float):
+    return lambda s: all(time.time() - r["last_progress_at"] > seconds for r in s.values())

@@ -1,0 +1,82 @@
+""""Cannot publish" means the run directory cannot be written, nothing else: a collective's
+error from a dead peer or a value that cannot be read is a telemetry error, and must not
+page TrainwatchCannotPublish (critical)."""
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from agent_helpers import wait_for
+from conftest import torchrun_env
+from trainwatch.beat import beat_path, read_beat
+from trainwatch.trainer.telemetry import Telemetry
+
+HERE = Path(__file__).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_peer_killed_during_the_timing_exchange_is_not_a_publish_failure(tmp_path):
+    port, run_dir = _free_port(), tmp_path / "run"
+    procs = [subprocess.Popen([sys.executable, str(HERE.parent / "jobs" / "dead_peer_job.py"), str(run_dir)],
+                              env=torchrun_env(tmp_path, MASTER_ADDR="127.0.0.1",
+                                               MASTER_PORT=str(port), WORLD_SIZE="2",
+                                               RANK=str(r), LOCAL_RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in (0, 1)]
+    try:
+        out, err = procs[0].communicate(timeout=120)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert procs[0].returncode == 0, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    assert "Connection reset by peer" in err or "Connection closed by peer" in err, err[-2000:]
+    assert result["counters"]["telemetry_errors_total"] >= 2  # seen, and counted as such
+    assert result["beat"]["publish_errors_total"] == 0, result
+    assert result["beat"]["publish_failing_since"] is None
+
+
+class _Reset(torch.Tensor):
+    """A recorded value whose read fails the way a collective's output does after its peer
+    died (gloo's read error)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.item:
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error "
+                               "[127.0.0.1]:39608: Connection reset by peer")
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_only_a_failed_write_counts_as_cannot_publish(tmp_path):
+    tel = Telemetry(tmp_path, heartbeat_interval=0.05, exchange_every=0).start()
+    try:
+        with tel.step(0) as s:
+            s.record(loss=torch.tensor(1.0).as_subclass(_Reset))
+        wait_for(lambda: tel.snapshot()["counters"]["telemetry_errors_total"] >= 1, 30,
+                 interval=0.05, what="the heartbeat to resolve the step")
+        time.sleep(0.2)
+        beat = read_beat(beat_path(tel.run.status_dir, 0))
+        assert beat["publish_errors_total"] == 0 and beat["publish_failing_since"] is None
+        # a metrics log that cannot be written is one
+        (tmp_path / "metrics").rename(tmp_path / "metrics-gone")
+        (tmp_path / "metrics").write_text("not a directory")
+        with tel.step(1) as s:
+            s.record(loss=torch.tensor(1.0))
+        wait_for(lambda: read_beat(beat_path(tel.run.status_dir, 0))["publish_errors_total"] >= 1,
+                 30, interval=0.05, what="the beat to tell the failed write")
+        assert "NotADirectoryError" in read_beat(beat_path(tel.run.status_dir, 0))[
+            "last_publish_error"]
+    finally:
+        tel.close()
