@@ -423,3 +423,25 @@ _SPECS += [
 
 METRICS: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}
 
+
+# A rank's status fields that become series one to one, read by both exporters of a rank's
+# status (the agent's ranks collector and the rank's own metrics server), so the two cannot
+# export a field under different names. Latest step record ("metrics") field -> gauge:
+STEP_FIELD_METRICS = {
+    "loss": "trainwatch_train_loss",
+    "grad_norm": "trainwatch_train_grad_norm",
+    "lr": "trainwatch_train_learning_rate",
+    "tokens_per_second": "trainwatch_train_tokens_per_second",
+    "samples_per_second": "trainwatch_train_samples_per_second",
+    "mfu": "trainwatch_train_mfu_ratio",
+    "step_time_seconds": "trainwatch_rank_step_time_seconds",
+    "data_wait_seconds": "trainwatch_rank_data_wait_seconds",
+    "memory_bytes": "trainwatch_rank_memory_bytes",
+}
+# Status "counters" field -> counter:
+COUNTER_FIELD_METRICS = {
+    "steps_total": "trainwatch_rank_steps_total",
+    "nonfinite_loss_total": "trainwatch_train_nonfinite_loss_total",
+    "nonfinite_grad_norm_total": "trainwatch_train_nonfinite_grad_norm_total",
+    "telemetry_errors_total": "trainwatch_rank_telemetry_errors_total",
+}
