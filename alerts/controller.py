@@ -25,6 +25,7 @@ from typing import Any
 import psutil
 
 from trainwatch.alerts.jobenv import job_environment
+from trainwatch.clitypes import MAX_RESTARTS
 from trainwatch.contract.env import LAUNCH_ENV
 from trainwatch.contract.layout import (CONTROL_DUMP, DUMP_FILE_GLOB, JOB_LOG, RANK_PREFIX,
                                        STATUS_FILE_GLOB)
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 
 def train_command(run_dir: str | Path, nproc_per_node: int, *, config: str | None = None,
                   steps: int | None = None, overrides: Sequence[str] = (),
-                  max_restarts: int = 0) -> list[str]:
+                  max_restarts: int = MAX_RESTARTS) -> list[str]:
     """The ``trainwatch train`` command line the controller runs (the trainer's launcher)."""
     cmd = [sys.executable, "-m", "trainwatch", "train", "--run-dir", str(run_dir),
            "--nproc-per-node", str(nproc_per_node), "--max-restarts", str(max_restarts)]

@@ -41,7 +41,7 @@ from trainwatch.alerts.run_view import Progress, live_view
 from trainwatch.alerts.scrape import Scraper
 from trainwatch.alerts.silences import Silences
 from trainwatch.alerts.supervise import Supervisor
-from trainwatch.clitypes import NPROC_PER_NODE, seconds
+from trainwatch.clitypes import MAX_RESTARTS, NPROC_PER_NODE, seconds
 from trainwatch.contract.layout import AGENT_LOG, JOB_LOG, LOGS_DIR
 from trainwatch.contract.ports import LOOPBACK
 from trainwatch.contract.stall import RECORD_KEY as STALL_RECORD_KEY
@@ -134,7 +134,8 @@ class _RunCommand(click.Command):
               help="Override one trainer config key, e.g. --set optim.lr=1e-3 (repeatable).")
 @click.option("--max-restarts", type=int,
               help="torchrun's own restarts of failed ranks before the controller steps in "
-                   "(reference trainer; default 1). With a COMMAND, give torchrun's own flag.")
+                   f"(reference trainer; default {MAX_RESTARTS}). With a COMMAND, give "
+                   "torchrun's own flag.")
 @click.option("--thresholds", "thresholds_file", type=click.Path(dir_okay=False),
               help="Alert threshold overrides.")
 @click.option("--rules", "rules_file", type=click.Path(dir_okay=False), help="Rules file.")
@@ -195,7 +196,7 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
         lock = hold(RunDir(run_dir), "trainwatch run")
         controller = JobController(run_dir, train_command(
             run_dir, nproc_per_node, config=config, steps=steps, overrides=list(overrides),
-            max_restarts=1 if max_restarts is None else max_restarts))
+            max_restarts=MAX_RESTARTS if max_restarts is None else max_restarts))
         agent_stall = plan.agent_stall
     target_steps = plan.target_steps if plan is not None else None
     run_ = controller.run

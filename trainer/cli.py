@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from trainwatch.clitypes import NPROC_PER_NODE
+from trainwatch.clitypes import MAX_RESTARTS, NPROC_PER_NODE
 from trainwatch.contract.env import NODE_ENV
 from trainwatch.contract.ports import LOOPBACK
 
@@ -26,7 +26,7 @@ from trainwatch.contract.ports import LOOPBACK
               help="YAML config (sections model, data, optim, train, telemetry, checkpoint).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override one config key, e.g. --set optim.lr=1e-3 (repeatable).")
-@click.option("--max-restarts", type=int, default=3, show_default=True,
+@click.option("--max-restarts", type=int, default=MAX_RESTARTS, show_default=True,
               help="Times torchrun restarts all ranks after a rank fails.")
 @click.option("--nnodes", type=int, default=1, show_default=True,
               help="Machines in the job (each runs this command).")

@@ -12,6 +12,11 @@ import click
 # would make torchrun try to start a process per unit of an absurd number.
 MAX_NPROC_PER_NODE = 1024
 NPROC_PER_NODE = click.IntRange(1, MAX_NPROC_PER_NODE)
+# torchrun's own restarts of every rank after one fails (`trainwatch train`, `trainwatch run`,
+# the receiver's job): one, for a transient fault (a killed or OOM-killed rank); a fault that
+# comes back is for the supervisor's restart-loop guard or a person, not hidden behind more
+# restarts in place.
+MAX_RESTARTS = 1
 
 
 class FiniteRange(click.FloatRange):
