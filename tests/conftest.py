@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -43,6 +44,21 @@ def run_torchrun(tmp_path: Path, script: str, *args: str, nproc: int = 2,
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+def clone_checkout(clone: Path) -> Path:
+    """A fresh git clone of this checkout at ``clone``, with its uncommitted work copied in:
+    what a newcomer gets, and what is being tested (CI's clone has no uncommitted work)."""
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=120)
+    for path in subprocess.run(["git", "-C", str(REPO), "ls-files", "--modified", "--others",
+                                "--exclude-standard"], capture_output=True, text=True,
+                               check=True).stdout.split():
+        if not (REPO / path).exists():  # deleted here, not yet committed
+            (clone / path).unlink(missing_ok=True)
+            continue
+        (clone / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / path, clone / path)
+    return clone
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from agent_helpers import wait_for
 from trainwatch.alerts.actions import ActionRequest, ActionRunner, Policy
 from trainwatch.alerts.controller import JobController
 from trainwatch.alerts.engine import Engine
@@ -119,16 +120,6 @@ def _payload(alertname="TrainingStallSuspected", status="firing", starts="2026-1
             "commonAnnotations": {}, "externalURL": "", "alerts": [alert]}
 
 
-def _wait_for(predicate, timeout=30.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError("condition not reached in time")
-
-
 def _starts(run: RunDir, field: int = 0) -> list[int]:
     """The job's starts: pids (field 0) or the step each start resumed from (field 1)."""
     path = run.root / "starts.txt"
@@ -140,7 +131,7 @@ def test_bad_requests_are_refused_and_nothing_acts(job, receiver_for, caplog):
     c = job()
     c.start()
     rec = receiver_for(c)
-    _wait_for(lambda: _starts(c.run))
+    wait_for(lambda: _starts(c.run), 30)
     caplog.set_level("DEBUG")
     assert _post(rec.url, _payload(), token=None)[0] == 401
     assert _post(rec.url, _payload(), token="wrong")[0] == 401
@@ -167,7 +158,7 @@ def test_stall_webhook_captures_evidence_restarts_once_and_dedups(job, receiver_
     c = job()
     first_pid = c.start()
     rec = receiver_for(c)
-    _wait_for(lambda: c.rank_pids())
+    wait_for(lambda: c.rank_pids(), 30)
     os.kill(c.rank_pids()[0], signal.SIGSTOP)  # the rank freezes, as in a real hang
 
     code, body = _post(rec.url, _payload())
@@ -178,7 +169,7 @@ def test_stall_webhook_captures_evidence_restarts_once_and_dedups(job, receiver_
     assert (evidence / "rank-00000.json").exists()
     assert "stopped" in (evidence / "py-spy-rank-00000.txt").read_text()
     assert not psutil.pid_exists(first_pid) or psutil.Process(first_pid).status() == "zombie"
-    _wait_for(lambda: len(_starts(c.run)) == 2)
+    wait_for(lambda: len(_starts(c.run)) == 2, 30)
     assert c.alive() and c.proc.pid != first_pid
     stopped = c.run.events("job_stopped")
     assert stopped[0]["hard"] and stopped[0]["returncode"] == -signal.SIGKILL
@@ -204,7 +195,7 @@ def test_dry_run_hold_silence_and_foreign_job_do_not_act(job, receiver_for):
     c = job()
     c.start()
     rec = receiver_for(c, dry_run=True)
-    _wait_for(lambda: c.rank_pids())
+    wait_for(lambda: c.rank_pids(), 30)
     _, body = _post(rec.url, _payload(fingerprint="01"))
     # the fake job is healthy: the controller's own look refutes the stall first
     assert "stall not confirmed: rank 0 is progressing" in body["results"][0]["reason"]
@@ -282,10 +273,10 @@ def test_progress_resets_the_guard(job):
     runner = ActionRunner(c.run.root, c, Policy(min_interval_seconds=0, guard_max_restarts=1))
     c.start()
     for _ in range(3):  # each restart happens after the job made progress: never blocked
-        before = _wait_for(lambda: c.progress_step())
-        _wait_for(lambda before=before: (c.progress_step() or 0) > before)
+        before = wait_for(lambda: c.progress_step(), 30)
+        wait_for(lambda before=before: (c.progress_step() or 0) > before, 30)
         assert runner.restart_job("restart", None).taken
-    _wait_for(lambda: len(_starts(c.run)) == 4)
+    wait_for(lambda: len(_starts(c.run)) == 4, 30)
     assert not runner.guard_tripped and len(c.run.events("action_taken")) == 3
 
 
@@ -294,7 +285,7 @@ def test_nonfinite_loss_rolls_back_before_the_bad_step_and_skips_the_window(job,
     c = job()
     c.start()
     rec = receiver_for(c, skip_window_steps=2)
-    _wait_for(lambda: (c.progress_step() or 0) >= 45)
+    wait_for(lambda: (c.progress_step() or 0) >= 45, 30)
     # The metrics log says step 37 produced a NaN loss.
     with open(c.run.metrics_file(0), "w") as fh:
         for step in range(46):
@@ -310,7 +301,7 @@ def test_nonfinite_loss_rolls_back_before_the_bad_step_and_skips_the_window(job,
     skip = json.loads((c.run.control_dir / "skip-steps.json").read_text())
     assert skip["from_step"] == 36 and skip["to_step"] == 39
     # The restarted job resumes from the checkpoint before the bad step.
-    _wait_for(lambda: len(_starts(c.run)) == 2)
+    wait_for(lambda: len(_starts(c.run)) == 2, 30)
     assert _starts(c.run, field=1)[1] == 35
 
 
@@ -326,13 +317,13 @@ def test_receive_cli_supervises_a_job_and_acts_on_webhooks(tmp_path):
         env={**os.environ, "TRAINWATCH_RECEIVER_TOKEN": TOKEN}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT)
     try:
-        _wait_for(lambda: len(_starts(run)) == 1)
-        _wait_for(lambda: _healthy(f"http://127.0.0.1:{port}/healthz"))
-        _wait_for(lambda: run.statuses().records)
+        wait_for(lambda: len(_starts(run)) == 1, 30)
+        wait_for(lambda: _healthy(f"http://127.0.0.1:{port}/healthz"), 30)
+        wait_for(lambda: run.statuses().records, 30)
         os.kill(run.statuses().records[0]["pid"], signal.SIGSTOP)  # really stalled
         code, body = _post(f"http://127.0.0.1:{port}", _payload())
         assert code == 200 and body["results"][0]["outcome"] == "taken", body
-        _wait_for(lambda: len(_starts(run)) == 2)
+        wait_for(lambda: len(_starts(run)) == 2, 30)
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -455,7 +446,7 @@ def test_a_killed_orphan_left_as_a_zombie_counts_as_gone():
     launcher = subprocess.Popen(["bash", "-c", "bash -c 'sleep 100 & wait' & wait"],
                                 start_new_session=True)
     try:
-        _wait_for(lambda: len(psutil.Process(launcher.pid).children(recursive=True)) == 2)
+        wait_for(lambda: len(psutil.Process(launcher.pid).children(recursive=True)) == 2, 30)
         tree = psutil.Process(launcher.pid).children(recursive=True)
         for p in [psutil.Process(launcher.pid), *tree]:
             p.send_signal(signal.SIGKILL)
@@ -492,7 +483,7 @@ def test_a_tripped_guard_clears_once_the_job_progresses_again(job):
     runner = ActionRunner(c.run.root, c, Policy(min_interval_seconds=0, guard_max_restarts=1),
                           on_guard=lambda job_name, tripped: changes.append(tripped))
     c.start()
-    _wait_for(lambda: c.progress_step())
+    wait_for(lambda: c.progress_step(), 30)
     assert runner.restart_job("restart", None).taken      # first restart
     assert not runner.restart_job("restart", None).taken  # no progress since: the guard
     assert runner.guard_tripped and changes == [True]
@@ -500,7 +491,7 @@ def test_a_tripped_guard_clears_once_the_job_progresses_again(job):
     stuck = c.progress_step()
     assert not runner.restart_job("restart", None).taken  # still none: stays tripped
     c.start("fixed by hand")
-    _wait_for(lambda: (c.progress_step() or 0) > stuck)   # the job trains again
+    wait_for(lambda: (c.progress_step() or 0) > stuck, 30)   # the job trains again
     assert runner.restart_job("restart", None).taken
     assert not runner.guard_tripped and changes == [True, True, False]
     (cleared,) = c.run.events("action_guard_cleared")
@@ -531,9 +522,9 @@ def test_a_rollback_is_held_back_by_an_earlier_rollback_not_by_another_restart(j
     c = job()
     runner = ActionRunner(c.run.root, c, Policy(min_interval_seconds=300, guard_max_restarts=5))
     c.start()
-    _wait_for(lambda: (c.progress_step() or 0) >= 20)
+    wait_for(lambda: (c.progress_step() or 0) >= 20, 30)
     assert runner.restart_job("stall_restart").taken
-    _wait_for(lambda: len(_starts(c.run)) == 2)
+    wait_for(lambda: len(_starts(c.run)) == 2, 30)
     with open(c.run.metrics_file(0), "w") as fh:
         for step in range(21):
             loss = float("nan") if step == 12 else 5.0 - step * 0.01
@@ -556,7 +547,7 @@ def test_replica_rollback_acts_only_on_confirmed_digests_and_resumes_before_them
     c = job()
     runner = ActionRunner(c.run.root, c, Policy(min_interval_seconds=300, guard_max_restarts=3))
     c.start()
-    _wait_for(lambda: (c.progress_step() or 0) >= 45)
+    wait_for(lambda: (c.progress_step() or 0) >= 45, 30)
 
     def log(odd_steps):
         now = time.time()
@@ -585,7 +576,7 @@ def test_replica_rollback_acts_only_on_confirmed_digests_and_resumes_before_them
     assert {q["step"] for q in taken["quarantined"]} >= {35, 40, 45}
     assert all(q["step"] > 30 for q in taken["quarantined"])
     assert taken["suspects"] == [{"rank": 1, "node": None}]
-    _wait_for(lambda: len(_starts(c.run)) == 2)
+    wait_for(lambda: len(_starts(c.run)) == 2, 30)
     assert _starts(c.run, field=1)[1] == 30
 
 
@@ -596,10 +587,10 @@ def test_a_restart_held_by_the_rate_limit_is_done_when_the_window_ends(job, rece
     c = job()
     c.start()
     rec = receiver_for(c, min_interval_seconds=6)
-    _wait_for(lambda: c.rank_pids())
+    wait_for(lambda: c.rank_pids(), 30)
     assert rec.runner.restart_job("restart", None).taken  # the job exited: restarted at once
     restarted_at = c.run.events("action_taken")[-1]["time"]
-    _wait_for(lambda: len(_starts(c.run)) == 2 and c.rank_pids().get(0) == _starts(c.run)[-1])
+    wait_for(lambda: len(_starts(c.run)) == 2 and c.rank_pids().get(0) == _starts(c.run)[-1], 30)
     os.kill(c.rank_pids()[0], signal.SIGSTOP)
     code, body = _post(rec.url, _payload())
     assert "rate limited" in body["results"][0]["reason"], body
@@ -614,4 +605,4 @@ def test_a_restart_held_by_the_rate_limit_is_done_when_the_window_ends(job, rece
     assert all("rate limited" in a["reason"] for a in answers[:-1]), answers
     taken = c.run.events("action_taken")[-1]
     assert taken["action"] == "stall_restart" and taken["time"] - restarted_at >= 6
-    _wait_for(lambda: len(_starts(c.run)) == 3)
+    wait_for(lambda: len(_starts(c.run)) == 3, 30)
