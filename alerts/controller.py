@@ -28,7 +28,7 @@ from trainwatch.alerts.jobenv import job_environment
 from trainwatch.clitypes import MAX_RESTARTS
 from trainwatch.contract.env import LAUNCH_ENV
 from trainwatch.contract.layout import (CONTROL_DUMP, DUMP_FILE_GLOB, JOB_LOG, RANK_PREFIX,
-                                       STATUS_FILE_GLOB)
+                                       STATUS_FILE_GLOB, py_spy_file_name)
 from trainwatch.node import node_name
 from trainwatch.proctree import spawn, wait_gone
 from trainwatch.errors import FormatError
@@ -283,7 +283,7 @@ class JobController:
                 (folder / f"{path.name}.skipped").write_text(f"{exc}\n")
         pyspy = shutil.which("py-spy")
         for rank, pid in sorted(self.rank_pids().items()):
-            out = folder / f"py-spy-rank-{rank:05d}.txt"
+            out = folder / py_spy_file_name(rank)
             if pyspy is None:
                 out.write_text("py-spy is not installed\n")
                 continue

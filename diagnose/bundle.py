@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainwatch.contract.layout import rank_file_name
 from trainwatch.diagnose.model import Evidence
 from trainwatch.redact import redact, redact_env, redact_text
 from trainwatch.rundir import RunDir
@@ -35,7 +36,7 @@ def write(path: str | Path, run: RunDir, ev: Evidence, report: dict[str, Any],
     for rank, v in ev.ranks.items():
         env = environment(v.get("pid")) if (v.get("process") or {}).get("visible") else None
         if env is not None:
-            members[f"environment/rank-{rank:05d}.json"] = _json(redact_env(env))
+            members[f"environment/{rank_file_name(rank, '.json')}"] = _json(redact_env(env))
     prefix = f"trainwatch-diagnose-{time.strftime('%Y%m%dT%H%M%S')}"
     tmp = path.with_name(f".{path.name}.tmp")
     with tarfile.open(tmp, "w:gz") as tar:
