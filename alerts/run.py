@@ -45,10 +45,15 @@ from trainwatch.clitypes import MAX_RESTARTS, NPROC_PER_NODE, seconds
 from trainwatch.contract.layout import AGENT_LOG, JOB_LOG, LOGS_DIR
 from trainwatch.contract.ports import LOOPBACK
 from trainwatch.contract.stall import RECORD_KEY as STALL_RECORD_KEY
-from trainwatch.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, ConfigError
+from trainwatch.errors import (EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, ConfigError,
+                               FormatError)
 from trainwatch.proctree import spawn, stop
-from trainwatch.rundir import RunDir, pick_run_dir
+from trainwatch.rundir import RunDir, pick_run_dir, read_run_file_tail
 from trainwatch.runlock import hold
+
+# The end of the job's log a refusal or a failed launch quotes: its last lines, never the
+# whole log of a job that printed gigabytes.
+JOB_LOG_TAIL_BYTES = 64 * 1024
 
 
 def _free_port(port: int = 0) -> int:
@@ -269,13 +274,13 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
         lock.release()
     if code == EXIT_USAGE:
         raise ConfigError("the training job rejected its input (exit 2): "
-                          + _new_lines(run_.logs_dir / JOB_LOG, job_log_start))
+                          + _new_lines(run_, job_log_start))
     outcome = "interrupted" if interrupted else "failed" if code else "finished"
     render_summary(summarize(run_.root, outcome, target_steps), console)
     if supervisor.launch_failed:
         click.echo("trainwatch run: the job failed before any rank started (not restarted: "
                    "it would fail the same way); the end of its log:"
-                   + _new_lines(run_.logs_dir / JOB_LOG, job_log_start, n=20), err=True)
+                   + _new_lines(run_, job_log_start, n=20), err=True)
     elif code and code != EXIT_INTERRUPTED:
         skipped = run_.events("action_skipped")
         why = f": {skipped[-1].get('reason')}" if skipped else ""
@@ -325,13 +330,14 @@ def _size(path) -> int:
         return 0
 
 
-def _new_lines(path, offset: int, n: int = 5) -> str:
-    """What the job wrote to its log in this launch (the log is kept across launches)."""
+def _new_lines(run: RunDir, offset: int, n: int = 5) -> str:
+    """The end of what the job wrote to its log in this launch (the log is kept across
+    launches), by the safe reader and at most JOB_LOG_TAIL_BYTES of it."""
+    path = run.logs_dir / JOB_LOG
     try:
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            text = fh.read().decode(errors="replace")
-    except OSError:
+        text = read_run_file_tail(path, run.root, max_bytes=JOB_LOG_TAIL_BYTES,
+                                  start=offset).decode(errors="replace")
+    except (OSError, FormatError):
         return f"no {path}"
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if not lines:

@@ -272,11 +272,13 @@ def _read_open(fd: int, st: os.stat_result, path: str | Path, max_bytes: int) ->
 
 
 def read_run_file_tail(path: str | Path, root: str | Path | None = None, *,
-                       max_bytes: int = MAX_RECORD_BYTES) -> bytes:
-    """The last ``max_bytes`` of a regular file (logs, metrics logs); SkippedFile otherwise."""
+                       max_bytes: int = MAX_RECORD_BYTES, start: int = 0) -> bytes:
+    """The last ``max_bytes`` of a regular file (logs, metrics logs), none before offset
+    ``start`` (what was written since); SkippedFile otherwise."""
     fd, st = open_run_file(path, root)
     try:
-        return os.pread(fd, max_bytes, max(0, st.st_size - max_bytes))
+        begin = max(0, start, st.st_size - max_bytes)
+        return os.pread(fd, max(0, st.st_size - begin), begin)
     except OSError as exc:
         raise SkippedFile(path, "unreadable", f"unreadable ({exc.strerror or exc})") from None
     finally:
