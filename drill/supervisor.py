@@ -67,7 +67,7 @@ class SupervisorFault:
     def _second(self, proc: subprocess.Popen, step: int) -> None:
         self.run.append_event("fault_injected", "drill", fault=self.drill.fault_kind,
                               step=step, holder=proc.pid)
-        out = self.log.with_name("second.log")
+        out = self.run.drill_second_log
         started = time.time()
         with open(out, "wb") as log:
             second = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT,

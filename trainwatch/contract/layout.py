@@ -55,6 +55,7 @@ REHEARSAL_LOG = "rehearsal.log"              # the rehearsal's ranks (or the use
 REHEARSAL_PROBE_LOG = "rehearsal-probe.log"  # its probe ranks, for a user's command
 REHEARSAL_AGENT_LOG = "rehearsal-agent.log"
 DRILL_RUN_LOG = "run.log"                    # in DRILL_DIR: the drilled `trainwatch run`'s output
+DRILL_SECOND_LOG = "second.log"              # in DRILL_DIR: a second supervisor's (refused)
 # In a checkpoint folder: a rehearsal's own saves and probe files; hidden, never a step-*
 # directory a run could resume from, and removed when the rehearsal ends.
 REHEARSAL_SCRATCH_PREFIX = ".rehearsal-"
@@ -176,6 +177,10 @@ class RunLayout:
     @property
     def drill_log(self) -> Path:
         return self.drill_dir / DRILL_RUN_LOG
+
+    @property
+    def drill_second_log(self) -> Path:
+        return self.drill_dir / DRILL_SECOND_LOG
 
     def status_file(self, rank: int) -> Path:
         return self.status_dir / rank_file_name(rank, ".json")
