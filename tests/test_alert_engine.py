@@ -22,7 +22,8 @@ from trainwatch.alerts.scrape import Scraper
 from trainwatch.alerts.silences import Silences
 from trainwatch.rundir import RunDir
 
-from test_alert_actions import TOKEN, _wait_for
+from agent_helpers import wait_for
+from test_alert_actions import TOKEN
 from test_alert_prometheus_e2e import ALERTMANAGER, _free_port, _ready, processes  # noqa: F401
 
 STALL = {"__name__": "trainwatch_stall_incident_seconds", "run": "exp1", "node": "n1",
@@ -184,12 +185,12 @@ def test_alertmanager_v2_api_receives_firing_and_resolved(tmp_path, fast_rules, 
     def alerts():
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/alerts", timeout=5) as r:
             return [a for a in json.load(r) if a["labels"].get("alertname") == "TrainingStalled"]
-    got = _wait_for(alerts)
+    got = wait_for(alerts, 30)
     assert got[0]["labels"]["culprit_rank"] == "0" and got[0]["status"]["state"] == "active"
     assert "no progress" in got[0]["annotations"]["summary"]
     stall(history, now, 0.0)
     engine.evaluate(now)  # resolved: sent again with endsAt = now
-    _wait_for(lambda: not [a for a in alerts() if a["status"]["state"] == "active"])
+    wait_for(lambda: not [a for a in alerts() if a["status"]["state"] == "active"], 30)
     assert am.sent >= 2
 
 
@@ -204,8 +205,8 @@ def test_alerts_watch_cli_scrapes_an_agent_and_journals(tmp_path):
                              "--target", f"127.0.0.1:{server.server_address[1]}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        firing = _wait_for(lambda: len(run.events("alert_firing")) == 2
-                           and run.events("alert_firing"), timeout=60)
+        firing = wait_for(lambda: len(run.events("alert_firing")) == 2
+                          and run.events("alert_firing"), 60)
         assert {e["alert"] for e in firing} == {"TrainingStallSuspected", "TrainingStalled"}
         assert {e["labels"]["culprit_rank"] for e in firing} == {"3"}
     finally:

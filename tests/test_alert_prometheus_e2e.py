@@ -25,7 +25,8 @@ from trainwatch.alerts.rules import load_rules
 from trainwatch.contract.metrics import METRICS
 
 from deploy_configs import alertmanager_config, prometheus_config
-from test_alert_actions import JOB_SCRIPT, TOKEN, _starts, _wait_for
+from agent_helpers import wait_for
+from test_alert_actions import JOB_SCRIPT, TOKEN, _starts
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
@@ -45,7 +46,7 @@ def _ready(url: str, timeout: float = 60) -> None:
                 return resp.status == 200
         except OSError:
             return False
-    _wait_for(ok, timeout)
+    wait_for(ok, timeout)
 
 
 @pytest.fixture
@@ -90,7 +91,7 @@ def test_prometheus_alertmanager_webhook_restarts_the_job_once(tmp_path, process
     exporter_port = exporter.server_address[1]
     try:
         controller.start()
-        _wait_for(lambda: controller.rank_pids())
+        wait_for(lambda: controller.rank_pids(), 30)
         stall.labels("exp1", "n1", "0", "frozen").set(0)
 
         # The shipped Alertmanager config, re-notifying every few seconds.
@@ -119,16 +120,16 @@ def test_prometheus_alertmanager_webhook_restarts_the_job_once(tmp_path, process
         os.kill(controller.rank_pids()[0], signal.SIGSTOP)
         stall.labels("exp1", "n1", "0", "frozen").set(120)
 
-        taken = _wait_for(lambda: runner.run.events("action_taken"), timeout=90)
+        taken = wait_for(lambda: runner.run.events("action_taken"), 90)
         assert taken[0]["alert"] == "TrainingStallSuspected" and taken[0]["delivery"] == "webhook"
         # one alert per run incident: the run and the culprit, not the scrape job's labels
         assert taken[0]["labels"]["culprit_rank"] == "0" and taken[0]["labels"]["run"] == "exp1"
-        _wait_for(lambda: len(_starts(controller.run)) == 2)
+        wait_for(lambda: len(_starts(controller.run)) == 2, 30)
         assert controller.proc.pid != first_pid and controller.alive()
 
         # Alertmanager notifies again (repeat_interval): the same alert must not act twice.
-        dup = _wait_for(lambda: [e for e in runner.run.events("action_skipped")
-                                 if "duplicate delivery" in e["reason"]], timeout=60)
+        dup = wait_for(lambda: [e for e in runner.run.events("action_skipped")
+                                if "duplicate delivery" in e["reason"]], 60)
         assert dup[0]["fingerprint"] == taken[0]["fingerprint"]
         assert len(runner.run.events("action_taken")) == 1
         assert len(_starts(controller.run)) == 2
