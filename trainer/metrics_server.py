@@ -15,8 +15,9 @@ from typing import Any, Iterator
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from trainwatch.contract.metrics import (COUNTER_FIELD_METRICS, METRICS, RUN_RANK,
-                                          STEP_FIELD_METRICS)
+from trainwatch.contract.metrics import (COUNTER_FIELD_METRICS, EVAL_FIELD_METRICS, METRICS,
+                                          PHASE_SECONDS_FIELD, PHASE_TIME_METRIC, RUN_RANK,
+                                          STATUS_FIELD_METRICS, STEP_FIELD_METRICS)
 from trainwatch.contract.ports import LOOPBACK
 from trainwatch.trainer.telemetry import Telemetry
 
@@ -53,16 +54,13 @@ class TelemetryCollector:
                 family = _family(name)
                 family.add_metric(labels, value)
                 yield family
-        phases = _family("trainwatch_rank_phase_time_seconds", ("phase",))
-        for phase, seconds in (step_record.get("phase_seconds") or {}).items():
+        phases = _family(PHASE_TIME_METRIC, ("phase",))
+        for phase, seconds in (step_record.get(PHASE_SECONDS_FIELD) or {}).items():
             phases.add_metric([*labels, phase], float(seconds))
         yield phases
-        for name, value in (("trainwatch_rank_step", state.get("step")),
-                            ("trainwatch_train_validation_loss",
-                             (state.get("eval") or {}).get("val_loss")),
-                            ("trainwatch_rank_restarts", state.get("restart_count")),
-                            ("trainwatch_train_last_nonfinite_loss_timestamp_seconds",
-                             state.get("last_nonfinite_loss_at"))):
+        evals = state.get("eval") or {}
+        for name, value in [*((n, state.get(f)) for f, n in STATUS_FIELD_METRICS.items()),
+                            *((n, evals.get(f)) for f, n in EVAL_FIELD_METRICS.items())]:
             number = _number(value)
             if number is not None:
                 family = _family(name)

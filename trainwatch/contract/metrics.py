@@ -26,6 +26,9 @@ DEVICE = ("node", "device")
 IB_PORT = ("node", "device", "port")
 PEER = ("node", RUN_LABEL, "role", "peer")
 
+# Set by both the receiver and the embedded engine's loop (whichever runs the actions).
+RESTART_GUARD_METRIC = "trainwatch_action_restart_guard_tripped"
+
 
 @dataclass(frozen=True)
 class MetricSpec:
@@ -321,7 +324,7 @@ _SPECS += [
     _m("trainwatch_checkpoint_failures_total", "counter",
        "Checkpoint saves of the run that failed (the most any of the node's ranks counted; "
        "resets when the job restarts).", RUN_NODE),
-    _m("trainwatch_action_restart_guard_tripped", "gauge",
+    _m(RESTART_GUARD_METRIC, "gauge",
        "1 once the controller stopped restarting a job that makes no forward progress.",
        RUN),
     _m("trainwatch_receiver_other_run_alerts_total", "counter",
@@ -445,3 +448,14 @@ COUNTER_FIELD_METRICS = {
     "nonfinite_grad_norm_total": "trainwatch_train_nonfinite_grad_norm_total",
     "telemetry_errors_total": "trainwatch_rank_telemetry_errors_total",
 }
+# Top-level status field -> gauge:
+STATUS_FIELD_METRICS = {
+    "step": "trainwatch_rank_step",
+    "restart_count": "trainwatch_rank_restarts",
+    "last_nonfinite_loss_at": "trainwatch_train_last_nonfinite_loss_timestamp_seconds",
+}
+# Status "eval" field -> gauge:
+EVAL_FIELD_METRICS = {"val_loss": "trainwatch_train_validation_loss"}
+# The step record's {phase: seconds} -> one gauge per phase (label ``phase``):
+PHASE_SECONDS_FIELD = "phase_seconds"
+PHASE_TIME_METRIC = "trainwatch_rank_phase_time_seconds"
