@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import click
 
 from trainwatch.alerts.promql import parse_duration
-from trainwatch.clitypes import NPROC_PER_NODE
+from trainwatch.clitypes import NPROC_PER_NODE, run_dir_option
 from trainwatch.contract.env import RECEIVER_TOKEN_ENV
 from trainwatch.contract.layout import ALERTS_DIR, SILENCES_FILE
 from trainwatch.contract.ports import LOOPBACK, RECEIVER_LISTEN
@@ -31,15 +31,15 @@ def _load(rules_file, thresholds_file):
     return load_rules(rules_file, thresholds_file)
 
 
-def _silences(run_dir: str | None, file: str | None):
+def _silences(run: RunDir | None, file: str | None):
     from trainwatch.alerts.silences import Silences
     if file:
         return Silences(file)
-    if run_dir:
-        if not Path(run_dir).is_dir():  # a typo must not write a silence nothing reads
+    if run is not None:
+        if not run.root.is_dir():  # a typo must not write a silence nothing reads
             raise ConfigError("no such run directory (a silence there would mute nothing)",
-                              file=run_dir, key="--run-dir")
-        return Silences(RunDir(run_dir).silences_file)
+                              file=str(run.root), key="--run-dir")
+        return Silences(run.silences_file)
     raise ConfigError("give --run-dir DIR or --file FILE for the silences")
 
 
@@ -125,8 +125,7 @@ def silence() -> None:
     """Mute notifications and actions for matching alerts."""
 
 
-_silence_file = [click.option("--run-dir", type=click.Path(file_okay=False),
-                              help=f"Keep silences in RUN_DIR/{ALERTS_DIR}/{SILENCES_FILE}."),
+_silence_file = [run_dir_option(f"Keep silences in RUN_DIR/{ALERTS_DIR}/{SILENCES_FILE}."),
                  click.option("--file", type=click.Path(dir_okay=False),
                               help="Keep silences in this file instead.")]
 
@@ -143,14 +142,14 @@ def _with_silence_file(fn):
 @click.option("--duration", default="2h", show_default=True, help="How long (e.g. 30m, 2h).")
 @click.option("--comment", default="", help="Why (shown in the journal and `list`).")
 @click.option("--author", default="", help="Who.")
-def silence_add(run_dir, file, matchers, duration, comment, author) -> None:
+def silence_add(run, file, matchers, duration, comment, author) -> None:
     """Silence alerts matching label=value MATCHERS (e.g. alertname=TrainingStalled run=exp1)."""
     from trainwatch.alerts.silences import parse_matchers
     try:
         seconds = parse_duration(duration)
     except ValueError as exc:
         raise ConfigError(str(exc), key="--duration") from None
-    s = _silences(run_dir, file).add(parse_matchers(list(matchers)), seconds, comment, author)
+    s = _silences(run, file).add(parse_matchers(list(matchers)), seconds, comment, author)
     click.echo(f"silence {s.id} until {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(s.ends_at))}")
 
 
@@ -158,10 +157,10 @@ def silence_add(run_dir, file, matchers, duration, comment, author) -> None:
 @_with_silence_file
 @click.option("--all", "show_all", is_flag=True, help="Include expired silences.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def silence_list(run_dir, file, show_all, as_json) -> None:
+def silence_list(run, file, show_all, as_json) -> None:
     """List active silences."""
     now = time.time()
-    rows = [s for s in _silences(run_dir, file).load() if show_all or s.active(now)]
+    rows = [s for s in _silences(run, file).load() if show_all or s.active(now)]
     if as_json:
         click.echo(json.dumps([s.__dict__ for s in rows], indent=2))
         return
@@ -177,9 +176,9 @@ def silence_list(run_dir, file, show_all, as_json) -> None:
 @silence.command("expire")
 @_with_silence_file
 @click.argument("silence_id")
-def silence_expire(run_dir, file, silence_id) -> None:
+def silence_expire(run, file, silence_id) -> None:
     """End a silence now."""
-    _silences(run_dir, file).expire(silence_id)
+    _silences(run, file).expire(silence_id)
     click.echo(f"silence {silence_id} expired")
 
 
@@ -219,8 +218,7 @@ def _job_command(run_dir, job_command, nproc_per_node, config, steps) -> list[st
 @alerts.command("receive")
 @_rules_opt
 @_thresholds_opt
-@click.option("--run-dir", required=True, type=click.Path(file_okay=False),
-              help="The run directory whose job this receiver acts on.")
+@run_dir_option("The run directory whose job this receiver acts on.", required=True)
 @click.option("--listen", default=RECEIVER_LISTEN, show_default=True, metavar="HOST:PORT",
               help="Where to serve the webhook (loopback unless you say otherwise).")
 @click.option("--token-file", type=click.Path(dir_okay=False),
@@ -235,7 +233,7 @@ def _job_command(run_dir, job_command, nproc_per_node, config, steps) -> list[st
 @click.option("--straggler-command",
               help="Scheduler adapter run for stragglers, e.g. 'scontrol requeue {slurm_job_id}'.")
 @click.option("--dry-run", is_flag=True, help="Journal what would be done; do nothing.")
-def receive(rules_file, thresholds_file, run_dir, listen, token_file, nproc_per_node, config,
+def receive(rules_file, thresholds_file, run, listen, token_file, nproc_per_node, config,
             steps, job_command, straggler_command, dry_run) -> None:
     """Serve Alertmanager's webhook (POST /webhook) and run trainwatch's automatic actions."""
     from trainwatch.alerts.actions import ActionRunner, Policy
@@ -248,10 +246,11 @@ def receive(rules_file, thresholds_file, run_dir, listen, token_file, nproc_per_
     ruleset = _load(rules_file, thresholds_file)
     token = load_token(token_file)
     host, port = _listen(listen)
+    run_dir = str(run.root)
     command = _job_command(run_dir, job_command, nproc_per_node, config, steps)
     controller: JobController | None = None
     # Acting as the job's supervisor: the run's one supervisor (trainwatch.runlock).
-    lock = hold(RunDir(run_dir), "trainwatch alerts receive") if command else None
+    lock = hold(run, "trainwatch alerts receive") if command else None
     if job_command and command is not None:  # the same supervision as `trainwatch run -- COMMAND`
         controller = supervised_job(run_dir, command, "trainwatch alerts receive")
     elif command:
@@ -259,7 +258,7 @@ def receive(rules_file, thresholds_file, run_dir, listen, token_file, nproc_per_
     policy = Policy.from_thresholds(ruleset.thresholds, dry_run=dry_run,
                                     straggler_command=straggler_command)
     runner = ActionRunner(run_dir, controller, policy,
-                          silences=Silences(RunDir(run_dir).silences_file))
+                          silences=Silences(run.silences_file))
     receiver = Receiver(ruleset, runner, token, host, port).start()
     click.echo(f"receiving Alertmanager webhooks on {receiver.url}/webhook "
                f"(job {runner.job}{', dry run' if dry_run else ''})")
@@ -293,13 +292,12 @@ def receive(rules_file, thresholds_file, run_dir, listen, token_file, nproc_per_
 @_thresholds_opt
 @click.option("--target", "targets", multiple=True, required=True, metavar="HOST:PORT",
               help="An agent's HOST:PORT to scrape (repeatable).")
-@click.option("--run-dir", type=click.Path(file_okay=False),
-              help="Journal alerts and read silences here.")
+@run_dir_option("Journal alerts and read silences here.")
 @click.option("--webhook", multiple=True, help="POST alerts to this URL (repeatable).")
 @click.option("--webhook-token-file", type=click.Path(dir_okay=False),
               help="Bearer token for the webhooks.")
 @click.option("--alertmanager", help="Send alerts to this Alertmanager (base URL).")
-def watch(rules_file, thresholds_file, targets, run_dir, webhook, webhook_token_file,
+def watch(rules_file, thresholds_file, targets, run, webhook, webhook_token_file,
           alertmanager) -> None:
     """Run the embedded engine against agents' /metrics (no Prometheus); Ctrl-C stops."""
     from trainwatch.alerts.engine import Engine, Notifier
@@ -314,11 +312,11 @@ def watch(rules_file, thresholds_file, targets, run_dir, webhook, webhook_token_
         _check_target(target)
     token = load_token(webhook_token_file) if webhook_token_file else None
     history = History()
-    notifiers: list[Notifier] = [JournalNotifier(run_dir)]
+    notifiers: list[Notifier] = [JournalNotifier(str(run.root) if run else None)]
     notifiers += [WebhookNotifier(u, token) for u in webhook]
     if alertmanager:
         notifiers.append(AlertmanagerNotifier(alertmanager))
-    silences = Silences(RunDir(run_dir).silences_file) if run_dir else None
+    silences = Silences(run.silences_file) if run else None
     engine = Engine(ruleset, history, silences=silences, notifiers=notifiers)
     loop = EngineLoop(engine, Scraper(history, list(targets)),
                       parse_duration(ruleset.thresholds["evaluation_interval"]))

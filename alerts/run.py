@@ -41,14 +41,14 @@ from trainwatch.alerts.run_view import Progress, live_view
 from trainwatch.alerts.scrape import Scraper
 from trainwatch.alerts.silences import Silences
 from trainwatch.alerts.supervise import Supervisor
-from trainwatch.clitypes import MAX_RESTARTS, NPROC_PER_NODE, seconds
+from trainwatch.clitypes import MAX_RESTARTS, NPROC_PER_NODE, run_dir_option, seconds
 from trainwatch.contract.layout import AGENT_LOG, JOB_LOG, LOGS_DIR
 from trainwatch.contract.ports import LOOPBACK
 from trainwatch.contract.stall import RECORD_KEY as STALL_RECORD_KEY
 from trainwatch.errors import (EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, ConfigError,
                                FormatError)
 from trainwatch.proctree import spawn, stop
-from trainwatch.rundir import RunDir, pick_run_dir, read_run_file_tail
+from trainwatch.rundir import RunDir, read_run_file_tail
 from trainwatch.runlock import hold
 
 # The end of the job's log a refusal or a failed launch quotes: its last lines, never the
@@ -129,9 +129,8 @@ class _RunCommand(click.Command):
 @click.command("run", cls=_RunCommand)
 @click.option("--nproc-per-node", type=NPROC_PER_NODE,
               help="Ranks on this machine (the reference trainer; not with a COMMAND).")
-@click.option("--run-dir", type=click.Path(file_okay=False),
-              help="Where the run keeps its state (status, metrics, journal, logs); or give "
-                   "it as RUN_DIR.")
+@run_dir_option("Where the run keeps its state (status, metrics, journal, logs); or give it "
+                "as RUN_DIR.", own_argument=True, required=True)
 @click.option("--steps", type=click.IntRange(min=1), help="Override train.steps.")
 @click.option("--config", type=click.Path(dir_okay=False),
               help="Trainer YAML config (see examples/trainer.yaml).")
@@ -158,9 +157,9 @@ class _RunCommand(click.Command):
               help="The agent's port on loopback, for a Prometheus or a dashboard pointed at "
                    "it (default: a free port, printed at the start).")
 @click.argument("positional", nargs=-1, metavar="[RUN_DIR]")
-def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresholds_file,
+def run(nproc_per_node, run, steps, config, overrides, max_restarts, thresholds_file,
         rules_file, agent_config, webhook, alertmanager, dry_run, no_live, telemetry_grace,
-        agent_port, run_dir_arg, command) -> None:
+        agent_port, command) -> None:
     """Train with the agent and the embedded alert engine watching (Ctrl-C stops all).
 
     \b
@@ -174,7 +173,7 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     """
     # Everything is checked before anything starts or the run directory is touched; then
     # the run's lock (one supervisor per run directory; what a killed one left is stopped).
-    run_dir = str(pick_run_dir(run_dir_arg, run_dir))
+    run_dir = str(run.root)
     refuse_rehearsal_dir(run_dir)
     port = _free_port(agent_port or 0)
     ruleset = load_rules(rules_file, thresholds_file)
@@ -186,7 +185,7 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
         agent_stall = check_command(
             run_dir, list(command), nproc_per_node=nproc_per_node, steps=steps, config=config,
             overrides=overrides, max_restarts=max_restarts, agent_config=agent_config)
-        lock = hold(RunDir(run_dir), "trainwatch run")
+        lock = hold(run, "trainwatch run")
         controller = supervised_job(run_dir, list(command), "trainwatch run")
     else:
         if nproc_per_node is None:
@@ -198,7 +197,7 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
             console.print(ALREADY_COMPLETE, highlight=False)
             render_summary(summarize(run_dir, "already complete", plan.target_steps), console)
             return
-        lock = hold(RunDir(run_dir), "trainwatch run")
+        lock = hold(run, "trainwatch run")
         controller = JobController(run_dir, train_command(
             run_dir, nproc_per_node, config=config, steps=steps, overrides=list(overrides),
             max_restarts=MAX_RESTARTS if max_restarts is None else max_restarts))
