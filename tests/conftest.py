@@ -3,6 +3,7 @@
 import contextlib
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import time
@@ -44,6 +45,21 @@ def run_torchrun(tmp_path: Path, script: str, *args: str, nproc: int = 2,
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+def clone_checkout(clone: Path) -> Path:
+    """A fresh git clone of this checkout at ``clone``, with its uncommitted work copied in:
+    what a newcomer gets, and what is being tested (CI's clone has no uncommitted work)."""
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=120)
+    for path in subprocess.run(["git", "-C", str(REPO), "ls-files", "--modified", "--others",
+                                "--exclude-standard"], capture_output=True, text=True,
+                               check=True).stdout.split():
+        if not (REPO / path).exists():  # deleted here, not yet committed
+            (clone / path).unlink(missing_ok=True)
+            continue
+        (clone / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / path, clone / path)
+    return clone
 
 
 @contextlib.contextmanager
@@ -163,3 +179,18 @@ def processes():
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def all_commands():
+    """Every trainwatch command and sub-command, as (name, click command)."""
+    import click
+
+    from trainwatch.cli import cli
+    ctx = click.Context(cli)
+
+    def walk(cmd, path):
+        yield " ".join(path), cmd
+        if isinstance(cmd, click.Group):
+            for name in cmd.list_commands(ctx):
+                yield from walk(cmd.get_command(ctx, name), [*path, name])
+    return list(walk(cli, ["trainwatch"]))

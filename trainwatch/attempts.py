@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainwatch.contract.layout import rank_of_source
+
 TORCHRUN, CONTROLLER, RERUN = "torchrun", "controller", "rerun"
 RESTARTED_BY = (TORCHRUN, CONTROLLER, RERUN)
 _BY_TEXT = {TORCHRUN: "by torchrun", CONTROLLER: "by the controller", RERUN: "run again"}
@@ -30,8 +32,7 @@ def rank_of(event: dict[str, Any]) -> int | None:
     rank = event.get("rank")
     if isinstance(rank, int) and not isinstance(rank, bool):
         return rank
-    source = str(event.get("source", ""))
-    return int(source[4:]) if source.startswith("rank") and source[4:].isdigit() else None
+    return rank_of_source(str(event.get("source", "")))
 
 
 def _time(event: dict[str, Any]) -> float | None:

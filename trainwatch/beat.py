@@ -20,13 +20,12 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from trainwatch.contract.layout import rank_file_name
+from trainwatch.contract.layout import BEAT_SUFFIX, rank_file_name
 from trainwatch.contract.states import RANK_STATES
 from trainwatch.errors import FormatError
 from trainwatch.rundir import RunFolder, read_run_file
 
 BEAT_BYTES = 1024
-BEAT_SUFFIX = ".beat"
 _ERROR_CHARS = 160
 
 

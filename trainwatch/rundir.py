@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 from trainwatch.contract.layout import (CHECKPOINT_DIRS_KEY, FORMAT_VERSION, METRICS_FILE_GLOB,
                                        RUN_FORMAT, STATUS_FILE_GLOB, STATUS_FORMAT, RunLayout,
-                                       rank_of_file)
+                                       rank_file_name, rank_of_file)
 from trainwatch.contract.states import FINISHED
 from trainwatch.errors import ConfigError, FormatError
 from trainwatch.node import boot_id, node_name
@@ -272,11 +272,13 @@ def _read_open(fd: int, st: os.stat_result, path: str | Path, max_bytes: int) ->
 
 
 def read_run_file_tail(path: str | Path, root: str | Path | None = None, *,
-                       max_bytes: int = MAX_RECORD_BYTES) -> bytes:
-    """The last ``max_bytes`` of a regular file (logs, metrics logs); SkippedFile otherwise."""
+                       max_bytes: int = MAX_RECORD_BYTES, start: int = 0) -> bytes:
+    """The last ``max_bytes`` of a regular file (logs, metrics logs), none before offset
+    ``start`` (what was written since); SkippedFile otherwise."""
     fd, st = open_run_file(path, root)
     try:
-        return os.pread(fd, max_bytes, max(0, st.st_size - max_bytes))
+        begin = max(0, start, st.st_size - max_bytes)
+        return os.pread(fd, max(0, st.st_size - begin), begin)
     except OSError as exc:
         raise SkippedFile(path, "unreadable", f"unreadable ({exc.strerror or exc})") from None
     finally:
@@ -430,7 +432,7 @@ def check_status(obj: dict[str, Any], path: str | Path) -> dict[str, Any]:
     rank = obj.get("rank")
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < MAX_RANK:
         raise SkippedFile(path, "wrong_type", f"rank {_short(rank)} is not a rank number")
-    if os.path.basename(path) != f"rank-{rank:05d}.json":
+    if os.path.basename(path) != rank_file_name(rank, ".json"):
         raise SkippedFile(path, "rank_mismatch", f"says rank {rank}, its name says otherwise")
     for key, types in _STATUS_TYPES.items():
         value = obj.get(key)

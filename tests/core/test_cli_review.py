@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import all_commands, REPO
 
 CLI = [sys.executable, "-m", "trainwatch"]
 
@@ -109,24 +109,11 @@ def test_silence_in_a_mistyped_run_dir_is_refused_not_written(tmp_path):
     assert listed.returncode == 0 and listed.stdout.strip() == "no active silences"
 
 
-def _all_commands():
-    import click
-
-    from trainwatch.cli import cli
-    ctx = click.Context(cli)
-
-    def walk(cmd, path):
-        yield " ".join(path), cmd
-        if isinstance(cmd, click.Group):
-            for name in cmd.list_commands(ctx):
-                yield from walk(cmd.get_command(ctx, name), [*path, name])
-    return list(walk(cli, ["trainwatch"]))
-
 
 def test_every_command_and_option_has_help_text():
     import click
     missing = []
-    for name, cmd in _all_commands():
+    for name, cmd in all_commands():
         if not cmd.help:
             missing.append(name)
         missing += [f"{name} {p.opts[0]}" for p in cmd.params

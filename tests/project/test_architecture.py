@@ -9,6 +9,7 @@ table in docs/architecture.md, so the document and the check cannot drift apart.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -281,3 +282,90 @@ def test_no_test_file_imports_another():
                 found += [f"{path.relative_to(REPO)}: {a.name}" for a in node.names
                           if a.name.startswith("test_")]
     assert found == []
+def _rank_name_builds(path: Path) -> list[tuple[int, str]]:
+    """Per-rank names put together by hand: an f-string with ``rank-`` (or the journal's
+    ``rank``) right before a formatted rank, or using the layout's prefixes; a ``rank-{``
+    or ``rank-%`` template."""
+    from trainwatch.contract.layout import RANK_PREFIX, RANK_SOURCE_PREFIX
+
+    prefixes = {"RANK_PREFIX", "RANK_SOURCE_PREFIX", "PY_SPY_PREFIX", "DUMP_PREFIX"}
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.JoinedStr):
+            parts = node.values
+            for before, after in zip(parts, parts[1:]):
+                if not (isinstance(before, ast.Constant) and isinstance(before.value, str)
+                        and isinstance(after, ast.FormattedValue)):
+                    continue
+                text, expr = before.value, ast.unparse(after.value)
+                if text.endswith(RANK_PREFIX) or (
+                        re.search(rf"(^|[\s/]){RANK_SOURCE_PREFIX}$", text)
+                        and re.search(r"rank\W*$", expr)):
+                    found.append((node.lineno, ast.unparse(node)))
+            if any(isinstance(p, ast.FormattedValue) and ast.unparse(p.value) in prefixes
+                   for p in parts):
+                found.append((node.lineno, ast.unparse(node)))
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and re.search(rf"{RANK_PREFIX}[{{%]", node.value)):
+            found.append((node.lineno, repr(node.value)))
+    return found
+
+
+def test_rank_file_names_come_from_the_layout():
+    """rank-00003.json, rank-00003.beat, py-spy-rank-00003.txt, rank3 (a journal source):
+    built only by trainwatch/contract/layout.py (rank_file_name, py_spy_file_name,
+    rank_source), so a reader and a writer cannot disagree on a name."""
+    found = [f"{path.relative_to(REPO)}:{line}: {text}"
+             for module, path in source_files().items()
+             if module != "trainwatch.contract.layout"
+             for line, text in _rank_name_builds(path)]
+    assert found == []
+
+
+def test_the_rank_name_guard_sees_hand_built_names(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text('a = f"rank-{rank:05d}.beat"\nb = f"py-spy-rank-{r:05d}.txt"\n'
+                       'c = f"rank{self.rank}"\nd = f"{RANK_PREFIX}{rank:05d}.json"\n'
+                       'e = "rank-{:05d}.json".format(rank)\n'
+                       'ok = f"rank {rank} is dead"\nok2 = f"on rank{\'s\' if many else \'\'}"\n')
+    assert [line for line, _ in _rank_name_builds(planted)] == [1, 2, 3, 4, 5]
+
+
+# Modules that query the series (PromQL), not produce them: dashboards are generated from
+# code; diagnose asks a Prometheus.
+QUERY_MODULES = ("trainwatch.dashboards.", "trainwatch.diagnose.prometheus")
+METRIC_NAME = re.compile(r"trainwatch_[a-z0-9_]+")
+
+
+def _metric_spellers(files: dict[str, Path]) -> dict[str, set[str]]:
+    """Declared metric name -> the modules whose strings (f-string parts and queries too)
+    spell it, outside the contract and the query modules."""
+    from trainwatch.contract.metrics import METRICS
+
+    spellers: dict[str, set[str]] = defaultdict(set)
+    for module, path in files.items():
+        if module.startswith(("trainwatch.contract.", *QUERY_MODULES)):
+            continue
+        for _, value in _code_constants(path):
+            if isinstance(value, str):
+                for name in set(METRIC_NAME.findall(value)) & set(METRICS):
+                    spellers[name].add(module)
+    return spellers
+
+
+def test_each_metric_name_is_spelled_by_one_producer():
+    """A metric's name is defined in trainwatch/contract/metrics.py and spelled by at most
+    one module besides (its one producer, which tests/test_agent_contract.py ties to the
+    contract for the agent); a second producer or a reader takes it from the contract (a
+    constant or a field -> metric table), so two exporters cannot drift apart."""
+    twice = {name: sorted(modules) for name, modules in _metric_spellers(source_files()).items()
+             if len(modules) > 1}
+    assert twice == {}
+
+
+def test_the_metric_name_guard_sees_a_second_producer(tmp_path):
+    (tmp_path / "one.py").write_text('add("trainwatch_rank_step", 1)\n')
+    (tmp_path / "two.py").write_text('q = f"max(trainwatch_rank_step{{run=\\"{run}\\"}})"\n')
+    spellers = _metric_spellers({"trainwatch.x.one": tmp_path / "one.py",
+                                 "trainwatch.y.two": tmp_path / "two.py"})
+    assert spellers == {"trainwatch_rank_step": {"trainwatch.x.one", "trainwatch.y.two"}}

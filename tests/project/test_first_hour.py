@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import clone_checkout
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # fixtures start real runs
 
@@ -29,13 +29,7 @@ def demo(tmp_path_factory):
     """A fresh clone of this checkout, and the demo run in it (few steps, no live view)."""
     tmp = tmp_path_factory.mktemp("newcomer")
     clone = tmp / "trainwatch"
-    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=120)
-    # This checkout's uncommitted work is part of what is tested (CI's clone has none).
-    for path in subprocess.run(["git", "-C", str(REPO), "ls-files", "--modified", "--others",
-                                "--exclude-standard"], capture_output=True, text=True,
-                               check=True).stdout.split():
-        (clone / path).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / path, clone / path)
+    clone_checkout(clone)
     # The clone's code, with the dependencies of the environment running the tests; a
     # length other than the default has its own run directory, runs/demo-30.
     env = _env(tmp, TRAINWATCH_DEMO_SKIP_SETUP="1", TRAINWATCH_DEMO_STEPS="30",

@@ -10,14 +10,13 @@ the test does not unpack a torch wheel. The longer demo runs fewer steps than th
 figure (the same script path: any length other than the default)."""
 
 import re
-import shutil
 import subprocess
 import sysconfig
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, clone_checkout
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -50,12 +49,7 @@ def newcomer(tmp_path_factory):
     base = tmp_path_factory.mktemp("readme")
     home, clone = base / "home", base / "trainwatch"
     (home / "tmp").mkdir(parents=True)
-    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=120)
-    for path in subprocess.run(["git", "-C", str(REPO), "ls-files", "--modified", "--others",
-                                "--exclude-standard"], capture_output=True, text=True,
-                               check=True).stdout.split():
-        (clone / path).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / path, clone / path)
+    clone_checkout(clone)
     python3 = _fresh_shell("command -v python3", clone, home).stdout.strip()
     if not python3:
         pytest.skip("no python3 in a login shell")

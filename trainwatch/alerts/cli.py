@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 import click
 
 from trainwatch.alerts.promql import parse_duration
+from trainwatch.clitypes import run_dir_option
 from trainwatch.contract.env import RECEIVER_TOKEN_ENV
 from trainwatch.contract.layout import ALERTS_DIR, SILENCES_FILE
 from trainwatch.configfile import read_secret
@@ -29,15 +30,15 @@ def load_ruleset(rules_file, thresholds_file):
     return load_rules(rules_file, thresholds_file)
 
 
-def _silences(run_dir: str | None, file: str | None):
+def _silences(run: RunDir | None, file: str | None):
     from trainwatch.alerts.silences import Silences
     if file:
         return Silences(file)
-    if run_dir:
-        if not Path(run_dir).is_dir():  # a typo must not write a silence nothing reads
+    if run is not None:
+        if not run.root.is_dir():  # a typo must not write a silence nothing reads
             raise ConfigError("no such run directory (a silence there would mute nothing)",
-                              file=run_dir, key="--run-dir")
-        return Silences(RunDir(run_dir).silences_file)
+                              file=str(run.root), key="--run-dir")
+        return Silences(run.silences_file)
     raise ConfigError("give --run-dir DIR or --file FILE for the silences")
 
 
@@ -123,8 +124,7 @@ def silence() -> None:
     """Mute notifications and actions for matching alerts."""
 
 
-_silence_file = [click.option("--run-dir", type=click.Path(file_okay=False),
-                              help=f"Keep silences in RUN_DIR/{ALERTS_DIR}/{SILENCES_FILE}."),
+_silence_file = [run_dir_option(f"Keep silences in RUN_DIR/{ALERTS_DIR}/{SILENCES_FILE}."),
                  click.option("--file", type=click.Path(dir_okay=False),
                               help="Keep silences in this file instead.")]
 
@@ -141,14 +141,14 @@ def _with_silence_file(fn):
 @click.option("--duration", default="2h", show_default=True, help="How long (e.g. 30m, 2h).")
 @click.option("--comment", default="", help="Why (shown in the journal and `list`).")
 @click.option("--author", default="", help="Who.")
-def silence_add(run_dir, file, matchers, duration, comment, author) -> None:
+def silence_add(run, file, matchers, duration, comment, author) -> None:
     """Silence alerts matching label=value MATCHERS (e.g. alertname=TrainingStalled run=exp1)."""
     from trainwatch.alerts.silences import parse_matchers
     try:
         seconds = parse_duration(duration)
     except ValueError as exc:
         raise ConfigError(str(exc), key="--duration") from None
-    s = _silences(run_dir, file).add(parse_matchers(list(matchers)), seconds, comment, author)
+    s = _silences(run, file).add(parse_matchers(list(matchers)), seconds, comment, author)
     click.echo(f"silence {s.id} until {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(s.ends_at))}")
 
 
@@ -156,10 +156,10 @@ def silence_add(run_dir, file, matchers, duration, comment, author) -> None:
 @_with_silence_file
 @click.option("--all", "show_all", is_flag=True, help="Include expired silences.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def silence_list(run_dir, file, show_all, as_json) -> None:
+def silence_list(run, file, show_all, as_json) -> None:
     """List active silences."""
     now = time.time()
-    rows = [s for s in _silences(run_dir, file).load() if show_all or s.active(now)]
+    rows = [s for s in _silences(run, file).load() if show_all or s.active(now)]
     if as_json:
         click.echo(json.dumps([s.__dict__ for s in rows], indent=2))
         return
@@ -175,9 +175,9 @@ def silence_list(run_dir, file, show_all, as_json) -> None:
 @silence.command("expire")
 @_with_silence_file
 @click.argument("silence_id")
-def silence_expire(run_dir, file, silence_id) -> None:
+def silence_expire(run, file, silence_id) -> None:
     """End a silence now."""
-    _silences(run_dir, file).expire(silence_id)
+    _silences(run, file).expire(silence_id)
     click.echo(f"silence {silence_id} expired")
 
 
@@ -199,13 +199,12 @@ def _check_target(text: str) -> None:
 @thresholds_option
 @click.option("--target", "targets", multiple=True, required=True, metavar="HOST:PORT",
               help="An agent's HOST:PORT to scrape (repeatable).")
-@click.option("--run-dir", type=click.Path(file_okay=False),
-              help="Journal alerts and read silences here.")
+@run_dir_option("Journal alerts and read silences here.")
 @click.option("--webhook", multiple=True, help="POST alerts to this URL (repeatable).")
 @click.option("--webhook-token-file", type=click.Path(dir_okay=False),
               help="Bearer token for the webhooks.")
 @click.option("--alertmanager", help="Send alerts to this Alertmanager (base URL).")
-def watch(rules_file, thresholds_file, targets, run_dir, webhook, webhook_token_file,
+def watch(rules_file, thresholds_file, targets, run, webhook, webhook_token_file,
           alertmanager) -> None:
     """Run the embedded engine against agents' /metrics (no Prometheus); Ctrl-C stops."""
     from trainwatch.alerts.engine import Engine, Notifier
@@ -220,11 +219,11 @@ def watch(rules_file, thresholds_file, targets, run_dir, webhook, webhook_token_
     token = (read_secret(webhook_token_file, RECEIVER_TOKEN_ENV, "") if webhook_token_file
              else None)
     history = History()
-    notifiers: list[Notifier] = [JournalNotifier(run_dir)]
+    notifiers: list[Notifier] = [JournalNotifier(str(run.root) if run else None)]
     notifiers += [WebhookNotifier(u, token) for u in webhook]
     if alertmanager:
         notifiers.append(AlertmanagerNotifier(alertmanager))
-    silences = Silences(RunDir(run_dir).silences_file) if run_dir else None
+    silences = Silences(run.silences_file) if run else None
     engine = Engine(ruleset, history, silences=silences, notifiers=notifiers)
     loop = EngineLoop(engine, Scraper(history, list(targets)),
                       parse_duration(ruleset.thresholds["evaluation_interval"]))

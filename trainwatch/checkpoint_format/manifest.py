@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from trainwatch.contract import layout
 from trainwatch.contract.layout import LEGACY_WEIGHTS_CONFIG_KEY, WEIGHTS_CONFIG_DIGEST_KEY
 from trainwatch.errors import FormatError
 from trainwatch.rundir import check_format
@@ -37,7 +38,7 @@ def step_dir_name(step: int) -> str:
 
 
 def rank_file_name(rank: int) -> str:
-    return f"rank-{rank:05d}.pt"
+    return layout.rank_file_name(rank, ".pt")
 
 
 def step_of(name: str) -> int | None:

@@ -54,6 +54,8 @@ AGENT_LOG = "agent.log"
 REHEARSAL_LOG = "rehearsal.log"              # the rehearsal's ranks (or the user's command)
 REHEARSAL_PROBE_LOG = "rehearsal-probe.log"  # its probe ranks, for a user's command
 REHEARSAL_AGENT_LOG = "rehearsal-agent.log"
+DRILL_RUN_LOG = "run.log"                    # in DRILL_DIR: the drilled `trainwatch run`'s output
+DRILL_SECOND_LOG = "second.log"              # in DRILL_DIR: a second supervisor's (refused)
 # In a checkpoint folder: a rehearsal's own saves and probe files; hidden, never a step-*
 # directory a run could resume from, and removed when the rehearsal ends.
 REHEARSAL_SCRATCH_PREFIX = ".rehearsal-"
@@ -71,10 +73,15 @@ WEIGHTS_CONFIG_DIGEST_KEY = "weights_config_digest"
 LEGACY_WEIGHTS_CONFIG_KEY = "config_hash"
 
 
-# Per-rank files: status/rank-00000.json, metrics/rank-00000.jsonl,
-# diagnostics/dump-rank-00000.json.
+# Per-rank files: status/rank-00000.json and rank-00000.beat, metrics/rank-00000.jsonl,
+# diagnostics/dump-rank-00000.json, a stall's diagnostics/stall-<time>/py-spy-rank-00000.txt,
+# a checkpoint's rank-00000.pt.
 RANK_PREFIX = "rank-"
 DUMP_PREFIX = "dump-"
+PY_SPY_PREFIX = "py-spy-"
+BEAT_SUFFIX = ".beat"
+# A rank's name as the journal's ``source`` of its events: rank0, rank1, ...
+RANK_SOURCE_PREFIX = "rank"
 STATUS_FILE_GLOB = f"{RANK_PREFIX}*.json"
 METRICS_FILE_GLOB = f"{RANK_PREFIX}*.jsonl"
 DUMP_FILE_GLOB = f"{DUMP_PREFIX}{RANK_PREFIX}*.json"
@@ -82,6 +89,20 @@ DUMP_FILE_GLOB = f"{DUMP_PREFIX}{RANK_PREFIX}*.json"
 
 def rank_file_name(rank: int, suffix: str) -> str:
     return f"{RANK_PREFIX}{rank:05d}{suffix}"
+
+
+def py_spy_file_name(rank: int) -> str:
+    return PY_SPY_PREFIX + rank_file_name(rank, ".txt")
+
+
+def rank_source(rank: int) -> str:
+    return f"{RANK_SOURCE_PREFIX}{rank}"
+
+
+def rank_of_source(source: str) -> int | None:
+    """The rank a journal source names (``rank3``: 3); None for another writer."""
+    digits = source[len(RANK_SOURCE_PREFIX):] if source.startswith(RANK_SOURCE_PREFIX) else ""
+    return int(digits) if digits.isdigit() else None
 
 
 def rank_of_file(path: Path) -> int | None:
@@ -153,11 +174,22 @@ class RunLayout:
     def suspects_dir(self) -> Path:
         return self.root / SUSPECTS_DIR
 
+    @property
+    def drill_log(self) -> Path:
+        return self.drill_dir / DRILL_RUN_LOG
+
+    @property
+    def drill_second_log(self) -> Path:
+        return self.drill_dir / DRILL_SECOND_LOG
+
     def status_file(self, rank: int) -> Path:
         return self.status_dir / rank_file_name(rank, ".json")
 
     def metrics_file(self, rank: int) -> Path:
         return self.metrics_dir / rank_file_name(rank, ".jsonl")
+
+    def beat_file(self, rank: int) -> Path:
+        return self.status_dir / rank_file_name(rank, BEAT_SUFFIX)
 
     def dump_file(self, rank: int) -> Path:
         return self.diagnostics_dir / f"{DUMP_PREFIX}{rank_file_name(rank, '.json')}"

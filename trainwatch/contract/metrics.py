@@ -26,6 +26,9 @@ DEVICE = ("node", "device")
 IB_PORT = ("node", "device", "port")
 PEER = ("node", RUN_LABEL, "role", "peer")
 
+# Set by both the receiver and the embedded engine's loop (whichever runs the actions).
+RESTART_GUARD_METRIC = "trainwatch_action_restart_guard_tripped"
+
 
 @dataclass(frozen=True)
 class MetricSpec:
@@ -321,7 +324,7 @@ _SPECS += [
     _m("trainwatch_checkpoint_failures_total", "counter",
        "Checkpoint saves of the run that failed (the most any of the node's ranks counted; "
        "resets when the job restarts).", RUN_NODE),
-    _m("trainwatch_action_restart_guard_tripped", "gauge",
+    _m(RESTART_GUARD_METRIC, "gauge",
        "1 once the controller stopped restarting a job that makes no forward progress.",
        RUN),
     _m("trainwatch_receiver_other_run_alerts_total", "counter",
@@ -423,3 +426,36 @@ _SPECS += [
 
 METRICS: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}
 
+
+# A rank's status fields that become series one to one, read by both exporters of a rank's
+# status (the agent's ranks collector and the rank's own metrics server), so the two cannot
+# export a field under different names. Latest step record ("metrics") field -> gauge:
+STEP_FIELD_METRICS = {
+    "loss": "trainwatch_train_loss",
+    "grad_norm": "trainwatch_train_grad_norm",
+    "lr": "trainwatch_train_learning_rate",
+    "tokens_per_second": "trainwatch_train_tokens_per_second",
+    "samples_per_second": "trainwatch_train_samples_per_second",
+    "mfu": "trainwatch_train_mfu_ratio",
+    "step_time_seconds": "trainwatch_rank_step_time_seconds",
+    "data_wait_seconds": "trainwatch_rank_data_wait_seconds",
+    "memory_bytes": "trainwatch_rank_memory_bytes",
+}
+# Status "counters" field -> counter:
+COUNTER_FIELD_METRICS = {
+    "steps_total": "trainwatch_rank_steps_total",
+    "nonfinite_loss_total": "trainwatch_train_nonfinite_loss_total",
+    "nonfinite_grad_norm_total": "trainwatch_train_nonfinite_grad_norm_total",
+    "telemetry_errors_total": "trainwatch_rank_telemetry_errors_total",
+}
+# Top-level status field -> gauge:
+STATUS_FIELD_METRICS = {
+    "step": "trainwatch_rank_step",
+    "restart_count": "trainwatch_rank_restarts",
+    "last_nonfinite_loss_at": "trainwatch_train_last_nonfinite_loss_timestamp_seconds",
+}
+# Status "eval" field -> gauge:
+EVAL_FIELD_METRICS = {"val_loss": "trainwatch_train_validation_loss"}
+# The step record's {phase: seconds} -> one gauge per phase (label ``phase``):
+PHASE_SECONDS_FIELD = "phase_seconds"
+PHASE_TIME_METRIC = "trainwatch_rank_phase_time_seconds"

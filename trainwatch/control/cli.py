@@ -11,11 +11,10 @@ import click
 
 from trainwatch.alerts.cli import alerts as rules_commands
 from trainwatch.alerts.cli import load_ruleset, rules_option, thresholds_option
-from trainwatch.clitypes import NPROC_PER_NODE
+from trainwatch.clitypes import NPROC_PER_NODE, run_dir_option
 from trainwatch.contract.env import RECEIVER_TOKEN_ENV
 from trainwatch.contract.ports import LOOPBACK, RECEIVER_LISTEN
 from trainwatch.errors import EXIT_PROBLEM, ConfigError
-from trainwatch.rundir import RunDir
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -41,8 +40,7 @@ def _job_command(run_dir, job_command, nproc_per_node, config, steps) -> list[st
 @click.command("receive")
 @rules_option
 @thresholds_option
-@click.option("--run-dir", required=True, type=click.Path(file_okay=False),
-              help="The run directory whose job this receiver acts on.")
+@run_dir_option("The run directory whose job this receiver acts on.", required=True)
 @click.option("--listen", default=RECEIVER_LISTEN, show_default=True, metavar="HOST:PORT",
               help="Where to serve the webhook (loopback unless you say otherwise).")
 @click.option("--token-file", type=click.Path(dir_okay=False),
@@ -57,7 +55,7 @@ def _job_command(run_dir, job_command, nproc_per_node, config, steps) -> list[st
 @click.option("--straggler-command",
               help="Scheduler adapter run for stragglers, e.g. 'scontrol requeue {slurm_job_id}'.")
 @click.option("--dry-run", is_flag=True, help="Journal what would be done; do nothing.")
-def receive(rules_file, thresholds_file, run_dir, listen, token_file, nproc_per_node, config,
+def receive(rules_file, thresholds_file, run, listen, token_file, nproc_per_node, config,
             steps, job_command, straggler_command, dry_run) -> None:
     """Serve Alertmanager's webhook (POST /webhook) and run trainwatch's automatic actions."""
     from trainwatch.control.actions import ActionRunner, Policy
@@ -70,10 +68,11 @@ def receive(rules_file, thresholds_file, run_dir, listen, token_file, nproc_per_
     ruleset = load_ruleset(rules_file, thresholds_file)
     token = load_token(token_file)
     host, port = _listen(listen)
+    run_dir = str(run.root)
     command = _job_command(run_dir, job_command, nproc_per_node, config, steps)
     controller: JobController | None = None
     # Acting as the job's supervisor: the run's one supervisor (trainwatch.runlock).
-    lock = hold(RunDir(run_dir), "trainwatch alerts receive") if command else None
+    lock = hold(run, "trainwatch alerts receive") if command else None
     if job_command and command is not None:  # the same supervision as `trainwatch run -- COMMAND`
         controller = supervised_job(run_dir, command, "trainwatch alerts receive")
     elif command:
@@ -81,7 +80,7 @@ def receive(rules_file, thresholds_file, run_dir, listen, token_file, nproc_per_
     policy = Policy.from_thresholds(ruleset.thresholds, dry_run=dry_run,
                                     straggler_command=straggler_command)
     runner = ActionRunner(run_dir, controller, policy,
-                          silences=Silences(RunDir(run_dir).silences_file))
+                          silences=Silences(run.silences_file))
     receiver = Receiver(ruleset, runner, token, host, port).start()
     click.echo(f"receiving Alertmanager webhooks on {receiver.url}/webhook "
                f"(job {runner.job}{', dry run' if dry_run else ''})")

@@ -101,7 +101,7 @@ class _Look:
         statuses = {s["rank"]: s for s in run.statuses().records}
         for rank, (pid, local_rank) in sorted(ranks.items()):
             state, cpu = _process(pid)
-            beat = read_beat(run.status_dir / f"rank-{rank:05d}.beat", run.root)
+            beat = read_beat(run.beat_file(rank), run.root)
             if beat is not None and beat.get("pid") != pid:
                 beat = None
             facts: dict[str, Any] = {"pid": pid, "process": state, "cpu_seconds": cpu,

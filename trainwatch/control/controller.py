@@ -24,10 +24,11 @@ from typing import Any
 
 import psutil
 
+from trainwatch.clitypes import MAX_RESTARTS
 from trainwatch.control.jobenv import job_environment
 from trainwatch.contract.env import LAUNCH_ENV
 from trainwatch.contract.layout import (CONTROL_DUMP, DUMP_FILE_GLOB, JOB_LOG, RANK_PREFIX,
-                                       STATUS_FILE_GLOB)
+                                       STATUS_FILE_GLOB, py_spy_file_name)
 from trainwatch.node import node_name
 from trainwatch.proctree import spawn, wait_gone
 from trainwatch.errors import FormatError
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 
 def train_command(run_dir: str | Path, nproc_per_node: int, *, config: str | None = None,
                   steps: int | None = None, overrides: Sequence[str] = (),
-                  max_restarts: int = 0) -> list[str]:
+                  max_restarts: int = MAX_RESTARTS) -> list[str]:
     """The ``trainwatch train`` command line the controller runs (the trainer's launcher)."""
     cmd = [sys.executable, "-m", "trainwatch", "train", "--run-dir", str(run_dir),
            "--nproc-per-node", str(nproc_per_node), "--max-restarts", str(max_restarts)]
@@ -282,7 +283,7 @@ class JobController:
                 (folder / f"{path.name}.skipped").write_text(f"{exc}\n")
         pyspy = shutil.which("py-spy")
         for rank, pid in sorted(self.rank_pids().items()):
-            out = folder / f"py-spy-rank-{rank:05d}.txt"
+            out = folder / py_spy_file_name(rank)
             if pyspy is None:
                 out.write_text("py-spy is not installed\n")
                 continue

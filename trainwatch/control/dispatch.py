@@ -9,7 +9,7 @@ import time
 from trainwatch.alerts.engine import Alert, Engine
 from trainwatch.alerts.loop import EngineLoop
 from trainwatch.alerts.notify import rfc3339
-from trainwatch.contract.metrics import RUN_LABEL
+from trainwatch.contract.metrics import RESTART_GUARD_METRIC, RUN_LABEL
 from trainwatch.control.actions import ActionRequest, ActionRunner
 from trainwatch.control.controller import ControllerClosed
 
@@ -72,11 +72,11 @@ def connect_actions(engine: Engine, runner: ActionRunner, loop: EngineLoop) -> N
             on_firing(alert)
 
     def on_guard(job: str, tripped: bool) -> None:
-        loop.set_local({"__name__": "trainwatch_action_restart_guard_tripped", RUN_LABEL: job},
+        loop.set_local({"__name__": RESTART_GUARD_METRIC, RUN_LABEL: job},
                        1.0 if tripped else 0.0)
 
     engine.on_firing = on_firing
     loop.after_tick.append(reask)
     runner.on_guard = on_guard
-    loop.set_local({"__name__": "trainwatch_action_restart_guard_tripped", RUN_LABEL: runner.job},
+    loop.set_local({"__name__": RESTART_GUARD_METRIC, RUN_LABEL: runner.job},
                    1.0 if runner.guard_tripped else 0.0)

@@ -29,7 +29,7 @@ from trainwatch.control.actions import ActionRequest, ActionRunner
 from trainwatch.alerts.rules import RuleSet
 from trainwatch.configfile import read_secret
 from trainwatch.contract.env import RECEIVER_TOKEN_ENV as TOKEN_ENV
-from trainwatch.contract.metrics import METRICS, RUN_LABEL
+from trainwatch.contract.metrics import METRICS, RESTART_GUARD_METRIC, RUN_LABEL
 from trainwatch.contract.ports import LOOPBACK
 from trainwatch.errors import listen_error
 from trainwatch.httpserver import BoundedHTTPServer, Request, Response
@@ -106,7 +106,7 @@ class Receiver:
         self.runner = runner
         self._token = token.encode()
         self.registry = CollectorRegistry()
-        guard = METRICS["trainwatch_action_restart_guard_tripped"]
+        guard = METRICS[RESTART_GUARD_METRIC]
         self.guard = Gauge(guard.name, guard.help, list(guard.labels), registry=self.registry)
         self.guard.labels(runner.job).set(1 if runner.guard_tripped else 0)
         other = METRICS["trainwatch_receiver_other_run_alerts_total"]

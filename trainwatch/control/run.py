@@ -42,14 +42,19 @@ from trainwatch.control.run_view import Progress, live_view
 from trainwatch.alerts.scrape import Scraper
 from trainwatch.alerts.silences import Silences
 from trainwatch.control.supervise import Supervisor
-from trainwatch.clitypes import NPROC_PER_NODE, seconds
+from trainwatch.clitypes import MAX_RESTARTS, NPROC_PER_NODE, run_dir_option, seconds
 from trainwatch.contract.layout import AGENT_LOG, JOB_LOG, LOGS_DIR
 from trainwatch.contract.ports import LOOPBACK
 from trainwatch.contract.stall import RECORD_KEY as STALL_RECORD_KEY
-from trainwatch.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, ConfigError
+from trainwatch.errors import (EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, ConfigError,
+                               FormatError)
 from trainwatch.proctree import spawn, stop
-from trainwatch.rundir import RunDir, pick_run_dir
+from trainwatch.rundir import RunDir, read_run_file_tail
 from trainwatch.runlock import hold
+
+# The end of the job's log a refusal or a failed launch quotes: its last lines, never the
+# whole log of a job that printed gigabytes.
+JOB_LOG_TAIL_BYTES = 64 * 1024
 
 
 def _free_port(port: int = 0) -> int:
@@ -125,9 +130,8 @@ class _RunCommand(click.Command):
 @click.command("run", cls=_RunCommand)
 @click.option("--nproc-per-node", type=NPROC_PER_NODE,
               help="Ranks on this machine (the reference trainer; not with a COMMAND).")
-@click.option("--run-dir", type=click.Path(file_okay=False),
-              help="Where the run keeps its state (status, metrics, journal, logs); or give "
-                   "it as RUN_DIR.")
+@run_dir_option("Where the run keeps its state (status, metrics, journal, logs); or give it "
+                "as RUN_DIR.", own_argument=True, required=True)
 @click.option("--steps", type=click.IntRange(min=1), help="Override train.steps.")
 @click.option("--config", type=click.Path(dir_okay=False),
               help="Trainer YAML config (see examples/trainer.yaml).")
@@ -135,7 +139,8 @@ class _RunCommand(click.Command):
               help="Override one trainer config key, e.g. --set optim.lr=1e-3 (repeatable).")
 @click.option("--max-restarts", type=int,
               help="torchrun's own restarts of failed ranks before the controller steps in "
-                   "(reference trainer; default 1). With a COMMAND, give torchrun's own flag.")
+                   f"(reference trainer; default {MAX_RESTARTS}). With a COMMAND, give "
+                   "torchrun's own flag.")
 @click.option("--thresholds", "thresholds_file", type=click.Path(dir_okay=False),
               help="Alert threshold overrides.")
 @click.option("--rules", "rules_file", type=click.Path(dir_okay=False), help="Rules file.")
@@ -153,9 +158,9 @@ class _RunCommand(click.Command):
               help="The agent's port on loopback, for a Prometheus or a dashboard pointed at "
                    "it (default: a free port, printed at the start).")
 @click.argument("positional", nargs=-1, metavar="[RUN_DIR]")
-def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresholds_file,
+def run(nproc_per_node, run, steps, config, overrides, max_restarts, thresholds_file,
         rules_file, agent_config, webhook, alertmanager, dry_run, no_live, telemetry_grace,
-        agent_port, run_dir_arg, command) -> None:
+        agent_port, command) -> None:
     """Train with the agent and the embedded alert engine watching (Ctrl-C stops all).
 
     \b
@@ -169,7 +174,7 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
     """
     # Everything is checked before anything starts or the run directory is touched; then
     # the run's lock (one supervisor per run directory; what a killed one left is stopped).
-    run_dir = str(pick_run_dir(run_dir_arg, run_dir))
+    run_dir = str(run.root)
     refuse_rehearsal_dir(run_dir)
     port = _free_port(agent_port or 0)
     ruleset = load_rules(rules_file, thresholds_file)
@@ -181,7 +186,7 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
         agent_stall = check_command(
             run_dir, list(command), nproc_per_node=nproc_per_node, steps=steps, config=config,
             overrides=overrides, max_restarts=max_restarts, agent_config=agent_config)
-        lock = hold(RunDir(run_dir), "trainwatch run")
+        lock = hold(run, "trainwatch run")
         controller = supervised_job(run_dir, list(command), "trainwatch run")
     else:
         if nproc_per_node is None:
@@ -193,10 +198,10 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
             console.print(ALREADY_COMPLETE, highlight=False)
             render_summary(summarize(run_dir, "already complete", plan.target_steps), console)
             return
-        lock = hold(RunDir(run_dir), "trainwatch run")
+        lock = hold(run, "trainwatch run")
         controller = JobController(run_dir, train_command(
             run_dir, nproc_per_node, config=config, steps=steps, overrides=list(overrides),
-            max_restarts=1 if max_restarts is None else max_restarts))
+            max_restarts=MAX_RESTARTS if max_restarts is None else max_restarts))
         agent_stall = plan.agent_stall
     target_steps = plan.target_steps if plan is not None else None
     run_ = controller.run
@@ -269,13 +274,13 @@ def run(nproc_per_node, run_dir, steps, config, overrides, max_restarts, thresho
         lock.release()
     if code == EXIT_USAGE:
         raise ConfigError("the training job rejected its input (exit 2): "
-                          + _new_lines(run_.logs_dir / JOB_LOG, job_log_start))
+                          + _new_lines(run_, job_log_start))
     outcome = "interrupted" if interrupted else "failed" if code else "finished"
     render_summary(summarize(run_.root, outcome, target_steps), console)
     if supervisor.launch_failed:
         click.echo("trainwatch run: the job failed before any rank started (not restarted: "
                    "it would fail the same way); the end of its log:"
-                   + _new_lines(run_.logs_dir / JOB_LOG, job_log_start, n=20), err=True)
+                   + _new_lines(run_, job_log_start, n=20), err=True)
     elif code and code != EXIT_INTERRUPTED:
         skipped = run_.events("action_skipped")
         why = f": {skipped[-1].get('reason')}" if skipped else ""
@@ -325,13 +330,14 @@ def _size(path) -> int:
         return 0
 
 
-def _new_lines(path, offset: int, n: int = 5) -> str:
-    """What the job wrote to its log in this launch (the log is kept across launches)."""
+def _new_lines(run: RunDir, offset: int, n: int = 5) -> str:
+    """The end of what the job wrote to its log in this launch (the log is kept across
+    launches), by the safe reader and at most JOB_LOG_TAIL_BYTES of it."""
+    path = run.logs_dir / JOB_LOG
     try:
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            text = fh.read().decode(errors="replace")
-    except OSError:
+        text = read_run_file_tail(path, run.root, max_bytes=JOB_LOG_TAIL_BYTES,
+                                  start=offset).decode(errors="replace")
+    except (OSError, FormatError):
         return f"no {path}"
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if not lines:

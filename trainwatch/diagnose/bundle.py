@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainwatch.contract.layout import rank_file_name
 from trainwatch.diagnose.model import Evidence
 from trainwatch.redact import redact, redact_env, redact_text
-from trainwatch.rundir import RunDir
+from trainwatch.rundir import RunDir, SkippedFile, read_run_file_tail
 
 TAIL_BYTES = 256 * 1024
 MAX_FILES_PER_FOLDER = 500
@@ -31,11 +32,11 @@ def write(path: str | Path, run: RunDir, ev: Evidence, report: dict[str, Any],
         "report.txt": redact_text(text_report).encode(),
     }
     for name, source in _run_files(run):
-        members[name] = redact_text(_tail(source)).encode()
+        members[name] = redact_text(_tail(source, run.root)).encode()
     for rank, v in ev.ranks.items():
         env = environment(v.get("pid")) if (v.get("process") or {}).get("visible") else None
         if env is not None:
-            members[f"environment/rank-{rank:05d}.json"] = _json(redact_env(env))
+            members[f"environment/{rank_file_name(rank, '.json')}"] = _json(redact_env(env))
     prefix = f"trainwatch-diagnose-{time.strftime('%Y%m%dT%H%M%S')}"
     tmp = path.with_name(f".{path.name}.tmp")
     with tarfile.open(tmp, "w:gz") as tar:
@@ -57,12 +58,13 @@ def _run_files(run: RunDir) -> list[tuple[str, Path]]:
     return [(name, p) for name, p in files if p.is_file()]
 
 
-def _tail(path: Path) -> str:
+def _tail(path: Path, root: Path) -> str:
+    """The file's end, by the safe reader: a link out of the run directory or a FIFO put
+    there must not put another file in the bundle or hang diagnose."""
     try:
-        with open(path, "rb") as fh:
-            fh.seek(0, 2)
-            fh.seek(max(0, fh.tell() - TAIL_BYTES))
-            data = fh.read()
+        data = read_run_file_tail(path, root, max_bytes=TAIL_BYTES)
+    except SkippedFile as exc:
+        return f"(not read: {exc.detail})\n"
     except OSError as exc:
         return f"(unreadable: {exc.strerror})\n"
     text = data.decode("utf-8", "replace")

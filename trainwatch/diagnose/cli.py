@@ -9,21 +9,18 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from trainwatch.clitypes import seconds
+from trainwatch.clitypes import run_dir_option, seconds
 from trainwatch.contract.env import DEFAULT_RUN_DIR, RUN_DIR_ENV, run_dir_from_env
 from trainwatch.contract.ports import AGENT_PORT
 from trainwatch.diagnose import analysis, bundle, render_human, render_json
 from trainwatch.diagnose.gather import Options, gather
 from trainwatch.errors import EXIT_OK, EXIT_PROBLEM, ConfigError, output_error
-from trainwatch.rundir import RunDir, pick_run_dir
+from trainwatch.rundir import RunDir
 
 
 @click.command("diagnose")
-@click.argument("run_dir_arg", required=False, metavar="[RUN_DIR]",
-                type=click.Path(file_okay=False, path_type=Path))
-@click.option("--run-dir", "run_dir", type=click.Path(file_okay=False, path_type=Path),
-              show_default=f"${RUN_DIR_ENV} or ./{DEFAULT_RUN_DIR}",
-              help="The run directory to diagnose (or give it as RUN_DIR).")
+@run_dir_option("The run directory to diagnose (or give it as RUN_DIR).", argument=True,
+                show_default=f"${RUN_DIR_ENV} or ./{DEFAULT_RUN_DIR}")
 @click.option("--agent", "agent_urls", multiple=True, metavar="URL",
               help=f"A node agent (http://host:{AGENT_PORT}); repeat for every node.")
 @click.option("--prometheus", "prometheus_url", metavar="URL",
@@ -40,16 +37,16 @@ from trainwatch.rundir import RunDir, pick_run_dir
                    "max(5, 10 x median step time)].")
 @click.option("--no-dump-request", is_flag=True,
               help="Do not touch control/dump (read-only: use stacks from py-spy only).")
-def diagnose(run_dir_arg: Path | None, run_dir: Path | None, agent_urls: tuple[str, ...], prometheus_url: str | None,
+def diagnose(run: RunDir | None, agent_urls: tuple[str, ...], prometheus_url: str | None,
              as_json: bool, bundle_file: Path | None, native: bool, timeout: float,
              stall_after: float | None, no_dump_request: bool) -> None:
     """Gather evidence about a running, stalled or dead run and name the culprit.
 
     Exit code 0: healthy; 1: a problem was found; 2: bad usage.
     """
-    given = run_dir_arg is not None or run_dir is not None
-    run_dir = pick_run_dir(run_dir_arg, run_dir, run_dir_from_env())
-    run = RunDir(run_dir)
+    given = run is not None
+    run = run if run is not None else RunDir(run_dir_from_env())
+    run_dir = run.root
     if not run.exists():
         raise ConfigError("no such run directory" + ("" if given else
                           f" (the default: give RUN_DIR, or set ${RUN_DIR_ENV})"),

@@ -7,12 +7,16 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from trainwatch.clitypes import NPROC_PER_NODE, seconds
+from trainwatch.clitypes import NPROC_PER_NODE, run_dir_option, seconds
 from trainwatch.drill import catalog, render
 from trainwatch.errors import EXIT_PROBLEM, ConfigError, output_error
+
+if TYPE_CHECKING:
+    from trainwatch.rundir import RunDir
 
 _DEADLINES = [
     click.option("--detect-within", type=seconds(), metavar="SECONDS",
@@ -130,21 +134,18 @@ def run_drills(names: tuple[str, ...], run_all: bool, nproc_per_node: int | None
 
 
 @drill.command("score")
-@click.argument("run_dir", required=False, type=click.Path(path_type=Path))
-@click.option("--run-dir", "run_dir_opt", type=click.Path(path_type=Path),
-              help="The drill's run directory, if not given as RUN_DIR.")
+@run_dir_option("The drill's run directory, if not given as RUN_DIR.", argument=True,
+                required=True)
 @click.option("--json", "as_json", is_flag=True, help="The scorecard as JSON (docs/drill.md).")
 @_deadlines
-def score_drill(run_dir: Path | None, run_dir_opt: Path | None, as_json: bool, detect_within: float | None,
+def score_drill(run: RunDir, as_json: bool, detect_within: float | None,
                 recover_within: float | None) -> None:
     """Score a drill's kept run directory again (optionally against other deadlines).
 
     Exit code 0: passed; 1: failed; 2: not a drill's run directory, or nothing to score.
     """
     from trainwatch.drill.score import score, summary
-    from trainwatch.rundir import pick_run_dir
-
-    card = score(pick_run_dir(run_dir, run_dir_opt), detect_within=detect_within, recover_within=recover_within)
+    card = score(run.root, detect_within=detect_within, recover_within=recover_within)
     if as_json:
         click.echo(render.to_json(summary([card])))
     else:

@@ -100,14 +100,14 @@ def run_drill(settings: DrillSettings, run_dir: Path, *, timeout: float,
         "exit_code": None, "timed_out": False, "interrupted": False, "findings": [],
         "agent_polls_failed": 0}
     atomic_write_json(record_file(run.root), record)
-    with open(run.drill_dir / "run.log", "wb") as log:
+    with open(run.drill_log, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
     watcher = FindingsWatcher(run)
     fault = None
     if settings.drill.supervisor_fault:  # the drill itself acts on `trainwatch run`
         from trainwatch.drill.supervisor import SupervisorFault
-        fault = SupervisorFault(settings.drill, run, cmd, env, run.drill_dir / "run.log")
+        fault = SupervisorFault(settings.drill, run, cmd, env, run.drill_log)
     try:
         while proc.poll() is None:
             if time.time() - started > timeout:

@@ -133,7 +133,7 @@ def score(run_dir: str | Path, *, detect_within: float | None = None,
     run = RunDir(run_dir)
     if not run.journal_file.exists():
         raise ConfigError("missing: the run left no journal, so there is nothing to score "
-                          f"(see {run.root / 'drill' / 'run.log'})", file=str(run.journal_file))
+                          f"(see {run.drill_log})", file=str(run.journal_file))
     settings = record.get("settings") or {}
     detect_within = settings.get("detect_within_seconds", drill.detect_within) \
         if detect_within is None else detect_within

@@ -15,10 +15,12 @@ import psutil
 from trainwatch.drill.catalog import KILL_SUPERVISOR, Drill
 from trainwatch.drill.runner import stop_tree
 from trainwatch.proctree import wait_gone
-from trainwatch.rundir import RunDir
+from trainwatch.errors import FormatError
+from trainwatch.rundir import RunDir, read_run_file_tail
 
 TREE_WAIT_SECONDS = 60.0     # a killed supervisor's job stops gracefully (ranks checkpoint)
 SECOND_WAIT_SECONDS = 60.0   # a refused second supervisor exits long before this
+SECOND_LOG_TAIL_BYTES = 64 * 1024
 
 
 class SupervisorFault:
@@ -65,7 +67,7 @@ class SupervisorFault:
     def _second(self, proc: subprocess.Popen, step: int) -> None:
         self.run.append_event("fault_injected", "drill", fault=self.drill.fault_kind,
                               step=step, holder=proc.pid)
-        out = self.log.with_name("second.log")
+        out = self.run.drill_second_log
         started = time.time()
         with open(out, "wb") as log:
             second = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT,
@@ -76,7 +78,11 @@ class SupervisorFault:
         except subprocess.TimeoutExpired:  # it did not refuse: stop it and all it started
             stop_tree(second)
             code = None
-        text = out.read_text(errors="replace")
+        try:  # its refusal is a line or two; a runaway one is not read whole
+            text = read_run_file_tail(out, self.run.root, max_bytes=SECOND_LOG_TAIL_BYTES
+                                      ).decode(errors="replace")
+        except (OSError, FormatError):
+            text = ""
         self.run.append_event("second_supervisor_exited", "drill", exit_code=code,
                               named_holder=f"pid {proc.pid}" in text,
                               seconds=round(time.time() - started, 3))

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
 
-from trainwatch.clitypes import seconds
+from trainwatch.clitypes import run_dir_option, seconds
 from trainwatch.errors import ConfigError
 from trainwatch.node import node_name
 from trainwatch.preflight.model import GROUPS
+
+if TYPE_CHECKING:
+    from trainwatch.rundir import RunDir
 
 
 def _pins(values: tuple[str, ...]) -> dict[str, str]:
@@ -34,8 +38,7 @@ def _size(value: str | None) -> int | None:
 
 
 @click.command("preflight", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="The job's run directory: must exist, take writes and have room.")
+@run_dir_option("The job's run directory: must exist, take writes and have room.")
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where checkpoints go [default: inside --run-dir].")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
@@ -71,7 +74,7 @@ def _size(value: str | None) -> int | None:
               help="Print a JSON report for machines (keys: docs/preflight.md).")
 @click.option("--print-defaults", is_flag=True,
               help="Print the commented default thresholds (a --config template) and exit.")
-def preflight(run_dir: Path | None, checkpoint_dir: Path | None, data_dir: Path | None,
+def preflight(run: RunDir | None, checkpoint_dir: Path | None, data_dir: Path | None,
               checkpoint_bytes: str | None, expect_gpus: int | None, xid_watch: float | None,
               peers: tuple[str, ...], master: str | None, pins: tuple[str, ...],
               python: str | None, only: tuple[str, ...], skip: tuple[str, ...],
@@ -102,7 +105,8 @@ def preflight(run_dir: Path | None, checkpoint_dir: Path | None, data_dir: Path 
     settings["sys_root"] = sys_root or settings["sys_root"]
     settings["proc_root"] = proc_root or settings["proc_root"]
     groups = tuple(g for g in (only or GROUPS) if g not in skip)
-    request = Request(run_dir=run_dir, checkpoint_dir=checkpoint_dir, data_dir=data_dir,
+    request = Request(run_dir=run.root if run is not None else None,
+                      checkpoint_dir=checkpoint_dir, data_dir=data_dir,
                       checkpoint_bytes=_size(checkpoint_bytes),
                       peers=[parse_address(p, "--peer") for p in peers],
                       master=parse_address(master, "--master") if master else None,

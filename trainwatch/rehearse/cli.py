@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from trainwatch.clitypes import NPROC_PER_NODE, seconds
+from trainwatch.clitypes import NPROC_PER_NODE, run_dir_option, seconds
 from trainwatch.contract.env import RECEIVER_TOKEN_ENV as TOKEN_ENV
 from trainwatch.errors import EXIT_PROBLEM, ConfigError
 
@@ -49,8 +49,7 @@ def _plan(cfg, source: str, nproc: int, write_gbps: float | None) -> dict:
               help="Override one trainer config key (repeatable).")
 @click.option("--nproc-per-node", "nproc", type=NPROC_PER_NODE, default=2, show_default=True,
               help="Ranks on this machine.")
-@click.option("--run-dir", type=click.Path(file_okay=False),
-              help="Where the rehearsal's run directory goes (default: a new temporary one).")
+@run_dir_option("Where the rehearsal's run directory goes (default: a new temporary one).")
 @click.option("--steps", type=int, default=12, show_default=True,
               help="Steps of over-fitting one batch.")
 @click.option("--webhook", multiple=True, metavar="URL",
@@ -68,7 +67,7 @@ def _plan(cfg, source: str, nproc: int, write_gbps: float | None) -> dict:
               help="Seconds the ranks (or the command) may take.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def rehearse(config, overrides, nproc, run_dir, steps, webhook, alertmanager, token_file,
+def rehearse(config, overrides, nproc, run, steps, webhook, alertmanager, token_file,
              min_allreduce_mbps, max_allreduce_latency_ms, write_gbps, timeout, as_json,
              command) -> None:
     """Rehearse a run small before running it big: versions on every rank, forward,
@@ -91,7 +90,7 @@ def rehearse(config, overrides, nproc, run_dir, steps, webhook, alertmanager, to
         cfg = load_config(config, overrides)  # bad config: exit 2 before anything runs
         plan = _plan(cfg, config or "reference trainer defaults", nproc, write_gbps)
     settings = Settings(
-        run_dir=Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="trainwatch-rehearse-")),
+        run_dir=run.root if run else Path(tempfile.mkdtemp(prefix="trainwatch-rehearse-")),
         nproc=nproc, config=config, overrides=list(overrides), steps=steps,
         command=list(command), webhooks=list(webhook), alertmanager=alertmanager,
         token=_token(token_file), min_bus_bytes_per_second=min_allreduce_mbps * 1e6,

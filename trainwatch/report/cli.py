@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
 
+from trainwatch.clitypes import run_dir_option
 from trainwatch.errors import missing_extra
+
+if TYPE_CHECKING:
+    from trainwatch.rundir import RunDir
 
 
 @click.command("report", context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("run_dir", required=False, type=click.Path(path_type=Path))
-@click.option("--run-dir", "run_dir_opt", type=click.Path(path_type=Path),
-              help="The run directory, if not given as RUN_DIR.")
+@run_dir_option("The run directory, if not given as RUN_DIR.", argument=True, required=True)
 @click.option("--json", "as_json", is_flag=True,
               help="Print the report as JSON (keys: docs/report.md).")
 @click.option("--gpu-hour-price", type=click.FloatRange(min=0), metavar="USD",
@@ -28,7 +31,7 @@ from trainwatch.errors import missing_extra
 @click.option("--prom-textfile", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write trainwatch_cost_* gauges for node_exporter's textfile "
                    "collector (name it *.prom).")
-def report(run_dir: Path | None, run_dir_opt: Path | None, as_json: bool,
+def report(run: RunDir, as_json: bool,
            gpu_hour_price: float | None, gpus: int | None, config_file: Path | None,
            html_file: Path | None, prom_textfile: Path | None) -> None:
     """Where a run's wall time went: goodput, badput by category, one row per incident
@@ -38,9 +41,7 @@ def report(run_dir: Path | None, run_dir_opt: Path | None, as_json: bool,
     Exit code 0: report printed; 2: bad input (not a run directory, bad config value).
     """
     from trainwatch.report import cost, goodput, render, timeline
-    from trainwatch.rundir import pick_run_dir
-
-    run_dir = pick_run_dir(run_dir, run_dir_opt)
+    run_dir = run.root
     settings = cost.load_settings(config_file, price=gpu_hour_price, gpus=gpus)
     tl = timeline.read_timeline(run_dir)
     data = render.report(tl, goodput.account(tl), settings)

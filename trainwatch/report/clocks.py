@@ -15,6 +15,7 @@ import math
 import statistics
 from typing import Any
 
+from trainwatch.contract.layout import rank_of_source
 from trainwatch.node import CLOCKS_AGREE_SECONDS
 
 # Whose clock a machine keeps when its writers split evenly: the controller's, the
@@ -32,8 +33,8 @@ def _writer(event: dict[str, Any]) -> tuple[str, str, str] | None:
 def _rank_order(source: str) -> tuple[int, int]:
     if source in _PREFERRED:
         return 0, _PREFERRED.index(source)
-    digits = source[4:] if source.startswith("rank") else ""
-    return (1, int(digits)) if digits.isdigit() else (2, 0)
+    rank = rank_of_source(source)
+    return (1, rank) if rank is not None else (2, 0)
 
 
 def _machine_offset(offsets: dict[str, float]) -> float:

@@ -5,28 +5,29 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from trainwatch.clitypes import NPROC_PER_NODE
+from trainwatch.clitypes import MAX_RESTARTS, NPROC_PER_NODE, run_dir_option
 from trainwatch.contract.env import NODE_ENV
 from trainwatch.contract.ports import LOOPBACK
+
+if TYPE_CHECKING:
+    from trainwatch.rundir import RunDir
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--nproc-per-node", type=NPROC_PER_NODE, default=1, show_default=True,
               help="Ranks on this machine.")
-@click.argument("run_dir_arg", required=False, metavar="[RUN_DIR]",
-                type=click.Path(file_okay=False, path_type=Path))
-@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Where the run keeps its state (status, metrics, journal, logs); or give "
-                   "it as RUN_DIR.")
+@run_dir_option("Where the run keeps its state (status, metrics, journal, logs); or give it "
+                "as RUN_DIR.", argument=True, required=True)
 @click.option("--steps", type=click.IntRange(min=1), help="Shorthand for --set train.steps=N.")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False),
               help="YAML config (sections model, data, optim, train, telemetry, checkpoint).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override one config key, e.g. --set optim.lr=1e-3 (repeatable).")
-@click.option("--max-restarts", type=int, default=3, show_default=True,
+@click.option("--max-restarts", type=int, default=MAX_RESTARTS, show_default=True,
               help="Times torchrun restarts all ranks after a rank fails.")
 @click.option("--nnodes", type=int, default=1, show_default=True,
               help="Machines in the job (each runs this command).")
@@ -45,8 +46,7 @@ from trainwatch.contract.ports import LOOPBACK
 @click.option("--metrics-port", type=int,
               help=f"Ranks serve Prometheus metrics on {LOOPBACK}:(PORT + local rank) "
                    "(shorthand for --set telemetry.metrics_port=PORT).")
-def train(run_dir_arg: Path | None, nproc_per_node: int, run_dir: Path | None,
-          steps: int | None, config_file: str | None,
+def train(run: RunDir, nproc_per_node: int, steps: int | None, config_file: str | None,
           overrides: tuple[str, ...], max_restarts: int, nnodes: int, node_rank: int | None,
           rdzv_endpoint: str | None, rdzv_id: str | None, local_addr: str | None,
           node_name: str | None, metrics_port: int | None) -> None:
@@ -56,11 +56,9 @@ def train(run_dir_arg: Path | None, nproc_per_node: int, run_dir: Path | None,
     Fault drills: set TRAINWATCH_FAULT (docs/trainer.md), e.g.
     TRAINWATCH_FAULT=exit:rank=1:step=5.
     """
-    from trainwatch.rundir import pick_run_dir
     from trainwatch.trainer.launcher import LaunchSpec, launch
 
-    run_dir = pick_run_dir(run_dir_arg, run_dir)
-    spec = LaunchSpec(run_dir=run_dir, nproc_per_node=nproc_per_node, config=config_file,
+    spec = LaunchSpec(run_dir=run.root, nproc_per_node=nproc_per_node, config=config_file,
                       overrides=[*overrides,
                                  *([f"train.steps={steps}"] if steps is not None else []),
                                  *([f"telemetry.metrics_port={metrics_port}"]

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO
 
 from trainwatch import __version__
+from trainwatch.clitypes import MAX_RESTARTS
 from trainwatch.contract.env import FAULT_ENV, JOB_ENV, NODE_ENV, RUN_DIR_ENV, STORE_ADDR_ENV
 from trainwatch.contract.layout import (CHECKPOINT_DIRS_KEY, CONFIG_DIGEST_KEY, TORCHRUN_LOG,
                                        TORCHRUN_LOG_DIR, WEIGHTS_CONFIG_DIGEST_KEY)
@@ -46,7 +47,7 @@ class LaunchSpec:
     nproc_per_node: int
     config: str | None = None
     overrides: list[str] = field(default_factory=list)
-    max_restarts: int = 3
+    max_restarts: int = MAX_RESTARTS
     nnodes: int = 1
     node_rank: int | None = None
     rdzv_endpoint: str | None = None

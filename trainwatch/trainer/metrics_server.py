@@ -3,7 +3,7 @@
 ``telemetry.metrics_port: P`` makes local rank r serve http://127.0.0.1:(P+r)/metrics.
 Values come from the rank's telemetry state (what its status file shows), so a
 scrape never touches the training loop or the device. Names, types and help text
-are those of trainwatch/metrics_contract.py; the agent exports the same series
+are those of trainwatch/contract/metrics.py; the agent exports the same series
 from the status files, so use one or the other for a given run.
 """
 
@@ -15,31 +15,13 @@ from typing import Any, Iterator
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from trainwatch.contract.metrics import RUN_RANK, METRICS
+from trainwatch.contract.metrics import (COUNTER_FIELD_METRICS, EVAL_FIELD_METRICS, METRICS,
+                                          PHASE_SECONDS_FIELD, PHASE_TIME_METRIC, RUN_RANK,
+                                          STATUS_FIELD_METRICS, STEP_FIELD_METRICS)
 from trainwatch.contract.ports import LOOPBACK
 from trainwatch.trainer.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
-
-# metric name -> key in the latest step record of the status ("metrics").
-_STEP_GAUGES = {
-    "trainwatch_train_loss": "loss",
-    "trainwatch_train_grad_norm": "grad_norm",
-    "trainwatch_train_learning_rate": "lr",
-    "trainwatch_train_tokens_per_second": "tokens_per_second",
-    "trainwatch_train_samples_per_second": "samples_per_second",
-    "trainwatch_train_mfu_ratio": "mfu",
-    "trainwatch_rank_step_time_seconds": "step_time_seconds",
-    "trainwatch_rank_data_wait_seconds": "data_wait_seconds",
-    "trainwatch_rank_memory_bytes": "memory_bytes",
-}
-# metric name -> key in the status counters.
-_COUNTERS = {
-    "trainwatch_train_nonfinite_loss_total": "nonfinite_loss_total",
-    "trainwatch_train_nonfinite_grad_norm_total": "nonfinite_grad_norm_total",
-    "trainwatch_rank_steps_total": "steps_total",
-    "trainwatch_rank_telemetry_errors_total": "telemetry_errors_total",
-}
 
 
 def _family(name: str,
@@ -66,28 +48,25 @@ class TelemetryCollector:
         state = self.telemetry.snapshot()
         labels = [state["job"], state["node"], str(state["rank"]), str(state["local_rank"])]
         step_record = state.get("metrics") or {}
-        for name, key in _STEP_GAUGES.items():
+        for key, name in STEP_FIELD_METRICS.items():
             value = _number(step_record.get(key))
             if value is not None:  # absent, not invented (e.g. MFU with no known peak)
                 family = _family(name)
                 family.add_metric(labels, value)
                 yield family
-        phases = _family("trainwatch_rank_phase_time_seconds", ("phase",))
-        for phase, seconds in (step_record.get("phase_seconds") or {}).items():
+        phases = _family(PHASE_TIME_METRIC, ("phase",))
+        for phase, seconds in (step_record.get(PHASE_SECONDS_FIELD) or {}).items():
             phases.add_metric([*labels, phase], float(seconds))
         yield phases
-        for name, value in (("trainwatch_rank_step", state.get("step")),
-                            ("trainwatch_train_validation_loss",
-                             (state.get("eval") or {}).get("val_loss")),
-                            ("trainwatch_rank_restarts", state.get("restart_count")),
-                            ("trainwatch_train_last_nonfinite_loss_timestamp_seconds",
-                             state.get("last_nonfinite_loss_at"))):
+        evals = state.get("eval") or {}
+        for name, value in [*((n, state.get(f)) for f, n in STATUS_FIELD_METRICS.items()),
+                            *((n, evals.get(f)) for f, n in EVAL_FIELD_METRICS.items())]:
             number = _number(value)
             if number is not None:
                 family = _family(name)
                 family.add_metric(labels, number)
                 yield family
-        for name, key in _COUNTERS.items():
+        for key, name in COUNTER_FIELD_METRICS.items():
             family = _family(name)
             family.add_metric(labels, float(state["counters"].get(key, 0)))
             yield family

@@ -56,6 +56,7 @@ import torch
 from trainwatch.beat import BeatWriter, beat_path
 from trainwatch import __version__
 from trainwatch.contract.env import JOB_ENV, run_dir_from_env
+from trainwatch.contract.layout import rank_source
 from trainwatch.contract.states import EVAL_PHASE, FAILED, FINISHED, RUNNING, STEP_PHASE
 from trainwatch.contract.timing import MIDDLE_HALF_WIDTH, RECENT_WINDOWS, standing, summarize
 from trainwatch.host.cgroup import memory_cgroup
@@ -307,7 +308,7 @@ class Telemetry:
         self._guard(self._setup_exchange_group)
         self._guard(lambda: dumps.install(self))  # control/dump -> stacks + flight recorder
         self._guard(lambda: self.run.append_event(
-            "rank_started", f"rank{self.rank}", rank=self.rank, pid=os.getpid(),
+            "rank_started", rank_source(self.rank), rank=self.rank, pid=os.getpid(),
             restart_count=self._state["restart_count"]))
         if self.rank == 0:
             self._guard(self._describe_run)
@@ -514,7 +515,7 @@ class Telemetry:
         if event == "finished":
             self._finished_journaled = True
         if self.enabled:
-            self._guard(lambda: self.run.append_event(event, f"rank{self.rank}",
+            self._guard(lambda: self.run.append_event(event, rank_source(self.rank),
                                                       rank=self.rank, **fields))
 
     def on_control(self, name: str, handler: Callable[[Path], None]) -> None:

@@ -22,6 +22,9 @@ from trainwatch.agent.rankfiles import RankFiles
 from trainwatch.agent.registry import Collector, Result, Sample, label_values, register
 from trainwatch.agent.replicas import digests
 from trainwatch.beat import declared_budgets, merge_beat
+from trainwatch.contract.metrics import (COUNTER_FIELD_METRICS, EVAL_FIELD_METRICS,
+                                          PHASE_SECONDS_FIELD, PHASE_TIME_METRIC,
+                                          STATUS_FIELD_METRICS, STEP_FIELD_METRICS)
 from trainwatch.contract.states import KNOWN_PHASES, PROCESS_STATES, RANK_STATES
 from trainwatch.contract.timing import job_window
 from trainwatch.errors import FormatError
@@ -30,22 +33,6 @@ from trainwatch.rundir import (RUN_FORMAT, SKIP_REASONS, Skipped, SkippedFile,
                                read_record)
 
 log = logging.getLogger(__name__)
-_TRAIN_GAUGES = {  # status metrics field -> metric
-    "loss": "trainwatch_train_loss", "grad_norm": "trainwatch_train_grad_norm",
-    "lr": "trainwatch_train_learning_rate",
-    "tokens_per_second": "trainwatch_train_tokens_per_second",
-    "samples_per_second": "trainwatch_train_samples_per_second",
-    "mfu": "trainwatch_train_mfu_ratio",
-    "step_time_seconds": "trainwatch_rank_step_time_seconds",
-    "data_wait_seconds": "trainwatch_rank_data_wait_seconds",
-    "memory_bytes": "trainwatch_rank_memory_bytes",
-}
-_COUNTERS = {
-    "steps_total": "trainwatch_rank_steps_total",
-    "nonfinite_loss_total": "trainwatch_train_nonfinite_loss_total",
-    "nonfinite_grad_norm_total": "trainwatch_train_nonfinite_grad_norm_total",
-    "telemetry_errors_total": "trainwatch_rank_telemetry_errors_total",
-}
 _CHECKPOINT_COUNTERS = {  # checkpoint facts field -> job-level metric (max over ranks)
     "saves_total": "trainwatch_checkpoint_saves_total",
     "failures_total": "trainwatch_checkpoint_failures_total",
@@ -121,8 +108,8 @@ def _rank_samples(labels: _Labels, s: dict[str, Any], state: str, phase: str | N
     add("trainwatch_rank_info", 1, labels.info_labels(s.get("backend"), s.get("device")))
     for name in RANK_STATES:
         add("trainwatch_rank_state", name == state, labels.states[name])
-    add("trainwatch_rank_step", _num(s.get("step")), base)
-    add("trainwatch_rank_restarts", _num(s.get("restart_count")), base)
+    for field, metric in STATUS_FIELD_METRICS.items():
+        add(metric, _num(s.get(field)), base)
     add("trainwatch_rank_heartbeat_age_seconds", ages["heartbeat"], base)
     add("trainwatch_rank_progress_age_seconds", ages["progress"], base)
     add("trainwatch_rank_phase_age_seconds", ages["phase"], base)
@@ -131,17 +118,16 @@ def _rank_samples(labels: _Labels, s: dict[str, Any], state: str, phase: str | N
     if phase:
         for name in dict.fromkeys(KNOWN_PHASES + (phase,)):
             add("trainwatch_rank_phase", name == phase, labels.phase(name))
-    for field, metric in _TRAIN_GAUGES.items():
+    for field, metric in STEP_FIELD_METRICS.items():
         add(metric, _num(metrics.get(field)), base)
-    phases = metrics.get("phase_seconds")
+    phases = metrics.get(PHASE_SECONDS_FIELD)
     if isinstance(phases, dict):
         for name, seconds in phases.items():
-            add("trainwatch_rank_phase_time_seconds", _num(seconds), labels.phase(str(name)))
+            add(PHASE_TIME_METRIC, _num(seconds), labels.phase(str(name)))
     evals = value if isinstance(value := s.get("eval"), dict) else {}
-    add("trainwatch_train_validation_loss", _num(evals.get("val_loss")), base)
-    add("trainwatch_train_last_nonfinite_loss_timestamp_seconds",
-        _num(s.get("last_nonfinite_loss_at")), base)
-    for field, metric in _COUNTERS.items():
+    for field, metric in EVAL_FIELD_METRICS.items():
+        add(metric, _num(evals.get(field)), base)
+    for field, metric in COUNTER_FIELD_METRICS.items():
         add(metric, _num(counters.get(field)), base)
     add("trainwatch_rank_up", proc["status"] not in ("gone", "zombie", "unknown")
         if proc["status"] != "unknown" else None, base)

@@ -36,6 +36,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from trainwatch.contract.layout import rank_source
 from trainwatch.errors import ConfigError
 from trainwatch.rundir import RunDir
 from trainwatch.checkpoint_format import catalog
@@ -399,7 +400,7 @@ class Checkpointer:
             self.telemetry.event(event, **fields)
             return
         try:
-            self.run.append_event(event, f"rank{self.rank}", rank=self.rank, **fields)
+            self.run.append_event(event, rank_source(self.rank), rank=self.rank, **fields)
         except Exception as exc:  # the journal may sit on the full disk too
             log.warning("trainwatch checkpoint: could not journal %s: %s", event, exc)
 

@@ -14,22 +14,26 @@ from pathlib import Path
 import click
 
 from trainwatch.errors import EXIT_PROBLEM, ConfigError
-from trainwatch.rundir import RunDir, pick_run_dir
+from trainwatch.clitypes import run_dir_option
+from trainwatch.rundir import RunDir
 from trainwatch.checkpoint_format import catalog
 from trainwatch.checkpoint_format.manifest import MANIFEST, Verification, step_of, verify
 
 
-def _target(argument: str | None, option: str | None) -> tuple[Path, bool]:
+_TARGET_HELP = ("The run directory (or a checkpoint folder, or one checkpoint), if not given as "
+                "RUN_DIR.")
+
+
+def _target(named: RunDir) -> tuple[Path, bool]:
     """(folder or checkpoint, is_single_checkpoint) for what the user named."""
-    p = pick_run_dir(argument, option)
+    p = named.root
     path = str(p)
     if not p.is_dir():
         raise ConfigError("no such directory", file=path)
     if (p / MANIFEST).exists() or step_of(p.name) is not None:
         return p, True
-    run = RunDir(p)
-    if run.run_file.exists() or run.checkpoint_dir.is_dir():  # a run directory
-        return run.checkpoint_folders()[0], False
+    if named.run_file.exists() or named.checkpoint_dir.is_dir():  # a run directory
+        return named.checkpoint_folders()[0], False
     return p, False
 
 
@@ -43,14 +47,11 @@ def checkpoint() -> None:
 
 
 @checkpoint.command("list")
-@click.argument("directory", required=False, metavar="[RUN_DIR]")
-@click.option("--run-dir", "run_dir_opt", metavar="RUN_DIR",
-              help="The run directory (or a checkpoint folder, or one checkpoint), if not "
-                   "given as RUN_DIR.")
+@run_dir_option(_TARGET_HELP, argument=True, required=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def list_cmd(directory: str | None, run_dir_opt: str | None, as_json: bool) -> None:
+def list_cmd(run: RunDir, as_json: bool) -> None:
     """List checkpoints, newest first, with leftovers of interrupted saves (no hashing)."""
-    folder, single = _target(directory, run_dir_opt)
+    folder, single = _target(run)
     entries = catalog.scan(folder.parent if single else folder)
     if single:
         entries = [e for e in entries if e.path == folder]
@@ -95,14 +96,11 @@ def _verify_all(targets: list[Path], quiet: bool) -> list[Verification]:
 
 
 @checkpoint.command("verify")
-@click.argument("directory", required=False, metavar="[RUN_DIR]")
-@click.option("--run-dir", "run_dir_opt", metavar="RUN_DIR",
-              help="The run directory (or a checkpoint folder, or one checkpoint), if not "
-                   "given as RUN_DIR.")
+@run_dir_option(_TARGET_HELP, argument=True, required=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def verify_cmd(directory: str | None, run_dir_opt: str | None, as_json: bool) -> None:
+def verify_cmd(run: RunDir, as_json: bool) -> None:
     """Check every file's size and sha256 against the manifest; exit 1 on any mismatch."""
-    folder, single = _target(directory, run_dir_opt)
+    folder, single = _target(run)
     entries = [] if single else catalog.scan(folder)
     targets = [folder] if single else [e.path for e in entries if e.state != "incomplete"]
     results = _verify_all(targets, as_json)
@@ -125,15 +123,12 @@ def verify_cmd(directory: str | None, run_dir_opt: str | None, as_json: bool) ->
 
 
 @checkpoint.command("digest")
-@click.argument("directory", required=False, metavar="[RUN_DIR]")
-@click.option("--run-dir", "run_dir_opt", metavar="RUN_DIR",
-              help="The run directory (or a checkpoint folder, or one checkpoint), if not "
-                   "given as RUN_DIR.")
+@run_dir_option(_TARGET_HELP, argument=True, required=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def digest_cmd(directory: str | None, run_dir_opt: str | None, as_json: bool) -> None:
+def digest_cmd(run: RunDir, as_json: bool) -> None:
     """Print one sha256 of the model weights (canonical order); a folder means its newest
     checkpoint that verifies."""
-    folder, single = _target(directory, run_dir_opt)
+    folder, single = _target(run)
     chosen = folder
     if not single:
         candidates = catalog.complete(folder)
