@@ -4,6 +4,7 @@ cleared; promtool accepts /metrics; SIGTERM stops the agent cleanly."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -32,8 +33,11 @@ def job(tmp_path):
 
 @pytest.fixture
 def job4(tmp_path):
-    """The same with 4 ranks and 50 ms steps."""
-    yield from _job(tmp_path, 4, TW_STEP_SLEEP="0.05", TW_SLOW_EXTRA="0.015")
+    """The same with 4 ranks and 50 ms steps, in timing windows of the telemetry's default."""
+    from trainwatch.trainer.telemetry import Telemetry
+    window = inspect.signature(Telemetry).parameters["exchange_every"].default
+    yield from _job(tmp_path, 4, TW_STEP_SLEEP="0.05", TW_SLOW_EXTRA="0.015",
+                    TW_EXCHANGE_EVERY=str(window))
 
 
 def _job(tmp_path, nproc, **env):
@@ -244,8 +248,9 @@ def test_agent_exports_checkpoint_age_and_failures_of_the_real_trainer(tmp_path)
 
 
 def test_straggler_at_0_8x_in_a_4_rank_job_flagged_held_and_cleared(tmp_path, job4):
-    """Rank 2 of 4 at ~0.8x speed (forward 65 ms instead of 50): flagged within 30 steps,
-    flagged in >= 98 % of polls while slow, cleared within 30 steps after; nobody else."""
+    """Rank 2 of 4 at ~0.8x speed (forward 65 ms instead of 50), default settings (the
+    telemetry's 10-step windows, the agent's defaults): flagged within 30 steps, flagged in
+    >= 98 % of polls while slow, cleared within 30 steps after; nobody else."""
     proc, run_dir = job4
     agent, url = start_agent(tmp_path, "--run-dir", str(run_dir))
     try:

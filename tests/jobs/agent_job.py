@@ -8,6 +8,7 @@ steady on a loaded machine).  Control files in RUN_DIR/control steer it:
 0.8x speed by default) while the file exists, and the rank notes its first slow step
 in ``slow-<rank>.from`` and its first normal one after that in ``slow-<rank>.until``; ``stop`` ends the job cleanly.
 TW_IGNORE_SIGTERM=1: the ranks ignore SIGTERM (only SIGKILL stops them).
+TW_EXCHANGE_EVERY: steps per timing window (5 unless set).
 """
 
 import os
@@ -31,7 +32,8 @@ rank = dist.get_rank()
 torch.manual_seed(0)
 model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-tel = Telemetry.from_env(run_dir, heartbeat_interval=0.2, exchange_every=5).start()
+tel = Telemetry.from_env(run_dir, heartbeat_interval=0.2,
+                         exchange_every=int(os.environ.get("TW_EXCHANGE_EVERY", "5"))).start()
 if os.environ.get("TW_IGNORE_SIGTERM") == "1":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 control = os.path.join(run_dir, "control")

@@ -355,7 +355,7 @@ def _metric_spellers(files: dict[str, Path]) -> dict[str, set[str]]:
 
 def test_each_metric_name_is_spelled_by_one_producer():
     """A metric's name is defined in trainwatch/contract/metrics.py and spelled by at most
-    one module besides (its one producer, which tests/test_agent_contract.py ties to the
+    one module besides (its one producer, which tests/agent/test_agent_contract.py ties to the
     contract for the agent); a second producer or a reader takes it from the contract (a
     constant or a field -> metric table), so two exporters cannot drift apart."""
     twice = {name: sorted(modules) for name, modules in _metric_spellers(source_files()).items()

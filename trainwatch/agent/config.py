@@ -26,10 +26,10 @@ from trainwatch.node import node_name
 STRAGGLER_DEFAULTS: dict[str, Any] = {
     "ratio": 1.15,                 # flag: level (median ratio of the last windows) >= ratio
     "clear_ratio": 1.07,           # ... and keep the flag until the level drops below this
-    "noise_sigmas": 6.0,           # flag only a level this many standard errors above 1
+    "noise_sigmas": 6.0,           # least evidence (in standard errors) a flag needs
     "score": 3.0,                  # flag needs a median robust z-score >= score too
     "min_ranks_for_score": 4,      # (worlds of this many ranks or more)
-    "windows": 3,                  # timing windows the level is the median of
+    "windows": 3,                  # timing windows the level is the median of (hysteresis)
     "cpu_contention": 0.25,        # cause evidence thresholds
     "data_wait": 0.5,
     "storage_probe_seconds": 0.5,  # a storage probe this slow makes data wait a storage cause

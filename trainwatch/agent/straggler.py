@@ -4,11 +4,15 @@ Each timing window gives, per rank, its mean per-step *local* time (time outside
 collective phases: what the rank's own speed decides; ``compute + data_wait`` for
 ranks that do not publish it), and a constant-size summary of the whole job's
 (``trainwatch.contract.timing``).  Scores are robust: ``ratio`` = local time over the
-median of the other ranks, ``score`` = (local - median) / (1.4826 x MAD).  The verdict
-follows the median of the last ``windows`` windows with hysteresis (flag at ``ratio``
-when that is clear of the rank's own window-to-window noise, clear below
-``clear_ratio``): a rank that stays slow stays flagged through noisy windows, and a
-noisy machine raises the bar instead of the flag.  Worlds of 2-3 ranks have no spread
+median of the other ranks, ``score`` = (local - median) / (1.4826 x MAD).  Shared
+slowdowns cancel in the ratio.  The verdict accumulates evidence across windows (a
+one-sided CUSUM of the log-ratio above ``clear_ratio``, in units of the rank's own
+window-to-window noise) instead of needing k slow windows in a row: a clearly slow rank
+on a steady machine is flagged after two windows, and a noisy machine raises the bar
+(set for about one false flag in ``FALSE_FLAG_WINDOWS`` clean windows) instead of the
+flag.  The flag clears on evidence the other way (below ``ratio``) once the median of
+the last ``windows`` windows is below ``ratio``: one normal-looking window does not drop
+it.  Worlds of 2-3 ranks have no spread
 to score against; there the ratio to the other ranks' median alone decides (for two
 ranks: slower than the other one).  Windows shorter than the agent's look are not lost:
 each rank's status lists its standing in its last few windows (``recent``), and the
@@ -23,8 +27,23 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from trainwatch.contract.timing import (MAD_SCALE, median_sorted, median_without, standing,
-                                        valid_summary)
+from trainwatch.contract.timing import (MAD_SCALE, NOISE_FLOOR, median_sorted, median_without,
+                                        standing, valid_summary)
+
+FALSE_FLAG_WINDOWS = 1e10  # a clean rank's windows per false flag the evidence bar aims at
+VERDICT_WINDOWS = 8  # windows a rank's noise is measured over before any verdict
+CLEAR_SHARE = 0.5  # clearing needs this share of the least evidence a flag needs
+
+
+def evidence_needed(floor: float, drift: float) -> float:
+    """The CUSUM threshold (in standard errors) with a false flag once in about
+    ``FALSE_FLAG_WINDOWS`` windows of a clean rank, whose evidence drifts down by ``drift``
+    per window (Siegmund's approximation of the average run length); at least ``floor``.
+    Steady ranks (clear_ratio many standard errors away) need little; noisy ones more."""
+    scale = 2.0 * drift * drift * FALSE_FLAG_WINDOWS
+    if scale <= 1.0:
+        return math.inf
+    return max(floor, math.log(scale) / (2.0 * drift) - 1.166)
 
 
 @dataclass
@@ -55,15 +74,17 @@ def _jitter(values: Sequence[float]) -> float | None:
 
 @dataclass
 class _RankTrack:
-    """One rank's (or node's) verdict: a smoothed level with hysteresis, counted in windows.
+    """One rank's (or node's) verdict: evidence accumulated over windows, with hysteresis.
 
-    ``level`` is the median log-ratio of the last ``windows`` observed windows, so one
-    noisy window neither raises nor drops the flag.  ``noise`` is this rank's own
-    window-to-window jitter (robust: the median absolute difference of successive
-    log-ratios, which a lasting slowdown does not inflate).  The flag goes up when the
-    level reaches ``ratio`` and stands ``noise_sigmas`` standard errors above 1 (and, in
-    worlds of ``min_ranks_for_score`` or more, the median score reaches ``score``); it
-    stays up until the level drops below ``clear_ratio``.
+    ``noise`` is this rank's own window-to-window jitter (robust: the median absolute
+    difference of successive log-ratios, which a lasting slowdown does not inflate).
+    ``evidence`` adds each window's log-ratio above ``clear_ratio`` in those units (never
+    below 0).  The flag goes up when it reaches ``evidence_needed`` (at least
+    ``noise_sigmas``), the windows it came from average ``ratio`` or more, the level (the
+    median of the last ``windows`` windows) is above ``clear_ratio`` and, in worlds of
+    ``min_ranks_for_score`` or more, their median score reaches ``score``.  It clears when
+    ``recovery`` (the same, below ``ratio``) reaches ``CLEAR_SHARE x noise_sigmas`` and the
+    level is below ``ratio``.
     """
 
     recent: deque = field(default_factory=lambda: deque(maxlen=64))  # (step, log ratio, z)
@@ -72,6 +93,9 @@ class _RankTrack:
     normal_run: int = 0                 # normal windows in a row since the last slow one
     streak_from: int | None = None      # first step of the current run of slow windows
     streak_since: float | None = None
+    evidence: float = 0.0               # CUSUM of slowness, in standard errors (see _advance)
+    recovery: float = 0.0               # ... and of being back to normal, once flagged
+    run: tuple[float, int] = (0.0, 0)   # sum and count of log-ratios since evidence was 0
     active: bool = False
     since: float | None = None
     since_step: int | None = None
@@ -103,7 +127,9 @@ class JobStragglers:
         horizon = step - 64 * window_steps
         while track.recent and track.recent[0][0] < horizon:
             track.recent.popleft()  # an agent that missed a long stretch starts afresh
-        track.recent.append((step, math.log(max(ratio, 1e-9)), z))
+            track.evidence = track.recovery = 0.0
+        x = math.log(max(ratio, 1e-9))
+        track.recent.append((step, x, z))
         last = list(track.recent)[-n:]
         level = median_sorted(sorted(v for _, v, _ in last))
         track.level = math.exp(level)
@@ -119,24 +145,33 @@ class JobStragglers:
             if track.normal_run >= 2:
                 track.streak_from = track.streak_since = None
                 track.slow_windows = 0
+        noise = track.noise
+        if noise is None or len(track.recent) < VERDICT_WINDOWS:
+            return  # no verdict yet: 4 windows' jitter is no measure of a rank's noise
+        # Evidence in standard errors of this rank's own windows, accumulated (CUSUM):
+        # each window adds how far its log-ratio stands above clear_ratio (below ratio,
+        # for the way back); a run of slow windows adds up, a normal one takes away.
+        sigma = max(noise, NOISE_FLOOR)
+        track.evidence = max(0.0, track.evidence + (x - leave) / sigma)
+        track.run = (track.run[0] + x, track.run[1] + 1) if track.evidence > 0 else (0.0, 0)
+        track.recovery = max(0.0, track.recovery + (enter - x) / sigma)
+        needed = evidence_needed(float(opts["noise_sigmas"]), leave / sigma)
         if not track.active:
             scores = [v for _, _, v in last if v is not None]
             z_ok = not scores or median_sorted(sorted(scores)) >= float(opts["score"])
-            # The median of n windows varies by about 1.25 x noise / sqrt(n).
-            # No verdict before the rank's noise is known (4 windows).
-            # And as many slow windows in the current run as the level spans: a loaded
-            # machine's one- or two-window bursts (a rank twice as slow for 10 steps) are
-            # not a rank that stays slow.
-            steady = track.slow_windows >= n
-            noise = track.noise if level >= enter and z_ok and steady else None
-            if noise is not None and \
-                    level >= float(opts["noise_sigmas"]) * 1.2533 * noise / math.sqrt(len(last)):
+            # The evidence's own windows must average a slowdown of ``ratio`` or more (a
+            # long run of slightly slow windows is not a straggler), the level must be
+            # above clear_ratio (hysteresis: never flagged below where it would clear).
+            shift = track.run[0] / track.run[1] if track.run[1] else 0.0
+            if track.evidence >= needed and shift >= enter and level >= leave and z_ok:
                 track.active, track.detected_at, track.detected_step = True, when, step
                 track.since = track.streak_since if track.streak_since is not None else when
                 track.since_step = track.streak_from if track.streak_from is not None else step
-        elif level < leave:
+                track.recovery = 0.0
+        elif track.recovery >= CLEAR_SHARE * float(opts["noise_sigmas"]) and level < enter:
             track.active, track.since, track.since_step = False, None, None
             track.detected_at = track.detected_step = None
+            track.evidence = 0.0
 
     def update(self, window: dict[str, Any], local_ranks: Sequence[int], now: float) -> bool:
         """Score a new window (``job_window``); False if already seen or unusable."""

@@ -129,13 +129,62 @@ def analyse(ev: Evidence, stall_after: float | None = None) -> list[Finding]:
         found += check(a)
     if not any(f.severity in ("critical", "warning") for f in found):
         found.insert(0, healthy(a))
-    found.sort(key=Finding.sort_key)
+    # Among notes, the verdict on now (healthy, finished) before history (a recovered death).
+    found.sort(key=lambda f: (f.sort_key()[0], f.category != "healthy", *f.sort_key()[1:]))
     return found
 
 
 # --------------------------------------------------------------------------- checks
 
 def check_dead(a: Analysis) -> list[Finding]:
+    """Dead ranks now, and deaths of earlier attempts the run recovered from (history).
+
+    torchrun's failure table names the process (pid) that failed: when a later attempt
+    replaced that rank's process, the death is the past, not what is wrong now.
+    """
+    root = a.ev.launcher.get("root_cause")
+    past = [root] if root and root.get("rank") in a.ev.ranks and not _current(a.ev, root) \
+        else []
+    failures = [x for x in a.ev.launcher.get("failures", []) if _current(a.ev, x)]
+    return [_recovered(a, x) for x in past] + _dead_now(a, None if past else root, failures)
+
+
+def _current(ev: Evidence, entry: dict[str, Any]) -> bool:
+    """A launcher's failure entry is about the rank's current process, or cannot be told
+    apart from it (no pid on one side)."""
+    rank = entry.get("rank")
+    pid = (ev.ranks.get(rank) or {}).get("pid") if isinstance(rank, int) else None
+    return not (isinstance(pid, int) and isinstance(entry.get("pid"), int)
+                and pid != entry["pid"])
+
+
+def _recovered(a: Analysis, entry: dict[str, Any]) -> Finding:
+    """An earlier attempt's death, as history: in which attempt, and how the run went on."""
+    rank, ev = entry["rank"], a.ev
+    tried = ev.journal.get("attempts") or []
+    n = next((i for i, g in enumerate(tried) if entry["pid"] in g["pids"].values()), None)
+    if n is None:
+        title = (f"rank {rank} died in an earlier attempt ({_exit_text(entry['exitcode'])}); "
+                 f"recovered: it runs again as pid {ev.ranks[rank].get('pid')}")
+    else:
+        resumed = tried[n + 1]["resumed_step"] if n + 1 < len(tried) else None
+        how = (f"restarted from step {resumed}" if resumed is not None
+               else "started again (no checkpoint resumed in the journal)")
+        title = (f"rank {rank} died in attempt {n + 1} ({_exit_text(entry['exitcode'])}); "
+                 f"recovered: attempt {n + 2} {how}")
+    evidence = [f"torchrun named pid {entry['pid']} the root cause (first observed failure): "
+                f"{_exit_text(entry['exitcode'])} ({entry['log']})",
+                f"now: {a.where_line(rank)}"]
+    if (ev.journal.get("restarts") or {}).get("attempts"):
+        evidence.append(f"journal: {attempts.describe(ev.journal['restarts'])}")
+    return Finding("rank_dead", title, severity="info",
+                   confidence="high" if n is not None else "medium", ranks=[rank],
+                   nodes=[a.node(rank)], evidence=evidence, runbook="TrainingRankDown",
+                   next_command=f"trainwatch report {ev.run_dir}   # the incident and its cost")
+
+
+def _dead_now(a: Analysis, root: dict[str, Any] | None,
+              failures: list[dict[str, Any]]) -> list[Finding]:
     """Dead ranks, and which one failed first — only as far as the evidence can order them.
 
     torchrun's root cause (its first observed failure) or its failure lines decide when
@@ -145,7 +194,6 @@ def check_dead(a: Analysis) -> list[Finding]:
     """
     ev = a.ev
     by_pid = {v.get("pid"): r for r, v in ev.ranks.items()}
-    root = ev.launcher.get("root_cause")
     launcher = [(by_pid[x["pid"]], x) for x in ev.launcher.get("failed", []) if x["pid"] in by_pid]
     culprits: dict[int, str] = {}
     doubted = _doubt_root(ev, root) if root and root.get("rank") in ev.ranks else None
@@ -182,7 +230,7 @@ def check_dead(a: Analysis) -> list[Finding]:
         evidence = [a.where_line(rank), why]
         followers = sorted(set(dead) - set(culprits))
         torn_down = [f"rank {x['rank']}: {_exit_text(x['exitcode'])}"
-                     for x in ev.launcher.get("failures", []) + ([root] if doubted else [])
+                     for x in failures + ([root] if root and doubted else [])
                      if x.get("rank") != rank]
         if torn_down:
             evidence.append("torchrun then stopped the others: " + ", ".join(torn_down))
@@ -193,7 +241,7 @@ def check_dead(a: Analysis) -> list[Finding]:
         if (ev.journal.get("restarts") or {}).get("restarts"):
             evidence.append(f"journal: {attempts.describe(ev.journal['restarts'])} so far")
         exitcode = (root["exitcode"] if root and root.get("rank") == rank else
-                    next((x["exitcode"] for x in ev.launcher.get("failures", [])
+                    next((x["exitcode"] for x in failures
                           if x.get("rank") == rank),
                          next((x["exitcode"] for r, x in launcher if r == rank), None)))
         from_launcher = (root and root.get("rank") == rank) or rank in dict(launcher)

@@ -3,6 +3,7 @@ actions from journal.jsonl."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from trainwatch import attempts
@@ -12,8 +13,8 @@ from trainwatch.rundir import RunDir
 
 RECENT = 200
 _INTERESTING = ("restarted", "launcher_exited", "failed", "checkpoint_saved", "checkpoint_failed",
-                "checkpoint_fallback", "nonfinite_detected", "alert_firing", "alert_resolved",
-                "action_taken", "finished")
+                "checkpoint_fallback", "checkpoint_resumed", "nonfinite_detected",
+                "alert_firing", "alert_resolved", "action_taken", "finished")
 
 
 def gather(run: RunDir, ev: Evidence) -> None:
@@ -22,10 +23,27 @@ def gather(run: RunDir, ev: Evidence) -> None:
     if not run.journal_file.exists():
         ev.cannot_see(f"journal ({run.journal_file} does not exist)")
     events = [r for r in result.records[-RECENT:] if r.get("event") in _INTERESTING]
-    ev.journal = {"events": events, "restarts": attempts.summary(
-                      [g.restarted_by for g in attempts.generations(result.records)]),
+    found = attempts.generations(result.records)
+    ev.journal = {"events": events, "restarts": attempts.summary([g.restarted_by for g in found]),
+                  "attempts": [{"started_at": g.started_at, "restarted_by": g.restarted_by,
+                                "pids": dict(g.ranks),
+                                "resumed_step": resumed_step(result.records, g, nxt)}
+                               for g, nxt in zip(found, [*found[1:], None])],
                   "firing_alerts": firing(result.records),
                   "stall_options": recorded_options(result.records)}
+
+
+def resumed_step(records: list[dict[str, Any]], attempt: attempts.Generation,
+                 following: attempts.Generation | None) -> int | None:
+    """The checkpoint step an attempt resumed from (its first checkpoint_resumed), or None."""
+    end = following.started_at if following else math.inf
+    for record in records:
+        t, step = record.get("time"), record.get("step")
+        if record.get("event") == "checkpoint_resumed" and isinstance(t, (int, float)) \
+                and attempt.started_at <= t < end and isinstance(step, int) \
+                and not isinstance(step, bool):
+            return step
+    return None
 
 
 def firing(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
