@@ -44,9 +44,9 @@ from trainwatch.trainer.checkpoint.manifest import verify
 from trainwatch.trainer.checkpoint.nonfinite import (NonFiniteHalt, nonfinite_flag,
                                                      nonfinite_state)
 from trainwatch.trainer.checkpoint.requests import Requests
-from trainwatch.trainer.checkpoint.snapshot import HostSnapshot
-from trainwatch.trainer.checkpoint.writer import (Payload, Written, copy_checkpoint,
-                                                  write_checkpoint)
+from trainwatch.trainer.checkpoint.snapshot import Handoff, HostSnapshot
+from trainwatch.trainer.checkpoint.writer import (CheckRefused, Payload, Written,
+                                                  copy_checkpoint, write_checkpoint)
 
 log = logging.getLogger(__name__)
 
@@ -293,41 +293,53 @@ class Checkpointer:
             if self.cfg.mode == "sync":
                 self._write(payload, started, waited)
                 return
+            # The writer starts now and writes each tree as soon as it is copied.
+            handoff = Handoff(list(shared), started)
+            payload.shared = handoff
             try:
-                payload.shared = self._snapshot.capture(shared)
-                blocking = time.perf_counter() - started
                 self._writer = threading.Thread(target=self._write,
-                                                args=(payload, blocking, waited),
+                                                args=(payload, started, waited),
                                                 name="trainwatch-checkpoint-writer", daemon=True)
                 self._writer.start()
-            except Exception as exc:  # e.g. no host memory for the copy
+            except Exception as exc:  # no thread to be had
+                self._writer = None
                 self._failed(step, exc, self.folder)
+                return
+            try:
+                self._snapshot.start()
+                for key, tree in shared.items():
+                    handoff.put(key, self._snapshot.copy(tree))
+                self._snapshot.finish()
+                handoff.close()
+            except Exception as exc:  # e.g. no host memory for the copy: the writer journals it
+                handoff.fail(exc)
 
-    def _write(self, payload: Payload, blocking: float, waited: float) -> None:
+    def _write(self, payload: Payload, started: float, waited: float) -> None:
         """Write, verify, mirror and prune one checkpoint; never raises (failures are journaled).
 
-        In sync mode ``blocking`` is the perf_counter the save started at (the loop waits
-        for all of this); in async mode it is how long the loop was blocked.
+        ``started`` is the perf_counter the save started at: in sync mode the loop waits
+        for all of this; in async mode ``payload.shared`` (a Handoff) says how long.
         """
         mode = self.cfg.mode
-        poisoned = nonfinite_state(payload.shared) if self.cfg.nonfinite != "off" else []
-        if poisoned:
-            # A loop without the step guard (check_step) trained on a NaN: keep the last
-            # good checkpoints, the ones a rollback returns to, out of retention's reach.
-            with self._lock:
-                self.facts["skipped_total"] += 1
-                self.facts["in_flight"] = False
-            self._journal("checkpoint_skipped", step=payload.step, policy="nonfinite",
-                          reason=f"NaN/Inf in {', '.join(poisoned[:3])}"
-                                 + (f" and {len(poisoned) - 3} more" if len(poisoned) > 3 else ""))
-            self._publish()
-            return
+        guard = nonfinite_state if self.cfg.nonfinite != "off" else None
         try:
-            written = write_checkpoint(self.folder, payload, fsync=self.cfg.fsync)
+            written = write_checkpoint(self.folder, payload, fsync=self.cfg.fsync, check=guard)
             # The sha256s were taken from the bytes as written; reading them back now would
             # only read the page cache, so this checks the manifest and sizes.  Resume and
             # `trainwatch checkpoint verify` hash every file.
             check = verify(written.path, full=False)
+        except CheckRefused as poisoned:
+            # A loop without the step guard (check_step) trained on a NaN: keep the last
+            # good checkpoints, the ones a rollback returns to, out of retention's reach.
+            found = poisoned.found
+            with self._lock:
+                self.facts["skipped_total"] += 1
+                self.facts["in_flight"] = False
+            self._journal("checkpoint_skipped", step=payload.step, policy="nonfinite",
+                          reason=f"NaN/Inf in {', '.join(found[:3])}"
+                                 + (f" and {len(found) - 3} more" if len(found) > 3 else ""))
+            self._publish()
+            return
         except Exception as exc:  # a failed save must never fail the job
             self._failed(payload.step, exc, self.folder)
             return
@@ -335,8 +347,9 @@ class Checkpointer:
             self._failed(payload.step, RuntimeError(f"verification after write: {check.reason}"),
                          self.folder)
             return
-        if mode == "sync":
-            blocking = time.perf_counter() - blocking
+        shared = payload.shared
+        blocking = (shared.blocking() if isinstance(shared, Handoff)
+                    else time.perf_counter() - started)
         self._newest_verified[self.folder] = written.path
         self._journal("checkpoint_saved", step=payload.step, path=str(written.path),
                       bytes=written.bytes, blocking_seconds=round(blocking, 6),
