@@ -83,6 +83,27 @@ def test_a_failed_copy_keeps_the_previous_checkpoint_and_leaves_nothing(tmp_path
     assert not any(p.name.startswith(".tmp-") for p in ckpt.folder.iterdir())
 
 
+def test_ctrl_c_during_the_copy_reaches_the_loop_and_close_does_not_hang(tmp_path, monkeypatch):
+    ckpt = _checkpointer(tmp_path)
+    original = HostSnapshot.copy
+
+    def copy(self, tree):
+        if "m" in tree:
+            raise KeyboardInterrupt
+        return original(self, tree)
+
+    monkeypatch.setattr(HostSnapshot, "copy", copy)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.after_step(1, _state)
+    waiting = threading.Thread(target=ckpt.wait, daemon=True)  # what close() waits on
+    waiting.start()
+    waiting.join(timeout=60)
+    assert not waiting.is_alive(), "the writer waits for a tree the interrupted copy never hands over"
+    ckpt.close()
+    assert catalog.complete(ckpt.folder) == []
+    assert not any(p.name.startswith(".tmp-") for p in ckpt.folder.iterdir())
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_poisoned_state_written_alongside_the_guard_is_never_published(tmp_path, mode):
     ckpt = _checkpointer(tmp_path, mode=mode)

@@ -311,8 +311,10 @@ class Checkpointer:
                     handoff.put(key, self._snapshot.copy(tree))
                 self._snapshot.finish()
                 handoff.close()
-            except Exception as exc:  # e.g. no host memory for the copy: the writer journals it
-                handoff.fail(exc)
+            except BaseException as exc:  # e.g. no host memory: the writer journals it
+                handoff.fail(exc)  # (and never waits for a tree that will not come)
+                if not isinstance(exc, Exception):
+                    raise
 
     def _write(self, payload: Payload, started: float, waited: float) -> None:
         """Write, verify, mirror and prune one checkpoint; never raises (failures are journaled).
