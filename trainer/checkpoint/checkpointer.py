@@ -291,6 +291,10 @@ class Checkpointer:
             with self._lock:
                 self.facts.update(in_flight=True, in_flight_step=step)
             if self.cfg.mode == "sync":
+                if torch.cuda.is_available() and torch.cuda.is_initialized():
+                    # The writer's helpers read device state (the NaN/Inf guard) from other
+                    # threads, outside the loop's stream: let the loop's work finish first.
+                    torch.cuda.synchronize()
                 self._write(payload, started, waited)
                 return
             # The writer starts now and writes each tree as soon as it is copied.
