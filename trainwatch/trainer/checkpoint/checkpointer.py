@@ -46,9 +46,9 @@ from trainwatch.checkpoint_format.manifest import verify
 from trainwatch.trainer.checkpoint.nonfinite import (NonFiniteHalt, nonfinite_flag,
                                                      nonfinite_state)
 from trainwatch.trainer.checkpoint.requests import Requests
-from trainwatch.trainer.checkpoint.snapshot import HostSnapshot
-from trainwatch.trainer.checkpoint.writer import (Payload, Written, copy_checkpoint,
-                                                  write_checkpoint)
+from trainwatch.trainer.checkpoint.snapshot import Handoff, HostSnapshot
+from trainwatch.trainer.checkpoint.writer import (CheckRefused, Payload, Written,
+                                                  copy_checkpoint, write_checkpoint)
 
 log = logging.getLogger(__name__)
 
@@ -293,43 +293,61 @@ class Checkpointer:
             with self._lock:
                 self.facts.update(in_flight=True, in_flight_step=step)
             if self.cfg.mode == "sync":
+                if torch.cuda.is_available() and torch.cuda.is_initialized():
+                    # The writer's helpers read device state (the NaN/Inf guard) from other
+                    # threads, outside the loop's stream: let the loop's work finish first.
+                    torch.cuda.synchronize()
                 self._write(payload, started, waited)
                 return
+            # The writer starts now and writes each tree as soon as it is copied.
+            handoff = Handoff(list(shared), started)
+            payload.shared = handoff
             try:
-                payload.shared = self._snapshot.capture(shared)
-                blocking = time.perf_counter() - started
                 self._writer = threading.Thread(target=self._write,
-                                                args=(payload, blocking, waited),
+                                                args=(payload, started, waited),
                                                 name="trainwatch-checkpoint-writer", daemon=True)
                 self._writer.start()
-            except Exception as exc:  # e.g. no host memory for the copy
+            except Exception as exc:  # no thread to be had
+                self._writer = None
                 self._failed(step, exc, self.folder)
+                return
+            try:
+                self._snapshot.start()
+                for key, tree in shared.items():
+                    handoff.put(key, self._snapshot.copy(tree))
+                self._snapshot.finish()
+                handoff.close()
+            except BaseException as exc:  # e.g. no host memory: the writer journals it
+                handoff.fail(exc)  # (and never waits for a tree that will not come)
+                if not isinstance(exc, Exception):
+                    raise
 
-    def _write(self, payload: Payload, blocking: float, waited: float) -> None:
+    def _write(self, payload: Payload, started: float, waited: float) -> None:
         """Write, verify, mirror and prune one checkpoint; never raises (failures are journaled).
 
-        In sync mode ``blocking`` is the perf_counter the save started at (the loop waits
-        for all of this); in async mode it is how long the loop was blocked.
+        ``started`` is the perf_counter the save started at: in sync mode the loop waits
+        for all of this; in async mode ``payload.shared`` (a Handoff) says how long.
         """
         mode = self.cfg.mode
-        poisoned = nonfinite_state(payload.shared) if self.cfg.nonfinite != "off" else []
-        if poisoned:
-            # A loop without the step guard (check_step) trained on a NaN: keep the last
-            # good checkpoints, the ones a rollback returns to, out of retention's reach.
-            with self._lock:
-                self.facts["skipped_total"] += 1
-                self.facts["in_flight"] = False
-            self._journal("checkpoint_skipped", step=payload.step, policy="nonfinite",
-                          reason=f"NaN/Inf in {', '.join(poisoned[:3])}"
-                                 + (f" and {len(poisoned) - 3} more" if len(poisoned) > 3 else ""))
-            self._publish()
-            return
+        guard = nonfinite_state if self.cfg.nonfinite != "off" else None
         try:
-            written = write_checkpoint(self.folder, payload, fsync=self.cfg.fsync)
+            written = write_checkpoint(self.folder, payload, fsync=self.cfg.fsync, check=guard)
             # The sha256s were taken from the bytes as written; reading them back now would
             # only read the page cache, so this checks the manifest and sizes.  Resume and
             # `trainwatch checkpoint verify` hash every file.
             check = verify(written.path, full=False)
+        except CheckRefused as poisoned:
+            # A loop without the step guard (check_step) trained on a NaN: keep the last
+            # good checkpoints, the ones a rollback returns to, out of retention's reach.
+            found = poisoned.found
+            with self._lock:
+                self.facts["skipped_total"] += 1
+                self.facts["in_flight"] = False
+            self._journal("checkpoint_skipped", step=payload.step, policy="nonfinite",
+                          reason=f"NaN/Inf in {', '.join(found[:3])}"
+                                 + (f" and {len(found) - 3} more" if len(found) > 3 else ""))
+            self._publish()
+            return
         except Exception as exc:  # a failed save must never fail the job
             self._failed(payload.step, exc, self.folder)
             return
@@ -337,8 +355,9 @@ class Checkpointer:
             self._failed(payload.step, RuntimeError(f"verification after write: {check.reason}"),
                          self.folder)
             return
-        if mode == "sync":
-            blocking = time.perf_counter() - blocking
+        shared = payload.shared
+        blocking = (shared.blocking() if isinstance(shared, Handoff)
+                    else time.perf_counter() - started)
         self._newest_verified[self.folder] = written.path
         self._journal("checkpoint_saved", step=payload.step, path=str(written.path),
                       bytes=written.bytes, blocking_seconds=round(blocking, 6),

@@ -7,7 +7,9 @@ rename it to ``step-N``, fsync the parent.
 Time to durable is what counts, so nothing waits in line: while a file is serialized
 into the page cache, a helper thread hashes the part already written (mapped window by
 window, no copy) and asks the kernel to start writing it back; the final fsync then only
-waits for the tail, and the hash is ready about when the last byte is.
+waits for the tail, and the hash is ready about when the last byte is. A ``check`` of
+each tree (the NaN/Inf guard) runs on a helper alongside its file too, and a tree it
+rejects stops the save before anything is published.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable, Mapping
 
 import torch
 
@@ -41,12 +43,20 @@ class CheckpointWriteError(OSError):
     """A save failed; the partial directory is gone (or left as ``.tmp-``, never trusted)."""
 
 
+class CheckRefused(Exception):
+    """``check`` found something in a tree (its list of names); nothing was published."""
+
+    def __init__(self, found: list[str]):
+        super().__init__(", ".join(found))
+        self.found = found
+
+
 @dataclass
 class Payload:
     """Everything one checkpoint holds, already in host memory."""
 
     step: int
-    shared: dict[str, Any]              # name -> state tree; rank 0's copy, same on every rank
+    shared: Mapping[str, Any]           # name -> state tree; rank 0's copy, same on every rank
     ranks: list[dict[str, Any]]         # per rank: {"rng": ..., "data": ...}
     config_hash: str | None = None
     reason: str = "interval"
@@ -199,8 +209,13 @@ def _cleanup_and_raise(tmp: Path, exc: OSError, what: str) -> None:
                                str(getattr(exc, "filename", None) or tmp)) from exc
 
 
-def write_checkpoint(folder: str | Path, payload: Payload, *, fsync: bool = True) -> Written:
-    """Write ``payload`` as ``folder/step-N``; raises CheckpointWriteError, leaving no partial."""
+def write_checkpoint(folder: str | Path, payload: Payload, *, fsync: bool = True,
+                     check: Callable[[Any, str], list[str]] | None = None) -> Written:
+    """Write ``payload`` as ``folder/step-N``; raises CheckpointWriteError (or CheckRefused
+    when ``check(tree, name)`` lists anything), leaving no partial.
+
+    ``payload.shared`` may be a ``Handoff``: each tree is written as soon as it is copied.
+    """
     started = time.perf_counter()
     folder = Path(folder)
     name = step_dir_name(payload.step)
@@ -209,17 +224,24 @@ def write_checkpoint(folder: str | Path, payload: Payload, *, fsync: bool = True
         folder.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
         pending: dict[str, tuple[int, Future, Future | None]] = {}
-        with ThreadPoolExecutor(max_workers=3, thread_name_prefix="trainwatch-ckpt-io") as helpers:
-            for key, tree in payload.shared.items():
-                pending[f"{key}.pt"] = _save_file(tmp / f"{key}.pt", tree, fsync, helpers)
+        checked: list[Future] = []
+        with ThreadPoolExecutor(max_workers=4, thread_name_prefix="trainwatch-ckpt-io") as helpers:
+            # The small per-rank files first: they are ready before any shared tree is.
             for rank, state in enumerate(payload.ranks):
                 pending[rank_file_name(rank)] = _save_file(
                     tmp / rank_file_name(rank), {"rank": rank, **state}, fsync, helpers)
+            for key, tree in payload.shared.items():
+                if check is not None:
+                    checked.append(helpers.submit(check, tree, key))
+                pending[f"{key}.pt"] = _save_file(tmp / f"{key}.pt", tree, fsync, helpers)
             files: dict[str, Any] = {}
             for fname, (size, hashed, synced) in pending.items():
                 if synced is not None:
                     synced.result()  # raises the fsync's OSError (EIO, ENOSPC on some fs)
                 files[fname] = {"sha256": hashed.result(), "bytes": size}
+            found = [item for result in checked for item in result.result()]
+        if found:
+            raise CheckRefused(found)
         manifest = {
             "format": FORMAT, "version": FORMAT_VERSION, "step": payload.step,
             "created_at": time.time(), "reason": payload.reason,
@@ -234,6 +256,9 @@ def write_checkpoint(folder: str | Path, payload: Payload, *, fsync: bool = True
         _publish(tmp, folder / name, fsync)
     except OSError as exc:
         _cleanup_and_raise(tmp, exc, f"saving checkpoint step {payload.step} failed")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     total = sum(f["bytes"] for f in files.values())
     return Written(folder / name, total, time.perf_counter() - started)
 

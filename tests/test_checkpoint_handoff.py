@@ -1,0 +1,128 @@
+"""An async save hands each tree to the writer as soon as it is copied; the NaN/Inf guard
+runs alongside the write. Neither may cost crash safety or the previous checkpoint."""
+
+import threading
+
+import pytest
+import torch
+
+from trainwatch.rundir import RunDir
+from trainwatch.trainer.checkpoint import CheckpointConfig, Checkpointer, catalog
+from trainwatch.trainer.checkpoint.manifest import verify
+from trainwatch.trainer.checkpoint.nonfinite import nonfinite_state
+from trainwatch.trainer.checkpoint.snapshot import HostSnapshot
+
+
+def _checkpointer(tmp_path, **cfg):
+    RunDir(tmp_path / "run").create()
+    return Checkpointer(CheckpointConfig(every_steps=1, fsync=False, **cfg),
+                        tmp_path / "run").start()
+
+
+def _state():
+    return {"model": {"w": torch.randn(1000)}, "optimizer": {"m": torch.randn(1000)},
+            "data": {"position": 1}}
+
+
+def test_the_writer_starts_on_the_model_while_the_optimizer_is_still_copied(tmp_path,
+                                                                              monkeypatch):
+    ckpt = _checkpointer(tmp_path)
+    folder = ckpt.folder
+    started_model = threading.Event()
+    original = HostSnapshot.copy
+
+    def copy(self, tree):
+        if "m" in tree:  # the optimizer: hold the copy until model.pt is being written
+            started_model.wait(timeout=30)
+        return original(self, tree)
+
+    def model_file_seen():
+        while not started_model.is_set():
+            if any(folder.glob(".tmp-step-*/model.pt")):
+                started_model.set()
+            elif not watching.is_set():
+                return
+            threading.Event().wait(0.005)
+
+    watching = threading.Event()
+    watching.set()
+    watcher = threading.Thread(target=model_file_seen, daemon=True)
+    watcher.start()
+    monkeypatch.setattr(HostSnapshot, "copy", copy)
+    try:
+        ckpt.after_step(1, _state)
+        ckpt.wait()
+    finally:
+        watching.clear()
+        watcher.join(timeout=30)
+        ckpt.close()
+    assert started_model.is_set(), "model.pt was not written until the whole state was copied"
+    newest = catalog.complete(folder)[0]
+    assert newest.step == 1 and verify(newest.path).ok
+
+
+def test_a_failed_copy_keeps_the_previous_checkpoint_and_leaves_nothing(tmp_path, monkeypatch):
+    ckpt = _checkpointer(tmp_path)
+    ckpt.after_step(1, _state)
+    ckpt.wait()
+    original = HostSnapshot.copy
+
+    def copy(self, tree):
+        if "m" in tree:
+            raise MemoryError("no host memory for the copy")
+        return original(self, tree)
+
+    monkeypatch.setattr(HostSnapshot, "copy", copy)
+    ckpt.after_step(2, _state)
+    ckpt.wait()
+    ckpt.close()
+    failed = RunDir(tmp_path / "run").events("checkpoint_failed")
+    assert len(failed) == 1 and failed[0]["step"] == 2 and "host memory" in failed[0]["error"]
+    kept = catalog.complete(ckpt.folder)
+    assert [e.step for e in kept] == [1] and failed[0]["previous"] == str(kept[0].path)
+    assert not any(p.name.startswith(".tmp-") for p in ckpt.folder.iterdir())
+
+
+def test_ctrl_c_during_the_copy_reaches_the_loop_and_close_does_not_hang(tmp_path, monkeypatch):
+    ckpt = _checkpointer(tmp_path)
+    original = HostSnapshot.copy
+
+    def copy(self, tree):
+        if "m" in tree:
+            raise KeyboardInterrupt
+        return original(self, tree)
+
+    monkeypatch.setattr(HostSnapshot, "copy", copy)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.after_step(1, _state)
+    waiting = threading.Thread(target=ckpt.wait, daemon=True)  # what close() waits on
+    waiting.start()
+    waiting.join(timeout=60)
+    assert not waiting.is_alive(), "the writer waits for a tree the interrupted copy never hands over"
+    ckpt.close()
+    assert catalog.complete(ckpt.folder) == []
+    assert not any(p.name.startswith(".tmp-") for p in ckpt.folder.iterdir())
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_poisoned_state_written_alongside_the_guard_is_never_published(tmp_path, mode):
+    ckpt = _checkpointer(tmp_path, mode=mode)
+    ckpt.after_step(1, _state)
+    bad = _state()
+    bad["optimizer"]["m"][7] = float("inf")
+    ckpt.after_step(2, lambda: bad)
+    ckpt.wait()
+    ckpt.close()
+    skipped = RunDir(tmp_path / "run").events("checkpoint_skipped")
+    assert skipped and skipped[-1]["policy"] == "nonfinite" and "optimizer.m" in skipped[-1]["reason"]
+    assert [e.step for e in catalog.complete(ckpt.folder)] == [1]
+    assert not any(p.name.startswith(".tmp-") for p in ckpt.folder.iterdir())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_the_guard_sees_nan_and_both_infinities_in_every_float_dtype(dtype):
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        tree = {"ok": torch.zeros(5, dtype=dtype), "empty": torch.zeros(0, dtype=dtype),
+                "ints": torch.arange(3), "bad": [torch.zeros(4, 3, dtype=dtype)]}
+        tree["bad"][0][2, 1] = bad
+        assert nonfinite_state(tree, "model") == ["model.bad.0"]
