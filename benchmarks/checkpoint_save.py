@@ -46,9 +46,9 @@ from typing import Any, Callable
 import torch
 
 from trainwatch.trainer.checkpoint import CheckpointConfig
-from trainwatch.trainer.checkpoint.catalog import scan
+from trainwatch.checkpoint_format.catalog import scan
 from trainwatch.trainer.checkpoint.checkpoints import Checkpoints
-from trainwatch.trainer.checkpoint.manifest import verify
+from trainwatch.checkpoint_format.manifest import verify
 
 
 def build_state(megabytes: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

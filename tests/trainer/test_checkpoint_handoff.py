@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from trainwatch.rundir import RunDir
-from trainwatch.trainer.checkpoint import CheckpointConfig, Checkpointer, catalog
-from trainwatch.trainer.checkpoint.manifest import verify
+from trainwatch.checkpoint_format import catalog
+from trainwatch.trainer.checkpoint import CheckpointConfig, Checkpointer
+from trainwatch.checkpoint_format.manifest import verify
 from trainwatch.trainer.checkpoint.nonfinite import nonfinite_state
 from trainwatch.trainer.checkpoint.snapshot import HostSnapshot
 
