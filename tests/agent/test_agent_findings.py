@@ -283,3 +283,17 @@ def test_a_flagged_straggler_stays_flagged_while_its_newest_window_is_not_in():
     assert flagged == {2}
     assert poll(44, [0, 1, 3]) == {2}  # rank 2 has not published window 44 yet
     assert poll(44, range(4)) == {2}
+
+
+def test_a_run_its_supervisor_stopped_raises_no_finding():
+    """`trainwatch run` stopped on purpose (Ctrl-C, systemctl stop): its ranks are gone, but
+    nobody is to be told "dead" in /status, as no alert pages for it either."""
+    ctx = make_ctx()
+    findings = collector(ctx, "findings")
+    now = time.time()
+    publish(ctx, "journal", Result(data={"/r": {"job": "exp", "supervisor_stopped": True}}))
+    publish(ctx, "ranks", ranks_data(now, progress_age=8.0, heartbeat_age=8.0, status="gone"))
+    assert findings.collect().data["findings"] == []
+    publish(ctx, "journal", Result(data={"/r": {"job": "exp", "supervisor_stopped": False}}))
+    finding, _incident = findings.collect().data["findings"]
+    assert finding["id"] == "stall/exp/1" and finding["stall_kind"] == "dead"

@@ -77,7 +77,10 @@ class FindingsCollector(Collector):
         verdicts: dict[str, Any] = {}
         nodes: dict[str, Any] = {}
         keep = set()
+        stopped = self._supervisor_stopped()
         for job in ranks_data["jobs"]:
+            if job.get("run_dir") in stopped:
+                continue  # its ranks were stopped on purpose: nobody to page, nothing to find
             tracker = self.stragglers.setdefault(job["job"],
                                                  JobStragglers(self.ctx.config.straggler))
             tracker.options = self.ctx.config.straggler
@@ -112,6 +115,12 @@ class FindingsCollector(Collector):
                        "recently_cleared": list(self.cleared), "ranks": verdicts,
                        "node_stragglers": nodes}
         return result
+
+    def _supervisor_stopped(self) -> set[str]:
+        """Run directories whose journal ends with their supervisor stopping the job."""
+        journal = self.ctx.store.data("journal") or {}
+        return {key for key, tail in journal.items()
+                if isinstance(tail, dict) and tail.get("supervisor_stopped")}
 
     # -- stalls ----------------------------------------------------------------------
     def _stall(self, key, job, rank, rows, elapsed, holders, current):
