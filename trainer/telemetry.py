@@ -96,9 +96,8 @@ class StepRecorder:
     def record(self, **values: Any) -> None:
         """Loss, grad_norm, lr, tokens, samples or any other scalar; tensors stay on device."""
         for key, value in values.items():
-            # Keep no autograd graph alive until the flush; the value itself is not copied.
-            if isinstance(value, torch.Tensor) and value.requires_grad:
-                values[key] = value.detach()
+            if isinstance(value, torch.Tensor):
+                values[key] = _held(value)
         self.values.update(values)
 
 
@@ -412,9 +411,7 @@ class Telemetry:
         target = watch.values if watch is not None and hasattr(watch, "values") else (
             self._step_block.recorder.values)
         for key, value in values.items():
-            if isinstance(value, torch.Tensor) and value.requires_grad:
-                value = value.detach()
-            target[key] = value
+            target[key] = _held(value) if isinstance(value, torch.Tensor) else value
 
     def continue_at(self, step: int) -> None:
         """The next step the loop runs (``Checkpoints`` tells after a resume, a save or a
@@ -874,6 +871,22 @@ def _copy(obj: Any) -> Any:
     if isinstance(obj, list):
         return list(obj)
     return obj
+
+
+def _held(value: torch.Tensor) -> Any:
+    """What a pending step keeps of a recorded tensor until the flush. A device tensor as
+    it is (read by the heartbeat thread: no host/device sync in the loop), without its
+    autograd graph. A CPU tensor is read now: there is nothing to wait for, and each small
+    CPU tensor kept alive until the flush pinned 0.1-0.2 MiB of the C heap between the
+    step's large temporaries (~20 MiB a rank at a second of ~10 ms steps). A value that
+    cannot be read (a collective's output after its peer died) is kept for the flush, which
+    counts the error: nothing raises into the loop."""
+    if value.device.type == "cpu":
+        try:
+            return _scalar(value)
+        except Exception:  # the flush reads it again and counts it
+            pass
+    return value.detach() if value.requires_grad else value
 
 
 def _scalar(value: torch.Tensor) -> float | None:
