@@ -23,8 +23,10 @@ journal events.
 Rules it keeps (never harm the job: telemetry is bounded and non-blocking):
 * the loop only touches memory: files are written by a background thread,
   every ``heartbeat_interval`` seconds, so I/O never stalls a step;
-* tensors passed to ``record`` are kept as they are (no ``.item()``) and read
-  by the background thread, so there is no per-step host/device sync;
+* device tensors passed to ``record`` are kept as they are (no ``.item()``) and
+  read by the background thread, so there is no per-step host/device sync; CPU
+  tensors, with nothing to wait for, are read at once (held until the flush, each
+  pinned a fraction of a MiB of the C heap);
 * buffers are bounded; a telemetry failure is counted and logged, never raised;
 * each block boundary in the loop costs one clock read (integer nanoseconds) and a
   few stores, no lock, in reused class context managers (generators and per-call
