@@ -9,7 +9,7 @@ writes it (one line per step, ~400 bytes), a journal with two restarts (one resu
 an older checkpoint, so steps are recomputed), a save every 1,000 steps and an
 evaluation every 5,000. ``--shape busy`` writes a busier run of the same length: an
 evaluation every 50 steps and 200 restarts (each resumed from the last save). Each
-reader runs as its own process; its peak RSS (VmHWM) and wall time are measured
+reader runs as its own process; its peak RSS (VmHWM), wall time and CPU time are measured
 alongside a process that only reads and `json.loads` every line of the same files (the
 least any reader must do), in alternation, ``--repeat`` times.
 Goals: peak memory flat in steps (<= 200 MiB at 1M steps), time <= 2x the plain parse;
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -151,16 +152,20 @@ def make_run(root: Path, steps: int, eval_every: int = 5000, restarts: int = 2) 
     return run
 
 
-def measure(cmd: list[str]) -> tuple[float, int, int]:
-    """(wall seconds, peak RSS bytes, exit code) of one process."""
+def measure(cmd: list[str]) -> tuple[float, float, int, int]:
+    """(wall seconds, CPU seconds, peak RSS bytes, exit code) of one process. CPU time
+    moves far less than wall time when other work shares the machine."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     hwm = [line for line in proc.stderr.splitlines() if line.startswith("HWM ")]
     if not hwm:
         raise SystemExit(f"{cmd}: no peak RSS reported (exit {proc.returncode}):\n"
                          f"{proc.stderr[-2000:]}")
-    return wall, int(hwm[-1].split()[1]), proc.returncode
+    return wall, cpu, int(hwm[-1].split()[1]), proc.returncode
 
 
 def main() -> int:
@@ -185,21 +190,27 @@ def main() -> int:
                 "diagnose": [sys.executable, "-c", WRAP, "diagnose", "--run-dir", str(run),
                              "--json"],
             }
-            samples: dict[str, list[tuple[float, int]]] = {k: [] for k in commands}
+            samples: dict[str, list[tuple[float, float, int]]] = {k: [] for k in commands}
             for _ in range(args.repeat):  # alternate, so load hits every reader alike
                 for name in ["plain_parse", *readers]:
-                    wall, rss, _code = measure(commands[name])
-                    samples[name].append((wall, rss))
+                    wall, cpu, rss, _code = measure(commands[name])
+                    samples[name].append((wall, cpu, rss))
             size = sum(os.path.getsize(f) for f in files)
             row = {"steps": steps, "bytes": size}
-            base_wall = statistics.median(w for w, _ in samples["plain_parse"])
-            base_rss = statistics.median(r for _, r in samples["plain_parse"])
+            base = samples["plain_parse"]
+            base_wall = statistics.median(w for w, _, _ in base)
+            base_rss = statistics.median(r for _, _, r in base)
             for name in ["plain_parse", *readers]:
-                walls = [w for w, _ in samples[name]]
-                rsss = [r for _, r in samples[name]]
+                walls = [w for w, _, _ in samples[name]]
+                rsss = [r for _, _, r in samples[name]]
+                # Each run against the plain parse run next to it: the ratio's spread.
+                cpu = sorted(c / b[1] for (_, c, _), b in zip(samples[name], base))
                 row[name] = {"wall_s": statistics.median(walls), "wall_min": min(walls),
                              "wall_max": max(walls), "peak_rss_mib": max(rsss) / 2**20,
                              "wall_ratio": statistics.median(walls) / base_wall,
+                             "cpu_s": statistics.median(c for _, c, _ in samples[name]),
+                             "cpu_ratio": statistics.median(cpu),
+                             "cpu_ratio_range": [cpu[0], cpu[-1]],
                              "rss_ratio": max(rsss) / base_rss}
             out["runs"].append(row)
     out["load_average_1m_end"] = os.getloadavg()[0]
@@ -212,11 +223,13 @@ def main() -> int:
               f"({row['bytes'] / 2**20:.0f} MiB of JSON lines), "
               f"median of {args.repeat} alternating runs:")
         print(f"  {'reader':12} {'wall s':>8} {'(min-max)':>14} {'x parse':>8} "
-              f"{'peak RSS MiB':>13} {'x parse':>8}")
+              f"{'CPU s':>7} {'x parse (min-max)':>19} {'peak RSS MiB':>13} {'x parse':>8}")
         for name in ["plain_parse", *readers]:
             r = row[name]
+            low, high = r["cpu_ratio_range"]
             print(f"  {name:12} {r['wall_s']:8.2f} {r['wall_min']:6.2f}-{r['wall_max']:<7.2f} "
-                  f"{r['wall_ratio']:8.2f} {r['peak_rss_mib']:13.1f} {r['rss_ratio']:8.2f}")
+                  f"{r['wall_ratio']:8.2f} {r['cpu_s']:7.2f} {r['cpu_ratio']:6.2f} "
+                  f"({low:.2f}-{high:.2f}) {r['peak_rss_mib']:13.1f} {r['rss_ratio']:8.2f}")
     print(f"(load average {out['load_average_1m_start']:.1f} at start, "
           f"{out['load_average_1m_end']:.1f} at end; goals: report/drill/diagnose peak "
           "<= 200 MiB at 1M steps, wall <= 2x plain parse)")

@@ -19,6 +19,16 @@ Printed, with the goal <= 1.005 for each ratio:
   telemetry on and off, blocks of steps alternating, at default settings (under DDP
   with the timing exchange), and the heartbeat thread's flush per step. It is the
   figure that machine load moves least, so compare versions of telemetry with it.
+
+With ``--instructions`` (one process, needs ``valgrind`` and a C compiler) the same step
+is then run under callgrind, which counts the user-space instructions the process
+executes: machine load cannot move them, unlike wall time on a shared VM (kernel counters,
+``perf stat``, are not exposed here). Pairs of blocks of ``--block`` steps, on and off,
+order alternating, each block's count dumped on its own; the heartbeat's work runs in the
+loop's thread at the end of each "on" block (flushing that block's steps), its fixed part
+(status and beat files) counted once a beat, at the steps per beat the run above measured
+(a second over the CPU time of a step off). Printed: the ratio of instructions per step on/off, median and range over
+the pairs (goal <= 1.005).
 """
 
 from __future__ import annotations
@@ -28,6 +38,8 @@ import math
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -48,12 +60,63 @@ def telemetry_thread_cpu() -> float:
     return sum(t.user_time + t.system_time for t in psutil.Process().threads() if t.id in ids)
 
 
+# Callgrind dumps the counts gathered since its last dump when the program asks it to;
+# Python cannot issue that client request itself, so a two-line library does.
+_DUMP_SHIM = """#include <valgrind/callgrind.h>
+void trainwatch_dump(const char *label) { CALLGRIND_DUMP_STATS_AT(label); }
+"""
+
+
+def count_instructions(args: argparse.Namespace, steps_per_beat: float) -> list[float]:
+    """Run this script's step under callgrind; per pair, instructions per step on/off."""
+    work = tempfile.mkdtemp(prefix="trainwatch-callgrind-")
+    try:
+        source, shim = os.path.join(work, "dump.c"), os.path.join(work, "dump.so")
+        with open(source, "w") as f:
+            f.write(_DUMP_SHIM)
+        subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", shim, source], check=True)
+        out = os.path.join(work, "callgrind.out")
+        command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+                   sys.executable, os.path.abspath(__file__), "--count-child", shim,
+                   "--pairs", str(args.pairs), "--block", str(args.block),
+                   *[a for o in args.overrides for a in ("--set", o)]]
+        subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        counts: dict[str, int] = {}
+        for name in os.listdir(work):
+            if not name.startswith("callgrind.out."):
+                continue
+            label, total, trigger = "", 0, "desc: Trigger: Client Request: "
+            with open(os.path.join(work, name)) as f:
+                for line in f:
+                    if line.startswith(trigger):
+                        label = line[len(trigger):].strip()
+                    elif line.startswith(("summary:", "totals:")):
+                        total = int(line.split()[1])
+            counts[label] = total
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    ratios = []
+    for i in range(args.pairs):
+        beat = counts[f"beat-{i}"]
+        on = (counts[f"on-{i}"] - beat) / args.block + beat / steps_per_beat
+        ratios.append(on / (counts[f"off-{i}"] / args.block))
+        print(f"  pair {i}: {on:,.0f} instructions per step on, "
+              f"{counts[f'off-{i}'] / args.block:,.0f} off (beat {beat:,})")
+    return ratios
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=1500, help="measured steps per mode")
     parser.add_argument("--warmup-steps", type=int, default=100)
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="trainer config override")
+    parser.add_argument("--instructions", action="store_true",
+                        help="then count instructions per step on/off under callgrind")
+    parser.add_argument("--pairs", type=int, default=3, help="callgrind: pairs of blocks")
+    parser.add_argument("--block", type=int, default=10, help="callgrind: steps per block")
+    parser.add_argument("--count-child", help=argparse.SUPPRESS)  # the run under callgrind
     args = parser.parse_args()
 
     cfg = load_config(None, args.overrides)
@@ -113,6 +176,35 @@ def main() -> None:
         steps = blocks * block
         return cpu[True] / steps, cpu[False] / steps, (time.thread_time() - started) / steps
 
+    if args.count_child:
+        import ctypes
+        dump = ctypes.CDLL(args.count_child).trainwatch_dump
+        # The heartbeat's work runs here, in step with the loop, not on a clock.
+        on = Telemetry(os.path.join(scratch, "run"), rank=ranks.rank, world_size=1,
+                       device=ranks.device, flops_per_token=model.flops_per_token(),
+                       heartbeat_interval=1e9).start()
+        off = Telemetry(os.path.join(scratch, "off"), enabled=False)
+        n = 0
+        for tel in (off, on, off, on):  # warm both paths up
+            for _ in range(3):
+                step(tel, n)
+                n += 1
+        on._beat_once()
+        dump(b"setup")
+        for i in range(args.pairs):
+            for enabled in ((True, False) if i % 2 == 0 else (False, True)):
+                for _ in range(args.block):
+                    step(on if enabled else off, n)
+                    n += 1
+                if enabled:
+                    on._beat_once()  # flushes this block's steps
+                dump(f"{'on' if enabled else 'off'}-{i}".encode())
+            on._beat_once()  # nothing pending: the part of a beat paid once per beat
+            dump(f"beat-{i}".encode())
+        on.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+        return
+
     on = Telemetry(os.path.join(scratch, "run"), rank=ranks.rank, local_rank=ranks.local_rank,
                    world_size=ranks.world_size, device=ranks.device,
                    flops_per_token=model.flops_per_token()).start()
@@ -151,6 +243,14 @@ def main() -> None:
               f"{loop_off * 1e6:.1f} us off, +{(loop_on - loop_off) * 1e6:.1f} us; heartbeat "
               f"flush {flush * 1e6:.1f} us per step; together "
               f"{1 + (loop_on - loop_off + flush) / wall_off:.4f} x the median step time off")
+        if args.instructions and not ranks.distributed:
+            # Steps per beat from the CPU time of a step: the wall time swings with load.
+            steps_per_beat = on.heartbeat_interval / cpu_off
+            print(f"instructions per step under callgrind ({args.pairs} pairs of "
+                  f"{args.block}-step blocks, a beat every {steps_per_beat:.0f} steps):")
+            ratios = count_instructions(args, steps_per_beat)
+            print(f"instructions per step, on/off: median {statistics.median(ratios):.4f} "
+                  f"({min(ratios):.4f}-{max(ratios):.4f})  (goal <= 1.005)")
     shutil.rmtree(scratch, ignore_errors=True)
     if ranks.distributed:
         torch.distributed.destroy_process_group()

@@ -98,17 +98,35 @@ def _long_gaps(starts: np.ndarray, ends: np.ndarray, budget: float) -> Iterator[
             yield lo + i
 
 
-def _later_resumes(attempts: list[Attempt]) -> list[list[tuple[int, int]]]:
-    """Per attempt, (index, resumed_from) of every later attempt that says where it resumed."""
-    return [[(later.index, later.resumed_from) for later in attempts[k + 1:]
-             if later.resumed_from is not None] for k in range(len(attempts))]
+# A later attempt that resumed at or before a step threw that step's work away. Per attempt,
+# those that can be the first to do so, as a chain of (index, resumed_from, next, the
+# chain's earliest resume): a later attempt is left out where an earlier one resumed at or
+# before it (that one always comes first), so resumes fall along the chain. Built from the
+# last attempt back, each attempt joins and leaves the chain once: linear in attempts.
+_Chain = tuple  # (int, int, "_Chain | None", int)
 
 
-def _discarding_attempt(later: list[tuple[int, int]], step: int) -> int | None:
+def _later_resumes(attempts: list[Attempt]) -> list[_Chain | None]:
+    """Per attempt, the chain of later attempts that may discard its steps (None: none)."""
+    chains: list[_Chain | None] = [None] * len(attempts)
+    chain: _Chain | None = None
+    for k in range(len(attempts) - 1, -1, -1):
+        chains[k] = chain
+        resumed = attempts[k].resumed_from
+        if resumed is not None:
+            while chain is not None and chain[1] >= resumed:
+                chain = chain[2]
+            chain = (attempts[k].index, resumed, chain,
+                     chain[3] if chain is not None else resumed)
+    return chains
+
+
+def _discarding_attempt(chain: _Chain | None, step: int) -> int | None:
     """The first later attempt that resumed at or before ``step``: it threw that work away."""
-    for index, resumed in later:
-        if resumed <= step:
-            return index
+    while chain is not None:
+        if chain[1] <= step:
+            return chain[0]
+        chain = chain[2]
     return None
 
 
@@ -181,7 +199,7 @@ class _Painter:
                 continue
             k = attempt.index
             mine = later[k]
-            earliest = min((r for _, r in mine), default=None)
+            earliest = mine[3] if mine is not None else None
             for i in range(lo, attempt.execs.hi):
                 x_start, end = starts[i], ends[i]
                 start = x_start if x_start > previous_end else previous_end
@@ -475,8 +493,8 @@ def _kept(tl: Timeline, painter: _Painter) -> Iterator[tuple[int, int, np.ndarra
     log = tl.steps
     steps = np.frombuffer(log.step, dtype=np.int64)
     later = _later_resumes(tl.attempts) if painter.recomputed else []
-    cuts = [(a.execs.lo, a.execs.hi, min(r for _, r in later[a.index]))
-            for a in tl.attempts if later and len(a.execs) and later[a.index]]
+    cuts = [(a.execs.lo, a.execs.hi, chain[3]) for a in tl.attempts
+            if later and len(a.execs) and (chain := later[a.index]) is not None]
     for lo in range(0, len(log), _CHUNK):
         hi = min(lo + _CHUNK, len(log))
         keep = np.ones(hi - lo, dtype=bool)

@@ -210,7 +210,11 @@ def _rank0_metrics(run: RunDir, moved: float = 0.0
     log, evals = StepLog(), []
     skipped: list[Skipped] = []
     where = str(run.metrics_file(0))
+    columns = (log.step.append, log.start.append, log.end.append, log.wait.append,
+               log.tokens.append)
     for lineno, record in iter_jsonl(run.metrics_file(0), skipped, run.root):
+        if _plain_step(record, moved, columns):
+            continue
         kind, step, when = record.get("kind"), record.get("step"), number(record.get("time"))
         if when is not None:
             when += moved
@@ -235,6 +239,36 @@ def _rank0_metrics(run: RunDir, moved: float = 0.0
             skipped.append(Skipped(where, "step number out of range", lineno))
     log.sort()
     return log, evals, skipped
+
+
+def _plain_step(record: dict[str, Any], moved: float, columns: tuple) -> bool:
+    """Append a step record the telemetry wrote (finite floats, an int step and tokens in
+    range) straight to the columns, as ``_rank0_metrics`` would; False for anything else,
+    which it then reads field by field. One call instead of a dozen per step of the log."""
+    get = record.get
+    step, when, seconds, wait = get("step"), get("time"), get("step_time_seconds"), get(
+        "data_wait_seconds")
+    if not (get("kind") == "step" and type(step) is int and type(when) is float
+            and type(seconds) is float and type(wait) is float and seconds >= 0.0
+            and -math.inf < when + seconds + wait < math.inf  # all finite
+            and -_INT64 <= step < _INT64):
+        return False
+    tokens = get("tokens")
+    if type(tokens) is int and -_INT64 <= tokens < _INT64:
+        tokens = float(tokens)
+    elif tokens is not None and not (type(tokens) is float and tokens - tokens == 0.0):
+        return False  # not a finite number: number() decides
+    when += moved
+    add_step, add_start, add_end, add_wait, add_tokens = columns
+    add_step(step)
+    add_start(when - seconds)
+    add_end(when)
+    add_wait(wait if 0.0 <= wait <= seconds else min(max(wait, 0.0), seconds))
+    add_tokens(math.nan if tokens is None else tokens)
+    return True
+
+
+_INT64 = 1 << 63
 
 
 def _torchrun_exits(run: RunDir) -> list[dict[str, Any]]:

@@ -1,0 +1,47 @@
+"""The JSON-lines reader's fast path for lines in the writer's own form reads exactly what
+the full parse reads, and leaves every other line to it (issue #25: report time)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from trainwatch.rundir import iter_jsonl, line_skip_code, parse_jsonl_pieces
+
+LINES = [
+    b'{"v":1,"kind":"step","step":3,"time":1.5}\n',
+    b'{"v":1,"kind":"step","step":4,"time":1.6}',           # last line, no newline
+    b'  {"v":1,"step":5}\n',                                # leading whitespace
+    b'{"v":1,"step":6}  \r\n',                              # trailing whitespace
+    b'{"v":1,"step":7}\x0c\n',                              # not JSON whitespace
+    b'\xef\xbb\xbf{"v":1,"step":8}\n',                      # UTF-8 byte order mark
+    '{"v":1,"step":9}\n'.encode("utf-16"),                  # another encoding
+    b'{"v":2,"step":10}\n',                                 # newer record version
+    b'{"v":true,"step":11}\n',
+    b'{"v":"1","step":12}\n',
+    b'{"step":13}\n',                                       # no version: 1
+    b'[1,2]\n', b'"text"\n', b'\n', b'   \n',
+    b'{"v":1,"step":14,"x":NaN}\n',
+    b'{"v":1,"st' + b'{"v":1,"step":15}\n',                 # torn fragment, whole record
+    b'{"v":1,"step":16}{"v":1}\n',                          # extra data
+    b'{"v":1,"s":"\xff"}\n',                                # not UTF-8
+    b'{"v":1,"deep":' + b"[" * 100_000 + b"]" * 100_000 + b"}\n",
+]
+
+
+def test_every_line_read_as_the_full_parse_reads_it(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(b"".join(line if line.endswith(b"\n") else line + b"\n"
+                              for line in LINES))
+    expected, expected_skips = [], []
+    for lineno, line in enumerate(path.read_bytes().splitlines(keepends=True), 1):
+        for obj, reason in parse_jsonl_pieces(line):
+            if reason is not None:
+                expected_skips.append((lineno, line_skip_code(reason)))
+            elif obj is not None:
+                expected.append((lineno, json.dumps(obj)))
+    skipped: list = []
+    got = [(n, json.dumps(obj)) for n, obj in iter_jsonl(path, skipped)]
+    assert got == expected
+    assert [(s.line, s.code) for s in skipped] == expected_skips
+    assert len(got) >= 8 and len(skipped) >= 8  # both paths exercised
