@@ -25,28 +25,14 @@ from pathlib import Path
 
 def child(steps: int, run_dir: str, enabled: bool, interval: float) -> None:
     import psutil
-    import torch
 
+    from telemetry_whole import plain_model, plain_steps
     from trainwatch.trainer.telemetry import Telemetry
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
-                                torch.nn.Linear(1024, 256))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, opt = plain_model()
     tel = Telemetry(run_dir, enabled=enabled, heartbeat_interval=interval,
                     max_pending=max(1000, steps)).start()
-    for step in range(steps):
-        with tel.step(step) as s:
-            with tel.phase("data"):
-                x = torch.randn(128, 256)
-            with tel.phase("forward"):
-                loss = torch.nn.functional.mse_loss(model(x), x)
-            with tel.phase("backward"):
-                opt.zero_grad()
-                loss.backward()
-            with tel.phase("optimizer"):
-                opt.step()
-            s.record(loss=loss, lr=0.01, samples=x.shape[0])
+    plain_steps(tel, model, opt, steps)
     m = psutil.Process().memory_full_info()
     hwm = [line for line in Path("/proc/self/status").read_text().splitlines()
            if line.startswith("VmHWM")]

@@ -39,17 +39,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def plain_child(steps: int, run_dir: str, enabled: bool) -> None:
-    """The plain loop (run in a child process)."""
+def plain_model():
+    """The plain loop's model and optimizer, the same in every telemetry benchmark."""
     import torch
-
-    from trainwatch.trainer.telemetry import Telemetry
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
                                 torch.nn.Linear(1024, 256))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    tel = Telemetry(run_dir, enabled=enabled).start()
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def plain_steps(tel, model, opt, steps: int) -> None:
+    """The plain loop's steps, each phase timed by ``tel``."""
+    import torch
+
     for step in range(steps):
         with tel.step(step) as s:
             with tel.phase("data"):
@@ -62,6 +65,15 @@ def plain_child(steps: int, run_dir: str, enabled: bool) -> None:
             with tel.phase("optimizer"):
                 opt.step()
             s.record(loss=loss, lr=0.01, samples=x.shape[0])
+
+
+def plain_child(steps: int, run_dir: str, enabled: bool) -> None:
+    """The plain loop (run in a child process)."""
+    from trainwatch.trainer.telemetry import Telemetry
+
+    model, opt = plain_model()
+    tel = Telemetry(run_dir, enabled=enabled).start()
+    plain_steps(tel, model, opt, steps)
     tel.close()
 
 
