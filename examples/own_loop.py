@@ -13,6 +13,7 @@ still publishes telemetry and checkpoints into ``$TRAINWATCH_RUN_DIR`` (default
 rollback skip it. ``--pace S`` sleeps S seconds per step, to watch a short run live.
 """
 
+import gc
 import argparse
 import os
 import time
@@ -86,6 +87,8 @@ def main() -> None:
     ckpt.close()                                                          # trainwatch
     tel.close()                                                           # trainwatch
     if distributed:
+        del ddp  # DDP sits in a reference cycle: free it (and its hold on the group) before
+        gc.collect()  # destroy_process_group, or gloo's threads outlive the interpreter
         dist.destroy_process_group()
 
 

@@ -4,13 +4,16 @@
 
 The lines marked ``# trainwatch`` are all it takes.
 
-The loop lives in ``main()`` so the model (and with it the process group) is freed
-before the interpreter shuts down: gloo's worker threads can still be letting go of
-the last all-reduce's tensors then, and a thread that needs Python during shutdown
-aborts the process ("terminate called without an active exception", about 1 run in
-40 on a 2-core VM when the model is a module-level global).
+The loop lives in ``main()`` and the garbage collector runs before
+``destroy_process_group``: DDP sits in a reference cycle (its hooks refer to it), so only
+the collector frees it and its hold on the process group. Otherwise the group outlives
+``destroy_process_group``, gloo's worker threads are still letting go of the last
+all-reduce's tensors while the interpreter shuts down, and a thread that needs Python
+then aborts the process ("terminate called without an active exception": rare, and
+only at exit).
 """
 
+import gc
 import sys
 
 import torch
@@ -47,4 +50,5 @@ def main(run_dir: str, steps: int) -> None:
 if __name__ == "__main__":
     dist.init_process_group("gloo")
     main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 30)
+    gc.collect()  # DDP sits in a reference cycle: free it (and its hold on the group) now
     dist.destroy_process_group()

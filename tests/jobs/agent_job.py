@@ -11,6 +11,7 @@ TW_IGNORE_SIGTERM=1: the ranks ignore SIGTERM (only SIGKILL stops them).
 TW_EXCHANGE_EVERY: steps per timing window (5 unless set).
 """
 
+import gc
 import os
 import signal
 import sys
@@ -66,5 +67,6 @@ for step in range(max_steps):
         if stop.item() > 0:
             break
 tel.close()
-del model  # free DDP (and its hold on the group) before exit: see examples/plain_loop.py
+del model  # DDP sits in a reference cycle: only the collector frees it and its hold on
+gc.collect()  # the group, so destroy_process_group joins gloo's threads (examples/plain_loop.py)
 dist.destroy_process_group()

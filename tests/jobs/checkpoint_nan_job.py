@@ -7,6 +7,7 @@ can only learn about it from the checkpointer's per-step agreement.  Each rank w
 RUN_DIR/result-rank-N.json: which steps it applied and its final weights.
 """
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -42,5 +43,6 @@ ckpt.close()
 (run_dir / f"result-rank-{rank}.json").write_text(json.dumps({
     "applied": applied, "grad_norm_finite": bool(torch.isfinite(norm)),
     "weights": [p.detach().flatten().tolist() for p in model.parameters()]}))
-del model  # free DDP (and its hold on the group) before exit: see examples/plain_loop.py
+del model  # DDP sits in a reference cycle: only the collector frees it and its hold on
+gc.collect()  # the group, so destroy_process_group joins gloo's threads (examples/plain_loop.py)
 dist.destroy_process_group()

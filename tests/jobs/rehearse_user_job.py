@@ -9,6 +9,7 @@ teardown can abort a finished script.
 The run directory comes from $TRAINWATCH_RUN_DIR (the own-trainer contract).
 """
 
+import gc
 import argparse
 import os
 
@@ -52,7 +53,8 @@ for step in range(args.steps):
                     final=step == args.steps - 1)
 ckpt.close()
 tel.close()
-del model  # free DDP (and its hold on the group) before exit: see examples/plain_loop.py
+del model  # DDP sits in a reference cycle: only the collector frees it and its hold on
+gc.collect()  # the group, so destroy_process_group joins gloo's threads (examples/plain_loop.py)
 if distributed:
     dist.destroy_process_group()
 if args.abort_on_exit and tel.rank == tel.world_size - 1:

@@ -8,6 +8,7 @@ Every wall-clock read of rank 1's process is shifted (time.time, before trainwat
 imported), as libfaketime would; its monotonic clock and the kernel's are untouched.
 """
 
+import gc
 import os
 import sys
 import time
@@ -41,4 +42,6 @@ for step in range(steps):
             opt.zero_grad()
         s.record(loss=loss.detach(), tokens=4, samples=4)
 tel.close()
+del model  # DDP sits in a reference cycle: only the collector frees it and its hold on
+gc.collect()  # the group, so destroy_process_group joins gloo's threads (examples/plain_loop.py)
 dist.destroy_process_group()

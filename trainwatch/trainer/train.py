@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import math
 import os
 import random
@@ -364,5 +365,6 @@ def main(argv: list[str] | None = None) -> int:
             server.close()
     tel.close(STOPPED if ckpt.exit_code else FINISHED)
     if ranks.distributed:
+        gc.collect()  # DDP sits in a reference cycle: free it and its hold on the group first
         dist.destroy_process_group()
     return ckpt.exit_code
