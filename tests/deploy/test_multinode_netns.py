@@ -5,7 +5,7 @@ The nodes share one run directory, as nodes share a filesystem on a cluster; eac
 node's ranks and agent carry the node's name (`--node-name`, TRAINWATCH_NODE), because
 the namespaces share the machine's hostname.
 
-1. A watched run: node 1's ranks are slowed 4x for steps 20-99 (TRAINWATCH_FAULT
+1. A watched run: node 1's ranks are slowed 4x for steps 100-199 (TRAINWATCH_FAULT
    `slow` with `until`). Each agent reports only its node's ranks; node 1's agent flags
    node 1 as a node straggler and clears it after the slowdown, node 0's never flags.
 2. A killed run: node 1's rank is SIGKILLed after a checkpoint; both nodes' torchrun
@@ -41,8 +41,8 @@ from trainwatch.rundir import RunDir
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for network namespaces")]
 
-STEPS = 300  # long enough after the slowdown (steps 100+) to see the flag clear while it runs
-SLOW = "slow:factor=4:step=20:until=100"      # node 1 only: 8 windows, a verdict needs 3 in a row
+STEPS = 300  # long enough after the slowdown (steps 200+) to see the flag clear while it runs
+SLOW = "slow:factor=4:step=100:until=200"     # node 1 only: 10 windows, after the 8 a verdict waits for
 TRAIN_ARGS = ["--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "1",
               "--steps", str(STEPS), "--set", "data.corpus_bytes=20000",
               "--set", "model.dropout=0.1",             # the RNG must resume exactly too
@@ -233,7 +233,7 @@ def test_the_slowed_node_is_flagged_then_cleared_and_the_other_never(watched):
     # The gauge says so on /metrics too, labelled with the slowed node.
     assert re.search(rf'trainwatch_straggler_node_active{{[^}}]*node="{slow}"[^}}]*}} 1',
                      watched["metrics"][slow].decode()), "node_active gauge not 1"
-    # Cleared by itself after the slowdown ended (step 100), while the job still ran.
+    # Cleared by itself after the slowdown ended (step 200), while the job still ran.
     cleared = [s for s in history[flagged[0] + 1:] if _running(s) and not _node_finding(s)
                and _job(s)["node_straggler"] and not _job(s)["node_straggler"]["active"]]
     assert cleared, "node 1's straggler finding did not clear while the job ran\n" + json.dumps(
