@@ -49,6 +49,7 @@ from trainwatch.trainer.checkpoint import CheckpointConfig
 from trainwatch.checkpoint_format.catalog import scan
 from trainwatch.trainer.checkpoint.checkpoints import Checkpoints
 from trainwatch.checkpoint_format.manifest import verify
+from trainwatch.rundir import fsync_file
 
 
 def build_state(megabytes: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -62,14 +63,6 @@ def build_state(megabytes: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]
     model(torch.randn(2, width)).sum().backward()
     opt.step()
     return model, opt
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _on_tmpfs(folder: Path) -> bool:
@@ -124,7 +117,7 @@ def rounds(folder: Path, model: torch.nn.Module, opt: torch.optim.Optimizer,
         path = folder / "torch.pt"
         cpu, started = time.process_time(), time.perf_counter()
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, str(path))
-        _fsync(path)
+        fsync_file(path)
         times["torch_save_fsync"].append(time.perf_counter() - started)
         times["torch_save_cpu"].append(time.process_time() - cpu)
         path.unlink()

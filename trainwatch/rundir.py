@@ -90,13 +90,18 @@ def _create_temp(path: Path) -> tuple[int, str]:
     raise FileExistsError(f"no free temporary name beside {path}")
 
 
-def fsync_dir(path: str | Path) -> None:
-    """fsync a directory so a rename inside it is durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+def fsync_file(path: str | Path, flags: int = 0) -> None:
+    """fsync a file already written and closed (its data is on disk when this returns)."""
+    fd = os.open(path, os.O_RDONLY | flags)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_dir(path: str | Path) -> None:
+    """fsync a directory so a rename inside it is durable."""
+    fsync_file(path, os.O_DIRECTORY)
 
 
 def atomic_write_json(path: str | Path, obj: Any, *, durable: bool = True) -> None:

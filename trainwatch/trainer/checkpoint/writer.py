@@ -31,7 +31,7 @@ import torch
 
 from trainwatch import __version__
 from trainwatch.contract.layout import WEIGHTS_CONFIG_DIGEST_KEY
-from trainwatch.rundir import fsync_dir
+from trainwatch.rundir import fsync_dir, fsync_file
 from trainwatch.trainer.checkpoint.writeback import start_writeback
 from trainwatch.checkpoint_format.manifest import (FORMAT, FORMAT_VERSION, HASH_CHUNK, MANIFEST,
                                                     rank_file_name, step_dir_name)
@@ -134,14 +134,6 @@ class _HashingFile:
             os.close(fd)
 
 
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _data_position(ranks: list[dict[str, Any]]) -> list[Any]:
     """Each rank's data position as JSON when it is plain data (the exact copy is in rank files)."""
     positions = []
@@ -170,7 +162,7 @@ def _save_file(path: Path, obj: Any, do_fsync: bool, helpers: ThreadPoolExecutor
         if isinstance(cause, OSError):
             raise OSError(cause.errno, cause.strerror or str(cause), str(path)) from exc
         raise
-    synced = helpers.submit(_fsync_path, path) if do_fsync else None
+    synced = helpers.submit(fsync_file, path) if do_fsync else None
     return out.bytes, out.hashed, synced
 
 
