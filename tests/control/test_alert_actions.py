@@ -72,6 +72,18 @@ def receiver_for():
 
 
 
+def _supervise_until_done(c, runner) -> Supervisor:
+    """Start the job under a supervisor and wait (60 s at most) until it gives up."""
+    sup = Supervisor(c, runner, poll_seconds=0.1)
+    c.start()
+    sup.start()
+    try:
+        assert sup.finished.wait(60)
+    finally:
+        sup.stop()
+    return sup
+
+
 def test_bad_requests_are_refused_and_nothing_acts(job, receiver_for, caplog):
     c = job()
     c.start()
@@ -175,13 +187,7 @@ def test_crash_loop_trips_the_guard_and_raises_training_restart_loop(job):
 
     runner = ActionRunner(c.run.root, c, Policy(min_interval_seconds=300, guard_max_restarts=2),
                           on_guard=guard_tripped)
-    sup = Supervisor(c, runner, poll_seconds=0.1)
-    c.start()
-    sup.start()
-    try:
-        assert sup.finished.wait(60)
-    finally:
-        sup.stop()
+    sup = _supervise_until_done(c, runner)
     assert sup.exit_code == 1
     assert len(_starts(c.run)) == 3  # the first start and two restarts, then the guard
     # The documented rule (docs/alerts.md): a job that exited is restarted at once, not
@@ -201,13 +207,7 @@ def test_a_job_that_fails_before_any_rank_published_is_a_launch_failure_not_rest
     """A missing script or a bad launcher option fails the same way on every restart."""
     c = job(LAUNCH_FAIL="1")
     runner = ActionRunner(c.run.root, c, Policy(min_interval_seconds=0, guard_max_restarts=3))
-    sup = Supervisor(c, runner, poll_seconds=0.1)
-    c.start()
-    sup.start()
-    try:
-        assert sup.finished.wait(60)
-    finally:
-        sup.stop()
+    sup = _supervise_until_done(c, runner)
     assert sup.exit_code == 1 and sup.launch_failed
     assert len(_starts(c.run)) == 1 and not c.run.events("action_taken")
     assert c.run.events("job_exited")[-1].get("launch_failed") is True
