@@ -148,7 +148,9 @@ def test_agent_end_to_end(tmp_path, job, prometheus):
         wait_for(lambda: _query(prom, 'trainwatch_storage_probe_success{role="run"} == 1'), 30,
                  what="storage probe of the run dir")
 
-        # 3. clean run: no straggler over several windows
+        # 3. clean run: no straggler over several windows, once the rule can judge both
+        wait_for(lambda: all((_rank(url, r).get("straggler") or {}).get("judging")
+                             for r in (0, 1)), 90, what="both ranks the straggler rule judges")
         clean_until = time.time() + 8
         while time.time() < clean_until:
             assert not _findings(url, "straggler"), _findings(url, "straggler")
@@ -254,8 +256,10 @@ def test_straggler_at_0_8x_in_a_4_rank_job_flagged_held_and_cleared(tmp_path, jo
     proc, run_dir = job4
     agent, url = start_agent(tmp_path, "--run-dir", str(run_dir))
     try:
-        wait_for(lambda: all(_rank(url, r).get("straggler") for r in range(4)), 120,
-                 what="4 ranks with straggler scores")
+        # The rule gives no verdict before it has a rank's noise (8 windows): a slowdown
+        # before that would be timed from when the agent could first judge, not from itself.
+        wait_for(lambda: all((_rank(url, r).get("straggler") or {}).get("judging")
+                             for r in range(4)), 180, what="4 ranks the straggler rule judges")
         start = _rank(url, 0)["step"]
         wait_for(lambda: _rank(url, 0)["step"] >= start + 20, 60, what="20 clean steps")
         assert not _findings(url, "straggler")

@@ -9,7 +9,7 @@ import random
 from pathlib import Path
 
 from trainwatch.agent.config import STRAGGLER_DEFAULTS
-from trainwatch.agent.straggler import JobStragglers, score
+from trainwatch.agent.straggler import VERDICT_WINDOWS, JobStragglers, score
 from trainwatch.contract.timing import job_window, own_local_seconds, recent_standing, summarize
 from trainwatch.rundir import RunDir
 from trainwatch.trainer.telemetry import Telemetry
@@ -273,3 +273,16 @@ def test_a_large_window_is_summarized_by_selection_exactly_as_by_sorting(monkeyp
             with monkeypatch.context() as m:
                 m.setattr(timing, "VECTOR_FROM", 10**9)
                 assert selected[0] == selected[1] == summarize(values, half_width)
+
+
+def test_no_verdict_and_not_judging_before_the_rule_has_a_ranks_noise():
+    """A rank at 0.8x from the first window is not flagged before VERDICT_WINDOWS windows
+    (its noise is not known yet), and says so (``judging``); then it is, at once."""
+    tracker = JobStragglers(dict(STRAGGLER_DEFAULTS))
+    for i in range(1, VERDICT_WINDOWS + 1):
+        values = [1.0 + 0.01 * (i % 3)] * 8
+        values[3] *= 1.25
+        tracker.update(window(5 * i, values), local_ranks=[3], now=i)
+        track = tracker.ranks[3]
+        assert track.judging == (i >= VERDICT_WINDOWS)
+        assert track.active == (i >= VERDICT_WINDOWS)

@@ -103,6 +103,11 @@ class _RankTrack:
     detected_step: int | None = None
 
     @property
+    def judging(self) -> bool:
+        """Enough windows for a verdict: before ``VERDICT_WINDOWS``, no flag can go up."""
+        return len(self.recent) >= VERDICT_WINDOWS
+
+    @property
     def noise(self) -> float | None:
         """Standard deviation of one window's log-ratio (computed when a verdict needs it)."""
         return _jitter([v for _, v, _ in self.recent])
@@ -146,7 +151,7 @@ class JobStragglers:
                 track.streak_from = track.streak_since = None
                 track.slow_windows = 0
         noise = track.noise
-        if noise is None or len(track.recent) < VERDICT_WINDOWS:
+        if noise is None or not track.judging:
             return  # no verdict yet: 4 windows' jitter is no measure of a rank's noise
         # Evidence in standard errors of this rank's own windows, accumulated (CUSUM):
         # each window adds how far its log-ratio stands above clear_ratio (below ratio,
