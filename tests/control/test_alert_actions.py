@@ -551,3 +551,48 @@ def test_a_restart_held_by_the_rate_limit_is_done_when_the_window_ends(job, rece
     taken = c.run.events("action_taken")[-1]
     assert taken["action"] == "stall_restart" and taken["time"] - restarted_at >= 6
     wait_for(lambda: len(_starts(c.run)) == 3)
+
+
+def test_a_loss_alert_still_firing_after_its_rollback_does_not_roll_back_again(job):
+    """TrainingLossNonFinite keeps firing for nonfinite_window_seconds (5 min) after the
+    NaN, and the engine asks again once the rate limit's window ends: if the restarted job
+    has logged no new bad step by then, a second rollback would throw away good training
+    on stale evidence. A new NaN after the rollback is acted on."""
+    c = job()
+    clock = [time.time()]
+    runner = ActionRunner(c.run.root, c, Policy(min_interval_seconds=30, guard_max_restarts=5),
+                          clock=lambda: clock[0])
+    c.start()
+    wait_for(lambda: (c.progress_step() or 0) >= 20)
+
+    def log(steps, nan_at, t0):
+        with open(c.run.metrics_file(0), "a") as fh:
+            for i, step in enumerate(steps):
+                loss = float("nan") if step == nan_at else 5.0 - step * 0.01
+                fh.write(json.dumps({"v": 1, "kind": "step", "step": step, "time": t0 + i * 0.01,
+                                     "loss": loss}) + "\n")
+
+    def nan_alert(fingerprint):
+        return ActionRequest("TrainingLossNonFinite", "rollback_skip", {"run": "exp1"},
+                             fingerprint, "2026-12-02T10:00:00Z", "engine")
+
+    log(range(21), 12, clock[0] - 10)
+    first = runner.handle(nan_alert("nan1"))
+    assert first.taken and first.details["bad_step"] == 12, first.reason
+    # 40 s later the alert still fires; the restarted job logged steps 11-40, all finite,
+    # with an ordinary wobble a "largest spike" would have picked.
+    clock[0] += 40
+    log(range(11, 41), None, time.time() + 1)
+    again = runner.handle(nan_alert("nan2"))
+    assert not again.taken and not again.final, again.reason
+    assert "no non-finite or spiking loss logged since the last rollback" in again.reason
+    assert len(_actions_taken(c.run, "rollback_skip")) == 1
+    # A NaN the restarted job logs is new evidence: rolled back again.
+    clock[0] += 40
+    log(range(41, 50), 45, time.time() + 2)
+    third = runner.handle(nan_alert("nan3"))
+    assert third.taken and third.details["bad_step"] == 45, third.reason
+
+
+def _actions_taken(run, action):
+    return [e for e in run.events("action_taken") if e.get("action") == action]

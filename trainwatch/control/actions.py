@@ -94,6 +94,9 @@ class Policy:
     confirm_max_seconds: float = 30.0
     # A stall the evidence did not confirm is asked again this often while its alert fires.
     recheck_seconds: float = 60.0
+    # TrainingLossSpike's factor: after a rollback, a spike logged since counts as a new
+    # bad step only at this many times the mean of the steps before it.
+    spike_factor: float = 3.0
     # Optional scheduler adapter for stragglers: a command template run after the
     # checkpoint, e.g. "scontrol requeue {slurm_job_id}" or "kubectl cordon {node}".
     straggler_command: str | None = None
@@ -106,6 +109,7 @@ class Policy:
                    confirm_min_seconds=float(thresholds["stall_confirm_min_seconds"]),
                    confirm_max_seconds=float(thresholds["stall_confirm_max_seconds"]),
                    recheck_seconds=float(thresholds["stall_recheck_seconds"]),
+                   spike_factor=float(thresholds["loss_spike_factor"]),
                    **kw)
 
 
@@ -207,6 +211,15 @@ class ActionRunner:
                                  f"(minimum {self.policy.min_interval_seconds:.0f}s); asked "
                                  f"again in {wait:.0f}s", extra={"retry_after": wait})
             outcome.final, outcome.retry_after = False, wait
+            return outcome
+        if req.action == "rollback_skip" and last is not None and _first_bad_step(
+                self.run, spike_factor=self.policy.spike_factor) is None:
+            # The loss alerts fire for minutes after their step (nonfinite_window_seconds,
+            # loss_spike_keep_firing) and are asked again meanwhile: after a rollback, only
+            # a bad step the job logged since is evidence of a new one.
+            outcome = self._skip(req, "not confirmed: no non-finite or spiking loss logged "
+                                 "since the last rollback")
+            outcome.final = False  # a later delivery looks again
             return outcome
         confirmation = None
         if req.action == "stall_restart":
@@ -445,8 +458,10 @@ def _req_fields(req: ActionRequest | None) -> dict[str, Any]:
             "delivery": req.source, "labels": req.labels}
 
 
-def _first_bad_step(run: RunDir) -> int | None:
-    """The first step with a non-finite loss, else the step of the largest loss spike.
+def _first_bad_step(run: RunDir, spike_factor: float | None = None) -> int | None:
+    """The first step with a non-finite loss, else the step of the largest loss spike
+    (with ``spike_factor``: only one at least that many times the mean of the 10 steps
+    before it).
 
     Only steps logged after the last rollback count: the metrics log keeps the records
     of a bad step that was already rolled back, and rolling back to it again would
@@ -465,7 +480,7 @@ def _first_bad_step(run: RunDir) -> int | None:
     if bad:
         return min(bad)
     finite = sorted((r["step"], r["loss"]) for r in records)
-    best, best_ratio = None, 0.0
+    best, best_ratio = None, spike_factor or 0.0
     for i in range(10, len(finite)):
         window = [loss for _, loss in finite[i - 10:i]]
         mean = sum(window) / len(window)
