@@ -4,6 +4,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -16,6 +17,7 @@ from agent_helpers import wait_for
 
 from trainwatch.diagnose import analysis, collectives
 from trainwatch.diagnose.gather import Options, gather
+from trainwatch.diagnose.run_state import launcher_exits
 from trainwatch.diagnose.model import Evidence
 from trainwatch.redact import MASK, redact, redact_env, redact_text
 from trainwatch.rundir import RunDir
@@ -403,3 +405,47 @@ def test_oom_without_a_readable_kernel_log_is_said_and_not_certain():
                           "(cgroup /job, limit 1.00 GiB)"), dead.title
     assert dead.confidence == "medium"
     assert any("kernel log not readable" in e for e in dead.evidence), dead.evidence
+
+
+def test_the_first_error_is_the_newest_attempts_not_one_the_run_recovered_from(tmp_path):
+    """The supervisor marks each attempt in job.log; diagnose quotes the newest attempt's
+    first error (and each rank's), not an earlier attempt's that was already recovered."""
+    from trainwatch.contract.env import LAUNCH_ENV
+    from trainwatch.control.controller import JobController
+
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import os, sys\n"
+        f"attempt = int(os.environ['{LAUNCH_ENV}'])\n"
+        "if attempt == 1:\n"
+        "    print('[rank1]: ValueError: bad shard in attempt one', flush=True)\n"
+        "else:\n"
+        "    print('[rank0]: RuntimeError: out of host memory in attempt two', flush=True)\n"
+        "sys.exit(1)\n")
+    c = JobController(tmp_path / "run", [sys.executable, str(script)], stop_grace_seconds=3)
+    try:
+        for reason in ("start", "restart (job exited with 1)"):
+            c.start(reason)
+            assert c.proc.wait(30) == 1
+    finally:
+        if c.alive():
+            c.stop("test teardown")
+    log = (c.run.logs_dir / "job.log").read_text()
+    assert log.count("=== trainwatch: attempt ") == 2 and "attempt 2 started at" in log
+    found = launcher_exits(c.run.logs_dir)
+    assert found["first_error"]["line"].endswith("out of host memory in attempt two")
+    assert found["first_error"]["rank"] == 0
+    assert found["errors_by_rank"] == {0: "[rank0]: RuntimeError: out of host memory in "
+                                          "attempt two"}
+
+
+def test_torchruns_own_restart_of_the_worker_group_begins_an_attempt(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "torchrun.log").write_text(
+        "[rank1]: ValueError: first\n"
+        "[W1204 10:00:00 api.py:944] [default] Worker group FAILED. 1/1 attempts left; will "
+        "restart worker group\n"
+        "[rank1]: RuntimeError: Connection reset by peer\n")
+    found = launcher_exits(logs)
+    assert found["first_error"]["line"] == "[rank1]: RuntimeError: Connection reset by peer"

@@ -50,6 +50,10 @@ ACTIONS_LEDGER_FILE = "actions.json"
 TORCHRUN_LOG = "torchrun.log"
 TORCHRUN_LOG_DIR = "torchrun"            # torchrun's own per-rank log folders
 JOB_LOG = "job.log"
+# The line the supervisor writes into JOB_LOG before each attempt's output, so readers
+# (diagnose) can tell the newest attempt's errors from those of attempts it recovered from.
+JOB_LOG_ATTEMPT_PREFIX = "=== trainwatch: attempt "
+JOB_LOG_ATTEMPT_LINE = JOB_LOG_ATTEMPT_PREFIX + "{attempt} started at {time} ({reason}) ===\n"
 AGENT_LOG = "agent.log"
 REHEARSAL_LOG = "rehearsal.log"              # the rehearsal's ranks (or the user's command)
 REHEARSAL_PROBE_LOG = "rehearsal-probe.log"  # its probe ranks, for a user's command

@@ -27,8 +27,9 @@ import psutil
 from trainwatch.clitypes import MAX_RESTARTS
 from trainwatch.control.jobenv import job_environment
 from trainwatch.contract.env import LAUNCH_ENV
-from trainwatch.contract.layout import (CONTROL_DUMP, DUMP_FILE_GLOB, JOB_LOG, RANK_PREFIX,
-                                       STATUS_FILE_GLOB, py_spy_file_name)
+from trainwatch.contract.layout import (CONTROL_DUMP, DUMP_FILE_GLOB, JOB_LOG,
+                                        JOB_LOG_ATTEMPT_LINE, RANK_PREFIX,
+                                        STATUS_FILE_GLOB, py_spy_file_name)
 from trainwatch.node import node_name
 from trainwatch.proctree import spawn, wait_gone
 from trainwatch.errors import FormatError
@@ -85,6 +86,10 @@ class JobController:
             log_file = open(self.run.logs_dir / JOB_LOG, "ab")
             env = {**job_environment(self.env), LAUNCH_ENV: str(self.starts + 1)}
             try:
+                log_file.write(JOB_LOG_ATTEMPT_LINE.format(
+                    attempt=self.starts + 1, reason=reason,
+                    time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())).encode())
+                log_file.flush()
                 # spawn: the job gets SIGTERM if this process dies (a killed supervisor
                 # leaves no job behind), whichever thread starts it.
                 self.proc = spawn(self.command + self.extra_args, env=env, stdout=log_file,

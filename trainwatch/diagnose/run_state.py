@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwatch.beat import beat_path, merge_beat, read_beat
+from trainwatch.contract.layout import JOB_LOG_ATTEMPT_PREFIX
 from trainwatch.diagnose.model import Evidence
 from trainwatch.errors import FormatError
 from trainwatch.rundir import RunDir, parse_json, read_run_file_tail
@@ -122,8 +123,11 @@ def launcher_exits(logs_dir: Path) -> dict[str, Any]:
     the rank of its "Root Cause (first observed failure)" block with exit code, signal and
     error file (``TORCHELASTIC_ERROR_FILE`` contents when the worker wrote one);
     ``failures``: the other ranks of its "Failures:" block (those it tore down);
-    ``first_error``: the first error line in the logs, with the rank its prefix names;
-    ``errors_by_rank``: each rank's own first error line (by its ``[rankN]:`` prefix).
+    ``first_error``: the first error line of the newest attempt in the logs, with the rank
+    its prefix names; ``errors_by_rank``: each rank's own first error line in it (by its
+    ``[rankN]:`` prefix).  An attempt begins at the supervisor's line before each start
+    or at torchrun's restart of its worker group: errors of an attempt the run recovered
+    from are not the cause of what happened after.
     """
     exits, root, others, first_error = [], None, [], None
     by_rank: dict[int, str] = {}
@@ -141,9 +145,10 @@ def launcher_exits(logs_dir: Path) -> dict[str, Any]:
             if blocks.get("root") and root is None:
                 root = blocks["root"]
             others += blocks.get("failures", [])
+            newest = _newest_attempt(text)
             if first_error is None:
-                first_error = _first_error(text, str(path))
-            for rank, line in _errors_by_rank(text).items():
+                first_error = _first_error(newest, str(path))
+            for rank, line in _errors_by_rank(newest).items():
                 by_rank.setdefault(rank, line)
     return {"failed": exits, "root_cause": root, "failures": others, "first_error": first_error,
             "errors_by_rank": by_rank}
@@ -198,6 +203,19 @@ def _error_file_message(path: Path) -> str | None:
     if isinstance(message, dict):
         message = message.get("message")
     return str(message)[:500] if message else None
+
+
+_ATTEMPT_START = re.compile(rf"^{re.escape(JOB_LOG_ATTEMPT_PREFIX)}|"
+                            r"attempts left; will restart worker group", re.M)
+
+
+def _newest_attempt(text: str) -> str:
+    """The part of a log after the last attempt began (all of it when none is marked)."""
+    ends = [m.end() for m in _ATTEMPT_START.finditer(text)]
+    if not ends:
+        return text
+    end = text.find("\n", ends[-1])  # the marker's own line says nothing of errors
+    return text[end + 1:] if end >= 0 else ""
 
 
 def _first_error(text: str, log: str) -> dict[str, Any] | None:
