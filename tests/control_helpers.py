@@ -76,17 +76,23 @@ def _starts(run: RunDir, field: int = 0) -> list[int]:
     return [int(line.split()[field]) for line in lines if line.strip()]
 
 
-def _run(tmp_path, run_dir, *extra, env=None):
-    cmd = [sys.executable, "-m", "trainwatch", "run", "--nproc-per-node", "2",
-           "--run-dir", str(run_dir), "--config", str(tmp_path / "train.yaml"),
-           "--thresholds", str(tmp_path / "thresholds.yaml"),
-           "--agent-config", str(tmp_path / "agent.yaml"), "--no-live", *extra]
+def start_run(tmp_path, run_dir, *args, nproc=2, env=None):
+    """`trainwatch run` of the reference trainer on tmp_path/train.yaml, in the background:
+    its output in tmp_path/run.log, its TMPDIR tmp_path/scratch, one thread per rank."""
+    cmd = [sys.executable, "-m", "trainwatch", "run", "--nproc-per-node", str(nproc),
+           "--run-dir", str(run_dir), "--config", str(tmp_path / "train.yaml"), "--no-live",
+           *args]
     scratch = tmp_path / "scratch"
     scratch.mkdir(exist_ok=True)
     return subprocess.Popen(cmd, stdout=open(tmp_path / "run.log", "wb"),
                             stderr=subprocess.STDOUT,
                             env={**os.environ, "TMPDIR": str(scratch), "OMP_NUM_THREADS": "1",
                                  **(env or {})})
+
+
+def _run(tmp_path, run_dir, *extra, env=None):
+    return start_run(tmp_path, run_dir, "--thresholds", str(tmp_path / "thresholds.yaml"),
+                     "--agent-config", str(tmp_path / "agent.yaml"), *extra, env=env)
 
 
 def _finish(proc, timeout=420):

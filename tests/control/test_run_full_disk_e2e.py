@@ -8,10 +8,8 @@ the mount within 15 s of the first failed save.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 
 import psutil
@@ -19,6 +17,7 @@ import pytest
 
 from agent_helpers import wait_for
 from conftest import fill_to_the_brim, kill_tree, tmpfs_mount
+from control_helpers import start_run
 from trainwatch.rundir import RunDir
 
 pytestmark = pytest.mark.slow
@@ -28,15 +27,8 @@ def _start(tmp_path, run_dir, *sets: str) -> subprocess.Popen:
     (tmp_path / "train.yaml").write_text(
         "train: {steps: 100000, batch_size: 4, eval_interval: 0}\n"
         "checkpoint: {every_steps: 5, fsync: false}\n")
-    scratch = tmp_path / "scratch"
-    scratch.mkdir(exist_ok=True)
-    cmd = [sys.executable, "-m", "trainwatch", "run", "--nproc-per-node", "1",
-           "--run-dir", str(run_dir), "--config", str(tmp_path / "train.yaml"), "--no-live",
-           *[arg for s in sets for arg in ("--set", s)]]
-    return subprocess.Popen(cmd, stdout=open(tmp_path / "run.log", "wb"),
-                            stderr=subprocess.STDOUT,
-                            env={**os.environ, "TMPDIR": str(scratch), "OMP_NUM_THREADS": "1",
-                                 "TRAINWATCH_FAULT": "slow:delay=0.2"})
+    return start_run(tmp_path, run_dir, *[arg for s in sets for arg in ("--set", s)],
+                     nproc=1, env={"TRAINWATCH_FAULT": "slow:delay=0.2"})
 
 
 def _use_the_journals_slack(run: RunDir) -> None:

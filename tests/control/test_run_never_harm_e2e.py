@@ -11,16 +11,14 @@ hangs inside that evaluation: the stall is still caught once the phase budget is
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 import urllib.request
 
 import pytest
 
 from conftest import kill_tree, tmpfs_mount
+from control_helpers import start_run
 from trainwatch.rundir import RunDir
 
 pytestmark = pytest.mark.slow
@@ -30,15 +28,7 @@ def _start(tmp_path, run_dir, fault, *extra):
     (tmp_path / "train.yaml").write_text(
         "train: {steps: 60, batch_size: 4, eval_interval: 1000}\n"
         "checkpoint: {every_steps: 20, fsync: false}\n")
-    scratch = tmp_path / "scratch"
-    scratch.mkdir(exist_ok=True)
-    cmd = [sys.executable, "-m", "trainwatch", "run", "--nproc-per-node", "2",
-           "--run-dir", str(run_dir), "--config", str(tmp_path / "train.yaml"), "--no-live",
-           *extra]
-    return subprocess.Popen(cmd, stdout=open(tmp_path / "run.log", "wb"),
-                            stderr=subprocess.STDOUT,
-                            env={**os.environ, "TMPDIR": str(scratch), "OMP_NUM_THREADS": "1",
-                                 "TRAINWATCH_FAULT": fault})
+    return start_run(tmp_path, run_dir, *extra, env={"TRAINWATCH_FAULT": fault})
 
 
 def _agent_status(run: RunDir) -> dict | None:
