@@ -113,7 +113,7 @@ def status_bytes(world: int) -> int:
         tel.run.create()
         rows = [[0.09 + rng.uniform(0, 0.005), 0.001, 0.08 + rng.uniform(0, 0.005)]
                 for _ in range(world)]
-        tel._keep_gathered(10, 10, time.time(), rows)
+        tel._keep_window(10, 10, time.time(), rows)
         tel._write_status()
         return tel.run.status_file(world - 1).stat().st_size
 

@@ -38,7 +38,7 @@ def window_ms(world: int, repeat: int) -> dict:
             loop.append((time.perf_counter() - started) * 1000)
             del flat
             out.copy_(0.09 + 0.005 * torch.rand(world, 3, generator=gen, dtype=torch.float64))
-            tel._keep_gathered(10 * (i + 1), 10, time.time(), out)
+            tel._keep_window(10 * (i + 1), 10, time.time(), out)
             started = time.perf_counter()  # the heartbeat thread's part
             tel._summarize_timing()
             beat.append((time.perf_counter() - started) * 1000)
