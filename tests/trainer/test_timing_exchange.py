@@ -7,9 +7,12 @@ import json
 import random
 import statistics
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from conftest import run_torchrun
-from trainwatch.contract.timing import (SKETCH_BINS, median_without, standing, summarize,
-                                        summarize_bins)
+from trainwatch.contract.timing import (SKETCH_BINS, median_without, sketch_bin, standing,
+                                        summarize, summarize_bins, valid_summary)
 from trainwatch.rundir import RunDir
 from trainwatch.trainer.timing_exchange import job_summary, local_sketch, sketch_of
 
@@ -122,5 +125,23 @@ def test_an_empty_bin_and_the_edges_of_the_range():
     assert job["min"] == 1e-9 and job["max"] == 1e6 and job["slowest_rank"] == 3
     assert median_without(job, [1e-9]) is not None and median_without(job, [1e6]) is not None
     assert median_without(summarize([0.1, 0.1, 0.2]), [0.15]) is None
-    one = summarize_bins([(100, 3, 3 * 0.0001)], 0.0001, 0.0001, 0)
+    assert median_without(job, [float("inf")]) is not None  # in the last bin, as counted
+    one = summarize_bins([(sketch_bin(0.0001), 3, 3 * 0.0001)], 0.0001, 0.0001, 0)
     assert one["ranks"] == 3 and one["mad"] == 0.0 and json.dumps(one)
+
+
+@settings(max_examples=300, deadline=None)
+@given(low=st.floats(allow_nan=True), width=st.floats(allow_nan=True),
+       bins=st.one_of(st.integers(-5, 10**7), st.booleans()),
+       middle=st.lists(st.floats(allow_nan=False), min_size=1, max_size=5),
+       removed=st.lists(st.floats(), max_size=3))
+def test_a_reader_takes_any_sketch_from_a_status_without_raising(low, width, bins, middle,
+                                                                  removed):
+    """Any bytes may be in a status file: a summary with a junk ``sketch`` is refused, and
+    one that passes is read (a rank's value taken out, its standing) without an error."""
+    summary = {"ranks": 8, "median": 0.1, "mad": 0.0, "middle_from": 0,
+               "middle": sorted(middle), "sketch": [low, width, bins]}
+    if valid_summary(summary):
+        median_without(summary, removed)
+        for value in removed:
+            standing(summary, value)

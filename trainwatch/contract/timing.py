@@ -49,10 +49,12 @@ def median_sorted(values: Sequence[float]) -> float:
 
 def sketch_bin(value: float, low: float = SKETCH_LOW, width: float = SKETCH_WIDTH,
                bins: int = SKETCH_BINS) -> int:
-    """The bin a value counts in (the first for anything not above ``low``, NaN too)."""
+    """The bin a value counts in (the first for anything not above ``low``, NaN too; the
+    last for anything past the last edge, infinity too)."""
     if not value > low:
         return 0
-    return min(bins - 1, int(math.log(value / low) / width))
+    place = math.log(value / low) / width
+    return int(place) if place < bins - 1 else bins - 1
 
 
 def sketch_edges(index: int, low: float = SKETCH_LOW, width: float = SKETCH_WIDTH,
@@ -73,36 +75,53 @@ def _bin_value(index: int, mean: float) -> float:
 def summarize_bins(bins: Sequence[tuple[int, int, float]], lowest: float, highest: float,
                    slowest_rank: int, half_width: int = MIDDLE_HALF_WIDTH) -> dict[str, Any]:
     """The summary of one window from its summed sketch: ``bins`` are the (index, count,
-    sum of values) of the non-empty bins in increasing order, the extremes exact. Work is
-    O(non-empty bins + half_width), at most ``SKETCH_BINS``, whatever the number of ranks."""
-    values = [_bin_value(i, total / count) for i, count, total in bins]
-    counts = [int(count) for _, count, _ in bins]
-    n = sum(counts)
+    sum of values) of the non-empty bins in increasing order, the extremes exact. Work
+    grows with the non-empty bins up to the median and out to the MAD, never with the
+    number of ranks; at most ``SKETCH_BINS``."""
+    n = sum(count for _, count, _ in bins)
     half = max(1, min(int(half_width), MIDDLE_HALF_WIDTH_MAX))
     start = max(0, (n - 1) // 2 - half)
     stop = min(n, n // 2 + half + 1)
     middle: list[float] = []
     below = 0  # values in the bins before this one
-    for value, count in zip(values, counts):
+    for index, count, total in bins:
         take = min(below + count, stop) - max(below, start)
         if take > 0:
-            middle += [value] * take
+            middle += [_bin_value(index, total / count)] * take
         below += count
         if below >= stop:
             break
     median = median_sorted(middle[(n - 1) // 2 - start:n // 2 - start + 1])
-    # The MAD: the median of the bins' distances to the median, weighted by their counts.
-    deviations = sorted((abs(v - median), k) for v, k in zip(values, counts))
-    mad_at, seen, picked = {(n - 1) // 2, n // 2}, 0, []
-    for deviation, count in deviations:
-        picked += [deviation] * sum(1 for j in mad_at if seen <= j < seen + count)
-        seen += count
-        if seen > n // 2:
-            break
-    return {"ranks": n, "median": median, "mad": sum(picked) / len(picked),
+    return {"ranks": n, "median": median, "mad": _mad(bins, median, n),
             "min": float(lowest), "max": float(highest), "slowest_rank": int(slowest_rank),
             "middle_from": start, "middle": middle,
             "sketch": [SKETCH_LOW, SKETCH_WIDTH, SKETCH_BINS]}
+
+
+def _mad(bins: Sequence[tuple[int, int, float]], median: float, n: int) -> float:
+    """The median of the bins' distances to the median, weighted by their counts: walked
+    outward from the median (bins' means increase with their index), so only the bins
+    within the MAD are visited."""
+    def mean(at: int) -> float:
+        return bins[at][2] / bins[at][1]
+
+    right = bisect.bisect_left(bins, (sketch_bin(median),))  # the first mean >= median
+    while right < len(bins) and mean(right) < median:
+        right += 1
+    while right > 0 and mean(right - 1) >= median:
+        right -= 1
+    left, seen, picked = right - 1, 0, []
+    wanted = {(n - 1) // 2, n // 2}  # the order statistics the MAD averages
+    while seen <= n // 2:
+        up = mean(right) - median if right < len(bins) else math.inf
+        down = median - mean(left) if left >= 0 else math.inf
+        if up <= down:
+            deviation, count, right = up, bins[right][1], right + 1
+        else:
+            deviation, count, left = down, bins[left][1], left - 1
+        picked += [deviation] * sum(1 for j in wanted if seen <= j < seen + count)
+        seen += count
+    return sum(picked) / len(picked)
 
 
 def summarize(values: Sequence[float], half_width: int = MIDDLE_HALF_WIDTH) -> dict[str, Any]:
@@ -141,8 +160,9 @@ def _sketch(summary: dict[str, Any]) -> tuple[float, float, int] | None:
     if not (isinstance(sketch, list) and len(sketch) == 3):
         return None
     low, width, bins = _finite(sketch[0]), _finite(sketch[1]), sketch[2]
-    if low is None or width is None or not (0 < low and 0 < width <= 1) \
-            or isinstance(bins, bool) or not isinstance(bins, int) or not 1 <= bins <= 10**6:
+    if low is None or width is None or not (0 < low < 1e3 and 0 < width <= 1) \
+            or isinstance(bins, bool) or not isinstance(bins, int) or not 1 <= bins \
+            or bins * width > 690:  # its edges must stay finite
         return None
     return low, width, bins
 

@@ -49,9 +49,9 @@ def _seconds(key: int) -> float:
 def local_sketch(rank: int, local_seconds: float) -> Sketch:
     """This rank's share of the window: one count and its value in its bin, and its keys."""
     bins = torch.zeros(2 * SKETCH_BINS, dtype=torch.float32)
-    index = sketch_bin(local_seconds)
-    bins[index] = 1.0
-    bins[SKETCH_BINS + index] = local_seconds if math.isfinite(local_seconds) else 0.0
+    index, view = sketch_bin(local_seconds), bins.numpy()  # numpy stores cost less than torch's
+    view[index] = 1.0
+    view[SKETCH_BINS + index] = local_seconds if math.isfinite(local_seconds) else 0.0
     largest = (_key(local_seconds) & ~_RANK_MASK) | (rank & _RANK_MASK)
     return Sketch(bins, torch.tensor([largest, -_key(local_seconds)], dtype=torch.int64))
 
@@ -77,9 +77,10 @@ def start(dist: Any, group: Any, sketch: Sketch) -> list[Any]:
 
 def job_summary(sketch: Sketch, half_width: int) -> dict[str, Any]:
     """The job's summary from a summed sketch: O(bins), not O(ranks)."""
-    counts, sums = sketch.bins[:SKETCH_BINS], sketch.bins[SKETCH_BINS:]
-    nonzero = torch.nonzero(counts).flatten()
-    bins = list(zip(nonzero.tolist(), [int(c) for c in counts[nonzero].tolist()],
+    summed = sketch.bins.numpy()  # numpy's indexing is several times quicker here
+    counts, sums = summed[:SKETCH_BINS], summed[SKETCH_BINS:]
+    nonzero = counts.nonzero()[0]
+    bins = list(zip(nonzero.tolist(), counts[nonzero].astype("int64").tolist(),
                     sums[nonzero].tolist()))
     largest, smallest = sketch.extremes.tolist()
     return summarize_bins(bins, _seconds(-smallest), _seconds(largest & ~_RANK_MASK),
