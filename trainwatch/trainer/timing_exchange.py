@@ -9,8 +9,10 @@ values may stray a little, and its mean is kept inside the bin. Before, an all-g
 handed every rank a row per rank (24 bytes x world) and summarizing them grew with it.
 
 gloo runs an all-reduce as a ring: its latency still grows with the world size (the
-ring's hops), and so does gloo's own loop over the ring's (mostly empty) segments; what
-no longer grows is what a rank sends, receives, sums and summarizes.
+ring's hops), and so does the number of (tiny) messages a rank sends, up to two per
+element; what no longer grows is the bytes a rank sends and receives (about twice the
+sketch) and what it sums and summarizes. Ranks past 2^24 would wrap in the key (and in
+the float32 counts).
 """
 
 from __future__ import annotations
