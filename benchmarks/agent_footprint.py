@@ -107,13 +107,14 @@ def scoring_ms(n: int, reps: int = 50) -> float:
 def status_bytes(world: int) -> int:
     """Size of a rank's status file after a timing window of ``world`` ranks."""
     from trainwatch.trainer.telemetry import Telemetry
+    from trainwatch.trainer.timing_exchange import sketch_of
     rng = random.Random(2)
     with tempfile.TemporaryDirectory() as tmp:
         tel = Telemetry(tmp, rank=world - 1, world_size=world, exchange_every=0)
         tel.run.create()
         rows = [[0.09 + rng.uniform(0, 0.005), 0.001, 0.08 + rng.uniform(0, 0.005)]
                 for _ in range(world)]
-        tel._keep_gathered(10, 10, time.time(), rows)
+        tel._keep_window(10, 10, time.time(), rows[-1], sketch_of([r[2] for r in rows]))
         tel._write_status()
         return tel.run.status_file(world - 1).stat().st_size
 

@@ -11,8 +11,9 @@ says which): ``reference-4rank`` is tests/jobs/agent_job.py, steady steps as on 
 cores (load average 15-25), where one 5-step window's ratio alone varies by ~20 %.
 Streams of any length are built by a block bootstrap of that recording
 (blocks of 50 consecutive steps, all ranks together, so shared slowdowns stay shared),
-cut into timing windows like the ranks' telemetry exchange, and fed to the agent's own
-``JobStragglers`` with the default options.  For worlds of 2, 3 and 4 ranks and windows
+cut into timing windows like the ranks' telemetry exchange, summarized as the ranks
+publish it (read off the summed timing sketch, ``trainwatch.contract.timing.summarize``),
+and fed to the agent's own ``JobStragglers`` with the default options.  For worlds of 2, 3 and 4 ranks and windows
 of 5 steps and of the telemetry's default (``Telemetry(exchange_every=...)``, 10) it prints:
 false flags over ``--repeats`` independent streams of clean steps (each count), and with
 one rank at 0.8x speed (local time x 1.25) for 300 steps: steps until flagged, share of

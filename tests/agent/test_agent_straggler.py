@@ -13,6 +13,7 @@ from trainwatch.agent.straggler import VERDICT_WINDOWS, JobStragglers, score
 from trainwatch.contract.timing import job_window, own_local_seconds, recent_standing, summarize
 from trainwatch.rundir import RunDir
 from trainwatch.trainer.telemetry import Telemetry
+from trainwatch.trainer.timing_exchange import sketch_of
 
 
 def status_timing(step, values, rank, window_steps=5):
@@ -30,14 +31,20 @@ def scores_of(values):
     return score(summarize(values), dict(enumerate(values)))
 
 
+def _near(value, exact, error=0.00502):
+    """Within the timing sketch's error: a bin's mean is within its width (0.5 %) of each of
+    its values, the value itself when alone (trainwatch.contract.timing)."""
+    return abs(value / exact - 1) <= error
+
+
 def test_scores_are_robust_and_ratio_uses_the_other_ranks():
     values = [1.0] * 7 + [1.25]
     s = scores_of(values)
-    assert s.median == 1.0
-    assert abs(s.ratio[7] - 1.25) < 1e-9 and s.ratio[0] == 1.0
+    assert _near(s.median, 1.0)
+    assert _near(s.ratio[7], 1.25) and _near(s.ratio[0], 1.0)
     assert s.score[7] > 3 > abs(s.score[0])
     two = scores_of([1.0, 1.25])  # two ranks: the ratio still points at the slow one
-    assert abs(two.ratio[1] - 1.25) < 1e-9 and abs(two.ratio[0] - 0.8) < 1e-9
+    assert _near(two.ratio[1], 1.25) and _near(two.ratio[0], 0.8)
 
 
 def test_own_local_seconds_fall_back_to_compute_plus_data_wait():
@@ -128,8 +135,9 @@ def _flag_step_when_looking_every(look_every, tmp_path):
         local = [0.05 * (1 + rng.uniform(-0.02, 0.02)) for _ in range(4)]
         if step >= 50:
             local[2] *= 1.25
-        for tel in tels:
-            tel._keep_gathered(step, 5, float(step), [[v, 0.0, v] for v in local])
+        summed = sketch_of(local)  # what the all-reduce hands every rank
+        for r, tel in enumerate(tels):
+            tel._keep_window(step, 5, float(step), [local[r], 0.0, local[r]], summed)
         if i % look_every == 0:
             for tel in tels:
                 tel._write_status()
@@ -220,7 +228,7 @@ def test_node_straggler_compares_local_ranks_with_the_rest():
     for step in range(5, 50, 5):  # 8 windows measure the noise, then the verdict
         values = [1.0] * 8 + [1.3] * 8  # this node hosts ranks 8-15, all slow
         tracker.update(window(step, values, range(8, 16)), local_ranks=range(8, 16), now=step)
-    assert abs(tracker.node_ratio - 1.3) < 1e-9 and tracker.node.active
+    assert _near(tracker.node_ratio, 1.3) and tracker.node.active
     alone = JobStragglers(dict(STRAGGLER_DEFAULTS))
     alone.update(window(5, [1.0, 1.3]), local_ranks=[0, 1], now=0)
     assert alone.node_ratio is None  # all ranks local: no node-level comparison
@@ -235,10 +243,10 @@ def test_leave_one_out_ratio_matches_brute_force():
         for i, v in enumerate(values):
             rest = values[:i] + values[i + 1:]
             other = statistics.median(rest) if rest else v
-            assert abs(got[i] - (v / other if other > 0 else 1.0)) < 1e-12
+            assert _near(got[i], v / other if other > 0 else 1.0)
 
 
-def test_node_ratio_leaves_out_every_local_rank_exactly():
+def test_node_ratio_leaves_out_every_local_rank():
     import statistics
     rng = random.Random(5)
     for _ in range(500):
@@ -249,30 +257,7 @@ def test_node_ratio_leaves_out_every_local_rank_exactly():
         tracker.update(window(5, values, local), local_ranks=local, now=0)
         mine = statistics.median(values[r] for r in local)
         rest = statistics.median(v for i, v in enumerate(values) if i not in local)
-        assert abs(tracker.node_ratio - mine / rest) < 1e-12
-
-
-def test_a_large_window_is_summarized_by_selection_exactly_as_by_sorting(monkeypatch):
-    """From VECTOR_FROM ranks the summary is selected with numpy (linear time): every number,
-    the middle and the slowest rank are those of the sorted summary, ties and even counts
-    included, for lists and arrays alike."""
-    import numpy as np
-
-    from trainwatch.contract import timing
-
-    rng = random.Random(11)
-    cases = []
-    for n in (timing.VECTOR_FROM, timing.VECTOR_FROM + 1, 1000, 4097):
-        cases += [[rng.uniform(0.05, 0.2) for _ in range(n)],
-                  [round(rng.uniform(0.05, 0.2), 2) for _ in range(n)],  # many ties
-                  [0.1] * n,
-                  [rng.gauss(0.1, 0.01) for _ in range(n - 1)] + [5.0]]
-    for values in cases:
-        for half_width in (1, 9, 65, 500):
-            selected = (summarize(values, half_width), summarize(np.array(values), half_width))
-            with monkeypatch.context() as m:
-                m.setattr(timing, "VECTOR_FROM", 10**9)
-                assert selected[0] == selected[1] == summarize(values, half_width)
+        assert _near(tracker.node_ratio, mine / rest)
 
 
 def test_no_verdict_and_not_judging_before_the_rule_has_a_ranks_noise():

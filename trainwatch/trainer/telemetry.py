@@ -32,7 +32,8 @@ Rules it keeps (never harm the job: telemetry is bounded and non-blocking):
   few stores, no lock, in reused class context managers (generators and per-call
   objects cost several times more, and this runs several times per step): the phase
   is one (name, since) tuple that readers expand; the timing exchange is an
-  asynchronous all-gather picked up later, so the loop never waits for a round trip.
+  asynchronous all-reduce of a fixed-size sketch picked up later, so the loop never
+  waits for a round trip.
 The background thread keeps writing heartbeats while the loop is stuck, so a
 reader can tell "alive but not progressing" from "frozen or dead".
 """
@@ -60,11 +61,11 @@ from trainwatch import __version__
 from trainwatch.contract.env import JOB_ENV, run_dir_from_env
 from trainwatch.contract.layout import rank_source
 from trainwatch.contract.states import EVAL_PHASE, FAILED, FINISHED, RUNNING, STEP_PHASE
-from trainwatch.contract.timing import MIDDLE_HALF_WIDTH, RECENT_WINDOWS, standing, summarize
+from trainwatch.contract.timing import MIDDLE_HALF_WIDTH, RECENT_WINDOWS, standing
 from trainwatch.host.cgroup import memory_cgroup
 from trainwatch.node import boot_id, node_name
 from trainwatch.rundir import RunDir, append_jsonl
-from trainwatch.trainer import dumps
+from trainwatch.trainer import dumps, timing_exchange
 from trainwatch.trainer.flops import peak_flops_for
 from trainwatch.trainer.replicas import DEFAULT_EVERY, KEEP, ReplicaCheck
 
@@ -152,19 +153,6 @@ class _PhaseBlock:
 
 
 
-def _gather_rows(dist: Any, out: torch.Tensor, row: torch.Tensor, group: Any) -> Any:
-    """All-gather every rank's ``row`` into ``out`` (ranks x 3), started asynchronously.
-
-    One output tensor, no tensor per rank: at 32k ranks a list of them took ~20 ms of the
-    loop per window. Torch versions whose gloo lacks the single-tensor form get the list,
-    as views of ``out``."""
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    try:
-        return gather(out.view(-1), row, group=group, async_op=True)
-    except RuntimeError:  # not supported by this gloo: per-rank views of the same buffer
-        return dist.all_gather(list(out.unbind(0)), row, group=group, async_op=True)
-
-
 class Telemetry:
     """Publishes one rank's progress to the run directory; see the module docstring."""
 
@@ -203,12 +191,12 @@ class Telemetry:
         self._control_paths: dict[str, Path] = {}
         self._control_seen: dict[str, float] = {}
         self._exchange_group = None
-        # (work, gathered tensors, sent tensor, step, window steps, time) of the last
-        # all-gather until someone publishes it; guarded by _lock.
+        # (works, sketch, own means, step, window steps, time) of the last all-reduce
+        # until someone publishes it; guarded by _lock.
         self._exchange_in_flight: tuple | None = None
-        # (step, window steps, time, per-rank rows) of the completed exchanges, newest
-        # last, until the heartbeat thread summarizes them; guarded by _lock.
-        self._gathered: collections.deque = collections.deque(maxlen=RECENT_WINDOWS)
+        # (step, window steps, time, own means, summed sketch) of the completed exchanges,
+        # newest last, until the heartbeat thread summarizes them; guarded by _lock.
+        self._windows: collections.deque = collections.deque(maxlen=RECENT_WINDOWS)
         # This rank's (step, ratio, z) in its last windows: the status's timing.recent.
         self._recent: collections.deque = collections.deque(maxlen=RECENT_WINDOWS)
         # The job summary keeps enough values around the median to leave out every rank
@@ -624,67 +612,62 @@ class Telemetry:
             self.count_error(repr(exc))
 
     def _exchange_timings(self, step: int) -> None:
-        """One small all_gather of every rank's window means, summarized for the status.
+        """One all-reduce of a fixed-size sketch of every rank's window means.
 
         It is started asynchronously and picked up by whoever sees it done first: the
         heartbeat thread, or the loop at the next exchange (then long finished, as every
         rank started it at the same step), so the loop never waits for the round trip.
         The heartbeat thread turns it into the rank's own means plus a constant-size job
-        summary (``trainwatch.contract.timing``), so a status file does not grow with the
-        world size.
+        summary (``trainwatch.contract.timing``): neither the bytes exchanged nor the work
+        nor the status file grows with the world size (``timing_exchange``).
         """
         n = max(1, self._window_steps)
         mine = [self._window_compute_ns / n / 1e9, self._window_data_ns / n / 1e9,
                 self._window_local_ns / n / 1e9]
         self._window_compute_ns = self._window_data_ns = self._window_local_ns = 0
         self._window_steps = 0
-        if self._exchange_group is None:
-            self._keep_gathered(step, n, _now(), [mine])
+        sketch = timing_exchange.local_sketch(self.rank, mine[2])
+        if self._exchange_group is None:  # alone: the sum of one sketch is itself
+            self._keep_window(step, n, _now(), mine, sketch)
             return
         import torch.distributed as dist
         with self.phase("telemetry_exchange"):
             self._collect_exchange(wait=True)
-            local = torch.tensor(mine, dtype=torch.float64)
-            out = torch.empty(self.world_size, 3, dtype=torch.float64)  # one row a rank
-            work = _gather_rows(dist, out, local, self._exchange_group)
+            works = timing_exchange.start(dist, self._exchange_group, sketch)
             with self._lock:
-                self._exchange_in_flight = (work, out, local, step, n, _now())
+                self._exchange_in_flight = (works, sketch, mine, step, n, _now())
 
     def _collect_exchange(self, wait: bool) -> None:
         """Keep the in-flight exchange if it is done (or, with ``wait``, once it is)."""
         with self._lock:
             in_flight = self._exchange_in_flight
-            if in_flight is None or not (wait or in_flight[0].is_completed()):
+            if in_flight is None or not (wait or all(w.is_completed() for w in in_flight[0])):
                 return
             self._exchange_in_flight = None
-        work, out, _sent, step, n, started = in_flight
-        work.wait()
-        self._keep_gathered(step, n, started, out)
+        works, sketch, mine, step, n, started = in_flight
+        for work in works:
+            work.wait()
+        self._keep_window(step, n, started, mine, sketch)
 
-    def _keep_gathered(self, step: int, n: int, started: float,
-                       gathered: list | torch.Tensor) -> None:
-        """Queue a completed window (per rank: compute, data wait, local seconds; lists, or
-        the gathered (ranks, 3) tensor) for the heartbeat thread to summarize: O(1) here."""
+    def _keep_window(self, step: int, n: int, started: float, own: list[float],
+                       sketch: timing_exchange.Sketch) -> None:
+        """Queue a completed window (own compute, data wait and local seconds; the job's
+        summed sketch) for the heartbeat thread to summarize: O(1) here."""
         with self._lock:
-            if not self._gathered or self._gathered[-1][0] < step:  # never behind a newer one
-                self._gathered.append((step, n, started, gathered))
+            if not self._windows or self._windows[-1][0] < step:  # never behind a newer one
+                self._windows.append((step, n, started, own, sketch))
 
     def _summarize_timing(self) -> None:
-        """Publish the newest gathered window as ``timing`` (own means + job summary),
+        """Publish the newest exchanged window as ``timing`` (own means + job summary),
         with this rank's standing in every window since the last beat as ``recent``."""
         with self._lock:
-            pending = list(self._gathered)
-            self._gathered.clear()
+            pending = list(self._windows)
+            self._windows.clear()
         timing = None
-        for step, n, started, rows in pending:
+        for step, n, started, own, sketch in pending:
             if self._recent and self._recent[-1][0] >= step:
                 continue  # an exchange that completed after a newer one was published
-            if isinstance(rows, torch.Tensor):  # gathered: (ranks, 3); a view, not a copy
-                own = rows[self.rank if self.rank < len(rows) else 0].tolist()
-                job = summarize(rows[:, 2].numpy(), self._middle_half_width)
-            else:
-                own = rows[self.rank] if self.rank < len(rows) else rows[0]
-                job = summarize([r[2] for r in rows], self._middle_half_width)
+            job = timing_exchange.job_summary(sketch, self._middle_half_width)
             ratio, z = standing(job, own[2])
             self._recent.append([step, round(ratio, 4), round(z, 3)])
             timing = {"step": step, "window_steps": n, "time": started,
