@@ -221,8 +221,8 @@ class _Segments:
 
 
 class _Painter:
-    """Builds the labelled pieces from a timeline: the few non-step ones as a list, the
-    steps' as a stream (``step_pieces``)."""
+    """Builds the labelled pieces from a timeline: the few non-step ones as a list, then
+    paints the steps' over the segments those make (``paint_steps``)."""
 
     def __init__(self, tl: Timeline, typical: float | None, budget: float | None):
         self.tl, self.typical, self.budget = tl, typical, budget
@@ -581,7 +581,7 @@ _CHUNK = 1 << 16  # executions per temporary array: memory stays flat in the run
 
 def _kept(tl: Timeline, painter: _Painter) -> Iterator[tuple[int, int, np.ndarray]]:
     """(lo, hi, mask) over the step log in chunks: the executions no later attempt threw
-    away (exactly those ``step_pieces`` did not count as recomputed)."""
+    away (exactly those ``paint_steps`` did not count as recomputed)."""
     log = tl.steps
     steps = np.frombuffer(log.step, dtype=np.int64)
     later = _later_resumes(tl.attempts) if painter.recomputed else []
