@@ -6,7 +6,9 @@ from __future__ import annotations
 import random
 import tracemalloc
 
-from trainwatch.report.goodput import _discarding_attempt, _later_resumes
+import numpy as np
+
+from trainwatch.report.goodput import _Chain, _discarders, _later_resumes
 from trainwatch.report.timeline import Attempt
 
 
@@ -21,6 +23,13 @@ def _first_discarder(attempts: list[Attempt], k: int, step: int) -> int | None:
     return None
 
 
+def _discarding(chain: _Chain | None, steps: list[int]) -> list[int | None]:
+    """The painter's answers for executions of ``steps`` in an attempt with ``chain``."""
+    cuts = [(0, len(steps), chain)] if chain is not None else []
+    found = _discarders(np.array(steps, dtype=np.int64), 0, len(steps), cuts, 0)
+    return [None if d < 0 else d for d in found.tolist()]
+
+
 def test_same_answers_as_every_later_attempt() -> None:
     rng = random.Random(25)
     for _ in range(200):
@@ -31,9 +40,9 @@ def test_same_answers_as_every_later_attempt() -> None:
             later = [r for r in resumes[k + 1:] if r is not None]
             assert (chains[k][3] if chains[k] is not None else None) == (
                 min(later) if later else None)
-            for step in range(-1, 62):
-                assert _discarding_attempt(chains[k], step) == _first_discarder(
-                    attempts, k, step)
+            steps = list(range(-1, 62))
+            assert _discarding(chains[k], steps) == [_first_discarder(attempts, k, step)
+                                                     for step in steps]
 
 
 def test_linear_in_attempts_when_each_resumes_earlier() -> None:
@@ -47,5 +56,4 @@ def test_linear_in_attempts_when_each_resumes_earlier() -> None:
     finally:
         tracemalloc.stop()
     assert peak < 2 * 1024 * 1024
-    assert _discarding_attempt(chains[0], 3000) == 1
-    assert _discarding_attempt(chains[0], 1) == 2999
+    assert _discarding(chains[0], [3000, 1]) == [1, 2999]

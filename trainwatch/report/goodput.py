@@ -7,15 +7,18 @@ gives the wall time exactly, however messy the evidence. Definitions: docs/repor
 
 Steps are never held as pieces: the few other intervals (evaluations, saves, stalls,
 restarts, start-up, not running) are swept first into a time line of segments, then the
-steps are streamed over it in time order. Steps never overlap each other and lose only
-to "not running", so each step's length moves from the segment under it to the step's
-label: O(segments) memory, one pass over the step columns.
+steps are painted over it in time order, a chunk of step columns at a time with numpy
+(``_Painter.paint_steps``). Steps never overlap each other and lose only to "not running", so
+each step piece's overlap with a segment moves from the segment's label to the piece's:
+O(segments + chunk) memory. Totals are exact sums (``math.fsum``) of those moves.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
+from array import array
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -36,6 +39,10 @@ _TIER = {"not_running": 0, "step": 1, "checkpoint": 2, "evaluation": 3, "stalled
 STALL_ALERTS = ("TrainingStallSuspected", "TrainingStalled")
 STALL_ACTIONS = ("stall_restart",)
 INCIDENT_OUTCOMES = ("interrupted", "stopped", "ended")
+# Labels as small integers in the step painter's arrays.
+_LABELS = (*CATEGORIES, "not_running")
+_CODE = {label: i for i, label in enumerate(_LABELS)}
+_STEP_CHUNK = 1 << 12  # executions painted at once: about a MiB of temporaries
 
 
 @dataclass
@@ -121,15 +128,6 @@ def _later_resumes(attempts: list[Attempt]) -> list[_Chain | None]:
     return chains
 
 
-def _discarding_attempt(chain: _Chain | None, step: int) -> int | None:
-    """The first later attempt that resumed at or before ``step``: it threw that work away."""
-    while chain is not None:
-        if chain[1] <= step:
-            return chain[0]
-        chain = chain[2]
-    return None
-
-
 def _is_incident(attempt: Attempt) -> bool:
     return attempt.outcome in INCIDENT_OUTCOMES
 
@@ -139,31 +137,92 @@ def _stall_evidence(attempt: Attempt) -> bool:
             or any(e.get("action") in STALL_ACTIONS for e in attempt.named("action_taken")))
 
 
-class _Sum:
-    """A running float sum with Neumaier compensation: ``math.fsum``'s accuracy without
-    holding the terms."""
-
-    __slots__ = ("total", "carry")
+class _Totals:
+    """Per label, and per incident and label, the terms whose exact sum is the total: two
+    per group of segments or of moved step time (``_groups``)."""
 
     def __init__(self) -> None:
-        self.total = self.carry = 0.0
+        self.terms: dict[int | None, dict[str, list[float]]] = {}
 
-    def add(self, x: float) -> None:
-        t = self.total + x
-        if abs(self.total) >= abs(x):
-            self.carry += (self.total - t) + x
-        else:
-            self.carry += (x - t) + self.total
-        self.total = t
+    def credit(self, code: int, owner: int, *terms: float) -> None:
+        """Add ``terms`` to label ``_LABELS[code]``, and to incident ``owner`` (-1: none)."""
+        label = _LABELS[code]
+        self.terms.setdefault(None, {}).setdefault(label, []).extend(terms)
+        if owner >= 0:
+            self.terms.setdefault(owner, {}).setdefault(label, []).extend(terms)
 
-    @property
-    def value(self) -> float:
-        return self.total + self.carry
+    def sums(self) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
+        run = self.terms.get(None, {})
+        return ({label: math.fsum(run.get(label, ())) for label in _LABELS},
+                {k: {label: math.fsum(v) for label, v in d.items()}
+                 for k, d in self.terms.items() if k is not None})
+
+
+def _groups(key: np.ndarray, values: np.ndarray) -> Iterator[tuple[int, float, float]]:
+    """(key, total, rest) per distinct key: total + rest is the sum of its values to within
+    2**-106 of it (the correctly rounded sum and what it left out), so many terms become
+    two and the final ``math.fsum`` is as exact as one over every term."""
+    if not len(key):
+        return
+    order = np.argsort(key)
+    key, values = key[order], values[order]
+    bounds = [0, *(np.flatnonzero(key[1:] != key[:-1]) + 1).tolist(), len(key)]
+    for lo, hi in zip(bounds, bounds[1:]):
+        part = values[lo:hi].tolist()
+        total = math.fsum(part)
+        part.append(-total)
+        yield int(key[lo]), total, math.fsum(part)
+
+
+@dataclass
+class _Segments:
+    """The time line cut into segments, as columns: start, end, the winning label (code in
+    ``_LABELS``) and the incident it is charged to (-1: none)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    label: np.ndarray
+    owner: np.ndarray
+
+    def credit(self, totals: _Totals) -> None:
+        """Each segment's length to its label (and incident)."""
+        width = int(self.owner.max(initial=-1)) + 2
+        for key, total, rest in _groups(self.label * width + self.owner + 1,
+                                        self.end - self.start):
+            code, owner = divmod(key, width)
+            totals.credit(code, owner - 1, total, rest)
+
+    def move(self, totals: _Totals, start: np.ndarray, end: np.ndarray, label: np.ndarray,
+             owner: np.ndarray, furthest: float) -> None:
+        """Move each step piece's overlap with the segments under it from their label to
+        its own (``not_running`` keeps its time). Segments are found as one forward pass
+        over them would: from the furthest start of any piece so far (``furthest`` before
+        these), so a piece that starts a rounding error earlier finds the same ones."""
+        reach = np.maximum.accumulate(start)
+        np.maximum(reach, furthest, out=reach)
+        first = np.searchsorted(self.end, reach, side="right")
+        count = np.maximum(np.searchsorted(self.start, end, side="left") - first, 0)
+        piece = np.repeat(np.arange(len(start)), count)
+        under = (np.arange(len(piece)) - np.repeat(np.cumsum(count) - count, count)
+                 + np.repeat(first, count))
+        overlap = (np.minimum(end[piece], self.end[under])
+                   - np.maximum(start[piece], self.start[under]))
+        moved = (overlap > 0) & (self.label[under] != _CODE["not_running"])
+        piece, under = piece[moved], under[moved]
+        width = max(int(owner.max(initial=-1)), int(self.owner.max(initial=-1))) + 2
+        keys = ((label[piece] * width + owner[piece] + 1) * len(_LABELS)
+                + self.label[under]) * width + self.owner[under] + 1
+        for key, total, rest in _groups(keys, overlap[moved]):
+            key, under_owner = divmod(key, width)
+            key, under_label = divmod(key, len(_LABELS))
+            code, piece_owner = divmod(key, width)
+            totals.credit(code, piece_owner - 1, total, rest)
+            totals.credit(under_label, under_owner - 1, -total, -rest)
 
 
 class _Painter:
-    """Builds the labelled pieces from a timeline: the few non-step ones as a list, the
-    steps' as a stream (``step_pieces``)."""
+    """Builds the labelled pieces from a timeline: the few non-step ones as a list, then
+    paints the steps' over the segments those make (``paint_steps``)."""
 
     def __init__(self, tl: Timeline, typical: float | None, budget: float | None):
         self.tl, self.typical, self.budget = tl, typical, budget
@@ -185,57 +244,88 @@ class _Painter:
         return index if 0 <= index < len(self.attempts) and _is_incident(
             self.attempts[index]) else None
 
-    # -- steps, streamed in time order as (start, end, label, incident)
-    def step_pieces(self):
-        log, tl = self.log, self.tl
-        steps, starts, ends, waits = log.step, log.start, log.end, log.wait
+    # -- steps, a chunk of columns at a time, in time order
+    def paint_steps(self, segments: _Segments, totals: _Totals) -> None:
+        """Paint every step execution over ``segments`` into ``totals``: a ``recomputed``
+        piece when a later attempt threw it away, else its data wait, productive time and
+        any excess over the stall budget (start-up, restart downtime or stalled)."""
+        log, n = self.log, len(self.log)
+        owners = np.array([-1 if (x := self.incident_of(a.index)) is None else x
+                           for a in self.attempts], dtype=np.int64)
+        firsts = np.array(log.attempt_starts, dtype=np.int64)
         later = _later_resumes(self.attempts)
-        budget, typical = self.budget, self.typical
-        t0, t1 = tl.start, tl.end
-        previous_end = -math.inf
-        for attempt in self.attempts:
-            lo = attempt.execs.lo if len(attempt.execs) else None
-            if lo is None:
-                continue
-            k = attempt.index
-            mine = later[k]
-            earliest = mine[3] if mine is not None else None
-            for i in range(lo, attempt.execs.hi):
-                x_start, end = starts[i], ends[i]
-                start = x_start if x_start > previous_end else previous_end
-                if end > previous_end:
-                    previous_end = end
-                step = steps[i]
-                if earliest is not None and step >= earliest:
-                    discarder = _discarding_attempt(mine, step)
-                    if discarder is not None:
-                        self.recomputed += 1
-                        self.lost.setdefault(discarder - 1, []).append(step)
-                        yield start, end, "recomputed", self.incident_of(discarder - 1)
-                        continue
-                length = end - start
-                excess = (length - typical if typical is not None and budget is not None
-                          and length > budget else 0.0)  # a budget comes with a typical step
-                useful = length - excess
-                seconds = end - x_start
-                wait = useful * (waits[i] / seconds) if seconds > 0 else 0.0
-                a, b = max(start, t0), min(start + wait, t1)
-                if b > a:
-                    yield a, b, "data_wait", None
-                a, b = max(start + wait, t0), min(start + useful, t1)
-                if b > a:
-                    yield a, b, "productive", None
-                if excess:
-                    # A first step's extra time is warm-up (compilation, caches), not a stall.
-                    if i == lo and k == 0:
-                        label, incident = "initial_startup", None
-                    elif i == lo:
-                        label, incident = "restart_downtime", self.incident_of(k - 1)
-                    else:
-                        label, incident = "stalled", None
-                    a, b = max(start + useful, t0), min(end, t1)
-                    if b > a:
-                        yield a, b, label, incident
+        cuts = [(a.execs.lo, a.execs.hi, chain) for a in self.attempts
+                if len(a.execs) and (chain := later[a.index]) is not None]
+        columns = (np.frombuffer(log.step, dtype=np.int64),
+                   np.frombuffer(log.start, dtype=np.float64),
+                   np.frombuffer(log.end, dtype=np.float64),
+                   np.frombuffer(log.wait, dtype=np.float64))
+        t0, t1 = self.tl.start, self.tl.end
+        last_end = furthest = -math.inf
+        c = 0
+        for lo in range(0, n, _STEP_CHUNK):
+            hi = min(lo + _STEP_CHUNK, n)
+            while c < len(cuts) and cuts[c][1] <= lo:
+                c += 1
+            steps, x_start, end, waits = (col[lo:hi] for col in columns)
+            index = np.arange(lo, hi)
+            attempt = np.searchsorted(firsts, index, side="right") - 1
+            first = index == firsts[attempt]
+            # an execution starts no earlier than every earlier one ended
+            ended = np.maximum.accumulate(end)
+            start = np.empty_like(end)
+            start[0] = last_end
+            np.maximum(ended[:-1], last_end, out=start[1:])
+            np.maximum(x_start, start, out=start)
+            last_end = max(last_end, float(ended[-1]))
+            discarder = _discarders(steps, lo, hi, cuts, c)
+            recomputed = discarder >= 0
+            self._lose(steps, discarder, recomputed)
+
+            length = end - start
+            excess = (np.where(length > self.budget, length - self.typical, 0.0)
+                      if self.typical is not None and self.budget is not None
+                      else np.zeros_like(length))  # a budget comes with a typical step
+            useful = length - excess
+            seconds = end - x_start
+            with np.errstate(divide="ignore", invalid="ignore"):
+                wait = np.where(seconds > 0, useful * (waits / seconds), 0.0)
+            # three pieces an execution, in time order: data wait, productive, excess
+            a, b = np.empty((hi - lo, 3)), np.empty((hi - lo, 3))
+            a[:, 0], b[:, 0] = np.maximum(start, t0), np.minimum(start + wait, t1)
+            a[:, 1], b[:, 1] = np.maximum(start + wait, t0), np.minimum(start + useful, t1)
+            a[:, 2], b[:, 2] = np.maximum(start + useful, t0), np.minimum(end, t1)
+            keep = b > a
+            keep[:, 2] &= excess != 0
+            # a thrown-away execution is one piece, all of its time, even where it is empty
+            a[recomputed, 0], b[recomputed, 0] = start[recomputed], end[recomputed]
+            keep[recomputed] = (True, False, False)
+            label = np.empty((hi - lo, 3), dtype=np.int64)
+            label[:, 0] = np.where(recomputed, _CODE["recomputed"], _CODE["data_wait"])
+            label[:, 1] = _CODE["productive"]
+            # A first step's extra time is warm-up (compilation, caches), not a stall.
+            label[:, 2] = np.where(first, np.where(attempt == 0, _CODE["initial_startup"],
+                                                   _CODE["restart_downtime"]),
+                                   _CODE["stalled"])
+            owner = np.full((hi - lo, 3), -1, dtype=np.int64)
+            owner[:, 0] = np.where(recomputed, owners[np.maximum(discarder - 1, 0)], -1)
+            owner[:, 2] = np.where(first & (attempt > 0), owners[np.maximum(attempt - 1, 0)], -1)
+            keep = keep.ravel()
+            if keep.any():
+                pa = a.ravel()[keep]
+                segments.move(totals, pa, b.ravel()[keep], label.ravel()[keep],
+                              owner.ravel()[keep], furthest)
+                furthest = max(furthest, float(pa.max()))
+
+    def _lose(self, steps: np.ndarray, discarder: np.ndarray, recomputed: np.ndarray) -> None:
+        """Count the thrown-away executions, their steps under the incident before the
+        attempt that threw them away."""
+        if not recomputed.any():
+            return
+        self.recomputed += int(np.count_nonzero(recomputed))
+        by, lost = discarder[recomputed], steps[recomputed]
+        for k in np.unique(by).tolist():
+            self.lost.setdefault(k - 1, []).extend(lost[by == k].tolist())
 
     # -- evaluations and checkpoint saves (both follow a step, in the same attempt)
     def evaluations_and_saves(self) -> None:
@@ -350,15 +440,21 @@ class _Painter:
             self.add(a, b, "not_running")
 
 
-def _sweep(pieces: list[_Piece], start: float, end: float
-           ) -> list[tuple[float, float, str, int | None]]:
+def _sweep(pieces: list[_Piece], start: float, end: float) -> _Segments:
     """The time line cut into segments, each with its winning label (and incident); what
     no piece covers is ``other``."""
     marks: list[tuple[float, int, int]] = []
     for i, p in enumerate(pieces):
         marks += [(p.start, 1, i), (p.end, 0, i)]
     marks.sort()
-    segments: list[tuple[float, float, str, int | None]] = []
+    starts, ends, labels, owners = array("d"), array("d"), array("q"), array("q")
+
+    def segment(a: float, b: float, label: str, incident: int | None) -> None:
+        starts.append(a)
+        ends.append(b)
+        labels.append(_CODE[label])
+        owners.append(-1 if incident is None else incident)
+
     active: set[int] = set()
     heap: list[tuple[int, int]] = []
     t = start
@@ -370,7 +466,7 @@ def _sweep(pieces: list[_Piece], start: float, end: float
             if heap:
                 piece = pieces[heap[0][1]]
                 label, incident = piece.label, piece.incident
-            segments.append((t, when, label, incident))
+            segment(t, when, label, incident)
             t = when
         if opening:
             active.add(i)
@@ -378,38 +474,30 @@ def _sweep(pieces: list[_Piece], start: float, end: float
         else:
             active.discard(i)
     if end > t:
-        segments.append((t, end, "other", None))
-    return segments
+        segment(t, end, "other", None)
+    return _Segments(*(np.frombuffer(column, dtype=np.float64 if column.typecode == "d"
+                                     else np.int64) for column in (starts, ends, labels, owners)))
 
 
-def _paint(segments: list[tuple[float, float, str, int | None]], steps
-           ) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
-    """Totals per label (and per incident): the segments', with the time under each step
-    moved to the step's label (steps win over everything but ``not_running``)."""
-    totals: dict[str, _Sum] = {c: _Sum() for c in (*CATEGORIES, "not_running")}
-    per_incident: dict[int, dict[str, _Sum]] = {}
-
-    def credit(label: str, incident: int | None, seconds: float) -> None:
-        totals[label].add(seconds)
-        if incident is not None:
-            per_incident.setdefault(incident, {}).setdefault(label, _Sum()).add(seconds)
-
-    for t0, t1, label, incident in segments:
-        credit(label, incident, t1 - t0)
-    j, n = 0, len(segments)
-    for a, b, label, incident in steps:
-        while j < n and segments[j][1] <= a:
-            j += 1
-        k = j
-        while k < n and segments[k][0] < b:
-            s0, s1, under, under_incident = segments[k]
-            overlap = min(b, s1) - max(a, s0)
-            if overlap > 0 and under != "not_running":
-                credit(under, under_incident, -overlap)
-                credit(label, incident, overlap)
-            k += 1
-    return ({k: v.value for k, v in totals.items()},
-            {k: {label: v.value for label, v in d.items()} for k, d in per_incident.items()})
+def _discarders(steps: np.ndarray, lo: int, hi: int, cuts: list[tuple[int, int, _Chain]],
+                c: int) -> np.ndarray:
+    """Per execution lo..hi, the first later attempt that resumed at or before its step
+    (it threw that work away), else -1. ``cuts``: (lo, hi, chain) of the attempts that
+    have later resumes, in order; from ``c`` on they may reach into this chunk."""
+    found = np.full(hi - lo, -1, dtype=np.int64)
+    while c < len(cuts) and cuts[c][0] < hi:
+        first, last, chain = cuts[c]
+        part = slice(max(first, lo) - lo, min(last, hi) - lo)
+        mine, into = steps[part], found[part]
+        left = mine >= chain[3]
+        link: _Chain | None = chain
+        while link is not None and left.any():  # the chain's resumes fall: first one wins
+            hit = left & (mine >= link[1])
+            into[hit] = link[0]
+            left &= ~hit
+            link = link[2]
+        c += 1
+    return found
 
 
 # --------------------------------------------------------------------------- the account
@@ -433,7 +521,11 @@ def account(tl: Timeline) -> Accounting:
     painter.evaluations_and_saves()
     painter.gaps()
     segments = _sweep(painter.pieces, tl.start, tl.end)
-    totals, per_incident = _paint(segments, painter.step_pieces())
+    credits = _Totals()
+    segments.credit(credits)
+    painter.paint_steps(segments, credits)
+    del segments
+    totals, per_incident = credits.sums()
     not_running = totals.pop("not_running")
     span = tl.end - tl.start
 
@@ -489,7 +581,7 @@ _CHUNK = 1 << 16  # executions per temporary array: memory stays flat in the run
 
 def _kept(tl: Timeline, painter: _Painter) -> Iterator[tuple[int, int, np.ndarray]]:
     """(lo, hi, mask) over the step log in chunks: the executions no later attempt threw
-    away (exactly those ``step_pieces`` did not count as recomputed)."""
+    away (exactly those ``paint_steps`` did not count as recomputed)."""
     log = tl.steps
     steps = np.frombuffer(log.step, dtype=np.int64)
     later = _later_resumes(tl.attempts) if painter.recomputed else []
@@ -521,6 +613,7 @@ def _distinct(steps: np.ndarray, chunks: list[tuple[int, int, np.ndarray]]) -> i
 
 def _values(values: np.ndarray, chunks: list[tuple[int, int, np.ndarray]], *,
             kept: bool) -> Iterator[float]:
-    """The values of the kept executions (or of all), a chunk at a time."""
-    for lo, hi, keep in chunks:
-        yield from values[lo:hi][keep] if kept else values[lo:hi]  # one float at a time
+    """The values of the kept executions (or of all), a few thousand floats at a time."""
+    parts = ((values[lo:hi][keep] if kept else values[lo:hi]) for lo, hi, keep in chunks)
+    return itertools.chain.from_iterable(part[i:i + _STEP_CHUNK].tolist() for part in parts
+                                         for i in range(0, len(part), _STEP_CHUNK))
