@@ -239,8 +239,9 @@ def test_extra_collective_is_a_desync_at_the_right_sequence_number(start_job):
     code, report, _ = diagnose(job.run, "--stall-after", "1")
     assert code == 1
     finding = top(report)
-    # One gradient all_reduce per step plus the telemetry exchange after every 5th step.
-    expected_seq = step + step // 5 + 1
+    # One gradient all_reduce per step plus the telemetry exchange's two all_reduces (its
+    # sketch's sums, its extremes) after every 5th step.
+    expected_seq = step + 2 * (step // 5) + 1
     assert finding["category"] == "collective_desync", finding
     assert f"sequence number {expected_seq} " in finding["title"]
     assert finding["ranks"] == [1]
