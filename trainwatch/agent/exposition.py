@@ -6,7 +6,9 @@ label of every sample on every scrape, was two thirds of the agent's CPU at 1 s 
 Here a series' line prefix (its name and escaped, sorted labels) is built the first time
 the series is seen and reused while it exists, and a source's lines (one collector
 run's) are formatted once, the first time they are read: a scrape joins the lines of
-the runs it has already seen with a header per family (``families``, ``join``). Both
+the runs it has already seen with a header per family (``families``, ``join``). A
+rank's series (``agent/series.py``: ``Rows`` of series made once per rank) keep their
+last line too, so a run's rank series cost a line only where a value changed. Both
 formats are checked against prometheus-client's parsers and ``promtool check metrics``
 in tests/agent/test_agent_exposition.py.
 
