@@ -2,17 +2,20 @@
 (deferred ones included) are built and formatted the first time they are read, and a
 format scraped often is rendered in the background as collectors store new runs."""
 
+import os
 import threading
+import time
 
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from tests.agent_helpers import wait_for
+from tests.agent_helpers import collector, make_ctx, wait_for, write_status
 from trainwatch.agent.config import build_config
 from trainwatch.agent.context import AgentContext
 from trainwatch.agent.exporter import CachedExposition, SnapshotExporter
 from trainwatch.agent.exposition import OPENMETRICS, TEXT
 from trainwatch.agent.registry import Result, Sample
 from trainwatch.agent.state import CollectorRecord
+from trainwatch.rundir import RunDir
 
 
 def rank_up(rank: int, value: float) -> Sample:
@@ -87,3 +90,70 @@ def test_a_format_scraped_often_is_rendered_when_a_run_is_stored_not_on_the_scra
     store_run(ctx, "ranks", Counted(3.0))  # scraped once: rendered on its next scrape only
     assert b'rank="3",run="r"} 3.0' in exposition.body("")[0]
     assert [call for call in renders if call[0] == TEXT] == [(TEXT, True)] * 2
+
+
+def _series_lines(body: str, rank: int) -> dict[str, str]:
+    """A scrape's lines for one rank: series (name and labels) -> value."""
+    found = {}
+    for line in body.splitlines():
+        if f'rank="{rank}",' in line and not line.startswith("#"):
+            series, value = line.rsplit(" ", 1)
+            found[series] = value
+    return found
+
+
+def _agent(tmp_path, ranks=(0, 1)):
+    """A ranks and a findings collector on a run directory, and a /metrics renderer."""
+    run = RunDir(tmp_path / "run").create()
+    for rank in ranks:
+        write_status(run, rank, os.getpid())
+    ctx = make_ctx([run.root])
+    collectors = [collector(ctx, "ranks"), collector(ctx, "findings")]
+    exporter = SnapshotExporter(ctx)
+    for each in collectors:
+        ctx.store.set(CollectorRecord(each.name, True, 1.0, 1.0))
+
+    def scrape() -> str:
+        for each in collectors:
+            ctx.store.finish(each.name, each.collect(), started=time.time(), duration=0.01)
+        return exporter.render(TEXT).decode()
+    return run, collectors, scrape
+
+
+def test_a_ranks_changed_value_reaches_the_next_scrape_not_its_kept_line(tmp_path):
+    """A rank's series keep their last line while their value stays (agent/series.py): a
+    value that changed, a state that moved, a zero that changed sign must show at once."""
+    run, _, scrape = _agent(tmp_path)
+    scrape()
+    before = _series_lines(scrape(), 1)  # the second from kept lines
+    loss = 'trainwatch_train_loss{local_rank="1",node="node-a",rank="1",run="exp"}'
+    state = 'trainwatch_rank_state{local_rank="1",node="node-a",rank="1",run="exp",state="%s"}'
+    assert (before[loss], before[state % "running"], before[state % "failed"]) == \
+        ("1.5", "1.0", "0.0")
+    for new_loss in ("0.0", "-0.0", "2.25"):
+        write_status(run, 1, os.getpid(), state="failed",
+                     metrics={"step": 3, "loss": float(new_loss), "step_time_seconds": 0.1})
+        after = _series_lines(body := scrape(), 1)
+        assert (after[loss], after[state % "running"], after[state % "failed"]) == \
+            (new_loss, "0.0", "1.0")
+        assert _series_lines(body, 0)[loss.replace('"1"', '"0"')] == "1.5"  # untouched
+    stalled = 'trainwatch_rank_stalled{local_rank="1",node="node-a",rank="1",run="exp"}'
+    assert after[stalled] == "0.0"
+
+
+def test_a_rank_that_goes_away_leaves_the_scrape_and_takes_its_kept_series_along(tmp_path):
+    """Kept lines are memory per rank: when a rank's files are gone its series leave the
+    next scrape and both collectors drop what they kept for it; a rank coming back is
+    written from its new values."""
+    run, (ranks, findings), scrape = _agent(tmp_path, ranks=(0, 1, 2))
+    assert _series_lines(scrape(), 1)
+    assert len(ranks._series) == len(findings._series) == 3
+    (run.status_dir / "rank-00001.json").unlink()
+    body = scrape()
+    assert _series_lines(body, 1) == {} and _series_lines(body, 2)
+    assert sorted(key[1] for key in ranks._series) == [0, 2]
+    assert sorted(key[1] for key in findings._series) == [0, 2]
+    write_status(run, 1, os.getpid(), metrics={"step": 9, "loss": 0.5})
+    back = _series_lines(scrape(), 1)
+    assert back['trainwatch_train_loss{local_rank="1",node="node-a",rank="1",run="exp"}'] \
+        == "0.5"

@@ -15,7 +15,8 @@ from prometheus_client.registry import CollectorRegistry
 
 from trainwatch.agent.exposition import (OPENMETRICS, TEXT, ExpositionWriter, content_type_for,
                                          format_value)
-from trainwatch.agent.registry import Sample
+from trainwatch.agent.registry import Deferred, Sample
+from trainwatch.agent.series import Rows, Series
 from trainwatch.contract.metrics import METRICS
 
 VALUES = [0.0, 1.0, -2.5, 0.1, 1e-7, 1234567.0, 1733232000.123, 1e16, 12345678901.0,
@@ -121,6 +122,38 @@ def test_joined_sources_write_one_header_per_family_and_the_first_series_wins():
         joined = w.join([w.families(samples[:half], "a"), w.families(samples[half:], "b"),
                          w.families(samples[:3], "again")], content_type)
         assert joined == reference(samples, content_type == OPENMETRICS)
+
+
+def _rounds(samples):
+    """Values for the same series over renders: as first written, unchanged, each moved on
+    to another value (NaN included), every zero turned to -0.0 (written apart), back."""
+    first = [s.value for s in samples]
+    moved = [VALUES[(VALUES.index(v) + 1) % len(VALUES)] if v in VALUES else 7.0
+             for v in first]
+    signed = [-0.0 if v == 0 else v for v in moved]
+    rounds = [first, first, moved, signed, moved, first]
+    for values in rounds:  # OpenMetrics refuses negative and NaN counters
+        yield [0.0 if s.type == "counter" and (v != v or str(v).startswith("-")) else v
+               for s, v in zip((METRICS[x.name] for x in samples), values)]
+
+
+@pytest.mark.parametrize("content_type", [TEXT, OPENMETRICS])
+def test_kept_lines_write_what_prometheus_client_writes_for_the_values_of_now(content_type):
+    """A series made once keeps its last line (agent/series.py); whatever its value does
+    from one render to the next, the body is what prometheus-client writes for it now."""
+    samples = contract_samples()
+    series = [Series(s.name, s.labels) for s in samples]
+    w, rejected = writer()
+    for values in _rounds(samples):
+        rows = Rows()
+        for each, value in zip(series, values):
+            rows.add(each, value)
+        body = w.join([w.families(Deferred((), (lambda rows=rows: rows,)), "ranks")],
+                      content_type)
+        now = [Sample(s.name, s.labels, v) for s, v in zip(samples, values)]
+        assert body == reference(now, content_type == OPENMETRICS)
+        assert list(rows) == now  # what readers of samples see
+    assert rejected == []
 
 
 def test_content_negotiation_and_values():

@@ -3,7 +3,7 @@ collector and the rank's own metrics server read one table (trainwatch/contract/
 
 from __future__ import annotations
 
-from trainwatch.agent.collectors.ranks import _Labels, _rank_samples
+from trainwatch.agent.collectors.ranks import _rank_rows, _RankSeries
 from trainwatch.contract.metrics import (COUNTER_FIELD_METRICS, EVAL_FIELD_METRICS, METRICS,
                                          PHASE_SECONDS_FIELD, PHASE_TIME_METRIC,
                                          STATUS_FIELD_METRICS, STEP_FIELD_METRICS)
@@ -42,8 +42,8 @@ def test_agent_and_rank_server_export_each_status_field_under_one_name():
     status = _status()
     expected = _expected(status)
     ages = {"heartbeat": 0.0, "progress": 0.0, "phase": 0.0}
-    agent = {s.name: s.value for s in _rank_samples(_Labels(LABELS), status, "running", None,
-                                                    ages, None, {"status": "running"})}
+    agent = {s.name: s.value for s in _rank_rows(_RankSeries(LABELS), status, "running", None,
+                                                 ages, None, {"status": "running"})}
 
     class Stub:
         def snapshot(self) -> dict:

@@ -6,7 +6,9 @@ label of every sample on every scrape, was two thirds of the agent's CPU at 1 s 
 Here a series' line prefix (its name and escaped, sorted labels) is built the first time
 the series is seen and reused while it exists, and a source's lines (one collector
 run's) are formatted once, the first time they are read: a scrape joins the lines of
-the runs it has already seen with a header per family (``families``, ``join``). Both
+the runs it has already seen with a header per family (``families``, ``join``). A
+rank's series (``agent/series.py``: ``Rows`` of series made once per rank) keep their
+last line too, so a run's rank series cost a line only where a value changed. Both
 formats are checked against prometheus-client's parsers and ``promtool check metrics``
 in tests/agent/test_agent_exposition.py.
 
@@ -20,7 +22,8 @@ import math
 from collections import defaultdict
 from typing import Callable, Hashable, Iterable, Iterator, Mapping
 
-from trainwatch.agent.registry import Sample
+from trainwatch.agent.registry import Deferred, Sample
+from trainwatch.agent.series import Rows
 from trainwatch.contract.metrics import MetricSpec
 
 TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -83,43 +86,64 @@ class ExpositionWriter:
     def __init__(self, metrics: Mapping[str, MetricSpec],
                  reject: Callable[[str, str], None]):
         self.metrics, self.reject = metrics, reject
-        self._prefixes: dict[Hashable, dict[_Key, str | None]] = {}
+        self._prefixes: dict[Hashable, dict[_Key, str]] = {}
         self._headers: dict[tuple[str, bool], str] = {}
 
     def render(self, samples: Iterable[Sample], content_type: str = TEXT) -> bytes:
         return self.join([self.families(samples)], content_type)
 
     def families(self, samples: Iterable[Sample], source: Hashable = None) -> Families:
-        """The samples' lines per metric name, names outside the contract dropped."""
-        by_name: dict[str, list[Sample]] = defaultdict(list)
-        for sample in samples:
-            by_name[sample.name].append(sample)
+        """The samples' lines per metric name, names outside the contract dropped.
+
+        ``Rows`` among a run's deferred parts (``agent/series.py``) skip the sample path:
+        each series writes its kept line while its value is the one it was written with.
+        """
         known = self._prefixes.get(source, {})
-        live: dict[_Key, str | None] = {}
-        out: Families = {}
-        for name, group in by_name.items():
-            spec = self.metrics.get(name)
-            if spec is None:
-                self.reject(name, "not in the metrics contract")
+        live: dict[_Key, str] = {}  # "": refused
+        lines: dict[str, list[str]] = {}
+        seen: dict[str, set[str]] = {}
+        for part in samples.parts() if isinstance(samples, Deferred) else (samples,):
+            if isinstance(part, Rows):
+                self._rows(part, lines, seen)
                 continue
-            lines: list[str] = []
-            seen: set[str] = set()
-            for sample in group:
+            for sample in part:
+                name = sample.name
                 key = (name, tuple(sample.labels.items()))
-                if key in live:
-                    prefix = live[key]
-                elif key in known:
-                    prefix = live[key] = known[key]
-                else:
-                    prefix = live[key] = self._prefix(spec, sample.labels)
-                if prefix is None or prefix in seen:  # two run dirs claiming one rank: first wins
+                prefix = live.get(key)
+                if prefix is None:
+                    prefix = known.get(key)
+                    if prefix is None:
+                        prefix = self._checked_prefix(name, sample.labels)
+                    live[key] = prefix
+                if not prefix:
                     continue
-                seen.add(prefix)
-                lines.append(prefix + format_value(sample.value) + "\n")
-            if lines:
-                out[name] = Family(seen, "".join(lines))
+                line = prefix + format_value(sample.value) + "\n"
+                _keep(name, prefix, line, lines, seen)
         self._prefixes[source] = live
-        return out
+        return {name: Family(seen[name], "".join(found)) for name, found in lines.items()}
+
+    def _rows(self, rows: Rows, lines: dict[str, list[str]], seen: dict[str, set[str]]) -> None:
+        """``_keep`` for each series, inlined: this loop runs for every rank's series."""
+        copysign = math.copysign
+        for series, value in rows.pairs:
+            last = series.last  # (value, prefix, line); -0.0 == 0.0 but is written apart
+            if last is not None and last[0] == value and (
+                    value or copysign(1.0, value) == copysign(1.0, last[0])):
+                prefix, line = last[1], last[2]
+            else:
+                if series.prefix is None:
+                    series.prefix = self._checked_prefix(series.name, series.labels)
+                prefix = series.prefix
+                if not prefix:
+                    continue
+                line = prefix + format_value(value) + "\n"
+                series.last = (value, prefix, line)
+            found = seen.get(series.name)
+            if found is None:
+                seen[series.name], lines[series.name] = {prefix}, [line]
+            elif prefix not in found:
+                found.add(prefix)
+                lines[series.name].append(line)
 
     def forget(self, source: Hashable) -> None:
         """Drop a source's cached prefixes (its collector is gone)."""
@@ -144,10 +168,15 @@ class ExpositionWriter:
             out.append("# EOF\n")
         return "".join(out).encode()
 
-    def _prefix(self, spec: MetricSpec, labels: dict[str, str]) -> str | None:
+    def _checked_prefix(self, name: str, labels: dict[str, str]) -> str:
+        """The series' line prefix; "" for a name or label set the contract refuses."""
+        spec = self.metrics.get(name)
+        if spec is None:
+            self.reject(name, "not in the metrics contract")
+            return ""
         if labels.keys() != set(spec.labels):
-            self.reject(spec.name, f"labels {sorted(labels)} != {list(spec.labels)}")
-            return None
+            self.reject(name, f"labels {sorted(labels)} != {list(spec.labels)}")
+            return ""
         if not labels:
             return spec.name + " "
         pairs = ",".join(f'{key}="{_escape_label_value(labels[key])}"' for key in sorted(labels))
@@ -164,6 +193,18 @@ class ExpositionWriter:
                       f"# TYPE {family} {kind}\n")
             self._headers[(spec.name, openmetrics)] = header
         return header
+
+
+def _keep(name: str, prefix: str, line: str, lines: dict[str, list[str]],
+          seen: dict[str, set[str]]) -> None:
+    """Add a line to its family unless a series of that prefix is in already (two run
+    dirs claiming one rank: the first wins)."""
+    found = seen.get(name)
+    if found is None:
+        seen[name], lines[name] = {prefix}, [line]
+    elif prefix not in found:
+        found.add(prefix)
+        lines[name].append(line)
 
 
 def _without_seen(parts: list[Family]) -> Iterator[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 if TYPE_CHECKING:
     from trainwatch.agent.context import AgentContext
@@ -34,12 +34,18 @@ class Deferred:
     read (``Result.defer``)."""
 
     made: tuple[Sample, ...]
-    later: tuple[Callable[[], list[Sample]], ...]
+    later: tuple[Callable[[], Iterable[Sample]], ...]
 
     def __iter__(self) -> Iterator[Sample]:
-        yield from self.made
+        for part in self.parts():
+            yield from part
+
+    def parts(self) -> Iterator[Iterable[Sample]]:
+        """The made samples, then each producer's output as it returns it (a writer may
+        know a faster way through some, ``agent/series.py``'s ``Rows``)."""
+        yield self.made
         for produce in self.later:
-            yield from produce()
+            yield produce()
 
 
 @dataclass
@@ -55,7 +61,7 @@ class Result:
     data: Any = None
     state: str = "ok"
     reason: str | None = None
-    later: list[Callable[[], list[Sample]]] = field(default_factory=list)
+    later: list[Callable[[], Iterable[Sample]]] = field(default_factory=list)
 
     def add(self, metric: str, value: float | int | bool | None, /, **labels: Any) -> None:
         """Add a sample; ``None`` values are unknown and are not exported."""
@@ -63,14 +69,7 @@ class Result:
             return
         self.samples.append(Sample(metric, label_values(labels), float(value)))
 
-    def add_labeled(self, metric: str, value: float | int | bool | None,
-                    labels: dict[str, str]) -> None:
-        """``add`` with labels made once by ``label_values`` and shared by many samples
-        (a collector exporting dozens of series per rank builds them once per rank)."""
-        if value is not None:
-            self.samples.append(Sample(metric, labels, float(value)))
-
-    def defer(self, produce: Callable[[], list[Sample]]) -> None:
+    def defer(self, produce: Callable[[], Iterable[Sample]]) -> None:
         """Samples to build only if someone reads them: a collector that runs every second
         while Prometheus scrapes every 15 s would otherwise build 14 of 15 sets for
         nothing. ``produce`` must only read values already taken (it may run later, on

@@ -14,15 +14,16 @@ from functools import partial
 from typing import Any
 
 from trainwatch.agent.incident import group
-from trainwatch.agent.registry import Collector, Result, Sample, label_values, register
+from trainwatch.agent.registry import Collector, Result, label_values, register
+from trainwatch.agent.series import Rows, SeriesBook
 from trainwatch.host.procinfo import describe_wait, main_thread_wait
 from trainwatch.agent.stall import StallDetector, phase_holds
 from trainwatch.agent.straggler import JobStragglers
 from trainwatch.contract.states import STALL_KINDS
 
 _THERMAL = ("hw_thermal", "sw_thermal")
-_NO_LABELS: dict[str, str] = {}
-_KIND_LABELS = {kind: {"kind": kind} for kind in STALL_KINDS}
+_NO_LABELS: tuple[tuple[str, str], ...] = ()
+_KIND_LABELS = {kind: (("kind", kind),) for kind in STALL_KINDS}
 _POWER = ("hw_power_brake", "sw_power_cap")
 # The agent reads no stacks (that takes ptrace): diagnose samples them.
 _BUSY_WHERE = ("; busy in code that holds the GIL or spins: trainwatch diagnose names the "
@@ -39,6 +40,7 @@ class FindingsCollector(Collector):
         self.cleared: deque = deque(maxlen=int(options["keep_cleared"]))
         self.stall_counts: dict[tuple, int] = {}
         self._last: Result | None = None
+        self._series: dict[tuple, SeriesBook] = {}  # a rank's series, dropped with the rank
 
     def collect(self) -> Result:
         ranks_data = self.ctx.store.data("ranks")
@@ -77,6 +79,7 @@ class FindingsCollector(Collector):
         verdicts: dict[str, Any] = {}
         nodes: dict[str, Any] = {}
         keep = set()
+        books: dict[tuple, SeriesBook] = {}
         stopped = self._supervisor_stopped()
         for job in ranks_data["jobs"]:
             if job.get("run_dir") in stopped:
@@ -92,14 +95,13 @@ class FindingsCollector(Collector):
             for rank in job["ranks"]:
                 key = (job["job"], rank["rank"], rank.get("pid"))
                 keep.add(key)
-                labels = {"run": job["job"], "node": self.ctx.node, "rank": rank["rank"],
-                          "local_rank": rank.get("local_rank", "")}
-                rows: list[tuple[str, float, dict[str, Any]]] = []
+                book = self._book(job["job"], rank, books)
+                rows: list[tuple[str, Any, tuple[tuple[str, str], ...]]] = []
                 verdict = self._stall(key, job, rank, rows, elapsed, holders, current)
                 if verdict.stalled:
                     stalled.append((rank, verdict))
                 straggler = self._straggler(tracker, job, rank, rows, current)
-                result.defer(partial(_rank_series, labels, rows))
+                result.defer(partial(_rank_series, book, rows))
                 verdicts[f"{job['job']}/{rank['rank']}"] = {
                     "stall": {"budget_seconds": verdict.budget, "stalled": verdict.stalled,
                               "kind": verdict.kind},
@@ -108,6 +110,7 @@ class FindingsCollector(Collector):
             nodes[job["job"]] = self._node_straggler(tracker, job, result, current)
             self._incident(job, stalled, now, result, current)
         self.stalls.forget(keep)
+        self._series = books
         for name in set(self.stragglers) - {job["job"] for job in ranks_data["jobs"]}:
             del self.stragglers[name]  # the job's run dir is gone
         self._settle(current, now)
@@ -122,6 +125,17 @@ class FindingsCollector(Collector):
         return {key for key, tail in journal.items()
                 if isinstance(tail, dict) and tail.get("supervisor_stopped")}
 
+    def _book(self, job: str, rank: dict[str, Any], books: dict[tuple, SeriesBook]
+              ) -> SeriesBook:
+        """The rank's series, kept from the last judgement (``books``: this one's)."""
+        key = (job, rank["rank"], rank.get("local_rank", ""))
+        book = books.get(key) or self._series.get(key)
+        if book is None:
+            book = SeriesBook(label_values({"run": job, "node": self.ctx.node,
+                                            "rank": rank["rank"], "local_rank": key[2]}))
+        books[key] = book
+        return book
+
     # -- stalls ----------------------------------------------------------------------
     def _stall(self, key, job, rank, rows, elapsed, holders, current):
         verdict = self.stalls.check(key, rank, elapsed, holders)
@@ -132,7 +146,8 @@ class FindingsCollector(Collector):
         fid = f"stall/{job['job']}/{rank['rank']}"
         if verdict.stalled:
             phase = rank.get("phase") or ""
-            rows.append(("trainwatch_rank_stall_info", 1, {"kind": verdict.kind, "phase": phase}))
+            rows.append(("trainwatch_rank_stall_info", 1,
+                         tuple(label_values({"kind": verdict.kind, "phase": phase}).items())))
             previous = self.active.get(fid)
             if previous is None or previous.get("stall_kind") != verdict.kind:
                 counter_key = (job["job"], rank["rank"], verdict.kind)
@@ -222,7 +237,7 @@ class FindingsCollector(Collector):
                    "judging": bool(track and track.judging)}
         if active:
             cause, evidence = self._cause(job, rank)
-            rows.append(("trainwatch_straggler_info", 1, {"cause": cause}))
+            rows.append(("trainwatch_straggler_info", 1, (("cause", cause),)))
             fid = f"straggler/{job['job']}/{r}"
             current[fid] = {
                 "id": fid, "kind": "straggler", "severity": "warning", "job": job["job"],
@@ -330,10 +345,11 @@ class FindingsCollector(Collector):
         self.active = current
 
 
-def _rank_series(labels: dict[str, Any], rows: list[tuple[str, Any, dict[str, Any]]]
-                 ) -> list[Sample]:
+def _rank_series(book: SeriesBook, rows: list[tuple[str, Any, tuple[tuple[str, str], ...]]]
+                 ) -> Rows:
     """One rank's stall and straggler series from the rows a judgement took (built when
     a scrape reads them: a row per series is cheaper than a sample every second)."""
-    base = label_values(labels)
-    return [Sample(metric, {**base, **label_values(extra)} if extra else base, float(value))
-            for metric, value, extra in rows if value is not None]
+    out = Rows()
+    for metric, value, extra in rows:
+        out.add(book.labelled(metric, extra) if extra else book.one(metric), value)
+    return out

@@ -19,7 +19,8 @@ from typing import Any
 
 from trainwatch.host.procinfo import ProcessTracker
 from trainwatch.agent.rankfiles import RankFiles
-from trainwatch.agent.registry import Collector, Result, Sample, label_values, register
+from trainwatch.agent.registry import Collector, Result, label_values, register
+from trainwatch.agent.series import Rows, Series, SeriesBook
 from trainwatch.agent.replicas import digests
 from trainwatch.beat import declared_budgets, merge_beat
 from trainwatch.contract.metrics import (COUNTER_FIELD_METRICS, EVAL_FIELD_METRICS,
@@ -53,29 +54,49 @@ class _Seen:
     looked: float  # monotonic time of the last look
 
 
-class _Labels:
-    """The label sets of one rank's series, made once while its labels stay the same (a
-    rank exports dozens of series every second)."""
+class _RankSeries(SeriesBook):
+    """A rank's series, made once while its labels stay the same (a rank exports dozens
+    of series every second), in tables its rows are read from without a lookup each."""
 
-    __slots__ = ("base", "states", "processes", "phases", "info", "info_of")
+    __slots__ = ("states", "processes", "phases", "phase_times", "status_fields",
+                 "step_fields", "eval_fields", "counter_fields", "info", "info_of")
 
     def __init__(self, base: dict[str, str]):
-        self.base = base
-        self.info: dict[str, str] = {}
+        super().__init__(base)
+        self.info: Series | None = None
         self.info_of: tuple[Any, Any] | None = None  # (backend, device) ``info`` is for
-        self.states = {name: {**base, "state": name} for name in RANK_STATES}
-        self.processes = {name: {**base, "state": name} for name in PROCESS_STATES}
-        self.phases = {name: {**base, "phase": name} for name in KNOWN_PHASES}
+        self.states = [(name, self.labelled("trainwatch_rank_state", (("state", name),)))
+                       for name in RANK_STATES]
+        self.processes = [(name, self.labelled("trainwatch_process_state", (("state", name),)))
+                          for name in PROCESS_STATES]
+        self.phases = {name: self.phase("trainwatch_rank_phase", name) for name in KNOWN_PHASES}
+        self.phase_times = {name: self.phase(PHASE_TIME_METRIC, name) for name in KNOWN_PHASES}
+        self.status_fields = self._table(STATUS_FIELD_METRICS)
+        self.step_fields = self._table(STEP_FIELD_METRICS)
+        self.eval_fields = self._table(EVAL_FIELD_METRICS)
+        self.counter_fields = self._table(COUNTER_FIELD_METRICS)
 
-    def phase(self, name: str) -> dict[str, str]:
-        return self.phases.get(name) or {**self.base, "phase": name}
+    def _table(self, metrics: dict[str, str]) -> list[tuple[str, Series]]:
+        return [(field, self.one(metric)) for field, metric in metrics.items()]
 
-    def info_labels(self, backend: Any, device: Any) -> dict[str, str]:
-        if self.info_of != (backend, device):
+    def phase(self, metric: str, name: str) -> Series:
+        return self.labelled(metric, (("phase", name),))
+
+    def info_series(self, backend: Any, device: Any) -> Series:
+        if self.info is None or self.info_of != (backend, device):
             self.info_of = (backend, device)
-            self.info = {**self.base, **label_values({"backend": backend or "",
-                                                      "device": device or ""})}
+            self.info = self.labelled("trainwatch_rank_info", tuple(label_values(
+                {"backend": backend or "", "device": device or ""}).items()))
         return self.info
+
+
+def _numbers(rows: Rows, table: list[tuple[str, Series]], values: dict[str, Any]) -> None:
+    """The table's fields that are numbers in ``values`` (``_num``, without a call each)."""
+    pairs = rows.pairs
+    for field, series in table:
+        value = values.get(field)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            pairs.append((series, float(value)))
 
 
 def _on_our_clock(s: dict[str, Any], now: float, mono: float) -> dict[str, Any]:
@@ -97,47 +118,46 @@ def _on_our_clock(s: dict[str, Any], now: float, mono: float) -> dict[str, Any]:
     return moved
 
 
-def _rank_samples(labels: _Labels, s: dict[str, Any], state: str, phase: str | None,
-                  ages: dict[str, float | None], publish: dict[str, Any] | None,
-                  proc: dict[str, Any]) -> list[Sample]:
+def _rank_rows(series: _RankSeries, s: dict[str, Any], state: str, phase: str | None,
+               ages: dict[str, float | None], publish: dict[str, Any] | None,
+               proc: dict[str, Any]) -> Rows:
     """One rank's series, from what a collection took (built when a scrape reads them)."""
-    out = Result()
-    base, add = labels.base, out.add_labeled
+    out = Rows()
+    add, one, pairs = out.add, series.one, out.pairs
     metrics = value if isinstance(value := s.get("metrics"), dict) else {}
     counters = value if isinstance(value := s.get("counters"), dict) else {}
-    add("trainwatch_rank_info", 1, labels.info_labels(s.get("backend"), s.get("device")))
-    for name in RANK_STATES:
-        add("trainwatch_rank_state", name == state, labels.states[name])
-    for field, metric in STATUS_FIELD_METRICS.items():
-        add(metric, _num(s.get(field)), base)
-    add("trainwatch_rank_heartbeat_age_seconds", ages["heartbeat"], base)
-    add("trainwatch_rank_progress_age_seconds", ages["progress"], base)
-    add("trainwatch_rank_phase_age_seconds", ages["phase"], base)
+    add(series.info_series(s.get("backend"), s.get("device")), 1)
+    pairs.extend((each, 1.0 if name == state else 0.0) for name, each in series.states)
+    _numbers(out, series.status_fields, s)
+    add(one("trainwatch_rank_heartbeat_age_seconds"), ages["heartbeat"])
+    add(one("trainwatch_rank_progress_age_seconds"), ages["progress"])
+    add(one("trainwatch_rank_phase_age_seconds"), ages["phase"])
     if publish is not None:
-        add("trainwatch_rank_publish_failing", publish["failing"], base)
+        add(one("trainwatch_rank_publish_failing"), publish["failing"])
     if phase:
-        for name in dict.fromkeys(KNOWN_PHASES + (phase,)):
-            add("trainwatch_rank_phase", name == phase, labels.phase(name))
-    for field, metric in STEP_FIELD_METRICS.items():
-        add(metric, _num(metrics.get(field)), base)
+        pairs.extend((each, 1.0 if name == phase else 0.0)
+                     for name, each in series.phases.items())
+        if phase not in series.phases:
+            add(series.phase("trainwatch_rank_phase", phase), 1)
+    _numbers(out, series.step_fields, metrics)
     phases = metrics.get(PHASE_SECONDS_FIELD)
     if isinstance(phases, dict):
         for name, seconds in phases.items():
-            add(PHASE_TIME_METRIC, _num(seconds), labels.phase(str(name)))
-    evals = value if isinstance(value := s.get("eval"), dict) else {}
-    for field, metric in EVAL_FIELD_METRICS.items():
-        add(metric, _num(evals.get(field)), base)
-    for field, metric in COUNTER_FIELD_METRICS.items():
-        add(metric, _num(counters.get(field)), base)
-    add("trainwatch_rank_up", proc["status"] not in ("gone", "zombie", "unknown")
-        if proc["status"] != "unknown" else None, base)
-    for name in PROCESS_STATES:
-        add("trainwatch_process_state", name == proc["status"], labels.processes[name])
-    add("trainwatch_process_cpu_seconds_total", proc.get("cpu_seconds"), base)
-    add("trainwatch_process_resident_memory_bytes", proc.get("rss_bytes"), base)
-    add("trainwatch_process_threads", proc.get("threads"), base)
-    add("trainwatch_process_cpu_contention_ratio", proc.get("cpu_contention_ratio"), base)
-    return out.samples
+            name = str(name)
+            add(series.phase_times.get(name) or series.phase(PHASE_TIME_METRIC, name),
+                _num(seconds))
+    _numbers(out, series.eval_fields,
+             value if isinstance(value := s.get("eval"), dict) else {})
+    _numbers(out, series.counter_fields, counters)
+    add(one("trainwatch_rank_up"), proc["status"] not in ("gone", "zombie", "unknown")
+        if proc["status"] != "unknown" else None)
+    status = proc["status"]
+    pairs.extend((each, 1.0 if name == status else 0.0) for name, each in series.processes)
+    add(one("trainwatch_process_cpu_seconds_total"), proc.get("cpu_seconds"))
+    add(one("trainwatch_process_resident_memory_bytes"), proc.get("rss_bytes"))
+    add(one("trainwatch_process_threads"), proc.get("threads"))
+    add(one("trainwatch_process_cpu_contention_ratio"), proc.get("cpu_contention_ratio"))
+    return out
 
 
 @register("ranks", interval=1.0, timeout=5.0,
@@ -151,8 +171,8 @@ class RanksCollector(Collector):
         self._skip_recent: dict[str, deque] = {}
         self._seen: dict[tuple, _Seen] = {}
         self._looked: set[tuple] = set()
-        self._labels: dict[tuple, _Labels] = {}
-        self._labels_used: set[tuple] = set()
+        self._series: dict[tuple, _RankSeries] = {}  # dropped with the rank
+        self._series_used: set[tuple] = set()
         self._files: dict[str, RankFiles] = {}  # run dir -> its rank files, as last read
         self._last_run: float | None = None  # monotonic
         self._judge_after = 0.0               # monotonic: no verdicts before (re-observing)
@@ -164,7 +184,7 @@ class RanksCollector(Collector):
         self.procs.begin()
         live: set[int] = set()
         self._looked = set()
-        self._labels_used = set()
+        self._series_used = set()
         jobs = []
         runs = self.ctx.run_dirs()
         result.add("trainwatch_collector_run_dirs", len(runs), node=self.ctx.node)
@@ -177,8 +197,8 @@ class RanksCollector(Collector):
         self.procs.end(live)
         for seen in set(self._seen) - self._looked:  # ranks gone: forget what we saw
             del self._seen[seen]
-        for label_key in set(self._labels) - self._labels_used:
-            del self._labels[label_key]
+        for label_key in set(self._series) - self._series_used:
+            del self._series[label_key]
         result.data = {"time": now, "observed_mono": mono, "judge_after_mono": self._judge_after,
                        "jobs": jobs}
         return result
@@ -370,10 +390,10 @@ class RanksCollector(Collector):
     def _rank(self, run_key: str, s: dict[str, Any], beat: dict[str, Any] | None, now: float,
               mono: float, job: str, result: Result) -> dict[str, Any]:
         label_key = (job, s["rank"], s.get("local_rank", ""))
-        self._labels_used.add(label_key)
-        labels = self._labels.get(label_key)
-        if labels is None:
-            labels = self._labels[label_key] = _Labels(label_values(
+        self._series_used.add(label_key)
+        series = self._series.get(label_key)
+        if series is None:
+            series = self._series[label_key] = _RankSeries(label_values(
                 {"run": job, "node": self.ctx.node, "rank": s["rank"],
                  "local_rank": s.get("local_rank", "")}))
         s, publish = merge_beat(s, beat)
@@ -396,7 +416,7 @@ class RanksCollector(Collector):
                                   created_at=s.get("process_created_at"))
         ages = {"heartbeat": heartbeat_age, "phase": phase_age,
                 "progress": progress_age if progress_at is not None else None}
-        result.defer(lambda: _rank_samples(labels, s, state, phase, ages, publish, proc))
+        result.defer(lambda: _rank_rows(series, s, state, phase, ages, publish, proc))
         return {
             "rank": s["rank"], "local_rank": s.get("local_rank"), "node": s.get("node"),
             "pid": s.get("pid"), "state": state, "step": s.get("step"), "phase": phase,

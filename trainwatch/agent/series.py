@@ -1,0 +1,83 @@
+"""Series that live as long as the rank they describe, each keeping its exposition line.
+
+At 64 local ranks the agent exports ~3,900 series and, scraped every second, wrote every
+one of them again every second: a sample object, its label key and its formatted line
+per series were more than half the agent's CPU. Most of a rank's values do not change
+from one second to the next (states, loss, throughput and budgets move with a new status
+or timing window, not every second), so a rank's series are made once (``SeriesBook``)
+and each keeps its line prefix (name and escaped labels, checked against the contract
+once) and its last line: a render writes a line again only for a value that changed
+(``ExpositionWriter.families``). A collection hands over its values as ``Rows``;
+whoever reads them as ``Sample``s (tests, ``Result.every_sample``) still can.
+
+Memory follows the live ranks: a collector drops a rank's book when the rank is gone,
+and a book holds at most ``MAX_LABELLED`` series with extra labels (a rank may name
+phases of its own).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from trainwatch.agent.registry import Sample
+
+MAX_LABELLED = 256  # series with extra labels kept per book (the known ones are ~30)
+
+
+class Series:
+    """One series: its name, its labels (never changed once made) and, once written,
+    its line prefix and last (value, prefix, line). ``last`` is replaced whole, never
+    edited, so a render racing another sees a matching value and line."""
+
+    __slots__ = ("name", "labels", "prefix", "last")
+
+    def __init__(self, name: str, labels: dict[str, str]):
+        self.name, self.labels = name, labels
+        self.prefix: str | None = None  # "" when the contract refused it
+        self.last: tuple[float, str, str] | None = None
+
+
+class Rows:
+    """One collection's values of some series, in export order (``None`` is unknown and
+    not exported)."""
+
+    __slots__ = ("pairs",)
+
+    def __init__(self) -> None:
+        self.pairs: list[tuple[Series, float]] = []
+
+    def add(self, series: Series, value: float | int | bool | None) -> None:
+        if value is not None:
+            self.pairs.append((series, float(value)))
+
+    def __iter__(self) -> Iterator[Sample]:
+        for series, value in self.pairs:
+            yield Sample(series.name, series.labels, value)
+
+
+class SeriesBook:
+    """A rank's series: one per metric with the rank's own labels (``one``), and one per
+    metric and extra label set (``labelled``), made on first use."""
+
+    __slots__ = ("base", "_plain", "_labelled")
+
+    def __init__(self, base: dict[str, str]):
+        self.base = base
+        self._plain: dict[str, Series] = {}
+        self._labelled: dict[tuple[str, tuple[tuple[str, str], ...]], Series] = {}
+
+    def one(self, name: str) -> Series:
+        series = self._plain.get(name)
+        if series is None:
+            series = self._plain[name] = Series(name, self.base)
+        return series
+
+    def labelled(self, name: str, extra: tuple[tuple[str, str], ...]) -> Series:
+        """The series with the rank's labels and ``extra`` (label values already text)."""
+        key = (name, extra)
+        series = self._labelled.get(key)
+        if series is None:
+            if len(self._labelled) >= MAX_LABELLED:
+                self._labelled.clear()  # a rank inventing label values: start again
+            series = self._labelled[key] = Series(name, {**self.base, **dict(extra)})
+        return series
