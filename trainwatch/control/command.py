@@ -12,6 +12,7 @@ same as for the reference trainer. ``alerts receive --job-command`` uses this to
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import threading
 import time
@@ -38,8 +39,17 @@ def resolve(command: list[str]) -> list[str]:
     found = shutil.which(program)
     if found is None:
         where = "is not an executable file" if os.sep in program else "was not found on PATH"
-        raise ConfigError(f"{program!r} {where}", key="COMMAND")
+        raise ConfigError(f"{program!r} {where}{_script_hint(command)}", key="COMMAND")
     return list(command)
+
+
+def _script_hint(command: list[str]) -> str:
+    """A Python script given as the program: say how to start it, the mistake is common."""
+    if not command[0].endswith(".py"):
+        return ""
+    args = shlex.join(command)
+    return (f"; start the script with its interpreter or launcher: `-- python {args}` or "
+            f"`-- torchrun --standalone --nproc-per-node N {args}`")
 
 
 def job_env(run: RunDir, base: dict[str, str] | None = None) -> dict[str, str]:

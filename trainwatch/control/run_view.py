@@ -22,7 +22,7 @@ from trainwatch.rundir import RunDir
 
 # (header, width): fixed, so the table does not jump as values appear and grow.
 RANK_COLUMNS = (("rank", 5), ("state", 12), ("step", 9), ("phase", 18), ("loss", 9),
-                ("tokens/s", 10))
+                ("throughput", 18))
 
 
 @dataclass
@@ -33,7 +33,7 @@ class Progress:
     _first: tuple[float, int] | None = None
     step: int | None = None
     loss: float | None = None
-    tokens_per_second: float | None = None
+    throughput: str | None = None
     ranks: list[dict] = field(default_factory=list)
 
     def update(self, run: RunDir, now: float | None = None) -> "Progress":
@@ -48,7 +48,7 @@ class Progress:
         metrics = [s.get("metrics") or {} for s in self.ranks if s.get("rank") == 0]
         if metrics:
             self.loss = _number(metrics[0].get("loss"))
-            self.tokens_per_second = _number(metrics[0].get("tokens_per_second"))
+            self.throughput = _throughput(metrics[0])
         return self
 
     def eta_seconds(self, now: float | None = None) -> float | None:
@@ -68,12 +68,21 @@ class Progress:
                                         if self.target else "")]
         if self.loss is not None:
             parts.append(f"loss {self.loss:.4f}")
-        if self.tokens_per_second is not None:
-            parts.append(f"{self.tokens_per_second:,.0f} tokens/s")
+        if self.throughput is not None:
+            parts.append(self.throughput)
         eta = self.eta_seconds()
         if eta is not None:
             parts.append(f"ETA {duration(eta)}")
         return " · ".join(parts)
+
+
+def _throughput(metrics: dict) -> str | None:
+    """Tokens per second, else samples per second: a job records either (docs/own-trainer.md)."""
+    for key, unit in (("tokens_per_second", "tokens/s"), ("samples_per_second", "samples/s")):
+        rate = _number(metrics.get(key))
+        if rate is not None:
+            return f"{rate:,.0f} {unit}"
+    return None
 
 
 def _done(status: dict) -> int | None:
@@ -135,12 +144,12 @@ def _ranks(p: Progress) -> Table:
         table.add_row("-", "starting", "-", "-", "-", "-")
     for s in p.ranks:
         m = s.get("metrics") or {}
-        loss, tps = _number(m.get("loss")), _number(m.get("tokens_per_second"))
+        loss = _number(m.get("loss"))
         done = _done(s)
         table.add_row(str(s.get("rank")), str(s.get("state") or "-"),
                       str(done) if done is not None else "-", str(s.get("phase") or "-"),
                       f"{loss:.4f}" if loss is not None else "-",
-                      f"{tps:,.0f}" if tps is not None else "-")
+                      _throughput(m) or "-")
     return table
 
 

@@ -52,6 +52,7 @@ def context_line(ev: Evidence) -> str:
 
 
 MAX_TABLE_RANKS = 32
+WRAPPING_COLUMNS = ("node", "process", "step", "phase")
 
 
 def shown_ranks(ev: Evidence, findings: list[Finding]) -> list[int]:
@@ -69,7 +70,10 @@ def rank_table(ev: Evidence, findings: list[Finding]) -> Table:
                   padding=(0, 1, 0, 0))
     for column in ("rank", "node", "pid", "process", "state", "step", "phase", "for",
                    "beat", "progress"):
-        table.add_column(column, no_wrap=True, overflow="ellipsis",
+        # In 80 columns (a pipe, a small terminal) the text cells wrap, so that rank, pid,
+        # state and the ages, which a reader acts on, stay whole.
+        wraps = column in WRAPPING_COLUMNS
+        table.add_column(column, no_wrap=not wraps, overflow="fold" if wraps else "ellipsis",
                          max_width=14 if column in ("node", "phase") else None)
     shown = shown_ranks(ev, findings)
     if len(shown) < len(ev.ranks):
