@@ -24,7 +24,7 @@ from typing import Any, Iterator
 from trainwatch.contract.layout import (CHECKPOINT_DIRS_KEY, FORMAT_VERSION, METRICS_FILE_GLOB,
                                        RUN_FORMAT, STATUS_FILE_GLOB, STATUS_FORMAT, RunLayout,
                                        rank_file_name, rank_of_file)
-from trainwatch.contract.states import FINISHED
+from trainwatch.contract.states import BAD_INPUT, FAILED, FINISHED
 from trainwatch.errors import ConfigError, FormatError
 from trainwatch.node import boot_id, node_name
 
@@ -669,6 +669,17 @@ class RunDir(RunLayout):
         world = worlds.pop()
         finished = {r.get("rank") for r in fresh if r.get("state") == FINISHED}
         return isinstance(world, int) and world > 0 and finished == set(range(world))
+
+    def rejected_input_since(self, since: float) -> str | None:
+        """What a rank of a job started at ``since`` said when it died on bad input (its
+        status ``failed`` with ``failure.kind`` bad_input), else None."""
+        for r in self.statuses().records:
+            failure = r.get("failure")
+            if (isinstance(r.get("started_at"), (int, float)) and r["started_at"] >= since
+                    and r.get("state") == FAILED and isinstance(failure, dict)
+                    and failure.get("kind") == BAD_INPUT):
+                return f"rank {r.get('rank')}: {failure.get('message')}"
+        return None
 
     def status_folder(self, skipped: list[Skipped]) -> RunFolder | None:
         """The status folder, listed (close it after use); None when there is none or it

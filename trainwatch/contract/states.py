@@ -23,6 +23,9 @@ COLLECTIVE_PHASES = frozenset({
 # A rank's ``state`` in its status file.
 RUNNING, FINISHED, FAILED, STOPPED = "running", "finished", "failed", "stopped"
 RANK_STATES = (RUNNING, FINISHED, FAILED, STOPPED)
+# A failed rank's ``failure.kind`` when it died on bad input (a ConfigError): restarting
+# it cannot help, so the supervisor ends the run with exit 2 instead.
+BAD_INPUT = "bad_input"
 
 # A rank process as the host sees it (``trainwatch_process_state``'s ``state`` label).
 PROCESS_STATES = ("running", "sleeping", "disk_sleep", "stopped", "zombie", "gone", "unknown")

@@ -208,6 +208,11 @@ class JobController:
         except OSError:
             return False
 
+    def rejected_input(self) -> str | None:
+        """What a rank of the current start said when it died on bad input, else None."""
+        return None if self.started_at is None else self.run.rejected_input_since(
+            self.started_at)
+
     def ranks_finished(self) -> bool:
         """Every rank of the current start wrote a ``finished`` status (``RunDir.finished_since``)."""
         return self.started_at is not None and self.run.finished_since(self.started_at)

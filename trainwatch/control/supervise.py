@@ -4,7 +4,9 @@ torchrun restarts failed ranks within ``--max-restarts``; when the launcher give
 up (exits non-zero) the supervisor restarts the job from its newest verified
 checkpoint through the ActionRunner, so the no-progress guard also stops crash
 loops.  A clean exit (0) means training finished; exit code 2 (bad input) is not
-restarted either, nor is a job whose every rank reported ``finished`` before it exited
+restarted either, nor is a job a rank of which reported it died on bad input (torchrun
+exits 1 for it; the rank's status says ``failure.kind: bad_input``; the run ends with
+exit 2), nor a job whose every rank reported ``finished`` before it exited
 non-zero (a crash in interpreter teardown, after training ended), nor one that failed
 before any rank of its start published a status or beat file (a launch failure: a missing
 script, a bad launcher option; a restart would fail the same way).
@@ -15,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from trainwatch.errors import EXIT_USAGE
 from trainwatch.control.actions import ActionRunner
 from trainwatch.control.controller import JobController
 
@@ -56,11 +59,14 @@ class Supervisor:
             self._handled_pid = pid
             # A job whose every rank said "finished" is not restarted for its exit code.
             finished = code not in (0, 2) and self.controller.ranks_finished()
-            launch_failed = code not in (0, 2) and not finished and \
+            rejected = (self.controller.rejected_input()
+                        if code not in (0, 2) and not finished else None)
+            launch_failed = code not in (0, 2) and not finished and not rejected and \
                 not self.controller.ranks_reported()
             self.controller.journal("job_exited", returncode=code, pid=pid,
                                     **({"ranks_finished": True} if finished else {}),
-                                    **({"launch_failed": True} if launch_failed else {}))
+                                    **({"launch_failed": True} if launch_failed else {}),
+                                    **({"bad_input": rejected} if rejected else {}))
         if finished:
             log.warning("the job exited with %s after every rank reported finished "
                         "(a crash on the way out): not restarted", code)
@@ -68,8 +74,12 @@ class Supervisor:
             log.warning("the job exited with %s before any rank published its status: a "
                         "launch failure, not restarted", code)
             self.launch_failed = True
+        if rejected:
+            log.warning("the job exited with %s after %s: bad input, not restarted", code,
+                        rejected)
+            code = EXIT_USAGE
         # finished, bad input or a failed launch: a restart cannot fix these
-        if finished or launch_failed or code in (0, 2):
+        if finished or launch_failed or code in (0, EXIT_USAGE):
             self.exit_code = 0 if finished else code
             self.finished.set()
             return

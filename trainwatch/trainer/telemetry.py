@@ -65,7 +65,7 @@ from trainwatch.contract.timing import MIDDLE_HALF_WIDTH, RECENT_WINDOWS, standi
 from trainwatch.host.cgroup import memory_cgroup
 from trainwatch.node import boot_id, node_name
 from trainwatch.rundir import RunDir, append_jsonl
-from trainwatch.trainer import dumps, timing_exchange
+from trainwatch.trainer import dumps, rejected_input, timing_exchange
 from trainwatch.trainer.flops import peak_flops_for
 from trainwatch.trainer.replicas import DEFAULT_EVERY, KEEP, ReplicaCheck
 
@@ -296,6 +296,7 @@ class Telemetry:
         self._beat = self._guard(lambda: BeatWriter(beat_path(self.run.status_dir, self.rank)))
         self._guard(self._setup_exchange_group)
         self._guard(lambda: dumps.install(self))  # control/dump -> stacks + flight recorder
+        rejected_input.install(self)  # an uncaught ConfigError: failed, on bad input
         self._guard(lambda: self.run.append_event(
             "rank_started", rank_source(self.rank), rank=self.rank, pid=os.getpid(),
             restart_count=self._state["restart_count"]))
@@ -324,9 +325,15 @@ class Telemetry:
             self.run.write_run_info({**{k: v for k, v in info.items()
                                         if k not in ("format", "version")}, **missing})
 
-    def close(self, state: str = FINISHED) -> None:
+    @property
+    def running(self) -> bool:
+        """Started and not yet closed."""
+        return self._thread is not None and not self._stop.is_set()
+
+    def close(self, state: str = FINISHED, *, failure: dict[str, Any] | None = None) -> None:
         """Flush everything and write the final status (``finished``, ``stopped`` or
-        ``failed``); a finished job's rank 0 journals ``finished`` unless the loop did."""
+        ``failed``, with ``failure`` saying why when known); a finished job's rank 0
+        journals ``finished`` unless the loop did."""
         global _current
         if _current is self:
             _current = None
@@ -342,6 +349,8 @@ class Telemetry:
             self._thread.join(timeout=10)
         with self._lock:
             self._state["state"] = state
+            if failure is not None:
+                self._state["failure"] = failure
         self.set_phase(state if state in (FINISHED, FAILED) else "idle")
         self._guard(self._flush)
         # A finished job's ranks all posted the last exchange: wait for it, or gloo aborts
