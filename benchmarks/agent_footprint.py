@@ -248,6 +248,9 @@ def main() -> int:
                         help="the simulated ranks' step time (a timing window every 10 steps)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.node_exporter and not os.access(args.node_exporter, os.X_OK):
+        parser.error(f"--node-exporter: {args.node_exporter} is not an executable "
+                     "(Debian: apt-get install prometheus-node-exporter)")
     SCRAPE_INTERVAL = args.scrape_interval
     counts = [int(c) for c in str(args.ranks).split(",") if c.strip()]
     runs = [footprint(n, args.duration, args.rate, args.node_exporter, args.step_seconds)
