@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import random
 import socket
 import statistics
@@ -164,17 +165,18 @@ def footprint(ranks: int, duration: float, rate: float, compare: str | None = No
                               daemon=True)
     writer.start()
     port = free_port()
-    agent = subprocess.Popen([sys.executable, "-m", "trainwatch", "agent", "--run-dir",
-                              str(run.root), "--listen", f"127.0.0.1:{port}"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/metrics"
-    exporter = exporter_url = None
-    if compare:
-        exporter_port = free_port()
-        exporter = subprocess.Popen([compare, f"--web.listen-address=127.0.0.1:{exporter_port}"],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        exporter_url = f"http://127.0.0.1:{exporter_port}/metrics"
+    agent = exporter = exporter_url = None
     try:
+        agent = subprocess.Popen([sys.executable, "-m", "trainwatch", "agent", "--run-dir",
+                                  str(run.root), "--listen", f"127.0.0.1:{port}"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if compare:
+            exporter_port = free_port()
+            exporter = subprocess.Popen(
+                [compare, f"--web.listen-address=127.0.0.1:{exporter_port}"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            exporter_url = f"http://127.0.0.1:{exporter_port}/metrics"
         for _ in range(100):
             try:
                 urllib.request.urlopen(url, timeout=2).read()
@@ -200,15 +202,15 @@ def footprint(ranks: int, duration: float, rate: float, compare: str | None = No
                     if line.startswith("VmHWM:")), 0)
     finally:
         stop.set()
-        agent.terminate()
-        agent.wait(15)
-        if exporter is not None:
-            exporter.terminate()
-            exporter.wait(15)
+        for server in (agent, exporter):
+            if server is not None:
+                server.terminate()
+                server.wait(15)
         for p in sleepers:
             p.kill()
             p.wait()
         writer.join(5)
+        shutil.rmtree(tmp, ignore_errors=True)
     latencies, baseline = sorted(loaded["latencies"]), sorted(loaded["baseline"])
 
     def q(f: float, values: list[float] = latencies) -> float:
