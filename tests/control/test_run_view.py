@@ -59,3 +59,26 @@ def test_columns_keep_their_width_as_values_grow(tmp_path):
     large = header_and_row(123456, 12345.6789, 9876543.0)
     assert small[0] == large[0]                   # the header did not move
     assert len(small[1].rstrip()) <= len(large[1].rstrip()) == len(small[0].rstrip())
+
+
+def test_after_a_restart_the_progress_line_waits_for_the_new_ranks_not_the_dead_ones(tmp_path):
+    """`--no-live` prints a line every 10 s: after a restart the dead ranks' statuses stay
+    until the new ranks publish, and must not be repeated as the job's progress."""
+    run = RunDir(tmp_path / "exp").create()
+    progress = Progress(target=100)
+    for rank in (0, 1):
+        run.write_status(rank, {"rank": rank, "pid": 100 + rank, "state": "running",
+                                "step": 53, "started_at": 1000.0,
+                                "metrics": {"step": 53, "loss": 0.071}})
+    assert progress.update(run, now=1100.0, since=1000.0).line().startswith("step 54/100")
+    restarted = 1200.0  # the job's new start: rank 1's old status is still there
+    run.write_status(0, {"rank": 0, "pid": 200, "state": "running", "step": None,
+                         "started_at": 1201.0, "metrics": {}})
+    line = progress.update(run, now=1205.0, since=restarted).line()
+    assert line == "starting: waiting for the first training step", line
+    for rank in (0, 1):
+        run.write_status(rank, {"rank": rank, "pid": 200 + rank, "state": "running",
+                                "step": 49, "started_at": 1201.0,
+                                "metrics": {"step": 49, "loss": 0.09}})
+    assert progress.update(run, now=1210.0, since=restarted).line().startswith(
+        "step 50/100 (50 %) · loss 0.0900")

@@ -322,7 +322,8 @@ def _progress_lines(run: RunDir, supervisor: Supervisor, progress: Progress,
                     every: float = 10.0) -> None:
     """Without the live view: a progress line every ``every`` seconds."""
     while not supervisor.finished.wait(every):
-        click.echo(f"trainwatch run: {progress.update(run).line()}")
+        since = supervisor.controller.started_at
+        click.echo(f"trainwatch run: {progress.update(run, since=since).line()}")
 
 
 def _size(path) -> int:

@@ -36,16 +36,22 @@ class Progress:
     throughput: str | None = None
     ranks: list[dict] = field(default_factory=list)
 
-    def update(self, run: RunDir, now: float | None = None) -> "Progress":
+    def update(self, run: RunDir, now: float | None = None,
+               since: float | None = None) -> "Progress":
+        """Read the ranks' statuses; ``since``: when the job's current start began, so the
+        statuses an earlier start left (a restart's dead ranks) are not its progress."""
         now = time.time() if now is None else now
         self.ranks = run.statuses().records
-        done = [_done(s) for s in self.ranks]
+        current = [s for s in self.ranks if since is None or not _older(s, since)]
+        done = [_done(s) for s in current]
         steps = [s for s in done if s is not None]
         if steps:
             step = self.step = min(steps)  # the job is as far as its slowest rank
             if self._first is None or step < self._first[1]:
                 self._first = (now, step)  # first sight, or a restart went back
-        metrics = [s.get("metrics") or {} for s in self.ranks if s.get("rank") == 0]
+        elif len(current) < len(self.ranks):
+            self.step = self.loss = self.throughput = None  # restarted: nothing new yet
+        metrics = [s.get("metrics") or {} for s in current if s.get("rank") == 0]
         if metrics:
             self.loss = _number(metrics[0].get("loss"))
             self.throughput = _throughput(metrics[0])
@@ -83,6 +89,11 @@ def _throughput(metrics: dict) -> str | None:
         if rate is not None:
             return f"{rate:,.0f} {unit}"
     return None
+
+
+def _older(status: dict, since: float) -> bool:
+    started = status.get("started_at")
+    return isinstance(started, (int, float)) and started < since
 
 
 def _done(status: dict) -> int | None:
