@@ -692,3 +692,27 @@ def test_accounting_a_long_run_needs_little_beyond_its_step_log(tmp_path):
     assert (acc.executed_steps, acc.recomputed_steps, acc.unique_steps) == (200_100, 100, 200_000)
     assert acc.productive_tokens_per_rank == 512 * 200_000
     assert per_step < 14, f"{per_step:.1f} bytes of peak memory per step to account"
+
+
+def test_a_short_runs_low_goodput_says_it_is_start_up_and_shutdown(tmp_path):
+    """Six quick steps after a long start: goodput is low for a reason the text says."""
+    short = Run(tmp_path / "short", steps=6)
+    short.event("launcher_started", "launcher", pid=1)
+    short.wait(8.0)
+    short.attempt(0)
+    short.rank_event("run_started", world_size=2, start_step=0, steps=6)
+    short.steps(0, 5, seconds=0.2, data_wait=0.0)
+    short.rank_event("finished", step=5, steps=6)
+    short.wait(3.0)
+    short.event("launcher_exited", "launcher", exit_code=0)
+    text = report(short.run.root).stdout
+    assert "start-up and shutdown take 9" in text and "fixed costs" in text, text
+    long = Run(tmp_path / "long", steps=100)
+    long.event("launcher_started", "launcher", pid=1)
+    long.wait(1.0)
+    long.attempt(0)
+    long.rank_event("run_started", world_size=2, start_step=0, steps=100)
+    long.steps(0, 99, seconds=0.2, data_wait=0.0)
+    long.rank_event("finished", step=99, steps=100)
+    long.event("launcher_exited", "launcher", exit_code=0)
+    assert "fixed costs" not in report(long.run.root).stdout

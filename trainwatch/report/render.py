@@ -24,6 +24,9 @@ from trainwatch.report.timeline import Timeline
 FORMAT = "trainwatch.report"
 VERSION = 1
 SKIPPED_EXAMPLES = 10
+# Start-up and shutdown above this share of the wall time: the goodput line of a short run
+# says why it is low (a demo's 60 steps, a smoke test), not a failure.
+FIXED_COST_NOTE = 0.5
 
 _CATEGORY_TEXT = {
     "productive": "productive steps",
@@ -148,11 +151,15 @@ def render(data: dict[str, Any], console: Console) -> None:
                   f"{steps['completed'] if steps['completed'] is not None else '?'} steps "
                   f"completed, {steps['unique']} unique" + (f" of {steps['target']}" if steps["target"] else "")
                   + f", {steps['executed']} executed, {steps['recomputed']} recomputed")
+    wall = t["wall_seconds"]
+    fixed = data["categories"]["initial_startup"] + data["categories"]["shutdown"]
+    if wall and fixed / wall >= FIXED_COST_NOTE:
+        console.print(f"start-up and shutdown take {percent(fixed / wall)} of this run's wall "
+                      "time: fixed costs, which a longer run spreads thinner")
 
     table = _table("Where the time went")
     for col in ("category", "time", "share") + (("cost",) if price is not None else ()):
         table.add_column(col, justify="left" if col == "category" else "right")
-    wall = t["wall_seconds"]
     for c in CATEGORIES:
         seconds = data["categories"][c]
         row = [_CATEGORY_TEXT[c], duration(seconds), percent(seconds / wall if wall else None)]
