@@ -66,6 +66,8 @@ def _message(stderr: str) -> str:
     (("--nproc-per-node", "99999999999999999999"), "--nproc-per-node", None),
     (("--telemetry-grace", "-1"), "--telemetry-grace", None),
     (("--telemetry-grace", "nan"), "--telemetry-grace", None),
+    (("--steps", "5", "--", "python", "job.py"),
+     "--nproc-per-node, --steps configure the reference trainer; with a COMMAND", None),
 ])
 def test_bad_input_exits_2_before_anything_starts(tmp_path, used_run_dir, args, says, not_says):
     before = _tree(used_run_dir)
@@ -142,3 +144,11 @@ def test_checkpoints_of_which_none_verifies_are_refused_not_trained_over(tmp_pat
     assert "no checkpoint verifies" in message and str(folder) in message, message
     assert "Traceback" not in message
     assert _tree(used_run_dir) == before
+
+
+def test_one_trainer_option_with_a_command_is_named_in_the_singular(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "trainwatch", "run", "--run-dir",
+                           str(tmp_path / "r"), "--steps", "5", "--", "python", "job.py"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2
+    assert "--steps configures the reference trainer" in done.stderr, done.stderr

@@ -310,7 +310,8 @@ def check_command(run_dir, command, *, nproc_per_node, steps, config, overrides,
                                       ("--config", config), ("--set", overrides),
                                       ("--max-restarts", max_restarts)) if value]
     if given:
-        raise ConfigError(f"{', '.join(given)} configure the reference trainer; with a COMMAND "
+        verb = "configures" if len(given) == 1 else "configure"
+        raise ConfigError(f"{', '.join(given)} {verb} the reference trainer; with a COMMAND "
                           "put your job's own options in the command", key=given[0])
     check_run_dir(run_dir)
     resolve(command)
