@@ -23,8 +23,10 @@ def install(tel: "Telemetry") -> None:
     previous = sys.excepthook
 
     def hook(exc_type: Any, exc: Any, tb: Any) -> None:
-        if isinstance(exc, ConfigError) and tel.running:
-            tel.close(FAILED, failure={"kind": BAD_INPUT, "message": str(exc)[:2000]})
-        previous(exc_type, exc, tb)
+        try:
+            if isinstance(exc, ConfigError) and tel.running:
+                tel.close(FAILED, failure={"kind": BAD_INPUT, "message": str(exc)[:2000]})
+        finally:  # the traceback is printed whatever the status write met (a full disk)
+            previous(exc_type, exc, tb)
 
     sys.excepthook = hook
