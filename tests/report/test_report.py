@@ -188,17 +188,25 @@ def test_a_restart_recomputes_crash_step_minus_resumed_checkpoint(tmp_path):
     assert data["state"] == "finished" and data["warnings"] == []
 
 
-def test_a_clean_run_has_no_incident_and_nothing_recomputed(tmp_path):
-    r = Run(tmp_path / "run", steps=10)
+def clean_run(root, *, steps, before, seconds, after, ready=0.0) -> "Run":
+    """A run without incident: launched, its ranks up ``before`` s later (and ``ready`` s
+    more before the first step), ``steps`` steps of ``seconds`` s, the launcher exiting
+    ``after`` s after the last."""
+    r = Run(root, steps=steps)
     r.event("launcher_started", "launcher", pid=1)
-    r.wait(1.5)
+    r.wait(before)
     r.attempt(0)
-    r.rank_event("run_started", world_size=2, start_step=0, steps=10)
-    r.wait(0.5)
-    r.steps(0, 9, seconds=0.5, data_wait=0.0)
-    r.rank_event("finished", step=9, steps=10)
-    r.wait(1)
+    r.rank_event("run_started", world_size=2, start_step=0, steps=steps)
+    r.wait(ready)
+    r.steps(0, steps - 1, seconds=seconds, data_wait=0.0)
+    r.rank_event("finished", step=steps - 1, steps=steps)
+    r.wait(after)
     r.event("launcher_exited", "launcher", exit_code=0)
+    return r
+
+
+def test_a_clean_run_has_no_incident_and_nothing_recomputed(tmp_path):
+    r = clean_run(tmp_path / "run", steps=10, before=1.5, ready=0.5, seconds=0.5, after=1)
     data = report_json(r.run.root)
     assert_sums_to_wall(data)
     assert data["incidents"] == [] and data["steps"]["recomputed"] == 0
@@ -696,23 +704,8 @@ def test_accounting_a_long_run_needs_little_beyond_its_step_log(tmp_path):
 
 def test_a_short_runs_low_goodput_says_it_is_start_up_and_shutdown(tmp_path):
     """Six quick steps after a long start: goodput is low for a reason the text says."""
-    short = Run(tmp_path / "short", steps=6)
-    short.event("launcher_started", "launcher", pid=1)
-    short.wait(8.0)
-    short.attempt(0)
-    short.rank_event("run_started", world_size=2, start_step=0, steps=6)
-    short.steps(0, 5, seconds=0.2, data_wait=0.0)
-    short.rank_event("finished", step=5, steps=6)
-    short.wait(3.0)
-    short.event("launcher_exited", "launcher", exit_code=0)
+    short = clean_run(tmp_path / "short", steps=6, before=8.0, seconds=0.2, after=3.0)
     text = report(short.run.root).stdout
     assert "start-up and shutdown take 9" in text and "fixed costs" in text, text
-    long = Run(tmp_path / "long", steps=100)
-    long.event("launcher_started", "launcher", pid=1)
-    long.wait(1.0)
-    long.attempt(0)
-    long.rank_event("run_started", world_size=2, start_step=0, steps=100)
-    long.steps(0, 99, seconds=0.2, data_wait=0.0)
-    long.rank_event("finished", step=99, steps=100)
-    long.event("launcher_exited", "launcher", exit_code=0)
+    long = clean_run(tmp_path / "long", steps=100, before=1.0, seconds=0.2, after=0.0)
     assert "fixed costs" not in report(long.run.root).stdout
