@@ -79,11 +79,7 @@ def test_drill_rolls_back_to_the_last_agreeing_checkpoint_and_ends_as_a_clean_ru
     corrupted after step 22 of the first start, which then waits at step 45. The alert's
     replica_rollback stops the job, quarantines the checkpoints saved after the last
     agreeing digest (19: checkpoints 30 and 40, those saved by then), resumes from 20, and
-    the run ends with the very weights of a clean run."""`trainwatch run` (agent, engine, controller) around 3 ranks: rank 1's weight is
-    corrupted after step 22 of the first start, which then waits at step 45. The alert's
-    replica_rollback stops the job, quarantines the checkpoints after the last agreeing
-    digest (19: checkpoints 30 and 40, those saved by then), resumes from 20, and the run ends with the very
-    weights of a clean run."""
+    the run ends with the very weights of a clean run."""
     import os
     import subprocess
     import sys
