@@ -661,8 +661,7 @@ class RunDir(RunLayout):
         status: training ended, whatever the launcher's exit code says (a rank can crash in
         interpreter teardown, after its last status). Statuses from before ``since`` never
         count, and one whose clock reads earlier (another node's skew) only makes this False."""
-        fresh = [r for r in self.statuses().records
-                 if isinstance(r.get("started_at"), (int, float)) and r["started_at"] >= since]
+        fresh = self.statuses_since(since)
         worlds = {r.get("world_size") for r in fresh}
         if len(worlds) != 1:
             return False
@@ -673,13 +672,17 @@ class RunDir(RunLayout):
     def rejected_input_since(self, since: float) -> str | None:
         """What a rank of a job started at ``since`` said when it died on bad input (its
         status ``failed`` with ``failure.kind`` bad_input), else None."""
-        for r in self.statuses().records:
+        for r in self.statuses_since(since):
             failure = r.get("failure")
-            if (isinstance(r.get("started_at"), (int, float)) and r["started_at"] >= since
-                    and r.get("state") == FAILED and isinstance(failure, dict)
+            if (r.get("state") == FAILED and isinstance(failure, dict)
                     and failure.get("kind") == BAD_INPUT):
                 return f"rank {r.get('rank')}: {failure.get('message')}"
         return None
+
+    def statuses_since(self, since: float) -> list[dict[str, Any]]:
+        """The statuses of ranks started at ``since`` or later (this host's clock)."""
+        return [r for r in self.statuses().records
+                if isinstance(r.get("started_at"), (int, float)) and r["started_at"] >= since]
 
     def status_folder(self, skipped: list[Skipped]) -> RunFolder | None:
         """The status folder, listed (close it after use); None when there is none or it

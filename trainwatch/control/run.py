@@ -273,10 +273,8 @@ def run(nproc_per_node, run, steps, config, overrides, max_restarts, thresholds_
                        + "; ".join(controller.unrecorded[-10:]), err=True)
         lock.release()
     if code == EXIT_USAGE:
-        exited = run_.events("job_exited")
-        said = exited[-1].get("bad_input") if exited else None  # a rank's own words
         raise ConfigError("the training job rejected its input (exit 2): "
-                          + (str(said) if said else _new_lines(run_, job_log_start)))
+                          + (supervisor.rejected_input or _new_lines(run_, job_log_start)))
     outcome = "interrupted" if interrupted else "failed" if code else "finished"
     render_summary(summarize(run_.root, outcome, target_steps), console)
     if supervisor.launch_failed:

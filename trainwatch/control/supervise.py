@@ -33,6 +33,7 @@ class Supervisor:
         self.finished = threading.Event()  # training ended (cleanly, or the guard gave up)
         self.exit_code: int | None = None
         self.launch_failed = False  # it ended because the job failed before any rank ran
+        self.rejected_input: str | None = None  # a rank's words when it died on bad input
         self._handled_pid: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -77,7 +78,7 @@ class Supervisor:
         if rejected:
             log.warning("the job exited with %s after %s: bad input, not restarted", code,
                         rejected)
-            code = EXIT_USAGE
+            self.rejected_input, code = rejected, EXIT_USAGE
         # finished, bad input or a failed launch: a restart cannot fix these
         if finished or launch_failed or code in (0, EXIT_USAGE):
             self.exit_code = 0 if finished else code
