@@ -127,3 +127,42 @@ def test_the_guard_sees_nan_and_both_infinities_in_every_float_dtype(dtype):
                 "ints": torch.arange(3), "bad": [torch.zeros(4, 3, dtype=dtype)]}
         tree["bad"][0][2, 1] = bad
         assert nonfinite_state(tree, "model") == ["model.bad.0"]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_the_saved_state_is_the_state_at_the_save_step_whatever_the_loop_does_next(
+        tmp_path, monkeypatch, mode):
+    """maybe_save returns only once the state is copied: the loop may then change every
+    weight and moment in place (here before the writer is even let go)."""
+    from trainwatch import Checkpoints
+    from trainwatch.trainer.checkpoint import checkpointer as checkpointer_mod
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 512))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(4, 512)).sum().backward()
+    opt.step()
+    let_go, original = threading.Event(), checkpointer_mod.write_checkpoint
+
+    def write_checkpoint(*args, **kwargs):
+        assert let_go.wait(timeout=60)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(checkpointer_mod, "write_checkpoint", write_checkpoint)
+    ckpt = Checkpoints(tmp_path / "run", CheckpointConfig(mode=mode, every_steps=1, fsync=False))
+    if mode == "sync":
+        let_go.set()
+    expected = {"model": {k: v.clone() for k, v in model.state_dict().items()},
+                "optimizer": [s["exp_avg"].clone() for s in opt.state_dict()["state"].values()]}
+    assert ckpt.maybe_save(1, model=model, optimizer=opt)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+            opt.state[p]["exp_avg"].mul_(-3.0)
+    let_go.set()
+    ckpt.close(final=False)
+    saved = catalog.complete(ckpt.checkpointer.folder)[0].path
+    weights = torch.load(saved / "model.pt", weights_only=True)
+    moments = torch.load(saved / "optimizer.pt", weights_only=True)["state"]
+    assert all(weights[k].equal(v) for k, v in expected["model"].items())
+    assert all(moments[i]["exp_avg"].equal(m) for i, m in enumerate(expected["optimizer"]))
