@@ -2,7 +2,9 @@
 runs alongside the write. Neither may cost crash safety or the previous checkpoint."""
 
 import threading
+import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -25,17 +27,53 @@ def _state():
             "data": {"position": 1}}
 
 
-def test_the_writer_starts_on_the_model_while_the_optimizer_is_still_copied(tmp_path,
-                                                                              monkeypatch):
+def test_on_the_cpu_the_writer_copies_alongside_the_loop_and_writes_after(tmp_path, monkeypatch):
+    ckpt = _checkpointer(tmp_path)
+    state = {"model": {"w": torch.randn(3 << 20)}, "optimizer": {"m": torch.randn(3 << 20)},
+             "data": {"position": 1}}  # 12 MB a tree: three chunks each
+    expected = {k: {n: t.clone() for n, t in v.items()} for k, v in state.items() if k != "data"}
+    loop, original = threading.current_thread(), np.copyto
+    copiers, files_while_copying, helped = [], [], threading.Event()
+
+    def copyto(dst, src, **kwargs):
+        if threading.current_thread() is loop:
+            helped.wait(timeout=10)  # hold the loop's first chunk until the writer took one
+            files_while_copying.extend(ckpt.folder.glob(".tmp-step-*/[mo]*.pt"))
+        original(dst, src, **kwargs)
+        copiers.append(threading.current_thread().name)
+        if threading.current_thread() is not loop:
+            helped.set()
+
+    monkeypatch.setattr(np, "copyto", copyto)
+    ckpt.after_step(1, lambda: state)
+    monkeypatch.undo()
+    for tree in state.values():  # the loop goes on: the copy is the checkpoint
+        for t in tree.values() if isinstance(tree, dict) else []:
+            if isinstance(t, torch.Tensor):
+                t.zero_()
+    ckpt.close()
+    assert "trainwatch-checkpoint-writer" in copiers and loop.name in copiers
+    assert files_while_copying == [], "the writer wrote while the loop was still copying"
+    newest = catalog.complete(ckpt.folder)[0]
+    assert newest.step == 1 and verify(newest.path).ok
+    for name, tree in expected.items():
+        saved = torch.load(newest.path / f"{name}.pt", weights_only=True)
+        assert all(saved[k].equal(v) for k, v in tree.items())
+
+
+def test_with_nothing_to_share_the_writer_starts_on_the_model_while_the_optimizer_is_copied(
+        tmp_path, monkeypatch):
+    """As from a GPU, where the copies are the device's: a strided tensor is copied by torch,
+    with nothing for the writer to take, so it writes each tree once it is copied."""
     ckpt = _checkpointer(tmp_path)
     folder = ckpt.folder
     started_model = threading.Event()
     original = HostSnapshot.copy
 
-    def copy(self, tree):
+    def copy(self, tree, **kwargs):
         if "m" in tree:  # the optimizer: hold the copy until model.pt is being written
             started_model.wait(timeout=30)
-        return original(self, tree)
+        return original(self, tree, **kwargs)
 
     def model_file_seen():
         while not started_model.is_set():
@@ -50,14 +88,18 @@ def test_the_writer_starts_on_the_model_while_the_optimizer_is_still_copied(tmp_
     watcher = threading.Thread(target=model_file_seen, daemon=True)
     watcher.start()
     monkeypatch.setattr(HostSnapshot, "copy", copy)
+    strided = {"model": {"w": torch.randn(1000, 2).t()}, "optimizer": {"m": torch.randn(1000)},
+               "data": {"position": 1}}
     try:
-        ckpt.after_step(1, _state)
+        held = time.perf_counter()
+        ckpt.after_step(1, lambda: strided)
+        held = time.perf_counter() - held
         ckpt.wait()
     finally:
         watching.clear()
         watcher.join(timeout=30)
         ckpt.close()
-    assert started_model.is_set(), "model.pt was not written until the whole state was copied"
+    assert started_model.is_set() and held < 25, "model.pt was not written until the whole state was copied"
     newest = catalog.complete(folder)[0]
     assert newest.step == 1 and verify(newest.path).ok
 
@@ -68,10 +110,10 @@ def test_a_failed_copy_keeps_the_previous_checkpoint_and_leaves_nothing(tmp_path
     ckpt.wait()
     original = HostSnapshot.copy
 
-    def copy(self, tree):
+    def copy(self, tree, **kwargs):
         if "m" in tree:
             raise MemoryError("no host memory for the copy")
-        return original(self, tree)
+        return original(self, tree, **kwargs)
 
     monkeypatch.setattr(HostSnapshot, "copy", copy)
     ckpt.after_step(2, _state)
@@ -88,10 +130,10 @@ def test_ctrl_c_during_the_copy_reaches_the_loop_and_close_does_not_hang(tmp_pat
     ckpt = _checkpointer(tmp_path)
     original = HostSnapshot.copy
 
-    def copy(self, tree):
+    def copy(self, tree, **kwargs):
         if "m" in tree:
             raise KeyboardInterrupt
-        return original(self, tree)
+        return original(self, tree, **kwargs)
 
     monkeypatch.setattr(HostSnapshot, "copy", copy)
     with pytest.raises(KeyboardInterrupt):

@@ -299,7 +299,7 @@ class Checkpointer:
                     torch.cuda.synchronize()
                 self._write(payload, started, waited)
                 return
-            # The writer starts now and writes each tree as soon as it is copied.
+            # The writer starts now: it helps with the copy, then writes each tree.
             handoff = Handoff(list(shared), started)
             payload.shared = handoff
             try:
@@ -314,7 +314,7 @@ class Checkpointer:
             try:
                 self._snapshot.start()
                 for key, tree in shared.items():
-                    handoff.put(key, self._snapshot.copy(tree))
+                    handoff.put(key, self._snapshot.copy(tree, offer=handoff.offer))
                 self._snapshot.finish()
                 handoff.close()
             except BaseException as exc:  # e.g. no host memory: the writer journals it
