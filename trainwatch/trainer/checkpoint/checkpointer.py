@@ -331,6 +331,8 @@ class Checkpointer:
         mode = self.cfg.mode
         guard = nonfinite_state if self.cfg.nonfinite != "off" else None
         try:
+            if isinstance(payload.shared, Handoff):
+                payload.shared.help()  # the copy first: the loop waits for it, not for this
             written = write_checkpoint(self.folder, payload, fsync=self.cfg.fsync, check=guard)
             # The sha256s were taken from the bytes as written; reading them back now would
             # only read the page cache, so this checks the manifest and sizes.  Resume and

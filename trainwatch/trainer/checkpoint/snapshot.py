@@ -220,6 +220,10 @@ class Handoff(Mapping):
             copies.work()  # copying first: the loop waits for it, nobody waits for the write
             self._wait_past(copies)
 
+    def help(self) -> None:
+        """Take part in the loop's memcpys until none are left to take (the writer, first)."""
+        self._wait(lambda: True)
+
     def _wait_past(self, copies: Copies) -> None:
         """Until the loop offers the next tree's memcpys, or is done copying."""
         with self._ready:
