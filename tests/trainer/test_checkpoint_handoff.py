@@ -61,6 +61,35 @@ def test_on_the_cpu_the_writer_copies_alongside_the_loop_and_writes_after(tmp_pa
         assert all(saved[k].equal(v) for k, v in tree.items())
 
 
+def test_ctrl_c_while_the_writer_shares_the_copy_reaches_the_loop_and_publishes_nothing(
+        tmp_path, monkeypatch):
+    ckpt = _checkpointer(tmp_path)
+    state = {"model": {"w": torch.randn(6 << 20)}, "optimizer": {"m": torch.randn(6 << 20)},
+             "data": {"position": 1}}
+    loop, original = threading.current_thread(), np.copyto
+    helped = threading.Event()
+
+    def copyto(dst, src, **kwargs):
+        if threading.current_thread() is loop:
+            helped.wait(timeout=10)
+            raise KeyboardInterrupt  # while the writer copies a chunk of its own
+        original(dst, src, **kwargs)
+        helped.set()
+
+    monkeypatch.setattr(np, "copyto", copyto)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.after_step(1, lambda: state)
+    monkeypatch.undo()
+    waiting = threading.Thread(target=ckpt.wait, daemon=True)
+    waiting.start()
+    waiting.join(timeout=60)
+    assert not waiting.is_alive(), "the writer waits for a copy the interrupted loop gave up"
+    ckpt.close()
+    assert helped.is_set() and catalog.complete(ckpt.folder) == []
+    assert not any(p.name.startswith(".tmp-") for p in ckpt.folder.iterdir())
+    assert RunDir(tmp_path / "run").events("checkpoint_failed")[0]["step"] == 1
+
+
 def test_with_nothing_to_share_the_writer_starts_on_the_model_while_the_optimizer_is_copied(
         tmp_path, monkeypatch):
     """As from a GPU, where the copies are the device's: a strided tensor is copied by torch,

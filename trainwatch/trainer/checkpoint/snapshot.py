@@ -46,18 +46,26 @@ class Copies:
     def __bool__(self) -> bool:
         return bool(self._chunks)
 
+    def _take(self, helping: bool) -> tuple[np.ndarray, np.ndarray] | None:
+        with self._done:
+            if self._next >= len(self._chunks) or self._error is not None:
+                return None
+            self._next += 1
+            self._busy += helping
+            return self._chunks[self._next - 1]
+
     def work(self) -> None:
-        """Copy chunks until none is left to take (an error is kept for ``finish``)."""
-        while True:
-            with self._done:
-                if self._next >= len(self._chunks) or self._error is not None:
-                    return
-                dst, src = self._chunks[self._next]
-                self._next += 1
-                self._busy += 1
+        """The loop's part: copy chunks until none is left to take."""
+        while (chunk := self._take(False)) is not None:
+            np.copyto(*chunk)  # numpy lets go of the GIL for the memcpy
+
+    def help(self) -> None:
+        """Another thread's part; ``finish`` waits for each chunk it took (only the
+        helpers' chunks are counted: a Ctrl-C in the loop's thread cannot upset that)."""
+        while (chunk := self._take(True)) is not None:
             try:
-                np.copyto(dst, src)  # numpy lets go of the GIL for the memcpy
-            except BaseException as exc:  # e.g. Ctrl-C in the loop's thread
+                np.copyto(*chunk)
+            except BaseException as exc:  # kept for the loop to raise
                 with self._done:
                     self._error = self._error or exc
             finally:
@@ -66,8 +74,8 @@ class Copies:
                     self._done.notify_all()
 
     def finish(self) -> None:
-        """The loop's last word: hand out no more chunks, wait for those being copied (the
-        loop never moves on while a helper still writes into a buffer), raise an error."""
+        """The loop's last word: hand out no more chunks, wait for the helpers' (the loop
+        never moves on while a helper still writes into a buffer), raise a helper's error."""
         with self._done:
             self._next = len(self._chunks)
             self._done.wait_for(lambda: self._busy == 0)
@@ -217,7 +225,7 @@ class Handoff(Mapping):
                 copies = self._copies
                 if copies is None:
                     return
-            copies.work()  # copying first: the loop waits for it, nobody waits for the write
+            copies.help()  # copying first: the loop waits for it, nobody waits for the write
             self._wait_past(copies)
 
     def help(self) -> None:
