@@ -7,6 +7,7 @@ again. When nothing is wrong the single finding is ``healthy``.
 
 from __future__ import annotations
 
+import datetime
 import re
 import signal
 import statistics
@@ -221,7 +222,7 @@ def _dead_now(a: Analysis, root: dict[str, Any] | None,
     if not culprits and not tie:
         return []
     a.explained |= set(culprits) | set(dead)
-    hang = hang_before_death(a, dead)
+    hang = hang_before_death(a, dead, root)
     findings = [hang] if hang else []
     killed_by_oom: set[int] = set()
     if len(tie) > 1 and not culprits:
@@ -302,13 +303,17 @@ def _bytes(n: int | None) -> str:
     return "none (unlimited)" if n is None else f"{n / 2**30:.2f} GiB"
 
 
-def hang_before_death(a: Analysis, dead: list[int]) -> Finding | None:
+def hang_before_death(a: Analysis, dead: list[int],
+                      root: dict[str, Any] | None) -> Finding | None:
     """Dead ranks whose job had stopped progressing well before they died: the deaths
     ended a hang (a timeout, the launcher, an operator), the hang is what to explain.
 
     The job's last progress is the newest step any rank completed; its death, the last
-    heartbeat of a dead rank. Where each rank was comes from its last status: ranks in a
-    phase outside collectives are the ones the others waited for.
+    heartbeat of a dead rank, or torchrun's first observed failure (``root``) when that was
+    earlier: a rank that outlived a killed peer (finishing a slow batch, deferring SIGTERM
+    until its step ends) beats on without a step, which is teardown, not a hang. Where each
+    rank was comes from its last status: ranks in a phase outside collectives are the ones
+    the others waited for.
     """
     ranks = a.ev.ranks
     ages = [v["progress_age"] for v in ranks.values()
@@ -317,15 +322,22 @@ def hang_before_death(a: Analysis, dead: list[int]) -> Finding | None:
               if isinstance(ranks[r].get("heartbeat_at"), (int, float))]
     if not ages or not deaths:
         return None
-    stalled = max(deaths) - (a.ev.collected_at - min(ages))
+    progress_at = a.ev.collected_at - min(ages)
+    died_at, death = max(deaths), "the last heartbeat of a dead rank"
+    observed = _launcher_time((root or {}).get("time"))
+    # torchrun's time is its poll's, to the second: the death was before the next second.
+    # One before the job's last progress is another clock (a time zone): not evidence.
+    if observed is not None and progress_at - a.stall_after <= observed + 1 < died_at:
+        died_at, death = observed + 1, "torchrun observed the first failure"
+    stalled = died_at - progress_at
     if stalled <= a.stall_after:
         return None
     phases = {r: str(v.get("phase") or "") for r, v in ranks.items() if r in dead}
     outside = sorted(r for r, p in phases.items() if p and p not in COLLECTIVE_PHASES)
     inside = sorted(r for r, p in phases.items() if p in COLLECTIVE_PHASES)
-    evidence = [f"the last step any rank completed was {_s(stalled)} before the last "
-                f"heartbeat of a dead rank (stall budget {_s(a.stall_after)}): the run was "
-                "already stalled when its ranks died"]
+    evidence = [f"the last step any rank completed was {_s(stalled)} before {death} "
+                f"(stall budget {_s(a.stall_after)}): the run was already stalled when its "
+                "ranks died"]
     evidence += [a.where_line(r) for r in sorted(phases)]
     if outside and inside:
         culprits, confidence = outside, "medium"
@@ -344,6 +356,14 @@ def hang_before_death(a: Analysis, dead: list[int]) -> Finding | None:
                    runbook="TrainingStalled",
                    next_command=f"grep -n -E 'Error|Signal|timeout' {a.ev.run_dir}/logs/*.log "
                                 "| head   # then reproduce with diagnose while it hangs")
+
+
+def _launcher_time(text: Any) -> float | None:
+    """torchrun's failure time (``2026-12-04_19:11:14``, its local time) as Unix seconds."""
+    try:
+        return datetime.datetime.fromisoformat(str(text).replace("_", "T")).timestamp()
+    except ValueError:
+        return None
 
 
 def _ended_hang(finding: Finding, hang: Finding | None) -> Finding:
