@@ -7,7 +7,6 @@ again. When nothing is wrong the single finding is ``healthy``.
 
 from __future__ import annotations
 
-import datetime
 import re
 import signal
 import statistics
@@ -15,6 +14,7 @@ import time
 from typing import Any
 
 from trainwatch import attempts
+from trainwatch.torchrun_log import failure_time
 from trainwatch.contract.stall import (default_options, heartbeat_stale, published_budget,
                                       stall_budget)
 from trainwatch.contract.states import COLLECTIVE_PHASES
@@ -324,7 +324,7 @@ def hang_before_death(a: Analysis, dead: list[int],
         return None
     progress_at = a.ev.collected_at - min(ages)
     died_at, death = max(deaths), "the last heartbeat of a dead rank"
-    observed = _launcher_time((root or {}).get("time"))
+    observed = failure_time((root or {}).get("time"))
     # torchrun's time is its poll's, to the second: the death was before the next second.
     # One before the job's last progress is another clock (a time zone): not evidence.
     if observed is not None and progress_at - a.stall_after <= observed + 1 < died_at:
@@ -356,14 +356,6 @@ def hang_before_death(a: Analysis, dead: list[int],
                    runbook="TrainingStalled",
                    next_command=f"grep -n -E 'Error|Signal|timeout' {a.ev.run_dir}/logs/*.log "
                                 "| head   # then reproduce with diagnose while it hangs")
-
-
-def _launcher_time(text: Any) -> float | None:
-    """torchrun's failure time (``2026-12-04_19:11:14``, its local time) as Unix seconds."""
-    try:
-        return datetime.datetime.fromisoformat(str(text).replace("_", "T")).timestamp()
-    except ValueError:
-        return None
 
 
 def _ended_hang(finding: Finding, hang: Finding | None) -> Finding:
