@@ -709,3 +709,12 @@ def test_a_short_runs_low_goodput_says_it_is_start_up_and_shutdown(tmp_path):
     assert "start-up and shutdown take 9" in text and "fixed costs" in text, text
     long = clean_run(tmp_path / "long", steps=100, before=1.0, seconds=0.2, after=0.0)
     assert "fixed costs" not in report(long.run.root).stdout
+
+
+def test_the_data_wait_row_says_it_is_outside_productive_time(tmp_path):
+    """Data wait is badput (goodput excludes it), a row of its own: its label must not read
+    as part of "productive", which the row above it is."""
+    text = report(clean_run(tmp_path / "run", steps=6, before=1.0, seconds=0.2,
+                            after=0.5).run.root).stdout
+    assert "in productive steps" not in text, text
+    assert "waiting for data (steps' data phase, not productive)" in text, text
