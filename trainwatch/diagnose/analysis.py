@@ -52,7 +52,16 @@ class Analysis:
 
     def __init__(self, ev: Evidence, stall_after: float | None):
         self.ev = ev
-        self.running = {r: v for r, v in ev.ranks.items() if v.get("state") == "running"}
+        # Ranks gone with a "running" status that the supervisor's last act stopped (they
+        # did not save on SIGTERM): the stop, not deaths; not running either.
+        self.stop = ev.journal.get("stopped")
+        self.stopped = {r for r, v in ev.ranks.items()
+                        if self.stop and v.get("state") == "running"
+                        and self.proc(r) in ("gone", "zombie")
+                        and isinstance(v.get("started_at"), (int, float))
+                        and v["started_at"] <= self.stop["time"]}
+        self.running = {r: v for r, v in ev.ranks.items()
+                        if v.get("state") == "running" and r not in self.stopped}
         step_times = [v["recent"]["step_time"] for v in ev.ranks.values()
                       if (v.get("recent") or {}).get("step_time")]
         self.step_time = statistics.median(step_times) if step_times else None
@@ -209,8 +218,9 @@ def _dead_now(a: Analysis, root: dict[str, Any] | None,
     elif launcher:
         culprits = {r: f"the launcher logged its exit: {_exit_text(x['exitcode'])} ({x['log']})"
                     for r, x in launcher}
-    dead = [r for r, v in ev.ranks.items()
+    gone = [r for r, v in ev.ranks.items()
             if v.get("state") == "running" and a.proc(r) in ("gone", "zombie")]
+    dead = [r for r in gone if r not in a.stopped]
     failed = [r for r, v in ev.ranks.items() if v.get("state") == "failed"]
     tie: list[int] = []
     if not culprits and dead:
@@ -219,10 +229,11 @@ def _dead_now(a: Analysis, root: dict[str, Any] | None,
             culprits[r] = why
     for r in failed:
         culprits.setdefault(r, "its telemetry recorded state 'failed' (an exception)")
+    # A run stopped while it hung: the stop ended a hang, which is what to explain.
+    hang = hang_before_death(a, gone, root)
     if not culprits and not tie:
-        return []
+        return [hang] if hang else []
     a.explained |= set(culprits) | set(dead)
-    hang = hang_before_death(a, dead, root)
     findings = [hang] if hang else []
     killed_by_oom: set[int] = set()
     if len(tie) > 1 and not culprits:
@@ -880,6 +891,12 @@ def healthy(a: Analysis) -> Finding:
                        confidence="low", evidence=list(ev.unseen[:3]))
     if states == ["finished"]:
         title, evidence = "the run finished", [f"all {len(ev.ranks)} ranks finished"]
+    elif a.stopped and not a.running:
+        stop = a.stop or {}
+        title = f"the run was stopped by its supervisor ({stop.get('reason')})"
+        evidence = [f"journal: job_stopped {_s(ev.collected_at - stop.get('time', 0.0))} ago "
+                    f"({stop.get('reason')}); rank(s) {sorted(a.stopped)} ended with it (their "
+                    "statuses still say running: the job did not save and stop on SIGTERM)"]
     elif not a.running:
         title = "the run is not running"
         evidence = [f"rank states: {', '.join(states)} (stopped: saved and stopped on request)"]

@@ -54,6 +54,11 @@ def cause(ev: dict[str, Any]) -> str:
                                                           else ""))
     if ev["stopped_at_step"] is not None:
         parts.append(f"stopped on request, checkpoint saved at step {ev['stopped_at_step']}")
+    elif not ev["actions"] and (stops := [x for x in ev["exited"]
+                                          if x["event"] == "job_stopped"]):
+        # Ctrl-C, `systemctl stop`, bad input: the job's ranks ended by the stop, unsaved.
+        parts.append(f"stopped by its supervisor ({stops[-1]['reason']}); nothing saved on "
+                     "the stop")
     died = [x for x in ev["exits"] if x["exitcode"] != 0]
     for x in died:
         how = f"killed by {x['signal']}" if x["signal"] else f"exited with code {x['exitcode']}"
