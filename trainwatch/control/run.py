@@ -283,7 +283,8 @@ def run(nproc_per_node, run, steps, config, overrides, max_restarts, thresholds_
                    + _new_lines(run_, job_log_start, n=20), err=True)
     elif code and code != EXIT_INTERRUPTED:
         skipped = run_.events("action_skipped")
-        why = f": {skipped[-1].get('reason')}" if skipped else ""
+        why = (f": {supervisor.not_restarted}" if supervisor.not_restarted
+               else f": {skipped[-1].get('reason')}" if skipped else "")
         click.echo(f"trainwatch run: the job failed and was not restarted{why}; see "
                    f"{run_.journal_file} and {run_.logs_dir}/", err=True)
     if code:

@@ -35,6 +35,7 @@ class Supervisor:
         self.exit_code: int | None = None
         self.launch_failed = False  # it ended because the job failed before any rank ran
         self.rejected_input: str | None = None  # a rank's words when it died on bad input
+        self.not_restarted: str | None = None   # why a crashed job could not be restarted
         self._handled_pid: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -99,7 +100,18 @@ class Supervisor:
             self.exit_code = 0 if finished else code
             self.finished.set()
             return
-        outcome = self.runner.restart_job("restart", None, only_if_exited=True)
+        try:
+            outcome = self.runner.restart_job("restart", None, only_if_exited=True)
+        except OSError as exc:
+            # The restart records itself first (the restart guard's ledger): one that cannot
+            # (a full disk) is not taken, or a crash loop would never trip the guard.
+            self.not_restarted = (f"could not restart the job: {exc.strerror or exc} "
+                                  f"({exc.filename or 'the run directory'}); free space there "
+                                  "and run the same command again")
+            log.error("the job exited with %s and could not be restarted", code)
+            self.exit_code = code
+            self.finished.set()
+            return
         if not outcome.taken and not self.controller.alive():
             self.exit_code = code
             self.finished.set()
