@@ -718,3 +718,18 @@ def test_the_data_wait_row_says_it_is_outside_productive_time(tmp_path):
                             after=0.5).run.root).stdout
     assert "in productive steps" not in text, text
     assert "waiting for data (steps' data phase, not productive)" in text, text
+
+
+def test_a_crash_with_no_rank_evidence_is_said_in_words_not_as_a_journal_event(tmp_path):
+    """The job exited 1 and nothing names a rank (no torchrun line, no failed status): the
+    cause says the job exited with code 1 and where to look, not 'job_exited with exit
+    code 1'."""
+    r = Run(tmp_path / "run")
+    r.event("job_started", "engine", pid=7, reason="trainwatch run", attempt=1)
+    r.wait(1.0)
+    r.attempt(0)
+    r.steps(0, 4, seconds=0.5)
+    r.event("job_exited", "engine", returncode=1, pid=7)
+    causes = [i["cause"] for i in report_json(r.run.root)["incidents"]]
+    assert causes == ["the job exited with code 1; no rank's failure was recorded (its log: "
+                      "logs/job.log)"], causes

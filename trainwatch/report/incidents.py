@@ -12,6 +12,7 @@ import signal
 from typing import Any
 
 from trainwatch.attempts import rank_of
+from trainwatch.contract.layout import JOB_LOG, TORCHRUN_LOG
 from trainwatch.report.timeline import Attempt
 
 _ERROR_CHARS = 300
@@ -44,6 +45,11 @@ def evidence(attempt: Attempt) -> dict[str, Any]:
     return {"exits": exits, "errors": errors, "faults": faults, "actions": actions,
             "alerts": alerts, "nonfinite_steps": nonfinite,
             "stopped_at_step": stops[0] if stops else None, "exited": exited}
+
+
+# Who an end event is about, and the log in RUN_DIR/logs/ with its output.
+_EXITED = {"job_exited": ("the job", JOB_LOG), "job_stopped": ("the job", JOB_LOG),
+           "launcher_exited": ("the launcher", TORCHRUN_LOG)}
 
 
 def cause(ev: dict[str, Any]) -> str:
@@ -81,5 +87,7 @@ def cause(ev: dict[str, Any]) -> str:
     if not parts:
         for x in ev["exited"]:
             if x["exit_code"] not in (None, 0):
-                parts.append(f"{x['event']} with exit code {x['exit_code']}")
+                who, log = _EXITED[x["event"]]
+                parts.append(f"{who} exited with code {x['exit_code']}; no rank's failure was "
+                             f"recorded (its log: logs/{log})")
     return "; ".join(parts) or "unknown: no failure evidence in the journal or torchrun's log"
