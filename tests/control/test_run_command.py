@@ -137,6 +137,9 @@ def test_a_job_that_fails_before_any_rank_starts_is_not_restarted(tmp_path):
     assert run.events("job_exited")[-1].get("launch_failed") is True
     assert "failed before any rank started" in out and "exitcode" in out, out[-3000:]
     assert "Traceback (most recent call last)" not in out.split("end of its log")[0]
+    # Why, from the top of the launch's log: the failure table at its end does not say.
+    said = out.split("failed before any rank started")[1]
+    assert "can't open file" in said and "no-such-script.py" in said, out[-3000:]
 
 
 def test_the_summary_of_an_own_loop_shows_its_final_loss(tmp_path):
