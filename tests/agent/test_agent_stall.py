@@ -259,3 +259,38 @@ def test_full_disk_rank1_seen_behind_rank0_after_its_evaluation_is_no_stall(tmp_
     finally:
         for writer in beats.values():
             writer.close()
+
+
+def test_a_killed_rank_is_dead_at_once_not_stuck_while_its_last_heartbeat_is_fresh():
+    """A rank process the agent saw alive is SIGKILLed a moment after its last heartbeat:
+    gone with a fresh heartbeat is dead (TrainingRankDown), not "stuck" (a stall on rank
+    unknown, for up to heartbeat_stale_seconds). A pid never seen alive keeps needing a
+    stale heartbeat: an agent in another pid namespace sees every rank as gone."""
+    import signal
+    import subprocess
+
+    from trainwatch.host.procinfo import ProcessTracker
+
+    tracker = ProcessTracker()
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        det = StallDetector(dict(STALL_DEFAULTS))
+        time.sleep(0.05)
+        now, key = time.time(), ("j", 1, 1)  # the rank's telemetry starts after its process
+        view = rank(now, progress_age=0)
+        view["pid"], view["started_at"] = victim.pid, now
+        view["process"] = tracker.inspect(victim.pid, view["started_at"])
+        assert not det.check(key, view).stalled and view["process"]["status"] != "gone"
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        view = rank(now, progress_age=6.0, heartbeat_age=0.5)
+        view["pid"], view["started_at"] = victim.pid, now
+        view["process"] = tracker.inspect(victim.pid, view["started_at"])
+        assert view["process"]["status"] == "gone"
+        verdict = det.check(key, view)
+        assert verdict.stalled and verdict.kind == "dead", verdict
+        unseen = StallDetector(dict(STALL_DEFAULTS)).check(("j", 2, 1), view)
+        assert unseen.kind == "stuck", unseen  # never seen alive: not called dead yet
+    finally:
+        victim.kill()
+        victim.wait()

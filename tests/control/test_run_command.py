@@ -137,6 +137,9 @@ def test_a_job_that_fails_before_any_rank_starts_is_not_restarted(tmp_path):
     assert run.events("job_exited")[-1].get("launch_failed") is True
     assert "failed before any rank started" in out and "exitcode" in out, out[-3000:]
     assert "Traceback (most recent call last)" not in out.split("end of its log")[0]
+    # Why, from the top of the launch's log: the failure table at its end does not say.
+    said = out.split("failed before any rank started")[1]
+    assert "can't open file" in said and "no-such-script.py" in said, out[-3000:]
 
 
 def test_the_summary_of_an_own_loop_shows_its_final_loss(tmp_path):
@@ -176,3 +179,15 @@ def test_the_agent_listens_on_the_port_given_and_a_busy_one_is_exit_2(tmp_path):
     out = proc.communicate(timeout=120)[0].decode()
     assert proc.returncode == 0, out
     assert f"agent http://127.0.0.1:{port}" in out
+
+
+def test_the_summary_of_a_run_that_ended_in_nan_says_so(tmp_path):
+    """A batch poisons the weights at step 20 and nothing rolls back (--dry-run; in a short
+    run the job can also finish first): the loss is NaN to the end. The summary's final
+    loss is that NaN, since when, not the last finite loss before it (which read as a
+    healthy run)."""
+    example = HERE.parents[1] / "examples" / "own_loop.py"
+    proc = _run(tmp_path / "r", "--dry-run", "--", sys.executable, str(example), "--steps",
+                "30", "--checkpoint-every", "10", "--poison-step", "20")
+    out = proc.communicate(timeout=180)[0].decode()
+    assert "final loss  │ NaN since step 20" in out, out

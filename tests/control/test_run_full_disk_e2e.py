@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 
 import psutil
@@ -101,3 +102,38 @@ def test_storage_full_names_the_full_disk_within_15s_of_the_first_failed_save(tm
     print(f"StorageFull fired {after:.1f} s after the first failed save")
     assert after <= 15, (after, firing[0])
     assert firing[0]["labels"]["mountpoint"] == str(disk)
+
+
+# A job that publishes its telemetry, fills the disk its run directory is on and crashes.
+_CRASH_ON_A_FULL_DISK = """
+import os
+from trainwatch import Telemetry
+Telemetry.from_env().start()
+with open(os.path.join(os.environ["TRAINWATCH_RUN_DIR"], "filler"), "ab", buffering=0) as fh:
+    size = 1 << 20
+    while size:
+        try:
+            fh.write(b"\\0" * size)
+        except OSError:
+            size //= 2
+os._exit(1)
+"""
+
+
+def test_a_crash_that_cannot_be_restarted_on_a_full_disk_ends_the_run_not_hangs(tmp_path):
+    """The job crashes with its run directory full: the restart cannot record itself (the
+    restart guard's ledger), so it is not taken. `trainwatch run` says why and ends with
+    exit 1 (before: a traceback in the supervisor thread, and the run waited forever)."""
+    run = RunDir(tmp_path / "run")
+    with tmpfs_mount(run.root, "16m"):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainwatch", "run", str(run.root), "--no-live", "--",
+             sys.executable, "-c", _CRASH_ON_A_FULL_DISK],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            out, _ = proc.communicate(timeout=90)
+        finally:
+            kill_tree(proc)
+    assert proc.returncode == 1, out
+    assert "Traceback" not in out, out
+    assert "could not restart the job" in out and "No space left on device" in out, out

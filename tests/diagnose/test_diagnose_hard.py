@@ -1,6 +1,7 @@
 """`trainwatch diagnose` on the hard cases (issue #23), each a real torchrun job: a rank
 that skips a collective on a side group, a rank busy in C holding the GIL, racing deaths,
-stale status steps, a hang killed afterwards, a hung DataLoader worker, an OOM kill.
+stale status steps, a hang killed afterwards, a rank killed while a peer finishes a slow
+batch, a hung DataLoader worker, an OOM kill.
 
 Every case checks the rank, the cause, that no confident claim is wrong, and that
 diagnose answers within 20 s (printed).
@@ -212,6 +213,25 @@ def test_post_mortem_of_a_killed_hang_says_it_was_stalled_before_it_died(jobs, t
     assert finding["confidence"] != "high", finding
     text = " ".join(finding["evidence"])
     assert "phase data" in text and "[0]" in text, finding["evidence"]
+    no_confident_wrong(report, 1)
+
+
+def test_killed_rank_is_dead_not_a_stall_while_a_peer_finishes_a_slow_batch(jobs):
+    """Rank 1 is SIGKILLed at step 12 while rank 0 spends 8 s loading that step's batch and
+    stops on SIGTERM only after the step (as Checkpoints does): rank 0 beats on for 8 s
+    without a step, then dies in the all_reduce. The run died when rank 1 was killed (the
+    launcher saw it at once), not after a stall: rank 1 killed by SIGKILL, high confidence,
+    and no finding says the run was stalled."""
+    job = jobs(FAULT="killed_peer_busy", FAULT_RANK="1", FAULT_STEP="12", FAULT_ARG="8")
+    job.proc.wait(timeout=120)
+    code, report, _ = timed_diagnose(job.run)
+    assert code == 1
+    finding = top(report)
+    assert finding["category"] == "rank_dead" and finding["ranks"] == [1], finding
+    assert finding["confidence"] == "high", finding
+    assert "SIGKILL" in " ".join(finding["evidence"]), finding["evidence"]
+    stalls = [f["title"] for f in report["findings"] if "stall" in f["title"]]
+    assert not stalls, stalls
     no_confident_wrong(report, 1)
 
 

@@ -3,14 +3,17 @@
     torchrun --standalone --nproc-per-node N tests/jobs/diagnose_job.py RUN_DIR STEPS
 
 Faults (environment): FAULT=data_fifo|worker_fifo|flock|extra_collective|size_mismatch|
-skip_side|regex|oom|slow|checkpoint, FAULT_RANK, FAULT_STEP, FAULT_ARG (FIFO path, lock file
-path, extra seconds per step, or checkpoint interval); DEADLOCK_RANK: that rank's threads
-deadlock on two locks at FAULT_STEP (besides FAULT, so one job can carry two blocked ranks).
+skip_side|regex|oom|slow|checkpoint|killed_peer_busy, FAULT_RANK, FAULT_STEP, FAULT_ARG (FIFO
+path, lock file path, extra seconds per step, checkpoint interval, or the others' seconds);
+DEADLOCK_RANK: that rank's threads deadlock on two locks at FAULT_STEP (besides FAULT, so one
+job can carry two blocked ranks).
 ABORT_ON_ERROR=1: an uncaught error aborts the rank (SIGABRT), as NCCL's watchdog does.
 worker_fifo: a DataLoader worker process of the faulty rank blocks on the FIFO; skip_side:
 every step also all-reduces on a side group, which the faulty rank skips once; regex: the
 faulty rank runs a catastrophic regular expression (busy in C, holding the GIL); oom: the
-faulty rank allocates memory until the kernel kills it.
+faulty rank allocates memory until the kernel kills it; killed_peer_busy: the faulty rank
+SIGKILLs itself at FAULT_STEP while the others spend FAULT_ARG seconds loading that step's
+batch, stopping on SIGTERM only after the step (as ``Checkpoints`` does).
 Gradients are all-reduced by hand (one flat tensor per step) so each step issues
 exactly one training collective, plus the telemetry's timing exchange.
 """
@@ -20,6 +23,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -50,6 +54,12 @@ if os.environ.get("ABORT_ON_ERROR") == "1":
     sys.excepthook = abort
 rank = dist.get_rank()
 faulty = rank == FAULT_RANK
+stop_requested = False
+if FAULT == "killed_peer_busy" and not faulty:
+    def request_stop(signum, frame):
+        global stop_requested
+        stop_requested = True
+    signal.signal(signal.SIGTERM, request_stop)
 
 
 class Batches(Dataset):
@@ -145,6 +155,10 @@ for step in range(steps):
         with tel.phase("data"):
             x = next(loader).unsqueeze(0).repeat(16, 1)
             y = target(x).detach()
+            if FAULT == "killed_peer_busy" and step == FAULT_STEP and not faulty:
+                time.sleep(float(FAULT_ARG))  # a slow batch, outside any collective
+        if FAULT == "killed_peer_busy" and step == FAULT_STEP and faulty:
+            os.kill(os.getpid(), signal.SIGKILL)
         with tel.phase("forward"):
             if faulty and step == FAULT_STEP and FAULT == "flock":
                 take_file_lock(FAULT_ARG)
@@ -175,6 +189,8 @@ for step in range(steps):
         with tel.phase("optimizer"):
             opt.step()
         s.record(loss=loss, lr=0.01, samples=x.shape[0])
+    if stop_requested:
+        sys.exit(75)
     if FAULT == "checkpoint" and rank == 0 and (step + 1) % int(FAULT_ARG or 10) == 0:
         with tel.phase("checkpoint"):
             save_checkpoint(step + 1)

@@ -709,3 +709,27 @@ def test_a_short_runs_low_goodput_says_it_is_start_up_and_shutdown(tmp_path):
     assert "start-up and shutdown take 9" in text and "fixed costs" in text, text
     long = clean_run(tmp_path / "long", steps=100, before=1.0, seconds=0.2, after=0.0)
     assert "fixed costs" not in report(long.run.root).stdout
+
+
+def test_the_data_wait_row_says_it_is_outside_productive_time(tmp_path):
+    """Data wait is badput (goodput excludes it), a row of its own: its label must not read
+    as part of "productive", which the row above it is."""
+    text = report(clean_run(tmp_path / "run", steps=6, before=1.0, seconds=0.2,
+                            after=0.5).run.root).stdout
+    assert "in productive steps" not in text, text
+    assert "waiting for data (steps' data phase, not productive)" in text, text
+
+
+def test_a_crash_with_no_rank_evidence_is_said_in_words_not_as_a_journal_event(tmp_path):
+    """The job exited 1 and nothing names a rank (no torchrun line, no failed status): the
+    cause says the job exited with code 1 and where to look, not 'job_exited with exit
+    code 1'."""
+    r = Run(tmp_path / "run")
+    r.event("job_started", "engine", pid=7, reason="trainwatch run", attempt=1)
+    r.wait(1.0)
+    r.attempt(0)
+    r.steps(0, 4, seconds=0.5)
+    r.event("job_exited", "engine", returncode=1, pid=7)
+    causes = [i["cause"] for i in report_json(r.run.root)["incidents"]]
+    assert causes == ["the job exited with code 1; no rank's failure was recorded (its log: "
+                      "logs/job.log)"], causes

@@ -80,3 +80,21 @@ def test_only_a_failed_write_counts_as_cannot_publish(tmp_path):
             "last_publish_error"]
     finally:
         tel.close()
+
+
+def test_a_rank_dying_of_an_uncaught_error_publishes_its_last_steps(tmp_path):
+    """An error nothing caught ends the rank before its next heartbeat (here 30 s away):
+    its status and metrics log still hold every step it completed, for diagnose (not
+    "step None, phase init") and report (the steps lost to it)."""
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+         "2", "--max-restarts", "0", str(HERE.parent / "jobs" / "crash_job.py"), str(run_dir)],
+        env=torchrun_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "a bug in the loss" in done.stdout + done.stderr
+    for rank in (1, 0):
+        steps = [json.loads(line)["step"] for line in
+                 (run_dir / "metrics" / f"rank-{rank:05d}.jsonl").read_text().splitlines()]
+        assert steps == list(range(30)), (rank, steps)
+        status = json.loads((run_dir / "status" / f"rank-{rank:05d}.json").read_text())
+        assert status["steps_completed"] == 30 and status["step"] == 30, (rank, status)

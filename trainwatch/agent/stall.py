@@ -7,7 +7,8 @@ is not counted against the ordinary budget once that phase ends: the agent sees 
 of a phase before it can see the step that follows (a rank publishes its progress only
 once per heartbeat), and a rank that evaluated for 90 s has not been stalled for 90 s
 when it starts its next step.
-The evidence decides the kind: ``dead`` (process gone or zombie), ``frozen``
+The evidence decides the kind: ``dead`` (process gone or zombie; gone with a fresh heartbeat
+only when this agent saw that process alive before), ``frozen``
 (process stopped, or heartbeat stale: nothing in it runs), ``busy`` (heartbeat stale but
 the process runnable and burning CPU: code in C holding the GIL, such as a catastrophic
 regular expression, starves the telemetry thread) or ``stuck`` (heartbeat fresh, step
@@ -44,6 +45,8 @@ class StallDetector:
         self._last_step: dict[tuple, Any] = {}
         # key -> (the rank's last progress, seconds since it that a phase budget covered)
         self._covered: dict[tuple, tuple[Any, float]] = {}
+        # key -> the rank's pid when this agent last saw that process alive
+        self._seen_alive: dict[tuple, Any] = {}
 
     def typical_step(self, key: tuple) -> float | None:
         history = self._history.get(key)
@@ -68,6 +71,9 @@ class StallDetector:
         for key in list(self._covered):
             if key not in keep:
                 del self._covered[key]
+        for key in list(self._seen_alive):
+            if key not in keep:
+                del self._seen_alive[key]
 
     def budget(self, key: tuple, phase: str | None, *, use_phase: bool = True,
                declared: dict[str, float] | None = None) -> float:
@@ -107,7 +113,13 @@ class StallDetector:
         hb_age = rank.get("heartbeat_age")
         hb_age = hb_age + elapsed if hb_age is not None else None
         hb_stale = heartbeat_stale(self.opt, hb_age)
-        if process in ("gone", "zombie") and (hb_stale or process == "zombie"):
+        if process not in ("gone", "zombie", "unknown"):
+            self._seen_alive[key] = rank.get("pid")
+        # Gone with a fresh heartbeat: dead if this agent saw that very process alive (it
+        # was just killed); else it may be one this agent cannot see (another pid
+        # namespace), which only a stale heartbeat tells apart.
+        seen_die = process == "gone" and self._seen_alive.get(key) == rank.get("pid")
+        if process in ("gone", "zombie") and (hb_stale or process == "zombie" or seen_die):
             return StallVerdict(True, "dead", 0.0, time.time() - stalled_for, stalled_for,
                                 f"process {rank.get('pid')} is {process}")
         waiting_for, covered, excused = None, False, 0.0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import signal
 import socket
 import subprocess
@@ -278,12 +279,14 @@ def run(nproc_per_node, run, steps, config, overrides, max_restarts, thresholds_
     outcome = "interrupted" if interrupted else "failed" if code else "finished"
     render_summary(summarize(run_.root, outcome, target_steps), console)
     if supervisor.launch_failed:
+        first = _first_error(run_, job_log_start)
         click.echo("trainwatch run: the job failed before any rank started (not restarted: "
-                   "it would fail the same way); the end of its log:"
-                   + _new_lines(run_, job_log_start, n=20), err=True)
+                   "it would fail the same way)" + (f": {first}" if first else "")
+                   + "; the end of its log:" + _new_lines(run_, job_log_start, n=20), err=True)
     elif code and code != EXIT_INTERRUPTED:
         skipped = run_.events("action_skipped")
-        why = f": {skipped[-1].get('reason')}" if skipped else ""
+        why = (f": {supervisor.not_restarted}" if supervisor.not_restarted
+               else f": {skipped[-1].get('reason')}" if skipped else "")
         click.echo(f"trainwatch run: the job failed and was not restarted{why}; see "
                    f"{run_.journal_file} and {run_.logs_dir}/", err=True)
     if code:
@@ -330,6 +333,24 @@ def _size(path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
+
+
+# A line that says why a launch failed (a missing script, an import error, a bad option),
+# not the launcher's failure table (its "error_file:" field) that follows it.
+_WHY_LINE = re.compile(r"can't open file|No such file|not found|\b\w*Error\b:?|error:", re.I)
+
+
+def _first_error(run: RunDir, offset: int) -> str | None:
+    """The first line of this launch's log that says why it failed, else None."""
+    try:
+        text = read_run_file_tail(run.logs_dir / JOB_LOG, run.root,
+                                  max_bytes=JOB_LOG_TAIL_BYTES, start=offset).decode(
+                                      errors="replace")
+    except (OSError, FormatError):
+        return None
+    return next((ln.strip()[:300] for ln in text.splitlines()
+                 if _WHY_LINE.search(ln) and "error_file" not in ln
+                 and not ln.lstrip().startswith(("File ", "Traceback"))), None)
 
 
 def _new_lines(run: RunDir, offset: int, n: int = 5) -> str:

@@ -35,6 +35,7 @@ class Summary:
     steps_done: int | None = None
     steps_target: int | None = None
     final_loss: float | None = None
+    nonfinite_since: int | None = None   # the step from which the loss stayed NaN/Inf
     goodput: float | None = None
     incidents: list[str] = field(default_factory=list)
     checkpoints: int = 0
@@ -67,7 +68,7 @@ def summarize(run_dir: str | Path, outcome: str, target_steps: int | None = None
         log.debug("report for the summary failed", exc_info=True)
         s.problems.append(f"report: {exc}")
     if s.final_loss is None:
-        s.final_loss = _last_loss(run)
+        s.final_loss, s.nonfinite_since = _last_loss(run)
     _checkpoints(s, run)
     return s
 
@@ -84,27 +85,37 @@ def _from_report(s: Summary) -> None:
     s.incidents = [str(i.get("cause")) for i in data.get("incidents") or []]
 
 
-def _last_loss(run: RunDir) -> float | None:
+def _last_loss(run: RunDir) -> tuple[float | None, int | None]:
     """The reference trainer journals its loss; any loop's ranks log it every step: the
-    newest finite loss at the end of the lowest rank's metrics log."""
+    newest loss at the end of the lowest rank's metrics log, and when it is NaN/Inf the
+    step from which it stayed so (a run that ended in NaN must not read as its last
+    finite loss)."""
     for event in reversed(run.events("step_milestone")):
         loss = _number(event.get("loss"))
         if loss is not None:
-            return loss
+            return loss, None
     for rank in run.ranks_with_metrics()[:1]:
         try:
             tail = read_run_file_tail(run.metrics_file(rank), run.root, max_bytes=LOSS_TAIL_BYTES)
         except (OSError, SkippedFile):
-            return None
+            return None, None
+        last, since = None, None
         for line in reversed(tail.splitlines()[1:] if len(tail) == LOSS_TAIL_BYTES
                              else tail.splitlines()):
             try:
-                loss = _number(json.loads(line).get("loss"))
+                record = json.loads(line)
+                loss = _number(record.get("loss"))
             except (ValueError, AttributeError):
                 continue
-            if loss is not None and math.isfinite(loss):
-                return loss
-    return None
+            if loss is None:
+                continue
+            if math.isfinite(loss):
+                return (loss, None) if last is None else (last, since)
+            last = loss if last is None else last
+            step = record.get("step")
+            since = step if isinstance(step, int) else since
+        return last, since
+    return None, None
 
 
 def _checkpoints(s: Summary, run: RunDir) -> None:
@@ -135,7 +146,7 @@ def render(s: Summary, console: Console) -> None:
     if s.steps_done is not None or s.steps_target is not None:
         table.add_row("steps", f"{s.steps_done if s.steps_done is not None else '?'}"
                       + (f" of {s.steps_target}" if s.steps_target else "") + " completed")
-    table.add_row("final loss", f"{s.final_loss:.4f}" if s.final_loss is not None else "-")
+    table.add_row("final loss", _loss_text(s))
     table.add_row("goodput", f"{100 * s.goodput:.1f} %" if s.goodput is not None else "-")
     if s.incidents:
         causes = sorted(set(s.incidents), key=s.incidents.index)
@@ -150,6 +161,16 @@ def render(s: Summary, console: Console) -> None:
     width = max(len(cmd) for cmd, _ in s.next_commands())
     for cmd, what in s.next_commands():
         console.print(f"  {cmd.ljust(width)}   # {what}", highlight=False, soft_wrap=True)
+
+
+def _loss_text(s: Summary) -> str:
+    if s.final_loss is None:
+        return "-"
+    if math.isfinite(s.final_loss):
+        return f"{s.final_loss:.4f}"
+    since = f" since step {s.nonfinite_since}" if s.nonfinite_since is not None else ""
+    return (f"{'NaN' if math.isnan(s.final_loss) else s.final_loss}{since}: the model "
+            "diverged or was poisoned, nothing rolled it back (trainwatch diagnose)")
 
 
 def _checkpoint_text(s: Summary) -> str:

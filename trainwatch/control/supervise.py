@@ -6,8 +6,9 @@ checkpoint through the ActionRunner, so the no-progress guard also stops crash
 loops.  A clean exit (0) means training finished; exit code 2 (bad input) is not
 restarted either, nor is a job a rank of which reported it died on bad input (torchrun
 exits 1 for it; the rank's status says ``failure.kind: bad_input``; the run ends with
-exit 2), nor a job whose every rank reported ``finished`` before it exited
-non-zero (a crash in interpreter teardown, after training ended), nor one that failed
+exit 2; a running job is stopped as soon as a rank reports it, before torchrun's own
+``--max-restarts`` start it again), nor a job whose every rank reported ``finished`` before
+it exited non-zero (a crash in interpreter teardown, after training ended), nor one that failed
 before any rank of its start published a status or beat file (a launch failure: a missing
 script, a bad launcher option; a restart would fail the same way).
 """
@@ -34,6 +35,7 @@ class Supervisor:
         self.exit_code: int | None = None
         self.launch_failed = False  # it ended because the job failed before any rank ran
         self.rejected_input: str | None = None  # a rank's words when it died on bad input
+        self.not_restarted: str | None = None   # why a crashed job could not be restarted
         self._handled_pid: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -52,22 +54,36 @@ class Supervisor:
         """One look at the job; called from the loop (and from tests)."""
         with self.controller.lock:  # read only: never hold it while the runner acts
             code = self.controller.returncode()
-            if code is None or self.controller.stopping or self.controller.proc is None:
+            if self.controller.stopping or self.controller.proc is None:
                 return
             pid = self.controller.proc.pid
-            if pid == self._handled_pid:
+            if code is None:
+                # torchrun's own --max-restarts would start a rank that rejected its input
+                # again until they are spent: stop the job as soon as a rank says so.
+                running_rejected = self.controller.rejected_input()
+                if running_rejected is None:
+                    return
+            elif pid == self._handled_pid:
                 return
             self._handled_pid = pid
-            # A job whose every rank said "finished" is not restarted for its exit code.
-            finished = code not in (0, 2) and self.controller.ranks_finished()
-            rejected = (self.controller.rejected_input()
-                        if code not in (0, 2) and not finished else None)
-            launch_failed = code not in (0, 2) and not finished and not rejected and \
-                not self.controller.ranks_reported()
-            self.controller.journal("job_exited", returncode=code, pid=pid,
-                                    **({"ranks_finished": True} if finished else {}),
-                                    **({"launch_failed": True} if launch_failed else {}),
-                                    **({"bad_input": rejected} if rejected else {}))
+            if code is not None:
+                # A job whose every rank said "finished" is not restarted for its exit code.
+                finished = code not in (0, 2) and self.controller.ranks_finished()
+                rejected = (self.controller.rejected_input()
+                            if code not in (0, 2) and not finished else None)
+                launch_failed = code not in (0, 2) and not finished and not rejected and \
+                    not self.controller.ranks_reported()
+                self.controller.journal("job_exited", returncode=code, pid=pid,
+                                        **({"ranks_finished": True} if finished else {}),
+                                        **({"launch_failed": True} if launch_failed else {}),
+                                        **({"bad_input": rejected} if rejected else {}))
+        if code is None:
+            log.warning("a rank of the running job died on bad input (%s): stopping the job "
+                        "(a restart, torchrun's or ours, cannot fix it)", running_rejected)
+            self.controller.stop(f"bad input: {running_rejected}")
+            self.rejected_input, self.exit_code = running_rejected, EXIT_USAGE
+            self.finished.set()
+            return
         if finished:
             log.warning("the job exited with %s after every rank reported finished "
                         "(a crash on the way out): not restarted", code)
@@ -84,7 +100,18 @@ class Supervisor:
             self.exit_code = 0 if finished else code
             self.finished.set()
             return
-        outcome = self.runner.restart_job("restart", None, only_if_exited=True)
+        try:
+            outcome = self.runner.restart_job("restart", None, only_if_exited=True)
+        except OSError as exc:
+            # The restart records itself first (the restart guard's ledger): one that cannot
+            # (a full disk) is not taken, or a crash loop would never trip the guard.
+            self.not_restarted = (f"could not restart the job: {exc.strerror or exc} "
+                                  f"({exc.filename or 'the run directory'}); free space there "
+                                  "and run the same command again")
+            log.error("the job exited with %s and could not be restarted", code)
+            self.exit_code = code
+            self.finished.set()
+            return
         if not outcome.taken and not self.controller.alive():
             self.exit_code = code
             self.finished.set()

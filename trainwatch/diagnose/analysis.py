@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from trainwatch import attempts
+from trainwatch.torchrun_log import failure_time
 from trainwatch.contract.stall import (default_options, heartbeat_stale, published_budget,
                                       stall_budget)
 from trainwatch.contract.states import COLLECTIVE_PHASES
@@ -51,7 +52,16 @@ class Analysis:
 
     def __init__(self, ev: Evidence, stall_after: float | None):
         self.ev = ev
-        self.running = {r: v for r, v in ev.ranks.items() if v.get("state") == "running"}
+        # Ranks gone with a "running" status that the supervisor's last act stopped (they
+        # did not save on SIGTERM): the stop, not deaths; not running either.
+        self.stop = ev.journal.get("stopped")
+        self.stopped = {r for r, v in ev.ranks.items()
+                        if self.stop and v.get("state") == "running"
+                        and self.proc(r) in ("gone", "zombie")
+                        and isinstance(v.get("started_at"), (int, float))
+                        and v["started_at"] <= self.stop["time"]}
+        self.running = {r: v for r, v in ev.ranks.items()
+                        if v.get("state") == "running" and r not in self.stopped}
         step_times = [v["recent"]["step_time"] for v in ev.ranks.values()
                       if (v.get("recent") or {}).get("step_time")]
         self.step_time = statistics.median(step_times) if step_times else None
@@ -208,8 +218,9 @@ def _dead_now(a: Analysis, root: dict[str, Any] | None,
     elif launcher:
         culprits = {r: f"the launcher logged its exit: {_exit_text(x['exitcode'])} ({x['log']})"
                     for r, x in launcher}
-    dead = [r for r, v in ev.ranks.items()
+    gone = [r for r, v in ev.ranks.items()
             if v.get("state") == "running" and a.proc(r) in ("gone", "zombie")]
+    dead = [r for r in gone if r not in a.stopped]
     failed = [r for r, v in ev.ranks.items() if v.get("state") == "failed"]
     tie: list[int] = []
     if not culprits and dead:
@@ -218,10 +229,11 @@ def _dead_now(a: Analysis, root: dict[str, Any] | None,
             culprits[r] = why
     for r in failed:
         culprits.setdefault(r, "its telemetry recorded state 'failed' (an exception)")
+    # A run stopped while it hung: the stop ended a hang, which is what to explain.
+    hang = hang_before_death(a, gone, root)
     if not culprits and not tie:
-        return []
+        return [hang] if hang else []
     a.explained |= set(culprits) | set(dead)
-    hang = hang_before_death(a, dead)
     findings = [hang] if hang else []
     killed_by_oom: set[int] = set()
     if len(tie) > 1 and not culprits:
@@ -302,13 +314,17 @@ def _bytes(n: int | None) -> str:
     return "none (unlimited)" if n is None else f"{n / 2**30:.2f} GiB"
 
 
-def hang_before_death(a: Analysis, dead: list[int]) -> Finding | None:
+def hang_before_death(a: Analysis, dead: list[int],
+                      root: dict[str, Any] | None) -> Finding | None:
     """Dead ranks whose job had stopped progressing well before they died: the deaths
     ended a hang (a timeout, the launcher, an operator), the hang is what to explain.
 
     The job's last progress is the newest step any rank completed; its death, the last
-    heartbeat of a dead rank. Where each rank was comes from its last status: ranks in a
-    phase outside collectives are the ones the others waited for.
+    heartbeat of a dead rank, or torchrun's first observed failure (``root``) when that was
+    earlier: a rank that outlived a killed peer (finishing a slow batch, deferring SIGTERM
+    until its step ends) beats on without a step, which is teardown, not a hang. Where each
+    rank was comes from its last status: ranks in a phase outside collectives are the ones
+    the others waited for.
     """
     ranks = a.ev.ranks
     ages = [v["progress_age"] for v in ranks.values()
@@ -317,15 +333,22 @@ def hang_before_death(a: Analysis, dead: list[int]) -> Finding | None:
               if isinstance(ranks[r].get("heartbeat_at"), (int, float))]
     if not ages or not deaths:
         return None
-    stalled = max(deaths) - (a.ev.collected_at - min(ages))
+    progress_at = a.ev.collected_at - min(ages)
+    died_at, death = max(deaths), "the last heartbeat of a dead rank"
+    observed = failure_time((root or {}).get("time"))
+    # torchrun's time is its poll's, to the second: the death was before the next second.
+    # One before the job's last progress is another clock (a time zone): not evidence.
+    if observed is not None and progress_at - a.stall_after <= observed + 1 < died_at:
+        died_at, death = observed + 1, "torchrun observed the first failure"
+    stalled = died_at - progress_at
     if stalled <= a.stall_after:
         return None
     phases = {r: str(v.get("phase") or "") for r, v in ranks.items() if r in dead}
     outside = sorted(r for r, p in phases.items() if p and p not in COLLECTIVE_PHASES)
     inside = sorted(r for r, p in phases.items() if p in COLLECTIVE_PHASES)
-    evidence = [f"the last step any rank completed was {_s(stalled)} before the last "
-                f"heartbeat of a dead rank (stall budget {_s(a.stall_after)}): the run was "
-                "already stalled when its ranks died"]
+    evidence = [f"the last step any rank completed was {_s(stalled)} before {death} "
+                f"(stall budget {_s(a.stall_after)}): the run was already stalled when its "
+                "ranks died"]
     evidence += [a.where_line(r) for r in sorted(phases)]
     if outside and inside:
         culprits, confidence = outside, "medium"
@@ -868,6 +891,12 @@ def healthy(a: Analysis) -> Finding:
                        confidence="low", evidence=list(ev.unseen[:3]))
     if states == ["finished"]:
         title, evidence = "the run finished", [f"all {len(ev.ranks)} ranks finished"]
+    elif a.stopped and not a.running:
+        stop = a.stop or {}
+        title = f"the run was stopped by its supervisor ({stop.get('reason')})"
+        evidence = [f"journal: job_stopped {_s(ev.collected_at - stop.get('time', 0.0))} ago "
+                    f"({stop.get('reason')}); rank(s) {sorted(a.stopped)} ended with it (their "
+                    "statuses still say running: the job did not save and stop on SIGTERM)"]
     elif not a.running:
         title = "the run is not running"
         evidence = [f"rank states: {', '.join(states)} (stopped: saved and stopped on request)"]

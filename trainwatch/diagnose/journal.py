@@ -30,7 +30,21 @@ def gather(run: RunDir, ev: Evidence) -> None:
                                 "resumed_step": resumed_step(result.records, g, nxt)}
                                for g, nxt in zip(found, [*found[1:], None])],
                   "firing_alerts": firing(result.records),
-                  "stall_options": recorded_options(result.records)}
+                  "stall_options": recorded_options(result.records),
+                  "stopped": stopped(result.records)}
+
+
+def stopped(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The supervisor's ``job_stopped`` when it is the job's last start, stop or exit: the
+    run was stopped (Ctrl-C, ``systemctl stop``, bad input) and not started again."""
+    last = None
+    for record in records:
+        if record.get("event") in ("job_started", "job_stopped", "job_exited"):
+            last = record
+    if last is None or last.get("event") != "job_stopped" \
+            or not isinstance(last.get("time"), (int, float)):
+        return None
+    return {"time": last["time"], "reason": str(last.get("reason") or "stopped")}
 
 
 def resumed_step(records: list[dict[str, Any]], attempt: attempts.Generation,

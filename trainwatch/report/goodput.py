@@ -132,9 +132,11 @@ def _is_incident(attempt: Attempt) -> bool:
     return attempt.outcome in INCIDENT_OUTCOMES
 
 
-def _stall_evidence(attempt: Attempt) -> bool:
-    return (any(e.get("alert") in STALL_ALERTS for e in attempt.named("alert_firing"))
-            or any(e.get("action") in STALL_ACTIONS for e in attempt.named("action_taken")))
+def _stall_evidence(attempt: Attempt, before: float) -> bool:
+    return any(e["time"] <= before and (e.get("alert") in STALL_ALERTS
+                                        if e["event"] == "alert_firing"
+                                        else e.get("action") in STALL_ACTIONS)
+               for e in attempt.named("alert_firing", "action_taken"))
 
 
 class _Totals:
@@ -403,14 +405,18 @@ class _Painter:
             self.add(log.end[n - 1], self.tl.end, "shutdown")
 
     def _tail_stall(self, attempt: Attempt, tail: float) -> None:
-        """From the last step (and its evaluation/save) to the attempt's end: a stall when the
-        journal says so, or when it lasted longer than the stall budget."""
+        """From the last step (and its evaluation/save) to the attempt's end, or to the first
+        rank failure torchrun saw when that came first (after it, the rest is teardown): a
+        stall when the journal says so by then, or when it lasted longer than the budget."""
         if not _is_incident(attempt) or attempt.ended_at is None:
             return
-        silent = attempt.ended_at - tail
-        if silent > 0 and (_stall_evidence(attempt)
+        end = attempt.ended_at
+        if attempt.failure_seen_at is not None:
+            end = min(end, attempt.failure_seen_at)
+        silent = end - tail
+        if silent > 0 and (_stall_evidence(attempt, end)
                            or (self.budget is not None and silent > self.budget)):
-            self.add(tail, attempt.ended_at, "stalled", attempt.index)
+            self.add(tail, end, "stalled", attempt.index)
 
     def _chain(self, t0: float, t1: float, ended: list[Attempt], *, head: str,
                final: bool = False) -> None:

@@ -12,6 +12,7 @@ import signal
 from typing import Any
 
 from trainwatch.attempts import rank_of
+from trainwatch.contract.layout import JOB_LOG, TORCHRUN_LOG
 from trainwatch.report.timeline import Attempt
 
 _ERROR_CHARS = 300
@@ -46,6 +47,11 @@ def evidence(attempt: Attempt) -> dict[str, Any]:
             "stopped_at_step": stops[0] if stops else None, "exited": exited}
 
 
+# Who an end event is about, and the log in RUN_DIR/logs/ with its output.
+_EXITED = {"job_exited": ("the job", JOB_LOG), "job_stopped": ("the job", JOB_LOG),
+           "launcher_exited": ("the launcher", TORCHRUN_LOG)}
+
+
 def cause(ev: dict[str, Any]) -> str:
     """One human line, most specific evidence first."""
     parts = []
@@ -54,6 +60,11 @@ def cause(ev: dict[str, Any]) -> str:
                                                           else ""))
     if ev["stopped_at_step"] is not None:
         parts.append(f"stopped on request, checkpoint saved at step {ev['stopped_at_step']}")
+    elif not ev["actions"] and (stops := [x for x in ev["exited"]
+                                          if x["event"] == "job_stopped"]):
+        # Ctrl-C, `systemctl stop`, bad input: the job's ranks ended by the stop, unsaved.
+        parts.append(f"stopped by its supervisor ({stops[-1]['reason']}); nothing saved on "
+                     "the stop")
     died = [x for x in ev["exits"] if x["exitcode"] != 0]
     for x in died:
         how = f"killed by {x['signal']}" if x["signal"] else f"exited with code {x['exitcode']}"
@@ -76,5 +87,7 @@ def cause(ev: dict[str, Any]) -> str:
     if not parts:
         for x in ev["exited"]:
             if x["exit_code"] not in (None, 0):
-                parts.append(f"{x['event']} with exit code {x['exit_code']}")
+                who, log = _EXITED[x["event"]]
+                parts.append(f"{who} exited with code {x['exit_code']}; no rank's failure was "
+                             f"recorded (its log: logs/{log})")
     return "; ".join(parts) or "unknown: no failure evidence in the journal or torchrun's log"

@@ -30,7 +30,7 @@ FIXED_COST_NOTE = 0.5
 
 _CATEGORY_TEXT = {
     "productive": "productive steps",
-    "data_wait": "waiting for data (in productive steps)",
+    "data_wait": "waiting for data (steps' data phase, not productive)",
     "recomputed": "recomputed (lost to restarts)",
     "restart_downtime": "restart downtime",
     "initial_startup": "initial start-up",

@@ -27,6 +27,7 @@ from trainwatch.contract.layout import JOB_LOG, TORCHRUN_LOG
 from trainwatch.errors import ConfigError, FormatError
 from trainwatch.report.clocks import align
 from trainwatch.rundir import ReadResult, RunDir, Skipped, iter_jsonl
+from trainwatch.torchrun_log import failure_times
 
 # Events that say an attempt's processes are gone (or going): its end marker.
 TERMINAL_EVENTS = ("failed", "job_stopped", "job_exited", "launcher_exited")
@@ -133,6 +134,7 @@ class Attempt:
     ended_at: float | None = None          # end marker (see end_marker)
     outcome: str = "running"               # finished | stopped | interrupted | ended | running
     exits: list[dict[str, Any]] = field(default_factory=list)   # torchrun's failed workers
+    failure_seen_at: float | None = None   # when torchrun logged the first of them
 
     def named(self, *names: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["event"] in names]
@@ -279,9 +281,11 @@ def _torchrun_exits(run: RunDir) -> list[dict[str, Any]]:
             text = run.log_text(name)
         except (OSError, FormatError):
             continue
+        seen = failure_times(text)
         for code, local, pid in _TORCHRUN_FAILED.findall(text):
             key = (int(code), int(local), int(pid))
-            found.setdefault(key, {"exitcode": key[0], "local_rank": key[1], "pid": key[2]})
+            found.setdefault(key, {"exitcode": key[0], "local_rank": key[1], "pid": key[2],
+                                   "seen_at": seen.get(key[2])})
     return list(found.values())
 
 
@@ -430,6 +434,11 @@ def read_timeline(path: str | Path) -> Timeline:
         attempt.outcome = _outcome(attempt, nxt is None, statuses)
         pids = {pid: rank for rank, pid in attempt.ranks.items() if pid is not None}
         attempt.exits = [{**x, "rank": pids[x["pid"]]} for x in exits if x["pid"] in pids]
+        # To the second: the failure was seen before the next one. One before the attempt
+        # began is another clock (a time zone), not evidence.
+        seen = [x["seen_at"] + 1 for x in attempt.exits if x["exitcode"] != 0
+                and x["seen_at"] is not None and x["seen_at"] + 1 >= attempt.started_at]
+        attempt.failure_seen_at = min(seen, default=None)
         if any(x["rank"] == 0 and x["exitcode"] < 0 for x in attempt.exits):
             warnings.append(f"attempt {i}: rank 0 was killed by a signal; steps it completed "
                             "in its last heartbeat interval may be missing from its metrics "

@@ -1,10 +1,13 @@
-"""A rank that dies on bad input says so in its status, so that nobody restarts it.
+"""A rank that dies of an error nothing caught says so in its status: bad input, so that
+nobody restarts it, and where it was, for whoever diagnoses it.
 
 torchrun turns any failed rank into its own exit code 1, so the job's exit code cannot
 carry "bad input" (2): a misspelt ``Checkpoints.from_env`` key was restarted until the
 restart guard paged. ``Telemetry.start`` installs this hook: a ConfigError nothing caught
 closes the rank's telemetry as failed with ``failure: {"kind": "bad_input", "message"}``
-(the supervisor reads it), then the hook before it prints the traceback as always.
+(the supervisor reads it); any other error publishes the rank's pending steps and status
+at once (they wait for the next heartbeat otherwise, which the process does not live to
+see). Then the hook before it prints the traceback as always.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ def install(tel: "Telemetry") -> None:
         try:
             if isinstance(exc, ConfigError) and tel.running:
                 tel.close(FAILED, failure={"kind": BAD_INPUT, "message": str(exc)[:2000]})
+            elif tel.running:
+                tel.publish_now()
         finally:  # the traceback is printed whatever the status write met (a full disk)
             previous(exc_type, exc, tb)
 

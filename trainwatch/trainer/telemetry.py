@@ -180,6 +180,7 @@ class Telemetry:
         self.collective_phases = tuple(collective_phases)
 
         self._lock = threading.Lock()
+        self._beat_lock = threading.Lock()  # one heartbeat's work at a time (publish_now)
         self._process = psutil.Process()
         # Finished steps as tuples (step, end time, step ns, phase ns, CUDA events per
         # phase, recorded values): the loop only appends, the thread resolves.
@@ -692,7 +693,16 @@ class Telemetry:
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.heartbeat_interval):
-            self._beat_once()
+            with self._beat_lock:
+                self._beat_once()
+
+    def publish_now(self) -> None:
+        """Write the pending steps and the status at once, not at the next heartbeat: an
+        error nothing caught ends the process first, and its last steps and the phase it
+        died in are what diagnose and report need."""
+        with self._beat_lock:
+            self._guard(self._flush)
+            self._write_status()
 
     def _beat_once(self) -> None:
         """One heartbeat's work (benchmarks run it in step with the loop to count it)."""
