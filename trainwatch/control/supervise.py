@@ -17,12 +17,17 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from trainwatch.errors import EXIT_USAGE
 from trainwatch.control.actions import ActionRunner
 from trainwatch.control.controller import JobController
 
 log = logging.getLogger(__name__)
+
+# At most this share of the supervisor's time goes to reading the ranks' statuses while
+# the job runs: every poll at a few ranks, less often at thousands in a shared run directory.
+INPUT_CHECK_SHARE = 0.02
 
 
 class Supervisor:
@@ -37,6 +42,7 @@ class Supervisor:
         self.rejected_input: str | None = None  # a rank's words when it died on bad input
         self.not_restarted: str | None = None   # why a crashed job could not be restarted
         self._handled_pid: int | None = None
+        self._next_input_check = 0.0  # monotonic
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -60,7 +66,7 @@ class Supervisor:
             if code is None:
                 # torchrun's own --max-restarts would start a rank that rejected its input
                 # again until they are spent: stop the job as soon as a rank says so.
-                running_rejected = self.controller.rejected_input()
+                running_rejected = self._running_rejected_input()
                 if running_rejected is None:
                     return
             elif pid == self._handled_pid:
@@ -115,6 +121,17 @@ class Supervisor:
         if not outcome.taken and not self.controller.alive():
             self.exit_code = code
             self.finished.set()
+
+    def _running_rejected_input(self) -> str | None:
+        """A running job's rank that died on bad input, looked for at most
+        ``INPUT_CHECK_SHARE`` of the time: each look reads every status of the run."""
+        began = time.monotonic()
+        if began < self._next_input_check:
+            return None
+        rejected = self.controller.rejected_input()
+        spent = time.monotonic() - began
+        self._next_input_check = began + max(self.poll_seconds, spent / INPUT_CHECK_SHARE)
+        return rejected
 
     def _loop(self) -> None:
         while not self._stop.wait(self.poll_seconds) and not self.finished.is_set():
