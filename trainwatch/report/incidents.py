@@ -44,7 +44,8 @@ def evidence(attempt: Attempt) -> dict[str, Any]:
               for e in attempt.named("launcher_exited", "job_exited", "job_stopped")]
     return {"exits": exits, "errors": errors, "faults": faults, "actions": actions,
             "alerts": alerts, "nonfinite_steps": nonfinite,
-            "stopped_at_step": stops[0] if stops else None, "exited": exited}
+            "stopped_at_step": stops[0] if stops else None, "exited": exited,
+            "vanished": list(attempt.vanished)}
 
 
 # Who an end event is about, and the log in RUN_DIR/logs/ with its output.
@@ -84,6 +85,14 @@ def cause(ev: dict[str, Any]) -> str:
         parts.append(f"non-finite loss or gradient at step {steps}")
     if ev["alerts"] and not ev["actions"]:
         parts.append(f"alerts firing: {', '.join(ev['alerts'])}")
+    if not parts and (gone := ev["vanished"]):  # no supervisor said how it ended
+        first = gone[0]
+        parts.append(f"rank {first['rank']} (pid {first['pid']}) gone at step {first['step']} "
+                     "without a final status (killed, or died before it could say why)"
+                     if len(gone) == 1 else
+                     f"ranks {', '.join(str(x['rank']) for x in gone)} gone without a final "
+                     "status (killed, or died before they could say why); rank "
+                     f"{first['rank']} fell silent first, at step {first['step']}")
     if not parts:
         for x in ev["exited"]:
             if x["exit_code"] not in (None, 0):

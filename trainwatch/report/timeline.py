@@ -26,6 +26,7 @@ from trainwatch.attempts import generations, rank_of
 from trainwatch.contract.layout import JOB_LOG, TORCHRUN_LOG
 from trainwatch.errors import ConfigError, FormatError
 from trainwatch.report.clocks import align
+from trainwatch.report.vanished import vanished
 from trainwatch.rundir import ReadResult, RunDir, Skipped, iter_jsonl
 from trainwatch.torchrun_log import failure_times
 
@@ -135,6 +136,7 @@ class Attempt:
     outcome: str = "running"               # finished | stopped | interrupted | ended | running
     exits: list[dict[str, Any]] = field(default_factory=list)   # torchrun's failed workers
     failure_seen_at: float | None = None   # when torchrun logged the first of them
+    vanished: list[dict[str, Any]] = field(default_factory=list)  # gone, status says running
 
     def named(self, *names: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["event"] in names]
@@ -335,7 +337,10 @@ def _outcome(attempt: Attempt, is_last: bool, statuses: list[dict[str, Any]]) ->
     if attempt.named(*TERMINAL_EVENTS):
         return "ended"
     states = {s.get("state") for s in statuses}
-    return "ended" if states and "running" not in states else "running"
+    if states and "running" not in states:
+        return "ended"
+    running = sum(s.get("state") == "running" for s in statuses)
+    return "ended" if running and len(attempt.vanished) == running else "running"
 
 
 # --------------------------------------------------------------------------- the span
@@ -431,6 +436,8 @@ def read_timeline(path: str | Path) -> Timeline:
         nxt = attempts[i + 1].started_at if i + 1 < len(attempts) else None
         _resume_point(attempt)
         attempt.ended_at = _end_marker(attempt, nxt)
+        if nxt is None:  # the statuses are the newest attempt's ranks
+            attempt.vanished = vanished(statuses)
         attempt.outcome = _outcome(attempt, nxt is None, statuses)
         pids = {pid: rank for rank, pid in attempt.ranks.items() if pid is not None}
         attempt.exits = [{**x, "rank": pids[x["pid"]]} for x in exits if x["pid"] in pids]
