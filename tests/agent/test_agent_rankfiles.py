@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 
 from trainwatch.agent.rankfiles import RankFiles
-from trainwatch.beat import BeatWriter, beat_path
+from trainwatch.beat import BeatWriter, beat_path, own_window
+from trainwatch.contract.timing import job_window, summarize
 from trainwatch.rundir import RunDir
 
 
@@ -172,3 +173,63 @@ def test_status_is_read_as_soon_as_the_beat_names_a_new_parameter_digest(tmp_pat
         assert loss(files, run, 2.0) == 3.0    # a new digest: read now
     finally:
         writer.close()
+
+
+def timing(step: int, local: float, job: dict) -> dict:
+    return {"step": step, "window_steps": 10, "time": 1000.0 + step, "compute_seconds": local,
+            "data_wait_seconds": 0.001, "local_seconds": local, "job": job,
+            "recent": [[step, round(local / 0.1, 4), 0.5]]}
+
+
+def windows(run: RunDir, writers: list[BeatWriter], step: int, at: float, loss: float,
+            node: str = "n1") -> dict[int, dict]:
+    """Every rank publishes window ``step`` (status, then its beat), as the telemetry does."""
+    job = summarize([0.1 + r / 100 for r in range(len(writers))], half_width=len(writers))
+    written = {}
+    for rank, writer in enumerate(writers):
+        written[rank] = timing(step, 0.1 + rank / 100, job)
+        status(run, rank, 100 + rank, loss=loss, node=node, restart_count=0,
+               timing=written[rank])
+        beat(writer, rank, 100 + rank, at, step=step + 1, timing_step=step,
+             window=own_window(written[rank]))
+    return written
+
+
+def test_a_new_window_takes_one_status_for_every_local_rank(tmp_path):
+    """The beat carries the rank's own part of a new window, and the job summary is the
+    same on every rank: one status of that window is parsed, not one per rank, and the
+    straggler input is the same as from every rank's status."""
+    run = RunDir(tmp_path / "run").create()
+    writers = [BeatWriter(beat_path(run.status_dir, r)) for r in range(3)]
+    files = RankFiles(refresh=3600.0)
+    try:
+        windows(run, writers, 9, 1000.0, loss=1.0)
+        files.read(run, 0.0)
+        written = windows(run, writers, 19, 1001.0, loss=2.0)
+        records = files.read(run, 1.0)[0].records
+        assert [r["loss"] for r in records] == [2.0, 1.0, 1.0]  # one status parsed
+        assert job_window({r["rank"]: r["timing"] for r in records}) == job_window(written)
+    finally:
+        for writer in writers:
+            writer.close()
+
+
+def test_a_window_whose_summary_was_not_read_takes_each_rank_s_status(tmp_path):
+    """No status of the beat's window could be read (written later, or a full disk): each
+    rank's own status is read, as before the beat carried its window."""
+    run = RunDir(tmp_path / "run").create()
+    writers = [BeatWriter(beat_path(run.status_dir, r)) for r in range(2)]
+    files = RankFiles(refresh=3600.0)
+    try:
+        windows(run, writers, 9, 1000.0, loss=1.0)
+        files.read(run, 0.0)
+        old = windows(run, writers, 9, 1001.0, loss=2.0)
+        for rank, writer in enumerate(writers):  # the beats name window 19, no status has it
+            beat(writer, rank, 100 + rank, 1002.0, step=20, timing_step=19,
+                 window=dict(own_window(old[rank]), time=2000.0))
+        records = files.read(run, 1.0)[0].records
+        assert [r["loss"] for r in records] == [2.0, 2.0]
+        assert {r["timing"]["step"] for r in records} == {9}
+    finally:
+        for writer in writers:
+            writer.close()
