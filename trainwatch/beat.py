@@ -151,6 +151,15 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+# What ``merge_beat`` may replace of a status: its top-level fields, and in its "metrics"
+# and "counters" (a reader may keep what it made of the rest while the status is the same).
+MERGED_FIELDS = frozenset({"heartbeat_at", "heartbeat_mono", "last_progress_at", "phase_since",
+                           "step", "steps_completed", "phase", "state", "phase_budgets",
+                           "counters", "metrics"})
+MERGED_METRICS = frozenset({"step", "step_time_seconds"})
+MERGED_COUNTERS = frozenset({"steps_total"})
+
+
 def merge_beat(s: dict[str, Any], beat: dict[str, Any] | None
                ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The status, brought up to date by the rank's beat file, and its publish state.

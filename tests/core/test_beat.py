@@ -7,7 +7,8 @@ import os
 import time
 
 from agent_helpers import collector, make_ctx, value, write_status
-from trainwatch.beat import (BEAT_BYTES, BeatWriter, beat_path, decode, encode, own_window,
+from trainwatch.beat import (BEAT_BYTES, MERGED_COUNTERS, MERGED_FIELDS, MERGED_METRICS,
+                             BeatWriter, beat_path, decode, encode, merge_beat, own_window,
                              read_beat)
 from trainwatch.rundir import RunDir
 
@@ -102,3 +103,21 @@ def test_the_window_fits_a_full_beat_and_only_the_window_gives_way(tmp_path):
     beat = decode(encode(failing))
     assert "window" not in beat and beat["timing_step"] == 123456780
     assert beat["last_publish_error"] == "x" * 160
+
+
+def test_a_beat_replaces_only_the_fields_readers_are_told_it_may():
+    """The ranks collector keeps the rows it made of a parsed status while the status
+    stands and remakes only what a beat may replace: ``merge_beat`` must touch nothing else."""
+    status = {"rank": 0, "pid": 7, "heartbeat_at": 1.0, "step": 1, "restart_count": 0,
+              "phase_budgets": {"load": 60.0}, "backend": "gloo",
+              "metrics": {"loss": 2.0, "step": 1, "step_time_seconds": 0.5, "lr": 0.1},
+              "counters": {"steps_total": 1, "telemetry_errors_total": 3}}
+    beat = {"rank": 0, "pid": 7, "heartbeat_at": 2.0, "heartbeat_mono": 9.0, "step": 5,
+            "steps_completed": 5, "last_progress_at": 2.0, "phase": "load", "phase_since": 2.0,
+            "state": "running", "phase_budget": 90.0, "steps_total": 5, "step_time_seconds": 0.25}
+    merged, _ = merge_beat(status, beat)
+    assert {k for k in merged if merged[k] != status.get(k)} <= MERGED_FIELDS
+    assert {k for k in merged["metrics"] if merged["metrics"][k] != status["metrics"][k]} \
+        <= MERGED_METRICS
+    assert {k for k in merged["counters"] if merged["counters"][k] != status["counters"][k]} \
+        <= MERGED_COUNTERS
