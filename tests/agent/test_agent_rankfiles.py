@@ -233,3 +233,33 @@ def test_a_window_whose_summary_was_not_read_takes_each_rank_s_status(tmp_path):
     finally:
         for writer in writers:
             writer.close()
+
+
+def test_a_hostile_beat_window_is_never_grafted_and_never_breaks_a_read(tmp_path):
+    """Any bytes may be in a beat: a window or window step of the wrong type makes the
+    agent read that rank's own status, as a beat without a window does."""
+    run = RunDir(tmp_path / "run").create()
+    writers = [BeatWriter(beat_path(run.status_dir, r)) for r in range(2)]
+    files = RankFiles(refresh=3600.0)
+    hostile = [(None, [1, 2]), (None, "w"), ([19], {}), ("19", {}), (True, {})]
+    # None: the new window's step (a window of the wrong type, or a step that is not one)
+    try:
+        windows(run, writers, 9, 1000.0, loss=1.0)
+        files.read(run, 0.0)
+        for n, (step, window) in enumerate(hostile, start=1):
+            written = windows(run, writers, 9 + 10 * n, 1000.0 + n, loss=float(n))
+            beat(writers[1], 1, 101, 1000.5 + n, step=10 * n + 10,
+                 timing_step=9 + 10 * n if step is None else step, window=window)
+            records = files.read(run, float(n))[0].records
+            assert [r["loss"] for r in records] == [float(n), float(n)], (step, window)
+            assert records[1]["timing"] == written[1]
+        # A window of the right type with values of the wrong ones is taken as the rank's
+        # (it could write its status as well): its window is then unusable, like such a status.
+        windows(run, writers, 99, 2000.0, loss=9.0)
+        beat(writers[1], 1, 101, 2000.5, step=100, timing_step=99,
+             window={"recent": 5, "local_seconds": "x", "time": [1]})
+        records = files.read(run, 99.0)[0].records
+        assert list(job_window({r["rank"]: r["timing"] for r in records})["local"]) == [0]
+    finally:
+        for writer in writers:
+            writer.close()
