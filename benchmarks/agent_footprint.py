@@ -7,8 +7,8 @@ straggler scoring time for 4096 ranks; a rank's status file size at 4k and 32k w
 `sleep` processes stand in for rank processes (so the agent inspects real pids); a
 thread writes each one's status file and then its beat file every second, as trainer
 telemetry does by default, with advancing steps (0.1 s each, or ``--step-seconds``) and a
-timing window every 10 steps (its own means and the job summary, as the telemetry writes
-them).  The status size is measured on a real
+timing window every 10 steps (its own means, its standing in its last windows and the
+job summary, as the telemetry writes them).  The status size is measured on a real
 ``Telemetry`` fed one gathered window of 4,096 / 32,768 ranks.  The agent runs
 as a separate process with its default config; we sample its CPU time and RSS, and
 first measure CPU and RSS in steady state (scraped every 15 s, like Prometheus), then
@@ -38,8 +38,8 @@ import psutil
 
 from trainwatch.agent.config import STRAGGLER_DEFAULTS
 from trainwatch.agent.straggler import JobStragglers
-from trainwatch.beat import BeatWriter, beat_path
-from trainwatch.contract.timing import job_window, summarize
+from trainwatch.beat import BeatWriter, beat_path, own_window
+from trainwatch.contract.timing import RECENT_WINDOWS, job_window, standing, summarize
 from trainwatch.rundir import RunDir
 
 
@@ -54,6 +54,7 @@ def simulate_ranks(run: RunDir, pids: list[int], stop: threading.Event, interval
     world, started, step = len(pids), time.time(), 0
     rng = random.Random(0)
     timings: list[dict | None] = [None] * world
+    recent: list[list[list]] = [[] for _ in range(world)]
     beats = [BeatWriter(beat_path(run.status_dir, rank)) for rank in range(world)]
     steps_per_write = max(1, round(interval / step_seconds))
     while not stop.wait(interval):
@@ -61,12 +62,16 @@ def simulate_ranks(run: RunDir, pids: list[int], stop: threading.Event, interval
         window = step // 10 != (step + steps_per_write) // 10  # a 10-step window ended
         step += steps_per_write
         compute = [0.09 + rng.uniform(0, 0.005) for _ in range(world)]
-        job = summarize(compute)
+        job = summarize(compute, half_width=world)  # widened to the local ranks, as theirs
         for rank, pid in enumerate(pids):
-            if window:
+            if window:  # with the rank's standing in its last windows, as the telemetry's
+                ratio, z = standing(job, compute[rank])
+                recent[rank] = [*recent[rank][1 - RECENT_WINDOWS:],
+                                [step - step % 10, round(ratio, 4), round(z, 3)]]
                 timings[rank] = {"step": step - step % 10, "window_steps": 10, "time": now,
                                  "compute_seconds": compute[rank], "data_wait_seconds": 0.001,
-                                 "local_seconds": compute[rank], "job": job}
+                                 "local_seconds": compute[rank], "job": job,
+                                 "recent": recent[rank]}
             run.write_status(rank, {
                 "job": "bench", "rank": rank, "local_rank": rank, "world_size": world,
                 "node": socket.gethostname(), "pid": pid, "restart_count": 0,
@@ -84,6 +89,7 @@ def simulate_ranks(run: RunDir, pids: list[int], stop: threading.Event, interval
                 "step": step, "last_progress_at": now, "steps_total": step,
                 "phase": "forward", "phase_since": now, "phase_budget": None,
                 "timing_step": (timings[rank] or {}).get("step"),
+                "window": own_window(timings[rank]),
                 "step_time_seconds": step_seconds, "publish_errors_total": 0,
                 "publish_failing_since": None, "last_publish_error": None})
     for writer in beats:

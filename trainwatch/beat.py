@@ -8,6 +8,13 @@ publish" from "frozen": the heartbeat, the step and when it last advanced, the p
 the rank's publish failures. A CRC in front of the JSON lets a reader drop a record it
 caught mid-write.
 
+It also carries the rank's own part of its newest timing window (``window``: its means
+and its standing in its last windows), so an agent needs a rank's status for a new window
+only for the job summary, which is the same on every rank (they all-reduce it): one
+local rank's status gives it to all of them (``trainwatch/agent/rankfiles.py``). A
+record that would not fit with its window goes without it (a long publish error); readers
+then take the window from the status, as from a writer before ``window``.
+
 Format (``BEAT_BYTES`` bytes): ``<crc32 of the JSON, 8 hex digits> <JSON>`` padded with
 spaces to ``BEAT_BYTES - 1``, then ``\\n``.
 """
@@ -22,11 +29,15 @@ from typing import Any
 
 from trainwatch.contract.layout import BEAT_SUFFIX, rank_file_name
 from trainwatch.contract.states import RANK_STATES
+from trainwatch.contract.timing import own_local_seconds
 from trainwatch.errors import FormatError
 from trainwatch.rundir import RunFolder, read_run_file
 
 BEAT_BYTES = 1024
 _ERROR_CHARS = 160
+# What the beat keeps of a status ``timing`` besides its step (``timing_step``): what a
+# straggler verdict reads of one rank (``trainwatch.contract.timing.job_window``).
+_WINDOW_FIELDS = ("window_steps", "time", "local_seconds", "data_wait_seconds", "recent")
 
 
 def beat_name(rank: int) -> str:
@@ -38,15 +49,39 @@ def beat_path(status_dir: str | Path, rank: int) -> Path:
 
 
 def encode(record: dict[str, Any]) -> bytes:
-    """The fixed-size bytes of one record (a too-long error message is cut)."""
+    """The fixed-size bytes of one record (a too-long error message is cut, a window that
+    does not fit is left out)."""
     record = dict(record)
     if isinstance(record.get("last_publish_error"), str):
         record["last_publish_error"] = record["last_publish_error"][:_ERROR_CHARS]
     body = json.dumps(record, separators=(",", ":"), default=str).encode()
+    if len(body) > BEAT_BYTES - 10 and record.pop("window", None) is not None:
+        body = json.dumps(record, separators=(",", ":"), default=str).encode()
     line = b"%08x " % zlib.crc32(body) + body
     if len(line) > BEAT_BYTES - 1:
         raise ValueError(f"beat record of {len(line)} bytes does not fit in {BEAT_BYTES}")
     return line.ljust(BEAT_BYTES - 1) + b"\n"
+
+
+def own_window(timing: Any) -> dict[str, Any] | None:
+    """The beat's ``window`` from a status ``timing``: the rank's own part, with its local
+    seconds as a reader takes them."""
+    if not isinstance(timing, dict):
+        return None
+    window = {field: timing.get(field) for field in _WINDOW_FIELDS}
+    window["local_seconds"] = own_local_seconds(timing)
+    return window
+
+
+def window_timing(beat: dict[str, Any], summary: Any) -> dict[str, Any] | None:
+    """A status ``timing`` of the beat's newest window, its job summary taken from another
+    rank's status of that window; None when the beat carries no usable window."""
+    window = beat.get("window")
+    step = beat.get("timing_step")
+    if not isinstance(window, dict) or not isinstance(step, int) or isinstance(step, bool):
+        return None
+    return {**{field: window.get(field) for field in _WINDOW_FIELDS}, "step": step,
+            "job": summary}
 
 
 def decode(data: bytes) -> dict[str, Any] | None:
@@ -114,6 +149,15 @@ def declared_budgets(declared: Any) -> dict[str, float]:
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+# What ``merge_beat`` may replace of a status: its top-level fields, and in its "metrics"
+# and "counters" (a reader may keep what it made of the rest while the status is the same).
+MERGED_FIELDS = frozenset({"heartbeat_at", "heartbeat_mono", "last_progress_at", "phase_since",
+                           "step", "steps_completed", "phase", "state", "phase_budgets",
+                           "counters", "metrics"})
+MERGED_METRICS = frozenset({"step", "step_time_seconds"})
+MERGED_COUNTERS = frozenset({"steps_total"})
 
 
 def merge_beat(s: dict[str, Any], beat: dict[str, Any] | None

@@ -92,6 +92,28 @@ def test_a_format_scraped_often_is_rendered_when_a_run_is_stored_not_on_the_scra
     assert [call for call in renders if call[0] == TEXT] == [(TEXT, True)] * 2
 
 
+def test_runs_stored_together_are_rendered_together():
+    """Collectors of one period finish within milliseconds of each other (findings and
+    replicas every second): the background render waits ``settle`` and renders them once,
+    not once per stored run (nearly four renders a second for one scrape)."""
+    ctx = AgentContext(build_config({}))
+    exporter = SnapshotExporter(ctx)
+    exposition = CachedExposition(ctx, exporter, max_age=0.0, settle=0.5)
+    store_run(ctx, "ranks", Counted(1.0))
+    for _ in range(2):  # scraped often: rendered in the background from now on
+        exposition.body("")
+    renders = []
+    render = exporter.render
+    exporter.render = lambda content_type: renders.append(content_type) or render(content_type)
+    runs = [Counted(2.0), Counted(3.0), Counted(4.0)]
+    for name, run in zip(("ranks", "findings", "replicas"), runs):
+        store_run(ctx, name, run)
+        time.sleep(0.1)  # a render started at once would be done before the next
+    wait_for(lambda: all(run.built for run in runs), 10, 0.02, "the runs rendered")
+    time.sleep(0.6)  # another render would have started by now
+    assert renders == [TEXT] and [run.built for run in runs] == [1, 1, 1]
+
+
 def _series_lines(body: str, rank: int) -> dict[str, str]:
     """A scrape's lines for one rank: series (name and labels) -> value."""
     found = {}

@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 
 from trainwatch.agent.rankfiles import RankFiles
-from trainwatch.beat import BeatWriter, beat_path
+from trainwatch.beat import BeatWriter, beat_path, own_window
+from trainwatch.contract.timing import job_window, summarize
 from trainwatch.rundir import RunDir
 
 
@@ -172,3 +173,93 @@ def test_status_is_read_as_soon_as_the_beat_names_a_new_parameter_digest(tmp_pat
         assert loss(files, run, 2.0) == 3.0    # a new digest: read now
     finally:
         writer.close()
+
+
+def timing(step: int, local: float, job: dict) -> dict:
+    return {"step": step, "window_steps": 10, "time": 1000.0 + step, "compute_seconds": local,
+            "data_wait_seconds": 0.001, "local_seconds": local, "job": job,
+            "recent": [[step, round(local / 0.1, 4), 0.5]]}
+
+
+def windows(run: RunDir, writers: list[BeatWriter], step: int, at: float, loss: float,
+            node: str = "n1") -> dict[int, dict]:
+    """Every rank publishes window ``step`` (status, then its beat), as the telemetry does."""
+    job = summarize([0.1 + r / 100 for r in range(len(writers))], half_width=len(writers))
+    written = {}
+    for rank, writer in enumerate(writers):
+        written[rank] = timing(step, 0.1 + rank / 100, job)
+        status(run, rank, 100 + rank, loss=loss, node=node, restart_count=0,
+               timing=written[rank])
+        beat(writer, rank, 100 + rank, at, step=step + 1, timing_step=step,
+             window=own_window(written[rank]))
+    return written
+
+
+def test_a_new_window_takes_one_status_for_every_local_rank(tmp_path):
+    """The beat carries the rank's own part of a new window, and the job summary is the
+    same on every rank: one status of that window is parsed, not one per rank, and the
+    straggler input is the same as from every rank's status."""
+    run = RunDir(tmp_path / "run").create()
+    writers = [BeatWriter(beat_path(run.status_dir, r)) for r in range(3)]
+    files = RankFiles(refresh=3600.0)
+    try:
+        windows(run, writers, 9, 1000.0, loss=1.0)
+        files.read(run, 0.0)
+        written = windows(run, writers, 19, 1001.0, loss=2.0)
+        records = files.read(run, 1.0)[0].records
+        assert [r["loss"] for r in records] == [2.0, 1.0, 1.0]  # one status parsed
+        assert job_window({r["rank"]: r["timing"] for r in records}) == job_window(written)
+    finally:
+        for writer in writers:
+            writer.close()
+
+
+def test_a_window_whose_summary_was_not_read_takes_each_rank_s_status(tmp_path):
+    """No status of the beat's window could be read (written later, or a full disk): each
+    rank's own status is read, as before the beat carried its window."""
+    run = RunDir(tmp_path / "run").create()
+    writers = [BeatWriter(beat_path(run.status_dir, r)) for r in range(2)]
+    files = RankFiles(refresh=3600.0)
+    try:
+        windows(run, writers, 9, 1000.0, loss=1.0)
+        files.read(run, 0.0)
+        old = windows(run, writers, 9, 1001.0, loss=2.0)
+        for rank, writer in enumerate(writers):  # the beats name window 19, no status has it
+            beat(writer, rank, 100 + rank, 1002.0, step=20, timing_step=19,
+                 window=dict(own_window(old[rank]), time=2000.0))
+        records = files.read(run, 1.0)[0].records
+        assert [r["loss"] for r in records] == [2.0, 2.0]
+        assert {r["timing"]["step"] for r in records} == {9}
+    finally:
+        for writer in writers:
+            writer.close()
+
+
+def test_a_hostile_beat_window_is_never_grafted_and_never_breaks_a_read(tmp_path):
+    """Any bytes may be in a beat: a window or window step of the wrong type makes the
+    agent read that rank's own status, as a beat without a window does."""
+    run = RunDir(tmp_path / "run").create()
+    writers = [BeatWriter(beat_path(run.status_dir, r)) for r in range(2)]
+    files = RankFiles(refresh=3600.0)
+    hostile = [(None, [1, 2]), (None, "w"), ([19], {}), ("19", {}), (True, {})]
+    # None: the new window's step (a window of the wrong type, or a step that is not one)
+    try:
+        windows(run, writers, 9, 1000.0, loss=1.0)
+        files.read(run, 0.0)
+        for n, (step, window) in enumerate(hostile, start=1):
+            written = windows(run, writers, 9 + 10 * n, 1000.0 + n, loss=float(n))
+            beat(writers[1], 1, 101, 1000.5 + n, step=10 * n + 10,
+                 timing_step=9 + 10 * n if step is None else step, window=window)
+            records = files.read(run, float(n))[0].records
+            assert [r["loss"] for r in records] == [float(n), float(n)], (step, window)
+            assert records[1]["timing"] == written[1]
+        # A window of the right type with values of the wrong ones is taken as the rank's
+        # (it could write its status as well): its window is then unusable, like such a status.
+        windows(run, writers, 99, 2000.0, loss=9.0)
+        beat(writers[1], 1, 101, 2000.5, step=100, timing_step=99,
+             window={"recent": 5, "local_seconds": "x", "time": [1]})
+        records = files.read(run, 99.0)[0].records
+        assert list(job_window({r["rank"]: r["timing"] for r in records})["local"]) == [0]
+    finally:
+        for writer in writers:
+            writer.close()

@@ -7,7 +7,9 @@ import os
 import time
 
 from agent_helpers import collector, make_ctx, value, write_status
-from trainwatch.beat import BEAT_BYTES, BeatWriter, beat_path, decode, encode, read_beat
+from trainwatch.beat import (BEAT_BYTES, MERGED_COUNTERS, MERGED_FIELDS, MERGED_METRICS,
+                             BeatWriter, beat_path, decode, encode, merge_beat, own_window,
+                             read_beat)
 from trainwatch.rundir import RunDir
 
 
@@ -74,3 +76,48 @@ def test_a_rank_whose_clock_is_5_min_behind_is_neither_stale_nor_gone(tmp_path):
                  boot="another-boot")
     result = collector(make_ctx([run.root]), "ranks").collect()
     assert result.data["jobs"][0]["ranks"][0]["heartbeat_age"] > 290
+
+
+def test_the_window_fits_a_full_beat_and_only_the_window_gives_way(tmp_path):
+    """A rank's beat carries its own part of the newest timing window; with the largest
+    values a beat holds it fits, and a record that would not (a long publish error) loses
+    its window, never the beat: readers then take the window from the status."""
+    window = own_window({"step": 123456780, "window_steps": 100000, "time": 1733333333.1234567,
+                         "compute_seconds": 0.12345678901234567,
+                         "data_wait_seconds": 0.0012345678901234567,
+                         "local_seconds": 0.12345678901234567,
+                         "recent": [[123456780, 1.0234, -12.123]] * 8, "job": {"ranks": 9}})
+    assert "job" not in window and "compute_seconds" not in window
+    record = {"v": 1, "rank": 32767, "pid": 4194304, "state": "running",
+              "heartbeat_at": 1733333333.1234567, "heartbeat_mono": 123456.12345678901,
+              "boot": "0c5c3f70-6a5e-4a5c-9d1e-0f3f1d2a3b4c", "step": 123456789,
+              "steps_completed": 123456789, "last_progress_at": 1733333333.1234567,
+              "steps_total": 123456789, "phase": "optimizer", "phase_since": 1733333333.1234567,
+              "phase_budget": 1234.5, "step_time_seconds": 0.12345678901234567,
+              "timing_step": 123456780, "window": window, "replica_step": 123456700,
+              "publish_errors_total": 0, "publish_failing_since": None,
+              "last_publish_error": None}
+    assert decode(encode(record))["window"] == window
+    failing = dict(record, publish_errors_total=123456, publish_failing_since=1733333333.25,
+                   last_publish_error="x" * 400)
+    beat = decode(encode(failing))
+    assert "window" not in beat and beat["timing_step"] == 123456780
+    assert beat["last_publish_error"] == "x" * 160
+
+
+def test_a_beat_replaces_only_the_fields_readers_are_told_it_may():
+    """The ranks collector keeps the rows it made of a parsed status while the status
+    stands and remakes only what a beat may replace: ``merge_beat`` must touch nothing else."""
+    status = {"rank": 0, "pid": 7, "heartbeat_at": 1.0, "step": 1, "restart_count": 0,
+              "phase_budgets": {"load": 60.0}, "backend": "gloo",
+              "metrics": {"loss": 2.0, "step": 1, "step_time_seconds": 0.5, "lr": 0.1},
+              "counters": {"steps_total": 1, "telemetry_errors_total": 3}}
+    beat = {"rank": 0, "pid": 7, "heartbeat_at": 2.0, "heartbeat_mono": 9.0, "step": 5,
+            "steps_completed": 5, "last_progress_at": 2.0, "phase": "load", "phase_since": 2.0,
+            "state": "running", "phase_budget": 90.0, "steps_total": 5, "step_time_seconds": 0.25}
+    merged, _ = merge_beat(status, beat)
+    assert {k for k in merged if merged[k] != status.get(k)} <= MERGED_FIELDS
+    assert {k for k in merged["metrics"] if merged["metrics"][k] != status["metrics"][k]} \
+        <= MERGED_METRICS
+    assert {k for k in merged["counters"] if merged["counters"][k] != status["counters"][k]} \
+        <= MERGED_COUNTERS

@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import run_torchrun
-from trainwatch.contract.timing import (SKETCH_BINS, median_without, sketch_bin, standing,
-                                        summarize, summarize_bins, valid_summary)
+from trainwatch.beat import beat_path, read_beat, window_timing
+from trainwatch.contract.timing import (SKETCH_BINS, job_window, median_without, sketch_bin,
+                                        standing, summarize, summarize_bins, valid_summary)
 from trainwatch.rundir import RunDir
 from trainwatch.trainer.timing_exchange import job_summary, local_sketch, sketch_of
 
@@ -43,6 +44,10 @@ def test_a_real_gloo_job_publishes_the_summed_sketch(tmp_path):
         ratio = timing["recent"][-1][1]  # as the rank published it (4 digits)
         assert abs(ratio / (local[r] / others) - 1) <= ERROR + 1e-4, (r, ratio, local)
     assert timings[2]["recent"][-1][1] > 1.3  # the slow rank stands out
+    # Each beat carries its rank's own part of the window: with one rank's job summary,
+    # an agent reads the same straggler input as from every rank's status.
+    beats = {r: read_beat(beat_path(RunDir(run).status_dir, r)) for r in statuses}
+    assert job_window({r: window_timing(b, job) for r, b in beats.items()}) == job_window(timings)
 
 
 def test_what_a_rank_sends_and_summarizes_does_not_grow_with_the_world():

@@ -114,9 +114,9 @@ class CachedExposition:
     """
 
     def __init__(self, ctx: AgentContext, exporter: SnapshotExporter, max_age: float = 1.0,
-                 eager_for: float = 3.0):
+                 eager_for: float = 3.0, settle: float = 0.05):
         self.ctx, self.exporter = ctx, exporter
-        self.max_age, self.eager_for = max_age, eager_for
+        self.max_age, self.eager_for, self.settle = max_age, eager_for, settle
         self._lock = threading.Lock()
         self._cache: dict[str, _Rendered] = {}
         self._asked: dict[str, tuple[float, float]] = {}  # format -> its last two scrapes
@@ -146,10 +146,14 @@ class CachedExposition:
         return self._render(content_type).body, content_type
 
     def _render_changes(self) -> None:
-        """Renders every format scraped lately as soon as the store changes."""
+        """Renders every format scraped lately as soon as the store changes, once for the
+        runs that finish within ``settle`` of each other: collectors of the same period
+        finish together (findings and replicas every second, the 5 s ones), and a render
+        each had been nearly four a second for one scrape."""
         changed = self.ctx.store.changed
         while True:
             changed.wait()
+            time.sleep(self.settle)
             changed.clear()
             now = time.monotonic()
             with self._lock:

@@ -14,6 +14,12 @@ does not carry: no usable beat, a beat of another process (a restart) or in anot
 state, a beat that has not moved since the last look (the status may then be the newer
 of the two), or a beat naming a newer timing window or parameter digest; otherwise
 every ``refresh`` seconds.
+
+A new timing window needs only one status per collection: the beat carries the rank's
+own part of it (``window``), and the job summary is the same on every rank (all-reduced),
+so it is taken from a status of that window read for another local rank of the same
+start (``restart_count``). With fast steps (a window every second) that is one status
+parsed a second instead of one per rank.
 """
 
 from __future__ import annotations
@@ -22,10 +28,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from trainwatch.beat import beat_name, read_beat
+from trainwatch.beat import beat_name, read_beat, window_timing
 from trainwatch.contract.layout import RANK_PREFIX
 from trainwatch.errors import FormatError
-from trainwatch.rundir import ReadResult, RunDir, Skipped, SkippedFile
+from trainwatch.rundir import ReadResult, RunDir, RunFolder, Skipped, SkippedFile
 
 
 @dataclass(slots=True)
@@ -50,20 +56,29 @@ class RankFiles:
         if folder is None:
             self._held = held
             return result, beats
+        looked: list[tuple[str, dict[str, Any] | None, _Held, bool]] = []
+        summaries: dict[tuple[Any, ...], Any] = {}  # (window step, start, node) -> job summary
         with folder:
             for path in run.status_files(folder):
                 rank = _rank_of(path)
                 beat = None if rank is None else read_beat(
                     os.path.join(folder.path, beat_name(rank)), run.root, folder)
                 kept = self._held.get(path)
-                if kept is None or self._stale(kept, beat, mono):
-                    try:
-                        kept = _Held(run.read_status(path, folder), mono, None)
-                    except SkippedFile as exc:
-                        result.skipped.append(Skipped(path, exc.detail, code=exc.reason))
+                window_due = False
+                if beat is None or kept is None or self._stale(kept, beat, mono):
+                    kept = self._parse(run, path, folder, mono, result)
+                    if kept is None:
                         continue
-                    except FormatError:  # vanished between the listing and the read
-                        continue
+                else:
+                    window_due = _new_window(kept.record.get("timing"), beat)
+                if not window_due:
+                    _offer_summary(kept.record, summaries)
+                looked.append((path, beat, kept, window_due))
+            for path, beat, found, window_due in looked:  # in listing order
+                kept = self._next_window(run, path, folder, mono, result, found, beat,
+                                         summaries) if window_due and beat else found
+                if kept is None:
+                    continue
                 kept.beat_at = beat.get("heartbeat_at") if beat is not None else None
                 held[path] = kept
                 result.records.append(kept.record)
@@ -71,15 +86,57 @@ class RankFiles:
         self._held = held  # ranks whose files are gone are forgotten
         return result, beats
 
-    def _stale(self, kept: _Held, beat: dict[str, Any] | None, mono: float) -> bool:
-        if beat is None or mono - kept.read_at >= self.refresh:
+    def _parse(self, run: RunDir, path: str, folder: RunFolder, mono: float,
+               result: ReadResult) -> _Held | None:
+        try:
+            return _Held(run.read_status(path, folder), mono, None)
+        except SkippedFile as exc:
+            result.skipped.append(Skipped(path, exc.detail, code=exc.reason))
+        except FormatError:  # vanished between the listing and the read
+            pass
+        return None
+
+    def _next_window(self, run: RunDir, path: str, folder: RunFolder, mono: float,
+                     result: ReadResult, kept: _Held, beat: dict[str, Any],
+                     summaries: dict[tuple[Any, ...], Any]) -> _Held | None:
+        """The kept status with the beat's new window, its job summary from another local
+        rank's status of that window; the status itself when none was read."""
+        key = _summary_key(beat.get("timing_step"), kept.record)
+        timing = window_timing(beat, summaries[key]) if key in summaries else None
+        if timing is not None:
+            return _Held(dict(kept.record, timing=timing), kept.read_at, kept.beat_at)
+        fresh = self._parse(run, path, folder, mono, result)
+        if fresh is not None:
+            _offer_summary(fresh.record, summaries)
+        return fresh
+
+    def _stale(self, kept: _Held, beat: dict[str, Any], mono: float) -> bool:
+        """Must the status be read, whatever other ranks' statuses hold?"""
+        if mono - kept.read_at >= self.refresh:
             return True
         record = kept.record
         return (beat.get("pid") != record.get("pid") or beat.get("rank") != record["rank"]
                 or beat.get("state") != record.get("state")
                 or beat.get("heartbeat_at") == kept.beat_at
-                or _new_window(record.get("timing"), beat)
                 or _new_digest(record.get("replicas"), beat))
+
+
+def _summary_key(step: Any, record: dict[str, Any]) -> tuple[Any, ...] | None:
+    """Which ranks' windows share a job summary: one window step, one start of the job
+    (a resumed run repeats steps), one node (its ranks ask for the same middle width)."""
+    start, node = record.get("restart_count"), record.get("node")
+    if not (isinstance(step, int) and (start is None or isinstance(start, int))
+            and (node is None or isinstance(node, str))):
+        return None
+    return step, start, node
+
+
+def _offer_summary(record: dict[str, Any], summaries: dict[tuple[Any, ...], Any]) -> None:
+    timing = record.get("timing")
+    if isinstance(timing, dict) and "job" in timing:
+        key = _summary_key(timing.get("step"), record)
+        if key is not None:
+            summaries.setdefault(key, timing["job"])
 
 
 def _new_window(timing: Any, beat: dict[str, Any]) -> bool:

@@ -56,7 +56,7 @@ from typing import Any, Callable
 import psutil
 import torch
 
-from trainwatch.beat import BeatWriter, beat_path
+from trainwatch.beat import BeatWriter, beat_path, own_window
 from trainwatch import __version__
 from trainwatch.contract.env import JOB_ENV, run_dir_from_env
 from trainwatch.contract.layout import rank_source
@@ -857,6 +857,7 @@ class Telemetry:
                 "phase_budget": s["phase_budgets"].get(phase),
                 "step_time_seconds": metrics.get("step_time_seconds"),
                 "timing_step": (s.get("timing") or {}).get("step"),
+                "window": own_window(s.get("timing")),
                 "replica_step": s["replicas"][-1]["step"] if s.get("replicas") else None,
                 "publish_errors_total": self._publish_errors,
                 "publish_failing_since": self._publish_failing_since,

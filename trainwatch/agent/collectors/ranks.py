@@ -15,14 +15,15 @@ import socket
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from trainwatch.host.procinfo import ProcessTracker
 from trainwatch.agent.rankfiles import RankFiles
 from trainwatch.agent.registry import Collector, Result, label_values, register
 from trainwatch.agent.series import Rows, Series, SeriesBook
 from trainwatch.agent.replicas import digests
-from trainwatch.beat import declared_budgets, merge_beat
+from trainwatch.beat import (MERGED_COUNTERS, MERGED_FIELDS, MERGED_METRICS, declared_budgets,
+                             merge_beat)
 from trainwatch.contract.metrics import (COUNTER_FIELD_METRICS, EVAL_FIELD_METRICS,
                                           PHASE_SECONDS_FIELD, PHASE_TIME_METRIC,
                                           STATUS_FIELD_METRICS, STEP_FIELD_METRICS)
@@ -59,7 +60,8 @@ class _RankSeries(SeriesBook):
     of series every second), in tables its rows are read from without a lookup each."""
 
     __slots__ = ("states", "processes", "phases", "phase_times", "status_fields",
-                 "step_fields", "eval_fields", "counter_fields", "info", "info_of")
+                 "step_fields", "eval_fields", "counter_fields", "info", "info_of",
+                 "beat_fields", "beat_step_fields", "beat_counter_fields", "kept")
 
     def __init__(self, base: dict[str, str]):
         super().__init__(base)
@@ -71,13 +73,34 @@ class _RankSeries(SeriesBook):
                           for name in PROCESS_STATES]
         self.phases = {name: self.phase("trainwatch_rank_phase", name) for name in KNOWN_PHASES}
         self.phase_times = {name: self.phase(PHASE_TIME_METRIC, name) for name in KNOWN_PHASES}
-        self.status_fields = self._table(STATUS_FIELD_METRICS)
-        self.step_fields = self._table(STEP_FIELD_METRICS)
-        self.eval_fields = self._table(EVAL_FIELD_METRICS)
-        self.counter_fields = self._table(COUNTER_FIELD_METRICS)
+        # Fields a beat may bring newer than the status (``merge_beat``) apart from the rest.
+        self.status_fields = self._table(STATUS_FIELD_METRICS, MERGED_FIELDS, False)
+        self.beat_fields = self._table(STATUS_FIELD_METRICS, MERGED_FIELDS, True)
+        self.step_fields = self._table(STEP_FIELD_METRICS, MERGED_METRICS, False)
+        self.beat_step_fields = self._table(STEP_FIELD_METRICS, MERGED_METRICS, True)
+        self.eval_fields = self._table(EVAL_FIELD_METRICS, frozenset(), False)
+        self.counter_fields = self._table(COUNTER_FIELD_METRICS, MERGED_COUNTERS, False)
+        self.beat_counter_fields = self._table(COUNTER_FIELD_METRICS, MERGED_COUNTERS, True)
+        # (what they were made of, rows): the status's own rows and the process's, kept
+        # while the same parsed status and the same process facts stand (seconds at a time).
+        self.kept: dict[str, tuple[tuple[Any, ...], list[tuple[Series, float]]]] = {}
 
-    def _table(self, metrics: dict[str, str]) -> list[tuple[str, Series]]:
-        return [(field, self.one(metric)) for field, metric in metrics.items()]
+    def _table(self, metrics: dict[str, str], merged: frozenset[str],
+               from_beat: bool) -> list[tuple[str, Series]]:
+        return [(field, self.one(metric)) for field, metric in metrics.items()
+                if (field in merged) == from_beat]
+
+    def rows_of(self, part: str, made_of: tuple[Any, ...],
+                make: Callable[[Rows], None]) -> list[tuple[Series, float]]:
+        """The rows ``make`` adds for these very objects (``is``: a parse or an inspection
+        makes new ones), made again only when one of them is another."""
+        kept = self.kept.get(part)
+        if kept is not None and all(a is b for a, b in zip(kept[0], made_of)):
+            return kept[1]
+        rows = Rows()
+        make(rows)
+        self.kept[part] = (made_of, rows.pairs)
+        return rows.pairs
 
     def phase(self, metric: str, name: str) -> Series:
         return self.labelled(metric, (("phase", name),))
@@ -118,17 +141,24 @@ def _on_our_clock(s: dict[str, Any], now: float, mono: float) -> dict[str, Any]:
     return moved
 
 
-def _rank_rows(series: _RankSeries, s: dict[str, Any], state: str, phase: str | None,
-               ages: dict[str, float | None], publish: dict[str, Any] | None,
-               proc: dict[str, Any]) -> Rows:
-    """One rank's series, from what a collection took (built when a scrape reads them)."""
+def _rank_rows(series: _RankSeries, raw: dict[str, Any], s: dict[str, Any], state: str,
+               phase: str | None, ages: dict[str, float | None],
+               publish: dict[str, Any] | None, proc: dict[str, Any]) -> Rows:
+    """One rank's series, from what a collection took (built when a scrape reads them).
+    Those of the status as parsed (``raw``: loss, throughput, counters) and of the process
+    are kept while they stand; the beat's and the ages are made each time. Each metric's
+    rows are in one part, so a family's lines keep the ranks' order."""
     out = Rows()
     add, one, pairs = out.add, series.one, out.pairs
     metrics = value if isinstance(value := s.get("metrics"), dict) else {}
     counters = value if isinstance(value := s.get("counters"), dict) else {}
-    add(series.info_series(s.get("backend"), s.get("device")), 1)
+    pairs.extend(series.rows_of("status", (raw.get("metrics"), raw.get("counters"),
+                                           raw.get("eval"), raw.get("backend"),
+                                           raw.get("device"), raw.get("restart_count"),
+                                           raw.get("last_nonfinite_loss_at")),
+                                lambda rows: _status_rows(series, raw, rows)))
     pairs.extend((each, 1.0 if name == state else 0.0) for name, each in series.states)
-    _numbers(out, series.status_fields, s)
+    _numbers(out, series.beat_fields, s)
     add(one("trainwatch_rank_heartbeat_age_seconds"), ages["heartbeat"])
     add(one("trainwatch_rank_progress_age_seconds"), ages["progress"])
     add(one("trainwatch_rank_phase_age_seconds"), ages["phase"])
@@ -139,25 +169,41 @@ def _rank_rows(series: _RankSeries, s: dict[str, Any], state: str, phase: str | 
                      for name, each in series.phases.items())
         if phase not in series.phases:
             add(series.phase("trainwatch_rank_phase", phase), 1)
+    _numbers(out, series.beat_step_fields, metrics)
+    _numbers(out, series.beat_counter_fields, counters)
+    pairs.extend(series.rows_of("process", (proc,),
+                                lambda rows: _process_rows(series, proc, rows)))
+    return out
+
+
+def _status_rows(series: _RankSeries, raw: dict[str, Any], out: Rows) -> None:
+    """The rank's series of its status as parsed (what a beat does not replace)."""
+    metrics = value if isinstance(value := raw.get("metrics"), dict) else {}
+    out.add(series.info_series(raw.get("backend"), raw.get("device")), 1)
+    _numbers(out, series.status_fields, raw)
     _numbers(out, series.step_fields, metrics)
     phases = metrics.get(PHASE_SECONDS_FIELD)
     if isinstance(phases, dict):
         for name, seconds in phases.items():
             name = str(name)
-            add(series.phase_times.get(name) or series.phase(PHASE_TIME_METRIC, name),
-                _num(seconds))
+            out.add(series.phase_times.get(name) or series.phase(PHASE_TIME_METRIC, name),
+                    _num(seconds))
     _numbers(out, series.eval_fields,
-             value if isinstance(value := s.get("eval"), dict) else {})
-    _numbers(out, series.counter_fields, counters)
-    add(one("trainwatch_rank_up"), proc["status"] not in ("gone", "zombie", "unknown")
-        if proc["status"] != "unknown" else None)
+             value if isinstance(value := raw.get("eval"), dict) else {})
+    _numbers(out, series.counter_fields,
+             value if isinstance(value := raw.get("counters"), dict) else {})
+
+
+def _process_rows(series: _RankSeries, proc: dict[str, Any], out: Rows) -> None:
+    add, one = out.add, series.one
     status = proc["status"]
-    pairs.extend((each, 1.0 if name == status else 0.0) for name, each in series.processes)
+    add(one("trainwatch_rank_up"), status not in ("gone", "zombie", "unknown")
+        if status != "unknown" else None)
+    out.pairs.extend((each, 1.0 if name == status else 0.0) for name, each in series.processes)
     add(one("trainwatch_process_cpu_seconds_total"), proc.get("cpu_seconds"))
     add(one("trainwatch_process_resident_memory_bytes"), proc.get("rss_bytes"))
     add(one("trainwatch_process_threads"), proc.get("threads"))
     add(one("trainwatch_process_cpu_contention_ratio"), proc.get("cpu_contention_ratio"))
-    return out
 
 
 @register("ranks", interval=1.0, timeout=5.0,
@@ -396,6 +442,7 @@ class RanksCollector(Collector):
             series = self._series[label_key] = _RankSeries(label_values(
                 {"run": job, "node": self.ctx.node, "rank": s["rank"],
                  "local_rank": s.get("local_rank", "")}))
+        raw = s
         s, publish = merge_beat(s, beat)
         s = _on_our_clock(s, now, mono)
         metrics = value if isinstance(value := s.get("metrics"), dict) else {}
@@ -416,7 +463,7 @@ class RanksCollector(Collector):
                                   created_at=s.get("process_created_at"))
         ages = {"heartbeat": heartbeat_age, "phase": phase_age,
                 "progress": progress_age if progress_at is not None else None}
-        result.defer(lambda: _rank_rows(series, s, state, phase, ages, publish, proc))
+        result.defer(lambda: _rank_rows(series, raw, s, state, phase, ages, publish, proc))
         return {
             "rank": s["rank"], "local_rank": s.get("local_rank"), "node": s.get("node"),
             "pid": s.get("pid"), "state": state, "step": s.get("step"), "phase": phase,
