@@ -48,15 +48,28 @@ def beat_path(status_dir: str | Path, rank: int) -> Path:
     return Path(status_dir) / beat_name(rank)
 
 
+def _body(record: dict[str, Any]) -> bytes:
+    return json.dumps(record, separators=(",", ":"), default=str).encode()
+
+
 def encode(record: dict[str, Any]) -> bytes:
-    """The fixed-size bytes of one record (a too-long error message is cut, a window that
-    does not fit is left out)."""
+    """The fixed-size bytes of one record. What would not fit gives way, in this order: the
+    window (readers then take it from the status), the tail of a long phase name (down to
+    64 characters), the publish error's tail, the rest of the phase name (a non-ASCII
+    character is 6 bytes of JSON) — never the beat, which is the rank's liveness when
+    nothing else gets through."""
     record = dict(record)
     if isinstance(record.get("last_publish_error"), str):
         record["last_publish_error"] = record["last_publish_error"][:_ERROR_CHARS]
-    body = json.dumps(record, separators=(",", ":"), default=str).encode()
-    if len(body) > BEAT_BYTES - 10 and record.pop("window", None) is not None:
-        body = json.dumps(record, separators=(",", ":"), default=str).encode()
+    room = BEAT_BYTES - 10  # the CRC, its space and the newline take the rest
+    body = _body(record)
+    if len(body) > room and record.pop("window", None) is not None:
+        body = _body(record)
+    for field, keep in (("phase", 64), ("last_publish_error", 0), ("phase", 1)):
+        while len(body) > room and isinstance(record.get(field), str) \
+                and len(record[field]) > keep:
+            record[field] = record[field][:max(keep, len(record[field]) // 2)]
+            body = _body(record)
     line = b"%08x " % zlib.crc32(body) + body
     if len(line) > BEAT_BYTES - 1:
         raise ValueError(f"beat record of {len(line)} bytes does not fit in {BEAT_BYTES}")

@@ -121,3 +121,27 @@ def test_a_beat_replaces_only_the_fields_readers_are_told_it_may():
         <= MERGED_METRICS
     assert {k for k in merged["counters"] if merged["counters"][k] != status["counters"][k]} \
         <= MERGED_COUNTERS
+
+
+def test_a_beat_with_a_long_non_ascii_error_and_phase_is_still_written(tmp_path):
+    """The beat is the rank's liveness when its disk is full: a publish error with a non-ASCII
+    path (each character escaped to 6 bytes of JSON) or a long phase name of the user's own
+    must cost the beat some words, never the beat, or a full disk reads as a frozen rank."""
+    record = {"v": 1, "rank": 3, "pid": 4194304, "state": "running",
+              "heartbeat_at": 1733333333.1234567, "step": 123456789,
+              "last_progress_at": 1733333333.1234567, "phase": "données-" * 200,
+              "phase_since": 1733333333.1234567, "timing_step": 123456780,
+              "window": own_window({"step": 123456780, "window_steps": 10, "time": 1.0,
+                                    "local_seconds": 0.1, "recent": [[1, 1.0, 0.0]] * 8}),
+              "publish_errors_total": 7, "publish_failing_since": 1733333333.25,
+              "last_publish_error": "[Errno 28] No space left on device: '/données/über/"
+                                    + "é" * 200 + "'"}
+    writer = BeatWriter(beat_path(tmp_path, 3))
+    writer.write(record)
+    writer.close()
+    beat = read_beat(beat_path(tmp_path, 3))
+    assert beat is not None and os.path.getsize(beat_path(tmp_path, 3)) == BEAT_BYTES
+    assert {k: beat[k] for k in ("heartbeat_at", "step", "state", "publish_failing_since")} == \
+        {k: record[k] for k in ("heartbeat_at", "step", "state", "publish_failing_since")}
+    assert beat["last_publish_error"].startswith("[Errno 28] No space left on device")
+    assert record["phase"].startswith(beat["phase"]) and beat["phase"]
