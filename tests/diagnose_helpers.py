@@ -11,7 +11,8 @@ from pathlib import Path
 
 import psutil
 
-from conftest import REPO, torchrun_env
+from agent_helpers import wait_for
+from conftest import REPO, kill_tree, torchrun_env
 from trainwatch.rundir import RunDir
 
 JOB = str(REPO / "tests" / "jobs" / "diagnose_job.py")
@@ -84,6 +85,29 @@ class Job:
                 pass
         self.proc.wait(timeout=30)
         self.log.close()
+
+
+def stopped_with_ctrl_c(tmp_path: Path) -> tuple[RunDir, str]:
+    """A run its user stopped with Ctrl-C on `trainwatch run` once both ranks are past step
+    10; its job does not save on SIGTERM, so its ranks die by the signal with statuses still
+    saying "running". The run and what `trainwatch run` printed."""
+    run = RunDir(tmp_path / "run")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainwatch", "run", str(run.root), "--no-live", "--",
+         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+         "2", JOB, str(run.root), "100000"],
+        env=torchrun_env(tmp_path, STEP_SLEEP="0.05"), cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: len(run.statuses().records) == 2 and all(
+            (s.get("steps_completed") or 0) >= 10 for s in run.statuses().records), 180,
+            what="both ranks past step 10")
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 130, out[-3000:]
+    finally:
+        kill_tree(proc)
+    return run, out
 
 
 def diagnose(run: RunDir, *args: str, timeout: float = 60) -> tuple[int, dict, str]:
