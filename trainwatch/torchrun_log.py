@@ -1,4 +1,4 @@
-"""When torchrun saw its workers fail, from its failure table in a log.
+"""What torchrun's log says of its failed workers: each one's exit, and when it was seen.
 
 torchrun prints a table of failed workers when a group ends ("time : 2026-12-04_19:09:45"
 above each entry's rank, exit code and pid): the time it observed each failure (a poll, to
@@ -13,6 +13,8 @@ import datetime
 import re
 from typing import Any
 
+# "failed (exitcode: -9) local_rank: 1 (pid: 4242)": a worker's exit code, local rank and pid.
+FAILED_WORKER = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
 _ENTRY_TIME = re.compile(r"time\s*:\s*(\S+)\s*\n(?:\s*host\s*:[^\n]*\n)?\s*rank\s*:[^\n]*\n"
                          r"\s*exitcode\s*:\s*-?\d+\s*\(pid:\s*(\d+)\)")
 

@@ -16,11 +16,11 @@ from trainwatch.contract.layout import JOB_LOG_ATTEMPT_PREFIX
 from trainwatch.diagnose.model import Evidence
 from trainwatch.errors import FormatError
 from trainwatch.rundir import RunDir, parse_json, read_run_file_tail
+from trainwatch.torchrun_log import FAILED_WORKER
 
 TAIL_BYTES = 64 * 1024
 TAIL_STEPS = 50
 # torchrun: "failed (exitcode: -9) local_rank: 1 (pid: 4242) of binary: ..."
-_LAUNCHER_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
 
 
 def gather(run: RunDir, ev: Evidence) -> None:
@@ -138,7 +138,7 @@ def launcher_exits(logs_dir: Path) -> dict[str, Any]:
             except (OSError, FormatError):
                 continue
             text = tail.decode("utf-8", "replace")
-            for match in _LAUNCHER_FAILED.finditer(text):
+            for match in FAILED_WORKER.finditer(text):
                 exits.append({"exitcode": int(match[1]), "local_rank": int(match[2]),
                               "pid": int(match[3]), "log": str(path)})
             blocks = _failure_blocks(text, str(path))

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import bisect
 import math
-import re
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ from trainwatch.errors import ConfigError, FormatError
 from trainwatch.report.clocks import align
 from trainwatch.report.vanished import vanished
 from trainwatch.rundir import ReadResult, RunDir, Skipped, iter_jsonl
-from trainwatch.torchrun_log import failure_times
+from trainwatch.torchrun_log import FAILED_WORKER, failure_times
 
 # Events that say an attempt's processes are gone (or going): its end marker.
 TERMINAL_EVENTS = ("failed", "job_stopped", "job_exited", "launcher_exited")
@@ -37,7 +36,6 @@ TERMINAL_EVENTS = ("failed", "job_stopped", "job_exited", "launcher_exited")
 ENGINE_LIFECYCLE = ("job_started", "job_stopped", "job_exited")
 # torchrun's own line for a worker that failed, in RUN_DIR/logs/torchrun.log (the reference
 # trainer's launcher) or logs/job.log (a `trainwatch run -- torchrun ...` job's output).
-_TORCHRUN_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
 
 
 @dataclass
@@ -284,7 +282,7 @@ def _torchrun_exits(run: RunDir) -> list[dict[str, Any]]:
         except (OSError, FormatError):
             continue
         seen = failure_times(text)
-        for code, local, pid in _TORCHRUN_FAILED.findall(text):
+        for code, local, pid in FAILED_WORKER.findall(text):
             key = (int(code), int(local), int(pid))
             found.setdefault(key, {"exitcode": key[0], "local_rank": key[1], "pid": key[2],
                                    "seen_at": seen.get(key[2])})
@@ -336,11 +334,9 @@ def _outcome(attempt: Attempt, is_last: bool, statuses: list[dict[str, Any]]) ->
         return "interrupted"
     if attempt.named(*TERMINAL_EVENTS):
         return "ended"
-    states = {s.get("state") for s in statuses}
-    if states and "running" not in states:
-        return "ended"
+    # Ended when no rank says running, or every one that does is gone (``vanished``).
     running = sum(s.get("state") == "running" for s in statuses)
-    return "ended" if running and len(attempt.vanished) == running else "running"
+    return "ended" if statuses and len(attempt.vanished) == running else "running"
 
 
 # --------------------------------------------------------------------------- the span
