@@ -178,7 +178,7 @@ def corrupt_truncate(path):
 
 
 @pytest.mark.parametrize("damage,expect", [
-    (lambda d: corrupt_flip(d / "model.pt"), "model.pt: sha256 mismatch"),
+    (lambda d: corrupt_flip(d / "model.pt"), "model.pt: xxh3_128 mismatch"),
     (lambda d: corrupt_truncate(d / "optimizer.pt"), "optimizer.pt: size"),
     (lambda d: (d / "manifest.json").unlink(), "manifest.json: missing"),
 ])
@@ -381,7 +381,7 @@ def test_cli_list_verify_digest(tmp_path):
     assert digest.output.split()[0] == state_digest(job.model.state_dict())
     corrupt_flip(run / "checkpoints/step-00000002/scheduler.pt")
     bad = cli("verify", str(run))
-    assert bad.exit_code == 1 and "scheduler.pt: sha256 mismatch" in bad.output
+    assert bad.exit_code == 1 and "scheduler.pt: xxh3_128 mismatch" in bad.output
     bad_json = json.loads(cli("verify", str(run), "--json").output)
     assert bad_json["ok"] is False
     missing = subprocess.run([sys.executable, "-m", "trainwatch", "checkpoint", "verify",

@@ -106,6 +106,6 @@ def test_corrupt_newest_falls_back_and_still_ends_identical(tmp_path, launch, ba
     code, out = finish(launch(run_dir, "--max-restarts", "0"))
     assert code == 0, out[-3000:]
     fallback = events(run_dir, "checkpoint_fallback")
-    assert len(fallback) == 1 and "model.pt: sha256 mismatch" in fallback[0]["reason"]
+    assert len(fallback) == 1 and "model.pt: xxh3_128 mismatch" in fallback[0]["reason"]
     assert events(run_dir, "checkpoint_resumed")[-1]["step"] == 20
     assert digest(run_dir)["digest"] == baseline[1]   # step 30 rewritten, bit for bit

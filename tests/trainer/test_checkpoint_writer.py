@@ -3,9 +3,11 @@ hashes must still be those of the bytes on disk, whatever the write sizes, and a
 save must end (not hang on the helper thread) and leave no checkpoint."""
 
 import hashlib
+import json
 import threading
 
 import torch
+import xxhash
 
 from trainwatch.trainer.checkpoint import writer
 from trainwatch.checkpoint_format.manifest import read_manifest, verify
@@ -17,8 +19,8 @@ def _payload(step, model):
     return Payload(step, {"model": model}, [{"data": {"position": step}}])
 
 
-def _sha256(path):
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _xxh3_128(path):
+    return xxhash.xxh3_128(path.read_bytes()).hexdigest()
 
 
 def test_hashes_span_many_windows_and_match_the_files(tmp_path):
@@ -29,9 +31,30 @@ def test_hashes_span_many_windows_and_match_the_files(tmp_path):
     manifest = read_manifest(written.path)
     assert manifest["files"]["model.pt"]["bytes"] > writer.HASH_WINDOW * 3
     for name, entry in manifest["files"].items():
-        assert entry["sha256"] == _sha256(written.path / name)
+        assert set(entry) == {"xxh3_128", "bytes"}
+        assert entry["xxh3_128"] == _xxh3_128(written.path / name)
     assert verify(written.path).ok
     assert torch.equal(torch.load(written.path / "model.pt")["w"], model["w"])
+
+
+def test_a_manifest_written_with_sha256_still_verifies_and_catches_damage(tmp_path):
+    """Checkpoints saved before manifests moved to xxh3-128 record sha256: they stay valid,
+    and a flipped byte in one is still found."""
+    written = write_checkpoint(tmp_path, _payload(3, {"w": torch.arange(1000.0)}))
+    path = written.path / "manifest.json"
+    manifest = json.loads(path.read_text())
+    for name, entry in manifest["files"].items():
+        del entry["xxh3_128"]
+        entry["sha256"] = hashlib.sha256((written.path / name).read_bytes()).hexdigest()
+    path.write_text(json.dumps(manifest))
+    assert verify(written.path).ok
+    mirrored = writer.copy_checkpoint(written.path, tmp_path / "mirror")
+    assert verify(mirrored.path).ok
+    model = written.path / "model.pt"
+    data = bytearray(model.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    model.write_bytes(bytes(data))
+    assert verify(written.path).problems == ["model.pt: sha256 mismatch (content changed or corrupt)"]
 
 
 def test_short_writes_are_continued_not_lost(tmp_path, monkeypatch):

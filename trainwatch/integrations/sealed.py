@@ -17,8 +17,8 @@ from pathlib import Path
 from trainwatch import __version__
 from trainwatch.contract.layout import WEIGHTS_CONFIG_DIGEST_KEY
 from trainwatch.rundir import atomic_write_json
-from trainwatch.checkpoint_format.manifest import (FORMAT, FORMAT_VERSION, MANIFEST,
-                                                    sha256_file, verify)
+from trainwatch.checkpoint_format.manifest import (DIGEST, FORMAT, FORMAT_VERSION, MANIFEST,
+                                                    digest_file, verify)
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def seal(directory: Path, step: int, *, world_size: int, framework: str) -> Path
             continue
         if not path.is_file():
             raise ValueError(f"{path}: a folder inside a checkpoint cannot be sealed")
-        files[path.name] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+        files[path.name] = {DIGEST: digest_file(path), "bytes": path.stat().st_size}
     atomic_write_json(directory / MANIFEST, {
         "format": FORMAT, "version": FORMAT_VERSION, "step": step, "created_at": time.time(),
         "reason": "framework", "framework": framework, "world_size": world_size,

@@ -99,7 +99,7 @@ def _verify_all(targets: list[Path], quiet: bool) -> list[Verification]:
 @run_dir_option(_TARGET_HELP, argument=True, required=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def verify_cmd(run: RunDir, as_json: bool) -> None:
-    """Check every file's size and sha256 against the manifest; exit 1 on any mismatch."""
+    """Check every file's size and digest against the manifest; exit 1 on any mismatch."""
     folder, single = _target(run)
     entries = [] if single else catalog.scan(folder)
     targets = [folder] if single else [e.path for e in entries if e.state != "incomplete"]

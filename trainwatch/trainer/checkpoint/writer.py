@@ -14,7 +14,6 @@ rejects stops the save before anything is published.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import mmap
 import os
@@ -33,7 +32,8 @@ from trainwatch import __version__
 from trainwatch.contract.layout import WEIGHTS_CONFIG_DIGEST_KEY
 from trainwatch.rundir import fsync_dir, fsync_file
 from trainwatch.trainer.checkpoint.writeback import start_writeback
-from trainwatch.checkpoint_format.manifest import (FORMAT, FORMAT_VERSION, HASH_CHUNK, MANIFEST,
+from trainwatch.checkpoint_format.manifest import (DIGEST, FORMAT, FORMAT_VERSION, HASH_CHUNK,
+                                                    MANIFEST, digest_algorithm, new_digest,
                                                     rank_file_name, step_dir_name)
 
 HASH_WINDOW = 8 << 20  # hashed (and handed to writeback) this far behind the writer; page-aligned
@@ -106,7 +106,7 @@ class _HashingFile:
             self._written.notify()
 
     def _hash_behind(self, path: Path) -> str:
-        sha = hashlib.sha256()
+        digest = new_digest()
         fd = os.open(path, os.O_RDONLY)
         try:
             hashed = 0
@@ -122,14 +122,14 @@ class _HashingFile:
                     return ""
                 end = written if finished else written - (written - hashed) % HASH_WINDOW
                 if end > hashed:
-                    # hashlib releases the GIL on large buffers; windows start page-aligned
+                    # the hash releases the GIL on large buffers; windows start page-aligned
                     with mmap.mmap(fd, end - hashed, offset=hashed,
                                    access=mmap.ACCESS_READ) as pages:
-                        sha.update(pages)
+                        digest.update(pages)
                     start_writeback(fd, hashed, end - hashed)
                     hashed = end
                 if finished:
-                    return sha.hexdigest()
+                    return digest.hexdigest()
         finally:
             os.close(fd)
 
@@ -230,7 +230,7 @@ def write_checkpoint(folder: str | Path, payload: Payload, *, fsync: bool = True
             for fname, (size, hashed, synced) in pending.items():
                 if synced is not None:
                     synced.result()  # raises the fsync's OSError (EIO, ENOSPC on some fs)
-                files[fname] = {"sha256": hashed.result(), "bytes": size}
+                files[fname] = {DIGEST: hashed.result(), "bytes": size}
             found = [item for result in checked for item in result.result()]
         if found:
             raise CheckRefused(found)
@@ -268,15 +268,17 @@ def copy_checkpoint(source: str | Path, folder: str | Path, *, fsync: bool = Tru
         folder.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
         for fname, entry in sorted(manifest["files"].items()):
-            sha = hashlib.sha256()
+            algorithm = digest_algorithm(entry)
+            assert algorithm is not None  # read_manifest refused entries without one
+            digest = new_digest(algorithm)
             with open(source / fname, "rb") as src, open(tmp / fname, "xb") as dst:
                 while chunk := src.read(HASH_CHUNK):
-                    sha.update(chunk)
+                    digest.update(chunk)
                     dst.write(chunk)
                 dst.flush()
                 if fsync:
                     os.fsync(dst.fileno())
-            if sha.hexdigest() != entry["sha256"]:
+            if digest.hexdigest() != entry[algorithm]:
                 raise OSError(0, f"{fname} changed while being copied", str(source / fname))
             total += entry["bytes"]
         shutil.copyfile(source / MANIFEST, tmp / MANIFEST)
