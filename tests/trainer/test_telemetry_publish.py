@@ -14,6 +14,7 @@ import torch
 from agent_helpers import wait_for
 from conftest import torchrun_env
 from trainwatch.beat import beat_path, read_beat
+from trainwatch.rundir import RunDir
 from trainwatch.trainer.telemetry import Telemetry
 
 HERE = Path(__file__).parent
@@ -98,3 +99,11 @@ def test_a_rank_dying_of_an_uncaught_error_publishes_its_last_steps(tmp_path):
         assert steps == list(range(30)), (rank, steps)
         status = json.loads((run_dir / "status" / f"rank-{rank:05d}.json").read_text())
         assert status["steps_completed"] == 30 and status["step"] == 30, (rank, status)
+    # The rank that raised says so, as the reference trainer's do: not "running" in phase
+    # "step" (a dead rank read as alive, mid-step), and which error, for diagnose and report.
+    status = json.loads((run_dir / "status" / "rank-00001.json").read_text())
+    assert (status["state"], status["phase"]) == ("failed", "failed"), status
+    assert status["failure"]["kind"] == "error", status
+    assert "RuntimeError: a bug in the loss at step 30" in status["failure"]["message"]
+    failed = [e for e in RunDir(run_dir).events("failed") if e.get("rank") == 1]
+    assert failed and "a bug in the loss" in failed[0]["error"], failed

@@ -222,13 +222,19 @@ def _dead_now(a: Analysis, root: dict[str, Any] | None,
             if v.get("state") == "running" and a.proc(r) in ("gone", "zombie")]
     dead = [r for r in gone if r not in a.stopped]
     failed = [r for r, v in ev.ranks.items() if v.get("state") == "failed"]
+    # A rank whose recorded error is a peer's failure seen from a collective followed the
+    # rank that raised on its own; it is the culprit only when no rank has an error of its own.
+    own = [r for r in failed if not _PEER_FAILURE.search(_failure_message(ev.ranks[r]))]
+    dead += [r for r in failed if r not in own and own]
     tie: list[int] = []
-    if not culprits and dead:
+    if not culprits and dead and not own:
         tie, why = order_by_heartbeat(ev, dead)
         for r in (tie[:1] if len(tie) == 1 else []):
             culprits[r] = why
-    for r in failed:
-        culprits.setdefault(r, "its telemetry recorded state 'failed' (an exception)")
+    for r in own or failed:
+        message = _failure_message(ev.ranks[r])
+        culprits.setdefault(r, "its telemetry recorded state 'failed'"
+                            + (f": {message[:200]}" if message else " (an exception)"))
     # A run stopped while it hung: the stop ended a hang, which is what to explain.
     hang = hang_before_death(a, gone, root)
     if not culprits and not tie:
@@ -454,6 +460,13 @@ def _doubt_root(ev: Evidence, root: dict[str, Any]) -> tuple[int, str] | None:
 
 
 _PEER_FAILURE = re.compile(r"reset by peer|closed by peer|Broken pipe")
+
+
+def _failure_message(status: dict[str, Any]) -> str:
+    """The error a failed rank's telemetry recorded (``failure.message``), else ''."""
+    failure = status.get("failure")
+    message = failure.get("message") if isinstance(failure, dict) else None
+    return message if isinstance(message, str) else ""
 
 
 def _first_error_lines(ev: Evidence) -> list[str]:
