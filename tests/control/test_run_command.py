@@ -191,3 +191,8 @@ def test_the_summary_of_a_run_that_ended_in_nan_says_so(tmp_path):
                 "30", "--checkpoint-every", "10", "--poison-step", "20")
     out = proc.communicate(timeout=180)[0].decode()
     assert "final loss  │ NaN since step 20" in out, out
+    # Not exit 0 ("finished"): CI would pass a model of NaN weights. 1, saying why, once.
+    assert proc.returncode == 1, out
+    assert "trainwatch run failed" in out and "ended with a NaN loss since step 20" in out, out
+    stopped = RunDir(tmp_path / "r").events("controller_stopped")
+    assert [e["exit_code"] for e in stopped] == [1], stopped
