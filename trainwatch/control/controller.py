@@ -77,6 +77,7 @@ class JobController:
         self.lock = threading.RLock()
         self.extra_args: list[str] = []
         self.unrecorded: list[str] = []  # events a full or failing disk kept out of the journal
+        self.exit_journaled: int | None = None  # the pid whose own exit is in the journal
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, reason: str = "start") -> int:
@@ -120,6 +121,10 @@ class JobController:
         with self.lock:
             if self.proc is None:
                 return None
+            code = self.proc.poll()
+            if code is not None:  # it exited by itself: say so (once), nothing was stopped
+                self.journal_exit(self.proc.pid, code)
+                return code
             self.stopping = True
             tree = self._tree()
             descendants = [p for p in tree if p.pid != self.proc.pid]
@@ -147,6 +152,15 @@ class JobController:
             self.journal("job_stopped", pid=self.proc.pid, reason=reason, returncode=code,
                          hard=hard, killed=killed)
             return code
+
+    def journal_exit(self, pid: int, code: int, **fields: Any) -> None:
+        """Journal ``job_exited`` for the job's exit by itself, once per process: the
+        supervisor's look and an action that came to stop it may both notice it."""
+        with self.lock:
+            if self.exit_journaled == pid:
+                return
+            self.exit_journaled = pid
+            self.journal("job_exited", returncode=code, pid=pid, **fields)
 
     def journal(self, event: str, **fields: Any) -> None:
         """Journal one of the supervisor's events. A full disk costs the event (listed in
