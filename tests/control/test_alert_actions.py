@@ -650,3 +650,32 @@ def test_a_rollback_of_a_job_that_already_crashed_records_its_exit_not_a_stop(tm
             if e["event"] in ("job_stopped", "job_exited")]
     assert ends[0] == ("job_exited", 1), ends
 
+
+def test_a_stop_on_purpose_is_said_in_the_job_log_after_the_launcher_s_traceback(tmp_path):
+    """torchrun answers trainwatch's SIGTERM with a SignalException traceback at the end of
+    job.log, which a user reads as the crash; the log says, after it, that this was a stop
+    trainwatch made and why (and nothing when the job ended by itself)."""
+    job = ("import signal, sys, time\n"
+           "def stop(*_):\n"
+           "    raise RuntimeError('SignalException: Process 1 got signal: 15')\n"
+           "signal.signal(signal.SIGTERM, stop)\n"
+           "print('ready', flush=True)\n"
+           "time.sleep(600)\n")
+    c = JobController(tmp_path / "exp1", [sys.executable, "-c", job], stop_grace_seconds=30)
+    log = c.run.logs_dir / "job.log"
+    c.start()
+    try:
+        wait_for(lambda: "ready" in log.read_text(), 60, what="the job to start")
+        c.stop("interrupted")
+    finally:
+        c.close("test teardown")
+    text = log.read_text()
+    last = text.rstrip("\n").splitlines()[-1]
+    assert text.index("got signal: 15") < text.index(last), text
+    assert "stopped attempt 1" in last and "(interrupted)" in last, last
+    assert "not a crash" in last, last
+    c2 = JobController(tmp_path / "exp2", [sys.executable, "-c", "pass"])
+    c2.start()
+    c2.proc.wait(timeout=60)
+    c2.close("test teardown")
+    assert "stopped attempt" not in (c2.run.logs_dir / "job.log").read_text()

@@ -28,7 +28,8 @@ from trainwatch.clitypes import MAX_RESTARTS
 from trainwatch.control.jobenv import job_environment
 from trainwatch.contract.env import LAUNCH_ENV
 from trainwatch.contract.layout import (CONTROL_DUMP, DUMP_FILE_GLOB, JOB_LOG,
-                                        JOB_LOG_ATTEMPT_LINE, RANK_PREFIX,
+                                        JOB_LOG_ATTEMPT_LINE, JOB_LOG_STOPPED_LINE,
+                                        RANK_PREFIX,
                                         STATUS_FILE_GLOB, py_spy_file_name)
 from trainwatch.node import node_name
 from trainwatch.proctree import spawn, wait_gone
@@ -149,9 +150,21 @@ class JobController:
                 _signal(p, signal.SIGKILL)
             code = self.proc.wait()
             wait_gone(leftover, timeout=5)
+            self._log_stop(reason)
             self.journal("job_stopped", pid=self.proc.pid, reason=reason, returncode=code,
                          hard=hard, killed=killed)
             return code
+
+    def _log_stop(self, reason: str) -> None:
+        """Say in the job's log, after its last output, that trainwatch stopped it; a full
+        disk costs the line, never the stop."""
+        try:
+            with open(self.run.logs_dir / JOB_LOG, "ab") as log_file:
+                log_file.write(JOB_LOG_STOPPED_LINE.format(
+                    attempt=self.starts, reason=reason,
+                    time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())).encode())
+        except OSError as exc:
+            self.unrecorded.append(f"the stop's line in {JOB_LOG} ({exc.strerror or exc})")
 
     def journal_exit(self, pid: int, code: int, **fields: Any) -> None:
         """Journal ``job_exited`` for the job's exit by itself, once per process: the
