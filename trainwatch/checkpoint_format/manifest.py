@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any, Callable
 from trainwatch.contract import layout
 from trainwatch.contract.layout import LEGACY_WEIGHTS_CONFIG_KEY, WEIGHTS_CONFIG_DIGEST_KEY
 from trainwatch.errors import FormatError
-from trainwatch.rundir import check_format
+from trainwatch.rundir import check_format, open_run_file, read_run_file
 
 FORMAT = "trainwatch.checkpoint"
 FORMAT_VERSION = 1
@@ -31,6 +32,8 @@ FRAMEWORK_STEP_DIR = re.compile(r"^checkpoint-(\d+)$")
 # interrupted) and a checkpoint being replaced.  Readers ignore them; the saver removes them.
 INCOMPLETE_PREFIXES = (".tmp-", ".replaced-")
 HASH_CHUNK = 8 << 20
+# A manifest lists a checkpoint's files (a few per rank): 32 MiB is ~100,000 ranks' entries.
+MAX_MANIFEST_BYTES = 32 << 20
 
 
 def step_dir_name(step: int) -> str:
@@ -47,8 +50,11 @@ def step_of(name: str) -> int | None:
 
 
 def sha256_file(path: Path, progress: Callable[[int], None] | None = None) -> str:
+    """The file's sha256; SkippedFile (a FormatError) for anything but a regular file, which
+    would block (a FIFO) or never end (a device)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
+    fd, _ = open_run_file(path)
+    with os.fdopen(fd, "rb") as fh:
         while chunk := fh.read(HASH_CHUNK):
             digest.update(chunk)
             if progress:
@@ -64,10 +70,13 @@ def weights_config_digest(manifest: dict[str, Any]) -> str | None:
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
-    """The manifest of a checkpoint directory; FormatError says what is wrong with it."""
+    """The manifest of a checkpoint directory; FormatError says what is wrong with it.
+
+    Through the safe reader: a FIFO there blocked every reader (list, verify, diagnose, the
+    controller's restarts) for ever, and a link to /dev/zero read without end."""
     path = directory / MANIFEST
     try:
-        raw = path.read_bytes()
+        raw = read_run_file(path, max_bytes=MAX_MANIFEST_BYTES)
     except FileNotFoundError:
         raise FormatError(f"{path}: missing (the save did not finish, or it was deleted)") from None
     except OSError as exc:
@@ -145,6 +154,9 @@ def verify(directory: str | Path, *, full: bool = True,
                 actual = sha256_file(path, progress)
             except OSError as exc:
                 result.problems.append(f"{name}: unreadable ({exc.strerror})")
+                continue
+            except FormatError as exc:
+                result.problems.append(f"{name}: {str(exc).split(': ', 1)[-1]}")
                 continue
             if actual != entry["sha256"]:
                 result.problems.append(f"{name}: sha256 mismatch (content changed or corrupt)")
