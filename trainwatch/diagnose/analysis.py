@@ -222,10 +222,12 @@ def _dead_now(a: Analysis, root: dict[str, Any] | None,
             if v.get("state") == "running" and a.proc(r) in ("gone", "zombie")]
     dead = [r for r in gone if r not in a.stopped]
     failed = [r for r, v in ev.ranks.items() if v.get("state") == "failed"]
-    # A rank whose recorded error is a peer's failure seen from a collective followed the
+    # A rank whose recorded error is a peer's failure seen from a collective (or that
+    # recorded none: its beat says failed, its status could not be written) followed the
     # rank that raised on its own, or died without a word: it is a culprit only when
     # nothing else explains the deaths.
-    own = [r for r in failed if not PEER_FAILURE.search(_failure_message(ev.ranks[r]))]
+    own = [r for r in failed if (message := _failure_message(ev.ranks[r]))
+           and not PEER_FAILURE.search(message)]
     peers = [r for r in failed if r not in own]
     tie: list[int] = []
     if not culprits and dead and not own:
