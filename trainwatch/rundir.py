@@ -121,14 +121,18 @@ def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
 
 def append_lines(path: str | Path, data: bytes) -> None:
     """Append whole JSON lines (``data`` ends with a newline) with a single O_APPEND write,
-    all or nothing as ``append_jsonl``: a rank's metrics log takes a flush's lines at once."""
+    each line all or nothing as in ``append_jsonl``: a rank's metrics log takes a flush's
+    lines at once; on a full disk the lines that fitted whole stay, the cut one is taken
+    back, and OSError(ENOSPC) is raised."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         written = os.write(fd, data)
         if written < len(data):
-            _take_back(fd, path, written)
+            whole = data.rfind(b"\n", 0, written) + 1  # the lines that fitted entirely
+            _take_back(fd, path, written - whole)
             raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} for whole lines "
-                          f"({written} of {len(data)} bytes fit; taken back)", str(path))
+                          f"({written} of {len(data)} bytes fit; {written - whole} of a cut "
+                          "line taken back)", str(path))
     finally:
         os.close(fd)
 
