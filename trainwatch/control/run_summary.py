@@ -136,6 +136,25 @@ def _last_loss(run: RunDir) -> tuple[float | None, int | None]:
     return None, None
 
 
+def unsaved_end(run: RunDir) -> str | None:
+    """What the job's last checkpoint event says when it is a failed save (a full disk): the
+    job may have trained on and exited 0, but nothing after its last good save is on any
+    disk. None when the last one saved (or there is none, or the journal cannot tell)."""
+    try:
+        events = [e for e in run.events("checkpoint_saved", "checkpoint_failed")
+                  if not e.get("declared")]
+    except Exception:
+        log.debug("the checkpoint events could not be read", exc_info=True)
+        return None
+    if not events or events[-1].get("event") != "checkpoint_failed":
+        return None
+    failed = events[-1]
+    saved = [e.get("step") for e in events if e.get("event") == "checkpoint_saved"]
+    return (f"its last checkpoint save (step {failed.get('step')}) failed: "
+            f"{str(failed.get('error'))[:200]}; the newest saved is "
+            + (f"step {saved[-1]}" if saved else "none"))
+
+
 def _checkpoints(s: Summary, run: RunDir) -> None:
     try:
         from trainwatch.checkpoint_format.catalog import complete
