@@ -203,7 +203,7 @@ def test_a_job_that_finished_after_its_saves_failed_is_not_exit_0(tmp_path):
     loop trained on to its last step and exited 0. `trainwatch run` said "finished", exit
     0, while what was trained after step 10 was on no disk. It exits 1 naming the last
     good checkpoint and the failed save; a save that failed once and was followed by a good
-    one is no such end."""
+    one (or by a failed mirror copy, which names no step) is no such end."""
     job = ("import os, sys\n"
            "from trainwatch.rundir import RunDir\n"
            "run = RunDir(os.environ['TRAINWATCH_RUN_DIR'])\n"
@@ -211,12 +211,15 @@ def test_a_job_that_finished_after_its_saves_failed_is_not_exit_0(tmp_path):
            "run.append_event('checkpoint_failed', 'rank0', rank=0, step=20, errno=28,\n"
            "                 error='No space left on device')\n"
            "if sys.argv[1] == 'recovered':\n"
-           "    run.append_event('checkpoint_saved', 'rank0', rank=0, step=30, path='x')\n")
+           "    run.append_event('checkpoint_saved', 'rank0', rank=0, step=30, path='x')\n"
+           "    run.append_event('checkpoint_failed', 'rank0', rank=0, path='x',\n"
+           "                     error='mirroring step-00000030 failed')\n")
     proc = _run(tmp_path / "r", "--", sys.executable, "-c", job, "lost")
     out = proc.communicate(timeout=120)[0].decode()
     assert proc.returncode == 1, out
     assert "trainwatch run failed" in out, out
-    assert "step 20" in out and "No space left on device" in out and "step 10" in out, out
+    assert "save of step 20 failed" in out and "No space left on device" in out, out
+    assert "the newest saved is step 10" in out, out
     ok = _run(tmp_path / "ok", "--", sys.executable, "-c", job, "recovered")
     out = ok.communicate(timeout=120)[0].decode()
     assert ok.returncode == 0, out

@@ -137,22 +137,24 @@ def _last_loss(run: RunDir) -> tuple[float | None, int | None]:
 
 
 def unsaved_end(run: RunDir) -> str | None:
-    """What the job's last checkpoint event says when it is a failed save (a full disk): the
-    job may have trained on and exited 0, but nothing after its last good save is on any
-    disk. None when the last one saved (or there is none, or the journal cannot tell)."""
+    """Why the job's training is on no disk when its newest save failed (a full disk) at a
+    step after its newest saved one: it may have trained on and exited 0, but nothing after
+    that save was kept. None when a newer save succeeded (a failure it recovered from; a
+    mirror copy that failed, which names no step), or the journal cannot tell."""
     try:
-        events = [e for e in run.events("checkpoint_saved", "checkpoint_failed")
-                  if not e.get("declared")]
+        events = run.events("checkpoint_saved", "checkpoint_failed")
     except Exception:
         log.debug("the checkpoint events could not be read", exc_info=True)
         return None
-    if not events or events[-1].get("event") != "checkpoint_failed":
+    steps = {name: [e for e in events if e.get("event") == name and type(e.get("step")) is int]
+             for name in ("checkpoint_saved", "checkpoint_failed")}
+    failed = max(steps["checkpoint_failed"], key=lambda e: e["step"], default=None)
+    saved = max((e["step"] for e in steps["checkpoint_saved"]), default=None)
+    if failed is None or (saved is not None and saved >= failed["step"]):
         return None
-    failed = events[-1]
-    saved = [e.get("step") for e in events if e.get("event") == "checkpoint_saved"]
-    return (f"its last checkpoint save (step {failed.get('step')}) failed: "
+    return (f"its checkpoint save of step {failed['step']} failed: "
             f"{str(failed.get('error'))[:200]}; the newest saved is "
-            + (f"step {saved[-1]}" if saved else "none"))
+            + (f"step {saved}" if saved is not None else "none"))
 
 
 def _checkpoints(s: Summary, run: RunDir) -> None:
