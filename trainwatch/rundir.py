@@ -115,14 +115,24 @@ def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
     All or nothing: a write cut short (a full disk) is taken back and OSError(ENOSPC) raised,
     so the file never holds half a line that the next append would glue to its own.
     """
-    data = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
+    append_lines(path, (json.dumps(record, separators=(",", ":"), default=str)
+                        + "\n").encode())
+
+
+def append_lines(path: str | Path, data: bytes) -> None:
+    """Append whole JSON lines (``data`` ends with a newline) with a single O_APPEND write,
+    each line all or nothing as in ``append_jsonl``: a rank's metrics log takes a flush's
+    lines at once; on a full disk the lines that fitted whole stay, the cut one is taken
+    back, and OSError(ENOSPC) is raised."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         written = os.write(fd, data)
         if written < len(data):
-            _take_back(fd, path, written)
-            raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} for a whole line "
-                          f"({written} of {len(data)} bytes fit; taken back)", str(path))
+            whole = data.rfind(b"\n", 0, written) + 1  # the lines that fitted entirely
+            _take_back(fd, path, written - whole)
+            raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} for whole lines "
+                          f"({written} of {len(data)} bytes fit; {written - whole} of a cut "
+                          "line taken back)", str(path))
     finally:
         os.close(fd)
 

@@ -13,6 +13,10 @@ import datetime
 import re
 from typing import Any
 
+# A rank's error that is a peer's failure seen from a collective (gloo: "Connection reset
+# by peer", "closed by peer"), in the logs or the rank's recorded ``failure``: the rank that
+# raised it followed the one that failed; diagnose and report name the other as the cause.
+PEER_FAILURE = re.compile(r"reset by peer|closed by peer|Broken pipe")
 # "failed (exitcode: -9) local_rank: 1 (pid: 4242)": a worker's exit code, local rank and pid.
 FAILED_WORKER = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
 _ENTRY_TIME = re.compile(r"time\s*:\s*(\S+)\s*\n(?:\s*host\s*:[^\n]*\n)?\s*rank\s*:[^\n]*\n"

@@ -596,3 +596,86 @@ def test_a_loss_alert_still_firing_after_its_rollback_does_not_roll_back_again(j
 
 def _actions_taken(run, action):
     return [e for e in run.events("action_taken") if e.get("action") == action]
+
+
+def _nan_at(run: RunDir, bad: int, steps: int) -> None:
+    with open(run.metrics_file(0), "w") as fh:
+        for step in range(steps):
+            loss = float("nan") if step >= bad else 5.0 - step * 0.01
+            fh.write(json.dumps({"v": 1, "kind": "step", "step": step, "loss": loss}) + "\n")
+
+
+def _nan_alert(fingerprint: str) -> ActionRequest:
+    return ActionRequest("TrainingLossNonFinite", "rollback_skip", {"run": "exp1"},
+                         fingerprint, "2026-12-02T10:00:00Z", "engine")
+
+
+def test_a_rollback_asked_after_the_run_ended_takes_nothing_and_says_so(tmp_path):
+    """A short run ends (exit 0: finished) before its NaN alert's rollback acts. The
+    rollback must not start the job again behind the ending supervisor, nor leave a
+    skip-steps request, a quarantine or a "rolled back" rate limit for a rollback that never
+    happened, nor journal a stop of a job that had exited."""
+    c = JobController(tmp_path / "exp1", [sys.executable, "-c", "pass"])
+    runner = ActionRunner(c.run.root, c, Policy(min_interval_seconds=300))
+    (c.run.checkpoint_dir / "step-00000010").mkdir(parents=True)
+    _nan_at(c.run, 15, 20)
+    _supervise_until_done(c, runner)
+    try:
+        first = runner.handle(_nan_alert("nan1"))
+        second = runner.handle(_nan_alert("nan2"))
+    finally:
+        c.close("test teardown")
+    assert not first.taken and "the run already ended" in first.reason, first.reason
+    assert not second.taken and "rate limited" not in second.reason, second.reason
+    names = [e["event"] for e in c.run.events()]
+    assert names.count("job_started") == 1 and "job_stopped" not in names, names
+    assert not c.run.skip_steps_file.exists()
+    assert (c.run.checkpoint_dir / "step-00000010").is_dir()
+
+
+def test_a_rollback_of_a_job_that_already_crashed_records_its_exit_not_a_stop(tmp_path):
+    """The job crashed (exit 1) and its NaN rollback comes before the supervisor's next
+    look: the rollback goes on (restarts it past the bad step), and the journal says the job
+    exited with 1 by itself, once, not that trainwatch stopped it."""
+    c = JobController(tmp_path / "exp1", [sys.executable, "-c", "import sys; sys.exit(1)"])
+    runner = ActionRunner(c.run.root, c, Policy(min_interval_seconds=300))
+    _nan_at(c.run, 15, 20)
+    c.start()
+    c.proc.wait(timeout=60)
+    try:
+        assert runner.handle(_nan_alert("nan1")).taken
+    finally:
+        c.close("test teardown")
+    ends = [(e["event"], e.get("returncode")) for e in c.run.events()
+            if e["event"] in ("job_stopped", "job_exited")]
+    assert ends[0] == ("job_exited", 1), ends
+
+
+def test_a_stop_on_purpose_is_said_in_the_job_log_after_the_launcher_s_traceback(tmp_path):
+    """torchrun answers trainwatch's SIGTERM with a SignalException traceback at the end of
+    job.log, which a user reads as the crash; the log says, after it, that this was a stop
+    trainwatch made and why (and nothing when the job ended by itself)."""
+    job = ("import signal, sys, time\n"
+           "def stop(*_):\n"
+           "    raise RuntimeError('SignalException: Process 1 got signal: 15')\n"
+           "signal.signal(signal.SIGTERM, stop)\n"
+           "print('ready', flush=True)\n"
+           "time.sleep(600)\n")
+    c = JobController(tmp_path / "exp1", [sys.executable, "-c", job], stop_grace_seconds=30)
+    log = c.run.logs_dir / "job.log"
+    c.start()
+    try:
+        wait_for(lambda: "ready" in log.read_text(), 60, what="the job to start")
+        c.stop("interrupted")
+    finally:
+        c.close("test teardown")
+    text = log.read_text()
+    last = text.rstrip("\n").splitlines()[-1]
+    assert text.index("got signal: 15") < text.index(last), text
+    assert "stopped attempt 1" in last and "(interrupted)" in last, last
+    assert "not a crash" in last, last
+    c2 = JobController(tmp_path / "exp2", [sys.executable, "-c", "pass"])
+    c2.start()
+    c2.proc.wait(timeout=60)
+    c2.close("test teardown")
+    assert "stopped attempt" not in (c2.run.logs_dir / "job.log").read_text()

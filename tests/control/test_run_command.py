@@ -191,3 +191,35 @@ def test_the_summary_of_a_run_that_ended_in_nan_says_so(tmp_path):
                 "30", "--checkpoint-every", "10", "--poison-step", "20")
     out = proc.communicate(timeout=180)[0].decode()
     assert "final loss  │ NaN since step 20" in out, out
+    # Not exit 0 ("finished"): CI would pass a model of NaN weights. 1, saying why, once.
+    assert proc.returncode == 1, out
+    assert "trainwatch run failed" in out and "ended with a NaN loss since step 20" in out, out
+    stopped = RunDir(tmp_path / "r").events("controller_stopped")
+    assert [e["exit_code"] for e in stopped] == [1], stopped
+
+
+def test_a_job_that_finished_after_its_saves_failed_is_not_exit_0(tmp_path):
+    """The run directory's disk filled up: every save since step 10 failed (ENOSPC), the
+    loop trained on to its last step and exited 0. `trainwatch run` said "finished", exit
+    0, while what was trained after step 10 was on no disk. It exits 1 naming the last
+    good checkpoint and the failed save; a save that failed once and was followed by a good
+    one (or by a failed mirror copy, which names no step) is no such end."""
+    job = ("import os, sys\n"
+           "from trainwatch.rundir import RunDir\n"
+           "run = RunDir(os.environ['TRAINWATCH_RUN_DIR'])\n"
+           "run.append_event('checkpoint_saved', 'rank0', rank=0, step=10, path='x')\n"
+           "run.append_event('checkpoint_failed', 'rank0', rank=0, step=20, errno=28,\n"
+           "                 error='No space left on device')\n"
+           "if sys.argv[1] == 'recovered':\n"
+           "    run.append_event('checkpoint_saved', 'rank0', rank=0, step=30, path='x')\n"
+           "    run.append_event('checkpoint_failed', 'rank0', rank=0, path='x',\n"
+           "                     error='mirroring step-00000030 failed')\n")
+    proc = _run(tmp_path / "r", "--", sys.executable, "-c", job, "lost")
+    out = proc.communicate(timeout=120)[0].decode()
+    assert proc.returncode == 1, out
+    assert "trainwatch run failed" in out, out
+    assert "save of step 20 failed" in out and "No space left on device" in out, out
+    assert "the newest saved is step 10" in out, out
+    ok = _run(tmp_path / "ok", "--", sys.executable, "-c", job, "recovered")
+    out = ok.communicate(timeout=120)[0].decode()
+    assert ok.returncode == 0, out

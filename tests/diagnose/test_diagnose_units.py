@@ -449,3 +449,39 @@ def test_torchruns_own_restart_of_the_worker_group_begins_an_attempt(tmp_path):
         "[rank1]: RuntimeError: Connection reset by peer\n")
     found = launcher_exits(logs)
     assert found["first_error"]["line"] == "[rank1]: RuntimeError: Connection reset by peer"
+
+
+def test_a_rank_failed_by_its_peer_s_death_is_not_named_with_the_one_that_raised():
+    """An own loop's ranks both record ``failed`` (telemetry's hook, no torchrun log): rank 1
+    raised, rank 0's error is gloo's "Connection closed by peer" from the all-reduce. Rank 1
+    is the culprit; rank 0 followed (not a second dead rank with high confidence)."""
+    ev = Evidence(run_dir="/r", collected_at=time.time(), host="h")
+    errors = {0: "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1. This "
+                 "is typically caused by a remote worker crashing.",
+              1: "RuntimeError: a bug in the loss at step 30"}
+    for rank, error in errors.items():
+        ev.ranks[rank] = {"rank": rank, "pid": 40 + rank, "node": "h", "state": "failed",
+                          "phase": "failed", "step": 30,
+                          "failure": {"kind": "error", "message": error},
+                          "process": {"status": "gone"}}
+    dead = [f for f in analysis.analyse(ev) if f.category == "rank_dead"]
+    assert [f.ranks for f in dead] == [[1]], [(f.ranks, f.title) for f in dead]
+    assert any("a bug in the loss" in e for e in dead[0].evidence), dead[0].evidence
+    assert any("rank(s) [0]" in e for e in dead[0].evidence), dead[0].evidence
+
+
+def test_a_killed_rank_is_the_culprit_not_the_peer_that_failed_reading_from_it():
+    """Rank 1 was SIGKILLed (its status still says running, its process is gone); rank 0's
+    telemetry recorded ``failed`` with gloo's "Connection reset by peer" from the collective
+    it was in. Rank 1 is the culprit, rank 0 a follower."""
+    ev = Evidence(run_dir="/r", collected_at=time.time(), host="h")
+    ev.ranks[0] = {"rank": 0, "pid": 40, "node": "h", "state": "failed", "phase": "failed",
+                   "step": 15, "heartbeat_at": time.time() - 1, "heartbeat_interval": 1.0,
+                   "failure": {"kind": "error", "message": "RuntimeError: [pair.cc:537] Read "
+                               "error [127.0.0.1]:7558: Connection reset by peer"},
+                   "process": {"status": "gone"}}
+    ev.ranks[1] = {"rank": 1, "pid": 41, "node": "h", "state": "running", "phase": "forward",
+                   "step": 15, "heartbeat_at": time.time() - 1.2, "heartbeat_interval": 1.0,
+                   "process": {"status": "gone"}}
+    dead = [f for f in analysis.analyse(ev) if f.category == "rank_dead"]
+    assert [f.ranks for f in dead] == [[1]], [(f.ranks, f.title) for f in dead]

@@ -384,6 +384,42 @@ def test_a_rollback_loses_the_skipped_steps_too(tmp_path):
     assert data["categories"]["recomputed"] == near(5.0)
 
 
+def test_a_rollback_of_an_attempt_that_had_finished_its_steps_is_an_incident(tmp_path):
+    """A short run: the loss went NaN at step 15, every rank finished step 29, and while
+    torchrun was still on its way out the NaN alert's rollback killed it and ran steps 10-29
+    again. That attempt's work was thrown away by the rollback: an incident with its cause,
+    not "no incidents: every attempt ran to its end"."""
+    r = Run(tmp_path / "run", steps=30)
+    r.event("controller_started", "engine")
+    r.event("job_started", "engine", pid=1, attempt=1)
+    r.attempt(0)
+    r.steps(0, 9)
+    r.save(10, 0.1)
+    r.steps(10, 29)
+    r.rank_event("finished", step=29, steps_completed=30)
+    r.wait(2)
+    r.event("alert_firing", "engine", alert="TrainingLossNonFinite")
+    r.event("job_stopped", "engine", pid=1, reason="rollback_skip (TrainingLossNonFinite)",
+            returncode=-9, hard=True)
+    r.event("job_started", "engine", pid=2, attempt=2)
+    r.event("action_taken", "engine", action="rollback_skip", alert="TrainingLossNonFinite",
+            reason="rollback_skip: restarted the job", pid=2)
+    r.wait(5)
+    r.attempt(0)
+    r.rank_event("checkpoint_resumed", step=10)
+    r.steps(10, 29)
+    r.rank_event("finished", step=29, steps_completed=30)
+    r.wait(1)
+    r.event("job_exited", "engine", pid=2, returncode=0)
+    r.event("controller_stopped", "engine", exit_code=0)
+    data = report_json(r.run.root)
+    assert_sums_to_wall(data)
+    (incident,) = data["incidents"]
+    assert "rollback_skip by the controller (TrainingLossNonFinite)" in incident["cause"]
+    assert data["state"] == "finished"
+    assert data["categories"]["recomputed"] == near(20.0)
+
+
 def test_a_run_that_gave_up_reports_every_attempt_and_its_unsaved_steps(tmp_path):
     r = Run(tmp_path / "run", steps=30)
     r.event("launcher_started", "launcher", pid=1)

@@ -413,3 +413,27 @@ def test_a_manifest_written_before_the_rename_still_resumes(tmp_path):
     check_compatible(old, tmp_path, config_hash="cfg1", world_size=1)
     with pytest.raises(ConfigError, match="weights_config_digest cfg1, this run's is cfg2"):
         check_compatible(old, tmp_path, config_hash="cfg2", world_size=1)
+
+
+def test_a_manifest_that_is_a_fifo_or_a_link_to_dev_zero_never_blocks_list_or_verify(tmp_path):
+    """`checkpoint list|verify`, diagnose and the controller read every manifest: one that
+    is a FIFO blocked them for ever (no writer), one linked to /dev/zero read without end.
+    Each is a checkpoint that does not verify, said as such, and the others are listed."""
+    job = Job()
+    ckpt = make(tmp_path, every_steps=2, mode="sync", keep_last=5)
+    job.run(ckpt, 6)
+    ckpt.close()
+    run = tmp_path / "run"
+    (run / "checkpoints/step-00000004/manifest.json").unlink()
+    os.mkfifo(run / "checkpoints/step-00000004/manifest.json")
+    (run / "checkpoints/step-00000006/manifest.json").unlink()
+    os.symlink("/dev/zero", run / "checkpoints/step-00000006/manifest.json")
+    for command in ("list", "verify"):
+        done = subprocess.run([sys.executable, "-m", "trainwatch", "checkpoint", command,
+                               str(run), "--json"], capture_output=True, text=True, timeout=60)
+        assert done.returncode in (0, 1), done.stderr[-2000:]
+        assert "fifo" in done.stdout and "character device" in done.stdout, done.stdout
+    listed = json.loads(subprocess.run(
+        [sys.executable, "-m", "trainwatch", "checkpoint", "list", str(run), "--json"],
+        capture_output=True, text=True, timeout=60).stdout)
+    assert [e["step"] for e in listed if e["state"] == "complete"] == [2], listed

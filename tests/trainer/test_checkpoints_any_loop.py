@@ -123,6 +123,33 @@ def test_sigterm_saves_then_exits_with_stopped(tmp_path):
     assert signal.getsignal(signal.SIGTERM) == previous  # handlers given back
 
 
+def test_a_sigterm_repeated_at_once_still_saves_one_later_kills(tmp_path):
+    """A killed `trainwatch run` delivers SIGTERM to torchrun once per thread it had
+    (PR_SET_PDEATHSIG), and torchrun passes each on to the ranks within milliseconds: the
+    repeat is the same stop, and the rank still saves (it died unsaved, steps lost). A
+    second SIGTERM that comes later, the loop having had time to reach a boundary, still
+    kills at once."""
+    job = (
+        "import os, signal, sys, time, torch\n"
+        "from trainwatch import Checkpoints\n"
+        "model = torch.nn.Linear(4, 2)\n"
+        "ckpt = Checkpoints.from_env(sys.argv[1], every_steps=0, fsync=False)\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "os.kill(os.getpid(), signal.SIGTERM)  # the repeat, at once\n"
+        "if sys.argv[2] == 'later':\n"
+        "    time.sleep(3)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(5)\n"
+        "ckpt.maybe_save(3, model=model)\n")
+    now = subprocess.run([sys.executable, "-c", job, str(tmp_path / "now"), "now"],
+                         capture_output=True, text=True, timeout=120)
+    assert now.returncode == EXIT_STOPPED, now.stderr[-2000:]
+    assert complete(RunDir(tmp_path / "now").checkpoint_dir)[0].step == 3
+    later = subprocess.run([sys.executable, "-c", job, str(tmp_path / "later"), "later"],
+                           capture_output=True, text=True, timeout=120)
+    assert later.returncode == -signal.SIGTERM, later.stderr[-2000:]
+
+
 def test_telemetry_reports_saves_it_finds_and_saves_the_job_declares(tmp_path):
     tel = Telemetry.from_env(tmp_path, heartbeat_interval=0.1).start()
     ckpt = Checkpoints.from_env(every_steps=1, fsync=False)  # run dir and telemetry found

@@ -14,6 +14,7 @@ import torch
 from agent_helpers import wait_for
 from conftest import torchrun_env
 from trainwatch.beat import beat_path, read_beat
+from trainwatch.rundir import RunDir
 from trainwatch.trainer.telemetry import Telemetry
 
 HERE = Path(__file__).parent
@@ -98,3 +99,45 @@ def test_a_rank_dying_of_an_uncaught_error_publishes_its_last_steps(tmp_path):
         assert steps == list(range(30)), (rank, steps)
         status = json.loads((run_dir / "status" / f"rank-{rank:05d}.json").read_text())
         assert status["steps_completed"] == 30 and status["step"] == 30, (rank, status)
+    # The rank that raised says so, as the reference trainer's do: not "running" in phase
+    # "step" (a dead rank read as alive, mid-step), and which error, for diagnose and report.
+    status = json.loads((run_dir / "status" / "rank-00001.json").read_text())
+    assert (status["state"], status["phase"]) == ("failed", "failed"), status
+    assert status["failure"]["kind"] == "error", status
+    assert "RuntimeError: a bug in the loss at step 30" in status["failure"]["message"]
+    failed = [e for e in RunDir(run_dir).events("failed") if e.get("rank") == 1]
+    assert failed and "a bug in the loss" in failed[0]["error"], failed
+
+
+def test_a_metrics_log_line_on_a_full_disk_is_all_or_nothing(tmp_path):
+    """The run directory's tmpfs fills up: the rank's metrics log took the part of its
+    append that fitted, a torn `{"v":1,"kind":"st` that the next append (space freed) glued
+    its first line to, and the beat did not say the write failed. Like the journal: the
+    cut line is taken back and the append counted as a publish failure; after space is
+    freed, whole lines only."""
+    from conftest import fill_to_the_brim, tmpfs_mount
+    with tmpfs_mount(tmp_path / "disk", "1m") as disk:
+        tel = Telemetry(disk / "run", heartbeat_interval=0.05, exchange_every=0).start()
+        try:
+            with tel.step(0) as s:
+                s.record(loss=torch.tensor(1.0))
+            log = tel.run.metrics_file(0)
+            wait_for(lambda: log.exists() and log.stat().st_size > 0, 30, interval=0.05,
+                     what="the first step in the log")
+            fill_to_the_brim(disk)
+            before = log.read_bytes()
+            for step in range(1, 40):  # a few KB of lines: more than the page's slack
+                with tel.step(step) as s:
+                    s.record(loss=torch.tensor(1.0), note="x" * 200)
+            wait_for(lambda: read_beat(beat_path(tel.run.status_dir, 0))[
+                "publish_errors_total"] >= 1, 30, interval=0.05, what="the failed append told")
+            after = log.read_bytes()  # whole lines that fitted stay; the cut one is gone
+            assert after.startswith(before) and after.endswith(b"\n"), after[-200:]
+            (disk / "filler").unlink()
+            with tel.step(40) as s:
+                s.record(loss=torch.tensor(1.0))
+        finally:
+            tel.close()
+        lines = log.read_text().splitlines()
+    assert all(json.loads(line)["v"] == 1 for line in lines), lines[-3:]
+    assert json.loads(lines[-1])["step"] == 40

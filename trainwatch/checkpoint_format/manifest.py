@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ import xxhash
 from trainwatch.contract import layout
 from trainwatch.contract.layout import LEGACY_WEIGHTS_CONFIG_KEY, WEIGHTS_CONFIG_DIGEST_KEY
 from trainwatch.errors import FormatError
-from trainwatch.rundir import check_format
+from trainwatch.rundir import check_format, open_run_file, read_run_file
 
 FORMAT = "trainwatch.checkpoint"
 FORMAT_VERSION = 1
@@ -40,6 +41,8 @@ HASH_CHUNK = 8 << 20
 # record sha256 (written before) still verify.
 DIGEST = "xxh3_128"
 _DIGESTS: dict[str, Callable[[], Any]] = {DIGEST: xxhash.xxh3_128, "sha256": hashlib.sha256}
+# A manifest lists a checkpoint's files (a few per rank): 32 MiB is ~100,000 ranks' entries.
+MAX_MANIFEST_BYTES = 32 << 20
 
 
 def step_dir_name(step: int) -> str:
@@ -67,8 +70,11 @@ def digest_algorithm(entry: dict[str, Any]) -> str | None:
 
 def digest_file(path: Path, algorithm: str = DIGEST,
                 progress: Callable[[int], None] | None = None) -> str:
+    """The file's digest; SkippedFile (a FormatError) for anything but a regular file, which
+    would block (a FIFO) or never end (a device)."""
     digest = new_digest(algorithm)
-    with open(path, "rb") as fh:
+    fd, _ = open_run_file(path)
+    with os.fdopen(fd, "rb") as fh:
         while chunk := fh.read(HASH_CHUNK):
             digest.update(chunk)
             if progress:
@@ -84,10 +90,13 @@ def weights_config_digest(manifest: dict[str, Any]) -> str | None:
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
-    """The manifest of a checkpoint directory; FormatError says what is wrong with it."""
+    """The manifest of a checkpoint directory; FormatError says what is wrong with it.
+
+    Through the safe reader: a FIFO there blocked every reader (list, verify, diagnose, the
+    controller's restarts) for ever, and a link to /dev/zero read without end."""
     path = directory / MANIFEST
     try:
-        raw = path.read_bytes()
+        raw = read_run_file(path, max_bytes=MAX_MANIFEST_BYTES)
     except FileNotFoundError:
         raise FormatError(f"{path}: missing (the save did not finish, or it was deleted)") from None
     except OSError as exc:
@@ -167,6 +176,9 @@ def verify(directory: str | Path, *, full: bool = True,
                 actual = digest_file(path, algorithm, progress)
             except OSError as exc:
                 result.problems.append(f"{name}: unreadable ({exc.strerror})")
+                continue
+            except FormatError as exc:
+                result.problems.append(f"{name}: {str(exc).split(': ', 1)[-1]}")
                 continue
             if actual != entry[algorithm]:
                 result.problems.append(f"{name}: {algorithm} mismatch "

@@ -54,6 +54,12 @@ JOB_LOG = "job.log"
 # (diagnose) can tell the newest attempt's errors from those of attempts it recovered from.
 JOB_LOG_ATTEMPT_PREFIX = "=== trainwatch: attempt "
 JOB_LOG_ATTEMPT_LINE = JOB_LOG_ATTEMPT_PREFIX + "{attempt} started at {time} ({reason}) ===\n"
+# ... and after an attempt it stopped on purpose: torchrun answers the SIGTERM with a
+# SignalException traceback, which is the stop, not a crash (no "Error:" here: diagnose
+# looks for the first error line).
+JOB_LOG_STOPPED_LINE = ("=== trainwatch: stopped attempt {attempt} at {time} ({reason}); "
+                        "torchrun's SignalException traceback above, if any, is this stop, "
+                        "not a crash ===\n")
 AGENT_LOG = "agent.log"
 REHEARSAL_LOG = "rehearsal.log"              # the rehearsal's ranks (or the user's command)
 REHEARSAL_PROBE_LOG = "rehearsal-probe.log"  # its probe ranks, for a user's command

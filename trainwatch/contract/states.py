@@ -26,6 +26,9 @@ RANK_STATES = (RUNNING, FINISHED, FAILED, STOPPED)
 # A failed rank's ``failure.kind`` when it died on bad input (a ConfigError): restarting
 # it cannot help, so the supervisor ends the run with exit 2 instead.
 BAD_INPUT = "bad_input"
+# ... when any other error nothing caught ended it (a bug in the loop, a peer's failure seen
+# from a collective): a crash, restarted like any other.
+ERROR = "error"
 
 # A rank process as the host sees it (``trainwatch_process_state``'s ``state`` label).
 PROCESS_STATES = ("running", "sleeping", "disk_sleep", "stopped", "zombie", "gone", "unknown")

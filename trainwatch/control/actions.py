@@ -297,7 +297,21 @@ class ActionRunner:
                               extra=details)
         if action == "stall_restart":
             details["evidence"] = str(controller.capture_evidence("stall"))
-        elif action == "rollback_skip":
+        elif action == "straggler":
+            details["requested"] = str(self._touch("checkpoint"))
+            details["adapter"] = self._run_adapter(req)
+        # From here to the new start, nobody else stops, starts or closes the job: a run
+        # whose supervisor has ended it is not rolled back or restarted behind it.
+        with controller.lock:
+            if controller.closed:
+                return self._skip(req, f"the run already ended (the job exited and its "
+                                  f"supervisor finished): nothing to {action}", action=action)
+            return self._restart_now(controller, action, req, ledger, step, count, details)
+
+    def _restart_now(self, controller: JobController, action: str, req: ActionRequest | None,
+                     ledger: dict[str, Any], step: int | None, count: int,
+                     details: dict[str, Any]) -> Outcome:
+        if action == "rollback_skip":
             # Stop first, so no checkpoint is written after the bad one is chosen.
             controller.stop(f"{action} ({req.alertname if req else 'exit'})", hard=True)
             details.update(self._prepare_rollback(controller))
@@ -305,9 +319,6 @@ class ActionRunner:
             controller.stop(f"{action} ({req.alertname if req else 'exit'})", hard=True)
             details.update(self._prepare_replica_rollback(controller,
                                                           req.alertname if req else None))
-        elif action == "straggler":
-            details["requested"] = str(self._touch("checkpoint"))
-            details["adapter"] = self._run_adapter(req)
         ledger["step_at_last_restart"] = step
         ledger["restarts_without_progress"] = count + 1
         ledger["last_restart_at"] = self.clock()

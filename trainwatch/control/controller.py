@@ -28,7 +28,8 @@ from trainwatch.clitypes import MAX_RESTARTS
 from trainwatch.control.jobenv import job_environment
 from trainwatch.contract.env import LAUNCH_ENV
 from trainwatch.contract.layout import (CONTROL_DUMP, DUMP_FILE_GLOB, JOB_LOG,
-                                        JOB_LOG_ATTEMPT_LINE, RANK_PREFIX,
+                                        JOB_LOG_ATTEMPT_LINE, JOB_LOG_STOPPED_LINE,
+                                        RANK_PREFIX,
                                         STATUS_FILE_GLOB, py_spy_file_name)
 from trainwatch.node import node_name
 from trainwatch.proctree import spawn, wait_gone
@@ -77,6 +78,7 @@ class JobController:
         self.lock = threading.RLock()
         self.extra_args: list[str] = []
         self.unrecorded: list[str] = []  # events a full or failing disk kept out of the journal
+        self.exit_journaled: int | None = None  # the pid whose own exit is in the journal
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, reason: str = "start") -> int:
@@ -120,6 +122,10 @@ class JobController:
         with self.lock:
             if self.proc is None:
                 return None
+            code = self.proc.poll()
+            if code is not None:  # it exited by itself: say so (once), nothing was stopped
+                self.journal_exit(self.proc.pid, code)
+                return code
             self.stopping = True
             tree = self._tree()
             descendants = [p for p in tree if p.pid != self.proc.pid]
@@ -144,9 +150,30 @@ class JobController:
                 _signal(p, signal.SIGKILL)
             code = self.proc.wait()
             wait_gone(leftover, timeout=5)
+            self._log_stop(reason)
             self.journal("job_stopped", pid=self.proc.pid, reason=reason, returncode=code,
                          hard=hard, killed=killed)
             return code
+
+    def _log_stop(self, reason: str) -> None:
+        """Say in the job's log, after its last output, that trainwatch stopped it; a full
+        disk costs the line, never the stop."""
+        try:
+            with open(self.run.logs_dir / JOB_LOG, "ab") as log_file:
+                log_file.write(JOB_LOG_STOPPED_LINE.format(
+                    attempt=self.starts, reason=reason,
+                    time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())).encode())
+        except OSError as exc:
+            self.unrecorded.append(f"the stop's line in {JOB_LOG} ({exc.strerror or exc})")
+
+    def journal_exit(self, pid: int, code: int, **fields: Any) -> None:
+        """Journal ``job_exited`` for the job's exit by itself, once per process: the
+        supervisor's look and an action that came to stop it may both notice it."""
+        with self.lock:
+            if self.exit_journaled == pid:
+                return
+            self.exit_journaled = pid
+            self.journal("job_exited", returncode=code, pid=pid, **fields)
 
     def journal(self, event: str, **fields: Any) -> None:
         """Journal one of the supervisor's events. A full disk costs the event (listed in

@@ -38,7 +38,9 @@ from trainwatch.alerts.notify import AlertmanagerNotifier, JournalNotifier, Webh
 from trainwatch.alerts.promql import parse_duration
 from trainwatch.alerts.rules import load_rules
 from trainwatch.control.run_checks import check_launch, check_run_dir, refuse_rehearsal_dir
-from trainwatch.control.run_summary import ALREADY_COMPLETE, render as render_summary, summarize
+from trainwatch.control.run_summary import (ALREADY_COMPLETE, ended_nonfinite,
+                                            render as render_summary, summarize,
+                                            unsaved_end)
 from trainwatch.control.run_view import Progress, live_view
 from trainwatch.alerts.scrape import Scraper
 from trainwatch.alerts.silences import Silences
@@ -266,6 +268,12 @@ def run(nproc_per_node, run, steps, config, overrides, max_restarts, thresholds_
                                                  else "controller stopped")),
             ("the agent", lambda: stop(agent_proc))])
         code = EXIT_INTERRUPTED if interrupted else (supervisor.exit_code or EXIT_OK)
+        # Finished with NaN weights, or with its training on no disk (the last save failed),
+        # is not finished: CI must not pass it (exit 1, said why).
+        nonfinite = ended_nonfinite(run_) if code == EXIT_OK else None
+        unsaved = unsaved_end(run_) if code == EXIT_OK and not nonfinite else None
+        if nonfinite or unsaved:
+            code = EXIT_PROBLEM
         controller.journal("controller_stopped", exit_code=code, interrupted=interrupted,
                            seconds=round(time.time() - started, 3),
                            actions=len(run_.events("action_taken")))
@@ -278,7 +286,14 @@ def run(nproc_per_node, run, steps, config, overrides, max_restarts, thresholds_
                           + (supervisor.rejected_input or _new_lines(run_, job_log_start)))
     outcome = "interrupted" if interrupted else "failed" if code else "finished"
     render_summary(summarize(run_.root, outcome, target_steps), console)
-    if supervisor.launch_failed:
+    if nonfinite:
+        click.echo(f"trainwatch run: training ended with {nonfinite}: the model "
+                   "diverged or was poisoned and nothing rolled it back (a rollback acts only "
+                   f"while the job runs); see {run_.journal_file}", err=True)
+    elif unsaved:
+        click.echo(f"trainwatch run: the job ended, but {unsaved}: what it trained since is "
+                   f"not saved (is the disk full?); see {run_.journal_file}", err=True)
+    elif supervisor.launch_failed:
         first = _first_error(run_, job_log_start)
         click.echo("trainwatch run: the job failed before any rank started (not restarted: "
                    "it would fail the same way)" + (f": {first}" if first else "")

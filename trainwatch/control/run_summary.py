@@ -59,18 +59,36 @@ def summarize(run_dir: str | Path, outcome: str, target_steps: int | None = None
     raised (a summary must never turn a run's exit into a traceback)."""
     s = Summary(Path(run_dir), outcome, steps_target=target_steps)
     run = RunDir(run_dir)
-    finished = run.events("finished")
-    if finished:
-        s.final_loss = _number(finished[-1].get("loss"))
     try:
         _from_report(s)
     except Exception as exc:  # the summary is best effort, the run is over
         log.debug("report for the summary failed", exc_info=True)
         s.problems.append(f"report: {exc}")
-    if s.final_loss is None:
-        s.final_loss, s.nonfinite_since = _last_loss(run)
+    s.final_loss, s.nonfinite_since = final_loss(run)
     _checkpoints(s, run)
     return s
+
+
+def final_loss(run: RunDir) -> tuple[float | None, int | None]:
+    """The run's last loss, and the step from which it stayed NaN/Inf when it did: the one
+    reading of "how did training end" that the summary shows and the exit code follows."""
+    finished = run.events("finished")
+    loss = _number(finished[-1].get("loss")) if finished else None
+    return (loss, None) if loss is not None else _last_loss(run)
+
+
+def ended_nonfinite(run: RunDir) -> str | None:
+    """``a NaN loss since step N`` when training ended with a non-finite loss, else None
+    (also when the run directory cannot tell: the run's exit must not become a traceback)."""
+    try:
+        loss, since = final_loss(run)
+    except Exception:
+        log.debug("the final loss could not be read", exc_info=True)
+        return None
+    if loss is None or math.isfinite(loss):
+        return None
+    return (f"a {'NaN' if math.isnan(loss) else loss} loss"
+            + (f" since step {since}" if since is not None else ""))
 
 
 def _from_report(s: Summary) -> None:
@@ -116,6 +134,27 @@ def _last_loss(run: RunDir) -> tuple[float | None, int | None]:
             since = step if isinstance(step, int) else since
         return last, since
     return None, None
+
+
+def unsaved_end(run: RunDir) -> str | None:
+    """Why the job's training is on no disk when its newest save failed (a full disk) at a
+    step after its newest saved one: it may have trained on and exited 0, but nothing after
+    that save was kept. None when a newer save succeeded (a failure it recovered from; a
+    mirror copy that failed, which names no step), or the journal cannot tell."""
+    try:
+        events = run.events("checkpoint_saved", "checkpoint_failed")
+    except Exception:
+        log.debug("the checkpoint events could not be read", exc_info=True)
+        return None
+    steps = {name: [e for e in events if e.get("event") == name and type(e.get("step")) is int]
+             for name in ("checkpoint_saved", "checkpoint_failed")}
+    failed = max(steps["checkpoint_failed"], key=lambda e: e["step"], default=None)
+    saved = max((e["step"] for e in steps["checkpoint_saved"]), default=None)
+    if failed is None or (saved is not None and saved >= failed["step"]):
+        return None
+    return (f"its checkpoint save of step {failed['step']} failed: "
+            f"{str(failed.get('error'))[:200]}; the newest saved is "
+            + (f"step {saved}" if saved is not None else "none"))
 
 
 def _checkpoints(s: Summary, run: RunDir) -> None:
@@ -168,9 +207,13 @@ def _loss_text(s: Summary) -> str:
         return "-"
     if math.isfinite(s.final_loss):
         return f"{s.final_loss:.4f}"
-    since = f" since step {s.nonfinite_since}" if s.nonfinite_since is not None else ""
-    return (f"{'NaN' if math.isnan(s.final_loss) else s.final_loss}{since}: the model "
-            "diverged or was poisoned, nothing rolled it back (trainwatch diagnose)")
+    return (f"{_nonfinite_text(s.final_loss, s.nonfinite_since)}: the model diverged or was "
+            "poisoned, nothing rolled it back (trainwatch diagnose)")
+
+
+def _nonfinite_text(loss: float, since: int | None) -> str:
+    return (f"{'NaN' if math.isnan(loss) else loss}"
+            + (f" since step {since}" if since is not None else ""))
 
 
 def _checkpoint_text(s: Summary) -> str:

@@ -79,10 +79,11 @@ class Supervisor:
                             if code not in (0, 2) and not finished else None)
                 launch_failed = code not in (0, 2) and not finished and not rejected and \
                     not self.controller.ranks_reported()
-                self.controller.journal("job_exited", returncode=code, pid=pid,
-                                        **({"ranks_finished": True} if finished else {}),
-                                        **({"launch_failed": True} if launch_failed else {}),
-                                        **({"bad_input": rejected} if rejected else {}))
+                self.controller.journal_exit(pid, code,
+                                             **({"ranks_finished": True} if finished else {}),
+                                             **({"launch_failed": True} if launch_failed
+                                                else {}),
+                                             **({"bad_input": rejected} if rejected else {}))
         if code is None:
             log.warning("a rank of the running job died on bad input (%s): stopping the job "
                         "(a restart, torchrun's or ours, cannot fix it)", running_rejected)
@@ -103,6 +104,12 @@ class Supervisor:
             self.rejected_input, code = rejected, EXIT_USAGE
         # finished, bad input or a failed launch: a restart cannot fix these
         if finished or launch_failed or code in (0, EXIT_USAGE):
+            with self.controller.lock:
+                if self.controller.proc is not None and self.controller.proc.pid != pid:
+                    return  # an action started the job again meanwhile: it runs on
+                # The run is over: an alert's action that comes now (a short run's NaN
+                # rollback) finds the controller closed and takes nothing.
+                self.controller.close("the job ended")
             self.exit_code = 0 if finished else code
             self.finished.set()
             return

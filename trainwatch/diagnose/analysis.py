@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from trainwatch import attempts
-from trainwatch.torchrun_log import failure_time
+from trainwatch.torchrun_log import PEER_FAILURE, failure_time
 from trainwatch.contract.stall import (default_options, heartbeat_stale, published_budget,
                                       stall_budget)
 from trainwatch.contract.states import COLLECTIVE_PHASES
@@ -222,13 +222,23 @@ def _dead_now(a: Analysis, root: dict[str, Any] | None,
             if v.get("state") == "running" and a.proc(r) in ("gone", "zombie")]
     dead = [r for r in gone if r not in a.stopped]
     failed = [r for r, v in ev.ranks.items() if v.get("state") == "failed"]
+    # A rank whose recorded error is a peer's failure seen from a collective (or that
+    # recorded none: its beat says failed, its status could not be written) followed the
+    # rank that raised on its own, or died without a word: it is a culprit only when
+    # nothing else explains the deaths.
+    own = [r for r in failed if (message := _failure_message(ev.ranks[r]))
+           and not PEER_FAILURE.search(message)]
+    peers = [r for r in failed if r not in own]
     tie: list[int] = []
-    if not culprits and dead:
+    if not culprits and dead and not own:
         tie, why = order_by_heartbeat(ev, dead)
         for r in (tie[:1] if len(tie) == 1 else []):
             culprits[r] = why
-    for r in failed:
-        culprits.setdefault(r, "its telemetry recorded state 'failed' (an exception)")
+    for r in own if culprits or tie or own else peers:
+        message = _failure_message(ev.ranks[r])
+        culprits.setdefault(r, "its telemetry recorded state 'failed'"
+                            + (f": {message[:200]}" if message else " (an exception)"))
+    dead += [r for r in peers if r not in culprits]
     # A run stopped while it hung: the stop ended a hang, which is what to explain.
     hang = hang_before_death(a, gone, root)
     if not culprits and not tie:
@@ -432,11 +442,11 @@ def _doubt_root(ev: Evidence, root: dict[str, Any]) -> tuple[int, str] | None:
     """
     errors = ev.launcher.get("errors_by_rank") or {}
     own = errors.get(root["rank"]) or errors.get(str(root["rank"]))
-    if not own or not _PEER_FAILURE.search(own):
+    if not own or not PEER_FAILURE.search(own):
         return None
     others = [x for x in ev.launcher.get("failures", [])
               if x.get("rank") != root["rank"] and x.get("rank") in ev.ranks
-              and not _PEER_FAILURE.search(errors.get(x["rank"]) or errors.get(str(x["rank"]))
+              and not PEER_FAILURE.search(errors.get(x["rank"]) or errors.get(str(x["rank"]))
                                            or "")]
     killed = [x for x in others if x["exitcode"] < 0] or others
     if len(killed) != 1:
@@ -453,7 +463,11 @@ def _doubt_root(ev: Evidence, root: dict[str, Any]) -> tuple[int, str] | None:
         + ". Confidence medium: the launcher's order and the ranks' own errors disagree")
 
 
-_PEER_FAILURE = re.compile(r"reset by peer|closed by peer|Broken pipe")
+def _failure_message(status: dict[str, Any]) -> str:
+    """The error a failed rank's telemetry recorded (``failure.message``), else ''."""
+    failure = status.get("failure")
+    message = failure.get("message") if isinstance(failure, dict) else None
+    return message if isinstance(message, str) else ""
 
 
 def _first_error_lines(ev: Evidence) -> list[str]:
@@ -462,7 +476,7 @@ def _first_error_lines(ev: Evidence) -> list[str]:
         return []
     who = f"rank {first['rank']}" if first.get("rank") is not None else "no rank prefix"
     note = (" (a peer's failure seen from this rank, not its cause)"
-            if _PEER_FAILURE.search(first["line"]) else "")
+            if PEER_FAILURE.search(first["line"]) else "")
     return [f"first error in the logs ({who}): {first['line']}{note}"]
 
 

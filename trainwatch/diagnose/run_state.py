@@ -78,6 +78,7 @@ def rank_view(status: dict[str, Any], now: float) -> dict[str, Any]:
         "backend": status.get("backend"), "counters": status.get("counters") or {},
         "loss": metrics.get("loss"), "timing": status.get("timing"),
         "checkpoint": status.get("checkpoint"),
+        "failure": status.get("failure"),  # a failed rank's error, when it recorded one
     }
 
 

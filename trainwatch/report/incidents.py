@@ -14,6 +14,7 @@ from typing import Any
 from trainwatch.attempts import rank_of
 from trainwatch.contract.layout import JOB_LOG, TORCHRUN_LOG
 from trainwatch.report.timeline import Attempt
+from trainwatch.torchrun_log import PEER_FAILURE
 
 _ERROR_CHARS = 300
 
@@ -70,8 +71,12 @@ def cause(ev: dict[str, Any]) -> str:
     for x in died:
         how = f"killed by {x['signal']}" if x["signal"] else f"exited with code {x['exitcode']}"
         parts.append(f"rank {x['rank']} {how}")
-    if not died and not ev["actions"] and ev["errors"]:
-        first = ev["errors"][0]
+    # A rank's error that is a peer's failure seen from a collective is not the cause when a
+    # rank vanished without a word (SIGKILLed) or another raised on its own.
+    own = [e for e in ev["errors"] if not PEER_FAILURE.search(e["error"])]
+    errors = own or ([] if ev["vanished"] else ev["errors"])
+    if not died and not ev["actions"] and errors:
+        first = errors[0]
         parts.append(f"rank {first['rank']} failed: {first['error'].splitlines()[0][:120]}"
                      if first["error"] else f"rank {first['rank']} failed")
     drills: dict[tuple[str, str], list[str]] = {}

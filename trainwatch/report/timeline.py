@@ -326,7 +326,12 @@ def _end_marker(attempt: Attempt, next_start: float | None) -> float | None:
 
 
 def _outcome(attempt: Attempt, is_last: bool, statuses: list[dict[str, Any]]) -> str:
-    if attempt.named("finished"):
+    # An action that started the job again (its action_taken names the new pid) threw the
+    # attempt's work away even if its ranks had finished (a short run's NaN rollback that
+    # came while torchrun was still on its way out): that is an incident, not an end.
+    restarted = not is_last and any(e.get("pid") is not None
+                                    for e in attempt.named("action_taken"))
+    if attempt.named("finished") and not restarted:
         return "finished"
     if any(e.get("reason") == "stop" for e in attempt.named("checkpoint_saved")):
         return "stopped"  # SIGTERM honoured: saved where it stopped, nothing to redo

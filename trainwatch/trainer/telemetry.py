@@ -64,7 +64,7 @@ from trainwatch.contract.states import EVAL_PHASE, FAILED, FINISHED, RUNNING, ST
 from trainwatch.contract.timing import MIDDLE_HALF_WIDTH, RECENT_WINDOWS, standing
 from trainwatch.host.cgroup import memory_cgroup
 from trainwatch.node import boot_id, node_name
-from trainwatch.rundir import RunDir, append_jsonl
+from trainwatch.rundir import RunDir, append_jsonl, append_lines
 from trainwatch.trainer import dumps, rejected_input, timing_exchange
 from trainwatch.trainer.flops import peak_flops_for
 from trainwatch.trainer.replicas import DEFAULT_EVERY, KEEP, ReplicaCheck
@@ -758,13 +758,8 @@ class Telemetry:
                 self._state["metrics"] = steps[-1]
         if self.metrics_log:
             data = "".join([_ENCODER.encode(line) + "\n" for line in lines]).encode()
-            try:
-                fd = os.open(self.run.metrics_file(self.rank),
-                             os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-                try:
-                    os.write(fd, data)  # one append: whole lines, even if the process dies
-                finally:
-                    os.close(fd)
+            try:  # one append: whole lines, even if the process dies or the disk fills
+                append_lines(self.run.metrics_file(self.rank), data)
             except OSError as exc:
                 self.count_error(repr(exc))
                 self._publish_failed(exc)

@@ -1,8 +1,12 @@
 """Save and stop requests that arrive between step boundaries.
 
 SIGUSR1 or touching ``RUN_DIR/control/checkpoint`` asks for a save; SIGTERM asks for a
-save and a clean exit (a second SIGTERM kills at once, as if unhandled).  Handlers only set
-flags; the loop acts on them at the next step boundary, after every rank agreed.
+save and a clean exit (a second SIGTERM kills at once, as if unhandled, unless it comes
+within ``REPEAT_SECONDS`` of the first: a killed ``trainwatch run`` delivers SIGTERM to
+torchrun once per thread it had, PR_SET_PDEATHSIG, and torchrun passes each one on within
+milliseconds; that repeat is the same stop, and killing on it lost every step since the last
+checkpoint).  Handlers only set flags; the loop acts on them at the next step boundary,
+after every rank agreed.
 """
 
 from __future__ import annotations
@@ -11,11 +15,15 @@ import logging
 import os
 import signal
 import threading
+import time
 from typing import Any
 
 from trainwatch.contract.layout import CONTROL_CHECKPOINT
 
 log = logging.getLogger(__name__)
+
+# A SIGTERM this soon after the first is the same stop delivered again, not a second ask.
+REPEAT_SECONDS = 2.0
 
 
 class Requests:
@@ -27,6 +35,7 @@ class Requests:
         self.stop = False
         self.sources: list[str] = []
         self._previous: dict[int, Any] = {}
+        self._first_term: float | None = None  # monotonic time of the first SIGTERM
 
     def ask_save(self, source: str) -> None:
         with self._lock:
@@ -64,8 +73,12 @@ class Requests:
         self.ask_save("SIGUSR1")
 
     def _on_term(self, signum: int, frame: Any) -> None:
+        now = time.monotonic()
+        if self._first_term is not None and now - self._first_term < REPEAT_SECONDS:
+            return  # the same stop, delivered again (a launcher forwarding each SIGTERM)
         if self.stop:  # asked twice: the loop is not reaching a boundary, die as asked
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
+        self._first_term = now
         self.ask_stop("SIGTERM")
