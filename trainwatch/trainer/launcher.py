@@ -240,8 +240,9 @@ def _launch(spec: LaunchSpec, run: RunDir, cfg: Config) -> int:
         returncode = proc.wait()
         pump.join(timeout=5)
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        if not received:  # a stop under way ignores its repeats until launcher_exited is written
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
     if received:
         exit_code = 128 + received[0]
     elif returncode < 0:
