@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from trainwatch.contract.env import run_dir_from_env
 from trainwatch.integrations.sealed import newest_verified, seal
 from trainwatch.rundir import RunDir
 from trainwatch.trainer.checkpoint.checkpointer import EXIT_STOPPED
+from trainwatch.trainer.checkpoint.requests import repeated_term
 from trainwatch.checkpoint_format.manifest import FRAMEWORK_STEP_DIR
 from trainwatch.trainer.telemetry import Telemetry
 
@@ -52,6 +54,7 @@ class TrainwatchCallback(TrainerCallback):
         self._term = threading.Event()
         self._stopping = False
         self._previous_term: Any = None
+        self._term_at: float | None = None  # monotonic time of the first SIGTERM
         self._resumed_from: Path | None = None
 
     def resume_path(self, output_dir: str | Path) -> str | None:
@@ -107,10 +110,13 @@ class TrainwatchCallback(TrainerCallback):
             raise SystemExit(EXIT_STOPPED)
 
     def _on_term(self, signum: int, frame: Any) -> None:
+        if repeated_term(self._term_at):
+            return  # the same stop, delivered again (torchrun forwards each SIGTERM it gets)
         if self._term.is_set():  # asked twice: not reaching a step boundary, die as asked
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
+        self._term_at = time.monotonic()
         self._term.set()
 
     # ------------------------------------------------------------------ the step

@@ -26,6 +26,12 @@ log = logging.getLogger(__name__)
 REPEAT_SECONDS = 2.0
 
 
+def repeated_term(first_at: float | None) -> bool:
+    """Whether a SIGTERM arriving now is the first one (received at monotonic ``first_at``)
+    delivered again: every loop trainwatch stops ignores those instead of dying unsaved."""
+    return first_at is not None and time.monotonic() - first_at < REPEAT_SECONDS
+
+
 class Requests:
     """Flags set by signals and the control file, read (and cleared) at a step boundary."""
 
@@ -73,12 +79,11 @@ class Requests:
         self.ask_save("SIGUSR1")
 
     def _on_term(self, signum: int, frame: Any) -> None:
-        now = time.monotonic()
-        if self._first_term is not None and now - self._first_term < REPEAT_SECONDS:
+        if repeated_term(self._first_term):
             return  # the same stop, delivered again (a launcher forwarding each SIGTERM)
         if self.stop:  # asked twice: the loop is not reaching a boundary, die as asked
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
-        self._first_term = now
+        self._first_term = time.monotonic()
         self.ask_stop("SIGTERM")
