@@ -20,6 +20,7 @@ core, peak RSS <= 60 MiB, /metrics p99 <= 20 ms, scoring 4096 ranks <= 10 ms.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import shutil
@@ -126,6 +127,16 @@ def status_bytes(world: int) -> int:
         return tel.run.status_file(world - 1).stat().st_size
 
 
+GZIP = False  # scrapes ask for gzip (--gzip), as Prometheus' do
+
+
+def scrape(url: str) -> tuple[bytes, bool]:
+    """One /metrics body as sent and whether it is gzipped (asked for when ``GZIP``)."""
+    request = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"} if GZIP else {})
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        return answer.read(), answer.headers.get("Content-Encoding") == "gzip"
+
+
 def measure(proc: psutil.Process, url: str, seconds: float, rate: float) -> dict:
     """Agent CPU seconds and peak RSS over ``seconds`` while scraping at ``rate`` per second."""
     cpu0, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
@@ -134,8 +145,9 @@ def measure(proc: psutil.Process, url: str, seconds: float, rate: float) -> dict
     while time.monotonic() - t0 < seconds:
         if time.monotonic() >= next_at:
             started = time.perf_counter()
-            body = urllib.request.urlopen(url, timeout=5).read()
+            body, packed = scrape(url)
             latencies.append((time.perf_counter() - started) * 1000)
+            body = gzip.decompress(body) if packed else body  # not timed: the client's work
             series = sum(1 for line in body.decode().splitlines() if not line.startswith("#"))
             started = time.perf_counter()  # baseline, side by side: a trivial endpoint
             urllib.request.urlopen(url.replace("/metrics", "/healthz"), timeout=5).read()
@@ -240,7 +252,7 @@ def footprint(ranks: int, duration: float, rate: float, compare: str | None = No
 
 
 def main() -> int:
-    global SCRAPE_INTERVAL
+    global SCRAPE_INTERVAL, GZIP
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=30.0,
                         help="seconds of steady state to measure (use 300 for a real figure)")
@@ -254,12 +266,14 @@ def main() -> int:
                         help="seconds between scrapes in the steady-state window")
     parser.add_argument("--step-seconds", type=float, default=0.1,
                         help="the simulated ranks' step time (a timing window every 10 steps)")
+    parser.add_argument("--gzip", action="store_true",
+                        help="scrapes ask for gzip (Accept-Encoding), as Prometheus' do")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.node_exporter and not os.access(args.node_exporter, os.X_OK):
         parser.error(f"--node-exporter: {args.node_exporter} is not an executable "
                      "(Debian: apt-get install prometheus-node-exporter)")
-    SCRAPE_INTERVAL = args.scrape_interval
+    SCRAPE_INTERVAL, GZIP = args.scrape_interval, args.gzip
     counts = [int(c) for c in str(args.ranks).split(",") if c.strip()]
     runs = [footprint(n, args.duration, args.rate, args.node_exporter, args.step_seconds)
             for n in counts]

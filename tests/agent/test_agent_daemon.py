@@ -198,3 +198,43 @@ def test_the_agent_collects_young_garbage_in_large_batches(agent_factory):
         assert gc.get_threshold() == (GC_YOUNG_OBJECTS, *before[1:]) and GC_YOUNG_OBJECTS >= 10_000
     finally:
         gc.set_threshold(*before)
+
+
+def test_a_follower_runs_right_after_its_leader_even_while_the_leader_hangs(
+        agent_factory, extra_collectors):
+    """Findings judge what ranks just read: a collector registered ``after`` another of the
+    same interval runs in its job, right after each of its runs (one scheduler wake-up and
+    one render for both); a hung leader does not stop it; another interval keeps its own."""
+    add, release = extra_collectors
+    seen: list[str] = []
+
+    class Leader(Collector):
+        def collect(self):
+            seen.append("leader")
+            if seen.count("leader") >= 3:
+                release.wait()  # the third run hangs
+            return Result()
+
+    class Follower(Collector):
+        def collect(self):
+            seen.append("follower")
+            return Result()
+
+    class OwnPace(Collector):
+        def collect(self):
+            return Result()
+
+    add("test_leader", Leader, interval=0.3, timeout=0.5)
+    add("test_follower", Follower, interval=0.3, timeout=0.5, after="test_leader")
+    add("test_own_pace", OwnPace, interval=0.6, timeout=0.5, after="test_leader")
+    agent = agent_factory()
+    agent.start()
+    scheduler = agent.runner._scheduler
+    assert scheduler.get_job("test_follower") is None
+    assert scheduler.get_job("test_own_pace") is not None
+    assert scheduler.get_job("findings") is None and scheduler.get_job("replicas") is None
+    wait_for(lambda: seen.count("follower") >= 6, 15, what="the follower runs on")
+    assert seen[:6] == ["leader", "follower"] * 3
+    assert seen.count("leader") == 3  # hung, not started again
+    assert agent.ctx.store.get("test_leader").state == "timeout"
+    assert agent.ctx.store.get("test_follower").state == "ok"

@@ -156,3 +156,27 @@ def test_clients_that_go_away_cost_one_log_line_and_no_traceback(agent):
     assert _get(url + "/healthz")[2] == b"ok\n"
     log = next(tmp.glob("agent-*.log")).read_text()
     assert "Traceback" not in log, log[-3000:]
+
+
+def test_a_body_served_again_is_not_compressed_again(monkeypatch):
+    """Prometheus asks for gzip on every scrape; two servers scraping one agent (an HA
+    pair), or a scrape within the body's life, get the compressed bytes already made."""
+    from trainwatch.agent import server as module
+    from trainwatch.httpserver import Request
+
+    made = []
+    compress = gzip.compress
+    monkeypatch.setattr(module.gzip, "compress", lambda data, level: made.append(data)
+                        or compress(data, level))
+    bodies = [b"# HELP a b\n# TYPE a gauge\na 1\n" * 50]
+    served = module.AgentHTTPServer(("127.0.0.1", 0), lambda accept: (bodies[-1], "text/plain"),
+                                    dict, lambda: True)
+    try:
+        scrape = Request("GET", "/metrics", {"accept-encoding": "gzip"}, b"")
+        first, again = served._route(scrape), served._route(scrape)
+        assert first[2] is again[2] and gzip.decompress(first[2]) == bodies[-1]
+        bodies.append(b"# HELP a b\n# TYPE a gauge\na 2\n" * 50)  # a new body: compressed
+        assert gzip.decompress(served._route(scrape)[2]) == bodies[-1]
+        assert len(made) == 2
+    finally:
+        served.server_close()

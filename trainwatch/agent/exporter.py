@@ -148,8 +148,8 @@ class CachedExposition:
     def _render_changes(self) -> None:
         """Renders every format scraped lately as soon as the store changes, once for the
         runs that finish within ``settle`` of each other: collectors of the same period
-        finish together (findings and replicas every second, the 5 s ones), and a render
-        each had been nearly four a second for one scrape."""
+        finish together (ranks with findings and replicas right after it, the 5 s ones),
+        and a render each had been nearly four a second for one scrape."""
         changed = self.ctx.store.changed
         while True:
             changed.wait()

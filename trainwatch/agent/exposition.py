@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Callable, Hashable, Iterable, Iterator, Mapping
+from typing import AbstractSet, Callable, Hashable, Iterable, Iterator, Mapping
 
 from trainwatch.agent.registry import Deferred, Sample
 from trainwatch.agent.series import Rows
@@ -68,7 +68,7 @@ class Family:
 
     __slots__ = ("prefixes", "lines")
 
-    def __init__(self, prefixes: set[str], lines: str):
+    def __init__(self, prefixes: AbstractSet[str], lines: str):
         self.prefixes, self.lines = prefixes, lines
 
 
@@ -100,11 +100,10 @@ class ExpositionWriter:
         """
         known = self._prefixes.get(source, {})
         live: dict[_Key, str] = {}  # "": refused
-        lines: dict[str, list[str]] = {}
-        seen: dict[str, set[str]] = {}
+        lines: dict[str, dict[str, str]] = {}  # name -> prefix -> line, in the order written
         for part in samples.parts() if isinstance(samples, Deferred) else (samples,):
             if isinstance(part, Rows):
-                self._rows(part, lines, seen)
+                self._rows(part, lines)
                 continue
             for sample in part:
                 name = sample.name
@@ -118,11 +117,12 @@ class ExpositionWriter:
                 if not prefix:
                     continue
                 line = prefix + format_value(sample.value) + "\n"
-                _keep(name, prefix, line, lines, seen)
+                _keep(name, prefix, line, lines)
         self._prefixes[source] = live
-        return {name: Family(seen[name], "".join(found)) for name, found in lines.items()}
+        return {name: Family(found.keys(), "".join(found.values()))
+                for name, found in lines.items()}
 
-    def _rows(self, rows: Rows, lines: dict[str, list[str]], seen: dict[str, set[str]]) -> None:
+    def _rows(self, rows: Rows, lines: dict[str, dict[str, str]]) -> None:
         """``_keep`` for each series, inlined: this loop runs for every rank's series."""
         copysign = math.copysign
         for series, value in rows.pairs:
@@ -138,12 +138,11 @@ class ExpositionWriter:
                     continue
                 line = prefix + format_value(value) + "\n"
                 series.last = (value, prefix, line)
-            found = seen.get(series.name)
+            found = lines.get(series.name)
             if found is None:
-                seen[series.name], lines[series.name] = {prefix}, [line]
+                lines[series.name] = {prefix: line}
             elif prefix not in found:
-                found.add(prefix)
-                lines[series.name].append(line)
+                found[prefix] = line
 
     def forget(self, source: Hashable) -> None:
         """Drop a source's cached prefixes (its collector is gone)."""
@@ -195,16 +194,14 @@ class ExpositionWriter:
         return header
 
 
-def _keep(name: str, prefix: str, line: str, lines: dict[str, list[str]],
-          seen: dict[str, set[str]]) -> None:
+def _keep(name: str, prefix: str, line: str, lines: dict[str, dict[str, str]]) -> None:
     """Add a line to its family unless a series of that prefix is in already (two run
     dirs claiming one rank: the first wins)."""
-    found = seen.get(name)
+    found = lines.get(name)
     if found is None:
-        seen[name], lines[name] = {prefix}, [line]
+        lines[name] = {prefix: line}
     elif prefix not in found:
-        found.add(prefix)
-        lines[name].append(line)
+        found[prefix] = line
 
 
 def _without_seen(parts: list[Family]) -> Iterator[str]:
@@ -212,7 +209,7 @@ def _without_seen(parts: list[Family]) -> Iterator[str]:
     seen = set(parts[0].prefixes)
     for part in parts[1:]:
         if seen.isdisjoint(part.prefixes):
-            seen |= part.prefixes
+            seen.update(part.prefixes)
             yield part.lines
             continue
         for line in part.lines[:-1].split("\n"):  # a value holds no space, a prefix ends in one

@@ -111,6 +111,7 @@ class CollectorSpec:
     timeout: float
     options: dict[str, Any]
     first_delay: float = 0.0
+    after: str | None = None
 
 
 _REGISTRY: dict[str, CollectorSpec] = {}
@@ -118,17 +119,20 @@ _REGISTRY: dict[str, CollectorSpec] = {}
 
 def register(name: str, *, interval: float, timeout: float | None = None,
              enabled: bool = True, options: dict[str, Any] | None = None,
-             first_delay: float = 0.0):
+             first_delay: float = 0.0, after: str | None = None):
     """Class decorator used by every module in ``agent/collectors/``.
 
-    ``first_delay`` lets collectors that build on another's values (findings on ranks)
-    start after it has run once.
+    ``first_delay`` lets collectors that build on another's values start after it has
+    run once. ``after``: a collector that judges another's values (findings on ranks)
+    runs right after each of its runs while both are on and share an interval, so it
+    judges the newest values and both are rendered once per collection; otherwise it
+    keeps its own schedule, starting ``first_delay`` after the agent.
     """
     def wrap(cls: type[Collector]) -> type[Collector]:
         cls.name = name
         _REGISTRY[name] = CollectorSpec(name, cls, enabled, float(interval),
                                         float(timeout if timeout is not None else interval),
-                                        dict(options or {}), float(first_delay))
+                                        dict(options or {}), float(first_delay), after)
         return cls
     return wrap
 

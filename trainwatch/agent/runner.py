@@ -2,8 +2,11 @@
 
 APScheduler fires one job per collector (``max_instances=1``: never two runs of one
 collector; ``coalesce`` + ``misfire_grace_time``: runs missed while the machine was
-busy collapse into one).  The job hands the run to the collector's own daemon thread
-and waits at most ``timeout`` seconds: a collector that hangs (a dead NFS mount, a wedged
+busy collapse into one), except a collector registered ``after`` another of the same
+interval: it runs in its leader's job, right after each of the leader's runs (finished,
+failed, timed out or still hung), so it judges the newest values, one scheduler wake-up
+serves both and their results are rendered together.  The job hands the run to the
+collector's own daemon thread and waits at most ``timeout`` seconds: a collector that hangs (a dead NFS mount, a wedged
 driver) is marked ``timeout`` and is not started again until that thread returns, so
 hung threads never pile up and never block the agent's exit.
 """
@@ -21,7 +24,7 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from trainwatch.agent.context import AgentContext
-from trainwatch.agent.registry import Collector, Result, all_collectors
+from trainwatch.agent.registry import Collector, CollectorSpec, Result, all_collectors
 from trainwatch.agent.state import CollectorRecord
 
 log = logging.getLogger(__name__)
@@ -65,6 +68,7 @@ class CollectorRunner:
         self.ctx = ctx
         self.collectors: dict[str, Collector] = {}
         self._workers: dict[str, _Worker] = {}
+        self._followers: dict[str, list[str]] = {}  # leader -> run in its job, right after
         self._inflight: dict[str, tuple[Future, float]] = {}
         self._scheduler: BackgroundScheduler | None = None
         self._lock = threading.Lock()
@@ -104,6 +108,7 @@ class CollectorRunner:
         assert self._scheduler is not None
         self.collectors.clear()
         self._close_workers()
+        self._followers = {}
         for name, spec in sorted(all_collectors().items()):
             opts = self.ctx.config.collector(name)
             enabled = bool(opts["enabled"])
@@ -124,11 +129,22 @@ class CollectorRunner:
                 continue
             self.collectors[name] = spec.factory(self.ctx, opts)
             self._workers[name] = _Worker(self.collectors[name])
+            if self._follows(spec, record.interval):
+                assert spec.after is not None
+                self._followers.setdefault(spec.after, []).append(name)
+                continue
             self._scheduler.add_job(self.run_once, "interval", args=[name], id=name,
                                     seconds=record.interval,
                                     misfire_grace_time=max(1, int(record.interval)),
                                     next_run_time=datetime.now(timezone.utc)
                                     + timedelta(seconds=spec.first_delay))
+
+    def _follows(self, spec: CollectorSpec, interval: float) -> bool:
+        """Does this collector run in its leader's job (the leader on, same interval)?"""
+        if spec.after is None:
+            return False
+        leader = self.ctx.config.collector(spec.after)
+        return bool(leader["enabled"]) and float(leader["interval"]) == interval
 
     def _close_workers(self) -> None:
         for worker in self._workers.values():
@@ -136,8 +152,10 @@ class CollectorRunner:
         self._workers.clear()
 
     def _wait(self, future: Future, timeout: float) -> Any:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + timeout  # <= 0: only a result already there
         while True:
+            if future.done():
+                return future.result()
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self._stopping.is_set():
                 raise FutureTimeout()
@@ -148,10 +166,20 @@ class CollectorRunner:
 
     # -- one run -------------------------------------------------------------------
     def run_once(self, name: str) -> None:
-        """Run one collector with its timeout and record the outcome (also used by tests)."""
+        """Run one collector with its timeout and record the outcome, then those that
+        follow it (each with its own timeout, side by side; also used by tests)."""
+        self._finish(name, self._start(name))
+        followers = [(each, self._start(each)) for each in self._followers.get(name, ())]
+        for each, run in followers:
+            self._finish(each, run)
+
+    def _start(self, name: str) -> tuple[Future, float, float] | None:
+        """Hand a run to the collector's thread: (its future, when it started, its
+        deadline on the monotonic clock), or None when the collector is off or its
+        previous run is still hung."""
         worker = self._workers.get(name)
         if worker is None:
-            return
+            return None
         store = self.ctx.store
         record = store.get(name)
         assert record is not None
@@ -162,13 +190,22 @@ class CollectorRunner:
                 store.update(name, state="timeout", samples=(),
                              reason=f"previous run still hung after {time.time() - since:.1f} s"
                                     " (not restarted until it returns)")
-                return
+                return None
             del self._inflight[name]
         started = time.time()
         store.update(name, runs=record.runs + 1, bump=False)
-        future = worker.submit()
+        return worker.submit(), started, time.monotonic() + record.timeout
+
+    def _finish(self, name: str, run: tuple[Future, float, float] | None) -> None:
+        """Wait for a started run up to its timeout and record its outcome."""
+        if run is None:
+            return
+        future, started, deadline = run
+        store = self.ctx.store
+        record = store.get(name)
+        assert record is not None
         try:
-            result: Any = self._wait(future, record.timeout)
+            result: Any = self._wait(future, deadline - time.monotonic())
         except FutureTimeout:
             if self._stopping.is_set():
                 return

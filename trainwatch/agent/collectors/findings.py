@@ -30,7 +30,7 @@ _BUSY_WHERE = ("; busy in code that holds the GIL or spins: trainwatch diagnose 
                "function")
 
 
-@register("findings", interval=1.0, timeout=5.0, first_delay=1.5, options={"keep_cleared": 20})
+@register("findings", interval=1.0, timeout=5.0, first_delay=1.5, after="ranks", options={"keep_cleared": 20})
 class FindingsCollector(Collector):
     def __init__(self, ctx, options):
         super().__init__(ctx, options)

@@ -61,7 +61,7 @@ class _RankSeries(SeriesBook):
 
     __slots__ = ("states", "processes", "phases", "phase_times", "status_fields",
                  "step_fields", "eval_fields", "counter_fields", "info", "info_of",
-                 "beat_fields", "beat_step_fields", "beat_counter_fields", "kept")
+                 "beat_fields", "beat_step_fields", "beat_counter_fields", "kept", "_one_hot")
 
     def __init__(self, base: dict[str, str]):
         super().__init__(base)
@@ -84,6 +84,8 @@ class _RankSeries(SeriesBook):
         # (what they were made of, rows): the status's own rows and the process's, kept
         # while the same parsed status and the same process facts stand (seconds at a time).
         self.kept: dict[str, tuple[tuple[Any, ...], list[tuple[Series, float]]]] = {}
+        # (table, its value) -> its rows: a known state or phase's rows are made once
+        self._one_hot: dict[tuple[str, str | None], list[tuple[Series, float]]] = {}
 
     def _table(self, metrics: dict[str, str], merged: frozenset[str],
                from_beat: bool) -> list[tuple[str, Series]]:
@@ -101,6 +103,20 @@ class _RankSeries(SeriesBook):
         make(rows)
         self.kept[part] = (made_of, rows.pairs)
         return rows.pairs
+
+    def one_hot(self, table: str, value: str) -> list[tuple[Series, float]]:
+        """The rows of a state or phase table (``states``, ``phases``): 1 for ``value``,
+        0 for the rest; made once per known value (any other: all 0, made once)."""
+        rows = self._one_hot.get((table, value))
+        if rows is not None:
+            return rows
+        entries = self.states if table == "states" else list(self.phases.items())
+        key = (table, value if any(name == value for name, _ in entries) else None)
+        rows = self._one_hot.get(key)
+        if rows is None:
+            rows = self._one_hot[key] = [(each, 1.0 if name == value else 0.0)
+                                         for name, each in entries]
+        return rows
 
     def phase(self, metric: str, name: str) -> Series:
         return self.labelled(metric, (("phase", name),))
@@ -157,7 +173,7 @@ def _rank_rows(series: _RankSeries, raw: dict[str, Any], s: dict[str, Any], stat
                                            raw.get("device"), raw.get("restart_count"),
                                            raw.get("last_nonfinite_loss_at")),
                                 lambda rows: _status_rows(series, raw, rows)))
-    pairs.extend((each, 1.0 if name == state else 0.0) for name, each in series.states)
+    pairs.extend(series.one_hot("states", state))
     _numbers(out, series.beat_fields, s)
     add(one("trainwatch_rank_heartbeat_age_seconds"), ages["heartbeat"])
     add(one("trainwatch_rank_progress_age_seconds"), ages["progress"])
@@ -165,8 +181,7 @@ def _rank_rows(series: _RankSeries, raw: dict[str, Any], s: dict[str, Any], stat
     if publish is not None:
         add(one("trainwatch_rank_publish_failing"), publish["failing"])
     if phase:
-        pairs.extend((each, 1.0 if name == phase else 0.0)
-                     for name, each in series.phases.items())
+        pairs.extend(series.one_hot("phases", phase))
         if phase not in series.phases:
             add(series.phase("trainwatch_rank_phase", phase), 1)
     _numbers(out, series.beat_step_fields, metrics)

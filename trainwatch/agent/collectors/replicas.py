@@ -16,7 +16,7 @@ from trainwatch.agent.replicas import ReplicaJudge, suspects_label
 _LOW_BITS = (1 << 52) - 1
 
 
-@register("replicas", interval=1.0, timeout=5.0, first_delay=1.5)
+@register("replicas", interval=1.0, timeout=5.0, first_delay=1.5, after="ranks")
 class ReplicasCollector(Collector):
     def __init__(self, ctx, options):
         super().__init__(ctx, options)
