@@ -100,7 +100,7 @@ def _trainer_config(config: str | None, overrides: list[str], steps: int | None)
 def _resume_step(run_root: Path, cfg: Config, world_size: int) -> int | None:
     """The step the newest usable checkpoint would resume from (None: a fresh start, there
     is none). Checkpoints that exist but of which none has all its files at their sizes
-    (the quick half of the ranks' verification; they also check the sha256) are refused
+    (the quick half of the ranks' verification; they also check the digests) are refused
     (exit 2), as the ranks would: the run must not quietly start over from step 0. So is
     a checkpoint of another experiment or world size."""
     if not run_root.is_dir():

@@ -3,7 +3,7 @@ wrote, and the newest checkpoint whose every file still matches it.
 
 A framework's own save (``trainer.save_checkpoint``, the Hugging Face Trainer's
 ``checkpoint-N`` folder) knows nothing of torn writes or bit rot. Sealing one writes
-``manifest.json`` (the checkpoint format of docs/checkpoints.md: sha256 and size per file)
+``manifest.json`` (the checkpoint format of docs/checkpoints.md: digest and size per file)
 last, so a folder without it is an interrupted save, and resume takes the newest that
 verifies, falling back past damaged ones, as for trainwatch's own checkpoints.
 """

@@ -334,7 +334,7 @@ class Checkpointer:
             if isinstance(payload.shared, Handoff):
                 payload.shared.help()  # the copy first: the loop waits for it, not for this
             written = write_checkpoint(self.folder, payload, fsync=self.cfg.fsync, check=guard)
-            # The sha256s were taken from the bytes as written; reading them back now would
+            # The digests were taken from the bytes as written; reading them back now would
             # only read the page cache, so this checks the manifest and sizes.  Resume and
             # `trainwatch checkpoint verify` hash every file.
             check = verify(written.path, full=False)

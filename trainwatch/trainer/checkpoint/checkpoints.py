@@ -10,7 +10,7 @@
     ckpt.close()                                           # waits; saves the final step
 
 Everything the trainer's checkpoints do comes with it, because it is the same
-``Checkpointer``: atomic ``step-N`` folders with a sha256 manifest, async saves, retention,
+``Checkpointer``: atomic ``step-N`` folders with a manifest of file digests, async saves, retention,
 a mirror copy, resume from the newest checkpoint that verifies (falling back past bad
 ones), saves on SIGUSR1 or ``control/checkpoint``, and on SIGTERM a save and a clean exit
 (``EXIT_STOPPED``). State is passed by keyword: anything with ``state_dict`` /
