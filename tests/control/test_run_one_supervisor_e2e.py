@@ -223,9 +223,13 @@ def test_a_repeated_sigterm_to_the_launcher_still_stops_torchrun_and_its_ranks(t
         wait_for(lambda: _step(run) >= 3 or launcher.poll() is not None, 240,
                  what="the ranks to train")
         tree = psutil.Process(launcher.pid).children(recursive=True)
-        for _ in range(10):  # as a dying supervisor's threads end, over a second or so
+        # As a dying supervisor's threads end, until the launcher is gone: copies that
+        # arrive while it exits must not kill it either (-15 instead of its 143).
+        for _ in range(1000):
+            if launcher.poll() is not None:
+                break
             launcher.send_signal(signal.SIGTERM)
-            time.sleep(0.1)
+            time.sleep(0.005)
         assert launcher.wait(timeout=90) == 128 + signal.SIGTERM
         deadline = time.monotonic() + 30
         while _running(tree) and time.monotonic() < deadline:

@@ -240,9 +240,11 @@ def _launch(spec: LaunchSpec, run: RunDir, cfg: Config) -> int:
         returncode = proc.wait()
         pump.join(timeout=5)
     finally:
-        if not received:  # a stop under way ignores its repeats until launcher_exited is written
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+        for signum, handler in previous.items():
+            # A stop under way ignores its repeats to the end: a Python handler would be
+            # reset to the default one as the interpreter exits, and a late copy of a
+            # killed supervisor's PDEATHSIG would then kill the launcher (-15, not 143).
+            signal.signal(signum, signal.SIG_IGN if received else handler)
     if received:
         exit_code = 128 + received[0]
     elif returncode < 0:
