@@ -87,8 +87,7 @@ def ended_nonfinite(run: RunDir) -> str | None:
         return None
     if loss is None or math.isfinite(loss):
         return None
-    return (f"a {'NaN' if math.isnan(loss) else loss} loss"
-            + (f" since step {since}" if since is not None else ""))
+    return "a " + _nonfinite_text(loss, since, what=" loss")
 
 
 def _from_report(s: Summary) -> None:
@@ -211,8 +210,9 @@ def _loss_text(s: Summary) -> str:
             "poisoned, nothing rolled it back (trainwatch diagnose)")
 
 
-def _nonfinite_text(loss: float, since: int | None) -> str:
-    return (f"{'NaN' if math.isnan(loss) else loss}"
+def _nonfinite_text(loss: float, since: int | None, what: str = "") -> str:
+    """``NaN since step N`` (``what`` goes after the value: ``NaN loss since step N``)."""
+    return (f"{'NaN' if math.isnan(loss) else loss}{what}"
             + (f" since step {since}" if since is not None else ""))
 
 

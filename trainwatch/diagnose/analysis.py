@@ -234,7 +234,7 @@ def _dead_now(a: Analysis, root: dict[str, Any] | None,
         tie, why = order_by_heartbeat(ev, dead)
         for r in (tie[:1] if len(tie) == 1 else []):
             culprits[r] = why
-    for r in own if culprits or tie or own else peers:
+    for r in own or ([] if culprits or tie else peers):
         message = _failure_message(ev.ranks[r])
         culprits.setdefault(r, "its telemetry recorded state 'failed'"
                             + (f": {message[:200]}" if message else " (an exception)"))

@@ -20,7 +20,6 @@ from trainwatch.torchrun_log import FAILED_WORKER
 
 TAIL_BYTES = 64 * 1024
 TAIL_STEPS = 50
-# torchrun: "failed (exitcode: -9) local_rank: 1 (pid: 4242) of binary: ..."
 
 
 def gather(run: RunDir, ev: Evidence) -> None:

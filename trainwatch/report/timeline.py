@@ -34,8 +34,6 @@ TERMINAL_EVENTS = ("failed", "job_stopped", "job_exited", "launcher_exited")
 # Events that bound the run's span; alert and controller bookkeeping does not (an alert
 # may resolve minutes after the job exited, when no accelerator is held any more).
 ENGINE_LIFECYCLE = ("job_started", "job_stopped", "job_exited")
-# torchrun's own line for a worker that failed, in RUN_DIR/logs/torchrun.log (the reference
-# trainer's launcher) or logs/job.log (a `trainwatch run -- torchrun ...` job's output).
 
 
 @dataclass
