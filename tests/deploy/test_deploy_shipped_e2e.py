@@ -112,7 +112,11 @@ def _setup_users() -> None:
 
 
 def _setup_runs_root() -> None:
-    """docs/deploy.md, step 1: the agent's group reads, the jobs' group may create."""
+    """docs/deploy.md, step 1: the agent's group reads, the jobs' group may create.
+    Runs an interrupted earlier test left behind go first: their ranks are gone without
+    finishing, so TrainingRankDown would rightly page for them in this test's window."""
+    for left in [*RUNS_ROOT.glob("slurm-2?????"), *RUNS_ROOT.glob("expB-*")]:
+        shutil.rmtree(left, ignore_errors=True)
     subprocess.run(["install", "-d", "-o", "root", "-g", "trainwatch", "-m", "3750",
                     str(RUNS_ROOT)], check=True)
     subprocess.run(["setfacl", "-m", f"g:{JOBS_GROUP}:rwx", str(RUNS_ROOT)], check=True)

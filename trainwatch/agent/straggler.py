@@ -101,6 +101,7 @@ class _RankTrack:
     since_step: int | None = None
     detected_at: float | None = None
     detected_step: int | None = None
+    cleared_step: int | None = None     # the window's last step when the flag last cleared
 
     @property
     def judging(self) -> bool:
@@ -172,11 +173,11 @@ class JobStragglers:
                 track.active, track.detected_at, track.detected_step = True, when, step
                 track.since = track.streak_since if track.streak_since is not None else when
                 track.since_step = track.streak_from if track.streak_from is not None else step
-                track.recovery = 0.0
+                track.recovery, track.cleared_step = 0.0, None
         elif track.recovery >= CLEAR_SHARE * float(opts["noise_sigmas"]) and level < enter:
             track.active, track.since, track.since_step = False, None, None
             track.detected_at = track.detected_step = None
-            track.evidence = 0.0
+            track.evidence, track.cleared_step = 0.0, step
 
     def update(self, window: dict[str, Any], local_ranks: Sequence[int], now: float) -> bool:
         """Score a new window (``job_window``); False if already seen or unusable."""

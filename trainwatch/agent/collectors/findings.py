@@ -234,7 +234,8 @@ class FindingsCollector(Collector):
         summary = {"ratio": round(ratio, 4), "window_ratio": round(window_ratio, 4),
                    "score": round(z, 3) if z is not None else None,
                    "slow_windows": track.slow_windows if track else 0, "active": active,
-                   "judging": bool(track and track.judging)}
+                   "judging": bool(track and track.judging),
+                   "cleared_step": track.cleared_step if track else None}
         if active:
             cause, evidence = self._cause(job, rank)
             rows.append(("trainwatch_straggler_info", 1, (("cause", cause),)))
