@@ -14,6 +14,6 @@ pip install -q -e '.[test]'
 if [ $# -eq 0 ]; then
     ruff check .
     mypy
-    exec python -m pytest -q -n 2 --dist loadfile
+    exec python -m pytest -q -n 2 --dist loadfile --durations=15
 fi
 python -m pytest -q "$@"

@@ -9,8 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
+from agent_helpers import free_port, wait_for
 from conftest import kill_tree
 from trainwatch.rundir import RunDir
 
@@ -223,3 +225,52 @@ def test_a_job_that_finished_after_its_saves_failed_is_not_exit_0(tmp_path):
     ok = _run(tmp_path / "ok", "--", sys.executable, "-c", job, "recovered")
     out = ok.communicate(timeout=120)[0].decode()
     assert ok.returncode == 0, out
+
+
+@pytest.mark.parametrize("supervisor", ["run", "alerts receive"])
+def test_a_second_sigterm_while_stopping_does_not_cut_the_stop_short(tmp_path, supervisor):
+    """Ctrl-C twice, or Slurm's SIGTERM reaching the supervisor again while the job saves:
+    the stop under way goes on to its end. Before, the second signal raised
+    KeyboardInterrupt inside the shutdown: 'Aborted.', the job killed by its dead parent
+    before its save was done, and the stop not journaled."""
+    job = tmp_path / "job.py"
+    job.write_text(
+        "import os, pathlib, signal, sys, time\n"
+        "here = pathlib.Path(sys.argv[1])\n"
+        "def stop(*_):\n"
+        "    (here / 'stopping').write_text('')\n"
+        "    time.sleep(3)  # a checkpoint on its way to disk\n"
+        "    (here / 'saved').write_text('')\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "(here / 'pid').write_text(str(os.getpid()))\n"
+        "while True:\n"
+        "    time.sleep(0.1)\n")
+    run = RunDir(tmp_path / "r")
+    if supervisor == "run":
+        proc = _run(run.root, "--", sys.executable, str(job), str(tmp_path))
+    else:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainwatch", "alerts", "receive", "--run-dir", str(run.root),
+             "--listen", f"127.0.0.1:{free_port()}",
+             "--job-command", f"{sys.executable} {job} {tmp_path}"],
+            env={**os.environ, "TRAINWATCH_RECEIVER_TOKEN": "t" * 32},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: (tmp_path / "pid").exists() and run.events("job_started"), 60,
+                 what="the job")
+        proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: (tmp_path / "stopping").exists(), 30, what="the job stopping")
+        proc.send_signal(signal.SIGTERM)  # while the job saves
+        proc.send_signal(signal.SIGINT)
+        out = proc.communicate(timeout=60)[0]
+    finally:
+        kill_tree(proc)
+    assert proc.returncode == (130 if supervisor == "run" else 0), out
+    assert (tmp_path / "saved").exists(), out  # the job's save was not cut short
+    assert b"Aborted" not in out and b"Traceback" not in out, out
+    assert [e["returncode"] for e in run.events("job_stopped")] == [0], out
+    if supervisor == "run":
+        stopped = run.events("controller_stopped")
+        assert len(stopped) == 1 and stopped[0]["interrupted"], out
+    assert not psutil.pid_exists(int((tmp_path / "pid").read_text()))

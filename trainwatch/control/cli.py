@@ -3,7 +3,6 @@ group users see (the rules' commands from ``trainwatch.alerts.cli`` plus this on
 
 from __future__ import annotations
 
-import signal
 import sys
 import time
 
@@ -15,6 +14,7 @@ from trainwatch.clitypes import NPROC_PER_NODE, run_dir_option
 from trainwatch.contract.env import RECEIVER_TOKEN_ENV
 from trainwatch.contract.ports import LOOPBACK, RECEIVER_LISTEN
 from trainwatch.errors import EXIT_PROBLEM, ConfigError
+from trainwatch.stopsignals import stop_on_sigterm, stopping
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -87,7 +87,7 @@ def receive(rules_file, thresholds_file, run, listen, token_file, nproc_per_node
     supervisor = None
     # SIGTERM (systemctl stop, a pod's end) stops the job it started as Ctrl-C does, never
     # leaving it orphaned.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    stop_on_sigterm()
     if controller is not None:
         controller.start()
         supervisor = Supervisor(controller, runner).start()
@@ -98,6 +98,7 @@ def receive(rules_file, thresholds_file, run, listen, token_file, nproc_per_node
     except KeyboardInterrupt:
         pass
     finally:
+        stopping()
         receiver.stop()
         if supervisor is not None:
             supervisor.stop()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -54,6 +53,7 @@ from trainwatch.errors import (EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEM, EXIT_USA
 from trainwatch.proctree import spawn, stop
 from trainwatch.rundir import RunDir, read_run_file_tail
 from trainwatch.runlock import hold
+from trainwatch.stopsignals import stop_on_sigterm, stopping
 
 # The end of the job's log a refusal or a failed launch quotes: its last lines, never the
 # whole log of a job that printed gigabytes.
@@ -234,9 +234,7 @@ def run(nproc_per_node, run, steps, config, overrides, max_restarts, thresholds_
     interrupted = False
     progress = Progress(target_steps)
     job_log_start = _size(run_.logs_dir / JOB_LOG)
-    # SIGTERM stops everything as cleanly as Ctrl-C does (trainwatch.cli.main makes sure
-    # SIGINT raises KeyboardInterrupt).
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    stop_on_sigterm()  # stops everything as cleanly as Ctrl-C does
     try:
         controller.start("trainwatch run")
         what = (f"starting {' '.join(command)}" if command
@@ -258,7 +256,11 @@ def run(nproc_per_node, run, steps, config, overrides, max_restarts, thresholds_
                 live.update(view())
     except KeyboardInterrupt:
         interrupted = True
+        click.echo("trainwatch run: stopping the job (SIGTERM, time to save a checkpoint; "
+                   f"SIGKILL after {controller.stop_grace:.0f} s) and the agent; another "
+                   "Ctrl-C does not cut that short", err=True)
     finally:
+        stopping()
         _shut_down(controller, [
             ("the telemetry watch", watch.stop if watch is not None else lambda: None),
             ("the supervisor", supervisor.stop), ("the engine", loop.stop),

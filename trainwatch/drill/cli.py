@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -14,6 +13,7 @@ import click
 from trainwatch.clitypes import NPROC_PER_NODE, run_dir_option, seconds
 from trainwatch.drill import catalog, render
 from trainwatch.errors import EXIT_PROBLEM, ConfigError, output_error
+from trainwatch.stopsignals import stop_on_sigterm
 
 if TYPE_CHECKING:
     from trainwatch.rundir import RunDir
@@ -100,9 +100,7 @@ def run_drills(names: tuple[str, ...], run_all: bool, nproc_per_node: int | None
         raise output_error(exc, out, key="--out") from None
     progress_console = render.console_for(stderr=True)
     console = render.console_for()
-    # SIGTERM stops the drill as cleanly as Ctrl-C (trainwatch.cli.main turns SIGINT into
-    # KeyboardInterrupt).
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    stop_on_sigterm()  # stops the drill as cleanly as Ctrl-C
     cards = []
     for plan in plans:
         run_dir = fresh_run_dir(out, plan.drill.name)

@@ -24,6 +24,7 @@ from trainwatch.drill.settings import DrillSettings, write_files
 from trainwatch.contract.env import FAULT_ENV, LAUNCH_ENV
 from trainwatch.proctree import stop, wait_gone
 from trainwatch.rundir import RunDir, atomic_write_json
+from trainwatch.stopsignals import stopping
 
 STOP_GRACE_SECONDS = 60.0  # `trainwatch run` stops its job gracefully first (SIGTERM, save)
 
@@ -121,6 +122,7 @@ def run_drill(settings: DrillSettings, run_dir: Path, *, timeout: float,
                 on_progress(snapshot(run, started, watcher))
             time.sleep(poll_seconds)
     except KeyboardInterrupt:
+        stopping()
         record["interrupted"] = True
         stop_tree(proc)
         raise
