@@ -33,7 +33,7 @@ from trainwatch.contract.env import SUPERVISOR_ENV
 from trainwatch.contract.layout import FORMAT_VERSION, LOCK_FORMAT
 from trainwatch.errors import ConfigError
 from trainwatch.proctree import marked, terminate
-from trainwatch.rundir import RunDir
+from trainwatch.rundir import RunDir, SkippedFile, read_run_file
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +163,17 @@ def under_holder(run: RunDir) -> Holder | None:
         return None
     ancestors = {p.pid for p in psutil.Process().parents()}
     return holder if holder.pid in ancestors else None
+
+
+def recorded_holder(run: RunDir) -> Holder | None:
+    """The holder the lock file names, without taking the lock (a reader must never make
+    a supervisor starting that instant refuse): None when it names none (a clean end
+    clears it). Whether that holder still runs is ``Holder.alive`` (this host only)."""
+    try:
+        return Holder.parse(read_run_file(run.supervisor_lock_file, run.root,
+                                          max_bytes=MAX_RECORD_BYTES))
+    except (OSError, SkippedFile):
+        return None
 
 
 def hold(run: RunDir, role: str) -> RunLock:
