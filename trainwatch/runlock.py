@@ -142,9 +142,16 @@ def acquire(run: RunDir, role: str) -> RunLock:
         raise _refusal(run, previous, lost=True)
     me = Holder.me(role)
     data = json.dumps(me.to_json()).encode() + b"\n"
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, data, 0)
-    os.fsync(fd)  # NFS: another client reads what the server has
+    try:
+        os.ftruncate(fd, 0)
+        if os.pwrite(fd, data, 0) != len(data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        os.fsync(fd)  # NFS: another client reads what the server has
+    except OSError as exc:  # a full disk: a lock whose holder nobody could name is no lock
+        os.close(fd)
+        raise ConfigError(f"cannot record this holder in the lock file: {exc.strerror} "
+                          "(free space in the run directory, then run the command again)",
+                          file=str(path)) from None
     return RunLock(fd, me, previous)
 
 

@@ -106,9 +106,13 @@ def close(run: RunDir | None, reason: str) -> None:
                  if isinstance(s.get("heartbeat_at"), (int, float))]
         rebooted = any(s.get("boot") and s.get("node") == node_name()
                        and s.get("boot") != boot_id() for s in ranks)
-        run.append_event(CLOSED_EVENT, "close", reason=reason, user=getpass.getuser(),
-                         last_heartbeat_at=max(beats, default=None), rebooted=rebooted,
-                         states={str(s["rank"]): s.get("state") for s in ranks})
+        try:
+            run.append_event(CLOSED_EVENT, "close", reason=reason, user=getpass.getuser(),
+                             last_heartbeat_at=max(beats, default=None), rebooted=rebooted,
+                             states={str(s["rank"]): s.get("state") for s in ranks})
+        except OSError as exc:  # whole lines or none: nothing was recorded, nothing closed
+            raise ConfigError(f"not closed: cannot journal {CLOSED_EVENT}: "
+                              f"{exc.strerror or exc}", file=str(run.journal_file)) from None
     finally:
         lock.release()
     last = f"; last heartbeat {_when(max(beats), now)}" if beats else ""
