@@ -23,6 +23,8 @@ COMMANDS = {
                "Run the reference trainer under torchrun with a restart policy."),
     "agent": ("trainwatch.agent.cli:agent",
                "Run the per-node agent: health collectors, stall and straggler detection."),
+    "close": ("trainwatch.control.close:close",
+               "End a run whose job is gone (a node rebooted): it pages nobody until restarted."),
     "checkpoint": ("trainwatch.trainer.checkpoint.cli:checkpoint",
                     "List, verify and compare checkpoints (digest of the weights)."),
     "data": ("trainwatch.trainer.cli:data", "Prepare and inspect token datasets."),

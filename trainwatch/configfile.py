@@ -13,9 +13,77 @@ from trainwatch.rundir import SkippedFile, read_run_file
 
 
 MAX_CONFIG_BYTES = 16 << 20  # far above any real config; a mistaken path fails fast
+# Nodes a document may hold with its aliases expanded: the packaged rules are ~2,000; a
+# "billion laughs" file of 300 bytes expands to 9**9 and took gigabytes to walk.
+MAX_YAML_NODES = 100_000
+_MERGE_KEY = "tag:yaml.org,2002:merge"
 # libyaml's parser when PyYAML has it: ~100x faster on hostile input, and it refuses
 # nesting deeper than 1000 levels itself (the pure-Python one takes seconds to recurse out).
-YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_PARSER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
+def _duplicate_key(node: yaml.Node) -> yaml.Node | None:
+    """The second of two equal keys of a mapping: YAML forbids them, and PyYAML would
+    silently keep the last (a second ``stall:`` section drops the first)."""
+    seen: set[tuple[str, str]] = set()
+    for key, _ in node.value:
+        if isinstance(key, yaml.ScalarNode) and key.tag != _MERGE_KEY:
+            if (key.tag, key.value) in seen:
+                return key
+            seen.add((key.tag, key.value))
+    return None
+
+
+def check_yaml_document(root: yaml.Node) -> None:
+    """Refuse a document whose aliases expand past ``MAX_YAML_NODES`` nodes or into
+    themselves, or with a duplicate key, before anything walks it: every reader of the
+    parsed value (validation, the line finder) pays for the expanded size. Linear in the
+    document's own nodes (an alias's size is counted once)."""
+    sizes: dict[int, int] = {}
+    started: set[int] = set()  # on the path from the root: reaching one again is a loop
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            started.discard(key)
+            sizes[key] = 1 + sum(sizes[id(child)] for child in _children(node))
+            if sizes[key] > MAX_YAML_NODES:
+                raise yaml.MarkedYAMLError(
+                    problem=f"aliases expand to more than {MAX_YAML_NODES:,} nodes",
+                    problem_mark=node.start_mark)
+            continue
+        if key in sizes:
+            continue
+        if key in started:
+            raise yaml.MarkedYAMLError(problem="an alias refers to its own node",
+                                       problem_mark=node.start_mark)
+        if isinstance(node, yaml.MappingNode) and (twice := _duplicate_key(node)) is not None:
+            raise yaml.MarkedYAMLError(problem=f"duplicate key '{twice.value}'",
+                                       problem_mark=twice.start_mark)
+        started.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in _children(node) if id(child) not in sizes)
+
+
+class _CheckedLoader(_PARSER):  # type: ignore[valid-type,misc]
+    """The safe loader (``yaml.load``, ``yaml.compose``) that checks each document's
+    size and keys as it is composed (``check_yaml_document``)."""
+
+    def get_single_node(self) -> yaml.Node | None:
+        node = super().get_single_node()
+        if node is not None:
+            check_yaml_document(node)
+        return node
+
+
+YAML_LOADER = _CheckedLoader
 
 
 def read_config_text(path: str | Path) -> str:

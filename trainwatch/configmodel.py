@@ -10,6 +10,7 @@ dotted key and the line of that key in the YAML file.
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
@@ -25,6 +26,10 @@ Lines = dict[tuple[str, ...], int]
 
 
 def _any_number(value: Any) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > sys.float_info.max:
+        # math.isfinite would raise OverflowError on it (a traceback, not exit 2)
+        raise ValueError(f"must be a finite number, got an integer of {len(str(abs(value)))} "
+                         "digits")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"must be a finite number, got {value!r}")
     return value
@@ -42,6 +47,23 @@ AnyNumber = Annotated[Union[int, float], PlainValidator(_any_number),
                       WithJsonSchema({"type": "number"})]
 Number = Annotated[Union[int, float], PlainValidator(_non_negative),
                    WithJsonSchema({"type": "number", "minimum": 0})]
+
+MAX_COUNT = 2**31 - 1  # fits every C size and index a count is handed to (deque, read)
+
+
+def _count(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"must be a whole number, got {value!r}")
+    if not 0 <= value <= MAX_COUNT:
+        shown = repr(value) if abs(value) < 10**20 else f"an integer of {len(str(abs(value)))} digits"
+        raise ValueError(f"must be between 0 and {MAX_COUNT:,}, got {shown}")
+    return value
+
+
+# A count or a size in bytes: bounded, so a typo's huge value is refused here and not by an
+# OverflowError or MemoryError in a collector every second.
+Count = Annotated[int, PlainValidator(_count),
+                  WithJsonSchema({"type": "integer", "minimum": 0, "maximum": MAX_COUNT})]
 
 
 class ConfigModel(BaseModel):

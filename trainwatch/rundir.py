@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from trainwatch.contract.layout import (CHECKPOINT_DIRS_KEY, FORMAT_VERSION, METRICS_FILE_GLOB,
-                                       RUN_FORMAT, STATUS_FILE_GLOB, STATUS_FORMAT, RunLayout,
-                                       rank_file_name, rank_of_file)
+from trainwatch.contract.layout import (CHECKPOINT_DIRS_KEY, CLOSED_EVENT, FORMAT_VERSION,
+                                       METRICS_FILE_GLOB, RUN_FORMAT, STATUS_FILE_GLOB,
+                                       STATUS_FORMAT, RunLayout, rank_file_name, rank_of_file)
 from trainwatch.contract.states import BAD_INPUT, FAILED, FINISHED
 from trainwatch.errors import ConfigError, FormatError
 from trainwatch.node import boot_id, node_name
@@ -46,7 +46,7 @@ EVENTS = (
     "diagnostics_dumped",
     "job_started", "job_stopped", "job_exited", "job_silent", "controller_started", "controller_stopped",
     "leftovers_stopped", "leftovers_unchecked",
-    "supervisor_tree_gone", "supervisor_tree_left", "second_supervisor_exited",
+    "supervisor_tree_gone", "supervisor_tree_left", "second_supervisor_exited", CLOSED_EVENT,
 )
 
 

@@ -33,7 +33,7 @@ from trainwatch.contract.env import SUPERVISOR_ENV
 from trainwatch.contract.layout import FORMAT_VERSION, LOCK_FORMAT
 from trainwatch.errors import ConfigError
 from trainwatch.proctree import marked, terminate
-from trainwatch.rundir import RunDir
+from trainwatch.rundir import RunDir, SkippedFile, read_run_file
 
 log = logging.getLogger(__name__)
 
@@ -142,9 +142,16 @@ def acquire(run: RunDir, role: str) -> RunLock:
         raise _refusal(run, previous, lost=True)
     me = Holder.me(role)
     data = json.dumps(me.to_json()).encode() + b"\n"
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, data, 0)
-    os.fsync(fd)  # NFS: another client reads what the server has
+    try:
+        os.ftruncate(fd, 0)
+        if os.pwrite(fd, data, 0) != len(data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        os.fsync(fd)  # NFS: another client reads what the server has
+    except OSError as exc:  # a full disk: a lock whose holder nobody could name is no lock
+        os.close(fd)
+        raise ConfigError(f"cannot record this holder in the lock file: {exc.strerror} "
+                          "(free space in the run directory, then run the command again)",
+                          file=str(path)) from None
     return RunLock(fd, me, previous)
 
 
@@ -163,6 +170,17 @@ def under_holder(run: RunDir) -> Holder | None:
         return None
     ancestors = {p.pid for p in psutil.Process().parents()}
     return holder if holder.pid in ancestors else None
+
+
+def recorded_holder(run: RunDir) -> Holder | None:
+    """The holder the lock file names, without taking the lock (a reader must never make
+    a supervisor starting that instant refuse): None when it names none (a clean end
+    clears it). Whether that holder still runs is ``Holder.alive`` (this host only)."""
+    try:
+        return Holder.parse(read_run_file(run.supervisor_lock_file, run.root,
+                                          max_bytes=MAX_RECORD_BYTES))
+    except (OSError, SkippedFile):
+        return None
 
 
 def hold(run: RunDir, role: str) -> RunLock:

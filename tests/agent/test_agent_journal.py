@@ -17,6 +17,7 @@ import pytest
 from agent_helpers import FIXTURES, collector, make_ctx, publish, samples, value
 from trainwatch.agent.status import build_status
 from trainwatch.alerts.rules import ACTIONS, load_rules
+from trainwatch.contract.layout import CLOSED_EVENT
 from trainwatch.rundir import RunDir
 
 JOURNAL = FIXTURES / "journal" / "journal.jsonl"
@@ -107,6 +108,20 @@ def test_a_run_its_supervisor_stopped_is_over_until_it_starts_again(tmp_path):
     # A fresh agent reads the whole journal: the same answer.
     assert value(collector(make_ctx([run.root]), "journal").collect(),
                  "trainwatch_run_supervisor_stopped") == 1
+
+
+def test_a_run_closed_by_hand_is_over_until_it_starts_again(tmp_path):
+    """run_closed (trainwatch close: the job is gone, e.g. its node rebooted, and no
+    supervisor is left to journal a stop) counts as a stop; a new start opens the run."""
+    run = run_with(tmp_path)
+    journal = collector(make_ctx([run.root]), "journal")
+    for event in ("controller_started", "job_started", "rank_started"):
+        run.append_event(event, "engine")
+    assert value(journal.collect(), "trainwatch_run_supervisor_stopped") == 0
+    run.append_event(CLOSED_EVENT, "close", reason="node rebooted")
+    assert value(journal.collect(), "trainwatch_run_supervisor_stopped") == 1
+    run.append_event("controller_started", "engine")
+    assert value(journal.collect(), "trainwatch_run_supervisor_stopped") == 0
 
 
 def test_incremental_tail_counts_each_line_once_across_collections(tmp_path):

@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from agent_helpers import wait_for
+from conftest import fill_to_the_brim, tmpfs_mount
 from trainwatch.contract.env import SUPERVISOR_ENV
 from trainwatch.errors import ConfigError
 from trainwatch.proctree import spawn
@@ -231,3 +232,20 @@ def test_every_command_that_starts_a_job_refuses_a_held_run_directory(run, tmp_p
         assert not run.events()  # none of them started or journaled anything
     finally:
         lock.release()
+
+
+@pytest.mark.parametrize("command", [["run", "--no-live", "--run-dir", "{run}", "--", "true"],
+                                     ["close", "{run}"]])
+def test_a_full_disk_refuses_the_lock_with_exit_2_not_a_traceback(tmp_path, command):
+    """The run directory's filesystem is full (the run filled it; the user runs the same
+    command again): recording the holder fails, which was an OSError traceback, exit 1."""
+    with tmpfs_mount(tmp_path / "disk", "1m") as disk:
+        run = RunDir(disk / "run").create()
+        fill_to_the_brim(disk)
+        done = subprocess.run([sys.executable, "-m", "trainwatch",
+                               *[part.format(run=run.root) for part in command]],
+                              capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert (f"{run.supervisor_lock_file}: cannot record this holder in the lock file: No "
+            "space left on device" in done.stderr)

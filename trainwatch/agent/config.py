@@ -17,7 +17,8 @@ from pydantic import (AfterValidator, BeforeValidator, Field, WithJsonSchema, cr
                       model_validator)
 
 from trainwatch.configfile import load_yaml_mapping
-from trainwatch.configmodel import ConfigModel, KeyProblem, Lines, Number, validate, yaml_lines
+from trainwatch.configmodel import (ConfigModel, Count, KeyProblem, Lines, Number, validate,
+                                   yaml_lines)
 from trainwatch.contract.ports import AGENT_LISTEN
 from trainwatch.contract.stall import STALL_DEFAULTS
 from trainwatch.errors import ConfigError
@@ -147,7 +148,9 @@ def _option_type(default: Any) -> Any:
     """A collector option's type is the type of its default."""
     if isinstance(default, bool):
         return bool
-    if isinstance(default, (int, float)):
+    if isinstance(default, int):
+        return Count
+    if isinstance(default, float):
         return Number
     if isinstance(default, list):
         return list[Any]

@@ -23,6 +23,9 @@ SUSPECT_FORMAT = "trainwatch.suspect"  # a node suspected of silent data corrupt
 # Top level.
 RUN_FILE = "run.json"
 JOURNAL_FILE = "journal.jsonl"
+# The journal event `trainwatch close` writes: a person ended a run whose job is gone (a
+# node rebooted, the job was abandoned). Readers treat the run as stopped until a new start.
+CLOSED_EVENT = "run_closed"
 SUPERVISOR_LOCK_FILE = "supervisor.lock"  # flock'ed by the run's one supervisor; who holds it
 STATUS_DIR = "status"
 METRICS_DIR = "metrics"

@@ -349,8 +349,9 @@ _SPECS += [
        RUN_NODE + ("action",)),
     _m("trainwatch_run_supervisor_stopped", "gauge",
        "1 while the run's journal says its supervisor (trainwatch run) stopped it after its "
-       "last start (controller_stopped): ranks killed by that stop are not down; 0 "
-       "otherwise.", RUN_NODE),
+       "last start (controller_stopped), or a person closed it (run_closed, trainwatch "
+       "close: its job is gone): ranks killed by that stop are not down; 0 otherwise.",
+       RUN_NODE),
     _m("trainwatch_train_restarts_total", "counter",
        "Restarts of the job's ranks, by kind: torchrun (restarted events) or controller (the "
        "controller starting the job again, job_started after the first attempt).",

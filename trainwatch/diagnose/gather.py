@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from trainwatch.diagnose import (agents, checkpoints, flight_recorder, journal, oom, processes,
-                                 prometheus, rank_dumps, run_state, stacks, workers)
+                                 prometheus, rank_dumps, run_state, stacks, supervisor,
+                                 workers)
 from trainwatch.diagnose.model import Evidence
 from trainwatch.rundir import RunDir
 
@@ -33,6 +34,7 @@ def gather(run: RunDir, options: Options,
         ("processes", lambda: processes.gather(ev)),
         ("oom kills", lambda: oom.gather(ev)),
         ("journal", lambda: journal.gather(run, ev)),
+        ("supervisor", lambda: supervisor.gather(run, ev)),
         ("rank dumps", lambda: rank_dumps.gather(run, ev, options.timeout)
          if options.request_dumps else None),
         ("stacks", lambda: stacks.gather(ev, options.timeout, options.native)),

@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from trainwatch import attempts
+from trainwatch.contract.layout import CLOSED_EVENT
 from trainwatch.contract.stall import recorded_options
 from trainwatch.diagnose.model import Evidence
 from trainwatch.rundir import RunDir
@@ -35,16 +36,18 @@ def gather(run: RunDir, ev: Evidence) -> None:
 
 
 def stopped(records: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The supervisor's ``job_stopped`` when it is the job's last start, stop or exit: the
-    run was stopped (Ctrl-C, ``systemctl stop``, bad input) and not started again."""
+    """The supervisor's ``job_stopped``, or a person's ``run_closed`` (``trainwatch close``),
+    when it is the job's last start, stop or exit: the run was stopped (Ctrl-C, ``systemctl
+    stop``, bad input) or closed (its job gone) and not started again."""
     last = None
     for record in records:
-        if record.get("event") in ("job_started", "job_stopped", "job_exited"):
+        if record.get("event") in ("job_started", "job_stopped", "job_exited", CLOSED_EVENT):
             last = record
-    if last is None or last.get("event") != "job_stopped" \
+    if last is None or last.get("event") not in ("job_stopped", CLOSED_EVENT) \
             or not isinstance(last.get("time"), (int, float)):
         return None
-    return {"time": last["time"], "reason": str(last.get("reason") or "stopped")}
+    return {"time": last["time"], "reason": str(last.get("reason") or "stopped"),
+            "closed": last.get("event") == CLOSED_EVENT}
 
 
 def resumed_step(records: list[dict[str, Any]], attempt: attempts.Generation,

@@ -53,6 +53,7 @@ class Evidence:
     stacks: dict[int, dict[str, Any]] = field(default_factory=dict)
     collectives: dict[str, Any] = field(default_factory=dict)
     journal: dict[str, Any] = field(default_factory=dict)
+    supervisor: dict[str, Any] = field(default_factory=dict)  # diagnose/supervisor.py
     checkpoints: dict[str, Any] = field(default_factory=dict)
     agents: list[dict[str, Any]] = field(default_factory=list)
     prometheus: dict[str, Any] | None = None

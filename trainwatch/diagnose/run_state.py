@@ -73,6 +73,7 @@ def rank_view(status: dict[str, Any], now: float) -> dict[str, Any]:
         "heartbeat_interval": status.get("heartbeat_interval"),
         "started_at": status.get("started_at"),
         "process_created_at": status.get("process_created_at"),
+        "boot": status.get("boot"),
         "restart_count": status.get("restart_count"),
         "backend": status.get("backend"), "counters": status.get("counters") or {},
         "loss": metrics.get("loss"), "timing": status.get("timing"),

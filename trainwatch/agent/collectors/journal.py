@@ -4,8 +4,9 @@ Alerts fired (``alert_firing``), actions taken or skipped (``action_taken`` /
 ``action_skipped``), restarts (torchrun's ``restarted``, the controller's ``job_started``
 after its first attempt), the newest checkpoint save's write and blocking time
 (``checkpoint_saved``, mirror copies left out), and whether the run's supervisor stopped it
-(``controller_stopped`` after the last start): ranks SIGKILLed after the stop's grace
-period keep a ``running`` status, and such a run is over, not down.
+(``controller_stopped`` after the last start), or a person closed it (``run_closed``,
+``trainwatch close``): ranks SIGKILLed after the stop's grace period, or gone with a
+rebooted node, keep a ``running`` status, and such a run is over, not down.
 
 The journal is tailed, not re-read: the byte offset per file is remembered and at most
 ``max_bytes_per_run`` are read per run and collection (a long journal is caught up over
@@ -35,11 +36,13 @@ from typing import Any, TypedDict
 
 from trainwatch.agent.registry import Collector, Result, register
 from trainwatch.contract.alerts import ACTIONS, SEVERITIES, alert_catalog
+from trainwatch.contract.layout import CLOSED_EVENT
 from trainwatch.rundir import SkippedFile, open_run_file, parse_jsonl_pieces
 
 RESTART_KINDS = ("torchrun", "controller")
-# After a supervisor stopped a run (STOP_EVENT), any of these makes it live again.
-STOP_EVENT = "controller_stopped"
+# After a supervisor stopped a run, or a person closed it (``trainwatch close``: its job is
+# gone, e.g. the node rebooted), any of START_EVENTS makes it live again.
+STOP_EVENTS = frozenset({"controller_stopped", CLOSED_EVENT})
 START_EVENTS = frozenset({"controller_started", "job_started", "launcher_started", "run_started",
                           "rank_started", "restarted"})
 OTHER = "other"
@@ -83,7 +86,7 @@ class _Tail:
     recent: deque = field(default_factory=lambda: deque(maxlen=10))
     extra: dict[str, set[str]] = field(default_factory=dict)  # label -> unknown names kept
     last_save: _Save | None = None
-    supervisor_stopped: bool = False  # the last start was followed by STOP_EVENT
+    supervisor_stopped: bool = False  # the last start was followed by one of STOP_EVENTS
 
     def start_over(self, file_id: tuple[int, int] | None) -> None:
         """A new file (rotated, truncated, rewritten): read it from the start, keep totals."""
@@ -198,8 +201,8 @@ class JournalCollector(Collector):
     # -- counting ----------------------------------------------------------------------
     def _count(self, record: dict[str, Any], tail: _Tail) -> None:
         event = record["event"]
-        if event == STOP_EVENT or event in START_EVENTS:
-            tail.supervisor_stopped = event == STOP_EVENT
+        if event in STOP_EVENTS or event in START_EVENTS:
+            tail.supervisor_stopped = event in STOP_EVENTS
         if event == "alert_firing":
             severity = record.get("severity")
             tail.alerts[(self._name(tail, "alertname", record.get("alert")),
