@@ -12,6 +12,7 @@ this host, a rank on another node that beat recently.
 from __future__ import annotations
 
 import getpass
+import os
 import time
 from typing import Any
 
@@ -39,6 +40,14 @@ def _when(t: float, now: float) -> str:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(t))
     return f"{stamp}, {(now - t) / 3600:.1f} h ago" if now - t >= 3600 \
         else f"{stamp}, {now - t:.0f} s ago"
+
+
+def _user() -> str:
+    """Who closed it: a container's uid may have no name (getpass then raises)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid {os.getuid()}"
 
 
 def _alive_here(status: dict[str, Any]) -> bool:
@@ -107,7 +116,7 @@ def close(run: RunDir | None, reason: str) -> None:
         rebooted = any(s.get("boot") and s.get("node") == node_name()
                        and s.get("boot") != boot_id() for s in ranks)
         try:
-            run.append_event(CLOSED_EVENT, "close", reason=reason, user=getpass.getuser(),
+            run.append_event(CLOSED_EVENT, "close", reason=reason, user=_user(),
                              last_heartbeat_at=max(beats, default=None), rebooted=rebooted,
                              states={str(s["rank"]): s.get("state") for s in ranks})
         except OSError as exc:  # whole lines or none: nothing was recorded, nothing closed
