@@ -70,6 +70,8 @@ _PARAMS: dict[str, dict[str, type[int] | type[float]]] = {
     "exit": {"code": int}, "kill": {}, "sleep": {"seconds": float}, "hang": {}, "freeze": {},
     "nan": {}, "slow": {"factor": float, "until": int, "delay": float},
     "eval": {"seconds": float}, "sdc": {"bit": int}, "reduce": {"bit": int}}
+# One-shot faults fired outside the forward, by the method of their name.
+_FIRED_ELSEWHERE = ("nan", "eval", "sdc", "reduce")
 SDC_BIT = 20  # sdc: a float32's value by ~12 %
 # reduce: this many bits below the top, an exponent bit of float32, bf16 and fp16 (bit 27,
 # 11, 11): the value is scaled by 2^16 (float32, bf16) or 4 (fp16), or divided by it.
@@ -186,7 +188,7 @@ class FaultInjector:
             yield
             return
         for fault in self.faults:
-            if fault.kind in ONE_SHOT and fault.kind not in ("nan", "eval", "sdc") \
+            if fault.kind in ONE_SHOT and fault.kind not in _FIRED_ELSEWHERE \
                     and self._due(fault, step):
                 self._fire(fault, step)
         started = time.perf_counter()
