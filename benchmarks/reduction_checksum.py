@@ -17,7 +17,10 @@ shared machine):
   1 + extra / (every x step), step being the median unchecked step;
 * **unchecked step**: the hook on an unchecked step is torch's default all-reduce hook
   called from Python; pairs of adjacent steps of it and of a second DDP copy with no hook
-  (DDP's built-in all-reduce), alternating: the median of the pairs' ratios.
+  (DDP's built-in all-reduce, which folds the division by the world size into copying
+  the result to the gradients; ``--baseline default-hook``: torch's ``allreduce_hook``
+  registered on it, which divides in a pass of its own), alternating: the median of the
+  pairs' ratios.
 
 Each is printed per repeat with the median and range; the goal is <= 1.005 at the default.
 """
@@ -33,6 +36,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainwatch.trainer.config import load_config
@@ -47,6 +51,9 @@ def main() -> None:
                         metavar="KEY=VALUE", help="reference trainer config, e.g. model.layers=8")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--pairs", type=int, default=100, help="pairs of steps per repeat")
+    parser.add_argument("--baseline", choices=("none", "default-hook"), default="none",
+                        help="the unchecked hook's comparison: DDP with no hook, or with "
+                             "torch's default allreduce_hook")
     args = parser.parse_args()
 
     if "WORLD_SIZE" in os.environ:
@@ -64,6 +71,8 @@ def main() -> None:
     hooked_state = build_training_state(cfg, data, ranks)
     plain_state = build_training_state(cfg, data, ranks)
     hooked, plain = DDP(hooked_state.model), DDP(plain_state.model)
+    if args.baseline == "default-hook":
+        plain.register_comm_hook(None, allreduce_hook)
     current = [0]
     check = ReductionCheck(hooked, DEFAULT_EVERY, lambda: current[0])
     clip = cfg.optim.grad_clip or math.inf
@@ -96,7 +105,7 @@ def main() -> None:
     params = sum(p.numel() for p in model.parameters())
     if rank == 0:
         print(f"model: {params / 1e6:.2f}M parameters ({len(list(model.parameters()))} tensors);"
-              f" {world} gloo rank(s); torch threads {torch.get_num_threads()}; "
+              f" {world} gloo rank(s); baseline {args.baseline}; torch threads {torch.get_num_threads()}; "
               f"load average {os.getloadavg()[0]:.1f}")
     everys = sorted({1, 10, DEFAULT_EVERY, 4 * DEFAULT_EVERY})
     per_repeat: list[tuple[float, float, float]] = []
@@ -133,7 +142,7 @@ def main() -> None:
             print(f"checked, every {n:4d} steps: median {statistics.median(ratios):.5f}, range "
                   f"{min(ratios):.5f}-{max(ratios):.5f}{goal}")
         hooks = [h for _, _, h in per_repeat]
-        print(f"unchecked steps, hook / no hook: median {statistics.median(hooks):.4f}, range "
+        print(f"unchecked steps, hook / {args.baseline}: median {statistics.median(hooks):.4f}, range "
               f"{min(hooks):.4f}-{max(hooks):.4f}")
     dist.destroy_process_group()
 
