@@ -79,14 +79,14 @@ class ReductionCheck:
     steps, and the checked buckets not yet read (the hook appends, the background thread
     reads)."""
 
-    def __init__(self, ddp: Any, every: int, step_of: Callable[[], int | None]):
+    def __init__(self, ddp: torch.nn.Module, every: int, step_of: Callable[[], int | None]):
         if int(every) < 1:
             raise ValueError(f"every must be a positive number of steps, got {every!r}")
         if not isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
             raise ConfigError(
                 f"needs the DistributedDataParallel model (got {type(ddp).__name__}): the "
                 "checksum rides on DDP's gradient all-reduce", key=API)
-        if getattr(ddp, "_comm_hooks", None):
+        if ddp._comm_hooks:
             raise _has_hook(ddp._comm_hooks[0][0])
         self.every = int(every)
         self.step_of = step_of
@@ -98,17 +98,13 @@ class ReductionCheck:
             ddp._comm_hooks.pop()
             raise _has_hook(None) from exc
 
-    def due(self, step: int | None) -> bool:
-        return step is not None and (step + 1) % self.every == 0
-
     def hook(self, group: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         step = self.step_of()
         tamper = self.tamper
-        if not self.due(step):
+        if step is None or (step + 1) % self.every:  # not a checked step: DDP's default
             if tamper is not None and step is not None:
                 tamper(step, bucket.index(), bucket.buffer())
             return allreduce_hook(group, bucket)
-        assert step is not None
         buffer = bucket.buffer()
         world = (group if group is not None else dist.group.WORLD).size()
         # The abs-sum only scales the tolerance: float32 is exact enough (relative error
@@ -125,7 +121,7 @@ class ReductionCheck:
             reduced = fut.value()
             totals = sums.wait()[0]
             values = torch.cat([reduced.sum(dtype=torch.float64).reshape(1), totals])
-            self.taken.append((step, index, elements, eps, world, values))
+            self.taken.append((step, index, elements, eps, world, values, _event_after(values)))
             return reduced
 
         return allreduce_hook(group, bucket).then(check)
@@ -134,10 +130,22 @@ class ReductionCheck:
         """The buckets checked since the last call (reads the device)."""
         out = []
         for _ in range(len(self.taken)):
-            step, index, elements, eps, world, values = self.taken.popleft()
+            step, index, elements, eps, world, values, done = self.taken.popleft()
+            if done is not None:
+                done.synchronize()  # blocks this (the background) thread only
             out.append(verdict(step, index, values.tolist(), elements=elements, eps=eps,
                                world=world))
         return out
+
+
+def _event_after(values: torch.Tensor) -> Any:
+    """On a GPU, an event after the work that made ``values``: a future's callback runs on a
+    stream of its own, which a read from another thread's stream would not wait for."""
+    if values.device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(values.device))
+    return event
 
 
 def _has_hook(hook: Any) -> ConfigError:
