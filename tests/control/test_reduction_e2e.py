@@ -79,3 +79,17 @@ def test_a_corrupted_reduction_is_recorded_exported_and_alerted(tmp_path, launch
     assert digests[0] == digests[1]
     assert [step for step, _ in digests[0]] == list(range(STEPS - 8 * EVERY + EVERY - 1, STEPS,
                                                           EVERY))
+
+
+def test_a_reduce_fault_without_the_check_is_bad_input_not_a_fault_that_never_fires(
+        tmp_path, launch_train):
+    run_dir = tmp_path / "exp"
+    proc = launch_train("--nproc-per-node", "1", "--run-dir", str(run_dir), "--steps", "5",
+                        "--max-restarts", "0", "--set", "telemetry.reduction_every=0",
+                        env={"TRAINWATCH_FAULT": "reduce:step=3",
+                             "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+    code, out = finish(proc)
+    assert code != 0 and "key 'reduce': a reduce fault needs the reduction check" in out, out
+    status = json.loads((run_dir / "status" / "rank-00000.json").read_text())
+    assert status["state"] == "failed" and status["reduction"] is None
+    assert "exitcode: 2" in out

@@ -90,7 +90,7 @@ class TelemetryConfig:
     # measured at 50); 0: off.
     replica_every: int = 50
     # Steps between gradient checksums carried through DDP's all-reduce (docs/sdc.md: the
-    # overhead measured at 50); 0: off. Needs DDP (more than one rank).
+    # overhead measured at 50); 0: off. Needs DDP (a run under torchrun).
     reduction_every: int = 50
     peak_flops: float | None = None
     metrics_port: int | None = None  # local rank r serves metrics_host:(port + r)/metrics

@@ -234,7 +234,7 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpoi
     if faults.reduces:  # TRAINWATCH_FAULT=reduce:...
         if reduction is None:
             raise ConfigError("a reduce fault needs the reduction check: telemetry enabled, "
-                              "telemetry.reduction_every > 0 and more than one rank",
+                              "telemetry.reduction_every > 0 and a run under torchrun (DDP)",
                               file=FAULT_ENV, key="reduce")
         reduction.tamper = faults.reduce
     tel.flops_per_token = model.flops_per_token()
