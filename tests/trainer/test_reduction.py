@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from conftest import REPO, torchrun_env
 from trainwatch.errors import ConfigError
+from trainwatch.trainer import reduction
 from trainwatch.trainer.faults import FaultInjector, parse_faults
 from trainwatch.trainer.reduction import ReductionCheck, verdict
 from trainwatch.trainer.telemetry import Telemetry
@@ -137,6 +138,17 @@ def test_telemetry_counts_records_and_logs_a_mismatch(group, tmp_path):
               (tmp_path / "run" / "metrics" / "rank-00000.jsonl").read_text().splitlines()]
     assert [{k: r[k] for k in mismatch} for r in logged if r["kind"] == "reduction"] == [
         mismatch]
+
+
+def test_checks_the_reader_fell_behind_on_are_bounded_and_counted(group, tmp_path, monkeypatch):
+    monkeypatch.setattr(reduction, "PENDING", 2)
+    ddp = DDP(_model())
+    tel = Telemetry(tmp_path / "run", heartbeat_interval=3600, exchange_every=0).start()
+    tel.check_reduction(ddp, every=1)
+    _train(ddp, 5, tel)  # one bucket a step, no flush until close
+    tel.close()
+    status = json.loads((tmp_path / "run" / "status" / "rank-00000.json").read_text())
+    assert status["reduction"]["step"] == 4 and status["counters"]["telemetry_errors_total"] == 1
 
 
 def test_a_disabled_telemetry_takes_no_hook(group, tmp_path):

@@ -92,6 +92,7 @@ class ReductionCheck:
         self.step_of = step_of
         self.tamper: Tamper | None = None  # fault injection (TRAINWATCH_FAULT=reduce:...)
         self.taken: collections.deque = collections.deque(maxlen=PENDING)
+        self.dropped = 0  # checked buckets the deque let go unread (the reader fell behind)
         try:
             ddp.register_comm_hook(ddp.process_group, self.hook)
         except RuntimeError as exc:  # a built-in hook (register_builtin_comm_hook) is there
@@ -121,6 +122,8 @@ class ReductionCheck:
             reduced = fut.value()
             totals = sums.wait()[0]
             values = torch.cat([reduced.sum(dtype=torch.float64).reshape(1), totals])
+            if len(self.taken) == PENDING:
+                self.dropped += 1
             self.taken.append((step, index, elements, eps, world, values, _event_after(values)))
             return reduced
 

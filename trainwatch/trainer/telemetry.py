@@ -765,8 +765,12 @@ class Telemetry:
                 except OSError as exc:
                     self.count_error(repr(exc))
                     self._publish_failed(exc)
-        if self._reduction is not None and self._reduction.taken:
-            self._publish_reduction(self._reduction.resolve())
+        check = self._reduction
+        if check is not None and check.taken:
+            self._publish_reduction(check.resolve())
+        if check is not None and check.dropped:
+            dropped, check.dropped = check.dropped, 0
+            self.count_error(f"{dropped} reduction checks dropped unread")
         # popleft, one at a time, because the loop appends without a lock
         pending = [self._pending.popleft() for _ in range(len(self._pending))]
         if not pending:
