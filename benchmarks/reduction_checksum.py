@@ -17,10 +17,8 @@ shared machine):
   1 + extra / (every x step), step being the median unchecked step;
 * **unchecked step**: the hook on an unchecked step is torch's default all-reduce hook
   called from Python; pairs of adjacent steps of it and of a second DDP copy with no hook
-  (DDP's built-in all-reduce, which folds the division by the world size into copying
-  the result to the gradients; ``--baseline default-hook``: torch's ``allreduce_hook``
-  registered on it, which divides in a pass of its own), alternating: the median of the
-  pairs' ratios.
+  (DDP's built-in all-reduce; ``--baseline default-hook``: torch's ``allreduce_hook``
+  registered on it), alternating: the median of the pairs' ratios.
 
 Each is printed per repeat with the median and range; the goal is <= 1.005 at the default.
 """
