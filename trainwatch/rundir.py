@@ -435,6 +435,7 @@ _STATUS_TYPES: dict[str, tuple[type, ...]] = {
     "restart_count": (int,), "state": (str,), "phase": (str,), "job": (str,), "node": (str,),
     "backend": (str,), "device": (str,), "cgroup": (str,), "heartbeat_at": _NUMBER, "started_at": _NUMBER,
     "last_progress_at": _NUMBER, "phase_since": _NUMBER, "last_nonfinite_loss_at": _NUMBER,
+    "last_reduction_mismatch_at": _NUMBER, "reduction": (dict,),
     "metrics": (dict,), "counters": (dict,), "eval": (dict,), "checkpoint": (dict,),
     "timing": (dict,), "info": (dict,), "phase_budgets": (dict,),
 }

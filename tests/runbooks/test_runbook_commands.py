@@ -29,7 +29,8 @@ from trainwatch.rundir import RunDir
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # fixtures start real runs
 
 SITUATION = {
-    "recovered": ["TrainingRankDown", "TrainingReplicaDivergence", "TrainingRestartLoop", "TrainingStartupFailed",
+    "recovered": ["TrainingRankDown", "TrainingReplicaDivergence",
+                  "TrainingReductionChecksumMismatch", "TrainingRestartLoop", "TrainingStartupFailed",
                   "TrainingLossNonFinite", "TrainingLossNotDecreasing", "TrainingLossSpike",
                   "TrainingThroughputDrop", "CheckpointFailed", "CheckpointTooOld",
                   "StorageFillingUp", "StorageFull", "StorageProbeSlow", "NCCLErrors"],

@@ -36,6 +36,9 @@ def test_file_then_overrides_win(tmp_path):
     ("", ["train.nosuch=1"], "train.nosuch", "unknown key", "--set"),
     ("", ["train.steps.x=1"], "train.steps.x", "not a section", "--set"),
     ("", ["train.steps=0"], "train.steps", "at least 1", "file"),
+    ("telemetry: {reduction_every: -1}\n", [], "telemetry.reduction_every", "must be >= 0",
+     "file"),
+    ("", ["telemetry.reduction_every=often"], "telemetry.reduction_every", "must be int", "--set"),
 ])
 def test_bad_config_names_file_and_key(tmp_path, text, overrides, key, words, source):
     path = write(tmp_path, text)

@@ -150,3 +150,29 @@ def test_sdc_flips_one_bit_of_one_weight_once_after_its_step(dtype, bit):
     for bad in ("sdc:rank=1", "sdc:step=3:bit=32", "sdc:step=3:bit=-1"):
         with pytest.raises(ConfigError):
             parse_faults(bad)
+
+
+@pytest.mark.parametrize("dtype,bit,flipped", [("float32", None, 27), ("bfloat16", None, 11),
+                                               ("float32", 30, 30)])
+def test_reduce_flips_an_exponent_bit_of_the_largest_element_of_a_bucket_once(
+        dtype, bit, flipped):
+    import torch
+
+    spec = "reduce:rank=1:step=3" + ("" if bit is None else f":bit={bit}")
+    (fault,) = parse_faults(spec)
+    assert fault == Fault("reduce", rank=1, step=3, attempt=0, bit=bit)
+    bucket = torch.tensor([0.5, -3.0, 2.0]).to(getattr(torch, dtype))
+    before = bucket.clone()
+    injector = FaultInjector([fault], rank=1, attempt=0)
+    with injector.forward(3):  # the forward leaves it alone: the reduction check calls it
+        pass
+    injector.reduce(2, 0, bucket)
+    assert torch.equal(bucket, before)
+    injector.reduce(3, 0, bucket)
+    injector.reduce(3, 1, bucket)  # once per process: the first bucket of the step
+    ints = {2: torch.int16, 4: torch.int32}[bucket.element_size()]
+    changed = before.view(ints) ^ bucket.view(ints)
+    assert int(changed[1]) == 1 << flipped and not changed[0] and not changed[2]
+    for bad in ("reduce:rank=1", "reduce:step=3:bit=32"):
+        with pytest.raises(ConfigError):
+            parse_faults(bad)

@@ -60,8 +60,9 @@ def check(rules_file, thresholds_file, as_json) -> None:
                                 "metrics": sorted(r.metrics)} for r in ruleset.rules],
                               indent=2))
         return
+    width = max(len(rule.name) for rule in ruleset.rules)
     for rule in ruleset.rules:
-        click.echo(f"{rule.name:28s} {rule.severity:8s} {rule.action or '-'}")
+        click.echo(f"{rule.name:{width}s} {rule.severity:8s} {rule.action or '-'}")
     click.echo(f"{len(ruleset.rules)} alerts OK")
 
 

@@ -425,6 +425,18 @@ _SPECS += [
        RUN_RANK + ("group",)),
 ]
 
+# --- reduction checksum: silent data corruption in the all-reduce (Telemetry.check_reduction,
+# docs/sdc.md). Each rank checks, every N steps, that DDP's reduced gradient sums to what
+# the ranks sent; a mismatch is counted in its status.
+_SPECS += [
+    _m("trainwatch_rank_reduction_checksum_mismatches_total", "counter",
+       "Gradient buckets whose all-reduced sum differed from the sum of the ranks' local "
+       "sums by more than float rounding (a wrong reduction on some GPU or link).", RUN_RANK),
+    _m("trainwatch_rank_reduction_checksum_last_mismatch_timestamp_seconds", "gauge",
+       "Unix time the rank last found a reduction checksum mismatch; absent if none.",
+       RUN_RANK, "seconds"),
+]
+
 METRICS: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}
 
 
@@ -448,12 +460,15 @@ COUNTER_FIELD_METRICS = {
     "nonfinite_loss_total": "trainwatch_train_nonfinite_loss_total",
     "nonfinite_grad_norm_total": "trainwatch_train_nonfinite_grad_norm_total",
     "telemetry_errors_total": "trainwatch_rank_telemetry_errors_total",
+    "reduction_mismatches_total": "trainwatch_rank_reduction_checksum_mismatches_total",
 }
 # Top-level status field -> gauge:
 STATUS_FIELD_METRICS = {
     "step": "trainwatch_rank_step",
     "restart_count": "trainwatch_rank_restarts",
     "last_nonfinite_loss_at": "trainwatch_train_last_nonfinite_loss_timestamp_seconds",
+    "last_reduction_mismatch_at":
+        "trainwatch_rank_reduction_checksum_last_mismatch_timestamp_seconds",
 }
 # Status "eval" field -> gauge:
 EVAL_FIELD_METRICS = {"val_loss": "trainwatch_train_validation_loss"}

@@ -89,6 +89,9 @@ class TelemetryConfig:
     # Steps between parameter digests compared across replicas (docs/sdc.md: the overhead
     # measured at 50); 0: off.
     replica_every: int = 50
+    # Steps between gradient checksums carried through DDP's all-reduce (docs/sdc.md: the
+    # overhead measured at 50); 0: off. Needs DDP (a run under torchrun).
+    reduction_every: int = 50
     peak_flops: float | None = None
     metrics_port: int | None = None  # local rank r serves metrics_host:(port + r)/metrics
     # Loopback unless told: in a pod, "0.0.0.0" lets a PodMonitor scrape the pod IP.
@@ -254,6 +257,8 @@ def validate(config: Config, *, source: str) -> None:
          f"must be >= 0 (0 disables), got {tel.exchange_every}")
     need(tel.replica_every >= 0, "telemetry.replica_every",
          f"must be >= 0 (0 disables), got {tel.replica_every}")
+    need(tel.reduction_every >= 0, "telemetry.reduction_every",
+         f"must be >= 0 (0 disables), got {tel.reduction_every}")
     need(tel.peak_flops is None or tel.peak_flops > 0, "telemetry.peak_flops",
          f"must be positive or null, got {tel.peak_flops}")
     need(tel.metrics_port is None or 1 <= tel.metrics_port <= 65535, "telemetry.metrics_port",

@@ -13,6 +13,12 @@
     TRAINWATCH_FAULT="sdc:rank=1:step=40"              after step 40's optimizer step, rank 1
                                                        flips bit 20 (``bit=B``) of one weight:
                                                        silent data corruption (docs/sdc.md)
+    TRAINWATCH_FAULT="reduce:rank=1:step=29"           in step 29's gradient all-reduce, rank 1's
+                                                       contribution to one bucket has an exponent
+                                                       bit (``bit=B``) of its largest element
+                                                       flipped in transit, after its checksum
+                                                       was taken: a bad link or reduction
+                                                       (docs/sdc.md)
     TRAINWATCH_FAULT="eval:rank=0:step=30:seconds=90"  after step 30 rank 0 alone evaluates for
                                                        90 s (the others wait in the next
                                                        collective); no seconds: it hangs there
@@ -34,7 +40,10 @@ a new torchrun, attempt 0 again: there ``nan`` fires again whenever step S runs,
 a corrupt batch, until the step's data is skipped. ``sdc`` flips the bit right after the
 optimizer step (``FaultInjector.corrupt``), in the first element of the model's first
 parameter, as a GPU that computed one value wrong would leave it: no error, and the
-replicas' weights differ from then on.
+replicas' weights differ from then on. ``reduce`` flips the bit inside the reduction
+check's DDP hook (``FaultInjector.reduce``; the trainer needs
+``telemetry.reduction_every`` > 0): every replica receives the same wrong gradient, so
+their digests agree, and only a checked step's checksum can see it.
 """
 
 from __future__ import annotations
@@ -54,13 +63,19 @@ from trainwatch.errors import ConfigError
 if TYPE_CHECKING:  # the launcher parses faults before torchrun starts: no torch import there
     import torch
 
-ONE_SHOT = ("exit", "kill", "sleep", "hang", "freeze", "nan", "eval", "sdc")
+ONE_SHOT = ("exit", "kill", "sleep", "hang", "freeze", "nan", "eval", "sdc", "reduce")
 KINDS = ONE_SHOT + ("slow",)
 # Extra keys each kind takes, with their types.
 _PARAMS: dict[str, dict[str, type[int] | type[float]]] = {
     "exit": {"code": int}, "kill": {}, "sleep": {"seconds": float}, "hang": {}, "freeze": {},
     "nan": {}, "slow": {"factor": float, "until": int, "delay": float},
-    "eval": {"seconds": float}, "sdc": {"bit": int}}
+    "eval": {"seconds": float}, "sdc": {"bit": int}, "reduce": {"bit": int}}
+# One-shot faults fired outside the forward, by the method of their name.
+_FIRED_ELSEWHERE = ("nan", "eval", "sdc", "reduce")
+SDC_BIT = 20  # sdc: a float32's value by ~12 %
+# reduce: this many bits below the top, an exponent bit of float32, bf16 and fp16 (bit 27,
+# 11, 11): the value is scaled by 2^16 (float32, bf16) or 4 (fp16), or divided by it.
+REDUCE_BIT_FROM_TOP = 5
 # A backward pass costs about twice the forward: a straggler's whole step is ~3x forward.
 _STEP_PER_FORWARD = 3.0
 
@@ -77,7 +92,7 @@ class Fault:
     factor: float = 1.0
     until: int | None = None  # slow: first step that runs at full speed again
     delay: float = 0.0  # slow: seconds added to every step (pacing a drill or test)
-    bit: int = 20  # sdc: which bit of the weight to flip (20: a float32's value by ~12 %)
+    bit: int | None = None  # sdc, reduce: which bit to flip (default SDC_BIT, REDUCE_BIT_FROM_TOP)
 
     def slows(self, step: int) -> bool:
         """For ``slow``: whether ``step`` is in its window [step, until)."""
@@ -133,7 +148,7 @@ def parse_faults(text: str) -> list[Fault]:
         if kind == "eval" and "seconds" in floats and not floats["seconds"] > 0:
             raise ConfigError("seconds=S must be > 0 (leave it out to hang)", file=FAULT_ENV,
                               key=spec)
-        if kind == "sdc" and not 0 <= ints.get("bit", Fault.bit) < 32:
+        if kind in ("sdc", "reduce") and not 0 <= ints.get("bit", 0) < 32:
             raise ConfigError("bit=B must be 0-31", file=FAULT_ENV, key=spec)
         if kind == "eval" and "seconds" not in floats:
             floats["seconds"] = math.inf
@@ -173,7 +188,7 @@ class FaultInjector:
             yield
             return
         for fault in self.faults:
-            if fault.kind in ONE_SHOT and fault.kind not in ("nan", "eval", "sdc") \
+            if fault.kind in ONE_SHOT and fault.kind not in _FIRED_ELSEWHERE \
                     and self._due(fault, step):
                 self._fire(fault, step)
         started = time.perf_counter()
@@ -213,16 +228,32 @@ class FaultInjector:
         """Flip one bit of one weight when an ``sdc`` fault is due after ``step``'s update."""
         for fault in self.faults:
             if fault.kind == "sdc" and self._due(fault, step):
-                import torch
                 param = next(model.parameters())
-                width = 8 * param.element_size()
-                ints = {16: torch.int16, 32: torch.int32, 64: torch.int64}[width]
-                bit = min(fault.bit, width - 1)
-                mask = (1 << bit) - ((1 << width) if bit == width - 1 else 0)  # two's complement
-                with torch.no_grad():
-                    param.data.view(ints).view(-1)[0] ^= torch.tensor(mask, dtype=ints)
-                print(f"trainwatch: injecting fault sdc (bit {fault.bit} of a weight) after "
+                bit = SDC_BIT if fault.bit is None else fault.bit
+                _flip(param.data.view(-1), 0, bit)  # .data: no autograd to tell
+                print(f"trainwatch: injecting fault sdc (bit {bit} of a weight) after "
                       f"step {step} (pid {os.getpid()})", file=sys.stderr, flush=True)
+
+    @property
+    def reduces(self) -> bool:
+        """Whether a ``reduce`` fault applies here (the trainer hands ``reduce`` to the
+        reduction check)."""
+        return any(f.kind == "reduce" for f in self.faults)
+
+    def reduce(self, step: int, bucket: int, buffer: torch.Tensor) -> None:
+        """Flip a high bit of the largest element of a gradient bucket about to be
+        all-reduced when a ``reduce`` fault is due at ``step`` (the first bucket sent)."""
+        for fault in self.faults:
+            if fault.kind == "reduce" and self._due(fault, step):
+                index = int(buffer.abs().argmax())
+                width = 8 * buffer.element_size()
+                bit = width - REDUCE_BIT_FROM_TOP if fault.bit is None else fault.bit
+                before = float(buffer[index])
+                _flip(buffer, index, bit)
+                print(f"trainwatch: injecting fault reduce (bit {bit} of gradient element "
+                      f"{index} of bucket {bucket}: {before:g} -> {float(buffer[index]):g}) "
+                      f"in step {step}'s all-reduce (pid {os.getpid()})", file=sys.stderr,
+                      flush=True)
 
     def _due(self, fault: Fault, step: int) -> bool:
         """True the first time ``step`` reaches a one-shot fault; journals it (on_fire)."""
@@ -248,3 +279,13 @@ class FaultInjector:
         elif fault.kind == "hang":
             while True:
                 time.sleep(3600)
+
+
+def _flip(flat: torch.Tensor, index: int, bit: int) -> None:
+    """Flip ``bit`` (capped at the top one) of element ``index`` of a 1-d float tensor."""
+    import torch
+    width = 8 * flat.element_size()
+    ints = {16: torch.int16, 32: torch.int32, 64: torch.int64}[width]
+    bit = min(bit, width - 1)
+    mask = (1 << bit) - ((1 << width) if bit == width - 1 else 0)  # two's complement
+    flat.view(ints)[index] ^= torch.tensor(mask, dtype=ints)

@@ -67,6 +67,7 @@ from trainwatch.node import boot_id, node_name
 from trainwatch.rundir import RunDir, append_jsonl, append_lines
 from trainwatch.trainer import dumps, rejected_input, timing_exchange
 from trainwatch.trainer.flops import peak_flops_for
+from trainwatch.trainer import reduction
 from trainwatch.trainer.replicas import DEFAULT_EVERY, KEEP, ReplicaCheck
 
 log = logging.getLogger(__name__)
@@ -241,8 +242,11 @@ class Telemetry:
             "metrics": {}, "eval": {},
             "counters": {"steps_total": 0, "nonfinite_loss_total": 0,
                          "nonfinite_grad_norm_total": 0, "telemetry_errors_total": 0,
-                         "pending_dropped_total": 0},
+                         "pending_dropped_total": 0, "reduction_mismatches_total": 0},
             "last_nonfinite_loss_at": None,
+            # The gradient checksum through the all-reduce (check_reduction), or None: its
+            # interval, newest checked step and newest mismatches.
+            "reduction": None, "last_reduction_mismatch_at": None,
             "timing": None, "checkpoint": None, "info": {},
             # The newest parameter digests (check_replicas), oldest first.
             "replicas": [],
@@ -260,6 +264,7 @@ class Telemetry:
         self._finished_journaled = False
         self._watch: Any = None
         self._replicas: ReplicaCheck | None = None
+        self._reduction: reduction.ReductionCheck | None = None
         self._next_step = 0
         self._step_start_ns = 0
         self._step_phase_ns: dict[str, int] = {}
@@ -404,6 +409,21 @@ class Telemetry:
         check = ReplicaCheck(model, every, optimizer, tolerance, replica_group)
         if self.enabled:
             self._replicas = check
+
+    def check_reduction(self, ddp_model: torch.nn.Module, *,
+                        every: int = reduction.DEFAULT_EVERY) -> reduction.ReductionCheck | None:
+        """Carry a gradient checksum through DDP's all-reduce every ``every``-th step, so a
+        reduction that went wrong on some GPU or link (every replica then holds the same
+        wrong gradient, which replica digests cannot see) is counted in the status
+        (docs/sdc.md). Takes DDP's one communication hook: a model that is not DDP or
+        already has a hook is a ConfigError. Call on every rank before the first backward."""
+        if not self.enabled:
+            return None
+        check = reduction.ReductionCheck(ddp_model, every, lambda: self._state["step"])
+        self._reduction = check
+        with self._lock:
+            self._state["reduction"] = {"every": check.every, "step": None, "mismatches": []}
+        return check
 
     def record(self, **values: Any) -> None:
         """Values of the current watched step (loss, grad_norm, lr, tokens, samples, ...);
@@ -745,6 +765,12 @@ class Telemetry:
                 except OSError as exc:
                     self.count_error(repr(exc))
                     self._publish_failed(exc)
+        check = self._reduction
+        if check is not None and check.taken:
+            self._publish_reduction(check.resolve())
+        if check is not None and check.dropped:
+            dropped, check.dropped = check.dropped, 0
+            self.count_error(f"{dropped} reduction checks dropped unread")
         # popleft, one at a time, because the loop appends without a lock
         pending = [self._pending.popleft() for _ in range(len(self._pending))]
         if not pending:
@@ -760,6 +786,32 @@ class Telemetry:
             data = "".join([_ENCODER.encode(line) + "\n" for line in lines]).encode()
             try:  # one append: whole lines, even if the process dies or the disk fills
                 append_lines(self.run.metrics_file(self.rank), data)
+            except OSError as exc:
+                self.count_error(repr(exc))
+                self._publish_failed(exc)
+
+    def _publish_reduction(self, verdicts: list[reduction.Verdict]) -> None:
+        """Checked buckets into the status; each mismatch counted, kept (the newest
+        ``reduction.KEEP``) and logged once in the metrics log, the second source."""
+        now = _now()
+        bad = [v.record() for v in verdicts if v.mismatch]
+        with self._lock:
+            state = self._state["reduction"]
+            state["step"] = max(v.step for v in verdicts)
+            if bad:
+                state["mismatches"] = (state["mismatches"] + bad)[-reduction.KEEP:]
+                self._state["counters"]["reduction_mismatches_total"] += len(bad)
+                self._state["last_reduction_mismatch_at"] = now
+        for record in bad:
+            log.error("trainwatch: gradient all-reduce checksum mismatch at step %d, bucket "
+                      "%d: reduced sum %s, expected %s (tolerance %.3g): docs/sdc.md",
+                      record["step"], record["bucket"], record["reduced_sum"],
+                      record["expected_sum"], record["tolerance"])
+        if bad and self.metrics_log:
+            try:
+                append_lines(self.run.metrics_file(self.rank), "".join(
+                    _ENCODER.encode({"v": 1, "kind": "reduction", "time": now,
+                                     "rank": self.rank, **r}) + "\n" for r in bad).encode())
             except OSError as exc:
                 self.count_error(repr(exc))
                 self._publish_failed(exc)

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainwatch.contract.env import RUN_DIR_ENV
+from trainwatch.contract.env import FAULT_ENV, RUN_DIR_ENV
 from trainwatch.contract.states import FAILED, FINISHED, STOPPED
 from trainwatch.errors import ConfigError
 from trainwatch.rundir import RunDir
@@ -228,6 +228,15 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpoi
               ) if ranks.distributed else model
     if cfg.telemetry.replica_every > 0:  # silent data corruption: docs/sdc.md
         tel.check_replicas(model, every=cfg.telemetry.replica_every)
+    reduction = None
+    if cfg.telemetry.reduction_every > 0 and ranks.distributed:  # a wrong all-reduce: docs/sdc.md
+        reduction = tel.check_reduction(ddp, every=cfg.telemetry.reduction_every)
+    if faults.reduces:  # TRAINWATCH_FAULT=reduce:...
+        if reduction is None:
+            raise ConfigError("a reduce fault needs the reduction check: telemetry enabled, "
+                              "telemetry.reduction_every > 0 and a run under torchrun (DDP)",
+                              file=FAULT_ENV, key="reduce")
+        reduction.tamper = faults.reduce
     tel.flops_per_token = model.flops_per_token()
     tel.set_info(params=model.num_params(), flops_per_token=tel.flops_per_token,
                  config_digest=cfg.digest(),

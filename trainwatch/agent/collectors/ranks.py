@@ -171,7 +171,8 @@ def _rank_rows(series: _RankSeries, raw: dict[str, Any], s: dict[str, Any], stat
     pairs.extend(series.rows_of("status", (raw.get("metrics"), raw.get("counters"),
                                            raw.get("eval"), raw.get("backend"),
                                            raw.get("device"), raw.get("restart_count"),
-                                           raw.get("last_nonfinite_loss_at")),
+                                           raw.get("last_nonfinite_loss_at"),
+                                           raw.get("last_reduction_mismatch_at")),
                                 lambda rows: _status_rows(series, raw, rows)))
     pairs.extend(series.one_hot("states", state))
     _numbers(out, series.beat_fields, s)
