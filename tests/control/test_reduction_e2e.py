@@ -12,6 +12,7 @@ import pytest
 
 from agent_helpers import http_get, start_agent, stop_process, wait_for
 from conftest import finish
+from diagnose_helpers import diagnose, top
 from trainwatch.alerts.engine import Engine
 from trainwatch.alerts.evaluate import History
 from trainwatch.alerts.rules import load_rules
@@ -77,6 +78,12 @@ def test_a_corrupted_reduction_is_recorded_exported_and_alerted(tmp_path, launch
         assert [r["step"] for r in logged if r["kind"] == "reduction"] == [FAULT_STEP]
     # Every replica applied the same wrong gradient: their digests agree, before and after.
     assert digests[0] == digests[1]
+    # What the runbook's first command (trainwatch diagnose) tells the on-call.
+    code, report, _ = diagnose(RunDir(run_dir))
+    found = top(report, "reduction_mismatch")
+    assert code == 1 and found["ranks"] == [0, 1] and f"step(s) {FAULT_STEP}" in found["title"]
+    assert f"checkpoints up to step {FAULT_STEP}" in found["next_command"]
+    assert "replica_divergence" not in [f["category"] for f in report["findings"]]
     assert [step for step, _ in digests[0]] == list(range(STEPS - 8 * EVERY + EVERY - 1, STEPS,
                                                           EVERY))
 

@@ -9,6 +9,7 @@ import pytest
 
 from agent_helpers import http_get, start_agent, stop_process, wait_for
 from conftest import finish
+from diagnose_helpers import diagnose, top
 from trainwatch.rundir import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -62,6 +63,11 @@ def test_agent_names_the_corrupted_rank_within_two_digests(tmp_path, launch_trai
         assert (digests[1][step] != digests[0][step]) == (step >= FAULT_STEP), step
     first_odd = min(s for s in steps if digests[1][s] != digests[0][s])
     assert first_odd - FAULT_STEP < EVERY
+    # What the runbook's first command (trainwatch diagnose) tells the on-call.
+    code, report, _ = diagnose(RunDir(run_dir))
+    found = top(report, "replica_divergence")
+    assert code == 1 and found["ranks"] == [1] and found["severity"] == "critical", found
+    assert found["confidence"] == "high" and f"since step {first_odd}" in found["evidence"][-1]
 
 
 def _final_digests(run_dir) -> dict[int, str]:

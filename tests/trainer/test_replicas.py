@@ -6,7 +6,8 @@ import struct
 import pytest
 import torch
 
-from trainwatch.agent.replicas import ReplicaJudge, digests, suspects_label, vote
+from trainwatch.agent.replicas import ReplicaJudge
+from trainwatch.contract.replicas import digests, suspects_label, vote
 from trainwatch.trainer.replicas import ReplicaCheck, bits_hex, digest, tensors_of
 from trainwatch.trainer.telemetry import Telemetry
 

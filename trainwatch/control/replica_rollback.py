@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainwatch.agent.replicas import digest, vote
+from trainwatch.contract.replicas import digest, vote
 from trainwatch.rundir import RunDir
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from trainwatch.beat import beat_path, merge_beat, read_beat
 from trainwatch.contract.layout import JOB_LOG_ATTEMPT_PREFIX
+from trainwatch.contract.replicas import digests
 from trainwatch.diagnose.model import Evidence
 from trainwatch.errors import FormatError
 from trainwatch.rundir import RunDir, parse_json, read_run_file_tail
@@ -20,6 +21,7 @@ from trainwatch.torchrun_log import FAILED_WORKER
 
 TAIL_BYTES = 64 * 1024
 TAIL_STEPS = 50
+MAX_MISMATCHES = 16  # a status keeps its newest few
 
 
 def gather(run: RunDir, ev: Evidence) -> None:
@@ -79,7 +81,18 @@ def rank_view(status: dict[str, Any], now: float) -> dict[str, Any]:
         "loss": metrics.get("loss"), "timing": status.get("timing"),
         "checkpoint": status.get("checkpoint"),
         "failure": status.get("failure"),  # a failed rank's error, when it recorded one
+        "replicas": digests(status.get("replicas")),  # its newest parameter digests
+        "reduction_mismatches": _mismatches(status.get("reduction")),
     }
+
+
+def _mismatches(reduction: Any) -> list[dict[str, Any]]:
+    """The newest all-reduce checksum mismatches a rank recorded (well-formed ones)."""
+    found = reduction.get("mismatches") if isinstance(reduction, dict) else None
+    if not isinstance(found, list):
+        return []
+    return [m for m in found[-MAX_MISMATCHES:] if isinstance(m, dict)
+            and isinstance(m.get("step"), int) and not isinstance(m.get("step"), bool)]
 
 
 def recent_steps(path: Path, root: Path | None = None) -> dict[str, Any]:

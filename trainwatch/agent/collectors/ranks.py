@@ -21,7 +21,7 @@ from trainwatch.host.procinfo import ProcessTracker
 from trainwatch.agent.rankfiles import RankFiles
 from trainwatch.agent.registry import Collector, Result, label_values, register
 from trainwatch.agent.series import Rows, Series, SeriesBook
-from trainwatch.agent.replicas import digests
+from trainwatch.contract.replicas import digests
 from trainwatch.beat import (MERGED_COUNTERS, MERGED_FIELDS, MERGED_METRICS, declared_budgets,
                              merge_beat)
 from trainwatch.contract.metrics import (COUNTER_FIELD_METRICS, EVAL_FIELD_METRICS,

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from trainwatch.agent.registry import Collector, Result, register
-from trainwatch.agent.replicas import ReplicaJudge, suspects_label
+from trainwatch.agent.replicas import ReplicaJudge
+from trainwatch.contract.replicas import suspects_label
 
 _LOW_BITS = (1 << 52) - 1
 
