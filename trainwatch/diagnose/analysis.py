@@ -19,7 +19,8 @@ from trainwatch.contract.stall import (default_options, heartbeat_stale, publish
                                       stall_budget)
 from trainwatch.contract.states import COLLECTIVE_PHASES
 from trainwatch.contract.timing import job_window
-from trainwatch.diagnose import agents, causes, collectives, journal, prometheus, workers
+from trainwatch.diagnose import (agents, causes, collectives, corruption, journal, prometheus,
+                                  workers)
 from trainwatch.diagnose.model import Evidence, Finding, step_label
 from trainwatch.diagnose.stacks import format_frames, main_stack, main_thread, qualified
 
@@ -135,7 +136,7 @@ def analyse(ev: Evidence, stall_after: float | None = None) -> list[Finding]:
     for check in (check_dead, check_frozen, check_desync, check_crossed, check_busy,
                   check_outside_collective,
                   check_blocked_in_kernel, check_unexplained_stall, check_storage_and_checkpoints, check_nonfinite,
-                  check_straggler, check_node_evidence):
+                  check_silent_corruption, check_straggler, check_node_evidence):
         found += check(a)
     if not any(f.severity in ("critical", "warning") for f in found):
         found.insert(0, healthy(a))
@@ -805,6 +806,10 @@ def check_nonfinite(a: Analysis) -> list[Finding]:
                     evidence=evidence, runbook="TrainingLossNonFinite",
                     next_command=f"grep -n -E 'NaN|Infinity' {a.ev.run_dir}/metrics/*.jsonl "
                                  "| head")]
+
+
+def check_silent_corruption(a: Analysis) -> list[Finding]:
+    return corruption.check(a.ev)
 
 
 def check_straggler(a: Analysis) -> list[Finding]:
