@@ -5,9 +5,10 @@
     trainer = L.Trainer(callbacks=[cb], ...)
     trainer.fit(model, data, ckpt_path=cb.resume_path())   # newest verified; None when none
 
-Per rank: a step per training batch with forward (batch start to backward), backward and
-optimizer phases from Lightning's hooks, and the loss ``training_step`` returned (the
-tensor itself: no device sync; a logged ``grad_norm`` too, if the module logs one).
+Per rank: a step per optimizer step (``global_step``; with ``accumulate_grad_batches`` its
+micro-batches) with forward (batch start to backward), backward and optimizer phases from
+Lightning's hooks, and the loss ``training_step`` returned (the tensor itself: no device
+sync; a logged ``grad_norm`` too, if the module logs one).
 Checkpoints are Lightning's own (``trainer.save_checkpoint``), written into
 ``RUN_DIR/checkpoints/step-N/`` and sealed with a trainwatch manifest, every
 ``every_steps`` (default: the checkpoint library's, 100; 0 warns: then only on request and
@@ -62,7 +63,9 @@ class TrainwatchCallback(Callback):
         self.tel: Telemetry | None = None
         self._requested = threading.Event()
         self._phase: Any = None
-        self._step: Any = None
+        self._step: Any = None  # open from an optimizer step's first micro-batch to its end
+        self._step_number = 0
+        self._samples = 0
         self._recorder: Any = None
         self._resumed_from: Path | None = None
         self._stopping = False
@@ -117,8 +120,11 @@ class TrainwatchCallback(Callback):
     # ------------------------------------------------------------------ the step
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
                              batch_idx: int) -> None:
-        self._step = self._telemetry().step(trainer.global_step)
-        self._recorder = self._step.__enter__()
+        if self._step is None:  # the first micro-batch of an optimizer step
+            self._step_number = trainer.global_step
+            self._step = self._telemetry().step(self._step_number)
+            self._recorder = self._step.__enter__()
+            self._samples = 0
         self._enter_phase("forward")
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
@@ -142,16 +148,21 @@ class TrainwatchCallback(Callback):
         norm = trainer.callback_metrics.get("grad_norm")
         if isinstance(norm, torch.Tensor):
             values["grad_norm"] = norm
-        samples = _batch_size(batch)
-        if samples:
-            values["samples"] = samples
+        self._samples += _batch_size(batch) or 0
+        if self._samples:
+            values["samples"] = self._samples
         self._recorder.record(**values)
-        self._step.__exit__(None, None, None)
-        self._step = None
-        self._maybe_save(trainer)
+        stepped = trainer.global_step != self._step_number  # else still accumulating
+        if stepped:
+            self._step.__exit__(None, None, None)
+            self._step = None
+        self._maybe_save(trainer, stepped)
 
     # ------------------------------------------------------------------ checkpoints
-    def _maybe_save(self, trainer: Any) -> None:
+    def _maybe_save(self, trainer: Any, stepped: bool) -> None:
+        """Save when due, asked or stopping, at an optimizer step's end: a save between
+        micro-batches would hold a half-accumulated step; only a stop takes one (Lightning
+        stops after this batch)."""
         step = trainer.global_step
         stopping = bool(trainer.received_sigterm)
         requested = self._requested.is_set() or stopping
@@ -159,9 +170,9 @@ class TrainwatchCallback(Callback):
             requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
             if requested:  # the same on every rank: all of them take this second vote
                 stopping = trainer.strategy.reduce_boolean_decision(stopping, all=False)
-        due = self.every_steps and step % self.every_steps == 0
-        if not (requested or due):
-            return
+        due = stepped and self.every_steps and step % self.every_steps == 0
+        if not (due or stopping or (requested and stepped)):
+            return  # a request mid-accumulation waits for the step's end
         self._requested.clear()
         if stopping:
             # Lightning stops at the end of this batch (SIGTERMException): save first.
