@@ -13,8 +13,8 @@ Checkpoints are Lightning's own (``trainer.save_checkpoint``), written into
 ``RUN_DIR/checkpoints/step-N/`` and sealed with a trainwatch manifest, every
 ``every_steps`` (default: the checkpoint library's, 100; 0 warns: then only on request and
 on SIGTERM), when ``RUN_DIR/control/checkpoint`` is touched (CheckpointTooOld's
-action) and on SIGTERM before Lightning stops (the ranks agree on the step with one small
-all-reduce per step).
+action) and on SIGTERM (the callback's own handler during fit, see ``StopSignal``: the
+ranks agree on the step with one small all-reduce per batch, save, and exit 75).
 ``resume_path()`` is the newest of them that verifies. ``replica_every=N`` digests the
 module's parameters every N steps for the replica check (docs/sdc.md). Needs ``lightning``
 installed.
@@ -31,12 +31,15 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from trainwatch.contract.env import run_dir_from_env
 from trainwatch.integrations.sealed import newest_verified, seal
+from trainwatch.integrations.stopsignal import StopSignal
 from trainwatch.rundir import RunDir
 from trainwatch.checkpoint_format import catalog
 from trainwatch.trainer.checkpoint import retention
+from trainwatch.trainer.checkpoint.checkpointer import EXIT_STOPPED
 from trainwatch.trainer.checkpoint.config import CheckpointConfig
 from trainwatch.checkpoint_format.manifest import step_dir_name
 from trainwatch.trainer.telemetry import Telemetry
@@ -69,6 +72,7 @@ class TrainwatchCallback(Callback):
         self._recorder: Any = None
         self._resumed_from: Path | None = None
         self._stopping = False
+        self._term = StopSignal()
 
     # ------------------------------------------------------------------ resume
     def resume_path(self) -> str | None:
@@ -101,6 +105,12 @@ class TrainwatchCallback(Callback):
         return self.tel
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        # Lightning's SIGTERM handler (installed just before) runs a broadcast inside the
+        # handler; a repeated SIGTERM then broke the ranks' collectives mid-save. Ours only
+        # sets a flag; Lightning's forwarding to the processes it spawned is kept.
+        launcher = trainer.strategy.launcher
+        self._term = StopSignal(launcher.kill if launcher is not None else None)
+        self._term.install()
         if self._resumed_from is not None and trainer.global_rank == 0:
             self._telemetry().event("checkpoint_resumed", step=trainer.global_step,
                            path=str(self._resumed_from), framework="lightning")
@@ -112,6 +122,7 @@ class TrainwatchCallback(Callback):
         self._close("stopped" if self._stopping else "failed")
 
     def _close(self, state: str) -> None:
+        self._term.restore()
         if self.tel is not None:
             self._leave_phase()
             self.tel.close(state)
@@ -164,7 +175,7 @@ class TrainwatchCallback(Callback):
         micro-batches would hold a half-accumulated step; only a stop takes one (Lightning
         stops after this batch)."""
         step = trainer.global_step
-        stopping = bool(trainer.received_sigterm)
+        stopping = self._term.asked.is_set() or bool(trainer.received_sigterm)
         requested = self._requested.is_set() or stopping
         if trainer.world_size > 1:  # every rank must save at the same step
             requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
@@ -174,9 +185,7 @@ class TrainwatchCallback(Callback):
         if not (due or stopping or (requested and stepped)):
             return  # a request mid-accumulation waits for the step's end
         self._requested.clear()
-        if stopping:
-            # Lightning stops at the end of this batch (SIGTERMException): save first.
-            self._stopping = True
+        self._stopping = stopping
         with self._telemetry().phase("checkpoint"):
             folder = self.run.checkpoint_dir
             tmp = folder / f".tmp-{step_dir_name(step)}-lightning"
@@ -188,6 +197,8 @@ class TrainwatchCallback(Callback):
                 reason = "stop" if stopping else "request" if requested else "interval"
                 self._publish(tmp, folder / step_dir_name(step), step, trainer.world_size,
                               reason)
+        if stopping:  # saved: every rank stops here, "stopped, resume me" (not exit 0)
+            raise SIGTERMException(EXIT_STOPPED)
 
     def _publish(self, tmp: Path, final: Path, step: int, world_size: int, reason: str) -> None:
         seal(tmp, step, world_size=world_size, framework="lightning")

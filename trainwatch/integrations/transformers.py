@@ -21,10 +21,7 @@ replica check (docs/sdc.md). Needs ``transformers`` (and ``accelerate``) install
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +31,9 @@ from transformers import TrainerCallback
 
 from trainwatch.contract.env import run_dir_from_env
 from trainwatch.integrations.sealed import newest_verified, seal
+from trainwatch.integrations.stopsignal import StopSignal
 from trainwatch.rundir import RunDir
 from trainwatch.trainer.checkpoint.checkpointer import EXIT_STOPPED
-from trainwatch.trainer.checkpoint.requests import repeated_term
 from trainwatch.checkpoint_format.manifest import FRAMEWORK_STEP_DIR
 from trainwatch.trainer.telemetry import Telemetry
 
@@ -51,10 +48,8 @@ class TrainwatchCallback(TrainerCallback):
         self.telemetry_options = telemetry
         self.tel: Telemetry | None = None
         self._requested = threading.Event()
-        self._term = threading.Event()
+        self._term = StopSignal()
         self._stopping = False
-        self._previous_term: Any = None
-        self._term_at: float | None = None  # monotonic time of the first SIGTERM
         self._resumed_from: Path | None = None
 
     def resume_path(self, output_dir: str | Path) -> str | None:
@@ -85,8 +80,7 @@ class TrainwatchCallback(TrainerCallback):
             # The Trainer's output_dir is this run's checkpoint folder: the controller,
             # `trainwatch checkpoint list|verify RUN_DIR` and the summary look there.
             self.run.record_checkpoint_folders([Path(args.output_dir)])
-        if threading.current_thread() is threading.main_thread():
-            self._previous_term = signal.signal(signal.SIGTERM, self._on_term)
+        self._term.install()
         if model is not None and optimizer is not None:
             # The torch optimizer inside accelerate's wrapper runs the step hooks.
             self.tel.watch(model, getattr(optimizer, "optimizer", optimizer),
@@ -98,9 +92,7 @@ class TrainwatchCallback(TrainerCallback):
                            path=str(self._resumed_from), framework="transformers")
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._previous_term is not None:
-            signal.signal(signal.SIGTERM, self._previous_term)
-            self._previous_term = None
+        self._term.restore()
         if self.tel is not None:
             self.tel.close("stopped" if self._stopping else "finished")
             self.tel = None
@@ -108,16 +100,6 @@ class TrainwatchCallback(TrainerCallback):
             if dist.is_available() and dist.is_initialized():
                 dist.destroy_process_group()  # else exiting waits on the group's peers
             raise SystemExit(EXIT_STOPPED)
-
-    def _on_term(self, signum: int, frame: Any) -> None:
-        if repeated_term(self._term_at):
-            return  # the same stop, delivered again (torchrun forwards each SIGTERM it gets)
-        if self._term.is_set():  # asked twice: not reaching a step boundary, die as asked
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-            return
-        self._term_at = time.monotonic()
-        self._term.set()
 
     # ------------------------------------------------------------------ the step
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None,
@@ -132,7 +114,7 @@ class TrainwatchCallback(TrainerCallback):
         self.tel.record(**values)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        requested, stopping = self._requested.is_set(), self._term.is_set()
+        requested, stopping = self._requested.is_set(), self._term.asked.is_set()
         if args.world_size > 1 and dist.is_available() and dist.is_initialized():
             flags = torch.tensor([float(requested), float(stopping)], device=args.device)
             dist.all_reduce(flags)  # every rank must save (and stop) at the same step
