@@ -34,6 +34,8 @@ from lightning.pytorch import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from trainwatch.contract.env import run_dir_from_env
+from trainwatch.contract.states import BAD_INPUT, FAILED, FINISHED, STOPPED
+from trainwatch.errors import ConfigError
 from trainwatch.integrations.sealed import newest_verified, seal
 from trainwatch.integrations.stopsignal import StopSignal
 from trainwatch.rundir import RunDir
@@ -94,6 +96,11 @@ class TrainwatchCallback(Callback):
                    **self.telemetry_options}
         self.tel = Telemetry.from_env(self.run.root, **options).start()
         self.tel.on_control("checkpoint", lambda path: self._requested.set())
+        if any(isinstance(c, TrainwatchCallback) and c is not self for c in trainer.callbacks):
+            # after start: the rank's status then says bad input, and it is not restarted
+            raise ConfigError("TrainwatchCallback is given twice: each would start its own "
+                              "telemetry for the rank and write every checkpoint again; "
+                              "keep one", key="callbacks")
         if self.replica_every:
             self.tel.check_replicas(pl_module, every=self.replica_every)
         if trainer.global_rank == 0:
@@ -116,16 +123,19 @@ class TrainwatchCallback(Callback):
                            path=str(self._resumed_from), framework="lightning")
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
-        self._close("finished")
+        self._close(FINISHED)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self._close("stopped" if self._stopping else "failed")
+        # Lightning sees the exception first: a ConfigError is bad input (not restarted)
+        failure = ({"kind": BAD_INPUT, "message": str(exception)[:2000]}
+                   if isinstance(exception, ConfigError) else None)
+        self._close(STOPPED if self._stopping else FAILED, failure)
 
-    def _close(self, state: str) -> None:
+    def _close(self, state: str, failure: dict[str, Any] | None = None) -> None:
         self._term.restore()
         if self.tel is not None:
             self._leave_phase()
-            self.tel.close(state)
+            self.tel.close(state, failure=failure)
             self.tel = None
 
     # ------------------------------------------------------------------ the step
