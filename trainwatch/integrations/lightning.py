@@ -79,12 +79,16 @@ class TrainwatchCallback(Callback):
     # ------------------------------------------------------------------ resume
     def resume_path(self) -> str | None:
         """The newest verified checkpoint's file, for ``trainer.fit(ckpt_path=...)``."""
-        found = newest_verified([(e.step, e.path) for e in catalog.complete(self.run.checkpoint_dir)
-                                 if e.step is not None and (e.path / CHECKPOINT_FILE).exists()])
+        found = newest_verified(self._complete())
         if found is None:
             return None
         self._resumed_from = found[1]
         return str(found[1] / CHECKPOINT_FILE)
+
+    def _complete(self) -> list[tuple[int, Path]]:
+        """(step, folder) of every complete checkpoint of ours, newest first."""
+        return [(e.step, e.path) for e in catalog.complete(self.run.checkpoint_dir)
+                if e.step is not None and (e.path / CHECKPOINT_FILE).exists()]
 
     # ------------------------------------------------------------------ lifecycle
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -118,9 +122,27 @@ class TrainwatchCallback(Callback):
         launcher = trainer.strategy.launcher
         self._term = StopSignal(launcher.kill if launcher is not None else None)
         self._term.install()
-        if self._resumed_from is not None and trainer.global_rank == 0:
-            self._telemetry().event("checkpoint_resumed", step=trainer.global_step,
-                           path=str(self._resumed_from), framework="lightning")
+        if trainer.global_rank == 0:
+            self._note_resume(trainer.ckpt_path, trainer.global_step)
+
+    def _note_resume(self, used: str | None, step: int) -> None:
+        """Journal a resume from our checkpoint; say so when fit resumed from another
+        file (``ckpt_path="last"``, a ModelCheckpoint's) or from none while ours exist: a
+        restart then repeats the steps since, and roll-backs do not reach that file."""
+        ours = self._resumed_from
+        if ours is None:  # resume_path() not called: the newest, not verified (no cost)
+            complete = self._complete()
+            ours = complete[0][1] if complete else None
+        if ours is None:
+            return
+        if used is not None and Path(used).resolve() == (ours / CHECKPOINT_FILE).resolve():
+            self._telemetry().event("checkpoint_resumed", step=step,
+                                    path=str(ours), framework="lightning")
+            return
+        log.warning("trainwatch: trainer.fit resumed from %s, not from trainwatch's newest "
+                    "checkpoint %s: a restart repeats the steps since; pass "
+                    "ckpt_path=cb.resume_path()", used or "nothing (ckpt_path=None)",
+                    ours / CHECKPOINT_FILE)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         self._close(FINISHED)
