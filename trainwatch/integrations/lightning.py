@@ -36,6 +36,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from trainwatch.contract.env import run_dir_from_env
 from trainwatch.contract.states import BAD_INPUT, FAILED, FINISHED, STOPPED
 from trainwatch.errors import ConfigError
+from trainwatch.integrations.batches import batch_size
 from trainwatch.integrations.sealed import newest_verified, seal
 from trainwatch.integrations.stopsignal import StopSignal
 from trainwatch.rundir import RunDir
@@ -191,7 +192,7 @@ class TrainwatchCallback(Callback):
         norm = trainer.callback_metrics.get("grad_norm")
         if isinstance(norm, torch.Tensor):
             values["grad_norm"] = norm
-        self._samples += _batch_size(batch) or 0
+        self._samples += batch_size(batch) or 0
         if self._samples:
             values["samples"] = self._samples
         self._recorder.record(**values)
@@ -259,12 +260,3 @@ class TrainwatchCallback(Callback):
             self._phase.__exit__(None, None, None)
             self._phase = None
 
-
-def _batch_size(batch: Any) -> int | None:
-    """Samples in a batch from its first tensor's shape (no device access)."""
-    first = batch
-    while isinstance(first, (list, tuple)) and first:
-        first = first[0]
-    if isinstance(first, dict) and first:
-        first = next(iter(first.values()))
-    return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else None

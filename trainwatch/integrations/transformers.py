@@ -7,7 +7,8 @@
 
 Per rank: steps and forward/backward/optimizer phases from hooks on the model and the
 optimizer (``tel.watch``), and the loss and gradient norm the Trainer already logs
-(``logging_steps``; plain floats it computed: no extra device sync). A touch of
+(``logging_steps``; plain floats it computed: no extra device sync), and each step's
+samples (the batches of its training forwards: throughput). A touch of
 ``RUN_DIR/control/checkpoint`` (CheckpointTooOld's action) makes the Trainer save at the
 next step (``control.should_save``; the ranks agree with one small all-reduce per step);
 every ``checkpoint-N`` folder it saves is sealed with a trainwatch manifest once all
@@ -30,6 +31,7 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 from trainwatch.contract.env import run_dir_from_env
+from trainwatch.integrations.batches import batch_size
 from trainwatch.integrations.sealed import newest_verified, seal
 from trainwatch.integrations.stopsignal import StopSignal
 from trainwatch.rundir import RunDir
@@ -50,6 +52,8 @@ class TrainwatchCallback(TrainerCallback):
         self._requested = threading.Event()
         self._term = StopSignal()
         self._stopping = False
+        self._counting: Any = None  # the forward pre-hook counting a step's samples
+        self._samples = 0
         self._resumed_from: Path | None = None
 
     def resume_path(self, output_dir: str | Path) -> str | None:
@@ -81,6 +85,8 @@ class TrainwatchCallback(TrainerCallback):
             # `trainwatch checkpoint list|verify RUN_DIR` and the summary look there.
             self.run.record_checkpoint_folders([Path(args.output_dir)])
         self._term.install()
+        if model is not None:  # every training forward's batch, for the step's samples
+            self._counting = model.register_forward_pre_hook(self._count, with_kwargs=True)
         if model is not None and optimizer is not None:
             # The torch optimizer inside accelerate's wrapper runs the step hooks.
             self.tel.watch(model, getattr(optimizer, "optimizer", optimizer),
@@ -93,6 +99,9 @@ class TrainwatchCallback(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._term.restore()
+        if self._counting is not None:
+            self._counting.remove()
+            self._counting = None
         if self.tel is not None:
             self.tel.close("stopped" if self._stopping else "finished")
             self.tel = None
@@ -113,7 +122,14 @@ class TrainwatchCallback(TrainerCallback):
             values["lr"] = logs["learning_rate"]
         self.tel.record(**values)
 
+    def _count(self, module: Any, args: Any, kwargs: Any) -> None:
+        if module.training and torch.is_grad_enabled():  # not an evaluation's forward
+            self._samples += batch_size(kwargs or args) or 0
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.tel is not None and self._samples:  # the step just ended: all micro-batches
+            self.tel.record(samples=self._samples)
+        self._samples = 0
         requested, stopping = self._requested.is_set(), self._term.asked.is_set()
         if args.world_size > 1 and dist.is_available() and dist.is_initialized():
             flags = torch.tensor([float(requested), float(stopping)], device=args.device)
