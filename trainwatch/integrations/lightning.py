@@ -37,6 +37,7 @@ from trainwatch.contract.env import run_dir_from_env
 from trainwatch.contract.states import BAD_INPUT, FAILED, FINISHED, STOPPED
 from trainwatch.errors import ConfigError
 from trainwatch.integrations.batches import batch_size
+from trainwatch.integrations.options import telemetry_options
 from trainwatch.integrations.sealed import newest_verified, seal
 from trainwatch.integrations.stopsignal import StopSignal
 from trainwatch.rundir import RunDir
@@ -65,7 +66,8 @@ class TrainwatchCallback(Callback):
                         "newest of those, or from the beginning")
         self.every_steps, self.keep_last = every_steps, keep_last
         self.replica_every = replica_every  # parameter digests across replicas (docs/sdc.md)
-        self.telemetry_options = telemetry
+        self.telemetry_options = telemetry_options(telemetry, "TrainwatchCallback",
+                                                   ("run_dir", "every_steps", "keep_last", "replica_every"))
         self.tel: Telemetry | None = None
         self._requested = threading.Event()
         self._phase: Any = None

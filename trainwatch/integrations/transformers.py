@@ -32,6 +32,7 @@ from transformers import TrainerCallback
 
 from trainwatch.contract.env import run_dir_from_env
 from trainwatch.integrations.batches import batch_size
+from trainwatch.integrations.options import telemetry_options
 from trainwatch.integrations.sealed import newest_verified, seal
 from trainwatch.integrations.stopsignal import StopSignal
 from trainwatch.rundir import RunDir
@@ -47,7 +48,8 @@ class TrainwatchCallback(TrainerCallback):
                  **telemetry: Any):
         self.run = RunDir(run_dir or run_dir_from_env())
         self.replica_every = replica_every  # parameter digests across replicas (docs/sdc.md)
-        self.telemetry_options = telemetry
+        self.telemetry_options = telemetry_options(telemetry, "TrainwatchCallback",
+                                                   ("run_dir", "replica_every"))
         self.tel: Telemetry | None = None
         self._requested = threading.Event()
         self._term = StopSignal()
