@@ -5,15 +5,16 @@
     trainer = L.Trainer(callbacks=[cb], ...)
     trainer.fit(model, data, ckpt_path=cb.resume_path())   # newest verified; None when none
 
-Per rank: a step per training batch with forward (batch start to backward), backward and
-optimizer phases from Lightning's hooks, and the loss ``training_step`` returned (the
-tensor itself: no device sync; a logged ``grad_norm`` too, if the module logs one).
+Per rank: a step per optimizer step (``global_step``; with ``accumulate_grad_batches`` its
+micro-batches) with forward (batch start to backward), backward and optimizer phases from
+Lightning's hooks, and the loss ``training_step`` returned (the tensor itself: no device
+sync; a logged ``grad_norm`` too, if the module logs one).
 Checkpoints are Lightning's own (``trainer.save_checkpoint``), written into
 ``RUN_DIR/checkpoints/step-N/`` and sealed with a trainwatch manifest, every
 ``every_steps`` (default: the checkpoint library's, 100; 0 warns: then only on request and
 on SIGTERM), when ``RUN_DIR/control/checkpoint`` is touched (CheckpointTooOld's
-action) and on SIGTERM before Lightning stops (the ranks agree on the step with one small
-all-reduce per step).
+action) and on SIGTERM (the callback's own handler during fit, see ``StopSignal``: the
+ranks agree on the step with one small all-reduce per batch, save, and exit 75).
 ``resume_path()`` is the newest of them that verifies. ``replica_every=N`` digests the
 module's parameters every N steps for the replica check (docs/sdc.md). Needs ``lightning``
 installed.
@@ -30,12 +31,19 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from trainwatch.contract.env import run_dir_from_env
+from trainwatch.contract.states import BAD_INPUT, FAILED, FINISHED, STOPPED
+from trainwatch.errors import ConfigError
+from trainwatch.integrations.batches import batch_size
+from trainwatch.integrations.options import telemetry_options
 from trainwatch.integrations.sealed import newest_verified, seal
+from trainwatch.integrations.stopsignal import StopSignal
 from trainwatch.rundir import RunDir
 from trainwatch.checkpoint_format import catalog
 from trainwatch.trainer.checkpoint import retention
+from trainwatch.trainer.checkpoint.checkpointer import EXIT_STOPPED
 from trainwatch.trainer.checkpoint.config import CheckpointConfig
 from trainwatch.checkpoint_format.manifest import step_dir_name
 from trainwatch.trainer.telemetry import Telemetry
@@ -58,24 +66,32 @@ class TrainwatchCallback(Callback):
                         "newest of those, or from the beginning")
         self.every_steps, self.keep_last = every_steps, keep_last
         self.replica_every = replica_every  # parameter digests across replicas (docs/sdc.md)
-        self.telemetry_options = telemetry
+        self.telemetry_options = telemetry_options(telemetry, "TrainwatchCallback",
+                                                   ("run_dir", "every_steps", "keep_last", "replica_every"))
         self.tel: Telemetry | None = None
         self._requested = threading.Event()
         self._phase: Any = None
-        self._step: Any = None
+        self._step: Any = None  # open from an optimizer step's first micro-batch to its end
+        self._step_number = 0
+        self._samples = 0
         self._recorder: Any = None
         self._resumed_from: Path | None = None
         self._stopping = False
+        self._term = StopSignal()
 
     # ------------------------------------------------------------------ resume
     def resume_path(self) -> str | None:
         """The newest verified checkpoint's file, for ``trainer.fit(ckpt_path=...)``."""
-        found = newest_verified([(e.step, e.path) for e in catalog.complete(self.run.checkpoint_dir)
-                                 if e.step is not None and (e.path / CHECKPOINT_FILE).exists()])
+        found = newest_verified(self._complete())
         if found is None:
             return None
         self._resumed_from = found[1]
         return str(found[1] / CHECKPOINT_FILE)
+
+    def _complete(self) -> list[tuple[int, Path]]:
+        """(step, folder) of every complete checkpoint of ours, newest first."""
+        return [(e.step, e.path) for e in catalog.complete(self.run.checkpoint_dir)
+                if e.step is not None and (e.path / CHECKPOINT_FILE).exists()]
 
     # ------------------------------------------------------------------ lifecycle
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -87,6 +103,11 @@ class TrainwatchCallback(Callback):
                    **self.telemetry_options}
         self.tel = Telemetry.from_env(self.run.root, **options).start()
         self.tel.on_control("checkpoint", lambda path: self._requested.set())
+        if any(isinstance(c, TrainwatchCallback) and c is not self for c in trainer.callbacks):
+            # after start: the rank's status then says bad input, and it is not restarted
+            raise ConfigError("TrainwatchCallback is given twice: each would start its own "
+                              "telemetry for the rank and write every checkpoint again; "
+                              "keep one", key="callbacks")
         if self.replica_every:
             self.tel.check_replicas(pl_module, every=self.replica_every)
         if trainer.global_rank == 0:
@@ -98,27 +119,58 @@ class TrainwatchCallback(Callback):
         return self.tel
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        if self._resumed_from is not None and trainer.global_rank == 0:
-            self._telemetry().event("checkpoint_resumed", step=trainer.global_step,
-                           path=str(self._resumed_from), framework="lightning")
+        # Lightning's SIGTERM handler (installed just before) runs a broadcast inside the
+        # handler; a repeated SIGTERM then broke the ranks' collectives mid-save. Ours only
+        # sets a flag; Lightning's forwarding to the processes it spawned is kept.
+        launcher = trainer.strategy.launcher
+        self._term = StopSignal(launcher.kill if launcher is not None else None)
+        self._term.install()
+        if trainer.global_rank == 0:
+            self._note_resume(trainer.ckpt_path, trainer.global_step)
+
+    def _note_resume(self, used: str | None, step: int) -> None:
+        """Journal a resume from our checkpoint; say so when fit resumed from another
+        file (``ckpt_path="last"``, a ModelCheckpoint's) or from none while ours exist: a
+        restart then repeats the steps since, and roll-backs do not reach that file."""
+        ours = self._resumed_from
+        if ours is None:  # resume_path() not called: the newest, not verified (no cost)
+            complete = self._complete()
+            ours = complete[0][1] if complete else None
+        if ours is None:
+            return
+        if used is not None and Path(used).resolve() == (ours / CHECKPOINT_FILE).resolve():
+            self._telemetry().event("checkpoint_resumed", step=step,
+                                    path=str(ours), framework="lightning")
+            return
+        log.warning("trainwatch: trainer.fit resumed from %s, not from trainwatch's newest "
+                    "checkpoint %s: a restart repeats the steps since; pass "
+                    "ckpt_path=cb.resume_path()", used or "nothing (ckpt_path=None)",
+                    ours / CHECKPOINT_FILE)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
-        self._close("finished")
+        self._close(FINISHED)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self._close("stopped" if self._stopping else "failed")
+        # Lightning sees the exception first: a ConfigError is bad input (not restarted)
+        failure = ({"kind": BAD_INPUT, "message": str(exception)[:2000]}
+                   if isinstance(exception, ConfigError) else None)
+        self._close(STOPPED if self._stopping else FAILED, failure)
 
-    def _close(self, state: str) -> None:
+    def _close(self, state: str, failure: dict[str, Any] | None = None) -> None:
+        self._term.restore()
         if self.tel is not None:
             self._leave_phase()
-            self.tel.close(state)
+            self.tel.close(state, failure=failure)
             self.tel = None
 
     # ------------------------------------------------------------------ the step
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
                              batch_idx: int) -> None:
-        self._step = self._telemetry().step(trainer.global_step)
-        self._recorder = self._step.__enter__()
+        if self._step is None:  # the first micro-batch of an optimizer step
+            self._step_number = trainer.global_step
+            self._step = self._telemetry().step(self._step_number)
+            self._recorder = self._step.__enter__()
+            self._samples = 0
         self._enter_phase("forward")
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
@@ -142,30 +194,33 @@ class TrainwatchCallback(Callback):
         norm = trainer.callback_metrics.get("grad_norm")
         if isinstance(norm, torch.Tensor):
             values["grad_norm"] = norm
-        samples = _batch_size(batch)
-        if samples:
-            values["samples"] = samples
+        self._samples += batch_size(batch) or 0
+        if self._samples:
+            values["samples"] = self._samples
         self._recorder.record(**values)
-        self._step.__exit__(None, None, None)
-        self._step = None
-        self._maybe_save(trainer)
+        stepped = trainer.global_step != self._step_number  # else still accumulating
+        if stepped:
+            self._step.__exit__(None, None, None)
+            self._step = None
+        self._maybe_save(trainer, stepped)
 
     # ------------------------------------------------------------------ checkpoints
-    def _maybe_save(self, trainer: Any) -> None:
+    def _maybe_save(self, trainer: Any, stepped: bool) -> None:
+        """Save when due, asked or stopping, at an optimizer step's end: a save between
+        micro-batches would hold a half-accumulated step; only a stop takes one (Lightning
+        stops after this batch)."""
         step = trainer.global_step
-        stopping = bool(trainer.received_sigterm)
+        stopping = self._term.asked.is_set() or bool(trainer.received_sigterm)
         requested = self._requested.is_set() or stopping
         if trainer.world_size > 1:  # every rank must save at the same step
             requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
             if requested:  # the same on every rank: all of them take this second vote
                 stopping = trainer.strategy.reduce_boolean_decision(stopping, all=False)
-        due = self.every_steps and step % self.every_steps == 0
-        if not (requested or due):
-            return
+        due = stepped and self.every_steps and step % self.every_steps == 0
+        if not (due or stopping or (requested and stepped)):
+            return  # a request mid-accumulation waits for the step's end
         self._requested.clear()
-        if stopping:
-            # Lightning stops at the end of this batch (SIGTERMException): save first.
-            self._stopping = True
+        self._stopping = stopping
         with self._telemetry().phase("checkpoint"):
             folder = self.run.checkpoint_dir
             tmp = folder / f".tmp-{step_dir_name(step)}-lightning"
@@ -177,6 +232,8 @@ class TrainwatchCallback(Callback):
                 reason = "stop" if stopping else "request" if requested else "interval"
                 self._publish(tmp, folder / step_dir_name(step), step, trainer.world_size,
                               reason)
+        if stopping:  # saved: every rank stops here, "stopped, resume me" (not exit 0)
+            raise SIGTERMException(EXIT_STOPPED)
 
     def _publish(self, tmp: Path, final: Path, step: int, world_size: int, reason: str) -> None:
         seal(tmp, step, world_size=world_size, framework="lightning")
@@ -205,12 +262,3 @@ class TrainwatchCallback(Callback):
             self._phase.__exit__(None, None, None)
             self._phase = None
 
-
-def _batch_size(batch: Any) -> int | None:
-    """Samples in a batch from its first tensor's shape (no device access)."""
-    first = batch
-    while isinstance(first, (list, tuple)) and first:
-        first = first[0]
-    if isinstance(first, dict) and first:
-        first = next(iter(first.values()))
-    return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else None

@@ -7,7 +7,8 @@
 
 Per rank: steps and forward/backward/optimizer phases from hooks on the model and the
 optimizer (``tel.watch``), and the loss and gradient norm the Trainer already logs
-(``logging_steps``; plain floats it computed: no extra device sync). A touch of
+(``logging_steps``; plain floats it computed: no extra device sync), and each step's
+samples (the batches of its training forwards: throughput). A touch of
 ``RUN_DIR/control/checkpoint`` (CheckpointTooOld's action) makes the Trainer save at the
 next step (``control.should_save``; the ranks agree with one small all-reduce per step);
 every ``checkpoint-N`` folder it saves is sealed with a trainwatch manifest once all
@@ -21,10 +22,7 @@ replica check (docs/sdc.md). Needs ``transformers`` (and ``accelerate``) install
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +31,12 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 from trainwatch.contract.env import run_dir_from_env
+from trainwatch.integrations.batches import batch_size
+from trainwatch.integrations.options import telemetry_options
 from trainwatch.integrations.sealed import newest_verified, seal
+from trainwatch.integrations.stopsignal import StopSignal
 from trainwatch.rundir import RunDir
 from trainwatch.trainer.checkpoint.checkpointer import EXIT_STOPPED
-from trainwatch.trainer.checkpoint.requests import repeated_term
 from trainwatch.checkpoint_format.manifest import FRAMEWORK_STEP_DIR
 from trainwatch.trainer.telemetry import Telemetry
 
@@ -48,13 +48,14 @@ class TrainwatchCallback(TrainerCallback):
                  **telemetry: Any):
         self.run = RunDir(run_dir or run_dir_from_env())
         self.replica_every = replica_every  # parameter digests across replicas (docs/sdc.md)
-        self.telemetry_options = telemetry
+        self.telemetry_options = telemetry_options(telemetry, "TrainwatchCallback",
+                                                   ("run_dir", "replica_every"))
         self.tel: Telemetry | None = None
         self._requested = threading.Event()
-        self._term = threading.Event()
+        self._term = StopSignal()
         self._stopping = False
-        self._previous_term: Any = None
-        self._term_at: float | None = None  # monotonic time of the first SIGTERM
+        self._counting: Any = None  # the forward pre-hook counting a step's samples
+        self._samples = 0
         self._resumed_from: Path | None = None
 
     def resume_path(self, output_dir: str | Path) -> str | None:
@@ -85,8 +86,9 @@ class TrainwatchCallback(TrainerCallback):
             # The Trainer's output_dir is this run's checkpoint folder: the controller,
             # `trainwatch checkpoint list|verify RUN_DIR` and the summary look there.
             self.run.record_checkpoint_folders([Path(args.output_dir)])
-        if threading.current_thread() is threading.main_thread():
-            self._previous_term = signal.signal(signal.SIGTERM, self._on_term)
+        self._term.install()
+        if model is not None:  # every training forward's batch, for the step's samples
+            self._counting = model.register_forward_pre_hook(self._count, with_kwargs=True)
         if model is not None and optimizer is not None:
             # The torch optimizer inside accelerate's wrapper runs the step hooks.
             self.tel.watch(model, getattr(optimizer, "optimizer", optimizer),
@@ -98,9 +100,10 @@ class TrainwatchCallback(TrainerCallback):
                            path=str(self._resumed_from), framework="transformers")
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._previous_term is not None:
-            signal.signal(signal.SIGTERM, self._previous_term)
-            self._previous_term = None
+        self._term.restore()
+        if self._counting is not None:
+            self._counting.remove()
+            self._counting = None
         if self.tel is not None:
             self.tel.close("stopped" if self._stopping else "finished")
             self.tel = None
@@ -108,16 +111,6 @@ class TrainwatchCallback(TrainerCallback):
             if dist.is_available() and dist.is_initialized():
                 dist.destroy_process_group()  # else exiting waits on the group's peers
             raise SystemExit(EXIT_STOPPED)
-
-    def _on_term(self, signum: int, frame: Any) -> None:
-        if repeated_term(self._term_at):
-            return  # the same stop, delivered again (torchrun forwards each SIGTERM it gets)
-        if self._term.is_set():  # asked twice: not reaching a step boundary, die as asked
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-            return
-        self._term_at = time.monotonic()
-        self._term.set()
 
     # ------------------------------------------------------------------ the step
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None,
@@ -131,8 +124,15 @@ class TrainwatchCallback(TrainerCallback):
             values["lr"] = logs["learning_rate"]
         self.tel.record(**values)
 
+    def _count(self, module: Any, args: Any, kwargs: Any) -> None:
+        if module.training and torch.is_grad_enabled():  # not an evaluation's forward
+            self._samples += batch_size(kwargs or args) or 0
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        requested, stopping = self._requested.is_set(), self._term.is_set()
+        if self.tel is not None and self._samples:  # the step just ended: all micro-batches
+            self.tel.record(samples=self._samples)
+        self._samples = 0
+        requested, stopping = self._requested.is_set(), self._term.asked.is_set()
         if args.world_size > 1 and dist.is_available() and dist.is_initialized():
             flags = torch.tensor([float(requested), float(stopping)], device=args.device)
             dist.all_reduce(flags)  # every rank must save (and stop) at the same step

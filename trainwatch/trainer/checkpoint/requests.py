@@ -42,6 +42,7 @@ class Requests:
         self.sources: list[str] = []
         self._previous: dict[int, Any] = {}
         self._first_term: float | None = None  # monotonic time of the first SIGTERM
+        self._term_checked = False  # whether our SIGTERM handler was looked for yet
 
     def ask_save(self, source: str) -> None:
         with self._lock:
@@ -55,6 +56,8 @@ class Requests:
 
     def take(self) -> tuple[bool, bool, list[str]]:
         """This rank's requests since the last call (stop stays set: it is final)."""
+        if not self._term_checked:
+            self._check_term_handler()
         with self._lock:
             taken = (self.save, self.stop, self.sources)
             self.save, self.sources = False, []
@@ -69,6 +72,20 @@ class Requests:
             return
         self._previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._on_usr1)
         self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_term)
+
+    def _check_term_handler(self) -> None:
+        """Say once, at the first step, when the script replaced our SIGTERM handler after
+        installing it: a stop would then neither save nor exit 75."""
+        self._term_checked = True
+        if signal.SIGTERM not in self._previous:
+            return
+        current = signal.getsignal(signal.SIGTERM)
+        if current != self._on_term:
+            name = getattr(current, "__qualname__", None) or repr(current)
+            log.warning("trainwatch checkpoint: SIGTERM's handler is now %s, installed after "
+                        "Checkpoints' own: a SIGTERM (a stop, a preemption) will not save a "
+                        "checkpoint or exit 75; leave SIGTERM to trainwatch (maybe_save saves "
+                        "and exits), or save and exit in yours", name)
 
     def uninstall(self) -> None:
         for signum, previous in self._previous.items():
