@@ -7,6 +7,7 @@ mid-accumulation."""
 
 import pytest
 
+from lightning_helpers import fit
 from trainwatch.rundir import RunDir
 
 ACCUMULATE, BATCH, STEPS, EVERY = 4, 4, 12, 5
@@ -15,31 +16,12 @@ ACCUMULATE, BATCH, STEPS, EVERY = 4, 4, 12, 5
 def test_a_step_is_an_optimizer_step_and_each_due_save_is_written_once(tmp_path):
     L = pytest.importorskip("lightning")
     import torch
-    from torch.utils.data import DataLoader, TensorDataset
 
     from trainwatch.integrations.lightning import TrainwatchCallback
 
-    class Tiny(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = torch.nn.Linear(8, 1)
-
-        def training_step(self, batch, batch_idx):
-            x, y = batch
-            return torch.nn.functional.mse_loss(self.net(x), y)
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.01)
-
-    g = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(256, 8, generator=g), torch.randn(256, 1, generator=g))
     run = RunDir(tmp_path / "run")
-    cb = TrainwatchCallback(run.root, every_steps=EVERY)
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=STEPS, callbacks=[cb],
-                        accumulate_grad_batches=ACCUMULATE, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False)
-    trainer.fit(Tiny(), DataLoader(data, batch_size=BATCH))
+    trainer = fit(L, torch, TrainwatchCallback(run.root, every_steps=EVERY), STEPS,
+                  accumulate=ACCUMULATE, batch=BATCH)
 
     assert trainer.global_step == STEPS
     steps = [r for r in run.metrics(0).records if r.get("kind") == "step"]

@@ -8,30 +8,8 @@ import logging
 
 import pytest
 
+from lightning_helpers import fit
 from trainwatch.rundir import RunDir
-
-
-def _fit(L, torch, cb, steps, ckpt_path=None):
-    from torch.utils.data import DataLoader, TensorDataset
-
-    class Tiny(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = torch.nn.Linear(8, 1)
-
-        def training_step(self, batch, batch_idx):
-            x, y = batch
-            return torch.nn.functional.mse_loss(self.net(x), y)
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.01)
-
-    data = TensorDataset(torch.randn(256, 8), torch.randn(256, 1))
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, callbacks=[cb],
-                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False)
-    trainer.fit(Tiny(), DataLoader(data, batch_size=4), ckpt_path=ckpt_path)
-    return trainer
 
 
 def test_resuming_from_another_file_is_said_and_not_journaled_as_ours(tmp_path, caplog):
@@ -41,15 +19,15 @@ def test_resuming_from_another_file_is_said_and_not_journaled_as_ours(tmp_path, 
     from trainwatch.integrations.lightning import TrainwatchCallback
 
     run = RunDir(tmp_path / "run")
-    first = _fit(L, torch, TrainwatchCallback(run.root, every_steps=5), 5)
+    first = fit(L, torch, TrainwatchCallback(run.root, every_steps=5), 5)
     mine = tmp_path / "mine.ckpt"  # the script's own save, at step 5
     first.save_checkpoint(str(mine))
     cb = TrainwatchCallback(run.root, every_steps=5)
-    _fit(L, torch, cb, 10, ckpt_path=cb.resume_path())  # trainwatch's step 10
+    fit(L, torch, cb, 10, ckpt_path=cb.resume_path())  # trainwatch's step 10
     cb = TrainwatchCallback(run.root, every_steps=5)
     assert cb.resume_path().endswith("step-00000010/lightning.ckpt")
     with caplog.at_level(logging.WARNING, logger="trainwatch.integrations.lightning"):
-        _fit(L, torch, cb, 12, ckpt_path=str(mine))
+        fit(L, torch, cb, 12, ckpt_path=str(mine))
     told = [r.getMessage() for r in caplog.records if "resume" in r.getMessage()]
     assert told and str(mine) in told[0] and "step-00000010" in told[0], told
     resumed = [e["path"] for e in run.events("checkpoint_resumed")]
@@ -63,9 +41,9 @@ def test_resuming_from_ours_is_journaled_and_quiet(tmp_path, caplog):
     from trainwatch.integrations.lightning import TrainwatchCallback
 
     run = RunDir(tmp_path / "run")
-    _fit(L, torch, TrainwatchCallback(run.root, every_steps=5), 10)
+    fit(L, torch, TrainwatchCallback(run.root, every_steps=5), 10)
     cb = TrainwatchCallback(run.root, every_steps=5)
     with caplog.at_level(logging.WARNING, logger="trainwatch.integrations.lightning"):
-        _fit(L, torch, cb, 12, ckpt_path=cb.resume_path())
+        fit(L, torch, cb, 12, ckpt_path=cb.resume_path())
     assert not [r for r in caplog.records if "resume" in r.getMessage()]
     assert [e["step"] for e in run.events("checkpoint_resumed")] == [10]
