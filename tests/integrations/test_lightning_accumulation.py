@@ -7,7 +7,7 @@ mid-accumulation."""
 
 import pytest
 
-from lightning_helpers import fit
+from framework_helpers import fit
 from trainwatch.rundir import RunDir
 
 ACCUMULATE, BATCH, STEPS, EVERY = 4, 4, 12, 5

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from lightning_helpers import fit
+from framework_helpers import fit
 from trainwatch.rundir import RunDir
 
 

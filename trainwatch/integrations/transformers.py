@@ -22,6 +22,7 @@ replica check (docs/sdc.md). Needs ``transformers`` (and ``accelerate``) install
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ from trainwatch.trainer.checkpoint.checkpointer import EXIT_STOPPED
 from trainwatch.checkpoint_format.manifest import FRAMEWORK_STEP_DIR
 from trainwatch.trainer.telemetry import Telemetry
 
+log = logging.getLogger(__name__)
+
 
 class TrainwatchCallback(TrainerCallback):
     """Telemetry and verified, requestable checkpoints for a Hugging Face ``Trainer``."""
@@ -56,7 +59,7 @@ class TrainwatchCallback(TrainerCallback):
         self._stopping = False
         self._counting: Any = None  # the forward pre-hook counting a step's samples
         self._samples = 0
-        self._resumed_from: Path | None = None
+        self._resumed_from: tuple[int, Path] | None = None  # what resume_path() found
 
     def resume_path(self, output_dir: str | Path) -> str | None:
         """The newest ``checkpoint-N`` in ``output_dir`` whose manifest verifies."""
@@ -70,7 +73,7 @@ class TrainwatchCallback(TrainerCallback):
         found = newest_verified(candidates)
         if found is None:
             return None
-        self._resumed_from = found[1]
+        self._resumed_from = found
         return str(found[1])
 
     # ------------------------------------------------------------------ lifecycle
@@ -96,8 +99,20 @@ class TrainwatchCallback(TrainerCallback):
         if model is not None and self.replica_every:
             self.tel.check_replicas(model, every=self.replica_every)
         if self._resumed_from is not None and state.is_world_process_zero:
-            self.tel.event("checkpoint_resumed", step=state.global_step,
-                           path=str(self._resumed_from), framework="transformers")
+            self._note_resume(state.global_step, *self._resumed_from)
+
+    def _note_resume(self, step: int, ours_step: int, ours: Path) -> None:
+        """Journal a resume from the checkpoint ``resume_path`` found; say so when
+        ``train`` was given another one (or none): the Trainer starts at the step of what it
+        loaded, so a different step is a different start."""
+        if step == ours_step and self.tel is not None:
+            self.tel.event("checkpoint_resumed", step=step, path=str(ours),
+                           framework="transformers")
+            return
+        log.warning("trainwatch: trainer.train started at step %d, not from the newest "
+                    "verified checkpoint %s (step %d): a restart repeats the steps since; "
+                    "pass resume_from_checkpoint=cb.resume_path(args.output_dir)",
+                    step, ours, ours_step)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._term.restore()
