@@ -61,8 +61,10 @@ MUST_SHOW_DATA = {
 # no NaN, and no other node to compare this node's ranks with.
 CPU_ABSENT = re.compile(r"trainwatch_(gpu_|nccl_ras_|nccl_log_|network_ib_|stall_incident_"
                         r"|action_restart_guard|train_last_nonfinite|straggler_node_)")
-# Series that exist only while something is wrong (a replica's weights diverge).
-HEALTHY_ABSENT = re.compile(r"trainwatch_replica_divergence_")
+# Series that exist only once something went wrong (a replica's weights diverged, a
+# gradient all-reduce's checksum did not match).
+HEALTHY_ABSENT = re.compile(r"trainwatch_(replica_divergence_"
+                            r"|rank_reduction_checksum_last_mismatch_)")
 NO_RUN = MetricSpec("", "", "", ())
 
 
