@@ -274,3 +274,19 @@ def test_a_second_sigterm_while_stopping_does_not_cut_the_stop_short(tmp_path, s
         stopped = run.events("controller_stopped")
         assert len(stopped) == 1 and stopped[0]["interrupted"], out
     assert not psutil.pid_exists(int((tmp_path / "pid").read_text()))
+
+
+def test_a_job_that_dies_of_a_config_error_before_any_rank_started_is_exit_2_naming_it(
+        tmp_path):
+    """A framework callback made with a misspelt keyword raises trainwatch's ConfigError
+    before any telemetry starts, so no rank can say "bad input": the run ended as a launch
+    failure, exit 1. The traceback's last line in the job's log says it: exit 2 with it."""
+    proc = _run(tmp_path / "r", "--", sys.executable, "-c",
+                "from trainwatch.errors import ConfigError; "
+                "raise ConfigError('unknown keyword', key='TrainwatchCallback.every_step')")
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 2, out
+    assert b"rejected its input" in out and b"TrainwatchCallback.every_step" in out, out
+    run = RunDir(tmp_path / "r")
+    assert [e["exit_code"] for e in run.events("controller_stopped")] == [2]
+    assert len(run.events("job_started")) == 1  # not restarted

@@ -276,6 +276,11 @@ def run(nproc_per_node, run, steps, config, overrides, max_restarts, thresholds_
         unsaved = unsaved_end(run_) if code == EXIT_OK and not nonfinite else None
         if nonfinite or unsaved:
             code = EXIT_PROBLEM
+        # A job that died of trainwatch's own ConfigError before any rank published (a
+        # framework callback's misspelt keyword) rejected its input, as a rank that says so.
+        refused = _refused_at_launch(run_, job_log_start) if supervisor.launch_failed else None
+        if refused:
+            code = EXIT_USAGE
         controller.journal("controller_stopped", exit_code=code, interrupted=interrupted,
                            seconds=round(time.time() - started, 3),
                            actions=len(run_.events("action_taken")))
@@ -285,7 +290,8 @@ def run(nproc_per_node, run, steps, config, overrides, max_restarts, thresholds_
         lock.release()
     if code == EXIT_USAGE:
         raise ConfigError("the training job rejected its input (exit 2): "
-                          + (supervisor.rejected_input or _new_lines(run_, job_log_start)))
+                          + (supervisor.rejected_input or refused
+                             or _new_lines(run_, job_log_start)))
     outcome = "interrupted" if interrupted else "failed" if code else "finished"
     render_summary(summarize(run_.root, outcome, target_steps), console)
     if nonfinite:
@@ -354,30 +360,40 @@ def _size(path) -> int:
 
 # A line that says why a launch failed (a missing script, an import error, a bad option),
 # not the launcher's failure table (its "error_file:" field) that follows it.
+_CONFIG_ERROR_LINE = f"{ConfigError.__module__}.{ConfigError.__qualname__}: "  # a traceback's end
 _WHY_LINE = re.compile(r"can't open file|No such file|not found|\b\w*Error\b:?|error:", re.I)
+
+
+def _launch_log(run: RunDir, offset: int) -> str | None:
+    """The end of what the job wrote to its log in this launch (the log is kept across
+    launches), by the safe reader and at most JOB_LOG_TAIL_BYTES of it."""
+    try:
+        return read_run_file_tail(run.logs_dir / JOB_LOG, run.root, max_bytes=JOB_LOG_TAIL_BYTES,
+                                  start=offset).decode(errors="replace")
+    except (OSError, FormatError):
+        return None
 
 
 def _first_error(run: RunDir, offset: int) -> str | None:
     """The first line of this launch's log that says why it failed, else None."""
-    try:
-        text = read_run_file_tail(run.logs_dir / JOB_LOG, run.root,
-                                  max_bytes=JOB_LOG_TAIL_BYTES, start=offset).decode(
-                                      errors="replace")
-    except (OSError, FormatError):
-        return None
+    text = _launch_log(run, offset) or ""
     return next((ln.strip()[:300] for ln in text.splitlines()
                  if _WHY_LINE.search(ln) and "error_file" not in ln
                  and not ln.lstrip().startswith(("File ", "Traceback"))), None)
 
 
+def _refused_at_launch(run: RunDir, offset: int) -> str | None:
+    """What trainwatch's ConfigError said, if the launch's log ends a traceback with one."""
+    text = _launch_log(run, offset) or ""
+    return next((ln.split(_CONFIG_ERROR_LINE, 1)[1].strip()[:300]
+                 for ln in text.splitlines() if _CONFIG_ERROR_LINE in ln), None)
+
+
 def _new_lines(run: RunDir, offset: int, n: int = 5) -> str:
-    """The end of what the job wrote to its log in this launch (the log is kept across
-    launches), by the safe reader and at most JOB_LOG_TAIL_BYTES of it."""
+    """The last ``n`` lines of this launch's log, indented (or why there are none)."""
     path = run.logs_dir / JOB_LOG
-    try:
-        text = read_run_file_tail(path, run.root, max_bytes=JOB_LOG_TAIL_BYTES,
-                                  start=offset).decode(errors="replace")
-    except (OSError, FormatError):
+    text = _launch_log(run, offset)
+    if text is None:
         return f"no {path}"
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if not lines:
