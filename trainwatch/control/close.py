@@ -17,14 +17,13 @@ import time
 from typing import Any
 
 import click
-import psutil
 
 from trainwatch.beat import beat_path, merge_beat, read_beat
 from trainwatch.clitypes import run_dir_option
 from trainwatch.contract.env import DEFAULT_RUN_DIR, RUN_DIR_ENV, SUPERVISOR_ENV, run_dir_from_env
 from trainwatch.contract.layout import CLOSED_EVENT
 from trainwatch.errors import ConfigError
-from trainwatch.host.procinfo import reused
+from trainwatch.host.procinfo import still_running
 from trainwatch.invocation import program
 from trainwatch.node import boot_id, node_name
 from trainwatch.proctree import marked
@@ -51,16 +50,8 @@ def _user() -> str:
 
 
 def _alive_here(status: dict[str, Any]) -> bool:
-    """Is the rank's process still running on this host (this boot, not a reused pid)?"""
-    pid = status.get("pid")
-    if status.get("boot") != boot_id() or not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        proc = psutil.Process(pid)
-        return proc.status() != psutil.STATUS_ZOMBIE and not reused(
-            proc.create_time(), status.get("started_at"), status.get("process_created_at"))
-    except psutil.Error:
-        return False
+    """Does the rank's process still (or may it) run on this host, in this boot?"""
+    return status.get("boot") == boot_id() and bool(still_running(status))
 
 
 def check_gone(run: RunDir, now: float) -> tuple[list[dict[str, Any]], list[str]]:

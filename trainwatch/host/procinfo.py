@@ -578,3 +578,20 @@ def reused(created: float, started_at: Any, created_at: Any) -> bool:
     if isinstance(created_at, (int, float)) and not isinstance(created_at, bool):
         return abs(created - created_at) > 1.0  # the kernel's clock both times
     return isinstance(started_at, (int, float)) and created > started_at + 2
+
+
+def still_running(status: dict[str, Any]) -> bool | None:
+    """May the process a rank's status names still run on this host? False when it is gone,
+    a zombie, or the pid now belongs to another process; True when it runs, or is there
+    but not this user's to look at; None when the status names no pid."""
+    pid = status.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and not reused(
+            proc.create_time(), status.get("started_at"), status.get("process_created_at"))
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True

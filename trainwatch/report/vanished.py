@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import psutil
-
-from trainwatch.host.procinfo import reused
+from trainwatch.host.procinfo import still_running
 from trainwatch.node import node_name
 
 
@@ -22,21 +20,10 @@ def vanished(statuses: list[dict[str, Any]]) -> list[dict[str, Any]]:
     is gone, the one whose heartbeat stopped first first."""
     here, gone = node_name(), []
     for s in statuses:
-        pid = s.get("pid")
-        if s.get("state") != "running" or s.get("node") != here or not isinstance(pid, int) \
-                or isinstance(pid, bool) or pid <= 0:
-            continue
-        try:
-            proc = psutil.Process(pid)
-            if proc.status() != psutil.STATUS_ZOMBIE and not reused(
-                    proc.create_time(), s.get("started_at"), s.get("process_created_at")):
-                continue
-        except psutil.NoSuchProcess:
-            pass
-        except psutil.Error:  # not ours to look at: it may well be running
+        if s.get("state") != "running" or s.get("node") != here or still_running(s) is not False:
             continue
         beat = s.get("heartbeat_at")
-        gone.append({"rank": s.get("rank"), "pid": pid, "step": s.get("step"),
+        gone.append({"rank": s.get("rank"), "pid": s["pid"], "step": s.get("step"),
                      "heartbeat_at": beat if isinstance(beat, (int, float)) else None})
     # the first to fall silent first: likely the one that failed, the others torn down after
     return sorted(gone, key=lambda x: (x["heartbeat_at"] is None, x["heartbeat_at"] or 0.0))

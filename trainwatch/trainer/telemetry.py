@@ -755,16 +755,8 @@ class Telemetry:
             digests = self._replicas.resolve()
             with self._lock:
                 self._state["replicas"] = (self._state["replicas"] + digests)[-KEEP:]
-            if self.metrics_log:  # the history a rollback picks its clean checkpoint from
-                now = _now()
-                try:
-                    for digest in digests:
-                        append_jsonl(self.run.metrics_file(self.rank),
-                                     {"v": 1, "kind": "replicas", "time": now,
-                                      "rank": self.rank, **digest})
-                except OSError as exc:
-                    self.count_error(repr(exc))
-                    self._publish_failed(exc)
+            # the history a rollback picks its clean checkpoint from
+            self._log_records("replicas", digests, _now())
         check = self._reduction
         if check is not None and check.taken:
             self._publish_reduction(check.resolve())
@@ -807,14 +799,20 @@ class Telemetry:
                       "%d: reduced sum %s, expected %s (tolerance %.3g): docs/sdc.md",
                       record["step"], record["bucket"], record["reduced_sum"],
                       record["expected_sum"], record["tolerance"])
-        if bad and self.metrics_log:
-            try:
-                append_lines(self.run.metrics_file(self.rank), "".join(
-                    _ENCODER.encode({"v": 1, "kind": "reduction", "time": now,
-                                     "rank": self.rank, **r}) + "\n" for r in bad).encode())
-            except OSError as exc:
-                self.count_error(repr(exc))
-                self._publish_failed(exc)
+        self._log_records("reduction", bad, now)
+
+    def _log_records(self, kind: str, records: list[dict[str, Any]], now: float) -> None:
+        """Records of ``kind`` into the rank's metrics log in one all-or-nothing append; a
+        write that fails (a full disk) is a publish failure."""
+        if not (records and self.metrics_log):
+            return
+        try:
+            append_lines(self.run.metrics_file(self.rank), "".join(
+                _ENCODER.encode({"v": 1, "kind": kind, "time": now, "rank": self.rank, **r})
+                + "\n" for r in records).encode())
+        except OSError as exc:
+            self.count_error(repr(exc))
+            self._publish_failed(exc)
 
     def _resolve(self, p: tuple, memory: dict[str, Any]) -> dict[str, Any]:
         step, end_time, step_ns, phase_ns, cuda_events, recorded = p
