@@ -484,6 +484,11 @@ def test_nccl_ras_env_consistency_and_debug_log(tmp_path):
                      "NCCL_IB_SECRET_TOKEN": "s3cret"}))
             write_status(run, rank, ranks[-1].pid, backend="nccl", device=f"cuda:{rank}",
                          started_at=time.time() + 5)
+        # Until a child has exec'd, /proc shows the environment it was forked with (ours).
+        wait_for(lambda: all(f"NCCL_ALGO={algo}".encode() in
+                             Path(f"/proc/{proc.pid}/environ").read_bytes()
+                             for proc, algo in zip(ranks, ("Ring", "Tree"))),
+                 10, what="the ranks' environments")
         ctx = make_ctx([run.root])
         publish(ctx, "ranks", collector(ctx, "ranks").collect())
         nccl = collector(ctx, "nccl")
