@@ -39,9 +39,9 @@ import psutil
 
 from trainwatch.agent.config import STRAGGLER_DEFAULTS
 from trainwatch.agent.straggler import JobStragglers
-from trainwatch.beat import BeatWriter, beat_path, own_window
+from trainwatch.rundir.beat import BeatWriter, beat_path, own_window
 from trainwatch.contract.timing import RECENT_WINDOWS, job_window, standing, summarize
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 
 def free_port() -> int:

@@ -24,7 +24,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 
 def free_port() -> int:

@@ -49,7 +49,7 @@ from trainwatch.trainer.checkpoint import CheckpointConfig
 from trainwatch.checkpoint_format.catalog import scan
 from trainwatch.trainer.checkpoint.checkpoints import Checkpoints
 from trainwatch.checkpoint_format.manifest import verify
-from trainwatch.rundir import fsync_file
+from trainwatch.rundir.atomic import fsync_file
 
 
 def build_state(megabytes: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

@@ -5,7 +5,7 @@
 Two live "ranks" (this process's pid, status files rewritten every second like telemetry
 does) and one agent process with its default config. Each round measures /metrics p99
 over ``--scrapes`` requests without and then with the hostile files of
-tests/core/test_rundir_hostile.py (a FIFO, a link to /dev/zero, a sparse 200 MB file, JSON
+tests/rundir/test_rundir_hostile.py (a FIFO, a link to /dev/zero, a sparse 200 MB file, JSON
 nested 100,000 deep, a rank claiming 10**30, wrong types, a rank mismatch, a socket, a
 directory, a link out of the run directory), paired round by round; printed as the ratio
 with its spread. Goal: with/without p99 <= 2 (the 200 MB file once made it 80x).
@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from test_rundir_hostile import hostile
 
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 
 def _port() -> int:

@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 
 from trainwatch.agent.replicas import digest, vote
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 
 def _port() -> int:

@@ -48,7 +48,7 @@ from trainwatch.alerts.engine import Engine  # noqa: E402
 from trainwatch.alerts.evaluate import History  # noqa: E402
 from trainwatch.alerts.rules import load_rules  # noqa: E402
 from trainwatch.alerts.scrape import Scraper  # noqa: E402
-from trainwatch.rundir import RunDir  # noqa: E402
+from trainwatch.rundir.run_dir import RunDir  # noqa: E402
 
 RUN = "scale"
 STALLED_FOR = 30.0

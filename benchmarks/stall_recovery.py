@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 
 from trainwatch.drill.agent_findings import FindingsWatcher
-from trainwatch.proctree import stop
-from trainwatch.rundir import RunDir
+from trainwatch.process.proctree import stop
+from trainwatch.rundir.run_dir import RunDir
 
 PHASES = ("detect", "alert", "kill", "restart", "first_step")
 

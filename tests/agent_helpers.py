@@ -19,7 +19,7 @@ from trainwatch.agent.context import AgentContext
 from trainwatch.agent.registry import Result, all_collectors
 from trainwatch.agent.state import CollectorRecord
 from trainwatch.host.nvml import GpuSnapshot
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -11,7 +11,7 @@ import json
 import urllib.error
 import urllib.request
 
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 
 TOKEN = "s3cret-token-for-tests"
@@ -20,7 +20,7 @@ TOKEN = "s3cret-token-for-tests"
 JOB_SCRIPT = """
 import os, sys, time
 
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 run = RunDir(sys.argv[1]).create()
 # resume from the newest "checkpoint", like the trainer
 step = max([int(p.name.split("-")[1]) for p in run.checkpoint_dir.glob("step-*")], default=0)

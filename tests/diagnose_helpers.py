@@ -13,7 +13,7 @@ import psutil
 
 from agent_helpers import wait_for
 from conftest import REPO, kill_tree, torchrun_env
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 JOB = str(REPO / "tests" / "jobs" / "diagnose_job.py")
 

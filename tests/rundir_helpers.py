@@ -6,7 +6,7 @@ import json
 import os
 import socket
 
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 
 def hostile(run: RunDir, tmp_path) -> dict[str, str]:

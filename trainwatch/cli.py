@@ -45,7 +45,7 @@ COMMANDS = {
               "Size a run: memory per device, compute, cost, storage, interruptions."),
     "rehearse": ("trainwatch.rehearse.cli:rehearse",
                   "A short real run before the big one: PASS/WARN/FAIL per check."),
-    "config": ("trainwatch.configschema:config",
+    "config": ("trainwatch.config.schema:config",
                 "Config files: print or export the JSON Schema of each, for editors."),
     "run": ("trainwatch.control.run:run",
              "Train with the agent and the embedded alert engine watching; restarts from checkpoints."),

@@ -8,7 +8,7 @@ import os
 import time
 
 from agent_helpers import collector, make_ctx, write_status
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 
 def test_phase_age_grows_while_the_start_wobbles_and_new_values_are_clamped(tmp_path):

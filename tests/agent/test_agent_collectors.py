@@ -21,7 +21,7 @@ from conftest import tmpfs_mount
 from fake_nvml import FakeGpuBackend
 from trainwatch.agent.registry import Result
 from trainwatch.agent.state import CollectorRecord
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 
 # --------------------------------------------------------------------------- ranks

@@ -21,7 +21,7 @@ from trainwatch.agent.config import load_config
 from trainwatch.agent.daemon import GC_YOUNG_OBJECTS, Agent
 from trainwatch.agent.registry import Collector, Result, register
 from trainwatch.contract.metrics import METRICS
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 
 @pytest.fixture

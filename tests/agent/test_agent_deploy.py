@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainwatch.rundir import iter_run_dirs
+from trainwatch.rundir.run_dir import iter_run_dirs
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 

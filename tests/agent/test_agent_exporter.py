@@ -15,7 +15,7 @@ from trainwatch.agent.exporter import CachedExposition, SnapshotExporter
 from trainwatch.agent.exposition import OPENMETRICS, TEXT
 from trainwatch.agent.registry import Result, Sample
 from trainwatch.agent.state import CollectorRecord
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 
 def rank_up(rank: int, value: float) -> Sample:

@@ -101,7 +101,7 @@ def test_hostile_status_files_cost_only_themselves(setup, tmp_path):
     url, agent = setup["url"], psutil.Process(setup["agent"].pid)
     run_dir = setup["jobs"]["healthy"][1]
     baseline = _scrape_p99(url)
-    from trainwatch.rundir import RunDir
+    from trainwatch.rundir.run_dir import RunDir
     expected = hostile(RunDir(run_dir), tmp_path)
     reasons = sorted(set(expected.values()))
     ups, rss = [], []

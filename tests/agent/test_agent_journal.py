@@ -18,7 +18,7 @@ from agent_helpers import FIXTURES, collector, make_ctx, publish, samples, value
 from trainwatch.agent.status import build_status
 from trainwatch.alerts.rules import ACTIONS, load_rules
 from trainwatch.contract.layout import CLOSED_EVENT
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 JOURNAL = FIXTURES / "journal" / "journal.jsonl"
 LINES = JOURNAL.read_bytes().splitlines(keepends=True)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 
 from trainwatch.agent.rankfiles import RankFiles
-from trainwatch.beat import BeatWriter, beat_path, own_window
+from trainwatch.rundir.beat import BeatWriter, beat_path, own_window
 from trainwatch.contract.timing import job_window, summarize
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 
 def status(run: RunDir, rank: int, pid: int, **extra) -> None:

@@ -25,7 +25,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from agent_helpers import start_agent, stop_process, wait_for
 from deploy_configs import unit_service_settings
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 PIDS_ROOT = Path("/sys/fs/cgroup/pids")  # cgroup v1; v2 is handled below
 
@@ -162,7 +162,7 @@ def test_a_body_served_again_is_not_compressed_again(monkeypatch):
     """Prometheus asks for gzip on every scrape; two servers scraping one agent (an HA
     pair), or a scrape within the body's life, get the compressed bytes already made."""
     from trainwatch.agent import server as module
-    from trainwatch.httpserver import Request
+    from trainwatch.serving.httpserver import Request
 
     made = []
     compress = gzip.compress

@@ -220,8 +220,8 @@ def test_full_disk_rank1_seen_behind_rank0_after_its_evaluation_is_no_stall(tmp_
     from trainwatch.agent.context import AgentContext
     from trainwatch.agent.registry import all_collectors
     from trainwatch.agent.state import CollectorRecord
-    from trainwatch.beat import BeatWriter, beat_path
-    from trainwatch.rundir import RunDir
+    from trainwatch.rundir.beat import BeatWriter, beat_path
+    from trainwatch.rundir.run_dir import RunDir
 
     run = RunDir(tmp_path / "exp").create()
     ctx = AgentContext(build_config({"run_dirs": [str(run.root)]}))

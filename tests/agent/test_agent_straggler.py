@@ -11,7 +11,7 @@ from pathlib import Path
 from trainwatch.agent.config import STRAGGLER_DEFAULTS
 from trainwatch.agent.straggler import VERDICT_WINDOWS, JobStragglers, score
 from trainwatch.contract.timing import job_window, own_local_seconds, recent_standing, summarize
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 from trainwatch.trainer.telemetry import Telemetry
 from trainwatch.trainer.timing_exchange import sketch_of
 

@@ -4,7 +4,7 @@ collector and the rank's own metrics server read one table (trainwatch/contract/
 from __future__ import annotations
 
 from trainwatch.agent.collectors.ranks import _rank_rows, _RankSeries
-from trainwatch.beat import merge_beat
+from trainwatch.rundir.beat import merge_beat
 from trainwatch.contract.metrics import (COUNTER_FIELD_METRICS, EVAL_FIELD_METRICS, METRICS,
                                          PHASE_SECONDS_FIELD, PHASE_TIME_METRIC,
                                          STATUS_FIELD_METRICS, STEP_FIELD_METRICS)

@@ -20,7 +20,7 @@ from trainwatch.control.receiver import Receiver
 from trainwatch.alerts.rules import load_rules
 from trainwatch.alerts.scrape import Scraper
 from trainwatch.alerts.silences import Silences
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 from agent_helpers import wait_for
 from control_helpers import TOKEN

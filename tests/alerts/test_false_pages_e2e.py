@@ -25,7 +25,7 @@ from trainwatch.alerts.engine import Engine
 from trainwatch.alerts.evaluate import History
 from trainwatch.alerts.rules import load_rules
 from trainwatch.alerts.scrape import Scraper
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 HERE = Path(__file__).parent
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(

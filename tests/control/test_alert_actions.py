@@ -27,7 +27,7 @@ from trainwatch.control.receiver import Receiver
 from trainwatch.alerts.rules import load_rules
 from trainwatch.alerts.silences import Silences
 from trainwatch.control.supervise import Supervisor
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 
 @pytest.fixture
@@ -386,7 +386,7 @@ def test_a_later_nan_rolls_back_to_itself_not_to_one_already_rolled_back(tmp_pat
 def test_a_killed_orphan_left_as_a_zombie_counts_as_gone():
     """pid 1 of a container may never reap an orphan whose parent was killed with it; a
     hard restart must not wait out its whole timeout on such a zombie."""
-    from trainwatch.proctree import wait_gone
+    from trainwatch.process.proctree import wait_gone
 
     launcher = subprocess.Popen(["bash", "-c", "bash -c 'sleep 100 & wait' & wait"],
                                 start_new_session=True)

@@ -13,15 +13,15 @@ import pytest
 from agent_helpers import wait_for
 
 from trainwatch.control.confirm import confirm_stall
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 # A "rank": writes its status once (then its disk is "full"), and beats in place; it
 # steps every 0.1 s unless told to hang (asleep) or to work without stepping (busy: an
 # evaluation no phase declares), optionally inside a declared phase.
 RANK = """
 import os, sys, time
-from trainwatch.beat import BeatWriter, beat_path
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.beat import BeatWriter, beat_path
+from trainwatch.rundir.run_dir import RunDir
 run, mode = RunDir(sys.argv[1]).create(), sys.argv[2]
 now = time.time()
 run.write_status(0, {"rank": 0, "local_rank": 0, "pid": os.getpid(), "state": "running",

@@ -13,7 +13,8 @@ import math
 
 import pytest
 
-from trainwatch.rundir import RunDir, read_jsonl
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.jsonl import read_jsonl
 
 from control_helpers import _finish, _run
 

@@ -18,7 +18,7 @@ import pytest
 from agent_helpers import wait_for
 from control_helpers import _finish, _run
 from conftest import kill_tree
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     importlib.util.find_spec("trainwatch.agent.daemon") is None

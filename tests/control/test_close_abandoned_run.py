@@ -22,8 +22,8 @@ import pytest
 
 from agent_helpers import REPO, get_json, http_get, start_agent, stop_process, wait_for
 from conftest import torchrun_env
-from trainwatch.beat import encode, read_beat
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.beat import encode, read_beat
+from trainwatch.rundir.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 OTHER_BOOT = "00000000-0000-4000-8000-000000000000"

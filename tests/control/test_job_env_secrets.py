@@ -28,7 +28,7 @@ PASSED = {"TRACKER_API_KEY": "tracker-key-passed-6d2c"}
 
 JOB = """
 import json, os, sys, time
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 run = RunDir(sys.argv[1]).create()
 with open(sys.argv[2], "w") as fh:
     json.dump(dict(os.environ), fh)

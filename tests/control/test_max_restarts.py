@@ -1,4 +1,4 @@
-"""torchrun's own restarts have one default (trainwatch.clitypes.MAX_RESTARTS) whichever
+"""torchrun's own restarts have one default (trainwatch.config.clitypes.MAX_RESTARTS) whichever
 command starts the reference trainer: `trainwatch train`, `trainwatch run` and the receiver."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from trainwatch.control.controller import train_command
 from trainwatch.control.run import run
-from trainwatch.clitypes import MAX_RESTARTS
+from trainwatch.config.clitypes import MAX_RESTARTS
 from trainwatch.trainer.cli import train
 from trainwatch.trainer.launcher import LaunchSpec
 

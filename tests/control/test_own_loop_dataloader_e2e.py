@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agent_helpers import wait_for
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 

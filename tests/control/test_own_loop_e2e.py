@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from conftest import kill_tree
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     importlib.util.find_spec("trainwatch.agent.daemon") is None, reason="needs the agent")]

@@ -18,7 +18,7 @@ from trainwatch.control.actions import ActionRunner, Policy
 from trainwatch.control.receiver import Receiver
 from trainwatch.alerts.rules import load_rules
 from trainwatch.contract.env import JOB_ENV
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 
 @pytest.fixture

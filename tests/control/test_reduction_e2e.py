@@ -17,7 +17,7 @@ from trainwatch.alerts.engine import Engine
 from trainwatch.alerts.evaluate import History
 from trainwatch.alerts.rules import load_rules
 from trainwatch.alerts.scrape import Scraper
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -10,7 +10,7 @@ import pytest
 from agent_helpers import http_get, start_agent, stop_process, wait_for
 from conftest import finish
 from diagnose_helpers import diagnose, top
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

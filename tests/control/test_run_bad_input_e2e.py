@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 

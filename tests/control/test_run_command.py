@@ -14,7 +14,7 @@ import pytest
 
 from agent_helpers import free_port, wait_for
 from conftest import kill_tree
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 HERE = Path(__file__).resolve().parent
 
@@ -207,7 +207,7 @@ def test_a_job_that_finished_after_its_saves_failed_is_not_exit_0(tmp_path):
     good checkpoint and the failed save; a save that failed once and was followed by a good
     one (or by a failed mirror copy, which names no step) is no such end."""
     job = ("import os, sys\n"
-           "from trainwatch.rundir import RunDir\n"
+           "from trainwatch.rundir.run_dir import RunDir\n"
            "run = RunDir(os.environ['TRAINWATCH_RUN_DIR'])\n"
            "run.append_event('checkpoint_saved', 'rank0', rank=0, step=10, path='x')\n"
            "run.append_event('checkpoint_failed', 'rank0', rank=0, step=20, errno=28,\n"

@@ -19,7 +19,7 @@ import pytest
 from agent_helpers import wait_for
 from conftest import fill_to_the_brim, kill_tree, tmpfs_mount
 from control_helpers import start_run
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import kill_tree, tmpfs_mount
 from control_helpers import start_run
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 

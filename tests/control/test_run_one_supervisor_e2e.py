@@ -24,7 +24,7 @@ from agent_helpers import wait_for
 from conftest import kill_tree, start_train
 from trainwatch.contract.env import SUPERVISOR_ENV
 from trainwatch.node import node_name
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ from trainwatch.alerts.engine import Engine
 from trainwatch.alerts.evaluate import History
 from trainwatch.alerts.rules import load_rules
 from trainwatch.control.run_view import Progress, live_view
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 
 def _status(run, rank, step, loss, tps, phase="forward"):

@@ -264,7 +264,7 @@ def test_alerts_watch_refuses_an_unparsable_target_at_start(target):
 
 
 def _report_run(tmp_path):
-    from trainwatch.rundir import RunDir
+    from trainwatch.rundir.run_dir import RunDir
     run = RunDir(tmp_path / "run").create()
     run.append_event("run_started", "rank0", world_size=1)
     return run.root

@@ -22,7 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trainwatch.errors import ConfigError
-from trainwatch.rundir import SKIP_REASONS, RunDir, read_jsonl
+from trainwatch.rundir.safe_read import SKIP_REASONS
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.jsonl import read_jsonl
 
 SCALE = float(os.environ.get("TRAINWATCH_FUZZ_SCALE", "1"))
 EXAMPLES = {"status": 100, "jsonl": 100, "journal_collector": 40, "trainer_config": 100,

@@ -1,4 +1,4 @@
-"""``--run-dir`` is one shared option (trainwatch.clitypes.run_dir_option): every command
+"""``--run-dir`` is one shared option (trainwatch.config.clitypes.run_dir_option): every command
 spells, checks and builds the run directory the same way, RUN_DIR or --run-dir."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import click
 from click.testing import CliRunner
 
 from conftest import all_commands
-from trainwatch.clitypes import run_dir_option
+from trainwatch.config.clitypes import run_dir_option
 from trainwatch.errors import EXIT_USAGE
 
 # The agent watches several run directories (--run-dir repeated): a list, not one RunDir.

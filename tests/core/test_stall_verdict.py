@@ -21,7 +21,8 @@ from trainwatch.diagnose import analysis, journal, run_state
 from trainwatch.diagnose.model import Evidence
 from trainwatch.report import goodput
 from trainwatch.report.timeline import read_timeline
-from trainwatch.rundir import RunDir, append_jsonl
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.atomic import append_jsonl
 
 STEP = 0.2
 SILENCE = 6.0

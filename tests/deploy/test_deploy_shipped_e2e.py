@@ -50,7 +50,7 @@ from agent_helpers import REPO, free_port, get_json, http_get, stop_process, wai
 from conftest import kill_tree
 from deploy_configs import ALERTMANAGER_YML, PROMETHEUS_YML, unit_service_settings, unit_setpriv
 from users_helpers import _ensure_user, _python_for_others
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(

@@ -36,7 +36,7 @@ from agent_helpers import REPO, get_json, http_get, stop_process
 from conftest import kill_tree
 from netns import Node, NetnsWorker, kill_all, unavailable, veth_nodes
 from trainwatch.contract.ports import AGENT_PORT
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for network namespaces")]

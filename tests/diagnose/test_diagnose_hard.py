@@ -19,7 +19,7 @@ import pytest
 from agent_helpers import get_json, http_get, start_agent, stop_process, wait_for
 from conftest import tmpfs_mount
 from diagnose_helpers import Job, diagnose, stalled_for, top
-from trainwatch.beat import beat_path, read_beat
+from trainwatch.rundir.beat import beat_path, read_beat
 from trainwatch.host.cgroup import cgroup_dir
 from trainwatch.host.cgroup import memory_cgroup as memory_cgroup_of
 

@@ -20,7 +20,7 @@ from trainwatch.diagnose.gather import Options, gather
 from trainwatch.diagnose.run_state import launcher_exits
 from trainwatch.diagnose.model import Evidence
 from trainwatch.redact import MASK, redact, redact_env, redact_text
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 
 def entry(op, size, t):

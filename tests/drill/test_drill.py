@@ -20,7 +20,8 @@ from trainwatch.drill.runner import RECORD_FORMAT, record_file, stop_tree
 from trainwatch.drill.score import CRITERIA, launcher_failures, score
 from trainwatch.drill.settings import changed_defaults, settings_for, write_files
 from trainwatch.errors import ConfigError
-from trainwatch.rundir import RunDir, append_jsonl, atomic_write_json
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.atomic import append_jsonl, atomic_write_json
 
 T0 = 1_800_000_000.0
 

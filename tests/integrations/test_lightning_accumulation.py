@@ -8,7 +8,7 @@ mid-accumulation."""
 import pytest
 
 from framework_helpers import fit
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 ACCUMULATE, BATCH, STEPS, EVERY = 4, 4, 12, 5
 

@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from framework_helpers import fit
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 
 def test_resuming_from_another_file_is_said_and_not_journaled_as_ours(tmp_path, caplog):

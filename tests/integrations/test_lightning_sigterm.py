@@ -19,7 +19,7 @@ import pytest
 from agent_helpers import wait_for
 from conftest import kill_tree
 from trainwatch.checkpoint_format.manifest import verify
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 from trainwatch.trainer.checkpoint.checkpointer import EXIT_STOPPED
 
 pytestmark = pytest.mark.slow

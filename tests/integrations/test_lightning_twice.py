@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from trainwatch.errors import EXIT_USAGE
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 SCRIPT = textwrap.dedent("""
     import lightning as L, torch

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from framework_helpers import hf_train
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 
 def test_a_start_from_another_checkpoint_is_said_and_not_journaled_as_ours(tmp_path, caplog):

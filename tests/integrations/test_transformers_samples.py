@@ -7,7 +7,7 @@ import os
 import pytest
 
 from framework_helpers import hf_train
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 BATCH, ACCUMULATE, STEPS = 4, 3, 5
 

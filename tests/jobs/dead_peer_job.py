@@ -14,7 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from trainwatch.beat import beat_path, read_beat
+from trainwatch.rundir.beat import beat_path, read_beat
 from trainwatch.trainer.telemetry import Telemetry
 
 dist.init_process_group("gloo")

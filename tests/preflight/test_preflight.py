@@ -183,7 +183,7 @@ def test_gpu_real_nvml_on_this_machine_reports_absence_honestly():
 
 # --------------------------------------------------------------------------- sdc
 def _suspect(folder: Path, node: str) -> Path:
-    from trainwatch.suspects import write_suspect
+    from trainwatch.host.suspects import write_suspect
     return write_suspect(folder, node, {
         "ranks": [1], "run": "exp1", "run_dir": "/runs/exp1", "time": 1_800_000_000.0,
         "alert": "TrainingReplicaDivergence",

@@ -19,7 +19,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "trainwatch"
-SHARED = ("contract", "host")  # packages of the shared core with rules of their own
+# Rooms of the shared core: subpackages with rules of their own (docs/architecture.md).
+SHARED = ("contract", "host", "config", "rundir", "process", "serving")
 # Every component: a subpackage of trainwatch/ that is not part of the shared core.
 COMPONENTS = tuple(sorted(p.name for p in PACKAGE.iterdir()
                           if (p / "__init__.py").is_file() and p.name not in SHARED))
@@ -259,7 +260,7 @@ def test_exit_codes_are_named_by_trainwatch_errors():
 
 def test_tests_mirror_the_components():
     """A component's tests sit in ``tests/<component>/``; whole-product checks in
-    ``tests/project/``, the shared core's in ``tests/core/``, deployment in
+    ``tests/project/``, a core room's in ``tests/<room>/``, the root core's in ``tests/core/``, deployment in
     ``tests/deploy/``; the jobs tests start in ``tests/jobs/``. The root holds only shared
     helpers, so a newcomer finds a component's tests by its name."""
     tests = REPO / "tests"
@@ -369,3 +370,11 @@ def test_the_metric_name_guard_sees_a_second_producer(tmp_path):
     spellers = _metric_spellers({"trainwatch.x.one": tmp_path / "one.py",
                                  "trainwatch.y.two": tmp_path / "two.py"})
     assert spellers == {"trainwatch_rank_step": {"trainwatch.x.one", "trainwatch.y.two"}}
+
+
+def test_the_package_root_keeps_at_most_eight_modules():
+    """A module shared by components goes into a room of the shared core (rundir/,
+    config/, process/, serving/, host/, contract/), not the root (docs/architecture.md,
+    "Where a shared module goes"): a root of dozens of modules is one unlayered node."""
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(root) <= 8, root

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import torchrun_env
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 

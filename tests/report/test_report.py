@@ -13,7 +13,8 @@ import pytest
 
 from trainwatch.contract.metrics import METRICS
 from trainwatch.report.goodput import CATEGORIES
-from trainwatch.rundir import RunDir, append_jsonl
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.atomic import append_jsonl
 
 T0 = 1_800_000_000.0
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "report.md"

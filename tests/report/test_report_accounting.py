@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from trainwatch.report import goodput, timeline
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 T0 = 1_800_000_000.0
 

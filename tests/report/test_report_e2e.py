@@ -12,7 +12,7 @@ import pytest
 
 from conftest import finish
 from trainwatch.report.goodput import CATEGORIES
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 ARGS = ["--nproc-per-node", "2", "--set", "checkpoint.every_steps=10",
         "--set", "train.eval_interval=10", "--set", "data.corpus_bytes=20000",

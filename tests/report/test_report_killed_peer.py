@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conftest import REPO, kill_tree
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 SLOW_S = 8  # longer than the 5 s stall budget of these short steps

@@ -13,7 +13,7 @@ import pytest
 
 from agent_helpers import wait_for
 from conftest import REPO, kill_tree
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 

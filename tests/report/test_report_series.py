@@ -4,7 +4,7 @@ import json
 
 from trainwatch.report.html import _broken_at
 from trainwatch.report.series import MAX_BUCKETS, MAX_POINTS, read_series
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 
 def _write_metrics(run, rank, steps, seconds):

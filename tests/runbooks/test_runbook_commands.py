@@ -24,7 +24,7 @@ import pytest
 
 from conftest import REPO, kill_tree, torchrun_env
 from trainwatch import runbooks
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # fixtures start real runs
 

@@ -16,7 +16,7 @@ import torch
 from agent_helpers import wait_for
 
 from trainwatch.errors import ConfigError
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 from trainwatch.trainer.checkpoint import (EXIT_STOPPED, CheckpointConfig, Checkpointer,
                                            NonFiniteHalt)
 from trainwatch.checkpoint_format import catalog

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from conftest import run_torchrun
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import tmpfs_mount
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 from trainwatch.trainer.checkpoint import CheckpointConfig, Checkpointer
 from trainwatch.checkpoint_format import catalog
 from trainwatch.checkpoint_format.manifest import verify

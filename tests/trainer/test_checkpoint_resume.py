@@ -10,7 +10,7 @@ import time
 import pytest
 
 from conftest import finish, kill_tree, start_train
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 # 20 kB of corpus gives 17 batches per rank and epoch: checkpoints at 10 and 20 are
 # mid-epoch and the 30 steps cross an epoch boundary.  Dropout makes the RNG matter.

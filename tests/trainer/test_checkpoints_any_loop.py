@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from trainwatch import Checkpoints, Telemetry
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 from trainwatch.trainer.checkpoint import EXIT_STOPPED
 from trainwatch.checkpoint_format.catalog import complete
 

@@ -17,7 +17,7 @@ import pytest
 from agent_helpers import get_json, http_get, start_agent, stop_process, wait_for
 from conftest import TRAIN, kill_tree
 from trainwatch.contract.env import FAULT_ENV
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 

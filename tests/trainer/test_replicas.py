@@ -215,7 +215,7 @@ def test_collector_names_the_odd_rank_from_status_files_after_two_digests(tmp_pa
     import os
 
     from agent_helpers import collector, make_ctx, publish, samples, value, write_status
-    from trainwatch.rundir import RunDir
+    from trainwatch.rundir.run_dir import RunDir
 
     run = RunDir(tmp_path / "run").create()
     ctx = make_ctx([run.root])
@@ -244,7 +244,7 @@ def test_collector_names_the_odd_rank_from_status_files_after_two_digests(tmp_pa
 
 # ---------------------------------------------------------------- the rollback's choice
 def _log(run, rank, entries, time0=1000.0):
-    from trainwatch.rundir import append_jsonl
+    from trainwatch.rundir.atomic import append_jsonl
     for i, (step, bits) in enumerate(entries):
         append_jsonl(run.metrics_file(rank), {"v": 1, "kind": "replicas", "time": time0 + i,
                                               "rank": rank, **_d(step, bits, group=0)})
@@ -252,7 +252,7 @@ def _log(run, rank, entries, time0=1000.0):
 
 def test_rollback_finds_the_newest_agreeing_step_before_a_confirmed_divergence(tmp_path):
     from trainwatch.control.replica_rollback import find_divergence
-    from trainwatch.rundir import RunDir
+    from trainwatch.rundir.run_dir import RunDir
 
     run = RunDir(tmp_path / "run").create()
     _log(run, 0, [(4, A), (9, B), (14, C), (19, A)])
@@ -305,7 +305,7 @@ def test_rollback_marks_a_node_for_preflight_only_for_a_rank_named_alone(tmp_pat
     fail every replica's node, so it marks none."""
     from trainwatch.control.actions import ActionRunner, Policy
     from trainwatch.control.replica_rollback import Divergence
-    from trainwatch.suspects import suspects_of
+    from trainwatch.host.suspects import suspects_of
 
     runner = ActionRunner(tmp_path / "run", None, Policy(), job="exp1", clock=lambda: 1000.0)
     named = Divergence(24, 19, [1], True, 2)

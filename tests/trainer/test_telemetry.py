@@ -11,7 +11,7 @@ import torch
 from agent_helpers import wait_for
 from conftest import run_torchrun
 from trainwatch.contract.timing import median_without
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 from trainwatch.trainer.telemetry import Telemetry
 from trainwatch.trainer.timing_exchange import sketch_of
 

@@ -13,8 +13,8 @@ import torch
 
 from agent_helpers import wait_for
 from conftest import torchrun_env
-from trainwatch.beat import beat_path, read_beat
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.beat import beat_path, read_beat
+from trainwatch.rundir.run_dir import RunDir
 from trainwatch.trainer.telemetry import Telemetry
 
 HERE = Path(__file__).parent

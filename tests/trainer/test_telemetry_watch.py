@@ -3,7 +3,7 @@
 import torch
 
 from trainwatch import Checkpoints, Telemetry
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 
 def _setup():

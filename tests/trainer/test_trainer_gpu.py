@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 

@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 
 from conftest import TRAIN, finish
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 from trainwatch.trainer.data import load_dataset, prepare_generated
 
 @pytest.mark.slow

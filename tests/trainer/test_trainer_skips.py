@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from trainwatch.errors import ConfigError
-from trainwatch.rundir import RunDir, read_jsonl
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.jsonl import read_jsonl
 from trainwatch.trainer.data import ShardedBatches
 from trainwatch.trainer.skips import SkipSteps, read_skip_steps
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from trainwatch.contract.env import STORE_ADDR_ENV
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 from trainwatch.trainer.launcher import LaunchSpec, torchrun_command, torchrun_env
 
 STORE = """

@@ -16,8 +16,8 @@ from typing import Annotated, Any, ClassVar, Optional
 from pydantic import (AfterValidator, BeforeValidator, Field, WithJsonSchema, create_model,
                       model_validator)
 
-from trainwatch.configfile import load_yaml_mapping
-from trainwatch.configmodel import (ConfigModel, Count, KeyProblem, Lines, Number, validate,
+from trainwatch.config.yamlfile import load_yaml_mapping
+from trainwatch.config.model import (ConfigModel, Count, KeyProblem, Lines, Number, validate,
                                    yaml_lines)
 from trainwatch.contract.ports import AGENT_LISTEN
 from trainwatch.contract.stall import STALL_DEFAULTS

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from trainwatch.agent.config import AgentConfig
 from trainwatch.agent.state import StateStore
-from trainwatch.rundir import RunDir, iter_run_dirs
+from trainwatch.rundir.run_dir import RunDir, iter_run_dirs
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """A run directory's rank files as the agent reads them every second: each rank's small
 beat file every time, its status file only when the beat cannot stand in for it.
 
-The beat (``trainwatch/beat.py``) is written right after the status and carries all a
+The beat (``trainwatch/rundir/beat.py``) is written right after the status and carries all a
 stall verdict needs: heartbeat, step, when the step last advanced, step time, phase and
 its budget, state. The status adds what is exported for scrapes every 15 s (loss,
 throughput, counters) and checkpoint facts: a few seconds old is new enough for those.
@@ -28,10 +28,11 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from trainwatch.beat import beat_name, read_beat, window_timing
+from trainwatch.rundir.beat import beat_name, read_beat, window_timing
 from trainwatch.contract.layout import RANK_PREFIX
 from trainwatch.errors import FormatError
-from trainwatch.rundir import ReadResult, RunDir, RunFolder, Skipped, SkippedFile
+from trainwatch.rundir.safe_read import ReadResult, RunFolder, Skipped, SkippedFile
+from trainwatch.rundir.run_dir import RunDir
 
 
 @dataclass(slots=True)

@@ -1,6 +1,6 @@
 """HTTP endpoints: /metrics, /status, /healthz.  Only formats stored values.
 
-Served by ``trainwatch/httpserver.py`` (one event loop, bounded connections, request
+Served by ``trainwatch/serving/httpserver.py`` (one event loop, bounded connections, request
 deadlines, a fixed pool of rendering threads), the same server as the webhook receiver's.
 """
 
@@ -10,7 +10,7 @@ import gzip
 import json
 from typing import Callable
 
-from trainwatch.httpserver import BoundedHTTPServer, Request, Response
+from trainwatch.serving.httpserver import BoundedHTTPServer, Request, Response
 
 # zlib level of a gzipped /metrics body: level 1 takes a third of level 6's CPU on it
 # (2.1 vs 6.4 ms for 64 ranks' 318 KB) for a body 27 % larger (44 vs 35 KB); Prometheus asks

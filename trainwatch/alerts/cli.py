@@ -11,12 +11,12 @@ from urllib.parse import urlsplit
 import click
 
 from trainwatch.alerts.promql import parse_duration
-from trainwatch.clitypes import run_dir_option
+from trainwatch.config.clitypes import run_dir_option
 from trainwatch.contract.env import RECEIVER_TOKEN_ENV
 from trainwatch.contract.layout import ALERTS_DIR, SILENCES_FILE
-from trainwatch.configfile import read_secret
+from trainwatch.config.yamlfile import read_secret
 from trainwatch.errors import EXIT_PROBLEM, ConfigError, output_error
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 rules_option = click.option("--rules", "rules_file", type=click.Path(dir_okay=False),
                           help="Rules file (default: the packaged alerts/rules.yaml).")

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from trainwatch.alerts.engine import Alert
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 

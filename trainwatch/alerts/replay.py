@@ -17,7 +17,7 @@ from trainwatch.alerts.engine import Alert, Engine
 from trainwatch.alerts.evaluate import STALE, History, labels_key
 from trainwatch.alerts.promql import parse_duration
 from trainwatch.alerts.rules import RuleSet
-from trainwatch.configfile import load_yaml_mapping
+from trainwatch.config.yamlfile import load_yaml_mapping
 from trainwatch.contract.env import REGENERATE_ENV
 from trainwatch.errors import ConfigError
 

@@ -20,8 +20,8 @@ import yaml
 from pydantic import AfterValidator, create_model
 
 from trainwatch.alerts import promql
-from trainwatch.configfile import YAML_LOADER, read_config_text, yaml_error
-from trainwatch.configmodel import AnyNumber, ConfigModel, Lines, validate
+from trainwatch.config.yamlfile import YAML_LOADER, read_config_text, yaml_error
+from trainwatch.config.model import AnyNumber, ConfigModel, Lines, validate
 from trainwatch.errors import ConfigError
 from trainwatch.contract.alerts import ACTIONS, RULES_RESOURCE, SEVERITIES, THRESHOLDS_RESOURCE
 from trainwatch.contract.metrics import METRICS

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from trainwatch.contract.alerts import ACTS_BEFORE
 from trainwatch.errors import ConfigError, FormatError
-from trainwatch.rundir import atomic_write_json, read_run_file
+from trainwatch.rundir.atomic import atomic_write_json
+from trainwatch.rundir.safe_read import read_run_file
 
 FORMAT = "trainwatch.silences"
 

@@ -21,7 +21,7 @@ import xxhash
 from trainwatch.contract import layout
 from trainwatch.contract.layout import LEGACY_WEIGHTS_CONFIG_KEY, WEIGHTS_CONFIG_DIGEST_KEY
 from trainwatch.errors import FormatError
-from trainwatch.rundir import check_format, open_run_file, read_run_file
+from trainwatch.rundir.safe_read import check_format, open_run_file, read_run_file
 
 FORMAT = "trainwatch.checkpoint"
 FORMAT_VERSION = 1

@@ -1,7 +1,7 @@
 """The run directory's layout: every file and folder a run leaves, named once.
 
 Writers and readers in every component build paths from here (through
-``trainwatch.rundir.RunDir``, which adds the reading and writing), so a name is
+``trainwatch.rundir.run_dir.RunDir``, which adds the reading and writing), so a name is
 changed in one place. The formats of the files are in docs/run-directory.md;
 ``FORMAT_VERSION`` is their version.
 """

@@ -295,7 +295,7 @@ _SPECS = [
     _m("trainwatch_collector_timeouts_total", "counter",
        "Runs abandoned after the collector's timeout (hung).", COLLECTOR),
     _m("trainwatch_collector_status_files_skipped_total", "counter",
-       "Status file (and run.json) versions skipped, by reason (trainwatch.rundir.SKIP_REASONS: special "
+       "Status file (and run.json) versions skipped, by reason (trainwatch.rundir.safe_read.SKIP_REASONS: special "
        "files, links out of the run directory, too large, not JSON, nested too deeply, "
        "alien, unknown version, rank not the one in the file name, wrong field types).",
        RUN_NODE + ("reason",)),

@@ -42,8 +42,10 @@ from trainwatch.contract.env import JOB_ENV
 from trainwatch.contract.layout import CONTROL_CHECKPOINT, CONTROL_DIR, CONTROL_HOLD_ACTIONS
 from trainwatch.contract.metrics import RUN_LABEL
 from trainwatch.errors import FormatError
-from trainwatch.rundir import RunDir, atomic_write_json, read_run_file
-from trainwatch.suspects import write_suspect
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.atomic import atomic_write_json
+from trainwatch.rundir.safe_read import read_run_file
+from trainwatch.host.suspects import write_suspect
 
 log = logging.getLogger(__name__)
 

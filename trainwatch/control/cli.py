@@ -10,11 +10,11 @@ import click
 
 from trainwatch.alerts.cli import alerts as rules_commands
 from trainwatch.alerts.cli import load_ruleset, rules_option, thresholds_option
-from trainwatch.clitypes import NPROC_PER_NODE, run_dir_option
+from trainwatch.config.clitypes import NPROC_PER_NODE, run_dir_option
 from trainwatch.contract.env import RECEIVER_TOKEN_ENV
 from trainwatch.contract.ports import LOOPBACK, RECEIVER_LISTEN
 from trainwatch.errors import EXIT_PROBLEM, ConfigError
-from trainwatch.stopsignals import stop_on_sigterm, stopping
+from trainwatch.process.stopsignals import stop_on_sigterm, stopping
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -64,14 +64,14 @@ def receive(rules_file, thresholds_file, run, listen, token_file, nproc_per_node
     from trainwatch.control.receiver import Receiver, load_token
     from trainwatch.alerts.silences import Silences
     from trainwatch.control.supervise import Supervisor
-    from trainwatch.runlock import hold
+    from trainwatch.rundir.runlock import hold
     ruleset = load_ruleset(rules_file, thresholds_file)
     token = load_token(token_file)
     host, port = _listen(listen)
     run_dir = str(run.root)
     command = _job_command(run_dir, job_command, nproc_per_node, config, steps)
     controller: JobController | None = None
-    # Acting as the job's supervisor: the run's one supervisor (trainwatch.runlock).
+    # Acting as the job's supervisor: the run's one supervisor (trainwatch.rundir.runlock).
     lock = hold(run, "trainwatch alerts receive") if command else None
     if job_command and command is not None:  # the same supervision as `trainwatch run -- COMMAND`
         controller = supervised_job(run_dir, command, "trainwatch alerts receive")

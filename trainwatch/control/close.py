@@ -18,17 +18,17 @@ from typing import Any
 
 import click
 
-from trainwatch.beat import beat_path, merge_beat, read_beat
-from trainwatch.clitypes import run_dir_option
+from trainwatch.rundir.beat import beat_path, merge_beat, read_beat
+from trainwatch.config.clitypes import run_dir_option
 from trainwatch.contract.env import DEFAULT_RUN_DIR, RUN_DIR_ENV, SUPERVISOR_ENV, run_dir_from_env
 from trainwatch.contract.layout import CLOSED_EVENT
 from trainwatch.errors import ConfigError
 from trainwatch.host.procinfo import still_running
 from trainwatch.invocation import program
 from trainwatch.node import boot_id, node_name
-from trainwatch.proctree import marked
-from trainwatch.rundir import RunDir
-from trainwatch.runlock import acquire
+from trainwatch.process.proctree import marked
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.runlock import acquire
 
 # A rank on another node whose process cannot be looked at must have been silent this long
 # (its heartbeat is every second or so): a job alive there is never closed from here.

@@ -25,7 +25,7 @@ from trainwatch.contract.env import JOB_ENV, NODE_ENV, RUN_DIR_ENV
 from trainwatch.contract.layout import JOB_LOG, STATUS_FILE_GLOB
 from trainwatch.errors import ConfigError
 from trainwatch.node import node_name
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 # Seconds a started job may go without any rank publishing telemetry before `run` says so.
 TELEMETRY_GRACE_SECONDS = 45.0

@@ -36,11 +36,11 @@ from typing import Any, Callable
 
 import psutil
 
-from trainwatch.beat import read_beat
+from trainwatch.rundir.beat import read_beat
 from trainwatch.contract.ports import LOOPBACK
 from trainwatch.contract.stall import BUSY_CORES, BUSY_MAIN_RUNNABLE
 from trainwatch.host.procinfo import main_thread_runnable_ns
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 _STEPS_TOTAL = re.compile(rb'^trainwatch_rank_steps_total\{[^}]*\} ([0-9.e+]+)$', re.M)
 _DONE = ("stopped", "zombie", "gone")

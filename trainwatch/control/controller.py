@@ -24,7 +24,7 @@ from typing import Any
 
 import psutil
 
-from trainwatch.clitypes import MAX_RESTARTS
+from trainwatch.config.clitypes import MAX_RESTARTS
 from trainwatch.control.jobenv import job_environment
 from trainwatch.contract.env import LAUNCH_ENV
 from trainwatch.contract.layout import (CONTROL_DUMP, DUMP_FILE_GLOB, JOB_LOG,
@@ -32,9 +32,10 @@ from trainwatch.contract.layout import (CONTROL_DUMP, DUMP_FILE_GLOB, JOB_LOG,
                                         RANK_PREFIX,
                                         STATUS_FILE_GLOB, py_spy_file_name)
 from trainwatch.node import node_name
-from trainwatch.proctree import spawn, wait_gone
+from trainwatch.process.proctree import spawn, wait_gone
 from trainwatch.errors import FormatError
-from trainwatch.rundir import RunDir, read_run_file
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.safe_read import read_run_file
 
 log = logging.getLogger(__name__)
 

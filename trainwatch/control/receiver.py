@@ -7,7 +7,7 @@ never logged), rejects malformed payloads with a 4xx and a reason before anythin
 acts, and hands each firing alert whose rule has an action to ``ActionRunner``
 (which makes duplicate deliveries harmless).  ``/metrics`` exports the controller's
 own state (the restart guard) for Prometheus. It serves through the agent's bounded
-server (``trainwatch/httpserver.py``): at most ``MAX_CONNECTIONS`` open, each request
+server (``trainwatch/serving/httpserver.py``): at most ``MAX_CONNECTIONS`` open, each request
 whole within ``READ_TIMEOUT_SECONDS`` of its first byte, bodies capped before reading.
 """
 
@@ -27,12 +27,12 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from trainwatch.control.actions import ActionRequest, ActionRunner
 from trainwatch.alerts.rules import RuleSet
-from trainwatch.configfile import read_secret
+from trainwatch.config.yamlfile import read_secret
 from trainwatch.contract.env import RECEIVER_TOKEN_ENV as TOKEN_ENV
 from trainwatch.contract.metrics import METRICS, RESTART_GUARD_METRIC, RUN_LABEL
 from trainwatch.contract.ports import LOOPBACK
 from trainwatch.errors import listen_error
-from trainwatch.httpserver import BoundedHTTPServer, Request, Response
+from trainwatch.serving.httpserver import BoundedHTTPServer, Request, Response
 
 log = logging.getLogger(__name__)
 

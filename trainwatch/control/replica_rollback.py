@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainwatch.contract.replicas import digest, vote
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 
 @dataclass

@@ -44,16 +44,17 @@ from trainwatch.control.run_view import Progress, live_view
 from trainwatch.alerts.scrape import Scraper
 from trainwatch.alerts.silences import Silences
 from trainwatch.control.supervise import Supervisor
-from trainwatch.clitypes import MAX_RESTARTS, NPROC_PER_NODE, run_dir_option, seconds
+from trainwatch.config.clitypes import MAX_RESTARTS, NPROC_PER_NODE, run_dir_option, seconds
 from trainwatch.contract.layout import AGENT_LOG, JOB_LOG, LOGS_DIR
 from trainwatch.contract.ports import LOOPBACK
 from trainwatch.contract.stall import RECORD_KEY as STALL_RECORD_KEY
 from trainwatch.errors import (EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, ConfigError,
                                FormatError)
-from trainwatch.proctree import spawn, stop
-from trainwatch.rundir import RunDir, read_run_file_tail
-from trainwatch.runlock import hold
-from trainwatch.stopsignals import stop_on_sigterm, stopping
+from trainwatch.process.proctree import spawn, stop
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.safe_read import read_run_file_tail
+from trainwatch.rundir.runlock import hold
+from trainwatch.process.stopsignals import stop_on_sigterm, stopping
 
 # The end of the job's log a refusal or a failed launch quotes: its last lines, never the
 # whole log of a job that printed gigabytes.

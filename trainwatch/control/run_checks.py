@@ -111,7 +111,7 @@ def _resume_step(run_root: Path, cfg: Config, world_size: int) -> int | None:
     from trainwatch.checkpoint_format.catalog import scan
     from trainwatch.checkpoint_format.compat import check_compatible, config_changes
     from trainwatch.checkpoint_format.manifest import verify
-    from trainwatch.rundir import RunDir
+    from trainwatch.rundir.run_dir import RunDir
 
     folders = RunLayout(run_root).configured_checkpoint_folders(ck.dir, ck.mirror_dir)
     found = sorted(((e.step, -order, e) for order, folder in enumerate(folders)

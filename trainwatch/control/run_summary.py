@@ -20,7 +20,8 @@ from rich.console import Console
 from rich.table import Table
 
 from trainwatch.invocation import program
-from trainwatch.rundir import RunDir, SkippedFile, read_run_file_tail
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.safe_read import SkippedFile, read_run_file_tail
 
 log = logging.getLogger(__name__)
 

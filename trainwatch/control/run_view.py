@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from trainwatch.alerts.engine import Engine
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 # (header, width): fixed, so the table does not jump as values appear and grow.
 RANK_COLUMNS = (("rank", 5), ("state", 12), ("step", 9), ("phase", 18), ("loss", 9),

@@ -16,7 +16,7 @@ from grafana_client import GrafanaApi
 from grafana_client.client import GrafanaClientError, GrafanaException
 
 from trainwatch import __version__
-from trainwatch.configfile import read_secret
+from trainwatch.config.yamlfile import read_secret
 from trainwatch.contract.env import GRAFANA_TOKEN_ENV as TOKEN_ENV
 from trainwatch.errors import EXIT_PROBLEM, ConfigError, TrainwatchError
 

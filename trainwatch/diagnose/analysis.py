@@ -13,8 +13,8 @@ import statistics
 import time
 from typing import Any
 
-from trainwatch import attempts
-from trainwatch.torchrun_log import PEER_FAILURE, failure_time
+from trainwatch.rundir import attempts
+from trainwatch.rundir.torchrun_log import PEER_FAILURE, failure_time
 from trainwatch.contract.stall import (default_options, heartbeat_stale, published_budget,
                                       stall_budget)
 from trainwatch.contract.states import COLLECTIVE_PHASES

@@ -18,7 +18,8 @@ from typing import Any
 from trainwatch.contract.layout import rank_file_name
 from trainwatch.diagnose.model import Evidence
 from trainwatch.redact import redact, redact_env, redact_text
-from trainwatch.rundir import RunDir, SkippedFile, read_run_file_tail
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.safe_read import SkippedFile, read_run_file_tail
 
 TAIL_BYTES = 256 * 1024
 MAX_FILES_PER_FOLDER = 500

@@ -16,7 +16,7 @@ from typing import Any
 
 from trainwatch.diagnose import journal
 from trainwatch.diagnose.model import Evidence
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 from trainwatch.checkpoint_format.catalog import complete
 from trainwatch.checkpoint_format.manifest import verify
 

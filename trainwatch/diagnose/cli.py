@@ -9,13 +9,13 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from trainwatch.clitypes import run_dir_option, seconds
+from trainwatch.config.clitypes import run_dir_option, seconds
 from trainwatch.contract.env import DEFAULT_RUN_DIR, RUN_DIR_ENV, run_dir_from_env
 from trainwatch.contract.ports import AGENT_PORT
 from trainwatch.diagnose import analysis, bundle, render_human, render_json
 from trainwatch.diagnose.gather import Options, gather
 from trainwatch.errors import EXIT_OK, EXIT_PROBLEM, ConfigError, output_error
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 
 @click.command("diagnose")

@@ -12,7 +12,7 @@ from trainwatch.diagnose import (agents, checkpoints, flight_recorder, journal, 
                                  prometheus, rank_dumps, run_state, stacks, supervisor,
                                  workers)
 from trainwatch.diagnose.model import Evidence
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Attempts and restarts (trainwatch/attempts.py), firing alerts, checkpoint failures and
+"""Attempts and restarts (trainwatch/rundir/attempts.py), firing alerts, checkpoint failures and
 actions from journal.jsonl."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from trainwatch import attempts
+from trainwatch.rundir import attempts
 from trainwatch.contract.layout import CLOSED_EVENT
 from trainwatch.contract.stall import recorded_options
 from trainwatch.diagnose.model import Evidence
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 RECENT = 200
 _INTERESTING = ("restarted", "launcher_exited", "failed", "checkpoint_saved", "checkpoint_failed",

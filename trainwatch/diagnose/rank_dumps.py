@@ -14,7 +14,9 @@ from typing import Any
 from trainwatch.contract.layout import CONTROL_DIR, CONTROL_DUMP, DUMP_FORMAT
 from trainwatch.diagnose.model import Evidence
 from trainwatch.errors import FormatError
-from trainwatch.rundir import RunDir, atomic_write_bytes, read_record
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.atomic import atomic_write_bytes
+from trainwatch.rundir.safe_read import read_record
 
 # Processes that cannot answer: waiting for them only wastes the budget.
 _SILENT = ("gone", "zombie", "stopped")

@@ -8,7 +8,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from trainwatch import attempts
+from trainwatch.rundir import attempts
 from trainwatch.diagnose.model import Evidence, Finding, step_label
 from trainwatch.redact import redact_text
 

@@ -11,13 +11,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from trainwatch.beat import beat_path, merge_beat, read_beat
+from trainwatch.rundir.beat import beat_path, merge_beat, read_beat
 from trainwatch.contract.layout import JOB_LOG_ATTEMPT_PREFIX
 from trainwatch.contract.replicas import digests
 from trainwatch.diagnose.model import Evidence
 from trainwatch.errors import FormatError
-from trainwatch.rundir import RunDir, parse_json, read_run_file_tail
-from trainwatch.torchrun_log import FAILED_WORKER
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.safe_read import parse_json, read_run_file_tail
+from trainwatch.rundir.torchrun_log import FAILED_WORKER
 
 TAIL_BYTES = 64 * 1024
 TAIL_STEPS = 50

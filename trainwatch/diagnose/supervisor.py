@@ -8,8 +8,8 @@ from __future__ import annotations
 from trainwatch.diagnose.model import Evidence
 from trainwatch.diagnose.processes import local_names
 from trainwatch.node import boot_id
-from trainwatch.rundir import RunDir
-from trainwatch.runlock import recorded_holder
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.runlock import recorded_holder
 
 
 def gather(run: RunDir, ev: Evidence) -> None:

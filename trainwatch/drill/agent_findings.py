@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 KEPT = ("id", "kind", "rank", "stall_kind", "severity", "detected_at", "since", "message")
 

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from trainwatch.clitypes import NPROC_PER_NODE, run_dir_option, seconds
+from trainwatch.config.clitypes import NPROC_PER_NODE, run_dir_option, seconds
 from trainwatch.drill import catalog, render
 from trainwatch.errors import EXIT_PROBLEM, ConfigError, output_error
-from trainwatch.stopsignals import stop_on_sigterm
+from trainwatch.process.stopsignals import stop_on_sigterm
 
 if TYPE_CHECKING:
-    from trainwatch.rundir import RunDir
+    from trainwatch.rundir.run_dir import RunDir
 
 _DEADLINES = [
     click.option("--detect-within", type=seconds(), metavar="SECONDS",

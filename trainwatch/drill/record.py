@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 RECORD_FORMAT = "trainwatch.drill.record"
 RECORD_VERSION = 1

@@ -22,9 +22,10 @@ from trainwatch.drill.agent_findings import FindingsWatcher
 from trainwatch.drill.record import RECORD_FORMAT, RECORD_VERSION, record_file
 from trainwatch.drill.settings import DrillSettings, write_files
 from trainwatch.contract.env import FAULT_ENV, LAUNCH_ENV
-from trainwatch.proctree import stop, wait_gone
-from trainwatch.rundir import RunDir, atomic_write_json
-from trainwatch.stopsignals import stopping
+from trainwatch.process.proctree import stop, wait_gone
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.atomic import atomic_write_json
+from trainwatch.process.stopsignals import stopping
 
 STOP_GRACE_SECONDS = 60.0  # `trainwatch run` stops its job gracefully first (SIGTERM, save)
 

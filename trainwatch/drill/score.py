@@ -14,14 +14,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from trainwatch.attempts import rank_of
+from trainwatch.rundir.attempts import rank_of
 from trainwatch.contract.layout import TORCHRUN_LOG
 from trainwatch.drill import catalog, score_replicas
 from trainwatch.drill.catalog import (ALERT, CONTROLLER, FINDING, LAUNCHER, NONE, RERUN,
                                       SUPERVISOR, TORCHRUN, Drill)
 from trainwatch.drill.record import RECORD_FORMAT, RECORD_VERSION, record_file
 from trainwatch.errors import ConfigError, FormatError
-from trainwatch.rundir import RunDir, read_run_file
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.safe_read import read_run_file
 
 FORMAT = "trainwatch.drill"
 VERSION = 1

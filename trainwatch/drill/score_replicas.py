@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainwatch.drill.catalog import Drill
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 CRITERIA = ("suspect named", "detected within steps", "clean checkpoint",
             "replicas agree at the end")

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from trainwatch.configmodel import validate
+from trainwatch.config.model import validate
 from trainwatch.drill.catalog import Drill
 from trainwatch.errors import ConfigError
 

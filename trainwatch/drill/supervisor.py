@@ -14,9 +14,10 @@ import psutil
 
 from trainwatch.drill.catalog import KILL_SUPERVISOR, Drill
 from trainwatch.drill.runner import stop_tree
-from trainwatch.proctree import wait_gone
+from trainwatch.process.proctree import wait_gone
 from trainwatch.errors import FormatError
-from trainwatch.rundir import RunDir, read_run_file_tail
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.safe_read import read_run_file_tail
 
 TREE_WAIT_SECONDS = 60.0     # a killed supervisor's job stops gracefully (ranks checkpoint)
 SECOND_WAIT_SECONDS = 60.0   # a refused second supervisor exits long before this

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from trainwatch import __version__
 from trainwatch.contract.layout import WEIGHTS_CONFIG_DIGEST_KEY
-from trainwatch.rundir import atomic_write_json
+from trainwatch.rundir.atomic import atomic_write_json
 from trainwatch.checkpoint_format.manifest import (DIGEST, FORMAT, FORMAT_VERSION, MANIFEST,
                                                     digest_file, verify)
 

@@ -36,7 +36,7 @@ from trainwatch.integrations.batches import batch_size
 from trainwatch.integrations.options import telemetry_options
 from trainwatch.integrations.sealed import newest_verified, seal
 from trainwatch.integrations.stopsignal import StopSignal
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 from trainwatch.trainer.checkpoint.checkpointer import EXIT_STOPPED
 from trainwatch.checkpoint_format.manifest import FRAMEWORK_STEP_DIR
 from trainwatch.trainer.telemetry import Telemetry

@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING
 import click
 from rich.console import Console
 
-from trainwatch.clitypes import run_dir_option, seconds
+from trainwatch.config.clitypes import run_dir_option, seconds
 from trainwatch.errors import ConfigError
 from trainwatch.node import node_name
 from trainwatch.preflight.model import GROUPS
 
 if TYPE_CHECKING:
-    from trainwatch.rundir import RunDir
+    from trainwatch.rundir.run_dir import RunDir
 
 
 def _pins(values: tuple[str, ...]) -> dict[str, str]:

@@ -16,8 +16,8 @@ from typing import Annotated, Any, Optional, Union
 import yaml
 from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
 
-from trainwatch.configfile import load_yaml_mapping
-from trainwatch.configmodel import ConfigModel, Number, validate, yaml_lines
+from trainwatch.config.yamlfile import load_yaml_mapping
+from trainwatch.config.model import ConfigModel, Number, validate, yaml_lines
 from trainwatch.errors import ConfigError
 
 # Names --expect-version / software.expect_versions may pin.

@@ -1,6 +1,6 @@
 """``sdc.suspect``: a node that a replica rollback suspected of silent data corruption is not fit
 until someone clears it. The rollback leaves ``RUN_DIR/suspects/<node>.json``
-(``trainwatch.suspects``); a GPU that computed wrong once without an error will again, and
+(``trainwatch.host.suspects``); a GPU that computed wrong once without an error will again, and
 no other check here can see it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from trainwatch.contract.layout import RunLayout
 from trainwatch.preflight.model import Check, Request
-from trainwatch.suspects import suspects_of
+from trainwatch.host.suspects import suspects_of
 
 CHECK = "sdc.suspect"
 RUNBOOK = "TrainingReplicaDivergence"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from trainwatch.clitypes import NPROC_PER_NODE, run_dir_option, seconds
+from trainwatch.config.clitypes import NPROC_PER_NODE, run_dir_option, seconds
 from trainwatch.contract.env import RECEIVER_TOKEN_ENV as TOKEN_ENV
 from trainwatch.errors import EXIT_PROBLEM, ConfigError
 

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from trainwatch.rehearse.checks import Check
-from trainwatch.rundir import RunDir, read_jsonl
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.jsonl import read_jsonl
 
 LOSS_DROP = 0.01
 

@@ -23,8 +23,8 @@ from trainwatch.errors import ConfigError
 from trainwatch.rehearse.checks import Check
 from trainwatch.rehearse.memory import MALLOC_ENV
 from trainwatch.rehearse import probes
-from trainwatch.rundir import RunDir
-from trainwatch.runlock import hold
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.runlock import hold
 
 LOSS_DROP = 0.01            # the over-fit loss must fall by at least 1 %
 CHECKPOINT_TOLERANCE = 0.05  # plan's checkpoint size vs the real one: WARN beyond 5 %
@@ -85,7 +85,7 @@ def run_job(cmd: list[str], env: dict[str, str], log_path: Path, timeout: float
         try:
             code: int | None = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            from trainwatch.proctree import stop
+            from trainwatch.process.proctree import stop
             stop(proc)
             code = None
     tail = log_path.read_text(errors="replace").strip().splitlines()[-15:]
@@ -313,7 +313,7 @@ def rehearse(s: Settings, cfg: Any | None, plan: dict[str, Any] | None) -> dict[
 
 def _rehearse(s: Settings, run: RunDir, cfg: Any | None,
               plan: dict[str, Any] | None) -> dict[str, Any]:
-    from trainwatch.proctree import stop
+    from trainwatch.process.proctree import stop
 
     out = run.rehearsal_dir
     shutil.rmtree(out, ignore_errors=True)

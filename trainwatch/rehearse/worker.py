@@ -31,7 +31,8 @@ import torch.distributed as dist
 from trainwatch import __version__
 from trainwatch.contract.layout import rank_file_name
 from trainwatch.rehearse.memory import PeakMemory
-from trainwatch.rundir import RunDir, atomic_write_json
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.atomic import atomic_write_json
 
 LATENCY_ROUNDS, BANDWIDTH_ROUNDS, BANDWIDTH_BYTES = 20, 5, 4 << 20
 

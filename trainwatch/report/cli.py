@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 import click
 from rich.console import Console
 
-from trainwatch.clitypes import run_dir_option
+from trainwatch.config.clitypes import run_dir_option
 from trainwatch.errors import missing_extra
 
 if TYPE_CHECKING:
-    from trainwatch.rundir import RunDir
+    from trainwatch.rundir.run_dir import RunDir
 
 
 @click.command("report", context_settings={"help_option_names": ["-h", "--help"]})

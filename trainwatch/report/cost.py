@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainwatch.configfile import load_yaml_mapping
+from trainwatch.config.yamlfile import load_yaml_mapping
 from trainwatch.errors import ConfigError
 from trainwatch.report.goodput import CATEGORIES, Accounting
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-from trainwatch.attempts import rank_of
+from trainwatch.rundir.attempts import rank_of
 from trainwatch.contract.layout import JOB_LOG, TORCHRUN_LOG
 from trainwatch.report.timeline import Attempt
-from trainwatch.torchrun_log import PEER_FAILURE
+from trainwatch.rundir.torchrun_log import PEER_FAILURE
 
 _ERROR_CHARS = 300
 

@@ -17,7 +17,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from trainwatch.contract.metrics import METRICS
 from trainwatch.errors import ConfigError, output_error
-from trainwatch.rundir import atomic_write_bytes
+from trainwatch.rundir.atomic import atomic_write_bytes
 
 
 class _ReportCollector:

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from trainwatch import attempts
+from trainwatch.rundir import attempts
 from trainwatch.contract.layout import CONFIG_DIGEST_KEY, WEIGHTS_CONFIG_DIGEST_KEY
 from trainwatch.report import cost as cost_mod
 from trainwatch.report.cost import CostSettings

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from trainwatch.rundir import RunDir, iter_jsonl
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.jsonl import iter_jsonl
 
 MAX_POINTS = 2000        # loss / step-time points over wall time
 MAX_BUCKETS = 200        # heatmap columns (step buckets)

@@ -21,13 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from trainwatch.attempts import generations, rank_of
+from trainwatch.rundir.attempts import generations, rank_of
 from trainwatch.contract.layout import JOB_LOG, TORCHRUN_LOG
 from trainwatch.errors import ConfigError, FormatError
 from trainwatch.report.clocks import align
 from trainwatch.report.vanished import vanished
-from trainwatch.rundir import ReadResult, RunDir, Skipped, iter_jsonl
-from trainwatch.torchrun_log import FAILED_WORKER, failure_times
+from trainwatch.rundir.safe_read import ReadResult, Skipped
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.jsonl import iter_jsonl
+from trainwatch.rundir.torchrun_log import FAILED_WORKER, failure_times
 
 # Events that say an attempt's processes are gone (or going): its end marker.
 TERMINAL_EVENTS = ("failed", "job_stopped", "job_exited", "launcher_exited")
@@ -121,7 +123,7 @@ class Attempt:
     index: int
     started_at: float                      # first rank_started of this generation
     restart_count: int | None              # torchrun's TORCHELASTIC_RESTART_COUNT
-    restarted_by: str | None               # None for the first (trainwatch/attempts.py)
+    restarted_by: str | None               # None for the first (trainwatch/rundir/attempts.py)
     ranks: dict[int, int | None] = field(default_factory=dict)  # rank -> pid
     events: list[dict[str, Any]] = field(default_factory=list)  # journal events in its window
     execs: StepRange = field(default_factory=lambda: StepRange(StepLog(), 0, 0))  # its steps
@@ -290,7 +292,7 @@ def _torchrun_exits(run: RunDir) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- attempts
 
 def _group_attempts(events: list[dict[str, Any]]) -> list[Attempt]:
-    """One attempt per generation of rank processes (trainwatch/attempts.py)."""
+    """One attempt per generation of rank processes (trainwatch/rundir/attempts.py)."""
     return [Attempt(i, g.started_at, g.restart_count, g.restarted_by, ranks=g.ranks)
             for i, g in enumerate(generations(events))]
 

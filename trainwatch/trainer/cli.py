@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 
 import click
 
-from trainwatch.clitypes import MAX_RESTARTS, NPROC_PER_NODE, run_dir_option
+from trainwatch.config.clitypes import MAX_RESTARTS, NPROC_PER_NODE, run_dir_option
 from trainwatch.contract.env import NODE_ENV
 from trainwatch.contract.ports import LOOPBACK
 
 if TYPE_CHECKING:
-    from trainwatch.rundir import RunDir
+    from trainwatch.rundir.run_dir import RunDir
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainwatch.configfile import load_yaml_mapping, parse_override
+from trainwatch.config.yamlfile import load_yaml_mapping, parse_override
 from trainwatch.contract.ports import LOOPBACK
 from trainwatch.errors import ConfigError
 from trainwatch.trainer.checkpoint.config import CheckpointConfig

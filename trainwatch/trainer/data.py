@@ -26,7 +26,9 @@ import numpy as np
 import torch
 
 from trainwatch.errors import ConfigError, FormatError
-from trainwatch.rundir import FORMAT_VERSION, atomic_write_bytes, atomic_write_json, read_record
+from trainwatch.contract.layout import FORMAT_VERSION
+from trainwatch.rundir.atomic import atomic_write_bytes, atomic_write_json
+from trainwatch.rundir.safe_read import read_record
 
 DATASET_FORMAT = "trainwatch.dataset"
 MANIFEST = "manifest.json"

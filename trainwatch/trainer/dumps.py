@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainwatch.contract.layout import CONTROL_DUMP, DUMP_FORMAT, FORMAT_VERSION
-from trainwatch.rundir import atomic_write_json
+from trainwatch.rundir.atomic import atomic_write_json
 
 if TYPE_CHECKING:
     from trainwatch.trainer.telemetry import Telemetry

@@ -23,16 +23,16 @@ from pathlib import Path
 from typing import IO
 
 from trainwatch import __version__
-from trainwatch.clitypes import MAX_RESTARTS
+from trainwatch.config.clitypes import MAX_RESTARTS
 from trainwatch.contract.env import FAULT_ENV, JOB_ENV, NODE_ENV, RUN_DIR_ENV, STORE_ADDR_ENV
 from trainwatch.contract.layout import (CHECKPOINT_DIRS_KEY, CONFIG_DIGEST_KEY, TORCHRUN_LOG,
                                        TORCHRUN_LOG_DIR, WEIGHTS_CONFIG_DIGEST_KEY)
 from trainwatch.contract.ports import LOOPBACK
 from trainwatch.errors import ConfigError
 from trainwatch.node import node_name
-from trainwatch.proctree import die_with_parent
-from trainwatch.rundir import RunDir
-from trainwatch.runlock import hold, under_holder
+from trainwatch.process.proctree import die_with_parent
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.runlock import hold, under_holder
 from trainwatch.checkpoint_format.catalog import newest_complete
 from trainwatch.checkpoint_format.compat import check_compatible, config_changes
 from trainwatch.trainer.config import Config, load_config

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from trainwatch.errors import ConfigError
 from trainwatch.trainer.data import ShardedBatches
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 
 @dataclass

@@ -56,7 +56,7 @@ from typing import Any, Callable
 import psutil
 import torch
 
-from trainwatch.beat import BeatWriter, beat_path, own_window
+from trainwatch.rundir.beat import BeatWriter, beat_path, own_window
 from trainwatch import __version__
 from trainwatch.contract.env import JOB_ENV, run_dir_from_env
 from trainwatch.contract.layout import rank_source
@@ -64,7 +64,8 @@ from trainwatch.contract.states import EVAL_PHASE, FAILED, FINISHED, RUNNING, ST
 from trainwatch.contract.timing import MIDDLE_HALF_WIDTH, RECENT_WINDOWS, standing
 from trainwatch.host.cgroup import memory_cgroup
 from trainwatch.node import boot_id, node_name
-from trainwatch.rundir import RunDir, append_jsonl, append_lines
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.atomic import append_jsonl, append_lines
 from trainwatch.trainer import dumps, rejected_input, timing_exchange
 from trainwatch.trainer.flops import peak_flops_for
 from trainwatch.trainer import reduction

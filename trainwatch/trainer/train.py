@@ -31,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from trainwatch.contract.env import FAULT_ENV, RUN_DIR_ENV
 from trainwatch.contract.states import FAILED, FINISHED, STOPPED
 from trainwatch.errors import ConfigError
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 from trainwatch.trainer.checkpoint import Checkpointer, Restored
 from trainwatch.trainer.config import Config, load_config
 from trainwatch.trainer.data import Dataset, ShardedBatches, ensure_default_dataset, load_dataset

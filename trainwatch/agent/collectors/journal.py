@@ -37,7 +37,8 @@ from typing import Any, TypedDict
 from trainwatch.agent.registry import Collector, Result, register
 from trainwatch.contract.alerts import ACTIONS, SEVERITIES, alert_catalog
 from trainwatch.contract.layout import CLOSED_EVENT
-from trainwatch.rundir import SkippedFile, open_run_file, parse_jsonl_pieces
+from trainwatch.rundir.safe_read import SkippedFile, open_run_file
+from trainwatch.rundir.jsonl import parse_jsonl_pieces
 
 RESTART_KINDS = ("torchrun", "controller")
 # After a supervisor stopped a run, or a person closed it (``trainwatch close``: its job is

@@ -1,6 +1,6 @@
 """Ranks: every local rank's status file plus its OS process.
 
-Reads each run directory through ``trainwatch.rundir.RunDir`` (torn, empty, alien or
+Reads each run directory through ``trainwatch.rundir.run_dir.RunDir`` (torn, empty, alien or
 newer-version status files are skipped, listed in /status and counted once per file
 version), inspects each rank's process with psutil, and exports the trainwatch_train_*,
 trainwatch_rank_*, trainwatch_process_* and (from the checkpoint library's facts in the
@@ -22,7 +22,7 @@ from trainwatch.agent.rankfiles import RankFiles
 from trainwatch.agent.registry import Collector, Result, label_values, register
 from trainwatch.agent.series import Rows, Series, SeriesBook
 from trainwatch.contract.replicas import digests
-from trainwatch.beat import (MERGED_COUNTERS, MERGED_FIELDS, MERGED_METRICS, declared_budgets,
+from trainwatch.rundir.beat import (MERGED_COUNTERS, MERGED_FIELDS, MERGED_METRICS, declared_budgets,
                              merge_beat)
 from trainwatch.contract.metrics import (COUNTER_FIELD_METRICS, EVAL_FIELD_METRICS,
                                           PHASE_SECONDS_FIELD, PHASE_TIME_METRIC,
@@ -31,8 +31,8 @@ from trainwatch.contract.states import KNOWN_PHASES, PROCESS_STATES, RANK_STATES
 from trainwatch.contract.timing import job_window
 from trainwatch.errors import FormatError
 from trainwatch.node import CLOCKS_AGREE_SECONDS, boot_id
-from trainwatch.rundir import (RUN_FORMAT, SKIP_REASONS, Skipped, SkippedFile,
-                               read_record)
+from trainwatch.contract.layout import RUN_FORMAT
+from trainwatch.rundir.safe_read import SKIP_REASONS, Skipped, SkippedFile, read_record
 
 log = logging.getLogger(__name__)
 _CHECKPOINT_COUNTERS = {  # checkpoint facts field -> job-level metric (max over ranks)

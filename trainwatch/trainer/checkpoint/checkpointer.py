@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from trainwatch.contract.layout import rank_source
 from trainwatch.errors import ConfigError
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 from trainwatch.checkpoint_format import catalog
 from trainwatch.trainer.checkpoint import resume as resume_mod, retention, rng
 from trainwatch.trainer.checkpoint.config import CheckpointConfig

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from trainwatch.contract.env import DEFAULT_RUN_DIR, RUN_DIR_ENV
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 from trainwatch.trainer import telemetry as telemetry_mod
 from trainwatch.trainer.checkpoint.checkpointer import EXIT_STOPPED, Checkpointer
 from trainwatch.trainer.checkpoint.config import CheckpointConfig

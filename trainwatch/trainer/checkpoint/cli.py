@@ -14,8 +14,8 @@ from pathlib import Path
 import click
 
 from trainwatch.errors import EXIT_PROBLEM, ConfigError
-from trainwatch.clitypes import run_dir_option
-from trainwatch.rundir import RunDir
+from trainwatch.config.clitypes import run_dir_option
+from trainwatch.rundir.run_dir import RunDir
 from trainwatch.checkpoint_format import catalog
 from trainwatch.checkpoint_format.manifest import MANIFEST, Verification, step_of, verify
 

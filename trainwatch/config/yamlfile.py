@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from trainwatch.errors import ConfigError
-from trainwatch.rundir import SkippedFile, read_run_file
+from trainwatch.rundir.safe_read import SkippedFile, read_run_file
 
 
 MAX_CONFIG_BYTES = 16 << 20  # far above any real config; a mistaken path fails fast

@@ -9,8 +9,9 @@ import time
 import pytest
 
 from rundir_helpers import hostile
-from trainwatch.rundir import (SKIP_REASONS, RunDir, RunFolder, SkippedFile, read_jsonl, read_run_file,
-                               read_run_file_tail)
+from trainwatch.rundir.safe_read import (SKIP_REASONS, RunFolder, SkippedFile, read_run_file, read_run_file_tail)
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.jsonl import read_jsonl
 
 pytestmark = pytest.mark.timeout(60)  # a reader that blocks on a FIFO fails here, not hangs
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainwatch.rundir import iter_jsonl, line_skip_code, parse_jsonl_pieces
+from trainwatch.rundir.jsonl import iter_jsonl, line_skip_code, parse_jsonl_pieces
 
 LINES = [
     b'{"v":1,"kind":"step","step":3,"time":1.5}\n',

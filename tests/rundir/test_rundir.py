@@ -7,7 +7,9 @@ import os
 import pytest
 
 from trainwatch.errors import ConfigError
-from trainwatch.rundir import RunDir, atomic_write_json, read_jsonl
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.atomic import atomic_write_json
+from trainwatch.rundir.jsonl import read_jsonl
 
 
 def test_status_roundtrip_and_bad_files_are_skipped(tmp_path):
@@ -72,7 +74,7 @@ def test_every_journal_event_written_in_the_code_is_listed_in_EVENTS():
     import re
     from pathlib import Path
 
-    from trainwatch.rundir import EVENTS
+    from trainwatch.rundir.run_dir import EVENTS
 
     repo = Path(__file__).resolve().parents[2]
     call = re.compile(r"(?:append_event|\.event|_journal|\.journal)\(\s*(f?)\"([^\"]+)\"")
@@ -92,7 +94,7 @@ def test_every_journal_event_written_in_the_code_is_listed_in_EVENTS():
                 missing.append((name, where))
         elif name not in EVENTS:
             missing.append((name, where))
-    assert not missing, f"journal events not in trainwatch.rundir.EVENTS: {missing}"
+    assert not missing, f"journal events not in trainwatch.rundir.run_dir.EVENTS: {missing}"
 
 
 def test_a_journal_line_on_a_full_disk_is_all_or_nothing(tmp_path):

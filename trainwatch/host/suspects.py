@@ -13,7 +13,8 @@ from typing import Any
 
 from trainwatch.contract.layout import FORMAT_VERSION, SUSPECT_FORMAT
 from trainwatch.errors import FormatError
-from trainwatch.rundir import atomic_write_json, read_run_file
+from trainwatch.rundir.atomic import atomic_write_json
+from trainwatch.rundir.safe_read import read_run_file
 
 MAX_RECORDS = 1000          # records read per folder: a full folder is not unbounded memory
 MAX_RECORD_BYTES = 1 << 20

@@ -17,7 +17,7 @@ from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError, WithJsonSchema
 
-from trainwatch.configfile import YAML_LOADER, load_yaml_mapping, read_config_text
+from trainwatch.config.yamlfile import YAML_LOADER, load_yaml_mapping, read_config_text
 from trainwatch.errors import ConfigError
 
 Model = TypeVar("Model", bound=BaseModel)

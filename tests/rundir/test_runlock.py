@@ -1,5 +1,5 @@
-"""The run directory's lock (trainwatch/runlock.py) and children that die with their parent
-(trainwatch/proctree.py), with real processes: one holder at a time, a killed holder's lock
+"""The run directory's lock (trainwatch/rundir/runlock.py) and children that die with their parent
+(trainwatch/process/proctree.py), with real processes: one holder at a time, a killed holder's lock
 free at once, its leftovers found by their mark and stopped, never a process that is not
 provably ours; a child started from a short-lived thread lives on after that thread ends."""
 
@@ -21,9 +21,9 @@ from agent_helpers import wait_for
 from conftest import fill_to_the_brim, tmpfs_mount
 from trainwatch.contract.env import SUPERVISOR_ENV
 from trainwatch.errors import ConfigError
-from trainwatch.proctree import spawn
-from trainwatch.rundir import RunDir
-from trainwatch.runlock import Holder, acquire, hold, under_holder
+from trainwatch.process.proctree import spawn
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.runlock import Holder, acquire, hold, under_holder
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
 
@@ -31,8 +31,8 @@ SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
 # that carries its mark, says "ready", and waits to be killed.
 HOLDER = """
 import subprocess, sys, time
-from trainwatch.rundir import RunDir
-from trainwatch.runlock import hold
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.runlock import hold
 lock = hold(RunDir(sys.argv[1]), "test holder")
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
 print(child.pid, flush=True)
@@ -171,8 +171,8 @@ def test_a_symlink_or_fifo_as_the_lock_file_is_exit_2(run, tmp_path):
 
 def test_a_child_of_the_holder_runs_under_it_and_others_do_not(run):
     lock = acquire(run, "trainwatch run")
-    code = ("import sys; from trainwatch.rundir import RunDir; "
-            "from trainwatch.runlock import under_holder; "
+    code = ("import sys; from trainwatch.rundir.run_dir import RunDir; "
+            "from trainwatch.rundir.runlock import under_holder; "
             "print(under_holder(RunDir(sys.argv[1])) is not None)")
     try:
         mine = subprocess.run([sys.executable, "-c", code, str(run.root)],
@@ -199,7 +199,7 @@ def test_a_spawned_child_outlives_the_thread_that_started_it(procs):
     time.sleep(0.5)
     assert box[0].poll() is None
     plain: list[subprocess.Popen] = []  # what spawn guards against, for contrast
-    from trainwatch.proctree import die_with_parent
+    from trainwatch.process.proctree import die_with_parent
     thread = threading.Thread(target=lambda: plain.append(
         subprocess.Popen(SLEEP, preexec_fn=die_with_parent())))
     thread.start()

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import TRAIN, torchrun_env
 from trainwatch.contract.layout import CHECKPOINT_DIRS_KEY
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 

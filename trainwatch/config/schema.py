@@ -45,7 +45,7 @@ def model_of(name: str) -> Any:
 
 def schema_text(name: str) -> str:
     """The schema as the committed file holds it: sorted keys, stable bytes."""
-    from trainwatch.configmodel import json_schema
+    from trainwatch.config.model import json_schema
 
     _, title, defaults = SCHEMAS[name]
     values = _resolve(defaults)(None) if defaults else None

@@ -31,7 +31,7 @@ from trainwatch.contract.layout import BEAT_SUFFIX, rank_file_name
 from trainwatch.contract.states import RANK_STATES
 from trainwatch.contract.timing import own_local_seconds
 from trainwatch.errors import FormatError
-from trainwatch.rundir import RunFolder, read_run_file
+from trainwatch.rundir.safe_read import RunFolder, read_run_file
 
 BEAT_BYTES = 1024
 _ERROR_CHARS = 160

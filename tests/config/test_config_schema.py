@@ -8,7 +8,7 @@ import pytest
 
 from trainwatch.agent.config import load_config
 from trainwatch.alerts.rules import load_thresholds
-from trainwatch.configschema import SCHEMA_DIR, SCHEMAS, schema_text
+from trainwatch.config.schema import SCHEMA_DIR, SCHEMAS, schema_text
 from trainwatch.errors import ConfigError
 from trainwatch.preflight.settings import load_settings
 from agent_helpers import REPO

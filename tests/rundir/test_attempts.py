@@ -1,6 +1,6 @@
-"""trainwatch/attempts.py: who restarted each generation of ranks, from journal events."""
+"""trainwatch/rundir/attempts.py: who restarted each generation of ranks, from journal events."""
 
-from trainwatch import attempts
+from trainwatch.rundir import attempts
 
 
 def _start(t, rank, restart_count=0, pid=None):

@@ -32,8 +32,9 @@ import psutil
 from trainwatch.contract.env import SUPERVISOR_ENV
 from trainwatch.contract.layout import FORMAT_VERSION, LOCK_FORMAT
 from trainwatch.errors import ConfigError
-from trainwatch.proctree import marked, terminate
-from trainwatch.rundir import RunDir, SkippedFile, read_run_file
+from trainwatch.process.proctree import marked, terminate
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.safe_read import SkippedFile, read_run_file
 
 log = logging.getLogger(__name__)
 

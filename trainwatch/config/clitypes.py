@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 import click
 
 if TYPE_CHECKING:
-    from trainwatch.rundir import RunDir
+    from trainwatch.rundir.run_dir import RunDir
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -61,7 +61,7 @@ def run_dir_option(help: str, *, argument: bool = False, required: bool = False,
         @functools.wraps(command)
         def wrapper(*args: Any, run_dir_opt: str | None = None, run_dir_arg: str | None = None,
                     **kwargs: Any) -> Any:
-            from trainwatch.rundir import RunDir, pick_run_dir
+            from trainwatch.rundir.run_dir import RunDir, pick_run_dir
 
             run: RunDir | None = None
             if run_dir_arg is not None or run_dir_opt is not None or (required and

@@ -11,7 +11,8 @@ from trainwatch.control.run import JOB_LOG_TAIL_BYTES, _new_lines
 from trainwatch.contract.layout import JOB_LOG
 from trainwatch.diagnose import bundle
 from trainwatch.diagnose.model import Evidence
-from trainwatch.rundir import RunDir, read_run_file_tail
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.safe_read import read_run_file_tail
 
 
 def test_the_tail_starts_no_earlier_than_asked(tmp_path):

@@ -7,10 +7,10 @@ import os
 import time
 
 from agent_helpers import collector, make_ctx, value, write_status
-from trainwatch.beat import (BEAT_BYTES, MERGED_COUNTERS, MERGED_FIELDS, MERGED_METRICS,
+from trainwatch.rundir.beat import (BEAT_BYTES, MERGED_COUNTERS, MERGED_FIELDS, MERGED_METRICS,
                              BeatWriter, beat_path, decode, encode, merge_beat, own_window,
                              read_beat)
-from trainwatch.rundir import RunDir
+from trainwatch.rundir.run_dir import RunDir
 
 
 def test_beat_is_fixed_size_rewritten_in_place_and_torn_records_are_dropped(tmp_path):

@@ -1,0 +1,2 @@
+"""Serving HTTP: the one bounded server the agent's endpoints and the webhook receiver
+share (``httpserver``)."""
