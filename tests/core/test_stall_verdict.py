@@ -17,7 +17,7 @@ import pytest
 from trainwatch.agent.config import build_config
 from trainwatch.agent.stall import StallDetector
 from trainwatch.contract.stall import default_options
-from trainwatch.diagnose import analysis, journal, run_state
+from trainwatch.diagnose import casefile, journal, run_state
 from trainwatch.diagnose.model import Evidence
 from trainwatch.report import goodput
 from trainwatch.report.timeline import read_timeline
@@ -76,7 +76,7 @@ def diagnose_verdict(run: RunDir, agents: list | None = None) -> tuple[float, bo
     run_state.gather(run, ev)
     journal.gather(run, ev)
     ev.agents = agents or []
-    a = analysis.Analysis(ev, None)
+    a = casefile.Analysis(ev, None)
     return a.stall_after, a.stalled
 
 

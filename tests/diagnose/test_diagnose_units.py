@@ -17,6 +17,7 @@ from agent_helpers import wait_for
 
 from trainwatch.diagnose import analysis, collectives
 from trainwatch.diagnose.gather import Options, gather
+from trainwatch.diagnose.rules import outside_collective
 from trainwatch.diagnose.run_state import launcher_exits
 from trainwatch.diagnose.model import Evidence
 from trainwatch.redact import MASK, redact, redact_env, redact_text
@@ -237,7 +238,7 @@ def test_firing_alerts_from_a_real_prometheus(tmp_path, prometheus_url):
 ])
 def test_locate_where_a_rank_is(frames, phase, where):
     stack = [{"file": f, "line": 1, "function": fn} for f, fn in frames]
-    assert analysis.locate(phase, stack) == where
+    assert outside_collective.locate(phase, stack) == where
 
 
 def test_a_rank_waiting_in_another_group_is_followed():
@@ -338,7 +339,7 @@ def test_proc_locks_and_lock_source_parsing(tmp_path):
 
 
 def test_heartbeats_order_deaths_only_beyond_one_interval():
-    from trainwatch.diagnose.analysis import order_by_heartbeat
+    from trainwatch.diagnose.rules.dead import order_by_heartbeat
     from trainwatch.diagnose.model import Evidence
     ev = Evidence(run_dir="/r", collected_at=1000.0, host="h")
     ev.ranks = {0: {"heartbeat_at": 900.000000, "heartbeat_interval": 0.2},
