@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from trainwatch.alerts.rules import load_thresholds
 from trainwatch.dashboards.panels import Board, flags, match, target
 
 GPU = "{{node}} GPU {{gpu}}"
@@ -11,11 +10,10 @@ NIC = "{{node}} {{device}}"
 PORT = "{{node}} {{device}}/{{port}}"
 
 
-def build(runbook_base: str) -> dict:
+def build(runbook_base: str, limits: dict) -> dict:
     b = Board("node-health", "trainwatch / Node health",
               "GPUs, storage, network, NCCL and software versions of the nodes.",
               ("node", "run"), runbook_base)
-    limits = load_thresholds()
 
     b.row("GPU")
     b.timeseries("GPU utilisation", target(b.sel("trainwatch_gpu_utilization_ratio"), GPU),

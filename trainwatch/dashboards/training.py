@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trainwatch.contract.states import KNOWN_PHASES
-from trainwatch.alerts.rules import load_rules, load_thresholds
+from trainwatch.alerts.rules import load_rules
 from trainwatch.dashboards.panels import Board, flags, match, states, target
 
 PHASE_COLORS = {"data": "orange", "checkpoint": "purple", "eval": "yellow", "idle": "text",
@@ -12,12 +12,11 @@ PHASE_COLORS = {"data": "orange", "checkpoint": "purple", "eval": "yellow", "idl
                 "step": "dark-red"}
 
 
-def build(runbook_base: str) -> dict:
+def build(runbook_base: str, limits: dict) -> dict:
     b = Board("training-overview", "trainwatch / Training run overview",
               "One training job: progress, loss, throughput, step time, ranks, checkpoints "
               "and the alerts that fire for it.", ("run", "node", "rank"),
               runbook_base, single_run=True)
-    limits = load_thresholds()
     b.annotate("Alerts", 'ALERTS{alertstate="firing", run=~"$run"}', "{{alertname}}",
                "{{severity}} rank {{rank}} {{node}}")
 
