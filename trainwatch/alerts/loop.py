@@ -9,6 +9,7 @@ from typing import Callable
 
 from trainwatch.alerts.engine import Engine
 from trainwatch.alerts.evaluate import labels_key
+from trainwatch.alerts.rules import AGENT_JOB
 from trainwatch.alerts.scrape import Scraper
 
 log = logging.getLogger(__name__)
@@ -20,6 +21,10 @@ class EngineLoop:
     def __init__(self, engine: Engine, scraper: Scraper | None, interval: float):
         self.engine = engine
         self.scraper = scraper
+        if scraper is not None:
+            # Label the scrapes with the job the rules select (a user's `agent_job`), as the
+            # user's Prometheus would: else TrainwatchAgentDown could never match here.
+            scraper.job = engine.ruleset.thresholds[AGENT_JOB]
         self.interval = interval
         # Gauges the controller itself owns (e.g. the restart guard), refreshed every tick.
         self.local: dict[tuple, float] = {}

@@ -34,6 +34,11 @@ PROMETHEUS_METRICS = {"up"}
 RULE_KEYS = {"alert", "expr", "for", "keep_firing_for", "severity", "action", "summary",
              "description"}
 DEFAULT_RUNBOOK_BASE = "https://github.com/trainwatch/trainwatch/blob/main/trainwatch/runbooks/"
+# Keys of thresholds.yaml that are selectors, not durations: label values the user's Prometheus
+# decides (the mixins' _config.*Selector). The scrape job of the agents (TrainwatchAgentDown,
+# the self-monitoring dashboard, the embedded engine's own scrape):
+AGENT_JOB = "agent_job"
+SELECTOR_KEYS = (AGENT_JOB,)
 
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9_]+)\}")
 _NAME = re.compile(r"^[A-Z][A-Za-z0-9]+$")
@@ -126,6 +131,17 @@ def _duration(value: str) -> str:
 Duration = Annotated[str, AfterValidator(_duration)]
 
 
+def _label_value(value: str) -> str:
+    # Spliced into a double-quoted PromQL matcher: a quote, backslash or newline would end it.
+    if not value or any(c in value for c in '"\\\n'):
+        raise ValueError("must be a non-empty label value without quotes, backslashes or "
+                         "newlines")
+    return value
+
+
+LabelValue = Annotated[str, AfterValidator(_label_value)]
+
+
 class ThresholdsBase(ConfigModel):
     unknown_noun: ClassVar[str] = "threshold"
 
@@ -144,10 +160,12 @@ def _default_thresholds() -> tuple[dict[str, Any], Lines]:
 @functools.cache
 def thresholds_model() -> type[ConfigModel]:
     """A field per threshold of the package's thresholds.yaml (the one home of the values),
-    typed by its value there: a Prometheus duration or a number."""
+    typed by its value there: a Prometheus duration or a number; a selector is a label value."""
     defaults, _ = _default_thresholds()
-    fields: dict[str, Any] = {key: (Duration if isinstance(value, str) else AnyNumber, ...)
-                              for key, value in defaults.items()}
+    fields: dict[str, Any] = {
+        key: (LabelValue if key in SELECTOR_KEYS else
+              Duration if isinstance(value, str) else AnyNumber, ...)
+        for key, value in defaults.items()}
     return create_model("Thresholds", __base__=ThresholdsBase, **fields)
 
 

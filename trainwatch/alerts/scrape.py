@@ -1,8 +1,8 @@
 """Feeding the embedded engine: scrape the agents' /metrics like Prometheus would.
 
 Each scrape adds every sample (parsed with prometheus_client's parser) to the
-history at the scrape time with the target's ``job="trainwatch-agent"`` and ``instance``
-labels, writes ``up{job="trainwatch-agent",instance=...}``
+history at the scrape time with the target's ``job`` (the rules' ``agent_job`` selector,
+``trainwatch-agent`` by default) and ``instance`` labels, writes ``up{job=...,instance=...}``
 (1 or 0) exactly as Prometheus does, and marks the target's vanished series stale.
 """
 
@@ -16,15 +16,17 @@ from urllib.parse import urlparse
 from prometheus_client.parser import text_string_to_metric_families
 
 from trainwatch.alerts.evaluate import History, Labels, labels_key
+from trainwatch.alerts.rules import AGENT_JOB, load_thresholds
 
 log = logging.getLogger(__name__)
 
-SCRAPE_JOB = "trainwatch-agent"
-
 
 class Scraper:
-    def __init__(self, history: History, targets: list[str], timeout: float = 5.0):
+    def __init__(self, history: History, targets: list[str], timeout: float = 5.0,
+                 job: str | None = None):
         self.history = history
+        # The scrape job the rules select (EngineLoop sets the ruleset's); default: the package's.
+        self.job: str = load_thresholds()[AGENT_JOB] if job is None else job
         self.targets = [t if "://" in t else f"http://{t}" for t in targets]
         self.timeout = timeout
         self._seen: dict[str, set[Labels]] = {}
@@ -40,7 +42,7 @@ class Scraper:
         instance = urlparse(url).netloc
         # Default label handling: the target's labels are added to every series (trainwatch
         # exports neither, so nothing is renamed to exported_*).
-        target_labels = {"job": SCRAPE_JOB, "instance": instance}
+        target_labels = {"job": self.job, "instance": instance}
         try:
             with urllib.request.urlopen(url, timeout=self.timeout) as resp:
                 text = resp.read().decode("utf-8", "replace")

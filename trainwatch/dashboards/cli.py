@@ -54,12 +54,15 @@ def dashboards() -> None:
 @click.option("--out", "out_dir", default="trainwatch-dashboards", show_default=True,
               type=click.Path(file_okay=False), help="Folder to write the JSON files to.")
 @_runbook_opt
-def export(out_dir: str, runbook_base: str | None) -> None:
+@click.option("--thresholds", "thresholds_file", type=click.Path(dir_okay=False),
+              help="Alert threshold overrides, as for `trainwatch alerts export` (thresholds "
+                   "lines, the agents' scrape job `agent_job`).")
+def export(out_dir: str, runbook_base: str | None, thresholds_file: str | None) -> None:
     """Write every dashboard as JSON (for Grafana's file provisioning or manual import)."""
     from trainwatch.alerts.rules import DEFAULT_RUNBOOK_BASE
     from trainwatch.dashboards.generate import export as write
     try:
-        paths = write(out_dir, runbook_base or DEFAULT_RUNBOOK_BASE)
+        paths = write(out_dir, runbook_base or DEFAULT_RUNBOOK_BASE, thresholds_file)
     except OSError as exc:
         raise output_error(exc, out_dir, key="--out") from None
     for path in paths:

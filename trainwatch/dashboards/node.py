@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from trainwatch.alerts.rules import load_thresholds
 from trainwatch.dashboards.panels import Board, flags, match, target
 
 GPU = "{{node}} GPU {{gpu}}"
@@ -11,12 +10,21 @@ NIC = "{{node}} {{device}}"
 PORT = "{{node}} {{device}}/{{port}}"
 
 
-def build(runbook_base: str) -> dict:
+def build(runbook_base: str, limits: dict) -> dict:
     b = Board("node-health", "trainwatch / Node health",
               "GPUs, storage, network, NCCL and software versions of the nodes.",
               ("node", "run"), runbook_base)
-    limits = load_thresholds()
 
+    _gpu(b)
+    _storage(b, limits)
+    _network(b)
+    _nccl(b)
+    _software(b)
+    return b.to_json()
+
+
+def _gpu(b: Board) -> None:
+    """The GPUs: utilisation, memory, heat, power, clocks and errors."""
     b.row("GPU")
     b.timeseries("GPU utilisation", target(b.sel("trainwatch_gpu_utilization_ratio"), GPU),
                  unit="percentunit", min_=0, max_=1,
@@ -73,6 +81,9 @@ def build(runbook_base: str) -> dict:
     b.table("GPUs", target(f"{b.sel('trainwatch_gpu_info')} == 1", table=True),
             description="Model and UUID of each GPU.", w=8)
 
+
+def _storage(b: Board, limits: dict) -> None:
+    """The run's storage: free space, probes and I/O."""
     b.row("Storage")
     free_ratio = (f"{b.sel('trainwatch_storage_free_bytes')} / "
                   f"{b.sel('trainwatch_storage_size_bytes')}")
@@ -114,6 +125,9 @@ def build(runbook_base: str) -> dict:
                  unit="percentunit", min_=0, max_=1,
                  description="Share of time the block device was busy with I/O.", w=12)
 
+
+def _network(b: Board) -> None:
+    """The network interfaces and InfiniBand ports."""
     b.row("Network")
     b.timeseries("NIC throughput",
                  target(b.rate("trainwatch_network_receive_bytes_total"), "rx " + NIC),
@@ -165,6 +179,9 @@ def build(runbook_base: str) -> dict:
                                        table=True),
             description="State, physical state and link layer of each port.", w=8)
 
+
+def _nccl(b: Board) -> None:
+    """NCCL's errors and its RAS view of the peers."""
     b.row("NCCL")
     b.state_timeline("NCCL RAS endpoint", target(b.sel("trainwatch_nccl_ras_up"),
                                                  "{{node}} {{run}}"),
@@ -185,8 +202,10 @@ def build(runbook_base: str) -> dict:
                  description="New NCCL WARN log lines; NCCL_*/TORCH_* variables that differ "
                              "across the node's ranks.", alerts=("NCCLErrors",))
 
+
+def _software(b: Board) -> None:
+    """Which versions run where."""
     b.row("Software")
     b.table("Versions", target(f"{b.sel('trainwatch_versions_info')} == 1", table=True),
             description="Driver, CUDA, torch, NCCL, Python and trainwatch on each node; "
                         "rows that differ are skew.", alerts=("TrainwatchVersionSkew",), w=24)
-    return b.to_json()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from trainwatch.contract.states import PROCESS_STATES, RANK_STATES
-from trainwatch.alerts.rules import load_thresholds
 from trainwatch.dashboards.panels import Board, flags, states, target
 
 RANK_STATE_COLORS = {"running": "green", "finished": "blue", "failed": "red",
@@ -14,11 +13,10 @@ PROCESS_STATE_COLORS = {"running": "green", "sleeping": "blue", "disk_sleep": "o
 RANK = "rank {{rank}}"
 
 
-def build(runbook_base: str) -> dict:
+def build(runbook_base: str, limits: dict) -> dict:
     b = Board("ranks-stragglers", "trainwatch / Ranks & stragglers",
               "Per-rank timing, straggler scores, stall findings and the ranks' processes.",
               ("run", "node", "rank"), runbook_base)
-    limits = load_thresholds()
 
     b.row("Timing")
     b.timeseries("Step time", target(b.sel("trainwatch_rank_step_time_seconds"), RANK),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from trainwatch.alerts.rules import AGENT_JOB
 from trainwatch.contract.states import COLLECTOR_STATES as STATES
 from trainwatch.dashboards.panels import Board, states, target
 
@@ -10,17 +11,18 @@ STATE_COLORS = {"ok": "green", "failed": "red", "timeout": "dark-red", "absent":
 COLLECTOR = "{{node}} {{collector}}"
 
 
-def build(runbook_base: str) -> dict:
+def build(runbook_base: str, limits: dict) -> dict:
     b = Board("self", "trainwatch / trainwatch itself",
               "The node agents: scrape health, collectors, their cost, skipped status files "
               "and journal lines.",
               ("node",), runbook_base)
 
+    job = limits[AGENT_JOB]  # the scrape job TrainwatchAgentDown selects too
     b.row("Agents")
-    b.stat("Agents scraped", target('sum(up{job="trainwatch-agent"})', "up"),
-           target('count(up{job="trainwatch-agent"})', "of"),
+    b.stat("Agents scraped", target(f'sum(up{{job="{job}"}})', "up"),
+           target(f'count(up{{job="{job}"}})', "of"),
            description="Agent targets Prometheus scraped successfully (scrape job "
-                       "trainwatch-agent, as in deploy/prometheus/prometheus.yml).",
+                       f"{job}, as in deploy/prometheus/prometheus.yml).",
            alerts=("TrainwatchAgentDown",), w=4)
     b.stat("Collectors up", target(f"sum({b.sel('trainwatch_collector_up')})", "up"),
            target(f"count({b.sel('trainwatch_collector_up')})", "of"),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trainwatch.contract.states import KNOWN_PHASES
-from trainwatch.alerts.rules import load_rules, load_thresholds
+from trainwatch.alerts.rules import load_rules
 from trainwatch.dashboards.panels import Board, flags, match, states, target
 
 PHASE_COLORS = {"data": "orange", "checkpoint": "purple", "eval": "yellow", "idle": "text",
@@ -12,15 +12,25 @@ PHASE_COLORS = {"data": "orange", "checkpoint": "purple", "eval": "yellow", "idl
                 "step": "dark-red"}
 
 
-def build(runbook_base: str) -> dict:
+def build(runbook_base: str, limits: dict) -> dict:
     b = Board("training-overview", "trainwatch / Training run overview",
               "One training job: progress, loss, throughput, step time, ranks, checkpoints "
               "and the alerts that fire for it.", ("run", "node", "rank"),
               runbook_base, single_run=True)
-    limits = load_thresholds()
     b.annotate("Alerts", 'ALERTS{alertstate="firing", run=~"$run"}', "{{alertname}}",
                "{{severity}} rank {{rank}} {{node}}")
 
+    _now(b, limits)
+    _training(b)
+    _step_time(b)
+    _ranks(b)
+    _checkpoints(b, limits)
+    _alerts_and_actions(b, runbook_base)
+    return b.to_json()
+
+
+def _now(b: Board, limits: dict) -> None:
+    """Where the job stands now: ranks up, step, stalls, throughput, checkpoint age."""
     b.row("Now")
     b.stat("Ranks up", target(f"sum({b.sel('trainwatch_rank_up')})", "up"),
            target(f"count({b.sel('trainwatch_rank_up')})", "of"),
@@ -48,6 +58,9 @@ def build(runbook_base: str) -> dict:
            description="Restarts torchrun reports for the current rank processes.",
            alerts=("TrainingRestartLoop",))
 
+
+def _training(b: Board) -> None:
+    """How the model learns: loss, gradients, throughput, non-finite steps."""
     b.row("Training")
     b.timeseries("Loss", target(b.sel("trainwatch_train_loss"), "rank {{rank}}"),
                  target(b.sel("trainwatch_train_validation_loss"), "validation rank {{rank}}"),
@@ -83,6 +96,9 @@ def build(runbook_base: str) -> dict:
                              "(their optimizer update was not applied).",
                  alerts=("TrainingLossNonFinite",))
 
+
+def _step_time(b: Board) -> None:
+    """Where each step's time goes."""
     b.row("Step time")
     b.timeseries("Step time", target(b.sel("trainwatch_rank_step_time_seconds"),
                                      "rank {{rank}}"),
@@ -98,6 +114,9 @@ def build(runbook_base: str) -> dict:
                  unit="s", description="Time the last step waited for data; a growing share "
                                        "of the step time means the input pipeline is slow.")
 
+
+def _ranks(b: Board) -> None:
+    """What each rank is doing."""
     b.row("Ranks")
     b.timeseries("Heartbeat age", target(b.sel("trainwatch_rank_heartbeat_age_seconds"),
                                          "rank {{rank}}"),
@@ -113,6 +132,9 @@ def build(runbook_base: str) -> dict:
                                  "the others wait in a collective is the one to look at.",
                      alerts=("TrainingStalled",), w=16)
 
+
+def _checkpoints(b: Board, limits: dict) -> None:
+    """Saves, their cost and the work a crash would lose."""
     b.row("Checkpoints")
     b.timeseries("Work at risk (checkpoint age)",
                  target(f"min by (run) ({b.sel('trainwatch_checkpoint_age_seconds')})", "age"),
@@ -145,6 +167,9 @@ def build(runbook_base: str) -> dict:
                              "previous verified checkpoint is kept.",
                  alerts=("CheckpointFailed",), w=6)
 
+
+def _alerts_and_actions(b: Board, runbook_base: str) -> None:
+    """What fired and what the controller did about it."""
     b.row("Alerts and actions")
     base = runbook_base
     b.table("Firing alerts",
@@ -193,4 +218,3 @@ def build(runbook_base: str) -> dict:
                              "decided not to do (action_skipped: dry run, rate limit, restart "
                              "guard, duplicate delivery); the reasons are in the journal "
                              "(trainwatch diagnose).", alerts=("TrainingRestartLoop",), w=12)
-    return b.to_json()
