@@ -19,6 +19,7 @@ from trainwatch.agent.config import load_config as load_agent_config
 from trainwatch.contract.env import FAULT_ENV
 from trainwatch.contract.layout import AGENT_LOG, JOB_LOG, RunLayout
 from trainwatch.contract.stall import default_options
+from trainwatch.control.command import resolve
 from trainwatch.errors import ConfigError
 from trainwatch.trainer.config import Config, load_config
 
@@ -37,23 +38,22 @@ class LaunchPlan:
         return self.resume_step is not None and self.resume_step >= self.target_steps
 
 
-def refuse_rehearsal_dir(run_dir: str | Path) -> None:
+def refuse_rehearsal_dir(run: RunLayout) -> None:
     """A rehearsal's directory is no run's: its command's checkpoints would be resumed as
     if they were the run's own, and the time since the rehearsal booked as downtime."""
-    run = RunLayout(run_dir)
     if run.rehearsal_dir.is_dir():
         raise ConfigError("trainwatch rehearse used this directory (its checkpoints, status and "
                           f"{run.rehearsal_dir.name}/ are here); give the run a new one",
                           file=str(run.root), key="--run-dir")
 
 
-def check_launch(run_dir: str | Path, *, nproc_per_node: int, config: str | None,
+def check_launch(run: RunLayout, *, nproc_per_node: int, config: str | None,
                  overrides: list[str], steps: int | None,
                  agent_config: str | None) -> LaunchPlan:
     """Every check of a launch; ConfigError (exit 2) naming the input at fault."""
     if nproc_per_node < 1:
         raise ConfigError(f"must be at least 1, got {nproc_per_node}", key="--nproc-per-node")
-    run_root = check_run_dir(run_dir)
+    run_root = check_run_dir(run)
     cfg = _trainer_config(config, overrides, steps)
     if os.environ.get(FAULT_ENV):  # drills only: parsing them imports torch
         from trainwatch.trainer.faults import parse_faults
@@ -68,16 +68,32 @@ def check_launch(run_dir: str | Path, *, nproc_per_node: int, config: str | None
                       agent.stall)
 
 
-def check_run_dir(run_dir: str | Path) -> Path:
+def check_command(run: RunLayout, command: list[str], *, nproc_per_node, steps, config,
+                  overrides, max_restarts, agent_config) -> dict:
+    """The checks of a ``-- COMMAND`` launch (the trainer's options do not apply); the
+    agent's stall options. ConfigError (exit 2) before anything starts."""
+    given = [name for name, value in (("--nproc-per-node", nproc_per_node), ("--steps", steps),
+                                      ("--config", config), ("--set", overrides),
+                                      ("--max-restarts", max_restarts)) if value]
+    if given:
+        verb = "configures" if len(given) == 1 else "configure"
+        raise ConfigError(f"{', '.join(given)} {verb} the reference trainer; with a COMMAND "
+                          "put your job's own options in the command", key=given[0])
+    check_run_dir(run)
+    resolve(command)
+    agent = load_agent_config(agent_config, run_dirs=[str(run.root)])  # else it dies unseen
+    return agent.stall
+
+
+def check_run_dir(run: RunLayout) -> Path:
     """The run directory, if ``trainwatch run`` can keep its state there: a directory (or
     none yet) whose journal, run.json and logs, where present, are regular files (a
     directory or FIFO there would fail the supervisor after it started the agent)."""
-    root = Path(run_dir)
+    root = run.root
     if root.exists() and not root.is_dir():
         raise ConfigError("exists and is not a directory", file=str(root), key="--run-dir")
-    layout = RunLayout(root)
-    for path in (layout.journal_file, layout.run_file, layout.logs_dir / AGENT_LOG,
-                 layout.logs_dir / JOB_LOG):
+    for path in (run.journal_file, run.run_file, run.logs_dir / AGENT_LOG,
+                 run.logs_dir / JOB_LOG):
         try:
             mode = os.stat(path).st_mode
         except FileNotFoundError:
