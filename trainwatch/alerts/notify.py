@@ -10,6 +10,7 @@ import json
 import logging
 import urllib.request
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from trainwatch.alerts.engine import Alert
@@ -35,9 +36,9 @@ def _post(url: str, body: Any, headers: dict[str, str] | None = None,
 class JournalNotifier:
     """alert_firing / alert_resolved events in the run's journal, and a log line."""
 
-    def __init__(self, run: RunDir | str | None):
-        if isinstance(run, str):  # a path: a caller with no RunDir at hand (a test, a script)
-            run = RunDir(run) if run else None
+    def __init__(self, run: RunDir | str | Path | None):
+        if isinstance(run, (str, Path)):  # a path: a caller with no RunDir (a test, a script)
+            run = RunDir(run) if str(run) else None
         self.run = run  # None: the log line only
 
     def notify(self, kind: str, alert: Alert, t: float) -> None:
