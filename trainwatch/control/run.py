@@ -28,7 +28,8 @@ from trainwatch.control.controller import train_command
 from trainwatch.control.embedded_agent import free_port
 from trainwatch.control.outcome import ALREADY_COMPLETE, Ending
 from trainwatch.control.run_checks import check_command, check_launch, refuse_rehearsal_dir
-from trainwatch.control.run_summary import ALREADY_COMPLETE_LINE, render as render_summary, summarize
+from trainwatch.control.run_summary import (ALREADY_COMPLETE_LINE, render as render_summary,
+                                            summarize)
 from trainwatch.control.run_view import Progress, live_view
 from trainwatch.control.supervision import RUN, Job, Supervision
 from trainwatch.errors import ConfigError

@@ -30,8 +30,9 @@ log = logging.getLogger(__name__)
 # the job runs: every poll at a few ranks, less often at thousands in a shared run directory.
 INPUT_CHECK_SHARE = 0.02
 
-# The exit codes a job says its own end with: training done, or its input refused.
-OWN_WORD = (EXIT_OK, EXIT_USAGE)
+# A job's exit codes that end its supervision whatever its ranks say: training done, or
+# its input refused (neither is restarted).
+FINAL_EXIT_CODES = (EXIT_OK, EXIT_USAGE)
 
 
 class Supervisor:
@@ -94,7 +95,7 @@ class Supervisor:
             self.controller.stop(f"bad input: {running_rejected}")
             self._end(RunOutcome(Ending.REJECTED_INPUT, EXIT_USAGE, running_rejected))
             return
-        if verdict is not None:  # finished, bad input or a failed launch: a restart cannot fix these
+        if verdict is not None:  # finished, bad input, a failed launch: a restart cannot fix them
             with self.controller.lock:
                 if self.controller.proc is not None and self.controller.proc.pid != pid:
                     return  # an action started the job again meanwhile: it runs on
@@ -120,7 +121,7 @@ class Supervisor:
     def _exit_verdict(self, pid: int, code: int) -> RunOutcome | None:
         """The job's exit by itself, journaled (under the controller's lock), and how it ends
         the supervision; None: a crash a restart may fix."""
-        if code in OWN_WORD:
+        if code in FINAL_EXIT_CODES:
             self.controller.journal_exit(pid, code)
             return (FINISHED if code == EXIT_OK
                     else RunOutcome(Ending.REJECTED_INPUT, EXIT_USAGE))

@@ -62,9 +62,10 @@ class Role:
     settles: bool
 
 
-RUN = Role("trainwatch run", "trainwatch run", "controller stopped", "interrupted", True)
-RECEIVE = Role("trainwatch alerts receive", "start", "receiver stopped", "receiver stopped",
-               False)
+RUN = Role("trainwatch run", start_reason="trainwatch run", stop_reason="controller stopped",
+           interrupt_reason="interrupted", settles=True)
+RECEIVE = Role("trainwatch alerts receive", start_reason="start", stop_reason="receiver stopped",
+               interrupt_reason="receiver stopped", settles=False)
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,8 @@ class Job:
 
 
 class Supervision:
-    """Built after every check; holds the run's lock (when it runs a job) until ``supervise`` ends."""
+    """Built after every check: it takes the run's lock (when it runs a job), which
+    ``supervise`` releases at its very end."""
 
     def __init__(self, run: RunDir, role: Role, job: Job | None, policy: Policy):
         self.run, self.role = run, role
@@ -133,7 +135,8 @@ class Supervision:
 
     # ------------------------------------------------------------------ the run
     def supervise(self, wait: Callable[[], None], *, journal: dict[str, Any] | None = None,
-            started_line: str | None = None, stopping_line: str | None = None) -> RunOutcome:
+                  started_line: str | None = None,
+                  stopping_line: str | None = None) -> RunOutcome:
         """Start the job and what watches it, ``wait`` (until the supervision ends or a stop
         signal comes), stop everything, and say how the run ended. ``journal``: the fields
         of ``controller_started``, journaled now, and ``controller_stopped`` at the end;
