@@ -7,7 +7,7 @@ import tarfile
 import time
 import tracemalloc
 
-from trainwatch.control.run import JOB_LOG_TAIL_BYTES, _new_lines
+from trainwatch.control.launch_log import JOB_LOG_TAIL_BYTES, new_lines as _new_lines
 from trainwatch.contract.layout import JOB_LOG
 from trainwatch.diagnose import bundle
 from trainwatch.diagnose.model import Evidence

@@ -220,7 +220,7 @@ def watch(rules_file, thresholds_file, targets, run, webhook, webhook_token_file
     token = (read_secret(webhook_token_file, RECEIVER_TOKEN_ENV, "") if webhook_token_file
              else None)
     history = History()
-    notifiers: list[Notifier] = [JournalNotifier(str(run.root) if run else None)]
+    notifiers: list[Notifier] = [JournalNotifier(run)]
     notifiers += [WebhookNotifier(u, token) for u in webhook]
     if alertmanager:
         notifiers.append(AlertmanagerNotifier(alertmanager))

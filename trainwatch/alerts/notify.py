@@ -10,6 +10,7 @@ import json
 import logging
 import urllib.request
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from trainwatch.alerts.engine import Alert
@@ -35,8 +36,10 @@ def _post(url: str, body: Any, headers: dict[str, str] | None = None,
 class JournalNotifier:
     """alert_firing / alert_resolved events in the run's journal, and a log line."""
 
-    def __init__(self, run_dir: str | None):
-        self.run = RunDir(run_dir) if run_dir else None
+    def __init__(self, run: RunDir | str | Path | None):
+        if isinstance(run, (str, Path)):  # a path: a caller with no RunDir (a test, a script)
+            run = RunDir(run) if str(run) else None
+        self.run = run  # None: the log line only
 
     def notify(self, kind: str, alert: Alert, t: float) -> None:
         log.warning("alert %s %s %s: %s", alert.name, kind,

@@ -116,11 +116,12 @@ class Policy:
 
 
 class ActionRunner:
-    def __init__(self, run_dir: str | Path, controller: JobController | None, policy: Policy,
-                 *, job: str | None = None, silences=None,
+    def __init__(self, run: RunDir | str | Path, controller: JobController | None,
+                 policy: Policy, *, job: str | None = None, silences=None,
                  on_guard: Callable[[str, bool], None] | None = None,
                  clock: Callable[[], float] = time.time):
-        self.run = RunDir(run_dir).create()
+        # a path: a caller outside control/ (a test, a script) that has no RunDir at hand
+        self.run = (run if isinstance(run, RunDir) else RunDir(run)).create()
         self.controller = controller
         self.policy = policy
         self._job = job

@@ -4,7 +4,6 @@ group users see (the rules' commands from ``trainwatch.alerts.cli`` plus this on
 from __future__ import annotations
 
 import sys
-import time
 
 import click
 
@@ -13,8 +12,7 @@ from trainwatch.alerts.cli import load_ruleset, rules_option, thresholds_option
 from trainwatch.config.clitypes import NPROC_PER_NODE, run_dir_option
 from trainwatch.contract.env import RECEIVER_TOKEN_ENV
 from trainwatch.contract.ports import LOOPBACK, RECEIVER_LISTEN
-from trainwatch.errors import EXIT_PROBLEM, ConfigError
-from trainwatch.process.stopsignals import stop_on_sigterm, stopping
+from trainwatch.errors import ConfigError
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -24,16 +22,23 @@ def _listen(text: str) -> tuple[str, int]:
     return host or LOOPBACK, int(port)
 
 
-def _job_command(run_dir, job_command, nproc_per_node, config, steps) -> list[str] | None:
+def _job(run, job_command, nproc_per_node, config, steps):
+    """The job the receiver supervises, if it runs one: a command of the user's own (the
+    same supervision as ``trainwatch run -- COMMAND``) or the reference trainer."""
     import shlex
 
+    from trainwatch.control.command import resolve
     from trainwatch.control.controller import train_command
+    from trainwatch.control.supervision import Job
     if job_command and nproc_per_node:
         raise ConfigError("give either --job-command or --nproc-per-node, not both")
     if job_command:
-        return shlex.split(job_command)
+        command = shlex.split(job_command)
+        if not command:
+            resolve(command)  # exit 2, as `trainwatch run --` with no command, before the lock
+        return Job(command, own=True)
     if nproc_per_node:
-        return train_command(run_dir, nproc_per_node, config=config, steps=steps)
+        return Job(train_command(run.root, nproc_per_node, config=config, steps=steps), own=False)
     return None
 
 
@@ -58,56 +63,29 @@ def _job_command(run_dir, job_command, nproc_per_node, config, steps) -> list[st
 def receive(rules_file, thresholds_file, run, listen, token_file, nproc_per_node, config,
             steps, job_command, straggler_command, dry_run) -> None:
     """Serve Alertmanager's webhook (POST /webhook) and run trainwatch's automatic actions."""
-    from trainwatch.control.actions import ActionRunner, Policy
-    from trainwatch.control.command import supervised_job
-    from trainwatch.control.controller import JobController
-    from trainwatch.control.receiver import Receiver, load_token
-    from trainwatch.alerts.silences import Silences
-    from trainwatch.control.supervise import Supervisor
-    from trainwatch.rundir.runlock import hold
+    from trainwatch.control.actions import Policy
+    from trainwatch.control.receiver import load_token
+    from trainwatch.control.supervision import RECEIVE, Supervision
     ruleset = load_ruleset(rules_file, thresholds_file)
     token = load_token(token_file)
     host, port = _listen(listen)
-    run_dir = str(run.root)
-    command = _job_command(run_dir, job_command, nproc_per_node, config, steps)
-    controller: JobController | None = None
-    # Acting as the job's supervisor: the run's one supervisor (trainwatch.rundir.runlock).
-    lock = hold(run, "trainwatch alerts receive") if command else None
-    if job_command and command is not None:  # the same supervision as `trainwatch run -- COMMAND`
-        controller = supervised_job(run_dir, command, "trainwatch alerts receive")
-    elif command:
-        controller = JobController(run_dir, command)
-    policy = Policy.from_thresholds(ruleset.thresholds, dry_run=dry_run,
-                                    straggler_command=straggler_command)
-    runner = ActionRunner(run_dir, controller, policy,
-                          silences=Silences(run.silences_file))
-    receiver = Receiver(ruleset, runner, token, host, port).start()
+    job = _job(run, job_command, nproc_per_node, config, steps)
+    sup = Supervision(run, RECEIVE, job, Policy.from_thresholds(
+        ruleset.thresholds, dry_run=dry_run, straggler_command=straggler_command))
+    receiver = sup.attach_receiver(ruleset, token, host, port)
     click.echo(f"receiving Alertmanager webhooks on {receiver.url}/webhook "
-               f"(job {runner.job}{', dry run' if dry_run else ''})")
-    supervisor = None
+               f"(job {sup.runner.job}{', dry run' if dry_run else ''})")
     # SIGTERM (systemctl stop, a pod's end) stops the job it started as Ctrl-C does, never
     # leaving it orphaned.
-    stop_on_sigterm()
-    if controller is not None:
-        controller.start()
-        supervisor = Supervisor(controller, runner).start()
-    try:
-        while supervisor is None or not supervisor.finished.wait(1.0):
-            if supervisor is None:
-                time.sleep(1.0)
-    except KeyboardInterrupt:
+    outcome = sup.supervise(lambda: _serve(sup))
+    if outcome.receiver_exit_code:
+        sys.exit(outcome.receiver_exit_code)
+
+
+def _serve(sup) -> None:
+    """Until the job's supervision ends (never without a job): a stop signal ends it."""
+    while not sup.ended(1.0):
         pass
-    finally:
-        stopping()
-        receiver.stop()
-        if supervisor is not None:
-            supervisor.stop()
-        if controller is not None:
-            controller.close("receiver stopped")
-        if lock is not None:
-            lock.release()
-    if supervisor is not None and supervisor.exit_code:
-        sys.exit(EXIT_PROBLEM)
 
 
 alerts = click.Group("alerts", commands={**rules_commands.commands, "receive": receive},

@@ -16,7 +16,6 @@ import shlex
 import shutil
 import threading
 import time
-from pathlib import Path
 from typing import Callable
 
 from trainwatch import __version__
@@ -78,12 +77,12 @@ def describe_run(run: RunDir, command: list[str], supervisor: str) -> None:
                         "supervisor": supervisor, "trainwatch_version": __version__})
 
 
-def supervised_job(run_dir: str | Path, command: list[str], supervisor: str) -> JobController:
+def supervised_job(run: RunDir, command: list[str], supervisor: str) -> JobController:
     """A JobController for ``command``: checked, with the job's environment and run.json."""
     command = resolve(command)
-    run = RunDir(run_dir).create()
+    run.create()
     describe_run(run, command, supervisor)
-    return JobController(run.root, command, env=job_env(run))
+    return JobController(run, command, env=job_env(run))
 
 
 class TelemetryWatch:

@@ -65,9 +65,10 @@ class ControllerClosed(RuntimeError):
 class JobController:
     """Start, stop and restart one job; observe its progress through the run directory."""
 
-    def __init__(self, run_dir: str | Path, command: list[str], *,
+    def __init__(self, run: RunDir | str | Path, command: list[str], *,
                  env: dict[str, str] | None = None, stop_grace_seconds: float = 15.0):
-        self.run = RunDir(run_dir).create()
+        # a path: a caller outside control/ (a test, a script) that has no RunDir at hand
+        self.run = (run if isinstance(run, RunDir) else RunDir(run)).create()
         self.command = list(command)
         self.env = env
         self.stop_grace = stop_grace_seconds

@@ -19,7 +19,9 @@ from trainwatch.agent.config import load_config as load_agent_config
 from trainwatch.contract.env import FAULT_ENV
 from trainwatch.contract.layout import AGENT_LOG, JOB_LOG, RunLayout
 from trainwatch.contract.stall import default_options
+from trainwatch.control.command import resolve
 from trainwatch.errors import ConfigError
+from trainwatch.rundir.run_dir import RunDir
 from trainwatch.trainer.config import Config, load_config
 
 
@@ -37,23 +39,22 @@ class LaunchPlan:
         return self.resume_step is not None and self.resume_step >= self.target_steps
 
 
-def refuse_rehearsal_dir(run_dir: str | Path) -> None:
+def refuse_rehearsal_dir(run: RunLayout) -> None:
     """A rehearsal's directory is no run's: its command's checkpoints would be resumed as
     if they were the run's own, and the time since the rehearsal booked as downtime."""
-    run = RunLayout(run_dir)
     if run.rehearsal_dir.is_dir():
         raise ConfigError("trainwatch rehearse used this directory (its checkpoints, status and "
                           f"{run.rehearsal_dir.name}/ are here); give the run a new one",
                           file=str(run.root), key="--run-dir")
 
 
-def check_launch(run_dir: str | Path, *, nproc_per_node: int, config: str | None,
+def check_launch(run: RunDir, *, nproc_per_node: int, config: str | None,
                  overrides: list[str], steps: int | None,
                  agent_config: str | None) -> LaunchPlan:
     """Every check of a launch; ConfigError (exit 2) naming the input at fault."""
     if nproc_per_node < 1:
         raise ConfigError(f"must be at least 1, got {nproc_per_node}", key="--nproc-per-node")
-    run_root = check_run_dir(run_dir)
+    check_run_dir(run)
     cfg = _trainer_config(config, overrides, steps)
     if os.environ.get(FAULT_ENV):  # drills only: parsing them imports torch
         from trainwatch.trainer.faults import parse_faults
@@ -63,21 +64,37 @@ def check_launch(run_dir: str | Path, *, nproc_per_node: int, config: str | None
         load_dataset(cfg.data.path)
     # The agent's config too, or a bad file would make the agent die unseen; its stall
     # options are recorded with the run, so report and diagnose judge stalls as it did.
-    agent = load_agent_config(agent_config, run_dirs=[str(run_root)])
-    return LaunchPlan(cfg, cfg.train.steps, _resume_step(run_root, cfg, nproc_per_node),
+    agent = load_agent_config(agent_config, run_dirs=[str(run.root)])
+    return LaunchPlan(cfg, cfg.train.steps, _resume_step(run, cfg, nproc_per_node),
                       agent.stall)
 
 
-def check_run_dir(run_dir: str | Path) -> Path:
+def check_command(run: RunLayout, command: list[str], *, nproc_per_node, steps, config,
+                  overrides, max_restarts, agent_config) -> dict:
+    """The checks of a ``-- COMMAND`` launch (the trainer's options do not apply); the
+    agent's stall options. ConfigError (exit 2) before anything starts."""
+    given = [name for name, value in (("--nproc-per-node", nproc_per_node), ("--steps", steps),
+                                      ("--config", config), ("--set", overrides),
+                                      ("--max-restarts", max_restarts)) if value]
+    if given:
+        verb = "configures" if len(given) == 1 else "configure"
+        raise ConfigError(f"{', '.join(given)} {verb} the reference trainer; with a COMMAND "
+                          "put your job's own options in the command", key=given[0])
+    check_run_dir(run)
+    resolve(command)
+    agent = load_agent_config(agent_config, run_dirs=[str(run.root)])  # else it dies unseen
+    return agent.stall
+
+
+def check_run_dir(run: RunLayout) -> None:
     """The run directory, if ``trainwatch run`` can keep its state there: a directory (or
     none yet) whose journal, run.json and logs, where present, are regular files (a
     directory or FIFO there would fail the supervisor after it started the agent)."""
-    root = Path(run_dir)
+    root = run.root
     if root.exists() and not root.is_dir():
         raise ConfigError("exists and is not a directory", file=str(root), key="--run-dir")
-    layout = RunLayout(root)
-    for path in (layout.journal_file, layout.run_file, layout.logs_dir / AGENT_LOG,
-                 layout.logs_dir / JOB_LOG):
+    for path in (run.journal_file, run.run_file, run.logs_dir / AGENT_LOG,
+                 run.logs_dir / JOB_LOG):
         try:
             mode = os.stat(path).st_mode
         except FileNotFoundError:
@@ -89,7 +106,6 @@ def check_run_dir(run_dir: str | Path) -> Path:
             raise ConfigError("is not a regular file (a directory, FIFO or device): "
                               "trainwatch run writes to it; move it away",
                               file=str(path))
-    return root
 
 
 def _trainer_config(config: str | None, overrides: list[str], steps: int | None) -> Config:
@@ -97,13 +113,13 @@ def _trainer_config(config: str | None, overrides: list[str], steps: int | None)
     return load_config(config, [*overrides, *([f"train.steps={steps}"] if steps else [])])
 
 
-def _resume_step(run_root: Path, cfg: Config, world_size: int) -> int | None:
+def _resume_step(run: RunDir, cfg: Config, world_size: int) -> int | None:
     """The step the newest usable checkpoint would resume from (None: a fresh start, there
     is none). Checkpoints that exist but of which none has all its files at their sizes
     (the quick half of the ranks' verification; they also check the digests) are refused
     (exit 2), as the ranks would: the run must not quietly start over from step 0. So is
     a checkpoint of another experiment or world size."""
-    if not run_root.is_dir():
+    if not run.root.is_dir():
         return None
     ck = cfg.checkpoint
     if not ck.enabled or ck.resume == "never":
@@ -111,9 +127,8 @@ def _resume_step(run_root: Path, cfg: Config, world_size: int) -> int | None:
     from trainwatch.checkpoint_format.catalog import scan
     from trainwatch.checkpoint_format.compat import check_compatible, config_changes
     from trainwatch.checkpoint_format.manifest import verify
-    from trainwatch.rundir.run_dir import RunDir
 
-    folders = RunLayout(run_root).configured_checkpoint_folders(ck.dir, ck.mirror_dir)
+    folders = run.configured_checkpoint_folders(ck.dir, ck.mirror_dir)
     found = sorted(((e.step, -order, e) for order, folder in enumerate(folders)
                     for e in scan(folder) if e.step is not None),
                    key=lambda found: found[:2], reverse=True)
@@ -122,7 +137,7 @@ def _resume_step(run_root: Path, cfg: Config, world_size: int) -> int | None:
         if entry.state == "complete":
             checked = verify(entry.path, full=False)
             if checked.ok and entry.manifest is not None:
-                recorded = (RunDir(run_root).run_info() or {}).get("config")
+                recorded = (run.run_info() or {}).get("config")
                 check_compatible(entry.manifest, entry.path, config_hash=cfg.training_digest(),
                                  world_size=world_size,
                                  changes=config_changes(recorded, cfg.to_dict()))

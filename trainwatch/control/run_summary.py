@@ -19,6 +19,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from trainwatch.control.outcome import RunOutcome
 from trainwatch.invocation import program
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.rundir.safe_read import SkippedFile, read_run_file_tail
@@ -26,13 +27,13 @@ from trainwatch.rundir.safe_read import SkippedFile, read_run_file_tail
 log = logging.getLogger(__name__)
 
 LOSS_TAIL_BYTES = 64 * 1024  # a few hundred steps' records; a log may be gigabytes
-ALREADY_COMPLETE = "Already complete — nothing to do (use a new --run-dir to train again)"
+ALREADY_COMPLETE_LINE = "Already complete — nothing to do (use a new --run-dir to train again)"
 
 
 @dataclass
 class Summary:
     run_dir: Path
-    outcome: str                         # finished | failed | interrupted | already complete
+    outcome: RunOutcome
     steps_done: int | None = None
     steps_target: int | None = None
     final_loss: float | None = None
@@ -48,18 +49,17 @@ class Summary:
         cmds = [(f"{tw} report {rd}", "where the time went, incidents, cost")]
         if importlib.util.find_spec("plotly") is not None:  # the [html] extra
             cmds.append((f"{tw} report {rd} --html report.html", "the same as charts, one page"))
-        if self.outcome in ("failed", "interrupted"):
+        if self.outcome.ended_early:
             cmds.insert(0, (f"{tw} diagnose {rd}", "why it stopped, with the evidence"))
         cmds.append((f"{tw} dashboards export --out DIR",
                      "Grafana dashboards (deploy/compose/ runs Grafana with them)"))
         return cmds
 
 
-def summarize(run_dir: str | Path, outcome: str, target_steps: int | None = None) -> Summary:
+def summarize(run: RunDir, outcome: RunOutcome, target_steps: int | None = None) -> Summary:
     """A summary of the run as its directory tells it; what cannot be read is listed, not
     raised (a summary must never turn a run's exit into a traceback)."""
-    s = Summary(Path(run_dir), outcome, steps_target=target_steps)
-    run = RunDir(run_dir)
+    s = Summary(run.root, outcome, steps_target=target_steps)
     try:
         _from_report(s)
     except Exception as exc:  # the summary is best effort, the run is over
@@ -178,7 +178,7 @@ def _number(value) -> float | None:
 # --------------------------------------------------------------------------- text
 
 def render(s: Summary, console: Console) -> None:
-    console.print(f"[bold]trainwatch run {s.outcome}:[/bold] {s.run_dir}", highlight=False)
+    console.print(f"[bold]trainwatch run {s.outcome.word}:[/bold] {s.run_dir}", highlight=False)
     table = Table(show_header=False, box=box.ROUNDED)
     table.add_column("what", style="bold")
     table.add_column("value")
@@ -224,6 +224,6 @@ def _checkpoint_text(s: Summary) -> str:
     text = f"{s.checkpoints}, newest at step {step}"
     if reason == "stop":
         text += " (saved on stop: the same command resumes from it)"
-    elif s.outcome in ("failed", "interrupted"):
+    elif s.outcome.ended_early:
         text += " (the same command resumes from it)"
     return text

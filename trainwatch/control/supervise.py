@@ -19,15 +19,20 @@ import logging
 import threading
 import time
 
-from trainwatch.errors import EXIT_USAGE
 from trainwatch.control.actions import ActionRunner
 from trainwatch.control.controller import JobController
+from trainwatch.control.outcome import FINISHED, Ending, RunOutcome
+from trainwatch.errors import EXIT_OK, EXIT_USAGE
 
 log = logging.getLogger(__name__)
 
 # At most this share of the supervisor's time goes to reading the ranks' statuses while
 # the job runs: every poll at a few ranks, less often at thousands in a shared run directory.
 INPUT_CHECK_SHARE = 0.02
+
+# A job's exit codes that end its supervision whatever its ranks say: training done, or
+# its input refused (neither is restarted).
+FINAL_EXIT_CODES = (EXIT_OK, EXIT_USAGE)
 
 
 class Supervisor:
@@ -36,15 +41,21 @@ class Supervisor:
         self.controller = controller
         self.runner = runner
         self.poll_seconds = poll_seconds
-        self.finished = threading.Event()  # training ended (cleanly, or the guard gave up)
-        self.exit_code: int | None = None
-        self.launch_failed = False  # it ended because the job failed before any rank ran
-        self.rejected_input: str | None = None  # a rank's words when it died on bad input
-        self.not_restarted: str | None = None   # why a crashed job could not be restarted
+        self.finished = threading.Event()  # the supervision is over: ``outcome`` says how
+        self.outcome: RunOutcome | None = None
         self._handled_pid: int | None = None
         self._next_input_check = 0.0  # monotonic
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def exit_code(self) -> int | None:
+        """The job's code as its supervision ended (None while it runs)."""
+        return None if self.outcome is None else self.outcome.code
+
+    @property
+    def launch_failed(self) -> bool:
+        return self.outcome is not None and self.outcome.ending is Ending.LAUNCH_FAILED
 
     def start(self) -> "Supervisor":
         self._thread = threading.Thread(target=self._loop, name="tw-supervisor", daemon=True)
@@ -55,6 +66,10 @@ class Supervisor:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+
+    def _end(self, outcome: RunOutcome) -> None:
+        self.outcome = outcome
+        self.finished.set()
 
     def check(self) -> None:
         """One look at the job; called from the loop (and from tests)."""
@@ -73,61 +88,62 @@ class Supervisor:
                 return
             self._handled_pid = pid
             if code is not None:
-                # A job whose every rank said "finished" is not restarted for its exit code.
-                finished = code not in (0, 2) and self.controller.ranks_finished()
-                rejected = (self.controller.rejected_input()
-                            if code not in (0, 2) and not finished else None)
-                launch_failed = code not in (0, 2) and not finished and not rejected and \
-                    not self.controller.ranks_reported()
-                self.controller.journal_exit(pid, code,
-                                             **({"ranks_finished": True} if finished else {}),
-                                             **({"launch_failed": True} if launch_failed
-                                                else {}),
-                                             **({"bad_input": rejected} if rejected else {}))
+                verdict = self._exit_verdict(pid, code)
         if code is None:
             log.warning("a rank of the running job died on bad input (%s): stopping the job "
                         "(a restart, torchrun's or ours, cannot fix it)", running_rejected)
             self.controller.stop(f"bad input: {running_rejected}")
-            self.rejected_input, self.exit_code = running_rejected, EXIT_USAGE
-            self.finished.set()
+            self._end(RunOutcome(Ending.REJECTED_INPUT, EXIT_USAGE, running_rejected))
             return
-        if finished:
-            log.warning("the job exited with %s after every rank reported finished "
-                        "(a crash on the way out): not restarted", code)
-        if launch_failed:
-            log.warning("the job exited with %s before any rank published its status: a "
-                        "launch failure, not restarted", code)
-            self.launch_failed = True
-        if rejected:
-            log.warning("the job exited with %s after %s: bad input, not restarted", code,
-                        rejected)
-            self.rejected_input, code = rejected, EXIT_USAGE
-        # finished, bad input or a failed launch: a restart cannot fix these
-        if finished or launch_failed or code in (0, EXIT_USAGE):
+        if verdict is not None:  # finished, bad input, a failed launch: a restart cannot fix them
             with self.controller.lock:
                 if self.controller.proc is not None and self.controller.proc.pid != pid:
                     return  # an action started the job again meanwhile: it runs on
                 # The run is over: an alert's action that comes now (a short run's NaN
                 # rollback) finds the controller closed and takes nothing.
                 self.controller.close("the job ended")
-            self.exit_code = 0 if finished else code
-            self.finished.set()
+            self._end(verdict)
             return
         try:
-            outcome = self.runner.restart_job("restart", None, only_if_exited=True)
+            restart = self.runner.restart_job("restart", None, only_if_exited=True)
         except OSError as exc:
             # The restart records itself first (the restart guard's ledger): one that cannot
             # (a full disk) is not taken, or a crash loop would never trip the guard.
-            self.not_restarted = (f"could not restart the job: {exc.strerror or exc} "
-                                  f"({exc.filename or 'the run directory'}); free space there "
-                                  "and run the same command again")
             log.error("the job exited with %s and could not be restarted", code)
-            self.exit_code = code
-            self.finished.set()
+            self._end(RunOutcome(Ending.NOT_RESTARTED, code, (
+                f"could not restart the job: {exc.strerror or exc} "
+                f"({exc.filename or 'the run directory'}); free space there "
+                "and run the same command again")))
             return
-        if not outcome.taken and not self.controller.alive():
-            self.exit_code = code
-            self.finished.set()
+        if not restart.taken and not self.controller.alive():
+            self._end(RunOutcome(Ending.NOT_RESTARTED, code))
+
+    def _exit_verdict(self, pid: int, code: int) -> RunOutcome | None:
+        """The job's exit by itself, journaled (under the controller's lock), and how it ends
+        the supervision; None: a crash a restart may fix."""
+        if code in FINAL_EXIT_CODES:
+            self.controller.journal_exit(pid, code)
+            return (FINISHED if code == EXIT_OK
+                    else RunOutcome(Ending.REJECTED_INPUT, EXIT_USAGE))
+        # A job whose every rank said "finished" is not restarted for its exit code.
+        if self.controller.ranks_finished():
+            self.controller.journal_exit(pid, code, ranks_finished=True)
+            log.warning("the job exited with %s after every rank reported finished "
+                        "(a crash on the way out): not restarted", code)
+            return FINISHED
+        rejected = self.controller.rejected_input()
+        if rejected:
+            self.controller.journal_exit(pid, code, bad_input=rejected)
+            log.warning("the job exited with %s after %s: bad input, not restarted", code,
+                        rejected)
+            return RunOutcome(Ending.REJECTED_INPUT, EXIT_USAGE, rejected)
+        if not self.controller.ranks_reported():
+            self.controller.journal_exit(pid, code, launch_failed=True)
+            log.warning("the job exited with %s before any rank published its status: a "
+                        "launch failure, not restarted", code)
+            return RunOutcome(Ending.LAUNCH_FAILED, code)
+        self.controller.journal_exit(pid, code)
+        return None
 
     def _running_rejected_input(self) -> str | None:
         """A running job's rank that died on bad input, looked for at most
