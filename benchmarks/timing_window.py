@@ -30,8 +30,8 @@ import time
 import torch
 
 from trainwatch.contract.timing import SKETCH_BINS, SKETCH_LOW, SKETCH_WIDTH
-from trainwatch.trainer.telemetry import Telemetry
-from trainwatch.trainer.timing_exchange import local_sketch, sketch_of
+from trainwatch.rank.telemetry import Telemetry
+from trainwatch.rank.timing_exchange import local_sketch, sketch_of
 
 
 def window_ms(world: int, repeat: int, spread: bool) -> dict:

@@ -42,11 +42,11 @@ from trainwatch.integrations.sealed import newest_verified, seal
 from trainwatch.integrations.stopsignal import StopSignal
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.checkpoint_format import catalog
-from trainwatch.trainer.checkpoint import retention
-from trainwatch.trainer.checkpoint.checkpointer import EXIT_STOPPED
-from trainwatch.trainer.checkpoint.config import CheckpointConfig
+from trainwatch.rank.checkpoint import retention
+from trainwatch.rank.checkpoint.checkpointer import EXIT_STOPPED
+from trainwatch.rank.checkpoint.config import CheckpointConfig
 from trainwatch.checkpoint_format.manifest import step_dir_name
-from trainwatch.trainer.telemetry import Telemetry
+from trainwatch.rank.telemetry import Telemetry
 
 CHECKPOINT_FILE = "lightning.ckpt"
 log = logging.getLogger(__name__)

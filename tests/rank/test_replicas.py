@@ -8,8 +8,8 @@ import torch
 
 from trainwatch.agent.replicas import ReplicaJudge
 from trainwatch.contract.replicas import digests, suspects_label, vote
-from trainwatch.trainer.replicas import ReplicaCheck, bits_hex, digest, tensors_of
-from trainwatch.trainer.telemetry import Telemetry
+from trainwatch.rank.replicas import ReplicaCheck, bits_hex, digest, tensors_of
+from trainwatch.rank.telemetry import Telemetry
 
 
 def _model(seed=0, dtype=torch.float32):

@@ -12,13 +12,21 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch.distributed as dist
 
 from trainwatch.errors import ConfigError
-from trainwatch.trainer.data import ShardedBatches
 from trainwatch.rundir.run_dir import RunDir
+
+
+class Batches(Protocol):
+    """What a window's batches are dropped from: an iterator that tells its position
+    (the reference trainer's ``ShardedBatches``)."""
+
+    def __next__(self) -> Any: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -34,7 +42,7 @@ class SkipSteps:
     def __contains__(self, step: int) -> bool:
         return self.first <= step <= self.last
 
-    def drop(self, step: int, loader: ShardedBatches, batches: int, *, final: bool
+    def drop(self, step: int, loader: Batches, batches: int, *, final: bool
              ) -> dict[str, Any] | None:
         """Read and discard ``step``'s ``batches``; after the window's last step (or the
         run's), the ``data_skipped`` journal fields: steps, batches and data positions."""

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from trainwatch.trainer.telemetry import Telemetry
+    from trainwatch.rank.telemetry import Telemetry
 
 
 class Watch:

@@ -40,14 +40,14 @@ from trainwatch.contract.layout import rank_source
 from trainwatch.errors import ConfigError
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.checkpoint_format import catalog
-from trainwatch.trainer.checkpoint import resume as resume_mod, retention, rng
-from trainwatch.trainer.checkpoint.config import CheckpointConfig
+from trainwatch.rank.checkpoint import resume as resume_mod, retention, rng
+from trainwatch.rank.checkpoint.config import CheckpointConfig
 from trainwatch.checkpoint_format.manifest import verify
-from trainwatch.trainer.checkpoint.nonfinite import (NonFiniteHalt, nonfinite_flag,
+from trainwatch.rank.checkpoint.nonfinite import (NonFiniteHalt, nonfinite_flag,
                                                      nonfinite_state)
-from trainwatch.trainer.checkpoint.requests import Requests
-from trainwatch.trainer.checkpoint.snapshot import Handoff, HostSnapshot
-from trainwatch.trainer.checkpoint.writer import (CheckRefused, Payload, Written,
+from trainwatch.rank.checkpoint.requests import Requests
+from trainwatch.rank.checkpoint.snapshot import Handoff, HostSnapshot
+from trainwatch.rank.checkpoint.writer import (CheckRefused, Payload, Written,
                                                   copy_checkpoint, write_checkpoint)
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Crash-safe checkpoints and exact resume for the trainer (docs/checkpoints.md).
+"""Crash-safe checkpoints and exact resume for any loop (docs/checkpoints.md).
 
 The names below are imported on first use: readers of the checkpoint catalog (the
 alert controller deciding a rollback, diagnose, the CLI) must not pay for ``import

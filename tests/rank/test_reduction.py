@@ -14,10 +14,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from conftest import REPO, torchrun_env
 from trainwatch.errors import ConfigError
-from trainwatch.trainer import reduction
+from trainwatch.rank import reduction
 from trainwatch.trainer.faults import FaultInjector, parse_faults
-from trainwatch.trainer.reduction import ReductionCheck, verdict
-from trainwatch.trainer.telemetry import Telemetry
+from trainwatch.rank.reduction import ReductionCheck, verdict
+from trainwatch.rank.telemetry import Telemetry
 
 EPS32 = torch.finfo(torch.float32).eps
 

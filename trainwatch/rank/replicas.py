@@ -26,7 +26,7 @@ from typing import Any, Iterable
 
 import torch
 
-from trainwatch.trainer.config import TelemetryConfig
+from trainwatch.rank.config import TelemetryConfig
 
 # The reference trainer's default (``telemetry.replica_every``); its measured overhead is
 # in docs/sdc.md (benchmarks/replica_digest.py).

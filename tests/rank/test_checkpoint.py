@@ -17,13 +17,13 @@ from agent_helpers import wait_for
 
 from trainwatch.errors import ConfigError
 from trainwatch.rundir.run_dir import RunDir
-from trainwatch.trainer.checkpoint import (EXIT_STOPPED, CheckpointConfig, Checkpointer,
+from trainwatch.rank.checkpoint import (EXIT_STOPPED, CheckpointConfig, Checkpointer,
                                            NonFiniteHalt)
 from trainwatch.checkpoint_format import catalog
-from trainwatch.trainer.checkpoint import retention
-from trainwatch.trainer.checkpoint.digest import checkpoint_digest, state_digest
+from trainwatch.rank.checkpoint import retention
+from trainwatch.rank.checkpoint.digest import checkpoint_digest, state_digest
 from trainwatch.checkpoint_format.manifest import verify
-from trainwatch.trainer.checkpoint.snapshot import HostSnapshot
+from trainwatch.rank.checkpoint.snapshot import HostSnapshot
 
 
 class Counter:
@@ -264,7 +264,7 @@ def test_retention_never_prunes_newest_verified():
 
 
 def test_async_when_busy_skip_and_wait_are_journaled(tmp_path, monkeypatch):
-    from trainwatch.trainer.checkpoint import checkpointer as mod
+    from trainwatch.rank.checkpoint import checkpointer as mod
     real = mod.write_checkpoint
 
     def slow(*args, **kwargs):
@@ -314,7 +314,7 @@ def test_sigusr1_control_file_and_sigterm(tmp_path):
 
 
 def test_control_file_via_telemetry(tmp_path):
-    from trainwatch.trainer.telemetry import Telemetry
+    from trainwatch.rank.telemetry import Telemetry
     tel = Telemetry(tmp_path / "run", heartbeat_interval=0.05, exchange_every=0).start()
     ckpt = Checkpointer(CheckpointConfig(every_steps=0, mode="sync", fsync=False,
                                          save_final=False),
@@ -362,7 +362,7 @@ def test_config_errors_name_the_key():
 
 def cli(*args):
     from click.testing import CliRunner
-    from trainwatch.trainer.checkpoint.cli import checkpoint
+    from trainwatch.rank.checkpoint.cli import checkpoint
     return CliRunner().invoke(checkpoint, list(args))
 
 

@@ -9,10 +9,10 @@ import torch
 
 from conftest import tmpfs_mount
 from trainwatch.rundir.run_dir import RunDir
-from trainwatch.trainer.checkpoint import CheckpointConfig, Checkpointer
+from trainwatch.rank.checkpoint import CheckpointConfig, Checkpointer
 from trainwatch.checkpoint_format import catalog
 from trainwatch.checkpoint_format.manifest import verify
-from trainwatch.trainer.telemetry import Telemetry
+from trainwatch.rank.telemetry import Telemetry
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ import threading
 import torch
 import xxhash
 
-from trainwatch.trainer.checkpoint import writer
+from trainwatch.rank.checkpoint import writer
 from trainwatch.checkpoint_format.manifest import read_manifest, verify
-from trainwatch.trainer.checkpoint.writeback import start_writeback
-from trainwatch.trainer.checkpoint.writer import Payload, write_checkpoint
+from trainwatch.rank.checkpoint.writeback import start_writeback
+from trainwatch.rank.checkpoint.writer import Payload, write_checkpoint
 
 
 def _payload(step, model):

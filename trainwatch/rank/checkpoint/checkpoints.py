@@ -33,11 +33,11 @@ import torch.distributed as dist
 
 from trainwatch.contract.env import DEFAULT_RUN_DIR, RUN_DIR_ENV
 from trainwatch.rundir.run_dir import RunDir
-from trainwatch.trainer import telemetry as telemetry_mod
-from trainwatch.trainer.checkpoint.checkpointer import EXIT_STOPPED, Checkpointer
-from trainwatch.trainer.checkpoint.config import CheckpointConfig
-from trainwatch.trainer.checkpoint.resume import Restored
-from trainwatch.trainer.skips import SkipSteps, agree_skip_steps
+from trainwatch.rank import telemetry as telemetry_mod
+from trainwatch.rank.checkpoint.checkpointer import EXIT_STOPPED, Checkpointer
+from trainwatch.rank.checkpoint.config import CheckpointConfig
+from trainwatch.rank.checkpoint.resume import Restored
+from trainwatch.rank.skips import SkipSteps, agree_skip_steps
 
 log = logging.getLogger(__name__)
 

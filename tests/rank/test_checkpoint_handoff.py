@@ -10,10 +10,10 @@ import torch
 
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.checkpoint_format import catalog
-from trainwatch.trainer.checkpoint import CheckpointConfig, Checkpointer
+from trainwatch.rank.checkpoint import CheckpointConfig, Checkpointer
 from trainwatch.checkpoint_format.manifest import verify
-from trainwatch.trainer.checkpoint.nonfinite import nonfinite_state
-from trainwatch.trainer.checkpoint.snapshot import HostSnapshot
+from trainwatch.rank.checkpoint.nonfinite import nonfinite_state
+from trainwatch.rank.checkpoint.snapshot import HostSnapshot
 
 
 def _checkpointer(tmp_path, **cfg):
@@ -206,7 +206,7 @@ def test_the_saved_state_is_the_state_at_the_save_step_whatever_the_loop_does_ne
     """maybe_save returns only once the state is copied: the loop may then change every
     weight and moment in place (here before the writer is even let go)."""
     from trainwatch import Checkpoints
-    from trainwatch.trainer.checkpoint import checkpointer as checkpointer_mod
+    from trainwatch.rank.checkpoint import checkpointer as checkpointer_mod
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 512))

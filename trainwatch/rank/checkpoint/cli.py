@@ -138,7 +138,7 @@ def digest_cmd(run: RunDir, as_json: bool) -> None:
                               f"`trainwatch checkpoint verify {folder}` says why)"
                               if candidates else "no complete checkpoints here", file=str(folder))
         chosen = verified
-    from trainwatch.trainer.checkpoint.digest import checkpoint_digest  # imports torch
+    from trainwatch.rank.checkpoint.digest import checkpoint_digest  # imports torch
 
     try:
         value = checkpoint_digest(chosen)

@@ -23,7 +23,7 @@ from trainwatch.contract.states import BAD_INPUT, ERROR, FAILED
 from trainwatch.errors import ConfigError
 
 if TYPE_CHECKING:
-    from trainwatch.trainer.telemetry import Telemetry
+    from trainwatch.rank.telemetry import Telemetry
 
 
 def install(tel: "Telemetry") -> None:

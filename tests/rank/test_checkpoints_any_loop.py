@@ -13,7 +13,7 @@ import torch
 
 from trainwatch import Checkpoints, Telemetry
 from trainwatch.rundir.run_dir import RunDir
-from trainwatch.trainer.checkpoint import EXIT_STOPPED
+from trainwatch.rank.checkpoint import EXIT_STOPPED
 from trainwatch.checkpoint_format.catalog import complete
 
 

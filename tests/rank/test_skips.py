@@ -14,7 +14,7 @@ from trainwatch.errors import ConfigError
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.rundir.jsonl import read_jsonl
 from trainwatch.trainer.data import ShardedBatches
-from trainwatch.trainer.skips import SkipSteps, read_skip_steps
+from trainwatch.rank.skips import SkipSteps, read_skip_steps
 
 
 def test_bad_skip_requests_name_the_file_and_key(tmp_path):

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from trainwatch.trainer.checkpoint import rng
+from trainwatch.rank.checkpoint import rng
 from trainwatch.checkpoint_format.catalog import scan
 from trainwatch.checkpoint_format.compat import check_compatible  # noqa: F401 - resume's API
 from trainwatch.checkpoint_format.manifest import Verification, rank_file_name, verify

@@ -12,8 +12,8 @@ from agent_helpers import wait_for
 from conftest import run_torchrun
 from trainwatch.contract.timing import median_without
 from trainwatch.rundir.run_dir import RunDir
-from trainwatch.trainer.telemetry import Telemetry
-from trainwatch.trainer.timing_exchange import sketch_of
+from trainwatch.rank.telemetry import Telemetry
+from trainwatch.rank.timing_exchange import sketch_of
 
 
 def test_plain_ddp_loop_publishes_the_contract(tmp_path, repo):

@@ -13,7 +13,7 @@ import weakref
 import psutil
 import torch
 
-from trainwatch.trainer.telemetry import Telemetry
+from trainwatch.rank.telemetry import Telemetry
 
 
 def test_recorded_cpu_tensors_are_not_held_until_the_flush(tmp_path):

@@ -15,7 +15,7 @@ from agent_helpers import wait_for
 from conftest import torchrun_env
 from trainwatch.rundir.beat import beat_path, read_beat
 from trainwatch.rundir.run_dir import RunDir
-from trainwatch.trainer.telemetry import Telemetry
+from trainwatch.rank.telemetry import Telemetry
 
 HERE = Path(__file__).parent
 

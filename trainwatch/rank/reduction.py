@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from trainwatch.errors import ConfigError
-from trainwatch.trainer.config import TelemetryConfig
+from trainwatch.rank.config import TelemetryConfig
 
 # The reference trainer's default (``telemetry.reduction_every``); its measured overhead
 # is in docs/sdc.md (benchmarks/reduction_checksum.py).

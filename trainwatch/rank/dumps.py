@@ -26,7 +26,7 @@ from trainwatch.contract.layout import CONTROL_DUMP, DUMP_FORMAT, FORMAT_VERSION
 from trainwatch.rundir.atomic import atomic_write_json
 
 if TYPE_CHECKING:
-    from trainwatch.trainer.telemetry import Telemetry
+    from trainwatch.rank.telemetry import Telemetry
 
 MAX_FRAMES = 40
 # Flight-recorder fields worth keeping (frames are trimmed; tensors never appear).

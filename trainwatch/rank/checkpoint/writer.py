@@ -31,7 +31,7 @@ import torch
 from trainwatch import __version__
 from trainwatch.contract.layout import WEIGHTS_CONFIG_DIGEST_KEY
 from trainwatch.rundir.atomic import fsync_dir, fsync_file
-from trainwatch.trainer.checkpoint.writeback import start_writeback
+from trainwatch.rank.checkpoint.writeback import start_writeback
 from trainwatch.checkpoint_format.manifest import (DIGEST, FORMAT, FORMAT_VERSION, HASH_CHUNK,
                                                     MANIFEST, digest_algorithm, new_digest,
                                                     rank_file_name, step_dir_name)

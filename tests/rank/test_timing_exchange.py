@@ -15,7 +15,7 @@ from trainwatch.rundir.beat import beat_path, read_beat, window_timing
 from trainwatch.contract.timing import (SKETCH_BINS, job_window, median_without, sketch_bin,
                                         standing, summarize, summarize_bins, valid_summary)
 from trainwatch.rundir.run_dir import RunDir
-from trainwatch.trainer.timing_exchange import job_summary, local_sketch, sketch_of
+from trainwatch.rank.timing_exchange import job_summary, local_sketch, sketch_of
 
 ERROR = 0.00502  # a bin's mean is within e^0.005 - 1 = 0.501 % of each of its values
 

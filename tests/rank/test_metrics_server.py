@@ -7,8 +7,8 @@ import urllib.request
 import torch
 
 from trainwatch.contract.metrics import METRICS
-from trainwatch.trainer.metrics_server import MetricsServer
-from trainwatch.trainer.telemetry import Telemetry
+from trainwatch.rank.metrics_server import MetricsServer
+from trainwatch.rank.telemetry import Telemetry
 
 
 def scrape(port):

@@ -36,7 +36,7 @@ def launch(launch_train):
 def digest(run_dir):
     """What `trainwatch checkpoint digest RUN_DIR --json` prints (in-process: no torch start-up)."""
     from click.testing import CliRunner
-    from trainwatch.trainer.checkpoint.cli import checkpoint
+    from trainwatch.rank.checkpoint.cli import checkpoint
     done = CliRunner().invoke(checkpoint, ["digest", "--json", str(run_dir)])
     assert done.exit_code == 0, done.output
     return json.loads(done.output)

@@ -19,7 +19,7 @@ from trainwatch.contract.metrics import (COUNTER_FIELD_METRICS, EVAL_FIELD_METRI
                                           PHASE_SECONDS_FIELD, PHASE_TIME_METRIC, RUN_RANK,
                                           STATUS_FIELD_METRICS, STEP_FIELD_METRICS)
 from trainwatch.contract.ports import LOOPBACK
-from trainwatch.trainer.telemetry import Telemetry
+from trainwatch.rank.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
