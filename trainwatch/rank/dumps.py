@@ -20,13 +20,10 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 from trainwatch.contract.layout import CONTROL_DUMP, DUMP_FORMAT, FORMAT_VERSION
 from trainwatch.rundir.atomic import atomic_write_json
-
-if TYPE_CHECKING:
-    from trainwatch.rank.telemetry import Telemetry
 
 MAX_FRAMES = 40
 # Flight-recorder fields worth keeping (frames are trimmed; tensors never appear).
@@ -36,33 +33,36 @@ _FR_ENTRY_FIELDS = ("record_id", "pg_id", "process_group", "collective_seq_id", 
                     "is_p2p", "timeout_ms", "thread_name")
 
 
-def install(tel: "Telemetry") -> None:
-    """Answer ``control/dump`` requests from this rank's telemetry thread."""
+def install(on_control: Callable[[str, Callable[[Path], None]], None], *, rank: int,
+            dump_file: Path, snapshot: Callable[[], dict[str, Any]],
+            event: Callable[..., None]) -> None:
+    """Answer ``control/dump`` requests from this rank's telemetry thread (``on_control``
+    registers the handler; ``snapshot`` is a copy of the rank's status, ``event`` journals)."""
     def answer(request: Path) -> None:
-        write_dump(tel, request)
+        write_dump(request, rank=rank, dump_file=dump_file, snapshot=snapshot, event=event)
 
-    tel.on_control(CONTROL_DUMP, answer)
+    on_control(CONTROL_DUMP, answer)
 
 
-def write_dump(tel: "Telemetry", request: Path) -> Path:
+def write_dump(request: Path, *, rank: int, dump_file: Path,
+               snapshot: Callable[[], dict[str, Any]], event: Callable[..., None]) -> Path:
     """Write this rank's stacks and flight-recorder trace; the request file's text is echoed."""
     try:
         request_id = request.read_text().strip()[:100]
     except OSError:
         request_id = ""
-    with tel._lock:
-        status = {k: tel.state.get(k) for k in ("step", "phase", "phase_since", "state")}
+    state = snapshot()
+    status = {k: state.get(k) for k in ("step", "phase", "phase_since", "state")}
     record: dict[str, Any] = {
-        "format": DUMP_FORMAT, "version": FORMAT_VERSION, "rank": tel.rank,
+        "format": DUMP_FORMAT, "version": FORMAT_VERSION, "rank": rank,
         "pid": os.getpid(), "request": request_id, "time": time.time(), **status,
         "threads": thread_stacks(), "flight_recorder": None, "flight_recorder_error": None,
     }
     record["flight_recorder"], record["flight_recorder_error"] = flight_recorder_trace()
-    path = tel.run.dump_file(tel.rank)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, record, durable=False)
-    tel.event("diagnostics_dumped", request=request_id, path=str(path))
-    return path
+    dump_file.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(dump_file, record, durable=False)
+    event("diagnostics_dumped", request=request_id, path=str(dump_file))
+    return dump_file
 
 
 def thread_stacks() -> list[dict[str, Any]]:

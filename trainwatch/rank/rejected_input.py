@@ -17,16 +17,26 @@ before it prints the traceback as always.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from trainwatch.contract.states import BAD_INPUT, ERROR, FAILED
 from trainwatch.errors import ConfigError
 
-if TYPE_CHECKING:
-    from trainwatch.rank.telemetry import Telemetry
+
+class Closable(Protocol):
+    """What the hook needs of the rank's telemetry."""
+
+    @property
+    def running(self) -> bool: ...
+
+    def close(self, state: str = ..., *, failure: dict[str, Any] | None = None) -> None: ...
+
+    def event(self, event: str, **fields: Any) -> None: ...
+
+    def publish_now(self) -> None: ...
 
 
-def install(tel: "Telemetry") -> None:
+def install(tel: Closable) -> None:
     previous = sys.excepthook
 
     def hook(exc_type: Any, exc: Any, tb: Any) -> None:

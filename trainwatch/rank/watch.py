@@ -17,20 +17,19 @@ on a GPU each phase is timed with CUDA events like the blocks. Values go in with
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from trainwatch.rank.telemetry import Telemetry
+from trainwatch.rank.recorder import LoopRecorder
 
 
 class Watch:
     """The hooks on one model and optimizer; ``remove()`` takes them off."""
 
-    def __init__(self, tel: "Telemetry", model: torch.nn.Module,
+    def __init__(self, loop: LoopRecorder, model: torch.nn.Module,
                  optimizer: torch.optim.Optimizer, first_step: int = 0):
-        self.tel = tel
+        self.loop = loop
         self.next_step = first_step
         self.open = False
         self.values: dict[str, Any] = {}
@@ -68,14 +67,14 @@ class Watch:
         if not self.open:
             return
         self._switch(None)
-        tel = self.tel
+        loop = self.loop
         now = time.perf_counter_ns()
         # Sealed when the next step begins (or at a save, a skip, close): values the loop
         # records right after optimizer.step() still belong to this step.
-        self._ended = (self.next_step, (tel._step_start_ns, now, tel._step_phase_ns,
-                                        tel._step_cuda_events))
-        tel._step_phase_ns, tel._step_cuda_events = {}, {}
-        tel._phase = ("idle", now)
+        self._ended = (self.next_step, (loop.step_start_ns, now, loop.step_phase_ns,
+                                        loop.step_cuda_events))
+        loop.step_phase_ns, loop.step_cuda_events = {}, {}
+        loop.phase_now = ("idle", now)
         self.open = False
         self.next_step += 1
 
@@ -85,36 +84,36 @@ class Watch:
         if ended is not None:
             self._ended = None
             values, self.values = self.values, {}
-            self.tel._end_step(ended[0], values, ended[1])
+            self.loop.end_step(ended[0], values, ended[1])
 
     # ------------------------------------------------------------------ internals
     def _begin(self) -> None:
         self.seal()
-        tel = self.tel
+        loop = self.loop
         # The data phase the loop timed just before this step belongs to it.
-        data_ns = tel._step_phase_ns.get("data", 0)
-        tel._begin_step(self.next_step)
+        data_ns = loop.step_phase_ns.get("data", 0)
+        loop.begin_step(self.next_step)
         if data_ns:
-            tel._step_start_ns -= data_ns
-            tel._step_phase_ns["data"] = data_ns
+            loop.step_start_ns -= data_ns
+            loop.step_phase_ns["data"] = data_ns
         self.open = True
 
     def _switch(self, name: str | None) -> None:
-        tel = self.tel
+        loop = self.loop
         now = time.perf_counter_ns()
         current = self._phase
         if current is not None:
-            phases = tel._step_phase_ns
+            phases = loop.step_phase_ns
             phases[current[0]] = phases.get(current[0], 0) + now - current[1]
             if current[2] is not None:
-                tel._guard(lambda: tel._cuda_event_pair_end(current[0], current[2]))
+                loop.guard(lambda: loop.cuda_event_pair_end(current[0], current[2]))
         if name is None:
             self._phase = None
-            tel._phase = ("step", now)
+            loop.phase_now = ("step", now)
             return
-        cuda_start = tel._guard(tel._cuda_event_pair_start) if tel.is_cuda else None
+        cuda_start = loop.guard(loop.cuda_event_pair_start) if loop.is_cuda else None
         self._phase = (name, now, cuda_start)
-        tel._phase = (name, now)
+        loop.phase_now = (name, now)
 
 
 class NoWatch:
