@@ -41,6 +41,7 @@ from trainwatch.errors import ConfigError
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.checkpoint_format import catalog
 from trainwatch.rank.checkpoint import resume as resume_mod, retention, rng
+from trainwatch.rank.checkpoint.cadence import interval_due
 from trainwatch.rank.checkpoint.config import CheckpointConfig
 from trainwatch.checkpoint_format.manifest import verify
 from trainwatch.rank.checkpoint.nonfinite import (NonFiniteHalt, nonfinite_flag,
@@ -224,7 +225,7 @@ class Checkpointer:
         else:
             _, save, stop, sources = self._agree(step - 1, None)
         self._agreed = None
-        interval = self.cfg.every_steps and step % self.cfg.every_steps == 0
+        interval = interval_due(step, self.cfg.every_steps)
         if (save or stop) and (self.rank == 0 or sources):
             # Rank 0 records the step all ranks agreed on; a rank that got the request
             # itself (a signal to one process) records where it came from.
