@@ -50,7 +50,7 @@ def window_ms(world: int, repeat: int, spread: bool) -> dict:
         tel = Telemetry(tmp, rank=world - 1, world_size=world, exchange_every=0)
         tel.run.create()
         for i, (mine, summed) in enumerate(windows):
-            started = time.perf_counter()  # the loop's part, as _exchange_timings does
+            started = time.perf_counter()  # the loop's part, as WindowExchange.exchange does
             share = local_sketch(world - 1, mine)
             loop.append((time.perf_counter() - started) * 1000)
             sent = sum(t.numel() * t.element_size() for t in share)
