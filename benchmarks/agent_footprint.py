@@ -114,8 +114,8 @@ def scoring_ms(n: int, reps: int = 50) -> float:
 
 def status_bytes(world: int) -> int:
     """Size of a rank's status file after a timing window of ``world`` ranks."""
-    from trainwatch.trainer.telemetry import Telemetry
-    from trainwatch.trainer.timing_exchange import sketch_of
+    from trainwatch.rank.telemetry import Telemetry
+    from trainwatch.rank.timing_exchange import sketch_of
     rng = random.Random(2)
     with tempfile.TemporaryDirectory() as tmp:
         tel = Telemetry(tmp, rank=world - 1, world_size=world, exchange_every=0)

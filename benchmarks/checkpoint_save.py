@@ -45,9 +45,9 @@ from typing import Any, Callable
 
 import torch
 
-from trainwatch.trainer.checkpoint import CheckpointConfig
+from trainwatch.rank.checkpoint import CheckpointConfig
 from trainwatch.checkpoint_format.catalog import scan
-from trainwatch.trainer.checkpoint.checkpoints import Checkpoints
+from trainwatch.rank.checkpoint.checkpoints import Checkpoints
 from trainwatch.checkpoint_format.manifest import verify
 from trainwatch.rundir.atomic import fsync_file
 

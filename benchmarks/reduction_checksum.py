@@ -39,7 +39,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainwatch.trainer.config import load_config
 from trainwatch.trainer.data import ensure_default_dataset, load_dataset
-from trainwatch.trainer.reduction import DEFAULT_EVERY, ReductionCheck
+from trainwatch.rank.reduction import DEFAULT_EVERY, ReductionCheck
 from trainwatch.trainer.train import Ranks, build_training_state
 
 

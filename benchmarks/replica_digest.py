@@ -26,7 +26,7 @@ import torch
 
 from trainwatch.trainer.config import load_config
 from trainwatch.trainer.data import ensure_default_dataset, load_dataset
-from trainwatch.trainer.replicas import DEFAULT_EVERY, ReplicaCheck
+from trainwatch.rank.replicas import DEFAULT_EVERY, ReplicaCheck
 from trainwatch.trainer.train import Ranks, build_training_state
 
 

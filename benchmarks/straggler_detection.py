@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 from trainwatch.agent.config import STRAGGLER_DEFAULTS  # noqa: E402
 from trainwatch.agent.straggler import JobStragglers  # noqa: E402
 from trainwatch.contract.timing import summarize  # noqa: E402
-from trainwatch.trainer.telemetry import Telemetry  # noqa: E402
+from trainwatch.rank.telemetry import Telemetry  # noqa: E402
 
 DEFAULT_WINDOW = inspect.signature(Telemetry).parameters["exchange_every"].default
 

@@ -27,7 +27,7 @@ def child(steps: int, run_dir: str, enabled: bool, interval: float) -> None:
     import psutil
 
     from telemetry_whole import plain_model, plain_steps
-    from trainwatch.trainer.telemetry import Telemetry
+    from trainwatch.rank.telemetry import Telemetry
 
     model, opt = plain_model()
     tel = Telemetry(run_dir, enabled=enabled, heartbeat_interval=interval,

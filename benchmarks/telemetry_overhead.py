@@ -50,7 +50,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainwatch.trainer.config import load_config
 from trainwatch.trainer.data import ensure_default_dataset, load_dataset
-from trainwatch.trainer.telemetry import Telemetry
+from trainwatch.rank.telemetry import Telemetry
 from trainwatch.trainer.train import autocast, build_training_state, setup_process_group
 
 

@@ -69,7 +69,7 @@ def plain_steps(tel, model, opt, steps: int) -> None:
 
 def plain_child(steps: int, run_dir: str, enabled: bool) -> None:
     """The plain loop (run in a child process)."""
-    from trainwatch.trainer.telemetry import Telemetry
+    from trainwatch.rank.telemetry import Telemetry
 
     model, opt = plain_model()
     tel = Telemetry(run_dir, enabled=enabled).start()

@@ -30,8 +30,8 @@ import time
 import torch
 
 from trainwatch.contract.timing import SKETCH_BINS, SKETCH_LOW, SKETCH_WIDTH
-from trainwatch.trainer.telemetry import Telemetry
-from trainwatch.trainer.timing_exchange import local_sketch, sketch_of
+from trainwatch.rank.telemetry import Telemetry
+from trainwatch.rank.timing_exchange import local_sketch, sketch_of
 
 
 def window_ms(world: int, repeat: int, spread: bool) -> dict:
@@ -50,7 +50,7 @@ def window_ms(world: int, repeat: int, spread: bool) -> dict:
         tel = Telemetry(tmp, rank=world - 1, world_size=world, exchange_every=0)
         tel.run.create()
         for i, (mine, summed) in enumerate(windows):
-            started = time.perf_counter()  # the loop's part, as _exchange_timings does
+            started = time.perf_counter()  # the loop's part, as WindowExchange.exchange does
             share = local_sketch(world - 1, mine)
             loop.append((time.perf_counter() - started) * 1000)
             sent = sum(t.numel() * t.element_size() for t in share)

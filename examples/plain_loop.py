@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainwatch.trainer.telemetry import Telemetry  # trainwatch
+from trainwatch.rank.telemetry import Telemetry  # trainwatch
 
 
 def main(run_dir: str, steps: int) -> None:

@@ -10,8 +10,8 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_EXPORTS = {"Telemetry": "trainwatch.trainer.telemetry",
-            "Checkpoints": "trainwatch.trainer.checkpoint.checkpoints"}
+_EXPORTS = {"Telemetry": "trainwatch.rank.telemetry",
+            "Checkpoints": "trainwatch.rank.checkpoint.checkpoints"}
 __all__ = ["__version__", *sorted(_EXPORTS)]
 
 

@@ -25,7 +25,7 @@ COMMANDS = {
                "Run the per-node agent: health collectors, stall and straggler detection."),
     "close": ("trainwatch.control.close:close",
                "End a run whose job is gone (a node rebooted): it pages nobody until restarted."),
-    "checkpoint": ("trainwatch.trainer.checkpoint.cli:checkpoint",
+    "checkpoint": ("trainwatch.rank.checkpoint.cli:checkpoint",
                     "List, verify and compare checkpoints (digest of the weights)."),
     "data": ("trainwatch.trainer.cli:data", "Prepare and inspect token datasets."),
     "diagnose": ("trainwatch.diagnose.cli:diagnose",

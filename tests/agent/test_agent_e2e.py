@@ -34,7 +34,7 @@ def job(tmp_path):
 @pytest.fixture
 def job4(tmp_path):
     """The same with 4 ranks and 50 ms steps, in timing windows of the telemetry's default."""
-    from trainwatch.trainer.telemetry import Telemetry
+    from trainwatch.rank.telemetry import Telemetry
     window = inspect.signature(Telemetry).parameters["exchange_every"].default
     yield from _job(tmp_path, 4, TW_STEP_SLEEP="0.05", TW_SLOW_EXTRA="0.015",
                     TW_EXCHANGE_EVERY=str(window))

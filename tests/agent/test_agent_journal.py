@@ -286,7 +286,7 @@ def test_events_from_the_real_writers(tmp_path):
     from trainwatch.control.controller import JobController
     from trainwatch.alerts.engine import Alert
     from trainwatch.alerts.notify import JournalNotifier
-    from trainwatch.trainer.checkpoint import CheckpointConfig, Checkpointer
+    from trainwatch.rank.checkpoint import CheckpointConfig, Checkpointer
 
     run = RunDir(tmp_path / "run").create()
     rule = next(r for r in load_rules().rules if r.name == "TrainingStalled")

@@ -12,8 +12,8 @@ from trainwatch.agent.config import STRAGGLER_DEFAULTS
 from trainwatch.agent.straggler import VERDICT_WINDOWS, JobStragglers, score
 from trainwatch.contract.timing import job_window, own_local_seconds, recent_standing, summarize
 from trainwatch.rundir.run_dir import RunDir
-from trainwatch.trainer.telemetry import Telemetry
-from trainwatch.trainer.timing_exchange import sketch_of
+from trainwatch.rank.telemetry import Telemetry
+from trainwatch.rank.timing_exchange import sketch_of
 
 
 def status_timing(step, values, rank, window_steps=5):

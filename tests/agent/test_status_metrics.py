@@ -8,7 +8,7 @@ from trainwatch.rundir.beat import merge_beat
 from trainwatch.contract.metrics import (COUNTER_FIELD_METRICS, EVAL_FIELD_METRICS, METRICS,
                                          PHASE_SECONDS_FIELD, PHASE_TIME_METRIC,
                                          STATUS_FIELD_METRICS, STEP_FIELD_METRICS)
-from trainwatch.trainer.metrics_server import TelemetryCollector
+from trainwatch.rank.metrics_server import TelemetryCollector
 
 LABELS = {"run": "exp", "node": "n0", "rank": "0", "local_rank": "0"}
 

@@ -318,7 +318,7 @@ def test_rollback_quarantines_the_configured_dir_and_the_mirror_too(tmp_path):
     the bad one stays anywhere resume looks, so resume takes the one before it."""
     import torch
 
-    from trainwatch.trainer.checkpoint import CheckpointConfig, Checkpointer
+    from trainwatch.rank.checkpoint import CheckpointConfig, Checkpointer
 
     run = RunDir(tmp_path / "exp1").create()
     mirror = tmp_path / "other-disk" / "mirror"

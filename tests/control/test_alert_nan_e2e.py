@@ -20,7 +20,7 @@ from control_helpers import _finish, _run
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     importlib.util.find_spec("trainwatch.agent.daemon") is None
-    or importlib.util.find_spec("trainwatch.trainer.checkpoint") is None,
+    or importlib.util.find_spec("trainwatch.rank.checkpoint") is None,
     reason="needs the agent and the checkpoint library")]
 
 

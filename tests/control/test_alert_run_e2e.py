@@ -22,7 +22,7 @@ from trainwatch.rundir.run_dir import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     importlib.util.find_spec("trainwatch.agent.daemon") is None
-    or importlib.util.find_spec("trainwatch.trainer.checkpoint") is None,
+    or importlib.util.find_spec("trainwatch.rank.checkpoint") is None,
     reason="needs the agent and the checkpoint library")]
 
 

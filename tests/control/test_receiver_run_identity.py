@@ -81,7 +81,7 @@ def test_the_receiver_names_its_run_as_run_json_does(tmp_path, receiver_in, monk
 
 def test_the_launcher_and_telemetry_keep_the_name_run_json_has(tmp_path, monkeypatch):
     from trainwatch.trainer.launcher import LaunchSpec
-    from trainwatch.trainer.telemetry import Telemetry
+    from trainwatch.rank.telemetry import Telemetry
     run = RunDir(tmp_path / "slurm-202").create()
     monkeypatch.setenv(JOB_ENV, "expB-202")
     assert LaunchSpec(run.root, 1).job == "expB-202"  # no run.json: the environment's

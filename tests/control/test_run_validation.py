@@ -127,7 +127,7 @@ def test_checkpoints_of_which_none_verifies_are_refused_not_trained_over(tmp_pat
     other; the launch must not start over from step 0 (exit 2, naming the folder)."""
     import torch
 
-    from trainwatch.trainer.checkpoint import CheckpointConfig, Checkpointer
+    from trainwatch.rank.checkpoint import CheckpointConfig, Checkpointer
     folder = used_run_dir / "checkpoints"
     model = torch.nn.Linear(8, 8)
     ckpt = Checkpointer(CheckpointConfig(dir=str(folder), mode="sync", every_steps=1,

@@ -220,7 +220,7 @@ def test_checkpoint_digest_tells_no_checkpoints_from_none_that_verifies(tmp_path
     """Both used to say "no checkpoint here verifies"; the empty folder is a wrong path."""
     empty = tw("checkpoint", "digest", str(tmp_path))
     assert empty.returncode == 2 and "no complete checkpoints here" in empty.stderr
-    from trainwatch.trainer.checkpoint import CheckpointConfig, Checkpointer
+    from trainwatch.rank.checkpoint import CheckpointConfig, Checkpointer
     ckpt = Checkpointer(CheckpointConfig(every_steps=1, mode="sync", fsync=False),
                         tmp_path, rank=0, world_size=1).start()
     ckpt.after_step(1, lambda: {"model": {"w": __import__("torch").ones(4)}})

@@ -277,7 +277,7 @@ def test_checkpoint_commands_read_any_manifest(tmp_path_factory, manifest):
     """A checkpoint folder whose manifest.json holds any bytes: list, verify and digest
     report it (0/1) or name it (2), never a traceback."""
     from click.testing import CliRunner
-    from trainwatch.trainer.checkpoint.cli import checkpoint
+    from trainwatch.rank.checkpoint.cli import checkpoint
     folder = tmp_path_factory.mktemp("ckpt")
     step = folder / "step-00000010"
     step.mkdir()

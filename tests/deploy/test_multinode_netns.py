@@ -134,7 +134,7 @@ def finish(procs: list[subprocess.Popen], cluster: Cluster, timeout: float = 150
 def digest(run_dir: Path) -> dict:
     """What `trainwatch checkpoint digest RUN_DIR --json` prints (in-process)."""
     from click.testing import CliRunner
-    from trainwatch.trainer.checkpoint.cli import checkpoint
+    from trainwatch.rank.checkpoint.cli import checkpoint
     done = CliRunner().invoke(checkpoint, ["digest", "--json", str(run_dir)])
     assert done.exit_code == 0, done.output
     return json.loads(done.output)

@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from trainwatch.trainer.checkpoint.config import CheckpointConfig
+from trainwatch.rank.checkpoint.config import CheckpointConfig
 
 
 def test_lightning_callback_checkpoints_by_default_and_warns_at_0(tmp_path, caplog):

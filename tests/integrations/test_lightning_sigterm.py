@@ -20,7 +20,7 @@ from agent_helpers import wait_for
 from conftest import kill_tree
 from trainwatch.checkpoint_format.manifest import verify
 from trainwatch.rundir.run_dir import RunDir
-from trainwatch.trainer.checkpoint.checkpointer import EXIT_STOPPED
+from trainwatch.rank.checkpoint.checkpointer import EXIT_STOPPED
 
 pytestmark = pytest.mark.slow
 JOB = Path(__file__).resolve().parent.parent / "jobs" / "lightning_job.py"

@@ -7,7 +7,7 @@ import signal
 import time
 
 from trainwatch.integrations import stopsignal
-from trainwatch.trainer.checkpoint import requests
+from trainwatch.rank.checkpoint import requests
 
 
 def test_a_repeated_sigterm_is_the_same_stop_a_later_one_kills(monkeypatch):

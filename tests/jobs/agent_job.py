@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainwatch.trainer.telemetry import Telemetry
+from trainwatch.rank.telemetry import Telemetry
 
 run_dir = sys.argv[1]
 max_steps = int(sys.argv[2]) if len(sys.argv) > 2 else 100000

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainwatch.trainer.checkpoint import CheckpointConfig, Checkpointer
+from trainwatch.rank.checkpoint import CheckpointConfig, Checkpointer
 
 run_dir = Path(sys.argv[1])
 dist.init_process_group("gloo")

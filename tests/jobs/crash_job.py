@@ -11,7 +11,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from trainwatch.trainer.telemetry import Telemetry
+from trainwatch.rank.telemetry import Telemetry
 
 CRASH_STEP = 30
 

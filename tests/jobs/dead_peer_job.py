@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from trainwatch.rundir.beat import beat_path, read_beat
-from trainwatch.trainer.telemetry import Telemetry
+from trainwatch.rank.telemetry import Telemetry
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
-from trainwatch.trainer.telemetry import Telemetry
+from trainwatch.rank.telemetry import Telemetry
 
 run_dir, steps = Path(sys.argv[1]), int(sys.argv[2])
 FAULT = os.environ.get("FAULT", "")

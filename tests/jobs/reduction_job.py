@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainwatch.trainer.faults import FaultInjector
-from trainwatch.trainer.telemetry import Telemetry
+from trainwatch.rank.telemetry import Telemetry
 
 run_dir, steps, every, dtype = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 dist.init_process_group("gloo")

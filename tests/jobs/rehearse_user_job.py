@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainwatch.trainer.checkpoint import Checkpointer
-from trainwatch.trainer.checkpoint.config import CheckpointConfig
-from trainwatch.trainer.telemetry import Telemetry
+from trainwatch.rank.checkpoint import Checkpointer
+from trainwatch.rank.checkpoint.config import CheckpointConfig
+from trainwatch.rank.telemetry import Telemetry
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--lr", type=float, required=True)

@@ -11,7 +11,7 @@ import time
 
 import torch.distributed as dist
 
-from trainwatch.trainer.telemetry import Telemetry
+from trainwatch.rank.telemetry import Telemetry
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()

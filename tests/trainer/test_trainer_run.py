@@ -233,7 +233,7 @@ def test_an_incompatible_checkpoint_is_refused_before_anything_starts(
     the reason once per rank and attempt under its own traceback."""
     import torch
 
-    from trainwatch.trainer.checkpoint import Checkpointer, CheckpointConfig
+    from trainwatch.rank.checkpoint import Checkpointer, CheckpointConfig
     from trainwatch.trainer.config import load_config
 
     run_dir = tmp_path / "run"

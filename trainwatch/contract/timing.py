@@ -3,7 +3,7 @@
 Every ``exchange_every`` steps the ranks sum a fixed-size *sketch* of their mean per-step
 *local* time (time outside collective phases): per bin of ``SKETCH_BINS`` log-spaced bins,
 each ``SKETCH_WIDTH`` wide in log seconds (0.5 %), how many ranks' values fall in it and
-their sum (``trainwatch.trainer.timing_exchange``), so a rank's work and bytes per window
+their sum (``trainwatch.rank.timing_exchange``), so a rank's work and bytes per window
 do not depend on the world size. Each rank's status keeps its own means plus a summary
 read off the summed sketch: the count, median, MAD, exact extremes and the sorted values
 around the median (``middle``, starting at index ``middle_from`` of the sorted list), each

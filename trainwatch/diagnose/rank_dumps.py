@@ -1,7 +1,7 @@
 """Ask every rank for a dump (control/dump) and collect the fresh answers.
 
 Each rank's telemetry thread answers with diagnostics/dump-rank-NNNNN.json
-(trainwatch/trainer/dumps.py), echoing the request id, so a dump from an
+(trainwatch/rank/dumps.py), echoing the request id, so a dump from an
 earlier request is never mistaken for the present state.
 """
 

@@ -42,11 +42,12 @@ from trainwatch.integrations.sealed import newest_verified, seal
 from trainwatch.integrations.stopsignal import StopSignal
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.checkpoint_format import catalog
-from trainwatch.trainer.checkpoint import retention
-from trainwatch.trainer.checkpoint.checkpointer import EXIT_STOPPED
-from trainwatch.trainer.checkpoint.config import CheckpointConfig
+from trainwatch.rank.checkpoint import retention
+from trainwatch.rank.checkpoint.cadence import interval_due
+from trainwatch.rank.checkpoint.checkpointer import EXIT_STOPPED
+from trainwatch.rank.checkpoint.config import CheckpointConfig
 from trainwatch.checkpoint_format.manifest import step_dir_name
-from trainwatch.trainer.telemetry import Telemetry
+from trainwatch.rank.telemetry import Telemetry
 
 CHECKPOINT_FILE = "lightning.ckpt"
 log = logging.getLogger(__name__)
@@ -216,7 +217,7 @@ class TrainwatchCallback(Callback):
             requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
             if requested:  # the same on every rank: all of them take this second vote
                 stopping = trainer.strategy.reduce_boolean_decision(stopping, all=False)
-        due = stepped and self.every_steps and step % self.every_steps == 0
+        due = stepped and interval_due(step, self.every_steps)
         if not (due or stopping or (requested and stepped)):
             return  # a request mid-accumulation waits for the step's end
         self._requested.clear()

@@ -9,7 +9,7 @@ import inspect
 from typing import Any
 
 from trainwatch.errors import ConfigError
-from trainwatch.trainer.telemetry import Telemetry
+from trainwatch.rank.telemetry import Telemetry
 
 # Set by the callback from the framework (the rank, its device), not by the script.
 _FROM_FRAMEWORK = {"self", "run_dir", "rank", "local_rank", "world_size", "device"}

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from trainwatch.trainer.checkpoint.requests import repeated_term
+from trainwatch.rank.checkpoint.requests import repeated_term
 
 
 class StopSignal:

@@ -37,9 +37,9 @@ from trainwatch.integrations.options import telemetry_options
 from trainwatch.integrations.sealed import newest_verified, seal
 from trainwatch.integrations.stopsignal import StopSignal
 from trainwatch.rundir.run_dir import RunDir
-from trainwatch.trainer.checkpoint.checkpointer import EXIT_STOPPED
+from trainwatch.rank.checkpoint.checkpointer import EXIT_STOPPED
 from trainwatch.checkpoint_format.manifest import FRAMEWORK_STEP_DIR
-from trainwatch.trainer.telemetry import Telemetry
+from trainwatch.rank.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from trainwatch.plan.devices import device_type
 from trainwatch.plan.sheet import Sheet
 from trainwatch.plan.spec import PlanSpec
-from trainwatch.trainer.flops import transformer_flops_per_token
+from trainwatch.rank.flops import transformer_flops_per_token
 
 
 def compute(spec: PlanSpec, flop_params: int, sheet: Sheet) -> float | None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from trainwatch.trainer.flops import peak_flops_for
+from trainwatch.rank.flops import peak_flops_for
 
 GB = 1e9
 HEADROOM = 0.20  # keep 20 % of device memory free: fragmentation, NCCL buffers, spikes

@@ -134,7 +134,7 @@ def round_trip(cfg: Any, run: RunDir, folder: Path, state: Any, data: Any, ranks
     """Save -> load into fresh state -> save again with the trainer's Checkpointer."""
     import dataclasses
 
-    from trainwatch.trainer.checkpoint import Checkpointer
+    from trainwatch.rank.checkpoint import Checkpointer
     from trainwatch.trainer.train import build_training_state, checkpoint_state, \
         restore_checkpoint
 
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from trainwatch.trainer.config import load_config
-    from trainwatch.trainer.telemetry import Telemetry
+    from trainwatch.rank.telemetry import Telemetry
     from trainwatch.trainer.train import (Ranks, build_training_state, open_data,
                                           setup_process_group)
 

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from trainwatch.config.yamlfile import load_yaml_mapping, parse_override
-from trainwatch.contract.ports import LOOPBACK
 from trainwatch.errors import ConfigError
-from trainwatch.trainer.checkpoint.config import CheckpointConfig
+from trainwatch.rank.checkpoint.config import CheckpointConfig
+from trainwatch.rank.config import TelemetryConfig
 
 
 @dataclass
@@ -77,25 +77,6 @@ class TrainConfig:
     seed: int = 0
     milestone_interval: int = 50
     device: str = "auto"
-
-
-@dataclass
-class TelemetryConfig:
-    """Rank telemetry (trainer/telemetry.py); ``peak_flops`` enables MFU on unknown devices."""
-
-    enabled: bool = True
-    heartbeat_interval: float = 1.0
-    exchange_every: int = 10
-    # Steps between parameter digests compared across replicas (docs/sdc.md: the overhead
-    # measured at 50); 0: off.
-    replica_every: int = 50
-    # Steps between gradient checksums carried through DDP's all-reduce (docs/sdc.md: the
-    # overhead measured at 50); 0: off. Needs DDP (a run under torchrun).
-    reduction_every: int = 50
-    peak_flops: float | None = None
-    metrics_port: int | None = None  # local rank r serves metrics_host:(port + r)/metrics
-    # Loopback unless told: in a pod, "0.0.0.0" lets a PodMonitor scrape the pod IP.
-    metrics_host: str = LOOPBACK
 
 
 @dataclass

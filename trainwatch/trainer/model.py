@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from trainwatch.trainer.config import ModelConfig
-from trainwatch.trainer.flops import transformer_flops_per_token
+from trainwatch.rank.flops import transformer_flops_per_token
 
 VOCAB_SIZE = 256  # byte-level tokens
 

@@ -32,16 +32,16 @@ from trainwatch.contract.env import FAULT_ENV, RUN_DIR_ENV
 from trainwatch.contract.states import FAILED, FINISHED, STOPPED
 from trainwatch.errors import ConfigError
 from trainwatch.rundir.run_dir import RunDir
-from trainwatch.trainer.checkpoint import Checkpointer, Restored
+from trainwatch.rank.checkpoint import Checkpointer, Restored
 from trainwatch.trainer.config import Config, load_config
 from trainwatch.trainer.data import Dataset, ShardedBatches, ensure_default_dataset, load_dataset
 from trainwatch.trainer.faults import FaultInjector
-from trainwatch.trainer.metrics_server import MetricsServer
+from trainwatch.rank.metrics_server import MetricsServer
 from trainwatch.trainer.model import GPT
 from trainwatch.trainer.stores import bind_stores
-from trainwatch.trainer.skips import agree_skip_steps
+from trainwatch.rank.skips import agree_skip_steps
 from trainwatch.trainer.state import TrainingState
-from trainwatch.trainer.telemetry import Telemetry
+from trainwatch.rank.telemetry import Telemetry
 
 
 @dataclass

@@ -1,0 +1,434 @@
+"""The checkpoint component a training loop talks to.
+
+    ckpt = Checkpointer(cfg.checkpoint, run_dir, telemetry=tel, config_hash=h).start()
+    restored = ckpt.resume()                       # None on a fresh run
+    if restored:
+        model.load_state_dict(restored.shared["model"]); ...; loader.load_state_dict(restored.data)
+        restored.restore_rng()
+    for step in range(start, steps):
+        ...backward...
+        if ckpt.check_step(step, loss, grad_norm, data=loader.state_dict):  # finite on all ranks?
+            opt.step(); sched.step()
+        opt.zero_grad()
+        if ckpt.after_step(step + 1, training_state):   # saved if due; True: stop (SIGTERM)
+            break
+    ckpt.close()
+    sys.exit(ckpt.exit_code)
+
+``training_state()`` returns ``{"model": ..., "optimizer": ..., "scheduler": ..., "data": ...}``:
+every key but ``data`` is the same on every rank and written once, by rank 0; ``data``
+(the loader position) and the RNG states are per rank and gathered to rank 0.
+Only rank 0 writes.  See docs/checkpoints.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from trainwatch.contract.layout import rank_source
+from trainwatch.errors import ConfigError
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.checkpoint_format import catalog
+from trainwatch.rank.checkpoint import resume as resume_mod, retention, rng
+from trainwatch.rank.checkpoint.cadence import interval_due
+from trainwatch.rank.checkpoint.config import CheckpointConfig
+from trainwatch.checkpoint_format.manifest import verify
+from trainwatch.rank.checkpoint.nonfinite import (NonFiniteHalt, nonfinite_flag,
+                                                     nonfinite_state)
+from trainwatch.rank.checkpoint.requests import Requests
+from trainwatch.rank.checkpoint.snapshot import Handoff, HostSnapshot
+from trainwatch.rank.checkpoint.writer import (CheckRefused, Payload, Written,
+                                                  copy_checkpoint, write_checkpoint)
+
+log = logging.getLogger(__name__)
+
+# Exit code of a rank that stopped on SIGTERM after saving a checkpoint (EX_TEMPFAIL:
+# "try again later"); rerunning the same command resumes from that checkpoint.
+EXIT_STOPPED = 75
+
+
+class Checkpointer:
+    """Saves (async or sync), resumes, prunes, answers requests, guards against NaN/Inf."""
+
+    def __init__(self, config: CheckpointConfig, run_dir: str | Path, *, telemetry: Any = None,
+                 config_hash: str | None = None, rank: int | None = None,
+                 world_size: int | None = None):
+        self.cfg = config
+        self.run = RunDir(run_dir)
+        self.telemetry = telemetry
+        self.config_hash = config_hash
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else (rank or 0)
+        self.world_size = dist.get_world_size() if self.distributed else (world_size or 1)
+        folders = self.run.configured_checkpoint_folders(config.dir, config.mirror_dir)
+        self.folder, self.mirror = folders[0], (folders[1] if len(folders) > 1 else None)
+        self.requests = Requests()
+        self.exit_code = 0
+        self._group = None
+        if self.distributed and self.world_size > 1:
+            # Gathers and broadcasts of small Python objects go over gloo, off the GPU.
+            self._group = (dist.group.WORLD if dist.get_backend() == "gloo"
+                           else dist.new_group(backend="gloo"))
+        self._snapshot = HostSnapshot()
+        self._writer: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._metrics: dict[str, float] = {}
+        self._agreed: tuple[int, bool, bool, list[str]] | None = None
+        self._newest_verified: dict[Path, Path] = {}
+        self.facts: dict[str, Any] = {
+            "step": None, "path": None, "time": None, "ok": None, "bytes": None,
+            "last_error": None, "in_flight": False, "saves_total": 0, "failures_total": 0,
+            "skipped_total": 0, "nonfinite_skipped_total": 0}
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> "Checkpointer":
+        """Handle SIGUSR1/SIGTERM and the control file; clear what crashed saves left."""
+        if not self.cfg.enabled:
+            return self
+        self.requests.install(self.telemetry)
+        if self.rank == 0:
+            self._record_folders()
+            for folder in filter(None, (self.folder, self.mirror)):
+                for path in catalog.remove_incomplete(folder):
+                    self._journal("checkpoint_pruned", path=str(path),
+                                  reason="incomplete (a save was interrupted)")
+        self._publish()  # "checkpointing on, nothing saved yet" is a fact readers need too
+        return self
+
+    def _record_folders(self) -> None:
+        """Note where checkpoints go in run.json, so diagnose, the agent and
+        ``trainwatch checkpoint list`` find them wherever they are."""
+        try:
+            self.run.record_checkpoint_folders([f for f in (self.folder, self.mirror) if f])
+        except OSError as exc:
+            log.warning("cannot record the checkpoint folders in %s: %s", self.run.run_file,
+                        exc.strerror or exc)
+
+    def close(self) -> None:
+        """Wait for the save in flight, stop handling signals, publish the final facts."""
+        self.wait()
+        self.requests.uninstall()
+        self._publish()
+
+    def wait(self) -> None:
+        writer = self._writer
+        if writer is not None:
+            writer.join()
+
+    # ------------------------------------------------------------------ resume
+    def resume(self) -> resume_mod.Restored | None:
+        """Load the newest verified, compatible checkpoint (every rank the same one), or None."""
+        if not self.cfg.enabled or self.cfg.resume == "never":
+            return None
+        decision: dict[str, Any] = {}
+        if self.rank == 0:
+            decision = self._choose()
+        if self._group is not None:
+            box = [decision]
+            dist.broadcast_object_list(box, src=0, group=self._group)
+            decision = box[0]
+        if decision.get("error"):
+            raise ConfigError(decision["error"], file=decision.get("file"))
+        if not decision.get("path"):
+            return None
+        path = Path(decision["path"])
+        restored = resume_mod.load(path, decision["manifest"], self.rank)
+        self._newest_verified[path.parent] = path
+        if self.rank == 0:
+            self._journal("checkpoint_resumed", step=restored.step, path=str(path),
+                          data_position=decision["manifest"].get("data_position"))
+        with self._lock:
+            self.facts.update(step=restored.step, path=str(path), ok=True,
+                              time=decision["manifest"].get("created_at"))
+        self._publish()
+        return restored
+
+    def _choose(self) -> dict[str, Any]:
+        folders = [f for f in (self.folder, self.mirror) if f is not None]
+        chosen, passed_over = resume_mod.select(folders)
+        for i, fallback in enumerate(passed_over):
+            nxt = passed_over[i + 1].path if i + 1 < len(passed_over) else (
+                chosen.path if chosen else None)
+            self._journal("checkpoint_fallback", path=str(fallback.path), reason=fallback.reason,
+                          next=str(nxt) if nxt else None)
+            log.warning("checkpoint %s not used: %s", fallback.path, fallback.reason)
+        if chosen is None:
+            if passed_over:
+                return {"error": f"no checkpoint verifies ({len(passed_over)} found, newest "
+                                 f"{passed_over[0].path.name}: {passed_over[0].reason}); refusing "
+                                 "to start over them: move them away or set "
+                                 "checkpoint.resume: never", "file": str(self.folder)}
+            return {}
+        assert chosen.manifest is not None, "a verified checkpoint's manifest was read"
+        try:
+            resume_mod.check_compatible(chosen.manifest, chosen.path,
+                                        config_hash=self.config_hash, world_size=self.world_size)
+        except ConfigError as exc:
+            self._journal("checkpoint_failed", path=str(chosen.path), error=str(exc),
+                          phase="resume")
+            return {"error": exc.problem, "file": exc.file}
+        return {"path": str(chosen.path), "manifest": chosen.manifest}
+
+    # ------------------------------------------------------------------ in the loop
+    def note_metrics(self, **metrics: float) -> None:
+        """Validation results recorded in the next checkpoint (``val_loss`` drives keep_best)."""
+        self._metrics.update({k: float(v) for k, v in metrics.items()})
+
+    def check_step(self, step: int, loss: torch.Tensor,
+                   grad_norm: torch.Tensor | float | None = None, *, data: Any = None) -> bool:
+        """Agree job-wide on this step: False if any rank saw a NaN/Inf (the step must be skipped).
+
+        One all_reduce of three numbers (non-finite flag, save and stop requests) per step;
+        on a GPU reading its result is one small device-to-host copy.
+        """
+        if not self.cfg.enabled or self.cfg.nonfinite == "off":
+            return True
+        flag = nonfinite_flag(loss, grad_norm)
+        bad_ranks, save, stop, sources = self._agree(step, flag)
+        if not bad_ranks:
+            return True
+        position = data() if callable(data) else data
+        with self._lock:
+            self.facts["nonfinite_skipped_total"] += 1
+        action = "halted" if self.cfg.nonfinite == "halt" else "skipped"
+        if self.rank == 0 or flag.item():
+            self._journal("nonfinite_detected", step=step, ranks_affected=int(bad_ranks),
+                          this_rank_bad=bool(flag.item()), action=action,
+                          data_position=_jsonable(position))
+        self._publish()
+        if action == "halted":
+            raise NonFiniteHalt(f"NaN/Inf loss or gradient at step {step} on {int(bad_ranks)} "
+                                "rank(s); halting (checkpoint.nonfinite: halt)")
+        return False
+
+    def after_step(self, step: int, state: Callable[[], dict[str, Any]], *,
+                   final: bool = False) -> bool:
+        """Save if due (interval, request, stop, end); True when the loop must stop (SIGTERM).
+
+        ``step`` is the number of steps completed; ``state`` is called only when saving.
+        """
+        if not self.cfg.enabled:
+            return False
+        if self._agreed is not None and self._agreed[0] == step - 1:
+            _, save, stop, sources = self._agreed
+        else:
+            _, save, stop, sources = self._agree(step - 1, None)
+        self._agreed = None
+        interval = interval_due(step, self.cfg.every_steps)
+        if (save or stop) and (self.rank == 0 or sources):
+            # Rank 0 records the step all ranks agreed on; a rank that got the request
+            # itself (a signal to one process) records where it came from.
+            self._journal("checkpoint_requested", step=step, sources=sources, stop=bool(stop))
+        if stop:
+            self._save(step, state(), "stop", force_wait=True)
+            self.wait()
+            if self._group is not None:
+                dist.barrier(group=self._group)  # ranks exit together, after rank 0 wrote
+            self.exit_code = EXIT_STOPPED
+            return True
+        if final and self.cfg.save_final:
+            self._save(step, state(), "final", force_wait=True)
+        elif save or interval:
+            self._save(step, state(), "request" if save else "interval")
+        return False
+
+    # ------------------------------------------------------------------ internals
+    def _agree(self, step: int, flag: torch.Tensor | None) -> tuple[float, bool, bool, list[str]]:
+        save, stop, sources = self.requests.take()
+        if flag is None:
+            flags = torch.tensor([0.0, float(save), float(stop)])
+        else:
+            flags = torch.stack([flag, flag.new_tensor(float(save)), flag.new_tensor(float(stop))])
+        if self.distributed and self.world_size > 1:
+            group = self._group if flags.device.type == "cpu" else None
+            dist.all_reduce(flags, op=dist.ReduceOp.SUM, group=group)
+        bad, any_save, any_stop = flags.tolist()
+        if any_stop:  # stop is final: keep asking until the boundary that acts on it
+            self.requests.stop = True
+        agreed = (bad, bool(any_save), bool(any_stop), sources)
+        self._agreed = (step, *agreed[1:])
+        return agreed
+
+    def _save(self, step: int, state: dict[str, Any], reason: str, *,
+              force_wait: bool = False) -> None:
+        started = time.perf_counter()
+        phase = self.telemetry.phase("checkpoint") if self.telemetry else contextlib.nullcontext()
+        with phase:
+            shared = {k: v for k, v in state.items() if k != "data"}
+            mine: dict[str, Any] = {"rng": rng.capture(), "data": state.get("data")}
+            ranks = [mine]
+            if self._group is not None:
+                # gather_object fills rank 0's list in place, one state per rank.
+                gathered: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
+                dist.gather_object(mine, gathered, dst=0, group=self._group)
+                if gathered is not None:
+                    ranks = gathered
+            if self.rank != 0:
+                return
+            waited = 0.0
+            if self._writer is not None and self._writer.is_alive():
+                if self.cfg.when_busy == "skip" and not force_wait:
+                    with self._lock:
+                        self.facts["skipped_total"] += 1
+                    self._journal("checkpoint_skipped", step=step, reason="a save is in flight",
+                                  policy="skip", in_flight_step=self.facts.get("in_flight_step"))
+                    self._publish()
+                    return
+                t0 = time.perf_counter()
+                self._writer.join()
+                waited = time.perf_counter() - t0
+            # Per-rank state is small: a deep copy keeps it safe from the loop while written.
+            payload = Payload(step, shared, copy.deepcopy(ranks), self.config_hash, reason,
+                              dict(self._metrics))
+            with self._lock:
+                self.facts.update(in_flight=True, in_flight_step=step)
+            if self.cfg.mode == "sync":
+                if torch.cuda.is_available() and torch.cuda.is_initialized():
+                    # The writer's helpers read device state (the NaN/Inf guard) from other
+                    # threads, outside the loop's stream: let the loop's work finish first.
+                    torch.cuda.synchronize()
+                self._write(payload, started, waited)
+                return
+            # The writer starts now: it helps with the copy, then writes each tree.
+            handoff = Handoff(list(shared), started)
+            payload.shared = handoff
+            try:
+                self._writer = threading.Thread(target=self._write,
+                                                args=(payload, started, waited),
+                                                name="trainwatch-checkpoint-writer", daemon=True)
+                self._writer.start()
+            except Exception as exc:  # no thread to be had
+                self._writer = None
+                self._failed(step, exc, self.folder)
+                return
+            try:
+                self._snapshot.start()
+                for key, tree in shared.items():
+                    handoff.put(key, self._snapshot.copy(tree, offer=handoff.offer))
+                self._snapshot.finish()
+                handoff.close()
+            except BaseException as exc:  # e.g. no host memory: the writer journals it
+                handoff.fail(exc)  # (and never waits for a tree that will not come)
+                if not isinstance(exc, Exception):
+                    raise
+
+    def _write(self, payload: Payload, started: float, waited: float) -> None:
+        """Write, verify, mirror and prune one checkpoint; never raises (failures are journaled).
+
+        ``started`` is the perf_counter the save started at: in sync mode the loop waits
+        for all of this; in async mode ``payload.shared`` (a Handoff) says how long.
+        """
+        mode = self.cfg.mode
+        guard = nonfinite_state if self.cfg.nonfinite != "off" else None
+        try:
+            if isinstance(payload.shared, Handoff):
+                payload.shared.help()  # the copy first: the loop waits for it, not for this
+            written = write_checkpoint(self.folder, payload, fsync=self.cfg.fsync, check=guard)
+            # The digests were taken from the bytes as written; reading them back now would
+            # only read the page cache, so this checks the manifest and sizes.  Resume and
+            # `trainwatch checkpoint verify` hash every file.
+            check = verify(written.path, full=False)
+        except CheckRefused as poisoned:
+            # A loop without the step guard (check_step) trained on a NaN: keep the last
+            # good checkpoints, the ones a rollback returns to, out of retention's reach.
+            found = poisoned.found
+            with self._lock:
+                self.facts["skipped_total"] += 1
+                self.facts["in_flight"] = False
+            self._journal("checkpoint_skipped", step=payload.step, policy="nonfinite",
+                          reason=f"NaN/Inf in {', '.join(found[:3])}"
+                                 + (f" and {len(found) - 3} more" if len(found) > 3 else ""))
+            self._publish()
+            return
+        except Exception as exc:  # a failed save must never fail the job
+            self._failed(payload.step, exc, self.folder)
+            return
+        if not check.ok:
+            self._failed(payload.step, RuntimeError(f"verification after write: {check.reason}"),
+                         self.folder)
+            return
+        shared = payload.shared
+        blocking = (shared.blocking() if isinstance(shared, Handoff)
+                    else time.perf_counter() - started)
+        self._newest_verified[self.folder] = written.path
+        self._journal("checkpoint_saved", step=payload.step, path=str(written.path),
+                      bytes=written.bytes, blocking_seconds=round(blocking, 6),
+                      write_seconds=round(written.seconds, 6), waited_seconds=round(waited, 6),
+                      mode=mode, reason=payload.reason, metrics=payload.metrics)
+        with self._lock:
+            self.facts.update(step=payload.step, path=str(written.path), time=time.time(),
+                              ok=True, bytes=written.bytes, last_error=None, in_flight=False)
+            self.facts["saves_total"] += 1
+        self._publish()
+        self._prune(self.folder)
+        if self.mirror is not None:
+            self._copy_to_mirror(written, self.mirror)
+
+    def _copy_to_mirror(self, written: Written, mirror: Path) -> None:
+        try:
+            copy = copy_checkpoint(written.path, mirror, fsync=self.cfg.fsync)
+        except Exception as exc:
+            self._failed(None, exc, mirror, copy=True)
+            return
+        self._newest_verified[mirror] = copy.path
+        self._journal("checkpoint_saved", step=int(written.path.name.split("-")[1]),
+                      path=str(copy.path), bytes=copy.bytes, write_seconds=round(copy.seconds, 6),
+                      copy="mirror", copied_from=str(written.path))
+        self._prune(mirror)
+
+    def _failed(self, step: int | None, exc: BaseException, folder: Path, *,
+                copy: bool = False) -> None:
+        errno_ = getattr(exc, "errno", None)
+        leftovers = [str(e.path) for e in catalog.scan(folder) if e.state == "incomplete"]
+        self._journal("checkpoint_failed", step=step, folder=str(folder), error=str(exc),
+                      errno=errno_, copy="mirror" if copy else None,
+                      previous=str(self._newest_verified.get(folder) or "") or None,
+                      partial_left=leftovers or None)
+        log.warning("trainwatch checkpoint: save of step %s failed: %s", step, exc)
+        with self._lock:
+            self.facts.update(ok=False, last_error=str(exc)[:300], in_flight=False)
+            self.facts["failures_total"] += 1
+        self._publish()
+
+    def _prune(self, folder: Path) -> None:
+        doomed = retention.to_prune(catalog.scan(folder), keep_last=self.cfg.keep_last,
+                                    keep_best=self.cfg.keep_best,
+                                    newest_verified=self._newest_verified.get(folder))
+        for entry, reason in doomed:
+            shutil.rmtree(entry.path, ignore_errors=True)
+            self._journal("checkpoint_pruned", step=entry.step, path=str(entry.path),
+                          reason=reason, removed=not entry.path.exists())
+
+    def _publish(self) -> None:
+        if self.telemetry is not None:
+            with self._lock:
+                facts = dict(self.facts)
+            self.telemetry.set_checkpoint(**facts)
+
+    def _journal(self, event: str, **fields: Any) -> None:
+        fields = {k: v for k, v in fields.items() if v is not None}
+        if self.telemetry is not None:
+            self.telemetry.event(event, **fields)
+            return
+        try:
+            self.run.append_event(event, rank_source(self.rank), rank=self.rank, **fields)
+        except Exception as exc:  # the journal may sit on the full disk too
+            log.warning("trainwatch checkpoint: could not journal %s: %s", event, exc)
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError):
+        return repr(value)[:200]

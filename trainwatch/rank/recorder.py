@@ -1,0 +1,227 @@
+"""The loop side of a rank's telemetry: step and phase blocks, recorded values, and the
+finished steps it leaves for the background thread.
+
+This is the code the training loop runs several times per step, so it is kept cheap
+(``Telemetry`` hands out these objects; the loop never goes through the facade for them):
+* each block boundary costs one clock read (integer nanoseconds) and a few stores, no
+  lock, in reused class context managers (generators and per-call objects cost several
+  times more): the phase is one (name, since) tuple that readers expand;
+* device tensors passed to ``record`` are kept as they are (no ``.item()``) and read by
+  the background thread, so there is no per-step host/device sync; CPU tensors, with
+  nothing to wait for, are read at once (held until the flush, each pinned a fraction of
+  a MiB of the C heap);
+* a finished step is one tuple appended to a bounded deque; every ``exchange_every``
+  steps the window's means go to the timing exchange (``window_exchange.py``), whose
+  all-reduce is asynchronous.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any, Callable
+
+import torch
+
+from trainwatch.contract.states import EVAL_PHASE, STEP_PHASE
+from trainwatch.rank.replicas import ReplicaCheck
+
+
+class StepRecorder:
+    """Handed out by ``Telemetry.step``; ``record`` attaches this step's values."""
+
+    __slots__ = ("values",)
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+
+    def record(self, **values: Any) -> None:
+        """Loss, grad_norm, lr, tokens, samples or any other scalar; tensors stay on device."""
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor):
+                values[key] = held(value)
+        self.values.update(values)
+
+
+class StepBlock:
+    """What ``Telemetry.step`` returns, one per Telemetry, reused every step."""
+
+    __slots__ = ("loop", "step", "recorder")
+
+    def __init__(self, loop: "LoopRecorder | None"):
+        self.loop, self.step, self.recorder = loop, 0, StepRecorder()
+
+    def __enter__(self) -> StepRecorder:
+        self.recorder.values = {}  # the previous step's dict now belongs to its pending record
+        if self.loop is not None:
+            self.loop.begin_step(self.step)
+        return self.recorder
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self.loop is not None and exc_type is None:  # a failed step is no progress
+            self.loop.end_step(self.step, self.recorder.values)
+
+
+class PhaseBlock:
+    """What ``Telemetry.phase(name)`` returns; reused per name, so it keeps no state of its
+    own: what to restore on exit goes on the recorder's phase stack (nesting works)."""
+
+    __slots__ = ("loop", "name")
+
+    def __init__(self, loop: "LoopRecorder", name: str):
+        self.loop, self.name = loop, name
+
+    def __enter__(self) -> None:
+        loop = self.loop
+        cuda_start = loop.guard(loop.cuda_event_pair_start) if loop.is_cuda else None
+        now = time.perf_counter_ns()
+        loop.phase_stack.append((loop.phase_now, now, cuda_start))
+        loop.phase_now = (self.name, now)
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        loop, name = self.loop, self.name
+        now = time.perf_counter_ns()
+        loop.phase_now, started, cuda_start = loop.phase_stack.pop()
+        phases = loop.step_phase_ns
+        phases[name] = phases.get(name, 0) + now - started
+        if cuda_start is not None:
+            loop.guard(lambda: loop.cuda_event_pair_end(name, cuda_start))
+        if name == EVAL_PHASE and loop.phase_now[0] != STEP_PHASE:  # between steps: say so
+            loop.guard(lambda: loop.evaluated(now - started))
+
+
+class LoopRecorder:
+    """The loop's own state: what it is doing and since when, the open step's phase times,
+    the finished steps not yet published, the timing window's sums.
+
+    Written only by the loop's thread, in single stores (the status dict's readers copy it
+    under the telemetry's lock; no value here spans two keys). It is handed what it needs:
+    the live status dict, how to count an error, and where a full window goes.
+    """
+
+    def __init__(self, state: dict[str, Any], *, rank: int, is_cuda: bool,
+                 exchange_every: int, collective_phases: tuple[str, ...], max_pending: int,
+                 guard: Callable[[Callable[[], Any]], Any], count_error: Callable[[str], None],
+                 exchange: Callable[[int, int, list[float]], None]):
+        self.state, self.rank, self.is_cuda = state, rank, is_cuda
+        self.exchange_every = exchange_every
+        # Phases whose time includes waiting for other ranks (DDP's all-reduce runs in
+        # backward); the rest of a step is "local" time, what straggler scoring compares.
+        self.collective_phases = collective_phases
+        self.guard, self.count_error = guard, count_error
+        # (step, n, own means): a full window to the timing exchange.
+        self.exchange = exchange
+        # Finished steps as tuples (step, end time, step ns, phase ns, CUDA events per
+        # phase, recorded values): the loop only appends, the thread resolves.
+        # Steps to resolve (tuples), and ready lines (dicts: an evaluation between steps).
+        self.pending: collections.deque[tuple | dict] = collections.deque(maxlen=max_pending)
+        self.replicas: ReplicaCheck | None = None
+        self.phase_stack: list[tuple] = []  # (outer phase, start ns, CUDA event)
+        # Wall time = perf_counter_ns() / 1e9 + offset: one clock read per phase boundary.
+        # The heartbeat thread refreshes it, so a wall-clock step is followed within one beat.
+        self.wall_offset = time.time() - time.perf_counter_ns() / 1e9
+        # What this rank is doing and since when (perf_counter_ns), as one tuple: the loop
+        # replaces it with a single store, so readers never see a name with another's time.
+        self.phase_now: tuple[str, int] = ("init", time.perf_counter_ns())
+        self.window_compute_ns = self.window_data_ns = self.window_local_ns = 0
+        self.window_steps = 0
+        self.step_start_ns = 0
+        self.step_phase_ns: dict[str, int] = {}
+        self.step_cuda_events: dict[str, list[tuple[Any, Any]]] = {}
+
+    def cuda_event_pair_start(self) -> Any:
+        start = torch.cuda.Event(enable_timing=True)
+        start.record()
+        return start
+
+    def cuda_event_pair_end(self, name: str, start: Any) -> None:
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self.step_cuda_events.setdefault(name, []).append((start, end))
+
+    def evaluated(self, nanoseconds: int) -> None:
+        """An evaluation between steps, in the metrics log as the reference trainer's are
+        (an ``eval`` record after the step): ``report`` books its time as evaluation, not
+        as a stall (any loop's ``with tel.phase("eval")``)."""
+        step = self.state.get("step")
+        if isinstance(step, int):  # after a step (the report's anchor), in the log's order
+            self.pending.append({"v": 1, "kind": EVAL_PHASE, "step": step, "time": time.time(),
+                                 "rank": self.rank, "seconds": round(nanoseconds / 1e9, 6)})
+
+    def begin_step(self, step: int) -> None:
+        # Single stores only, in the loop's thread: readers copy under the lock, and no
+        # value here spans two keys (the phase is one tuple).
+        self.step_start_ns = now = time.perf_counter_ns()
+        self.step_phase_ns = {}  # phases between steps (eval, checkpoint) count nowhere
+        self.step_cuda_events = {}
+        self.state["step"] = step
+        self.phase_now = (STEP_PHASE, now)  # inside a step, between explicit phase blocks
+
+    def end_step(self, step: int, values: dict[str, Any],
+                 ended: tuple[int, int, dict, dict] | None = None) -> None:
+        """Record a finished step; ``ended`` is (start ns, end ns, phases, CUDA events) of
+        a step that ended earlier (``watch`` seals a step only when the next one begins)."""
+        try:
+            if ended is None:
+                start_ns, now = self.step_start_ns, time.perf_counter_ns()
+                phases, cuda_events = self.step_phase_ns, self.step_cuda_events
+                # The pending record owns these from here on; phases between steps go elsewhere.
+                self.step_phase_ns, self.step_cuda_events = {}, {}
+            else:
+                start_ns, now, phases, cuda_events = ended
+            step_ns = now - start_ns
+            end_time = now / 1e9 + self.wall_offset
+            # These counters have no writer but this thread; the deque is thread-safe.
+            counters, pending = self.state["counters"], self.pending
+            if len(pending) == pending.maxlen:
+                counters["pending_dropped_total"] += 1
+            pending.append((step, end_time, step_ns, phases, cuda_events, values))
+            counters["steps_total"] += 1
+            self.state["steps_completed"] = step + 1  # where the loop would resume
+            self.state["last_progress_at"] = end_time
+            replicas = self.replicas
+            if replicas is not None and replicas.due(step):
+                replicas.take(step)  # after the optimizer step; read by the thread
+            if ended is None:
+                self.phase_now = ("idle", now)  # between steps: the loop's own code
+            if self.exchange_every:
+                data_ns = phases.get("data", 0)
+                local_ns = step_ns
+                for name in self.collective_phases:
+                    local_ns -= phases.get(name, 0)
+                self.window_compute_ns += step_ns - data_ns
+                self.window_data_ns += data_ns
+                self.window_local_ns += local_ns
+                self.window_steps += 1
+                if (step + 1) % self.exchange_every == 0:
+                    n = max(1, self.window_steps)
+                    mine = [self.window_compute_ns / n / 1e9, self.window_data_ns / n / 1e9,
+                            self.window_local_ns / n / 1e9]
+                    self.window_compute_ns = self.window_data_ns = self.window_local_ns = 0
+                    self.window_steps = 0
+                    self.exchange(step, n, mine)
+        except Exception as exc:  # telemetry must never fail the job
+            self.count_error(repr(exc))
+
+
+def held(value: torch.Tensor) -> Any:
+    """What a pending step keeps of a recorded tensor until the flush. A device tensor as
+    it is (read by the heartbeat thread: no host/device sync in the loop), without its
+    autograd graph. A CPU tensor is read now: there is nothing to wait for, and each small
+    CPU tensor kept alive until the flush pinned 0.1-0.2 MiB of the C heap between the
+    step's large temporaries (~20 MiB a rank at a second of ~10 ms steps). A value that
+    cannot be read (a collective's output after its peer died) is kept for the flush, which
+    counts the error: nothing raises into the loop."""
+    if value.device.type == "cpu":
+        try:
+            return scalar(value)
+        except Exception:  # the flush reads it again and counts it
+            pass
+    return value.detach() if value.requires_grad else value
+
+
+def scalar(value: torch.Tensor) -> float | None:
+    if value.numel() != 1:
+        return None
+    # What .float().item() gives, one dispatch cheaper for the usual float32.
+    return value.item() if value.dtype == torch.float32 else value.float().item()
