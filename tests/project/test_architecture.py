@@ -382,10 +382,6 @@ def test_the_package_root_keeps_at_most_eight_modules():
 
 MAX_MODULE_LINES = 700
 MAX_FUNCTION_LINES = 120
-# Known offenders, being split by other engineers (issue #37, "Architecture, third step"). This
-# list must shrink to empty: the merge of those branches empties it, and nothing is ever added
-# to it (split the module or function instead).
-OVERSIZED_ALLOWED = {"trainwatch/trainer/telemetry.py"}
 
 
 def _oversized(paths: list[Path]) -> dict[str, int]:
@@ -416,14 +412,7 @@ def _oversized(paths: list[Path]) -> dict[str, int]:
 def test_no_module_over_700_lines_and_no_function_over_120():
     """Growth adds files, not lines: a module past 700 lines holds more than one concern, a
     function past 120 more than one step (house style)."""
-    oversized = _oversized(sorted(PACKAGE.rglob("*.py")))
-    assert {name: lines for name, lines in oversized.items()
-            if name not in OVERSIZED_ALLOWED} == {}
-
-
-def test_the_size_allow_list_holds_only_what_is_still_oversized():
-    """An offender once split leaves the allow-list, so it can only shrink."""
-    assert OVERSIZED_ALLOWED - set(_oversized(sorted(PACKAGE.rglob("*.py")))) == set()
+    assert _oversized(sorted(PACKAGE.rglob("*.py"))) == {}
 
 
 def test_the_size_guard_sees_long_modules_and_methods(tmp_path):
