@@ -285,7 +285,7 @@ def _load_rule(node: yaml.Node, group: str, path: Path, thresholds: dict[str, An
     unknown = sorted(parsed.metrics - set(METRICS) - PROMETHEUS_METRICS)
     if unknown:
         raise ConfigError(f"alert {name}: metric(s) not in the metrics contract "
-                          f"(trainwatch/metrics_contract.py): {', '.join(unknown)}",
+                          f"(trainwatch/contract/metrics.py): {', '.join(unknown)}",
                           file=str(path), key="expr", line=key_lines["expr"])
     for key in ("summary", "description"):
         raw[key] = " ".join(raw[key].split())

@@ -240,7 +240,7 @@ def check_query(q: Query, dashboard_vars: dict[str, dict[str, Any]]) -> list[Pro
         return [problem(f"bad query: {exc} (at: {text[exc.pos or 0:][:40]!r}) in {q.expr!r}")]
     for name in sorted(parsed.metrics - set(METRICS) - PROMETHEUS_SERIES):
         found.append(problem(f"{name} is not in the metrics contract "
-                             "(trainwatch/metrics_contract.py)"))
+                             "(trainwatch/contract/metrics.py)"))
     for node in _nodes(parsed.root):
         if not isinstance(node, promql.Selector):
             continue

@@ -1,6 +1,6 @@
 """The report's headline numbers as a node_exporter textfile (``--prom-textfile``).
 
-Names, help and labels come from trainwatch/metrics_contract.py (subsystem ``cost``).
+Names, help and labels come from trainwatch/contract/metrics.py (subsystem ``cost``).
 prometheus-client writes the file to a temporary name and renames it, so the textfile
 collector never reads half a file. A number the report does not know is left out.
 """
