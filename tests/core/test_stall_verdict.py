@@ -81,7 +81,7 @@ def diagnose_verdict(run: RunDir, agents: list | None = None) -> tuple[float, bo
 
 
 def report_verdict(run: RunDir) -> tuple[float, bool]:
-    account = goodput.account(read_timeline(run.root))
+    account = goodput.account(read_timeline(run))
     return account.stall_budget_seconds, account.seconds["stalled"] > 0
 
 

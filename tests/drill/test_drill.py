@@ -172,7 +172,7 @@ class DrillRun:
                        "findings": [{"id": f"{kind}/job/1", "kind": kind, "rank": 1,
                                      "detected_at": T0 + at} for kind, at in findings]}
         (self.run.root / "drill").mkdir()
-        atomic_write_json(record_file(self.run.root), self.record)
+        atomic_write_json(record_file(self.run), self.record)
         self.pid = 100
 
     def event(self, at, name, source="engine", **fields):
@@ -243,7 +243,7 @@ def verdicts(card):
 
 def test_a_drill_that_worked_passes_every_criterion_with_its_numbers(tmp_path):
     r = hung_rank(tmp_path / "hung")
-    card = score(r.run.root)
+    card = score(r.run)
     assert [c["name"] for c in card["criteria"]] == list(CRITERIA)
     assert card["passed"], card["criteria"]
     assert card["fault_injected"] == {"at": T0 + 17, "step": 15, "rank": 1,
@@ -264,7 +264,7 @@ def test_a_drill_that_worked_passes_every_criterion_with_its_numbers(tmp_path):
 
 def test_a_detection_later_than_the_deadline_fails_and_says_by_how_much(tmp_path):
     r = hung_rank(tmp_path / "hung", detect_within=3)
-    card = score(r.run.root)
+    card = score(r.run)
     assert not card["passed"]
     detected = verdicts(card)["detected"]
     assert not detected["passed"]
@@ -272,7 +272,7 @@ def test_a_detection_later_than_the_deadline_fails_and_says_by_how_much(tmp_path
         in detected["detail"]
     assert all(c["passed"] for c in card["criteria"] if c["name"] != "detected")
     # The command line overrides the deadline the drill ran with, both ways.
-    assert score(r.run.root, detect_within=5)["passed"]
+    assert score(r.run, detect_within=5)["passed"]
     done = drill_cli("score", str(r.run.root), "--json", "--detect-within", "1.5")
     assert done.returncode == 1, done.stderr
     data = json.loads(done.stdout)
@@ -283,7 +283,7 @@ def test_a_detection_later_than_the_deadline_fails_and_says_by_how_much(tmp_path
 
 
 def test_a_duplicated_action_fails_the_drill(tmp_path):
-    card = score(hung_rank(tmp_path / "hung", duplicate=True).run.root)
+    card = score(hung_rank(tmp_path / "hung", duplicate=True).run)
     dup = verdicts(card)["no duplicate actions"]
     assert not dup["passed"] and not card["passed"]
     assert dup["detail"] == ("stall_restart taken 2 times; the job was restarted 2 times for "
@@ -333,7 +333,7 @@ def two_supervisors(root, *, second_exit=2):
 
 
 def test_the_supervisor_drills_score_the_guards_and_fail_two_jobs(tmp_path):
-    card = score(supervisor_killed(tmp_path / "killed").run.root)
+    card = score(supervisor_killed(tmp_path / "killed").run)
     assert card["passed"], card["criteria"]
     v = verdicts(card)
     assert v["fault injected"]["detail"].startswith("supervisor_kill on trainwatch run (pid 42)")
@@ -342,18 +342,18 @@ def test_the_supervisor_drills_score_the_guards_and_fail_two_jobs(tmp_path):
     assert card["recovery"]["by"] == "rerun" and card["recovery"]["resumed_from"] == 10
     assert "running the same command again" in v["recovered"]["detail"]
     assert card["steps"]["lost"] == 6
-    card = score(supervisor_killed(tmp_path / "two-jobs", second_job=True).run.root)
+    card = score(supervisor_killed(tmp_path / "two-jobs", second_job=True).run)
     v = verdicts(card)
     assert not card["passed"] and not v["no duplicate actions"]["passed"]
     assert "2 supervisors started a job after the fault (expected 1)" \
         in v["no duplicate actions"]["detail"]
 
-    card = score(two_supervisors(tmp_path / "refused").run.root)
+    card = score(two_supervisors(tmp_path / "refused").run)
     assert card["passed"], card["criteria"]
     assert card["detection"]["first"] == catalog.SUPERVISOR_SIGNALS["refused"]
     assert card["detection"]["seconds"] == pytest.approx(4.0)
     assert card["recovery"]["restarts"] == 0 and card["steps"]["lost"] == 0
-    card = score(two_supervisors(tmp_path / "not-refused", second_exit=0).run.root)
+    card = score(two_supervisors(tmp_path / "not-refused", second_exit=0).run)
     v = verdicts(card)
     assert not v["detected"]["passed"] and not v["no duplicate actions"]["passed"]
 
@@ -391,7 +391,7 @@ def sdc_run(root, *, suspects="1", resumed=20, last_bits=("ab", "ab", "ab")):
 
 
 def test_the_sdc_drill_scores_the_suspect_the_steps_the_checkpoint_and_the_digests(tmp_path):
-    card = score(sdc_run(tmp_path / "good").run.root)
+    card = score(sdc_run(tmp_path / "good").run)
     names = [c["name"] for c in card["criteria"]]
     assert names == [*CRITERIA, "suspect named", "detected within steps", "clean checkpoint",
                      "replicas agree at the end"]
@@ -403,14 +403,14 @@ def test_the_sdc_drill_scores_the_suspect_the_steps_the_checkpoint_and_the_diges
     assert "step 59) is bitwise equal on all 3 ranks" in v["replicas agree at the end"]["detail"]
     # Resuming from a checkpoint saved after the flip loses no steps, so only the sdc
     # criterion sees that the corrupted weight came back.
-    card = score(sdc_run(tmp_path / "late", resumed=30).run.root)
+    card = score(sdc_run(tmp_path / "late", resumed=30).run)
     v = verdicts(card)
     assert v["steps lost"]["passed"] and not card["passed"]
     assert not v["clean checkpoint"]["passed"]
     assert "saved after the fault" in v["clean checkpoint"]["detail"]
-    card = score(sdc_run(tmp_path / "wrong", suspects="0").run.root)
+    card = score(sdc_run(tmp_path / "wrong", suspects="0").run)
     assert not verdicts(card)["suspect named"]["passed"] and not card["passed"]
-    card = score(sdc_run(tmp_path / "odd", last_bits=("ab", "ac", "ab")).run.root)
+    card = score(sdc_run(tmp_path / "odd", last_bits=("ab", "ac", "ab")).run)
     v = verdicts(card)
     assert not v["replicas agree at the end"]["passed"]
     assert "rank 1: step 59 bits ac" in v["replicas agree at the end"]["detail"]
@@ -429,7 +429,7 @@ def test_a_drill_that_is_never_detected_or_never_finishes_fails_with_reasons(tmp
     r.steps(0, 30, start=1)
     r.event(12, "fault_injected", "rank1", rank=1, step=10, fault="slow")
     r.event(40, "job_stopped", pid=1, hard=False, returncode=-15)
-    card = score(r.run.root)
+    card = score(r.run)
     v = verdicts(card)
     assert v["fault injected"]["passed"]
     assert v["detected"]["detail"] == ("not detected: no agent finding straggler and no alert "
@@ -446,7 +446,7 @@ def test_a_fault_that_never_fired_is_said_so(tmp_path):
     r.steps(0, 12, start=1)
     r.event(20, "finished", "rank0", step=12)
     r.event(21, "job_exited", pid=1, returncode=0)
-    card = score(r.run.root)
+    card = score(r.run)
     v = verdicts(card)
     assert not v["fault injected"]["passed"]
     assert "reached step 12, the fault was due at step 15" in v["fault injected"]["detail"]
@@ -471,7 +471,7 @@ def test_torchrun_detection_and_restart_are_read_from_its_log(tmp_path):
     r.event(54, "finished", "rank0", step=39)
     r.event(55, "job_exited", pid=1, returncode=0)
     assert launcher_failures(r.run, T0 + 17) == [pytest.approx(T0 + 17.25)]
-    card = score(r.run.root)
+    card = score(r.run)
     assert card["passed"], card["criteria"]
     assert card["detection"]["first"] == "torchrun: worker failed"
     assert card["detection"]["seconds"] == pytest.approx(0.25)
@@ -479,13 +479,13 @@ def test_torchrun_detection_and_restart_are_read_from_its_log(tmp_path):
     # The same story with a controller restart on top is not what this drill expects.
     r.event(30, "action_taken", action="restart", alert="TrainingRankDown")
     assert "expected torchrun to restart the ranks: the controller acted (restart)" in \
-        verdicts(score(r.run.root))["recovered"]["detail"]
+        verdicts(score(r.run))["recovered"]["detail"]
 
 
 def test_missing_journal_or_record_is_a_clear_error(tmp_path):
     r = DrillRun(tmp_path / "hung", "hung-rank")
     with pytest.raises(ConfigError, match="journal.jsonl: missing: the run left no journal"):
-        score(r.run.root)
+        score(r.run)
     done = drill_cli("score", str(r.run.root))
     assert done.returncode == 2 and "journal.jsonl: missing" in done.stderr
     plain = RunDir(tmp_path / "plain").create()
@@ -493,13 +493,13 @@ def test_missing_journal_or_record_is_a_clear_error(tmp_path):
     assert done.returncode == 2
     assert "drill/drill.json: missing: not a drill's run directory" in done.stderr
     (plain.root / "drill").mkdir()
-    record_file(plain.root).write_text("{torn")
+    record_file(plain).write_text("{torn")
     done = drill_cli("score", str(plain.root))
     assert done.returncode == 2 and "unreadable or not JSON" in done.stderr
     assert drill_cli("score", str(tmp_path / "nowhere")).returncode == 2
-    atomic_write_json(record_file(plain.root), {**r.record, "drill": "fire-drill"})
+    atomic_write_json(record_file(plain), {**r.record, "drill": "fire-drill"})
     with pytest.raises(ConfigError, match="drill.json, key 'drill': unknown drill 'fire-drill'"):
-        score(plain.root)
+        score(plain)
 
 
 # --------------------------------------------------------------------------- processes

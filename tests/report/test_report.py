@@ -653,7 +653,7 @@ def test_report_streams_the_metrics_log(tmp_path):
         root = _long_run(tmp_path / str(steps), steps)
         tracemalloc.start()
         try:
-            tl = timeline.read_timeline(root)
+            tl = timeline.read_timeline(RunDir(root))
             data = render.report(tl, goodput.account(tl), cost.CostSettings())
             return tracemalloc.get_traced_memory()[1], data
         finally:
@@ -727,7 +727,7 @@ def test_accounting_a_long_run_needs_little_beyond_its_step_log(tmp_path):
 
     from trainwatch.report import goodput, timeline
 
-    tl = timeline.read_timeline(_long_run(tmp_path, 200_000))
+    tl = timeline.read_timeline(RunDir(_long_run(tmp_path, 200_000)))
     tracemalloc.start()
     try:
         acc = goodput.account(tl)

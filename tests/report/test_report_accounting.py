@@ -158,7 +158,7 @@ def test_numpy_painting_equals_the_loop_per_step(tmp_path, monkeypatch, seed, ch
     """Every total, every incident's seconds, the lost steps and the recomputed count equal
     the straightforward computation's exactly, however the steps fall into chunks."""
     monkeypatch.setattr(goodput, "_STEP_CHUNK", chunk)
-    tl = timeline.read_timeline(_varied_run(tmp_path / "run", seed))
+    tl = timeline.read_timeline(RunDir(_varied_run(tmp_path / "run", seed)))
     acc = goodput.account(tl)
     assert acc.typical_step_seconds is not None and acc.stall_budget_seconds is not None
     sums, lost = _straightforward(tl, acc.typical_step_seconds, acc.stall_budget_seconds)
@@ -182,7 +182,7 @@ def test_the_varied_runs_cover_what_the_painter_must_handle(tmp_path):
     charged: set[str] = set()
     rollbacks = pauses = 0
     for seed in range(12):
-        tl = timeline.read_timeline(_varied_run(tmp_path / str(seed), seed))
+        tl = timeline.read_timeline(RunDir(_varied_run(tmp_path / str(seed), seed)))
         acc = goodput.account(tl)
         seen |= {label for label, value in acc.seconds.items() if value > 0}
         charged |= {label for inc in acc.incidents for label, v in inc.seconds.items() if v > 0}

@@ -21,7 +21,7 @@ def test_a_long_run_is_downsampled_as_it_is_read(tmp_path):
     steps = 50_000
     _write_metrics(run, 0, steps, lambda s: 0.5)
     _write_metrics(run, 1, steps, lambda s: 2.0 if s >= steps // 2 else 0.5)  # straggles late
-    series = read_series(run.root)
+    series = read_series(run)
     assert 0 < len(series.loss) <= MAX_POINTS
     assert series.stride > 1
     assert series.loss[-1][1] == steps - 1                      # reaches the last step

@@ -61,7 +61,7 @@ def summarize(run: RunDir, outcome: RunOutcome, target_steps: int | None = None)
     raised (a summary must never turn a run's exit into a traceback)."""
     s = Summary(run.root, outcome, steps_target=target_steps)
     try:
-        _from_report(s)
+        _from_report(s, run)
     except Exception as exc:  # the summary is best effort, the run is over
         log.debug("report for the summary failed", exc_info=True)
         s.problems.append(f"report: {exc}")
@@ -91,10 +91,10 @@ def ended_nonfinite(run: RunDir) -> str | None:
     return "a " + _nonfinite_text(loss, since, what=" loss")
 
 
-def _from_report(s: Summary) -> None:
+def _from_report(s: Summary, run: RunDir) -> None:
     from trainwatch.report import cost, goodput, render, timeline
 
-    tl = timeline.read_timeline(s.run_dir)
+    tl = timeline.read_timeline(run)
     data = render.report(tl, goodput.account(tl), cost.load_settings(None))
     s.goodput = data.get("goodput_ratio")
     steps = data.get("steps") or {}

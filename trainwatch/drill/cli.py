@@ -103,21 +103,21 @@ def run_drills(names: tuple[str, ...], run_all: bool, nproc_per_node: int | None
     stop_on_sigterm()  # stops the drill as cleanly as Ctrl-C
     cards = []
     for plan in plans:
-        run_dir = fresh_run_dir(out, plan.drill.name)
+        run = fresh_run_dir(out, plan.drill.name)
         try:
             with render.Progress(progress_console, plan.drill) as progress:
-                run_drill(plan, run_dir, timeout=timeout, on_progress=progress.update)
+                run_drill(plan, run, timeout=timeout, on_progress=progress.update)
         except KeyboardInterrupt:
             click.echo(f"interrupted: drill {plan.drill.name} stopped; its run directory is "
-                       f"kept: {run_dir}", err=True)
+                       f"kept: {run.root}", err=True)
             raise
         try:
-            card = score(run_dir)
+            card = score(run)
         except ConfigError as exc:
-            card = unscored(plan.drill, run_dir, str(exc))
+            card = unscored(plan.drill, run, str(exc))
         card["kept"] = keep or not card["passed"]
         if not card["kept"]:
-            shutil.rmtree(run_dir, ignore_errors=True)
+            shutil.rmtree(run.root, ignore_errors=True)
         cards.append(card)
         if not as_json:
             render.render_card(card, console)
@@ -143,7 +143,7 @@ def score_drill(run: RunDir, as_json: bool, detect_within: float | None,
     Exit code 0: passed; 1: failed; 2: not a drill's run directory, or nothing to score.
     """
     from trainwatch.drill.score import score, summary
-    card = score(run.root, detect_within=detect_within, recover_within=recover_within)
+    card = score(run, detect_within=detect_within, recover_within=recover_within)
     if as_json:
         click.echo(render.to_json(summary([card])))
     else:

@@ -11,5 +11,5 @@ RECORD_FORMAT = "trainwatch.drill.record"
 RECORD_VERSION = 1
 
 
-def record_file(run_dir: str | Path) -> Path:
-    return RunDir(run_dir).drill_dir / "drill.json"
+def record_file(run: RunDir) -> Path:
+    return run.drill_dir / "drill.json"

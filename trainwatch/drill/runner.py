@@ -30,7 +30,7 @@ from trainwatch.process.stopsignals import stopping
 STOP_GRACE_SECONDS = 60.0  # `trainwatch run` stops its job gracefully first (SIGTERM, save)
 
 
-def fresh_run_dir(out: Path, name: str) -> Path:
+def fresh_run_dir(out: Path, name: str) -> RunDir:
     """A new, empty run directory for one drill under ``out`` (never reuses one)."""
     stamp = time.strftime("%Y%m%dT%H%M%S")
     path, n = out / f"{name}-{stamp}", 1
@@ -38,7 +38,7 @@ def fresh_run_dir(out: Path, name: str) -> Path:
         n += 1
         path = out / f"{name}-{stamp}-{n}"
     path.mkdir(parents=True)
-    return path
+    return RunDir(path)
 
 
 def command(settings: DrillSettings, run: RunDir, files: dict[str, Path]) -> list[str]:
@@ -85,11 +85,11 @@ def snapshot(run: RunDir, started: float, watcher: FindingsWatcher) -> dict[str,
             "finished": any(e["event"] == "finished" for e in events)}
 
 
-def run_drill(settings: DrillSettings, run_dir: Path, *, timeout: float,
+def run_drill(settings: DrillSettings, run: RunDir, *, timeout: float,
               on_progress: Callable[[dict[str, Any]], None] | None = None,
               poll_seconds: float = 0.5) -> dict[str, Any]:
     """Run the drill to its end (or ``timeout``); returns the record it wrote."""
-    run = RunDir(run_dir).create()
+    run.create()
     files = write_files(settings, run.drill_dir)
     cmd = command(settings, run, files)
     env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, LAUNCH_ENV)}
@@ -101,7 +101,7 @@ def run_drill(settings: DrillSettings, run_dir: Path, *, timeout: float,
         "started_at": started, "ended_at": None, "timeout_seconds": timeout,
         "exit_code": None, "timed_out": False, "interrupted": False, "findings": [],
         "agent_polls_failed": 0}
-    atomic_write_json(record_file(run.root), record)
+    atomic_write_json(record_file(run), record)
     with open(run.drill_log, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
@@ -134,5 +134,5 @@ def run_drill(settings: DrillSettings, run_dir: Path, *, timeout: float,
             fault.stop_left()
         record.update({"ended_at": time.time(), "exit_code": proc.returncode,
                        "findings": watcher.findings(), "agent_polls_failed": watcher.errors})
-        atomic_write_json(record_file(run.root), record)
+        atomic_write_json(record_file(run), record)
     return record

@@ -11,7 +11,6 @@ import json
 import re
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 from trainwatch.rundir.attempts import rank_of
@@ -43,13 +42,13 @@ _TORCHRUN_FAILED = re.compile(r"^[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(\.\d+)?
 
 # --------------------------------------------------------------------------- reading
 
-def read_record(run_dir: str | Path) -> dict[str, Any]:
+def read_record(run: RunDir) -> dict[str, Any]:
     """The drill's record, or a ConfigError (exit 2) saying why there is none."""
-    path = record_file(run_dir)
-    if not RunDir(run_dir).exists():
-        raise ConfigError("no such run directory", file=str(run_dir))
+    path = record_file(run)
+    if not run.exists():
+        raise ConfigError("no such run directory", file=str(run.root))
     try:
-        record = json.loads(read_run_file(path, run_dir))
+        record = json.loads(read_run_file(path, run.root))
     except FileNotFoundError:
         raise ConfigError("missing: not a drill's run directory (trainwatch drill run writes "
                           "it)", file=str(path)) from None
@@ -121,17 +120,16 @@ def _secs(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.1f} s"
 
 
-def score(run_dir: str | Path, *, detect_within: float | None = None,
+def score(run: RunDir, *, detect_within: float | None = None,
           recover_within: float | None = None) -> dict[str, Any]:
     """The scorecard of one drill's run directory (keys: docs/drill.md)."""
     from trainwatch.report import cost, goodput, render, timeline
 
-    record = read_record(run_dir)
+    record = read_record(run)
     try:
         drill = catalog.get(str(record.get("drill")))
     except ConfigError as exc:
-        raise ConfigError(exc.problem, file=str(record_file(run_dir)), key="drill") from None
-    run = RunDir(run_dir)
+        raise ConfigError(exc.problem, file=str(record_file(run)), key="drill") from None
     if not run.journal_file.exists():
         raise ConfigError("missing: the run left no journal, so there is nothing to score "
                           f"(see {run.drill_log})", file=str(run.journal_file))
@@ -141,7 +139,7 @@ def score(run_dir: str | Path, *, detect_within: float | None = None,
     recover_within = settings.get("recover_within_seconds", drill.recover_within) \
         if recover_within is None else recover_within
     every = settings.get("steps_lost_max")
-    tl = timeline.read_timeline(run.root)
+    tl = timeline.read_timeline(run)
     report = render.report(tl, goodput.account(tl), cost.CostSettings())
     events = tl.events
     findings = [f for f in record.get("findings") or [] if isinstance(f, dict)]
@@ -360,15 +358,15 @@ def _duplicates(actions, restarts, supervisors: int = 0, allowed: int = 0) -> di
                     f"{done}; {len(restarts)} restart{'s' if len(restarts) != 1 else ''}")
 
 
-def unscored(drill: Drill, run_dir: str | Path, reason: str) -> dict[str, Any]:
+def unscored(drill: Drill, run: RunDir, reason: str) -> dict[str, Any]:
     """The scorecard of a drill whose run left nothing to score (it never started)."""
     record: dict[str, Any] = {}
     try:
-        record = read_record(run_dir)
+        record = read_record(run)
     except ConfigError:
         pass
     return {"name": drill.name, "simulates": drill.simulates, "fault": drill.fault,
-            "run_dir": str(run_dir), "passed": False,
+            "run_dir": str(run.root), "passed": False,
             "run": {"exit_code": record.get("exit_code"),
                     "timed_out": bool(record.get("timed_out")),
                     "interrupted": bool(record.get("interrupted")), "state": None,

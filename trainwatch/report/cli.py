@@ -41,9 +41,8 @@ def report(run: RunDir, as_json: bool,
     Exit code 0: report printed; 2: bad input (not a run directory, bad config value).
     """
     from trainwatch.report import cost, goodput, render, timeline
-    run_dir = run.root
     settings = cost.load_settings(config_file, price=gpu_hour_price, gpus=gpus)
-    tl = timeline.read_timeline(run_dir)
+    tl = timeline.read_timeline(run)
     data = render.report(tl, goodput.account(tl), settings)
     if prom_textfile is not None:
         from trainwatch.report.prom import write_textfile
@@ -54,7 +53,7 @@ def report(run: RunDir, as_json: bool,
         except ImportError as exc:
             raise missing_extra(exc, "html", key="--html") from None
         from trainwatch.report.series import read_series
-        write_html(html_file, data, read_series(run_dir))
+        write_html(html_file, data, read_series(run))
         if not as_json:
             click.echo(f"wrote {html_file}: open it in a browser (self-contained, works offline)")
             return

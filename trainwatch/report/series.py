@@ -101,8 +101,7 @@ class Series:
     events: list[dict[str, Any]]                   # MARKED_EVENTS, trimmed to a few fields
 
 
-def read_series(run_dir: str | Path) -> Series:
-    run = RunDir(run_dir)
+def read_series(run: RunDir) -> Series:
     loss = Decimated()
     for record in _lines(run.metrics_file(0), run.root):
         if record.get("kind") == "step" and _num(record.get("time")) is not None \

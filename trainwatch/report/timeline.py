@@ -172,14 +172,13 @@ class Timeline:
 
 # --------------------------------------------------------------------------- reading
 
-def check_run_dir(path: Path) -> RunDir:
+def check_run_dir(run: RunDir) -> RunDir:
     """The run directory, or a ConfigError (exit 2) saying why it is not one."""
-    run = RunDir(path)
     if not run.exists():
-        raise ConfigError("no such run directory", file=str(path))
+        raise ConfigError("no such run directory", file=str(run.root))
     if not (run.run_file.exists() or run.journal_file.exists() or run.metrics_dir.is_dir()):
         raise ConfigError("not a trainwatch run directory (no run.json, journal.jsonl or "
-                          "metrics/)", file=str(path))
+                          "metrics/)", file=str(run.root))
     return run
 
 
@@ -393,9 +392,9 @@ def _not_running(events: list[dict[str, Any]], start: float, end: float
 
 # --------------------------------------------------------------------------- assembly
 
-def read_timeline(path: str | Path) -> Timeline:
+def read_timeline(run: RunDir) -> Timeline:
     """Everything the report needs from one run directory (ConfigError if it is not one)."""
-    run = check_run_dir(Path(path))
+    check_run_dir(run)
     warnings: list[str] = []
     info = run.run_info() or {}
     if not info:
