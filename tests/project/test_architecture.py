@@ -184,8 +184,12 @@ def test_modules_are_imported_by_their_one_path():
 
 
 def test_the_contract_is_torch_free():
+    """The contract and the checkpoint reader (its DCP recognition included) never import
+    torch: the agent, diagnose, the controller and the summary read with them."""
     code = ("import sys, pkgutil, importlib, trainwatch.contract as c\n"
-            "for m in pkgutil.iter_modules(c.__path__): importlib.import_module(f'{c.__name__}.{m.name}')\n"
+            "import trainwatch.checkpoint_format as f\n"
+            "for p in (c, f):\n"
+            "    for m in pkgutil.iter_modules(p.__path__): importlib.import_module(f'{p.__name__}.{m.name}')\n"
             "import trainwatch.agent.daemon, trainwatch.diagnose.cli, trainwatch.report.cli\n"
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

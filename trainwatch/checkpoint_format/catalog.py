@@ -1,19 +1,27 @@
 """What a checkpoint directory holds: complete checkpoints, newest first, and leftovers.
 
-Listing is cheap (names and manifests only); ``manifest.verify`` does the hashing.
+Listing is cheap (names and manifests only); ``manifest.verify`` does the hashing. A
+directory the job saved with torch.distributed.checkpoint (no manifest: ``.metadata`` and
+``.distcp`` shards) is listed as kind ``dcp``, state ``dcp``: a checkpoint, but not one the
+reference trainer or ``Checkpoints`` can load, so ``complete()`` leaves it out.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from trainwatch.contract.layout import WEIGHTS_CONFIG_DIGEST_KEY
 from trainwatch.errors import FormatError
+from trainwatch.checkpoint_format import dcp
 from trainwatch.checkpoint_format.manifest import (INCOMPLETE_PREFIXES, MANIFEST, read_manifest,
                                                     step_of, weights_config_digest)
+
+DCP_STATE = "dcp"                      # a DCP checkpoint with its .metadata
+LISTED_FIRST = ("complete", DCP_STATE)
 
 
 @dataclass
@@ -22,14 +30,18 @@ class Entry:
 
     path: Path
     step: int | None
-    state: str                       # complete | incomplete | invalid
+    state: str                       # complete | dcp | incomplete | invalid
     manifest: dict[str, Any] | None = None
     reason: str = ""
+    kind: str = "trainwatch"         # trainwatch (a manifest) | dcp
+    declared: bool = False           # the job declared it (tel.checkpoint_saved)
+    shards: int | None = None        # a DCP checkpoint's .distcp files
+    disk_bytes: int = 0              # a DCP checkpoint's files, as listed
 
     @property
     def bytes(self) -> int:
         if not self.manifest:
-            return 0
+            return self.disk_bytes
         return sum(entry["bytes"] for entry in self.manifest["files"].values())
 
     @property
@@ -44,12 +56,35 @@ class Entry:
                 "created_at": manifest.get("created_at"), "val_loss": self.val_loss,
                 "world_size": manifest.get("world_size"),
                 WEIGHTS_CONFIG_DIGEST_KEY: weights_config_digest(manifest),
-                "reason_saved": manifest.get("reason")}
+                "reason_saved": manifest.get("reason"), "kind": self.kind,
+                "declared": self.declared, "shards": self.shards}
 
 
-def scan(folder: str | Path) -> list[Entry]:
-    """Every checkpoint-like directory in ``folder``: complete ones newest first, then the rest."""
+def dcp_entry(path: Path, step: int | None, declared: bool) -> Entry | None:
+    """``path`` as a DCP checkpoint (state ``dcp``, or ``invalid`` without its
+    ``.metadata``), or None when it is not one."""
+    found = dcp.look(path)
+    if found is None:
+        return None
+    return Entry(path, step, DCP_STATE if found.metadata else "invalid",
+                 reason=found.describe(declared), kind=dcp.KIND, declared=declared,
+                 shards=found.shards, disk_bytes=found.bytes)
+
+
+def resolved(path: Path) -> Path:
+    """How the journal names a declared checkpoint (``tel.checkpoint_saved`` resolves it)."""
+    try:
+        return path.resolve()
+    except OSError:
+        return path
+
+
+def scan(folder: str | Path, declared: Mapping[Path, int] | None = None) -> list[Entry]:
+    """Every checkpoint-like directory in ``folder``: complete ones (and DCP ones) newest
+    first, then the rest. ``declared``: {resolved path: step} of the checkpoints the job
+    declared, which are listed whatever their name (``declared.declared_checkpoints``)."""
     folder = Path(folder)
+    declared = declared or {}
     entries: list[Entry] = []
     try:
         children = list(folder.iterdir())
@@ -62,8 +97,17 @@ def scan(folder: str | Path) -> list[Entry]:
             entries.append(Entry(child, None, "incomplete", reason="save did not finish"))
             continue
         step = step_of(child.name)
-        if step is None:
+        claimed = declared.get(resolved(child)) if declared else None
+        if step is None and claimed is None:
             continue  # not ours
+        if not os.path.lexists(child / MANIFEST):
+            found = dcp_entry(child, claimed if claimed is not None else step,
+                              claimed is not None)
+            if found is not None:
+                entries.append(found)
+                continue
+        if step is None:
+            continue  # declared, but neither ours nor DCP
         try:
             manifest = read_manifest(child)
         except FormatError as exc:
@@ -71,9 +115,13 @@ def scan(folder: str | Path) -> list[Entry]:
                                  reason=f"{MANIFEST}: {str(exc).split(': ', 1)[-1]}"))
             continue
         entries.append(Entry(child, step, "complete", manifest))
-    entries.sort(key=lambda e: (e.state != "complete", -(e.step if e.step is not None else -1),
-                                e.path.name))
-    return entries
+    return ordered(entries)
+
+
+def ordered(entries: list[Entry]) -> list[Entry]:
+    """Checkpoints (complete and DCP) newest first, then leftovers and invalid ones."""
+    return sorted(entries, key=lambda e: (e.state not in LISTED_FIRST,
+                                          -(e.step if e.step is not None else -1), e.path.name))
 
 
 def complete(folder: str | Path) -> list[Entry]:

@@ -250,8 +250,10 @@ class JobController:
         """What a restart resumes from, as the journal may say it: ``(step, kind)`` with kind
         ``checkpoint`` (a complete trainwatch checkpoint; the job verifies its hashes when it
         resumes), ``declared`` (the job's own files, not verified by trainwatch) or ``none``."""
-        ours = self.checkpoints()
         declared = self.declared_checkpoints()
+        # A declared directory in a checkpoint folder (a DCP save) is the job's, not ours:
+        # no manifest for the job to verify as it loads.
+        ours = [c for c in self.checkpoints() if c[1] not in {p for _, p in declared}]
         if ours and (not declared or ours[-1][0] >= declared[-1][0]):
             return ours[-1][0], "checkpoint"
         if declared:

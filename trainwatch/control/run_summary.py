@@ -42,6 +42,7 @@ class Summary:
     incidents: list[str] = field(default_factory=list)
     checkpoints: int = 0
     newest_checkpoint: tuple[int | None, str | None] | None = None  # (step, reason saved)
+    newest_checkpoint_note: str | None = None                        # e.g. "DCP, declared by the job"
     problems: list[str] = field(default_factory=list)               # what could not be read
 
     def next_commands(self) -> list[tuple[str, str]]:
@@ -158,16 +159,21 @@ def unsaved_end(run: RunDir) -> str | None:
 
 
 def _checkpoints(s: Summary, run: RunDir) -> None:
+    """Complete checkpoints wherever the run put them (run.json), and the DCP checkpoints
+    its job declared (docs/checkpoints.md, "Declared DCP checkpoints")."""
     try:
-        from trainwatch.checkpoint_format.catalog import complete
+        from trainwatch.checkpoint_format.catalog import LISTED_FIRST
+        from trainwatch.checkpoint_format.declared import run_checkpoints
     except ImportError:
         return
-    folders = run.checkpoint_folders()  # wherever the run put them (run.json)
-    entries = [e for folder in folders for e in complete(folder)]
+    entries = [e for e in run_checkpoints(run) if e.state in LISTED_FIRST]
     s.checkpoints = len(entries)
     if entries:
         newest = max(entries, key=lambda e: e.step if e.step is not None else -1)
         s.newest_checkpoint = (newest.step, (newest.manifest or {}).get("reason"))
+        if newest.manifest is None:  # not trainwatch's: a DCP checkpoint
+            s.newest_checkpoint_note = newest.kind.upper() + (", declared by the job"
+                                                              if newest.declared else "")
 
 
 def _number(value) -> float | None:
@@ -222,7 +228,9 @@ def _checkpoint_text(s: Summary) -> str:
         return "none"
     step, reason = s.newest_checkpoint or (None, None)
     text = f"{s.checkpoints}, newest at step {step}"
-    if reason == "stop":
+    if s.newest_checkpoint_note:
+        text += f" ({s.newest_checkpoint_note})"
+    elif reason == "stop":
         text += " (saved on stop: the same command resumes from it)"
     elif s.outcome.ended_early:
         text += " (the same command resumes from it)"

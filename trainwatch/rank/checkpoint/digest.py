@@ -40,3 +40,25 @@ def checkpoint_digest(directory: str | Path) -> str:
     """Digest of ``model.pt`` in a checkpoint directory."""
     state = torch.load(Path(directory) / "model.pt", map_location="cpu", weights_only=True)
     return state_digest(state)
+
+
+def dcp_digest(directory: str | Path) -> str:
+    """Digest of every tensor of a DCP checkpoint (model and optimizer state alike, by the
+    names DCP gave them), loaded whole into host memory: the same for any world size that
+    wrote it. Objects DCP stored as bytes (steps, learning rates) are left out. ValueError
+    when it cannot be loaded."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from trainwatch.rank.checkpoint.dcp_verify import read_metadata
+
+    metadata = read_metadata(Path(directory))
+    state = {fqn: torch.empty(tuple(md.size), dtype=md.properties.dtype)
+             for fqn, md in metadata.state_dict_metadata.items()
+             if isinstance(md, TensorStorageMetadata)}
+    try:
+        dcp.load(state, storage_reader=dcp.FileSystemReader(str(directory)), no_dist=True)
+    except CheckpointException as exc:  # a BaseException: DCP's wrapper of every failure
+        raise ValueError(str(exc)) from None
+    return state_digest(state)

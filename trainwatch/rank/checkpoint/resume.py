@@ -34,7 +34,7 @@ def select(folders: list[Path]) -> tuple[Verification | None, list[Fallback]]:
     candidates.sort(key=lambda c: (c[0], c[1]), reverse=True)
     passed_over: list[Fallback] = []
     for _, _, entry in candidates:
-        if entry.state == "invalid":
+        if entry.state != "complete":  # invalid, or a DCP checkpoint: not ours to load
             passed_over.append(Fallback(entry.path, entry.reason))
             continue
         result = verify(entry.path)
