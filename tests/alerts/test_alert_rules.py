@@ -27,7 +27,8 @@ PROMTOOL_TEST = REPO / "tests" / "promtool" / "alerts.test.yaml"
 REQUIRED = ["TrainingStallSuspected", "TrainingStalled", "TrainingRankDown", "TrainingStartupFailed",
             "TrainingStragglerRank", "TrainingStragglerNode", "TrainingLossNonFinite",
             "TrainingLossSpike", "TrainingLossNotDecreasing", "TrainingThroughputDrop",
-            "CheckpointFailed", "CheckpointTooOld", "GPUXidErrors", "GPUUncorrectableECC",
+            "CheckpointFailed", "CheckpointFailedRepeatedly", "CheckpointTooOld", "GPUXidErrors",
+            "GPUUncorrectableECC",
             "GPUThermalThrottling", "GPUPowerThrottling", "NCCLErrors", "StorageFillingUp",
             "StorageFull", "StorageProbeSlow", "NetworkInterfaceErrors", "NetworkLinkFlapping",
             "NCCLPeerUnresponsive", "TrainwatchVersionSkew", "TrainwatchAgentDown", "TrainwatchCollectorFailing",
@@ -79,7 +80,7 @@ def test_promtool_check_rules_on_both_exports(tmp_path):
     out = subprocess.run(["promtool", "check", "rules", str(GENERATED / "prometheus-rules.yaml")],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 31 rules found" in out.stdout
+    assert "SUCCESS: 32 rules found" in out.stdout
     spec = yaml.safe_load((GENERATED / "prometheusrule.yaml").read_text())
     assert spec["kind"] == "PrometheusRule"
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec["spec"]))
@@ -189,7 +190,7 @@ def test_cli_export_and_runbook(tmp_path):
     doc = yaml.safe_load(out.stdout)
     assert doc["metadata"]["namespace"] == "ml"
     urls = [r["annotations"]["runbook_url"] for g in doc["spec"]["groups"] for r in g["rules"]]
-    assert all(u.endswith(".md") and "/runbooks/" in u for u in urls) and len(urls) == 31
+    assert all(u.endswith(".md") and "/runbooks/" in u for u in urls) and len(urls) == 32
     out = subprocess.run([sys.executable, "-m", "trainwatch", "runbook", "trainingstalled"],
                          capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.startswith("# TrainingStalled")

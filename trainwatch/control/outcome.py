@@ -81,7 +81,7 @@ class RunOutcome:
                     f"job runs); see {run.journal_file}")
         if self.ending is Ending.UNSAVED:
             return (f"trainwatch run: the job ended, but {self.why}: what it trained since is "
-                    f"not saved (is the disk full?); see {run.journal_file}")
+                    f"not saved; see {run.journal_file}")
         if self.ending is Ending.LAUNCH_FAILED:
             first = launch.first_error()
             return ("trainwatch run: the job failed before any rank started (not restarted: "

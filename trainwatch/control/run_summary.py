@@ -140,7 +140,8 @@ def _last_loss(run: RunDir) -> tuple[float | None, int | None]:
 def unsaved_end(run: RunDir) -> str | None:
     """Why the job's training is on no disk when its newest save failed (a full disk) at a
     step after its newest saved one: it may have trained on and exited 0, but nothing after
-    that save was kept. None when a newer save succeeded (a failure it recovered from; a
+    that save was kept, and the failure's own reason (a guess at the disk only when none was
+    recorded). None when a newer save succeeded (a failure it recovered from; a
     mirror copy that failed, which names no step), or the journal cannot tell."""
     try:
         events = run.events("checkpoint_saved", "checkpoint_failed")
@@ -149,13 +150,15 @@ def unsaved_end(run: RunDir) -> str | None:
         return None
     steps = {name: [e for e in events if e.get("event") == name and type(e.get("step")) is int]
              for name in ("checkpoint_saved", "checkpoint_failed")}
-    failed = max(steps["checkpoint_failed"], key=lambda e: e["step"], default=None)
+    failed = max(reversed(steps["checkpoint_failed"]), key=lambda e: e["step"],  # the last
+                 default=None)
     saved = max((e["step"] for e in steps["checkpoint_saved"]), default=None)
     if failed is None or (saved is not None and saved >= failed["step"]):
         return None
+    error = str(failed.get("error") or "").strip()
     return (f"its checkpoint save of step {failed['step']} failed: "
-            f"{str(failed.get('error'))[:200]}; the newest saved is "
-            + (f"step {saved}" if saved is not None else "none"))
+            + (error[:300] if error else "no reason recorded (is the disk full?)")
+            + "; the newest saved is " + (f"step {saved}" if saved is not None else "none"))
 
 
 def _checkpoints(s: Summary, run: RunDir) -> None:

@@ -165,7 +165,7 @@ def _checkpoints(b: Board, limits: dict) -> None:
                         "failed saves"),
                  description="Verified and failed checkpoint saves; after a failure the "
                              "previous verified checkpoint is kept.",
-                 alerts=("CheckpointFailed",), w=6)
+                 alerts=("CheckpointFailed", "CheckpointFailedRepeatedly"), w=6)
 
 
 def _alerts_and_actions(b: Board, runbook_base: str) -> None:

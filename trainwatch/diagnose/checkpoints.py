@@ -41,14 +41,27 @@ def gather(run: RunDir, ev: Evidence) -> None:
         info["newest"]["age_seconds"] = round(ev.collected_at - info["newest"]["time"], 1)
     if info["newest"] is None:
         info["newest_text"] = "unknown (no manifest, journal event or status entry found)"
-    info["failures"] = [{k: r.get(k) for k in ("time", "step", "error", "path", "rank")}
-                        for r in journal.recent(ev, "checkpoint_failed")]
-    info["failures"] += [{"time": None, "step": v["checkpoint"].get("step"),
-                          "error": v["checkpoint"].get("error"), "rank": r}
-                         for r, v in ev.ranks.items() if isinstance(v.get("checkpoint"), dict)
-                         and v["checkpoint"].get("ok") is False]
+    info["failures"] = failures(ev)
     info["disk"] = disk(folders[0] if folders[0].exists() else run.root)
     ev.checkpoints = info
+
+
+def failures(ev: Evidence) -> list[dict[str, Any]]:
+    """Failed saves, oldest first, each with its reason: the journal's ``checkpoint_failed``
+    events (``error``), and for a rank whose status says its last save failed but whose
+    failure the journal does not hold (unreadable, or beyond its recent events) the
+    status's ``last_error`` with the step it was saving (``in_flight_step``) and its
+    ``failures_total`` (``count``)."""
+    found = [{k: r.get(k) for k in ("time", "step", "error", "path", "rank")}
+             for r in journal.recent(ev, "checkpoint_failed")]
+    journaled = {f.get("rank") for f in found}
+    for rank, status in ev.ranks.items():
+        facts = status.get("checkpoint")
+        if isinstance(facts, dict) and facts.get("ok") is False and rank not in journaled:
+            found.append({"time": None, "step": facts.get("in_flight_step"),
+                          "error": facts.get("last_error"), "rank": rank,
+                          "count": facts.get("failures_total")})
+    return found
 
 
 def newest_intact(folder: Path) -> list[dict[str, Any]]:

@@ -27,7 +27,8 @@ def check_storage_and_checkpoints(a: Analysis) -> list[Finding]:
                                                 f"{info.get('dir')}/*"))
     if info.get("failures"):
         newest = info.get("newest")
-        evidence = [f"{len(info['failures'])} failed checkpoint save(s); last: "
+        count = sum(_count(f) for f in info["failures"])
+        evidence = [f"{count} failed checkpoint save(s); last: "
                     f"step {info['failures'][-1].get('step')}: {errors[-1] or 'no reason given'}",
                     "newest checkpoint: " + (_ckpt_text(newest) if newest
                                              else info.get("newest_text", "unknown"))]
@@ -39,6 +40,12 @@ def check_storage_and_checkpoints(a: Analysis) -> list[Finding]:
     if not info.get("newest"):
         a.ev.cannot_see("newest verified checkpoint: unknown")
     return findings
+
+
+def _count(failure: dict[str, Any]) -> int:
+    """A journal event is one failure; a rank's status counts its own (``count``)."""
+    count = failure.get("count")
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 1
 
 
 def _pct(ratio: float | None) -> str:

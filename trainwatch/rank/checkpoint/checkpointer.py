@@ -40,7 +40,7 @@ from trainwatch.contract.layout import rank_source
 from trainwatch.errors import ConfigError
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.checkpoint_format import catalog
-from trainwatch.rank.checkpoint import resume as resume_mod, retention, rng
+from trainwatch.rank.checkpoint import resume as resume_mod, retention, rng, whole_state
 from trainwatch.rank.checkpoint.cadence import interval_due
 from trainwatch.rank.checkpoint.config import CheckpointConfig
 from trainwatch.checkpoint_format.manifest import verify
@@ -86,6 +86,7 @@ class Checkpointer:
         self._metrics: dict[str, float] = {}
         self._agreed: tuple[int, bool, bool, list[str]] | None = None
         self._newest_verified: dict[Path, Path] = {}
+        self._state_checked = False  # the first save looks at the state once (whole_state.py)
         self.facts: dict[str, Any] = {
             "step": None, "path": None, "time": None, "ok": None, "bytes": None,
             "last_error": None, "in_flight": False, "saves_total": 0, "failures_total": 0,
@@ -262,6 +263,10 @@ class Checkpointer:
 
     def _save(self, step: int, state: dict[str, Any], reason: str, *,
               force_wait: bool = False) -> None:
+        if not self._state_checked:
+            # Before any collective or file: every rank refuses the same sharded state.
+            whole_state.check_trees(state)
+            self._state_checked = True
         started = time.perf_counter()
         phase = self.telemetry.phase("checkpoint") if self.telemetry else contextlib.nullcontext()
         with phase:

@@ -37,6 +37,8 @@ from trainwatch.rank import telemetry as telemetry_mod
 from trainwatch.rank.checkpoint.checkpointer import EXIT_STOPPED, Checkpointer
 from trainwatch.rank.checkpoint.config import CheckpointConfig
 from trainwatch.rank.checkpoint.resume import Restored
+from trainwatch.rank.checkpoint.whole_state import (UnsaveableState, check_objects,
+                                                     check_trees)
 from trainwatch.rank.skips import SkipSteps, agree_skip_steps
 
 log = logging.getLogger(__name__)
@@ -65,6 +67,7 @@ class Checkpoints:
         self._last: tuple[int, dict[str, Any]] | None = None
         self._saved_at: int | None = None
         self._closed = False
+        self._checked: set[str] = set()  # "resume", "save": the state was looked at once
         self.checkpointer.start()
 
     @classmethod
@@ -98,8 +101,10 @@ class Checkpoints:
 
         Objects with ``load_state_dict`` are loaded in place, dicts and lists updated in
         place; anything else is in ``self.loaded[name]``. RNGs are restored last, so call
-        this after building the model and optimizer, just before the loop.
+        this after building the model and optimizer, just before the loop. Sharded state
+        (FSDP, DTensor) is refused: a ConfigError, bad input (whole_state.py).
         """
+        self._check_once("resume", state)
         restored = self.checkpointer.resume()
         self._agree_skips()
         if restored is None:
@@ -155,6 +160,7 @@ class Checkpoints:
 
         def taken() -> dict[str, Any]:
             saving.append(True)
+            self._check_once("save", state)
             return _state_dicts(state)
 
         if self.checkpointer.after_step(step, taken):
@@ -191,6 +197,12 @@ class Checkpoints:
         self.close(final=exc_type is None)  # a failing rank must not start a collective
 
     # ------------------------------------------------------------------ internals
+    def _check_once(self, when: str, state: dict[str, Any]) -> None:
+        """Refuse a sharded model or optimizer before it is saved or loaded into, once."""
+        if when not in self._checked and self.config.enabled:
+            check_objects(state)
+            self._checked.add(when)
+
     def _continue_at(self, step: int) -> None:
         if self.telemetry is not None and hasattr(self.telemetry, "continue_at"):
             self.telemetry.continue_at(step)
@@ -231,9 +243,22 @@ def _state_dicts(state: dict[str, Any]) -> dict[str, Any]:
         elif _plain(value):
             out[name] = value
         else:
-            out[name] = {_PICKLED: torch.frombuffer(bytearray(pickle.dumps(value)),
+            out[name] = {_PICKLED: torch.frombuffer(bytearray(_pickled(name, value)),
                                                     dtype=torch.uint8)}
     return out
+
+
+def _pickled(name: str, value: Any) -> bytes:
+    try:
+        return pickle.dumps(value)
+    except Exception as exc:  # bad input (exit 2), not an error that a restart repeats
+        check_trees({name: value})  # a container: name the key inside it that failed
+        kind = type(value)
+        raise UnsaveableState(
+            name, f"{kind.__module__}.{kind.__qualname__} has no state_dict() and cannot be "
+                  f"pickled ({type(exc).__name__}: {exc})",
+            "pass its state as plain values, or give it state_dict() and load_state_dict()"
+        ) from None
 
 
 def _plain(value: Any) -> bool:

@@ -1,0 +1,158 @@
+"""Refuse, as bad input, training state a checkpoint cannot hold whole.
+
+Rank 0 writes the shared state (model, optimizer, ...) as if every rank held the same.
+Sharded state breaks that: a DTensor (FSDP2, tensor parallel), a ShardedTensor or an FSDP1
+FlatParameter is this rank's shard only. Async saves of it all failed (a wrapper tensor
+subclass cannot be copied to host memory as it stands), a sync save sealed rank 0's half
+of the model and hung in the NaN guard's collective, and without the guard a restart
+resumed from that half, silently. So the first save and the first resume look at the state
+once (a walk over its tensors, no copy, no collective) and stop the rank with a
+ConfigError naming the first offending key, its type and the fix: the rank's status says
+bad input, ``trainwatch run`` exits 2 and nothing is restarted. Plain tensors (CUDA ones
+too), ``nn.Parameter`` and Python values pass untouched; an object that does not pickle
+is refused the same way, before any save could fail on it.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from typing import Any, Iterator
+
+import torch
+
+from trainwatch.errors import ConfigError
+
+SHARDED_FIX = ("for now save sharded state (and tensor subclasses) with "
+               "torch.distributed.checkpoint (DCP) in your loop and declare each save with "
+               "tel.checkpoint_saved(path, step); see docs/checkpoints.md, \"Sharded models\"")
+_SCALARS = (int, float, str, bool, bytes, complex, type(None), torch.dtype, torch.device,
+            torch.Size)
+
+
+class UnsaveableState(ConfigError):
+    """State a checkpoint would not hold whole; ``key`` names where, ``what`` what it is."""
+
+    def __init__(self, key: str, what: str, fix: str):
+        super().__init__(f"cannot checkpoint {key}: {what}: {fix}")
+        self.key, self.what = key, what
+
+
+def check_trees(state: dict[str, Any]) -> None:
+    """Raise UnsaveableState for the first tensor or object in the state trees (``name ->
+    state_dict`` and plain values) that a checkpoint cannot hold whole."""
+    for key, value in _leaves(state, ""):
+        if isinstance(value, torch.Tensor):
+            what = describe_tensor(value)
+            if what is not None:
+                raise UnsaveableState(key, what, SHARDED_FIX)
+        elif not isinstance(value, _SCALARS):
+            _check_pickles(key, value)
+
+
+def check_objects(state: dict[str, Any]) -> None:
+    """Raise UnsaveableState when a model or optimizer given by keyword holds sharded
+    parameters or state; other objects are left to ``check_trees`` (no ``state_dict`` is
+    taken here: under FSDP1 that is a collective)."""
+    for name, obj in state.items():
+        if isinstance(obj, torch.nn.Module):
+            found = _sharded_module(name, obj)
+        elif isinstance(obj, torch.optim.Optimizer):
+            found = _sharded_optimizer(name, obj)
+        elif isinstance(obj, (dict, list, tuple)):
+            found = _first_tensor_not_whole(_leaves(obj, name))
+        else:
+            found = None
+        if found is not None:
+            raise UnsaveableState(*found, SHARDED_FIX)
+
+
+def describe_tensor(tensor: torch.Tensor) -> str | None:
+    """What a tensor is when a checkpoint cannot copy it whole, else None."""
+    kind = type(tensor)
+    dtensor = _loaded("torch.distributed.tensor", "DTensor")
+    if dtensor is not None and isinstance(tensor, dtensor):
+        return _dtensor_text(tensor)
+    sharded = _loaded("torch.distributed._shard.sharded_tensor", "ShardedTensor")
+    if sharded is not None and isinstance(tensor, sharded):
+        return ("ShardedTensor (this rank's shards of an FSDP1 sharded or local state dict)")
+    if getattr(tensor, "_is_flat_param", False):
+        return "FlatParameter (FSDP1's flattened shard of this rank's parameters)"
+    if kind.__torch_dispatch__ is not torch.Tensor.__torch_dispatch__:
+        return (f"tensor subclass {kind.__module__}.{kind.__qualname__} (a wrapper whose data "
+                "trainwatch cannot copy whole)")
+    if tensor.is_meta:
+        return "meta tensor (it has no data: a model built on the meta device, not materialized)"
+    return None
+
+
+def _dtensor_text(tensor: Any) -> str:
+    mesh = tensor.device_mesh
+    names = mesh.mesh_dim_names
+    where = f"mesh {tuple(names)!r}" if names else f"a mesh of shape {tuple(mesh.shape)}"
+    placements = list(tensor.placements)
+    texts = [f"Shard({p.dim})" if p.is_shard() else repr(p) for p in placements]
+    how = ("sharded" if any(p.is_shard() for p in placements)
+           else "partial" if any(p.is_partial() for p in placements) else "replicated")
+    with_ = texts[0] if len(texts) == 1 else f"({', '.join(texts)})"
+    return f"DTensor ({how} over {where} with {with_})"
+
+
+def _sharded_module(name: str, module: torch.nn.Module) -> tuple[str, str] | None:
+    fsdp1 = _loaded("torch.distributed.fsdp.fully_sharded_data_parallel",
+                    "FullyShardedDataParallel")
+    if fsdp1 is not None:
+        for path, sub in module.named_modules():
+            if isinstance(sub, fsdp1):
+                return (".".join(filter(None, (name, path))),
+                        "FSDP1 FullyShardedDataParallel (its parameters and optimizer state "
+                        "are sharded per rank)")
+    named = [*module.named_parameters(), *module.named_buffers()]
+    return _first_tensor_not_whole((f"{name}.{key}", t) for key, t in named)
+
+
+def _sharded_optimizer(name: str, optimizer: torch.optim.Optimizer) -> tuple[str, str] | None:
+    params = ((f"{name}.param_groups[{g}].params[{i}]", p)
+              for g, group in enumerate(optimizer.param_groups)
+              for i, p in enumerate(group.get("params", [])))
+    return _first_tensor_not_whole(params)
+
+
+def _first_tensor_not_whole(items: Iterator[tuple[str, Any]]) -> tuple[str, str] | None:
+    for key, value in items:
+        if isinstance(value, torch.Tensor):
+            what = describe_tensor(value)
+            if what is not None:
+                return key, what
+    return None
+
+
+def _leaves(tree: Any, prefix: str) -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every leaf of nested dicts, lists and tuples."""
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _leaves(value, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
+        for i, value in enumerate(tree):
+            yield from _leaves(value, f"{prefix}[{i}]")
+    else:
+        yield prefix, tree
+
+
+def _check_pickles(key: str, value: Any) -> None:
+    try:
+        pickle.dumps(value)
+    except Exception as exc:
+        kind = type(value)
+        raise UnsaveableState(
+            key, f"{kind.__module__}.{kind.__qualname__} cannot be pickled "
+                 f"({type(exc).__name__}: {exc})",
+            "pass what a checkpoint can hold: tensors, numbers, strings, containers of them, "
+            "or an object with state_dict() and load_state_dict()") from None
+
+
+def _loaded(module: str, name: str) -> Any:
+    """``module.name`` if the job imported that module (else none of its tensors exist:
+    importing it here would only slow the first save down)."""
+    mod = sys.modules.get(module)
+    return getattr(mod, name, None) if mod is not None else None
