@@ -395,7 +395,7 @@ def test_storage_probe_where_the_agent_may_not_write_is_skipped_not_failed(tmp_p
                                                                            monkeypatch):
     """The agent reads a job's 0750 run directory through its group and may not write
     there: a skipped probe, said and counted, never StorageProbeSlow (a real unprivileged
-    agent: tests/test_deploy_shipped_e2e.py)."""
+    agent: tests/deploy/test_deploy_shipped_e2e.py)."""
     from trainwatch.agent.collectors import storage as storage_module
 
     def denied(path, size, node):
