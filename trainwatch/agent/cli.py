@@ -8,15 +8,16 @@ import sys
 import click
 
 from trainwatch.agent.config import load_config
+from trainwatch.config.clitypes import RUN_DIR_PATH
 from trainwatch.contract.ports import AGENT_LISTEN
 
 
 @click.command("agent")
 @click.argument("run_dir_args", nargs=-1, metavar="[RUN_DIR]...",
-                type=click.Path(file_okay=False))
-@click.option("--run-dir", "run_dirs", multiple=True, type=click.Path(file_okay=False),
+                type=RUN_DIR_PATH)
+@click.option("--run-dir", "run_dirs", multiple=True, type=RUN_DIR_PATH,
               help="Run directory to watch (repeatable; or give them as RUN_DIR...).")
-@click.option("--discover", "discover", multiple=True, type=click.Path(file_okay=False),
+@click.option("--discover", "discover", multiple=True, type=RUN_DIR_PATH,
               help="Folder whose sub-folders are run directories (re-scanned; repeatable).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False),
               help="Agent YAML config (see deploy/agent.yaml). SIGHUP reloads it.")
