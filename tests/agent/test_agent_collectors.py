@@ -73,9 +73,12 @@ def test_rank_series_are_built_when_a_scrape_reads_them_not_every_collection(tmp
 def test_another_nodes_rank_is_never_taken_for_ours_in_a_multi_node_job(tmp_path):
     """On a shared run dir, before this node's ranks write, only the other node's status
     is there: its pid means nothing here, so reporting it (as dead) could restart a
-    healthy job. A one-node job whose statuses name another host is still ours."""
+    healthy job. A one-node job whose statuses name another host of this machine and boot
+    (the trainer's container) is still ours; tests/agent/test_agent_rank_locality.py has
+    one of another machine."""
+    from trainwatch.node import boot_id
     run = RunDir(tmp_path / "run").create()
-    write_status(run, 1, os.getpid(), node="node-b")
+    write_status(run, 1, os.getpid(), node="node-b", boot=boot_id())
     ranks = collector(make_ctx([run.root]), "ranks")
     assert [r["rank"] for r in ranks.collect().data["jobs"][0]["ranks"]] == [1]  # one node
     run.write_run_info({"job": "exp", "nnodes": 2, "world_size": 2})
@@ -395,7 +398,7 @@ def test_storage_probe_where_the_agent_may_not_write_is_skipped_not_failed(tmp_p
                                                                            monkeypatch):
     """The agent reads a job's 0750 run directory through its group and may not write
     there: a skipped probe, said and counted, never StorageProbeSlow (a real unprivileged
-    agent: tests/test_deploy_shipped_e2e.py)."""
+    agent: tests/deploy/test_deploy_shipped_e2e.py)."""
     from trainwatch.agent.collectors import storage as storage_module
 
     def denied(path, size, node):

@@ -32,6 +32,8 @@ def test_defaults_cover_every_registered_collector(tmp_path):
     ({"straggler": {"ratio": 0.9}}, "straggler.ratio", "> 1"),
     ({"straggler": {"windows": 1.5}}, "straggler.windows", "whole number"),
     ({"listen": "localhost"}, "listen", "HOST:PORT"),
+    ({"run_dirs": ["runs/a", ""]}, "run_dirs", "empty path"),  # not the working directory
+    ({"discover": " "}, "discover", "empty path"),
 ])
 def test_bad_values_name_file_key_and_problem(data, key, problem):
     with pytest.raises(ConfigError) as err:

@@ -158,6 +158,26 @@ def test_sighup_reloads_config_and_sigterm_exits_cleanly(tmp_path):
     assert "agent stopped" in log
 
 
+def test_the_start_and_stop_lines_are_normal_output_not_warnings(tmp_path):
+    """Without -v (as systemd starts it) the start line was a WARNING on stderr; it is the
+    command's output, which the journal shows, and stderr keeps the real warnings."""
+    import sys
+    run = RunDir(tmp_path / "run").create()
+    port = free_port()
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with open(out, "wb") as o, open(err, "wb") as e:
+        proc = subprocess.Popen([sys.executable, "-m", "trainwatch", "agent", "--run-dir",
+                                 str(run.root), "--listen", f"127.0.0.1:{port}"], stdout=o,
+                                stderr=e)
+    try:
+        line = f"trainwatch agent serving on http://127.0.0.1:{port} (/metrics /status /healthz)"
+        wait_for(lambda: line in out.read_text(), 60, what="the start line on stdout")
+    finally:
+        assert stop_process(proc, signal.SIGTERM) == 0
+    assert out.read_text().splitlines()[-1] == "trainwatch agent stopped"
+    assert "WARNING" not in err.read_text(), err.read_text()
+
+
 def test_discover_finds_run_dirs_as_they_appear(tmp_path):
     from trainwatch.agent.context import AgentContext
     folder = tmp_path / "runs"

@@ -52,3 +52,31 @@ def test_optional_and_required_options(tmp_path):
     (tmp_path / "file").write_text("")
     a_file = CliRunner().invoke(_command(), ["--run-dir", str(tmp_path / "file")])
     assert a_file.exit_code == EXIT_USAGE and "is a file" in a_file.output
+
+
+def _refuses_empty(cmd: click.Command, param: click.Parameter) -> bool:
+    """The parameter's type refuses "" and " " (checked on the type: the old one let
+    the command run in the working directory, which a test must not do)."""
+    ctx = click.Context(cmd)
+    for value in ("", " "):
+        try:
+            param.type.convert(value, param, ctx)
+        except click.BadParameter:
+            continue
+        return False
+    return True
+
+
+def test_an_empty_run_dir_is_a_usage_error_in_every_command():
+    """click reads "" as the working directory: `alerts receive --run-dir ""` (an unset
+    shell variable) ran the job wherever the command started. Every form, every command."""
+    folders = [(name, cmd, p) for name, cmd in all_commands() for p in cmd.params
+               if {"--run-dir", "--discover"} & set(getattr(p, "opts", ()))
+               or p.name in ("run_dir_arg", "positional", "run_dir_args")]
+    assert len(folders) >= 20
+    assert [(name, p.name) for name, cmd, p in folders if not _refuses_empty(cmd, p)] == []
+    commands = dict(all_commands())
+    for args in (["--run-dir", ""], [""]):
+        given = CliRunner().invoke(commands["trainwatch diagnose"], args)
+        assert given.exit_code == EXIT_USAGE and "is empty; give a folder" in given.output
+        assert ("'--run-dir'" if args[0] else "'[RUN_DIR]'") in given.output

@@ -1,4 +1,5 @@
-"""The README, docs/ and runbooks/ name only commands, options and metrics that exist.
+"""The README, docs/ and runbooks/ name only commands, options, metrics and test files
+that exist.
 
 A runbook is read at 3 a.m. and pasted as it is: an option that was renamed (or never
 existed) fails there, or worse, hides behind a `|| fallback`.
@@ -98,6 +99,19 @@ def test_every_link_to_a_section_finds_it(page):
             if anchor not in anchors:
                 broken.append(f"{page.name}:{number}: {target or page.name}#{anchor}")
     assert not broken
+
+
+TEST_FILE = re.compile(r"(?<![\w/])tests/[\w/.-]*?\.py\b")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_named_test_file_exists(page):
+    """A `tests/....py` a page cites as its proof is where it says (tests moved into
+    folders of their own and left the pages pointing at nothing)."""
+    missing = [f"{page.name}:{number}: {path}"
+               for number, line in enumerate(page.read_text().splitlines(), 1)
+               for path in TEST_FILE.findall(line) if not (REPO / path).is_file()]
+    assert not missing
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))

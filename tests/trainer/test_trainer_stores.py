@@ -3,7 +3,7 @@
 torch's TCPStore server listens on every interface whatever host it is given; the
 launcher's torchrun and rank 0 make theirs through trainer/stores.py, bound to
 $TRAINWATCH_STORE_ADDR. The whole job is checked with `ss` in
-tests/test_deploy_shipped_e2e.py; here one store, in a child process, and the launch.
+tests/deploy/test_deploy_shipped_e2e.py; here one store, in a child process, and the launch.
 """
 
 from __future__ import annotations
@@ -64,6 +64,17 @@ def test_the_launch_binds_one_node_to_loopback_and_several_to_their_address(tmp_
     one = LaunchSpec(run.root, 2)
     assert torchrun_command(one, run)[1:3] == ["-m", "trainwatch.trainer.stores"]
     assert torchrun_env(one, run)[STORE_ADDR_ENV] == "127.0.0.1"
+    # ...and the rendezvous and MASTER_ADDR on loopback too, not the hostname that
+    # --standalone advertises (tests/trainer/test_trainer_hostname.py runs it)
+    cmd = torchrun_command(one, run)
+    assert "--standalone" not in cmd
+    assert {"--nnodes=1", "--rdzv-endpoint=127.0.0.1:0", "--local-addr=127.0.0.1"} <= set(cmd)
+    given = LaunchSpec(run.root, 2, local_addr="10.0.0.2")
+    assert {"--rdzv-endpoint=10.0.0.2:0", "--local-addr=10.0.0.2"} <= set(
+        torchrun_command(given, run))
+    assert torchrun_env(given, run)[STORE_ADDR_ENV] == "10.0.0.2"
     several = LaunchSpec(run.root, 2, nnodes=2, rdzv_endpoint="10.0.0.1:29400",
                          local_addr="10.0.0.2")
     assert torchrun_env(several, run)[STORE_ADDR_ENV] == "10.0.0.2"
+    cmd = torchrun_command(several, run)
+    assert {"--nnodes=2", "--rdzv-endpoint=10.0.0.1:29400", "--local-addr=10.0.0.2"} <= set(cmd)

@@ -8,15 +8,16 @@ import sys
 import click
 
 from trainwatch.agent.config import load_config
+from trainwatch.config.clitypes import RUN_DIR_PATH
 from trainwatch.contract.ports import AGENT_LISTEN
 
 
 @click.command("agent")
 @click.argument("run_dir_args", nargs=-1, metavar="[RUN_DIR]...",
-                type=click.Path(file_okay=False))
-@click.option("--run-dir", "run_dirs", multiple=True, type=click.Path(file_okay=False),
+                type=RUN_DIR_PATH)
+@click.option("--run-dir", "run_dirs", multiple=True, type=RUN_DIR_PATH,
               help="Run directory to watch (repeatable; or give them as RUN_DIR...).")
-@click.option("--discover", "discover", multiple=True, type=click.Path(file_okay=False),
+@click.option("--discover", "discover", multiple=True, type=RUN_DIR_PATH,
               help="Folder whose sub-folders are run directories (re-scanned; repeatable).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False),
               help="Agent YAML config (see deploy/agent.yaml). SIGHUP reloads it.")
@@ -37,5 +38,5 @@ def agent(run_dir_args, run_dirs, discover, config_file, listen, check_config) -
         click.echo(json.dumps({k: v for k, v in vars(config).items()}, indent=1, default=str))
         return
     from trainwatch.agent.daemon import Agent
-    Agent(config, reload_args=reload_args).run_forever()
+    Agent(config, reload_args=reload_args, say=click.echo).run_forever()
     sys.stdout.flush()

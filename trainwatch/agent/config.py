@@ -171,14 +171,22 @@ def _paths(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 
 
+def _no_empty_path(value: list[str]) -> list[str]:
+    if any(not path.strip() for path in value):  # "" would be the working directory
+        raise ValueError("holds an empty path; give a folder ('.' for the current one)")
+    return value
+
+
 class AgentSettingsBase(ConfigModel):
     """The agent's config file (``trainwatch agent --config``); every key is optional.
     ``collectors`` is added per registered collector by ``agent_settings_model()``."""
 
     listen: Annotated[str, AfterValidator(_listen)] = AGENT_LISTEN
     node: Optional[str] = None
-    run_dirs: Annotated[list[str], BeforeValidator(_paths)] = Field(default_factory=list)
-    discover: Annotated[list[str], BeforeValidator(_paths)] = Field(default_factory=list)
+    run_dirs: Annotated[list[str], BeforeValidator(_paths), AfterValidator(_no_empty_path)] = \
+        Field(default_factory=list)
+    discover: Annotated[list[str], BeforeValidator(_paths), AfterValidator(_no_empty_path)] = \
+        Field(default_factory=list)
     sys_root: str = "/sys"
     proc_root: str = "/proc"
     stall: Annotated[StallSettings, Section] = Field(default_factory=StallSettings)

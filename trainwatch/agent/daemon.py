@@ -8,6 +8,7 @@ import logging
 import signal
 import threading
 import time
+from typing import Callable
 
 import psutil
 
@@ -24,7 +25,13 @@ GC_YOUNG_OBJECTS = 10_000  # objects alive since the last collection that start 
 
 
 class Agent:
-    def __init__(self, config: AgentConfig, *, reload_args: dict | None = None):
+    """``say`` gets the normal lines (serving, config reloaded, stopped): INFO by default;
+    the command prints them, where the default WARNING level would hide INFO (systemd's
+    journal shows the command's output)."""
+
+    def __init__(self, config: AgentConfig, *, reload_args: dict | None = None,
+                 say: Callable[[str], None] = log.info):
+        self.say = say
         self.ctx = AgentContext(config)
         self.reload_args = reload_args or {}
         self.runner = CollectorRunner(self.ctx)
@@ -64,8 +71,7 @@ class Agent:
         # the agent's. Every 10,000 it runs about every half minute (0.09 ms a second).
         gc.set_threshold(GC_YOUNG_OBJECTS, *gc.get_threshold()[1:])
         self.server.serve_in_thread()
-        log.warning("trainwatch agent serving on http://%s (/metrics /status /healthz)",
-                    self.address)
+        self.say(f"trainwatch agent serving on http://{self.address} (/metrics /status /healthz)")
 
     def status(self) -> dict:
         return build_status(self.ctx, listen=self.address if self.server else "",
@@ -83,7 +89,7 @@ class Agent:
             config.listen = self.ctx.config.listen
         self.config_loaded_at = time.time()  # before applying: /status never shows the new
         self.runner.reload(AgentContext(config))  # collectors with the old load time
-        log.warning("config reloaded from %s", config.file)
+        self.say(f"trainwatch agent: config reloaded from {config.file}")
         return True
 
     def stop(self) -> None:
@@ -105,4 +111,4 @@ class Agent:
                     self.reload()
         finally:
             self.stop()
-            log.warning("trainwatch agent stopped")
+            self.say("trainwatch agent stopped")

@@ -39,6 +39,25 @@ class FiniteRange(click.FloatRange):
         return number
 
 
+class FolderPath(click.Path):
+    """A folder's path that is not empty: click reads "" as the current directory, so
+    ``--run-dir ""`` (an unset shell variable) ran the job in whatever folder the command
+    started in."""
+
+    def __init__(self) -> None:
+        super().__init__(file_okay=False)
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail("is empty; give a folder ('.' for the current one).", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+# A run directory (and the agent's --discover folder), as every command takes one.
+RUN_DIR_PATH = FolderPath()
+
+
 def seconds(min: float = 0, max: float | None = None) -> FiniteRange:
     """A duration in seconds, finite, within [min, max]."""
     return FiniteRange(min, max)
@@ -69,12 +88,12 @@ def run_dir_option(help: str, *, argument: bool = False, required: bool = False,
                 run = RunDir(pick_run_dir(run_dir_arg, run_dir_opt))
             return command(*args, run=run, **kwargs)
 
-        decorated = click.option("--run-dir", "run_dir_opt", type=click.Path(file_okay=False),
+        decorated = click.option("--run-dir", "run_dir_opt", type=RUN_DIR_PATH,
                                  metavar="RUN_DIR", required=required and not takes_argument,
                                  show_default=show_default, help=help)(wrapper)
         if argument:
             decorated = click.argument("run_dir_arg", required=False, metavar="[RUN_DIR]",
-                                       type=click.Path(file_okay=False))(decorated)
+                                       type=RUN_DIR_PATH)(decorated)
         return decorated  # type: ignore[return-value]
 
     return decorate

@@ -16,6 +16,8 @@ SUPERVISOR_ENV = "TRAINWATCH_SUPERVISOR"
 GRAFANA_TOKEN_ENV = "TRAINWATCH_GRAFANA_TOKEN"
 RECEIVER_TOKEN_ENV = "TRAINWATCH_RECEIVER_TOKEN"
 STORE_ADDR_ENV = "TRAINWATCH_STORE_ADDR"  # torchrun's stores listen here only (trainer/stores.py)
+# torchrun's --local-addr (it reads any option as PET_<NAME>): a one-node command's MASTER_ADDR.
+TORCHRUN_LOCAL_ADDR_ENV = "PET_LOCAL_ADDR"
 REHEARSAL_ENV = "TRAINWATCH_REHEARSAL"    # "1" while `trainwatch rehearse` runs a command
 REGENERATE_ENV = "TRAINWATCH_REGENERATE"  # tests: rewrite expected files instead of comparing
 

@@ -25,6 +25,7 @@ from trainwatch.contract.layout import JOB_LOG, STATUS_FILE_GLOB
 from trainwatch.errors import ConfigError
 from trainwatch.node import node_name
 from trainwatch.rundir.run_dir import RunDir
+from trainwatch.trainer.rendezvous import pin_standalone
 
 # Seconds a started job may go without any rank publishing telemetry before `run` says so.
 TELEMETRY_GRACE_SECONDS = 45.0
@@ -82,7 +83,9 @@ def supervised_job(run: RunDir, command: list[str], supervisor: str) -> JobContr
     command = resolve(command)
     run.create()
     describe_run(run, command, supervisor)
-    return JobController(run, command, env=job_env(run))
+    env = job_env(run)
+    pin_standalone(command, env)  # `torchrun --standalone`: loopback, not the hostname
+    return JobController(run, command, env=env)
 
 
 class TelemetryWatch:

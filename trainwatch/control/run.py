@@ -20,7 +20,8 @@ from rich.live import Live
 from rich.logging import RichHandler
 
 from trainwatch.alerts.rules import load_rules
-from trainwatch.config.clitypes import MAX_RESTARTS, NPROC_PER_NODE, run_dir_option, seconds
+from trainwatch.config.clitypes import (MAX_RESTARTS, NPROC_PER_NODE, RUN_DIR_PATH, run_dir_option,
+                                       seconds)
 from trainwatch.contract.stall import RECORD_KEY as STALL_RECORD_KEY
 from trainwatch.control.actions import Policy
 from trainwatch.control.command import TELEMETRY_GRACE_SECONDS
@@ -99,7 +100,7 @@ class _RunCommand(click.Command):
 @click.option("--agent-port", type=click.IntRange(1, 65535), metavar="PORT",
               help="The agent's port on loopback, for a Prometheus or a dashboard pointed at "
                    "it (default: a free port, printed at the start).")
-@click.argument("positional", nargs=-1, metavar="[RUN_DIR]")
+@click.argument("positional", nargs=-1, metavar="[RUN_DIR]", type=RUN_DIR_PATH)
 def run(nproc_per_node, run, steps, config, overrides, max_restarts, thresholds_file,
         rules_file, agent_config, webhook, alertmanager, dry_run, no_live, telemetry_grace,
         agent_port, command) -> None:

@@ -25,6 +25,7 @@ from trainwatch.rehearse.memory import MALLOC_ENV
 from trainwatch.rehearse import probes
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.rundir.runlock import hold
+from trainwatch.trainer.rendezvous import one_node_args, pin_standalone
 
 LOSS_DROP = 0.01            # the over-fit loss must fall by at least 1 %
 CHECKPOINT_TOLERANCE = 0.05  # plan's checkpoint size vs the real one: WARN beyond 5 %
@@ -338,8 +339,8 @@ def _rehearse(s: Settings, run: RunDir, cfg: Any | None,
         except OSError:
             agent_proc = None
         env = job_env(run, s.nproc)
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    f"--nproc-per-node={s.nproc}", "--max-restarts=0",
+        torchrun = [sys.executable, "-m", "torch.distributed.run",
+                    *one_node_args(f"rehearsal-{os.getpid()}"), f"--nproc-per-node={s.nproc}", "--max-restarts=0",
                     f"--log-dir={run.logs_dir / REHEARSAL_DIR}", "--redirects=3", "--tee=3"]
         if not s.command:
             cmd = [*torchrun, "-m", "trainwatch.rehearse.worker", "--run-dir",
@@ -373,6 +374,7 @@ def _rehearse(s: Settings, run: RunDir, cfg: Any | None,
             checks.append(version_check(results))
             checks.append(allreduce_check(results, s))
             started = time.time()
+            pin_standalone(s.command, env)
             code, tail = run_job(s.command, env, run.logs_dir / REHEARSAL_LOG, s.timeout)
             more, remains = command_checks(run, code, tail, started, agent_url, agent_proc)
             checks += more

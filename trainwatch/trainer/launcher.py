@@ -37,6 +37,7 @@ from trainwatch.checkpoint_format.catalog import newest_complete
 from trainwatch.checkpoint_format.compat import check_compatible, config_changes
 from trainwatch.trainer.config import Config, load_config
 from trainwatch.trainer.faults import parse_faults
+from trainwatch.trainer.rendezvous import one_node_args
 
 FLIGHT_RECORDER_ENTRIES = 2000
 
@@ -95,7 +96,8 @@ def torchrun_command(spec: LaunchSpec, run: RunDir) -> list[str]:
            f"--monitor-interval={spec.monitor_interval}",
            f"--log-dir={run.logs_dir / TORCHRUN_LOG_DIR}", "--redirects=3", "--tee=3"]
     if spec.nnodes == 1 and not spec.rdzv_endpoint:
-        cmd.append("--standalone")
+        # Not --standalone: it advertises the hostname, which need not resolve to loopback.
+        cmd += one_node_args(spec.rdzv_id or spec.job, spec.local_addr or LOOPBACK)
     else:
         cmd += [f"--nnodes={spec.nnodes}", "--rdzv-backend=c10d",
                 f"--rdzv-endpoint={spec.rdzv_endpoint}", f"--rdzv-id={spec.rdzv_id or spec.job}"]
@@ -104,10 +106,10 @@ def torchrun_command(spec: LaunchSpec, run: RunDir) -> list[str]:
             # says which node hosts the rendezvous store, which torchrun otherwise guesses
             # from the hostname and misses when the endpoint is a secondary NIC's address.
             cmd.append(f"--rdzv-conf=is_host={int(spec.node_rank == 0)}")
-    if spec.local_addr:
-        # The address other nodes reach this one at; on rank 0's node the workers' store
-        # listens there (MASTER_ADDR), else torchrun uses the FQDN.
-        cmd.append(f"--local-addr={spec.local_addr}")
+        if spec.local_addr:
+            # The address other nodes reach this one at; on rank 0's node the workers'
+            # store listens there (MASTER_ADDR), else torchrun uses the FQDN.
+            cmd.append(f"--local-addr={spec.local_addr}")
     cmd += ["-m", "trainwatch.trainer", "--run-dir", str(run.root.resolve())]
     if spec.config:
         cmd += ["--config", str(Path(spec.config).resolve())]

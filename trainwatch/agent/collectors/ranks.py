@@ -138,6 +138,16 @@ def _numbers(rows: Rows, table: list[tuple[str, Series]], values: dict[str, Any]
             pairs.append((series, float(value)))
 
 
+def _ours(status: dict[str, Any], names: set[str], boot: str, several: bool) -> bool:
+    """Whether a rank's process runs on this node (``Ranks._local``)."""
+    node = status.get("node")
+    if not node:
+        return not several
+    if node in names:
+        return True
+    return not several and bool(boot) and status.get("boot") == boot
+
+
 def _on_our_clock(s: dict[str, Any], now: float, mono: float) -> dict[str, Any]:
     """The status with its wall-clock times moved onto this agent's wall clock when the rank's
     disagrees (a rank 5 minutes behind would look 5 minutes stale, or its process younger
@@ -414,22 +424,22 @@ class RanksCollector(Collector):
             result.add("trainwatch_checkpoint_age_seconds", max(0.0, now - since), **labels)
 
     def _local(self, records: list[dict[str, Any]], info: dict[str, Any]) -> list[dict[str, Any]]:
-        """Ranks of this node.
+        """Ranks of this node, by what each rank publishes: its node name and boot.
 
-        A run dir on a shared filesystem holds every node's ranks: in a job of several
-        nodes (run.json's ``nnodes``, or statuses naming several nodes) only the ranks
-        naming this node are ours — none while ours have not written yet, never another
-        node's, whose pid means nothing here. A one-node job whose statuses name another
-        host (the trainer's container has a hostname of its own) is all ours.
+        A run dir on a shared filesystem holds every node's ranks, and another node's pid
+        means nothing here (reported as dead, it could restart a healthy job). A rank
+        naming this node is ours. A rank naming another is ours only from this very
+        machine and boot, in a one-node job: the trainer's container has a hostname of its
+        own. Only a status that names no node falls back to the job's shape: all ours in a
+        one-node job (run.json's ``nnodes``, or the statuses naming one node), none in a
+        job of several.
         """
         names = {self.ctx.node, socket.gethostname()}
-        mine = [r for r in records if r.get("node") in names]
-        if mine:
-            return mine
         nnodes = info.get("nnodes")
         several = (isinstance(nnodes, int) and not isinstance(nnodes, bool) and nnodes > 1) \
             or len({r.get("node") for r in records}) > 1
-        return [] if several else records
+        here = boot_id()
+        return [r for r in records if _ours(r, names, here, several)]
 
     def _count_skipped(self, key: str, skipped) -> None:
         seen = self._skip_seen.setdefault(key, set())
