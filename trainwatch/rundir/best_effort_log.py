@@ -2,8 +2,9 @@
 
 The job's output (``logs/job.log``) and torchrun's (``logs/torchrun.log``) are copied from a
 pipe that must always be drained: a write that fails (ENOSPC, EIO) drops its bytes and
-counts them, the file is tried again ``retry_seconds`` later, and when it takes writes
-again a line says how much is missing there. Nothing here raises into the copier.
+counts them, the next write tries again (a file that cannot even be opened, only after
+``retry_seconds``), and when the file takes writes again a line says how much is missing
+there. Nothing here raises into the copier.
 """
 
 from __future__ import annotations
@@ -82,8 +83,8 @@ class BestEffortLog:
                 view = view[os.write(self._fd, view):]
         except OSError as exc:
             self.error = exc.strerror or str(exc)
-            self._close_fd()
-            self._retry_at = time.monotonic() + self.retry_seconds
+            if self._fd is None:  # not even opened: tried again after the delay
+                self._retry_at = time.monotonic() + self.retry_seconds
             self._drop(len(view))
             return not was_failing
         return False
