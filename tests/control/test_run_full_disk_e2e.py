@@ -45,16 +45,22 @@ def _use_the_journals_slack(run: RunDir) -> None:
             return
 
 
-def _use_the_slack(path) -> None:
-    """Bytes that fit in the free end of a log's last page, as a long run would have written:
-    only then does the next line meet the full disk."""
-    with open(path, "ab", buffering=0) as fh:
-        size = 4096
-        while size:
-            try:
-                fh.write(b"." * (size - 1) + b"\n")
-            except OSError:
-                size //= 2
+def _fill_logs_and_all(run: RunDir) -> None:
+    """The run directory full, every log's last page too, as a long run's would be: a log
+    appended to takes lines in the free end of its last page even on a full disk. A rank's
+    own files (torchrun writes them at its own offset, without appending) give their pages
+    back first, so its next line needs a new page, as at a page boundary."""
+    for path in run.logs_dir.glob("torchrun/*/attempt_*/*/std*.log"):
+        os.truncate(path, 0)
+    fill_to_the_brim(run.root)
+    for path in run.logs_dir.glob("*.log"):
+        with open(path, "ab", buffering=0) as fh:
+            size = 4096
+            while size:
+                try:
+                    fh.write(b"." * (size - 1) + b"\n")
+                except OSError:
+                    size //= 2
 
 
 def _steps(run: RunDir) -> int:
@@ -180,14 +186,17 @@ def test_the_reference_trainer_trains_on_through_a_full_run_directory(tmp_path):
         proc = start_run(tmp_path, run.root, nproc=1, env={"TRAINWATCH_FAULT": "slow:delay=0.2"})
 
         def step() -> int:  # from the rank's memory: its status file is on the full disk
-            text = http_get(f"http://127.0.0.1:{port}/metrics").decode()
+            try:
+                text = http_get(f"http://127.0.0.1:{port}/metrics").decode()
+            except OSError:  # no rank 0 (it died) right now
+                return -1
             return int(float(next(ln.split()[-1] for ln in text.splitlines()
                                   if ln.startswith("trainwatch_rank_step{"))))
         try:
             wait_for(lambda: _steps(run) >= 6 or proc.poll() is not None, 240, what="step 6")
             pid = _rank0(run)["pid"]
             full_at = step()
-            fill_to_the_brim(run.root)
+            _fill_logs_and_all(run)
             # a save (every 5 steps) and a print every step meet the full disk; kept full
             wait_for(lambda: fill_to_the_brim(run.root) and step() >= full_at + 8
                      or proc.poll() is not None, 120, interval=0.05, what="8 steps on it")
@@ -205,7 +214,8 @@ def test_the_reference_trainer_trains_on_through_a_full_run_directory(tmp_path):
 def test_an_own_job_that_prints_every_step_trains_on_through_a_full_run_directory(tmp_path):
     """Before: the job's stdout was logs/job.log on the full disk; its next print died of
     ENOSPC, so did torchrun's restart, and the run failed. After: its output is missing
-    from the log while the disk is full (the log says where and how much), nothing else."""
+    from the log while the disk is full (the log says where and how much), nothing else;
+    StorageFull names the disk meanwhile."""
     run = RunDir(tmp_path / "run")
     progress, gate = tmp_path / "progress", tmp_path / "gate"
     (tmp_path / "scratch").mkdir()
@@ -223,10 +233,11 @@ def test_an_own_job_that_prints_every_step_trains_on_through_a_full_run_director
             wait_for(lambda: _steps(run) >= 3 or proc.poll() is not None, 240, what="step 3")
             pid = _rank0(run)["pid"]
             full_at = step()
-            fill_to_the_brim(run.root)
-            _use_the_slack(run.logs_dir / "job.log")
+            _fill_logs_and_all(run)
             wait_for(lambda: fill_to_the_brim(run.root) and step() >= full_at + 30
-                     or proc.poll() is not None, 120, interval=0.05, what="30 prints on it")
+                     and "alert StorageFull firing" in (tmp_path / "run.log").read_text()
+                     or proc.poll() is not None, 120, interval=0.05,
+                     what="StorageFull, and 30 prints on the full disk")
             assert proc.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
             (run.root / "filler").unlink()
             gate.touch()
