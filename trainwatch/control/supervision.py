@@ -256,4 +256,5 @@ class Supervision:
         job_log = controller.output.log
         if job_log.dropped_bytes:
             click.echo(f"{self.role.name}: {job_log.dropped_bytes} bytes of the job's output are "
-                       f"missing from {job_log.path} ({job_log.error}); the job ran on", err=True)
+                       f"missing from {job_log.path} ({job_log.error}): dropped so the job "
+                       "could go on", err=True)
