@@ -25,6 +25,7 @@ from typing import Any
 import psutil
 
 from trainwatch.config.clitypes import MAX_RESTARTS
+from trainwatch.control.job_output import JobOutput
 from trainwatch.control.jobenv import job_environment
 from trainwatch.contract.env import LAUNCH_ENV
 from trainwatch.contract.layout import (CONTROL_DUMP, DUMP_FILE_GLOB, JOB_LOG,
@@ -81,26 +82,34 @@ class JobController:
         self.extra_args: list[str] = []
         self.unrecorded: list[str] = []  # events a full or failing disk kept out of the journal
         self.exit_journaled: int | None = None  # the pid whose own exit is in the journal
+        self.output = JobOutput(self.run.logs_dir / JOB_LOG, on_failing=self._output_failing)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, reason: str = "start") -> int:
         with self.lock:
             if self.closed:
                 raise ControllerClosed(f"not starting the job ({reason}): the controller is closed")
-            log_file = open(self.run.logs_dir / JOB_LOG, "ab")
+            # The job's stdout is a pipe the supervisor drains into logs/job.log, best
+            # effort (control/job_output.py): a full disk there costs lines, never the job.
+            self.output.drain()  # the previous start's output comes first
             env = {**job_environment(self.env), LAUNCH_ENV: str(self.starts + 1)}
+            self.output.write(JOB_LOG_ATTEMPT_LINE.format(
+                attempt=self.starts + 1, reason=reason,
+                time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())).encode())
+            read_fd, write_fd = self.output.pipe()
             try:
-                log_file.write(JOB_LOG_ATTEMPT_LINE.format(
-                    attempt=self.starts + 1, reason=reason,
-                    time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())).encode())
-                log_file.flush()
                 # spawn: the job gets SIGTERM if this process dies (a killed supervisor
-                # leaves no job behind), whichever thread starts it.
-                self.proc = spawn(self.command + self.extra_args, env=env, stdout=log_file,
+                # leaves no job behind), whichever thread starts it. It keeps the pipe's
+                # read end: with us gone its writes fill the pipe, never fail (EPIPE).
+                self.proc = spawn(self.command + self.extra_args, env=env, stdout=write_fd,
                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  start_new_session=True)
+                                  pass_fds=(read_fd,), start_new_session=True)
+            except BaseException:
+                os.close(read_fd)
+                raise
             finally:
-                log_file.close()
+                os.close(write_fd)
+            self.output.pump(read_fd, name=f"tw-job-output-{self.starts + 1}")
             self.starts += 1
             self.started_at = time.time()
             self.stopping = False
@@ -158,15 +167,16 @@ class JobController:
             return code
 
     def _log_stop(self, reason: str) -> None:
-        """Say in the job's log, after its last output, that trainwatch stopped it; a full
-        disk costs the line, never the stop."""
-        try:
-            with open(self.run.logs_dir / JOB_LOG, "ab") as log_file:
-                log_file.write(JOB_LOG_STOPPED_LINE.format(
-                    attempt=self.starts, reason=reason,
-                    time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())).encode())
-        except OSError as exc:
-            self.unrecorded.append(f"the stop's line in {JOB_LOG} ({exc.strerror or exc})")
+        """Say in the job's log, after its last output, that trainwatch stopped it (best
+        effort: a full disk costs the line, never the stop)."""
+        self.output.drain()
+        self.output.write(JOB_LOG_STOPPED_LINE.format(
+            attempt=self.starts, reason=reason,
+            time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())).encode())
+
+    def _output_failing(self, error: str) -> None:
+        """The job's log stopped taking its output: journaled once per spell, when it can be."""
+        self.journal("job_output_dropped", path=str(self.output.log.path), error=error)
 
     def journal_exit(self, pid: int, code: int, **fields: Any) -> None:
         """Journal ``job_exited`` for the job's exit by itself, once per process: the
@@ -175,6 +185,7 @@ class JobController:
             if self.exit_journaled == pid:
                 return
             self.exit_journaled = pid
+            self.output.drain()  # its last words are in the log (and the tail) first
             self.journal("job_exited", returncode=code, pid=pid, **fields)
 
     def journal(self, event: str, **fields: Any) -> None:
@@ -193,6 +204,8 @@ class JobController:
             self.closed = True
             if self.alive():
                 self.stop(reason)
+            self.output.drain()
+            self.output.close()  # the run directory's mount is not kept busy
 
     def restart(self, reason: str, *, hard: bool = False) -> int:
         with self.lock:

@@ -145,7 +145,8 @@ class Supervision:
             assert self.controller is not None, "a supervision journals its job's start"
             self.controller.journal("controller_started", **journal)
             self.started_at = time.time()
-        self.launch = LaunchLog.from_now(self.run)
+        self.launch = LaunchLog.from_now(
+            self.run, self.controller.output if self.controller is not None else None)
         stop_on_sigterm()  # stops everything as cleanly as Ctrl-C does
         try:
             self._start(started_line)
@@ -247,7 +248,13 @@ class Supervision:
             controller.journal("controller_stopped", exit_code=outcome.code,
                                interrupted=self.interrupted,
                                seconds=round(time.time() - self.started_at, 3),
-                               actions=len(self.run.events("action_taken")))
+                               actions=len(self.run.events("action_taken")),
+                               output_dropped_bytes=controller.output.dropped_bytes)
         if self.role.settles and controller.unrecorded:
             click.echo(f"{self.role.name}: could not record (is the disk full?): "
                        + "; ".join(controller.unrecorded[-10:]), err=True)
+        job_log = controller.output.log
+        if job_log.dropped_bytes:
+            click.echo(f"{self.role.name}: {job_log.dropped_bytes} bytes of the job's output are "
+                       f"missing from {job_log.path} ({job_log.error}): dropped so the job "
+                       "could go on", err=True)

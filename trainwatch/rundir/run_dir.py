@@ -37,7 +37,8 @@ EVENTS = (
     "nonfinite_detected", "data_skipped", "fault_injected",
     "alert_firing", "alert_resolved", "action_taken", "action_skipped", "action_guard_cleared",
     "diagnostics_dumped",
-    "job_started", "job_stopped", "job_exited", "job_silent", "controller_started", "controller_stopped",
+    "job_started", "job_stopped", "job_exited", "job_silent", "job_output_dropped",
+    "controller_started", "controller_stopped",
     "leftovers_stopped", "leftovers_unchecked",
     "supervisor_tree_gone", "supervisor_tree_left", "second_supervisor_exited", CLOSED_EVENT,
 )

@@ -16,21 +16,22 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import Callable
 
 from trainwatch import __version__
 from trainwatch.config.clitypes import MAX_RESTARTS
 from trainwatch.contract.env import FAULT_ENV, JOB_ENV, NODE_ENV, RUN_DIR_ENV, STORE_ADDR_ENV
-from trainwatch.contract.layout import (CHECKPOINT_DIRS_KEY, CONFIG_DIGEST_KEY, TORCHRUN_LOG,
+from trainwatch.contract.layout import (CHECKPOINT_DIRS_KEY, CONFIG_DIGEST_KEY, RUN_FILE, TORCHRUN_LOG,
                                        TORCHRUN_LOG_DIR, WEIGHTS_CONFIG_DIGEST_KEY)
 from trainwatch.contract.ports import LOOPBACK
 from trainwatch.errors import ConfigError
 from trainwatch.node import node_name
+from trainwatch.process.output_pump import OutputPump
 from trainwatch.process.proctree import die_with_parent
+from trainwatch.rundir.best_effort_log import BestEffortLog
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.rundir.runlock import hold, under_holder
 from trainwatch.checkpoint_format.catalog import newest_complete
@@ -157,26 +158,35 @@ def checkpoint_folders(run: RunDir, cfg: Config) -> list[Path]:
     return run.configured_checkpoint_folders(cfg.checkpoint.dir, cfg.checkpoint.mirror_dir)
 
 
-def _pump(stream: IO[bytes], log_file: Path) -> None:
-    """Copy torchrun's output to the console and to RUN_DIR/logs/torchrun.log.
+class _TorchrunOutput:
+    """torchrun's output copied to the console and to RUN_DIR/logs/torchrun.log, each best
+    effort: a closed console or a full disk drops lines, never blocks torchrun (the pipe is
+    always drained) and never fails the launcher; the log resumes when space returns."""
 
-    A sink that fails (closed console, full disk) is dropped and the pipe is still
-    drained: a blocked pipe would block torchrun and with it the job.
-    """
-    sinks: list[IO[bytes]] = [sys.stdout.buffer]
+    def __init__(self, log_file: Path):
+        self.log = BestEffortLog(log_file)
+
+    def write(self, data: bytes) -> None:
+        self.log.write(data)
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(sys.stdout.fileno(), view):]
+        except (OSError, ValueError, AttributeError):  # closed, gone, or none at all
+            pass
+
+
+def _record(what: str, write: Callable[[], object]) -> None:
+    """A journal or run.json write of the launcher's: a full or failing disk costs the
+    record (said on stderr), never the job."""
     try:
-        sinks.append(open(log_file, "ab"))
+        write()
     except OSError as exc:
-        print(f"trainwatch: cannot write {log_file}: {exc.strerror}", file=sys.stderr)
-    for line in iter(stream.readline, b""):
-        for sink in list(sinks):
-            try:
-                sink.write(line)
-                sink.flush()
-            except (OSError, ValueError):
-                sinks.remove(sink)
-    for sink in sinks[1:]:
-        sink.close()
+        try:
+            print(f"trainwatch train: could not record {what}: {exc.strerror or exc}",
+                  file=sys.stderr, flush=True)
+        except (OSError, ValueError):
+            pass
 
 
 def refuse_incompatible_checkpoint(spec: LaunchSpec, cfg: Config) -> None:
@@ -215,11 +225,11 @@ def launch(spec: LaunchSpec) -> int:
 def _launch(spec: LaunchSpec, run: RunDir, cfg: Config) -> int:
     cmd = torchrun_command(spec, run)
     if spec.node_rank in (None, 0):
-        write_run_info(spec, run, cfg, cmd)
-    run.append_event("launcher_started", "launcher", host=spec.node, pid=os.getpid(),
-                     node_rank=spec.node_rank,
-                     nproc_per_node=spec.nproc_per_node, nnodes=spec.nnodes,
-                     max_restarts=spec.max_restarts, config_digest=cfg.digest())
+        _record(RUN_FILE, lambda: write_run_info(spec, run, cfg, cmd))
+    _record("launcher_started", lambda: run.append_event(
+        "launcher_started", "launcher", host=spec.node, pid=os.getpid(),
+        node_rank=spec.node_rank, nproc_per_node=spec.nproc_per_node, nnodes=spec.nnodes,
+        max_restarts=spec.max_restarts, config_digest=cfg.digest()))
 
     proc = subprocess.Popen(cmd, env=torchrun_env(spec, run), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True,
@@ -235,12 +245,14 @@ def _launch(spec: LaunchSpec, run: RunDir, cfg: Config) -> int:
         received.append(signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    pump = threading.Thread(target=_pump, args=(proc.stdout, run.logs_dir / TORCHRUN_LOG),
-                            daemon=True)
+    assert proc.stdout is not None, "torchrun's output is a pipe"
+    output = _TorchrunOutput(run.logs_dir / TORCHRUN_LOG)
+    pump = OutputPump(os.dup(proc.stdout.fileno()), output.write, name="tw-torchrun-output")
+    proc.stdout.close()
     pump.start()
     try:
         returncode = proc.wait()
-        pump.join(timeout=5)
+        pump.drain(timeout=5)
     finally:
         for signum, handler in previous.items():
             # A stop under way ignores its repeats to the end: a Python handler would be
@@ -253,7 +265,8 @@ def _launch(spec: LaunchSpec, run: RunDir, cfg: Config) -> int:
         exit_code = 128 - returncode
     else:
         exit_code = 0 if returncode == 0 else 1
-    run.append_event("launcher_exited", "launcher", host=spec.node, exit_code=exit_code,
-                     torchrun_returncode=returncode,
-                     signal=signal.Signals(received[0]).name if received else None)
+    _record("launcher_exited", lambda: run.append_event(
+        "launcher_exited", "launcher", host=spec.node, exit_code=exit_code,
+        torchrun_returncode=returncode, log_dropped_bytes=output.log.dropped_bytes,
+        signal=signal.Signals(received[0]).name if received else None))
     return exit_code

@@ -34,6 +34,7 @@ from trainwatch.errors import ConfigError
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.rank.checkpoint import Checkpointer, Restored
 from trainwatch.trainer.config import Config, load_config
+from trainwatch.trainer.console import guard_console
 from trainwatch.trainer.data import Dataset, ShardedBatches, ensure_default_dataset, load_dataset
 from trainwatch.trainer.faults import FaultInjector
 from trainwatch.rank.metrics_server import MetricsServer
@@ -335,6 +336,7 @@ def _raise_terminated(signum: int, _frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    console = guard_console()  # its output files sit on the run directory's disk
     args = parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
@@ -348,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                              exchange_every=cfg.telemetry.exchange_every,
                              peak_flops=cfg.telemetry.peak_flops, device=ranks.device,
                              enabled=cfg.telemetry.enabled, restart_count=ranks.restart_count)
+    console.on_failing = tel.count_error  # a dropped line is a failed trainwatch write
     # From here on SIGTERM means "checkpoint, then stop" (see docs/checkpoints.md).
     ckpt = Checkpointer(cfg.checkpoint, run.root, telemetry=tel,
                         config_hash=cfg.training_digest())

@@ -21,6 +21,7 @@ from rank 0. Every rank's RNGs are saved and restored without being asked.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -219,7 +220,10 @@ class Checkpoints:
             if self.telemetry is not None:
                 self.telemetry.event("data_skipped", **fields)
             else:
-                self.run.append_event("data_skipped", "rank0", rank=0, **fields)
+                try:
+                    self.run.append_event("data_skipped", "rank0", rank=0, **fields)
+                except OSError as exc:  # the journal may sit on a full disk: never the job
+                    log.warning("trainwatch: could not journal data_skipped: %s", exc)
         self._skipped = []
 
     def _stop(self) -> None:
@@ -230,8 +234,9 @@ class Checkpoints:
             self.telemetry.close("stopped")
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
-        print(f"trainwatch: rank {self.rank}: stopped on request after saving step "
-              f"{self._last[0] if self._last else '?'}", file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError, ValueError):  # a full disk's or a closed stderr
+            print(f"trainwatch: rank {self.rank}: stopped on request after saving step "
+                  f"{self._last[0] if self._last else '?'}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_STOPPED)
 
 
