@@ -12,49 +12,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 
-from agent_helpers import collector, make_ctx, publish, samples, wait_for
+from agent_helpers import collector, make_ctx, publish, samples, start_supervisor, wait_for
 from trainwatch.rundir.beat import BeatWriter
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.rundir.runlock import Holder
 
 UP = "trainwatch_run_supervisor_up"
 AGE = "trainwatch_run_supervisor_heartbeat_age_seconds"
-
-# A stand-in supervisor: the lock and the heartbeat of trainwatch run, then it waits; a
-# SIGTERM releases the lock as a clean stop does.
-SUPERVISOR = """
-import signal, sys, threading
-from trainwatch.rundir.run_dir import RunDir
-from trainwatch.rundir.runlock import acquire
-from trainwatch.rundir.supervisor_beat import SupervisorBeat
-run = RunDir(sys.argv[1])
-lock = acquire(run, sys.argv[2])
-beat = SupervisorBeat(run, lock.holder, interval=0.2).start() if sys.argv[3] == "beat" else None
-done = threading.Event()
-signal.signal(signal.SIGTERM, lambda *_: done.set())
-print("ready", flush=True)
-done.wait()
-if beat is not None:
-    beat.stop()
-lock.release()
-"""
-
-
-def start_supervisor(run: RunDir, role: str = "trainwatch run", beat: bool = True
-                     ) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", SUPERVISOR, str(run.root), role,
-                             "beat" if beat else "none"], stdout=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
-    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
-    return proc
-
 
 def new_run(tmp_path: Path) -> RunDir:
     run = RunDir(tmp_path / "run").create()

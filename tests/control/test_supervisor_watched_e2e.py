@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from agent_helpers import free_port, http_get, wait_for
+from agent_helpers import free_port, get_json, http_get, wait_for
 from conftest import kill_tree
 from trainwatch.contract.layout import AGENT_LOG
 from trainwatch.rundir.run_dir import RunDir
@@ -48,6 +48,8 @@ def test_a_frozen_trainwatch_run_is_seen_by_its_agent_within_seconds(tmp_path):
                  what="supervisor_up 0 after SIGSTOP")
         seen_in = time.monotonic() - frozen_at
         assert seen_in < 30, seen_in
+        seen = get_json(url + "/status")["supervisors"][str(run.root)]
+        assert seen["state"] == "frozen" and seen["pid"] == proc.pid, seen
         agent_log = run.logs_dir / AGENT_LOG
         wait_for(lambda: "is frozen" in agent_log.read_text(), 10, what="the agent's log line")
         os.kill(proc.pid, signal.SIGCONT)
