@@ -146,3 +146,32 @@ def _gpu(index, pids=(), **kw):
                        nvlink_errors={0: {"replay": 2, "recovery": 0, "crc_flit": 1,
                                           "crc_data": 0}},
                        pcie_replay=0, processes=[(p, 1 << 30) for p in pids], **kw)
+
+
+# A stand-in supervisor: the lock and the heartbeat of trainwatch run, then it waits; a
+# SIGTERM releases the lock as a clean stop does.
+SUPERVISOR = """
+import signal, sys, threading
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.runlock import acquire
+from trainwatch.rundir.supervisor_beat import SupervisorBeat
+run = RunDir(sys.argv[1])
+lock = acquire(run, sys.argv[2])
+beat = SupervisorBeat(run, lock.holder, interval=0.2).start() if sys.argv[3] == "beat" else None
+done = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: done.set())
+print("ready", flush=True)
+done.wait()
+if beat is not None:
+    beat.stop()
+lock.release()
+"""
+
+
+def start_supervisor(run: RunDir, role: str = "trainwatch run", beat: bool = True
+                     ) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", SUPERVISOR, str(run.root), role,
+                             "beat" if beat else "none"], stdout=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    return proc

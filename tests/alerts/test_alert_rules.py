@@ -32,7 +32,7 @@ REQUIRED = ["TrainingStallSuspected", "TrainingStalled", "TrainingRankDown", "Tr
             "GPUThermalThrottling", "GPUPowerThrottling", "NCCLErrors", "StorageFillingUp",
             "StorageFull", "StorageProbeSlow", "NetworkInterfaceErrors", "NetworkLinkFlapping",
             "NCCLPeerUnresponsive", "TrainwatchVersionSkew", "TrainwatchAgentDown", "TrainwatchCollectorFailing",
-            "TrainwatchRunUnreadable", "TrainwatchCannotPublish"]
+            "TrainwatchRunUnreadable", "TrainwatchCannotPublish", "TrainwatchSupervisorDown"]
 promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
 
 
@@ -80,7 +80,7 @@ def test_promtool_check_rules_on_both_exports(tmp_path):
     out = subprocess.run(["promtool", "check", "rules", str(GENERATED / "prometheus-rules.yaml")],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 32 rules found" in out.stdout
+    assert "SUCCESS: 33 rules found" in out.stdout
     spec = yaml.safe_load((GENERATED / "prometheusrule.yaml").read_text())
     assert spec["kind"] == "PrometheusRule"
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec["spec"]))
@@ -190,7 +190,7 @@ def test_cli_export_and_runbook(tmp_path):
     doc = yaml.safe_load(out.stdout)
     assert doc["metadata"]["namespace"] == "ml"
     urls = [r["annotations"]["runbook_url"] for g in doc["spec"]["groups"] for r in g["rules"]]
-    assert all(u.endswith(".md") and "/runbooks/" in u for u in urls) and len(urls) == 32
+    assert all(u.endswith(".md") and "/runbooks/" in u for u in urls) and len(urls) == 33
     out = subprocess.run([sys.executable, "-m", "trainwatch", "runbook", "trainingstalled"],
                          capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.startswith("# TrainingStalled")

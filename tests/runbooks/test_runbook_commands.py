@@ -39,7 +39,8 @@ SITUATION = {
                 "TrainingStragglerNode", "TrainwatchAgentDown", "TrainwatchCollectorFailing",
                 "TrainwatchVersionSkew", "GPUXidErrors", "GPUUncorrectableECC",
                 "GPUThermalThrottling", "GPUPowerThrottling", "NetworkInterfaceErrors",
-                "NetworkLinkFlapping", "TrainwatchRunUnreadable", "TrainwatchCannotPublish"],
+                "NetworkLinkFlapping", "TrainwatchRunUnreadable", "TrainwatchCannotPublish",
+                "TrainwatchSupervisorDown"],
 }
 # Sections whose commands act on a job that is not running (they restart it).
 STOPPED_JOB_SECTIONS = ("Restart by hand",)

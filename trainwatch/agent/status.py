@@ -92,6 +92,8 @@ def build_status(ctx: AgentContext, *, listen: str, config_loaded_at: float) -> 
         "jobs": jobs, "findings": active,
         "recently_cleared": findings.get("recently_cleared", []),
         "collectors": collectors, "node_health": node_health,
+        # Each watched run's supervisor as this host judges it (TrainwatchSupervisorDown).
+        "supervisors": (records["supervisor"].data if "supervisor" in records else None) or {},
     }
 
 

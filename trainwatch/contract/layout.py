@@ -27,6 +27,7 @@ JOURNAL_FILE = "journal.jsonl"
 # node rebooted, the job was abandoned). Readers treat the run as stopped until a new start.
 CLOSED_EVENT = "run_closed"
 SUPERVISOR_LOCK_FILE = "supervisor.lock"  # flock'ed by the run's one supervisor; who holds it
+SUPERVISOR_BEAT_FILE = "supervisor.beat"  # its heartbeat, overwritten in place (rundir/supervisor_beat.py)
 STATUS_DIR = "status"
 METRICS_DIR = "metrics"
 CHECKPOINTS_DIR = "checkpoints"   # the default checkpoint folder (checkpoint.dir moves it)
@@ -141,6 +142,10 @@ class RunLayout:
     @property
     def supervisor_lock_file(self) -> Path:
         return self.root / SUPERVISOR_LOCK_FILE
+
+    @property
+    def supervisor_beat_file(self) -> Path:
+        return self.root / SUPERVISOR_BEAT_FILE
 
     @property
     def status_dir(self) -> Path:

@@ -352,6 +352,16 @@ _SPECS += [
        "last start (controller_stopped), or a person closed it (run_closed, trainwatch "
        "close: its job is gone): ranks killed by that stop are not down; 0 otherwise.",
        RUN_NODE),
+    _m("trainwatch_run_supervisor_up", "gauge",
+       "1 while the run's supervisor (trainwatch run, alerts receive with a job) runs on this "
+       "node and beats; 0 when it is frozen (stopped, T), dead (gone, zombie) or hung (its "
+       "heartbeat older than 20 s). Only the agent on its host exports it, only for a "
+       "supervisor that writes a heartbeat, and not after it stopped cleanly.",
+       RUN_NODE),
+    _m("trainwatch_run_supervisor_heartbeat_age_seconds", "gauge",
+       "Seconds since the run's supervisor last wrote its heartbeat (RUN_DIR/supervisor.beat, "
+       "every second), as the agent on its host reads it.",
+       RUN_NODE, "seconds"),
     _m("trainwatch_train_restarts_total", "counter",
        "Restarts of the job's ranks, by kind: torchrun (restarted events) or controller (the "
        "controller starting the job again, job_started after the first attempt).",

@@ -43,6 +43,7 @@ from trainwatch.process.proctree import stop
 from trainwatch.process.stopsignals import stop_on_sigterm, stopping
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.rundir.runlock import RunLock, hold
+from trainwatch.rundir.supervisor_beat import SupervisorBeat
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,8 @@ class Supervision:
         self.run, self.role = run, role
         # Acting as the job's supervisor: the run's one supervisor (trainwatch.rundir.runlock).
         self.lock: RunLock | None = hold(run, role.name) if job is not None else None
+        # What the node agent watches it by: a frozen or dead supervisor cannot page itself.
+        self.beat = SupervisorBeat(run, self.lock.holder) if self.lock is not None else None
         self.controller: JobController | None = None
         if job is not None:
             self.controller = (supervised_job(run, job.command, role.name) if job.own
@@ -149,6 +152,8 @@ class Supervision:
             self.run, self.controller.output if self.controller is not None else None)
         stop_on_sigterm()  # stops everything as cleanly as Ctrl-C does
         try:
+            if self.beat is not None:
+                self.beat.start()
             self._start(started_line)
             wait()
         except KeyboardInterrupt:
@@ -160,6 +165,8 @@ class Supervision:
             self._shut_down()
             self.outcome = outcome = self._settle()
             self._journal_end(outcome)
+            if self.beat is not None:
+                self.beat.stop()
             if self.lock is not None:
                 self.lock.release()
         return outcome

@@ -1,0 +1,66 @@
+"""A real ``trainwatch run`` SIGSTOPped: the agent it started (a process of its own, not
+frozen with it) shows ``trainwatch_run_supervisor_up`` 0 within seconds and says so in its
+log; resumed, the supervisor is up again."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agent_helpers import free_port, get_json, http_get, wait_for
+from conftest import kill_tree
+from trainwatch.contract.layout import AGENT_LOG
+from trainwatch.rundir.run_dir import RunDir
+
+pytestmark = pytest.mark.slow
+
+UP = re.compile(rb"^trainwatch_run_supervisor_up\{[^}]*\} (\S+)$", re.M)
+
+
+def supervisor_up(url: str) -> float | None:
+    found = UP.search(http_get(url + "/metrics"))
+    return float(found.group(1)) if found else None
+
+
+def test_a_frozen_trainwatch_run_is_seen_by_its_agent_within_seconds(tmp_path):
+    port = free_port()
+    run = RunDir(tmp_path / "r")
+    log = tmp_path / "run.log"
+    job = "import time\nwhile True:\n    time.sleep(1)\n"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainwatch", "run", "--run-dir", str(run.root), "--no-live",
+         "--agent-port", str(port), "--", sys.executable, "-c", job],
+        stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: supervisor_up(url) == 1, 90, what="the agent's supervisor_up 1: "
+                 + (log.read_text()[-2000:] if log.exists() else ""))
+        os.kill(proc.pid, signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        wait_for(lambda: supervisor_up(url) == 0, 30, interval=0.1,
+                 what="supervisor_up 0 after SIGSTOP")
+        seen_in = time.monotonic() - frozen_at
+        assert seen_in < 30, seen_in
+        seen = get_json(url + "/status")["supervisors"][str(run.root)]
+        assert seen["state"] == "frozen" and seen["pid"] == proc.pid, seen
+        agent_log = run.logs_dir / AGENT_LOG
+        wait_for(lambda: "is frozen" in agent_log.read_text(), 10, what="the agent's log line")
+        os.kill(proc.pid, signal.SIGCONT)
+        wait_for(lambda: supervisor_up(url) == 1, 30, interval=0.1,
+                 what="supervisor_up 1 after SIGCONT")
+        print(f"the agent saw the frozen supervisor in {seen_in:.1f} s")
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+        assert run.events("controller_stopped")
+        assert not run.supervisor_lock_file.read_bytes()  # released: nothing left to page
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+        kill_tree(proc)

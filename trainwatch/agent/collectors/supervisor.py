@@ -1,0 +1,119 @@
+"""Supervisor: whether the run's supervisor (``trainwatch run``, ``alerts receive`` with a
+job) is alive and not frozen, seen from outside it.
+
+The embedded alert engine lives in the supervisor, so a frozen (SIGSTOP, ``T``) or dead
+supervisor pages about nothing, itself included: its job runs unrepaired. This agent judges
+it instead, from what does not share its failure: the holder its ``supervisor.lock`` names
+(``rundir/runlock.py``), that process's state in /proc, and its heartbeat
+(``rundir/supervisor_beat.py``). Only the agent on the supervisor's host judges it (another
+host's process cannot be seen), and only a holder that writes a heartbeat (``trainwatch
+train`` by hand holds the lock but has nothing to repair with: it is not watched). A
+supervisor that stopped cleanly empties the lock record, and a run whose journal says it
+was stopped or closed (the journal collector's ``supervisor_stopped``) is over: neither
+exports anything. TrainwatchSupervisorDown pages on ``trainwatch_run_supervisor_up == 0``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import psutil
+
+from trainwatch.agent.registry import Collector, Result, register
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.runlock import Holder, recorded_holder
+from trainwatch.rundir.supervisor_beat import beat_age, read_supervisor_beat
+
+# A heartbeat this old from a process that still runs (not stopped) is a hung process: its
+# beat thread writes every second, so only a process that runs no Python for this long (a
+# thread holding the GIL, a D-state read of a dead mount) misses it.
+STALE_SECONDS = 20.0
+UP, FROZEN, DEAD, HUNG = "running", "frozen", "dead", "hung"
+log = logging.getLogger(__name__)
+_STOPPED = {psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP}
+
+
+def process_state(holder: Holder) -> tuple[str, str | None]:
+    """``running``, ``frozen`` (stopped: SIGSTOP, a debugger) or ``dead`` (gone, a zombie,
+    or another process with its pid), with the /proc state letter's name when known."""
+    try:
+        proc = psutil.Process(holder.pid)
+        if abs(proc.create_time() - holder.started_at) >= 0.01:
+            return DEAD, "pid reused"
+        status = proc.status()
+    except psutil.Error:
+        return DEAD, "gone"
+    if status == psutil.STATUS_ZOMBIE:
+        return DEAD, status
+    if status in _STOPPED:
+        return FROZEN, status
+    return UP, status
+
+
+def judge(run: RunDir) -> dict[str, Any] | None:
+    """What this host can tell of the run's supervisor, or None when there is none to
+    watch here (no holder, another host's, or one that writes no heartbeat)."""
+    holder = recorded_holder(run)
+    if holder is None or not holder.here():
+        return None
+    beat = read_supervisor_beat(run)
+    if beat is None or beat.get("token") != holder.token:
+        return None
+    age = beat_age(beat)
+    state, proc_status = process_state(holder)
+    if state == UP and age is not None and age > STALE_SECONDS:
+        state = HUNG
+    return {"state": state, "up": state == UP, "heartbeat_age_seconds": age,
+            "process_status": proc_status, "pid": holder.pid, "role": holder.role,
+            "holder": holder.describe()}
+
+
+@register("supervisor", interval=2.0, timeout=5.0, first_delay=1.0)
+class SupervisorCollector(Collector):
+    def __init__(self, ctx, options):
+        super().__init__(ctx, options)
+        self.states: dict[str, str] = {}
+
+    def _say(self, key: str, verdict: dict[str, Any]) -> None:
+        """Log each change: with ``trainwatch run`` alone (no Prometheus), this log and
+        /status are what says its supervisor is down."""
+        if self.states.get(key, UP) != verdict["state"]:
+            if verdict["up"]:
+                log.warning("the supervisor of %s runs again: %s", key, verdict["holder"])
+            else:
+                log.warning("the supervisor of %s is %s (%s, heartbeat %s s old): its job "
+                            "runs with no repair; runbook TrainwatchSupervisorDown", key,
+                            verdict["state"], verdict["holder"],
+                            _age(verdict["heartbeat_age_seconds"]))
+        self.states[key] = verdict["state"]
+
+    def collect(self) -> Result:
+        result = Result()
+        ranks = self.ctx.store.data("ranks") or {}
+        jobs = {j["run_dir"]: j["job"] for j in ranks.get("jobs", [])}
+        journal = self.ctx.store.data("journal") or {}
+        seen: dict[str, Any] = {}
+        for run in self.ctx.run_dirs():
+            key = str(run.root)
+            tail = journal.get(key)
+            if isinstance(tail, dict) and tail.get("supervisor_stopped"):
+                continue
+            verdict = judge(run)
+            if verdict is None:
+                continue
+            job = str(jobs.get(key) or run.run_name())
+            seen[key] = {"job": job, **verdict}
+            self._say(key, verdict)
+            labels = {"run": job, "node": self.ctx.node}
+            result.add("trainwatch_run_supervisor_up", verdict["up"], **labels)
+            result.add("trainwatch_run_supervisor_heartbeat_age_seconds",
+                       verdict["heartbeat_age_seconds"], **labels)
+        for key in set(self.states) - set(seen):
+            del self.states[key]
+        result.data = seen
+        return result
+
+
+def _age(age: float | None) -> str:
+    return "?" if age is None else f"{age:.0f}"
