@@ -61,15 +61,21 @@ def describe(cause: dict[str, Any]) -> str:
     """One line a human reads: what the rank waits for, and who holds the other end."""
     kind = cause.get("kind")
     if kind == "deadlock":
-        return "deadlock: " + "; ".join(
-            f"thread {_thread(link['thread'])} waits for {link['waits_for']} "
-            f"({short_path(link['at'])}), held by thread {_thread(link['held_by'])} "
-            f"(taken at {short_path(link['taken_at'])})" for link in cause["threads"])
+        return "deadlock: " + "; ".join(_link(link) for link in cause["threads"])
     if kind == "lock":
         held = f" while holding {', '.join(cause['held'])}" if cause.get("held") else ""
         return (f"waits for lock {cause['lock']} ({short_path(cause['at'])}){held}; "
                 "no thread of this process is shown holding it")
     return describe_wait(cause)
+
+
+def _link(link: dict[str, Any]) -> str:
+    waits = f"thread {_thread(link['thread'])} waits for "
+    if link["held_by"] == link["thread"]:
+        return (waits + f"lock {link['waits_for']} ({short_path(link['at'])}) that it holds "
+                f"itself (taken at {short_path(link['taken_at'])})")
+    return (waits + f"{link['waits_for']} ({short_path(link['at'])}), held by thread "
+            f"{_thread(link['held_by'])} (taken at {short_path(link['taken_at'])})")
 
 
 def _thread(t: dict[str, Any]) -> str:

@@ -110,6 +110,17 @@ def find_deadlock(threads: list[dict[str, Any]],
     for holder, facts in info.items():
         for h in facts["held"]:
             holder_of.setdefault(h["lock"], holder)
+    for member, facts in info.items():
+        self_held = _held_by_itself(facts)
+        if self_held:  # a plain Lock taken again by the thread that holds it
+            awaited = facts["awaited"]
+            waits = kernel.get(member) if isinstance(member, int) else None
+            who = _who(facts["thread"])
+            return {"kind": "deadlock", "threads": [{
+                "thread": who, "waits_for": awaited["lock"],
+                "at": f"{awaited['file']}:{awaited['line']}", "held_by": who,
+                "taken_at": f"{self_held['file']}:{self_held['line']}",
+                "kernel": (waits or {}).get("wchan")}]}
     for start in info:
         chain: list[int | str | None] = []
         key: int | str | None = start
@@ -132,6 +143,11 @@ def find_deadlock(threads: list[dict[str, Any]],
                     "kernel": (waits or {}).get("wchan")})
             return {"kind": "deadlock", "threads": links}
     return None
+
+
+def _held_by_itself(facts: dict[str, Any]) -> dict[str, Any] | None:
+    """The thread's own hold of the lock it waits for (an RLock would not block there)."""
+    return next((h for h in facts["held"] if h["lock"] == facts["awaited"]["lock"]), None)
 
 
 def _who(thread: dict[str, Any]) -> dict[str, Any]:
