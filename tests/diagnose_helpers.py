@@ -131,14 +131,15 @@ def stalled_for(seconds: float):
     return lambda s: all(time.time() - r["last_progress_at"] > seconds for r in s.values())
 
 
-def blocked_python(source: str, kind: str, tmp_path: Path) -> tuple[subprocess.Popen, dict]:
+def blocked_python(source: str, kind: str, tmp_path: Path,
+                   *args: str) -> tuple[subprocess.Popen, dict]:
     """A Python child running ``source`` (a real file, so diagnose can read its lines) until
     its main thread's kernel wait is of ``kind``; returns it and its real py-spy stack."""
     from trainwatch.diagnose import stacks
     from trainwatch.host.procinfo import thread_waits
     script = tmp_path / "job.py"
     script.write_text(source)
-    child = subprocess.Popen([sys.executable, str(script)])
+    child = subprocess.Popen([sys.executable, str(script), *args])
 
     pyspy = stacks.find_py_spy()
     assert pyspy, "py-spy is installed with trainwatch"

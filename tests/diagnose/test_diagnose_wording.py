@@ -44,3 +44,60 @@ def test_a_thread_taking_a_lock_it_holds_is_a_deadlock(tmp_path):
                     f"({tmp_path / 'job.py'}:12) that it holds itself (taken at "
                     f"{tmp_path / 'job.py'}:7)"), text
     assert "no thread" not in text
+
+
+EVENT_WAIT = """\
+import threading
+
+
+class ShardDataset:
+    def __init__(self):
+        self.shard_ready = threading.Event()
+        self.lock = threading.Lock()
+
+    def __getitem__(self, i):
+        self.shard_ready.wait()
+
+
+class Queue:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.not_empty = threading.Condition()
+
+    def get(self):
+        with self.lock:
+            with self.not_empty:
+                self.not_empty.wait()
+
+
+import sys
+ShardDataset()[0] if sys.argv[-1] != "condition" else Queue().get()
+"""
+
+
+def test_a_wait_for_an_event_nothing_sets_is_no_lock_wait(tmp_path):
+    """Event.wait parks in Condition.wait, which released the condition's lock and blocks
+    on a private ``waiter`` lock: the words name the event and its line, and no lock held."""
+    child, dump = blocked_python(EVENT_WAIT, "futex", tmp_path)
+    try:
+        cause = _cause(child, dump)
+    finally:
+        child.kill()
+        child.wait()
+    assert cause["kind"] == "event" and cause["runbook"] == "TrainingStalled#event", cause
+    text = causes.describe(cause)
+    assert text == (f"waits for event self.shard_ready ({tmp_path / 'job.py'}:10) that "
+                    "nothing has set, holding no lock"), text
+
+
+def test_a_condition_wait_names_the_condition_and_only_the_locks_still_held(tmp_path):
+    child, dump = blocked_python(EVENT_WAIT, "futex", tmp_path, "condition")
+    try:
+        cause = _cause(child, dump)
+    finally:
+        child.kill()
+        child.wait()
+    assert cause["kind"] == "condition", cause
+    assert causes.describe(cause) == (
+        f"waits for condition self.not_empty ({tmp_path / 'job.py'}:21) that nothing has "
+        "notified, while holding self.lock")
