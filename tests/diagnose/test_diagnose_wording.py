@@ -101,3 +101,52 @@ def test_a_condition_wait_names_the_condition_and_only_the_locks_still_held(tmp_
     assert causes.describe(cause) == (
         f"waits for condition self.not_empty ({tmp_path / 'job.py'}:21) that nothing has "
         "notified, while holding self.lock")
+
+
+def _oom_killed_rank(oom):
+    import time
+
+    from trainwatch.diagnose.model import Evidence
+    ev = Evidence(run_dir="/r", collected_at=time.time(), host="h")
+    ev.ranks[1] = {"rank": 1, "pid": 42, "node": "h", "state": "running", "step": 9,
+                   "process": {"status": "gone"}, "oom": oom}
+    ev.launcher = {"failed": [{"exitcode": -9, "local_rank": 1, "pid": 42, "log": "l"}],
+                   "root_cause": {"rank": 1, "local_rank": 1, "exitcode": -9, "pid": 42,
+                                  "log": "l"}, "failures": []}
+    from trainwatch.diagnose import analysis
+    return next(f for f in analysis.analyse(ev) if f.category == "rank_dead")
+
+
+def test_an_oom_kill_names_the_limit_an_ancestor_cgroup_set(tmp_path):
+    """The job's 256 MiB limit sits on its slice; the rank's own cgroup has none ("max").
+    The kill is worded with the limit that bound it and where it is set, not "unlimited"."""
+    from trainwatch.host.cgroup import memory_facts
+    slice_dir = tmp_path / "job.slice"
+    rank_dir = slice_dir / "train" / "rank1"
+    rank_dir.mkdir(parents=True)
+    (tmp_path / "memory.max").write_text("max\n")  # the root: no limit
+    (slice_dir / "memory.max").write_text(f"{256 << 20}\n")
+    (slice_dir / "train" / "memory.max").write_text("max\n")
+    (rank_dir / "memory.max").write_text("max\n")
+    (rank_dir / "memory.events").write_text("low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\n")
+    facts = memory_facts("v2:/job.slice/train/rank1", str(tmp_path))
+    assert facts["limit_bytes"] == 256 << 20 and facts["limit_cgroup"] == "/job.slice", facts
+    line = ("Memory cgroup out of memory: Killed process 42 (python) total-vm:1843200kB, "
+            "anon-rss:262144kB")
+    dead = _oom_killed_rank({**facts, "kernel": {"line": line, "process": "python",
+                                                  "memcg": "/job.slice/train/rank1"},
+                             "kernel_error": None})
+    assert dead.title == ("rank 1 was killed by the OOM killer (cgroup /job.slice/train/rank1, "
+                          "limit 256 MiB, set on its ancestor cgroup /job.slice)"), dead.title
+    assert ("memory cgroup /job.slice/train/rank1: 1 OOM kill(s) counted, limit 256 MiB, set "
+            "on its ancestor cgroup /job.slice") in dead.evidence, dead.evidence
+
+
+def test_an_oom_kill_in_a_removed_cgroup_says_the_limit_is_unknown(tmp_path):
+    from trainwatch.host.cgroup import memory_facts
+    facts = memory_facts("v2:/job.slice/gone", str(tmp_path))
+    dead = _oom_killed_rank({**facts, "kernel": {"line": "Killed process 42 (python)",
+                                                  "memcg": "/job.slice/gone"},
+                             "kernel_error": None})
+    assert dead.title == ("rank 1 was killed by the OOM killer (cgroup /job.slice/gone, "
+                          "limit unknown (its cgroup is gone))"), dead.title
