@@ -150,3 +150,41 @@ def test_an_oom_kill_in_a_removed_cgroup_says_the_limit_is_unknown(tmp_path):
                              "kernel_error": None})
     assert dead.title == ("rank 1 was killed by the OOM killer (cgroup /job.slice/gone, "
                           "limit unknown (its cgroup is gone))"), dead.title
+
+
+def test_a_pipe_reader_s_other_end_is_only_the_writers():
+    """A reader blocked on a pipe waits for whoever holds the write end; a sibling that
+    holds the same read end (a forked worker that inherited it) is not the other end."""
+    import os
+    import subprocess
+    import sys
+
+    from agent_helpers import wait_for
+    from trainwatch.host.procinfo import describe_wait
+    read_end, write_end = os.pipe()
+    hold = "import sys; sys.stdin.read()"  # holds the fd passed to it until killed
+    children = []
+    try:
+        reader = subprocess.Popen([sys.executable, "-c", f"import os; os.read({read_end}, 1)"],
+                                  pass_fds=[read_end])
+        children.append(reader)
+        sibling = subprocess.Popen([sys.executable, "-c", hold], pass_fds=[read_end],
+                                   stdin=subprocess.PIPE)
+        writer = subprocess.Popen([sys.executable, "-c", hold], pass_fds=[write_end],
+                                  stdin=subprocess.PIPE)
+        children += [sibling, writer]
+        os.close(read_end)
+        os.close(write_end)
+
+        def reading():
+            main = next((t for t in thread_waits(reader.pid) if t["tid"] == reader.pid), None)
+            wait = (main or {}).get("wait") or {}
+            return wait if wait.get("kind") == "pipe" else None
+        wait = wait_for(reading, timeout=30, what="the reader blocked on the pipe")
+        assert {p["pid"] for p in wait["peers"]} == {writer.pid}, wait["peers"]
+        assert describe_wait(wait).startswith(
+            f"blocked in read on a pipe: other end held by pid {writer.pid} ("), wait
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
