@@ -129,3 +129,32 @@ def top(report: dict, category: str | None = None) -> dict:
 
 def stalled_for(seconds: float):
     return lambda s: all(time.time() - r["last_progress_at"] > seconds for r in s.values())
+
+
+def blocked_python(source: str, kind: str, tmp_path: Path,
+                   *args: str) -> tuple[subprocess.Popen, dict]:
+    """A Python child running ``source`` (a real file, so diagnose can read its lines) until
+    its main thread's kernel wait is of ``kind``; returns it and its real py-spy stack."""
+    from trainwatch.diagnose import stacks
+    from trainwatch.host.procinfo import thread_waits
+    script = tmp_path / "job.py"
+    script.write_text(source)
+    child = subprocess.Popen([sys.executable, str(script), *args])
+
+    pyspy = stacks.find_py_spy()
+    assert pyspy, "py-spy is installed with trainwatch"
+
+    def blocked() -> dict | None:  # blocked, and py-spy sees it past start-up (in job.py)
+        main = next((t for t in thread_waits(child.pid) if t["tid"] == child.pid), None)
+        if not (main and (main["wait"] or {}).get("kind") == kind):
+            return None
+        dump = stacks.py_spy_dump(pyspy, child.pid, 30, False, False)
+        frames = stacks.main_stack(dump)
+        return dump if any(f.get("file") == str(script) for f in frames) else None
+    try:
+        dump = wait_for(blocked, timeout=30, what=f"the child blocked in a {kind} wait")
+    except BaseException:
+        child.kill()
+        child.wait()
+        raise
+    return child, dump

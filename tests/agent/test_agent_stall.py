@@ -86,10 +86,20 @@ def test_busy_is_not_frozen():
     assert check().kind == "frozen"  # no CPU rate known yet
     assert check(status="sleeping", cpu_cores=1.0, main_runnable=1.0).kind == "frozen"
     assert check(status="stopped", cpu_cores=1.0).kind == "frozen"
-    # the heartbeat is fresh: a rank burning CPU without a step is stuck (a spin in Python)
+    # the heartbeat is fresh: a rank burning CPU without a step outside a collective spins
+    # in Python (diagnose says busy, with its stack); inside a collective phase a CPU
+    # spent polling for peers is waiting, still stuck
     fresh = rank(now, progress_age=12.0, status="running")
     fresh["process"].update(cpu_cores=1.0, main_runnable=1.0)
+    spin = det.check(key, fresh)
+    assert spin.kind == "busy", spin
+    assert spin.reason.startswith("R, 100 % CPU, main thread runnable 100 %, heartbeat "
+                                  "fresh, step not advancing"), spin.reason
+    fresh["phase"] = "allreduce"
     assert det.check(key, fresh).kind == "stuck"
+    fresh.update(phase="forward", process={"status": "running", "cpu_cores": 0.01,
+                                           "main_runnable": 0.02})
+    assert det.check(key, fresh).kind == "stuck"  # alive, waiting, no CPU
 
 
 def test_phase_budgets_apply_unless_the_process_is_stopped():

@@ -2,8 +2,8 @@
 
 When one rank stops, every other rank blocks in its next collective and stalls too; a
 page per rank would bury the one that matters.  The evidence on this node decides who the
-culprit is: a dead or frozen rank first (nothing in it runs), then a busy one (it runs, but
-not the job's code that beats and steps: C code holding the GIL), else a stuck rank outside a
+culprit is: a dead or frozen rank first (nothing in it runs), then a busy one (it burns a CPU
+outside a collective: C code holding the GIL, or a Python loop), else a stuck rank outside a
 collective while others wait inside one, else the ranks behind on step.  A node whose
 stalled ranks all wait (the culprit is elsewhere, or cannot be told apart) names none:
 the alert rule then takes the culprit another node's agent named, or says "unknown".
@@ -47,7 +47,7 @@ def group(stalled: list[tuple[dict[str, Any], Any]]) -> Incident | None:
     worst = min(_KIND_ORDER.get(k, _STUCK) for k in kinds.values())
     culprits: list[int] = []
     reason = ""
-    if worst < _STUCK:  # dead, frozen or busy: none of them beats, so none waits in a collective
+    if worst < _STUCK:  # dead, frozen or busy (outside a collective phase): none waits in one
         culprits = [r for r, k in kinds.items() if _KIND_ORDER.get(k, _STUCK) == worst]
         reason = f"{kinds[culprits[0]]} while the others wait"
     else:

@@ -9,10 +9,10 @@ once per heartbeat), and a rank that evaluated for 90 s has not been stalled for
 when it starts its next step.
 The evidence decides the kind: ``dead`` (process gone or zombie; gone with a fresh heartbeat
 only when this agent saw that process alive before), ``frozen``
-(process stopped, or heartbeat stale: nothing in it runs), ``busy`` (heartbeat stale but
-the process runnable and burning CPU: code in C holding the GIL, such as a catastrophic
-regular expression, starves the telemetry thread) or ``stuck`` (heartbeat fresh, step
-stale: alive but waiting).  A finding clears by
+(process stopped, or heartbeat stale: nothing in it runs), ``busy`` (the process runnable
+and burning CPU outside a collective phase: with a stale heartbeat, code in C holding the
+GIL, such as a catastrophic regular expression, starves the telemetry thread; with a fresh
+one, a pure-Python spin) or ``stuck`` (heartbeat fresh, step stale: alive but waiting).  A finding clears by
 itself as soon as the rank progresses again.
 """
 
@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 from trainwatch.contract.stall import (BUSY_CORES, BUSY_MAIN_RUNNABLE, heartbeat_stale,
                                        stall_budget)
+from trainwatch.contract.states import COLLECTIVE_PHASES
 
 
 @dataclass
@@ -139,6 +140,10 @@ class StallDetector:
                 kind, why = "frozen", f"heartbeat {hb_age:.1f} s old"
             else:
                 kind, why = "stuck", "heartbeat fresh, step not advancing"
+                spinning = busy_evidence(rank.get("process") or {}) \
+                    if str(phase or "") not in COLLECTIVE_PHASES else None
+                if spinning is not None:  # burns a CPU outside a collective: diagnose's busy
+                    kind, why = "busy", f"{spinning}, heartbeat fresh, step not advancing"
                 for hold in holders:
                     if hold.rank == rank.get("rank"):
                         continue

@@ -113,8 +113,9 @@ _SPECS = [
        "The stall budget currently applied to the rank: max(floor, k x typical step) or its "
        "phase's budget.", RUN_RANK, "seconds"),
     _m("trainwatch_rank_stall_info", "info",
-       "1 while the rank is stalled; kind is stuck (alive, heartbeat fresh), busy (heartbeat "
-       "stale, process runnable and burning CPU: C code holding the GIL), frozen (heartbeat "
+       "1 while the rank is stalled; kind is stuck (alive, heartbeat fresh), busy (process "
+       "runnable and burning CPU outside a collective phase: C code holding the GIL, its "
+       "heartbeat stale, or a spin in Python, its heartbeat fresh), frozen (heartbeat "
        "stale or process stopped) or dead; phase is where it stalled.",
        RUN_RANK + ("kind", "phase")),
     _m("trainwatch_rank_stalls_total", "counter",

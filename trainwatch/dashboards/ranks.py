@@ -82,8 +82,9 @@ def build(runbook_base: str, limits: dict) -> dict:
                              "waiting for them.", alerts=("TrainingStalled",), w=6)
     b.table("Stall findings", target(f"{b.sel('trainwatch_rank_stall_info')} == 1", table=True),
             description="kind: stuck (alive, heartbeat fresh: waiting on something), busy "
-                        "(heartbeat stale, process runnable and burning CPU: C code holding "
-                        "the GIL), frozen (heartbeat stale or process stopped) or dead; phase: "
+                        "(process runnable and burning CPU outside a collective phase: C code "
+                        "holding the GIL, heartbeat stale, or a spin in Python, heartbeat "
+                        "fresh), frozen (heartbeat stale or process stopped) or dead; phase: "
                         "where it stalled. `trainwatch diagnose` names the culprit.",
             alerts=("TrainingStalled",))
     b.timeseries("Stalls detected",

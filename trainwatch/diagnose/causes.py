@@ -15,9 +15,9 @@ from trainwatch.diagnose.stacks import main_stack, short_path
 from trainwatch.host.procinfo import TELLING_WAITS, describe_wait
 
 RUNBOOK_SECTIONS = {
-    "deadlock": "deadlock", "lock": "lock", "file_lock": "file-lock", "fifo_open": "fifo",
-    "fifo": "fifo", "pipe": "pipe", "socket": "socket", "file_io": "file-io",
-    "file_open": "file-io", "disk_io": "disk-io",
+    "deadlock": "deadlock", "lock": "lock", "event": "event", "condition": "event",
+    "file_lock": "file-lock", "fifo_open": "fifo", "fifo": "fifo", "pipe": "pipe",
+    "socket": "socket", "file_io": "file-io", "file_open": "file-io", "disk_io": "disk-io",
 }
 
 
@@ -33,6 +33,9 @@ def rank_cause(view: dict[str, Any], stack: dict[str, Any] | None) -> dict[str, 
         frames = main_stack(stack)
         if wait.get("kind") in TELLING_WAITS:
             cause = dict(wait)
+        elif (wait.get("kind") == "futex" or (not main and frames)) and \
+                locks.condition_wait(frames):
+            cause = locks.condition_wait(frames)
         elif wait.get("kind") == "futex" or (not main and frames):
             awaited = locks.thread_locks(frames)["awaited"] if frames else None
             if awaited:
@@ -61,15 +64,28 @@ def describe(cause: dict[str, Any]) -> str:
     """One line a human reads: what the rank waits for, and who holds the other end."""
     kind = cause.get("kind")
     if kind == "deadlock":
-        return "deadlock: " + "; ".join(
-            f"thread {_thread(link['thread'])} waits for {link['waits_for']} "
-            f"({short_path(link['at'])}), held by thread {_thread(link['held_by'])} "
-            f"(taken at {short_path(link['taken_at'])})" for link in cause["threads"])
+        return "deadlock: " + "; ".join(_link(link) for link in cause["threads"])
     if kind == "lock":
         held = f" while holding {', '.join(cause['held'])}" if cause.get("held") else ""
         return (f"waits for lock {cause['lock']} ({short_path(cause['at'])}){held}; "
                 "no thread of this process is shown holding it")
+    if kind in ("event", "condition"):
+        what = (f"event {cause['object']}" if kind == "event" else
+                f"condition {cause['object']}") if cause.get("object") else cause["api"]
+        nobody = "nothing has set" if kind == "event" else "nothing has notified"
+        holds = (f"while holding {', '.join(cause['held'])}" if cause.get("held")
+                 else "holding no lock")
+        return f"waits for {what} ({short_path(cause['at'])}) that {nobody}, {holds}"
     return describe_wait(cause)
+
+
+def _link(link: dict[str, Any]) -> str:
+    waits = f"thread {_thread(link['thread'])} waits for "
+    if link["held_by"] == link["thread"]:
+        return (waits + f"lock {link['waits_for']} ({short_path(link['at'])}) that it holds "
+                f"itself (taken at {short_path(link['taken_at'])})")
+    return (waits + f"{link['waits_for']} ({short_path(link['at'])}), held by thread "
+            f"{_thread(link['held_by'])} (taken at {short_path(link['taken_at'])})")
 
 
 def _thread(t: dict[str, Any]) -> str:

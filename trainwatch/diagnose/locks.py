@@ -75,6 +75,45 @@ def frame_locks(path: Any, line: Any,
     return held, awaited
 
 
+def condition_wait(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A thread parked in ``threading``'s ``Condition.wait`` (``Event.wait``, a queue's
+    ``get``...): what its own code waits on, where, and the locks it still holds.
+
+    ``Condition.wait`` releases the condition's lock and blocks on a private ``waiter``
+    lock until someone notifies: it is no lock wait, and the condition is not held.
+    """
+    if not frames or not _in_threading(frames[-1]) or \
+            frames[-1].get("function") not in ("Condition.wait", "wait"):
+        return None
+    i = len(frames) - 1
+    while i >= 0 and _in_threading(frames[i]):
+        i -= 1
+    if i < 0:
+        return None
+    caller, api = frames[i], str(frames[i + 1].get("function"))
+    held: list[str] = []
+    for frame in frames[:i + 1]:
+        held += [n for n, _ in frame_locks(frame.get("file"), frame.get("line"), False)[0]]
+    obj = _waited_object(caller.get("file"), caller.get("line"))
+    return {"kind": "event" if api.startswith("Event.") else "condition", "object": obj,
+            "api": api, "at": f"{caller.get('file')}:{caller.get('line')}",
+            "held": [h for h in held if h != obj]}  # the condition itself was released
+
+
+def _in_threading(frame: dict[str, Any]) -> bool:
+    return str(frame.get("file")).endswith("/threading.py")
+
+
+def _waited_object(path: Any, line: Any) -> str | None:
+    """``X`` of the ``X.wait(...)`` (or ``wait_for``, ``get``...) call at that line."""
+    tree = _tree(path) if isinstance(path, str) and isinstance(line, int) else None
+    for node in ast.walk(tree) if tree else ():
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                getattr(node, "lineno", None) == line:
+            return ast.unparse(node.func.value)
+    return None
+
+
 def thread_locks(frames: list[dict[str, Any]]) -> dict[str, Any]:
     """Held locks (with where each was taken) and the awaited one, for one thread's stack."""
     held: list[dict[str, Any]] = []
@@ -110,6 +149,17 @@ def find_deadlock(threads: list[dict[str, Any]],
     for holder, facts in info.items():
         for h in facts["held"]:
             holder_of.setdefault(h["lock"], holder)
+    for member, facts in info.items():
+        self_held = _held_by_itself(facts)
+        if self_held:  # a plain Lock taken again by the thread that holds it
+            awaited = facts["awaited"]
+            waits = kernel.get(member) if isinstance(member, int) else None
+            who = _who(facts["thread"])
+            return {"kind": "deadlock", "threads": [{
+                "thread": who, "waits_for": awaited["lock"],
+                "at": f"{awaited['file']}:{awaited['line']}", "held_by": who,
+                "taken_at": f"{self_held['file']}:{self_held['line']}",
+                "kernel": (waits or {}).get("wchan")}]}
     for start in info:
         chain: list[int | str | None] = []
         key: int | str | None = start
@@ -132,6 +182,11 @@ def find_deadlock(threads: list[dict[str, Any]],
                     "kernel": (waits or {}).get("wchan")})
             return {"kind": "deadlock", "threads": links}
     return None
+
+
+def _held_by_itself(facts: dict[str, Any]) -> dict[str, Any] | None:
+    """The thread's own hold of the lock it waits for (an RLock would not block there)."""
+    return next((h for h in facts["held"] if h["lock"] == facts["awaited"]["lock"]), None)
 
 
 def _who(thread: dict[str, Any]) -> dict[str, Any]:

@@ -47,16 +47,29 @@ def cgroup_dir(cgroup: str, root: str = CGROUP_ROOT) -> str | None:
 
 
 def memory_facts(cgroup: str, root: str = CGROUP_ROOT) -> dict[str, Any]:
-    """``{"cgroup", "dir", "limit_bytes", "oom_kills"}`` (None where unreadable)."""
+    """``{"cgroup", "dir", "limit_bytes", "oom_kills"}`` (None where unreadable). The limit
+    that binds is the smallest of the cgroup's and its ancestors' (a job's limit is often
+    set on its slice, not on each rank's own cgroup); ``limit_cgroup`` is added when an
+    ancestor sets it, naming that ancestor."""
     folder = cgroup_dir(cgroup, root)
     facts: dict[str, Any] = {"cgroup": cgroup.partition(":")[2], "dir": folder,
                              "limit_bytes": None, "oom_kills": None}
     if folder is None:
         return facts
     v1 = cgroup.startswith("v1:")
-    limit = _read(f"{folder}/{'memory.limit_in_bytes' if v1 else 'memory.max'}")
-    if limit and limit.strip().isdigit() and int(limit) < UNLIMITED:
-        facts["limit_bytes"] = int(limit)
+    version, _, path = cgroup.partition(":")
+    while True:  # the cgroup itself, then each ancestor up to the root
+        at = cgroup_dir(f"{version}:{path}", root)
+        limit = _read(f"{at}/{'memory.limit_in_bytes' if v1 else 'memory.max'}") if at else None
+        if limit and limit.strip().isdigit() and int(limit) < UNLIMITED and (
+                facts["limit_bytes"] is None or int(limit) < facts["limit_bytes"]):
+            facts["limit_bytes"] = int(limit)
+            facts.pop("limit_cgroup", None)
+            if at != folder:
+                facts["limit_cgroup"] = path or "/"
+        if path.rstrip("/") in ("", "/"):
+            break
+        path = path.rstrip("/").rsplit("/", 1)[0] or "/"
     events = _read(f"{folder}/{'memory.oom_control' if v1 else 'memory.events'}") or ""
     for line in events.splitlines():
         key, _, value = line.partition(" ")

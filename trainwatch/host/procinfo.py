@@ -309,8 +309,10 @@ def classify_wait(pid: int, call: Any, args: list[int], wchan: str, state: str,
         target = fd_target(pid, args[0], proc_root)
         kind = target.get("type")
         if kind in ("pipe", "fifo"):
+            other_end = "write" if "read" in str(call) or "recv" in str(call) else \
+                "read" if "write" in str(call) or "send" in str(call) else None
             peers = holders_of(inode=target.get("inode"), path=target.get("path"), exclude=pid,
-                               proc_root=proc_root)
+                               proc_root=proc_root, end=other_end)
             return {"kind": kind, "direction": call, "path": target.get("path"),
                     "peers": peers}
         if kind == "socket":
@@ -376,8 +378,10 @@ def fd_target(pid: int, fd: int, proc_root: str = "/proc") -> dict[str, Any]:
 
 
 def holders_of(inode: int | None = None, path: str | None = None, exclude: int | None = None,
-               proc_root: str = "/proc") -> list[dict[str, Any]]:
-    """Other processes with the pipe inode or the path open (the other end's candidates)."""
+               proc_root: str = "/proc", end: str | None = None) -> list[dict[str, Any]]:
+    """Other processes with the pipe inode or the path open (the other end's candidates);
+    with ``end`` ("read"/"write"), only those whose fd is open for it (its fdinfo flags):
+    a reader blocked on a pipe waits for a writer, not for a fellow reader."""
     wanted = {f"pipe:[{inode}]"} if inode is not None else set()
     if path:
         wanted.add(path)
@@ -395,12 +399,24 @@ def holders_of(inode: int | None = None, path: str | None = None, exclude: int |
             if scanned > MAX_FD_SCAN:
                 return list(found.values())
             try:
-                if os.readlink(f"{proc_root}/{entry.name}/fd/{fd}") in wanted:
+                if os.readlink(f"{proc_root}/{entry.name}/fd/{fd}") in wanted and \
+                        _open_for(f"{proc_root}/{entry.name}/fdinfo/{fd}", end):
                     found[int(entry.name)] = _process(int(entry.name), proc_root)
                     break
             except OSError:
                 continue
     return list(found.values())
+
+
+def _open_for(fdinfo: str, end: str | None) -> bool:
+    """Whether the fd (its ``flags`` in fdinfo, octal) is open for reading or writing;
+    True when ``end`` is None or the flags cannot be read (kept, not guessed away)."""
+    flags = next((ln.split()[1] for ln in (_read(fdinfo) or "").splitlines()
+                  if ln.startswith("flags:")), None)
+    if end is None or flags is None:
+        return True
+    mode = int(flags, 8) & os.O_ACCMODE
+    return mode == os.O_RDWR or mode == (os.O_RDONLY if end == "read" else os.O_WRONLY)
 
 
 def socket_peer(inode: int | None, exclude: int | None = None,

@@ -168,17 +168,17 @@ def _oom(view: dict[str, Any]) -> tuple[str | None, list[str], bool]:
     oom = view.get("oom")
     if not oom:
         return None, [], False
-    where = (f"cgroup {oom.get('cgroup')}, limit {_bytes(oom.get('limit_bytes'))}"
+    where = (f"cgroup {oom.get('cgroup')}, limit {_limit(oom)}"
              if oom.get("cgroup") else "its memory cgroup unknown")
     lines = []
     if oom.get("oom_kills") is not None:
         lines.append(f"memory cgroup {oom.get('cgroup')}: {oom['oom_kills']} OOM kill(s) "
-                     f"counted, limit {_bytes(oom.get('limit_bytes'))}")
+                     f"counted, limit {_limit(oom)}")
     kernel = oom.get("kernel")
     if kernel and kernel.get("line"):
         lines.append(f"kernel log: {kernel['line']}")
         if kernel.get("memcg"):
-            where = (f"cgroup {kernel['memcg']}, limit {_bytes(oom.get('limit_bytes'))}")
+            where = (f"cgroup {kernel['memcg']}, limit {_limit(oom)}")
         return f"killed by the OOM killer ({where})", lines, True
     if oom.get("kernel_error"):
         lines.append(f"kernel log not readable: {oom['kernel_error']}")
@@ -191,8 +191,13 @@ def _oom(view: dict[str, Any]) -> tuple[str | None, list[str], bool]:
     return None, lines, False
 
 
-def _bytes(n: int | None) -> str:
-    return "none (unlimited)" if n is None else f"{n / 2**30:.2f} GiB"
+def _limit(oom: dict[str, Any]) -> str:
+    """The memory limit that bound the cgroup, where it is set when that is an ancestor."""
+    n, at = oom.get("limit_bytes"), oom.get("limit_cgroup")
+    if n is None:
+        return "none (unlimited)" if oom.get("dir") else "unknown (its cgroup is gone)"
+    size = f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+    return size + (f", set on its ancestor cgroup {at}" if at and at != oom.get("cgroup") else "")
 
 
 def hang_before_death(a: Analysis, dead: list[int],
