@@ -23,7 +23,7 @@ _WHERE = (
 )
 
 
-_CAUSE_WHERE = {"deadlock": "a deadlock between its threads", "lock": "a lock",
+_CAUSE_WHERE = {"deadlock": "a deadlock", "lock": "a lock",
                 "event": "a wait for an event", "condition": "a wait on a condition",
                 "file_lock": "a file lock"}
 
