@@ -144,15 +144,30 @@ def blocked_python(source: str, kind: str, tmp_path: Path,
     pyspy = stacks.find_py_spy()
     assert pyspy, "py-spy is installed with trainwatch"
 
-    def blocked() -> dict | None:  # blocked, and py-spy sees it past start-up (in job.py)
+    def waiting() -> bool:
         main = next((t for t in thread_waits(child.pid) if t["tid"] == child.pid), None)
-        if not (main and (main["wait"] or {}).get("kind") == kind):
+        return bool(main and (main["wait"] or {}).get("kind") == kind)
+
+    def where(dump: dict | None) -> list[tuple]:
+        return [(f.get("file"), f.get("line")) for f in stacks.main_stack(dump)]
+
+    def blocked() -> dict | None:
+        """Blocked for good, not in a passing wait of start-up: in a ``kind`` wait before and
+        after two py-spy stacks that agree and reach job.py (a child still running its
+        module code can be caught in a brief futex wait between two of its lines)."""
+        if not waiting():
             return None
         dump = stacks.py_spy_dump(pyspy, child.pid, 30, False, False)
-        frames = stacks.main_stack(dump)
-        return dump if any(f.get("file") == str(script) for f in frames) else None
+        frames = where(dump)
+        if not any(file == str(script) for file, _ in frames) or not waiting():
+            return None
+        return dump if where(stacks.py_spy_dump(pyspy, child.pid, 30, False, False)) == frames \
+            else None
     try:
         dump = wait_for(blocked, timeout=30, what=f"the child blocked in a {kind} wait")
+        # py-spy stops the process to read it; its thread re-enters the wait just after, and
+        # a caller reading /proc in between would see it running.
+        wait_for(waiting, timeout=30, what=f"the child back in its {kind} wait")
     except BaseException:
         child.kill()
         child.wait()
