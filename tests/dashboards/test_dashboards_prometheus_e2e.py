@@ -57,10 +57,12 @@ MUST_SHOW_DATA = {
 }
 
 
-# Absent on a healthy one-node CPU run: no GPU, InfiniBand or NCCL, no stall, no controller,
-# no NaN, and no other node to compare this node's ranks with.
+# Absent on a healthy one-node CPU run of `trainwatch train`: no GPU, InfiniBand or NCCL, no
+# stall, no controller (so no supervisor to watch), no NaN, and no other node to compare this
+# node's ranks with.
 CPU_ABSENT = re.compile(r"trainwatch_(gpu_|nccl_ras_|nccl_log_|network_ib_|stall_incident_"
-                        r"|action_restart_guard|train_last_nonfinite|straggler_node_)")
+                        r"|action_restart_guard|run_supervisor_|train_last_nonfinite"
+                        r"|straggler_node_)")
 # Series that exist only once something went wrong (a replica's weights diverged, a
 # gradient all-reduce's checksum did not match).
 HEALTHY_ABSENT = re.compile(r"trainwatch_(replica_divergence_"

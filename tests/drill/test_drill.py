@@ -20,6 +20,7 @@ from trainwatch.drill.runner import RECORD_FORMAT, record_file, stop_tree
 from trainwatch.drill.score import CRITERIA, launcher_failures, score
 from trainwatch.drill.settings import changed_defaults, settings_for, write_files
 from trainwatch.errors import ConfigError
+from trainwatch.node import node_name
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.rundir.atomic import append_jsonl, atomic_write_json
 
@@ -539,7 +540,7 @@ def test_the_findings_watcher_keeps_what_a_real_agent_found(tmp_path):
     try:
         now = time.time()
         run.write_status(1, {"job": "job", "rank": 1, "local_rank": 1, "world_size": 2,
-                             "node": "n", "pid": sleeper.pid, "state": "running", "step": 7,
+                             "node": node_name(), "pid": sleeper.pid, "state": "running", "step": 7,
                              "phase": "backward", "phase_since": now - 60,
                              "started_at": now - 90, "heartbeat_at": now,
                              "last_progress_at": now - 60})
