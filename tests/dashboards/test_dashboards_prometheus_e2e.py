@@ -74,6 +74,25 @@ def _series(prom: str, expr: str) -> list:
     return prometheus_query(prom, expr)["data"]["result"]
 
 
+def _check_dashboards(prom: str, run: str) -> tuple[list, list[str]]:
+    """Every dashboard's queries run once: (query problems, must-show panels with no data)."""
+    problems, empty = [], []
+    for dashboard in build_all():
+        found, counts = check_with_prometheus(
+            dashboard, prom, {"run": run, "node": ".*", "rank": ".*"}, duration="15s")
+        problems += found
+        assert len(counts) >= 10
+        wanted = MUST_SHOW_DATA[dashboard["uid"]]
+        ran = {q.panel.removeprefix("panel '")[:-1]: q for q in counts}
+        assert {w.split("#")[0] for w in wanted} <= set(ran)
+        for q, n in counts.items():
+            title = q.panel.removeprefix("panel '")[:-1]
+            if n == 0 and (title in wanted or f"{title}#{q.ref}" in wanted
+                           or q.panel.startswith("variable")):
+                empty.append(f"{q.dashboard}: {q.panel} {q.ref} {q.expr}")
+    return problems, empty
+
+
 def test_every_dashboard_query_runs_against_a_real_prometheus(tmp_path, launch_train):
     run_dir = tmp_path / "run"
     train = launch_train("--nproc-per-node", "2", "--run-dir", str(run_dir), "--steps", "100000",
@@ -111,20 +130,20 @@ def test_every_dashboard_query_runs_against_a_real_prometheus(tmp_path, launch_t
         assert up["job"] == "trainwatch-agent" and "exported_job" not in up
         run = up["run"]
 
-        empty = []
-        for dashboard in build_all():
-            problems, counts = check_with_prometheus(
-                dashboard, prom, {"run": run, "node": ".*", "rank": ".*"}, duration="15s")
-            assert not problems, "\n".join(map(str, problems))
-            assert len(counts) >= 10
-            wanted = MUST_SHOW_DATA[dashboard["uid"]]
-            ran = {q.panel.removeprefix("panel '")[:-1]: q for q in counts}
-            assert {w.split("#")[0] for w in wanted} <= set(ran)
-            for q, n in counts.items():
-                title = q.panel.removeprefix("panel '")[:-1]
-                if n == 0 and (title in wanted or f"{title}#{q.ref}" in wanted
-                               or q.panel.startswith("variable")):
-                    empty.append(f"{q.dashboard}: {q.panel} {q.ref} {q.expr}")
+        # A counter's increase() needs two scrapes of it inside the window, and a save's
+        # counters first appear a scrape or two after the save: wait for the panels to fill
+        # rather than judge the first instant.
+        problems, empty = [], []
+
+        def panels_show_data() -> bool:
+            problems[:], empty[:] = _check_dashboards(prom, run)
+            return not problems and not empty
+
+        try:
+            wait_for(panels_show_data, 60, interval=1, what="every must-show panel to show data")
+        except AssertionError:
+            pass
+        assert not problems, "\n".join(map(str, problems))
         assert not empty, "no data:\n" + "\n".join(empty)
 
         # Every alert expression reads series this scrape config delivers, with `run` where
