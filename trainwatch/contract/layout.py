@@ -8,6 +8,7 @@ changed in one place. The formats of the files are in docs/run-directory.md;
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,10 @@ JOURNAL_FILE = "journal.jsonl"
 CLOSED_EVENT = "run_closed"
 SUPERVISOR_LOCK_FILE = "supervisor.lock"  # flock'ed by the run's one supervisor; who holds it
 SUPERVISOR_BEAT_FILE = "supervisor.beat"  # its heartbeat, overwritten in place (rundir/supervisor_beat.py)
+# A multi-node job: one supervisor per node, each with its lock and beat named after its node.
+NODE_SUPERVISORS_DIR = "supervisors"      # <node>.lock, <node>.beat
+NODE_LOCK_SUFFIX = ".lock"
+NODE_BEAT_SUFFIX = ".beat"
 STATUS_DIR = "status"
 METRICS_DIR = "metrics"
 CHECKPOINTS_DIR = "checkpoints"   # the default checkpoint folder (checkpoint.dir moves it)
@@ -45,6 +50,13 @@ CONTROL_CHECKPOINT = "checkpoint"        # save a checkpoint at the next step bo
 CONTROL_DUMP = "dump"                    # write stacks and the flight recorder now
 CONTROL_HOLD_ACTIONS = "hold-actions"    # automatic actions are held while it exists
 SKIP_STEPS_FILE = "skip-steps.json"      # steps a rollback asked to drop
+# control/repairs/: a multi-node job's repairs (control/repairs.py): the leader's numbered
+# requests, every node's proposals to it, and which node applied which request.
+CONTROL_REPAIRS_DIR = "repairs"
+REPAIR_REQUEST_PREFIX = "request-"       # request-00001.json: written once, by the leader
+REPAIR_PROPOSAL_PREFIX = "proposal-"     # proposal-<node>-<ns>.json: read and removed by it
+REPAIR_APPLIED_PREFIX = "applied-"       # applied-00001-<node>.json: that node acted on it
+REPAIR_FORMAT = "trainwatch.repair"
 
 # alerts/: the alert state a run keeps.
 SILENCES_FILE = "silences.json"
@@ -125,6 +137,13 @@ def rank_of_file(path: Path) -> int | None:
     return int(number) if number.isdigit() else None
 
 
+def file_safe(name: str) -> str:
+    """A node's name as part of a file name: letters, digits, ``.``, ``_`` and ``-`` kept,
+    anything else (``/``, spaces) as ``_``; never empty, never a dot file."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:200]
+    return safe if safe and not safe.startswith(".") else f"_{safe}"
+
+
 class RunLayout:
     """The paths of one run directory; no I/O (``RunDir`` reads and writes them)."""
 
@@ -146,6 +165,17 @@ class RunLayout:
     @property
     def supervisor_beat_file(self) -> Path:
         return self.root / SUPERVISOR_BEAT_FILE
+
+    def node_supervisor_lock_file(self, node: str) -> Path:
+        """A multi-node job's lock of ``node``'s supervisor (one per node)."""
+        return self.root / NODE_SUPERVISORS_DIR / (file_safe(node) + NODE_LOCK_SUFFIX)
+
+    def node_supervisor_beat_file(self, node: str) -> Path:
+        return self.root / NODE_SUPERVISORS_DIR / (file_safe(node) + NODE_BEAT_SUFFIX)
+
+    @property
+    def repairs_dir(self) -> Path:
+        return self.control_dir / CONTROL_REPAIRS_DIR
 
     @property
     def status_dir(self) -> Path:

@@ -36,10 +36,12 @@ from typing import Any, Callable
 
 from trainwatch.control.confirm import Confirmation, confirm_stall
 from trainwatch.control.controller import JobController
+from trainwatch.control.repairs import RepairBoard
 from trainwatch.control.replica_rollback import Divergence, find_divergence
 from trainwatch.contract.alerts import ACTS_BEFORE
 from trainwatch.contract.env import JOB_ENV
-from trainwatch.contract.layout import CONTROL_CHECKPOINT, CONTROL_DIR, CONTROL_HOLD_ACTIONS
+from trainwatch.contract.layout import (ACTIONS_LEDGER_FILE, CONTROL_CHECKPOINT, CONTROL_DIR,
+                                        CONTROL_HOLD_ACTIONS, file_safe)
 from trainwatch.contract.metrics import RUN_LABEL
 from trainwatch.errors import FormatError
 from trainwatch.rundir.run_dir import RunDir
@@ -50,6 +52,9 @@ from trainwatch.host.suspects import write_suspect
 log = logging.getLogger(__name__)
 
 RESTARTING = ("stall_restart", "restart", "rollback_skip", "straggler", "replica_rollback")
+# A multi-node job repairs these on every node at once, decided by its leader
+# (control/repairs.py): the ranks are killed, the launchers (and the rendezvous) live on.
+JOB_WIDE = ("stall_restart",)
 ROLLBACKS = ("rollback_skip", "replica_rollback")  # rate-limited only by an earlier rollback
 LEDGER_FORMAT = "trainwatch.actions"
 
@@ -119,7 +124,7 @@ class ActionRunner:
     def __init__(self, run: RunDir | str | Path, controller: JobController | None,
                  policy: Policy, *, job: str | None = None, silences=None,
                  on_guard: Callable[[str, bool], None] | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, board: RepairBoard | None = None):
         # a path: a caller outside control/ (a test, a script) that has no RunDir at hand
         self.run = (run if isinstance(run, RunDir) else RunDir(run)).create()
         self.controller = controller
@@ -129,6 +134,12 @@ class ActionRunner:
         self.on_guard = on_guard  # (job, tripped): the guard tripped or was cleared
         self.clock = clock
         self.ledger_path = self.run.actions_ledger_file
+        # A multi-node job (``board``): the leader decides the job's repairs and keeps the
+        # job's ledger; a follower keeps its own, for its own launcher's restarts.
+        self.board = board
+        if board is not None and not board.nodes.leader:
+            self.ledger_path = self.run.alerts_dir / (
+                f"{Path(ACTIONS_LEDGER_FILE).stem}.{file_safe(board.nodes.node)}.json")
         self.lock = threading.Lock()
 
     @property
@@ -161,7 +172,9 @@ class ActionRunner:
         return bool(self._ledger().get("guard_tripped"))
 
     # ------------------------------------------------------------------ entry point
-    def handle(self, req: ActionRequest) -> Outcome:
+    def handle(self, req: ActionRequest, proposed: dict[str, Any] | None = None) -> Outcome:
+        """``proposed``: a follower node's proposal the leader decides (its confirmation
+        stands in for one here: the ranks it looked at run on that node)."""
         with self.lock:
             ledger = self._ledger()
             if req.key in ledger["deliveries"]:
@@ -172,7 +185,7 @@ class ActionRunner:
             ledger["deliveries"][req.key] = {"at": self.clock(), "alertname": req.alertname,
                                              "outcome": "in progress"}
             self._save(ledger)
-            outcome = self._decide_and_act(req, ledger)
+            outcome = self._decide_and_act(req, ledger, proposed)
             if outcome.final:
                 ledger["deliveries"][req.key]["outcome"] = (
                     "taken" if outcome.taken else f"skipped: {outcome.reason}")
@@ -181,7 +194,26 @@ class ActionRunner:
             self._save(ledger)
             return outcome
 
-    def _decide_and_act(self, req: ActionRequest, ledger: dict[str, Any]) -> Outcome:
+    def decide_proposal(self, doc: dict[str, Any]) -> Outcome:
+        """The leader's decision on a follower's proposal (``control/repairs.py``): one the
+        follower made before the newest request is about an incident already repaired."""
+        labels = doc.get("labels")
+        req = ActionRequest(alertname=str(doc.get("alertname")), action=str(doc.get("action")),
+                            labels={str(k): str(v) for k, v in labels.items()}
+                            if isinstance(labels, dict) else {},
+                            fingerprint=str(doc.get("fingerprint")),
+                            starts_at=str(doc.get("starts_at")),
+                            source=f"node {doc.get('node')}")
+        assert self.board is not None, "proposals come to a multi-node job's leader"
+        newest = self.board.newest()
+        if doc.get("seen") != newest:
+            return self._skip(req, f"already repaired: request {newest} was made after node "
+                              f"{doc.get('node')} looked (it knew of {doc.get('seen')})",
+                              extra={"proposed_by": doc.get("node")})
+        return self.handle(req, proposed=doc)
+
+    def _decide_and_act(self, req: ActionRequest, ledger: dict[str, Any],
+                        proposed: dict[str, Any] | None = None) -> Outcome:
         run = req.labels.get(RUN_LABEL)
         if run is not None and run != self.job:
             return self._skip(req, f"alert is for run {run!r}, this controller runs {self.job!r}")
@@ -195,6 +227,9 @@ class ActionRunner:
             return self._skip(req, f"unknown action {req.action!r}")
         if self.controller is None:
             return self._skip(req, "no job controller attached (report only)")
+        if self.board is not None and req.action in ROLLBACKS:
+            return self._skip(req, "a rollback is not yet carried out across the nodes of a "
+                              "multi-node job: a person decides (the alert pages)")
         if req.action == "restart" and self.controller.alive():
             return self._skip(req, "the launcher is still running: torchrun handles rank "
                               "failures within its own --max-restarts")
@@ -225,7 +260,12 @@ class ActionRunner:
             outcome.final = False  # a later delivery looks again
             return outcome
         confirmation = None
-        if req.action == "stall_restart":
+        if req.action == "stall_restart" and proposed is not None:
+            found = proposed.get("confirmation")
+            confirmation = Confirmation(True, f"confirmed on node {proposed.get('node')}", 0.0,
+                                        {"node": proposed.get("node"),
+                                         "there": found if isinstance(found, dict) else None})
+        elif req.action == "stall_restart":
             # One signal (the agent's reading of the status files) never kills a job.
             # Before the page (TrainingStallSuspected), a busy rank is left to the page.
             confirmation = confirm_stall(self.run, self.controller.rank_processes(),
@@ -246,7 +286,23 @@ class ActionRunner:
                                      extra={"divergence": divergence.journal()})
                 outcome.final = False  # a later delivery looks again
                 return outcome
+        if (self.board is not None and not self.board.nodes.leader
+                and req.action in JOB_WIDE and self.controller.alive()):
+            return self._propose(req, confirmation)
         return self._restart(self.controller, req.action, req, ledger, confirmation)
+
+    def _propose(self, req: ActionRequest, confirmation: Confirmation | None) -> Outcome:
+        """A follower does not repair the job: it hands its confirmed finding to the
+        leader, which decides once for every node (``repair_proposed`` in the journal)."""
+        assert self.board is not None, "only a multi-node job's follower proposes"
+        if self.policy.dry_run:
+            return self._skip(req, f"dry run: would propose {req.action} to the job's leader")
+        path = self.board.propose({
+            "action": req.action, "alertname": req.alertname, "labels": req.labels,
+            "fingerprint": req.fingerprint, "starts_at": req.starts_at,
+            "confirmation": confirmation.journal() if confirmation is not None else None})
+        return Outcome(False, f"proposed to the job's leader ({path.name})",
+                       {"proposal": str(path)})
 
     # ------------------------------------------------------------------ restarts
     def restart_job(self, action: str, req: ActionRequest | None = None, *,
@@ -328,6 +384,8 @@ class ActionRunner:
         if action in ROLLBACKS:
             ledger["last_rollback_at"] = ledger["last_restart_at"]
         self._save(ledger)
+        if self.board is not None and action in JOB_WIDE and controller.alive():
+            return self._repair_every_node(controller, action, req, details)
         # Hung or diverged jobs are killed (no checkpoint can or should be written).
         hard = action in ("stall_restart", *ROLLBACKS)
         details["pid"] = controller.restart(
@@ -336,6 +394,25 @@ class ActionRunner:
         details["resume_from"] = {"step": resume, "kind": kind}
         return self._taken(req, f"{action}: {_resume_phrase(resume, kind)}", details,
                            action=action)
+
+    def _repair_every_node(self, controller: JobController, action: str,
+                           req: ActionRequest | None, details: dict[str, Any]) -> Outcome:
+        """The leader's repair of a multi-node job: one numbered request, which every node
+        (this one too) carries out on its own ranks; no launcher stops, so the rendezvous
+        store stays up and every torchrun restarts its workers in one re-rendezvous."""
+        assert self.board is not None, "a multi-node job's repair"
+        resume, kind = controller.resume_point()
+        details["resume_from"] = {"step": resume, "kind": kind}
+        request = self.board.request({
+            "action": action, "reason": f"{action} ({req.alertname})" if req else action,
+            "alertname": req.alertname if req else None,
+            "proposed_by": req.source[len("node "):] if req and req.source.startswith("node ")
+            else None})
+        details["request"] = request["number"]
+        return self._taken(req, f"{action}: asked every node to kill its ranks (repair "
+                           f"request {request['number']}); torchrun restarts them and "
+                           + _resume_phrase(resume, kind).replace("restarted the job; ", ""),
+                           details, action=action)
 
     def _prepare_rollback(self, controller: JobController) -> dict[str, Any]:
         """Find the bad step; hide checkpoints taken at or after it; ask to skip the window."""

@@ -12,6 +12,7 @@ from trainwatch.alerts.cli import load_ruleset, rules_option, thresholds_option
 from trainwatch.config.clitypes import NPROC_PER_NODE, run_dir_option
 from trainwatch.contract.env import RECEIVER_TOKEN_ENV
 from trainwatch.contract.ports import LOOPBACK, RECEIVER_LISTEN
+from trainwatch.control.job_nodes import node_options
 from trainwatch.errors import ConfigError
 
 
@@ -22,7 +23,7 @@ def _listen(text: str) -> tuple[str, int]:
     return host or LOOPBACK, int(port)
 
 
-def _job(run, job_command, nproc_per_node, config, steps):
+def _job(run, job_command, nproc_per_node, config, steps, rendezvous=()):
     """The job the receiver supervises, if it runs one: a command of the user's own (the
     same supervision as ``trainwatch run -- COMMAND``) or the reference trainer."""
     import shlex
@@ -38,7 +39,8 @@ def _job(run, job_command, nproc_per_node, config, steps):
             resolve(command)  # exit 2, as `trainwatch run --` with no command, before the lock
         return Job(command, own=True)
     if nproc_per_node:
-        return Job(train_command(run.root, nproc_per_node, config=config, steps=steps), own=False)
+        return Job(train_command(run.root, nproc_per_node, config=config, steps=steps,
+                                 rendezvous=rendezvous), own=False)
     return None
 
 
@@ -60,18 +62,40 @@ def _job(run, job_command, nproc_per_node, config, steps):
 @click.option("--straggler-command",
               help="Scheduler adapter run for stragglers, e.g. 'scontrol requeue {slurm_job_id}'.")
 @click.option("--dry-run", is_flag=True, help="Journal what would be done; do nothing.")
+@node_options
+@click.option("--rdzv-endpoint", metavar="HOST:PORT",
+              help="A multi-node job's rendezvous (with --nproc-per-node): node 0's address "
+                   "and a free port, the same on every node.")
+@click.option("--local-addr", metavar="ADDR",
+              help="The address other nodes reach this one at (with --nproc-per-node).")
 def receive(rules_file, thresholds_file, run, listen, token_file, nproc_per_node, config,
-            steps, job_command, straggler_command, dry_run) -> None:
-    """Serve Alertmanager's webhook (POST /webhook) and run trainwatch's automatic actions."""
+            steps, job_command, straggler_command, dry_run, nnodes, node_rank, node_name,
+            rdzv_endpoint, local_addr) -> None:
+    """Serve Alertmanager's webhook (POST /webhook) and run trainwatch's automatic actions.
+
+    \b
+    Several nodes: one receiver with the job per node, on the shared run directory
+    (--nnodes, --node-rank; docs/deploy.md, Multi-node): node 0 decides the repairs.
+    """
     from trainwatch.control.actions import Policy
+    from trainwatch.control.job_nodes import job_nodes, rendezvous_args
     from trainwatch.control.receiver import load_token
     from trainwatch.control.supervision import RECEIVE, Supervision
     ruleset = load_ruleset(rules_file, thresholds_file)
     token = load_token(token_file)
     host, port = _listen(listen)
-    job = _job(run, job_command, nproc_per_node, config, steps)
+    nodes = job_nodes(nnodes, node_rank, node_name)
+    rendezvous = rendezvous_args(nodes, rdzv_endpoint, local_addr) if nproc_per_node else []
+    if job_command and (rdzv_endpoint or local_addr):
+        raise ConfigError("configures the reference trainer; with --job-command put your "
+                          "job's own rendezvous in the command",
+                          key="--rdzv-endpoint" if rdzv_endpoint else "--local-addr")
+    job = _job(run, job_command, nproc_per_node, config, steps, rendezvous)
+    if nodes is not None and job is None:
+        raise ConfigError("a node of a multi-node job supervises its own launcher: give "
+                          "--nproc-per-node or --job-command", key="--nnodes")
     sup = Supervision(run, RECEIVE, job, Policy.from_thresholds(
-        ruleset.thresholds, dry_run=dry_run, straggler_command=straggler_command))
+        ruleset.thresholds, dry_run=dry_run, straggler_command=straggler_command), nodes)
     receiver = sup.attach_receiver(ruleset, token, host, port)
     click.echo(f"receiving Alertmanager webhooks on {receiver.url}/webhook "
                f"(job {sup.runner.job}{', dry run' if dry_run else ''})")

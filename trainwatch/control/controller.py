@@ -46,10 +46,14 @@ log = logging.getLogger(__name__)
 
 def train_command(run_dir: str | Path, nproc_per_node: int, *, config: str | None = None,
                   steps: int | None = None, overrides: Sequence[str] = (),
-                  max_restarts: int = MAX_RESTARTS) -> list[str]:
-    """The ``trainwatch train`` command line the controller runs (the trainer's launcher)."""
+                  max_restarts: int = MAX_RESTARTS,
+                  rendezvous: Sequence[str] = ()) -> list[str]:
+    """The ``trainwatch train`` command line the controller runs (the trainer's launcher);
+    ``rendezvous``: a multi-node job's options (``--nnodes``, ``--node-rank``, ...), the
+    same at every start of this node's launcher."""
     cmd = [sys.executable, "-m", "trainwatch", "train", "--run-dir", str(run_dir),
-           "--nproc-per-node", str(nproc_per_node), "--max-restarts", str(max_restarts)]
+           "--nproc-per-node", str(nproc_per_node), "--max-restarts", str(max_restarts),
+           *rendezvous]
     if config:
         cmd += ["--config", str(config)]
     if steps is not None:
@@ -83,6 +87,9 @@ class JobController:
         self.unrecorded: list[str] = []  # events a full or failing disk kept out of the journal
         self.exit_journaled: int | None = None  # the pid whose own exit is in the journal
         self.output = JobOutput(self.run.logs_dir / JOB_LOG, on_failing=self._output_failing)
+        # One node of a multi-node job: evidence is taken of this node's ranks only (the
+        # others' pids name processes of other machines).
+        self.node_only = False
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, reason: str = "start") -> int:
@@ -165,6 +172,30 @@ class JobController:
             self.journal("job_stopped", pid=self.proc.pid, reason=reason, returncode=code,
                          hard=hard, killed=killed)
             return code
+
+    def kill_ranks(self, before: float) -> list[int]:
+        """SIGKILL this node's rank processes of the job (a status file names them and they
+        are in the job's process tree), with their children, and leave the launcher and
+        torchrun running: a multi-node job's repair (control/repairs.py). SIGKILL also ends
+        a SIGSTOPped rank. Only ranks started before ``before``: those torchrun started
+        since are the repaired job's. Returns the pids killed."""
+        with self.lock:
+            tree = {p.pid: p for p in self._tree()}
+        victims: list[psutil.Process] = []
+        for status in self.run.statuses().records:
+            proc = tree.get(status.get("pid"))  # type: ignore[arg-type]
+            if proc is None or proc in victims:
+                continue
+            try:
+                if proc.create_time() > before:
+                    continue
+                victims += [proc, *proc.children(recursive=True)]
+            except psutil.Error:
+                continue
+        for proc in victims:
+            _signal(proc, signal.SIGKILL)
+        wait_gone(victims, timeout=5)
+        return sorted(p.pid for p in victims)
 
     def _log_stop(self, reason: str) -> None:
         """Say in the job's log, after its last output, that trainwatch stopped it (best
@@ -320,8 +351,10 @@ class JobController:
         return sorted((step, path) for path, step in found.items())
 
     def rank_pids(self) -> dict[int, int]:
+        names = {node_name(), socket.gethostname()}
         return {s["rank"]: s["pid"] for s in self.run.statuses().records
-                if isinstance(s.get("rank"), int) and isinstance(s.get("pid"), int)}
+                if isinstance(s.get("rank"), int) and isinstance(s.get("pid"), int)
+                and (not self.node_only or s.get("node") in names)}
 
     # ------------------------------------------------------------------ evidence
     def capture_evidence(self, label: str, *, wait_seconds: float = 3.0) -> Path:

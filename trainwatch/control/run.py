@@ -27,6 +27,7 @@ from trainwatch.control.actions import Policy
 from trainwatch.control.command import TELEMETRY_GRACE_SECONDS
 from trainwatch.control.controller import train_command
 from trainwatch.control.embedded_agent import free_port
+from trainwatch.control.job_nodes import job_nodes, node_options, rendezvous_args
 from trainwatch.control.outcome import ALREADY_COMPLETE, Ending
 from trainwatch.control.run_checks import check_command, check_launch, refuse_rehearsal_dir
 from trainwatch.control.run_summary import (ALREADY_COMPLETE_LINE, render as render_summary,
@@ -100,10 +101,16 @@ class _RunCommand(click.Command):
 @click.option("--agent-port", type=click.IntRange(1, 65535), metavar="PORT",
               help="The agent's port on loopback, for a Prometheus or a dashboard pointed at "
                    "it (default: a free port, printed at the start).")
+@node_options
+@click.option("--rdzv-endpoint", metavar="HOST:PORT",
+              help="A multi-node job's rendezvous (the reference trainer): node 0's address "
+                   "and a free port, the same on every node.")
+@click.option("--local-addr", metavar="ADDR",
+              help="The address other nodes reach this one at (the reference trainer).")
 @click.argument("positional", nargs=-1, metavar="[RUN_DIR]", type=RUN_DIR_PATH)
 def run(nproc_per_node, run, steps, config, overrides, max_restarts, thresholds_file,
         rules_file, agent_config, webhook, alertmanager, dry_run, no_live, telemetry_grace,
-        agent_port, command) -> None:
+        agent_port, nnodes, node_rank, node_name, rdzv_endpoint, local_addr, command) -> None:
     """Train with the agent and the embedded alert engine watching (Ctrl-C stops all).
 
     \b
@@ -114,10 +121,17 @@ def run(nproc_per_node, run, steps, config, overrides, max_restarts, thresholds_
 
     A COMMAND gets $TRAINWATCH_RUN_DIR and is restarted, rolled back and stopped like the
     reference trainer; what it must do for that is in docs/own-trainer.md.
+
+    \b
+    Several nodes: one `trainwatch run` per node on the shared run directory, e.g.
+        trainwatch run runs/exp1 --nnodes 2 --node-rank R --nproc-per-node 4 \\
+            --rdzv-endpoint NODE0:29400 --local-addr THIS_NODE
+    Node 0 decides the job's repairs; every node carries them out (docs/deploy.md).
     """
     # Everything is checked before anything starts or the run directory is touched; then
     # the run's lock (one supervisor per run directory; what a killed one left is stopped).
     refuse_rehearsal_dir(run)
+    nodes = job_nodes(nnodes, node_rank, node_name)
     port = free_port(agent_port or 0)
     ruleset = load_rules(rules_file, thresholds_file)
     console = Console()
@@ -127,23 +141,28 @@ def run(nproc_per_node, run, steps, config, overrides, max_restarts, thresholds_
     if command:
         agent_stall = check_command(
             run, list(command), nproc_per_node=nproc_per_node, steps=steps, config=config,
-            overrides=overrides, max_restarts=max_restarts, agent_config=agent_config)
+            overrides=overrides, max_restarts=max_restarts, agent_config=agent_config,
+            rendezvous=(rdzv_endpoint, local_addr))
         job = Job(list(command), own=True)
     else:
         if nproc_per_node is None:
             raise ConfigError("give --nproc-per-node (the reference trainer) or -- COMMAND "
                               "(your own job)", key="--nproc-per-node")
+        rendezvous = rendezvous_args(nodes, rdzv_endpoint, local_addr)
         plan = check_launch(run, nproc_per_node=nproc_per_node, config=config,
-                            overrides=list(overrides), steps=steps, agent_config=agent_config)
+                            overrides=list(overrides), steps=steps, agent_config=agent_config,
+                            nnodes=nnodes)
         if plan.already_complete:
             console.print(ALREADY_COMPLETE_LINE, highlight=False)
             render_summary(summarize(run, ALREADY_COMPLETE, plan.target_steps), console)
             return
         job = Job(train_command(
             run.root, nproc_per_node, config=config, steps=steps, overrides=list(overrides),
-            max_restarts=MAX_RESTARTS if max_restarts is None else max_restarts), own=False)
+            max_restarts=MAX_RESTARTS if max_restarts is None else max_restarts,
+            rendezvous=rendezvous), own=False)
         agent_stall, target_steps = plan.agent_stall, plan.target_steps
-    sup = Supervision(run, RUN, job, Policy.from_thresholds(ruleset.thresholds, dry_run=dry_run))
+    sup = Supervision(run, RUN, job, Policy.from_thresholds(ruleset.thresholds, dry_run=dry_run),
+                      nodes)
     sup.attach_engine(ruleset, webhooks=webhook, alertmanager=alertmanager, agent_port=port,
                       agent_config=agent_config)
     if command:
@@ -158,7 +177,8 @@ def run(nproc_per_node, run, steps, config, overrides, max_restarts, thresholds_
                  else _live(sup, progress, console, agent_url)),
         journal=dict(nproc_per_node=nproc_per_node, command=list(command) or None,
                      agent=[sup.agent_target], rules=len(ruleset.rules), dry_run=dry_run,
-                     **{STALL_RECORD_KEY: agent_stall}),
+                     **{STALL_RECORD_KEY: agent_stall},
+                     **({"nodes": nodes.journal()} if nodes is not None else {})),
         started_line=f"trainwatch run: {run.root}: {what}; agent {agent_url}",
         stopping_line=("trainwatch run: stopping the job (SIGTERM, time to save a checkpoint; "
                        f"SIGKILL after {sup.controller.stop_grace:.0f} s) and the agent; "

@@ -50,7 +50,7 @@ def refuse_rehearsal_dir(run: RunLayout) -> None:
 
 def check_launch(run: RunDir, *, nproc_per_node: int, config: str | None,
                  overrides: list[str], steps: int | None,
-                 agent_config: str | None) -> LaunchPlan:
+                 agent_config: str | None, nnodes: int = 1) -> LaunchPlan:
     """Every check of a launch; ConfigError (exit 2) naming the input at fault."""
     if nproc_per_node < 1:
         raise ConfigError(f"must be at least 1, got {nproc_per_node}", key="--nproc-per-node")
@@ -65,17 +65,19 @@ def check_launch(run: RunDir, *, nproc_per_node: int, config: str | None,
     # The agent's config too, or a bad file would make the agent die unseen; its stall
     # options are recorded with the run, so report and diagnose judge stalls as it did.
     agent = load_agent_config(agent_config, run_dirs=[str(run.root)])
-    return LaunchPlan(cfg, cfg.train.steps, _resume_step(run, cfg, nproc_per_node),
+    return LaunchPlan(cfg, cfg.train.steps, _resume_step(run, cfg, nnodes * nproc_per_node),
                       agent.stall)
 
 
 def check_command(run: RunLayout, command: list[str], *, nproc_per_node, steps, config,
-                  overrides, max_restarts, agent_config) -> dict:
+                  overrides, max_restarts, agent_config, rendezvous=(None, None)) -> dict:
     """The checks of a ``-- COMMAND`` launch (the trainer's options do not apply); the
     agent's stall options. ConfigError (exit 2) before anything starts."""
     given = [name for name, value in (("--nproc-per-node", nproc_per_node), ("--steps", steps),
                                       ("--config", config), ("--set", overrides),
-                                      ("--max-restarts", max_restarts)) if value]
+                                      ("--max-restarts", max_restarts),
+                                      ("--rdzv-endpoint", rendezvous[0]),
+                                      ("--local-addr", rendezvous[1])) if value]
     if given:
         verb = "configures" if len(given) == 1 else "configure"
         raise ConfigError(f"{', '.join(given)} {verb} the reference trainer; with a COMMAND "

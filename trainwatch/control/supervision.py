@@ -1,7 +1,8 @@
 """One supervised run: the job, its lock, its actions and what watches it, wired once.
 
 ``trainwatch run`` and ``trainwatch alerts receive`` both build a ``Supervision``: the
-run's lock (one supervisor per run directory), the job controller, the action runner with
+run's lock (one supervisor per run directory; per node of a multi-node job, whose nodes
+carry out their leader's repairs, ``control/repairs.py``), the job controller, the action runner with
 the run's silences and the supervisor; then the embedded engine with its notifiers and
 agent (``attach_engine``) or the webhook receiver (``attach_receiver``). ``supervise`` starts
 the job and what watches it, waits, stops everything in order whatever a step raises, and
@@ -33,9 +34,11 @@ from trainwatch.control.command import TelemetryWatch, supervised_job
 from trainwatch.control.controller import JobController
 from trainwatch.control.dispatch import connect_actions
 from trainwatch.control.embedded_agent import start_agent, wait_for_agent
+from trainwatch.control.job_nodes import JobNodes
 from trainwatch.control.launch_log import LaunchLog
 from trainwatch.control.outcome import FINISHED, STOPPED, Ending, RunOutcome
 from trainwatch.control.receiver import Receiver
+from trainwatch.control.repairs import NodeRepairs, RepairBoard
 from trainwatch.control.run_summary import ended_nonfinite, unsaved_end
 from trainwatch.control.supervise import Supervisor
 from trainwatch.errors import EXIT_PROBLEM, EXIT_USAGE
@@ -82,20 +85,32 @@ class Supervision:
     """Built after every check: it takes the run's lock (when it runs a job), which
     ``supervise`` releases at its very end."""
 
-    def __init__(self, run: RunDir, role: Role, job: Job | None, policy: Policy):
-        self.run, self.role = run, role
-        # Acting as the job's supervisor: the run's one supervisor (trainwatch.rundir.runlock).
-        self.lock: RunLock | None = hold(run, role.name) if job is not None else None
+    def __init__(self, run: RunDir, role: Role, job: Job | None, policy: Policy,
+                 nodes: JobNodes | None = None):
+        self.run, self.role, self.nodes = run, role, nodes
+        # Acting as the job's supervisor: the run's one supervisor, or one node's of a
+        # multi-node job (trainwatch.rundir.runlock).
+        node = nodes.node if nodes is not None else None
+        self.lock: RunLock | None = hold(run, role.name, node) if job is not None else None
         # What the node agent watches it by: a frozen or dead supervisor cannot page itself.
-        self.beat = SupervisorBeat(run, self.lock.holder) if self.lock is not None else None
+        self.beat = SupervisorBeat(
+            run, self.lock.holder,
+            path=run.node_supervisor_beat_file(node) if node is not None else None,
+        ) if self.lock is not None else None
         self.controller: JobController | None = None
         if job is not None:
             self.controller = (supervised_job(run, job.command, role.name) if job.own
                                else JobController(run, job.command))
+            self.controller.node_only = nodes is not None
         self.silences = Silences(run.silences_file)
-        self.runner = ActionRunner(run, self.controller, policy, silences=self.silences)
+        # A multi-node job: its leader decides the repairs, every node carries them out.
+        board = RepairBoard(run, nodes) if nodes is not None else None
+        self.runner = ActionRunner(run, self.controller, policy, silences=self.silences,
+                                   board=board)
         self.supervisor = (Supervisor(self.controller, self.runner)
                            if self.controller is not None else None)
+        self.repairs = (NodeRepairs(board, self.runner, self.controller)
+                        if board is not None and self.controller is not None else None)
         self.engine: Engine | None = None
         self.loop: EngineLoop | None = None
         self.agent: subprocess.Popen | None = None
@@ -190,6 +205,8 @@ class Supervision:
             self.loop.start()
         if self.supervisor is not None:
             self.supervisor.start()
+        if self.repairs is not None:
+            self.repairs.start()
         if self.watch is not None:
             self.watch.start()
 
@@ -203,6 +220,8 @@ class Supervision:
             steps.append(("the telemetry watch", self.watch.stop))
         if self.receiver is not None:
             steps.append(("the receiver", self.receiver.stop))
+        if self.repairs is not None:
+            steps.append(("the node's repairs", self.repairs.stop))
         if self.supervisor is not None:
             steps.append(("the supervisor", self.supervisor.stop))
         if loop is not None:

@@ -51,6 +51,30 @@ def _create_temp(path: Path) -> tuple[int, str]:
     raise FileExistsError(f"no free temporary name beside {path}")
 
 
+def write_once_json(path: str | Path, obj: Any) -> bool:
+    """Write ``obj`` at ``path`` unless the name is taken (False then): whole (a finished
+    temporary file, hard linked, which fails on a taken name also over NFS), never over
+    another writer's file. For records that must exist exactly once."""
+    path = Path(path)
+    fd, tmp = _create_temp(path)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(json.dumps(obj).encode() + b"\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        fsync_dir(path.parent)
+        return True
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
 def fsync_file(path: str | Path, flags: int = 0) -> None:
     """fsync a file already written and closed (its data is on disk when this returns)."""
     fd = os.open(path, os.O_RDONLY | flags)

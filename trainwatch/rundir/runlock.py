@@ -1,12 +1,15 @@
-"""One supervisor per run directory, and nothing left behind by a killed one.
+"""One supervisor per run directory (per node of a multi-node job), and nothing left
+behind by a killed one.
 
 A supervisor (``trainwatch run``, ``alerts receive`` with a job, ``trainwatch train``
 started by hand, ``rehearse``) holds an exclusive ``flock`` on ``RUN_DIR/supervisor.lock``
 for its whole life and writes who it is into the file. A second one is refused at once
-(exit 2, naming the holder's pid and host). The kernel drops the lock when its holder dies,
-however it dies, so a lock is never stale; the record it leaves says who held it, and the
-next holder stops what that one left running (its children carry its ``token`` in their
-environment) before it starts anything. docs/architecture.md has the NFS caveats.
+(exit 2, naming the holder's pid and host). The nodes of a multi-node job share one run
+directory: each node's supervisor holds ``RUN_DIR/supervisors/<node>.lock`` instead, so a
+second supervisor on the same node is refused and the other nodes' are not. The kernel
+drops the lock when its holder dies, however it dies, so a lock is never stale; the
+record it leaves says who held it, and the next holder stops what that one left running
+(its children carry its ``token`` in their environment) before it starts anything. docs/architecture.md has the NFS caveats.
 
 The file is never replaced or removed (a lock on a replaced inode guards nothing), and a
 holder never opens it a second time: over NFS, flock is a POSIX lock, which closing *any*
@@ -116,10 +119,19 @@ class RunLock:
             os.environ[SUPERVISOR_ENV] = self._saved_env
 
 
-def acquire(run: RunDir, role: str) -> RunLock:
-    """Take the run's lock for ``role`` or raise ConfigError (exit 2) naming its holder."""
+def lock_path(run: RunDir, node: str | None = None) -> Any:
+    """The run's one lock, or with ``node`` (a multi-node job: one supervisor per node on
+    the shared run directory) that node's."""
+    return run.supervisor_lock_file if node is None else run.node_supervisor_lock_file(node)
+
+
+def acquire(run: RunDir, role: str, node: str | None = None) -> RunLock:
+    """Take the run's lock for ``role`` (``node``: that node's lock of a multi-node job) or
+    raise ConfigError (exit 2) naming its holder."""
     run.create()
-    path = run.supervisor_lock_file
+    path = lock_path(run, node)
+    if node is not None:
+        path.parent.mkdir(exist_ok=True)
     for _ in range(3):
         fd = _open(path)
         try:
@@ -129,7 +141,7 @@ def acquire(run: RunDir, role: str) -> RunLock:
             os.close(fd)
             if exc.errno not in (errno.EAGAIN, errno.EACCES):
                 raise ConfigError(f"cannot lock: {exc.strerror}", file=str(path)) from None
-            raise _refusal(run, holder) from None
+            raise _refusal(run, holder, node=node) from None
         if _same_file(fd, path):
             break
         os.close(fd)  # replaced or removed between our open and our lock: lock the new one
@@ -140,7 +152,7 @@ def acquire(run: RunDir, role: str) -> RunLock:
         # It runs but does not hold the lock: the file was removed and made again, or an
         # NFS lease was lost. Two supervisors would follow; refuse.
         os.close(fd)
-        raise _refusal(run, previous, lost=True)
+        raise _refusal(run, previous, lost=True, node=node)
     me = Holder.me(role)
     data = json.dumps(me.to_json()).encode() + b"\n"
     try:
@@ -184,11 +196,12 @@ def recorded_holder(run: RunDir) -> Holder | None:
         return None
 
 
-def hold(run: RunDir, role: str) -> RunLock:
+def hold(run: RunDir, role: str, node: str | None = None) -> RunLock:
     """What every command that starts a job calls before it starts one: the lock
     (ConfigError if another holds it), with whatever a killed previous holder left running
-    stopped first."""
-    lock = acquire(run, role)
+    stopped first. ``node``: a multi-node job's supervisor on that node, which holds that
+    node's lock; it stops what a killed supervisor of the same node left."""
+    lock = acquire(run, role, node)
     try:
         stop_leftovers(run, lock)
     except BaseException:
@@ -262,15 +275,20 @@ def _wait_for_record(fd: int) -> Holder | None:
         time.sleep(0.05)
 
 
-def _refusal(run: RunDir, holder: Holder | None, lost: bool = False) -> ConfigError:
+def _refusal(run: RunDir, holder: Holder | None, lost: bool = False,
+             node: str | None = None) -> ConfigError:
     who = holder.describe() if holder is not None else (
         "a process that has not written its record yet")
     if lost:
         why = (f"its supervisor {who} still runs although it no longer holds "
-               f"{run.supervisor_lock_file.name} (the file was removed, or an NFS lock was "
+               f"{lock_path(run, node).name} (the file was removed, or an NFS lock was "
                "lost)")
     else:
         why = f"already supervised by {who}"
+    if node is not None:
+        return ConfigError(f"node {node} of this job is {why}: one supervisor per node; stop "
+                           "it first, or give this node another --node-name",
+                           file=str(run.root))
     return ConfigError(f"{why}: one supervisor per run directory; stop it first, or use "
                        "another run directory", file=str(run.root))
 

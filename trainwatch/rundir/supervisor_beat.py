@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from trainwatch.rundir.beat import BeatWriter, read_beat
@@ -31,8 +32,11 @@ class SupervisorBeat:
     """Writes the supervisor's heartbeat every ``interval`` seconds until ``stop()``. A
     write that fails is logged once and retried: it never harms the supervision."""
 
-    def __init__(self, run: RunDir, holder: Holder, interval: float = BEAT_SECONDS):
+    def __init__(self, run: RunDir, holder: Holder, interval: float = BEAT_SECONDS,
+                 path: Path | None = None):
         self.run, self.holder, self.interval = run, holder, interval
+        # A multi-node job's node supervisor beats beside its node's lock (supervisors/).
+        self.path = run.supervisor_beat_file if path is None else path
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._writer: BeatWriter | None = None
@@ -40,10 +44,10 @@ class SupervisorBeat:
 
     def start(self) -> "SupervisorBeat":
         try:
-            self._writer = BeatWriter(self.run.supervisor_beat_file)
+            self._writer = BeatWriter(self.path)
         except OSError as exc:
             log.warning("cannot write the supervisor heartbeat %s: %s (the node agent will "
-                        "not see this supervisor)", self.run.supervisor_beat_file, exc)
+                        "not see this supervisor)", self.path, exc)
             return self
         self.beat()
         self._thread = threading.Thread(target=self._loop, name="tw-supervisor-beat",
