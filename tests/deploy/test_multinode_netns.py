@@ -104,6 +104,17 @@ class Cluster:
                             f"{run_dir.name}-{node.netns}.log")
                 for node in self.nodes]
 
+    def supervise(self, run_dir: Path, port: int, options: list[str], env: dict[str, str]
+                  ) -> list[subprocess.Popen]:
+        """One `trainwatch run` per node on the shared run directory, as docs/deploy.md
+        (Multi-node) tells an admin: node 0 hosts the rendezvous and leads."""
+        return [self._start(node, ["run", str(run_dir), "--nnodes", str(len(self.nodes)),
+                                   "--node-rank", str(node.index), "--node-name", node.netns,
+                                   "--rdzv-endpoint", f"{self.nodes[0].addr}:{port}",
+                                   "--local-addr", node.addr, "--no-live", *options],
+                            env, f"{run_dir.name}-{node.netns}.log")
+                for node in self.nodes]
+
     def agent(self, node: Node, run_dir: Path) -> subprocess.Popen:
         config = self.folder / "agent.yaml"
         config.write_text(AGENT_CONFIG)
@@ -294,3 +305,83 @@ def test_sigkill_on_node1_restarts_both_nodes_and_resumes_to_the_same_weights(
     assert digest(run_dir)["digest"] == reference["digest"]
     print(f"resumed from step {resumed[0]['step']}; workers restarted {restart_took:.1f} s "
           "after the SIGKILL")
+
+
+SUPERVISED_STEPS = 60
+SUPERVISED_THRESHOLDS = ("evaluation_interval: 1s\nstall_for: 1m\n"
+                         "action_min_interval_seconds: 30\n")
+SUPERVISED_AGENT = ("stall: {floor_seconds: 3, k: 10, first_step_seconds: 300}\n"
+                    "collectors:\n  ranks: {interval: 0.5}\n")
+SUPERVISED_TRAIN = ("train: {steps: %d, batch_size: 4, eval_interval: 1000}\n"
+                    "data: {corpus_bytes: 20000}\n"
+                    "checkpoint: {every_steps: 10, fsync: false}\n"
+                    "telemetry: {heartbeat_interval: 0.2}\n" % SUPERVISED_STEPS)
+
+
+def test_sigstop_on_node1_is_repaired_once_on_every_node_without_losing_the_rendezvous(
+        nodes, tmp_path):
+    """2 nodes x 2 ranks, one `trainwatch run` per node on the shared run directory. A
+    rank on node 1 is frozen (SIGSTOP) after a checkpoint: one repair is decided (by node
+    0, the leader) and journaled, each node kills its own ranks (not its launcher, which
+    keeps the rendezvous store up), every torchrun restarts its workers once, all ranks
+    resume from the newest verified checkpoint and the job finishes on both nodes."""
+    for name, text in (("thresholds.yaml", SUPERVISED_THRESHOLDS),
+                       ("agent.yaml", SUPERVISED_AGENT), ("train.yaml", SUPERVISED_TRAIN)):
+        (tmp_path / name).write_text(text)
+    run_dir = tmp_path / "supervised-run"
+    run = RunDir(run_dir)
+    cluster = Cluster(nodes, tmp_path)
+    options = ["--nproc-per-node", "2", "--max-restarts", "2",
+               "--config", str(tmp_path / "train.yaml"),
+               "--thresholds", str(tmp_path / "thresholds.yaml"),
+               "--agent-config", str(tmp_path / "agent.yaml")]
+    try:
+        # Paced in the first attempt only, so the test sees a checkpoint before the end.
+        sups = cluster.supervise(run_dir, 29402, options,
+                                 {"TRAINWATCH_FAULT": "slow:delay=0.15:attempt=0"})
+        deadline = time.time() + 60
+        victim = None
+        while victim is None:
+            assert time.time() < deadline, "no checkpoint in time\n" + cluster.logs()
+            assert all(p.poll() is None for p in sups), cluster.logs()
+            if any(e["step"] >= 20 for e in run.events("checkpoint_saved")):
+                victim = next((s for s in run.statuses().records
+                               if s["node"] == nodes[1].netns and s["state"] == "running"), None)
+            time.sleep(0.1)
+        os.kill(victim["pid"], signal.SIGSTOP)
+        frozen_at = time.time()
+        finish(sups, cluster, timeout=90)
+    finally:
+        cluster.stop()
+
+    requested = run.events("repair_requested")
+    assert len(requested) == 1 and requested[0]["node"] == nodes[0].netns, requested
+    taken = run.events("action_taken")
+    assert [e["action"] for e in taken] == ["stall_restart"], taken
+    assert taken[0]["host"] == nodes[0].netns and taken[0]["request"] == 1
+    applied = run.events("repair_applied")
+    assert sorted(e["node"] for e in applied) == sorted(n.netns for n in nodes), applied
+    assert all(e["number"] == 1 and e["launcher_running"] for e in applied), applied
+    assert victim["pid"] in next(e for e in applied if e["node"] == nodes[1].netns)["killed"]
+    # No launcher was stopped or restarted: the rendezvous store stayed up.
+    assert not run.events("job_stopped") and len(run.events("job_started")) == 2
+    assert [e["exit_code"] for e in run.events("launcher_exited")] == [0, 0]
+    # Every node's workers restarted exactly once and resumed from the newest checkpoint
+    # saved before the repair (it is verified as it loads).
+    started = run.events("rank_started")
+    assert {e["restart_count"] for e in started} == {0, 1}, started
+    assert {e["host"] for e in started if e["restart_count"] == 1} == {n.netns for n in nodes}
+    saved_before = max(e["step"] for e in run.events("checkpoint_saved")
+                       if e["time"] < requested[0]["time"])
+    resumed = run.events("checkpoint_resumed")
+    assert [e["step"] for e in resumed] == [saved_before], (resumed, saved_before)
+    statuses = run.statuses().records
+    assert len(statuses) == 4 and sorted({s["node"] for s in statuses}) == sorted(
+        n.netns for n in nodes)
+    assert all(s["state"] == "finished" and s["step"] == SUPERVISED_STEPS - 1
+               and s["restart_count"] == 1 for s in statuses), statuses
+    first_resumed = min(r["time"] for rank in run.ranks_with_metrics()
+                        for r in run.metrics(rank).records
+                        if r.get("kind") == "step" and r["time"] > requested[0]["time"])
+    print(f"freeze -> repair decided {requested[0]['time'] - frozen_at:.1f} s, -> first "
+          f"resumed step {first_resumed - frozen_at:.1f} s (resumed from step {saved_before})")

@@ -33,7 +33,7 @@ HOLDER = """
 import subprocess, sys, time
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.rundir.runlock import hold
-lock = hold(RunDir(sys.argv[1]), "test holder")
+lock = hold(RunDir(sys.argv[1]), "test holder", *sys.argv[2:])  # [node]
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
 print(child.pid, flush=True)
 time.sleep(120)
@@ -55,9 +55,10 @@ def procs():
         proc.wait()
 
 
-def _holder(run, procs) -> tuple[subprocess.Popen, int]:
+def _holder(run, procs, node: str | None = None) -> tuple[subprocess.Popen, int]:
     env = {k: v for k, v in os.environ.items() if k != SUPERVISOR_ENV}
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(run.root)],
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(run.root),
+                             *([node] if node else [])],
                             stdout=subprocess.PIPE, text=True, env=env)
     procs.append(proc)
     child = int(proc.stdout.readline())
@@ -249,3 +250,33 @@ def test_a_full_disk_refuses_the_lock_with_exit_2_not_a_traceback(tmp_path, comm
     assert "Traceback" not in done.stderr
     assert (f"{run.supervisor_lock_file}: cannot record this holder in the lock file: No "
             "space left on device" in done.stderr)
+
+
+def test_a_multi_node_job_has_one_supervisor_per_node_and_a_killed_ones_leftovers_go(
+        run, procs):
+    """The nodes of a multi-node job share the run directory: each node's supervisor holds
+    its node's lock, a second one on the same node is refused (exit 2, naming the node),
+    and a killed one's processes are stopped by the next supervisor of that node only."""
+    other, other_child = _holder(run, procs, node="node-b")
+    holder, child = _holder(run, procs, node="node-a")
+    assert json.loads(run.node_supervisor_lock_file("node-a").read_text())["pid"] == holder.pid
+    with pytest.raises(ConfigError, match=f"node node-a of this job is already supervised by "
+                                          f"pid {holder.pid}.*one supervisor per node") as err:
+        acquire(run, "trainwatch run", "node-a")
+    assert err.value.exit_code == 2
+    # A one-node supervisor's lock and the nodes' are different files.
+    assert not run.supervisor_lock_file.exists()
+    holder.kill()
+    holder.wait()
+    lock = hold(run, "trainwatch run", "node-a")
+    try:
+        assert lock.previous is not None and lock.previous.pid == holder.pid
+        wait_for(lambda: _Pid(child).poll() is not None, 5, what="node-a's leftover to end")
+        (event,) = run.events("leftovers_stopped")
+        assert [p["pid"] for p in event["processes"]] == [child]
+        # node-b's supervisor and its job are untouched.
+        assert other.poll() is None and _Pid(other_child).poll() is None
+    finally:
+        lock.release()
+    assert run.node_supervisor_lock_file("node-a").read_bytes() == b""
+    assert run.node_supervisor_lock_file("a/../b").name == "a_.._b.lock"

@@ -175,7 +175,13 @@ class ActionRunner:
     def handle(self, req: ActionRequest, proposed: dict[str, Any] | None = None) -> Outcome:
         """``proposed``: a follower node's proposal the leader decides (its confirmation
         stands in for one here: the ranks it looked at run on that node)."""
-        with self.lock:
+        with self.lock:  # the leader's own alerts and proposals: one decision at a time
+            if proposed is not None and self.board is not None \
+                    and proposed.get("seen") != self.board.newest():
+                return self._skip(req, f"already repaired: request {self.board.newest()} was "
+                                  f"made after node {proposed.get('node')} looked (it knew of "
+                                  f"request {proposed.get('seen')})",
+                                  extra={"proposed_by": proposed.get("node")})
             ledger = self._ledger()
             if req.key in ledger["deliveries"]:
                 first = ledger["deliveries"][req.key]
@@ -205,11 +211,6 @@ class ActionRunner:
                             starts_at=str(doc.get("starts_at")),
                             source=f"node {doc.get('node')}")
         assert self.board is not None, "proposals come to a multi-node job's leader"
-        newest = self.board.newest()
-        if doc.get("seen") != newest:
-            return self._skip(req, f"already repaired: request {newest} was made after node "
-                              f"{doc.get('node')} looked (it knew of {doc.get('seen')})",
-                              extra={"proposed_by": doc.get("node")})
         return self.handle(req, proposed=doc)
 
     def _decide_and_act(self, req: ActionRequest, ledger: dict[str, Any],

@@ -1,0 +1,197 @@
+"""A multi-node job's supervision without torchrun: who leads, how a follower's finding
+reaches the leader, that one decision is carried out once on every node, and that a
+node's repair kills its ranks (a SIGSTOPped one too) but never its launcher.
+
+The real thing, 2 nodes x 2 ranks in network namespaces, is
+tests/deploy/test_multinode_netns.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from click.testing import CliRunner
+
+from agent_helpers import wait_for
+from trainwatch.control import actions
+from trainwatch.control.actions import ActionRequest, ActionRunner, Policy
+from trainwatch.control.confirm import Confirmation
+from trainwatch.control.controller import JobController
+from trainwatch.control.job_nodes import JobNodes, job_nodes, rendezvous_args
+from trainwatch.control.repairs import NodeRepairs, RepairBoard
+from trainwatch.control.run import run as run_command
+from trainwatch.errors import ConfigError
+from trainwatch.rundir.run_dir import RunDir
+
+LEADER = JobNodes("node-a", 0, 2)
+FOLLOWER = JobNodes("node-b", 1, 2)
+
+
+def test_node_rank_0_leads_and_a_one_node_job_has_no_nodes(monkeypatch):
+    monkeypatch.delenv("TRAINWATCH_NODE", raising=False)
+    assert job_nodes(1, None, None) is None
+    leader = job_nodes(2, 0, "n0")
+    assert leader == JobNodes("n0", 0, 2) and leader.leader
+    assert os.environ["TRAINWATCH_NODE"] == "n0"  # the agent, journal and ranks agree
+    assert not job_nodes(2, 1, "n1").leader
+    for args, key in (((2, None, "n0"), "--node-rank"), ((2, 2, "n0"), "--node-rank"),
+                      ((1, 1, None), "--node-rank"), ((2, 0, " n0"), "--node-name")):
+        with pytest.raises(ConfigError) as err:
+            job_nodes(*args)
+        assert err.value.key == key and err.value.exit_code == 2
+    assert rendezvous_args(leader, "10.0.0.1:29400", "10.0.0.1") == [
+        "--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "10.0.0.1:29400",
+        "--node-name", "n0", "--local-addr", "10.0.0.1"]
+    with pytest.raises(ConfigError, match="needs the rendezvous"):
+        rendezvous_args(leader, None, None)
+    with pytest.raises(ConfigError, match="give --nnodes too"):
+        rendezvous_args(None, "10.0.0.1:29400", None)
+
+
+def test_run_refuses_a_multi_node_launch_it_cannot_place_before_touching_anything(tmp_path):
+    run_dir = tmp_path / "exp"
+    for extra, key in ((["--nnodes", "2"], "--node-rank"),
+                       (["--nnodes", "2", "--node-rank", "1"], "--rdzv-endpoint")):
+        done = CliRunner().invoke(run_command, [str(run_dir), "--nproc-per-node", "1", *extra])
+        assert isinstance(done.exception, ConfigError) and done.exception.key == key, done.output
+    assert not run_dir.exists()
+
+
+class FakeJob:
+    """What the action runner and the repairs need of a node's controller; a restart of
+    the launcher must never happen in a multi-node stall repair."""
+
+    def __init__(self, run: RunDir, ranks: list[int]):
+        self.run, self.ranks = run, ranks
+        self.lock = threading.RLock()
+        self.closed = False
+        self.killed: list[float] = []
+
+    def alive(self) -> bool:
+        return True
+
+    def rank_processes(self) -> dict[int, tuple[int, int]]:
+        return {}
+
+    def progress_step(self) -> int:
+        return 20
+
+    def resume_point(self) -> tuple[int, str]:
+        return 20, "checkpoint"
+
+    def capture_evidence(self, label: str) -> Path:
+        return self.run.diagnostics_dir / label
+
+    def kill_ranks(self, before: float) -> list[int]:
+        self.killed.append(before)
+        return self.ranks
+
+    def journal(self, event: str, **fields) -> None:
+        self.run.append_event(event, "engine", **fields)
+
+    def restart(self, *args, **kwargs):
+        raise AssertionError("a multi-node stall repair restarted a launcher")
+
+
+def _stall(fingerprint: str) -> ActionRequest:
+    return ActionRequest("TrainingStallSuspected", "stall_restart", {"culprit_rank": "2"},
+                         fingerprint, "2026-12-06T08:00:00Z", "engine")
+
+
+def test_one_decision_by_the_leader_is_carried_out_once_on_every_node(tmp_path, monkeypatch):
+    run = RunDir(tmp_path / "exp").create()
+    monkeypatch.setattr(actions, "confirm_stall", lambda *a, **k: Confirmation(
+        True, "rank 2 (pid 1) is stopped", 0.1))
+    policy = Policy(min_interval_seconds=30)
+    jobs = {n.node: FakeJob(run, [10 + n.node_rank]) for n in (LEADER, FOLLOWER)}
+    boards = {n.node: RepairBoard(run, n) for n in (LEADER, FOLLOWER)}
+    runners = {n.node: ActionRunner(run, jobs[n.node], policy, board=boards[n.node])  # type: ignore[arg-type]
+               for n in (LEADER, FOLLOWER)}
+    repairs = {name: NodeRepairs(boards[name], runners[name], jobs[name]) for name in boards}
+
+    # The follower confirms on its node and proposes; twice (two of its alerts) before
+    # the leader looks: both knew of no request.
+    for fingerprint in ("f1", "f2"):
+        outcome = runners["node-b"].handle(_stall(fingerprint))
+        assert not outcome.taken and "proposed to the job's leader" in outcome.reason
+    assert len(run.events("repair_proposed")) == 2 and not run.events("action_taken")
+    repairs["node-b"].check()  # a follower decides nothing
+    assert boards["node-a"].newest() == 0
+
+    repairs["node-a"].check()  # the leader decides the first, drops the second, applies
+    (requested,) = run.events("repair_requested")
+    assert requested["number"] == 1 and requested["node"] == "node-a"
+    assert requested["proposed_by"] == "node-b"
+    (taken,) = run.events("action_taken")
+    assert taken["action"] == "stall_restart" and taken["request"] == 1
+    assert taken["confirmation"]["reason"] == "confirmed on node node-b"
+    assert "already repaired" in run.events("action_skipped")[0]["reason"]
+    assert not boards["node-a"].proposals()  # decided: never decided twice
+
+    repairs["node-b"].check()
+    repairs["node-b"].check()
+    repairs["node-a"].check()
+    applied = run.events("repair_applied")
+    assert sorted((e["node"], e["number"], tuple(e["killed"])) for e in applied) == [
+        ("node-a", 1, (10,)), ("node-b", 1, (11,))]
+    assert len(jobs["node-a"].killed) == len(jobs["node-b"].killed) == 1
+
+    # The leader's own alert of the same incident, after the repair: rate limited.
+    late = runners["node-a"].handle(_stall("f3"))
+    assert not late.taken and "rate limited" in late.reason
+    # A supervisor started later (a restarted node) takes old requests as history.
+    assert NodeRepairs(boards["node-b"], runners["node-b"], jobs["node-b"]).baseline == 1
+    # The follower keeps its own ledger; the job's is the leader's.
+    assert runners["node-a"].ledger_path == run.actions_ledger_file
+    assert runners["node-b"].ledger_path.name == "actions.node-b.json"
+
+
+def test_a_rollback_is_left_to_a_person_across_nodes(tmp_path):
+    run = RunDir(tmp_path / "exp").create()
+    runner = ActionRunner(run, FakeJob(run, []), Policy(),  # type: ignore[arg-type]
+                          board=RepairBoard(run, LEADER))
+    outcome = runner.handle(ActionRequest("TrainingLossNonFinite", "rollback_skip", {}, "r",
+                                          "2026-12-06T08:00:00Z", "engine"))
+    assert not outcome.taken and "multi-node" in outcome.reason
+
+
+# A launcher that starts two "ranks", publishes their status files and, like torchrun,
+# outlives them.
+LAUNCHER = """
+import subprocess, sys, time
+from trainwatch.rundir.run_dir import RunDir
+run = RunDir(sys.argv[1])
+for rank in range(2):
+    kid = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    run.write_status(rank, {"job": "exp", "rank": rank, "pid": kid.pid, "node": "n0",
+                            "state": "running", "step": 1, "heartbeat_at": time.time()})
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_a_repair_kills_the_nodes_ranks_even_a_stopped_one_and_never_the_launcher(tmp_path):
+    run = RunDir(tmp_path / "exp").create()
+    controller = JobController(run, [sys.executable, "-c", LAUNCHER, str(run.root)])
+    controller.start()
+    try:
+        wait_for(lambda: len(run.statuses().records) == 2, 30, what="two ranks")
+        pids = sorted(s["pid"] for s in run.statuses().records)
+        assert controller.kill_ranks(before=time.time() - 60) == []  # started after: not ours
+        os.kill(pids[1], signal.SIGSTOP)
+        assert controller.kill_ranks(before=time.time()) == pids
+        for pid in pids:
+            wait_for(lambda pid=pid: not psutil.pid_exists(pid)
+                     or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 10,
+                     what=f"rank pid {pid} to end")
+        assert controller.alive()  # the launcher (and a rendezvous it hosts) lives on
+    finally:
+        controller.close("test over")
+    assert not controller.alive()
