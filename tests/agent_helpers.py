@@ -156,8 +156,11 @@ from trainwatch.rundir.run_dir import RunDir
 from trainwatch.rundir.runlock import acquire
 from trainwatch.rundir.supervisor_beat import SupervisorBeat
 run = RunDir(sys.argv[1])
-lock = acquire(run, sys.argv[2])
-beat = SupervisorBeat(run, lock.holder, interval=0.2).start() if sys.argv[3] == "beat" else None
+node = sys.argv[4] if len(sys.argv) > 4 else None  # one node's of a multi-node job
+lock = acquire(run, sys.argv[2], node)
+beat = SupervisorBeat(run, lock.holder, interval=0.2, path=(
+    run.node_supervisor_beat_file(node) if node else None)).start() \
+    if sys.argv[3] == "beat" else None
 done = threading.Event()
 signal.signal(signal.SIGTERM, lambda *_: done.set())
 print("ready", flush=True)
@@ -168,10 +171,11 @@ lock.release()
 """
 
 
-def start_supervisor(run: RunDir, role: str = "trainwatch run", beat: bool = True
-                     ) -> subprocess.Popen:
+def start_supervisor(run: RunDir, role: str = "trainwatch run", beat: bool = True,
+                     node: str | None = None) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", SUPERVISOR, str(run.root), role,
-                             "beat" if beat else "none"], stdout=subprocess.PIPE,
+                             "beat" if beat else "none", *([node] if node else [])],
+                            stdout=subprocess.PIPE,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
     return proc

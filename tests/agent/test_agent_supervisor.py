@@ -152,3 +152,27 @@ def test_a_running_supervisor_whose_heartbeat_stopped_is_hung(tmp_path):
     _record(run, Holder.me("trainwatch run"), time.time())
     run.supervisor_lock_file.write_text(json.dumps(holder.to_json()) + "\n")
     assert look(col) == ({}, {})
+
+
+def test_a_multi_node_jobs_supervisor_is_judged_by_its_own_nodes_agent(tmp_path):
+    """One supervisor per node on the shared run directory: node-a's agent watches
+    node-a's (frozen: down), never node-b's."""
+    run = new_run(tmp_path)
+    col = collector(make_ctx([run.root]), "supervisor")  # the agent of node-a
+    other = start_supervisor(run, node="node-b")
+    try:
+        assert look(col)[0] == {}  # node-b's supervisor is node-b's agent's to judge
+        mine = start_supervisor(run, node="node-a")
+        try:
+            assert look(col)[0] == {(("node", "node-a"), ("run", "exp1")): 1.0}
+            assert verdict(col, run)["pid"] == mine.pid
+            os.kill(mine.pid, signal.SIGSTOP)
+            wait_for(lambda: verdict(col, run)["state"] == "frozen", 10, interval=0.1,
+                     what="node-a's frozen supervisor")
+        finally:
+            os.kill(mine.pid, signal.SIGCONT)
+            mine.kill()
+            mine.wait(10)
+    finally:
+        other.kill()
+        other.wait(10)

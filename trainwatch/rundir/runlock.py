@@ -9,7 +9,8 @@ directory: each node's supervisor holds ``RUN_DIR/supervisors/<node>.lock`` inst
 second supervisor on the same node is refused and the other nodes' are not. The kernel
 drops the lock when its holder dies, however it dies, so a lock is never stale; the
 record it leaves says who held it, and the next holder stops what that one left running
-(its children carry its ``token`` in their environment) before it starts anything. docs/architecture.md has the NFS caveats.
+(its children carry its ``token`` in their environment) before it starts anything.
+docs/architecture.md has the NFS caveats.
 
 The file is never replaced or removed (a lock on a replaced inode guards nothing), and a
 holder never opens it a second time: over NFS, flock is a POSIX lock, which closing *any*
@@ -185,12 +186,13 @@ def under_holder(run: RunDir) -> Holder | None:
     return holder if holder.pid in ancestors else None
 
 
-def recorded_holder(run: RunDir) -> Holder | None:
-    """The holder the lock file names, without taking the lock (a reader must never make
-    a supervisor starting that instant refuse): None when it names none (a clean end
-    clears it). Whether that holder still runs is ``Holder.alive`` (this host only)."""
+def recorded_holder(run: RunDir, node: str | None = None) -> Holder | None:
+    """The holder the lock file names (``node``: that node's of a multi-node job), without
+    taking the lock (a reader must never make a supervisor starting that instant refuse):
+    None when it names none (a clean end clears it). Whether that holder still runs is
+    ``Holder.alive`` (this host only)."""
     try:
-        return Holder.parse(read_run_file(run.supervisor_lock_file, run.root,
+        return Holder.parse(read_run_file(lock_path(run, node), run.root,
                                           max_bytes=MAX_RECORD_BYTES))
     except (OSError, SkippedFile):
         return None

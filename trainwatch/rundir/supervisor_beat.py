@@ -83,9 +83,11 @@ class SupervisorBeat:
             self._writer = None
 
 
-def read_supervisor_beat(run: RunDir) -> dict[str, Any] | None:
-    """The supervisor's newest heartbeat record, or None (none, torn, alien)."""
-    return read_beat(run.supervisor_beat_file, run.root)
+def read_supervisor_beat(run: RunDir, node: str | None = None) -> dict[str, Any] | None:
+    """The supervisor's newest heartbeat record (``node``: that node's of a multi-node
+    job), or None (none, torn, alien)."""
+    path = run.supervisor_beat_file if node is None else run.node_supervisor_beat_file(node)
+    return read_beat(path, run.root)
 
 
 def beat_age(record: dict[str, Any] | None, now: float | None = None) -> float | None:

@@ -51,13 +51,17 @@ def process_state(holder: Holder) -> tuple[str, str | None]:
     return UP, status
 
 
-def judge(run: RunDir) -> dict[str, Any] | None:
+def judge(run: RunDir, node: str | None = None) -> dict[str, Any] | None:
     """What this host can tell of the run's supervisor, or None when there is none to
-    watch here (no holder, another host's, or one that writes no heartbeat)."""
-    holder = recorded_holder(run)
+    watch here (no holder, another host's, or one that writes no heartbeat). A multi-node
+    job has one supervisor per node (``supervisors/<node>.lock``): ``node``'s is this
+    agent's to judge."""
+    holder, mine = recorded_holder(run), None
+    if holder is None and node is not None:
+        holder, mine = recorded_holder(run, node), node
     if holder is None or not holder.here():
         return None
-    beat = read_supervisor_beat(run)
+    beat = read_supervisor_beat(run, mine)
     if beat is None or beat.get("token") != holder.token:
         return None
     age = beat_age(beat)
@@ -99,7 +103,7 @@ class SupervisorCollector(Collector):
             tail = journal.get(key)
             if isinstance(tail, dict) and tail.get("supervisor_stopped"):
                 continue
-            verdict = judge(run)
+            verdict = judge(run, self.ctx.node)
             if verdict is None:
                 continue
             job = str(jobs.get(key) or run.run_name())
