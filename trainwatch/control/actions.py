@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 RESTARTING = ("stall_restart", "restart", "rollback_skip", "straggler", "replica_rollback")
 # A multi-node job repairs these on every node at once, decided by its leader
 # (control/repairs.py): the ranks are killed, the launchers (and the rendezvous) live on.
-JOB_WIDE = ("stall_restart",)
+JOB_WIDE = ("stall_restart", "straggler")
 ROLLBACKS = ("rollback_skip", "replica_rollback")  # rate-limited only by an earlier rollback
 LEDGER_FORMAT = "trainwatch.actions"
 
