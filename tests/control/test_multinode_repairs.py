@@ -195,3 +195,20 @@ def test_a_repair_kills_the_nodes_ranks_even_a_stopped_one_and_never_the_launche
     finally:
         controller.close("test over")
     assert not controller.alive()
+
+
+def test_receive_runs_a_node_of_a_multi_node_job_only_with_its_job(tmp_path, monkeypatch):
+    from trainwatch.control.cli import _job, receive
+    monkeypatch.setenv("TRAINWATCH_RECEIVER_TOKEN", "s3cret-token-for-tests")
+    base = ["--run-dir", str(tmp_path / "exp"), "--nnodes", "2", "--node-rank", "1"]
+    for extra, key in (([], "--nnodes"),
+                       (["--job-command", "torchrun x.py", "--rdzv-endpoint", "h:1"],
+                        "--rdzv-endpoint")):
+        done = CliRunner().invoke(receive, [*base, *extra])
+        assert isinstance(done.exception, ConfigError) and done.exception.key == key, done.output
+    assert not (tmp_path / "exp").exists()
+    job = _job(RunDir(tmp_path / "exp"), None, 2, None, None,
+               rendezvous_args(FOLLOWER, "10.0.0.1:29400", None))
+    assert job is not None and job.command[-8:] == [
+        "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "10.0.0.1:29400",
+        "--node-name", "node-b"]
