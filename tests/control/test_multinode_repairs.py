@@ -212,3 +212,23 @@ def test_receive_runs_a_node_of_a_multi_node_job_only_with_its_job(tmp_path, mon
     assert job is not None and job.command[-8:] == [
         "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "10.0.0.1:29400",
         "--node-name", "node-b"]
+
+
+def test_a_node_whose_launcher_exited_starts_its_own_again_with_the_same_command(tmp_path):
+    """Its restarts spent or its store lost, a node's launcher exits: that node's own
+    supervisor starts it again (same command, same rendezvous), no request, no proposal."""
+    run = RunDir(tmp_path / "exp").create()
+
+    class Exited(FakeJob):
+        def alive(self) -> bool:
+            return False
+
+        def restart(self, reason: str, *, hard: bool = False) -> int:
+            self.restarted = (reason, hard)
+            return 4242
+
+    job = Exited(run, [])
+    runner = ActionRunner(run, job, Policy(), board=RepairBoard(run, FOLLOWER))  # type: ignore[arg-type]
+    outcome = runner.restart_job("restart", only_if_exited=True)
+    assert outcome.taken and outcome.details["pid"] == 4242 and job.restarted == ("restart", False)
+    assert not run.events("repair_proposed") and not run.events("repair_requested")
