@@ -102,3 +102,17 @@ def test_a_run_none_of_whose_ranks_published_expects_nothing(tmp_path, monkeypat
     result = _agent(run, "gpu-a", monkeypatch).collect()
     assert not samples(result, "trainwatch_run_ranks_expected")
     assert not samples(result, "trainwatch_run_ranks_reporting")
+
+
+def test_a_run_directory_per_node_expects_nothing(tmp_path, monkeypatch):
+    """Each node's run directory holds only its own ranks: this agent cannot see the job,
+    and its world size against this node's ranks would page every healthy job (an
+    embedded engine scrapes only its own agent)."""
+    run = RunDir(tmp_path / "node-a" / "exp").create()
+    for rank in (0, 1):
+        write_status(run, rank, os.getpid(), node="gpu-a", world_size=4, local_rank=rank)
+    result = _agent(run, "gpu-a", monkeypatch).collect()
+    assert not samples(result, "trainwatch_run_ranks_expected")
+    run.write_run_info({"job": "exp", "world_size": 2, "nnodes": 1})  # a one-node job
+    result = _agent(run, "gpu-a", monkeypatch).collect()
+    assert value(result, "trainwatch_run_ranks_expected", run="exp", node="gpu-a") == 2

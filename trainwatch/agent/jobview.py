@@ -10,8 +10,10 @@ of whose ranks wrote a status within ``stall.heartbeat_stale_seconds`` (and not 
 finished or stopped cleanly) stopped reporting, and the agents that remain name it
 (``trainwatch_run_node_silent_seconds``); a node whose agent alone died still shows its
 ranks beating (``trainwatch_run_ranks_reporting``), so TrainingRanksMissing does not page
-for what TrainwatchAgentDown says. Ages are the ranks collector's observations
-(``RanksCollector._age``): another host's wall clock only matters on the first look.
+for what TrainwatchAgentDown says. An agent whose run directory holds only its own node's
+ranks of a multi-node job (a run directory per node) cannot see the job and exports no
+expectation. Ages are the ranks collector's observations (``RanksCollector._age``):
+another host's wall clock only matters on the first look.
 """
 
 from __future__ import annotations
@@ -40,6 +42,18 @@ def expected_ranks(info: dict[str, Any], records: list[dict[str, Any]]) -> int |
     return max(worlds) if worlds else None
 
 
+def _job_wide(info: dict[str, Any], records: list[dict[str, Any]], node: str,
+              expected: int) -> bool:
+    """Does this agent's view of the run directory hold the whole job? Not when the job
+    spans several nodes and every status it holds is this node's: a run directory of its
+    own per node, where another node's ranks are never seen. Compared with ranks this
+    node alone reports, the world size would page for every healthy job (an embedded
+    engine sees only its own agent), so such an agent does not say what it expects."""
+    nodes = {str(r.get("node") or node) for r in records}
+    several = (_int(info.get("nnodes")) or 1) > 1 or expected > len(records)
+    return not several or nodes != {node}
+
+
 def _heartbeat(record: dict[str, Any], beat: dict[str, Any] | None) -> float | None:
     """The newest heartbeat of a rank's process: its beat's when the beat is that process's."""
     for source in (beat if beat and beat.get("pid") == record.get("pid") else None, record):
@@ -59,6 +73,8 @@ def observe(result: Result, *, run_key: str, job: str, node: str, info: dict[str
     if not records:
         return {"expected_ranks": None, "reporting_ranks": 0, "silent_nodes": {}}
     expected = expected_ranks(info, records)
+    if expected is not None and not _job_wide(info, records, node, expected):
+        expected = None
     reporting = 0
     nodes: dict[str, list[float | None]] = {}  # node -> ages of its unfinished, silent ranks
     quiet: dict[str, bool] = {}                # node -> none of its ranks reports
