@@ -146,3 +146,21 @@ def test_a_one_node_run_has_no_node_findings(tmp_path):
     _, found = _diagnose(run)
     assert not [f for f in found if f.category == "node"]
     assert not any("held the job up" in f.title for f in found)
+
+
+def test_a_rank_dead_in_torchruns_words_is_dead_s_not_first_silent_s(tmp_path):
+    """Rank 2's process is visibly gone here: the dead rule names it (signal, OOM), and
+    a job that died on every node with no launcher event says no node event."""
+    now = time.time()
+    run = RunDir(tmp_path / "exp").create()
+    run.write_run_info({"job": "exp", "world_size": 4, "nnodes": 2})
+    for rank in range(4):
+        node = HERE if rank in (2, 3) else "node1"
+        beat = now - 100 if rank == 2 else now - 80
+        _status(run, rank, node, _gone_pid(), beat=beat, progress=now - 101, step=20,
+                started=now - 130)
+    _, found = _diagnose(run)
+    assert not any("held the job up" in f.title for f in found)
+    assert [f.ranks for f in found if f.category == "rank_dead"][:1] == [[2]], [
+        (f.category, f.ranks, f.title) for f in found]
+    assert not [f for f in found if f.category == "node"], [f.title for f in found]

@@ -9,7 +9,8 @@ for it in a collective keep beating, completing no step, until they die too. So 
 whose heartbeat stopped first, well before every other rank's (more than
 ``heartbeat_stale_seconds`` and three beats), while no other rank completed a step after
 it, is named, and the later deaths are not blamed as causes. Only for jobs on several
-nodes: on one node the process states tell it (rules ``dead`` and ``frozen``).
+nodes (on one node the process states tell it: rules ``dead`` and ``frozen``), and not for
+a rank whose death this host sees or torchrun's log names: ``dead`` says it in their words.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ def check_first_silent(a: Analysis) -> list[Finding]:
     if not others or len({a.node(r) for r in culprits}) > 1 \
             or min(beats[o] for o in others) - first <= margin:
         return []
+    root = ev.launcher.get("root_cause") or {}
+    if any(a.proc(r) in ("gone", "zombie") or root.get("rank") == r for r in culprits):
+        return []  # a death seen here or in torchrun's words: ``dead`` names it with them
     slack = max(2 * (a.step_time or 0.0), 2 * interval)
     stepped = [o for o in others if (done := _progress_at(ev.ranks[o], ev.collected_at))
                is not None and done > first + slack]
@@ -68,9 +72,9 @@ def _finding(a: Analysis, culprits: list[int], others: list[int], beats: dict[in
     gap = min(beats[o] for o in others) - first
     named = _alert_naming(ev.journal.get("events", []), culprits)
     status = a.proc(rank)
-    what = {"stopped": "stopped (state T: SIGSTOP or a debugger)", "gone": "dead",
-            "zombie": "dead"}.get(status, f"frozen or dead: its process is on {node}, "
-                                          f"not visible from {ev.host}")
+    what = "stopped (state T: SIGSTOP or a debugger)" if status == "stopped" else (
+        f"frozen or dead: its process is on {node}, not visible from {ev.host}"
+        if status == "unknown" else f"frozen: its process is {status}")
     who = f"rank {rank}" if len(culprits) == 1 else f"ranks {culprits}"
     title = (f"{who} on {node} held the job up: {'its' if len(culprits) == 1 else 'their'} "
              f"heartbeat stopped first, {duration(gap)} before any other rank's, "

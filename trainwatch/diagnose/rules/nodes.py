@@ -39,6 +39,11 @@ def check_nodes(a: Analysis) -> list[Finding]:
     waiting = [h for h in running if h["ranks_started_at"] is None
                and now - h["started_at"] > RENDEZVOUS_GRACE_SECONDS]
     missing = nnodes - len(running)
+    # Every node silent and no launcher event to tell them apart: the job ended as a
+    # whole (the rules on its ranks say how), not a node.
+    if set(silent) >= {str(v.get("node") or "?") for v in ev.ranks.values()}:
+        silent = {n: v for n, v in silent.items() if n in by_host
+                  and (by_host[n]["exited_at"] is not None or by_host[n] in waiting)}
     findings = []
     for node in nodes:
         launcher = by_host.get(node)
