@@ -45,10 +45,12 @@ def expected_ranks(info: dict[str, Any], records: list[dict[str, Any]]) -> int |
 def _job_wide(info: dict[str, Any], records: list[dict[str, Any]], node: str,
               expected: int) -> bool:
     """Does this agent's view of the run directory hold the whole job? Not when the job
-    spans several nodes and every status it holds is this node's: a run directory of its
-    own per node, where another node's ranks are never seen. Compared with ranks this
-    node alone reports, the world size would page for every healthy job (an embedded
-    engine sees only its own agent), so such an agent does not say what it expects."""
+    spans several nodes, or expects more ranks than published a status, and every status
+    it holds is this node's: a run directory of its own per node, where another node's
+    ranks are never seen (compared with the ranks this node alone reports, the world size
+    would page every healthy job: an embedded engine sees only its own agent), or ranks
+    still starting, or a job whose telemetry runs on some ranks only. Such an agent does
+    not say what it expects."""
     nodes = {str(r.get("node") or node) for r in records}
     several = (_int(info.get("nnodes")) or 1) > 1 or expected > len(records)
     return not several or nodes != {node}
