@@ -64,9 +64,9 @@ CPU_ABSENT = re.compile(r"trainwatch_(gpu_|nccl_ras_|nccl_log_|network_ib_|stall
                         r"|action_restart_guard|run_supervisor_|train_last_nonfinite"
                         r"|straggler_node_)")
 # Series that exist only once something went wrong (a replica's weights diverged, a
-# gradient all-reduce's checksum did not match).
+# gradient all-reduce's checksum did not match, a node stopped reporting).
 HEALTHY_ABSENT = re.compile(r"trainwatch_(replica_divergence_"
-                            r"|rank_reduction_checksum_last_mismatch_)")
+                            r"|rank_reduction_checksum_last_mismatch_|run_node_silent_)")
 NO_RUN = MetricSpec("", "", "", ())
 
 

@@ -34,3 +34,26 @@ def test_a_run_without_restarts_and_one_without_rank_starts():
         "attempts 1 (no restarts)")
     assert attempts.describe(attempts.summary([])) == (
         "attempts unknown (no rank_started in the journal)")
+
+
+def _on(host, t, rank, restart_count=0):
+    return {**_start(t, rank, restart_count), "host": host}
+
+
+def test_one_restart_of_a_job_on_two_nodes_is_one_attempt():
+    """Each node runs a torchrun of its own: node1's restarted its workers (count 1) while
+    node2's launcher was replaced (count 0 again); their ranks start interleaved. One job,
+    two attempts, not one per node nor one per change of count between nodes."""
+    events = [
+        _on("node1", 1, 0), _on("node2", 1.05, 2), _on("node1", 1.1, 1), _on("node2", 1.2, 3),
+        {"time": 8, "event": "job_started", "attempt": 2, "host": "node2"},
+        _on("node1", 9, 0, 1), _on("node2", 9.05, 2, 0), _on("node1", 9.1, 1, 1),
+        _on("node2", 9.2, 3, 0),
+    ]
+    found = attempts.generations(events)
+    assert [sorted(g.ranks) for g in found] == [[0, 1, 2, 3]] * 2
+    assert attempts.describe(attempts.summary([g.restarted_by for g in found])) == (
+        "attempts 2 (1 restart: 1 by the controller)")
+    # A node's own torchrun restarting its workers again is a new attempt.
+    found = attempts.generations(events + [_on("node2", 15, 2, 1)])
+    assert len(found) == 3

@@ -343,5 +343,7 @@ _RANGE_FUNCS = {
     "avg_over_time": lambda p, s, e, r, t, a: _avg([v for _, v in p]),
     "min_over_time": lambda p, s, e, r, t, a: min(v for _, v in p),
     "max_over_time": lambda p, s, e, r, t, a: max(v for _, v in p),
+    # the newest sample in the range: what a series said last before it vanished
+    "last_over_time": lambda p, s, e, r, t, a: p[-1][1],
     "predict_linear": lambda p, s, e, r, t, a: _predict_linear(p, t, a),
 }

@@ -9,7 +9,7 @@ Supported: selectors with ``=``, ``!=``, ``=~``, ``!~`` matchers, ``[range]`` an
 numbers; ``+ - * /``; comparisons (filtering, no ``bool``); ``and``, ``unless``,
 ``or``; ``on(...)`` and ``group_left``; aggregations ``sum avg min max count
 quantile`` with ``by``; functions ``increase rate avg_over_time min_over_time
-max_over_time predict_linear time``.
+max_over_time last_over_time predict_linear time``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 AGGREGATIONS = ("sum", "avg", "min", "max", "count", "quantile")
 RANGE_FUNCTIONS = ("increase", "rate", "avg_over_time", "min_over_time", "max_over_time",
-                   "predict_linear")
+                   "last_over_time", "predict_linear")
 FUNCTIONS = RANGE_FUNCTIONS + ("time",)
 COMPARISONS = (">", "<", ">=", "<=", "==", "!=")
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

@@ -363,6 +363,23 @@ _SPECS += [
        "Seconds since the run's supervisor last wrote its heartbeat (RUN_DIR/supervisor.beat, "
        "every second), as the agent on its host reads it.",
        RUN_NODE, "seconds"),
+    # The job-wide view, from the run's own record (run.json, its ranks' statuses) in the
+    # run directory every node's agent reads (agent/jobview.py): on shared storage each
+    # agent sees every node's ranks, so a lost node is named by the agents that remain.
+    _m("trainwatch_run_ranks_expected", "gauge",
+       "Ranks the run expects: the world size its record declares (run.json, else its "
+       "ranks' statuses), the same from every agent that reads the run's directory.",
+       RUN_NODE),
+    _m("trainwatch_run_ranks_reporting", "gauge",
+       "Ranks of the run, on any node, whose status this agent saw written within "
+       "stall.heartbeat_stale_seconds, or that finished or stopped cleanly: the whole job's "
+       "where the run directory is shared, this node's where it is not.", RUN_NODE),
+    _m("trainwatch_run_node_silent_seconds", "gauge",
+       "Present while a node the run's rank statuses name stopped reporting (none of its "
+       "ranks wrote a status within stall.heartbeat_stale_seconds, and not all finished or "
+       "stopped): seconds since the newest of them was seen written. node is the silent node "
+       "(every agent reading the run's directory exports it; instance tells them apart).",
+       RUN_NODE, "seconds"),
     _m("trainwatch_train_restarts_total", "counter",
        "Restarts of the job's ranks, by kind: torchrun (restarted events) or controller (the "
        "controller starting the job again, job_started after the first attempt).",

@@ -32,10 +32,14 @@ def build(runbook_base: str, limits: dict) -> dict:
 def _now(b: Board, limits: dict) -> None:
     """Where the job stands now: ranks up, step, stalls, throughput, checkpoint age."""
     b.row("Now")
+    # "of" is what the run's record expects (its world size), whatever the node filter
+    # and whichever nodes still report: a lost node's ranks read 0 of 4, not 0 of 2.
+    expected = f"max(trainwatch_run_ranks_expected{{{match('run', '$run', '=~')}}})"
     b.stat("Ranks up", target(f"sum({b.sel('trainwatch_rank_up')})", "up"),
-           target(f"count({b.sel('trainwatch_rank_up')})", "of"),
-           description="Rank processes alive (not zombie) / ranks known.",
-           alerts=("TrainingRankDown", "TrainingStartupFailed"))
+           target(f"{expected} or count({b.sel('trainwatch_rank_up')})", "of"),
+           description="Rank processes alive (not zombie) / ranks the run expects (its "
+                       "world size; ranks reported where the record says none).",
+           alerts=("TrainingRankDown", "TrainingRanksMissing", "TrainingStartupFailed"))
     b.stat("Step", target(f"max({b.sel('trainwatch_rank_step')})"),
            description="Last step any rank started.")
     b.stat("Stalled ranks", target(f"sum({b.sel('trainwatch_rank_stalled')})"), limit=1,

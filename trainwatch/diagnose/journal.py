@@ -1,5 +1,5 @@
-"""Attempts and restarts (trainwatch/rundir/attempts.py), firing alerts, checkpoint failures and
-actions from journal.jsonl."""
+"""Attempts and restarts (trainwatch/rundir/attempts.py), firing alerts, checkpoint failures,
+actions and each node's launcher (diagnose/launchers.py) from journal.jsonl."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 from trainwatch.rundir import attempts
 from trainwatch.contract.layout import CLOSED_EVENT
 from trainwatch.contract.stall import recorded_options
+from trainwatch.diagnose import launchers
 from trainwatch.diagnose.model import Evidence
 from trainwatch.rundir.run_dir import RunDir
 
@@ -32,7 +33,8 @@ def gather(run: RunDir, ev: Evidence) -> None:
                                for g, nxt in zip(found, [*found[1:], None])],
                   "firing_alerts": firing(result.records),
                   "stall_options": recorded_options(result.records),
-                  "stopped": stopped(result.records)}
+                  "stopped": stopped(result.records),
+                  "launchers": launchers.summary(result.records)}
 
 
 def stopped(records: list[dict[str, Any]]) -> dict[str, Any] | None:

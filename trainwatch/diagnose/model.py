@@ -9,7 +9,7 @@ from trainwatch.contract.alerts import SEVERITIES
 
 # Finding categories, in the order a tired reader should act on them.
 CATEGORIES = (
-    "rank_dead", "rank_stuck", "collective_desync", "storage", "gpu_fault", "network",
+    "rank_dead", "rank_stuck", "node", "collective_desync", "storage", "gpu_fault", "network",
     "checkpoint", "nonfinite_loss", "replica_divergence", "reduction_mismatch", "straggler",
     "stalled", "alerts", "healthy",
 )

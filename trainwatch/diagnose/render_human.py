@@ -96,7 +96,9 @@ def finding_panel(index: int, f: Finding) -> Panel:
     if f.nodes:
         who.append(f"node(s) {', '.join(f.nodes)}")
     if who:
-        label = "ranks" if f.severity == "info" else "culprit"
+        # A node's event says where it happened; it blames no rank.
+        label = "ranks" if f.severity == "info" else "where" if f.category == "node" \
+            else "culprit"
         lines.append(Text(f"{label}: " + "; ".join(who), style="bold"))
     lines += [Text(redact_text(f"  • {e}")) for e in f.evidence]
     if f.stack:

@@ -26,6 +26,9 @@ class Generation:
     restart_count: int | None              # torchrun's TORCHELASTIC_RESTART_COUNT
     restarted_by: str | None               # None for the first; else one of RESTARTED_BY
     ranks: dict[int, int | None] = field(default_factory=dict)  # rank -> pid
+    # host -> its torchrun's count: each node has a torchrun of its own, whose counts need
+    # not agree (one node's launcher replaced, the other's restarting its workers)
+    counts: dict[Any, int | None] = field(default_factory=dict)
 
 
 def rank_of(event: dict[str, Any]) -> int | None:
@@ -45,9 +48,14 @@ def _time(event: dict[str, Any]) -> float | None:
 def generations(events: list[dict[str, Any]]) -> list[Generation]:
     """The attempts in journal ``events`` (any order; events without a time are left out).
 
-    A restart is torchrun's when its restart count is above 0, the controller's when the
-    controller journaled a ``job_started`` of a later attempt since the previous start, else
-    the run was started again (by hand, a new ``trainwatch run`` or ``train``)."""
+    A restart is the controller's when the controller journaled a ``job_started`` of a
+    later attempt since the previous start, torchrun's when its restart count is above 0, else
+    the run was started again (by hand, a new ``trainwatch run`` or ``train``).
+
+    A multi-node job is one job: its nodes' ranks start in one attempt, in any order, each
+    node under a torchrun of its own. A new attempt begins when a rank starts again, or
+    when a node's torchrun count changes from what that node's ranks started with in this
+    attempt (the journal's ``host``); two nodes whose counts differ are one attempt."""
     timed = sorted(((t, e) for e in events if (t := _time(e)) is not None),
                    key=lambda pair: pair[0])
     found: list[Generation] = []
@@ -61,13 +69,18 @@ def generations(events: list[dict[str, Any]]) -> list[Generation]:
             continue
         count = e.get("restart_count")
         restart = count if isinstance(count, int) and not isinstance(count, bool) else None
+        host = e.get("host")
         current = found[-1] if found else None
-        if current is None or rank in current.ranks or restart != current.restart_count:
-            by = (None if current is None else TORCHRUN if (restart or 0) > 0
-                  else CONTROLLER if controller_start else RERUN)
+        if current is None or rank in current.ranks \
+                or current.counts.get(host, restart) != restart:
+            # A controller's start since the last attempt decides: on several nodes the
+            # other nodes' torchruns restart their workers (count above 0) for it too.
+            by = (None if current is None else CONTROLLER if controller_start
+                  else TORCHRUN if (restart or 0) > 0 else RERUN)
             current = Generation(t, restart, by)
             found.append(current)
             controller_start = False
+        current.counts.setdefault(host, restart)
         pid = e.get("pid")
         current.ranks[rank] = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
     return found

@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from trainwatch.agent import jobview
 from trainwatch.host.procinfo import ProcessTracker
 from trainwatch.agent.rankfiles import RankFiles
 from trainwatch.agent.registry import Collector, Result, label_values, register
@@ -369,6 +370,10 @@ class RanksCollector(Collector):
                 live.add(status["pid"])
                 env[rank["rank"]] = self.procs.env(status["pid"])
         self._checkpoint(local, info, now, job_name, result)
+        view = jobview.observe(
+            result, run_key=key, job=job_name, node=self.ctx.node, info=info, records=records,
+            beats=beats, age=lambda who, at: self._age(who, at, now, mono),
+            stale_seconds=float(self.ctx.config.stall["heartbeat_stale_seconds"]))
         backends = sorted({r["backend"] for r in ranks if r.get("backend")})
         return {"job": job_name, "run_dir": key,
                 "backend": backends[0] if len(backends) == 1 else (backends or None),
@@ -378,7 +383,7 @@ class RanksCollector(Collector):
                 "status_files_skipped_by_reason": dict(sorted(skipped_by_reason.items())),
                 "skipped": list(self._skip_recent.get(key, ())),
                 "unreadable": unreadable,
-                "timing": timing, "ranks": ranks, "env": env,
+                "timing": timing, "ranks": ranks, "env": env, "view": view,
                 "checkpoint_dir": str(run.recorded_checkpoint_folders(info)[0])}
 
     def _run_info(self, run) -> tuple[dict[str, Any], Skipped | None]:

@@ -12,17 +12,19 @@ from collections.abc import Callable
 
 from trainwatch.diagnose.casefile import Analysis
 from trainwatch.diagnose.model import Finding
-from trainwatch.diagnose.rules import (blocked_in_kernel, busy, crossed, dead, desync, frozen,
-                                       node_evidence, nonfinite, outside_collective,
-                                       silent_corruption, storage_and_checkpoints, straggler,
-                                       unexplained_stall)
+from trainwatch.diagnose.rules import (blocked_in_kernel, busy, crossed, dead, desync,
+                                       first_silent, frozen, node_evidence, nodes, nonfinite,
+                                       outside_collective, silent_corruption,
+                                       storage_and_checkpoints, straggler, unexplained_stall)
 
 Rule = Callable[[Analysis], list[Finding]]
 
 # Strongest first: the order decides which rule explains a rank.
 RULES: tuple[Rule, ...] = (
+    first_silent.check_first_silent,  # across nodes: the culprit, before its victims' deaths
     dead.check_dead,
     frozen.check_frozen,
+    nodes.check_nodes,
     desync.check_desync,
     crossed.check_crossed,
     busy.check_busy,

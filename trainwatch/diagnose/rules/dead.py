@@ -26,7 +26,10 @@ def check_dead(a: Analysis) -> list[Finding]:
     root = a.ev.launcher.get("root_cause")
     past = [root] if root and root.get("rank") in a.ev.ranks and not _current(a.ev, root) \
         else []
-    failures = [x for x in a.ev.launcher.get("failures", []) if _current(a.ev, x)]
+    failures = [x for x in a.ev.launcher.get("failures", []) if _current(a.ev, x)
+                and x.get("rank") not in a.explained]
+    if root and root.get("rank") in a.explained:  # a stronger rule's (first_silent's victim)
+        root = None
     return [_recovered(a, x) for x in past] + _dead_now(a, None if past else root, failures)
 
 
@@ -75,7 +78,8 @@ def _dead_now(a: Analysis, root: dict[str, Any] | None,
     """
     ev = a.ev
     by_pid = {v.get("pid"): r for r, v in ev.ranks.items()}
-    launcher = [(by_pid[x["pid"]], x) for x in ev.launcher.get("failed", []) if x["pid"] in by_pid]
+    launcher = [(by_pid[x["pid"]], x) for x in ev.launcher.get("failed", [])
+                if x["pid"] in by_pid and by_pid[x["pid"]] not in a.explained]
     culprits: dict[int, str] = {}
     doubted = _doubt_root(ev, root) if root and root.get("rank") in ev.ranks else None
     if doubted:
@@ -89,10 +93,11 @@ def _dead_now(a: Analysis, root: dict[str, Any] | None,
     elif launcher:
         culprits = {r: f"the launcher logged its exit: {_exit_text(x['exitcode'])} ({x['log']})"
                     for r, x in launcher}
-    gone = [r for r, v in ev.ranks.items()
-            if v.get("state") == "running" and a.proc(r) in ("gone", "zombie")]
+    gone = [r for r, v in ev.ranks.items() if r not in a.explained
+            and v.get("state") == "running" and a.proc(r) in ("gone", "zombie")]
     dead = [r for r in gone if r not in a.stopped]
-    failed = [r for r, v in ev.ranks.items() if v.get("state") == "failed"]
+    failed = [r for r, v in ev.ranks.items() if v.get("state") == "failed"
+              and r not in a.explained]
     # A rank whose recorded error is a peer's failure seen from a collective (or that
     # recorded none: its beat says failed, its status could not be written) followed the
     # rank that raised on its own, or died without a word: it is a culprit only when
