@@ -672,8 +672,17 @@ def test_sdc_drill_names_the_rank_rolls_back_and_ends_as_a_clean_run_for_real(
     assert 2 <= steps <= drill.detect_within_steps  # two digests, 5 steps apart, after step 22
     run = RunDir(card["run_dir"])
     (taken,) = run.events("action_taken")
+    assert taken["action"] == "replica_rollback"
     assert taken["divergence"]["first_odd_step"] == 24
+    assert taken["divergence"]["last_agreeing_step"] == 19
+    assert [s["rank"] for s in taken["suspects"]] == [1]
     assert taken["clean_checkpoint_step"] == card["recovery"]["resumed_from"] == 20
+    assert [r["step"] for r in run.events("checkpoint_resumed")] == [20]
+    # Every checkpoint saved after the last agreeing digest, as many as the job had saved
+    # when the alert acted (30 and 40 on an idle machine; a loaded one acts sooner).
+    quarantined = {q["step"] for q in taken["quarantined"]}
+    saved_after = {s for s in (30, 40) if s <= taken["step_before"]}
+    assert saved_after <= quarantined <= {30, 40}, (quarantined, taken["step_before"])
     # The suspect's node is marked for preflight, which fails it until the record is removed.
     (marked,) = taken["marked"]
     record = json.loads(Path(marked).read_text())
