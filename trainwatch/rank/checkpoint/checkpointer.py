@@ -41,6 +41,7 @@ from trainwatch.errors import ConfigError
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.checkpoint_format import catalog
 from trainwatch.rank.checkpoint import resume as resume_mod, retention, rng, whole_state
+from trainwatch.rank.checkpoint.sharded_save import write_sharded
 from trainwatch.rank.checkpoint.cadence import interval_due
 from trainwatch.rank.checkpoint.config import CheckpointConfig
 from trainwatch.checkpoint_format.manifest import verify
@@ -87,6 +88,8 @@ class Checkpointer:
         self._agreed: tuple[int, bool, bool, list[str]] | None = None
         self._newest_verified: dict[Path, Path] = {}
         self._state_checked = False  # the first save looks at the state once (whole_state.py)
+        self._sharded = False  # it holds DTensors: saved through DCP (sharded_save.py)
+        self._said_sync = False  # "sharded saves are synchronous" is logged once
         self.facts: dict[str, Any] = {
             "step": None, "path": None, "time": None, "ok": None, "bytes": None,
             "last_error": None, "in_flight": False, "saves_total": 0, "failures_total": 0,
@@ -144,9 +147,12 @@ class Checkpointer:
         if not decision.get("path"):
             return None
         path = Path(decision["path"])
-        restored = resume_mod.load(path, decision["manifest"], self.rank)
+        restored = resume_mod.load(path, decision["manifest"], self.rank, self.world_size)
         self._newest_verified[path.parent] = path
         if self.rank == 0:
+            if restored.resharded is not None:
+                self._journal("checkpoint_resharded", step=restored.step, path=str(path),
+                              **restored.resharded)
             self._journal("checkpoint_resumed", step=restored.step, path=str(path),
                           data_position=decision["manifest"].get("data_position"))
         with self._lock:
@@ -264,12 +270,16 @@ class Checkpointer:
     def _save(self, step: int, state: dict[str, Any], reason: str, *,
               force_wait: bool = False) -> None:
         if not self._state_checked:
-            # Before any collective or file: every rank refuses the same sharded state.
-            whole_state.check_trees(state)
+            # Before any collective or file: every rank refuses the same unsaveable state,
+            # and sees the same sharded state (which every rank then saves through DCP).
+            self._sharded = whole_state.check_trees(state)
             self._state_checked = True
         started = time.perf_counter()
         phase = self.telemetry.phase("checkpoint") if self.telemetry else contextlib.nullcontext()
         with phase:
+            if self._sharded:
+                self._save_sharded(step, state, reason, started)
+                return
             shared = {k: v for k, v in state.items() if k != "data"}
             mine: dict[str, Any] = {"rng": rng.capture(), "data": state.get("data")}
             ranks = [mine]
@@ -345,27 +355,72 @@ class Checkpointer:
             # `trainwatch checkpoint verify` hash every file.
             check = verify(written.path, full=False)
         except CheckRefused as poisoned:
-            # A loop without the step guard (check_step) trained on a NaN: keep the last
-            # good checkpoints, the ones a rollback returns to, out of retention's reach.
-            found = poisoned.found
-            with self._lock:
-                self.facts["skipped_total"] += 1
-                self.facts["in_flight"] = False
-            self._journal("checkpoint_skipped", step=payload.step, policy="nonfinite",
-                          reason=f"NaN/Inf in {', '.join(found[:3])}"
-                                 + (f" and {len(found) - 3} more" if len(found) > 3 else ""))
-            self._publish()
+            self._refused(payload, poisoned.found)
             return
         except Exception as exc:  # a failed save must never fail the job
             self._failed(payload.step, exc, self.folder)
             return
+        shared = payload.shared
+        blocking = (shared.blocking() if isinstance(shared, Handoff)
+                    else time.perf_counter() - started)
+        self._written(payload, written, check, blocking, waited, mode)
+
+    def _save_sharded(self, step: int, state: dict[str, Any], reason: str,
+                      started: float) -> None:
+        """Every rank writes its own shards through DCP; rank 0 seals (sharded_save.py).
+
+        Always synchronous: the ranks' collectives belong to the loop's thread (async
+        mode falls back, said once)."""
+        if self.cfg.mode == "async" and self.rank == 0 and not self._said_sync:
+            self._said_sync = True
+            log.warning("trainwatch checkpoint: sharded (DTensor) state is saved synchronously "
+                        "through torch.distributed.checkpoint; mode=async applies to "
+                        "data-parallel state only")
+        self.wait()
+        shared = {k: v for k, v in state.items() if k != "data"}
+        mine = {"rng": rng.capture(), "data": copy.deepcopy(state.get("data"))}
+        payload = Payload(step, shared, [mine], self.config_hash, reason, dict(self._metrics))
+        with self._lock:
+            self.facts.update(in_flight=True, in_flight_step=step)
+        guard = nonfinite_state if self.cfg.nonfinite != "off" else None
+        try:
+            written = write_sharded(self.folder, payload, rank=self.rank,
+                                    world_size=self.world_size, group=self._group,
+                                    fsync=self.cfg.fsync, check=guard)
+            check = verify(written.path, full=False) if written is not None else None
+        except CheckRefused as poisoned:
+            self._refused(payload, poisoned.found)
+            return
+        except Exception as exc:  # a failed save must never fail the job
+            if self.rank == 0:
+                self._failed(step, exc, self.folder)
+            else:
+                log.warning("trainwatch checkpoint: save of step %s failed: %s", step, exc)
+            return
+        if written is None or check is None:  # not rank 0: rank 0 journals the outcome
+            with self._lock:
+                self.facts.update(in_flight=False)
+            return
+        self._written(payload, written, check, time.perf_counter() - started, 0.0, "sync")
+
+    def _refused(self, payload: Payload, found: list[str]) -> None:
+        """A loop without the step guard (check_step) trained on a NaN: keep the last good
+        checkpoints, the ones a rollback returns to, out of retention's reach."""
+        with self._lock:
+            self.facts["skipped_total"] += 1
+            self.facts["in_flight"] = False
+        self._journal("checkpoint_skipped", step=payload.step, policy="nonfinite",
+                      reason=f"NaN/Inf in {', '.join(found[:3])}"
+                             + (f" and {len(found) - 3} more" if len(found) > 3 else ""))
+        self._publish()
+
+    def _written(self, payload: Payload, written: Written, check: Any, blocking: float,
+                 waited: float, mode: str) -> None:
+        """A written checkpoint: journal it, or fail it if its manifest does not check."""
         if not check.ok:
             self._failed(payload.step, RuntimeError(f"verification after write: {check.reason}"),
                          self.folder)
             return
-        shared = payload.shared
-        blocking = (shared.blocking() if isinstance(shared, Handoff)
-                    else time.perf_counter() - started)
         self._newest_verified[self.folder] = written.path
         self._journal("checkpoint_saved", step=payload.step, path=str(written.path),
                       bytes=written.bytes, blocking_seconds=round(blocking, 6),
