@@ -200,3 +200,25 @@ def test_an_optimizer_without_its_model_is_bad_input(group, tmp_path):
     with pytest.raises(ConfigError, match="a sharded optimizer needs its model passed too"):
         ckpt.maybe_save(1, optimizer=opt)
     ckpt.close(final=False)
+
+
+def test_a_rank_whose_shards_fail_to_write_costs_no_checkpoint(saved, monkeypatch):
+    run, path, weights = saved
+    model, opt = _fsdp2(seed=1)
+    ckpt = Checkpoints.from_env(run.root, every_steps=1, mode="sync", fsync=False)
+    assert ckpt.resume(model=model, optimizer=opt, extra={}) == 2
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(dcp, "save", full_disk)
+    _train(model, opt)
+    ckpt.maybe_save(3, model=model, optimizer=opt, extra={})  # never raises into the loop
+    ckpt.close(final=False)
+    (failed,) = run.events("checkpoint_failed")
+    assert failed["step"] == 3 and failed["errno"] == 28
+    assert "failed on 1 of 1 rank(s): rank 0: OSError" in failed["error"]
+    assert failed["previous"] == str(path)
+    assert [e.step for e in complete(run.checkpoint_dir)] == [2]
+    assert not list(run.checkpoint_dir.glob(".tmp-*"))
+    assert verify_checkpoint(path).ok
