@@ -222,3 +222,19 @@ def test_a_rank_whose_shards_fail_to_write_costs_no_checkpoint(saved, monkeypatc
     assert [e.step for e in complete(run.checkpoint_dir)] == [2]
     assert not list(run.checkpoint_dir.glob(".tmp-*"))
     assert verify_checkpoint(path).ok
+
+
+def test_a_data_parallel_checkpoint_into_a_sharded_model_is_refused_with_the_way_out(
+        group, tmp_path):
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    run = tmp_path / "run"
+    ckpt = Checkpoints.from_env(run, every_steps=1, mode="sync", fsync=False)
+    ckpt.maybe_save(1, model=plain)
+    ckpt.close(final=False)
+    model, _ = _fsdp2()
+    ckpt = Checkpoints.from_env(run, every_steps=1, mode="sync", fsync=False)
+    with pytest.raises(ConfigError, match="data-parallel checkpoint .* cannot be loaded into "
+                                          "this sharded .*resume it without fully_shard"):
+        ckpt.resume(model=model)
+    ckpt.close(final=False)

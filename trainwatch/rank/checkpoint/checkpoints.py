@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from trainwatch.contract.env import DEFAULT_RUN_DIR, RUN_DIR_ENV
+from trainwatch.errors import ConfigError
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.rank import telemetry as telemetry_mod
 from trainwatch.checkpoint_format.manifest import LAYOUT_DCP
@@ -123,6 +124,11 @@ class Checkpoints:
         values = restored.shared
         if restored.manifest.get("layout") == LAYOUT_DCP:
             values = sharded.load(restored.path, state, self.checkpointer._group)
+        elif self._sharded:
+            raise ConfigError(
+                "a data-parallel checkpoint (whole model.pt) cannot be loaded into this "
+                "sharded (DTensor) model yet: resume it without fully_shard, or start a new "
+                "run directory", file=str(restored.path))
         for name, target in state.items():
             if name == "data":
                 value = restored.data
