@@ -18,7 +18,9 @@
 ``training_state()`` returns ``{"model": ..., "optimizer": ..., "scheduler": ..., "data": ...}``:
 every key but ``data`` is the same on every rank and written once, by rank 0; ``data``
 (the loader position) and the RNG states are per rank and gathered to rank 0.
-Only rank 0 writes.  See docs/checkpoints.md.
+Only rank 0 writes. Trees holding DTensors (FSDP2) are sharded instead: every rank writes
+its own shards through DCP and rank 0 seals them (sharded_save.py), synchronously.
+See docs/checkpoints.md.
 """
 
 from __future__ import annotations
