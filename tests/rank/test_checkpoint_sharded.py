@@ -93,10 +93,10 @@ def test_an_fsdp2_model_is_saved_through_dcp_with_a_manifest_that_covers_it(save
 def test_resume_loads_the_sharded_state_back_exactly(saved, caplog):
     run, path, weights = saved
     model, opt = _fsdp2(seed=1)
-    extra = {"epoch": 0}
+    extra, added = {"epoch": 0}, {"new": 1}
     ckpt = Checkpoints.from_env(run.root, every_steps=2, mode="async", fsync=False)
-    assert ckpt.resume(model=model, optimizer=opt, extra=extra) == 2
-    assert extra == {"epoch": 7}
+    assert ckpt.resume(model=model, optimizer=opt, extra=extra, added=added) == 2
+    assert extra == {"epoch": 7} and added == {"new": 1}  # a key the checkpoint lacks: kept
     assert all(torch.equal(v, weights[k]) for k, v in _full(model).items())
     assert opt.state_dict()["state"][0]["step"].item() == 2.0
     with caplog.at_level(logging.WARNING):  # async falls back to sync for sharded state, once

@@ -123,7 +123,9 @@ class Checkpoints:
         self.restored = restored
         values = restored.shared
         if restored.manifest.get("layout") == LAYOUT_DCP:
-            values = sharded.load(restored.path, state, self.checkpointer._group)
+            held = set(restored.manifest.get("shared") or ())  # a key added since: warned
+            values = sharded.load(restored.path, {k: v for k, v in state.items() if k in held},
+                                  self.checkpointer._group)
         elif self._sharded:
             raise ConfigError(
                 "a data-parallel checkpoint (whole model.pt) cannot be loaded into this "
@@ -133,7 +135,7 @@ class Checkpoints:
             if name == "data":
                 value = restored.data
             elif isinstance(target, (torch.nn.Module, torch.optim.Optimizer)) and (
-                    values is not restored.shared):
+                    values is not restored.shared) and name in values:
                 self.loaded[name] = values[name]  # set_state_dict loaded it (sharded.load)
                 continue
             elif name in values:
