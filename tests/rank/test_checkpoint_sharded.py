@@ -238,3 +238,19 @@ def test_a_data_parallel_checkpoint_into_a_sharded_model_is_refused_with_the_way
                                           "this sharded .*resume it without fully_shard"):
         ckpt.resume(model=model)
     ckpt.close(final=False)
+
+
+def test_a_final_save_that_is_the_first_look_at_the_state_is_sharded_too(group, tmp_path):
+    model, opt = _fsdp2()
+    run = RunDir(tmp_path / "run")
+    ckpt = Checkpoints.from_env(run.root, every_steps=100, mode="sync", fsync=False)
+    _train(model, opt)
+    ckpt.maybe_save(1, model=model, optimizer=opt)  # not due: nothing looked at yet
+    ckpt.close()  # the final save
+    (entry,) = complete(run.checkpoint_dir)
+    assert entry.step == 1 and entry.manifest["layout"] == "dcp"
+    fresh, fresh_opt = _fsdp2(seed=1)
+    again = Checkpoints.from_env(run.root, mode="sync", fsync=False)
+    assert again.resume(model=fresh, optimizer=fresh_opt) == 1
+    again.close(final=False)
+    assert all(torch.equal(v, _full(model)[k]) for k, v in _full(fresh).items())

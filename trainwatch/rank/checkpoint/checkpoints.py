@@ -184,7 +184,6 @@ class Checkpoints:
 
         def taken() -> dict[str, Any]:
             saving.append(True)
-            self._check_once("save", state)
             return self._trees(state)
 
         if self.checkpointer.after_step(step, taken):
@@ -229,7 +228,9 @@ class Checkpoints:
             self._checked.add(when)
 
     def _trees(self, state: dict[str, Any]) -> dict[str, Any]:
-        """What a save writes: DCP state dicts when sharded, else each object's state."""
+        """What a save writes: DCP state dicts when sharded, else each object's state
+        (the state is looked at first, once: a final save may be the first)."""
+        self._check_once("save", state)
         if not self._sharded:
             return _state_dicts(state)
         trees = sharded.state_dicts(state)
