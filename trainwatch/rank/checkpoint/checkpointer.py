@@ -127,6 +127,11 @@ class Checkpointer:
         self.requests.uninstall()
         self._publish()
 
+    @property
+    def group(self) -> Any:
+        """The gloo group the checkpoint's collectives go over (None for one rank)."""
+        return self._group
+
     def wait(self) -> None:
         writer = self._writer
         if writer is not None:

@@ -125,7 +125,7 @@ class Checkpoints:
         if restored.manifest.get("layout") == LAYOUT_DCP:
             held = set(restored.manifest.get("shared") or ())  # a key added since: warned
             values = sharded.load(restored.path, {k: v for k, v in state.items() if k in held},
-                                  self.checkpointer._group)
+                                  self.checkpointer.group)
         elif self._sharded:
             raise ConfigError(
                 "a data-parallel checkpoint (whole model.pt) cannot be loaded into this "

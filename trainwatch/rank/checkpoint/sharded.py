@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from trainwatch.errors import ConfigError
-from trainwatch.rank.checkpoint.whole_state import _leaves, is_dtensor
+from trainwatch.rank.checkpoint.whole_state import leaves, is_dtensor
 
 RESHARD_FIX = ("resume with the model and optimizer built as when the checkpoint was written "
                "(same parameter names and shapes; the world size and mesh may differ), or "
@@ -91,7 +91,7 @@ def layout(trees: dict[str, Any]) -> dict[str, Any]:
     placements, by dotted key (``model.0.weight: ["Shard(0)"]``)."""
     placements: dict[str, list[str]] = {}
     mesh: dict[str, Any] | None = None
-    for key, value in _leaves(trees, ""):
+    for key, value in leaves(trees, ""):
         if isinstance(value, torch.Tensor) and is_dtensor(value):
             placements[key] = [_placement(p) for p in value.placements]
             if mesh is None:

@@ -43,7 +43,7 @@ def check_trees(state: dict[str, Any]) -> bool:
     (sharded: saved through DCP); UnsaveableState for the first tensor or object that no
     checkpoint can hold."""
     sharded = False
-    for key, value in _leaves(state, ""):
+    for key, value in leaves(state, ""):
         if isinstance(value, torch.Tensor):
             if is_dtensor(value):
                 sharded = True
@@ -68,7 +68,7 @@ def check_objects(state: dict[str, Any]) -> bool:
         elif isinstance(obj, torch.optim.Optimizer):
             found = _sharded_optimizer(name, obj)
         elif isinstance(obj, (dict, list, tuple)):
-            found = _first_tensor_not_whole(_leaves(obj, name))
+            found = _first_tensor_not_whole(leaves(obj, name))
         else:
             found = None
         if found is not None:
@@ -88,7 +88,7 @@ def _holds_dtensor(obj: Any) -> bool:
     if isinstance(obj, torch.optim.Optimizer):
         return any(is_dtensor(p) for g in obj.param_groups for p in g.get("params", []))
     if isinstance(obj, (dict, list, tuple)):
-        return any(is_dtensor(v) for _, v in _leaves(obj, ""))
+        return any(is_dtensor(v) for _, v in leaves(obj, ""))
     return False
 
 
@@ -153,14 +153,14 @@ def _first_tensor_not_whole(items: Iterator[tuple[str, Any]]) -> tuple[str, str]
     return None
 
 
-def _leaves(tree: Any, prefix: str) -> Iterator[tuple[str, Any]]:
+def leaves(tree: Any, prefix: str) -> Iterator[tuple[str, Any]]:
     """(dotted key, value) of every leaf of nested dicts, lists and tuples."""
     if isinstance(tree, dict):
         for key, value in tree.items():
-            yield from _leaves(value, f"{prefix}.{key}" if prefix else str(key))
+            yield from leaves(value, f"{prefix}.{key}" if prefix else str(key))
     elif isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
         for i, value in enumerate(tree):
-            yield from _leaves(value, f"{prefix}[{i}]")
+            yield from leaves(value, f"{prefix}[{i}]")
     else:
         yield prefix, tree
 
