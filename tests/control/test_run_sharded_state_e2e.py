@@ -37,7 +37,8 @@ def test_an_fsdp2_job_checkpoints_its_sharded_state_every_rank_its_own_shards(tm
     proc = _run(tmp_path, run, "--mode", "async", "--steps", "10")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert not run.events("checkpoint_failed"), run.events("checkpoint_failed")
-    assert [e["step"] for e in run.events("checkpoint_saved")] == [5, 10]
+    assert [(e["step"], e["mode"]) for e in run.events("checkpoint_saved")] == [
+        (5, "async"), (10, "async")]
     (newest, _) = [e for folder in run.checkpoint_folders() for e in scan(folder)]
     assert newest.step == 10 and newest.manifest["layout"] == "dcp"
     assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(newest.manifest["files"])

@@ -4,7 +4,8 @@ A tiny transformer, ``fully_shard`` per layer and whole over a 1-D mesh, AdamW, 
 synthetic loader whose position is the global sample count (so it continues at any world
 size). For the tests, rank 0 appends the digest of the gathered full model + optimizer
 state after every step (and right after resume) to ``--out``/digests.jsonl, and
-``--kill-at N`` SIGKILLs rank 1 before step N on the first attempt.
+``--kill-at N`` SIGKILLs rank 1 before step N on the first attempt, once the save
+before it is sealed.
 """
 
 import argparse
@@ -12,6 +13,7 @@ import hashlib
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import torch
@@ -96,6 +98,11 @@ if start:
 first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
 for step in range(start, args.steps):
     if step == args.kill_at and rank == 1 and first_attempt:
+        saved = Path(os.environ["TRAINWATCH_RUN_DIR"], "checkpoints",
+                     f"step-{step // args.every * args.every:08d}")
+        deadline = time.monotonic() + 60
+        while not saved.exists() and time.monotonic() < deadline:  # an async save: sealed
+            time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGKILL)
     tokens = loader.next()
     loss = torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())

@@ -66,6 +66,7 @@ def test_an_fsdp2_job_resumes_exactly_falls_back_past_a_bad_shard_and_reshards(t
             kill_tree(proc)
     # rank 1 died before step 6; torchrun restarted both ranks from the save of step 4
     assert [e["step"] for e in run.events("checkpoint_resumed")] == [4]
+    assert {e["mode"] for e in run.events("checkpoint_saved")} == {"async"}
     assert killed[(4, "resumed")]["digest"] == clean[(4, "trained")]["digest"]
     assert killed[(6, "trained")]["digest"] == clean[(6, "trained")]["digest"]
     folder = run.checkpoint_dir

@@ -19,7 +19,7 @@
 every key but ``data`` is the same on every rank and written once, by rank 0; ``data``
 (the loader position) and the RNG states are per rank and gathered to rank 0.
 Only rank 0 writes. Trees holding DTensors (FSDP2) are sharded instead: every rank writes
-its own shards through DCP and rank 0 seals them (sharded_save.py), synchronously.
+its own shards through DCP and rank 0 seals them (sharded_save.py).
 See docs/checkpoints.md.
 """
 
@@ -43,7 +43,7 @@ from trainwatch.errors import ConfigError
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.checkpoint_format import catalog
 from trainwatch.rank.checkpoint import resume as resume_mod, retention, rng, whole_state
-from trainwatch.rank.checkpoint.sharded_save import write_sharded
+from trainwatch.rank.checkpoint.sharded_save import stage, write_sharded
 from trainwatch.rank.checkpoint.cadence import interval_due
 from trainwatch.rank.checkpoint.config import CheckpointConfig
 from trainwatch.checkpoint_format.manifest import verify
@@ -91,7 +91,8 @@ class Checkpointer:
         self._newest_verified: dict[Path, Path] = {}
         self._state_checked = False  # the first save looks at the state once (whole_state.py)
         self._sharded = False  # it holds DTensors: saved through DCP (sharded_save.py)
-        self._said_sync = False  # "sharded saves are synchronous" is logged once
+        self._stager: Any = None  # DCP's host copy of sharded state (async saves)
+        self._writer_group: Any = None  # the gloo group an async sharded writer uses
         self.facts: dict[str, Any] = {
             "step": None, "path": None, "time": None, "ok": None, "bytes": None,
             "last_error": None, "in_flight": False, "saves_total": 0, "failures_total": 0,
@@ -285,7 +286,7 @@ class Checkpointer:
         phase = self.telemetry.phase("checkpoint") if self.telemetry else contextlib.nullcontext()
         with phase:
             if self._sharded:
-                self._save_sharded(step, state, reason, started)
+                self._save_sharded(step, state, reason, started, force_wait=force_wait)
                 return
             shared = {k: v for k, v in state.items() if k != "data"}
             mine: dict[str, Any] = {"rng": rng.capture(), "data": state.get("data")}
@@ -372,43 +373,73 @@ class Checkpointer:
                     else time.perf_counter() - started)
         self._written(payload, written, check, blocking, waited, mode)
 
-    def _save_sharded(self, step: int, state: dict[str, Any], reason: str,
-                      started: float) -> None:
+    def _save_sharded(self, step: int, state: dict[str, Any], reason: str, started: float, *,
+                      force_wait: bool = False) -> None:
         """Every rank writes its own shards through DCP; rank 0 seals (sharded_save.py).
 
-        Always synchronous: the ranks' collectives belong to the loop's thread (async
-        mode falls back, said once)."""
-        if self.cfg.mode == "async" and self.rank == 0 and not self._said_sync:
-            self._said_sync = True
-            log.warning("trainwatch checkpoint: sharded (DTensor) state is saved synchronously "
-                        "through torch.distributed.checkpoint; mode=async applies to "
-                        "data-parallel state only")
+        Async: the loop copies its shards to host memory (DCP's stager) and a writer
+        thread writes them, its collectives over a gloo group of their own (the loop's
+        go on meanwhile). A save waits for the one in flight (``when_busy: skip`` would
+        let ranks decide differently, and their collectives would not match)."""
         self.wait()
         shared = {k: v for k, v in state.items() if k != "data"}
         mine = {"rng": rng.capture(), "data": copy.deepcopy(state.get("data"))}
         payload = Payload(step, shared, [mine], self.config_hash, reason, dict(self._metrics))
         with self._lock:
             self.facts.update(in_flight=True, in_flight_step=step)
+        if self.cfg.mode == "sync" or force_wait:
+            self._write_sharded(payload, started, None)
+            return
+        if self._stager is None:
+            from torch.distributed.checkpoint.staging import BlockingAsyncStager
+
+            # host buffers kept between saves where they are pinned (from a GPU)
+            self._stager = BlockingAsyncStager(cache_staged_state_dict=torch.cuda.is_available())
+            if self.distributed:  # a collective: every rank is at this save
+                self._writer_group = dist.new_group(backend="gloo")
+        tmp, error, payload.shared = stage(self.folder, payload, rank=self.rank,
+                                           group=self._group, stager=self._stager)
+        blocking = time.perf_counter() - started
+        try:
+            self._writer = threading.Thread(target=self._write_sharded,
+                                            args=(payload, started, (tmp, error), blocking),
+                                            name="trainwatch-checkpoint-writer", daemon=True)
+            self._writer.start()
+        except Exception as exc:  # no thread: write here (every rank must take part)
+            log.warning("trainwatch checkpoint: no writer thread (%s); writing in the loop", exc)
+            self._writer = None
+            self._write_sharded(payload, started, (tmp, error), blocking)
+
+    def _write_sharded(self, payload: Payload, started: float,
+                       staged: tuple[Any, str] | None, blocking: float | None = None) -> None:
+        """Write and seal one sharded checkpoint (the loop's thread, or the writer's);
+        never raises (failures are journaled by rank 0)."""
         guard = nonfinite_state if self.cfg.nonfinite != "off" else None
+        group = self._group if staged is None else self._writer_group
         try:
             written = write_sharded(self.folder, payload, rank=self.rank,
-                                    world_size=self.world_size, group=self._group,
-                                    fsync=self.cfg.fsync, check=guard)
+                                    world_size=self.world_size, group=group,
+                                    fsync=self.cfg.fsync, check=guard, staged=staged)
             check = verify(written.path, full=False) if written is not None else None
         except CheckRefused as poisoned:
             self._refused(payload, poisoned.found)
             return
         except Exception as exc:  # a failed save must never fail the job
             if self.rank == 0:
-                self._failed(step, exc, self.folder)
+                self._failed(payload.step, exc, self.folder)
             else:
-                log.warning("trainwatch checkpoint: save of step %s failed: %s", step, exc)
+                log.warning("trainwatch checkpoint: save of step %s failed: %s", payload.step,
+                            exc)
+                with self._lock:
+                    self.facts.update(in_flight=False)
             return
         if written is None or check is None:  # not rank 0: rank 0 journals the outcome
             with self._lock:
                 self.facts.update(in_flight=False)
             return
-        self._written(payload, written, check, time.perf_counter() - started, 0.0, "sync")
+        loop_blocked = time.perf_counter() - started if blocking is None else blocking
+        self._written(payload, written, check, loop_blocked, 0.0,
+                      "sync" if staged is None else "async")
 
     def _refused(self, payload: Payload, found: list[str]) -> None:
         """A loop without the step guard (check_step) trained on a NaN: keep the last good

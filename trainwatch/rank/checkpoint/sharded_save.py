@@ -9,7 +9,9 @@ data position), fsyncs and hashes its own files, and reports them, or its error,
 what ``.metadata`` names does rank 0 write the manifest (last) and rename the directory to
 ``step-N``. A rank that failed leaves the save unpublished; the previous checkpoint is
 untouched. The directory stays a plain DCP checkpoint: ``torch.distributed.checkpoint.load``
-reads it without trainwatch.
+reads it without trainwatch. An async save splits this: the loop ``stage``s (the directory,
+this rank's shards copied to host memory, every rank's agreement), and a writer thread runs
+``write_sharded`` on the copy over a gloo group of its own.
 """
 
 from __future__ import annotations
@@ -104,16 +106,43 @@ def _covered(tmp: Path, files: dict[str, Any]) -> list[str]:
     return problems + [f"{name}: written, reported by no rank" for name in strays]
 
 
+def stage(folder: Path, payload: Payload, *, rank: int, group: Any, stager: Any
+          ) -> tuple[Path | None, str, dict[str, Any]]:
+    """The loop's part of an async save: agree on the staging directory, copy this rank's
+    shards to host memory (DCP's stager), and agree that every rank has its copy (one
+    all_reduce), so the writers' collectives start on every rank or on none. Returns
+    (directory or None, why not, the host copy)."""
+    tmp, error = _agree_on_tmp(Path(folder), payload.step, rank, group)
+    staged: dict[str, Any] = {}
+    if tmp is not None:
+        try:
+            staged = stager.stage(dict(payload.shared))
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+        except Exception as exc:  # e.g. no host memory
+            error = f"rank {rank}: copying the shards to host memory failed: {exc}"
+    if group is not None:
+        failed = torch.tensor([0.0 if not error else 1.0])
+        dist.all_reduce(failed, group=group)
+        if failed.item() and not error:
+            error = f"{int(failed.item())} rank(s) could not copy their shards to host memory"
+    if error and tmp is not None and rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return (None if error else tmp), error, staged
+
+
 def write_sharded(folder: Path, payload: Payload, *, rank: int, world_size: int, group: Any,
-                  fsync: bool = True, check: Callable[[Any, str], list[str]] | None = None
-                  ) -> Written | None:
+                  fsync: bool = True, check: Callable[[Any, str], list[str]] | None = None,
+                  staged: tuple[Path | None, str] | None = None) -> Written | None:
     """Every rank calls this with its own ``payload`` (``payload.ranks``: its own state
-    alone). Rank 0 returns the published checkpoint, other ranks None; rank 0 raises
+    alone; ``staged``: the directory ``stage`` agreed on, ``payload.shared`` then the host
+    copy). Rank 0 returns the published checkpoint, other ranks None; rank 0 raises
     CheckpointWriteError (or CheckRefused) naming each rank that failed."""
     started = time.perf_counter()
     folder = Path(folder)
     trees = dict(payload.shared)
-    tmp, error = _agree_on_tmp(folder, payload.step, rank, group)
+    tmp, error = staged if staged is not None else _agree_on_tmp(folder, payload.step, rank,
+                                                                 group)
     if tmp is not None:
         report = _write_rank(tmp, trees, payload.ranks[0], rank, fsync, group, check)
     else:
