@@ -1,8 +1,9 @@
-"""A user's FSDP2 loop on CPU (gloo) with the documented Checkpoints lines.
+"""A user's FSDP loop on CPU (gloo) with the documented Telemetry + Checkpoints lines.
 
-A tiny transformer sharded with fully_shard over a 1-D mesh, AdamW; ``--mode`` is the
-checkpoint mode, ``--no-resume`` leaves out ``ckpt.resume`` so the first save meets the
-state first. Trainwatch must refuse the sharded state (exit 2, not restarted).
+A tiny transformer sharded with fully_shard over a 1-D mesh (``--fsdp1``: wrapped in FSDP1's
+FullyShardedDataParallel instead), AdamW; ``--mode`` is the checkpoint mode,
+``--no-resume`` leaves out ``ckpt.resume`` so the first save meets the state first.
+Trainwatch saves FSDP2 state through DCP and refuses FSDP1's (exit 2, not restarted).
 """
 
 import argparse
@@ -10,7 +11,7 @@ import argparse
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 
 from trainwatch import Checkpoints, Telemetry
 
@@ -18,6 +19,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--mode", default="async")
 parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--no-resume", action="store_true")
+parser.add_argument("--fsdp1", action="store_true")
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
@@ -27,9 +29,12 @@ model = torch.nn.Sequential(
     torch.nn.Embedding(64, 32),
     torch.nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, batch_first=True),
     torch.nn.Linear(32, 64))
-for layer in model:
-    fully_shard(layer, mesh=mesh)
-fully_shard(model, mesh=mesh)
+if args.fsdp1:
+    model = FullyShardedDataParallel(model, device_id=torch.device("cpu"))
+else:
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 tel = Telemetry.from_env().start()

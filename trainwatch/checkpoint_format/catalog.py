@@ -57,7 +57,8 @@ class Entry:
                 "world_size": manifest.get("world_size"),
                 WEIGHTS_CONFIG_DIGEST_KEY: weights_config_digest(manifest),
                 "reason_saved": manifest.get("reason"), "kind": self.kind,
-                "declared": self.declared, "shards": self.shards}
+                "declared": self.declared, "shards": self.shards,
+                "layout": manifest.get("layout")}
 
 
 def dcp_entry(path: Path, step: int | None, declared: bool) -> Entry | None:

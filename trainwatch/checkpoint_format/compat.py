@@ -7,7 +7,7 @@ from typing import Any
 
 from trainwatch.contract.layout import WEIGHTS_CONFIG_DIGEST_KEY
 from trainwatch.errors import ConfigError
-from trainwatch.checkpoint_format.manifest import weights_config_digest
+from trainwatch.checkpoint_format.manifest import LAYOUT_DCP, weights_config_digest
 
 
 # Config sections that do not decide the weights (Config.training_digest leaves them out).
@@ -39,12 +39,14 @@ def config_changes(before: Any, after: dict[str, Any]) -> str:
 def check_compatible(manifest: dict[str, Any], path: Path, *, config_hash: str | None,
                      world_size: int, changes: str = "") -> None:
     """Refuse a checkpoint this run cannot continue exactly (ConfigError, exit code 2);
-    ``changes`` (``config_changes``) says what differs from the run's recorded config."""
-    if manifest.get("world_size") != world_size:
+    ``changes`` (``config_changes``) says what differs from the run's recorded config.
+    A sharded (DCP) checkpoint resumes at any world size: DCP reshards it on load."""
+    if manifest.get("layout") != LAYOUT_DCP and manifest.get("world_size") != world_size:
         raise ConfigError(
             f"written by a run with world size {manifest.get('world_size')}, this run has "
-            f"{world_size}; refusing to resume (resharding is not supported): run with the "
-            "original world size, or start a new run directory", file=str(path))
+            f"{world_size}; refusing to resume (a data-parallel checkpoint is not resharded, "
+            "only sharded DCP ones are): run with the original world size, or start a new "
+            "run directory", file=str(path))
     written = weights_config_digest(manifest)
     if config_hash is not None and written != config_hash:
         raise ConfigError(

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import xxhash
 
+from trainwatch.checkpoint_format.dcp import METADATA as DCP_METADATA
 from trainwatch.contract import layout
 from trainwatch.contract.layout import LEGACY_WEIGHTS_CONFIG_KEY, WEIGHTS_CONFIG_DIGEST_KEY
 from trainwatch.errors import FormatError
@@ -41,6 +42,11 @@ HASH_CHUNK = 8 << 20
 # record sha256 (written before) still verify.
 DIGEST = "xxh3_128"
 _DIGESTS: dict[str, Callable[[], Any]] = {DIGEST: xxhash.xxh3_128, "sha256": hashlib.sha256}
+# The manifest's ``layout`` of a checkpoint whose shared state is sharded (FSDP2, DTensor):
+# torch.distributed.checkpoint files (``.metadata`` and each rank's ``.distcp`` shards)
+# instead of ``NAME.pt``; without ``layout`` a checkpoint is data parallel (rank 0's files).
+# Older readers refuse such a manifest (its ``.metadata`` entry is a name they reject).
+LAYOUT_DCP = "dcp"
 # A manifest lists a checkpoint's files (a few per rank): 32 MiB is ~100,000 ranks' entries.
 MAX_MANIFEST_BYTES = 32 << 20
 
@@ -110,7 +116,9 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     if not isinstance(files, dict) or not files or not isinstance(manifest.get("step"), int):
         raise FormatError(f"{path}: no 'files' table or 'step'")
     for name, entry in files.items():
-        if ("/" in name or name.startswith(".") or not isinstance(entry, dict)
+        hidden = name.startswith(".") and not (name == DCP_METADATA
+                                               and manifest.get("layout") == LAYOUT_DCP)
+        if ("/" in name or hidden or not isinstance(entry, dict)
                 or digest_algorithm(entry) is None
                 or not isinstance(entry.get("bytes"), int)):
             raise FormatError(f"{path}: bad entry for file {name!r}")
@@ -183,6 +191,7 @@ def verify(directory: str | Path, *, full: bool = True,
             if actual != entry[algorithm]:
                 result.problems.append(f"{name}: {algorithm} mismatch "
                                        "(content changed or corrupt)")
+    result.problems.extend(layout_problems(manifest))
     listed = set(manifest["files"]) | {MANIFEST}
     try:
         strays = sorted(p.name for p in directory.iterdir() if p.name not in listed)
@@ -191,3 +200,21 @@ def verify(directory: str | Path, *, full: bool = True,
     result.problems.extend(f"{name}: not listed in the manifest" for name in strays)
     result.ok = not result.problems
     return result
+
+
+def layout_problems(manifest: dict[str, Any]) -> list[str]:
+    """What a sharded (``layout: dcp``) manifest's own records say is missing from its
+    ``files``: the DCP metadata, a shard file the metadata names (``dcp.files``, recorded at
+    save time from the metadata), a rank's file. A data-parallel manifest has none."""
+    if manifest.get("layout") is None:
+        return []
+    if manifest.get("layout") != LAYOUT_DCP:
+        return [f"{MANIFEST}: unknown layout {manifest.get('layout')!r}"]
+    files, sharded = manifest["files"], manifest.get("dcp")
+    world = manifest.get("world_size")
+    if not isinstance(sharded, dict) or not isinstance(sharded.get("files"), list) or (
+            not isinstance(world, int) or world < 1):
+        return [f"{MANIFEST}: a dcp layout without its 'dcp' files or world size"]
+    needed = [DCP_METADATA, *sharded["files"], *(rank_file_name(r) for r in range(world))]
+    return [f"{name}: not in the manifest's files (the checkpoint does not hold the whole "
+            "state)" for name in dict.fromkeys(needed) if name not in files]

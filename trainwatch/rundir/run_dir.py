@@ -33,7 +33,7 @@ EVENTS = (
     "run_started", "rank_started", "step_milestone", "validation", "finished", "failed",
     "restarted", "launcher_started", "launcher_exited",
     "checkpoint_saved", "checkpoint_failed", "checkpoint_skipped", "checkpoint_pruned",
-    "checkpoint_fallback", "checkpoint_resumed", "checkpoint_requested",
+    "checkpoint_fallback", "checkpoint_resumed", "checkpoint_resharded", "checkpoint_requested",
     "nonfinite_detected", "data_skipped", "fault_injected",
     "alert_firing", "alert_resolved", "action_taken", "action_skipped", "action_guard_cleared",
     "diagnostics_dumped",

@@ -18,7 +18,9 @@
 ``training_state()`` returns ``{"model": ..., "optimizer": ..., "scheduler": ..., "data": ...}``:
 every key but ``data`` is the same on every rank and written once, by rank 0; ``data``
 (the loader position) and the RNG states are per rank and gathered to rank 0.
-Only rank 0 writes.  See docs/checkpoints.md.
+Only rank 0 writes. Trees holding DTensors (FSDP2) are sharded instead: every rank writes
+its own shards through DCP and rank 0 seals them (sharded_save.py).
+See docs/checkpoints.md.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from trainwatch.errors import ConfigError
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.checkpoint_format import catalog
 from trainwatch.rank.checkpoint import resume as resume_mod, retention, rng, whole_state
+from trainwatch.rank.checkpoint.sharded_save import stage, write_sharded
 from trainwatch.rank.checkpoint.cadence import interval_due
 from trainwatch.rank.checkpoint.config import CheckpointConfig
 from trainwatch.checkpoint_format.manifest import verify
@@ -87,6 +90,9 @@ class Checkpointer:
         self._agreed: tuple[int, bool, bool, list[str]] | None = None
         self._newest_verified: dict[Path, Path] = {}
         self._state_checked = False  # the first save looks at the state once (whole_state.py)
+        self._sharded = False  # it holds DTensors: saved through DCP (sharded_save.py)
+        self._stager: Any = None  # DCP's host copy of sharded state (async saves)
+        self._writer_group: Any = None  # the gloo group an async sharded writer uses
         self.facts: dict[str, Any] = {
             "step": None, "path": None, "time": None, "ok": None, "bytes": None,
             "last_error": None, "in_flight": False, "saves_total": 0, "failures_total": 0,
@@ -122,6 +128,11 @@ class Checkpointer:
         self.requests.uninstall()
         self._publish()
 
+    @property
+    def group(self) -> Any:
+        """The gloo group the checkpoint's collectives go over (None for one rank)."""
+        return self._group
+
     def wait(self) -> None:
         writer = self._writer
         if writer is not None:
@@ -144,9 +155,12 @@ class Checkpointer:
         if not decision.get("path"):
             return None
         path = Path(decision["path"])
-        restored = resume_mod.load(path, decision["manifest"], self.rank)
+        restored = resume_mod.load(path, decision["manifest"], self.rank, self.world_size)
         self._newest_verified[path.parent] = path
         if self.rank == 0:
+            if restored.resharded is not None:
+                self._journal("checkpoint_resharded", step=restored.step, path=str(path),
+                              **restored.resharded)
             self._journal("checkpoint_resumed", step=restored.step, path=str(path),
                           data_position=decision["manifest"].get("data_position"))
         with self._lock:
@@ -264,12 +278,16 @@ class Checkpointer:
     def _save(self, step: int, state: dict[str, Any], reason: str, *,
               force_wait: bool = False) -> None:
         if not self._state_checked:
-            # Before any collective or file: every rank refuses the same sharded state.
-            whole_state.check_trees(state)
+            # Before any collective or file: every rank refuses the same unsaveable state,
+            # and sees the same sharded state (which every rank then saves through DCP).
+            self._sharded = whole_state.check_trees(state)
             self._state_checked = True
         started = time.perf_counter()
         phase = self.telemetry.phase("checkpoint") if self.telemetry else contextlib.nullcontext()
         with phase:
+            if self._sharded:
+                self._save_sharded(step, state, reason, started, force_wait=force_wait)
+                return
             shared = {k: v for k, v in state.items() if k != "data"}
             mine: dict[str, Any] = {"rng": rng.capture(), "data": state.get("data")}
             ranks = [mine]
@@ -345,27 +363,102 @@ class Checkpointer:
             # `trainwatch checkpoint verify` hash every file.
             check = verify(written.path, full=False)
         except CheckRefused as poisoned:
-            # A loop without the step guard (check_step) trained on a NaN: keep the last
-            # good checkpoints, the ones a rollback returns to, out of retention's reach.
-            found = poisoned.found
-            with self._lock:
-                self.facts["skipped_total"] += 1
-                self.facts["in_flight"] = False
-            self._journal("checkpoint_skipped", step=payload.step, policy="nonfinite",
-                          reason=f"NaN/Inf in {', '.join(found[:3])}"
-                                 + (f" and {len(found) - 3} more" if len(found) > 3 else ""))
-            self._publish()
+            self._refused(payload, poisoned.found)
             return
         except Exception as exc:  # a failed save must never fail the job
             self._failed(payload.step, exc, self.folder)
             return
+        shared = payload.shared
+        blocking = (shared.blocking() if isinstance(shared, Handoff)
+                    else time.perf_counter() - started)
+        self._written(payload, written, check, blocking, waited, mode)
+
+    def _save_sharded(self, step: int, state: dict[str, Any], reason: str, started: float, *,
+                      force_wait: bool = False) -> None:
+        """Every rank writes its own shards through DCP; rank 0 seals (sharded_save.py).
+
+        Async: the loop copies its shards to host memory (DCP's stager) and a writer
+        thread writes them, its collectives over a gloo group of their own (the loop's
+        go on meanwhile). A save waits for the one in flight (``when_busy: skip`` would
+        let ranks decide differently, and their collectives would not match)."""
+        self.wait()
+        shared = {k: v for k, v in state.items() if k != "data"}
+        mine = {"rng": rng.capture(), "data": copy.deepcopy(state.get("data"))}
+        payload = Payload(step, shared, [mine], self.config_hash, reason, dict(self._metrics))
+        with self._lock:
+            self.facts.update(in_flight=True, in_flight_step=step)
+        if self.cfg.mode == "sync" or force_wait:
+            self._write_sharded(payload, started, None)
+            return
+        if self._stager is None:
+            from torch.distributed.checkpoint.staging import BlockingAsyncStager
+
+            # host buffers kept between saves where they are pinned (from a GPU)
+            self._stager = BlockingAsyncStager(cache_staged_state_dict=torch.cuda.is_available())
+            if self.distributed:  # a collective: every rank is at this save
+                self._writer_group = dist.new_group(backend="gloo")
+        tmp, error, payload.shared = stage(self.folder, payload, rank=self.rank,
+                                           group=self._group, stager=self._stager)
+        blocking = time.perf_counter() - started
+        try:
+            self._writer = threading.Thread(target=self._write_sharded,
+                                            args=(payload, started, (tmp, error), blocking),
+                                            name="trainwatch-checkpoint-writer", daemon=True)
+            self._writer.start()
+        except Exception as exc:  # no thread: write here (every rank must take part)
+            log.warning("trainwatch checkpoint: no writer thread (%s); writing in the loop", exc)
+            self._writer = None
+            self._write_sharded(payload, started, (tmp, error), blocking)
+
+    def _write_sharded(self, payload: Payload, started: float,
+                       staged: tuple[Any, str] | None, blocking: float | None = None) -> None:
+        """Write and seal one sharded checkpoint (the loop's thread, or the writer's);
+        never raises (failures are journaled by rank 0)."""
+        guard = nonfinite_state if self.cfg.nonfinite != "off" else None
+        group = self._group if staged is None else self._writer_group
+        try:
+            written = write_sharded(self.folder, payload, rank=self.rank,
+                                    world_size=self.world_size, group=group,
+                                    fsync=self.cfg.fsync, check=guard, staged=staged)
+            check = verify(written.path, full=False) if written is not None else None
+        except CheckRefused as poisoned:
+            self._refused(payload, poisoned.found)
+            return
+        except Exception as exc:  # a failed save must never fail the job
+            if self.rank == 0:
+                self._failed(payload.step, exc, self.folder)
+            else:
+                log.warning("trainwatch checkpoint: save of step %s failed: %s", payload.step,
+                            exc)
+                with self._lock:
+                    self.facts.update(in_flight=False)
+            return
+        if written is None or check is None:  # not rank 0: rank 0 journals the outcome
+            with self._lock:
+                self.facts.update(in_flight=False)
+            return
+        loop_blocked = time.perf_counter() - started if blocking is None else blocking
+        self._written(payload, written, check, loop_blocked, 0.0,
+                      "sync" if staged is None else "async")
+
+    def _refused(self, payload: Payload, found: list[str]) -> None:
+        """A loop without the step guard (check_step) trained on a NaN: keep the last good
+        checkpoints, the ones a rollback returns to, out of retention's reach."""
+        with self._lock:
+            self.facts["skipped_total"] += 1
+            self.facts["in_flight"] = False
+        self._journal("checkpoint_skipped", step=payload.step, policy="nonfinite",
+                      reason=f"NaN/Inf in {', '.join(found[:3])}"
+                             + (f" and {len(found) - 3} more" if len(found) > 3 else ""))
+        self._publish()
+
+    def _written(self, payload: Payload, written: Written, check: Any, blocking: float,
+                 waited: float, mode: str) -> None:
+        """A written checkpoint: journal it, or fail it if its manifest does not check."""
         if not check.ok:
             self._failed(payload.step, RuntimeError(f"verification after write: {check.reason}"),
                          self.folder)
             return
-        shared = payload.shared
-        blocking = (shared.blocking() if isinstance(shared, Handoff)
-                    else time.perf_counter() - started)
         self._newest_verified[self.folder] = written.path
         self._journal("checkpoint_saved", step=payload.step, path=str(written.path),
                       bytes=written.bytes, blocking_seconds=round(blocking, 6),

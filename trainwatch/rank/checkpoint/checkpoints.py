@@ -17,6 +17,10 @@ ones), saves on SIGUSR1 or ``control/checkpoint``, and on SIGTERM a save and a c
 ``load_state_dict`` (model, optimizer, scheduler, a stateful loader), plain data, or any
 picklable object; ``data=`` is per rank (each rank's loader position), the rest is taken
 from rank 0. Every rank's RNGs are saved and restored without being asked.
+
+A sharded model (FSDP2's ``fully_shard``: DTensor parameters) is seen at the first call and
+saved through torch.distributed.checkpoint, every rank writing its own shards (sharded.py,
+sharded_save.py); resume reshards it when the world size changed.
 """
 
 from __future__ import annotations
@@ -33,8 +37,11 @@ import torch
 import torch.distributed as dist
 
 from trainwatch.contract.env import DEFAULT_RUN_DIR, RUN_DIR_ENV
+from trainwatch.errors import ConfigError
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.rank import telemetry as telemetry_mod
+from trainwatch.checkpoint_format.manifest import LAYOUT_DCP
+from trainwatch.rank.checkpoint import sharded
 from trainwatch.rank.checkpoint.checkpointer import EXIT_STOPPED, Checkpointer
 from trainwatch.rank.checkpoint.config import CheckpointConfig
 from trainwatch.rank.checkpoint.resume import Restored
@@ -69,6 +76,7 @@ class Checkpoints:
         self._saved_at: int | None = None
         self._closed = False
         self._checked: set[str] = set()  # "resume", "save": the state was looked at once
+        self._sharded = False  # the state holds DTensors: DCP saves and loads it
         self.checkpointer.start()
 
     @classmethod
@@ -103,7 +111,8 @@ class Checkpoints:
         Objects with ``load_state_dict`` are loaded in place, dicts and lists updated in
         place; anything else is in ``self.loaded[name]``. RNGs are restored last, so call
         this after building the model and optimizer, just before the loop. Sharded state
-        (FSDP, DTensor) is refused: a ConfigError, bad input (whole_state.py).
+        (FSDP2, DTensor) is loaded through DCP, resharded to this world size; FSDP1 and
+        other tensor subclasses are refused: a ConfigError, bad input (whole_state.py).
         """
         self._check_once("resume", state)
         restored = self.checkpointer.resume()
@@ -112,11 +121,25 @@ class Checkpoints:
             return 0
         self._continue_at(restored.step)
         self.restored = restored
+        values = restored.shared
+        if restored.manifest.get("layout") == LAYOUT_DCP:
+            held = set(restored.manifest.get("shared") or ())  # a key added since: warned
+            values = sharded.load(restored.path, {k: v for k, v in state.items() if k in held},
+                                  self.checkpointer.group)
+        elif self._sharded:
+            raise ConfigError(
+                "a data-parallel checkpoint (whole model.pt) cannot be loaded into this "
+                "sharded (DTensor) model yet: resume it without fully_shard, or start a new "
+                "run directory", file=str(restored.path))
         for name, target in state.items():
             if name == "data":
                 value = restored.data
-            elif name in restored.shared:
-                value = restored.shared[name]
+            elif isinstance(target, (torch.nn.Module, torch.optim.Optimizer)) and (
+                    values is not restored.shared) and name in values:
+                self.loaded[name] = values[name]  # set_state_dict loaded it (sharded.load)
+                continue
+            elif name in values:
+                value = values[name]
             else:
                 log.warning("trainwatch checkpoint %s holds no %r; left as it is",
                             restored.path, name)
@@ -161,8 +184,7 @@ class Checkpoints:
 
         def taken() -> dict[str, Any]:
             saving.append(True)
-            self._check_once("save", state)
-            return _state_dicts(state)
+            return self._trees(state)
 
         if self.checkpointer.after_step(step, taken):
             self._stop()
@@ -188,7 +210,7 @@ class Checkpoints:
             self._journal_skipped()
         if final and self._last is not None and self._saved_at != self._last[0]:
             step, state = self._last
-            self.checkpointer.after_step(step, lambda: _state_dicts(state), final=True)
+            self.checkpointer.after_step(step, lambda: self._trees(state), final=True)
         self.checkpointer.close()
 
     def __enter__(self) -> "Checkpoints":
@@ -199,10 +221,22 @@ class Checkpoints:
 
     # ------------------------------------------------------------------ internals
     def _check_once(self, when: str, state: dict[str, Any]) -> None:
-        """Refuse a sharded model or optimizer before it is saved or loaded into, once."""
+        """Refuse unsaveable state (FSDP1, tensor subclasses) before it is saved or loaded
+        into, and notice sharded (DTensor) state, once."""
         if when not in self._checked and self.config.enabled:
-            check_objects(state)
+            self._sharded = check_objects(state) or self._sharded
             self._checked.add(when)
+
+    def _trees(self, state: dict[str, Any]) -> dict[str, Any]:
+        """What a save writes: DCP state dicts when sharded, else each object's state
+        (the state is looked at first, once: a final save may be the first)."""
+        self._check_once("save", state)
+        if not self._sharded:
+            return _state_dicts(state)
+        trees = sharded.state_dicts(state)
+        if "data" in state:
+            trees["data"] = _state_dicts({"data": state["data"]})["data"]
+        return trees
 
     def _continue_at(self, step: int) -> None:
         if self.telemetry is not None and hasattr(self.telemetry, "continue_at"):

@@ -21,7 +21,8 @@ from trainwatch.config.clitypes import run_dir_option
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.checkpoint_format import catalog, dcp
 from trainwatch.checkpoint_format.declared import declared_steps, run_checkpoints
-from trainwatch.checkpoint_format.manifest import MANIFEST, Verification, step_of, verify
+from trainwatch.checkpoint_format.manifest import (LAYOUT_DCP, MANIFEST, Verification, step_of,
+                                                    verify)
 
 
 _TARGET_HELP = ("The run directory (or a checkpoint folder, or one checkpoint), if not given as "
@@ -76,6 +77,10 @@ def _check(path: Path, entry: catalog.Entry | None,
         from trainwatch.rank.checkpoint.dcp_verify import verify_dcp
 
         return verify_dcp(path, entry.step)
+    if entry is not None and (entry.manifest or {}).get("layout") == LAYOUT_DCP:
+        from trainwatch.rank.checkpoint.dcp_verify import verify_checkpoint
+
+        return verify_checkpoint(path, progress=progress)
     return verify(path, progress=progress)
 
 
@@ -112,8 +117,18 @@ def list_cmd(run: RunDir, as_json: bool) -> None:
         name = e.path.name if single or e.path.parent == folder else str(e.path)
         table.add_row(name, e.state, human_bytes(e.bytes) if e.bytes else "-",
                       "-" if e.val_loss is None else f"{e.val_loss:.4f}",
-                      str(d["world_size"] or "-"), str(d["reason_saved"] or "-"), e.reason)
+                      str(d["world_size"] or "-"), str(d["reason_saved"] or "-"),
+                      e.reason or _sharded_note(e))
     Console().print(table if entries else f"no checkpoints in {folder}")
+
+
+def _sharded_note(entry: catalog.Entry) -> str:
+    """``sharded (DCP), 2 shard files`` for a trainwatch checkpoint of sharded state."""
+    manifest = entry.manifest or {}
+    if manifest.get("layout") != LAYOUT_DCP:
+        return ""
+    shards = len((manifest.get("dcp") or {}).get("files") or [])
+    return f"sharded, {shards} DCP shard{'s' if shards != 1 else ''}"
 
 
 def _verify_all(targets: list[tuple[Path, catalog.Entry | None]],

@@ -4,7 +4,9 @@ DCP records no digests, so this checks what its ``.metadata`` promises: that it 
 (through DCP's own reader, which unpickles it: so this runs here, beside torch, never in
 a torch-free reader), that every storage file it names is there, and that each is at least
 as long as its items' ``offset + length`` (a truncated shard is BAD). docs/checkpoints.md,
-"Declared DCP checkpoints".
+"Declared DCP checkpoints". A trainwatch checkpoint of sharded state (``layout: dcp``) has a
+manifest with every file's digest, and is also checked against its ``.metadata`` here
+(``verify_checkpoint``): the files it names must all be in the manifest.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwatch.checkpoint_format.dcp import METADATA
-from trainwatch.checkpoint_format.manifest import Verification, step_of
+from trainwatch.checkpoint_format.manifest import LAYOUT_DCP, Verification, step_of, verify
 
 
 def read_metadata(directory: Path) -> Any:
@@ -84,4 +86,32 @@ def verify_dcp(directory: str | Path, step: int | None = None) -> Verification:
             result.problems.append(f"{name}: {st.st_size} bytes, {METADATA} needs at least "
                                    f"{least} (truncated)")
     result.ok = not result.problems
+    return result
+
+
+def covers(directory: Path, manifest: dict[str, Any]) -> list[str]:
+    """Problems of a sharded (``layout: dcp``) trainwatch checkpoint beyond its digests:
+    the files its ``.metadata`` names that the manifest does not list, or lists shorter
+    than the metadata needs (the checkpoint would not hold the whole state)."""
+    try:
+        needed = needed_sizes(read_metadata(directory))
+    except ValueError as exc:
+        return [f"{METADATA}: {exc}"]
+    files = manifest.get("files") or {}
+    problems = []
+    for name, least in sorted(needed.items()):
+        if name not in files:
+            problems.append(f"{name}: named by {METADATA}, not in the manifest")
+        elif files[name]["bytes"] < least:
+            problems.append(f"{name}: {files[name]['bytes']} bytes, {METADATA} needs {least}")
+    return problems
+
+
+def verify_checkpoint(directory: str | Path, progress: Any = None) -> Verification:
+    """A trainwatch checkpoint against its manifest (every file's size and digest), and a
+    sharded one also against its ``.metadata`` (``covers``)."""
+    result = verify(directory, progress=progress)
+    if result.ok and result.manifest and result.manifest.get("layout") == LAYOUT_DCP:
+        result.problems += covers(Path(directory), result.manifest)
+        result.ok = not result.problems
     return result

@@ -8,16 +8,20 @@ world size is refused, never loaded.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+import xxhash
 
 from trainwatch.rank.checkpoint import rng
 from trainwatch.checkpoint_format.catalog import scan
 from trainwatch.checkpoint_format.compat import check_compatible  # noqa: F401 - resume's API
-from trainwatch.checkpoint_format.manifest import Verification, rank_file_name, verify
+from trainwatch.checkpoint_format.manifest import LAYOUT_DCP, Verification, rank_file_name
+from trainwatch.rank.checkpoint.dcp_verify import verify_checkpoint
 
 
 @dataclass
@@ -37,7 +41,7 @@ def select(folders: list[Path]) -> tuple[Verification | None, list[Fallback]]:
         if entry.state != "complete":  # invalid, or a DCP checkpoint: not ours to load
             passed_over.append(Fallback(entry.path, entry.reason))
             continue
-        result = verify(entry.path)
+        result = verify_checkpoint(entry.path)  # a sharded one against its .metadata too
         if result.ok:
             return result, passed_over
         passed_over.append(Fallback(entry.path, result.reason))
@@ -53,6 +57,7 @@ class Restored:
     manifest: dict[str, Any]
     shared: dict[str, Any]
     rank_state: dict[str, Any]
+    resharded: dict[str, Any] | None = None  # journaled: from and to world size, what changed
 
     @property
     def data(self) -> Any:
@@ -64,8 +69,51 @@ class Restored:
         rng.restore(self.rank_state["rng"])
 
 
-def load(path: Path, manifest: dict[str, Any], rank: int) -> Restored:
+def load(path: Path, manifest: dict[str, Any], rank: int, world_size: int = 1) -> Restored:
+    """This rank's part of checkpoint ``path``: the shared trees of a data-parallel one,
+    and its own state (RNGs, data position). A sharded (DCP) checkpoint's trees are loaded
+    by its caller, into the job's objects (sharded.py)."""
+    if manifest.get("layout") == LAYOUT_DCP:
+        rank_state, resharded = _rank_state(path, manifest, rank, world_size)
+        return Restored(path, manifest["step"], manifest, {}, rank_state, resharded)
     shared = {name: torch.load(path / f"{name}.pt", map_location="cpu", weights_only=True)
               for name in manifest["shared"]}
     rank_state = torch.load(path / rank_file_name(rank), map_location="cpu", weights_only=True)
     return Restored(path, manifest["step"], manifest, shared, rank_state)
+
+
+def _rank_state(path: Path, manifest: dict[str, Any], rank: int, world_size: int
+                ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Its own file at the world size that wrote it. At another world size: rank 0's data
+    position for every rank (the job's global progress; docs/checkpoints.md), a rank's own
+    RNGs where it existed, and fresh ones, derived from rank 0's and the rank, where not."""
+    written = manifest["world_size"]
+
+    def own(r: int) -> dict[str, Any]:
+        return torch.load(path / rank_file_name(r), map_location="cpu", weights_only=True)
+
+    if written == world_size:
+        return own(rank), None
+    first = own(0)
+    state: dict[str, Any] = (own(rank) if rank < written
+                             else {"rng": _derived_rng(first["rng"], rank)})
+    state["data"] = first.get("data")
+    return state, {"from_world_size": written, "to_world_size": world_size,
+                   "data": "rank 0's position, on every rank",
+                   "rng_reseeded": list(range(written, world_size)) or None}
+
+
+def _derived_rng(rank0: dict[str, Any], rank: int) -> dict[str, Any]:
+    """RNG state for a rank the checkpoint did not have: seeded from a digest of rank 0's
+    saved torch RNG state and the rank, so every restart derives the same one."""
+    seed = xxhash.xxh3_64_intdigest(rank0["torch"].numpy().tobytes() + rank.to_bytes(4, "little"))
+    saved = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    fresh = rng.capture()
+    fresh["cuda"] = None
+    random.setstate(saved[0])
+    np.random.set_state(saved[1])
+    torch.set_rng_state(saved[2])
+    return fresh

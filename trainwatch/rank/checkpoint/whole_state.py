@@ -1,16 +1,15 @@
-"""Refuse, as bad input, training state a checkpoint cannot hold whole.
+"""Tell sharded state (saved through DCP) from state no checkpoint can hold (bad input).
 
-Rank 0 writes the shared state (model, optimizer, ...) as if every rank held the same.
-Sharded state breaks that: a DTensor (FSDP2, tensor parallel), a ShardedTensor or an FSDP1
-FlatParameter is this rank's shard only. Async saves of it all failed (a wrapper tensor
-subclass cannot be copied to host memory as it stands), a sync save sealed rank 0's half
-of the model and hung in the NaN guard's collective, and without the guard a restart
-resumed from that half, silently. So the first save and the first resume look at the state
-once (a walk over its tensors, no copy, no collective) and stop the rank with a
-ConfigError naming the first offending key, its type and the fix: the rank's status says
-bad input, ``trainwatch run`` exits 2 and nothing is restarted. Plain tensors (CUDA ones
-too), ``nn.Parameter`` and Python values pass untouched; an object that does not pickle
-is refused the same way, before any save could fail on it.
+A DTensor (FSDP2's ``fully_shard``, tensor parallel) is this rank's shard only: such state is
+saved by every rank through torch.distributed.checkpoint (sharded.py, sharded_save.py), so
+the looks here answer "sharded?" for it. What neither path can hold is refused: an FSDP1
+FlatParameter or ShardedTensor, another tensor subclass, a meta tensor, an object that does
+not pickle. Before, such state failed every async save ("cannot copy") or sealed rank 0's
+shards only; now the first save and the first resume look at the state once (a walk over
+its tensors, no copy, no collective) and stop the rank with a ConfigError naming the first
+offending key, its type and the fix: the rank's status says bad input, ``trainwatch run``
+exits 2 and nothing is restarted. Plain tensors (CUDA ones too), ``nn.Parameter`` and
+Python values pass untouched.
 """
 
 from __future__ import annotations
@@ -23,9 +22,10 @@ import torch
 
 from trainwatch.errors import ConfigError
 
-SHARDED_FIX = ("for now save sharded state (and tensor subclasses) with "
-               "torch.distributed.checkpoint (DCP) in your loop and declare each save with "
-               "tel.checkpoint_saved(path, step); see docs/checkpoints.md, \"Sharded models\"")
+SHARDED_FIX = ("shard with FSDP2 (fully_shard, DTensor state: saved through "
+               "torch.distributed.checkpoint (DCP) by every rank), or save this state with DCP "
+               "in your loop and declare each save with tel.checkpoint_saved(path, step); see "
+               "docs/checkpoints.md, \"Sharded models\"")
 _SCALARS = (int, float, str, bool, bytes, complex, type(None), torch.dtype, torch.device,
             torch.Size)
 
@@ -38,33 +38,58 @@ class UnsaveableState(ConfigError):
         self.key, self.what = key, what
 
 
-def check_trees(state: dict[str, Any]) -> None:
-    """Raise UnsaveableState for the first tensor or object in the state trees (``name ->
-    state_dict`` and plain values) that a checkpoint cannot hold whole."""
-    for key, value in _leaves(state, ""):
+def check_trees(state: dict[str, Any]) -> bool:
+    """True when the state trees (``name -> state_dict`` and plain values) hold a DTensor
+    (sharded: saved through DCP); UnsaveableState for the first tensor or object that no
+    checkpoint can hold."""
+    sharded = False
+    for key, value in leaves(state, ""):
         if isinstance(value, torch.Tensor):
+            if is_dtensor(value):
+                sharded = True
+                continue
             what = describe_tensor(value)
             if what is not None:
                 raise UnsaveableState(key, what, SHARDED_FIX)
         elif not isinstance(value, _SCALARS):
             _check_pickles(key, value)
+    return sharded
 
 
-def check_objects(state: dict[str, Any]) -> None:
-    """Raise UnsaveableState when a model or optimizer given by keyword holds sharded
-    parameters or state; other objects are left to ``check_trees`` (no ``state_dict`` is
-    taken here: under FSDP1 that is a collective)."""
+def check_objects(state: dict[str, Any]) -> bool:
+    """True when a model or optimizer given by keyword (or a container) holds DTensors
+    (sharded: saved through DCP); UnsaveableState for FSDP1 or another tensor no checkpoint
+    can hold. Other objects are left to ``check_trees`` (no ``state_dict`` is taken here:
+    under FSDP1 that is a collective)."""
+    sharded = False
     for name, obj in state.items():
         if isinstance(obj, torch.nn.Module):
             found = _sharded_module(name, obj)
         elif isinstance(obj, torch.optim.Optimizer):
             found = _sharded_optimizer(name, obj)
         elif isinstance(obj, (dict, list, tuple)):
-            found = _first_tensor_not_whole(_leaves(obj, name))
+            found = _first_tensor_not_whole(leaves(obj, name))
         else:
             found = None
         if found is not None:
             raise UnsaveableState(*found, SHARDED_FIX)
+        sharded = sharded or _holds_dtensor(obj)
+    return sharded
+
+
+def is_dtensor(tensor: Any) -> bool:
+    dtensor = _loaded("torch.distributed.tensor", "DTensor")
+    return dtensor is not None and isinstance(tensor, dtensor)
+
+
+def _holds_dtensor(obj: Any) -> bool:
+    if isinstance(obj, torch.nn.Module):
+        return any(is_dtensor(p) for p in obj.parameters())
+    if isinstance(obj, torch.optim.Optimizer):
+        return any(is_dtensor(p) for g in obj.param_groups for p in g.get("params", []))
+    if isinstance(obj, (dict, list, tuple)):
+        return any(is_dtensor(v) for _, v in leaves(obj, ""))
+    return False
 
 
 def describe_tensor(tensor: torch.Tensor) -> str | None:
@@ -119,22 +144,23 @@ def _sharded_optimizer(name: str, optimizer: torch.optim.Optimizer) -> tuple[str
 
 
 def _first_tensor_not_whole(items: Iterator[tuple[str, Any]]) -> tuple[str, str] | None:
+    """The first tensor neither whole nor a DTensor (which DCP saves)."""
     for key, value in items:
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, torch.Tensor) and not is_dtensor(value):
             what = describe_tensor(value)
             if what is not None:
                 return key, what
     return None
 
 
-def _leaves(tree: Any, prefix: str) -> Iterator[tuple[str, Any]]:
+def leaves(tree: Any, prefix: str) -> Iterator[tuple[str, Any]]:
     """(dotted key, value) of every leaf of nested dicts, lists and tuples."""
     if isinstance(tree, dict):
         for key, value in tree.items():
-            yield from _leaves(value, f"{prefix}.{key}" if prefix else str(key))
+            yield from leaves(value, f"{prefix}.{key}" if prefix else str(key))
     elif isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
         for i, value in enumerate(tree):
-            yield from _leaves(value, f"{prefix}[{i}]")
+            yield from leaves(value, f"{prefix}[{i}]")
     else:
         yield prefix, tree
 

@@ -134,7 +134,7 @@ class _HashingFile:
             os.close(fd)
 
 
-def _data_position(ranks: list[dict[str, Any]]) -> list[Any]:
+def data_position(ranks: list[dict[str, Any]]) -> list[Any]:
     """Each rank's data position as JSON when it is plain data (the exact copy is in rank files)."""
     positions = []
     for state in ranks:
@@ -166,7 +166,7 @@ def _save_file(path: Path, obj: Any, do_fsync: bool, helpers: ThreadPoolExecutor
     return out.bytes, out.hashed, synced
 
 
-def _write_manifest(directory: Path, manifest: dict[str, Any], do_fsync: bool) -> None:
+def write_manifest(directory: Path, manifest: dict[str, Any], do_fsync: bool) -> None:
     with open(directory / MANIFEST, "x") as fh:
         json.dump(manifest, fh, indent=1, sort_keys=True)
         fh.write("\n")
@@ -175,7 +175,7 @@ def _write_manifest(directory: Path, manifest: dict[str, Any], do_fsync: bool) -
             os.fsync(fh.fileno())
 
 
-def _publish(tmp: Path, final: Path, do_fsync: bool) -> None:
+def publish(tmp: Path, final: Path, do_fsync: bool) -> None:
     """Rename a finished temporary directory into place, replacing an older one of that name."""
     if do_fsync:
         fsync_dir(tmp)
@@ -190,7 +190,7 @@ def _publish(tmp: Path, final: Path, do_fsync: bool) -> None:
         shutil.rmtree(replaced, ignore_errors=True)
 
 
-def _tmp_dir(folder: Path, name: str) -> Path:
+def tmp_dir(folder: Path, name: str) -> Path:
     return folder / f".tmp-{name}-{os.getpid()}-{time.time_ns()}"
 
 
@@ -211,7 +211,7 @@ def write_checkpoint(folder: str | Path, payload: Payload, *, fsync: bool = True
     started = time.perf_counter()
     folder = Path(folder)
     name = step_dir_name(payload.step)
-    tmp = _tmp_dir(folder, name)
+    tmp = tmp_dir(folder, name)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
@@ -239,13 +239,13 @@ def write_checkpoint(folder: str | Path, payload: Payload, *, fsync: bool = True
             "created_at": time.time(), "reason": payload.reason,
             WEIGHTS_CONFIG_DIGEST_KEY: payload.config_hash, "world_size": len(payload.ranks),
             "shared": sorted(payload.shared), "metrics": payload.metrics,
-            "data_position": _data_position(payload.ranks),
+            "data_position": data_position(payload.ranks),
             "versions": {"torch": torch.__version__, "trainwatch": __version__,
                          "python": platform.python_version()},
             "files": files,
         }
-        _write_manifest(tmp, manifest, fsync)
-        _publish(tmp, folder / name, fsync)
+        write_manifest(tmp, manifest, fsync)
+        publish(tmp, folder / name, fsync)
     except OSError as exc:
         _cleanup_and_raise(tmp, exc, f"saving checkpoint step {payload.step} failed")
     except BaseException:
@@ -262,7 +262,7 @@ def copy_checkpoint(source: str | Path, folder: str | Path, *, fsync: bool = Tru
     started = time.perf_counter()
     source, folder = Path(source), Path(folder)
     manifest = read_manifest(source)
-    tmp = _tmp_dir(folder, source.name)
+    tmp = tmp_dir(folder, source.name)
     total = 0
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -285,7 +285,7 @@ def copy_checkpoint(source: str | Path, folder: str | Path, *, fsync: bool = Tru
         if fsync:
             with open(tmp / MANIFEST, "rb") as fh:
                 os.fsync(fh.fileno())
-        _publish(tmp, folder / source.name, fsync)
+        publish(tmp, folder / source.name, fsync)
     except OSError as exc:
         _cleanup_and_raise(tmp, exc, f"mirroring {source.name} failed")
     return Written(folder / source.name, total, time.perf_counter() - started)

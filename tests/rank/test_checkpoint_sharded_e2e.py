@@ -1,0 +1,104 @@
+"""A user's 2-rank FSDP2 loop with the documented Checkpoints lines is protected.
+
+Before: every save of a DTensor model failed (or sealed rank 0's half of it) and a killed
+rank restarted from step 0 or from half the weights. Now, with real torchrun gloo jobs
+(tests/jobs/fsdp2_train.py): a rank SIGKILLed after the save of step 4 is restarted by
+torchrun and resumes from it with the gathered full model + optimizer state equal to a
+clean run's, at step 4 and at the end; `trainwatch checkpoint verify` says OK, then BAD
+(exit 1) once a shard is corrupted or deleted; and the same checkpoints resume at world
+size 1, falling back past the corrupt one, resharded by DCP, and train on."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import kill_tree, torchrun_env
+from trainwatch.rank.checkpoint.cli import checkpoint
+from trainwatch.rundir.run_dir import RunDir
+
+pytestmark = pytest.mark.slow
+
+JOB = Path(__file__).resolve().parents[1] / "jobs" / "fsdp2_train.py"
+
+
+def _start(tmp_path: Path, name: str, run: Path, *args: str, nproc: int = 2,
+           restarts: int = 0) -> tuple[subprocess.Popen, Path]:
+    """The job under torchrun, started; where it writes its digests."""
+    out = tmp_path / name
+    out.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", f"--max-restarts={restarts}", "--monitor-interval=0.1",
+           str(JOB), "--out", str(out), *args]
+    proc = subprocess.Popen(cmd, env=torchrun_env(tmp_path, TRAINWATCH_RUN_DIR=str(run)),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, out
+
+
+def _digests(started: tuple[subprocess.Popen, Path]) -> dict[tuple[int, str], dict]:
+    """Wait for the job; its digests by (step, what)."""
+    proc, out = started
+    try:
+        output, _ = proc.communicate(timeout=180)
+    finally:
+        kill_tree(proc)
+    assert proc.returncode == 0, output[-6000:]
+    lines = [json.loads(line) for line in (out / "digests.jsonl").read_text().splitlines()]
+    return {(d["step"], d["what"]): d for d in lines}
+
+
+def _verify(path: Path):
+    return CliRunner().invoke(checkpoint, ["verify", str(path)])
+
+
+def test_an_fsdp2_job_resumes_exactly_falls_back_past_a_bad_shard_and_reshards(tmp_path):
+    run = RunDir(tmp_path / "run")
+    # side by side: each job mostly waits (rendezvous, the restart), and it halves the wall time
+    started = [_start(tmp_path, "clean", tmp_path / "clean-run"),
+               _start(tmp_path, "killed", run.root, "--kill-at", "5", restarts=1)]
+    try:
+        clean, killed = (_digests(s) for s in started)
+    finally:
+        for proc, _ in started:
+            kill_tree(proc)
+    # rank 1 died before step 6; torchrun restarted both ranks from the save of step 4
+    assert [e["step"] for e in run.events("checkpoint_resumed")] == [4]
+    assert {e["mode"] for e in run.events("checkpoint_saved")} == {"async"}
+    assert killed[(4, "resumed")]["digest"] == clean[(4, "trained")]["digest"]
+    assert killed[(6, "trained")]["digest"] == clean[(6, "trained")]["digest"]
+    folder = run.checkpoint_dir
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "step-00000002", "step-00000004", "step-00000006"]
+    assert sorted(p.name for p in (folder / "step-00000006").iterdir()) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp", "manifest.json", "rank-00000.pt",
+        "rank-00001.pt"]
+    good = _verify(run.root)
+    assert good.exit_code == 0 and good.output.count("OK ") == 3, good.output
+
+    shard = folder / "step-00000006" / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    (folder / "step-00000002" / "__0_0.distcp").unlink()
+    bad = _verify(run.root)
+    assert bad.exit_code == 1, bad.output
+    assert "__1_0.distcp: xxh3_128 mismatch" in bad.output
+    assert "__0_0.distcp: missing" in bad.output
+
+    # the same checkpoints at world size 1: step 6 is passed over, step 4 resharded 2 -> 1
+    one = _digests(_start(tmp_path, "one", run.root, "--steps", "8", nproc=1))
+    (fallback,) = run.events("checkpoint_fallback")
+    assert fallback["path"].endswith("step-00000006") and "__1_0.distcp" in fallback["reason"]
+    (resharded,) = run.events("checkpoint_resharded")
+    assert (resharded["step"], resharded["from_world_size"], resharded["to_world_size"]) == (
+        4, 2, 1)
+    assert one[(4, "resumed")]["digest"] == clean[(4, "trained")]["digest"]
+    assert one[(4, "resumed")]["world"] == 1 and one[(8, "trained")]["loss"] < 3.0
+    # it went on from the global sample count: 8 steps of 8 samples, not 4 + 4 of one rank's
+    (step8,) = [e for e in run.events("checkpoint_saved") if e["step"] == 8]
+    manifest = json.loads((Path(step8["path"]) / "manifest.json").read_text())
+    assert manifest["world_size"] == 1 and manifest["data_position"] == [{"samples": 64}]
+    assert _verify(folder / "step-00000008").exit_code == 0

@@ -1,0 +1,125 @@
+"""Sharded (FSDP2, DTensor) training state in and out of torch.distributed.checkpoint.
+
+A model sharded with ``fully_shard`` holds DTensors: each rank has its shard only, so no
+rank can write the whole state and none should gather it. Such state goes through DCP
+(``torch.distributed.checkpoint.state_dict``): models and optimizers as their DCP state
+dicts (keyed by parameter name, so another world size or mesh can load them), everything
+else given by keyword as its ``state_dict()`` or itself; DCP writes each rank's shards and
+pickles plain values (sharded_save.py writes the checkpoint). On resume the same objects
+give DCP the tensors to load into, and ``set_state_dict`` puts them back: DCP reshards when
+the world size or mesh changed. docs/checkpoints.md, "Sharded models".
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainwatch.errors import ConfigError
+from trainwatch.rank.checkpoint.whole_state import leaves, is_dtensor
+
+RESHARD_FIX = ("resume with the model and optimizer built as when the checkpoint was written "
+               "(same parameter names and shapes; the world size and mesh may differ), or "
+               "start a new run directory")
+
+
+def _model_of(optimizer: torch.optim.Optimizer, models: dict[str, torch.nn.Module],
+              name: str) -> torch.nn.Module:
+    """The model whose parameters the optimizer steps (DCP keys its state by their names)."""
+    params = {id(p) for g in optimizer.param_groups for p in g.get("params", [])}
+    for model in models.values():
+        if any(id(p) in params for p in model.parameters()):
+            return model
+    raise ConfigError(f"cannot checkpoint {name}: a sharded optimizer needs its model passed "
+                      "too (Checkpoints keys its state by the model's parameter names): pass "
+                      "model=... beside it", key=name)
+
+
+def state_dicts(state: dict[str, Any]) -> dict[str, Any]:
+    """DCP state dicts of the objects given by keyword (``data`` left out: it is per rank)."""
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    models = {k: v for k, v in state.items() if isinstance(v, torch.nn.Module)}
+    out: dict[str, Any] = {}
+    for name, value in state.items():
+        if name == "data":
+            continue
+        if isinstance(value, torch.nn.Module):
+            out[name] = get_model_state_dict(value)
+        elif isinstance(value, torch.optim.Optimizer):
+            out[name] = get_optimizer_state_dict(_model_of(value, models, name), value)
+        elif hasattr(value, "state_dict"):
+            out[name] = value.state_dict()
+        elif isinstance(value, (dict, list)):
+            out[name] = copy.copy(value)  # DCP loads into it: not into the caller's own
+        else:
+            out[name] = value
+    return out
+
+
+def load(path: Path, state: dict[str, Any], group: Any = None) -> dict[str, Any]:
+    """Load checkpoint ``path`` (DCP layout) into the objects of ``state`` in place (DCP
+    reshards); returns {name: loaded value} of each (``data`` left out). A checkpoint that
+    does not fit the objects is bad input (ConfigError naming it and the way out)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (set_model_state_dict,
+                                                         set_optimizer_state_dict)
+
+    wanted = {k: v for k, v in state.items() if k != "data"}
+    template = state_dicts(wanted)
+    try:
+        dcp.load(template, checkpoint_id=str(path), process_group=group)
+    except Exception as exc:  # a key or shape the checkpoint lacks: DCP raises it on all ranks
+        raise ConfigError(f"cannot load the sharded checkpoint into this job's "
+                          f"{', '.join(wanted)}: {_first_line(exc)}; {RESHARD_FIX}",
+                          file=str(path)) from None
+    models = {k: v for k, v in wanted.items() if isinstance(v, torch.nn.Module)}
+    for name, value in wanted.items():
+        if isinstance(value, torch.nn.Module):
+            set_model_state_dict(value, template[name])
+        elif isinstance(value, torch.optim.Optimizer):
+            set_optimizer_state_dict(_model_of(value, models, name), value, template[name])
+    return template
+
+
+def layout(trees: dict[str, Any]) -> dict[str, Any]:
+    """What the manifest records of sharded state: the device mesh and every DTensor's
+    placements, by dotted key (``model.0.weight: ["Shard(0)"]``)."""
+    placements: dict[str, list[str]] = {}
+    mesh: dict[str, Any] | None = None
+    for key, value in leaves(trees, ""):
+        if isinstance(value, torch.Tensor) and is_dtensor(value):
+            placements[key] = [_placement(p) for p in value.placements]
+            if mesh is None:
+                device_mesh = value.device_mesh
+                names = device_mesh.mesh_dim_names
+                mesh = {"shape": list(device_mesh.shape), "device_type": device_mesh.device_type,
+                        "dim_names": list(names) if names else None}
+    return {"mesh": mesh, "placements": placements}
+
+
+def local(tree: Any) -> Any:
+    """``tree`` with each DTensor as this rank's local shard (checks that must not start a
+    collective, e.g. the NaN/Inf guard, look at these)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.to_local() if is_dtensor(tree) else tree
+    if isinstance(tree, dict):
+        return {k: local(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
+        return [local(v) for v in tree]
+    return tree
+
+
+def _placement(p: Any) -> str:
+    if p.is_shard():
+        return f"Shard({p.dim})"
+    return "Replicate()" if p.is_replicate() else "Partial()" if p.is_partial() else repr(p)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
