@@ -17,5 +17,7 @@ def test_a_run_stopped_with_ctrl_c_is_stopped_not_dead(tmp_path):
     assert code == 0, text
     assert not [f["title"] for f in report["findings"] if f["severity"] != "info"], text
     top = report["findings"][0]
-    assert "stopped" in top["title"] and "interrupted" in top["title"], top
+    assert "stopped" in top["title"] and "interrupted" in top["title"], (
+        top, {r: v.get("process") for r, v in report["evidence"]["ranks"].items()},
+        [(e.get("event"), e.get("time"), e.get("pid")) for e in run.events()][-8:])
     assert not [f for f in report["findings"] if f["category"] == "rank_dead"], text
