@@ -194,3 +194,13 @@ def all_commands():
             for name in cmd.list_commands(ctx):
                 yield from walk(cmd.get_command(ctx, name), [*path, name])
     return list(walk(cli, ["trainwatch"]))
+
+
+@pytest.fixture
+def group():
+    """A one-rank gloo process group in this process (DDP, FSDP2 and DCP need one)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

@@ -13,7 +13,6 @@ import shutil
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -27,13 +26,6 @@ from trainwatch.errors import ConfigError, FormatError
 from trainwatch.rank.checkpoint import resume as resume_mod
 from trainwatch.rank.checkpoint.dcp_verify import verify_checkpoint
 from trainwatch.rundir.run_dir import RunDir
-
-
-@pytest.fixture
-def group():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _fsdp2(seed=0):

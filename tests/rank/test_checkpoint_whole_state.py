@@ -13,7 +13,6 @@ import threading
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 from torch.nn.parallel import DistributedDataParallel
@@ -28,13 +27,6 @@ from trainwatch.rank.checkpoint.config import CheckpointConfig
 from trainwatch.rundir.run_dir import RunDir
 
 DTENSOR = "DTensor (sharded over mesh ('dp',) with Shard(0))"
-
-
-@pytest.fixture
-def group():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _model():

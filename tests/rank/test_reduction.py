@@ -22,14 +22,6 @@ from trainwatch.rank.telemetry import Telemetry
 EPS32 = torch.finfo(torch.float32).eps
 
 
-@pytest.fixture
-def group():
-    """A one-rank gloo process group in this process (DDP needs one)."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def _model(seed=0):
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
