@@ -12,7 +12,7 @@ from trainwatch.alerts.cli import load_ruleset, rules_option, thresholds_option
 from trainwatch.config.clitypes import NPROC_PER_NODE, run_dir_option
 from trainwatch.contract.env import RECEIVER_TOKEN_ENV
 from trainwatch.contract.ports import LOOPBACK, RECEIVER_LISTEN
-from trainwatch.control.job_nodes import node_options
+from trainwatch.control.job_nodes import node_options, rendezvous_options
 from trainwatch.errors import ConfigError
 
 
@@ -63,11 +63,7 @@ def _job(run, job_command, nproc_per_node, config, steps, rendezvous=()):
               help="Scheduler adapter run for stragglers, e.g. 'scontrol requeue {slurm_job_id}'.")
 @click.option("--dry-run", is_flag=True, help="Journal what would be done; do nothing.")
 @node_options
-@click.option("--rdzv-endpoint", metavar="HOST:PORT",
-              help="A multi-node job's rendezvous (with --nproc-per-node): node 0's address "
-                   "and a free port, the same on every node.")
-@click.option("--local-addr", metavar="ADDR",
-              help="The address other nodes reach this one at (with --nproc-per-node).")
+@rendezvous_options
 def receive(rules_file, thresholds_file, run, listen, token_file, nproc_per_node, config,
             steps, job_command, straggler_command, dry_run, nnodes, node_rank, node_name,
             rdzv_endpoint, local_addr) -> None:

@@ -55,6 +55,18 @@ def node_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def rendezvous_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--rdzv-endpoint`` and ``--local-addr``: the reference trainer's rendezvous in a
+    multi-node job (the same values on ``trainwatch run`` and ``alerts receive``)."""
+    fn = click.option("--local-addr", metavar="ADDR",
+                      help="The address other nodes reach this one at (the reference "
+                           "trainer).")(fn)
+    fn = click.option("--rdzv-endpoint", metavar="HOST:PORT",
+                      help="A multi-node job's rendezvous (the reference trainer): node 0's "
+                           "address and a free port, the same on every node.")(fn)
+    return fn
+
+
 def job_nodes(nnodes: int, node_rank: int | None, name: str | None) -> JobNodes | None:
     """The node's place from the options (None for a one-node job); ConfigError (exit 2)
     naming the option at fault. A given name becomes $TRAINWATCH_NODE, so the agent, the

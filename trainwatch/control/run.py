@@ -27,7 +27,8 @@ from trainwatch.control.actions import Policy
 from trainwatch.control.command import TELEMETRY_GRACE_SECONDS
 from trainwatch.control.controller import train_command
 from trainwatch.control.embedded_agent import free_port
-from trainwatch.control.job_nodes import job_nodes, node_options, rendezvous_args
+from trainwatch.control.job_nodes import (job_nodes, node_options, rendezvous_args,
+                                          rendezvous_options)
 from trainwatch.control.outcome import ALREADY_COMPLETE, Ending
 from trainwatch.control.run_checks import check_command, check_launch, refuse_rehearsal_dir
 from trainwatch.control.run_summary import (ALREADY_COMPLETE_LINE, render as render_summary,
@@ -102,11 +103,7 @@ class _RunCommand(click.Command):
               help="The agent's port on loopback, for a Prometheus or a dashboard pointed at "
                    "it (default: a free port, printed at the start).")
 @node_options
-@click.option("--rdzv-endpoint", metavar="HOST:PORT",
-              help="A multi-node job's rendezvous (the reference trainer): node 0's address "
-                   "and a free port, the same on every node.")
-@click.option("--local-addr", metavar="ADDR",
-              help="The address other nodes reach this one at (the reference trainer).")
+@rendezvous_options
 @click.argument("positional", nargs=-1, metavar="[RUN_DIR]", type=RUN_DIR_PATH)
 def run(nproc_per_node, run, steps, config, overrides, max_restarts, thresholds_file,
         rules_file, agent_config, webhook, alertmanager, dry_run, no_live, telemetry_grace,
