@@ -11,7 +11,7 @@ from trainwatch.checkpoint_format.manifest import LAYOUT_DCP, weights_config_dig
 
 
 # Config sections that do not decide the weights (Config.training_digest leaves them out).
-NOT_TRAINING = ("checkpoint", "telemetry")
+NOT_TRAINING = ("checkpoint", "telemetry", "parallel")
 
 
 def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -37,10 +37,21 @@ def config_changes(before: Any, after: dict[str, Any]) -> str:
 
 
 def check_compatible(manifest: dict[str, Any], path: Path, *, config_hash: str | None,
-                     world_size: int, changes: str = "") -> None:
+                     world_size: int, changes: str = "", sharded: bool | None = None) -> None:
     """Refuse a checkpoint this run cannot continue exactly (ConfigError, exit code 2);
     ``changes`` (``config_changes``) says what differs from the run's recorded config.
-    A sharded (DCP) checkpoint resumes at any world size: DCP reshards it on load."""
+    A sharded (DCP) checkpoint resumes at any world size: DCP reshards it on load.
+    ``sharded``: whether this run's model is sharded (the reference trainer's
+    ``parallel.mode: fsdp``), when the run knows; a checkpoint of the other kind is refused
+    (None: either kind, as for a user's loop, which finds out when it loads)."""
+    is_dcp = manifest.get("layout") == LAYOUT_DCP
+    if sharded is not None and sharded != is_dcp:
+        then, now = ("fsdp", "ddp") if is_dcp else ("ddp", "fsdp")
+        raise ConfigError(
+            f"written by a {'sharded' if is_dcp else 'data-parallel'} run (parallel.mode: "
+            f"{then}; {'DCP shards' if is_dcp else 'a whole model.pt'}), this run is "
+            f"parallel.mode: {now}; refusing to resume: set parallel.mode: {then} "
+            f"(--set parallel.mode={then}), or start a new run directory", file=str(path))
     if manifest.get("layout") != LAYOUT_DCP and manifest.get("world_size") != world_size:
         raise ConfigError(
             f"written by a run with world size {manifest.get('world_size')}, this run has "

@@ -142,7 +142,8 @@ def _resume_step(run: RunDir, cfg: Config, world_size: int) -> int | None:
                 recorded = (run.run_info() or {}).get("config")
                 check_compatible(entry.manifest, entry.path, config_hash=cfg.training_digest(),
                                  world_size=world_size,
-                                 changes=config_changes(recorded, cfg.to_dict()))
+                                 changes=config_changes(recorded, cfg.to_dict()),
+                                 sharded=cfg.parallel.mode == "fsdp")
                 return step
             refused.append((entry.path, checked.reason))
         else:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainwatch.checkpoint_format.compat import NOT_TRAINING
 from trainwatch.config.yamlfile import load_yaml_mapping, parse_override
 from trainwatch.errors import ConfigError
 from trainwatch.rank.checkpoint.config import CheckpointConfig
@@ -79,12 +80,26 @@ class TrainConfig:
     device: str = "auto"
 
 
+PARALLEL_MODES = ("ddp", "fsdp")
+
+
+@dataclass
+class ParallelConfig:
+    """How the ranks share the model (docs/trainer.md, "Sharded training"): ``ddp`` (each
+    rank a whole replica, gradients all-reduced) or ``fsdp`` (FSDP2 ``fully_shard`` over a
+    1-D device mesh: each rank holds 1/world of the weights, gradients and optimizer state;
+    checkpoints are DCP, written by every rank and resumable at another world size)."""
+
+    mode: str = "ddp"
+
+
 @dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
@@ -98,11 +113,12 @@ class Config:
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     def training_digest(self) -> str:
-        """A hash of what decides the weights (not ``checkpoint``/``telemetry``;
-        ``weights_config_digest`` in run.json, manifests and reports): a checkpoint is resumed
-        only by a run with the same one."""
+        """A hash of what decides the weights (not ``checkpoint``/``telemetry``, nor
+        ``parallel``: how the ranks share the model, which the checkpoint's own layout
+        records and resume checks; ``weights_config_digest`` in run.json, manifests and
+        reports): a checkpoint is resumed only by a run with the same one."""
         text = json.dumps({k: v for k, v in self.to_dict().items()
-                           if k not in ("checkpoint", "telemetry")}, sort_keys=True)
+                           if k not in NOT_TRAINING}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -232,6 +248,8 @@ def validate(config: Config, *, source: str) -> None:
          f"must be >= 0 (0 disables), got {t.milestone_interval}")
     need(t.device in ("auto", "cpu", "cuda"), "train.device",
          f"must be auto, cpu or cuda, got {t.device!r}")
+    need(config.parallel.mode in PARALLEL_MODES, "parallel.mode",
+         f"must be {' or '.join(PARALLEL_MODES)}, got {config.parallel.mode!r}")
     need(tel.heartbeat_interval > 0, "telemetry.heartbeat_interval",
          f"must be positive, got {tel.heartbeat_interval}")
     need(tel.exchange_every >= 0, "telemetry.exchange_every",

@@ -202,7 +202,8 @@ def refuse_incompatible_checkpoint(spec: LaunchSpec, cfg: Config) -> None:
         recorded = (RunDir(spec.run_dir).run_info() or {}).get("config")
         check_compatible(manifest, path, config_hash=cfg.training_digest(),
                          world_size=spec.nnodes * spec.nproc_per_node,
-                         changes=config_changes(recorded, cfg.to_dict()))
+                         changes=config_changes(recorded, cfg.to_dict()),
+                         sharded=cfg.parallel.mode == "fsdp")
 
 
 def launch(spec: LaunchSpec) -> int:

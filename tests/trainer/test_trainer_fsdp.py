@@ -1,0 +1,106 @@
+"""The reference trainer's ``parallel.mode: fsdp``: the model sharded by FSDP2, its
+checkpoints DCP ones that resume exactly, and a checkpoint of the other mode refused.
+
+In one process (a world-size-1 gloo group): every parameter a DTensor, AdamW over the
+shards, a save through the trainer's own ``checkpoint_state`` that is ``layout: dcp``,
+a resume into freshly built state equal to the saved state and training on identically,
+and a ddp-mode run that refuses the checkpoint (exit 2) before loading it.
+The two-rank run with a SIGKILLed rank is tests/trainer/test_trainer_fsdp_e2e.py."""
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+from torch.distributed.tensor import DTensor
+
+from trainwatch.checkpoint_format.manifest import read_manifest
+from trainwatch.errors import ConfigError
+from trainwatch.rank.checkpoint import Checkpointer
+from trainwatch.rundir.run_dir import RunDir
+from trainwatch.trainer.config import load_config
+from trainwatch.trainer.data import load_dataset, prepare_generated
+from trainwatch.trainer.train import (Ranks, build_training_state, checkpoint_state,
+                                      restore_checkpoint)
+
+
+@pytest.fixture
+def group():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # bit-exact comparisons, and no spinning on a busy box
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+    torch.set_num_threads(threads)
+
+
+def _steps(state, n):
+    losses = []
+    for _ in range(n):
+        x, y = next(state.loader)
+        _, loss = state.model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(state.model.parameters(), 1.0)
+        state.optimizer.step()
+        state.scheduler.step()
+        state.optimizer.zero_grad(set_to_none=True)
+        state.step += 1
+        losses.append(loss.item())
+    return losses
+
+
+def _full(state):
+    model, optim = get_state_dict(state.model, state.optimizer,
+                                  options=StateDictOptions(full_state_dict=True))
+    return model, optim
+
+
+def test_fsdp_mode_shards_saves_dcp_resumes_exactly_and_ddp_mode_refuses_it(group, tmp_path):
+    prepare_generated(tmp_path / "d", size_bytes=15_000, seed=3, val_fraction=0.1)
+    data = load_dataset(tmp_path / "d")
+    cfg = load_config(None, ["parallel.mode=fsdp", "model.layers=1", "model.width=32",
+                             "model.context=16", "train.batch_size=2", "checkpoint.mode=sync",
+                             "checkpoint.fsync=false"])
+    ranks = Ranks(0, 0, 1, torch.device("cpu"), True, 0)
+    state = build_training_state(cfg, data, ranks)
+    assert all(isinstance(p, DTensor) for p in state.model.parameters())
+    _steps(state, 2)
+
+    run = RunDir(tmp_path / "run").create()
+    ckpt = Checkpointer(cfg.checkpoint, run.root, config_hash=cfg.training_digest(),
+                        sharded=True).start()
+    ckpt.after_step(state.step, lambda: checkpoint_state(state), final=True)
+    ckpt.close()
+    assert ckpt.facts["ok"], ckpt.facts["last_error"]
+    manifest = read_manifest(run.checkpoint_dir / "step-00000002")
+    assert manifest["layout"] == "dcp" and manifest["world_size"] == 1
+    assert sorted(manifest["shared"]) == ["model", "optimizer", "scheduler"]
+
+    fresh = build_training_state(cfg, data, ranks)
+    loader = Checkpointer(cfg.checkpoint, run.root, config_hash=cfg.training_digest(),
+                          sharded=True)
+    restored = loader.resume()
+    assert restored is not None and restored.step == 2
+    restore_checkpoint(fresh, restored, loader.group)
+    restored.restore_rng()
+    saved_model, saved_optim = _full(state)
+    model, optim = _full(fresh)
+    assert model.keys() == saved_model.keys()
+    assert all(torch.equal(model[k], saved_model[k]) for k in model)
+    assert fresh.scheduler.state_dict() == state.scheduler.state_dict()
+    assert fresh.loader.state_dict() == state.loader.state_dict()
+    for fqn, values in saved_optim["state"].items():
+        assert all(torch.equal(optim["state"][fqn][k], v) for k, v in values.items())
+    assert _steps(fresh, 2) == _steps(state, 2)  # and it trains on the same
+
+    with pytest.raises(ConfigError, match=r"written by a sharded run \(parallel.mode: fsdp; "
+                                          r"DCP shards\), this run is parallel.mode: ddp"):
+        Checkpointer(cfg.checkpoint, run.root, config_hash=cfg.training_digest(),
+                     sharded=False).resume()
+
+
+def test_fsdp_mode_without_a_process_group_is_bad_input(tmp_path):
+    prepare_generated(tmp_path / "d", size_bytes=15_000, seed=3, val_fraction=0.1)
+    cfg = load_config(None, ["parallel.mode=fsdp", "model.layers=1", "model.width=32"])
+    with pytest.raises(ConfigError, match="needs a process group: run it under torchrun"):
+        build_training_state(cfg, load_dataset(tmp_path / "d"),
+                             Ranks(0, 0, 1, torch.device("cpu"), False, 0))
