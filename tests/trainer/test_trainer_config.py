@@ -39,11 +39,18 @@ def test_file_then_overrides_win(tmp_path):
     ("telemetry: {reduction_every: -1}\n", [], "telemetry.reduction_every", "must be >= 0",
      "file"),
     ("", ["telemetry.reduction_every=often"], "telemetry.reduction_every", "must be int", "--set"),
-    ("parallel: {mode: zero3}\n", [], "parallel.mode", "must be ddp or fsdp, got 'zero3'",
-     "file"),
-    ("parallel: {mode: FSDP}\n", [], "parallel.mode", "must be ddp or fsdp", "file"),
+    ("parallel: {mode: zero3}\n", [], "parallel.mode",
+     "must be ddp, fsdp or hsdp, got 'zero3'", "file"),
+    ("parallel: {mode: FSDP}\n", [], "parallel.mode", "must be ddp, fsdp or hsdp", "file"),
     ("", ["parallel.mode=2"], "parallel.mode", "must be str, got int", "--set"),
-    ("", ["parallel.shards=2"], "parallel.shards", "unknown key (known here: mode)", "--set"),
+    ("", ["parallel.shards=2"], "parallel.shards", "unknown key (known here: mode, shard_size)",
+     "--set"),
+    ("parallel: {mode: hsdp}\n", [], "parallel.shard_size", "parallel.mode: hsdp needs it",
+     "file"),
+    ("parallel: {mode: fsdp, shard_size: 2}\n", [], "parallel.shard_size",
+     "only for parallel.mode: hsdp (this is fsdp)", "file"),
+    ("parallel: {mode: hsdp, shard_size: 0}\n", [], "parallel.shard_size", "at least 1",
+     "file"),
 ])
 def test_bad_config_names_file_and_key(tmp_path, text, overrides, key, words, source):
     path = write(tmp_path, text)

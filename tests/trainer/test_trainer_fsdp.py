@@ -16,8 +16,10 @@ from torch.distributed.tensor import DTensor
 from trainwatch.checkpoint_format.manifest import read_manifest
 from trainwatch.errors import ConfigError
 from trainwatch.rank.checkpoint import Checkpointer
+from trainwatch.rank.replicas import tensors_of
 from trainwatch.rundir.run_dir import RunDir
-from trainwatch.trainer.config import load_config
+from trainwatch.trainer import parallel
+from trainwatch.trainer.config import ParallelConfig, check_world_size, load_config
 from trainwatch.trainer.data import load_dataset, prepare_generated
 from trainwatch.trainer.train import (Ranks, build_training_state, checkpoint_state,
                                       restore_checkpoint)
@@ -54,15 +56,19 @@ def _full(state):
     return model, optim
 
 
-def test_fsdp_mode_shards_saves_dcp_resumes_exactly_and_ddp_mode_refuses_it(group, tmp_path):
+@pytest.mark.parametrize("mode", [["parallel.mode=fsdp"],
+                                  ["parallel.mode=hsdp", "parallel.shard_size=1"]])
+def test_sharded_modes_save_dcp_resume_exactly_and_ddp_mode_refuses_it(group, tmp_path, mode):
     prepare_generated(tmp_path / "d", size_bytes=15_000, seed=3, val_fraction=0.1)
     data = load_dataset(tmp_path / "d")
-    cfg = load_config(None, ["parallel.mode=fsdp", "model.layers=1", "model.width=32",
+    cfg = load_config(None, [*mode, "model.layers=1", "model.width=32",
                              "model.context=16", "train.batch_size=2", "checkpoint.mode=sync",
                              "checkpoint.fsync=false"])
     ranks = Ranks(0, 0, 1, torch.device("cpu"), True, 0)
     state = build_training_state(cfg, data, ranks)
     assert all(isinstance(p, DTensor) for p in state.model.parameters())
+    # the replica digest reads this rank's shards, never the DTensors (no collectives)
+    assert not any(isinstance(t, DTensor) for t in tensors_of(state.model, state.optimizer))
     _steps(state, 2)
 
     run = RunDir(tmp_path / "run").create()
@@ -73,6 +79,7 @@ def test_fsdp_mode_shards_saves_dcp_resumes_exactly_and_ddp_mode_refuses_it(grou
     assert ckpt.facts["ok"], ckpt.facts["last_error"]
     manifest = read_manifest(run.checkpoint_dir / "step-00000002")
     assert manifest["layout"] == "dcp" and manifest["world_size"] == 1
+    assert manifest["dcp"]["mesh"]["shape"] == ([1] if "fsdp" in mode[0] else [1, 1])
     assert sorted(manifest["shared"]) == ["model", "optimizer", "scheduler"]
 
     fresh = build_training_state(cfg, data, ranks)
@@ -92,8 +99,8 @@ def test_fsdp_mode_shards_saves_dcp_resumes_exactly_and_ddp_mode_refuses_it(grou
         assert all(torch.equal(optim["state"][fqn][k], v) for k, v in values.items())
     assert _steps(fresh, 2) == _steps(state, 2)  # and it trains on the same
 
-    with pytest.raises(ConfigError, match=r"written by a sharded run \(parallel.mode: fsdp; "
-                                          r"DCP shards\), this run is parallel.mode: ddp"):
+    with pytest.raises(ConfigError, match=r"written by a sharded run .*, this run is "
+                                          r"data-parallel .*set parallel.mode: fsdp"):
         Checkpointer(cfg.checkpoint, run.root, config_hash=cfg.training_digest(),
                      sharded=False).resume()
 
@@ -104,3 +111,23 @@ def test_fsdp_mode_without_a_process_group_is_bad_input(tmp_path):
     with pytest.raises(ConfigError, match="needs a process group: run it under torchrun"):
         build_training_state(cfg, load_dataset(tmp_path / "d"),
                              Ranks(0, 0, 1, torch.device("cpu"), False, 0))
+
+
+def test_each_mode_compares_the_replicas_it_has_and_says_what_it_turned_off():
+    ddp, fsdp = ParallelConfig(), ParallelConfig(mode="fsdp")
+    hsdp = ParallelConfig(mode="hsdp", shard_size=4)
+    # replica groups: every rank (DDP); none (FSDP: one copy of each shard); HSDP: the
+    # ranks holding the same shard, r % shard_size, on a (replicas, shard_size) mesh
+    assert [parallel.replica_group(ddp, r) for r in range(3)] == [0, 0, 0]
+    assert parallel.replica_group(fsdp, 5) is None
+    assert [parallel.replica_group(hsdp, r) for r in range(8)] == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert parallel.sdc_note(ddp, 50, 50) is None
+    assert "replica digests and the reduction checksum are off" in parallel.sdc_note(fsdp, 50, 0)
+    assert parallel.sdc_note(fsdp, 0, 0) is None  # nothing asked for, nothing to say
+    note = parallel.sdc_note(hsdp, 50, 50)
+    assert "reduction checksum is off" in note and "r % 4" in note and "\n" not in note
+    assert parallel.sdc_note(hsdp, 50, 0) is None
+    check_world_size(hsdp, 8)
+    with pytest.raises(ConfigError, match="4 does not divide the world size 6") as info:
+        check_world_size(hsdp, 6)
+    assert info.value.key == "parallel.shard_size"

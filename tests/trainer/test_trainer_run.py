@@ -152,6 +152,9 @@ def test_bad_config_exits_2_before_starting_torchrun(tmp_path):
         (["--config", str(bad)], [str(bad), "key 'optim.lr'", "must be float"]),
         (["--set", "model.widht=3"], ["--set", "key 'model.widht'", "unknown key"]),
         (["--set", f"data.path={tmp_path / 'nowhere'}"], ["nowhere", "manifest.json missing"]),
+        (["--set", "parallel.mode=zero3"], ["key 'parallel.mode'", "must be ddp, fsdp or hsdp"]),
+        (["--set", "parallel.mode=hsdp", "--set", "parallel.shard_size=3"],
+         ["key 'parallel.shard_size'", "3 does not divide the world size 2"]),
     ):
         proc = subprocess.run([*TRAIN, "--nproc-per-node", "2", "--run-dir", str(run_dir), *args],
                               capture_output=True, text=True, timeout=60)
@@ -227,7 +230,7 @@ def test_launcher_multinode_command_hosts_on_node_zero_and_names_the_node(tmp_pa
     ("another config", "1", "refusing to resume a different experiment", []),
     ("this config", "2", "written by a run with world size 1, this run has 2", []),
     ("this config", "1", "written by a data-parallel run (parallel.mode: ddp; a whole "
-     "model.pt), this run is parallel.mode: fsdp", ["--set", "parallel.mode=fsdp"]),
+     "model.pt), this run is sharded", ["--set", "parallel.mode=fsdp"]),
 ])
 def test_an_incompatible_checkpoint_is_refused_before_anything_starts(
         tmp_path, hash_of, nproc, says, options):

@@ -46,12 +46,16 @@ def check_compatible(manifest: dict[str, Any], path: Path, *, config_hash: str |
     (None: either kind, as for a user's loop, which finds out when it loads)."""
     is_dcp = manifest.get("layout") == LAYOUT_DCP
     if sharded is not None and sharded != is_dcp:
-        then, now = ("fsdp", "ddp") if is_dcp else ("ddp", "fsdp")
-        raise ConfigError(
-            f"written by a {'sharded' if is_dcp else 'data-parallel'} run (parallel.mode: "
-            f"{then}; {'DCP shards' if is_dcp else 'a whole model.pt'}), this run is "
-            f"parallel.mode: {now}; refusing to resume: set parallel.mode: {then} "
-            f"(--set parallel.mode={then}), or start a new run directory", file=str(path))
+        if is_dcp:
+            what = ("written by a sharded run (DCP shards: parallel.mode fsdp or hsdp), this "
+                    "run is data-parallel (parallel.mode: ddp)")
+            fix = "set parallel.mode: fsdp (or hsdp; --set parallel.mode=fsdp)"
+        else:
+            what = ("written by a data-parallel run (parallel.mode: ddp; a whole model.pt), "
+                    "this run is sharded (parallel.mode: fsdp or hsdp)")
+            fix = "set parallel.mode: ddp (--set parallel.mode=ddp)"
+        raise ConfigError(f"{what}; refusing to resume: {fix}, or start a new run directory",
+                          file=str(path))
     if manifest.get("layout") != LAYOUT_DCP and manifest.get("world_size") != world_size:
         raise ConfigError(
             f"written by a run with world size {manifest.get('world_size')}, this run has "

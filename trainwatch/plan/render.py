@@ -62,4 +62,4 @@ def _mode(plan: dict[str, Any]) -> str:
         return ""
     mode = plan.get("trainer_mode")
     return (f" (trainer parallel.mode: {mode})" if mode
-            else " (not a layout the reference trainer runs: its modes are ddp and fsdp)")
+            else " (not a layout the reference trainer runs: its modes are ddp, fsdp, hsdp)")

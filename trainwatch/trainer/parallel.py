@@ -5,7 +5,10 @@ is rank 0's whole state. ``fsdp``: FSDP2 ``fully_shard`` over a 1-D device mesh 
 rank (each block a unit of its own, then the root with the embeddings, final norm and tied
 head), so each rank holds 1/world of the weights, gradients and AdamW state; a checkpoint
 is every rank's shards through DCP (the Checkpointer's sharded path), resumable at another
-world size. What differs between the modes is here, so the loop reads the same for both.
+world size. ``hsdp``: the same over a 2-D mesh (replicas x ``shard_size``): each group of
+``shard_size`` consecutive ranks holds one sharded copy, and rank r's shard is replicated
+on every rank with the same ``r % shard_size``. What differs between the modes is here,
+so the loop reads the same for all three.
 """
 
 from __future__ import annotations
@@ -16,22 +19,29 @@ from typing import Any, Iterator
 import torch
 
 from trainwatch.rank.checkpoint import sharded
+from trainwatch.trainer.config import ParallelConfig, check_world_size
 
-SHARDED_MODES = ("fsdp",)
+SHARDED_MODES = ("fsdp", "hsdp")
 
 
 def is_sharded(mode: str) -> bool:
     return mode in SHARDED_MODES
 
 
-def shard(model: torch.nn.Module, device: torch.device, world_size: int) -> Any:
-    """``fully_shard`` the GPT in place over a 1-D mesh of every rank (a collective-free
-    setup; call before building the optimizer: FSDP2 swaps the parameters for DTensors).
-    Returns the mesh."""
+def shard(model: torch.nn.Module, device: torch.device, world_size: int,
+          cfg: ParallelConfig) -> Any:
+    """``fully_shard`` the GPT in place over the mode's mesh (call before building the
+    optimizer: FSDP2 swaps the parameters for DTensors). Returns the mesh."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("shard",))
+    check_world_size(cfg, world_size)
+    if cfg.mode == "hsdp":
+        assert cfg.shard_size is not None, "validated: hsdp has a shard_size"
+        mesh = init_device_mesh(device.type, (world_size // cfg.shard_size, cfg.shard_size),
+                                mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("shard",))
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)  # the rest: embeddings, final norm, the tied head
@@ -96,11 +106,26 @@ def load_sharded(path: Any, model: torch.nn.Module, optimizer: torch.optim.Optim
     scheduler.load_state_dict(loaded["scheduler"])
 
 
-def sdc_note(mode: str, replica_every: int, reduction_every: int) -> str | None:
-    """What the silent-data-corruption checks do in this mode, when they differ from
-    what the config asks for (docs/sdc.md); None when they run as configured."""
-    if not is_sharded(mode) or not (replica_every > 0 or reduction_every > 0):
-        return None
-    return ("parallel.mode fsdp: replica digests and the reduction checksum are off (each "
-            "rank holds a different shard: there are no replicas to compare, and no DDP "
-            "all-reduce to carry a checksum; docs/sdc.md)")
+def replica_group(cfg: ParallelConfig, rank: int) -> int | None:
+    """The replica digests' group of this rank (docs/sdc.md): every rank under DDP, the
+    ranks holding the same shard under HSDP; None under FSDP, where no two ranks hold the
+    same thing."""
+    if cfg.mode == "hsdp":
+        assert cfg.shard_size is not None, "validated: hsdp has a shard_size"
+        return rank % cfg.shard_size
+    return None if cfg.mode == "fsdp" else 0
+
+
+def sdc_note(cfg: ParallelConfig, replica_every: int, reduction_every: int) -> str | None:
+    """What the silent-data-corruption checks do in this mode, when it is not what the
+    config asks for (docs/sdc.md); None when they run as configured."""
+    if cfg.mode == "fsdp" and (replica_every > 0 or reduction_every > 0):
+        return ("parallel.mode fsdp: replica digests and the reduction checksum are off (each "
+                "rank holds a different shard: there are no replicas to compare, and no DDP "
+                "all-reduce to carry a checksum; docs/sdc.md)")
+    if cfg.mode == "hsdp" and reduction_every > 0:
+        replicas = (f"; replica digests compare the replicas of each shard (ranks r with the "
+                    f"same r % {cfg.shard_size})" if replica_every > 0 else "")
+        return ("parallel.mode hsdp: the reduction checksum is off (it rides DDP's "
+                f"all-reduce){replicas}; docs/sdc.md")
+    return None

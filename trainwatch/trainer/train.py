@@ -150,8 +150,8 @@ def build_training_state(cfg: Config, data: Dataset, ranks: Ranks) -> TrainingSt
         if not ranks.distributed:
             raise ConfigError("needs a process group: run it under torchrun (trainwatch train "
                               "--nproc-per-node N), or set parallel.mode: ddp",
-                              file="parallel.mode", key="fsdp")
-        parallel.shard(model, ranks.device, ranks.world_size)
+                              file="parallel.mode", key=mode)
+        parallel.shard(model, ranks.device, ranks.world_size, cfg.parallel)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
@@ -335,17 +335,17 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpoi
 def check_sdc(cfg: Config, ranks: Ranks, tel: Telemetry, model: torch.nn.Module,
               ddp: torch.nn.Module) -> Any:
     """Turn on the silent-data-corruption checks (docs/sdc.md) the mode has; returns the
-    reduction check (or None). Sharded, there are no replicas: rank 0 says so, once."""
-    note = parallel.sdc_note(cfg.parallel.mode, cfg.telemetry.replica_every,
-                             cfg.telemetry.reduction_every)
-    if note is not None:
-        if ranks.is_main:
-            print(f"trainwatch: {note}", flush=True)
-        return None
-    if cfg.telemetry.replica_every > 0:  # replicas that diverge
-        tel.check_replicas(model, every=cfg.telemetry.replica_every)
-    if cfg.telemetry.reduction_every > 0 and ranks.distributed:  # a wrong all-reduce
-        return tel.check_reduction(ddp, every=cfg.telemetry.reduction_every)
+    reduction check (or None). Where the mode has not what the config asks for (no
+    replicas under fsdp, no DDP all-reduce under fsdp and hsdp), rank 0 says so, once."""
+    par, every = cfg.parallel, cfg.telemetry.replica_every
+    note = parallel.sdc_note(par, every, cfg.telemetry.reduction_every)
+    if note is not None and ranks.is_main:
+        print(f"trainwatch: {note}", flush=True)
+    group = parallel.replica_group(par, ranks.rank)
+    if every > 0 and group is not None:  # replicas that diverge (of each shard, under hsdp)
+        tel.check_replicas(model, every=every, replica_group=group)
+    if cfg.telemetry.reduction_every > 0 and ranks.distributed and par.mode == "ddp":
+        return tel.check_reduction(ddp, every=cfg.telemetry.reduction_every)  # a wrong all-reduce
     return None
 
 
