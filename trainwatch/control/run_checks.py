@@ -22,7 +22,7 @@ from trainwatch.contract.stall import default_options
 from trainwatch.control.command import resolve
 from trainwatch.errors import ConfigError
 from trainwatch.rundir.run_dir import RunDir
-from trainwatch.trainer.config import Config, load_config
+from trainwatch.trainer.config import Config, check_world_size, load_config
 
 
 @dataclass
@@ -56,6 +56,7 @@ def check_launch(run: RunDir, *, nproc_per_node: int, config: str | None,
         raise ConfigError(f"must be at least 1, got {nproc_per_node}", key="--nproc-per-node")
     check_run_dir(run)
     cfg = _trainer_config(config, overrides, steps)
+    check_world_size(cfg.parallel, nnodes * nproc_per_node)
     if os.environ.get(FAULT_ENV):  # drills only: parsing them imports torch
         from trainwatch.trainer.faults import parse_faults
         parse_faults(os.environ[FAULT_ENV])
