@@ -118,7 +118,7 @@ def dcp_state(directory: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         whole = Path(tmp) / "whole.pt"
         dcp_to_torch_save(str(directory), str(whole))
-        return torch.load(whole, map_location="cpu", weights_only=False)
+        return torch.load(whole, map_location="cpu", weights_only=True)
 
 
 def overfit(cfg: Any, state: Any, ddp: Any, ranks: Any, tel: Any, steps: int

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+
 from trainwatch.contract.env import FAULT_ENV, RUN_DIR_ENV
 from trainwatch.contract.states import FAILED, FINISHED, STOPPED
 from trainwatch.errors import ConfigError
@@ -142,15 +143,16 @@ def lr_factor(cfg: Config, step: int) -> float:
 
 def build_training_state(cfg: Config, data: Dataset, ranks: Ranks) -> TrainingState:
     """Model, AdamW (no weight decay on biases and norms), LR schedule and this rank's loader.
-    Under ``parallel.mode: fsdp`` the model is sharded first, so AdamW holds the shards."""
+    Under ``parallel.mode: fsdp``/``hsdp`` the model is sharded first, so AdamW holds the
+    shards."""
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model = GPT(cfg.model).to(ranks.device)
     mode = cfg.parallel.mode
     if parallel.is_sharded(mode):
         if not ranks.distributed:
-            raise ConfigError("needs a process group: run it under torchrun (trainwatch train "
-                              "--nproc-per-node N), or set parallel.mode: ddp",
-                              file="parallel.mode", key=mode)
+            raise ConfigError(f"{mode} needs a process group: run it under torchrun (trainwatch "
+                              "train --nproc-per-node N), or set parallel.mode: ddp",
+                              key="parallel.mode")
         parallel.shard(model, ranks.device, ranks.world_size, cfg.parallel)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
