@@ -1,6 +1,7 @@
 """`trainwatch train --set parallel.mode=fsdp` end to end: two real gloo ranks sharded by
 FSDP2, one SIGKILLed after a checkpoint, torchrun restarting both, the run resuming from
-that checkpoint and ending with the same final state as an uninterrupted run.
+that checkpoint and ending with the same final state as an uninterrupted run. Both runs
+also take a NaN loss on rank 0 at step 2, which the non-finite guard skips on every rank.
 
 The two runs go side by side (each mostly waits: rendezvous, the restart). Saves are sync
 so the checkpoint of step 4 is sealed before rank 1 can reach step 5 (rank 0 seals it
@@ -22,6 +23,7 @@ STEPS = 8
 SETS = ["parallel.mode=fsdp", "checkpoint.every_steps=2", "checkpoint.mode=sync",
         "checkpoint.fsync=false", "train.eval_interval=0", "data.corpus_bytes=100000"]
 NOTE = "replica digests and the reduction checksum are off"
+NAN = "nan:rank=0:step=2"
 
 
 def _options(run_dir, restarts):
@@ -41,17 +43,21 @@ def _content(step_dir):
 def test_fsdp_run_resumes_a_killed_rank_from_its_checkpoint_and_ends_as_a_clean_run(
         tmp_path, launch_train):
     clean_dir, killed_dir = tmp_path / "clean", tmp_path / "killed"
-    clean = launch_train(*_options(clean_dir, 0))
+    clean = launch_train(*_options(clean_dir, 0), env={"TRAINWATCH_FAULT": NAN})
     killed = launch_train(*_options(killed_dir, 1),
-                          env={"TRAINWATCH_FAULT": "kill:rank=1:step=5"})
+                          env={"TRAINWATCH_FAULT": f"{NAN},kill:rank=1:step=5"})
     (clean_code, clean_out), (code, out) = finish(clean), finish(killed)
     assert clean_code == 0, clean_out[-4000:]
     assert code == 0, out[-4000:]
     assert out.count(NOTE) == 2 and clean_out.count(NOTE) == 1  # rank 0, once per attempt
 
+    for run in (RunDir(clean_dir), RunDir(killed_dir)):  # the guard, sharded: step 2 skipped
+        found = run.events("nonfinite_detected")  # rank 0's loss, every rank's gradients
+        assert {(e["step"], e["action"]) for e in found} == {(2, "skipped")}
+        assert 0 in {e["rank"] for e in found if e["this_rank_bad"]}
     run = RunDir(killed_dir)
     assert [(e["rank"], e["step"], e["fault"]) for e in run.events("fault_injected")] == [
-        (1, 5, "kill")]
+        (0, 2, "nan"), (1, 5, "kill")]
     assert [e["restart_count"] for e in run.events("restarted")] == [1]
     (resumed,) = run.events("checkpoint_resumed")
     assert resumed["step"] == 4 and resumed["path"].endswith("step-00000004")
