@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.distributed.tensor import DTensor
 
+from trainwatch.checkpoint_format.compat import check_compatible
 from trainwatch.checkpoint_format.manifest import read_manifest
 from trainwatch.errors import ConfigError
 from trainwatch.rank.checkpoint import Checkpointer
@@ -131,3 +132,17 @@ def test_each_mode_compares_the_replicas_it_has_and_says_what_it_turned_off():
     with pytest.raises(ConfigError, match="4 does not divide the world size 6") as info:
         check_world_size(hsdp, 6)
     assert info.value.key == "parallel.shard_size"
+
+
+def test_the_trainer_resumes_a_sharded_checkpoint_only_at_the_world_size_that_wrote_it(
+        tmp_path):
+    """DCP would reshard the model, but the trainer's data position is per rank: the
+    launcher refuses another world size (data_reshards=False); a user's loop may resume."""
+    manifest = {"layout": "dcp", "world_size": 4}
+    check_compatible(manifest, tmp_path, config_hash=None, world_size=2, sharded=True)
+    check_compatible(manifest, tmp_path, config_hash=None, world_size=4, sharded=True,
+                     data_reshards=False)
+    with pytest.raises(ConfigError, match="world size 4, this run has 2; DCP would reshard "
+                                          "the model, but the reference trainer's data"):
+        check_compatible(manifest, tmp_path, config_hash=None, world_size=2, sharded=True,
+                         data_reshards=False)

@@ -144,7 +144,7 @@ def _resume_step(run: RunDir, cfg: Config, world_size: int) -> int | None:
                 check_compatible(entry.manifest, entry.path, config_hash=cfg.training_digest(),
                                  world_size=world_size,
                                  changes=config_changes(recorded, cfg.to_dict()),
-                                 sharded=cfg.parallel.mode != "ddp")
+                                 sharded=cfg.parallel.mode != "ddp", data_reshards=False)
                 return step
             refused.append((entry.path, checked.reason))
         else:

@@ -204,7 +204,7 @@ def refuse_incompatible_checkpoint(spec: LaunchSpec, cfg: Config) -> None:
         check_compatible(manifest, path, config_hash=cfg.training_digest(),
                          world_size=spec.nnodes * spec.nproc_per_node,
                          changes=config_changes(recorded, cfg.to_dict()),
-                         sharded=cfg.parallel.mode != "ddp")
+                         sharded=cfg.parallel.mode != "ddp", data_reshards=False)
 
 
 def launch(spec: LaunchSpec) -> int:
