@@ -39,6 +39,18 @@ def test_file_then_overrides_win(tmp_path):
     ("telemetry: {reduction_every: -1}\n", [], "telemetry.reduction_every", "must be >= 0",
      "file"),
     ("", ["telemetry.reduction_every=often"], "telemetry.reduction_every", "must be int", "--set"),
+    ("parallel: {mode: zero3}\n", [], "parallel.mode",
+     "must be ddp, fsdp or hsdp, got 'zero3'", "file"),
+    ("parallel: {mode: FSDP}\n", [], "parallel.mode", "must be ddp, fsdp or hsdp", "file"),
+    ("", ["parallel.mode=2"], "parallel.mode", "must be str, got int", "--set"),
+    ("", ["parallel.shards=2"], "parallel.shards", "unknown key (known here: mode, shard_size)",
+     "--set"),
+    ("parallel: {mode: hsdp}\n", [], "parallel.shard_size", "parallel.mode: hsdp needs it",
+     "file"),
+    ("parallel: {mode: fsdp, shard_size: 2}\n", [], "parallel.shard_size",
+     "only for parallel.mode: hsdp (this is fsdp)", "file"),
+    ("parallel: {mode: hsdp, shard_size: 0}\n", [], "parallel.shard_size", "at least 1",
+     "file"),
 ])
 def test_bad_config_names_file_and_key(tmp_path, text, overrides, key, words, source):
     path = write(tmp_path, text)
@@ -60,3 +72,13 @@ def test_example_config_lists_every_key_with_its_default(repo):
     defaults.pop("checkpoint")
     assert example == defaults
     assert load_config(repo / "examples" / "trainer.yaml") == Config()
+
+
+def test_parallel_mode_is_how_ranks_share_the_model_not_what_the_weights_are():
+    """A checkpoint records its layout and resume checks it (checkpoint_format/compat.py),
+    so parallel.mode stays out of the weights digest: a run's digest is the same in
+    either mode, and the same as before the key existed."""
+    ddp, fsdp = load_config(None, []), load_config(None, ["parallel.mode=fsdp"])
+    assert (ddp.parallel.mode, fsdp.parallel.mode) == ("ddp", "fsdp")
+    assert ddp.training_digest() == fsdp.training_digest() == "54075f4d30ce"  # as before
+    assert ddp.digest() != fsdp.digest()

@@ -152,6 +152,9 @@ def test_bad_config_exits_2_before_starting_torchrun(tmp_path):
         (["--config", str(bad)], [str(bad), "key 'optim.lr'", "must be float"]),
         (["--set", "model.widht=3"], ["--set", "key 'model.widht'", "unknown key"]),
         (["--set", f"data.path={tmp_path / 'nowhere'}"], ["nowhere", "manifest.json missing"]),
+        (["--set", "parallel.mode=zero3"], ["key 'parallel.mode'", "must be ddp, fsdp or hsdp"]),
+        (["--set", "parallel.mode=hsdp", "--set", "parallel.shard_size=3"],
+         ["key 'parallel.shard_size'", "3 does not divide the world size 2"]),
     ):
         proc = subprocess.run([*TRAIN, "--nproc-per-node", "2", "--run-dir", str(run_dir), *args],
                               capture_output=True, text=True, timeout=60)
@@ -223,12 +226,14 @@ def test_launcher_multinode_command_hosts_on_node_zero_and_names_the_node(tmp_pa
         assert info.value.key == "--node-name"
 
 
-@pytest.mark.parametrize("hash_of, nproc, says", [
-    ("another config", "1", "refusing to resume a different experiment"),
-    ("this config", "2", "written by a run with world size 1, this run has 2"),
+@pytest.mark.parametrize("hash_of, nproc, says, options", [
+    ("another config", "1", "refusing to resume a different experiment", []),
+    ("this config", "2", "written by a run with world size 1, this run has 2", []),
+    ("this config", "1", "written by a data-parallel run (parallel.mode: ddp; a whole "
+     "model.pt), this run is sharded", ["--set", "parallel.mode=fsdp"]),
 ])
 def test_an_incompatible_checkpoint_is_refused_before_anything_starts(
-        tmp_path, hash_of, nproc, says):
+        tmp_path, hash_of, nproc, says, options):
     """The ranks would refuse it (exit 2) and torchrun restart them for nothing, printing
     the reason once per rank and attempt under its own traceback."""
     import torch
@@ -246,7 +251,8 @@ def test_an_incompatible_checkpoint_is_refused_before_anything_starts(
     finally:
         ckpt.close()
     done = subprocess.run([*TRAIN, "--run-dir", str(run_dir), "--nproc-per-node", nproc,
-                           "--steps", "5"], capture_output=True, text=True, timeout=120)
+                           "--steps", "5", *options], capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.count(says) == 1 and "step-00000003" in done.stderr
     assert RunDir(run_dir).events("launcher_started") == []

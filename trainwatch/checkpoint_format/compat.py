@@ -11,7 +11,7 @@ from trainwatch.checkpoint_format.manifest import LAYOUT_DCP, weights_config_dig
 
 
 # Config sections that do not decide the weights (Config.training_digest leaves them out).
-NOT_TRAINING = ("checkpoint", "telemetry")
+NOT_TRAINING = ("checkpoint", "telemetry", "parallel")
 
 
 def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -37,15 +37,41 @@ def config_changes(before: Any, after: dict[str, Any]) -> str:
 
 
 def check_compatible(manifest: dict[str, Any], path: Path, *, config_hash: str | None,
-                     world_size: int, changes: str = "") -> None:
+                     world_size: int, changes: str = "", sharded: bool | None = None,
+                     data_reshards: bool = True) -> None:
     """Refuse a checkpoint this run cannot continue exactly (ConfigError, exit code 2);
     ``changes`` (``config_changes``) says what differs from the run's recorded config.
-    A sharded (DCP) checkpoint resumes at any world size: DCP reshards it on load."""
+    A sharded (DCP) checkpoint resumes at any world size: DCP reshards it on load.
+    ``sharded``: whether this run's model is sharded (the reference trainer's
+    ``parallel.mode: fsdp``), when the run knows; a checkpoint of the other kind is refused
+    (None: either kind, as for a user's loop, which finds out when it loads).
+    ``data_reshards=False``: the job's data position continues only at the world size
+    that saved it (the reference trainer's loader), so a sharded checkpoint from another
+    world size is refused too, before anything starts."""
+    is_dcp = manifest.get("layout") == LAYOUT_DCP
+    if sharded is not None and sharded != is_dcp:
+        if is_dcp:
+            what = ("written by a sharded run (DCP shards: parallel.mode fsdp or hsdp), this "
+                    "run is data-parallel (parallel.mode: ddp)")
+            fix = "set parallel.mode: fsdp (or hsdp; --set parallel.mode=fsdp)"
+        else:
+            what = ("written by a data-parallel run (parallel.mode: ddp; a whole model.pt), "
+                    "this run is sharded (parallel.mode: fsdp or hsdp)")
+            fix = "set parallel.mode: ddp (--set parallel.mode=ddp)"
+        raise ConfigError(f"{what}; refusing to resume: {fix}, or start a new run directory",
+                          file=str(path))
     if manifest.get("layout") != LAYOUT_DCP and manifest.get("world_size") != world_size:
         raise ConfigError(
             f"written by a run with world size {manifest.get('world_size')}, this run has "
             f"{world_size}; refusing to resume (a data-parallel checkpoint is not resharded, "
             "only sharded DCP ones are): run with the original world size, or start a new "
+            "run directory", file=str(path))
+    if is_dcp and not data_reshards and manifest.get("world_size") != world_size:
+        raise ConfigError(
+            f"written by a run with world size {manifest.get('world_size')}, this run has "
+            f"{world_size}; DCP would reshard the model, but the reference trainer's data "
+            "position (each rank's place in its own share of the batches) continues only at "
+            "the world size that saved it: run with the original world size, or start a new "
             "run directory", file=str(path))
     written = weights_config_digest(manifest)
     if config_hash is not None and written != config_hash:

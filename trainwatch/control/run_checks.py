@@ -22,7 +22,7 @@ from trainwatch.contract.stall import default_options
 from trainwatch.control.command import resolve
 from trainwatch.errors import ConfigError
 from trainwatch.rundir.run_dir import RunDir
-from trainwatch.trainer.config import Config, load_config
+from trainwatch.trainer.config import Config, check_world_size, load_config
 
 
 @dataclass
@@ -56,6 +56,7 @@ def check_launch(run: RunDir, *, nproc_per_node: int, config: str | None,
         raise ConfigError(f"must be at least 1, got {nproc_per_node}", key="--nproc-per-node")
     check_run_dir(run)
     cfg = _trainer_config(config, overrides, steps)
+    check_world_size(cfg.parallel, nnodes * nproc_per_node)
     if os.environ.get(FAULT_ENV):  # drills only: parsing them imports torch
         from trainwatch.trainer.faults import parse_faults
         parse_faults(os.environ[FAULT_ENV])
@@ -142,7 +143,8 @@ def _resume_step(run: RunDir, cfg: Config, world_size: int) -> int | None:
                 recorded = (run.run_info() or {}).get("config")
                 check_compatible(entry.manifest, entry.path, config_hash=cfg.training_digest(),
                                  world_size=world_size,
-                                 changes=config_changes(recorded, cfg.to_dict()))
+                                 changes=config_changes(recorded, cfg.to_dict()),
+                                 sharded=cfg.parallel.mode != "ddp", data_reshards=False)
                 return step
             refused.append((entry.path, checked.reason))
         else:

@@ -12,7 +12,7 @@ from trainwatch.plan.memory import memory
 from trainwatch.plan.model import model_params
 from trainwatch.plan.reliability import reliability
 from trainwatch.plan.sheet import Sheet
-from trainwatch.plan.spec import CHINCHILLA_TOKENS_PER_PARAM, PlanSpec
+from trainwatch.plan.spec import CHINCHILLA_TOKENS_PER_PARAM, PlanSpec, trainer_mode
 from trainwatch.plan.storage import storage
 
 FORMAT = "trainwatch.plan"
@@ -39,5 +39,6 @@ def make_plan(spec: PlanSpec) -> dict[str, Any]:
                 "verdict_with_recompute": verdict(recompute_need, d.memory_bytes)}
                for d in DEVICE_TYPES.values()]
     return {"format": FORMAT, "version": VERSION, "spec": spec.as_dict(),
+            "trainer_mode": trainer_mode(spec),
             **sheet.values(), "devices": devices, "headroom": HEADROOM,
             "explain": sheet.explain()}

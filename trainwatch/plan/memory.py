@@ -17,7 +17,7 @@ layers. The measured check: tests/plan/test_plan_measured.py.
 
 from __future__ import annotations
 
-from trainwatch.plan.model import layer_params
+from trainwatch.plan.model import embedding_params, layer_params, position_params
 from trainwatch.plan.sheet import Sheet
 from trainwatch.plan.spec import PlanSpec
 
@@ -118,6 +118,14 @@ def memory(spec: PlanSpec, params: int, sheet: Sheet) -> float:
         temp_formula += (f" + layer params/tp x (2 x {w} B gathered, next one prefetched, "
                          f"+ {g} B gradients to reduce-scatter)")
         temp_inputs["layer_params"] = layer_params(spec)
+        if spec.reference and spec.params is None:
+            # the trainer's root unit (embeddings, positions, final norm, tied head): FSDP2
+            # keeps the root gathered from forward to the end of backward
+            root = embedding_params(spec) + position_params(spec) + 2 * spec.hidden
+            temp += root / spec.tp * (w + g)
+            temp_formula += (f" + root unit params x ({w} + {g}) B (the trainer's embeddings, "
+                             "positions and final norm: FSDP2 keeps its root gathered)")
+            temp_inputs["root_params"] = root
     elif stage in (1, 2) and shard > 1:
         temp += 2 * lp * g
         temp_formula += f" + 2 x layer params/tp x {g} B (reduce buckets)"

@@ -35,7 +35,7 @@ def render(plan: dict[str, Any], explain: bool = False) -> str:
     lines = [f"trainwatch plan · {spec['source']} · {spec['devices']} x {spec['device_type']}"
              + (f" (assumed: give {' and '.join(assumed)})" if assumed else "")
              + f" · {spec['precision']} {spec['optimizer']} · tp {spec['tp']} pp {spec['pp']} "
-             f"sharding {spec['sharding']} · recompute {spec['recompute']}"]
+             f"sharding {spec['sharding']}{_mode(plan)} · recompute {spec['recompute']}"]
     for section in SECTIONS:
         lines.append("")
         lines.append(section + (" (per device)" if section == "memory" else ""))
@@ -54,3 +54,12 @@ def render(plan: dict[str, Any], explain: bool = False) -> str:
         lines.append(f"  {d['name']:<26} {human(d['memory_bytes'], 'bytes'):>10}  "
                      f"{d['verdict']:<13} with full recompute: {d['verdict_with_recompute']}")
     return "\n".join(lines)
+
+
+def _mode(plan: dict[str, Any]) -> str:
+    """What the reference trainer runs this layout as (``parallel.mode``), or that it cannot."""
+    if not plan["spec"]["reference"] or plan["spec"]["params"] is not None:
+        return ""
+    mode = plan.get("trainer_mode")
+    return (f" (trainer parallel.mode: {mode})" if mode
+            else " (not a layout the reference trainer runs: its modes are ddp, fsdp, hsdp)")

@@ -145,7 +145,9 @@ class PlanSpec:
 
 
 def from_trainer_config(cfg: Any, source: str, devices: int, device_type: str) -> PlanSpec:
-    """The reference trainer's config as a plan: its model, batch, steps and checkpoints.
+    """The reference trainer's config as a plan: its model, batch, steps, checkpoints and
+    ``parallel.mode`` (fsdp is ``--sharding full`` over every rank, hsdp over
+    ``--shard-degree`` = ``parallel.shard_size``).
 
     On a GPU the trainer keeps fp32 weights under bf16 autocast; on CPU it is fp32 throughout.
     """
@@ -155,10 +157,24 @@ def from_trainer_config(cfg: Any, source: str, devices: int, device_type: str) -
         seq=m.context, vocab=REFERENCE_VOCAB, tied_embeddings=True, learned_positions=True,
         dropout=m.dropout > 0, micro_batch=t.batch_size, grad_accum=o.grad_accum,
         precision="fp32" if device_type == "cpu" else "amp-bf16", optimizer="adamw",
-        devices=devices, steps=t.steps, device_type=device_type,
+        devices=devices, sharding="none" if cfg.parallel.mode == "ddp" else "full",
+        shard_degree=cfg.parallel.shard_size if cfg.parallel.mode == "hsdp" else None,
+        steps=t.steps, device_type=device_type,
         data_bytes=float(_dataset_bytes(cfg)), bytes_per_token=1.0,
         checkpoints_kept=c.keep_last + c.keep_best if c.enabled else 0,
         mirror=bool(c.mirror_dir) and c.enabled, checkpoint_async=c.mode == "async")
+
+
+def trainer_mode(spec: PlanSpec) -> str | None:
+    """The reference trainer's ``parallel.mode`` that runs this plan's layout, or None
+    where it has none (ZeRO-1/2, tensor or pipeline parallelism)."""
+    if not spec.reference or spec.params is not None or spec.tp > 1 or spec.pp > 1:
+        return None
+    if spec.sharding == "none":
+        return "ddp"
+    if spec.sharding == "full":
+        return "fsdp" if spec.shard_group == spec.dp else "hsdp"
+    return None
 
 
 def _dataset_bytes(cfg: Any) -> int:

@@ -26,6 +26,7 @@ from typing import Any, Iterable
 
 import torch
 
+from trainwatch.rank.checkpoint.whole_state import is_dtensor
 from trainwatch.rank.config import TelemetryConfig
 
 # The reference trainer's default (``telemetry.replica_every``); its measured overhead is
@@ -39,14 +40,16 @@ _INT_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 def tensors_of(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None
                ) -> list[torch.Tensor]:
     """The tensors a digest covers, in a fixed order: the parameters, then (with an
-    optimizer) each parameter's state tensors by key (Adam's moments, step)."""
+    optimizer) each parameter's state tensors by key (Adam's moments, step). A DTensor
+    (FSDP2) counts as this rank's own shard: the replicas of a shard (HSDP) hold the same
+    one, and digesting the DTensor itself would start collectives behind the loop's back."""
     tensors = list(model.parameters())
     if optimizer is not None:
         for group in optimizer.param_groups:
             for p in group["params"]:
                 state = optimizer.state.get(p) or {}
                 tensors += [state[k] for k in sorted(state) if isinstance(state[k], torch.Tensor)]
-    return tensors
+    return [t.to_local() if is_dtensor(t) else t for t in tensors]
 
 
 def _bit_sum(t: torch.Tensor) -> torch.Tensor:

@@ -74,7 +74,8 @@ def checkpoint_round_trip(run: RunDir) -> Check:
     """The newest verified checkpoint's files: load, save, load again; same digests."""
     from trainwatch.checkpoint_format.catalog import complete
     from trainwatch.checkpoint_format.manifest import verify
-    from trainwatch.rehearse.worker import tree_digest
+    from trainwatch.checkpoint_format.dcp import METADATA as DCP_METADATA
+    from trainwatch.rehearse.worker import dcp_state, tree_digest
     import torch
 
     found = complete(run.checkpoint_dir) if run.checkpoint_dir.is_dir() else []
@@ -86,16 +87,19 @@ def checkpoint_round_trip(run: RunDir) -> Check:
     if not checked.ok:
         return Check("checkpoint_round_trip", "FAIL", f"{path.name} does not verify: "
                      f"{checked.reason}")
+    sharded = (Path(path) / DCP_METADATA).exists()  # a DCP checkpoint: its shards whole
     with tempfile.TemporaryDirectory() as tmp:
-        for f in sorted(Path(path).glob("*.pt")):
-            state = torch.load(f, map_location="cpu", weights_only=True)
-            torch.save(state, Path(tmp) / f.name)
-            again = torch.load(Path(tmp) / f.name, map_location="cpu", weights_only=True)
+        for f in sorted(Path(path).glob("*.pt")) + ([Path(path)] if sharded else []):
+            state = (dcp_state(f) if f.is_dir()
+                     else torch.load(f, map_location="cpu", weights_only=True))
+            torch.save(state, Path(tmp) / "again.pt")
+            again = torch.load(Path(tmp) / "again.pt", map_location="cpu", weights_only=True)
             if tree_digest(state) != tree_digest(again):
                 return Check("checkpoint_round_trip", "FAIL", f"{f.name}: load -> save -> load "
                              "changed it")
-    return Check("checkpoint_round_trip", "PASS", f"{path.name} verifies; its files load, "
-                 "save and load again to the same digests")
+    return Check("checkpoint_round_trip", "PASS", f"{path.name} verifies; its files load"
+                 + (" (its DCP shards as one state)" if sharded else "")
+                 + ", save and load again to the same digests")
 
 
 def command_checks(run: RunDir, code: int | None, tail: str, started: float,

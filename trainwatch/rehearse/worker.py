@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from trainwatch import __version__
+from trainwatch.checkpoint_format.dcp import METADATA as DCP_METADATA
 from trainwatch.contract.layout import rank_file_name
 from trainwatch.rehearse.memory import PeakMemory
 from trainwatch.rundir.run_dir import RunDir
@@ -96,14 +97,34 @@ def tree_digest(tree: Any) -> str:
 
 
 def checkpoint_digests(directory: Path) -> dict[str, str]:
+    """Digests of a checkpoint's model, optimizer and scheduler: its ``.pt`` files, or the
+    whole state a DCP checkpoint (``parallel.mode: fsdp``) holds across its shard files."""
+    if (directory / DCP_METADATA).exists():
+        state = dcp_state(directory)
+        return {name: tree_digest(state.get(name)) for name in ("model", "optimizer",
+                                                                 "scheduler")}
     return {name: tree_digest(torch.load(directory / f"{name}.pt", map_location="cpu",
                                          weights_only=True))
             for name in ("model", "optimizer", "scheduler")}
 
 
+def dcp_state(directory: Path) -> dict[str, Any]:
+    """Everything a DCP checkpoint holds, gathered whole in this process (no process group:
+    DCP's own converter to one ``torch.save`` file, read back)."""
+    import tempfile
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        whole = Path(tmp) / "whole.pt"
+        dcp_to_torch_save(str(directory), str(whole))
+        return torch.load(whole, map_location="cpu", weights_only=True)
+
+
 def overfit(cfg: Any, state: Any, ddp: Any, ranks: Any, tel: Any, steps: int
             ) -> dict[str, Any]:
     """K steps on one batch at the peak learning rate; every rank's loss and grad norm."""
+    from trainwatch.trainer.parallel import global_norm
     from trainwatch.trainer.train import autocast
 
     x, y = (t.to(ranks.device) for t in next(state.loader))
@@ -118,7 +139,8 @@ def overfit(cfg: Any, state: Any, ddp: Any, ranks: Any, tel: Any, steps: int
             with tel.phase("backward"):
                 loss.backward()
             with tel.phase("optimizer"):
-                norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), clip)
+                norm = global_norm(torch.nn.utils.clip_grad_norm_(state.model.parameters(),
+                                                                  clip))
                 state.optimizer.step()
                 state.optimizer.zero_grad(set_to_none=True)
             record.record(loss=loss.detach(), grad_norm=norm, lr=cfg.optim.lr,
@@ -153,7 +175,7 @@ def round_trip(cfg: Any, run: RunDir, folder: Path, state: Any, data: Any, ranks
             if restored is None:
                 out["error"] = "the first save left nothing that verifies to load"
                 return out
-            restore_checkpoint(source, restored)
+            restore_checkpoint(source, restored, loader.group)
             restored.restore_rng()
         started = time.perf_counter()
         ckpt.after_step(source.step, lambda s=source: checkpoint_state(s), final=True)
@@ -221,11 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         stage = "build"
         probe = PeakMemory(ranks.device)
         state = build_training_state(cfg, data, ranks)
-        ddp = state.model
-        if ranks.distributed:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-            ddp = DDP(state.model, device_ids=[ranks.device.index]
-                      if ranks.device.type == "cuda" else None)
+        from trainwatch.trainer.parallel import wrap
+        ddp = wrap(state.model, cfg.parallel.mode, ranks.device, ranks.distributed)
         stage = "forward/backward/step"
         result["overfit"] = overfit(cfg, state, ddp, ranks, tel, args.steps)
         result["memory"] = {"peak_bytes": probe.peak_bytes(), "kind": probe.kind}

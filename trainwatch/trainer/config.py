@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainwatch.checkpoint_format.compat import NOT_TRAINING
 from trainwatch.config.yamlfile import load_yaml_mapping, parse_override
 from trainwatch.errors import ConfigError
 from trainwatch.rank.checkpoint.config import CheckpointConfig
@@ -79,12 +80,29 @@ class TrainConfig:
     device: str = "auto"
 
 
+PARALLEL_MODES = ("ddp", "fsdp", "hsdp")
+
+
+@dataclass
+class ParallelConfig:
+    """How the ranks share the model (docs/trainer.md, "Sharded training"): ``ddp`` (each
+    rank a whole replica, gradients all-reduced), ``fsdp`` (FSDP2 ``fully_shard`` over a
+    1-D device mesh: each rank holds 1/world of the weights, gradients and optimizer state;
+    checkpoints are DCP, written by every rank and resumable at another world size) or
+    ``hsdp`` (replicas x shards: each group of ``shard_size`` ranks holds one copy of the
+    model sharded over it, and the copies are replicas of each other)."""
+
+    mode: str = "ddp"
+    shard_size: int | None = None  # hsdp: ranks one copy of the model is sharded over
+
+
 @dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
@@ -98,12 +116,22 @@ class Config:
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     def training_digest(self) -> str:
-        """A hash of what decides the weights (not ``checkpoint``/``telemetry``;
-        ``weights_config_digest`` in run.json, manifests and reports): a checkpoint is resumed
-        only by a run with the same one."""
+        """A hash of what decides the weights (not ``checkpoint``/``telemetry``, nor
+        ``parallel``: how the ranks share the model, which the checkpoint's own layout
+        records and resume checks; ``weights_config_digest`` in run.json, manifests and
+        reports): a checkpoint is resumed only by a run with the same one."""
         text = json.dumps({k: v for k, v in self.to_dict().items()
-                           if k not in ("checkpoint", "telemetry")}, sort_keys=True)
+                           if k not in NOT_TRAINING}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def check_world_size(cfg: ParallelConfig, world_size: int) -> None:
+    """HSDP's shard size must divide the world size (the launcher asks before starting
+    anything; the ranks again, for a job started by other means)."""
+    if cfg.mode == "hsdp" and cfg.shard_size is not None and world_size % cfg.shard_size:
+        raise ConfigError(f"{cfg.shard_size} does not divide the world size {world_size}: "
+                          "every replica needs a whole set of shards; give a divisor, or "
+                          "change the number of ranks", key="parallel.shard_size")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
@@ -232,6 +260,16 @@ def validate(config: Config, *, source: str) -> None:
          f"must be >= 0 (0 disables), got {t.milestone_interval}")
     need(t.device in ("auto", "cpu", "cuda"), "train.device",
          f"must be auto, cpu or cuda, got {t.device!r}")
+    par = config.parallel
+    need(par.mode in PARALLEL_MODES, "parallel.mode",
+         f"must be {', '.join(PARALLEL_MODES[:-1])} or {PARALLEL_MODES[-1]}, got {par.mode!r}")
+    need(par.mode != "hsdp" or par.shard_size is not None, "parallel.shard_size",
+         "parallel.mode: hsdp needs it: the ranks one copy of the model is sharded over "
+         "(e.g. the ranks of a node)")
+    need(par.shard_size is None or par.mode == "hsdp", "parallel.shard_size",
+         f"only for parallel.mode: hsdp (this is {par.mode}); leave it out")
+    need(par.shard_size is None or par.shard_size >= 1, "parallel.shard_size",
+         f"must be at least 1, got {par.shard_size}")
     need(tel.heartbeat_interval > 0, "telemetry.heartbeat_interval",
          f"must be positive, got {tel.heartbeat_interval}")
     need(tel.exchange_every >= 0, "telemetry.exchange_every",

@@ -228,9 +228,11 @@ class FaultInjector:
         """Flip one bit of one weight when an ``sdc`` fault is due after ``step``'s update."""
         for fault in self.faults:
             if fault.kind == "sdc" and self._due(fault, step):
-                param = next(model.parameters())
+                param = next(model.parameters()).data  # .data: no autograd to tell
+                if hasattr(param, "to_local"):  # a DTensor (parallel.mode fsdp): this shard
+                    param = param.to_local()
                 bit = SDC_BIT if fault.bit is None else fault.bit
-                _flip(param.data.view(-1), 0, bit)  # .data: no autograd to tell
+                _flip(param.view(-1), 0, bit)
                 print(f"trainwatch: injecting fault sdc (bit {bit} of a weight) after "
                       f"step {step} (pid {os.getpid()})", file=sys.stderr, flush=True)
 

@@ -36,7 +36,7 @@ from trainwatch.rundir.run_dir import RunDir
 from trainwatch.rundir.runlock import hold, under_holder
 from trainwatch.checkpoint_format.catalog import newest_complete
 from trainwatch.checkpoint_format.compat import check_compatible, config_changes
-from trainwatch.trainer.config import Config, load_config
+from trainwatch.trainer.config import Config, check_world_size, load_config
 from trainwatch.trainer.faults import parse_faults
 from trainwatch.trainer.rendezvous import one_node_args
 
@@ -83,6 +83,7 @@ def validate(spec: LaunchSpec) -> Config:
     if spec.max_restarts < 0:
         raise ConfigError(f"must be >= 0, got {spec.max_restarts}", key="--max-restarts")
     cfg = load_config(spec.config, spec.overrides)
+    check_world_size(cfg.parallel, spec.nnodes * spec.nproc_per_node)
     parse_faults(os.environ.get(FAULT_ENV, ""))
     if cfg.data.path is not None:
         from trainwatch.trainer.data import load_dataset  # imports torch: only when needed
@@ -202,7 +203,8 @@ def refuse_incompatible_checkpoint(spec: LaunchSpec, cfg: Config) -> None:
         recorded = (RunDir(spec.run_dir).run_info() or {}).get("config")
         check_compatible(manifest, path, config_hash=cfg.training_digest(),
                          world_size=spec.nnodes * spec.nproc_per_node,
-                         changes=config_changes(recorded, cfg.to_dict()))
+                         changes=config_changes(recorded, cfg.to_dict()),
+                         sharded=cfg.parallel.mode != "ddp", data_reshards=False)
 
 
 def launch(spec: LaunchSpec) -> int:

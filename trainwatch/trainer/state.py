@@ -25,6 +25,7 @@ class TrainingState:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     loader: ShardedBatches
     step: int = 0  # steps completed, i.e. the next step to run
+    mode: str = "ddp"  # parallel.mode: "fsdp" holds DTensor shards (trainer/parallel.py)
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step,

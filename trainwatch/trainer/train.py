@@ -1,4 +1,4 @@
-"""The reference trainer: one rank of a DDP job, read top to bottom.
+"""The reference trainer: one rank of a DDP or FSDP2 job, read top to bottom.
 
     torchrun --nproc-per-node 4 -m trainwatch.trainer --run-dir runs/exp1 [--config FILE]
              [--set train.steps=500 ...]
@@ -22,11 +22,11 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainwatch.contract.env import FAULT_ENV, RUN_DIR_ENV
 from trainwatch.contract.states import FAILED, FINISHED, STOPPED
@@ -39,6 +39,7 @@ from trainwatch.trainer.data import Dataset, ShardedBatches, ensure_default_data
 from trainwatch.trainer.faults import FaultInjector
 from trainwatch.rank.metrics_server import MetricsServer
 from trainwatch.trainer.model import GPT
+from trainwatch.trainer import parallel
 from trainwatch.trainer.stores import bind_stores
 from trainwatch.rank.skips import agree_skip_steps
 from trainwatch.trainer.state import TrainingState
@@ -141,9 +142,18 @@ def lr_factor(cfg: Config, step: int) -> float:
 
 
 def build_training_state(cfg: Config, data: Dataset, ranks: Ranks) -> TrainingState:
-    """Model, AdamW (no weight decay on biases and norms), LR schedule and this rank's loader."""
+    """Model, AdamW (no weight decay on biases and norms), LR schedule and this rank's loader.
+    Under ``parallel.mode: fsdp``/``hsdp`` the model is sharded first, so AdamW holds the
+    shards."""
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model = GPT(cfg.model).to(ranks.device)
+    mode = cfg.parallel.mode
+    if parallel.is_sharded(mode):
+        if not ranks.distributed:
+            raise ConfigError(f"{mode} needs a process group: run it under torchrun (trainwatch "
+                              "train --nproc-per-node N), or set parallel.mode: ddp",
+                              key="parallel.mode")
+        parallel.shard(model, ranks.device, ranks.world_size, cfg.parallel)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
@@ -160,22 +170,28 @@ def build_training_state(cfg: Config, data: Dataset, ranks: Ranks) -> TrainingSt
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    return TrainingState(model, optimizer, scheduler, loader)
+    return TrainingState(model, optimizer, scheduler, loader, mode=mode)
 
 
 def checkpoint_state(state: TrainingState) -> dict:
     """What a checkpoint holds; ``data`` is this rank's own, the rest is the same on every rank
-    (the checkpointer adds every rank's RNG states)."""
-    return {"model": state.model.state_dict(), "optimizer": state.optimizer.state_dict(),
-            "scheduler": state.scheduler.state_dict(), "data": state.loader.state_dict()}
+    (the checkpointer adds every rank's RNG states), or under fsdp each rank's shards."""
+    return {**parallel.checkpoint_trees(state.model, state.optimizer, state.scheduler,
+                                        state.mode),
+            "data": state.loader.state_dict()}
 
 
-def restore_checkpoint(state: TrainingState, restored: Restored) -> None:
+def restore_checkpoint(state: TrainingState, restored: Restored, group: Any = None) -> None:
     """Put a checkpoint back: weights, optimizer, schedule, data position and step (RNG last,
-    just before the loop, with ``restored.restore_rng()``)."""
-    state.model.load_state_dict(restored.shared["model"])
-    state.optimizer.load_state_dict(restored.shared["optimizer"])
-    state.scheduler.load_state_dict(restored.shared["scheduler"])
+    just before the loop, with ``restored.restore_rng()``). A sharded one is loaded through
+    DCP by every rank (``group``: the checkpointer's)."""
+    if parallel.is_sharded(state.mode):
+        parallel.load_sharded(restored.path, state.model, state.optimizer, state.scheduler,
+                              group)
+    else:
+        state.model.load_state_dict(restored.shared["model"])
+        state.optimizer.load_state_dict(restored.shared["optimizer"])
+        state.scheduler.load_state_dict(restored.shared["scheduler"])
     state.loader.load_state_dict(restored.data)
     state.step = restored.step
 
@@ -222,21 +238,16 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpoi
         state = build_training_state(cfg, data, ranks)
         restored = ckpt.resume()  # the newest verified checkpoint, or None on a fresh run
         if restored is not None:
-            restore_checkpoint(state, restored)
+            restore_checkpoint(state, restored, ckpt.group)
         skip = agree_skip_steps(run, ranks.distributed)  # a rollback's control/skip-steps.json
     model = state.model
-    ddp = DDP(model, device_ids=[ranks.device.index] if ranks.device.type == "cuda" else None
-              ) if ranks.distributed else model
-    if cfg.telemetry.replica_every > 0:  # silent data corruption: docs/sdc.md
-        tel.check_replicas(model, every=cfg.telemetry.replica_every)
-    reduction = None
-    if cfg.telemetry.reduction_every > 0 and ranks.distributed:  # a wrong all-reduce: docs/sdc.md
-        reduction = tel.check_reduction(ddp, every=cfg.telemetry.reduction_every)
+    ddp = parallel.wrap(model, cfg.parallel.mode, ranks.device, ranks.distributed)
+    reduction = check_sdc(cfg, ranks, tel, model, ddp)
     if faults.reduces:  # TRAINWATCH_FAULT=reduce:...
         if reduction is None:
             raise ConfigError("a reduce fault needs the reduction check: telemetry enabled, "
-                              "telemetry.reduction_every > 0 and a run under torchrun (DDP)",
-                              file=FAULT_ENV, key="reduce")
+                              "telemetry.reduction_every > 0 and a run under torchrun with "
+                              "parallel.mode: ddp", file=FAULT_ENV, key="reduce")
         reduction.tamper = faults.reduce
     tel.flops_per_token = model.flops_per_token()
     tel.set_info(params=model.num_params(), flops_per_token=tel.flops_per_token,
@@ -274,7 +285,7 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpoi
                     x, y = (t.to(ranks.device, non_blocking=True) for t in next(state.loader))
                 # Gradients are all-reduced only on the last micro-step.
                 sync = micro == accum - 1 or not ranks.distributed
-                with contextlib.nullcontext() if sync else ddp.no_sync():
+                with parallel.no_sync(ddp, sync):
                     with tel.phase("forward"), faults.forward(step), autocast(ranks.device):
                         _, micro_loss = ddp(x, y)
                         micro_loss = faults.loss(step, micro_loss)  # TRAINWATCH_FAULT=nan:...
@@ -282,7 +293,8 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpoi
                         (micro_loss / accum).backward()
                 loss += micro_loss.detach() / accum
             with tel.phase("optimizer"):
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+                grad_norm = parallel.global_norm(
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
                 lr = state.scheduler.get_last_lr()[0]
                 # NaN/Inf on any rank: every rank skips the update (checkpoint.nonfinite).
                 if ckpt.check_step(step, loss, grad_norm, data=state.loader.state_dict):
@@ -322,6 +334,23 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpoi
                   loss=None if loss is None else loss.item())
 
 
+def check_sdc(cfg: Config, ranks: Ranks, tel: Telemetry, model: torch.nn.Module,
+              ddp: torch.nn.Module) -> Any:
+    """Turn on the silent-data-corruption checks (docs/sdc.md) the mode has; returns the
+    reduction check (or None). Where the mode has not what the config asks for (no
+    replicas under fsdp, no DDP all-reduce under fsdp and hsdp), rank 0 says so, once."""
+    par, every = cfg.parallel, cfg.telemetry.replica_every
+    note = parallel.sdc_note(par, every, cfg.telemetry.reduction_every)
+    if note is not None and ranks.is_main:
+        print(f"trainwatch: {note}", flush=True)
+    group = parallel.replica_group(par, ranks.rank)
+    if every > 0 and group is not None:  # replicas that diverge (of each shard, under hsdp)
+        tel.check_replicas(model, every=every, replica_group=group)
+    if cfg.telemetry.reduction_every > 0 and ranks.distributed and par.mode == "ddp":
+        return tel.check_reduction(ddp, every=cfg.telemetry.reduction_every)  # a wrong all-reduce
+    return None
+
+
 class Terminated(BaseException):
     """SIGTERM (torchrun stopping the workers, or an operator) turned into an exception,
     so the rank still writes its final status and journal event."""
@@ -353,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     console.on_failing = tel.count_error  # a dropped line is a failed trainwatch write
     # From here on SIGTERM means "checkpoint, then stop" (see docs/checkpoints.md).
     ckpt = Checkpointer(cfg.checkpoint, run.root, telemetry=tel,
-                        config_hash=cfg.training_digest())
+                        config_hash=cfg.training_digest(),
+                        sharded=parallel.is_sharded(cfg.parallel.mode))
     server = None
     try:
         run.create()

@@ -66,8 +66,11 @@ class Checkpointer:
 
     def __init__(self, config: CheckpointConfig, run_dir: str | Path, *, telemetry: Any = None,
                  config_hash: str | None = None, rank: int | None = None,
-                 world_size: int | None = None):
+                 world_size: int | None = None, sharded: bool | None = None):
         self.cfg = config
+        # whether this run's model is sharded, when the caller knows (the reference trainer's
+        # parallel.mode): a checkpoint of the other kind is refused before it is loaded
+        self.expect_sharded = sharded
         self.run = RunDir(run_dir)
         self.telemetry = telemetry
         self.config_hash = config_hash
@@ -188,7 +191,8 @@ class Checkpointer:
         assert chosen.manifest is not None, "a verified checkpoint's manifest was read"
         try:
             resume_mod.check_compatible(chosen.manifest, chosen.path,
-                                        config_hash=self.config_hash, world_size=self.world_size)
+                                        config_hash=self.config_hash, world_size=self.world_size,
+                                        sharded=self.expect_sharded)
         except ConfigError as exc:
             self._journal("checkpoint_failed", path=str(chosen.path), error=str(exc),
                           phase="resume")
