@@ -35,7 +35,10 @@ FOLLOWER = JobNodes("node-b", 1, 2)
 
 
 def test_node_rank_0_leads_and_a_one_node_job_has_no_nodes(monkeypatch):
-    monkeypatch.delenv("TRAINWATCH_NODE", raising=False)
+    # job_nodes sets $TRAINWATCH_NODE for what the supervisor starts: set first, so the
+    # test's end restores the variable (delenv of an absent one records nothing).
+    monkeypatch.setenv("TRAINWATCH_NODE", "placeholder")
+    monkeypatch.delenv("TRAINWATCH_NODE")
     assert job_nodes(1, None, None) is None
     leader = job_nodes(2, 0, "n0")
     assert leader == JobNodes("n0", 0, 2) and leader.leader

@@ -486,3 +486,18 @@ def test_a_killed_rank_is_the_culprit_not_the_peer_that_failed_reading_from_it()
                    "process": {"status": "gone"}}
     dead = [f for f in analysis.analyse(ev) if f.category == "rank_dead"]
     assert [f.ranks for f in dead] == [[1]], [(f.ranks, f.title) for f in dead]
+
+
+def test_a_rank_named_by_this_nodes_given_name_is_looked_at_here(monkeypatch):
+    """A node given a name of its own ($TRAINWATCH_NODE, as on every node of a multi-node
+    job) is this host: its ranks' processes are inspected, not "on another node". Before,
+    a stopped run there read "healthy: every rank is progressing"."""
+    from trainwatch.diagnose import processes
+    monkeypatch.setenv("TRAINWATCH_NODE", "gpu-node-7")
+    ev = Evidence(run_dir="/r", collected_at=time.time(), host="h")
+    ev.ranks = {0: {"node": "gpu-node-7", "pid": os.getpid(), "started_at": time.time()},
+                1: {"node": "gpu-node-8", "pid": os.getpid(), "started_at": time.time()}}
+    processes.gather(ev)
+    assert ev.ranks[0]["process"]["visible"] and ev.ranks[0]["process"]["status"] != "unknown"
+    assert ev.ranks[1]["process"] == {"status": "unknown", "visible": False}
+    assert any("gpu-node-8" in u for u in ev.unseen)

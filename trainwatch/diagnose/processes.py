@@ -11,6 +11,7 @@ import psutil
 
 from trainwatch.diagnose.model import Evidence
 from trainwatch.host.procinfo import main_thread_runnable_ns, reused, thread_waits
+from trainwatch.node import node_name
 
 # psutil status -> the words docs/agent.md uses.
 CPU_SAMPLE_MIN_S = 0.5  # shortest interval a CPU share is measured over
@@ -20,7 +21,9 @@ _STATUS = {psutil.STATUS_DISK_SLEEP: "disk_sleep", psutil.STATUS_STOPPED: "stopp
 
 
 def local_names() -> set[str]:
-    names = {socket.gethostname(), socket.getfqdn(), "localhost"}
+    """The names a rank on this host may give as its node: the hostname, or the node name
+    the job was given ($TRAINWATCH_NODE, as ranks, agents and supervisors use it)."""
+    names = {socket.gethostname(), socket.getfqdn(), "localhost", node_name()}
     return {n for n in names if n}
 
 
