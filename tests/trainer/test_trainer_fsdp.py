@@ -24,6 +24,7 @@ from trainwatch.trainer.config import ParallelConfig, check_world_size, load_con
 from trainwatch.trainer.data import load_dataset, prepare_generated
 from trainwatch.trainer.train import (Ranks, build_training_state, checkpoint_state,
                                       restore_checkpoint)
+from trainer_helpers import run_steps
 
 
 @pytest.fixture
@@ -34,21 +35,6 @@ def group():
     yield
     dist.destroy_process_group()
     torch.set_num_threads(threads)
-
-
-def _steps(state, n):
-    losses = []
-    for _ in range(n):
-        x, y = next(state.loader)
-        _, loss = state.model(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(state.model.parameters(), 1.0)
-        state.optimizer.step()
-        state.scheduler.step()
-        state.optimizer.zero_grad(set_to_none=True)
-        state.step += 1
-        losses.append(loss.item())
-    return losses
 
 
 def _full(state):
@@ -70,7 +56,7 @@ def test_sharded_modes_save_dcp_resume_exactly_and_ddp_mode_refuses_it(group, tm
     assert all(isinstance(p, DTensor) for p in state.model.parameters())
     # the replica digest reads this rank's shards, never the DTensors (no collectives)
     assert not any(isinstance(t, DTensor) for t in tensors_of(state.model, state.optimizer))
-    _steps(state, 2)
+    run_steps(state, 2)
 
     run = RunDir(tmp_path / "run").create()
     ckpt = Checkpointer(cfg.checkpoint, run.root, config_hash=cfg.training_digest(),
@@ -98,7 +84,7 @@ def test_sharded_modes_save_dcp_resume_exactly_and_ddp_mode_refuses_it(group, tm
     assert fresh.loader.state_dict() == state.loader.state_dict()
     for fqn, values in saved_optim["state"].items():
         assert all(torch.equal(optim["state"][fqn][k], v) for k, v in values.items())
-    assert _steps(fresh, 2) == _steps(state, 2)  # and it trains on the same
+    assert run_steps(fresh, 2) == run_steps(state, 2)  # and it trains on the same
 
     with pytest.raises(ConfigError, match=r"written by a sharded run .*, this run is "
                                           r"data-parallel .*set parallel.mode: fsdp"):

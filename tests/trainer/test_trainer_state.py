@@ -8,21 +8,7 @@ import torch
 from trainwatch.trainer.config import load_config
 from trainwatch.trainer.data import load_dataset, prepare_generated
 from trainwatch.trainer.train import Ranks, build_training_state, lr_factor
-
-
-def run_steps(state, steps):
-    losses = []
-    for _ in range(steps):
-        x, y = next(state.loader)
-        _, loss = state.model(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(state.model.parameters(), 1.0)
-        state.optimizer.step()
-        state.scheduler.step()
-        state.optimizer.zero_grad(set_to_none=True)
-        state.step += 1
-        losses.append(loss.item())
-    return losses
+from trainer_helpers import run_steps
 
 
 @pytest.fixture
