@@ -15,6 +15,9 @@ local rank's status gives it to all of them (``trainwatch/agent/rankfiles.py``).
 record that would not fit with its window goes without it (a long publish error); readers
 then take the window from the status, as from a writer before ``window``.
 
+And where the rank is in each process group's collectives (``collectives``:
+trainwatch/contract/collectives.py), from which the agent names a stall's culprit.
+
 Format (``BEAT_BYTES`` bytes): ``<crc32 of the JSON, 8 hex digits> <JSON>`` padded with
 spaces to ``BEAT_BYTES - 1``, then ``\\n``.
 """
