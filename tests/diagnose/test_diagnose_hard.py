@@ -57,10 +57,12 @@ def no_confident_wrong(report: dict, culprit: int) -> None:
 
 
 def test_rank_skipping_a_side_group_collective_is_named(jobs, tmp_path):
-    """Rank 1 skips one all_reduce on a side group and goes on to the next step's gradient
+    """Rank 1 skips one all_reduce on a side group, inside a phase of the user's own
+    ("metrics", no collective phase by name), and goes on to the next step's gradient
     all_reduce; ranks 0 and 2 wait in the side group's collective. The rank that did not
     enter it is the culprit, not the ranks waiting in it: in diagnose and in the node
-    agent's stall incident."""
+    agent's stall incident, which reads the collective counters the ranks' beats carry,
+    not their phases (issue #36: it named rank 0, "outside a collective (phase metrics)")."""
     step = 12
     job = jobs(nproc=3, FAULT="skip_side", FAULT_RANK="1", FAULT_STEP=str(step))
     agent, url = start_agent(tmp_path, "--run-dir", str(job.run.root))
@@ -69,11 +71,15 @@ def test_rank_skipping_a_side_group_collective_is_named(jobs, tmp_path):
                  and stalled_for(2)(s), "ranks 0 and 2 waiting in the side group")
         code, report, _ = timed_diagnose(job.run, "--stall-after", "1")
         incident = wait_for(lambda: next((f for f in get_json(url + "/status")["findings"]
-                                          if f["kind"] == "stall_incident"), None), 90,
-                            what="the agent's stall incident")
+                                          if f["kind"] == "stall_incident"
+                                          and len(f["culprit_ranks"] + f["waiting_ranks"]) == 3),
+                                         None), 90,
+                            what="the agent's stall incident of the 3 ranks")
     finally:
         stop_process(agent)
     assert incident["culprit_ranks"] == [1] and incident["waiting_ranks"] == [0, 2], incident
+    assert incident["culprit_rank"] == 1 and incident["stall_kind"] == "stuck", incident
+    assert f"did not enter collective #{step + 1} of process group 1" in incident["reason"]
     assert code == 1
     finding = top(report)
     assert finding["category"] == "collective_desync" and finding["ranks"] == [1], finding

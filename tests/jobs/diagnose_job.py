@@ -9,7 +9,8 @@ DEADLOCK_RANK: that rank's threads deadlock on two locks at FAULT_STEP (besides 
 job can carry two blocked ranks).
 ABORT_ON_ERROR=1: an uncaught error aborts the rank (SIGABRT), as NCCL's watchdog does.
 worker_fifo: a DataLoader worker process of the faulty rank blocks on the FIFO; skip_side:
-every step also all-reduces on a side group, which the faulty rank skips once; regex: the
+every step also all-reduces on a side group in a phase of its own, "metrics" (no
+collective phase by name), which the faulty rank skips once; regex: the
 faulty rank runs a catastrophic regular expression (busy in C, holding the GIL); oom: the
 faulty rank allocates memory until the kernel kills it; killed_peer_busy: the faulty rank
 SIGKILLs itself at FAULT_STEP while the others spend FAULT_ARG seconds loading that step's
@@ -184,8 +185,10 @@ for step in range(steps):
             for p in model.parameters():
                 p.grad.copy_(flat[offset:offset + p.numel()].view_as(p) / dist.get_world_size())
                 offset += p.numel()
-            if side is not None and not (faulty and step == FAULT_STEP):
-                dist.all_reduce(torch.ones(1), group=side)  # the bug: one rank skips it once
+        if side is not None:
+            with tel.phase("metrics"):  # a user's phase that holds a collective (issue #36)
+                if not (faulty and step == FAULT_STEP):
+                    dist.all_reduce(torch.ones(1), group=side)  # the bug: one rank skips it
         with tel.phase("optimizer"):
             opt.step()
         s.record(loss=loss, lr=0.01, samples=x.shape[0])

@@ -145,3 +145,34 @@ def test_a_beat_with_a_long_non_ascii_error_and_phase_is_still_written(tmp_path)
         {k: record[k] for k in ("heartbeat_at", "step", "state", "publish_failing_since")}
     assert beat["last_publish_error"].startswith("[Errno 28] No space left on device")
     assert record["phase"].startswith(beat["phase"]) and beat["phase"]
+
+
+def test_collective_progress_gives_way_from_its_tail_then_after_the_window():
+    """A beat with the largest values and every group a rank may carry (counts up to 10^9
+    collectives) keeps its window and the first groups (the writer puts the one the rank
+    waits in first); a record short of room loses the rest of the groups after the window,
+    never the beat."""
+    from trainwatch.contract.collectives import MAX_GROUPS, read_field
+    groups = {str(n): [123456789, 123456788 + (n > 0)] for n in range(MAX_GROUPS)}
+    window = own_window({"step": 123456780, "window_steps": 100000, "time": 1733333333.1234567,
+                         "local_seconds": 0.12345678901234567,
+                         "data_wait_seconds": 0.0012345678901234567,
+                         "recent": [[123456780, 1.0234, -12.123]] * 8})
+    record = {"v": 1, "rank": 32767, "pid": 4194304, "state": "running",
+              "heartbeat_at": 1733333333.1234567, "heartbeat_mono": 123456.12345678901,
+              "boot": "0c5c3f70-6a5e-4a5c-9d1e-0f3f1d2a3b4c", "step": 123456789,
+              "steps_completed": 123456789, "last_progress_at": 1733333333.1234567,
+              "steps_total": 123456789, "phase": "optimizer", "phase_since": 1733333333.1234567,
+              "phase_budget": 1234.5, "step_time_seconds": 0.12345678901234567,
+              "timing_step": 123456780, "window": window, "replica_step": 123456700,
+              "publish_errors_total": 0, "publish_failing_since": None,
+              "last_publish_error": None, "collectives": groups}
+    beat = decode(encode(record))
+    assert beat["window"] == window and 4 <= len(beat["collectives"]) < MAX_GROUPS
+    assert list(beat["collectives"]) == list(groups)[:len(beat["collectives"])]
+    assert read_field(beat["collectives"])["0"] == (123456789, 123456788)
+    failing = dict(record, publish_errors_total=123456, publish_failing_since=1733333333.25,
+                   last_publish_error="é" * 400, phase="données-" * 200)
+    beat = decode(encode(failing))
+    assert beat["heartbeat_at"] == record["heartbeat_at"] and "window" not in beat
+    assert beat["collectives"] is None and beat["publish_failing_since"] == 1733333333.25

@@ -9,6 +9,7 @@ import re
 import statistics
 from typing import Any
 
+from trainwatch.contract.collectives import crossed_waits
 from trainwatch.contract.stall import default_options, published_budget, stall_budget
 from trainwatch.diagnose import causes, collectives
 from trainwatch.diagnose.model import Evidence, step_label
@@ -50,7 +51,7 @@ class Analysis:
             self.progress_age > self.stall_after
         self.groups = collectives.analyse(ev.collectives.get("groups", {}))
         ev.collectives["analysis"] = self.groups
-        self.crossed = collectives.crossed_waits(self.groups)
+        self.crossed = crossed_waits(self.groups)
         ev.collectives["crossed"] = self.crossed
         self.explained: set[int] = set()
 

@@ -2,7 +2,8 @@
 
 Per process group: the frontier is the highest collective sequence number any
 rank has enqueued. Ranks in flight at the frontier are waiting; ranks below it
-are missing from the collective the others wait in. A mismatch is the first
+are missing from the collective the others wait in (``who_waits``, shared with the agent
+in trainwatch/contract/collectives.py, as is ``crossed_waits``). A mismatch is the first
 sequence number at which ranks issued different ops, sizes or dtypes (a desync).
 """
 
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import statistics
 from typing import Any
+
+from trainwatch.contract.collectives import who_waits
 
 LATENESS_WINDOW = 50
 
@@ -20,20 +23,13 @@ def analyse(groups: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def analyse_group(group: dict[str, Any]) -> dict[str, Any]:
     per_rank: dict[int, dict[str, Any]] = group["per_rank"]
-    frontier = max(v["last_enqueued"] for v in per_rank.values())
-    waiting, behind = [], {}
-    for rank, view in sorted(per_rank.items()):
-        done = view.get("last_completed")
-        if view["last_enqueued"] == frontier:
-            if done is None or done < frontier:
-                waiting.append(rank)
-        else:
-            behind[rank] = {"last_enqueued": view["last_enqueued"], "last_completed": done,
-                            "in_collective": done is not None and done < view["last_enqueued"]}
+    waits = who_waits({r: (v["last_enqueued"], v.get("last_completed"))
+                       for r, v in per_rank.items()})
+    frontier, waiting = waits["frontier"], waits["waiting"]
     frontier_op = next((describe(per_rank[r]["entries"].get(frontier)) for r in waiting
                         if per_rank[r]["entries"].get(frontier)), None)
     return {"desc": group.get("desc"), "ranks": sorted(per_rank), "frontier": frontier,
-            "frontier_op": frontier_op, "waiting": waiting, "behind": behind,
+            "frontier_op": frontier_op, "waiting": waiting, "behind": waits["behind"],
             "mismatch": first_mismatch(per_rank), "lateness": lateness(per_rank)}
 
 
@@ -82,36 +78,3 @@ def lateness(per_rank: dict[int, dict[str, Any]]) -> dict[int, float]:
         for rank, t in created.items():
             late[rank].append((t - first) / 1e9)
     return {r: round(statistics.median(v), 4) for r, v in late.items() if v}
-
-
-def crossed_waits(analysed: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Ranks that wait in different groups' collectives, each for the other side.
-
-    Some ranks wait in group h's newest collective that the others never entered, because
-    those others went on to group g's next collective, which the first ones never entered:
-    one side skipped a collective (or issued an extra one). The smaller side is the odd one
-    out (``culprits``); with equal sides it cannot be told (``tie``). Each entry names the
-    collective the culprits did not enter (``group``, ``seq``, ``op``, ``waiting``) and
-    the one they wait in instead (``waits_in``).
-    """
-    found, seen = [], set()
-    for h, gh in analysed.items():
-        for g, gg in analysed.items():
-            if g == h:
-                continue
-            # ``waiting`` sit in h's newest collective and never entered g's; ``missing``
-            # completed all they entered in h and sit in g's newest.
-            waiting = sorted(r for r in gh["waiting"] if r in gg["behind"]
-                             and not gg["behind"][r]["in_collective"])
-            missing = sorted(r for r in gg["waiting"] if r in gh["behind"]
-                             and not gh["behind"][r]["in_collective"])
-            key = frozenset((h, g))
-            if not waiting or not missing or key in seen or len(missing) > len(waiting):
-                continue
-            seen.add(key)
-            found.append({"group": h, "seq": gh["frontier"], "op": gh["frontier_op"],
-                          "waiting": waiting, "culprits": missing,
-                          "tie": len(missing) == len(waiting),
-                          "waits_in": {"group": g, "seq": gg["frontier"],
-                                       "op": gg["frontier_op"]}})
-    return found

@@ -21,6 +21,7 @@ import psutil
 import torch
 
 from trainwatch.rank import reduction
+from trainwatch.rank.collective_progress import CollectiveProgress
 from trainwatch.rank.recorder import scalar
 from trainwatch.rank.replicas import KEEP, ReplicaCheck
 from trainwatch.rank.status import beat_record, copy_status
@@ -60,6 +61,7 @@ class Publisher:
         self.replicas: ReplicaCheck | None = None
         self.reduction: reduction.ReductionCheck | None = None
         self.beat: BeatWriter | None = None
+        self.collectives: CollectiveProgress | None = None  # made on the first beat
         # Status/metrics writes that failed, for the beat file.
         self.publish_errors = 0
         self.publish_failing_since: float | None = None
@@ -228,9 +230,19 @@ class Publisher:
                 self.beat.write(beat_record(
                     snapshot, self.rank, publish_errors=self.publish_errors,
                     publish_failing_since=self.publish_failing_since,
-                    publish_error=self.publish_error))
+                    publish_error=self.publish_error, collectives=self._collectives()))
             except Exception as exc:
                 self.count_error(f"beat file: {exc!r}")
+
+    def _collectives(self) -> dict[str, list[int]] | None:
+        """The beat's collective progress; a failure costs the field, never the beat."""
+        try:
+            if self.collectives is None:
+                self.collectives = CollectiveProgress()
+            return self.collectives.read()
+        except Exception as exc:
+            self.count_error(f"collective progress: {exc!r}")
+            return None
 
     def close_beat(self) -> None:
         if self.beat is not None:

@@ -67,8 +67,10 @@ def copy_status(obj: Any) -> Any:
 
 def beat_record(s: dict[str, Any], rank: int, *, publish_errors: int,
                 publish_failing_since: float | None,
-                publish_error: str | None) -> dict[str, Any]:
-    """The beat file's record of a status copy and of this rank's publish failures."""
+                publish_error: str | None,
+                collectives: dict[str, list[int]] | None = None) -> dict[str, Any]:
+    """The beat file's record of a status copy, of this rank's publish failures and of its
+    collective progress (``collectives``: trainwatch/rank/collective_progress.py)."""
     metrics = s.get("metrics") or {}
     phase = s.get("phase")
     return {"v": 1, "rank": rank, "pid": s["pid"], "state": s["state"],
@@ -84,7 +86,7 @@ def beat_record(s: dict[str, Any], rank: int, *, publish_errors: int,
             "replica_step": s["replicas"][-1]["step"] if s.get("replicas") else None,
             "publish_errors_total": publish_errors,
             "publish_failing_since": publish_failing_since,
-            "last_publish_error": publish_error}
+            "last_publish_error": publish_error, "collectives": collectives}
 
 
 def _created(process: psutil.Process) -> float | None:

@@ -15,6 +15,9 @@ local rank's status gives it to all of them (``trainwatch/agent/rankfiles.py``).
 record that would not fit with its window goes without it (a long publish error); readers
 then take the window from the status, as from a writer before ``window``.
 
+And where the rank is in each process group's collectives (``collectives``:
+trainwatch/contract/collectives.py), from which the agent names a stall's culprit.
+
 Format (``BEAT_BYTES`` bytes): ``<crc32 of the JSON, 8 hex digits> <JSON>`` padded with
 spaces to ``BEAT_BYTES - 1``, then ``\\n``.
 """
@@ -35,6 +38,8 @@ from trainwatch.rundir.safe_read import RunFolder, read_run_file
 
 BEAT_BYTES = 1024
 _ERROR_CHARS = 160
+# The groups of ``collectives`` a record keeps before its window gives way.
+_KEPT_GROUPS = 4
 # What the beat keeps of a status ``timing`` besides its step (``timing_step``): what a
 # straggler verdict reads of one rank (``trainwatch.contract.timing.job_window``).
 _WINDOW_FIELDS = ("window_steps", "time", "local_seconds", "data_wait_seconds", "recent")
@@ -54,17 +59,21 @@ def _body(record: dict[str, Any]) -> bytes:
 
 def encode(record: dict[str, Any]) -> bytes:
     """The fixed-size bytes of one record. What would not fit gives way, in this order: the
-    window (readers then take it from the status), the tail of a long phase name (down to
-    64 characters), the publish error's tail, the rest of the phase name (a non-ASCII
-    character is 6 bytes of JSON) — never the beat, which is the rank's liveness when
-    nothing else gets through."""
+    least relevant groups of ``collectives`` (down to _KEPT_GROUPS: the writer puts first
+    the groups the rank waits in, then the most recently active), the window (readers then
+    take it from the status), the rest of ``collectives``, the tail of a long phase name
+    (down to 64 characters), the publish error's tail, the rest of the phase name (a
+    non-ASCII character is 6 bytes of JSON) — never the beat, which is the rank's liveness
+    when nothing else gets through."""
     record = dict(record)
     if isinstance(record.get("last_publish_error"), str):
         record["last_publish_error"] = record["last_publish_error"][:_ERROR_CHARS]
     room = BEAT_BYTES - 10  # the CRC, its space and the newline take the rest
     body = _body(record)
+    body = _fewer_groups(record, body, room, _KEPT_GROUPS)
     if len(body) > room and record.pop("window", None) is not None:
         body = _body(record)
+    body = _fewer_groups(record, body, room, 0)
     for field, keep in (("phase", 64), ("last_publish_error", 0), ("phase", 1)):
         while len(body) > room and isinstance(record.get(field), str) \
                 and len(record[field]) > keep:
@@ -74,6 +83,20 @@ def encode(record: dict[str, Any]) -> bytes:
     if len(line) > BEAT_BYTES - 1:
         raise ValueError(f"beat record of {len(line)} bytes does not fit in {BEAT_BYTES}")
     return line.ljust(BEAT_BYTES - 1) + b"\n"
+
+
+def _fewer_groups(record: dict[str, Any], body: bytes, room: int, keep: int) -> bytes:
+    """The body with ``collectives``' last groups dropped until it fits or ``keep`` remain
+    (none left: the field is null)."""
+    groups = record.get("collectives")
+    if len(body) <= room or not isinstance(groups, dict) or len(groups) <= keep:
+        return body
+    names = list(groups)
+    while len(body) > room and len(names) > keep:
+        names.pop()
+        record["collectives"] = {n: groups[n] for n in names} or None
+        body = _body(record)
+    return body
 
 
 def own_window(timing: Any) -> dict[str, Any] | None:

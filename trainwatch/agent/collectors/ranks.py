@@ -22,6 +22,7 @@ from trainwatch.host.procinfo import ProcessTracker
 from trainwatch.agent.rankfiles import RankFiles
 from trainwatch.agent.registry import Collector, Result, label_values, register
 from trainwatch.agent.series import Rows, Series, SeriesBook
+from trainwatch.contract.collectives import read_field
 from trainwatch.contract.replicas import digests
 from trainwatch.rundir.beat import (MERGED_COUNTERS, MERGED_FIELDS, MERGED_METRICS, declared_budgets,
                              merge_beat)
@@ -510,4 +511,8 @@ class RanksCollector(Collector):
                 "samples_per_second", "memory_bytes")},
             "process": proc,
             "replicas": digests(s.get("replicas")),  # parameter digests (collector replicas)
+            # {group: (enqueued, completed)} from this process's beat: who waits in which
+            # collective (the stall incident's culprit), or None
+            "collectives": read_field(beat.get("collectives")) if publish is not None
+            and beat is not None else None,
         }
