@@ -189,6 +189,31 @@ def test_a_restart_recomputes_crash_step_minus_resumed_checkpoint(tmp_path):
     assert data["state"] == "finished" and data["warnings"] == []
 
 
+
+def test_a_lost_node_is_the_cause_of_the_attempt_it_ended(tmp_path):
+    """4 ranks on 2 nodes; node n1 (ranks 2, 3) vanishes in step 15; torchrun on n0 goes on
+    with 2 ranks. The leader journals node_lost 15 s after it fell silent, inside the next
+    attempt; the incident of the attempt it ended names it, before the peers' failures."""
+    r = Run(tmp_path / "run", world_size=4)
+    r.attempt(0)
+    r.rank_event("run_started", world_size=4, start_step=0, steps=30)
+    r.steps(0, 14)
+    lost_at = r.clock
+    r.rank_event("failed", 0, error="RuntimeError: Connection closed by peer")
+    r.wait(5)
+    r.world_size = 2
+    r.attempt(1)
+    r.rank_event("checkpoint_resumed", step=10, path="checkpoints/step-00000010")
+    r.wait(10)
+    r.event("node_lost", "engine", at=lost_at + 15, node="n0", node_rank=0, nnodes=2,
+            leader=True, lost_node="n1", ranks=[2, 3], silent_seconds=15.0)
+    r.steps(10, 29)
+    r.rank_event("finished", step=29, steps=30)
+    (incident,) = report_json(r.run.root)["incidents"]
+    assert incident["cause"].startswith("node n1 lost (its supervisor and ranks 2, 3 fell "
+                                        "silent)"), incident["cause"]
+    assert incident["evidence"]["lost_nodes"] == [{"node": "n1", "ranks": [2, 3]}]
+
 def clean_run(root, *, steps, before, seconds, after, ready=0.0) -> "Run":
     """A run without incident: launched, its ranks up ``before`` s later (and ``ready`` s
     more before the first step), ``steps`` steps of ``seconds`` s, the launcher exiting

@@ -43,7 +43,10 @@ def evidence(attempt: Attempt) -> dict[str, Any]:
     exited = [{"event": e["event"], "exit_code": e.get("exit_code", e.get("returncode")),
                "reason": e.get("reason") or e.get("signal")}
               for e in attempt.named("launcher_exited", "job_exited", "job_stopped")]
-    return {"exits": exits, "errors": errors, "faults": faults, "actions": actions,
+    lost = [{"node": e.get("lost_node"), "ranks": e.get("ranks") or []}
+            for e in attempt.named("node_lost")]
+    return {"lost_nodes": lost, "exits": exits, "errors": errors, "faults": faults,
+            "actions": actions,
             "alerts": alerts, "nonfinite_steps": nonfinite,
             "stopped_at_step": stops[0] if stops else None, "exited": exited,
             "vanished": list(attempt.vanished)}
@@ -57,6 +60,11 @@ _EXITED = {"job_exited": ("the job", JOB_LOG), "job_stopped": ("the job", JOB_LO
 def cause(ev: dict[str, Any]) -> str:
     """One human line, most specific evidence first."""
     parts = []
+    for lost in ev.get("lost_nodes", []):
+        # The other ranks' failures follow from it (their collectives lost their peers).
+        silent = ", ".join(str(r) for r in lost["ranks"])
+        parts.append(f"node {lost['node']} lost (its supervisor and ranks {silent or 'none'} "
+                     "fell silent)")
     for a in ev["actions"]:
         parts.append(f"{a['action']} by the controller" + (f" ({a['alert']})" if a["alert"]
                                                           else ""))
