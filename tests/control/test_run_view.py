@@ -82,3 +82,17 @@ def test_after_a_restart_the_progress_line_waits_for_the_new_ranks_not_the_dead_
                                 "metrics": {"step": 49, "loss": 0.09}})
     assert progress.update(run, now=1210.0, since=restarted).line().startswith(
         "step 50/100 (50 %) · loss 0.0900")
+
+
+def test_a_job_that_goes_on_with_fewer_ranks_shows_their_progress_not_the_lost_ones(tmp_path):
+    """A node of a 4-rank job is lost and torchrun goes on with 2 ranks (--nnodes 1:2): the
+    lost ranks 2 and 3 keep their last statuses (step 29) and must not hold the line there."""
+    run = RunDir(tmp_path / "exp").create()
+    progress = Progress(target=600)
+    for rank in (2, 3):
+        run.write_status(rank, {"rank": rank, "world_size": 4, "state": "running",
+                                "started_at": 1000.0, "metrics": {"step": 29}})
+    for rank in (0, 1):
+        run.write_status(rank, {"rank": rank, "world_size": 2, "state": "running",
+                                "started_at": 1050.0, "metrics": {"step": 120}})
+    assert progress.update(run, now=1100.0, since=900.0).line().startswith("step 121/600")

@@ -385,3 +385,75 @@ def test_sigstop_on_node1_is_repaired_once_on_every_node_without_losing_the_rend
                         if r.get("kind") == "step" and r["time"] > requested[0]["time"])
     print(f"freeze -> repair decided {requested[0]['time'] - frozen_at:.1f} s, -> first "
           f"resumed step {first_resumed - frozen_at:.1f} s (resumed from step {saved_before})")
+
+
+LOSS_STEPS = 700  # paced: long enough to lose node 1, go on alone, and grow back
+
+
+def own_loop_on(node: Node, nodes: list[Node], port: int) -> list[str]:
+    """An own DDP loop's elastic torchrun on ``node``, as docs/deploy.md ("A lost node")
+    tells a user: --nnodes 1:2, node 0 hosts the rendezvous (is_host)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:2",
+            "--nproc-per-node", "2", "--max-restarts", "3", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"{nodes[0].addr}:{port}", "--local-addr", node.addr,
+            "--rdzv-conf", f"is_host={int(node.index == 0)},last_call_timeout=3",
+            str(REPO / "examples" / "own_loop.py"), "--steps", str(LOSS_STEPS),
+            "--pace", "0.05", "--checkpoint-every", "20"]
+
+
+def test_a_lost_node_is_journaled_once_the_job_goes_on_with_fewer_ranks_and_grows_back(
+        nodes, tmp_path):
+    """2 nodes x 2 ranks of an own DDP loop, one `trainwatch run` per node, elastic torchrun.
+    Node 1 is lost after a checkpoint (supervisor, launcher, ranks SIGKILLed): node 0's
+    torchrun goes on alone, its 2 ranks resume from the newest checkpoint (4 -> 2 ranks),
+    and the leader journals node_lost once, naming node 1; report names it as the cause.
+    Node 1's supervisor is started again: node_returned, the job grows back to 4 ranks at
+    the next re-rendezvous (2 -> 4) and finishes on both nodes."""
+    run_dir = tmp_path / "elastic-run"
+    run = RunDir(run_dir)
+    cluster = Cluster(nodes, tmp_path)
+    port = 29404
+
+    def supervise(node: Node, log: str) -> subprocess.Popen:
+        return cluster._start(node, ["run", str(run_dir), "--nnodes", "2", "--node-rank",
+                                     str(node.index), "--node-name", node.netns, "--no-live",
+                                     "--", *own_loop_on(node, nodes, port)], {}, log)
+
+    try:
+        sups = [supervise(node, f"elastic-{node.netns}.log") for node in nodes]
+        deadline = time.time() + 120
+        while not any(e["step"] >= 40 for e in run.events("checkpoint_saved")):
+            assert time.time() < deadline, "no checkpoint in time\n" + cluster.logs()
+            assert all(p.poll() is None for p in sups), cluster.logs()
+            time.sleep(0.2)
+        kill_all([nodes[1]])  # the node is gone: supervisor, torchrun, ranks, agent
+        lost_at = time.time()
+        sups[1].wait(10)  # reaped, as its node's init would (a zombie still has its pid)
+        while not (run.events("node_lost") and run.events("checkpoint_resharded")):
+            assert time.time() < lost_at + 90, "node 0 did not go on alone\n" + cluster.logs()
+            assert sups[0].poll() is None, cluster.logs()
+            time.sleep(0.2)
+        back = supervise(nodes[1], f"elastic-{nodes[1].netns}-back.log")
+        finish([sups[0], back], cluster, timeout=180)
+    finally:
+        cluster.stop()
+
+    (lost,) = run.events("node_lost")
+    assert lost["lost_node"] == nodes[1].netns and lost["host"] == nodes[0].netns
+    assert lost["ranks"] == [2, 3] and lost["silent_seconds"] >= 15
+    (returned,) = run.events("node_returned")
+    assert returned["lost_node"] == nodes[1].netns
+    worlds = [(e["from_world_size"], e["to_world_size"])
+              for e in run.events("checkpoint_resharded")]
+    assert worlds == [(4, 2), (2, 4)], worlds
+    statuses = run.statuses().records
+    assert sorted(s["rank"] for s in statuses) == [0, 1, 2, 3]
+    assert all(s["state"] == "finished" and s["world_size"] == 4
+               and s["step"] == LOSS_STEPS - 1 for s in statuses), statuses
+    done = subprocess.run([sys.executable, "-m", "trainwatch", "report", str(run_dir), "--json"],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    causes = [i["cause"] for i in json.loads(done.stdout)["incidents"]]
+    assert causes[0].startswith(f"node {nodes[1].netns} lost"), causes
+    assert causes[1].startswith(f"node {nodes[1].netns} returned"), causes
+    print(f"node lost -> journaled {lost['time'] - lost_at:.1f} s; incidents: {causes}")

@@ -189,6 +189,45 @@ def test_a_restart_recomputes_crash_step_minus_resumed_checkpoint(tmp_path):
     assert data["state"] == "finished" and data["warnings"] == []
 
 
+
+def test_a_lost_node_is_the_cause_of_the_attempt_it_ended(tmp_path):
+    """4 ranks on 2 nodes; node n1 (ranks 2, 3) vanishes in step 15; torchrun on n0 goes on
+    with 2 ranks. The leader journals node_lost 15 s after it fell silent, inside the next
+    attempt; the incident of the attempt it ended names it, before the peers' failures.
+    When n1 returns, torchrun stops the 2 ranks (they save on SIGTERM) to grow back to 4:
+    that restart is named as the return, not as a stop on request."""
+    r = Run(tmp_path / "run", world_size=4)
+    r.attempt(0)
+    r.rank_event("run_started", world_size=4, start_step=0, steps=30)
+    r.steps(0, 14)
+    lost_at = r.clock
+    r.rank_event("failed", 0, error="RuntimeError: Connection closed by peer")
+    r.wait(5)
+    r.world_size = 2
+    r.attempt(1)
+    r.rank_event("checkpoint_resumed", step=10, path="checkpoints/step-00000010")
+    r.wait(10)
+    r.event("node_lost", "engine", at=lost_at + 15, node="n0", node_rank=0, nnodes=2,
+            leader=True, lost_node="n1", ranks=[2, 3], silent_seconds=15.0)
+    r.steps(10, 29)
+    r.event("node_returned", "engine", node="n0", node_rank=0, nnodes=2, leader=True,
+            lost_node="n1", lost_seconds=20.0)
+    r.wait(0.5)
+    r.rank_event("checkpoint_saved", step=30, reason="stop", mode="sync", blocking_seconds=0.1)
+    r.wait(3)
+    r.world_size = 4
+    r.attempt(2)
+    r.rank_event("checkpoint_resumed", step=30, path="checkpoints/step-00000030")
+    r.steps(30, 39)
+    r.rank_event("finished", step=39, steps=40)
+    lost, grown = report_json(r.run.root)["incidents"]
+    assert lost["cause"].startswith("node n1 lost (its supervisor and ranks 2, 3 fell "
+                                    "silent)"), lost["cause"]
+    assert lost["evidence"]["lost_nodes"] == [{"node": "n1", "ranks": [2, 3]}]
+    assert grown["cause"] == ("node n1 returned: torchrun restarted the workers to take it "
+                              "back in (a planned re-rendezvous); checkpoint saved at step 30 "
+                              "as torchrun stopped the workers"), grown["cause"]
+
 def clean_run(root, *, steps, before, seconds, after, ready=0.0) -> "Run":
     """A run without incident: launched, its ranks up ``before`` s later (and ``ready`` s
     more before the first step), ``steps`` steps of ``seconds`` s, the launcher exiting

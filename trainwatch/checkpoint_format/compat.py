@@ -60,12 +60,13 @@ def check_compatible(manifest: dict[str, Any], path: Path, *, config_hash: str |
             fix = "set parallel.mode: ddp (--set parallel.mode=ddp)"
         raise ConfigError(f"{what}; refusing to resume: {fix}, or start a new run directory",
                           file=str(path))
-    if manifest.get("layout") != LAYOUT_DCP and manifest.get("world_size") != world_size:
+    if not is_dcp and not data_reshards and manifest.get("world_size") != world_size:
         raise ConfigError(
             f"written by a run with world size {manifest.get('world_size')}, this run has "
-            f"{world_size}; refusing to resume (a data-parallel checkpoint is not resharded, "
-            "only sharded DCP ones are): run with the original world size, or start a new "
-            "run directory", file=str(path))
+            f"{world_size}; the replicated model needs no resharding, but the reference "
+            "trainer's data position (each rank's place in its own share of the batches) "
+            "continues only at the world size that saved it: run with the original world "
+            "size, or start a new run directory", file=str(path))
     if is_dcp and not data_reshards and manifest.get("world_size") != world_size:
         raise ConfigError(
             f"written by a run with world size {manifest.get('world_size')}, this run has "

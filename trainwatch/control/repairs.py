@@ -141,8 +141,9 @@ class NodeRepairs:
     ranks. Requests older than this supervisor are history, not orders."""
 
     def __init__(self, board: RepairBoard, runner: Any, controller: Any,
-                 poll_seconds: float = POLL_SECONDS):
+                 poll_seconds: float = POLL_SECONDS, watch: Any = None):
         self.board, self.runner, self.controller = board, runner, controller
+        self.watch = watch  # the leader's NodeWatch (control/node_watch.py): lost nodes
         self.poll_seconds = poll_seconds
         self.baseline = board.newest()
         self._stop = threading.Event()
@@ -159,7 +160,9 @@ class NodeRepairs:
             self._thread.join(timeout=10)
 
     def check(self) -> None:
-        """One look: decide proposals (the leader), then apply new requests."""
+        """One look: lost nodes and proposals (the leader), then apply new requests."""
+        if self.watch is not None:
+            self.watch.check()
         if self.board.nodes.leader:
             for path, doc in self.board.proposals():
                 try:

@@ -42,7 +42,7 @@ class Progress:
         statuses an earlier start left (a restart's dead ranks) are not its progress."""
         now = time.time() if now is None else now
         self.ranks = run.statuses().records
-        current = [s for s in self.ranks if since is None or not _older(s, since)]
+        current = _newest_world([s for s in self.ranks if since is None or not _older(s, since)])
         done = [_done(s) for s in current]
         steps = [s for s in done if s is not None]
         if steps:
@@ -94,6 +94,18 @@ def _throughput(metrics: dict) -> str | None:
 def _older(status: dict, since: float) -> bool:
     started = status.get("started_at")
     return isinstance(started, (int, float)) and started < since
+
+
+def _newest_world(statuses: list[dict]) -> list[dict]:
+    """The statuses of the world the newest rank belongs to: when a job goes on with fewer
+    ranks (a lost node, torchrun ``--nnodes MIN:MAX``), the lost ranks' last statuses stay
+    behind, above the new world size, and are not the job's progress."""
+    started = [s for s in statuses if isinstance(s.get("started_at"), (int, float))]
+    newest = max(started, key=lambda s: s["started_at"], default=None)
+    world = newest.get("world_size") if newest is not None else None
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+        return statuses
+    return [s for s in statuses if not isinstance(s.get("rank"), int) or s["rank"] < world]
 
 
 def _done(status: dict) -> int | None:

@@ -38,6 +38,7 @@ from trainwatch.control.job_nodes import JobNodes
 from trainwatch.control.launch_log import LaunchLog
 from trainwatch.control.outcome import FINISHED, STOPPED, Ending, RunOutcome
 from trainwatch.control.receiver import Receiver
+from trainwatch.control.node_watch import NodeWatch
 from trainwatch.control.repairs import NodeRepairs, RepairBoard
 from trainwatch.control.run_summary import ended_nonfinite, unsaved_end
 from trainwatch.control.supervise import Supervisor
@@ -109,7 +110,9 @@ class Supervision:
                                    board=board)
         self.supervisor = (Supervisor(self.controller, self.runner)
                            if self.controller is not None else None)
-        self.repairs = (NodeRepairs(board, self.runner, self.controller)
+        self.repairs = (NodeRepairs(board, self.runner, self.controller,
+                                    watch=NodeWatch(run, nodes, self.controller.journal)
+                                    if nodes is not None and nodes.leader else None)
                         if board is not None and self.controller is not None else None)
         self.engine: Engine | None = None
         self.loop: EngineLoop | None = None

@@ -43,7 +43,12 @@ def evidence(attempt: Attempt) -> dict[str, Any]:
     exited = [{"event": e["event"], "exit_code": e.get("exit_code", e.get("returncode")),
                "reason": e.get("reason") or e.get("signal")}
               for e in attempt.named("launcher_exited", "job_exited", "job_stopped")]
-    return {"exits": exits, "errors": errors, "faults": faults, "actions": actions,
+    lost = [{"node": e.get("lost_node"), "ranks": e.get("ranks") or []}
+            for e in attempt.named("node_lost")]
+    returned = [str(e.get("lost_node")) for e in attempt.named("node_returned")]
+    return {"lost_nodes": lost, "returned_nodes": returned, "exits": exits, "errors": errors,
+            "faults": faults,
+            "actions": actions,
             "alerts": alerts, "nonfinite_steps": nonfinite,
             "stopped_at_step": stops[0] if stops else None, "exited": exited,
             "vanished": list(attempt.vanished)}
@@ -57,10 +62,22 @@ _EXITED = {"job_exited": ("the job", JOB_LOG), "job_stopped": ("the job", JOB_LO
 def cause(ev: dict[str, Any]) -> str:
     """One human line, most specific evidence first."""
     parts = []
+    for lost in ev.get("lost_nodes", []):
+        # The other ranks' failures follow from it (their collectives lost their peers).
+        silent = ", ".join(str(r) for r in lost["ranks"])
+        parts.append(f"node {lost['node']} lost (its supervisor and ranks {silent or 'none'} "
+                     "fell silent)")
+    returned = ev.get("returned_nodes", [])
+    for node in returned:
+        parts.append(f"node {node} returned: torchrun restarted the workers to take it back "
+                     "in (a planned re-rendezvous)")
     for a in ev["actions"]:
         parts.append(f"{a['action']} by the controller" + (f" ({a['alert']})" if a["alert"]
                                                           else ""))
-    if ev["stopped_at_step"] is not None:
+    if ev["stopped_at_step"] is not None and returned:
+        parts.append(f"checkpoint saved at step {ev['stopped_at_step']} as torchrun stopped "
+                     "the workers")
+    elif ev["stopped_at_step"] is not None:
         parts.append(f"stopped on request, checkpoint saved at step {ev['stopped_at_step']}")
     elif not ev["actions"] and (stops := [x for x in ev["exited"]
                                           if x["event"] == "job_stopped"]):

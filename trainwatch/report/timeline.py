@@ -302,6 +302,14 @@ def _window(attempts: list[Attempt], starts: list[float], t: float) -> Attempt |
     return attempts[i - 1] if i else None
 
 
+def _happened(event: dict[str, Any]) -> float:
+    """When what an event records happened: a lost node is journaled after it has been
+    silent a while (control/node_watch.py), and belongs to the attempt it ended."""
+    silent = event.get("silent_seconds") if event["event"] == "node_lost" else None
+    return event["time"] - silent if isinstance(silent, (int, float)) \
+        and not isinstance(silent, bool) and silent > 0 else event["time"]
+
+
 def _resume_point(attempt: Attempt) -> None:
     for e in attempt.named("checkpoint_resumed"):
         if isinstance(e.get("step"), int) and rank_of(e) in (0, None):
@@ -419,7 +427,7 @@ def read_timeline(run: RunDir) -> Timeline:
         attempts = [Attempt(0, first, None, None)]
     starts = [a.started_at for a in attempts]
     for e in events:
-        if (attempt := _window(attempts, starts, e["time"])) is not None:
+        if (attempt := _window(attempts, starts, _happened(e))) is not None:
             attempt.events.append(e)
     # Steps are in end-time order, so each attempt's are one contiguous range: those that
     # ended before its successor started (the first attempt also takes earlier ones).

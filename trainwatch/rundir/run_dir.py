@@ -40,7 +40,7 @@ EVENTS = (
     "job_started", "job_stopped", "job_exited", "job_silent", "job_output_dropped",
     "controller_started", "controller_stopped",
     "leftovers_stopped", "leftovers_unchecked",
-    "repair_proposed", "repair_requested", "repair_applied",
+    "repair_proposed", "repair_requested", "repair_applied", "node_lost", "node_returned",
     "supervisor_tree_gone", "supervisor_tree_left", "second_supervisor_exited", CLOSED_EVENT,
 )
 

@@ -78,8 +78,9 @@ def load(path: Path, manifest: dict[str, Any], rank: int, world_size: int = 1) -
         return Restored(path, manifest["step"], manifest, {}, rank_state, resharded)
     shared = {name: torch.load(path / f"{name}.pt", map_location="cpu", weights_only=True)
               for name in manifest["shared"]}
-    rank_state = torch.load(path / rank_file_name(rank), map_location="cpu", weights_only=True)
-    return Restored(path, manifest["step"], manifest, shared, rank_state)
+    # Replicas need no resharding: at another world size only the per-rank state changes.
+    rank_state, resharded = _rank_state(path, manifest, rank, world_size)
+    return Restored(path, manifest["step"], manifest, shared, rank_state, resharded)
 
 
 def _rank_state(path: Path, manifest: dict[str, Any], rank: int, world_size: int
