@@ -501,3 +501,19 @@ def test_a_rank_named_by_this_nodes_given_name_is_looked_at_here(monkeypatch):
     assert ev.ranks[0]["process"]["visible"] and ev.ranks[0]["process"]["status"] != "unknown"
     assert ev.ranks[1]["process"] == {"status": "unknown", "visible": False}
     assert any("gpu-node-8" in u for u in ev.unseen)
+
+
+def test_ranks_an_attempt_resumed_at_a_smaller_world_size_no_longer_has_are_not_listed():
+    """2 ranks, then the job resumed on 1: rank 1's status (world size 2, "running": it was
+    SIGKILLed) is left behind. Before, diagnose listed it and called it dead (critical)."""
+    from trainwatch.diagnose.run_state import former_ranks
+
+    views = {0: {"world_size": 1, "started_at": 200.0, "state": "finished"},
+             1: {"world_size": 2, "started_at": 100.0, "state": "running"}}
+    assert former_ranks(views) == {1: 2}
+    grown = {0: {"world_size": 2, "started_at": 200.0}, 1: {"world_size": 2, "started_at": 201.0}}
+    assert former_ranks(grown) == {}  # 1 -> 2: every status is the newest attempt's
+    stale_rank_0 = {0: {"world_size": 2, "started_at": 100.0},
+                    1: {"world_size": 2, "started_at": 100.0}}
+    assert former_ranks(stale_rank_0) == {}
+    assert former_ranks({}) == {} and former_ranks({0: {"world_size": None}}) == {}

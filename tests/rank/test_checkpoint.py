@@ -216,7 +216,7 @@ def test_incomplete_save_is_ignored_and_cleaned(tmp_path):
     assert any("incomplete" in e["reason"] for e in events(tmp_path, "checkpoint_pruned"))
 
 
-def test_other_config_or_world_size_is_refused(tmp_path):
+def test_other_config_is_refused_another_world_size_resumes(tmp_path):
     job = Job()
     ckpt = make(tmp_path, every_steps=2, mode="sync")
     job.run(ckpt, 2)
@@ -225,8 +225,9 @@ def test_other_config_or_world_size_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="weights_config_digest cfg1, this run's is cfg2"):
         other.resume()
     bigger = Checkpointer(CheckpointConfig(), tmp_path / "run", config_hash="cfg1", world_size=4)
-    with pytest.raises(ConfigError, match="world size 1, this run has 4"):
-        bigger.resume()
+    assert bigger.resume().step == 2  # data-parallel replicas: nothing to reshard
+    (resharded,) = events(tmp_path, "checkpoint_resharded")
+    assert (resharded["from_world_size"], resharded["to_world_size"]) == (1, 4)
 
 
 def test_no_checkpoint_verifies_is_refused(tmp_path):
@@ -410,9 +411,9 @@ def test_a_manifest_written_before_the_rename_still_resumes(tmp_path):
     from trainwatch.checkpoint_format.compat import check_compatible
 
     old = {"config_hash": "cfg1", "world_size": 1}
-    check_compatible(old, tmp_path, config_hash="cfg1", world_size=1)
+    check_compatible(old, tmp_path, config_hash="cfg1")
     with pytest.raises(ConfigError, match="weights_config_digest cfg1, this run's is cfg2"):
-        check_compatible(old, tmp_path, config_hash="cfg2", world_size=1)
+        check_compatible(old, tmp_path, config_hash="cfg2")
 
 
 def test_a_manifest_that_is_a_fifo_or_a_link_to_dev_zero_never_blocks_list_or_verify(tmp_path):

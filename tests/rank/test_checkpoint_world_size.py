@@ -1,45 +1,43 @@
-"""A data-parallel checkpoint resumes at another world size (a job that lost a node goes on
-with fewer ranks, and grows back when it returns): the replicated model and optimizer load
-on any rank; the per-rank state follows docs/checkpoints.md, "Another world size"."""
+"""A data-parallel checkpoint at another world size: the replicas' trees need no
+resharding, so it resumes as a sharded one does (rank 0's data position on every rank, a
+rank's own RNGs where it existed, derived ones where not, ``checkpoint_resharded``)."""
 
 import torch
 
-from trainwatch import Checkpoints
-from trainwatch.checkpoint_format.catalog import complete
+from trainwatch.checkpoint_format.compat import check_compatible
 from trainwatch.checkpoint_format.manifest import read_manifest
-from trainwatch.rank.checkpoint import resume as resume_mod
-from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rank.checkpoint import resume as resume_mod, rng
+from trainwatch.rank.checkpoint.writer import Payload, write_checkpoint
 
 
-def _saved(tmp_path):
-    """One data-parallel checkpoint of step 1 written by a world of 1 (the `group`
-    fixture's one gloo rank)."""
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 2)
-    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-    model(torch.randn(3, 4)).sum().backward()
-    opt.step()
-    run = RunDir(tmp_path / "run")
-    ckpt = Checkpoints.from_env(run.root, every_steps=1, mode="sync", fsync=False)
-    assert ckpt.resume(model=model, optimizer=opt) == 0
-    ckpt.maybe_save(1, model=model, optimizer=opt, data={"samples": 96})
-    ckpt.close(final=False)
-    (entry,) = complete(run.checkpoint_dir)
-    return entry.path, model
+def _two_rank_checkpoint(folder):
+    ranks = []
+    for rank in range(2):
+        torch.manual_seed(100 + rank)
+        ranks.append({"rng": rng.capture(), "data": {"consumed": 40, "rank_wrote": rank}})
+    model = {"w": torch.arange(6.0)}
+    return write_checkpoint(folder, Payload(4, {"model": model}, ranks), fsync=False).path
 
 
-def test_a_data_parallel_checkpoint_loads_on_more_or_fewer_ranks(group, tmp_path):
-    path, model = _saved(tmp_path)
+def test_a_data_parallel_checkpoint_of_2_ranks_resumes_at_1_and_at_3(tmp_path):
+    path = _two_rank_checkpoint(tmp_path)
     manifest = read_manifest(path)
-    assert manifest["world_size"] == 1 and manifest.get("layout") != "dcp"
-    same = resume_mod.load(path, manifest, 0, 1)
-    assert same.resharded is None
-    grown = resume_mod.load(path, manifest, 2, 3)  # a rank the checkpoint did not have
-    assert grown.resharded == {"from_world_size": 1, "to_world_size": 3,
-                               "data": "rank 0's position, on every rank", "rng_reseeded": [1, 2]}
-    # The replicas are the ones saved; the job's global position goes to every rank.
-    assert set(grown.shared) == set(same.shared)
-    for name, tensor in model.state_dict().items():
-        assert torch.equal(grown.shared["model"][name], tensor)
-    assert grown.data == same.data == {"samples": 96}
-    assert not torch.equal(grown.rank_state["rng"]["torch"], same.rank_state["rng"]["torch"])
+    assert manifest["world_size"] == 2
+    check_compatible(manifest, path, config_hash=None, sharded=False)
+
+    alone = resume_mod.load(path, manifest, rank=0, world_size=1)
+    assert torch.equal(alone.shared["model"]["w"], torch.arange(6.0))
+    assert alone.data == {"consumed": 40, "rank_wrote": 0}
+    assert alone.resharded == {"from_world_size": 2, "to_world_size": 1,
+                               "data": "rank 0's position, on every rank", "rng_reseeded": None}
+
+    kept = resume_mod.load(path, manifest, rank=1, world_size=3)
+    new = resume_mod.load(path, manifest, rank=2, world_size=3)
+    again = resume_mod.load(path, manifest, rank=2, world_size=3)
+    assert kept.data == new.data == {"consumed": 40, "rank_wrote": 0}  # the job's position
+    assert new.resharded["rng_reseeded"] == [2]
+    torch.manual_seed(101)
+    assert torch.equal(kept.rank_state["rng"]["torch"], torch.get_rng_state())  # its own
+    assert torch.equal(new.rank_state["rng"]["torch"], again.rank_state["rng"]["torch"])
+    assert not torch.equal(new.rank_state["rng"]["torch"], kept.rank_state["rng"]["torch"])
+    assert torch.equal(new.shared["model"]["w"], torch.arange(6.0))

@@ -618,9 +618,40 @@ def test_world_size_is_cross_checked_against_the_ranks(tmp_path):
     r.run.write_run_info({**{k: v for k, v in info.items() if k not in ("format", "version")},
                           "world_size": 4})
     warnings = report_json(r.run.root)["warnings"]
-    assert "run.json says world size 4, rank 0 reported 2" in warnings
-    assert "attempt 0: 2 of 4 ranks journaled rank_started" in warnings
-    assert "2 rank metrics logs for a world size of 4" in warnings
+    assert "run.json says world size 4, rank 0 of the newest attempt reported 2" in warnings
+    r.rank_event("restarted", restart_count=2, world_size=3, start_step=30, steps=30)
+    warnings = report_json(r.run.root)["warnings"]
+    assert "attempt 1: 2 of 3 ranks journaled rank_started" in warnings
+    assert "2 rank metrics logs for a world size of 3" in warnings
+
+
+def test_each_attempt_is_priced_at_its_own_world_size(tmp_path):
+    """2 ranks, rank 1 lost at step 15; the job resumes from step 10 on 1 rank, whose steps
+    train twice the tokens per rank (the same global batch). Before: the whole run billed
+    at run.json's world size 1 and tokens counted as rank 0's x 1."""
+    r = Run(tmp_path / "run")
+    r.attempt(0)
+    r.rank_event("run_started", world_size=2, start_step=0, steps=20)
+    r.steps(0, 14)
+    r.rank_event("failed", 0, error="RuntimeError: Connection reset by peer")
+    r.wait(3)
+    r.world_size = 1
+    r.run.write_run_info({"job": "synth", "world_size": 1, "nproc_per_node": 1})
+    r.attempt(0)
+    r.rank_event("run_started", world_size=1, start_step=10, steps=20)
+    r.steps(10, 19, tokens=1024)
+    r.rank_event("finished", step=19, steps=20)
+    data = report_json(r.run.root, "--gpu-hour-price", "3600")
+    first, second = data["attempts"]
+    assert (first["world_size"], second["world_size"], data["world_size"]) == (2, 1, 1)
+    assert first["wall_seconds"] + second["wall_seconds"] == near(data["time"]["wall_seconds"])
+    held = first["wall_seconds"] * 2 + second["wall_seconds"]
+    assert data["cost"]["total"] == near(held) and first["cost"] == near(first["wall_seconds"] * 2)
+    assert data["cost"]["accelerators_source"] == ("world size 2 -> 1 x 1 per rank, each "
+                                                   "attempt at its own")
+    assert data["tokens"]["productive"] == 10 * 512 * 2 + 10 * 1024  # steps 0-9, then 10-19
+    assert data["warnings"] == []
+    assert "world size 2 -> 1" in report(r.run.root).stdout
 
 
 def test_prom_textfile_passes_promtool_and_uses_only_contract_names(tmp_path):
@@ -774,7 +805,7 @@ def test_accounting_a_long_run_needs_little_beyond_its_step_log(tmp_path):
     finally:
         tracemalloc.stop()
     assert (acc.executed_steps, acc.recomputed_steps, acc.unique_steps) == (200_100, 100, 200_000)
-    assert acc.productive_tokens_per_rank == 512 * 200_000
+    assert acc.productive_tokens == 512 * 200_000  # world size 1: job-wide = rank 0
     assert per_step < 14, f"{per_step:.1f} bytes of peak memory per step to account"
 
 

@@ -94,8 +94,57 @@ def test_resume_mid_epoch_yields_exactly_the_remaining_batches():
     got = [next(resumed) for _ in range(8)]
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(expected, got))
     assert resumed.state_dict() == original.state_dict() and resumed.epoch == 1
-    with pytest.raises(ConfigError, match="world_size"):
-        make(tokens, rank=0, world_size=3).load_state_dict(saved)
+    with pytest.raises(ConfigError, match="seed=5, this run has 6") as info:
+        make(tokens, rank=0, world_size=2, seed=6).load_state_dict(saved)
+    assert info.value.key == "data.shuffle_seed"
+
+
+def test_the_job_reads_the_epoch_order_front_to_back_rank_r_every_r_th_window():
+    """What checkpoints written before ``consumed`` rely on: at one world size the loader
+    takes exactly the windows it always took (rank r's p-th batch: its share of the order,
+    r::world, cut in batches), so their positions continue unchanged."""
+    tokens = labelled_tokens(250)
+    order = np.random.default_rng([5, 0]).permutation(250)
+    share = order[1::3][:250 // 3]
+    assert windows_of(make(tokens, rank=1), 5) == share[:20].tolist()
+    job = [make(tokens, rank) for rank in range(3)]
+    calls = [[windows_of(loader, 1) for loader in job] for _ in range(4)]
+    assert [w for call in calls for w in np.array(call).T.ravel().tolist()] == \
+        order[:48].tolist()  # batch by batch, the ranks interleaved: the order's prefix
+
+
+def test_another_world_size_continues_from_the_windows_the_job_consumed():
+    """A position saved by 2 ranks x batch 4 resumes at 3 ranks x batch 3 and at 1 rank x
+    batch 8: the new job reads the rest of the epoch's order from exactly where the old one
+    stopped, no window twice and none skipped; then the epoch ends by the new batch's rule
+    (fewer windows left than one call takes: dropped) and the next epoch is the same order
+    as ever."""
+    tokens = labelled_tokens(250)
+    order = np.random.default_rng([5, 0]).permutation(250).tolist()
+    old = [make(tokens, rank, world_size=2) for rank in range(2)]
+    before = [windows_of(loader, 5) for loader in old]
+    assert sorted(before[0] + before[1]) == sorted(order[:40])
+    saved = old[0].state_dict()
+    assert saved["consumed"] == 40 and saved["position"] == 5 and saved == old[1].state_dict()
+
+    new = [make(tokens, rank, world_size=3, batch_size=3) for rank in range(3)]
+    for loader in new:
+        loader.load_state_dict(saved)
+    calls = [[windows_of(loader, 1) for loader in new] for _ in range(23)]  # 207 windows
+    read = [w for call in calls for w in np.array(call).T.ravel().tolist()]
+    assert read == order[40:247]
+    assert new[0].state_dict()["consumed"] == 247 and new[0].position == 27
+    following = np.random.default_rng([5, 1]).permutation(250).tolist()
+    assert windows_of(new[1], 1) == following[1:9:3]  # 3 left: dropped, epoch 1 begins
+    assert new[1].epoch == 1 and new[1].consumed == 9
+
+    alone = make(tokens, 0, world_size=1, batch_size=8)
+    alone.load_state_dict(saved)
+    assert windows_of(alone, 2) == order[40:56]
+    # a position saved before ``consumed`` was recorded: batches x its batch x its world
+    legacy = {"epoch": 0, "position": 5, "seed": 5, "world_size": 2, "batch_size": 4}
+    alone.load_state_dict(legacy)
+    assert windows_of(alone, 1) == order[40:48]
 
 
 def test_default_dataset_is_prepared_once_and_reused(tmp_path):

@@ -14,6 +14,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.distributed.tensor import DTensor
 
 from trainwatch.checkpoint_format.compat import check_compatible
+from trainwatch.trainer.step_shape import StepShape, check_resumable
 from trainwatch.checkpoint_format.manifest import read_manifest
 from trainwatch.errors import ConfigError
 from trainwatch.rank.checkpoint import Checkpointer
@@ -120,15 +121,12 @@ def test_each_mode_compares_the_replicas_it_has_and_says_what_it_turned_off():
     assert info.value.key == "parallel.shard_size"
 
 
-def test_the_trainer_resumes_a_sharded_checkpoint_only_at_the_world_size_that_wrote_it(
-        tmp_path):
-    """DCP would reshard the model, but the trainer's data position is per rank: the
-    launcher refuses another world size (data_reshards=False); a user's loop may resume."""
-    manifest = {"layout": "dcp", "world_size": 4}
-    check_compatible(manifest, tmp_path, config_hash=None, world_size=2, sharded=True)
-    check_compatible(manifest, tmp_path, config_hash=None, world_size=4, sharded=True,
-                     data_reshards=False)
-    with pytest.raises(ConfigError, match="world size 4, this run has 2; DCP would reshard "
-                                          "the model, but the reference trainer's data"):
-        check_compatible(manifest, tmp_path, config_hash=None, world_size=2, sharded=True,
-                         data_reshards=False)
+def test_the_trainer_resumes_a_sharded_checkpoint_at_another_world_size(tmp_path):
+    """DCP reshards the model and the trainer's data position is the job's: any world size
+    that splits the global batch resumes (trainer/step_shape.py, the launcher asks too)."""
+    position = {"epoch": 0, "position": 3, "seed": 0, "world_size": 4, "batch_size": 8}
+    manifest = {"layout": "dcp", "world_size": 4, "data_position": [position] * 4}
+    check_compatible(manifest, tmp_path, config_hash=None, sharded=True)
+    assert check_resumable(manifest, 2, 8, 1) == StepShape(8, 2, 2)
+    with pytest.raises(ConfigError, match="3 ranks cannot share 32 evenly"):
+        check_resumable(manifest, 3, 8, 1)

@@ -26,9 +26,30 @@ NOTE = "replica digests and the reduction checksum are off"
 NAN = "nan:rank=0:step=2"
 
 
-def _options(run_dir, restarts):
-    return ["--nproc-per-node", "2", "--run-dir", str(run_dir), "--steps", str(STEPS),
+def _options(run_dir, restarts, nproc=2):
+    return ["--nproc-per-node", str(nproc), "--run-dir", str(run_dir), "--steps", str(STEPS),
             "--max-restarts", str(restarts), *[a for s in SETS for a in ("--set", s)]]
+
+
+def _losses(run, rank):
+    """{step: loss} of a rank's metrics log, the newest execution of each step."""
+    return {r["step"]: r["loss"] for r in run.metrics(rank).records if r.get("kind") == "step"}
+
+
+def _weights(step_dir, out):
+    """The model's whole tensors in a DCP checkpoint of any world size, in this process."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(step_dir, out)
+    return torch.load(out, weights_only=False)["model"]
+
+
+def _json(command, run_dir):
+    done = subprocess.run([sys.executable, "-m", "trainwatch", command, "--json", str(run_dir)],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode in (0, 1), done.stderr
+    return json.loads(done.stdout)
 
 
 def _content(step_dir):
@@ -43,12 +64,19 @@ def _content(step_dir):
 def test_fsdp_run_resumes_a_killed_rank_from_its_checkpoint_and_ends_as_a_clean_run(
         tmp_path, launch_train):
     clean_dir, killed_dir = tmp_path / "clean", tmp_path / "killed"
+    shrunk_dir = tmp_path / "shrunk"  # killed the same way, no restart: resumed on 1 rank
     clean = launch_train(*_options(clean_dir, 0), env={"TRAINWATCH_FAULT": NAN})
     killed = launch_train(*_options(killed_dir, 1),
+                          env={"TRAINWATCH_FAULT": f"{NAN},kill:rank=1:step=5"})
+    shrunk = launch_train(*_options(shrunk_dir, 0),
                           env={"TRAINWATCH_FAULT": f"{NAN},kill:rank=1:step=5"})
     (clean_code, clean_out), (code, out) = finish(clean), finish(killed)
     assert clean_code == 0, clean_out[-4000:]
     assert code == 0, out[-4000:]
+    shrunk_code, shrunk_out = finish(shrunk)
+    assert shrunk_code == 1, shrunk_out[-4000:]
+    shrunk_code, shrunk_out = finish(launch_train(*_options(shrunk_dir, 0, nproc=1)))
+    assert shrunk_code == 0, shrunk_out[-4000:]
     assert out.count(NOTE) == 2 and clean_out.count(NOTE) == 1  # rank 0, once per attempt
 
     for run in (RunDir(clean_dir), RunDir(killed_dir)):  # the guard, sharded: step 2 skipped
@@ -76,6 +104,41 @@ def test_fsdp_run_resumes_a_killed_rank_from_its_checkpoint_and_ends_as_a_clean_
         name = f"step-{step:08d}"
         assert _content(killed_dir / "checkpoints" / name) == _content(
             clean_dir / "checkpoints" / name), name
+
+    # 2 ranks -> 1: the step keeps its 16 windows (8 x 2 micro-steps) and continues from the
+    # 64 the job had consumed. Each step's loss is the clean job's (its two ranks' mean) and
+    # the weights are its weights, to float rounding (the same windows, summed in another
+    # order); a step's data repeated or skipped is off by ~1 % in loss and ~10 % in the
+    # weights' distance (tests/trainer/test_trainer_world_size.py measures it).
+    shrunk_run, clean_run = RunDir(shrunk_dir), RunDir(clean_dir)
+    (resharded,) = shrunk_run.events("checkpoint_resharded")
+    assert (resharded["step"], resharded["from_world_size"], resharded["to_world_size"]) == (
+        4, 2, 1)
+    assert [(e["world_size"], e["batch_size"], e["grad_accum"], e["global_batch"])
+            for e in shrunk_run.events("run_started")] == [(2, 8, 1, 16), (1, 8, 2, 16)]
+    assert shrunk_run.events("checkpoint_resumed")[-1]["data_position"][0]["consumed"] == 64
+    clean_losses = [_losses(clean_run, rank) for rank in (0, 1)]
+    resumed = _losses(shrunk_run, 0)
+    for step in range(4, STEPS):
+        assert resumed[step] == pytest.approx(
+            (clean_losses[0][step] + clean_losses[1][step]) / 2, rel=1e-5), step
+    after = _weights(shrunk_dir / "checkpoints" / final.name, tmp_path / "shrunk.pt")
+    expected = _weights(clean_dir / "checkpoints" / final.name, tmp_path / "clean.pt")
+    at_4 = _weights(clean_dir / "checkpoints" / "step-00000004", tmp_path / "at4.pt")
+    assert after.keys() == expected.keys()
+    apart = sum(float((after[k] - expected[k]).pow(2).sum()) for k in expected) ** 0.5
+    moved = sum(float((expected[k] - at_4[k]).pow(2).sum()) for k in expected) ** 0.5
+    assert apart < 1e-3 * moved, (apart, moved)
+    # report bills each attempt at its own world size; diagnose lists rank 1 no more
+    report = _json("report", shrunk_dir)
+    first, second = report["attempts"]
+    assert (first["world_size"], second["world_size"], report["world_size"]) == (2, 1, 1)
+    assert report["cost"]["accelerator_hours"] * 3600 == pytest.approx(
+        first["wall_seconds"] * 2 + second["wall_seconds"], rel=1e-9)
+    assert report["tokens"]["productive"] == STEPS * 16 * 64  # global batch x context
+    assert report["warnings"] == []
+    diagnosed = _json("diagnose", shrunk_dir)["evidence"]
+    assert list(diagnosed["ranks"]) == ["0"] and diagnosed["former_ranks"] == {"1": 2}
 
     # and plan sizes the trainer's fsdp checkpoint: the DCP files it really wrote
     real = sum(f.stat().st_size for f in final.iterdir())

@@ -228,7 +228,7 @@ def test_launcher_multinode_command_hosts_on_node_zero_and_names_the_node(tmp_pa
 
 @pytest.mark.parametrize("hash_of, nproc, says, options", [
     ("another config", "1", "refusing to resume a different experiment", []),
-    ("this config", "2", "written by a run with world size 1, this run has 2", []),
+    ("this config", "3", "3 ranks cannot share 16 evenly", []),  # 1 rank x 2 x batch 8
     ("this config", "1", "written by a data-parallel run (parallel.mode: ddp; a whole "
      "model.pt), this run is sharded", ["--set", "parallel.mode=fsdp"]),
 ])
@@ -247,7 +247,9 @@ def test_an_incompatible_checkpoint_is_refused_before_anything_starts(
                         config_hash=digest if hash_of == "this config" else "0123456789ab")
     ckpt.start()
     try:
-        ckpt.after_step(3, lambda: {"model": {"w": torch.zeros(2)}}, final=True)
+        data = {"epoch": 0, "position": 6, "consumed": 48, "seed": 0, "world_size": 1,
+                "batch_size": 8, "grad_accum": 2}
+        ckpt.after_step(3, lambda: {"model": {"w": torch.zeros(2)}, "data": data}, final=True)
     finally:
         ckpt.close()
     done = subprocess.run([*TRAIN, "--run-dir", str(run_dir), "--nproc-per-node", nproc,

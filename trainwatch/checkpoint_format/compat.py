@@ -37,17 +37,15 @@ def config_changes(before: Any, after: dict[str, Any]) -> str:
 
 
 def check_compatible(manifest: dict[str, Any], path: Path, *, config_hash: str | None,
-                     world_size: int, changes: str = "", sharded: bool | None = None,
-                     data_reshards: bool = True) -> None:
+                     changes: str = "", sharded: bool | None = None) -> None:
     """Refuse a checkpoint this run cannot continue exactly (ConfigError, exit code 2);
     ``changes`` (``config_changes``) says what differs from the run's recorded config.
-    A sharded (DCP) checkpoint resumes at any world size: DCP reshards it on load.
+    Any checkpoint resumes at any world size: DCP reshards a sharded one on load, and a
+    data-parallel one's replicas need no resharding (per-rank state: resume.py; the
+    reference trainer also checks that its global batch splits: trainer/step_shape.py).
     ``sharded``: whether this run's model is sharded (the reference trainer's
     ``parallel.mode: fsdp``), when the run knows; a checkpoint of the other kind is refused
-    (None: either kind, as for a user's loop, which finds out when it loads).
-    ``data_reshards=False``: the job's data position continues only at the world size
-    that saved it (the reference trainer's loader), so a sharded checkpoint from another
-    world size is refused too, before anything starts."""
+    (None: either kind, as for a user's loop, which finds out when it loads)."""
     is_dcp = manifest.get("layout") == LAYOUT_DCP
     if sharded is not None and sharded != is_dcp:
         if is_dcp:
@@ -60,20 +58,6 @@ def check_compatible(manifest: dict[str, Any], path: Path, *, config_hash: str |
             fix = "set parallel.mode: ddp (--set parallel.mode=ddp)"
         raise ConfigError(f"{what}; refusing to resume: {fix}, or start a new run directory",
                           file=str(path))
-    if not is_dcp and not data_reshards and manifest.get("world_size") != world_size:
-        raise ConfigError(
-            f"written by a run with world size {manifest.get('world_size')}, this run has "
-            f"{world_size}; the replicated model needs no resharding, but the reference "
-            "trainer's data position (each rank's place in its own share of the batches) "
-            "continues only at the world size that saved it: run with the original world "
-            "size, or start a new run directory", file=str(path))
-    if is_dcp and not data_reshards and manifest.get("world_size") != world_size:
-        raise ConfigError(
-            f"written by a run with world size {manifest.get('world_size')}, this run has "
-            f"{world_size}; DCP would reshard the model, but the reference trainer's data "
-            "position (each rank's place in its own share of the batches) continues only at "
-            "the world size that saved it: run with the original world size, or start a new "
-            "run directory", file=str(path))
     written = weights_config_digest(manifest)
     if config_hash is not None and written != config_hash:
         raise ConfigError(

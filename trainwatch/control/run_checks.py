@@ -121,7 +121,8 @@ def _resume_step(run: RunDir, cfg: Config, world_size: int) -> int | None:
     is none). Checkpoints that exist but of which none has all its files at their sizes
     (the quick half of the ranks' verification; they also check the digests) are refused
     (exit 2), as the ranks would: the run must not quietly start over from step 0. So is
-    a checkpoint of another experiment or world size."""
+    a checkpoint of another experiment, or one whose global batch this world size cannot
+    split (trainer/step_shape.py)."""
     if not run.root.is_dir():
         return None
     ck = cfg.checkpoint
@@ -130,6 +131,7 @@ def _resume_step(run: RunDir, cfg: Config, world_size: int) -> int | None:
     from trainwatch.checkpoint_format.catalog import scan
     from trainwatch.checkpoint_format.compat import check_compatible, config_changes
     from trainwatch.checkpoint_format.manifest import verify
+    from trainwatch.trainer.step_shape import check_resumable
 
     folders = run.configured_checkpoint_folders(ck.dir, ck.mirror_dir)
     found = sorted(((e.step, -order, e) for order, folder in enumerate(folders)
@@ -142,9 +144,10 @@ def _resume_step(run: RunDir, cfg: Config, world_size: int) -> int | None:
             if checked.ok and entry.manifest is not None:
                 recorded = (run.run_info() or {}).get("config")
                 check_compatible(entry.manifest, entry.path, config_hash=cfg.training_digest(),
-                                 world_size=world_size,
                                  changes=config_changes(recorded, cfg.to_dict()),
-                                 sharded=cfg.parallel.mode != "ddp", data_reshards=False)
+                                 sharded=cfg.parallel.mode != "ddp")
+                check_resumable(entry.manifest, world_size, cfg.train.batch_size,
+                                cfg.optim.grad_accum, file=str(entry.path))
                 return step
             refused.append((entry.path, checked.reason))
         else:

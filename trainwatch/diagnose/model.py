@@ -60,6 +60,9 @@ class Evidence:
     prometheus: dict[str, Any] | None = None
     unseen: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    # rank -> the world size it ran at: ranks of an earlier attempt that the newest one,
+    # resumed at a smaller world size, no longer has (their statuses are left behind)
+    former_ranks: dict[int, int] = field(default_factory=dict)
 
     def cannot_see(self, what: str) -> None:
         """Record something diagnose could not observe (shown instead of a guess)."""
@@ -70,7 +73,7 @@ class Evidence:
         # Shallow: the values are already plain JSON-like data, and a deep copy of a
         # thousand ranks' evidence costs seconds (redaction copies it anyway).
         data = {f.name: getattr(self, f.name) for f in fields(self)}
-        for key in ("ranks", "dumps", "stacks"):
+        for key in ("ranks", "dumps", "stacks", "former_ranks"):
             data[key] = {str(k): v for k, v in data[key].items()}
         return data
 

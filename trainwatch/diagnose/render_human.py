@@ -23,6 +23,12 @@ def render(ev: Evidence, findings: list[Finding], console: Console) -> None:
     console.print(Text(redact_text(context_line(ev)), style="dim"))
     if ev.ranks:
         console.print(rank_table(ev, findings))
+    if ev.former_ranks:
+        sizes = sorted(set(ev.former_ranks.values()))
+        console.print(Text(f"rank(s) {sorted(ev.former_ranks)} ran in an earlier attempt at "
+                           f"world size {', '.join(map(str, sizes))}; the newest attempt has "
+                           f"{len(ev.ranks)} rank(s) (resumed at a smaller world size): not "
+                           "listed", style="dim"))
     for i, finding in enumerate(findings, 1):
         console.print(finding_panel(i, finding))
     if ev.unseen:

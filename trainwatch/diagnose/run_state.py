@@ -46,6 +46,9 @@ def gather(run: RunDir, ev: Evidence) -> None:
         if publish and publish["failing"]:
             ev.ranks[rank]["publish"] = publish
         ev.ranks[rank]["recent"] = recent_steps(run.metrics_file(rank), run.root)
+    ev.former_ranks = former_ranks(ev.ranks)
+    for rank in ev.former_ranks:
+        del ev.ranks[rank]
     if not ev.ranks:
         ev.cannot_see(f"no rank status files in {run.status_dir} (job not started, "
                       "or not using trainwatch telemetry)")
@@ -54,6 +57,24 @@ def gather(run: RunDir, ev: Evidence) -> None:
     if missing:
         ev.cannot_see(f"no status file for rank(s) {missing}")
     ev.launcher = launcher_exits(run.logs_dir)
+
+
+def former_ranks(ranks: dict[int, dict[str, Any]]) -> dict[int, int]:
+    """{rank: the world size it ran at} of the statuses an earlier attempt left behind: the
+    newest attempt (its newest-started rank says its world size W) was resumed at a smaller
+    world size, and ranks W and up, whose statuses say another world size, are not in it.
+    Neither live nor finished: not this job's ranks any more."""
+    def started(view: dict[str, Any]) -> float:
+        value = view.get("started_at")
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+    if not ranks:
+        return {}
+    world = max(ranks.values(), key=started).get("world_size")
+    if not isinstance(world, int) or isinstance(world, bool):
+        return {}
+    return {rank: view["world_size"] for rank, view in ranks.items() if rank >= world
+            and isinstance(view.get("world_size"), int) and view["world_size"] != world}
 
 
 def rank_view(status: dict[str, Any], now: float) -> dict[str, Any]:

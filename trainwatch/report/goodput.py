@@ -80,8 +80,8 @@ class Accounting:
     unique_steps: int
     executed_steps: int
     recomputed_steps: int
-    productive_tokens_per_rank: float | None
-    processed_tokens_per_rank: float | None
+    productive_tokens: float | None   # job-wide: rank 0's x its attempt's world size
+    processed_tokens: float | None
     unsaved_steps: int | None
 
     @property
@@ -555,24 +555,30 @@ def account(tl: Timeline) -> Accounting:
         seconds={c: totals[c] for c in CATEGORIES}, incidents=incidents,
         typical_step_seconds=typical, stall_budget_seconds=budget,
         unique_steps=unique, executed_steps=n, recomputed_steps=painter.recomputed,
-        productive_tokens_per_rank=productive_tokens,
-        processed_tokens_per_rank=processed_tokens, unsaved_steps=unsaved)
+        productive_tokens=productive_tokens, processed_tokens=processed_tokens,
+        unsaved_steps=unsaved)
 
 
 def _survivors(tl: Timeline, painter: _Painter
                ) -> tuple[int, float | None, float | None, int | None]:
     """Over the steps no later attempt threw away: how many distinct steps, their tokens,
-    all steps' tokens (None unless every step recorded them), and (for a run that ended
-    unfinished) how many completed after its newest saved checkpoint: lost unless someone
-    resumes and redoes them. Read in chunks (``_kept``): beyond the log, one byte per step."""
+    all steps' tokens (job-wide: rank 0's x its attempt's world size, as every rank trains
+    a micro-batch of the same size; None unless every step recorded them and every
+    attempt's world size is known), and (for a run that ended unfinished) how many
+    completed after its newest saved checkpoint: lost unless someone resumes and redoes
+    them. Read in chunks (``_kept``): beyond the log, one byte per step."""
     log = tl.steps
     steps = np.frombuffer(log.step, dtype=np.int64)
     tokens = np.frombuffer(log.tokens, dtype=np.float64)
     chunks = list(_kept(tl, painter))
     unique = _distinct(steps, chunks)
-    known = len(log) > 0 and not any(np.isnan(tokens[lo:hi]).any() for lo, hi, _ in chunks)
-    productive = math.fsum(_values(tokens, chunks, kept=True)) if known else None
-    processed = math.fsum(_values(tokens, chunks, kept=False)) if known else None
+    sizes = np.array([np.nan if a.world_size is None else a.world_size for a in tl.attempts],
+                     dtype=np.float64)
+    known = (len(log) > 0 and not np.isnan(sizes).any()
+             and not any(np.isnan(tokens[lo:hi]).any() for lo, hi, _ in chunks))
+    scale = (np.asarray(log.attempt_starts, dtype=np.int64), sizes)
+    productive = math.fsum(_values(tokens, chunks, kept=True, scale=scale)) if known else None
+    processed = math.fsum(_values(tokens, chunks, kept=False, scale=scale)) if known else None
     unsaved = None
     if tl.state == "ended":
         saved = max((e["step"] for e in tl.events if e["event"] == "checkpoint_saved"
@@ -618,8 +624,21 @@ def _distinct(steps: np.ndarray, chunks: list[tuple[int, int, np.ndarray]]) -> i
 
 
 def _values(values: np.ndarray, chunks: list[tuple[int, int, np.ndarray]], *,
-            kept: bool) -> Iterator[float]:
-    """The values of the kept executions (or of all), a few thousand floats at a time."""
-    parts = ((values[lo:hi][keep] if kept else values[lo:hi]) for lo, hi, keep in chunks)
-    return itertools.chain.from_iterable(part[i:i + _STEP_CHUNK].tolist() for part in parts
+            kept: bool, scale: tuple[np.ndarray, np.ndarray]) -> Iterator[float]:
+    """The values of the kept executions (or of all), each times its attempt's factor
+    (``scale``: the attempts' first indices and factors), a few thousand floats at a time."""
+    starts, factors = scale
+
+    def parts() -> Iterator[tuple[np.ndarray, float]]:
+        for lo, hi, keep in chunks:  # an attempt's executions are contiguous
+            attempt = int(np.searchsorted(starts, lo, "right")) - 1
+            while attempt < len(starts) and (attempt < 0 or starts[attempt] < hi):
+                a = max(lo, int(starts[attempt]) if attempt >= 0 else lo)
+                b = min(hi, int(starts[attempt + 1]) if attempt + 1 < len(starts) else hi)
+                part = values[a:b]
+                yield (part[keep[a - lo:b - lo]] if kept else part), float(factors[attempt])
+                attempt += 1
+
+    return itertools.chain.from_iterable((part[i:i + _STEP_CHUNK] * factor).tolist()
+                                         for part, factor in parts()
                                          for i in range(0, len(part), _STEP_CHUNK))

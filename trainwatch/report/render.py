@@ -44,9 +44,12 @@ _CATEGORY_TEXT = {
 
 # --------------------------------------------------------------------------- the dictionary
 
-def _attempt(a) -> dict[str, Any]:
+def _attempt(a, seconds: float, settings: CostSettings) -> dict[str, Any]:
+    held = cost_mod.accelerators(settings, a.world_size)[0]
     return {"index": a.index, "restart_count": a.restart_count, "restarted_by": a.restarted_by,
-            "started_at": a.started_at,
+            "started_at": a.started_at, "world_size": a.world_size,
+            "wall_seconds": seconds, "accelerators": held,
+            "cost": cost_mod.incident_cost(seconds, settings, a.world_size),
             "ended_at": a.ended_at, "outcome": a.outcome, "ranks": len(a.ranks),
             "resumed_from": a.resumed_from, "resume_source": a.resume_source,
             "first_step": a.execs[0].step if a.execs else None,
@@ -75,7 +78,7 @@ def report(tl: Timeline, acc: Accounting, settings: CostSettings) -> dict[str, A
             "restart_downtime_seconds": inc.seconds["restart_downtime"],
             "stalled_seconds": inc.seconds["stalled"],
             "total_seconds": inc.total_seconds,
-            "cost": cost_mod.incident_cost(inc.total_seconds, settings, world),
+            "cost": cost_mod.incident_cost(inc.total_seconds, settings, a.world_size),
             "evidence": inc.evidence,
         })
     return {
@@ -95,12 +98,12 @@ def report(tl: Timeline, acc: Accounting, settings: CostSettings) -> dict[str, A
                   "unsaved": acc.unsaved_steps,
                   "typical_seconds": acc.typical_step_seconds,
                   "stall_budget_seconds": acc.stall_budget_seconds},
-        "tokens": {"productive": cost_mod.productive_tokens(acc, world),
-                   "processed": cost_mod.processed_tokens(acc, world)},
-        "attempts": [_attempt(a) for a in tl.attempts],
+        "tokens": {"productive": acc.productive_tokens, "processed": acc.processed_tokens},
+        "attempts": [_attempt(a, seconds, settings)
+                     for a, seconds in zip(tl.attempts, cost_mod.attempt_seconds(tl))],
         "restarts": attempts.summary([a.restarted_by for a in tl.attempts]),
         "incidents": incidents,
-        "cost": cost_mod.costs(acc, settings, world),
+        "cost": cost_mod.costs(acc, settings, tl),
         "checkpoint_hint": checkpoint_hint(tl, acc),
         "skipped": {"journal_lines": len(tl.skipped_journal),
                     "metrics_lines": len(tl.skipped_metrics),
@@ -134,6 +137,14 @@ def percent(ratio: float | None) -> str:
     return "-" if ratio is None else f"{100 * ratio:.1f} %"
 
 
+def _sizes(data: dict[str, Any]) -> str:
+    """The world size, or each attempt's where a resume changed it (2 -> 1)."""
+    sizes = [a["world_size"] for a in data["attempts"]]
+    if len(set(sizes)) > 1:
+        return " -> ".join(str(s) if s is not None else "?" for s in sizes)
+    return str(data["world_size"] or "?")
+
+
 def _table(title: str) -> Table:
     return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
 
@@ -143,7 +154,7 @@ def render(data: dict[str, Any], console: Console) -> None:
     console.print(Text(f"trainwatch report: {data['run_dir']} (job {data['job']}, "
                        f"{data['state']})", style="bold"))
     console.print(f"wall time {duration(t['wall_seconds'])}, "
-                  f"{attempts.describe(data['restarts'])}, world size {data['world_size'] or '?'}"
+                  f"{attempts.describe(data['restarts'])}, world size {_sizes(data)}"
                   + (f"; not running for {duration(t['not_running_seconds'])} between launches"
                      if t["not_running_seconds"] else ""))
     console.print(f"goodput {percent(data['goodput_ratio'])} · effective training time ratio "

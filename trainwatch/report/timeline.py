@@ -135,6 +135,7 @@ class Attempt:
     exits: list[dict[str, Any]] = field(default_factory=list)   # torchrun's failed workers
     failure_seen_at: float | None = None   # when torchrun logged the first of them
     vanished: list[dict[str, Any]] = field(default_factory=list)  # gone, status says running
+    world_size: int | None = None          # its own: a resume may change it (_world_size)
 
     def named(self, *names: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["event"] in names]
@@ -468,30 +469,37 @@ def read_timeline(run: RunDir) -> Timeline:
     if last_attempt.ended_at is None:
         last_attempt.ended_at = end
     state = {"finished": "finished", "running": "running"}.get(last_attempt.outcome, "ended")
-    world_size = _world_size(info, events, attempts, run, warnings)
+    world_size = _world_size(info, attempts, run, warnings)
     return Timeline(run.root, info, str(info.get("job") or run.root.resolve().name), world_size,
                     start, end, attempts, events, _not_running(events, start, end), state,
                     skipped_journal, skipped_metrics, warnings, log)
 
 
-def _world_size(info: dict[str, Any], events: list[dict[str, Any]], attempts: list[Attempt],
+def _world_size(info: dict[str, Any], attempts: list[Attempt],
                 run: RunDir, warnings: list[str]) -> int | None:
-    """run.json's world size, cross-checked against what the ranks themselves said."""
+    """Each attempt's world size (what its rank 0 said at the start, else the ranks that
+    journaled rank_started, else run.json's), and the run's: the newest attempt's, which
+    run.json (written at each launch) should repeat. A resume at another world size
+    changes it between attempts; that is not a warning."""
     declared = info.get("world_size") if isinstance(info.get("world_size"), int) else None
-    said = {e["world_size"] for e in events if e["event"] in ("run_started", "restarted")
-            and isinstance(e.get("world_size"), int)}
-    world = declared if declared is not None else (max(said) if said else None)
+    for attempt in attempts:
+        said = [e["world_size"] for e in attempt.named("run_started", "restarted")
+                if isinstance(e.get("world_size"), int) and not isinstance(e["world_size"], bool)]
+        attempt.world_size = said[-1] if said else (len(attempt.ranks) or declared)
+        if said and len(attempt.ranks) != said[-1]:
+            warnings.append(f"attempt {attempt.index}: {len(attempt.ranks)} of {said[-1]} "
+                            "ranks journaled rank_started")
+    known = [a.world_size for a in attempts if a.world_size is not None]
+    newest = known[-1] if known else None
+    world = newest if newest is not None else declared
     if world is None:
         warnings.append("world size unknown (no run.json, no run_started event)")
         return None
-    if said - {world}:
-        warnings.append(f"run.json says world size {world}, rank 0 reported "
-                        f"{', '.join(map(str, sorted(said)))}")
-    for attempt in attempts:
-        if len(attempt.ranks) != world:
-            warnings.append(f"attempt {attempt.index}: {len(attempt.ranks)} of {world} ranks "
-                            "journaled rank_started")
+    if declared is not None and newest is not None and declared != newest:
+        warnings.append(f"run.json says world size {declared}, rank 0 of the newest attempt "
+                        f"reported {newest}")
     logs = run.ranks_with_metrics()
-    if logs and len(logs) != world:
-        warnings.append(f"{len(logs)} rank metrics logs for a world size of {world}")
+    if logs and len(logs) != max(known or [world]):
+        warnings.append(f"{len(logs)} rank metrics logs for a world size of "
+                        f"{max(known or [world])}")
     return world

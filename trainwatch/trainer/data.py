@@ -219,10 +219,13 @@ class ShardedBatches:
     """Endless (x, y) batches of ``context``-token windows for one rank.
 
     The windows of a split are cut at multiples of ``context``; each epoch they are
-    permuted with a generator seeded by (seed, epoch) — the same on every rank — and
-    rank r takes every world_size-th one, so ranks read disjoint shards. The state is
-    just (epoch, position), so a resumed loader yields exactly the batches the
-    original would have yielded next.
+    permuted with a generator seeded by (seed, epoch), the same on every rank. Each call
+    takes the next ``batch_size x world_size`` windows of that order for the whole job,
+    and rank r the r-th of every world_size of them, so ranks read disjoint windows and
+    the job reads the order front to back. An epoch ends when fewer than that many remain
+    (they are dropped). The state is the job's progress, (epoch, windows consumed), the
+    same on every rank: a loader of any world size or batch size continues from it
+    exactly where the job stopped (docs/checkpoints.md).
     """
 
     def __init__(self, tokens: np.ndarray, *, context: int, batch_size: int, rank: int,
@@ -230,55 +233,77 @@ class ShardedBatches:
         self.tokens, self.context, self.batch_size = tokens, context, batch_size
         self.rank, self.world_size, self.seed, self.shuffle = rank, world_size, seed, shuffle
         self.num_windows = (len(tokens) - 1) // context
-        self.windows_per_rank = self.num_windows // world_size
-        self.batches_per_epoch = self.windows_per_rank // batch_size
+        self.global_batch = batch_size * world_size  # windows one call takes, job-wide
+        self.batches_per_epoch = self.num_windows // self.global_batch
         if self.batches_per_epoch < 1:
             raise ConfigError(
                 f"a split of {len(tokens)} tokens gives {self.num_windows} windows of "
                 f"{context}, too few for {world_size} ranks x batch {batch_size}; "
                 "prepare more data or lower train.batch_size / model.context")
         self.epoch = 0
-        self.position = 0
+        self.consumed = 0  # windows of this epoch's order the job has taken
         self._order_epoch = -1
         self._order: np.ndarray | None = None
+
+    @property
+    def position(self) -> int:
+        """Batches of this size taken this epoch (what the journal shows)."""
+        return self.consumed // self.global_batch
 
     def _epoch_order(self) -> np.ndarray:
         order = self._order
         if order is None or self._order_epoch != self.epoch:
-            windows = np.arange(self.num_windows)
+            order = np.arange(self.num_windows)
             if self.shuffle:
-                windows = np.random.default_rng([self.seed, self.epoch]).permutation(windows)
-            order = self._order = windows[self.rank::self.world_size][:self.windows_per_rank]
-            self._order_epoch = self.epoch
+                order = np.random.default_rng([self.seed, self.epoch]).permutation(order)
+            self._order, self._order_epoch = order, self.epoch
         return order
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.position >= self.batches_per_epoch:
+        if self.consumed + self.global_batch > self.num_windows:
             self.epoch += 1
-            self.position = 0
-        start = self.position * self.batch_size
-        windows = self._epoch_order()[start:start + self.batch_size]
+            self.consumed = 0
+        start = self.consumed + self.rank
+        windows = self._epoch_order()[start:self.consumed + self.global_batch:self.world_size]
         rows = np.stack([self.tokens[w * self.context:w * self.context + self.context + 1]
                          for w in windows]).astype(np.int64)
-        self.position += 1
+        self.consumed += self.global_batch
         batch = torch.from_numpy(rows)
         return batch[:, :-1], batch[:, 1:]
 
+    def resized(self, batch_size: int) -> "ShardedBatches":
+        """A loader of the same windows and order taking ``batch_size`` per rank a call."""
+        return ShardedBatches(self.tokens, context=self.context, batch_size=batch_size,
+                              rank=self.rank, world_size=self.world_size, seed=self.seed,
+                              shuffle=self.shuffle)
+
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
-                "world_size": self.world_size, "batch_size": self.batch_size}
+        return {"epoch": self.epoch, "position": self.position, "consumed": self.consumed,
+                "seed": self.seed, "world_size": self.world_size,
+                "batch_size": self.batch_size}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Continue where ``state`` was taken; the order must be the same one."""
-        for key, mine in (("seed", self.seed), ("world_size", self.world_size),
-                          ("batch_size", self.batch_size)):
-            if state.get(key, mine) != mine:
-                raise ConfigError(f"saved data position has {key}={state[key]}, this run has "
-                                  f"{mine}; the batch order would differ", key=f"data.{key}")
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        """Continue where ``state`` was taken, at this loader's world size and batch size;
+        the order (``seed``) must be the same one."""
+        if state.get("seed", self.seed) != self.seed:
+            raise ConfigError(f"saved data position has seed={state['seed']}, this run has "
+                              f"{self.seed}; the batch order would differ",
+                              key="data.shuffle_seed")
+        self.epoch = int(state["epoch"])
+        self.consumed = consumed_windows(state, self.batch_size, self.world_size)
+
+
+def consumed_windows(state: dict[str, int], batch_size: int, world_size: int) -> int:
+    """The windows of its epoch a saved position had consumed, job-wide. Positions saved
+    before ``consumed`` was recorded: batches x their batch size x their world size (the
+    given ones where even those are missing)."""
+    if "consumed" in state:
+        return int(state["consumed"])
+    return (int(state["position"]) * int(state.get("batch_size", batch_size))
+            * int(state.get("world_size", world_size)))
 
 
 def manifest_summary(manifest: dict[str, Any]) -> str:

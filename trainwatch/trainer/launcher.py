@@ -38,6 +38,7 @@ from trainwatch.checkpoint_format.catalog import newest_complete
 from trainwatch.checkpoint_format.compat import check_compatible, config_changes
 from trainwatch.trainer.config import Config, check_world_size, load_config
 from trainwatch.trainer.faults import parse_faults
+from trainwatch.trainer.step_shape import check_resumable
 from trainwatch.trainer.rendezvous import one_node_args
 
 FLIGHT_RECORDER_ENTRIES = 2000
@@ -191,9 +192,10 @@ def _record(what: str, write: Callable[[], object]) -> None:
 
 
 def refuse_incompatible_checkpoint(spec: LaunchSpec, cfg: Config) -> None:
-    """The ranks refuse to resume a checkpoint of another config or world size (exit 2),
-    and torchrun would restart them for nothing, burying the reason under its traceback;
-    say it once, before starting anything. Reads manifests only (the ranks verify)."""
+    """The ranks refuse to resume a checkpoint of another config, or one whose global batch
+    this world size cannot split (exit 2), and torchrun would restart them for nothing,
+    burying the reason under its traceback; say it once, before starting anything. Reads
+    manifests only (the ranks verify)."""
     if not cfg.checkpoint.enabled or cfg.checkpoint.resume == "never":
         return
     folders = checkpoint_folders(RunDir(spec.run_dir), cfg)
@@ -202,9 +204,10 @@ def refuse_incompatible_checkpoint(spec: LaunchSpec, cfg: Config) -> None:
         _, path, manifest = newest
         recorded = (RunDir(spec.run_dir).run_info() or {}).get("config")
         check_compatible(manifest, path, config_hash=cfg.training_digest(),
-                         world_size=spec.nnodes * spec.nproc_per_node,
                          changes=config_changes(recorded, cfg.to_dict()),
-                         sharded=cfg.parallel.mode != "ddp", data_reshards=False)
+                         sharded=cfg.parallel.mode != "ddp")
+        check_resumable(manifest, spec.nnodes * spec.nproc_per_node, cfg.train.batch_size,
+                        cfg.optim.grad_accum, file=str(path))
 
 
 def launch(spec: LaunchSpec) -> int:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from trainwatch.trainer.data import ShardedBatches
+from trainwatch.trainer.step_shape import StepShape
 
 
 @dataclass
@@ -26,6 +27,13 @@ class TrainingState:
     loader: ShardedBatches
     step: int = 0  # steps completed, i.e. the next step to run
     mode: str = "ddp"  # parallel.mode: "fsdp" holds DTensor shards (trainer/parallel.py)
+    # per-rank batch x accumulation x ranks of a step: the config's, or, resumed at another
+    # world size, the one that keeps the checkpoint's global batch (step_shape.py)
+    shape: StepShape | None = None
+
+    @property
+    def grad_accum(self) -> int:
+        return self.shape.grad_accum if self.shape is not None else 1
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step,

@@ -39,7 +39,7 @@ from trainwatch.trainer.data import Dataset, ShardedBatches, ensure_default_data
 from trainwatch.trainer.faults import FaultInjector
 from trainwatch.rank.metrics_server import MetricsServer
 from trainwatch.trainer.model import GPT
-from trainwatch.trainer import parallel
+from trainwatch.trainer import parallel, step_shape
 from trainwatch.trainer.stores import bind_stores
 from trainwatch.rank.skips import agree_skip_steps
 from trainwatch.trainer.state import TrainingState
@@ -162,6 +162,7 @@ def build_training_state(cfg: Config, data: Dataset, ranks: Ranks) -> TrainingSt
         lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2),
         fused=ranks.device.type == "cuda")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(cfg, s))
+    shape = step_shape.StepShape(cfg.train.batch_size, cfg.optim.grad_accum, ranks.world_size)
     loader = ShardedBatches(data.train, context=cfg.model.context,
                             batch_size=cfg.train.batch_size, rank=ranks.rank,
                             world_size=ranks.world_size, seed=cfg.data.shuffle_seed)
@@ -170,21 +171,25 @@ def build_training_state(cfg: Config, data: Dataset, ranks: Ranks) -> TrainingSt
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    return TrainingState(model, optimizer, scheduler, loader, mode=mode)
+    return TrainingState(model, optimizer, scheduler, loader, mode=mode, shape=shape)
 
 
 def checkpoint_state(state: TrainingState) -> dict:
-    """What a checkpoint holds; ``data`` is this rank's own, the rest is the same on every rank
-    (the checkpointer adds every rank's RNG states), or under fsdp each rank's shards."""
+    """What a checkpoint holds; ``data`` is the job's data position and the step's shape
+    (the same on every rank), the rest is the same on every rank (the checkpointer adds
+    every rank's RNG states), or under fsdp each rank's shards."""
     return {**parallel.checkpoint_trees(state.model, state.optimizer, state.scheduler,
                                         state.mode),
-            "data": state.loader.state_dict()}
+            "data": {**state.loader.state_dict(), "grad_accum": state.grad_accum}}
 
 
 def restore_checkpoint(state: TrainingState, restored: Restored, group: Any = None) -> None:
     """Put a checkpoint back: weights, optimizer, schedule, data position and step (RNG last,
     just before the loop, with ``restored.restore_rng()``). A sharded one is loaded through
-    DCP by every rank (``group``: the checkpointer's)."""
+    DCP by every rank (``group``: the checkpointer's). At another world size the step keeps
+    the checkpoint's global batch (step_shape.py: or exit 2 when the new world size cannot
+    split it) and the loader continues from the job's windows consumed."""
+    reshape(state, restored)
     if parallel.is_sharded(state.mode):
         parallel.load_sharded(restored.path, state.model, state.optimizer, state.scheduler,
                               group)
@@ -194,6 +199,27 @@ def restore_checkpoint(state: TrainingState, restored: Restored, group: Any = No
         state.scheduler.load_state_dict(restored.shared["scheduler"])
     state.loader.load_state_dict(restored.data)
     state.step = restored.step
+
+
+def reshape(state: TrainingState, restored: Restored) -> None:
+    """The step shape this run continues ``restored`` with, and a loader of its batch size."""
+    assert state.shape is not None, "build_training_state gives the config's shape"
+    saved = step_shape.saved_shape(restored.data, state.shape.grad_accum)
+    if saved is None:
+        return
+    shape = step_shape.reshaped(saved, state.shape.world_size, state.shape.batch_size,
+                                file=str(restored.path))
+    if shape.batch_size != state.loader.batch_size:
+        state.loader = state.loader.resized(shape.batch_size)
+    state.shape = shape
+
+
+def step_fields(state: TrainingState) -> dict[str, int]:
+    """The step's shape as the start events journal it (per-rank batch, accumulation and
+    the global batch: after a resume at another world size, what changed and what did not)."""
+    assert state.shape is not None, "build_training_state gives the config's shape"
+    return {"batch_size": state.shape.batch_size, "grad_accum": state.shape.grad_accum,
+            "global_batch": state.shape.global_batch}
 
 
 def autocast(device: torch.device) -> contextlib.AbstractContextManager:
@@ -255,16 +281,17 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpoi
                  dataset_sha256=data.manifest["splits"]["train"]["sha256"])
     if ranks.is_main:
         start = dict(world_size=ranks.world_size, params=model.num_params(),
-                     config_digest=cfg.digest(), start_step=state.step, steps=cfg.train.steps)
+                     config_digest=cfg.digest(), start_step=state.step, steps=cfg.train.steps,
+                     **step_fields(state))
         if ranks.restart_count > 0:
             tel.event("restarted", restart_count=ranks.restart_count, **start)
         else:
             tel.event("run_started", **start)
 
-    accum, last = cfg.optim.grad_accum, cfg.train.steps - 1
+    accum, last = state.grad_accum, cfg.train.steps - 1
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
-    tokens_per_step = accum * cfg.train.batch_size * cfg.model.context
-    samples_per_step = accum * cfg.train.batch_size
+    samples_per_step = accum * state.loader.batch_size  # this rank's
+    tokens_per_step = samples_per_step * cfg.model.context
     if restored is not None:
         restored.restore_rng()  # last: the random streams continue exactly where they were
     loss = None

@@ -191,7 +191,7 @@ class Checkpointer:
         assert chosen.manifest is not None, "a verified checkpoint's manifest was read"
         try:
             resume_mod.check_compatible(chosen.manifest, chosen.path,
-                                        config_hash=self.config_hash, world_size=self.world_size,
+                                        config_hash=self.config_hash,
                                         sharded=self.expect_sharded)
         except ConfigError as exc:
             self._journal("checkpoint_failed", path=str(chosen.path), error=str(exc),

@@ -2,8 +2,8 @@
 
 The newest checkpoint whose every file verifies wins; each newer one that does not is
 passed over with the reason (the caller journals ``checkpoint_fallback``).  The mirror
-copy of a step is tried before an older step.  A checkpoint written by another config or
-world size is refused, never loaded.
+copy of a step is tried before an older step.  A checkpoint written by another config
+is refused, never loaded; one of another world size is resumed (``_rank_state``).
 """
 
 from __future__ import annotations
@@ -71,15 +71,13 @@ class Restored:
 
 def load(path: Path, manifest: dict[str, Any], rank: int, world_size: int = 1) -> Restored:
     """This rank's part of checkpoint ``path``: the shared trees of a data-parallel one,
-    and its own state (RNGs, data position). A sharded (DCP) checkpoint's trees are loaded
-    by its caller, into the job's objects (sharded.py)."""
+    and its own state (RNGs, data position), at any world size. A sharded (DCP)
+    checkpoint's trees are loaded by its caller, into the job's objects (sharded.py)."""
+    rank_state, resharded = _rank_state(path, manifest, rank, world_size)
     if manifest.get("layout") == LAYOUT_DCP:
-        rank_state, resharded = _rank_state(path, manifest, rank, world_size)
         return Restored(path, manifest["step"], manifest, {}, rank_state, resharded)
     shared = {name: torch.load(path / f"{name}.pt", map_location="cpu", weights_only=True)
               for name in manifest["shared"]}
-    # Replicas need no resharding: at another world size only the per-rank state changes.
-    rank_state, resharded = _rank_state(path, manifest, rank, world_size)
     return Restored(path, manifest["step"], manifest, shared, rank_state, resharded)
 
 
@@ -87,7 +85,8 @@ def _rank_state(path: Path, manifest: dict[str, Any], rank: int, world_size: int
                 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Its own file at the world size that wrote it. At another world size: rank 0's data
     position for every rank (the job's global progress; docs/checkpoints.md), a rank's own
-    RNGs where it existed, and fresh ones, derived from rank 0's and the rank, where not."""
+    RNGs where it existed, and fresh ones, derived from rank 0's and the rank, where not.
+    Data-parallel checkpoints and sharded ones alike: replicas need no resharding."""
     written = manifest["world_size"]
 
     def own(r: int) -> dict[str, Any]:
