@@ -78,7 +78,8 @@ def build_status(ctx: AgentContext, *, listen: str, config_loaded_at: float) -> 
 
     active = findings.get("findings", [])
     collectors = {name: rec.summary() for name, rec in sorted(records.items())}
-    health, reasons = _node_health(active, collectors, ranks_data["jobs"])
+    supervisors = (records["supervisor"].data if "supervisor" in records else None) or {}
+    health, reasons = _node_health(active, collectors, ranks_data["jobs"], supervisors)
     node_health = {name: records[name].data for name in ("gpu", "storage", "network", "nccl")
                    if name in records and records[name].data is not None}
     return {
@@ -93,7 +94,7 @@ def build_status(ctx: AgentContext, *, listen: str, config_loaded_at: float) -> 
         "recently_cleared": findings.get("recently_cleared", []),
         "collectors": collectors, "node_health": node_health,
         # Each watched run's supervisor as this host judges it (TrainwatchSupervisorDown).
-        "supervisors": (records["supervisor"].data if "supervisor" in records else None) or {},
+        "supervisors": supervisors,
     }
 
 
@@ -110,8 +111,13 @@ def _rank_health(rank: dict[str, Any], verdict: dict[str, Any]) -> str:
 
 
 def _node_health(findings: list[dict[str, Any]], collectors: dict[str, dict[str, Any]],
-                 jobs: list[dict[str, Any]]):
+                 jobs: list[dict[str, Any]], supervisors: dict[str, dict[str, Any]]):
     reasons = [f"job {f['job']}: {f['message']}" for f in findings]
+    # A supervisor down is critical: its job runs with no repair and its engine is silent.
+    down = [s for s in supervisors.values() if not s.get("up")]
+    reasons += [f"job {s['job']}: its supervisor ({s['holder']}) is {s['state']}: nothing "
+                "repairs the job and its own alerts do not fire (runbook "
+                "TrainwatchSupervisorDown)" for s in down]
     for job in jobs:
         if job.get("unreadable"):
             reasons.append(f"job {job['job']}: permission denied reading "
@@ -121,6 +127,6 @@ def _node_health(findings: list[dict[str, Any]], collectors: dict[str, dict[str,
     for name, c in collectors.items():
         if c["state"] in ("failed", "timeout"):
             reasons.append(f"collector {name} {c['state']}: {c['reason']}")
-    if any(f["severity"] == "critical" for f in findings):
+    if down or any(f["severity"] == "critical" for f in findings):
         return "critical", reasons
     return ("degraded" if reasons else "ok"), reasons
