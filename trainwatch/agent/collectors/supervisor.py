@@ -105,7 +105,7 @@ def judge(run: RunDir, node: str | None = None,
         share = None
         if cpu is not None and cpu_before is not None and cpu_before[0] == holder.pid \
                 and now - cpu_before[2] > CPU_WINDOW_SECONDS:
-            share = (cpu_seconds - cpu_before[1]) / (now - cpu_before[2])
+            share = (cpu[1] - cpu_before[1]) / (now - cpu_before[2])
         state = stale_verdict(age, share, previous)
     return {"state": state, "up": state in (UP, BUSY), "heartbeat_age_seconds": age,
             "process_status": proc_status, "pid": holder.pid, "role": holder.role,
