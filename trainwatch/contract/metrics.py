@@ -356,8 +356,9 @@ _SPECS += [
     _m("trainwatch_run_supervisor_up", "gauge",
        "1 while the run's supervisor (trainwatch run, alerts receive with a job) runs on this "
        "node and beats; 0 when it is frozen (stopped, T), dead (gone, zombie) or hung (its "
-       "heartbeat older than 20 s while it uses no CPU, or 120 s while it spins). Only the agent on its host exports it, only for a "
-       "supervisor that writes a heartbeat, and not after it stopped cleanly.",
+       "heartbeat older than 20 s while it uses no CPU, or 120 s while it spins). Only the "
+       "agent on its host exports it, only for a supervisor that writes a heartbeat, and not "
+       "after it stopped cleanly.",
        RUN_NODE),
     _m("trainwatch_run_supervisor_heartbeat_age_seconds", "gauge",
        "Seconds since the run's supervisor last wrote its heartbeat (RUN_DIR/supervisor.beat, "
