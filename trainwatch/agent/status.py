@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from trainwatch import __version__
+from trainwatch.agent.collectors.journal import REPLACED_SHOWN_SECONDS
 from trainwatch.agent.context import AgentContext
 
 STATUS_FORMAT = "trainwatch.agent.status"
@@ -80,6 +81,9 @@ def build_status(ctx: AgentContext, *, listen: str, config_loaded_at: float) -> 
     collectors = {name: rec.summary() for name, rec in sorted(records.items())}
     supervisors = (records["supervisor"].data if "supervisor" in records else None) or {}
     health, reasons = _node_health(active, collectors, ranks_data["jobs"], supervisors)
+    reasons += _journal_reasons(journals, now)
+    if reasons and health == "ok":
+        health = "degraded"
     node_health = {name: records[name].data for name in ("gpu", "storage", "network", "nccl")
                    if name in records and records[name].data is not None}
     return {
@@ -108,6 +112,26 @@ def _rank_health(rank: dict[str, Any], verdict: dict[str, Any]) -> str:
     if not verdict:
         return "unknown"
     return "ok"
+
+
+def _journal_reasons(journals: dict[str, Any], now: float) -> list[str]:
+    """A journal the agent may not read, or found replaced while the run goes on (the
+    journal collector, TrainwatchJournalUnreliable): the run's record is not whole."""
+    reasons = []
+    for j in journals.values():
+        if not isinstance(j, dict):
+            continue
+        if j.get("error"):
+            reasons.append(f"job {j['job']}: its journal {j['path']} cannot be read "
+                           f"({j['error']}): what it says (alerts, restarts, the supervisor's "
+                           "stop) is unseen (runbook TrainwatchJournalUnreliable)")
+        at = j.get("replaced_at")
+        if isinstance(at, (int, float)) and now - at < REPLACED_SHOWN_SECONDS:
+            reasons.append(f"job {j['job']}: its journal {j['path']} was replaced, truncated "
+                           f"or removed while the run goes on ({j['replaced_total']} time(s), "
+                           f"last {now - at:.0f} s ago): what it said before is lost to "
+                           "report and diagnose (runbook TrainwatchJournalUnreliable)")
+    return reasons
 
 
 def _node_health(findings: list[dict[str, Any]], collectors: dict[str, dict[str, Any]],

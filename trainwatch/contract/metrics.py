@@ -307,6 +307,14 @@ _SPECS = [
     _m("trainwatch_collector_journal_lines_skipped_total", "counter",
        "Journal lines the agent skipped as torn, alien (not an object, unknown record "
        "version, no event name) or longer than its read cap.", RUN_NODE),
+    _m("trainwatch_collector_journal_unreadable", "gauge",
+       "1 while the agent cannot read the run's journal (permission denied, not a regular "
+       "file, a link out of the run directory): alerts, restarts and the supervisor's stop "
+       "it records are unseen; 0 otherwise.", RUN_NODE),
+    _m("trainwatch_collector_journal_replaced_total", "counter",
+       "Times the agent found the run's journal replaced (another file), truncated, "
+       "rewritten or removed while the run went on: what it said before is lost to report "
+       "and diagnose (trainwatch only appends to it).", RUN_NODE),
     _m("trainwatch_collector_run_dirs", "gauge", "Run directories the agent watches.", NODE),
     _m("trainwatch_collector_agent_cpu_seconds_total", "counter",
        "CPU time used by the agent process.", NODE, "seconds"),
