@@ -8,7 +8,9 @@ checkpoint library write, plus a torn and some alien lines) and by the real writ
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,6 +25,8 @@ from trainwatch.rundir.run_dir import RunDir
 JOURNAL = FIXTURES / "journal" / "journal.jsonl"
 LINES = JOURNAL.read_bytes().splitlines(keepends=True)
 NODE = ("node", "node-a")
+REPLACED = "trainwatch_collector_journal_replaced_total"
+UNREADABLE = "trainwatch_collector_journal_unreadable"
 
 
 def run_with(tmp_path: Path, data: bytes = b"", name: str = "run") -> RunDir:
@@ -151,7 +155,8 @@ def test_bounded_reads_catch_up_before_exporting(tmp_path):
         "max_bytes_per_run": 1024}}), "journal")
     offsets = [0]
     while not (result := journal.collect()).data[str(run.root)]["caught_up"]:
-        assert result.samples == []
+        # only the gauge that it can be read: no counter before the whole journal is
+        assert [(x.name, x.value) for x in result.samples] == [(UNREADABLE, 0.0)]
         offsets.append(result.data[str(run.root)]["offset"])
         assert len(offsets) < 20
     offsets.append(result.data[str(run.root)]["offset"])
@@ -189,6 +194,8 @@ def test_truncation_rotation_and_rewrite_start_over_without_lowering_totals(tmp_
     result = journal.collect()
     assert fired(result, "TrainingStalled", "critical") == 4
     assert result.data[str(run.root)]["reopened_total"] == 1
+    # trainwatch only appends: each of these, while the run goes on, lost its record
+    assert value(result, REPLACED) == 1
 
     os.rename(run.journal_file, run.root / "journal.jsonl.1")  # rotated: a new, longer file
     run.journal_file.write_bytes(LINES[19] * 5)  # CheckpointFailed
@@ -196,6 +203,7 @@ def test_truncation_rotation_and_rewrite_start_over_without_lowering_totals(tmp_
     assert fired(result, "CheckpointFailed", "warning") == 5
     assert fired(result, "TrainingStalled", "critical") == 4
     assert result.data[str(run.root)]["reopened_total"] == 2
+    assert value(result, REPLACED) == 2
 
     # Rewritten in place (same inode) and already longer than the offset: its first bytes
     # differ from what was read, so it is read from the start, not from the old offset.
@@ -208,9 +216,14 @@ def test_truncation_rotation_and_rewrite_start_over_without_lowering_totals(tmp_
     assert result.data[str(run.root)]["reopened_total"] == 3
 
     run.journal_file.unlink()  # gone: totals stay, a new journal is read from its start
-    assert fired(journal.collect(), "TrainingStalled", "critical") == 12
+    result = journal.collect()
+    assert fired(result, "TrainingStalled", "critical") == 12
+    assert value(result, REPLACED) == 4
     run.journal_file.write_bytes(stalled)
-    assert fired(journal.collect(), "TrainingStalled", "critical") == 13
+    result = journal.collect()
+    assert fired(result, "TrainingStalled", "critical") == 13
+    assert value(result, REPLACED) == 4  # the removal and its new file: one loss
+    assert value(result, UNREADABLE) == 0
 
 
 def test_alien_and_overlong_lines_are_skipped_counted_and_listed(tmp_path):
@@ -331,3 +344,79 @@ def test_events_from_the_real_writers(tmp_path):
         newest["write_seconds"]
     assert value(result, "trainwatch_checkpoint_last_blocking_seconds") == \
         newest["blocking_seconds"] > 0
+
+
+def _health(ctx, journal) -> list[str]:
+    publish(ctx, "journal", journal.collect())
+    return [r for r in build_status(ctx, listen="127.0.0.1:0",
+                                    config_loaded_at=0.0)["health_reasons"]
+            if "TrainwatchJournalUnreliable" in r]
+
+
+def test_a_journal_replaced_while_the_run_goes_on_is_a_finding(tmp_path):
+    """Deleted and made again (another inode) while the run goes on: counted, and /status
+    says it; not so once the supervisor stopped the run, nor with the whole run directory."""
+    run = run_with(tmp_path, LINES[7])
+    ctx = make_ctx([run.root])
+    journal = collector(ctx, "journal")
+    assert value(journal.collect(), REPLACED) == 0 and _health(ctx, journal) == []
+    run.journal_file.unlink()
+    run.append_event("job_started", "controller", attempt=2)  # the supervisor's next line
+    reasons = _health(ctx, journal)
+    assert value(journal.collect(), REPLACED) == 1
+    assert len(reasons) == 1 and "was replaced, truncated or removed while the run goes on" \
+        in reasons[0] and "(1 time(s)" in reasons[0]
+    status = build_status(ctx, listen="127.0.0.1:0", config_loaded_at=0.0)
+    assert status["health"] == "degraded"
+
+    run.append_event("controller_stopped", "supervisor", exit_code=0)  # the run is over
+    journal.collect()
+    run.journal_file.unlink()  # cleaning up a finished run loses nothing that counts
+    assert value(journal.collect(), REPLACED) == 1
+
+    other = run_with(tmp_path, LINES[7], name="other")
+    ctx = make_ctx([other.root])
+    journal = collector(ctx, "journal")
+    journal.collect()
+    shutil.rmtree(other.root)  # the whole run directory removed: no run, no journal to miss
+    assert value(journal.collect(), REPLACED) == 0
+
+
+def test_a_journal_the_agent_may_not_read_is_unreadable_from_the_first_look(tmp_path):
+    """Permissions changed so the agent's user may not read it (here: this process drops
+    to nobody for the look), or a FIFO at its place: 1 before any line was read, a health
+    reason; readable again: 0."""
+    base = Path(tempfile.mkdtemp(prefix="tw-journal-"))  # under /tmp: others may traverse
+    try:
+        _unreadable(base)
+    finally:
+        shutil.rmtree(base)
+
+
+def _unreadable(base: Path) -> None:
+    base.chmod(0o755)
+    run = run_with(base, LINES[7])
+    run.root.chmod(0o755)
+    run.journal_file.chmod(0o600)
+    ctx = make_ctx([run.root])
+    journal = collector(ctx, "journal")
+    if os.geteuid() == 0:
+        os.seteuid(65534)  # nobody: the agent's user, to whom the journal is 0600 root's
+        try:
+            result = journal.collect()
+        finally:
+            os.seteuid(0)
+        assert value(result, UNREADABLE) == 1
+        assert "permission denied" in result.data[str(run.root)]["error"]
+        assert not samples(result, REPLACED)  # never caught up: no counters yet
+        publish(ctx, "journal", result)
+        reasons = [r for r in build_status(ctx, listen="127.0.0.1:0",
+                                           config_loaded_at=0.0)["health_reasons"]
+                   if "TrainwatchJournalUnreliable" in r]
+        assert len(reasons) == 1 and "cannot be read" in reasons[0]
+    run.journal_file.chmod(0o644)
+    assert value(journal.collect(), UNREADABLE) == 0
+    run.journal_file.unlink()
+    os.mkfifo(run.journal_file)  # a FIFO: never opened, never blocks us
+    result = journal.collect()
+    assert value(result, UNREADABLE) == 1 and result.data[str(run.root)]["error"]

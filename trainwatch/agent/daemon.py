@@ -98,17 +98,26 @@ class Agent:
             self.server.shutdown()
             self.server.server_close()
 
-    def run_forever(self) -> None:
-        """Block until SIGTERM/SIGINT; SIGHUP triggers a reload (handled outside the signal)."""
+    def run_forever(self, started: Callable[[], None] | None = None,
+                    stopping: Callable[[], None] | None = None) -> None:
+        """Block until SIGTERM/SIGINT; SIGHUP triggers a reload (handled outside the signal).
+        ``started`` runs once the agent serves, ``stopping`` before it stops (what a caller
+        runs beside it: ``trainwatch run``'s pager, control/supervisor_pager.py)."""
         signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
         signal.signal(signal.SIGINT, lambda *_: self._stop.set())
         signal.signal(signal.SIGHUP, lambda *_: self._reload.set())
         self.start()
         try:
+            if started is not None:
+                started()
             while not self._stop.is_set():
                 if self._reload.wait(0.5):
                     self._reload.clear()
                     self.reload()
         finally:
-            self.stop()
-            self.say("trainwatch agent stopped")
+            try:
+                if stopping is not None:
+                    stopping()
+            finally:
+                self.stop()
+                self.say("trainwatch agent stopped")

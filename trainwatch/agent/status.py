@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from trainwatch import __version__
+from trainwatch.agent.collectors.journal import REPLACED_SHOWN_SECONDS
 from trainwatch.agent.context import AgentContext
 
 STATUS_FORMAT = "trainwatch.agent.status"
@@ -78,7 +79,11 @@ def build_status(ctx: AgentContext, *, listen: str, config_loaded_at: float) -> 
 
     active = findings.get("findings", [])
     collectors = {name: rec.summary() for name, rec in sorted(records.items())}
-    health, reasons = _node_health(active, collectors, ranks_data["jobs"])
+    supervisors = (records["supervisor"].data if "supervisor" in records else None) or {}
+    health, reasons = _node_health(active, collectors, ranks_data["jobs"], supervisors)
+    reasons += _journal_reasons(journals, now)
+    if reasons and health == "ok":
+        health = "degraded"
     node_health = {name: records[name].data for name in ("gpu", "storage", "network", "nccl")
                    if name in records and records[name].data is not None}
     return {
@@ -93,7 +98,7 @@ def build_status(ctx: AgentContext, *, listen: str, config_loaded_at: float) -> 
         "recently_cleared": findings.get("recently_cleared", []),
         "collectors": collectors, "node_health": node_health,
         # Each watched run's supervisor as this host judges it (TrainwatchSupervisorDown).
-        "supervisors": (records["supervisor"].data if "supervisor" in records else None) or {},
+        "supervisors": supervisors,
     }
 
 
@@ -109,9 +114,34 @@ def _rank_health(rank: dict[str, Any], verdict: dict[str, Any]) -> str:
     return "ok"
 
 
+def _journal_reasons(journals: dict[str, Any], now: float) -> list[str]:
+    """A journal the agent may not read, or found replaced while the run goes on (the
+    journal collector, TrainwatchJournalUnreliable): the run's record is not whole."""
+    reasons = []
+    for j in journals.values():
+        if not isinstance(j, dict):
+            continue
+        if j.get("error"):
+            reasons.append(f"job {j['job']}: its journal {j['path']} cannot be read "
+                           f"({j['error']}): what it says (alerts, restarts, the supervisor's "
+                           "stop) is unseen (runbook TrainwatchJournalUnreliable)")
+        at = j.get("replaced_at")
+        if isinstance(at, (int, float)) and now - at < REPLACED_SHOWN_SECONDS:
+            reasons.append(f"job {j['job']}: its journal {j['path']} was replaced, truncated "
+                           f"or removed while the run goes on ({j['replaced_total']} time(s), "
+                           f"last {now - at:.0f} s ago): what it said before is lost to "
+                           "report and diagnose (runbook TrainwatchJournalUnreliable)")
+    return reasons
+
+
 def _node_health(findings: list[dict[str, Any]], collectors: dict[str, dict[str, Any]],
-                 jobs: list[dict[str, Any]]):
+                 jobs: list[dict[str, Any]], supervisors: dict[str, dict[str, Any]]):
     reasons = [f"job {f['job']}: {f['message']}" for f in findings]
+    # A supervisor down is critical: its job runs with no repair and its engine is silent.
+    down = [s for s in supervisors.values() if not s.get("up")]
+    reasons += [f"job {s['job']}: its supervisor ({s['holder']}) is {s['state']}: nothing "
+                "repairs the job and its own alerts do not fire (runbook "
+                "TrainwatchSupervisorDown)" for s in down]
     for job in jobs:
         if job.get("unreadable"):
             reasons.append(f"job {job['job']}: permission denied reading "
@@ -121,6 +151,6 @@ def _node_health(findings: list[dict[str, Any]], collectors: dict[str, dict[str,
     for name, c in collectors.items():
         if c["state"] in ("failed", "timeout"):
             reasons.append(f"collector {name} {c['state']}: {c['reason']}")
-    if any(f["severity"] == "critical" for f in findings):
+    if down or any(f["severity"] == "critical" for f in findings):
         return "critical", reasons
     return ("degraded" if reasons else "ok"), reasons

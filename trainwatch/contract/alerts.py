@@ -17,6 +17,10 @@ ACTIONS = ("stall_restart", "restart", "rollback_skip", "straggler", "checkpoint
 # An alert that acts before the page it stands in for: silencing the page (the name people
 # know to silence) holds the early action too.
 ACTS_BEFORE = {"TrainingStallSuspected": "TrainingStalled"}
+# Alerts about the supervisor itself: its embedded engine cannot send them (frozen or dead,
+# it sends nothing), so the agent `trainwatch run` starts evaluates and sends them instead
+# (control/supervisor_pager.py) and the supervisor's engine leaves them out.
+PAGED_BY_AGENT = ("TrainwatchSupervisorDown",)
 
 # Where the packaged rules source lives.
 RULES_PACKAGE = "trainwatch.alerts"

@@ -307,6 +307,14 @@ _SPECS = [
     _m("trainwatch_collector_journal_lines_skipped_total", "counter",
        "Journal lines the agent skipped as torn, alien (not an object, unknown record "
        "version, no event name) or longer than its read cap.", RUN_NODE),
+    _m("trainwatch_collector_journal_unreadable", "gauge",
+       "1 while the agent cannot read the run's journal (permission denied, not a regular "
+       "file, a link out of the run directory): alerts, restarts and the supervisor's stop "
+       "it records are unseen; 0 otherwise.", RUN_NODE),
+    _m("trainwatch_collector_journal_replaced_total", "counter",
+       "Times the agent found the run's journal replaced (another file), truncated, "
+       "rewritten or removed while the run went on: what it said before is lost to report "
+       "and diagnose (trainwatch only appends to it).", RUN_NODE),
     _m("trainwatch_collector_run_dirs", "gauge", "Run directories the agent watches.", NODE),
     _m("trainwatch_collector_agent_cpu_seconds_total", "counter",
        "CPU time used by the agent process.", NODE, "seconds"),
@@ -356,8 +364,9 @@ _SPECS += [
     _m("trainwatch_run_supervisor_up", "gauge",
        "1 while the run's supervisor (trainwatch run, alerts receive with a job) runs on this "
        "node and beats; 0 when it is frozen (stopped, T), dead (gone, zombie) or hung (its "
-       "heartbeat older than 20 s). Only the agent on its host exports it, only for a "
-       "supervisor that writes a heartbeat, and not after it stopped cleanly.",
+       "heartbeat older than 20 s while it uses no CPU, or 120 s while it spins). Only the "
+       "agent on its host exports it, only for a supervisor that writes a heartbeat, and not "
+       "after it stopped cleanly.",
        RUN_NODE),
     _m("trainwatch_run_supervisor_heartbeat_age_seconds", "gauge",
        "Seconds since the run's supervisor last wrote its heartbeat (RUN_DIR/supervisor.beat, "

@@ -28,11 +28,24 @@ def free_port(port: int = 0) -> int:
         return s.getsockname()[1]
 
 
-def start_agent(run: RunDir, port: int, config: str | None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "trainwatch", "agent", "--run-dir", str(run.root),
-           "--listen", f"{LOOPBACK}:{port}"]
+def start_agent(run: RunDir, port: int, config: str | None, *,
+                rules: tuple[str | None, str | None] = (None, None),
+                webhooks: tuple[str, ...] = (), alertmanager: str | None = None
+                ) -> subprocess.Popen:
+    """The agent, with the pager of the alerts about the supervisor (``rules``: the rules
+    and thresholds files; ``webhooks``, ``alertmanager``: where the supervisor sends its
+    alerts), which a frozen or dead supervisor cannot send (control/supervisor_pager.py)."""
+    cmd = [sys.executable, "-m", "trainwatch.control.supervisor_pager", "--run-dir",
+           str(run.root), "--listen", f"{LOOPBACK}:{port}"]
     if config:
         cmd += ["--config", str(config)]
+    for option, path in zip(("--rules", "--thresholds"), rules):
+        if path:
+            cmd += [option, str(path)]
+    for url in webhooks:
+        cmd += ["--webhook", url]
+    if alertmanager:
+        cmd += ["--alertmanager", alertmanager]
     with open(run.logs_dir / AGENT_LOG, "ab") as log:
         return spawn(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                      start_new_session=True)

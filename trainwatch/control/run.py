@@ -161,7 +161,7 @@ def run(nproc_per_node, run, steps, config, overrides, max_restarts, thresholds_
     sup = Supervision(run, RUN, job, Policy.from_thresholds(ruleset.thresholds, dry_run=dry_run),
                       nodes)
     sup.attach_engine(ruleset, webhooks=webhook, alertmanager=alertmanager, agent_port=port,
-                      agent_config=agent_config)
+                      agent_config=agent_config, rules_files=(rules_file, thresholds_file))
     if command:
         sup.watch_telemetry(lambda text: click.echo(text, err=True), telemetry_grace)
     agent_url = f"http://{sup.agent_target}"

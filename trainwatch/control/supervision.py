@@ -42,6 +42,7 @@ from trainwatch.control.node_watch import NodeWatch
 from trainwatch.control.repairs import NodeRepairs, RepairBoard
 from trainwatch.control.run_summary import ended_nonfinite, unsaved_end
 from trainwatch.control.supervise import Supervisor
+from trainwatch.control.supervisor_pager import supervisor_rules
 from trainwatch.errors import EXIT_PROBLEM, EXIT_USAGE
 from trainwatch.process.proctree import stop
 from trainwatch.process.stopsignals import stop_on_sigterm, stopping
@@ -128,17 +129,22 @@ class Supervision:
     # ------------------------------------------------------------------ wiring
     def attach_engine(self, ruleset: RuleSet, *, webhooks: tuple[str, ...] = (),
                       alertmanager: str | None = None, agent_port: int,
-                      agent_config: str | None) -> None:
+                      agent_config: str | None,
+                      rules_files: tuple[str | None, str | None] = (None, None)) -> None:
         """The embedded engine on the agent's /metrics, the agent started on the run
         directory: alerts go to the journal, ``webhooks`` and ``alertmanager``, firing ones
-        with an action to the runner."""
+        with an action to the runner. The alerts about this supervisor are the agent's to
+        send (``rules_files``: the rules and thresholds files it loads): frozen or dead, this
+        process sends nothing (control/supervisor_pager.py)."""
+        ruleset = supervisor_rules(ruleset)
         history = History()
         notifiers: list[Notifier] = [JournalNotifier(self.run)]
         notifiers += [WebhookNotifier(url) for url in webhooks]
         if alertmanager:
             notifiers.append(AlertmanagerNotifier(alertmanager))
         self.engine = Engine(ruleset, history, silences=self.silences, notifiers=notifiers)
-        self.agent = start_agent(self.run, agent_port, agent_config)
+        self.agent = start_agent(self.run, agent_port, agent_config, rules=rules_files,
+                                 webhooks=webhooks, alertmanager=alertmanager)
         self.agent_target = f"{LOOPBACK}:{agent_port}"
         self.loop = EngineLoop(self.engine, Scraper(history, [self.agent_target]),
                                parse_duration(ruleset.thresholds["evaluation_interval"]))

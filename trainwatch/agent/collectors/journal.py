@@ -18,6 +18,15 @@ journal's first line, and a run's series appear only once its journal was read t
 end: to Prometheus an agent restart then shows the same totals again, not a counter
 climbing from 0 (which rate() and increase() would take for a burst of events).
 
+The journal is the run's record (report, diagnose and the next supervisor read it), and
+trainwatch only ever appends to it: a journal found replaced, truncated or rewritten, or
+gone, while the run goes on (not after its supervisor stopped it, nor with its whole run
+directory) lost what it said, and one the agent may not read (permission denied, not a
+regular file) hides what it says. Both are exported
+(``trainwatch_collector_journal_replaced_total``, ``trainwatch_collector_journal_unreadable``),
+said in /status (a health reason, a replacement for ``REPLACED_SHOWN_SECONDS``) and warned
+of (TrainwatchJournalUnreliable).
+
 Torn, alien (not an object, unknown record version, no event name) and overlong lines are
 skipped, counted (trainwatch_collector_journal_lines_skipped_total) and the last few
 listed in /status. Labels stay bounded: alert names outside the rules set and action
@@ -29,6 +38,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +59,7 @@ START_EVENTS = frozenset({"controller_started", "job_started", "launcher_started
 OTHER = "other"
 NO_ACTION = "none"  # action_skipped without an action request (e.g. a malformed delivery)
 MIN_READ_BYTES = 1024
+REPLACED_SHOWN_SECONDS = 30 * 60  # /status names a replaced journal this long
 _HEAD_BYTES = 256   # a file's first bytes, compared on every read to notice a rewrite
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
@@ -78,6 +89,8 @@ class _Tail:
     in_long_line: bool = False      # inside a line longer than the read cap: drop its rest
     caught_up: bool = False         # read to the end at least once since the agent started
     reopened: int = 0               # times the file was found truncated or replaced
+    replaced: int = 0               # ...of them while the run went on (its record lost)
+    replaced_at: float | None = None
     error: str | None = None
     alerts: Counter = field(default_factory=Counter)     # (alertname, severity) -> n
     taken: Counter = field(default_factory=Counter)      # action -> n
@@ -89,10 +102,14 @@ class _Tail:
     last_save: _Save | None = None
     supervisor_stopped: bool = False  # the last start was followed by one of STOP_EVENTS
 
-    def start_over(self, file_id: tuple[int, int] | None) -> None:
-        """A new file (rotated, truncated, rewritten): read it from the start, keep totals."""
+    def start_over(self, file_id: tuple[int, int] | None, root: Path | None = None) -> None:
+        """A new file (rotated, truncated, rewritten): read it from the start, keep totals.
+        ``root``: the run directory, which must still be there for the loss to count."""
         if self.file_id is not None:
             self.reopened += 1
+            if not self.supervisor_stopped and root is not None and root.is_dir():
+                self.replaced += 1
+                self.replaced_at = time.time()
         self.file_id, self.head, self.offset, self.line = file_id, b"", 0, 0
         self.in_long_line = False
 
@@ -126,11 +143,16 @@ class JournalCollector(Collector):
                     recent=deque(maxlen=int(self.options["max_skipped_shown"])))
             self._read(run.journal_file, tail, run.root)
             job = jobs.get(key) or run.run_name()
+            # Unseen is not empty: said from the first look, caught up or not.
+            result.add("trainwatch_collector_journal_unreadable", tail.error is not None,
+                       run=str(job), node=self.ctx.node)
             if tail.caught_up:
                 self._export(tail, str(job), result)
             summaries[key] = {"job": job, "path": str(run.journal_file),
                               "offset": tail.offset, "caught_up": tail.caught_up,
                               "reopened_total": tail.reopened,
+                              "replaced_total": tail.replaced,
+                              "replaced_at": tail.replaced_at,
                               "lines_skipped_total": tail.lines_skipped,
                               "skipped": list(tail.recent), "error": tail.error,
                               "supervisor_stopped": tail.supervisor_stopped}
@@ -150,14 +172,14 @@ class JournalCollector(Collector):
                 file_id = (st.st_dev, st.st_ino)
                 if (file_id != tail.file_id or st.st_size < tail.offset
                         or (tail.head and os.pread(fd, len(tail.head), 0) != tail.head)):
-                    tail.start_over(file_id)
+                    tail.start_over(file_id, root)
                 fh.seek(tail.offset)
                 chunk = fh.read(self.cap)
                 self._consume(path, chunk, tail)
                 if len(tail.head) < min(_HEAD_BYTES, tail.offset):
                     tail.head = os.pread(fd, min(_HEAD_BYTES, tail.offset), 0)
-        except FileNotFoundError:  # no journal yet, or rotated away: the next file starts over
-            tail.start_over(None)
+        except FileNotFoundError:  # no journal yet, or removed: the next file starts over
+            tail.start_over(None, root)
             tail.caught_up, tail.error = True, None
             return
         except SkippedFile as exc:
@@ -253,6 +275,7 @@ class JournalCollector(Collector):
                        kind=kind)
         result.add("trainwatch_collector_journal_lines_skipped_total", tail.lines_skipped,
                    **labels)
+        result.add("trainwatch_collector_journal_replaced_total", tail.replaced, **labels)
         result.add("trainwatch_run_supervisor_stopped", tail.supervisor_stopped, **labels)
         if tail.last_save is not None:
             result.add("trainwatch_checkpoint_last_save_duration_seconds",
