@@ -15,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 # Started first: with a test file per xdist worker, the longest file started last sets when
-# the whole suite ends (its 90 s evaluation on a full disk is the longest single wait).
+# the whole suite ends (its evaluation on a full disk is the longest single wait).
 LONGEST_FILES = ("test_run_never_harm_e2e.py",)
 
 
