@@ -15,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 # Started first: with a test file per xdist worker, the longest file started last sets when
-# the whole suite ends (its 90 s evaluation on a full disk is the longest single wait).
+# the whole suite ends (its evaluation on a full disk is the longest single wait).
 LONGEST_FILES = ("test_run_never_harm_e2e.py",)
 
 
@@ -72,6 +72,31 @@ def tmpfs_mount(path: Path, size: str):
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     try:
         yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@contextlib.contextmanager
+def frozen_disk(path: Path, image: Path, size: str = "32M"):
+    """A real ext4 disk (a loop-mounted ``image``) at ``path``, frozen (``fsfreeze``) while
+    the block runs: every write to it hangs in the kernel, as on a hung NFS server or a
+    stuck device, until it is thawed. Root only; the test skips elsewhere. Thawed and
+    unmounted after, whatever happens."""
+    path.mkdir(parents=True, exist_ok=True)
+    steps = [["truncate", "-s", size, str(image)], ["mkfs.ext4", "-q", "-F", str(image)],
+             ["mount", "-o", "loop", str(image), str(path)]]
+    for step in steps:
+        done = subprocess.run(step, capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot make a loop-mounted disk here: {done.stderr.strip()}")
+    try:
+        frozen = subprocess.run(["fsfreeze", "-f", str(path)], capture_output=True, text=True)
+        if frozen.returncode != 0:
+            pytest.skip(f"cannot freeze a disk here: {frozen.stderr.strip()}")
+        try:
+            yield path
+        finally:
+            subprocess.run(["fsfreeze", "-u", str(path)], check=False)
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False)
 

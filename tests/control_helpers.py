@@ -11,6 +11,7 @@ import json
 import urllib.error
 import urllib.request
 
+from conftest import fill_to_the_brim
 from trainwatch.rundir.run_dir import RunDir
 
 
@@ -102,3 +103,21 @@ def _finish(proc, timeout=420):
         proc.send_signal(signal.SIGINT)  # trainwatch run stops everything it started
         proc.wait(timeout=60)
         raise
+
+
+def fill_run_dir_and_logs(run: RunDir) -> None:
+    """The run directory full, every log's last page too, as a long run's would be: a log
+    appended to takes lines in the free end of its last page even on a full disk. A rank's
+    own files (torchrun writes them at its own offset, without appending) give their pages
+    back first, so its next line needs a new page, as at a page boundary."""
+    for path in run.logs_dir.glob("torchrun/*/attempt_*/*/std*.log"):
+        os.truncate(path, 0)
+    fill_to_the_brim(run.root)
+    for path in run.logs_dir.glob("*.log"):
+        with open(path, "ab", buffering=0) as fh:
+            size = 4096
+            while size:
+                try:
+                    fh.write(b"." * (size - 1) + b"\n")
+                except OSError:
+                    size //= 2

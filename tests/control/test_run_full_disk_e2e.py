@@ -3,9 +3,10 @@
 Ctrl-C with the run directory itself on the full disk: the supervisor stops the job and the
 agent (the mount is no longer busy), says what it could not record, prints its summary and
 exits 130, never a traceback. With the checkpoint folder on the full disk: StorageFull names
-the mount within 15 s of the first failed save. A full run directory stops nothing: the
-reference trainer and an own job that prints every step train on through it, with no
-death and no restart, and finish (exit 0) once space returns.
+the mount within 15 s of the first failed save. A full run directory stops nothing: an own
+job that prints every step trains on through it, with no death and no restart, and
+finishes (exit 0) once space returns (the reference trainer's run through a full run
+directory is test_run_never_harm_e2e.py's).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import time
 import psutil
 import pytest
 
-from agent_helpers import free_port, http_get, wait_for
+from agent_helpers import wait_for
 from conftest import REPO, fill_to_the_brim, kill_tree, tmpfs_mount
-from control_helpers import start_run
+from control_helpers import fill_run_dir_and_logs, start_run
 from trainwatch.rundir.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
@@ -43,24 +44,6 @@ def _use_the_journals_slack(run: RunDir) -> None:
             run.append_event("test_padding", "test", pad="x" * 64)
         except OSError:
             return
-
-
-def _fill_logs_and_all(run: RunDir) -> None:
-    """The run directory full, every log's last page too, as a long run's would be: a log
-    appended to takes lines in the free end of its last page even on a full disk. A rank's
-    own files (torchrun writes them at its own offset, without appending) give their pages
-    back first, so its next line needs a new page, as at a page boundary."""
-    for path in run.logs_dir.glob("torchrun/*/attempt_*/*/std*.log"):
-        os.truncate(path, 0)
-    fill_to_the_brim(run.root)
-    for path in run.logs_dir.glob("*.log"):
-        with open(path, "ab", buffering=0) as fh:
-            size = 4096
-            while size:
-                try:
-                    fh.write(b"." * (size - 1) + b"\n")
-                except OSError:
-                    size //= 2
 
 
 def _steps(run: RunDir) -> int:
@@ -173,44 +156,6 @@ def _no_death_no_restart(run: RunDir, pid: int, log: str) -> None:
     assert (status["pid"], status["state"]) == (pid, "finished"), (status, log[-3000:])
 
 
-def test_the_reference_trainer_trains_on_through_a_full_run_directory(tmp_path):
-    """Before: rank 0's progress print to its torchrun log file on the full disk died of
-    ENOSPC about a second after the disk filled, torchrun's restart the same way, exit 1."""
-    run = RunDir(tmp_path / "run")
-    port, steps = free_port(), 45
-    with tmpfs_mount(run.root, "48m"):
-        (tmp_path / "train.yaml").write_text(
-            f"train: {{steps: {steps}, batch_size: 4, eval_interval: 0, milestone_interval: 1}}\n"
-            "checkpoint: {every_steps: 5, fsync: false}\n"
-            f"telemetry: {{metrics_port: {port}}}\n")
-        proc = start_run(tmp_path, run.root, nproc=1, env={"TRAINWATCH_FAULT": "slow:delay=0.2"})
-
-        def step() -> int:  # from the rank's memory: its status file is on the full disk
-            try:
-                text = http_get(f"http://127.0.0.1:{port}/metrics").decode()
-            except OSError:  # no rank 0 (it died) right now
-                return -1
-            return int(float(next(ln.split()[-1] for ln in text.splitlines()
-                                  if ln.startswith("trainwatch_rank_step{"))))
-        try:
-            wait_for(lambda: _steps(run) >= 6 or proc.poll() is not None, 240, what="step 6")
-            pid = _rank0(run)["pid"]
-            full_at = step()
-            _fill_logs_and_all(run)
-            # a save (every 5 steps) and a print every step meet the full disk; kept full
-            wait_for(lambda: fill_to_the_brim(run.root) and step() >= full_at + 8
-                     or proc.poll() is not None, 120, interval=0.05, what="8 steps on it")
-            assert proc.poll() is None and step() < steps - 5, (tmp_path / "run.log").read_text()
-            (run.root / "filler").unlink()
-            code = proc.wait(timeout=180)
-        finally:
-            kill_tree(proc)
-        log = (tmp_path / "run.log").read_text()
-        _no_death_no_restart(run, pid, log)
-    assert code == 0, log[-3000:]
-    assert "Traceback" not in log, log[-3000:]
-
-
 def test_an_own_job_that_prints_every_step_trains_on_through_a_full_run_directory(tmp_path):
     """Before: the job's stdout was logs/job.log on the full disk; its next print died of
     ENOSPC, so did torchrun's restart, and the run failed. After: its output is missing
@@ -233,7 +178,7 @@ def test_an_own_job_that_prints_every_step_trains_on_through_a_full_run_director
             wait_for(lambda: _steps(run) >= 3 or proc.poll() is not None, 240, what="step 3")
             pid = _rank0(run)["pid"]
             full_at = step()
-            _fill_logs_and_all(run)
+            fill_run_dir_and_logs(run)
             wait_for(lambda: fill_to_the_brim(run.root) and step() >= full_at + 30
                      and "alert StorageFull firing" in (tmp_path / "run.log").read_text()
                      or proc.poll() is not None, 120, interval=0.05,

@@ -141,3 +141,31 @@ def test_a_metrics_log_line_on_a_full_disk_is_all_or_nothing(tmp_path):
         lines = log.read_text().splitlines()
     assert all(json.loads(line)["v"] == 1 for line in lines), lines[-3:]
     assert json.loads(lines[-1])["step"] == 40
+
+
+def test_a_rank_starting_on_a_disk_with_no_inode_left_trains_on(tmp_path):
+    """A restarted rank whose run directory's disk is full (here its inodes: `df -i`).
+    Before: the layout's write probe (RunDir.create, which Telemetry.start, the reference
+    trainer, Checkpoints and the framework callbacks call) raised ConfigError ("run
+    directory is not writable"): the rank died as if its input were bad, not restarted."""
+    import subprocess
+    from conftest import tmpfs_mount
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    with tmpfs_mount(disk, "1m"):
+        subprocess.run(["mount", "-o", "remount,nr_inodes=64", str(disk)], check=True)
+        run = RunDir(disk / "run").create()  # the first start made the layout
+        n = 0
+        try:
+            while True:
+                (disk / f"inode-{n}").touch()
+                n += 1
+        except OSError:
+            pass
+        tel = Telemetry(run.root, heartbeat_interval=0.05, exchange_every=0).start()
+        try:
+            with tel.step(0) as s:
+                s.record(loss=torch.tensor(1.0))
+            assert tel.snapshot()["counters"]["telemetry_errors_total"] >= 1
+        finally:
+            tel.close()

@@ -1,10 +1,10 @@
 """A run-directory log on a real full disk: writes are dropped and counted, never raised, and
-the log resumes, saying how much is missing, once space returns."""
+the log resumes, saying how much is missing and quoting its end, once space returns."""
 
 from __future__ import annotations
 
 from conftest import fill_to_the_brim, tmpfs_mount
-from trainwatch.rundir.best_effort_log import GAP_LINE, BestEffortLog
+from trainwatch.rundir.best_effort_log import GAP_LINE, KEPT_LINE, BestEffortLog
 
 
 def test_a_full_disk_costs_the_lines_and_the_log_resumes_with_a_gap_line(tmp_path):
@@ -13,7 +13,8 @@ def test_a_full_disk_costs_the_lines_and_the_log_resumes_with_a_gap_line(tmp_pat
         fill_to_the_brim(disk)
         failing: list[str] = []
         log = BestEffortLog(disk / "job.log", retry_seconds=0, on_failing=failing.append)
-        assert [log.write(b"x" * 3000) for _ in range(4)] == [False] * 4
+        assert [log.write(b"x" * 3000) for _ in range(3)] == [False] * 3
+        assert not log.write(b"y" * 2999 + b"\n")  # the end of what went missing
         assert log.dropped_bytes == 12000 and log.failing
         assert failing == ["No space left on device"]  # once per spell, not per line
         (disk / "filler").unlink()
@@ -21,7 +22,8 @@ def test_a_full_disk_costs_the_lines_and_the_log_resumes_with_a_gap_line(tmp_pat
         log.close()
         text = (disk / "job.log").read_bytes()
     gap = GAP_LINE.format(dropped=12000, error="No space left on device").encode()
-    assert text == gap + b"after\n"
+    kept = KEPT_LINE.format(kept=12000).encode() + b"x" * 9000 + b"y" * 2999 + b"\n"
+    assert text == gap + kept + b"after\n"
     assert not log.failing and log.dropped_bytes == 12000
 
 
@@ -34,3 +36,17 @@ def test_the_file_is_tried_again_only_after_the_retry_delay(tmp_path):
     assert log.write(b"kept\n")
     assert (tmp_path / "no-such-folder" / "job.log").read_bytes().endswith(b"kept\n")
     assert log.dropped_bytes == len(b"lost\nalso lost\n")
+
+
+def test_output_a_writer_dropped_is_a_gap_too_and_its_end_is_kept(tmp_path):
+    """What a queue in front of the log dropped (its disk fell behind) is marked where it
+    went missing, with its end, and counted by the queue, not the log."""
+    log = BestEffortLog(tmp_path / "job.log")
+    log.write(b"before\n")
+    log.skip(5000, b"Traceback...\nOSError: the last words\n", "its writer fell behind")
+    assert log.failing and log.dropped_bytes == 0
+    assert log.settle()  # at the job's end: now, not with a next write
+    log.close()
+    text = (tmp_path / "job.log").read_text()
+    assert text == ("before\n" + GAP_LINE.format(dropped=5000, error="its writer fell behind")
+                    + KEPT_LINE.format(kept=37) + "Traceback...\nOSError: the last words\n")

@@ -87,6 +87,8 @@ class JobController:
         self.unrecorded: list[str] = []  # events a full or failing disk kept out of the journal
         self.exit_journaled: int | None = None  # the pid whose own exit is in the journal
         self.output = JobOutput(self.run.logs_dir / JOB_LOG, on_failing=self._output_failing)
+        # Where the output stood when the current start began: its own part and losses.
+        self._start_mark, self._start_dropped = 0, 0
         # One node of a multi-node job: evidence is taken of this node's ranks only (the
         # others' pids name processes of other machines).
         self.node_only = False
@@ -103,6 +105,8 @@ class JobController:
             self.output.write(JOB_LOG_ATTEMPT_LINE.format(
                 attempt=self.starts + 1, reason=reason,
                 time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())).encode())
+            self._start_mark = self.output.position
+            self._start_dropped = self.output.dropped_bytes
             read_fd, write_fd = self.output.pipe()
             try:
                 # spawn: the job gets SIGTERM if this process dies (a killed supervisor
@@ -217,7 +221,15 @@ class JobController:
                 return
             self.exit_journaled = pid
             self.output.drain()  # its last words are in the log (and the tail) first
+            lost = self.output.dropped_bytes - self._start_dropped
+            if code and lost:  # the log lacks some of what it said: its last words here
+                fields.update(output_dropped_bytes=lost, last_words=self.last_words())
             self.journal("job_exited", returncode=code, pid=pid, **fields)
+
+    def last_words(self) -> str:
+        """The last lines the current (or last) start wrote, from the output's tail in
+        memory: what the log may lack."""
+        return self.output.last_words(self._start_mark)
 
     def journal(self, event: str, **fields: Any) -> None:
         """Journal one of the supervisor's events. A full disk costs the event (listed in

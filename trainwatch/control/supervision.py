@@ -288,8 +288,11 @@ class Supervision:
         if self.role.settles and controller.unrecorded:
             click.echo(f"{self.role.name}: could not record (is the disk full?): "
                        + "; ".join(controller.unrecorded[-10:]), err=True)
-        job_log = controller.output.log
-        if job_log.dropped_bytes:
-            click.echo(f"{self.role.name}: {job_log.dropped_bytes} bytes of the job's output are "
-                       f"missing from {job_log.path} ({job_log.error}): dropped so the job "
+        output = controller.output
+        if output.dropped_bytes:
+            click.echo(f"{self.role.name}: {output.dropped_bytes} bytes of the job's output are "
+                       f"missing from {output.log.path} ({output.error}): dropped so the job "
                        "could go on", err=True)
+            if outcome.ended_early and (words := controller.last_words()):
+                click.echo(f"{self.role.name}: the job's last words (kept in memory):\n  "
+                           + "\n  ".join(words.splitlines()), err=True)

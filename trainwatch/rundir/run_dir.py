@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import errno
 import os
 import time
 from pathlib import Path
@@ -53,15 +54,20 @@ class RunDir(RunLayout):
 
     # setup -------------------------------------------------------------------
     def create(self) -> "RunDir":
-        """Create the layout; an unwritable location is a ConfigError (exit 2)."""
+        """Create the layout; an unwritable location is a ConfigError (exit 2). A layout
+        that is all there on a full disk (its space or inodes spent: a restarted rank's
+        case) is not: its writers count what the disk refuses, and the job goes on."""
+        folders = (self.root, self.status_dir, self.metrics_dir, self.checkpoint_dir,
+                   self.diagnostics_dir, self.control_dir, self.logs_dir, self.tmp_dir)
         try:
-            for d in (self.root, self.status_dir, self.metrics_dir, self.checkpoint_dir,
-                      self.diagnostics_dir, self.control_dir, self.logs_dir, self.tmp_dir):
+            for d in folders:
                 d.mkdir(parents=True, exist_ok=True)
             probe = self.root / f".write-probe-{os.getpid()}"
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT) and all(d.is_dir() for d in folders):
+                return self
             raise ConfigError(f"run directory is not writable: {exc.strerror}",
                               file=str(self.root)) from None
         return self

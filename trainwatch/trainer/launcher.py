@@ -30,6 +30,7 @@ from trainwatch.contract.ports import LOOPBACK
 from trainwatch.errors import ConfigError
 from trainwatch.node import node_name
 from trainwatch.process.output_pump import OutputPump
+from trainwatch.process.output_queue import OutputQueue
 from trainwatch.process.proctree import die_with_parent
 from trainwatch.rundir.best_effort_log import BestEffortLog
 from trainwatch.rundir.run_dir import RunDir
@@ -162,20 +163,42 @@ def checkpoint_folders(run: RunDir, cfg: Config) -> list[Path]:
 
 class _TorchrunOutput:
     """torchrun's output copied to the console and to RUN_DIR/logs/torchrun.log, each best
-    effort: a closed console or a full disk drops lines, never blocks torchrun (the pipe is
-    always drained) and never fails the launcher; the log resumes when space returns."""
+    effort and each behind a bounded queue of its own: a closed or stalled console (a
+    frozen supervisor) or a full or hung disk drops lines (counted), never blocks torchrun
+    (the pipe is always drained) and never fails the launcher; the log resumes when space
+    returns."""
 
     def __init__(self, log_file: Path):
         self.log = BestEffortLog(log_file)
+        self._log = OutputQueue(self.log.write, skipped=self.log.skip,
+                                name="tw-torchrun-log-writer")
+        self._console = OutputQueue(_to_stdout, name="tw-torchrun-console")
+
+    @property
+    def dropped_bytes(self) -> int:
+        """What torchrun.log lacks of torchrun's output."""
+        return self.log.dropped_bytes + self._log.dropped_bytes
 
     def write(self, data: bytes) -> None:
-        self.log.write(data)
-        view = memoryview(data)
-        try:
-            while view:
-                view = view[os.write(sys.stdout.fileno(), view):]
-        except (OSError, ValueError, AttributeError):  # closed, gone, or none at all
-            pass
+        self._log.put(data)
+        self._console.put(data)
+
+    def close(self, timeout: float) -> None:
+        """Hand on what is queued (each up to ``timeout``), then close the log."""
+        self._console.close(timeout)
+        self._log.call(self.log.settle)
+        self._log.call(self.log.close)
+        if not self._log.close(timeout):
+            self.log.close()
+
+
+def _to_stdout(data: bytes) -> None:
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(sys.stdout.fileno(), view):]
+    except (OSError, ValueError, AttributeError):  # closed, gone, or none at all
+        pass
 
 
 def _record(what: str, write: Callable[[], object]) -> None:
@@ -258,6 +281,7 @@ def _launch(spec: LaunchSpec, run: RunDir, cfg: Config) -> int:
     try:
         returncode = proc.wait()
         pump.drain(timeout=5)
+        output.close(timeout=5)
     finally:
         for signum, handler in previous.items():
             # A stop under way ignores its repeats to the end: a Python handler would be
@@ -272,6 +296,6 @@ def _launch(spec: LaunchSpec, run: RunDir, cfg: Config) -> int:
         exit_code = 0 if returncode == 0 else 1
     _record("launcher_exited", lambda: run.append_event(
         "launcher_exited", "launcher", host=spec.node, exit_code=exit_code,
-        torchrun_returncode=returncode, log_dropped_bytes=output.log.dropped_bytes,
+        torchrun_returncode=returncode, log_dropped_bytes=output.dropped_bytes,
         signal=signal.Signals(received[0]).name if received else None))
     return exit_code
