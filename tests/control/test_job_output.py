@@ -86,6 +86,7 @@ from trainwatch.control.controller import JobController
 c = JobController(sys.argv[1], [sys.executable, "-c", sys.argv[2]])
 c.start()
 code = c.proc.wait()
+c.output.drain(5)  # as journal_exit does: the pipe's last bytes reach the tail first
 with open(os.environ["RESULT"], "w") as fh:
     json.dump({"code": code, "dropped": c.output.dropped_bytes, "error": c.output.error,
                "last_words": c.last_words()}, fh)

@@ -38,9 +38,11 @@ from trainwatch.rundir.supervisor_beat import beat_age, read_supervisor_beat
 STALE_SECONDS = 20.0
 # A stale heartbeat while the process uses at least BUSY_CPU_SHARE of a core is a busy
 # supervisor, not a hung one, until its heartbeat is this old: then it repairs nothing
-# either, busy or not.
+# either, busy or not. A blocked or deadlocked process uses next to no CPU; a spinning one
+# gets its share of the cores, which on a loaded node is small (2 cores at load 10: ~0.2),
+# so the line is low.
 BUSY_STALE_SECONDS = 120.0
-BUSY_CPU_SHARE = 0.5
+BUSY_CPU_SHARE = 0.05
 CPU_WINDOW_SECONDS = 0.5  # the shortest time between two looks that measures CPU use
 UP, FROZEN, DEAD, HUNG, BUSY = "running", "frozen", "dead", "hung", "busy"
 log = logging.getLogger(__name__)
