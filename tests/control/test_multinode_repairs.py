@@ -56,6 +56,11 @@ def test_node_rank_0_leads_and_a_one_node_job_has_no_nodes(monkeypatch):
         rendezvous_args(leader, None, None)
     with pytest.raises(ConfigError, match="give --nnodes too"):
         rendezvous_args(None, "10.0.0.1:29400", None)
+    # Elastic: each node's launcher gets --min-nnodes (torchrun --nnodes MIN:MAX).
+    assert rendezvous_args(leader, "10.0.0.1:29400", None, 1)[-2:] == ["--min-nnodes", "1"]
+    with pytest.raises(ConfigError, match="give --nnodes too") as err:
+        rendezvous_args(None, None, None, 1)
+    assert err.value.key == "--min-nnodes"
 
 
 def test_run_refuses_a_multi_node_launch_it_cannot_place_before_touching_anything(tmp_path):
@@ -64,6 +69,9 @@ def test_run_refuses_a_multi_node_launch_it_cannot_place_before_touching_anythin
                        (["--nnodes", "2", "--node-rank", "1"], "--rdzv-endpoint")):
         done = CliRunner().invoke(run_command, [str(run_dir), "--nproc-per-node", "1", *extra])
         assert isinstance(done.exception, ConfigError) and done.exception.key == key, done.output
+    # An own COMMAND's elasticity is its torchrun's --nnodes MIN:MAX, not ours.
+    done = CliRunner().invoke(run_command, [str(run_dir), "--min-nnodes", "1", "--", "true"])
+    assert isinstance(done.exception, ConfigError) and done.exception.key == "--min-nnodes"
     assert not run_dir.exists()
 
 

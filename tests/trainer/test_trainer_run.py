@@ -226,6 +226,36 @@ def test_launcher_multinode_command_hosts_on_node_zero_and_names_the_node(tmp_pa
         assert info.value.key == "--node-name"
 
 
+
+def test_min_nnodes_makes_the_rendezvous_elastic_and_refuses_a_world_it_cannot_go_on_with(
+        tmp_path):
+    """--min-nnodes M: torchrun --nnodes M:N (the others go on when a node is lost, grow
+    back when it returns); refused before anything starts when a smaller world could not
+    take the global batch, which would otherwise surface when a node is lost at 3 a.m."""
+    from trainwatch.errors import ConfigError
+    from trainwatch.trainer.launcher import LaunchSpec, torchrun_command, validate
+
+    run = RunDir(tmp_path / "run").create()
+
+    def spec(min_nnodes, batch=8):
+        return LaunchSpec(run_dir=run.root, nproc_per_node=2, nnodes=3, min_nnodes=min_nnodes,
+                          node_rank=0, rdzv_endpoint="h:1",
+                          overrides=[f"train.batch_size={batch}"])
+
+    assert "--nnodes=2:3" in torchrun_command(spec(2), run)
+    assert "--nnodes=3" in torchrun_command(spec(3), run)
+    assert "--nnodes=3" in torchrun_command(spec(None), run)
+    validate(spec(1))  # 48 windows a step: 4 ranks take 12 each, 2 take 24
+    validate(spec(3, batch=3))  # no smaller world
+    with pytest.raises(ConfigError) as info:  # 18 windows: 4 ranks cannot share them
+        validate(spec(2, batch=3))
+    assert info.value.key == "--min-nnodes"
+    assert "go on with 2 node(s), 4 ranks" in str(info.value)
+    assert "4 ranks cannot share 18 evenly" in str(info.value)
+    for bad in (0, 4):
+        with pytest.raises(ConfigError, match="between 1 and --nnodes 3"):
+            validate(spec(bad))
+
 @pytest.mark.parametrize("hash_of, nproc, says, options", [
     ("another config", "1", "refusing to resume a different experiment", []),
     ("this config", "3", "3 ranks cannot share 16 evenly", []),  # 1 rank x 2 x batch 8

@@ -66,7 +66,7 @@ def _job(run, job_command, nproc_per_node, config, steps, rendezvous=()):
 @rendezvous_options
 def receive(rules_file, thresholds_file, run, listen, token_file, nproc_per_node, config,
             steps, job_command, straggler_command, dry_run, nnodes, node_rank, node_name,
-            rdzv_endpoint, local_addr) -> None:
+            rdzv_endpoint, local_addr, min_nnodes) -> None:
     """Serve Alertmanager's webhook (POST /webhook) and run trainwatch's automatic actions.
 
     \b
@@ -81,11 +81,13 @@ def receive(rules_file, thresholds_file, run, listen, token_file, nproc_per_node
     token = load_token(token_file)
     host, port = _listen(listen)
     nodes = job_nodes(nnodes, node_rank, node_name)
-    rendezvous = rendezvous_args(nodes, rdzv_endpoint, local_addr) if nproc_per_node else []
-    if job_command and (rdzv_endpoint or local_addr):
+    rendezvous = (rendezvous_args(nodes, rdzv_endpoint, local_addr, min_nnodes)
+                  if nproc_per_node else [])
+    given = [k for k, v in (("--rdzv-endpoint", rdzv_endpoint), ("--local-addr", local_addr),
+                            ("--min-nnodes", min_nnodes)) if v]
+    if job_command and given:
         raise ConfigError("configures the reference trainer; with --job-command put your "
-                          "job's own rendezvous in the command",
-                          key="--rdzv-endpoint" if rdzv_endpoint else "--local-addr")
+                          "job's own rendezvous in the command", key=given[0])
     job = _job(run, job_command, nproc_per_node, config, steps, rendezvous)
     if nodes is not None and job is None:
         raise ConfigError("a node of a multi-node job supervises its own launcher: give "

@@ -56,8 +56,13 @@ def node_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def rendezvous_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``--rdzv-endpoint`` and ``--local-addr``: the reference trainer's rendezvous in a
-    multi-node job (the same values on ``trainwatch run`` and ``alerts receive``)."""
+    """``--rdzv-endpoint``, ``--local-addr`` and ``--min-nnodes``: the reference trainer's
+    rendezvous in a multi-node job (the same values on ``trainwatch run`` and ``alerts
+    receive``)."""
+    fn = click.option("--min-nnodes", type=click.IntRange(min=1), metavar="N",
+                      help="Let the job go on with as few as N nodes when others are lost, "
+                           "and grow back when they return (the reference trainer; torchrun "
+                           "--nnodes N:NNODES; docs/deploy.md, 'A lost node').")(fn)
     fn = click.option("--local-addr", metavar="ADDR",
                       help="The address other nodes reach this one at (the reference "
                            "trainer).")(fn)
@@ -91,11 +96,12 @@ def job_nodes(nnodes: int, node_rank: int | None, name: str | None) -> JobNodes 
 
 
 def rendezvous_args(nodes: JobNodes | None, endpoint: str | None,
-                    local_addr: str | None) -> list[str]:
+                    local_addr: str | None, min_nnodes: int | None = None) -> list[str]:
     """The reference trainer's options for this node's launcher, the same at every start:
     its place, its name and the rendezvous (``trainwatch train``'s own options)."""
     if nodes is None:
-        given = [k for k, v in (("--rdzv-endpoint", endpoint), ("--local-addr", local_addr)) if v]
+        given = [k for k, v in (("--rdzv-endpoint", endpoint), ("--local-addr", local_addr),
+                                ("--min-nnodes", min_nnodes)) if v]
         if given:
             raise ConfigError("is for a job of several nodes: give --nnodes too", key=given[0])
         return []
@@ -105,4 +111,5 @@ def rendezvous_args(nodes: JobNodes | None, endpoint: str | None,
                           key="--rdzv-endpoint")
     args = ["--nnodes", str(nodes.nnodes), "--node-rank", str(nodes.node_rank),
             "--rdzv-endpoint", endpoint, "--node-name", nodes.node]
+    args += ["--min-nnodes", str(min_nnodes)] if min_nnodes is not None else []
     return args + (["--local-addr", local_addr] if local_addr else [])

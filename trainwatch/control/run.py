@@ -107,7 +107,8 @@ class _RunCommand(click.Command):
 @click.argument("positional", nargs=-1, metavar="[RUN_DIR]", type=RUN_DIR_PATH)
 def run(nproc_per_node, run, steps, config, overrides, max_restarts, thresholds_file,
         rules_file, agent_config, webhook, alertmanager, dry_run, no_live, telemetry_grace,
-        agent_port, nnodes, node_rank, node_name, rdzv_endpoint, local_addr, command) -> None:
+        agent_port, nnodes, node_rank, node_name, rdzv_endpoint, local_addr, min_nnodes,
+        command) -> None:
     """Train with the agent and the embedded alert engine watching (Ctrl-C stops all).
 
     \b
@@ -139,13 +140,13 @@ def run(nproc_per_node, run, steps, config, overrides, max_restarts, thresholds_
         agent_stall = check_command(
             run, list(command), nproc_per_node=nproc_per_node, steps=steps, config=config,
             overrides=overrides, max_restarts=max_restarts, agent_config=agent_config,
-            rendezvous=(rdzv_endpoint, local_addr))
+            rendezvous=(rdzv_endpoint, local_addr, min_nnodes))
         job = Job(list(command), own=True)
     else:
         if nproc_per_node is None:
             raise ConfigError("give --nproc-per-node (the reference trainer) or -- COMMAND "
                               "(your own job)", key="--nproc-per-node")
-        rendezvous = rendezvous_args(nodes, rdzv_endpoint, local_addr)
+        rendezvous = rendezvous_args(nodes, rdzv_endpoint, local_addr, min_nnodes)
         plan = check_launch(run, nproc_per_node=nproc_per_node, config=config,
                             overrides=list(overrides), steps=steps, agent_config=agent_config,
                             nnodes=nnodes)

@@ -71,14 +71,16 @@ def check_launch(run: RunDir, *, nproc_per_node: int, config: str | None,
 
 
 def check_command(run: RunLayout, command: list[str], *, nproc_per_node, steps, config,
-                  overrides, max_restarts, agent_config, rendezvous=(None, None)) -> dict:
+                  overrides, max_restarts, agent_config, rendezvous=(None, None, None)) -> dict:
     """The checks of a ``-- COMMAND`` launch (the trainer's options do not apply); the
     agent's stall options. ConfigError (exit 2) before anything starts."""
     given = [name for name, value in (("--nproc-per-node", nproc_per_node), ("--steps", steps),
                                       ("--config", config), ("--set", overrides),
                                       ("--max-restarts", max_restarts),
                                       ("--rdzv-endpoint", rendezvous[0]),
-                                      ("--local-addr", rendezvous[1])) if value]
+                                      ("--local-addr", rendezvous[1]),
+                                      ("--min-nnodes", rendezvous[2] if len(rendezvous) > 2
+                                       else None)) if value]
     if given:
         verb = "configures" if len(given) == 1 else "configure"
         raise ConfigError(f"{', '.join(given)} {verb} the reference trainer; with a COMMAND "

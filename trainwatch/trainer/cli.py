@@ -31,6 +31,11 @@ if TYPE_CHECKING:
               help="Times torchrun restarts all ranks after a rank fails.")
 @click.option("--nnodes", type=int, default=1, show_default=True,
               help="Machines in the job (each runs this command).")
+@click.option("--min-nnodes", type=int,
+              help="Go on with as few as this many machines when others are lost, resuming "
+                   "at the smaller world size, and grow back when they return (torchrun "
+                   "--nnodes MIN:MAX; docs/deploy.md, 'A lost node'). Default: --nnodes (the "
+                   "others wait for a replacement).")
 @click.option("--node-rank", type=int,
               help="This machine's index (multi-node); node 0 hosts the rendezvous store, so "
                    "run it where --rdzv-endpoint points. Global ranks follow the rendezvous.")
@@ -47,7 +52,8 @@ if TYPE_CHECKING:
               help=f"Ranks serve Prometheus metrics on {LOOPBACK}:(PORT + local rank) "
                    "(shorthand for --set telemetry.metrics_port=PORT).")
 def train(run: RunDir, nproc_per_node: int, steps: int | None, config_file: str | None,
-          overrides: tuple[str, ...], max_restarts: int, nnodes: int, node_rank: int | None,
+          overrides: tuple[str, ...], max_restarts: int, nnodes: int, min_nnodes: int | None,
+          node_rank: int | None,
           rdzv_endpoint: str | None, rdzv_id: str | None, local_addr: str | None,
           node_name: str | None, metrics_port: int | None) -> None:
     """Run the reference trainer under torchrun, restarting failed ranks.
@@ -63,7 +69,8 @@ def train(run: RunDir, nproc_per_node: int, steps: int | None, config_file: str 
                                  *([f"train.steps={steps}"] if steps is not None else []),
                                  *([f"telemetry.metrics_port={metrics_port}"]
                                    if metrics_port is not None else [])],
-                      max_restarts=max_restarts, nnodes=nnodes, node_rank=node_rank,
+                      max_restarts=max_restarts, nnodes=nnodes, min_nnodes=min_nnodes,
+                      node_rank=node_rank,
                       rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, local_addr=local_addr,
                       node_name=node_name)
     sys.exit(launch(spec))

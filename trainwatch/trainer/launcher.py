@@ -39,7 +39,7 @@ from trainwatch.checkpoint_format.catalog import newest_complete
 from trainwatch.checkpoint_format.compat import check_compatible, config_changes
 from trainwatch.trainer.config import Config, check_world_size, load_config
 from trainwatch.trainer.faults import parse_faults
-from trainwatch.trainer.step_shape import check_resumable
+from trainwatch.trainer.step_shape import StepShape, check_resumable, reshaped
 from trainwatch.trainer.rendezvous import one_node_args
 
 FLIGHT_RECORDER_ENTRIES = 2000
@@ -53,6 +53,7 @@ class LaunchSpec:
     overrides: list[str] = field(default_factory=list)
     max_restarts: int = MAX_RESTARTS
     nnodes: int = 1
+    min_nnodes: int | None = None  # elastic: go on with as few nodes (torchrun --nnodes MIN:MAX)
     node_rank: int | None = None
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
@@ -86,11 +87,35 @@ def validate(spec: LaunchSpec) -> Config:
         raise ConfigError(f"must be >= 0, got {spec.max_restarts}", key="--max-restarts")
     cfg = load_config(spec.config, spec.overrides)
     check_world_size(cfg.parallel, spec.nnodes * spec.nproc_per_node)
+    check_elastic(spec, cfg)
     parse_faults(os.environ.get(FAULT_ENV, ""))
     if cfg.data.path is not None:
         from trainwatch.trainer.data import load_dataset  # imports torch: only when needed
         load_dataset(cfg.data.path)
     return cfg
+
+
+def check_elastic(spec: LaunchSpec, cfg: Config) -> None:
+    """``--min-nnodes``: every smaller world the job may go on with after losing nodes must
+    take the same global batch (trainer/step_shape.py) and, for HSDP, whole shard groups;
+    asked before anything starts, not when a node is lost at 3 a.m."""
+    low = spec.min_nnodes
+    if low is None or low == spec.nnodes:
+        return
+    if not 1 <= low <= spec.nnodes:
+        raise ConfigError(f"must be between 1 and --nnodes {spec.nnodes}, got {low}",
+                          key="--min-nnodes")
+    full = StepShape(cfg.train.batch_size, cfg.optim.grad_accum,
+                     spec.nnodes * spec.nproc_per_node)
+    for nodes in range(low, spec.nnodes):
+        world = nodes * spec.nproc_per_node
+        try:
+            check_world_size(cfg.parallel, world)
+            reshaped(full, world, cfg.train.batch_size)
+        except ConfigError as exc:
+            raise ConfigError(f"{low} lets the job go on with {nodes} node(s), {world} ranks, "
+                              f"which it cannot: {exc.problem}; raise --min-nnodes or change "
+                              "the batch or shard size", key="--min-nnodes") from None
 
 
 def torchrun_command(spec: LaunchSpec, run: RunDir) -> list[str]:
@@ -103,7 +128,10 @@ def torchrun_command(spec: LaunchSpec, run: RunDir) -> list[str]:
         # Not --standalone: it advertises the hostname, which need not resolve to loopback.
         cmd += one_node_args(spec.rdzv_id or spec.job, spec.local_addr or LOOPBACK)
     else:
-        cmd += [f"--nnodes={spec.nnodes}", "--rdzv-backend=c10d",
+        nnodes = (f"{spec.min_nnodes}:{spec.nnodes}"
+                  if spec.min_nnodes is not None and spec.min_nnodes < spec.nnodes
+                  else str(spec.nnodes))
+        cmd += [f"--nnodes={nnodes}", "--rdzv-backend=c10d",
                 f"--rdzv-endpoint={spec.rdzv_endpoint}", f"--rdzv-id={spec.rdzv_id or spec.job}"]
         if spec.node_rank is not None:
             # c10d ignores --node-rank (global ranks follow the rendezvous order); here it
