@@ -23,6 +23,7 @@ from trainwatch.alerts.silences import Silences
 from trainwatch.rundir.run_dir import RunDir
 
 from agent_helpers import wait_for
+from conftest import fill_to_the_brim, tmpfs_mount
 from control_helpers import TOKEN
 from alerts_helpers import ALERTMANAGER, _free_port, _ready
 
@@ -76,6 +77,48 @@ def test_dedup_and_resolve_are_announced_once(tmp_path, fast_rules):
     assert firing[1]["labels"]["culprit_rank"] == "0" and firing[1]["labels"]["severity"] == "critical"
     assert firing[1]["value"] == 1.0  # the ranks waiting for the culprit
 
+
+
+def fill_journal_page(path):
+    """Fill the journal's last page with a line no reader needs, so one more line needs
+    a page the full disk does not have."""
+    with open(path, "ab") as fh:
+        fh.write(b"#" * (4096 - path.stat().st_size % 4096 - 1) + b"\n")
+
+
+def test_a_transition_the_full_journal_refused_is_journaled_when_it_has_room(
+        tmp_path, fast_rules):
+    """The journal on a real full tmpfs (StorageFull fires exactly then): the page's
+    alert_firing waits in memory with the time it happened, and is written, marked late,
+    at the first evaluation after space returns, or when the engine stops."""
+    with tmpfs_mount(tmp_path / "exp1", "1m"):
+        run = RunDir(tmp_path / "exp1").create()  # an empty journal: no page to fill
+        journal = JournalNotifier(run)
+        history = History()
+        engine = Engine(fast_rules, history, notifiers=[journal])
+        full_at = fill_to_the_brim(run.root)
+        for t in (0, 30, 45):
+            stall(history, t, 100.0 + t)
+            engine.evaluate(t)
+        assert [a.name for a in engine.firing()] == ["TrainingStallSuspected",
+                                                     "TrainingStalled"]
+        assert run.events("alert_firing") == [] and len(journal.backlog) == 2
+        (run.root / "filler").unlink()
+        stall(history, 60, 160.0)
+        engine.evaluate(60)  # no transition: the evaluation alone writes the backlog
+        firing = run.events("alert_firing")
+        assert [e["alert"] for e in firing] == ["TrainingStallSuspected", "TrainingStalled"]
+        assert all(e["time"] <= full_at + 30 for e in firing), firing  # when they happened
+        assert not journal.backlog
+        # Full again at the end: the engine's stop writes what is left once it has room.
+        fill_journal_page(run.journal_file)
+        fill_to_the_brim(run.root)
+        stall(history, 75, 0.0)
+        engine.evaluate(75)
+        assert len(journal.backlog) == 2 and not run.events("alert_resolved")
+        (run.root / "filler").unlink()
+        engine.flush()
+        assert len(run.events("alert_resolved")) == 2
 
 def test_silenced_alerts_neither_notify_nor_act(tmp_path, fast_rules):
     run = RunDir(tmp_path / "exp1").create()

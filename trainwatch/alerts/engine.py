@@ -194,6 +194,17 @@ class Engine:
             except Exception:
                 log.exception("action for %s failed", alert.name)
 
+    def flush(self) -> None:
+        """Notifiers holding what they could not deliver (the journal on a full disk) try
+        once more: the engine's last act before it stops."""
+        for notifier in self.notifiers:
+            flush = getattr(notifier, "flush", None)
+            if flush is not None:
+                try:
+                    flush()
+                except Exception as exc:
+                    log.warning("notifier %s failed: %s", type(notifier).__name__, exc)
+
     def _resend(self, t: float) -> None:
         """Notifiers that want it (Alertmanager) get every firing/recently resolved alert again."""
         batch = [a for a in self.alerts()

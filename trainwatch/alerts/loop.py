@@ -57,6 +57,7 @@ class EngineLoop:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        self.engine.flush()  # what the journal refused while its disk was full
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import urllib.request
+from collections import deque
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -33,24 +35,65 @@ def _post(url: str, body: Any, headers: dict[str, str] | None = None,
         return resp.status
 
 
+JOURNAL_BACKLOG = 256  # transitions kept while the journal cannot be written
+
+
 class JournalNotifier:
-    """alert_firing / alert_resolved events in the run's journal, and a log line."""
+    """alert_firing / alert_resolved events in the run's journal, and a log line.
+
+    The alert that matters most on a full disk, StorageFull, fires exactly when the
+    journal cannot take it: a transition the journal refuses waits in a bounded backlog,
+    with the time it happened, and is written at the next transition or evaluation once
+    the disk takes writes again (the oldest give way past ``JOURNAL_BACKLOG``, counted)."""
 
     def __init__(self, run: RunDir | str | Path | None):
         if isinstance(run, (str, Path)):  # a path: a caller with no RunDir (a test, a script)
             run = RunDir(run) if str(run) else None
         self.run = run  # None: the log line only
+        self.backlog: deque[tuple[str, dict[str, Any]]] = deque()
+        self.dropped = 0  # transitions the backlog had no room for
+        self._failing = False
 
     def notify(self, kind: str, alert: Alert, t: float) -> None:
         log.warning("alert %s %s %s: %s", alert.name, kind,
                     {k: v for k, v in alert.labels.items() if k != "alertname"},
                     alert.annotations.get("summary", ""))
-        if self.run is not None:
-            self.run.append_event(f"alert_{kind}", "engine", alert=alert.name,
-                                  severity=alert.rule.severity, labels=alert.labels,
-                                  summary=alert.annotations.get("summary"),
-                                  value=alert.as_dict()["value"], fingerprint=alert.fingerprint,
-                                  starts_at=rfc3339(alert.active_at))
+        if self.run is None:
+            return
+        if len(self.backlog) >= JOURNAL_BACKLOG:
+            self.backlog.popleft()
+            self.dropped += 1
+        self.backlog.append((f"alert_{kind}", {
+            "alert": alert.name, "severity": alert.rule.severity, "labels": alert.labels,
+            "summary": alert.annotations.get("summary"), "value": alert.as_dict()["value"],
+            "fingerprint": alert.fingerprint, "starts_at": rfc3339(alert.active_at),
+            "time": time.time(), "mono": time.monotonic()}))
+        self.flush()
+
+    def resend(self, alerts: list[Alert], t: float) -> None:
+        """Every evaluation: what the journal refused before, now that it may take it."""
+        if self.backlog:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the backlog, oldest first, until the journal refuses (OSError: the
+        engine's warning names it once, not at every evaluation)."""
+        if self.run is None:
+            return
+        while self.backlog:
+            event, fields = self.backlog[0]
+            late = {"journaled_late": True} if time.time() - fields["time"] > 1.0 else {}
+            lost = {"unjournaled_before": self.dropped} if self.dropped else {}
+            try:
+                self.run.append_event(event, "engine", **fields, **late, **lost)
+            except OSError:
+                if self._failing:
+                    return  # said when it began
+                self._failing = True
+                raise
+            self.backlog.popleft()
+            self.dropped = 0
+        self._failing = False
 
 
 def webhook_alert(alert: Alert, kind: str, t: float) -> dict[str, Any]:
