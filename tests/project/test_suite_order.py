@@ -3,6 +3,7 @@ first (tests/suite_order_helpers.py), or the last one started keeps a worker bus
 while the other idles. xdist's own default (most tests first) puts one-test end-to-end
 files last; a generated suite on one worker shows which order the files really run in."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,9 +25,10 @@ def test_slow_files_start_before_files_of_many_quick_tests(tmp_path):
     (tmp_path / "test_c_drill.py").write_text(  # named in LONGEST_FILES, by its file name
         "def test_x():\n    pass\n\ndef test_y():\n    pass\n")
     (tmp_path / "test_drill.py").write_text("def test_drill():\n    pass\n")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "1",
-                           "--dist", "loadfile", "-v", str(tmp_path)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "xdist.plugin",  # xdist only
+                           "-p", "no:cacheprovider", "-n", "1", "--dist", "loadfile", "-v",
+                           str(tmp_path)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ran = [line.split("PASSED ")[1].split("::")[0] for line in done.stdout.splitlines()
            if "PASSED " in line]
