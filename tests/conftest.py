@@ -12,15 +12,17 @@ from pathlib import Path
 import psutil
 import pytest
 
+from suite_order_helpers import keep_our_file_order, longest_files_first
+
 REPO = Path(__file__).resolve().parent.parent
 
-# Started first: with a test file per xdist worker, the longest file started last sets when
-# the whole suite ends (its evaluation on a full disk is the longest single wait).
-LONGEST_FILES = ("test_run_never_harm_e2e.py",)
+
+def pytest_configure(config):
+    keep_our_file_order(config)
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: item.path.name not in LONGEST_FILES)  # stable: order kept
+    longest_files_first(items)  # with a file per xdist worker, the last one sets the end
 
 
 def torchrun_env(tmp_path: Path, **extra: str) -> dict[str, str]:

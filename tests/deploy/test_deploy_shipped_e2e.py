@@ -25,6 +25,7 @@ stores listen on loopback only.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import grp
 import json
 import os
@@ -50,6 +51,7 @@ from agent_helpers import REPO, free_port, get_json, http_get, stop_process, wai
 from conftest import kill_tree
 from deploy_configs import ALERTMANAGER_YML, PROMETHEUS_YML, unit_service_settings, unit_setpriv
 from users_helpers import _ensure_user, _python_for_others
+from trainwatch.alerts.promql import parse_duration
 from trainwatch.rundir.run_dir import RunDir
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
@@ -174,6 +176,40 @@ def _status(run_dir: Path, rank: int) -> dict:
         return json.loads((run_dir / "status" / f"rank-{rank:05d}.json").read_text())
     except (OSError, ValueError):
         return {}
+
+
+def _webhooks_sent(am_port: int) -> float:
+    """Notifications Alertmanager delivered by webhook (the receiver's, the people's)."""
+    text = http_get(f"http://127.0.0.1:{am_port}/metrics").decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith('alertmanager_notifications_total{integration="webhook"}'))
+
+
+def _actions_group_interval() -> float:
+    """The shipped root route's group_interval (the receiver's route inherits it): when
+    Alertmanager sends a group again."""
+    return parse_duration(yaml.safe_load(ALERTMANAGER_YML.read_text())["route"]["group_interval"])
+
+
+def _pages_due(prom: str, run: str, by: float) -> list[str]:
+    """The run's pages and tickets pending now that fire before ``by`` if they last."""
+    due = []
+    for group in get_json(f"{prom}/api/v1/rules?type=alert")["data"]["groups"]:
+        for rule in group["rules"]:
+            for alert in rule["alerts"]:
+                labels = alert["labels"]
+                if labels.get("run") == run and labels.get("severity") in ("critical", "warning") \
+                        and _unix(alert["activeAt"]) + rule["duration"] <= by:
+                    due.append(f"{rule['name']} {alert['state']} since {alert['activeAt']}")
+    return due
+
+
+def _unix(stamp: str) -> float:
+    """Prometheus's RFC 3339 time (nanoseconds, Z) as Unix seconds."""
+    day, _, rest = stamp.rstrip("Z").partition(".")
+    fraction = float("0." + (rest or "0")[:6])
+    return datetime.datetime.fromisoformat(day).replace(
+        tzinfo=datetime.timezone.utc).timestamp() + fraction
 
 
 @pytest.fixture
@@ -336,10 +372,11 @@ def test_the_shipped_deployment_restarts_a_stalled_job_once_and_pages_nobody(scr
         assert len(taken) == 1 and taken[0]["alert"] == "TrainingStallSuspected"
         assert taken[0]["labels"]["run"] == run_a.name
 
-        # Long enough for B's ranks to have paged if a clean stop were "down"
-        # (TrainingRankDown's 1 min, a scrape, an evaluation, the pager's group_wait: ~80 s)
-        # and for Alertmanager to repeat A's alert (answered as a duplicate).
-        wait_for(lambda: time.time() > b_stopped + 95, 150, interval=1, what="the page window")
+        # Until Alertmanager has sent A's alert group to the receiver again (its
+        # group_interval after the first: the stall's resolution, answered without acting).
+        wait_for(lambda: _webhooks_sent(ports["am"]) >= 2
+                 and time.time() > taken[0]["time"] + _actions_group_interval(), 150,
+                 interval=1, what="Alertmanager's second notification of A's group")
         prom = f"http://127.0.0.1:{ports['prom']}"
         alerts = get_json(f"{prom}/api/v1/alerts")["data"]["alerts"]
         firing = sorted(f"{a['labels']['alertname']}/{a['labels'].get('run')}"
@@ -347,6 +384,16 @@ def test_the_shipped_deployment_restarts_a_stalled_job_once_and_pages_nobody(scr
         assert len(_events(run_a, "job_started")) == 2, "exactly one restart"
         assert len(_events(run_a, "action_taken")) == 1
         assert _Sink.got == [], f"paged or ticketed: {_Sink.got}; firing: {firing}"
+        # Pages on their way: B's clean stop made no page or ticket even pending (a stop
+        # seen as "down" would be pending within a scrape and an evaluation, and page after
+        # TrainingRankDown's 1 min); of A's, none pending since long enough to page before
+        # the 95 s after B's stop this test used to wait out.
+        query = urllib.parse.quote(f'ALERTS{{run="{run_b.name}",severity=~"critical|warning"}}'
+                                   f'[{int(time.time() - b_stopped) + 5}s]')
+        ever = get_json(f"{prom}/api/v1/query?query={query}")["data"]["result"]
+        assert ever == [], [r["metric"] for r in ever]
+        coming = _pages_due(prom, run_a.name, by=b_stopped + 95)
+        assert coming == [], coming
         # No false storage ticket on its way: the jobs' 0750 run dirs are skipped, not failed.
         query = urllib.parse.quote('trainwatch_storage_probe_success{role="run"} == 0')
         failed = get_json(f"{prom}/api/v1/query?query={query}")["data"]["result"]
