@@ -387,7 +387,7 @@ def test_sigstop_on_node1_is_repaired_once_on_every_node_without_losing_the_rend
           f"resumed step {first_resumed - frozen_at:.1f} s (resumed from step {saved_before})")
 
 
-LOSS_STEPS = 700  # paced: long enough to lose node 1, go on alone, and grow back
+LOSS_STEPS = 800  # paced (0.07 s): node 1 lost, node 0 alone, node 1 back, with room to spare
 
 
 def own_loop_on(node: Node, nodes: list[Node], port: int) -> list[str]:
@@ -398,7 +398,7 @@ def own_loop_on(node: Node, nodes: list[Node], port: int) -> list[str]:
             "--rdzv-endpoint", f"{nodes[0].addr}:{port}", "--local-addr", node.addr,
             "--rdzv-conf", f"is_host={int(node.index == 0)},last_call_timeout=3",
             str(REPO / "examples" / "own_loop.py"), "--steps", str(LOSS_STEPS),
-            "--pace", "0.05", "--checkpoint-every", "20"]
+            "--pace", "0.07", "--checkpoint-every", "20"]
 
 
 def test_a_lost_node_is_journaled_once_the_job_goes_on_with_fewer_ranks_and_grows_back(
