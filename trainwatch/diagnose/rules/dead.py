@@ -183,7 +183,7 @@ def _oom(view: dict[str, Any]) -> tuple[str | None, list[str], bool]:
     if kernel and kernel.get("line"):
         lines.append(f"kernel log: {kernel['line']}")
         if kernel.get("memcg"):
-            where = (f"cgroup {kernel['memcg']}, limit {_limit(oom)}")
+            where = f"cgroup {kernel['memcg']}, limit {_kernel_limit(kernel) or _limit(oom)}"
         return f"killed by the OOM killer ({where})", lines, True
     if oom.get("kernel_error"):
         lines.append(f"kernel log not readable: {oom['kernel_error']}")
@@ -201,8 +201,22 @@ def _limit(oom: dict[str, Any]) -> str:
     n, at = oom.get("limit_bytes"), oom.get("limit_cgroup")
     if n is None:
         return "none (unlimited)" if oom.get("dir") else "unknown (its cgroup is gone)"
-    size = f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
-    return size + (f", set on its ancestor cgroup {at}" if at and at != oom.get("cgroup") else "")
+    return _size(n) + (f", set on its ancestor cgroup {at}" if at and at != oom.get("cgroup")
+                       else "")
+
+
+def _kernel_limit(kernel: dict[str, Any]) -> str | None:
+    """The limit the kernel's OOM report says was hit, and whose it is when an ancestor's:
+    it holds after the cgroup is gone (a transient unit removed when its job ended)."""
+    n, at = kernel.get("limit_bytes"), kernel.get("oom_memcg")
+    if not isinstance(n, int):
+        return None
+    return _size(n) + (f", set on its ancestor cgroup {at}" if at and at != kernel.get("memcg")
+                       else "")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def _ended_hang(finding: Finding, hang: Finding | None) -> Finding:
