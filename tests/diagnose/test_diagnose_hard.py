@@ -89,6 +89,16 @@ def test_rank_skipping_a_side_group_collective_is_named(jobs, tmp_path):
     assert "all_reduce" in finding["title"], finding
     assert any("[0, 2] wait" in e for e in finding["evidence"]), finding["evidence"]
     no_confident_wrong(report, 1)
+    # The post-mortem, once every process is gone, reads the dumps that diagnose left in
+    # diagnostics/ (issue #36: it said "rank(s) [0, 2] were outside a collective").
+    job.stop()
+    code, report, _ = timed_diagnose(job.run, "--stall-after", "1")
+    finding = top(report, "rank_stuck")
+    assert finding["ranks"] == [1] and finding["confidence"] == "high", finding
+    assert f"did not enter collective #{step + 1} of process group 1" in finding["title"]
+    assert any(e.startswith("saved evidence used: diagnostics/dump-rank-00000.json")
+               for e in finding["evidence"]), finding["evidence"]
+    no_confident_wrong(report, 1)
 
 
 def test_rank_busy_in_c_holding_the_gil_is_busy_not_frozen(jobs):

@@ -152,6 +152,44 @@ def test_an_oom_kill_in_a_removed_cgroup_says_the_limit_is_unknown(tmp_path):
                           "limit unknown (its cgroup is gone))"), dead.title
 
 
+# A memory cgroup's OOM report as this host's kernel (6.18) logs it: the rank ran in a
+# transient unit with MemoryMax=256M, removed with its job before diagnose looked.
+KERNEL_LOG = """\
+[  100.000001] python invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0, oom_score_adj=0
+[  100.000002] memory: usage 4194304kB, limit 4194304kB, failcnt 3
+[  100.000003] oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,\
+oom_memcg=/system.slice/other.service,task_memcg=/system.slice/other.service,task=x,pid=7,uid=0
+[  100.000004] Memory cgroup out of memory: Killed process 7 (x) total-vm:1kB, anon-rss:1kB
+[  200.000001] python invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0, oom_score_adj=0
+[  200.000002] memory: usage 262144kB, limit 262144kB, failcnt 52
+[  200.000003] memory+swap: usage 262144kB, limit 9007199254740988kB, failcnt 0
+[  200.000004] Memory cgroup stats for /system.slice/run-r1.service/rank1:
+[  200.000005] oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,\
+oom_memcg=/system.slice/run-r1.service,task_memcg=/system.slice/run-r1.service/rank1,\
+task=python,pid=42,uid=0
+[  200.000006] Memory cgroup out of memory: Killed process 42 (python) total-vm:1843200kB, \
+anon-rss:262144kB
+[  300.000001] python invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE), order=0
+[  300.000002] oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0,\
+global_oom,task_memcg=/user.slice,task=python,pid=43,uid=0
+[  300.000003] Out of memory: Killed process 43 (python) total-vm:1kB, anon-rss:1kB
+"""
+
+
+def test_an_oom_kill_in_a_removed_cgroup_names_the_limit_the_kernel_log_says(tmp_path):
+    """The cgroup is gone (its limit unreadable), but the kernel's OOM report says which
+    limit was hit and whose it was: the kill is worded with it, not "limit unknown"."""
+    from trainwatch.host.cgroup import memory_facts, parse_oom_kills
+    kills = parse_oom_kills(KERNEL_LOG)
+    assert kills[42]["limit_bytes"] == 256 << 20, kills[42]
+    assert kills[7]["limit_bytes"] == 4 << 30 and kills[43].get("limit_bytes") is None, kills
+    facts = memory_facts("v2:/system.slice/run-r1.service/rank1", str(tmp_path))
+    dead = _oom_killed_rank({**facts, "kernel": kills[42], "kernel_error": None})
+    assert dead.title == ("rank 1 was killed by the OOM killer (cgroup "
+                          "/system.slice/run-r1.service/rank1, limit 256 MiB, set on its "
+                          "ancestor cgroup /system.slice/run-r1.service)"), dead.title
+
+
 def test_a_pipe_reader_s_other_end_is_only_the_writers():
     """A reader blocked on a pipe waits for whoever holds the write end; a sibling that
     holds the same read end (a forked worker that inherited it) is not the other end."""

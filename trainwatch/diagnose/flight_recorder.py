@@ -14,8 +14,16 @@ from trainwatch.diagnose.model import Evidence
 
 def gather(ev: Evidence) -> None:
     """Fill ``ev.collectives["groups"]``: {pg: {"ranks": [...], "per_rank": {rank: seq view}}}."""
+    groups = groups_of(ev.dumps)
+    ev.collectives["groups"] = groups
+    if ev.dumps and not groups:
+        ev.cannot_see("collective sequences (no flight-recorder data in the rank dumps)")
+
+
+def groups_of(dumps: dict[int, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """{pg: {"desc", "per_rank": {rank: seq view}}} of the ranks' dumps (live or saved)."""
     groups: dict[str, dict[str, Any]] = {}
-    for rank, dump in sorted(ev.dumps.items()):
+    for rank, dump in sorted(dumps.items()):
         trace = dump.get("flight_recorder")
         if not trace:
             continue
@@ -41,9 +49,7 @@ def gather(ev: Evidence) -> None:
                                                max(entries, default=0)),
                 "last_completed": pg_status.get("last_completed_collective"),
                 "entries": entries}
-    ev.collectives["groups"] = groups
-    if ev.dumps and not groups:
-        ev.cannot_see("collective sequences (no flight-recorder data in the rank dumps)")
+    return groups
 
 
 def _pg_name(entry: dict[str, Any]) -> tuple[str, str]:

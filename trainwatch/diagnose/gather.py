@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from trainwatch.diagnose import (agents, checkpoints, flight_recorder, journal, oom, processes,
-                                 prometheus, rank_dumps, run_state, stacks, supervisor,
-                                 workers)
+                                 prometheus, rank_dumps, run_state, saved_evidence, stacks,
+                                 supervisor, workers)
 from trainwatch.diagnose.model import Evidence
 from trainwatch.rundir.run_dir import RunDir
 
@@ -37,6 +37,7 @@ def gather(run: RunDir, options: Options,
         ("supervisor", lambda: supervisor.gather(run, ev)),
         ("rank dumps", lambda: rank_dumps.gather(run, ev, options.timeout)
          if options.request_dumps else None),
+        ("saved evidence", lambda: saved_evidence.gather(run, ev)),
         ("stacks", lambda: stacks.gather(ev, options.timeout, options.native)),
         ("data workers", lambda: workers.gather(ev, options.timeout)),
         ("cpu", lambda: processes.sample_cpu(ev)),

@@ -51,6 +51,8 @@ class Evidence:
     ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
     launcher: dict[str, Any] = field(default_factory=dict)
     dumps: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # what diagnostics/ kept of dead ranks (diagnose/saved_evidence.py): the post-mortem's
+    saved: dict[str, Any] = field(default_factory=dict)
     stacks: dict[int, dict[str, Any]] = field(default_factory=dict)
     collectives: dict[str, Any] = field(default_factory=dict)
     journal: dict[str, Any] = field(default_factory=dict)

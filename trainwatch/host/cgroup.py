@@ -18,6 +18,7 @@ from typing import Any
 CGROUP_ROOT = "/sys/fs/cgroup"
 UNLIMITED = 1 << 62  # v1 reports "no limit" as a huge page-aligned number
 _KILLED = re.compile(r"Killed process (\d+) \(([^)]*)\)")
+_LIMIT = re.compile(r"\bmemory: usage \d+kB, limit (\d+)kB")
 _MEMCG = re.compile(r"oom-kill:.*?\boom_memcg=([^,]*),task_memcg=([^,]*),task=[^,]*,pid=(\d+)")
 
 
@@ -90,16 +91,33 @@ def kernel_oom_kills(timeout: float = 3.0) -> dict[str, Any]:
         reason = (done.stderr.strip().splitlines() or ["failed"])[-1]
         return {"error": f"{reason} (reading the kernel log needs privileges when "
                          "kernel.dmesg_restrict=1)"}
+    return {"kills": parse_oom_kills(done.stdout)}
+
+
+def parse_oom_kills(log: str) -> dict[int, dict[str, Any]]:
+    """{pid: {"process", "line", "memcg", "oom_memcg", "limit_bytes"}} of a kernel log.
+
+    A memory cgroup's OOM report prints the limit it hit (``memory: usage N kB, limit N kB``)
+    before naming the cgroup whose limit that is (``oom_memcg``, the killed task's own or an
+    ancestor) and the process killed: the limit that killed, readable after the cgroup is
+    gone. A system-wide OOM prints no such line (no cgroup limit killed it)."""
     kills: dict[int, dict[str, Any]] = {}
-    for line in done.stdout.splitlines():
+    limit: int | None = None
+    for line in log.splitlines():
+        if "invoked oom-killer" in line:
+            limit = None  # a new report: an earlier one's limit is not this one's
+        hit = _LIMIT.search(line)
+        if hit:
+            limit = int(hit[1]) * 1024 if int(hit[1]) * 1024 < UNLIMITED else None
         memcg = _MEMCG.search(line)
         if memcg:
-            kills.setdefault(int(memcg[3]), {})["memcg"] = memcg[2] or memcg[1]
+            kills.setdefault(int(memcg[3]), {}).update(
+                memcg=memcg[2] or memcg[1], oom_memcg=memcg[1] or None, limit_bytes=limit)
         killed = _KILLED.search(line)
         if killed:
             entry = kills.setdefault(int(killed[1]), {})
             entry.update(process=killed[2], line=line.strip()[:300])
-    return {"kills": kills}
+    return kills
 
 
 def _read(path: str) -> str | None:

@@ -7,12 +7,12 @@ import signal
 import time
 from typing import Any
 
-from trainwatch.contract.states import COLLECTIVE_PHASES
-from trainwatch.diagnose.casefile import Analysis, duration
+from trainwatch.diagnose.casefile import Analysis
 from trainwatch.diagnose.model import Evidence, Finding
+from trainwatch.diagnose.post_mortem import hang_before_death
 from trainwatch.diagnose.stacks import format_frames
 from trainwatch.rundir import attempts
-from trainwatch.rundir.torchrun_log import PEER_FAILURE, failure_time
+from trainwatch.rundir.torchrun_log import PEER_FAILURE
 
 DEFAULT_HEARTBEAT_INTERVAL = 1.0  # trainer telemetry's default, for ranks that do not say
 
@@ -183,7 +183,7 @@ def _oom(view: dict[str, Any]) -> tuple[str | None, list[str], bool]:
     if kernel and kernel.get("line"):
         lines.append(f"kernel log: {kernel['line']}")
         if kernel.get("memcg"):
-            where = (f"cgroup {kernel['memcg']}, limit {_limit(oom)}")
+            where = f"cgroup {kernel['memcg']}, limit {_kernel_limit(kernel) or _limit(oom)}"
         return f"killed by the OOM killer ({where})", lines, True
     if oom.get("kernel_error"):
         lines.append(f"kernel log not readable: {oom['kernel_error']}")
@@ -201,63 +201,22 @@ def _limit(oom: dict[str, Any]) -> str:
     n, at = oom.get("limit_bytes"), oom.get("limit_cgroup")
     if n is None:
         return "none (unlimited)" if oom.get("dir") else "unknown (its cgroup is gone)"
-    size = f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
-    return size + (f", set on its ancestor cgroup {at}" if at and at != oom.get("cgroup") else "")
+    return _size(n) + (f", set on its ancestor cgroup {at}" if at and at != oom.get("cgroup")
+                       else "")
 
 
-def hang_before_death(a: Analysis, dead: list[int],
-                      root: dict[str, Any] | None) -> Finding | None:
-    """Dead ranks whose job had stopped progressing well before they died: the deaths
-    ended a hang (a timeout, the launcher, an operator), the hang is what to explain.
-
-    The job's last progress is the newest step any rank completed; its death, the last
-    heartbeat of a dead rank, or torchrun's first observed failure (``root``) when that was
-    earlier: a rank that outlived a killed peer (finishing a slow batch, deferring SIGTERM
-    until its step ends) beats on without a step, which is teardown, not a hang. Where each
-    rank was comes from its last status: ranks in a phase outside collectives are the ones
-    the others waited for.
-    """
-    ranks = a.ev.ranks
-    ages = [v["progress_age"] for v in ranks.values()
-            if isinstance(v.get("progress_age"), (int, float))]
-    deaths = [ranks[r]["heartbeat_at"] for r in dead
-              if isinstance(ranks[r].get("heartbeat_at"), (int, float))]
-    if not ages or not deaths:
+def _kernel_limit(kernel: dict[str, Any]) -> str | None:
+    """The limit the kernel's OOM report says was hit, and whose it is when an ancestor's:
+    it holds after the cgroup is gone (a transient unit removed when its job ended)."""
+    n, at = kernel.get("limit_bytes"), kernel.get("oom_memcg")
+    if not isinstance(n, int):
         return None
-    progress_at = a.ev.collected_at - min(ages)
-    died_at, death = max(deaths), "the last heartbeat of a dead rank"
-    observed = failure_time((root or {}).get("time"))
-    # torchrun's time is its poll's, to the second: the death was before the next second.
-    # One before the job's last progress is another clock (a time zone): not evidence.
-    if observed is not None and progress_at - a.stall_after <= observed + 1 < died_at:
-        died_at, death = observed + 1, "torchrun observed the first failure"
-    stalled = died_at - progress_at
-    if stalled <= a.stall_after:
-        return None
-    phases = {r: str(v.get("phase") or "") for r, v in ranks.items() if r in dead}
-    outside = sorted(r for r, p in phases.items() if p and p not in COLLECTIVE_PHASES)
-    inside = sorted(r for r, p in phases.items() if p in COLLECTIVE_PHASES)
-    evidence = [f"the last step any rank completed was {duration(stalled)} before {death} "
-                f"(stall budget {duration(a.stall_after)}): the run was already stalled when its "
-                "ranks died"]
-    evidence += [a.where_line(r) for r in sorted(phases)]
-    if outside and inside:
-        culprits, confidence = outside, "medium"
-        title = (f"the run was stalled for {duration(stalled)} before it died: rank(s) {outside} "
-                 "were outside a collective while the others waited in one")
-        evidence.append(f"rank(s) {outside} in phase(s) "
-                        f"{', '.join(sorted({phases[r] for r in outside}))}; rank(s) {inside} "
-                        "in collective phases, waiting for them (from the last statuses: "
-                        "no live process to confirm it)")
-    else:
-        culprits, confidence = sorted(phases), "low"
-        title = (f"the run was stalled for {duration(stalled)} before it died; whom it waited for "
-                 "cannot be told from the last statuses")
-    return Finding("rank_stuck", title, ranks=culprits, confidence=confidence,
-                   nodes=sorted({a.node(r) for r in culprits}), evidence=evidence,
-                   runbook="TrainingStalled",
-                   next_command=f"grep -n -E 'Error|Signal|timeout' {a.ev.run_dir}/logs/*.log "
-                                "| head   # then reproduce with diagnose while it hangs")
+    return _size(n) + (f", set on its ancestor cgroup {at}" if at and at != kernel.get("memcg")
+                       else "")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def _ended_hang(finding: Finding, hang: Finding | None) -> Finding:
