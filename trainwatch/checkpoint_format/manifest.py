@@ -215,6 +215,8 @@ def layout_problems(manifest: dict[str, Any]) -> list[str]:
     if not isinstance(sharded, dict) or not isinstance(sharded.get("files"), list) or (
             not isinstance(world, int) or world < 1):
         return [f"{MANIFEST}: a dcp layout without its 'dcp' files or world size"]
-    needed = [DCP_METADATA, *sharded["files"], *(rank_file_name(r) for r in range(world))]
+    # A framework's sharded save (sealed by integrations/) has no per-rank trainwatch files.
+    ranks = () if manifest.get("framework") else range(world)
+    needed = [DCP_METADATA, *sharded["files"], *(rank_file_name(r) for r in ranks)]
     return [f"{name}: not in the manifest's files (the checkpoint does not hold the whole "
             "state)" for name in dict.fromkeys(needed) if name not in files]

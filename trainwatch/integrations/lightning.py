@@ -15,7 +15,10 @@ Checkpoints are Lightning's own (``trainer.save_checkpoint``), written into
 on SIGTERM), when ``RUN_DIR/control/checkpoint`` is touched (CheckpointTooOld's
 action) and on SIGTERM (the callback's own handler during fit, see ``StopSignal``: the
 ranks agree on the step with one small all-reduce per batch, save, and exit 75).
-``resume_path()`` is the newest of them that verifies. ``replica_every=N`` digests the
+``resume_path()`` is the newest of them that verifies. A strategy that saves sharded
+(ModelParallelStrategy's FSDP2, ``FSDPStrategy(state_dict_type="sharded")``: every rank
+writes its DCP shard) fills ``step-N/`` itself, sealed with every shard (docs/own-trainer.md,
+"Sharded models with Lightning / Hugging Face"). ``replica_every=N`` digests the
 module's parameters every N steps for the replica check (docs/sdc.md). Needs ``lightning``
 installed.
 """
@@ -39,6 +42,7 @@ from trainwatch.errors import ConfigError
 from trainwatch.integrations.batches import batch_size
 from trainwatch.integrations.options import telemetry_options
 from trainwatch.integrations.sealed import newest_verified, seal
+from trainwatch.integrations.sharded_folder import checkpoint_in, flatten
 from trainwatch.integrations.stopsignal import StopSignal
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.checkpoint_format import catalog
@@ -82,17 +86,18 @@ class TrainwatchCallback(Callback):
 
     # ------------------------------------------------------------------ resume
     def resume_path(self) -> str | None:
-        """The newest verified checkpoint's file, for ``trainer.fit(ckpt_path=...)``."""
+        """The newest verified checkpoint's file (a sharded one's folder), for
+        ``trainer.fit(ckpt_path=...)``."""
         found = newest_verified(self._complete())
         if found is None:
             return None
         self._resumed_from = found[1]
-        return str(found[1] / CHECKPOINT_FILE)
+        return str(checkpoint_in(found[1], CHECKPOINT_FILE))
 
     def _complete(self) -> list[tuple[int, Path]]:
         """(step, folder) of every complete checkpoint of ours, newest first."""
         return [(e.step, e.path) for e in catalog.complete(self.run.checkpoint_dir)
-                if e.step is not None and (e.path / CHECKPOINT_FILE).exists()]
+                if e.step is not None and checkpoint_in(e.path, CHECKPOINT_FILE) is not None]
 
     # ------------------------------------------------------------------ lifecycle
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -139,14 +144,15 @@ class TrainwatchCallback(Callback):
             ours = complete[0][1] if complete else None
         if ours is None:
             return
-        if used is not None and Path(used).resolve() == (ours / CHECKPOINT_FILE).resolve():
+        mine = checkpoint_in(ours, CHECKPOINT_FILE) or ours / CHECKPOINT_FILE
+        if used is not None and Path(used).resolve() == mine.resolve():
             self._telemetry().event("checkpoint_resumed", step=step,
                                     path=str(ours), framework="lightning")
             return
         log.warning("trainwatch: trainer.fit resumed from %s, not from trainwatch's newest "
                     "checkpoint %s: a restart repeats the steps since; pass "
                     "ckpt_path=cb.resume_path()", used or "nothing (ckpt_path=None)",
-                    ours / CHECKPOINT_FILE)
+                    mine)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         self._close(FINISHED)
@@ -229,7 +235,8 @@ class TrainwatchCallback(Callback):
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir(parents=True)
             trainer.save_checkpoint(str(tmp / CHECKPOINT_FILE))  # every rank; rank 0 writes
-            if trainer.global_rank == 0:
+            if trainer.global_rank == 0:  # a sharded save's folder: every rank's shard is in
+                flatten(tmp / CHECKPOINT_FILE, type(trainer.strategy).__name__)
                 reason = "stop" if stopping else "request" if requested else "interval"
                 self._publish(tmp, folder / step_dir_name(step), step, trainer.world_size,
                               reason)

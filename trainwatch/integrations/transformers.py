@@ -17,7 +17,10 @@ recorded as the run's checkpoint folder (run.json), so the controller, ``trainwa
 checkpoint list|verify RUN_DIR`` and the run's summary see those checkpoints. On SIGTERM the
 ranks agree to save at the step's end and stop; the process then exits 75 (stopped after a
 checkpoint). ``replica_every=N`` digests the model's parameters every N steps for the
-replica check (docs/sdc.md). Needs ``transformers`` (and ``accelerate``) installed.
+replica check (docs/sdc.md). With FSDP only FULL_STATE_DICT checkpoints can be sealed: a
+sharded one (folders inside ``checkpoint-N``) stops the run with exit 2 at its first save
+(docs/own-trainer.md, "Sharded models with Lightning / Hugging Face"). Needs
+``transformers`` (and ``accelerate``) installed.
 """
 
 from __future__ import annotations
@@ -42,6 +45,11 @@ from trainwatch.checkpoint_format.manifest import FRAMEWORK_STEP_DIR
 from trainwatch.rank.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
+# FSDP's SHARDED_STATE_DICT makes the Trainer write folders (pytorch_model_fsdp_0/,
+# optimizer_0/) into checkpoint-N/; sealing refuses them (exit 2) with this way out.
+SHARDED_FIX = ("With FSDP, set fsdp_config={'state_dict_type': 'FULL_STATE_DICT'} (the "
+               "Trainer then saves the whole model and optimizer as files), or save sharded "
+               "state with trainwatch's Checkpoints in your own loop (docs/own-trainer.md)")
 
 
 class TrainwatchCallback(TrainerCallback):
@@ -167,7 +175,8 @@ class TrainwatchCallback(TrainerCallback):
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if not folder.is_dir():
             return
-        seal(folder, state.global_step, world_size=args.world_size, framework="transformers")
+        seal(folder, state.global_step, world_size=args.world_size, framework="transformers",
+             folders=SHARDED_FIX, key="fsdp_config")
         size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
         self.tel.checkpoint_saved(folder, state.global_step, verified=True, bytes=size,
                                   framework="transformers")
