@@ -63,8 +63,9 @@ print("HWM", int(hwm[0].split()[1]) * 1024, file=sys.stderr)
 """
 
 
-SHAPES = {"plain": {"eval_every": 5000, "restarts": 2},
-          "busy": {"eval_every": 50, "restarts": 200}}
+SHAPES = {"plain": {"eval_every": 5000, "restarts": 2, "save_every": 1000},
+          "saves": {"eval_every": 5000, "restarts": 2, "save_every": 100},
+          "busy": {"eval_every": 50, "restarts": 200, "save_every": 1000}}
 
 
 def attempts(steps: int, restarts: int) -> list[tuple[int, int, int]]:
@@ -78,9 +79,10 @@ def attempts(steps: int, restarts: int) -> list[tuple[int, int, int]]:
     return list(zip(range(restarts + 1), firsts, [*crashes, steps]))
 
 
-def make_run(root: Path, steps: int, eval_every: int = 5000, restarts: int = 2) -> Path:
+def make_run(root: Path, steps: int, eval_every: int = 5000, restarts: int = 2,
+             save_every: int = 1000) -> Path:
     """A run of ``steps`` completed steps (see the module docstring)."""
-    run = root / f"run-{steps}-{eval_every}-{restarts}"
+    run = root / f"run-{steps}-{eval_every}-{restarts}-{save_every}"
     for d in ("status", "metrics", "checkpoints", "logs", "control", "diagnostics", "tmp"):
         (run / d).mkdir(parents=True, exist_ok=True)
     t0 = 1_800_000_000.0
@@ -114,7 +116,7 @@ def make_run(root: Path, steps: int, eval_every: int = 5000, restarts: int = 2) 
                     "tokens": 4096, "samples": 16, "tokens_per_second": 41000.0,
                     "samples_per_second": 160.0, "mfu": None, "memory_bytes": 321716224,
                     "memory_kind": "rss"}, separators=(",", ":")))
-                if (step + 1) % 1000 == 0:
+                if (step + 1) % save_every == 0:
                     journal.append({"v": 1, "time": t + 0.05, "event": "checkpoint_saved",
                                     "source": "rank0", "host": "n0", "rank": 0,
                                     "step": step + 1, "mode": "async",
