@@ -1,13 +1,14 @@
 """Readers at scale: peak memory and time of `trainwatch report`, `drill score` and
 `diagnose` on a run of many steps, against a plain JSON parse of the same files.
 
-    python benchmarks/report_scale.py [--steps 300000[,1000000]] [--shape plain|busy]
+    python benchmarks/report_scale.py [--steps 300000[,1000000]] [--shape plain|saves|busy]
         [--repeat 3] [--json]
 
 Writes a synthetic run directory per step count: rank 0's metrics log as the telemetry
 writes it (one line per step, ~400 bytes), a journal with two restarts (one resumed from
-an older checkpoint, so steps are recomputed), a save every 1,000 steps and an
-evaluation every 5,000. ``--shape busy`` writes a busier run of the same length: an
+an older checkpoint, so steps are recomputed), a save every 1,000 steps (journaled as the
+Checkpointer does: the save, then the pruning of the oldest of the three kept) and an
+evaluation every 5,000. ``--shape saves`` saves every 100 steps. ``--shape busy`` writes a busier run of the same length: an
 evaluation every 50 steps and 200 restarts (each resumed from the last save). Each
 reader runs as its own process; its peak RSS (VmHWM), wall time and CPU time are measured
 alongside a process that only reads and `json.loads` every line of the same files (the
@@ -117,10 +118,20 @@ def make_run(root: Path, steps: int, eval_every: int = 5000, restarts: int = 2,
                     "samples_per_second": 160.0, "mfu": None, "memory_bytes": 321716224,
                     "memory_kind": "rss"}, separators=(",", ":")))
                 if (step + 1) % save_every == 0:
+                    save = step + 1  # as the Checkpointer journals a save and its pruning
                     journal.append({"v": 1, "time": t + 0.05, "event": "checkpoint_saved",
                                     "source": "rank0", "host": "n0", "rank": 0,
-                                    "step": step + 1, "mode": "async",
-                                    "blocking_seconds": 0.02, "write_seconds": 0.3})
+                                    "step": save, "path": f"{run}/checkpoints/step-{save:09d}",
+                                    "bytes": 289_012_345, "blocking_seconds": 0.02,
+                                    "write_seconds": 0.3, "waited_seconds": 0.0,
+                                    "mode": "async", "reason": "interval",
+                                    "metrics": {"loss": 3.2}})
+                    if save > 3 * save_every:
+                        journal.append({"v": 1, "time": t + 0.06, "event": "checkpoint_pruned",
+                                        "source": "rank0", "host": "n0", "rank": 0,
+                                        "step": save - 3 * save_every, "reason": "keep_last",
+                                        "path": f"{run}/checkpoints/step-"
+                                                f"{save - 3 * save_every:09d}", "removed": True})
                     t += 0.02
                 if (step + 1) % eval_every == 0:
                     t += 1.0

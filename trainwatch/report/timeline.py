@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -28,7 +29,7 @@ from trainwatch.report.clocks import align
 from trainwatch.report import steplog
 from trainwatch.report.steplog import StepLog, step_numbers
 from trainwatch.report.vanished import vanished
-from trainwatch.rundir.safe_read import ReadResult, Skipped
+from trainwatch.rundir.safe_read import Skipped
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.rundir.jsonl import iter_jsonl
 from trainwatch.rundir.torchrun_log import FAILED_WORKER, failure_times
@@ -162,16 +163,33 @@ def number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def _events(result: ReadResult, path: Path
-            ) -> tuple[list[dict[str, Any]], list[Skipped], dict[str, float]]:
+# A save's journal events come every few minutes for the run's whole length (a save, and
+# the pruning of the oldest): the report keeps only the fields it reads of them, not the
+# paths and metrics that made each ~1.5 KiB in memory.
+ROUTINE_EVENTS = ("checkpoint_saved", "checkpoint_pruned", "checkpoint_skipped")
+_NONE = object()
+ROUTINE_FIELDS = ("v", "time", "event", "source", "host", "boot", "mono", "rank", "pid",
+                  "step", "copy", "blocking_seconds", "write_seconds", "mode", "reason")
+
+
+def _events(run: RunDir) -> tuple[list[dict[str, Any]], list[Skipped], dict[str, float]]:
     """The journal's events in time order, on one clock per machine (report/clocks.py), and
-    the seconds each source's times were moved by."""
-    events, skipped = [], list(result.skipped)
-    for record in result.records:
+    the seconds each source's times were moved by. Streamed: routine events are slimmed
+    as they are read (``ROUTINE_EVENTS``)."""
+    path = run.journal_file
+    events: list[dict[str, Any]] = []
+    skipped: list[Skipped] = []
+    not_events: list[Skipped] = []  # after the lines skipped as they were read
+    for _, record in iter_jsonl(path, skipped, run.root):
         if not isinstance(record.get("event"), str) or number(record.get("time")) is None:
-            skipped.append(Skipped(str(path), "not a journal event (no event name or time)"))
+            not_events.append(Skipped(str(path), "not a journal event (no event name or time)"))
             continue
-        events.append({**record, "time": float(record["time"])})
+        if record["event"] in ROUTINE_EVENTS:  # the same few strings in every one: shared
+            record = {key: sys.intern(value) if type(value) is str else value
+                      for key in ROUTINE_FIELDS if (value := record.get(key, _NONE)) is not _NONE}
+        record["time"] = float(record["time"])
+        events.append(record)
+    skipped += not_events
     moved = align(events)
     events.sort(key=lambda e: e["time"])  # stable: same-time events keep their file order
     return events, skipped, moved
@@ -374,7 +392,7 @@ def read_timeline(run: RunDir) -> Timeline:
     info = run.run_info() or {}
     if not info:
         warnings.append(f"{run.run_file}: missing or unreadable; world size from the journal")
-    events, skipped_journal, moved = _events(run.journal(), run.journal_file)
+    events, skipped_journal, moved = _events(run)
     log, evals, skipped_metrics = _rank0_metrics(run, moved.get("rank0", 0.0))
     for source, seconds in sorted(moved.items()):
         warnings.append(f"{source}'s wall clock is {abs(seconds):.1f} s "
