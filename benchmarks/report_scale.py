@@ -168,13 +168,14 @@ def make_run(root: Path, steps: int, eval_every: int = 5000, restarts: int = 2,
     return run
 
 
-def measure(cmd: list[str], env: dict | None = None) -> tuple[float, float, int, int]:
+def measure(cmd: list[str], env: dict | None = None,
+            cwd: str | None = None) -> tuple[float, float, int, int]:
     """(wall seconds, CPU seconds, peak RSS bytes, exit code) of one process. CPU time
     moves far less than wall time when other work shares the machine."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                          env=env)
+                          env=env, cwd=cwd)
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
@@ -200,11 +201,14 @@ def measure_run(run: Path, readers: list[str], repeat: int, baseline: str | None
         "diagnose": [sys.executable, "-c", WRAP, "diagnose", "--run-dir", str(run), "--json"],
     }
     names = ["plain_parse", *readers, *(["report_before"] if baseline else [])]
+    # ``python -c`` puts its working directory first on sys.path: the baseline runs in its
+    # own tree, so a checkout's package in the current directory cannot stand in for it
     envs = {"report_before": {**os.environ, "PYTHONPATH": str(baseline)}}
+    cwds = {"report_before": str(baseline)}
     samples: dict[str, list[tuple[float, float, int]]] = {k: [] for k in names}
     for _ in range(repeat):  # alternate, so load hits every reader alike
         for name in names:
-            wall, cpu, rss, _code = measure(commands[name], envs.get(name))
+            wall, cpu, rss, _code = measure(commands[name], envs.get(name), cwds.get(name))
             samples[name].append((wall, cpu, rss))
     row: dict = {"bytes": sum(os.path.getsize(f) for f in files),
                  "load_average_1m": os.getloadavg()[0]}
