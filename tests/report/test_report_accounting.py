@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainwatch.report import goodput, timeline
+from trainwatch.report import goodput, steplog, timeline
 from trainwatch.rundir.run_dir import RunDir
 
 T0 = 1_800_000_000.0
@@ -152,12 +152,16 @@ def _straightforward(tl: timeline.Timeline, typical: float, budget: float):
     return sums, {k: sorted(v) for k, v in lost.items()}
 
 
-@pytest.mark.parametrize("chunk", [1, 3, 64, 4096])
+@pytest.mark.parametrize("chunk,block", [(1, 1 << 16), (3, 7), (64, 1 << 16), (4096, 5)])
 @pytest.mark.parametrize("seed", range(12))
-def test_numpy_painting_equals_the_loop_per_step(tmp_path, monkeypatch, seed, chunk):
+def test_numpy_painting_equals_the_loop_per_step(tmp_path, monkeypatch, seed, chunk, block):
     """Every total, every incident's seconds, the lost steps and the recomputed count equal
-    the straightforward computation's exactly, however the steps fall into chunks."""
+    the straightforward computation's exactly, however the steps fall into chunks, and
+    whether the steps stay in memory or go to the temporary file a few at a time."""
     monkeypatch.setattr(goodput, "_STEP_CHUNK", chunk)
+    monkeypatch.setattr(goodput, "_CHUNK", max(chunk, 2))
+    monkeypatch.setattr(steplog, "BLOCK", block)
+    monkeypatch.setattr(steplog, "READ", max(block // 2, 1))
     tl = timeline.read_timeline(RunDir(_varied_run(tmp_path / "run", seed)))
     acc = goodput.account(tl)
     assert acc.typical_step_seconds is not None and acc.stall_budget_seconds is not None

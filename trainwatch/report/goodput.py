@@ -26,6 +26,7 @@ import numpy as np
 
 from trainwatch.contract.stall import default_options, recorded_options, stall_budget
 from trainwatch.report import incidents as incident_evidence
+from trainwatch.report.steplog import StepLog
 from trainwatch.report.timeline import Attempt, Timeline, number
 
 # Order of the report; "other" is what no interval claims.
@@ -97,11 +98,11 @@ class Accounting:
 
 # --------------------------------------------------------------------------- helpers
 
-def _long_gaps(starts: np.ndarray, ends: np.ndarray, budget: float) -> Iterator[int]:
+def _long_gaps(log: StepLog, budget: float) -> Iterator[int]:
     """Each i whose next step started more than ``budget`` after it ended (in chunks)."""
-    for lo in range(0, len(starts) - 1, _CHUNK):
-        hi = min(lo + _CHUNK, len(starts) - 1)
-        for i in np.nonzero(starts[lo + 1:hi + 1] - ends[lo:hi] > budget)[0].tolist():
+    for lo in range(0, len(log) - 1, _CHUNK):
+        rows = log.rows(lo, min(lo + _CHUNK, len(log) - 1) + 1)  # and the next chunk's first
+        for i in np.nonzero(rows["start"][1:] - rows["end"][:-1] > budget)[0].tolist():
             yield lo + i
 
 
@@ -258,18 +259,15 @@ class _Painter:
         later = _later_resumes(self.attempts)
         cuts = [(a.execs.lo, a.execs.hi, chain) for a in self.attempts
                 if len(a.execs) and (chain := later[a.index]) is not None]
-        columns = (np.frombuffer(log.step, dtype=np.int64),
-                   np.frombuffer(log.start, dtype=np.float64),
-                   np.frombuffer(log.end, dtype=np.float64),
-                   np.frombuffer(log.wait, dtype=np.float64))
         t0, t1 = self.tl.start, self.tl.end
         last_end = furthest = -math.inf
         c = 0
-        for lo in range(0, n, _STEP_CHUNK):
-            hi = min(lo + _STEP_CHUNK, n)
+        for lo, rows in log.chunks(0, n, _STEP_CHUNK):
+            hi = lo + len(rows)
             while c < len(cuts) and cuts[c][1] <= lo:
                 c += 1
-            steps, x_start, end, waits = (col[lo:hi] for col in columns)
+            steps, x_start, end, waits = (rows[name] for name in ("step", "start", "end",
+                                                                   "wait"))
             index = np.arange(lo, hi)
             attempt = np.searchsorted(firsts, index, side="right") - 1
             first = index == firsts[attempt]
@@ -360,11 +358,11 @@ class _Painter:
         rng = attempt.execs
         if not wanted or not len(rng):
             return found
-        steps = np.frombuffer(self.log.step, dtype=np.int64)[rng.lo:rng.hi]
-        hits = np.nonzero(np.isin(steps, np.fromiter(wanted, dtype=np.int64,
-                                                     count=len(wanted))))[0]
-        for j in hits.tolist():
-            found[int(steps[j])] = rng.lo + j
+        targets = np.fromiter(wanted, dtype=np.int64, count=len(wanted))
+        for lo, rows in self.log.chunks(rng.lo, rng.hi, _CHUNK):
+            steps = rows["step"]
+            for j in np.nonzero(np.isin(steps, targets))[0].tolist():
+                found[int(steps[j])] = lo + j
         return found
 
     # -- gaps between steps
@@ -380,10 +378,8 @@ class _Painter:
                     head="initial_startup")
         bounds = set(log.attempt_starts)
         if self.budget is not None and n > 1:  # stalls between two steps of one attempt
-            starts = np.frombuffer(log.start, dtype=np.float64)
-            ends = np.frombuffer(log.end, dtype=np.float64)
             # after[i] >= end[i]: only a gap longer than the budget can hold a stall
-            for i in _long_gaps(starts, ends, self.budget):
+            for i in _long_gaps(log, self.budget):
                 if i + 1 >= n or (i + 1) in bounds:
                     continue
                 tail = self.after.get(i, log.end[i])
@@ -512,13 +508,7 @@ def account(tl: Timeline) -> Accounting:
     """Split the run's wall time into CATEGORIES and charge failures to incidents."""
     log = tl.steps
     n = len(log)
-    if n:
-        seconds = np.frombuffer(log.end, dtype=np.float64) - np.frombuffer(log.start,
-                                                                           dtype=np.float64)
-        typical: float | None = float(np.median(seconds, overwrite_input=True))
-        del seconds
-    else:
-        typical = None
+    typical = log.median_seconds()
     # The agent's stall rule, with the options the run recorded (else the defaults).
     options = recorded_options(tl.events) or default_options()
     budget = None if typical is None else stall_budget(options, typical, use_phase=False)
@@ -566,76 +556,84 @@ def _survivors(tl: Timeline, painter: _Painter
     a micro-batch of the same size; None unless every step recorded them and every
     attempt's world size is known), and (for a run that ended unfinished) how many
     completed after its newest saved checkpoint: lost unless someone resumes and redoes
-    them. Read in chunks (``_kept``): beyond the log, one byte per step."""
+    them. Each a pass over the log a chunk at a time (``_kept``): beyond a chunk, one bit
+    per step number."""
     log = tl.steps
-    steps = np.frombuffer(log.step, dtype=np.int64)
-    tokens = np.frombuffer(log.tokens, dtype=np.float64)
-    chunks = list(_kept(tl, painter))
-    unique = _distinct(steps, chunks)
+    cuts = _cuts(tl, painter)
+    first = last = None
     sizes = np.array([np.nan if a.world_size is None else a.world_size for a in tl.attempts],
                      dtype=np.float64)
-    known = (len(log) > 0 and not np.isnan(sizes).any()
-             and not any(np.isnan(tokens[lo:hi]).any() for lo, hi, _ in chunks))
+    known = len(log) > 0 and not np.isnan(sizes).any()
+    for _, rows, _keep in _kept(log, cuts):
+        low, high = int(rows["step"].min()), int(rows["step"].max())
+        first = low if first is None else min(first, low)
+        last = high if last is None else max(last, high)
+        known = known and not np.isnan(rows["tokens"]).any()
+    unique = 0 if first is None or last is None else _distinct(log, cuts, first, last)
     scale = (np.asarray(log.attempt_starts, dtype=np.int64), sizes)
-    productive = math.fsum(_values(tokens, chunks, kept=True, scale=scale)) if known else None
-    processed = math.fsum(_values(tokens, chunks, kept=False, scale=scale)) if known else None
+    productive = math.fsum(_values(log, cuts, kept=True, scale=scale)) if known else None
+    processed = math.fsum(_values(log, cuts, kept=False, scale=scale)) if known else None
     unsaved = None
     if tl.state == "ended":
         saved = max((e["step"] for e in tl.events if e["event"] == "checkpoint_saved"
                      and isinstance(e.get("step"), int)), default=0)
-        unsaved = sum(int(np.count_nonzero(steps[lo:hi][keep] >= saved))
-                      for lo, hi, keep in chunks)
+        unsaved = sum(int(np.count_nonzero(rows["step"][keep] >= saved))
+                      for _, rows, keep in _kept(log, cuts))
     return unique, productive, processed, unsaved
 
 
-_CHUNK = 1 << 16  # executions per temporary array: memory stays flat in the run's length
+_CHUNK = 1 << 13  # executions per temporary array: memory stays flat in the run's length
 
 
-def _kept(tl: Timeline, painter: _Painter) -> Iterator[tuple[int, int, np.ndarray]]:
-    """(lo, hi, mask) over the step log in chunks: the executions no later attempt threw
-    away (exactly those ``paint_steps`` did not count as recomputed)."""
-    log = tl.steps
-    steps = np.frombuffer(log.step, dtype=np.int64)
+def _cuts(tl: Timeline, painter: _Painter) -> list[tuple[int, int, int]]:
+    """(lo, hi, earliest later resume) of each attempt some later attempt may discard."""
     later = _later_resumes(tl.attempts) if painter.recomputed else []
-    cuts = [(a.execs.lo, a.execs.hi, chain[3]) for a in tl.attempts
+    return [(a.execs.lo, a.execs.hi, chain[3]) for a in tl.attempts
             if later and len(a.execs) and (chain := later[a.index]) is not None]
-    for lo in range(0, len(log), _CHUNK):
-        hi = min(lo + _CHUNK, len(log))
+
+
+def _kept(log: StepLog, cuts: list[tuple[int, int, int]]
+          ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """(lo, rows, mask) over the step log in chunks: the executions no later attempt threw
+    away (exactly those ``paint_steps`` did not count as recomputed)."""
+    for lo, rows in log.chunks(0, len(log), _CHUNK):
+        hi = lo + len(rows)
         keep = np.ones(hi - lo, dtype=bool)
+        steps = rows["step"]
         for a, b, earliest in cuts:
             if a < hi and b > lo:
                 part = slice(max(a, lo) - lo, min(b, hi) - lo)
-                keep[part] &= steps[lo:hi][part] < earliest
-        yield lo, hi, keep
+                keep[part] &= steps[part] < earliest
+        yield lo, rows, keep
 
 
-def _distinct(steps: np.ndarray, chunks: list[tuple[int, int, np.ndarray]]) -> int:
-    """How many distinct step numbers the kept executions hold: marked in a bitmap when
-    the numbers span little more than the log (as they do), else sorted."""
-    if not len(steps):
-        return 0
-    first, last = int(steps.min()), int(steps.max())
-    if last - first < 4 * len(steps) + 4096:
-        seen = np.zeros(last - first + 1, dtype=bool)
-        for lo, hi, keep in chunks:
-            seen[steps[lo:hi][keep] - first] = True
-        return int(np.count_nonzero(seen))
-    return int(np.unique(np.concatenate([steps[lo:hi][keep] for lo, hi, keep in chunks])).size)
+def _distinct(log: StepLog, cuts: list[tuple[int, int, int]], first: int, last: int) -> int:
+    """How many distinct step numbers the kept executions hold: marked in a bitmap (a bit
+    per number) when the numbers span little more than the log (as they do), else sorted."""
+    if last - first < 4 * len(log) + 4096:
+        seen = np.zeros((last - first) // 8 + 1, dtype=np.uint8)
+        for _, rows, keep in _kept(log, cuts):
+            at = rows["step"][keep] - first
+            np.bitwise_or.at(seen, at >> 3, np.left_shift(1, at & 7).astype(np.uint8))
+        return int(np.bitwise_count(seen).sum())
+    return int(np.unique(np.concatenate([rows["step"][keep]
+                                         for _, rows, keep in _kept(log, cuts)])).size)
 
 
-def _values(values: np.ndarray, chunks: list[tuple[int, int, np.ndarray]], *,
-            kept: bool, scale: tuple[np.ndarray, np.ndarray]) -> Iterator[float]:
-    """The values of the kept executions (or of all), each times its attempt's factor
+def _values(log: StepLog, cuts: list[tuple[int, int, int]], *, kept: bool,
+            scale: tuple[np.ndarray, np.ndarray]) -> Iterator[float]:
+    """The tokens of the kept executions (or of all), each times its attempt's factor
     (``scale``: the attempts' first indices and factors), a few thousand floats at a time."""
     starts, factors = scale
 
     def parts() -> Iterator[tuple[np.ndarray, float]]:
-        for lo, hi, keep in chunks:  # an attempt's executions are contiguous
-            attempt = int(np.searchsorted(starts, lo, "right")) - 1
-            while attempt < len(starts) and (attempt < 0 or starts[attempt] < hi):
-                a = max(lo, int(starts[attempt]) if attempt >= 0 else lo)
+        for lo, rows, keep in _kept(log, cuts):  # an attempt's executions are contiguous
+            hi = lo + len(rows)
+            attempt = max(0, int(np.searchsorted(starts, lo, "right")) - 1)
+            while attempt < len(starts) and starts[attempt] < hi:
+                a = max(lo, int(starts[attempt]))
                 b = min(hi, int(starts[attempt + 1]) if attempt + 1 < len(starts) else hi)
-                part = values[a:b]
+                part = rows["tokens"][a - lo:b - lo]
                 yield (part[keep[a - lo:b - lo]] if kept else part), float(factors[attempt])
                 attempt += 1
 

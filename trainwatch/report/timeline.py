@@ -8,15 +8,16 @@ cross-check the world size. Nothing here guesses: what the run directory does no
 stays ``None`` and a warning says why.
 
 The metrics log is streamed: each line is parsed and dropped, and a step keeps five
-numbers in columns (``StepLog``, 40 bytes a step) instead of a dict and an object, so a
-million-step run is read in tens of MiB. ``StepExec`` objects are made on demand.
+numbers in columns (``StepLog``, report/steplog.py) that go to a temporary file a block
+at a time, so memory does not grow with the run's length. ``StepExec`` objects are made
+on demand.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-from array import array
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -25,8 +26,10 @@ from trainwatch.rundir.attempts import generations, rank_of
 from trainwatch.contract.layout import JOB_LOG, TORCHRUN_LOG
 from trainwatch.errors import ConfigError, FormatError
 from trainwatch.report.clocks import align
+from trainwatch.report import steplog
+from trainwatch.report.steplog import StepLog, step_numbers
 from trainwatch.report.vanished import vanished
-from trainwatch.rundir.safe_read import ReadResult, Skipped
+from trainwatch.rundir.safe_read import Skipped
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.rundir.jsonl import iter_jsonl
 from trainwatch.rundir.torchrun_log import FAILED_WORKER, failure_times
@@ -54,42 +57,12 @@ class StepExec:
         return self.end - self.start
 
 
-class StepLog:
-    """Rank 0's completed steps as columns (index order = end time once ``sort``ed)."""
-
-    def __init__(self) -> None:
-        self.step, self.start, self.end = array("q"), array("d"), array("d")
-        self.wait, self.tokens = array("d"), array("d")   # tokens: NaN when not recorded
-        self.attempt_starts: list[int] = [0]  # first index of each attempt's steps
-
-    def __len__(self) -> int:
-        return len(self.step)
-
-    def append(self, step: int, start: float, end: float, wait: float,
-               tokens: float | None) -> None:
-        self.step.append(step)  # first: OverflowError leaves the columns as they were
-        self.start.append(start)
-        self.end.append(end)
-        self.wait.append(wait)
-        self.tokens.append(math.nan if tokens is None else tokens)
-
-    def sort(self) -> None:
-        """Order by end time (the log is in that order unless clocks or writers disagree)."""
-        end = self.end
-        if all(end[i] <= end[i + 1] for i in range(len(end) - 1)):
-            return
-        order = sorted(range(len(end)), key=end.__getitem__)
-        for name in ("step", "start", "end", "wait", "tokens"):
-            column = getattr(self, name)
-            setattr(self, name, array(column.typecode, (column[i] for i in order)))
-
-    def attempt_of(self, i: int) -> int:
-        return bisect.bisect_right(self.attempt_starts, i) - 1
-
-    def exec(self, i: int) -> StepExec:
-        tokens = self.tokens[i]
-        return StepExec(self.step[i], self.start[i], self.end[i], self.wait[i],
-                        None if tokens != tokens else tokens, self.attempt_of(i))
+def exec_of(log: StepLog, i: int) -> StepExec:
+    """Execution ``i`` of the log as an object."""
+    row = log.row(i)
+    tokens = float(row["tokens"])
+    return StepExec(int(row["step"]), float(row["start"]), float(row["end"]),
+                    float(row["wait"]), None if tokens != tokens else tokens, log.attempt_of(i))
 
 
 class StepRange(Sequence):
@@ -109,13 +82,14 @@ class StepRange(Sequence):
             i += n
         if not 0 <= i < n:
             raise IndexError(i)
-        return self.log.exec(self.lo + i)
+        return exec_of(self.log, self.lo + i)
 
     def __iter__(self) -> Iterator[StepExec]:
-        return (self.log.exec(i) for i in range(self.lo, self.hi))
+        return (exec_of(self.log, i) for i in range(self.lo, self.hi))
 
-    def step_numbers(self) -> Sequence[int]:
-        return self.log.step[self.lo:self.hi]
+    def step_numbers(self) -> Iterator[int]:
+        """The step numbers in order, read a block at a time."""
+        return step_numbers(self.log, self.lo, self.hi)
 
 
 @dataclass
@@ -190,16 +164,33 @@ def number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def _events(result: ReadResult, path: Path
-            ) -> tuple[list[dict[str, Any]], list[Skipped], dict[str, float]]:
+# A save's journal events come every few minutes for the run's whole length (a save, and
+# the pruning of the oldest): the report keeps only the fields it reads of them, not the
+# paths and metrics that made each ~1.5 KiB in memory.
+ROUTINE_EVENTS = ("checkpoint_saved", "checkpoint_pruned", "checkpoint_skipped")
+_NONE = object()
+ROUTINE_FIELDS = ("v", "time", "event", "source", "host", "boot", "mono", "rank", "pid",
+                  "step", "copy", "blocking_seconds", "write_seconds", "mode", "reason")
+
+
+def _events(run: RunDir) -> tuple[list[dict[str, Any]], list[Skipped], dict[str, float]]:
     """The journal's events in time order, on one clock per machine (report/clocks.py), and
-    the seconds each source's times were moved by."""
-    events, skipped = [], list(result.skipped)
-    for record in result.records:
+    the seconds each source's times were moved by. Streamed: routine events are slimmed
+    as they are read (``ROUTINE_EVENTS``)."""
+    path = run.journal_file
+    events: list[dict[str, Any]] = []
+    skipped: list[Skipped] = []
+    not_events: list[Skipped] = []  # after the lines skipped as they were read
+    for _, record in iter_jsonl(path, skipped, run.root):
         if not isinstance(record.get("event"), str) or number(record.get("time")) is None:
-            skipped.append(Skipped(str(path), "not a journal event (no event name or time)"))
+            not_events.append(Skipped(str(path), "not a journal event (no event name or time)"))
             continue
-        events.append({**record, "time": float(record["time"])})
+        if record["event"] in ROUTINE_EVENTS:  # the same few strings in every one: shared
+            record = {key: sys.intern(value) if type(value) is str else value
+                      for key in ROUTINE_FIELDS if (value := record.get(key, _NONE)) is not _NONE}
+        record["time"] = float(record["time"])
+        events.append(record)
+    skipped += not_events
     moved = align(events)
     events.sort(key=lambda e: e["time"])  # stable: same-time events keep their file order
     return events, skipped, moved
@@ -212,10 +203,12 @@ def _rank0_metrics(run: RunDir, moved: float = 0.0
     log, evals = StepLog(), []
     skipped: list[Skipped] = []
     where = str(run.metrics_file(0))
-    columns = (log.step.append, log.start.append, log.end.append, log.wait.append,
-               log.tokens.append)
+    columns = tuple(column.append for column in log.tail)
+    pending, block = log.tail[0], steplog.BLOCK
     for lineno, record in iter_jsonl(run.metrics_file(0), skipped, run.root):
         if _plain_step(record, moved, columns):
+            if len(pending) >= block:
+                log.maybe_spill()
             continue
         kind, step, when = record.get("kind"), record.get("step"), number(record.get("time"))
         if when is not None:
@@ -408,12 +401,14 @@ def read_timeline(run: RunDir) -> Timeline:
     info = run.run_info() or {}
     if not info:
         warnings.append(f"{run.run_file}: missing or unreadable; world size from the journal")
-    events, skipped_journal, moved = _events(run.journal(), run.journal_file)
+    events, skipped_journal, moved = _events(run)
     log, evals, skipped_metrics = _rank0_metrics(run, moved.get("rank0", 0.0))
     for source, seconds in sorted(moved.items()):
         warnings.append(f"{source}'s wall clock is {abs(seconds):.1f} s "
                         f"{'behind' if seconds > 0 else 'ahead of'} its machine's: its times "
                         "were read on the machine's clock")
+    if log.spill_error is not None:
+        warnings.append(f"rank 0's steps held in memory: no temporary file ({log.spill_error})")
     execs = StepRange(log, 0, len(log))
     if not events and not execs:
         raise ConfigError("nothing to report: no journal events and no rank 0 metrics",
@@ -424,7 +419,7 @@ def read_timeline(run: RunDir) -> Timeline:
     attempts = _group_attempts(events)
     if not attempts:
         warnings.append("no rank_started events: the run is read as a single attempt")
-        first = min([e["time"] for e in events] + ([min(log.start)] if log else []))
+        first = min([e["time"] for e in events] + ([log.column_min("start")] if log else []))
         attempts = [Attempt(0, first, None, None)]
     starts = [a.started_at for a in attempts]
     for e in events:
@@ -461,7 +456,7 @@ def read_timeline(run: RunDir) -> Timeline:
                             "log (recomputed steps may be undercounted)")
 
     span = _span_events(events)
-    start = min([e["time"] for e in span] + ([min(log.start)] if log else [])
+    start = min([e["time"] for e in span] + ([log.column_min("start")] if log else [])
                 or [e["time"] for e in events])
     last = [e["time"] for e in span] + ([log.end[-1]] if log else []) + [t for _, t in evals]
     end = max(last or [e["time"] for e in events])

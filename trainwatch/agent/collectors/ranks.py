@@ -61,7 +61,7 @@ class _RankSeries(SeriesBook):
     """A rank's series, made once while its labels stay the same (a rank exports dozens
     of series every second), in tables its rows are read from without a lookup each."""
 
-    __slots__ = ("states", "processes", "phases", "phase_times", "status_fields",
+    __slots__ = ("states", "processes", "phases", "status_fields",
                  "step_fields", "eval_fields", "counter_fields", "info", "info_of",
                  "beat_fields", "beat_step_fields", "beat_counter_fields", "kept", "_one_hot")
 
@@ -74,7 +74,6 @@ class _RankSeries(SeriesBook):
         self.processes = [(name, self.labelled("trainwatch_process_state", (("state", name),)))
                           for name in PROCESS_STATES]
         self.phases = {name: self.phase("trainwatch_rank_phase", name) for name in KNOWN_PHASES}
-        self.phase_times = {name: self.phase(PHASE_TIME_METRIC, name) for name in KNOWN_PHASES}
         # Fields a beat may bring newer than the status (``merge_beat``) apart from the rest.
         self.status_fields = self._table(STATUS_FIELD_METRICS, MERGED_FIELDS, False)
         self.beat_fields = self._table(STATUS_FIELD_METRICS, MERGED_FIELDS, True)
@@ -214,7 +213,7 @@ def _status_rows(series: _RankSeries, raw: dict[str, Any], out: Rows) -> None:
     if isinstance(phases, dict):
         for name, seconds in phases.items():
             name = str(name)
-            out.add(series.phase_times.get(name) or series.phase(PHASE_TIME_METRIC, name),
+            out.add(series.phase(PHASE_TIME_METRIC, name),  # made for the phases timed
                     _num(seconds))
     _numbers(out, series.eval_fields,
              value if isinstance(value := raw.get("eval"), dict) else {})
