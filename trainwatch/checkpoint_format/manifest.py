@@ -164,33 +164,10 @@ def verify(directory: str | Path, *, full: bool = True,
         result.problems.append(f"{MANIFEST}: says step {manifest['step']}, "
                                f"directory name says {step_of(directory.name)}")
     for name, entry in sorted(manifest["files"].items()):
-        path = directory / name
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError:
-            result.problems.append(f"{name}: missing")
-            continue
-        except OSError as exc:
-            result.problems.append(f"{name}: unreadable ({exc.strerror})")
-            continue
+        size, problem = check_file(directory, name, entry, full=full, progress=progress)
         result.bytes += size
-        if size != entry["bytes"]:
-            result.problems.append(f"{name}: size {size} bytes, manifest says {entry['bytes']}")
-            continue
-        if full:
-            algorithm = digest_algorithm(entry)
-            assert algorithm is not None  # read_manifest refused entries without one
-            try:
-                actual = digest_file(path, algorithm, progress)
-            except OSError as exc:
-                result.problems.append(f"{name}: unreadable ({exc.strerror})")
-                continue
-            except FormatError as exc:
-                result.problems.append(f"{name}: {str(exc).split(': ', 1)[-1]}")
-                continue
-            if actual != entry[algorithm]:
-                result.problems.append(f"{name}: {algorithm} mismatch "
-                                       "(content changed or corrupt)")
+        if problem:
+            result.problems.append(problem)
     result.problems.extend(layout_problems(manifest))
     listed = set(manifest["files"]) | {MANIFEST}
     try:
@@ -200,6 +177,34 @@ def verify(directory: str | Path, *, full: bool = True,
     result.problems.extend(f"{name}: not listed in the manifest" for name in strays)
     result.ok = not result.problems
     return result
+
+
+def check_file(directory: Path, name: str, entry: dict[str, Any], *, full: bool = True,
+               progress: Callable[[int], None] | None = None) -> tuple[int, str | None]:
+    """One file of a checkpoint against its manifest entry: (its size, 0 when it cannot be
+    read; what is wrong, or None). Presence and size, and with ``full`` its digest."""
+    path = directory / name
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return 0, f"{name}: missing"
+    except OSError as exc:
+        return 0, f"{name}: unreadable ({exc.strerror})"
+    if size != entry["bytes"]:
+        return size, f"{name}: size {size} bytes, manifest says {entry['bytes']}"
+    if not full:
+        return size, None
+    algorithm = digest_algorithm(entry)
+    assert algorithm is not None  # read_manifest refused entries without one
+    try:
+        actual = digest_file(path, algorithm, progress)
+    except OSError as exc:
+        return size, f"{name}: unreadable ({exc.strerror})"
+    except FormatError as exc:
+        return size, f"{name}: {str(exc).split(': ', 1)[-1]}"
+    if actual != entry[algorithm]:
+        return size, f"{name}: {algorithm} mismatch (content changed or corrupt)"
+    return size, None
 
 
 def layout_problems(manifest: dict[str, Any]) -> list[str]:

@@ -47,6 +47,8 @@ from trainwatch.rank.checkpoint.sharded_save import host_stager, stage, write_sh
 from trainwatch.rank.checkpoint.cadence import interval_due
 from trainwatch.rank.checkpoint.config import CheckpointConfig
 from trainwatch.checkpoint_format.manifest import verify
+from trainwatch.rank.checkpoint.dcp_verify import verify_checkpoint
+from trainwatch.rank.checkpoint.parallel_verify import ParallelVerify
 from trainwatch.rank.checkpoint.nonfinite import (NonFiniteHalt, nonfinite_flag,
                                                      nonfinite_state)
 from trainwatch.rank.checkpoint.requests import Requests
@@ -147,8 +149,16 @@ class Checkpointer:
         if not self.cfg.enabled or self.cfg.resume == "never":
             return None
         decision: dict[str, Any] = {}
-        if self.rank == 0:
-            decision = self._choose()
+        verifier = ParallelVerify(self.rank, self.world_size, self._group)
+        if self.rank == 0 and self._group is None:
+            decision = self._choose(verify_checkpoint)
+        elif self.rank == 0:
+            try:  # every rank hashes its share of each candidate rank 0 looks at
+                decision = self._choose(verifier.verify)
+            finally:
+                verifier.done()
+        elif self._group is not None:
+            verifier.serve()
         if self._group is not None:
             box = [decision]
             dist.broadcast_object_list(box, src=0, group=self._group)
@@ -172,9 +182,9 @@ class Checkpointer:
         self._publish()
         return restored
 
-    def _choose(self) -> dict[str, Any]:
+    def _choose(self, check: Callable[[Path], Any]) -> dict[str, Any]:
         folders = [f for f in (self.folder, self.mirror) if f is not None]
-        chosen, passed_over = resume_mod.select(folders)
+        chosen, passed_over = resume_mod.select(folders, check)
         for i, fallback in enumerate(passed_over):
             nxt = passed_over[i + 1].path if i + 1 < len(passed_over) else (
                 chosen.path if chosen else None)
