@@ -34,8 +34,10 @@ def nonfinite_state(tree: Any, prefix: str = "") -> list[str]:
     The tensors of one dtype and device are looked at in one call (``_foreach_norm``: a
     NaN or Inf makes a norm NaN or Inf), so the guard holds Python's GIL once, not once per
     tensor: run beside a save's writer it no longer waits on the writer's Python for every
-    tensor. A norm that is not finite is confirmed exactly (a norm of huge finite values
-    can overflow), so what is reported is exactly the tensors holding a NaN or Inf.
+    tensor. The 1-norm, not the 2-norm: squaring an optimizer's tiny second moments makes
+    denormals, 15x slower on x86. A norm that is not finite is confirmed exactly (a norm
+    of huge finite values can overflow), so what is reported is exactly the tensors
+    holding a NaN or Inf.
     """
     named = list(_floating(tree, prefix))
     groups: dict[tuple[Any, Any], list[int]] = {}
@@ -63,7 +65,7 @@ def _suspects(indices: list[int], tensors: list[torch.Tensor]) -> list[int]:
     """Those of ``indices`` whose tensor's norm is not finite (all, where the dtype has no
     norm: float8 on CPU)."""
     try:
-        norms = torch.stack(torch._foreach_norm(tensors, 2))
+        norms = torch.stack(torch._foreach_norm(tensors, 1))
         bad = (~torch.isfinite(norms)).nonzero().flatten().tolist()
     except (RuntimeError, NotImplementedError):
         return indices
