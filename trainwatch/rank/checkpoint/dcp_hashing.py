@@ -7,7 +7,9 @@ save (docs/benchmarks.md). DCP's ``FileSystemWriter`` writes through its ``fs`` 
 whose streams hash what passes through them gives every file's digest and size the
 moment it is closed, at memory speed (xxh3), with no second pass and no extra buffer.
 A file DCP wrote some other way (a future torch) is simply not in ``written``; the caller
-hashes it from disk then.
+hashes it from disk then. When DCP will fsync its files, each finished 8 MiB window is
+handed to the kernel's writeback as it is written (writeback.py), so the disk works
+while DCP still serializes instead of all at the fsync.
 """
 
 from __future__ import annotations
@@ -21,14 +23,19 @@ from typing import Any, BinaryIO, Generator, cast
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
 
 from trainwatch.checkpoint_format.manifest import DIGEST, new_digest
+from trainwatch.rank.checkpoint.writeback import start_writeback
+from trainwatch.rank.checkpoint.writer import HASH_WINDOW
 
 
 class HashingStream:
-    """A file being written that hashes and counts every byte handed to it."""
+    """A file being written that hashes and counts every byte handed to it; with
+    ``writeback``, the kernel is asked to start writing each finished 8 MiB to disk (as
+    the data-parallel writer does), so the fsync at the end waits only for the tail."""
 
-    def __init__(self, raw: BinaryIO):
+    def __init__(self, raw: BinaryIO, *, writeback: bool = False):
         self.raw, self.bytes = raw, 0
         self.digest = new_digest()
+        self._written_back = 0 if writeback else None
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
@@ -36,6 +43,10 @@ class HashingStream:
         done = len(view) if done is None else done  # a buffered file takes it all or raises
         self.digest.update(view[:done])
         self.bytes += done
+        if self._written_back is not None and self.bytes - self._written_back >= HASH_WINDOW:
+            end = self.bytes - self.bytes % HASH_WINDOW
+            start_writeback(self.raw.fileno(), self._written_back, end - self._written_back)
+            self._written_back = end
         return done
 
     def tell(self) -> int:
@@ -61,8 +72,9 @@ class HashingStream:
 class HashingFileSystem(FileSystem):
     """DCP's local file system, recording each written file's digest by name."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, writeback: bool = False) -> None:
         super().__init__()
+        self.writeback = writeback
         self.written: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()  # DCP may write with several threads
 
@@ -74,7 +86,7 @@ class HashingFileSystem(FileSystem):
                 yield stream
             return
         with super().create_stream(path, mode) as raw:
-            stream = HashingStream(cast(BinaryIO, raw))
+            stream = HashingStream(cast(BinaryIO, raw), writeback=self.writeback)
             yield stream
         with self._lock:  # closed without an error: complete
             self.written[Path(path).name] = stream.entry()
@@ -93,7 +105,7 @@ class HashingWriter(FileSystemWriter):
 
     def __init__(self, path: str | os.PathLike, *, sync_files: bool = True):
         super().__init__(path, sync_files=sync_files)
-        self.fs: HashingFileSystem = HashingFileSystem()
+        self.fs: HashingFileSystem = HashingFileSystem(writeback=sync_files)
 
     @property
     def written(self) -> dict[str, dict[str, Any]]:
