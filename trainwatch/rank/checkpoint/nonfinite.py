@@ -9,7 +9,7 @@ mode), never on the device.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -29,47 +29,18 @@ def nonfinite_flag(loss: torch.Tensor, grad_norm: torch.Tensor | float | None) -
 
 
 def nonfinite_state(tree: Any, prefix: str = "") -> list[str]:
-    """Dotted names of the floating-point tensors in ``tree`` holding a NaN or Inf.
-
-    The tensors of one dtype and device are looked at in one call (``_foreach_norm``: a
-    NaN or Inf makes a norm NaN or Inf), so the guard holds Python's GIL once, not once per
-    tensor: run beside a save's writer it no longer waits on the writer's Python for every
-    tensor. The 1-norm, not the 2-norm: squaring an optimizer's tiny second moments makes
-    denormals, 15x slower on x86. A norm that is not finite is confirmed exactly (a norm
-    of huge finite values can overflow), so what is reported is exactly the tensors
-    holding a NaN or Inf.
-    """
-    named = list(_floating(tree, prefix))
-    groups: dict[tuple[Any, Any], list[int]] = {}
-    for index, (_, tensor) in enumerate(named):
-        groups.setdefault((tensor.device, tensor.dtype), []).append(index)
-    suspects: list[int] = []
-    for indices in groups.values():
-        suspects += _suspects(indices, [named[i][1] for i in indices])
-    return [named[i][0] for i in sorted(suspects) if not _finite(named[i][1])]
-
-
-def _floating(tree: Any, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """Dotted names of the floating-point tensors in ``tree`` holding a NaN or Inf."""
+    found: list[str] = []
     if isinstance(tree, torch.Tensor):
-        if tree.is_floating_point() and tree.numel():
-            yield prefix or "tensor", tree.detach()
+        if tree.is_floating_point() and not _finite(tree):
+            found.append(prefix or "tensor")
     elif isinstance(tree, dict):
         for key, value in tree.items():
-            yield from _floating(value, f"{prefix}.{key}" if prefix else str(key))
+            found += nonfinite_state(value, f"{prefix}.{key}" if prefix else str(key))
     elif isinstance(tree, (list, tuple)):
         for i, value in enumerate(tree):
-            yield from _floating(value, f"{prefix}.{i}" if prefix else str(i))
-
-
-def _suspects(indices: list[int], tensors: list[torch.Tensor]) -> list[int]:
-    """Those of ``indices`` whose tensor's norm is not finite (all, where the dtype has no
-    norm: float8 on CPU)."""
-    try:
-        norms = torch.stack(torch._foreach_norm(tensors, 1))
-        bad = (~torch.isfinite(norms)).nonzero().flatten().tolist()
-    except (RuntimeError, NotImplementedError):
-        return indices
-    return [indices[i] for i in bad]
+            found += nonfinite_state(value, f"{prefix}.{i}" if prefix else str(i))
+    return found
 
 
 def _finite(tensor: torch.Tensor) -> bool:
