@@ -25,8 +25,9 @@ and min-max over the rounds:
 * ``dcp_async``: ``get_state_dict`` + ``dcp.async_save`` (blocked until it returns), then
   its future's result (durable);
 * ``tw_resume``: ``resume(model=, optimizer=)`` of a new ``Checkpoints`` (made before the
-  timing: a job makes it anyway) on the run directory ``tw_sync`` wrote: rank 0 verifies
-  every file's digest, then every rank loads through DCP and ``set_state_dict``;
+  timing: a job makes it anyway) on the run directory ``tw_sync`` wrote: every file's
+  digest verified (each rank hashes its own share), then every rank loads through DCP and
+  ``set_state_dict``;
 * ``dcp_resume``: ``get_state_dict`` + ``dcp.load`` of ``dcp_sync``'s checkpoint +
   ``set_state_dict``.
 

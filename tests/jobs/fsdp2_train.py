@@ -5,7 +5,8 @@ synthetic loader whose position is the global sample count (so it continues at a
 size). For the tests, rank 0 appends the digest of the gathered full model + optimizer
 state after every step (and right after resume) to ``--out``/digests.jsonl, and
 ``--kill-at N`` SIGKILLs rank 1 before step N on the first attempt, once the save
-before it is sealed.
+before it is sealed; with ``--tear-shard`` rank 1 first flips a byte of its shard file in
+that checkpoint (the restart must fall back past it).
 """
 
 import argparse
@@ -28,6 +29,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=6)
 parser.add_argument("--every", type=int, default=2)
 parser.add_argument("--kill-at", type=int, default=None)
+parser.add_argument("--tear-shard", action="store_true")
 parser.add_argument("--out", required=True)
 args = parser.parse_args()
 GLOBAL_BATCH = 8
@@ -103,6 +105,12 @@ for step in range(start, args.steps):
         deadline = time.monotonic() + 60
         while not saved.exists() and time.monotonic() < deadline:  # an async save: sealed
             time.sleep(0.05)
+        if args.tear_shard:
+            with open(saved / "__1_0.distcp", "r+b") as fh:
+                fh.seek(100)
+                byte = fh.read(1)
+                fh.seek(100)
+                fh.write(bytes([byte[0] ^ 0xFF]))
         os.kill(os.getpid(), signal.SIGKILL)
     tokens = loader.next()
     loss = torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())

@@ -200,6 +200,16 @@ def test_the_guard_sees_nan_and_both_infinities_in_every_float_dtype(dtype):
         assert nonfinite_state(tree, "model") == ["model.bad.0"]
 
 
+def test_the_guard_names_exactly_the_bad_tensors_huge_values_and_float8_included():
+    """Huge finite values are not refused. Float8 has neither min/max nor isfinite on
+    CPU: before, its check raised and the save failed."""
+    tree = {"huge": torch.full((64,), 3e38), "f8": torch.zeros(3).to(torch.float8_e4m3fn),
+            "f8_ok": torch.ones(2).to(torch.float8_e4m3fn), "b": torch.ones(2),
+            "a": torch.tensor([1.0, float("nan")], dtype=torch.float16)}
+    tree["f8"][1] = float("nan")
+    assert nonfinite_state(tree) == ["f8", "a"]
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_the_saved_state_is_the_state_at_the_save_step_whatever_the_loop_does_next(
         tmp_path, monkeypatch, mode):

@@ -8,8 +8,10 @@ manifest or files do not cover its ``.metadata`` does not verify and is not resu
 One-rank gloo group, 1-device CPU mesh; the 2-rank jobs are in
 test_checkpoint_sharded_e2e.py."""
 
+import ctypes
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,10 +22,10 @@ from torch.distributed.fsdp import fully_shard
 from trainwatch import Checkpoints
 from trainwatch.checkpoint_format.catalog import complete
 from trainwatch.checkpoint_format.compat import check_compatible
-from trainwatch.checkpoint_format.manifest import (MANIFEST, layout_problems, read_manifest,
-                                                    verify)
+from trainwatch.checkpoint_format.manifest import (DIGEST, MANIFEST, digest_file,
+                                                    layout_problems, read_manifest, verify)
 from trainwatch.errors import ConfigError, FormatError
-from trainwatch.rank.checkpoint import resume as resume_mod
+from trainwatch.rank.checkpoint import resume as resume_mod, sharded_save
 from trainwatch.rank.checkpoint.dcp_verify import verify_checkpoint
 from trainwatch.rundir.run_dir import RunDir
 
@@ -250,3 +252,78 @@ def test_a_final_save_that_is_the_first_look_at_the_state_is_sharded_too(group, 
     assert again.resume(model=fresh, optimizer=fresh_opt) == 1
     again.close(final=False)
     assert all(torch.equal(v, _full(model)[k]) for k, v in _full(fresh).items())
+
+
+def test_shard_digests_are_taken_as_dcp_writes_them_not_read_back(group, tmp_path,
+                                                                   monkeypatch):
+    """Before: every rank read its shard files back after dcp.save to hash them (a sixth
+    of a sharded save); now DCP's writer hashes the bytes it writes (dcp_hashing.py)."""
+    read_back = []
+    real = sharded_save.digest_file
+    monkeypatch.setattr(sharded_save, "digest_file",
+                        lambda path, *a, **k: read_back.append(path.name) or real(path, *a, **k))
+    model, opt = _fsdp2()
+    _train(model, opt)
+    ckpt = Checkpoints.from_env(tmp_path / "run", every_steps=1, mode="sync", fsync=False)
+    ckpt.maybe_save(1, model=model, optimizer=opt)
+    ckpt.close(final=False)
+    (entry,) = complete(RunDir(tmp_path / "run").checkpoint_dir)
+    assert read_back == []
+    for name, recorded in entry.manifest["files"].items():  # the digests of the files
+        assert digest_file(entry.path / name) == recorded[DIGEST], name
+    assert verify_checkpoint(entry.path).ok
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_nan_in_a_ranks_shards_keeps_the_save_from_being_sealed(saved, mode):
+    """The guard runs beside DCP's write now, not before it: what it finds still stops the
+    seal, and the checkpoints a rollback returns to are kept."""
+    run, path, _ = saved
+    model, opt = _fsdp2(seed=1)
+    ckpt = Checkpoints.from_env(run.root, every_steps=1, mode=mode, fsync=False)
+    assert ckpt.resume(model=model, optimizer=opt) == 2
+    _train(model, opt)
+    with torch.no_grad():
+        model[2].weight.to_local()[0, 0] = float("nan")
+    ckpt.maybe_save(3, model=model, optimizer=opt)
+    ckpt.close(final=False)
+    (skipped,) = run.events("checkpoint_skipped")
+    assert skipped["step"] == 3 and skipped["policy"] == "nonfinite"
+    assert "model.2.weight" in skipped["reason"]
+    assert [e.step for e in complete(run.checkpoint_dir)] == [2]
+    assert not list(run.checkpoint_dir.glob(".tmp-*")) and verify_checkpoint(path).ok
+
+
+def _peak_extra(work):
+    """Bytes the process's peak resident set rose by during ``work()`` (Linux)."""
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")  # resets VmHWM to the current resident set
+
+    def status(key):
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1]) * 1024 for line in fh if line.startswith(key))
+
+    before = status("VmRSS:")
+    work()
+    return status("VmHWM:") - before
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux /proc only")
+def test_an_async_save_holds_one_host_copy_of_the_shards(group, tmp_path):
+    """Before: DCP's BlockingAsyncStager (uncached) deep-copied every DTensor, then copied
+    it again: 2-3x the shard at its peak. Now what dcp.async_save uses, one copy."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024, bias=False) for _ in range(4)])
+    fully_shard(model, mesh=init_device_mesh("cpu", (1,), mesh_dim_names=("dp",)))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model(torch.randn(2, 1024)).sum().backward()
+    opt.step()
+    shard = sum(t.to_local().nbytes for t in model.parameters()) * 3  # weights, 2 moments
+    ckpt = Checkpoints.from_env(tmp_path / "run", every_steps=1, mode="async", fsync=False)
+    ckpt.maybe_save(1, model=model, optimizer=opt)  # the first: makes the writer's group
+    ckpt.wait()
+    extra = _peak_extra(lambda: (ckpt.maybe_save(2, model=model, optimizer=opt), ckpt.wait()))
+    ckpt.close(final=False)
+    assert extra / shard <= 1.1, f"{extra / shard:.2f} shards of extra memory"
+    assert [e["step"] for e in RunDir(tmp_path / "run").events("checkpoint_saved")] == [1, 2]

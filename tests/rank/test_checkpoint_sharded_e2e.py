@@ -2,11 +2,13 @@
 
 Before: every save of a DTensor model failed (or sealed rank 0's half of it) and a killed
 rank restarted from step 0 or from half the weights. Now, with real torchrun gloo jobs
-(tests/jobs/fsdp2_train.py): a rank SIGKILLed after the save of step 4 is restarted by
-torchrun and resumes from it with the gathered full model + optimizer state equal to a
-clean run's, at step 4 and at the end; `trainwatch checkpoint verify` says OK, then BAD
-(exit 1) once a shard is corrupted or deleted; and the same checkpoints resume at world
-size 1, falling back past the corrupt one, resharded by DCP, and train on."""
+(tests/jobs/fsdp2_train.py): a rank SIGKILLed after the save of step 4, its shard of it
+torn, is restarted by torchrun; both ranks verify their own files of step 4 in parallel
+(parallel_verify.py), fall back past it on rank 1's verdict and resume from step 2 with the
+gathered full model + optimizer state equal to a clean run's, there and at the end;
+`trainwatch checkpoint verify` says OK, then BAD (exit 1) once a shard is corrupted or
+deleted; and the same checkpoints resume at world size 1, falling back past the corrupt
+one, resharded by DCP, and train on."""
 
 import json
 import subprocess
@@ -58,16 +60,21 @@ def test_an_fsdp2_job_resumes_exactly_falls_back_past_a_bad_shard_and_reshards(t
     run = RunDir(tmp_path / "run")
     # side by side: each job mostly waits (rendezvous, the restart), and it halves the wall time
     started = [_start(tmp_path, "clean", tmp_path / "clean-run"),
-               _start(tmp_path, "killed", run.root, "--kill-at", "5", restarts=1)]
+               _start(tmp_path, "killed", run.root, "--kill-at", "5", "--tear-shard",
+                      restarts=1)]
     try:
         clean, killed = (_digests(s) for s in started)
     finally:
         for proc, _ in started:
             kill_tree(proc)
-    # rank 1 died before step 6; torchrun restarted both ranks from the save of step 4
-    assert [e["step"] for e in run.events("checkpoint_resumed")] == [4]
+    # rank 1 died before step 5, its shard of step 4 torn: torchrun restarted both ranks,
+    # rank 1 found its shard bad, and both resumed from step 2 (step 4 was written again)
+    (torn,) = run.events("checkpoint_fallback")
+    assert torn["path"].endswith("step-00000004") and torn["next"].endswith("step-00000002")
+    assert torn["reason"] == "__1_0.distcp: xxh3_128 mismatch (content changed or corrupt)"
+    assert [e["step"] for e in run.events("checkpoint_resumed")] == [2]
     assert {e["mode"] for e in run.events("checkpoint_saved")} == {"async"}
-    assert killed[(4, "resumed")]["digest"] == clean[(4, "trained")]["digest"]
+    assert killed[(2, "resumed")]["digest"] == clean[(2, "trained")]["digest"]
     assert killed[(6, "trained")]["digest"] == clean[(6, "trained")]["digest"]
     folder = run.checkpoint_dir
     assert sorted(p.name for p in folder.iterdir()) == [
@@ -90,7 +97,7 @@ def test_an_fsdp2_job_resumes_exactly_falls_back_past_a_bad_shard_and_reshards(t
 
     # the same checkpoints at world size 1: step 6 is passed over, step 4 resharded 2 -> 1
     one = _digests(_start(tmp_path, "one", run.root, "--steps", "8", nproc=1))
-    (fallback,) = run.events("checkpoint_fallback")
+    (_, fallback) = run.events("checkpoint_fallback")
     assert fallback["path"].endswith("step-00000006") and "__1_0.distcp" in fallback["reason"]
     (resharded,) = run.events("checkpoint_resharded")
     assert (resharded["step"], resharded["from_world_size"], resharded["to_world_size"]) == (

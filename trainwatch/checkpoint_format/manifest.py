@@ -35,6 +35,7 @@ FRAMEWORK_STEP_DIR = re.compile(r"^checkpoint-(\d+)$")
 # interrupted) and a checkpoint being replaced.  Readers ignore them; the saver removes them.
 INCOMPLETE_PREFIXES = (".tmp-", ".replaced-")
 HASH_CHUNK = 8 << 20
+READ_CHUNK = 1 << 20  # what digest_file reads at a time: fits the CPU's cache
 # The digest new manifests record per file.  xxh3-128 hashes at memory speed (14x sha256
 # here: 12 ms for 289 MB against 167), so hashing never paces a save to fast storage or a
 # restart's check of the checkpoint it loads; it catches torn and corrupted files (any bit
@@ -80,11 +81,15 @@ def digest_file(path: Path, algorithm: str = DIGEST,
     would block (a FIFO) or never end (a device)."""
     digest = new_digest(algorithm)
     fd, _ = open_run_file(path)
-    with os.fdopen(fd, "rb") as fh:
-        while chunk := fh.read(HASH_CHUNK):
-            digest.update(chunk)
+    # One small buffer, reused: the hash reads what was just copied while it is still in
+    # the CPU's cache, and no fresh 8 MiB is faulted in per chunk (half the CPU time).
+    buffer = bytearray(READ_CHUNK)
+    view = memoryview(buffer)
+    with os.fdopen(fd, "rb", buffering=0) as fh:
+        while count := fh.readinto(buffer):
+            digest.update(view[:count])
             if progress:
-                progress(len(chunk))
+                progress(count)
     return digest.hexdigest()
 
 
@@ -164,33 +169,10 @@ def verify(directory: str | Path, *, full: bool = True,
         result.problems.append(f"{MANIFEST}: says step {manifest['step']}, "
                                f"directory name says {step_of(directory.name)}")
     for name, entry in sorted(manifest["files"].items()):
-        path = directory / name
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError:
-            result.problems.append(f"{name}: missing")
-            continue
-        except OSError as exc:
-            result.problems.append(f"{name}: unreadable ({exc.strerror})")
-            continue
+        size, problem = check_file(directory, name, entry, full=full, progress=progress)
         result.bytes += size
-        if size != entry["bytes"]:
-            result.problems.append(f"{name}: size {size} bytes, manifest says {entry['bytes']}")
-            continue
-        if full:
-            algorithm = digest_algorithm(entry)
-            assert algorithm is not None  # read_manifest refused entries without one
-            try:
-                actual = digest_file(path, algorithm, progress)
-            except OSError as exc:
-                result.problems.append(f"{name}: unreadable ({exc.strerror})")
-                continue
-            except FormatError as exc:
-                result.problems.append(f"{name}: {str(exc).split(': ', 1)[-1]}")
-                continue
-            if actual != entry[algorithm]:
-                result.problems.append(f"{name}: {algorithm} mismatch "
-                                       "(content changed or corrupt)")
+        if problem:
+            result.problems.append(problem)
     result.problems.extend(layout_problems(manifest))
     listed = set(manifest["files"]) | {MANIFEST}
     try:
@@ -200,6 +182,34 @@ def verify(directory: str | Path, *, full: bool = True,
     result.problems.extend(f"{name}: not listed in the manifest" for name in strays)
     result.ok = not result.problems
     return result
+
+
+def check_file(directory: Path, name: str, entry: dict[str, Any], *, full: bool = True,
+               progress: Callable[[int], None] | None = None) -> tuple[int, str | None]:
+    """One file of a checkpoint against its manifest entry: (its size, 0 when it cannot be
+    read; what is wrong, or None). Presence and size, and with ``full`` its digest."""
+    path = directory / name
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return 0, f"{name}: missing"
+    except OSError as exc:
+        return 0, f"{name}: unreadable ({exc.strerror})"
+    if size != entry["bytes"]:
+        return size, f"{name}: size {size} bytes, manifest says {entry['bytes']}"
+    if not full:
+        return size, None
+    algorithm = digest_algorithm(entry)
+    assert algorithm is not None  # read_manifest refused entries without one
+    try:
+        actual = digest_file(path, algorithm, progress)
+    except OSError as exc:
+        return size, f"{name}: unreadable ({exc.strerror})"
+    except FormatError as exc:
+        return size, f"{name}: {str(exc).split(': ', 1)[-1]}"
+    if actual != entry[algorithm]:
+        return size, f"{name}: {algorithm} mismatch (content changed or corrupt)"
+    return size, None
 
 
 def layout_problems(manifest: dict[str, Any]) -> list[str]:

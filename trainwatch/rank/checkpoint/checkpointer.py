@@ -43,10 +43,12 @@ from trainwatch.errors import ConfigError
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.checkpoint_format import catalog
 from trainwatch.rank.checkpoint import resume as resume_mod, retention, rng, whole_state
-from trainwatch.rank.checkpoint.sharded_save import stage, write_sharded
+from trainwatch.rank.checkpoint.sharded_save import host_stager, stage, write_sharded
 from trainwatch.rank.checkpoint.cadence import interval_due
 from trainwatch.rank.checkpoint.config import CheckpointConfig
 from trainwatch.checkpoint_format.manifest import verify
+from trainwatch.rank.checkpoint.dcp_verify import verify_checkpoint
+from trainwatch.rank.checkpoint.parallel_verify import ParallelVerify
 from trainwatch.rank.checkpoint.nonfinite import (NonFiniteHalt, nonfinite_flag,
                                                      nonfinite_state)
 from trainwatch.rank.checkpoint.requests import Requests
@@ -94,7 +96,7 @@ class Checkpointer:
         self._newest_verified: dict[Path, Path] = {}
         self._state_checked = False  # the first save looks at the state once (whole_state.py)
         self._sharded = False  # it holds DTensors: saved through DCP (sharded_save.py)
-        self._stager: Any = None  # DCP's host copy of sharded state (async saves)
+        self._stager: Any = None  # DCP's stager of sharded state kept between saves (GPU)
         self._writer_group: Any = None  # the gloo group an async sharded writer uses
         self.facts: dict[str, Any] = {
             "step": None, "path": None, "time": None, "ok": None, "bytes": None,
@@ -147,8 +149,16 @@ class Checkpointer:
         if not self.cfg.enabled or self.cfg.resume == "never":
             return None
         decision: dict[str, Any] = {}
-        if self.rank == 0:
-            decision = self._choose()
+        verifier = ParallelVerify(self.rank, self.world_size, self._group)
+        if self.rank == 0 and self._group is None:
+            decision = self._choose(verify_checkpoint)
+        elif self.rank == 0:
+            try:  # every rank hashes its share of each candidate rank 0 looks at
+                decision = self._choose(verifier.verify)
+            finally:
+                verifier.done()
+        elif self._group is not None:
+            verifier.serve()
         if self._group is not None:
             box = [decision]
             dist.broadcast_object_list(box, src=0, group=self._group)
@@ -172,9 +182,9 @@ class Checkpointer:
         self._publish()
         return restored
 
-    def _choose(self) -> dict[str, Any]:
+    def _choose(self, check: Callable[[Path], Any]) -> dict[str, Any]:
         folders = [f for f in (self.folder, self.mirror) if f is not None]
-        chosen, passed_over = resume_mod.select(folders)
+        chosen, passed_over = resume_mod.select(folders, check)
         for i, fallback in enumerate(passed_over):
             nxt = passed_over[i + 1].path if i + 1 < len(passed_over) else (
                 chosen.path if chosen else None)
@@ -381,7 +391,7 @@ class Checkpointer:
                       force_wait: bool = False) -> None:
         """Every rank writes its own shards through DCP; rank 0 seals (sharded_save.py).
 
-        Async: the loop copies its shards to host memory (DCP's stager) and a writer
+        Async: the loop copies its shards to host memory (host_stager) and a writer
         thread writes them, its collectives over a gloo group of their own (the loop's
         go on meanwhile). A save waits for the one in flight (``when_busy: skip`` would
         let ranks decide differently, and their collectives would not match)."""
@@ -394,30 +404,40 @@ class Checkpointer:
         if self.cfg.mode == "sync" or force_wait:
             self._write_sharded(payload, started, None)
             return
-        if self._stager is None:
-            from torch.distributed.checkpoint.staging import BlockingAsyncStager
-
-            # host buffers kept between saves where they are pinned (from a GPU)
-            self._stager = BlockingAsyncStager(cache_staged_state_dict=torch.cuda.is_available())
-            if self.distributed:  # a collective: every rank is at this save
-                self._writer_group = dist.new_group(backend="gloo")
+        if self._writer_group is None and self.distributed:
+            self._writer_group = dist.new_group(backend="gloo")  # every rank is at this save
+        stager = self._stager if self._stager is not None else host_stager()
+        if torch.cuda.is_available():
+            self._stager = stager  # its pinned host buffers are kept for the next save
         tmp, error, payload.shared = stage(self.folder, payload, rank=self.rank,
-                                           group=self._group, stager=self._stager)
+                                           group=self._group, stager=stager)
         blocking = time.perf_counter() - started
+        done = None if stager is self._stager else stager.close  # the copy freed after
         try:
             self._writer = threading.Thread(target=self._write_sharded,
-                                            args=(payload, started, (tmp, error), blocking),
+                                            args=(payload, started, (tmp, error), blocking, done),
                                             name="trainwatch-checkpoint-writer", daemon=True)
             self._writer.start()
         except Exception as exc:  # no thread: write here (every rank must take part)
             log.warning("trainwatch checkpoint: no writer thread (%s); writing in the loop", exc)
             self._writer = None
-            self._write_sharded(payload, started, (tmp, error), blocking)
+            self._write_sharded(payload, started, (tmp, error), blocking, done)
 
     def _write_sharded(self, payload: Payload, started: float,
-                       staged: tuple[Any, str] | None, blocking: float | None = None) -> None:
+                       staged: tuple[Any, str] | None, blocking: float | None = None,
+                       done: Callable[[], None] | None = None) -> None:
         """Write and seal one sharded checkpoint (the loop's thread, or the writer's);
-        never raises (failures are journaled by rank 0)."""
+        never raises (failures are journaled by rank 0). ``done``: called after it, always
+        (releases the host copy)."""
+        try:
+            self._write_sharded_now(payload, started, staged, blocking)
+        finally:
+            payload.shared = {}
+            if done is not None:
+                done()
+
+    def _write_sharded_now(self, payload: Payload, started: float,
+                           staged: tuple[Any, str] | None, blocking: float | None) -> None:
         guard = nonfinite_state if self.cfg.nonfinite != "off" else None
         group = self._group if staged is None else self._writer_group
         try:

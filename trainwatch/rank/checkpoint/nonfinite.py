@@ -54,5 +54,5 @@ def _finite(tensor: torch.Tensor) -> bool:
     try:
         low, high = torch.aminmax(tensor.detach())
     except (RuntimeError, NotImplementedError):  # dtypes without min/max (float8 on CPU)
-        return bool(torch.isfinite(tensor).all())
+        return bool(torch.isfinite(tensor.float()).all())  # nor isfinite: a float32 copy
     return bool(torch.isfinite(low) and torch.isfinite(high))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -30,8 +30,10 @@ class Fallback:
     reason: str
 
 
-def select(folders: list[Path]) -> tuple[Verification | None, list[Fallback]]:
-    """The newest verified checkpoint in ``folders`` (primary first), and those passed over."""
+def select(folders: list[Path], check: Callable[[Path], Verification] = verify_checkpoint
+           ) -> tuple[Verification | None, list[Fallback]]:
+    """The newest verified checkpoint in ``folders`` (primary first), and those passed over;
+    ``check``: how a checkpoint is verified (parallel_verify.py spreads it over the ranks)."""
     candidates = []
     for order, folder in enumerate(folders):
         candidates += [(e.step, -order, e) for e in scan(folder) if e.step is not None]
@@ -41,7 +43,7 @@ def select(folders: list[Path]) -> tuple[Verification | None, list[Fallback]]:
         if entry.state != "complete":  # invalid, or a DCP checkpoint: not ours to load
             passed_over.append(Fallback(entry.path, entry.reason))
             continue
-        result = verify_checkpoint(entry.path)  # a sharded one against its .metadata too
+        result = check(entry.path)  # a sharded one against its .metadata too
         if result.ok:
             return result, passed_over
         passed_over.append(Fallback(entry.path, result.reason))

@@ -4,21 +4,25 @@ The same directory scheme as data-parallel checkpoints (writer.py): rank 0 makes
 ``.tmp-step-N-...`` and tells every rank its name; ``torch.distributed.checkpoint.save``
 has each rank write its ``__<rank>_<n>.distcp`` shards (no gather: a rank writes what it
 holds) and the coordinator ``.metadata``; each rank writes its ``rank-NNNNN.pt`` (RNGs,
-data position), fsyncs and hashes its own files, and reports them, or its error, to rank 0
-(one gather of small objects). Only when every rank's files are durable and they cover
-what ``.metadata`` names does rank 0 write the manifest (last) and rename the directory to
-``step-N``. A rank that failed leaves the save unpublished; the previous checkpoint is
-untouched. The directory stays a plain DCP checkpoint: ``torch.distributed.checkpoint.load``
-reads it without trainwatch. An async save splits this: the loop ``stage``s (the directory,
-this rank's shards copied to host memory, every rank's agreement), and a writer thread runs
+data position) and reports its files with their digests, taken as DCP wrote them
+(dcp_hashing.py: nothing is read back), or its error, to rank 0 (one gather of small
+objects); the NaN/Inf guard looks at the rank's shards on a helper meanwhile. Only when
+every rank's files are durable and they cover what ``.metadata`` names does rank 0 write
+the manifest (last) and rename the directory to ``step-N``. A rank that failed, or whose
+shards hold a NaN/Inf, leaves the save unpublished; the previous checkpoint is untouched.
+The directory stays a plain DCP checkpoint: ``torch.distributed.checkpoint.load`` reads it
+without trainwatch. An async save splits this: the loop ``stage``s (the directory, this
+rank's shards copied to host memory, every rank's agreement), and a writer thread runs
 ``write_sharded`` on the copy over a gloo group of its own.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,6 +35,7 @@ from trainwatch.checkpoint_format.manifest import (DIGEST, FORMAT, FORMAT_VERSIO
                                                     digest_file, rank_file_name, step_dir_name)
 from trainwatch.contract.layout import WEIGHTS_CONFIG_DIGEST_KEY
 from trainwatch.rank.checkpoint import sharded
+from trainwatch.rank.checkpoint.dcp_hashing import HashingStream, HashingWriter
 from trainwatch.rank.checkpoint.dcp_verify import needed_sizes, read_metadata
 from trainwatch.rank.checkpoint.writer import (CheckpointWriteError, CheckRefused, Payload,
                                                   Written, data_position, publish, tmp_dir,
@@ -54,21 +59,36 @@ def _agree_on_tmp(folder: Path, step: int, rank: int, group: Any) -> tuple[Path 
     return (Path(box[0]) if box[0] else None), box[1]
 
 
-def _own_files(tmp: Path, rank: int, mine: dict[str, Any], do_fsync: bool) -> dict[str, Any]:
-    """This rank's file in the checkpoint beside its DCP shards; all of them made durable
-    and hashed: {name: {digest, bytes}}."""
+def _own_files(tmp: Path, rank: int, mine: dict[str, Any], do_fsync: bool,
+               written: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """This rank's file in the checkpoint beside its DCP shards, written and hashed, and
+    the digests of the files DCP wrote for it, taken as they were written (``written``):
+    {name: {digest, bytes}}. DCP fsynced its own files; a file it wrote some other way is
+    hashed from disk."""
     path = tmp / rank_file_name(rank)
-    torch.save({"rank": rank, **mine}, path)
+    with open(path, "xb") as fh:
+        stream = HashingStream(fh)
+        torch.save({"rank": rank, **mine}, stream)
+        fh.flush()
+        if do_fsync:
+            os.fsync(fh.fileno())
+    files = {path.name: stream.entry()}
     prefix = f"__{rank}_"
-    names = [path.name] + sorted(p.name for p in tmp.iterdir()
-                                 if p.name.startswith(prefix) and p.name.endswith(SHARD_SUFFIX))
+    names = sorted(p.name for p in tmp.iterdir()
+                   if p.name.startswith(prefix) and p.name.endswith(SHARD_SUFFIX))
     if rank == 0:
         names.append(METADATA)
-    files = {}
     for name in names:
-        if do_fsync:
-            fsync_file(tmp / name)
-        files[name] = {DIGEST: digest_file(tmp / name), "bytes": (tmp / name).stat().st_size}
+        size = (tmp / name).stat().st_size
+        entry = written.get(name)
+        if entry is None:
+            if do_fsync:
+                fsync_file(tmp / name)
+            entry = {DIGEST: digest_file(tmp / name), "bytes": size}
+        elif entry["bytes"] != size:  # hashed bytes are not the file's: never seal that
+            raise OSError(0, f"{name} is {size} bytes on disk, {entry['bytes']} were written "
+                             "(changed while the checkpoint was written)", str(tmp / name))
+        files[name] = entry
     return files
 
 
@@ -76,17 +96,24 @@ def _write_rank(tmp: Path, trees: dict[str, Any], mine: dict[str, Any], rank: in
                 do_fsync: bool, group: Any,
                 check: Callable[[Any, str], list[str]] | None) -> dict[str, Any]:
     """This rank's part of the save, as a report for rank 0; never raises an Exception
-    (every rank must reach the gather that follows)."""
+    (every rank must reach the gather that follows). The guard (``check``) looks at this
+    rank's shards on a helper while DCP writes them: what it finds still stops the seal."""
     import torch.distributed.checkpoint as dcp
 
     report: dict[str, Any] = {"rank": rank, "files": {}, "error": None, "found": [],
                               "data": data_position([mine])[0]}
     try:
-        if check is not None:  # this rank's shards only: no collective behind a rank's back
-            report["found"] = [f for k, t in trees.items() for f in check(sharded.local(t), k)]
-        dcp.save(trees, storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=do_fsync),
-                 process_group=group)
-        report["files"] = _own_files(tmp, rank, mine, do_fsync)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainwatch-guard") as helper:
+            checked = None
+            if check is not None:  # this rank's shards only: no collective behind a rank's back
+                if torch.cuda.is_available() and torch.cuda.is_initialized():
+                    torch.cuda.synchronize()  # the helper reads them outside the loop's stream
+                local = {k: sharded.local(t) for k, t in trees.items()}
+                checked = helper.submit(lambda: [f for k, t in local.items() for f in check(t, k)])
+            writer = HashingWriter(str(tmp), sync_files=do_fsync)
+            dcp.save(trees, storage_writer=writer, process_group=group)
+            report["files"] = _own_files(tmp, rank, mine, do_fsync, writer.written)
+            report["found"] = checked.result() if checked is not None else []
     except Exception as exc:
         errno_ = getattr(exc, "errno", None)
         report["error"] = f"{type(exc).__name__}: {str(exc).strip()[:500]}"
@@ -94,9 +121,8 @@ def _write_rank(tmp: Path, trees: dict[str, Any], mine: dict[str, Any], rank: in
     return report
 
 
-def _covered(tmp: Path, files: dict[str, Any]) -> list[str]:
-    """What the DCP metadata names that the ranks' reported files do not hold."""
-    needed = needed_sizes(read_metadata(tmp))
+def _covered(tmp: Path, files: dict[str, Any], needed: dict[str, int]) -> list[str]:
+    """What the DCP metadata names (``needed``) that the ranks' reported files do not hold."""
     problems = [f"{name}: named by {METADATA}, written by no rank" for name in needed
                 if name not in files]
     problems += [f"{name}: {files[name]['bytes']} bytes, {METADATA} needs {size}"
@@ -104,6 +130,22 @@ def _covered(tmp: Path, files: dict[str, Any]) -> list[str]:
                  if name in files and files[name]["bytes"] < size]
     strays = sorted(p.name for p in tmp.iterdir() if p.name not in files)
     return problems + [f"{name}: written, reported by no rank" for name in strays]
+
+
+def host_stager() -> Any:
+    """What copies a rank's shards to host memory for an async save: what
+    ``dcp.async_save`` uses, one plain copy per tensor (``DefaultStager``, made per save
+    and closed after it, so no copy outlives its save). From a GPU, DCP's stager that
+    keeps pinned host buffers between saves (the caller keeps it). DCP's
+    ``BlockingAsyncStager`` without its cache deep-copied every DTensor and then copied it
+    again: 2-2.5 shards of memory and ~3x the time (docs/benchmarks.md)."""
+    from torch.distributed.checkpoint.staging import (BlockingAsyncStager, DefaultStager,
+                                                      StagingOptions)
+
+    if torch.cuda.is_available():
+        return BlockingAsyncStager(cache_staged_state_dict=True)
+    return DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
+                                        use_async_staging=False, use_non_blocking_copy=False))
 
 
 def stage(folder: Path, payload: Payload, *, rank: int, group: Any, stager: Any
@@ -178,11 +220,12 @@ def _seal(tmp: Path, folder: Path, payload: Payload, reports: list[dict[str, Any
     if found:
         raise CheckRefused(sorted(set(found)))
     files = {name: entry for r in reports for name, entry in r["files"].items()}
-    problems = _covered(tmp, files)
+    sizes = needed_sizes(read_metadata(tmp))
+    problems = _covered(tmp, files, sizes)
     if problems:
         raise CheckpointWriteError(0, f"sharded checkpoint step {payload.step} is incomplete: "
                                       + "; ".join(problems[:5]), str(tmp))
-    needed = sorted(needed_sizes(read_metadata(tmp)))
+    needed = sorted(sizes)
     manifest = {
         "format": FORMAT, "version": FORMAT_VERSION, "layout": LAYOUT_DCP, "step": payload.step,
         "created_at": time.time(), "reason": payload.reason,
