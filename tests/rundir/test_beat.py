@@ -78,6 +78,18 @@ def test_a_rank_whose_clock_is_5_min_behind_is_neither_stale_nor_gone(tmp_path):
     assert result.data["jobs"][0]["ranks"][0]["heartbeat_age"] > 290
 
 
+def _largest_beat(window, **extra):
+    """A beat record with the largest values each field takes."""
+    return {"v": 1, "rank": 32767, "pid": 4194304, "state": "running",
+            "heartbeat_at": 1733333333.1234567, "heartbeat_mono": 123456.12345678901,
+            "boot": "0c5c3f70-6a5e-4a5c-9d1e-0f3f1d2a3b4c", "step": 123456789,
+            "steps_completed": 123456789, "last_progress_at": 1733333333.1234567,
+            "steps_total": 123456789, "phase": "optimizer", "phase_since": 1733333333.1234567,
+            "phase_budget": 1234.5, "step_time_seconds": 0.12345678901234567,
+            "timing_step": 123456780, "window": window, "replica_step": 123456700,
+            "publish_errors_total": 0, "publish_failing_since": None,
+            "last_publish_error": None, **extra}
+
 def test_the_window_fits_a_full_beat_and_only_the_window_gives_way(tmp_path):
     """A rank's beat carries its own part of the newest timing window; with the largest
     values a beat holds it fits, and a record that would not (a long publish error) loses
@@ -88,15 +100,7 @@ def test_the_window_fits_a_full_beat_and_only_the_window_gives_way(tmp_path):
                          "local_seconds": 0.12345678901234567,
                          "recent": [[123456780, 1.0234, -12.123]] * 8, "job": {"ranks": 9}})
     assert "job" not in window and "compute_seconds" not in window
-    record = {"v": 1, "rank": 32767, "pid": 4194304, "state": "running",
-              "heartbeat_at": 1733333333.1234567, "heartbeat_mono": 123456.12345678901,
-              "boot": "0c5c3f70-6a5e-4a5c-9d1e-0f3f1d2a3b4c", "step": 123456789,
-              "steps_completed": 123456789, "last_progress_at": 1733333333.1234567,
-              "steps_total": 123456789, "phase": "optimizer", "phase_since": 1733333333.1234567,
-              "phase_budget": 1234.5, "step_time_seconds": 0.12345678901234567,
-              "timing_step": 123456780, "window": window, "replica_step": 123456700,
-              "publish_errors_total": 0, "publish_failing_since": None,
-              "last_publish_error": None}
+    record = _largest_beat(window)
     assert decode(encode(record))["window"] == window
     failing = dict(record, publish_errors_total=123456, publish_failing_since=1733333333.25,
                    last_publish_error="x" * 400)
@@ -158,15 +162,7 @@ def test_collective_progress_gives_way_from_its_tail_then_after_the_window():
                          "local_seconds": 0.12345678901234567,
                          "data_wait_seconds": 0.0012345678901234567,
                          "recent": [[123456780, 1.0234, -12.123]] * 8})
-    record = {"v": 1, "rank": 32767, "pid": 4194304, "state": "running",
-              "heartbeat_at": 1733333333.1234567, "heartbeat_mono": 123456.12345678901,
-              "boot": "0c5c3f70-6a5e-4a5c-9d1e-0f3f1d2a3b4c", "step": 123456789,
-              "steps_completed": 123456789, "last_progress_at": 1733333333.1234567,
-              "steps_total": 123456789, "phase": "optimizer", "phase_since": 1733333333.1234567,
-              "phase_budget": 1234.5, "step_time_seconds": 0.12345678901234567,
-              "timing_step": 123456780, "window": window, "replica_step": 123456700,
-              "publish_errors_total": 0, "publish_failing_since": None,
-              "last_publish_error": None, "collectives": groups}
+    record = _largest_beat(window, collectives=groups)
     beat = decode(encode(record))
     assert beat["window"] == window and 4 <= len(beat["collectives"]) < MAX_GROUPS
     assert list(beat["collectives"]) == list(groups)[:len(beat["collectives"])]

@@ -2,7 +2,6 @@
 
 import copy
 
-import pytest
 import torch
 
 from trainwatch.trainer.config import load_config
@@ -10,14 +9,6 @@ from trainwatch.trainer.data import load_dataset, prepare_generated
 from trainwatch.trainer.train import Ranks, build_training_state, lr_factor
 from trainer_helpers import run_steps
 
-
-@pytest.fixture
-def one_thread():
-    """One intra-op thread: bit-exact comparisons, and no spinning OpenMP on a busy box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_restored_state_continues_bit_for_bit(tmp_path, one_thread):

@@ -22,13 +22,6 @@ from trainer_helpers import data_parallel_steps
 SETS = ["model.context=32", "train.batch_size=4", "train.steps=12", "optim.warmup_steps=2"]
 
 
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def _ranks(rank, world_size):
     return Ranks(rank, rank, world_size, torch.device("cpu"), False, 0)
