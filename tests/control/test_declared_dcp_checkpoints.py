@@ -36,3 +36,4 @@ def test_a_restart_resumes_from_a_declared_dcp_checkpoint_not_a_verified_one(tmp
     controller = JobController(run.root, ["true"])
     assert controller.resume_point() == (4, "declared")
     assert controller.progress_step() == 4  # still progress for the restart guard
+

@@ -7,6 +7,8 @@ interrupted run, with or without the live view.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import importlib.util
 import json
 import logging
@@ -197,8 +199,7 @@ def render(s: Summary, console: Console) -> None:
     table.add_row("final loss", _loss_text(s))
     table.add_row("goodput", f"{100 * s.goodput:.1f} %" if s.goodput is not None else "-")
     if s.incidents:
-        causes = sorted(set(s.incidents), key=s.incidents.index)
-        table.add_row("incidents", f"{len(s.incidents)}: " + "; ".join(causes))
+        table.add_row("incidents", incidents_text(s.incidents))
     else:
         table.add_row("incidents", "none")
     table.add_row("checkpoints", _checkpoint_text(s))
@@ -209,6 +210,15 @@ def render(s: Summary, console: Console) -> None:
     width = max(len(cmd) for cmd, _ in s.next_commands())
     for cmd, what in s.next_commands():
         console.print(f"  {cmd.ljust(width)}   # {what}", highlight=False, soft_wrap=True)
+
+
+def incidents_text(causes: list[str]) -> str:
+    """``3: rank 1 killed by SIGKILL (2 times); …``: every incident counted, the same
+    cause said once with how often, in the order they first happened."""
+    counts = Counter(causes)
+    said = sorted(counts, key=causes.index)
+    return f"{len(causes)}: " + "; ".join(c if counts[c] == 1 else f"{c} ({counts[c]} times)"
+                                          for c in said)
 
 
 def _loss_text(s: Summary) -> str:
