@@ -226,7 +226,32 @@ def test_a_lost_node_is_the_cause_of_the_attempt_it_ended(tmp_path):
     assert lost["evidence"]["lost_nodes"] == [{"node": "n1", "ranks": [2, 3]}]
     assert grown["cause"] == ("node n1 returned: torchrun restarted the workers to take it "
                               "back in (a planned re-rendezvous); checkpoint saved at step 30 "
-                              "as torchrun stopped the workers"), grown["cause"]
+                              "as the workers were stopped"), grown["cause"]
+
+
+def test_a_supervisor_killed_with_its_job_is_said_not_a_stop_on_request(tmp_path):
+    """`kill -9` of `trainwatch run`: its job stops with it (the ranks save on SIGTERM), and
+    the next supervisor finds the lock its predecessor never released. The incident said
+    "stopped on request" although nobody asked; it now names the death."""
+    r = Run(tmp_path / "run")
+    r.attempt(0)
+    r.rank_event("run_started", world_size=2, start_step=0, steps=30)
+    r.steps(0, 11)
+    r.rank_event("checkpoint_saved", step=12, reason="stop", mode="sync", blocking_seconds=0.1)
+    r.wait(30)
+    r.event("supervisor_died", "supervisor", previous={"pid": 4242, "host": "h"},
+            last_beat_at=T0 + r.clock - 29)
+    r.wait(2)
+    r.attempt(1)
+    r.rank_event("checkpoint_resumed", step=12, path="checkpoints/step-00000012")
+    r.steps(12, 29)
+    r.rank_event("finished", step=29, steps=30)
+    (incident,) = report_json(r.run.root)["incidents"]
+    assert incident["cause"] == (
+        "its supervisor (pid 4242) died without a word (SIGKILL, a crash or an OOM kill; "
+        "found by the next supervisor): the job stopped with it; checkpoint saved at step 12 "
+        "as the workers were stopped"), incident["cause"]
+    assert incident["evidence"]["supervisor_died"][0]["pid"] == 4242
 
 def clean_run(root, *, steps, before, seconds, after, ready=0.0) -> "Run":
     """A run without incident: launched, its ranks up ``before`` s later (and ``ready`` s

@@ -124,6 +124,9 @@ def test_a_killed_holders_lock_is_free_at_once_and_its_marked_leftovers_are_stop
         assert [p["pid"] for p in event["processes"]] == [child]
         assert event["previous"]["pid"] == holder.pid and event["left"] == []
         assert bystander.poll() is None
+        # Its death is on record before anything else (report names it, not "a stop").
+        (died,) = run.events("supervisor_died")
+        assert died["previous"]["pid"] == holder.pid and died["time"] <= event["time"]
     finally:
         lock.release()
 

@@ -46,7 +46,10 @@ def evidence(attempt: Attempt) -> dict[str, Any]:
     lost = [{"node": e.get("lost_node"), "ranks": e.get("ranks") or []}
             for e in attempt.named("node_lost")]
     returned = [str(e.get("lost_node")) for e in attempt.named("node_returned")]
-    return {"lost_nodes": lost, "returned_nodes": returned, "exits": exits, "errors": errors,
+    died = [{"pid": (e.get("previous") or {}).get("pid"), "last_beat_at": e.get("last_beat_at")}
+            for e in attempt.named("supervisor_died")]
+    return {"lost_nodes": lost, "returned_nodes": returned, "supervisor_died": died,
+            "exits": exits, "errors": errors,
             "faults": faults,
             "actions": actions,
             "alerts": alerts, "nonfinite_steps": nonfinite,
@@ -74,12 +77,17 @@ def cause(ev: dict[str, Any]) -> str:
     for a in ev["actions"]:
         parts.append(f"{a['action']} by the controller" + (f" ({a['alert']})" if a["alert"]
                                                           else ""))
-    if ev["stopped_at_step"] is not None and returned:
-        parts.append(f"checkpoint saved at step {ev['stopped_at_step']} as torchrun stopped "
-                     "the workers")
+    died = ev.get("supervisor_died", [])
+    for d in died:
+        # Its job died with it (it ends with its supervisor): a stop, but nobody asked.
+        parts.append(f"its supervisor (pid {d['pid']}) died without a word (SIGKILL, a crash "
+                     "or an OOM kill; found by the next supervisor): the job stopped with it")
+    if ev["stopped_at_step"] is not None and (returned or died):
+        parts.append(f"checkpoint saved at step {ev['stopped_at_step']} as the workers were "
+                     "stopped")
     elif ev["stopped_at_step"] is not None:
         parts.append(f"stopped on request, checkpoint saved at step {ev['stopped_at_step']}")
-    elif not ev["actions"] and (stops := [x for x in ev["exited"]
+    elif not ev["actions"] and not died and (stops := [x for x in ev["exited"]
                                           if x["event"] == "job_stopped"]):
         # Ctrl-C, `systemctl stop`, bad input: the job's ranks ended by the stop, unsaved.
         parts.append(f"stopped by its supervisor ({stops[-1]['reason']}); nothing saved on "

@@ -42,7 +42,7 @@ EVENTS = (
     "controller_started", "controller_stopped",
     "leftovers_stopped", "leftovers_unchecked",
     "repair_proposed", "repair_requested", "repair_applied", "node_lost", "node_returned",
-    "supervisor_tree_gone", "supervisor_tree_left", "second_supervisor_exited", CLOSED_EVENT,
+    "supervisor_died", "supervisor_tree_gone", "supervisor_tree_left", "second_supervisor_exited", CLOSED_EVENT,
 )
 
 

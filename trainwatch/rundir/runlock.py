@@ -37,6 +37,7 @@ from trainwatch.contract.env import SUPERVISOR_ENV
 from trainwatch.contract.layout import FORMAT_VERSION, LOCK_FORMAT
 from trainwatch.errors import ConfigError
 from trainwatch.process.proctree import marked, terminate
+from trainwatch.rundir.beat import read_beat
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.rundir.safe_read import SkippedFile, read_run_file
 
@@ -205,11 +206,27 @@ def hold(run: RunDir, role: str, node: str | None = None) -> RunLock:
     node's lock; it stops what a killed supervisor of the same node left."""
     lock = acquire(run, role, node)
     try:
+        if lock.previous is not None:
+            journal_died(run, lock.previous, node)
         stop_leftovers(run, lock)
     except BaseException:
         lock.release()
         raise
     return lock
+
+
+def journal_died(run: RunDir, previous: Holder, node: str | None) -> None:
+    """The previous holder died without releasing the lock (SIGKILL, a crash, an OOM
+    kill): say so, with its last heartbeat when it wrote one, so the run's story (report,
+    diagnose) does not read its job's end as a stop on request."""
+    beat = read_beat(run.supervisor_beat_file if node is None
+                     else run.node_supervisor_beat_file(node), run.root)
+    at = beat.get("at") if beat is not None and beat.get("token") == previous.token else None
+    try:
+        run.append_event("supervisor_died", "supervisor", previous=previous.to_json(),
+                         last_beat_at=at if isinstance(at, (int, float)) else None)
+    except OSError as exc:  # a full disk costs the record, never the start
+        log.warning("could not journal the previous supervisor's death: %s", exc)
 
 
 def stop_leftovers(run: RunDir, lock: RunLock,
