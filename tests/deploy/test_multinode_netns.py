@@ -387,7 +387,8 @@ def test_sigstop_on_node1_is_repaired_once_on_every_node_without_losing_the_rend
           f"resumed step {first_resumed - frozen_at:.1f} s (resumed from step {saved_before})")
 
 
-LOSS_STEPS = 800  # paced (0.07 s): node 1 lost, node 0 alone, node 1 back, with room to spare
+LOSS_STEPS = 100_000  # never reached: the test stops the job once it has grown back
+GROWN_STEPS = 10  # steps the grown-back world of 4 ranks trains before the test stops it
 
 
 def own_loop_on(node: Node, nodes: list[Node], port: int) -> list[str]:
@@ -398,7 +399,18 @@ def own_loop_on(node: Node, nodes: list[Node], port: int) -> list[str]:
             "--rdzv-endpoint", f"{nodes[0].addr}:{port}", "--local-addr", node.addr,
             "--rdzv-conf", f"is_host={int(node.index == 0)},last_call_timeout=3",
             str(REPO / "examples" / "own_loop.py"), "--steps", str(LOSS_STEPS),
-            "--pace", "0.07", "--checkpoint-every", "20"]
+            "--pace", "0.05", "--checkpoint-every", "20"]
+
+
+def _grown(run: RunDir) -> bool:
+    """The world has grown back to 4 ranks, and each trained GROWN_STEPS after resuming."""
+    returned = run.events("node_returned")
+    if len(run.events("checkpoint_resharded")) < 2 or not returned:
+        return False
+    resumed = run.events("checkpoint_resumed")[-1]["step"]
+    now = [s for s in run.statuses().records if s.get("world_size") == 4
+           and (s.get("started_at") or 0) > returned[0]["time"]]
+    return len(now) == 4 and all((s.get("step") or 0) >= resumed + GROWN_STEPS for s in now)
 
 
 def test_a_lost_node_is_journaled_once_the_job_goes_on_with_fewer_ranks_and_grows_back(
@@ -408,7 +420,8 @@ def test_a_lost_node_is_journaled_once_the_job_goes_on_with_fewer_ranks_and_grow
     torchrun goes on alone, its 2 ranks resume from the newest checkpoint (4 -> 2 ranks),
     and the leader journals node_lost once, naming node 1; report names it as the cause.
     Node 1's supervisor is started again: node_returned, the job grows back to 4 ranks at
-    the next re-rendezvous (2 -> 4) and finishes on both nodes."""
+    the next re-rendezvous (2 -> 4) and trains on all 4; then both nodes are stopped with
+    Ctrl-C (the job is paced to outlast any machine's speed, so the test ends it)."""
     run_dir = tmp_path / "elastic-run"
     run = RunDir(run_dir)
     cluster = Cluster(nodes, tmp_path)
@@ -434,7 +447,15 @@ def test_a_lost_node_is_journaled_once_the_job_goes_on_with_fewer_ranks_and_grow
             assert sups[0].poll() is None, cluster.logs()
             time.sleep(0.2)
         back = supervise(nodes[1], f"elastic-{nodes[1].netns}-back.log")
-        finish([sups[0], back], cluster, timeout=180)
+        deadline = time.time() + 120
+        while not _grown(run):
+            assert time.time() < deadline, "the job did not grow back\n" + cluster.logs()
+            assert sups[0].poll() is None and back.poll() is None, cluster.logs()
+            time.sleep(0.2)
+        for proc in (sups[0], back):
+            proc.send_signal(signal.SIGINT)  # Ctrl-C on each node
+        codes = [proc.wait(60) for proc in (sups[0], back)]
+        assert codes == [130, 130], (codes, cluster.logs())  # stopped on request
     finally:
         cluster.stop()
 
@@ -448,12 +469,13 @@ def test_a_lost_node_is_journaled_once_the_job_goes_on_with_fewer_ranks_and_grow
     assert worlds == [(4, 2), (2, 4)], worlds
     statuses = run.statuses().records
     assert sorted(s["rank"] for s in statuses) == [0, 1, 2, 3]
-    assert all(s["state"] == "finished" and s["world_size"] == 4
-               and s["step"] == LOSS_STEPS - 1 for s in statuses), statuses
+    assert {s["node"] for s in statuses} == {n.netns for n in nodes}
+    assert all(s["world_size"] == 4 and s["state"] == "stopped" for s in statuses), statuses
     done = subprocess.run([sys.executable, "-m", "trainwatch", "report", str(run_dir), "--json"],
                           capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.returncode == 0, done.stderr
     causes = [i["cause"] for i in json.loads(done.stdout)["incidents"]]
     assert causes[0].startswith(f"node {nodes[1].netns} lost"), causes
     assert causes[1].startswith(f"node {nodes[1].netns} returned"), causes
+    assert not [c for c in causes if "died without a word" in c], causes  # went with its node
     print(f"node lost -> journaled {lost['time'] - lost_at:.1f} s; incidents: {causes}")

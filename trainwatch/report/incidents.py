@@ -46,8 +46,10 @@ def evidence(attempt: Attempt) -> dict[str, Any]:
     lost = [{"node": e.get("lost_node"), "ranks": e.get("ranks") or []}
             for e in attempt.named("node_lost")]
     returned = [str(e.get("lost_node")) for e in attempt.named("node_returned")]
-    died = [{"pid": (e.get("previous") or {}).get("pid"), "last_beat_at": e.get("last_beat_at")}
-            for e in attempt.named("supervisor_died")]
+    gone = {n["node"] for n in lost}  # a lost node's supervisor died with it: said already
+    died = [{"pid": (e.get("previous") or {}).get("pid"), "node": e.get("node"),
+             "last_beat_at": e.get("last_beat_at")}
+            for e in attempt.named("supervisor_died") if e.get("node") not in gone]
     return {"lost_nodes": lost, "returned_nodes": returned, "supervisor_died": died,
             "exits": exits, "errors": errors,
             "faults": faults,

@@ -298,7 +298,12 @@ def _window(attempts: list[Attempt], starts: list[float], t: float) -> Attempt |
 
 def _happened(event: dict[str, Any]) -> float:
     """When what an event records happened: a lost node is journaled after it has been
-    silent a while (control/node_watch.py), and belongs to the attempt it ended."""
+    silent a while (control/node_watch.py), a dead supervisor when the next one starts
+    (its last heartbeat is when it died): each belongs to the attempt it ended."""
+    if event["event"] == "supervisor_died":
+        at = event.get("last_beat_at")
+        return float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) \
+            and at <= event["time"] else event["time"]
     silent = event.get("silent_seconds") if event["event"] == "node_lost" else None
     return event["time"] - silent if isinstance(silent, (int, float)) \
         and not isinstance(silent, bool) and silent > 0 else event["time"]

@@ -224,6 +224,7 @@ def journal_died(run: RunDir, previous: Holder, node: str | None) -> None:
     at = beat.get("at") if beat is not None and beat.get("token") == previous.token else None
     try:
         run.append_event("supervisor_died", "supervisor", previous=previous.to_json(),
+                         node=node,
                          last_beat_at=at if isinstance(at, (int, float)) else None)
     except OSError as exc:  # a full disk costs the record, never the start
         log.warning("could not journal the previous supervisor's death: %s", exc)
