@@ -81,3 +81,20 @@ def test_only_one_kind_of_silence_is_not_a_lost_node(tmp_path):
         c.look()
     assert c.events == []
 
+
+
+def test_the_ranks_of_a_node_whose_supervisor_beats_are_never_read(tmp_path, monkeypatch):
+    """The leader's cost is a heartbeat per node a second; statuses (one file per rank)
+    are read only for a node whose supervisor went quiet."""
+    c = Cluster(tmp_path)
+    reads = []
+    real = c.run.statuses
+    monkeypatch.setattr(c.run, "statuses", lambda: reads.append(1) or real())
+    for _ in range(30):
+        c.beat()
+        c.look()
+    assert reads == [] and c.events == []
+    for _ in range(5):
+        c.beat(supervisor=False)
+        c.look()
+    assert reads and c.events == []

@@ -32,19 +32,25 @@ from trainwatch.rundir.supervisor_beat import read_supervisor_beat
 log = logging.getLogger(__name__)
 
 LOST_AFTER_SECONDS = 15.0  # supervisor and ranks silent this long: the node is lost
-LOOK_EVERY_SECONDS = 1.0   # the statuses are read at most this often
+LOOK_EVERY_SECONDS = 1.0   # the heartbeats are read at most this often
+QUIET_SECONDS = 2.0        # a supervisor beat unchanged this long: its ranks are read too
 
 
 @dataclass
 class _Seen:
-    signature: Any          # what the node's heartbeats said last
-    changed_at: float       # on the leader's monotonic clock
+    beat: Any                        # the node's supervisor heartbeat, as last read
+    beat_changed_at: float           # on the leader's monotonic clock
+    ranks: Any = None                # its ranks' heartbeats: read only while it is silent
+    ranks_changed_at: float | None = None
     lost_at: float | None = None
 
 
 class NodeWatch:
     """Journals ``node_lost`` once when another node falls silent, ``node_returned`` when
-    its supervisor beats again. ``check()`` is one look; the leader calls it every poll."""
+    its supervisor beats again. ``check()`` is one look; the leader calls it every poll.
+    A look reads one heartbeat per node; the statuses and rank heartbeats only of a node
+    whose supervisor stopped beating (``QUIET_SECONDS``), so a large healthy job costs the
+    leader a file per node a second, not one per rank."""
 
     def __init__(self, run: RunDir, nodes: JobNodes, journal: Callable[..., None],
                  lost_after: float = LOST_AFTER_SECONDS,
@@ -59,32 +65,40 @@ class NodeWatch:
         if self._looked is not None and now - self._looked < LOOK_EVERY_SECONDS:
             return
         self._looked = now
-        ranks = self._ranks_by_node()
+        ranks: dict[str, list[int]] | None = None  # read once a look, when needed
         for node in self._other_nodes():
-            beat = read_supervisor_beat(self.run, node)
-            own = ranks.get(node, [])
-            signature = (_beat_key(beat), tuple(self._rank_beat(r) for r in own))
+            beat = _beat_key(read_supervisor_beat(self.run, node))
             seen = self.seen.get(node)
             if seen is None:
-                self.seen[node] = _Seen(signature, now)
+                self.seen[node] = _Seen(beat, now)
                 continue
-            if signature != seen.signature:
-                supervisor_back = _beat_key(beat) != seen.signature[0]
-                seen.signature, seen.changed_at = signature, now
-                if seen.lost_at is not None and supervisor_back:
+            if beat != seen.beat:
+                seen.beat, seen.beat_changed_at, seen.ranks = beat, now, None
+                if seen.lost_at is not None:
                     self.journal("node_returned", **self.nodes.journal(), lost_node=node,
                                  lost_seconds=round(now - seen.lost_at, 1))
                     log.warning("node %s is back: the job grows back at its next restart "
                                 "(torchrun --nnodes MIN:MAX)", node)
                     seen.lost_at = None
                 continue
-            silent = now - seen.changed_at
+            if now - seen.beat_changed_at < QUIET_SECONDS:
+                continue  # beating
+            ranks = self._ranks_by_node() if ranks is None else ranks
+            own = ranks.get(node, [])
+            rank_beats = tuple(self._rank_beat(r) for r in own)
+            if rank_beats != seen.ranks:  # None: not read since the supervisor went quiet
+                seen.ranks, seen.ranks_changed_at = rank_beats, now
+                continue
+            assert seen.ranks_changed_at is not None
+            silent = now - max(seen.beat_changed_at, seen.ranks_changed_at)
             if seen.lost_at is None and silent >= self.lost_after:
                 seen.lost_at = now
+                # Since its supervisor's last beat: when the node went (report places it).
+                gone = now - seen.beat_changed_at
                 self.journal("node_lost", **self.nodes.journal(), lost_node=node,
-                             ranks=own, silent_seconds=round(silent, 1))
+                             ranks=own, silent_seconds=round(gone, 1))
                 log.warning("node %s lost: its supervisor and its ranks %s silent for %.0f s",
-                            node, own, silent)
+                            node, own, gone)
 
     def _other_nodes(self) -> list[str]:
         """Nodes whose supervisor ever beat in this run directory, but this one."""
