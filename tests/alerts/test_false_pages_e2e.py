@@ -108,7 +108,13 @@ def test_a_rank_with_a_clock_5_min_behind_is_not_paged_and_the_report_keeps_one_
     wall = report["time"]["wall_seconds"]
     # The run's own span: at most the whole `trainwatch run` (agent start-up included).
     assert steps * pace <= wall <= took, (wall, took, report["categories"])
-    assert report["goodput_ratio"] > 0.5, report["categories"]
+    # One clock: the skewed rank's start is no restart, its steps are counted once and
+    # every paced step is productive (start-up's share depends on the machine's load).
+    journal = [(round(e["time"], 2), e.get("source"), e["event"]) for e in run.events()]
+    categories = report["categories"]
+    assert report["steps"]["recomputed"] == 0 and categories["recomputed"] == 0 \
+        and categories["restart_downtime"] == 0, (categories, journal)
+    assert categories["productive"] >= 0.95 * steps * pace, (categories, journal)
     print(f"skewed rank: wall {wall:.1f} s of {took:.1f} s, goodput "
           f"{report['goodput_ratio']:.0%}, alerts {sorted(set(fired))}")
 
