@@ -341,6 +341,8 @@ class _Painter:
                 if i is not None and when > log.end[i]:
                     self.add(log.end[i], when, "evaluation")
                     self.after[i] = when
+            for start, end in attempt.eval_spans:  # its own length: before a first step too
+                self.add(start, end, "evaluation")
             for e, blocking in saves:
                 i = by_step.get(e["step"] - 1)
                 if i is not None:

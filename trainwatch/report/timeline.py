@@ -103,6 +103,9 @@ class Attempt:
     events: list[dict[str, Any]] = field(default_factory=list)  # journal events in its window
     execs: StepRange = field(default_factory=lambda: StepRange(StepLog(), 0, 0))  # its steps
     evals: dict[int, float] = field(default_factory=dict)       # step -> time of its record
+    # (start, end) of each evaluation whose record says how long it took (``seconds``):
+    # placed by itself, before the first step too (a loop that evaluates first)
+    eval_spans: list[tuple[float, float]] = field(default_factory=list)
     resumed_from: int | None = None        # the step this attempt started at
     resume_source: str | None = None       # which evidence said so
     ended_at: float | None = None          # end marker (see end_marker)
@@ -198,9 +201,10 @@ def _events(run: RunDir) -> tuple[list[dict[str, Any]], list[Skipped], dict[str,
 
 
 def _rank0_metrics(run: RunDir, moved: float = 0.0
-                   ) -> tuple[StepLog, list[tuple[int, float]], list[Skipped]]:
+                   ) -> tuple[StepLog, list[tuple[int, float, float | None]], list[Skipped]]:
     """Stream rank 0's metrics log into a StepLog; evaluations as (step, time). ``moved``:
-    seconds to add to rank 0's times (its wall clock disagreed with its machine's)."""
+    seconds to add to rank 0's times (its wall clock disagreed with its machine's).
+    Evaluations are (step, time, seconds or None)."""
     log, evals = StepLog(), []
     skipped: list[Skipped] = []
     where = str(run.metrics_file(0))
@@ -221,7 +225,8 @@ def _rank0_metrics(run: RunDir, moved: float = 0.0
                                    lineno))
             continue
         if kind == "eval":
-            evals.append((step, when))
+            seconds = number(record.get("seconds"))
+            evals.append((step, when, seconds if seconds is not None and seconds > 0 else None))
             continue
         seconds = number(record.get("step_time_seconds"))
         if seconds is None or seconds < 0:
@@ -398,9 +403,11 @@ def read_timeline(run: RunDir) -> Timeline:
     log.attempt_starts = bounds[:-1]
     for attempt, lo, hi in zip(attempts, bounds, bounds[1:]):
         attempt.execs = StepRange(log, lo, hi)
-    for step, when in evals:
+    for step, when, took in evals:
         if (attempt := _window(attempts, starts, when)) is not None:
             attempt.evals[step] = when
+            if took is not None:
+                attempt.eval_spans.append((when - took, when))
     exits = _torchrun_exits(run)
     statuses = run.statuses().records
     deaths = supervisor_deaths(events, log.end)
@@ -426,7 +433,7 @@ def read_timeline(run: RunDir) -> Timeline:
     span = _span_events(events)
     start = min([e["time"] for e in span] + ([log.column_min("start")] if log else [])
                 or [e["time"] for e in events])
-    last = [e["time"] for e in span] + ([log.end[-1]] if log else []) + [t for _, t in evals]
+    last = [e["time"] for e in span] + ([log.end[-1]] if log else []) + [t for _, t, _ in evals]
     end = max(last or [e["time"] for e in events])
     last_attempt = attempts[-1]
     if last_attempt.ended_at is None:
