@@ -418,6 +418,10 @@ def test_a_run_that_gave_up_reports_every_attempt_and_its_unsaved_steps(tmp_path
     assert data["incidents"][1]["cause"] == "rank 0 failed: RuntimeError: boom again"
     assert data["incidents"][1]["restart_downtime_seconds"] == 0  # nothing restarted it
     assert data["steps"]["unsaved"] == 2                         # 10 and 11, after the save
+    # The failure and teardown after the last step end the run: shutdown, not "other"
+    # (a real run that gave up: 1.83 s of 24.3 s were "other").
+    assert data["categories"]["shutdown"] == near(1.0)
+    assert data["categories"]["other"] == near(0.0)
 
 
 # --------------------------------------------------------------------------- bad input
