@@ -128,6 +128,8 @@ class LoopRecorder:
         self.step_start_ns = 0
         self.step_phase_ns: dict[str, int] = {}
         self.step_cuda_events: dict[str, list[tuple[Any, Any]]] = {}
+        # The step the loop runs next before its first (0, or where Checkpoints resumed).
+        self.next_step = 0
 
     def cuda_event_pair_start(self) -> Any:
         start = torch.cuda.Event(enable_timing=True)
@@ -142,11 +144,16 @@ class LoopRecorder:
     def evaluated(self, nanoseconds: int) -> None:
         """An evaluation between steps, in the metrics log as the reference trainer's are
         (an ``eval`` record after the step): ``report`` books its time as evaluation, not
-        as a stall (any loop's ``with tel.phase("eval")``)."""
+        as a stall or start-up (any loop's ``with tel.phase("eval")``). Before this
+        launch's first step (a loop that evaluates first, a resume that does) the record
+        carries the step the loop runs next (``next_step``) and ``before_step``; its
+        ``seconds`` place it."""
         step = self.state.get("step")
-        if isinstance(step, int):  # after a step (the report's anchor), in the log's order
-            self.pending.append({"v": 1, "kind": EVAL_PHASE, "step": step, "time": time.time(),
-                                 "rank": self.rank, "seconds": round(nanoseconds / 1e9, 6)})
+        record = {"v": 1, "kind": EVAL_PHASE, "step": step, "time": time.time(),
+                  "rank": self.rank, "seconds": round(nanoseconds / 1e9, 6)}
+        if not isinstance(step, int):
+            record.update(step=self.next_step, before_step=True)
+        self.pending.append(record)  # in the log's order, after the step it follows
 
     def begin_step(self, step: int) -> None:
         # Single stores only, in the loop's thread: readers copy under the lock, and no

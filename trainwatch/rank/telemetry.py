@@ -339,7 +339,7 @@ class Telemetry:
     def continue_at(self, step: int) -> None:
         """The next step the loop runs (``Checkpoints`` tells after a resume, a save or a
         skipped step), so watched steps carry the loop's numbers."""
-        self._next_step = step
+        self._next_step = self._loop.next_step = step
         watch = self._watch
         if watch is not None and not watch.open:
             watch.seal()

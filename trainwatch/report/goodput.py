@@ -341,6 +341,8 @@ class _Painter:
                 if i is not None and when > log.end[i]:
                     self.add(log.end[i], when, "evaluation")
                     self.after[i] = when
+            for start, end in attempt.eval_spans:  # its own length: before a first step too
+                self.add(start, end, "evaluation")
             for e, blocking in saves:
                 i = by_step.get(e["step"] - 1)
                 if i is not None:
@@ -397,8 +399,8 @@ class _Painter:
         self._tail_stall(self.attempts[last_attempt], self.after.get(n - 1, log.end[n - 1]))
         self._chain(log.end[n - 1], self.tl.end, self.attempts[last_attempt:],
                     head="restart_downtime", final=True)
-        if self.attempts[-1].outcome == "finished":  # final save's writer, exits, teardown
-            self.add(log.end[n - 1], self.tl.end, "shutdown")
+        if self.attempts[-1].outcome != "running":  # final save's writer, exits, teardown
+            self.add(log.end[n - 1], self.tl.end, "shutdown")  # (of a failure too: no restart)
 
     def _tail_stall(self, attempt: Attempt, tail: float) -> None:
         """From the last step (and its evaluation/save) to the attempt's end, or to the first

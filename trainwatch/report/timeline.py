@@ -26,6 +26,7 @@ from trainwatch.rundir.attempts import generations, rank_of
 from trainwatch.contract.layout import JOB_LOG, TORCHRUN_LOG
 from trainwatch.errors import ConfigError, FormatError
 from trainwatch.report.clocks import align
+from trainwatch.report.not_running import death_time, not_running, supervisor_deaths
 from trainwatch.report import steplog
 from trainwatch.report.steplog import StepLog, step_numbers
 from trainwatch.report.vanished import vanished
@@ -102,6 +103,9 @@ class Attempt:
     events: list[dict[str, Any]] = field(default_factory=list)  # journal events in its window
     execs: StepRange = field(default_factory=lambda: StepRange(StepLog(), 0, 0))  # its steps
     evals: dict[int, float] = field(default_factory=dict)       # step -> time of its record
+    # (start, end) of each evaluation whose record says how long it took (``seconds``):
+    # placed by itself, before the first step too (a loop that evaluates first)
+    eval_spans: list[tuple[float, float]] = field(default_factory=list)
     resumed_from: int | None = None        # the step this attempt started at
     resume_source: str | None = None       # which evidence said so
     ended_at: float | None = None          # end marker (see end_marker)
@@ -197,9 +201,10 @@ def _events(run: RunDir) -> tuple[list[dict[str, Any]], list[Skipped], dict[str,
 
 
 def _rank0_metrics(run: RunDir, moved: float = 0.0
-                   ) -> tuple[StepLog, list[tuple[int, float]], list[Skipped]]:
+                   ) -> tuple[StepLog, list[tuple[int, float, float | None]], list[Skipped]]:
     """Stream rank 0's metrics log into a StepLog; evaluations as (step, time). ``moved``:
-    seconds to add to rank 0's times (its wall clock disagreed with its machine's)."""
+    seconds to add to rank 0's times (its wall clock disagreed with its machine's).
+    Evaluations are (step, time, seconds or None)."""
     log, evals = StepLog(), []
     skipped: list[Skipped] = []
     where = str(run.metrics_file(0))
@@ -220,7 +225,8 @@ def _rank0_metrics(run: RunDir, moved: float = 0.0
                                    lineno))
             continue
         if kind == "eval":
-            evals.append((step, when))
+            seconds = number(record.get("seconds"))
+            evals.append((step, when, seconds if seconds is not None and seconds > 0 else None))
             continue
         seconds = number(record.get("step_time_seconds"))
         if seconds is None or seconds < 0:
@@ -301,9 +307,8 @@ def _happened(event: dict[str, Any]) -> float:
     silent a while (control/node_watch.py), a dead supervisor when the next one starts
     (its last heartbeat is when it died): each belongs to the attempt it ended."""
     if event["event"] == "supervisor_died":
-        at = event.get("last_beat_at")
-        return float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) \
-            and at <= event["time"] else event["time"]
+        died = death_time(event)
+        return event["time"] if died is None else died
     silent = event.get("silent_seconds") if event["event"] == "node_lost" else None
     return event["time"] - silent if isinstance(silent, (int, float)) \
         and not isinstance(silent, bool) and silent > 0 else event["time"]
@@ -322,13 +327,14 @@ def _resume_point(attempt: Attempt) -> None:
         attempt.resumed_from, attempt.resume_source = attempt.execs[0].step, "first_step"
 
 
-def _end_marker(attempt: Attempt, next_start: float | None) -> float | None:
-    """First sign that the attempt's processes were gone, after its last completed step."""
+def _end_marker(attempt: Attempt, next_start: float | None,
+                deaths: dict[int, float]) -> float | None:
+    """First sign that the attempt's processes were gone, after its last completed step:
+    an end event, or the death of the supervisor that ran it (``supervisor_deaths``)."""
     after = attempt.execs[-1].end if attempt.execs else attempt.started_at
-    for e in attempt.named(*TERMINAL_EVENTS):
-        if e["time"] >= after:
-            return e["time"]
-    return next_start
+    ends = [e["time"] for e in attempt.named(*TERMINAL_EVENTS)] + [
+        deaths[id(e)] for e in attempt.named("supervisor_died") if id(e) in deaths]
+    return min((t for t in ends if t >= after), default=next_start)
 
 
 def _outcome(attempt: Attempt, is_last: bool, statuses: list[dict[str, Any]]) -> str:
@@ -343,7 +349,7 @@ def _outcome(attempt: Attempt, is_last: bool, statuses: list[dict[str, Any]]) ->
         return "stopped"  # SIGTERM honoured: saved where it stopped, nothing to redo
     if not is_last:
         return "interrupted"
-    if attempt.named(*TERMINAL_EVENTS):
+    if attempt.named(*TERMINAL_EVENTS, "supervisor_died"):
         return "ended"
     # Ended when no rank says running, or every one that does is gone (``vanished``).
     running = sum(s.get("state") == "running" for s in statuses)
@@ -356,45 +362,6 @@ def _span_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in events
             if e["event"] in ENGINE_LIFECYCLE or rank_of(e) is not None
             or e.get("source") == "launcher"]
-
-
-def _not_running(events: list[dict[str, Any]], start: float, end: float
-                 ) -> list[tuple[float, float]]:
-    """Intervals when no launcher and no controller session was alive (a stopped run
-    relaunched later): nothing held accelerators for the job then.
-
-    A launcher is alive from its ``launcher_started`` until its ``launcher_exited`` (same
-    host) or, for a job the controller ran, its ``job_stopped``/``job_exited`` (same pid: a
-    killed launcher journals nothing). One that vanished without either stays alive.
-    """
-    launchers: list[tuple[Any, Any]] = []          # (host, pid) of live launchers
-    controllers = 0
-    idle_since: float | None = None
-    intervals = []
-    for e in events:
-        was_running = bool(launchers) or controllers > 0
-        name, host, pid = e["event"], e.get("host"), e.get("pid")
-        if name == "launcher_started":
-            launchers.append((host, pid))
-        elif name == "launcher_exited":
-            mine = [x for x in launchers if x[0] == host]
-            if mine:
-                launchers.remove(mine[-1])
-        elif name in ("job_stopped", "job_exited"):
-            launchers = [x for x in launchers if x[1] != pid]
-        elif name == "controller_started":
-            controllers += 1
-        elif name == "controller_stopped":
-            controllers = max(0, controllers - 1)
-        running = bool(launchers) or controllers > 0
-        if was_running and not running:
-            idle_since = e["time"]
-        elif running and not was_running and idle_since is not None:
-            a, b = max(idle_since, start), min(e["time"], end)
-            if b > a:
-                intervals.append((a, b))
-            idle_since = None
-    return intervals
 
 
 # --------------------------------------------------------------------------- assembly
@@ -436,15 +403,18 @@ def read_timeline(run: RunDir) -> Timeline:
     log.attempt_starts = bounds[:-1]
     for attempt, lo, hi in zip(attempts, bounds, bounds[1:]):
         attempt.execs = StepRange(log, lo, hi)
-    for step, when in evals:
+    for step, when, took in evals:
         if (attempt := _window(attempts, starts, when)) is not None:
             attempt.evals[step] = when
+            if took is not None:
+                attempt.eval_spans.append((when - took, when))
     exits = _torchrun_exits(run)
     statuses = run.statuses().records
+    deaths = supervisor_deaths(events, log.end)
     for i, attempt in enumerate(attempts):
         nxt = attempts[i + 1].started_at if i + 1 < len(attempts) else None
         _resume_point(attempt)
-        attempt.ended_at = _end_marker(attempt, nxt)
+        attempt.ended_at = _end_marker(attempt, nxt, deaths)
         if nxt is None:  # the statuses are the newest attempt's ranks
             attempt.vanished = vanished(statuses)
         attempt.outcome = _outcome(attempt, nxt is None, statuses)
@@ -463,7 +433,7 @@ def read_timeline(run: RunDir) -> Timeline:
     span = _span_events(events)
     start = min([e["time"] for e in span] + ([log.column_min("start")] if log else [])
                 or [e["time"] for e in events])
-    last = [e["time"] for e in span] + ([log.end[-1]] if log else []) + [t for _, t in evals]
+    last = [e["time"] for e in span] + ([log.end[-1]] if log else []) + [t for _, t, _ in evals]
     end = max(last or [e["time"] for e in events])
     last_attempt = attempts[-1]
     if last_attempt.ended_at is None:
@@ -471,7 +441,8 @@ def read_timeline(run: RunDir) -> Timeline:
     state = {"finished": "finished", "running": "running"}.get(last_attempt.outcome, "ended")
     world_size = _world_size(info, attempts, run, warnings)
     return Timeline(run.root, info, str(info.get("job") or run.root.resolve().name), world_size,
-                    start, end, attempts, events, _not_running(events, start, end), state,
+                    start, end, attempts, events, not_running(events, start, end, deaths, log.end),
+                    state,
                     skipped_journal, skipped_metrics, warnings, log)
 
 
