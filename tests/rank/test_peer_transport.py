@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from conftest import tmpfs_mount
 from trainwatch.contract.ports import LOOPBACK
 from trainwatch.rank.memory_snapshots import peer_wire as wire
 from trainwatch.rank.memory_snapshots.peer_receiver import PeerReceiver
@@ -136,23 +137,32 @@ def test_a_sender_that_dies_mid_transfer_leaves_nothing(receiver):
 
 
 def test_a_full_tmpfs_skips_and_counts_and_keeps_the_copies_it_has(tmp_path):
-    rx = PeerReceiver(LOOPBACK, SECRET, 0, PeerStore(tmp_path / "held"),
-                      PeerStore(tmp_path / "fetched"), timeout=2.0).start()
-    rx.hold({2})
-    sender = PeerSender(2, [wire.Endpoint(0, LOOPBACK, rx.port)], SECRET, timeout=2.0).start()
-    try:
-        sender.offer(snapshot(tmp_path, 1))
-        assert sender.wait_sent(1, 20)
-        free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
-        rx.reserve_bytes = free + (10 << 20)  # as if the tmpfs had no room for another
-        sender.offer(snapshot(tmp_path, 2))
-        assert sender.wait_sent(2, 20)
-    finally:
-        sender.close()
-        rx.close()
-    wait_counts(rx, "skipped_full")
-    assert sender.stats()["counts"]["full"] == 1
-    assert [c.snapshot.step for c in rx.held.copies(2)] == [1]
+    """A real 8 MiB tmpfs: a 5 MiB copy fits once; the next is refused by the free-space
+    check, and one let past it (no reserve) fails mid-write with ENOSPC: both counted, no
+    half file left, the first copy whole."""
+    with tmpfs_mount(tmp_path / "shm", "8m") as shm:
+        rx = PeerReceiver(LOOPBACK, SECRET, 0, PeerStore(shm / "held"),
+                          PeerStore(shm / "fetched"), timeout=2.0, reserve_bytes=0).start()
+        rx.hold({2})
+        sender = PeerSender(2, [wire.Endpoint(0, LOOPBACK, rx.port)], SECRET, timeout=2.0,
+                            max_backoff=0).start()
+        try:
+            for step in (1, 2):
+                sender.offer(snapshot(tmp_path, step, size=5 << 20))
+                assert sender.wait_sent(step, 20)
+            wait_counts(rx, "skipped_full")
+            rx.reserve_bytes = -(1 << 30)          # past the check: the kernel says ENOSPC
+            sender.offer(snapshot(tmp_path, 3, size=5 << 20))
+            assert sender.wait_sent(3, 20)
+            wait_counts(rx, "skipped_full", 2)
+        finally:
+            sender.close()
+            rx.close()
+        assert sender.stats()["counts"]["full"] == 1
+        copies = rx.held.copies(2)
+        assert [c.snapshot.step for c in copies] == [1] and rx.held.verify(copies[0]) == ""
+        assert sorted(p.name for p in rx.held.rank_dir(2).iterdir()) == [
+            "step-000000000001.json", "step-000000000001.snap"]
 
 
 def test_a_dead_peer_costs_a_timeout_on_the_senders_thread_never_the_loop(tmp_path):

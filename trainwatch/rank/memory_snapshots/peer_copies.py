@@ -137,6 +137,8 @@ class PeerCopies:
         settings = settings or PeerSettings()
         collective = collective or TorchCollective()
         root = secure_dir(Path(root))
+        for folder in (HELD_DIR, FETCHED_DIR):
+            secure_dir(root / folder)
         secret = collective.broadcast(wire.new_secret() if collective.rank == 0 else None)
         receiver = PeerReceiver(host or peer_host(), secret, collective.rank,
                                 PeerStore(root / HELD_DIR),

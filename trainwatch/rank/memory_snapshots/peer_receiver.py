@@ -191,7 +191,12 @@ class PeerReceiver:
             conn.sendall(bytes([wire.BAD]))
             return "bad"
         snapshot = SnapshotFile(rank, step, header["world_size"], header["digest"], arriving)
-        copy = store.commit(arriving, snapshot, header["bytes"], sha, header["from_rank"])
+        try:
+            copy = store.commit(arriving, snapshot, header["bytes"], sha, header["from_rank"])
+        except OSError as exc:  # no room for the record: the file goes too
+            store.abandon(arriving)
+            store.remove_orphans(rank)
+            return "skipped_full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "incomplete"
         conn.sendall(bytes([wire.STORED]))
         if kind == wire.FETCH:
             with self._lock:

@@ -172,7 +172,21 @@ class PeerStore:
         copies = sorted(self.copies(rank), key=lambda c: c.received_ns, reverse=True)
         for copy in copies[max(keep - 1, 0):]:
             self._remove(copy.snapshot.path)
+        self.remove_orphans(rank)
         return copies[max(keep - 1, 0):]
+
+    def remove_orphans(self, rank: int) -> None:
+        """Files whose record was never written (a receiver that died or ran out of room
+        between the two renames): counted nowhere, so they would only take memory."""
+        folder = self.rank_dir(rank)
+        try:
+            names = set(os.listdir(folder))
+        except OSError:
+            return
+        for name in names:
+            if name.startswith(STEP_PREFIX) and name.endswith(SNAP_SUFFIX) and \
+                    name[:-len(SNAP_SUFFIX)] + RECORD_SUFFIX not in names:
+                self._remove_file(folder / name)
 
     def oldest_to_go(self, rank: int, keep: int) -> int:
         """Bytes ``make_room(rank, keep)`` would free."""
