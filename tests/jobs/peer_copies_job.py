@@ -14,7 +14,11 @@ in OUT:
 2. After OUT/node1-killed, node 0's ranks take step STEPS+1, offer it to their dead holders
    and write OUT/after-R.json (how long the sender took, its stats), then exit.
 3. After OUT/restart (the test emptied ROOT/node1, as a replaced node's), 4 new ranks run
-   the resume exchange over what is left and write OUT/resumed-R.json.
+   the resume exchange over what is left, write OUT/resumed-R.json, then take step STEPS+1
+   of the resumed history and see its copies stored.
+4. After OUT/shrink (the test removed ROOT/node0: that node is lost for good), the job goes
+   on with the 2 ranks of node 1 (elastic, --nnodes 1:2), renumbered 0 and 1: they resume
+   from the copies of ranks 0 and 1 that node 1 holds and write OUT/shrunk-R.json.
 """
 
 import hashlib
@@ -33,7 +37,9 @@ from trainwatch.rank.memory_snapshots.peer_fetch import fetch_newest_common
 from trainwatch.rank.memory_snapshots.peer_store import SnapshotFile
 
 ROOT, OUT, STEPS = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
-WORLD, LOCAL = 4, 2
+LOCAL = 2
+WORLD = 4       # this launch's world size and each rank's node: set in the rank's process
+NODES = [0, 0, 1, 1]
 SETTINGS = PeerSettings(timeout_s=2.0, fetch_timeout_s=30.0)
 
 
@@ -42,7 +48,7 @@ def content(rank: int, step: int) -> bytes:
 
 
 def node_root(rank: int) -> Path:
-    return ROOT / f"node{rank // LOCAL}"
+    return ROOT / f"node{NODES[rank]}"
 
 
 def own_dir(rank: int) -> Path:
@@ -101,7 +107,7 @@ def first(rank: int) -> None:
     copies.close()
 
 
-def second(rank: int) -> None:
+def resume(rank: int, name: str) -> PeerCopies:
     copies = PeerCopies.start(node_root(rank), SETTINGS)
     outcome = fetch_newest_common(copies, own_snapshots(rank))
     resume = outcome.resume
@@ -111,32 +117,47 @@ def second(rank: int) -> None:
         doc |= {"step": resume.step, "source": resume.source, "from_rank": resume.from_rank,
                 "rank": resume.snapshot.rank, "path": str(resume.snapshot.path),
                 "whole": data == content(resume.snapshot.rank, resume.step)}
-    dump(f"resumed-{rank}.json", doc)
+    dump(f"{name}-{rank}.json", doc)
+    return copies
+
+
+def second(rank: int) -> None:
+    copies = resume(rank, "resumed")
+    copies.offer(write_snapshot(rank, STEPS + 1))   # the resumed history goes on
+    assert copies.sender.wait_sent(STEPS + 1, 30), copies.stats()
+    dist.barrier()                                  # every copy stored before a receiver goes
     copies.close()
 
 
-def rank_main(rank: int, port: int, phase) -> None:
+def shrunk(rank: int) -> None:
+    resume(rank, "shrunk").close()
+
+
+def rank_main(rank: int, port: int, phase, nodes: list[int]) -> None:
+    global WORLD, NODES
+    WORLD, NODES = len(nodes), nodes
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank % LOCAL),
                       LOCAL_WORLD_SIZE=str(LOCAL), MASTER_ADDR=LOOPBACK, MASTER_PORT=str(port),
-                      TRAINWATCH_NODE=f"node{rank // LOCAL}")
+                      TRAINWATCH_NODE=f"node{nodes[rank]}")
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     phase(rank)
 
 
-def launch(phase) -> list[int]:
-    """Fork the 4 ranks; their exit statuses (-signal for a killed one)."""
+def launch(phase, nodes: list[int]) -> list[int]:
+    """Fork a rank per entry of ``nodes`` (its node); their exit statuses (-signal for a
+    killed one)."""
     import socket
 
     with socket.socket() as s:
         s.bind((LOOPBACK, 0))
         port = s.getsockname()[1]
     pids = []
-    for rank in range(WORLD):
+    for rank in range(len(nodes)):
         pid = os.fork()
         if pid == 0:
             code = 0
             try:
-                rank_main(rank, port, phase)
+                rank_main(rank, port, phase, nodes)
             except BaseException as exc:  # the test reads the job's output
                 print(f"rank {rank}: {exc!r}", file=sys.stderr, flush=True)
                 code = 1
@@ -150,8 +171,11 @@ def launch(phase) -> list[int]:
 
 
 if __name__ == "__main__":
-    print("first:", launch(first), flush=True)
+    print("first:", launch(first, [0, 0, 1, 1]), flush=True)
     wait_file("restart")
-    second_codes = launch(second)
+    second_codes = launch(second, [0, 0, 1, 1])
     print("second:", second_codes, flush=True)
-    sys.exit(0 if second_codes == [0] * WORLD else 1)
+    wait_file("shrink")
+    shrunk_codes = launch(shrunk, [1, 1])
+    print("shrunk:", shrunk_codes, flush=True)
+    sys.exit(0 if second_codes + shrunk_codes == [0] * 6 else 1)

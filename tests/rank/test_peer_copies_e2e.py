@@ -51,6 +51,10 @@ def test_a_lost_nodes_snapshots_are_held_by_the_other_node_and_fetched_back(tmp_
         wait_for(lambda: all((out / f"after-{r}.json").exists() for r in (0, 1)), 60,
                  what="node 0's ranks past a step whose holders are dead")
 
+        for rank in range(4):   # every step's copy stored, the first too: each receiver
+            ready = read(out, f"ready-{rank}.json")   # knew what it holds before any was sent
+            assert ready["stats"]["sender"]["counts"] == {"stored": STEPS}, ready
+
         # node 0 holds verified copies of ranks 2 and 3's newest step
         held = PeerStore(root / "node0" / "held")
         for rank in (2, 3):
@@ -69,8 +73,16 @@ def test_a_lost_nodes_snapshots_are_held_by_the_other_node_and_fetched_back(tmp_
         shutil.rmtree(root / "node1")                        # the replacement node's memory
         begun = time.monotonic()
         (out / "restart").touch()
-        assert job.wait(60) == 0, (tmp_path / "job.log").read_text()
+        wait_for(lambda: all((out / f"resumed-{r}.json").exists() for r in range(4))
+                 or job.poll() is not None, 60, what="the restarted world's resume")
         restart_s = time.monotonic() - begun
+
+        # then node 0 is lost for good: the job goes on with node 1's 2 ranks
+        wait_for(lambda: held_by_node1_of(root, STEPS + 1) or job.poll() is not None, 60,
+                 what="node 1 holding copies of the resumed history's step")
+        shutil.rmtree(root / "node0")
+        (out / "shrink").touch()
+        assert job.wait(60) == 0, (tmp_path / "job.log").read_text()
     finally:
         stop_process(job, signal.SIGKILL)
         log.close()
@@ -83,3 +95,14 @@ def test_a_lost_nodes_snapshots_are_held_by_the_other_node_and_fetched_back(tmp_
     fetched = Path(resumed[2]["path"])
     assert fetched.is_relative_to(root / "node1") and stat.S_IMODE(fetched.stat().st_mode) == 0o600
     print(f"restart with fetch: {restart_s:.1f} s")
+
+    # the shrunk world resumed from the copies of ranks 0, 1 its node held (world-size
+    # rules for what old ranks 2, 3 carried: docs/checkpoints.md)
+    shrunk = [read(out, f"shrunk-{r}.json") for r in range(2)]
+    assert [(s["step"], s["rank"], s["source"], s["whole"]) for s in shrunk] == [
+        (STEPS + 1, 0, "held", True), (STEPS + 1, 1, "held", True)], shrunk
+
+
+def held_by_node1_of(root: Path, step: int) -> bool:
+    held = PeerStore(root / "node1" / "held")
+    return all((c := held.newest(r)) is not None and c.snapshot.step == step for r in (0, 1))

@@ -4,7 +4,7 @@ Interface (the snapshotter's side; docs/memory-snapshots.md, "Peer copies"):
 
     copies = PeerCopies.start(root)      # collective: every rank, once, after init_process_group
     outcome = fetch_newest_common(copies, own_snapshots)   # peer_fetch.py, at resume
-    copies.after_resume(step)            # drop copies of another history, and of ranks not held now
+    copies.release_fetched()             # once outcome.resume.snapshot is loaded
     copies.offer(SnapshotFile(...))      # each sealed snapshot; returns at once
     copies.stats()                       # for the status: holders, counts, why off
     copies.close()
@@ -122,6 +122,8 @@ class PeerCopies:
             self.holders, self.off_reason = {}, str(exc)
         self.holding = ring.held_by(self.holders, self.rank)
         receiver.hold(set(self.holding))
+        receiver.fetched.retain(set())  # a snapshot an earlier attempt fetched: stale now
+        collective.all_gather(None)     # every receiver knows what it holds before a copy goes
         self.sender = PeerSender(self.rank, [self.endpoints[h] for h in self.holders.get(self.rank, [])],
                                  secret, timeout=settings.timeout_s).start()
 
@@ -185,6 +187,15 @@ class PeerCopies:
     def _lowest_local_rank(self) -> bool:
         """One rank per node tidies the node's shared ``held`` folder."""
         return self._node_ranks()[0] == self.rank
+
+    @property
+    def fetched(self) -> PeerStore:
+        """This rank's snapshot at resume when it was sent or held on its node."""
+        return self.receiver.fetched
+
+    def release_fetched(self) -> None:
+        """The resumed snapshot is loaded: its memory goes back."""
+        self.fetched.retain(set())
 
     def stats(self) -> dict[str, Any]:
         return {"off_reason": self.off_reason, "holders": self.holders.get(self.rank, []),

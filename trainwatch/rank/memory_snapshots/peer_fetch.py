@@ -30,6 +30,7 @@ import threading
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from trainwatch.rank.memory_snapshots import peer_wire as wire
 from trainwatch.rank.memory_snapshots.peer_copies import PeerCopies
@@ -208,21 +209,34 @@ def fetch_newest_common(copies: PeerCopies, own: list[SnapshotFile], replicated:
         if any(t.to_rank == me for t in transfers) else {}
     sender.join(copies.settings.fetch_timeout_s)
     want = wanted_rank(me, choice.world_size)
-    if me not in local and want not in arrived:
-        failures.append(f"rank {me}: rank {want}'s step {choice.step} did not arrive")
+    resume: PeerResume | None = None
+    try:
+        resume = _mine(copies, choice, local, transfers, arrived)
+    except (LookupError, OSError) as exc:
+        failures.append(f"rank {me}: rank {want}'s step {choice.step}: {exc}")
     failures = [f for g in coll.all_gather(failures) for f in g]
-    if failures:
+    if failures or resume is None:
         return ExchangeOutcome(None, "fetching the snapshots failed: " + "; ".join(failures[:4]),
                                rejected, len(transfers))
-    copies.after_resume(choice.step)
+    copies.after_resume(choice.step)   # safe: every rank's snapshot is its own or linked
+    return ExchangeOutcome(resume, f"step {choice.step}: {len(transfers)} snapshot(s) fetched",
+                           rejected, len(transfers))
+
+
+def _mine(copies: PeerCopies, choice: Choice, local: dict[int, Entry],
+          transfers: list[Transfer], arrived: dict[int, Any]) -> PeerResume:
+    """This rank's snapshot; a copy held on its node is linked into its ``fetched`` folder
+    first, so tidying the node's held folder cannot take it away before it is loaded."""
+    me = copies.rank
     if me in local:
         e = local[me]
         snapshot = SnapshotFile(e.rank, e.step, e.world_size, e.digest, Path(e.path))
-        resume = PeerResume(choice.step, choice.world_size, snapshot, OWN if e.own else HELD,
-                            e.holder)
-    else:
-        copy = arrived[want]
-        sender_rank = next(t.source for t in transfers if t.to_rank == me)
-        resume = PeerResume(choice.step, choice.world_size, copy.snapshot, FETCHED, sender_rank)
-    return ExchangeOutcome(resume, f"step {choice.step}: {len(transfers)} snapshot(s) fetched",
-                           rejected, len(transfers))
+        if not e.own:
+            snapshot = copies.fetched.adopt(snapshot)
+        return PeerResume(choice.step, choice.world_size, snapshot, OWN if e.own else HELD,
+                          e.holder)
+    copy = arrived.get(wanted_rank(me, choice.world_size))
+    if copy is None:
+        raise LookupError(f"did not arrive within {copies.settings.fetch_timeout_s:g} s")
+    sender_rank = next(t.source for t in transfers if t.to_rank == me)
+    return PeerResume(choice.step, choice.world_size, copy.snapshot, FETCHED, sender_rank)

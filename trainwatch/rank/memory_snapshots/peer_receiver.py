@@ -161,13 +161,18 @@ class PeerReceiver:
         if status != wire.ACCEPT:
             return {wire.FULL: "skipped_full"}.get(status, wire.STATUS[status])
         try:
-            return self._store(conn, nonce, raw, header, store)
-        finally:
+            outcome, reply = self._store(conn, nonce, raw, header, store)
+        finally:  # before the reply: the sender's next copy may come the moment it has it
             with self._lock:
                 self._busy.discard((header["kind"], header["rank"]))
+        if reply is not None:
+            conn.sendall(bytes([reply]))
+        return outcome
 
     def _store(self, conn: socket.socket, nonce: bytes, raw: bytes, header: dict[str, Any],
-               store: PeerStore) -> str:
+               store: PeerStore) -> tuple[str, int | None]:
+        """The arrival written, checked and renamed into place; (outcome, the byte to
+        answer, None for none)."""
         rank, step, kind = header["rank"], header["step"], header["kind"]
         store.make_room(rank, self.keep if kind == wire.COPY else 1)
         arriving = store.arriving_path(rank, step)
@@ -181,25 +186,24 @@ class PeerReceiver:
         except OSError as exc:
             store.abandon(arriving)
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                return "skipped_full"
+                return "skipped_full", None
             raise
         except wire.WireError as exc:
             store.abandon(arriving)
             log.warning("peer copy of rank %d step %d dropped: %s", rank, step, exc)
             if "closed" in str(exc):
-                return "incomplete"
-            conn.sendall(bytes([wire.BAD]))
-            return "bad"
+                return "incomplete", None
+            return "bad", wire.BAD
         snapshot = SnapshotFile(rank, step, header["world_size"], header["digest"], arriving)
         try:
             copy = store.commit(arriving, snapshot, header["bytes"], sha, header["from_rank"])
         except OSError as exc:  # no room for the record: the file goes too
             store.abandon(arriving)
             store.remove_orphans(rank)
-            return "skipped_full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "incomplete"
-        conn.sendall(bytes([wire.STORED]))
+            return ("skipped_full" if exc.errno in (errno.ENOSPC, errno.EDQUOT)
+                    else "incomplete"), None
         if kind == wire.FETCH:
             with self._lock:
                 self._arrived[rank] = copy
                 self._lock.notify_all()
-        return "stored" if kind == wire.COPY else "fetched"
+        return ("stored" if kind == wire.COPY else "fetched"), wire.STORED

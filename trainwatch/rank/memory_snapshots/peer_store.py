@@ -215,6 +215,16 @@ class PeerStore:
         os.replace(tmp, record)
         return copy
 
+    def adopt(self, snapshot: SnapshotFile) -> SnapshotFile:
+        """A copy held elsewhere on this node, linked into this store (no bytes copied), so
+        the node's held folder can be tidied while this rank still has to load it."""
+        folder = secure_dir(self.rank_dir(snapshot.rank))
+        target = folder / step_file_name(snapshot.step, SNAP_SUFFIX)
+        self._remove_file(target)
+        os.link(snapshot.path, target)
+        return SnapshotFile(snapshot.rank, snapshot.step, snapshot.world_size, snapshot.digest,
+                            target)
+
     @staticmethod
     def abandon(arriving: Path) -> None:
         try:
