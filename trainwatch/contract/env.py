@@ -20,6 +20,9 @@ STORE_ADDR_ENV = "TRAINWATCH_STORE_ADDR"  # torchrun's stores listen here only (
 TORCHRUN_LOCAL_ADDR_ENV = "PET_LOCAL_ADDR"
 REHEARSAL_ENV = "TRAINWATCH_REHEARSAL"    # "1" while `trainwatch rehearse` runs a command
 REGENERATE_ENV = "TRAINWATCH_REGENERATE"  # tests: rewrite expected files instead of comparing
+# The address a rank's receiver of peer snapshot copies listens on (default: the address of
+# the route towards MASTER_ADDR: rank/memory_snapshots/peer_copies.py).
+PEER_ADDR_ENV = "TRAINWATCH_PEER_ADDR"
 
 # The run directory of a reading command given none (relative to the working directory).
 DEFAULT_RUN_DIR = "trainwatch-run"

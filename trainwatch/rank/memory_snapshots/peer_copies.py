@@ -1,0 +1,207 @@
+"""Peer copies for one rank: set up with the job at start, then fed one snapshot per step.
+
+Interface (the snapshotter's side; docs/memory-snapshots.md, "Peer copies"):
+
+    copies = PeerCopies.start(root)      # collective: every rank, once, after init_process_group
+    outcome = fetch_newest_common(copies, own_snapshots)   # peer_fetch.py, at resume
+    copies.release_fetched()             # once outcome.resume.snapshot is loaded
+    copies.offer(SnapshotFile(...))      # each sealed snapshot; returns at once
+    copies.stats()                       # for the status: holders, counts, why off
+    copies.close()
+
+``start`` gathers every rank's node name and receiver address over the job's process group
+(``all_gather_object``), and rank 0's fresh job-wide secret (``broadcast_object_list``):
+the secret only ever travels there, never in a file, a log or the environment. A one-node
+job (or a layout that would keep a copy on its own node) gets no sender and says why in
+``off_reason``; its receiver still serves the resume exchange.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from trainwatch.contract.env import PEER_ADDR_ENV
+from trainwatch.contract.layout import rank_file_name
+from trainwatch.contract.ports import LOOPBACK
+from trainwatch.node import node_name
+from trainwatch.rank.memory_snapshots import peer_ring as ring
+from trainwatch.rank.memory_snapshots import peer_wire as wire
+from trainwatch.rank.memory_snapshots.peer_receiver import RESERVE_BYTES, PeerReceiver
+from trainwatch.rank.memory_snapshots.peer_sender import PeerSender
+from trainwatch.rank.memory_snapshots.peer_store import PeerStore, SnapshotFile, secure_dir
+
+HELD_DIR = "held"
+FETCHED_DIR = "fetched"
+
+
+class Collective(Protocol):
+    """The two collectives peer copies need (the job's process group in a real job)."""
+
+    rank: int
+    world_size: int
+
+    def all_gather(self, obj: Any) -> list[Any]: ...
+
+    def broadcast(self, obj: Any) -> Any: ...
+
+
+class TorchCollective:
+    """``Collective`` over a torch.distributed process group (default: the job's)."""
+
+    def __init__(self, group: Any = None):
+        import torch.distributed as dist
+
+        self._dist, self._group = dist, group
+        self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.world_size
+        self._dist.all_gather_object(out, obj, group=self._group)
+        return out
+
+    def broadcast(self, obj: Any) -> Any:
+        box = [obj]
+        self._dist.broadcast_object_list(box, src=0, group=self._group)
+        return box[0]
+
+
+@dataclass(frozen=True)
+class PeerSettings:
+    layout: ring.PeerLayout = field(default_factory=ring.PeerLayout)
+    keep: int = 2                  # copies kept per held rank, the arriving one counted
+    timeout_s: float = 10.0        # any one socket operation; a dead peer costs no more
+    reserve_bytes: int = RESERVE_BYTES
+    fetch_timeout_s: float = 120.0  # the whole resume exchange's transfers
+
+
+def peer_host(env: Any = os.environ) -> str:
+    """The address this rank's receiver listens on: ``$TRAINWATCH_PEER_ADDR``, else the
+    local address of the route towards ``MASTER_ADDR`` (the interface the job's own traffic
+    uses; loopback when the master is local), else the hostname's address."""
+    explicit = env.get(PEER_ADDR_ENV)
+    if explicit:
+        return str(explicit)
+    master = env.get("MASTER_ADDR")
+    try:
+        if master:
+            family, _, _, _, sockaddr = socket.getaddrinfo(master, None, proto=socket.IPPROTO_TCP)[0]
+            if ipaddress.ip_address(sockaddr[0]).is_loopback:
+                return LOOPBACK
+            with socket.socket(family, socket.SOCK_DGRAM) as probe:
+                probe.connect((sockaddr[0], 9))  # no packet: only picks the route
+                return str(probe.getsockname()[0])
+        return socket.gethostbyname(socket.gethostname())
+    except (OSError, ValueError, IndexError):
+        return LOOPBACK
+
+
+class PeerCopies:
+    def __init__(self, root: Path, collective: Collective, settings: PeerSettings,
+                 secret: bytes, receiver: PeerReceiver, infos: list[dict[str, Any]],
+                 started_ns: int):
+        self.root, self.collective, self.settings = root, collective, settings
+        self.started_ns = started_ns  # copies received before: an earlier attempt's
+        self.rank, self.world_size = collective.rank, collective.world_size
+        self._secret, self.receiver = secret, receiver
+        self.endpoints = [wire.Endpoint(r, i["host"], i["port"]) for r, i in enumerate(infos)]
+        self.node_names = [str(i["node"]) for i in infos]
+        if settings.layout.nodes == ring.BY_NAMES:
+            self.node_of = ring.nodes_from_names(self.node_names)
+        else:
+            self.node_of = ring.nodes_from_blocks(self.world_size, int(infos[0]["local_world_size"]))
+        self.off_reason = ""
+        try:
+            self.holders = ring.holders(settings.layout, self.node_of)
+        except ring.NoPeerCopies as exc:
+            self.holders, self.off_reason = {}, str(exc)
+        self.holding = ring.held_by(self.holders, self.rank)
+        receiver.hold(set(self.holding))
+        receiver.fetched.retain(set())  # a snapshot an earlier attempt fetched: stale now
+        collective.all_gather(None)     # every receiver knows what it holds before a copy goes
+        self.sender = PeerSender(self.rank, [self.endpoints[h] for h in self.holders.get(self.rank, [])],
+                                 secret, timeout=settings.timeout_s).start()
+
+    def __repr__(self) -> str:  # never the secret
+        return (f"PeerCopies(rank={self.rank}, holders={self.holders.get(self.rank, [])}, "
+                f"holding={self.holding}, off={self.off_reason!r})")
+
+    @classmethod
+    def start(cls, root: str | Path, settings: PeerSettings | None = None,
+              collective: Collective | None = None, host: str | None = None) -> "PeerCopies":
+        """Collective: every rank of the job calls it once, after the process group is up."""
+        started_ns = time.time_ns()  # before any rank of this attempt can send a copy
+        settings = settings or PeerSettings()
+        collective = collective or TorchCollective()
+        root = secure_dir(Path(root))
+        for folder in (HELD_DIR, FETCHED_DIR):
+            secure_dir(root / folder)
+        secret = collective.broadcast(wire.new_secret() if collective.rank == 0 else None)
+        receiver = PeerReceiver(host or peer_host(), secret, collective.rank,
+                                PeerStore(root / HELD_DIR),
+                                PeerStore(root / FETCHED_DIR / rank_file_name(collective.rank, "")),
+                                keep=settings.keep, reserve_bytes=settings.reserve_bytes,
+                                timeout=settings.timeout_s).start()
+        infos = collective.all_gather({"node": node_name(), "host": receiver.host,
+                                       "port": receiver.port,
+                                       "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1"))})
+        return cls(root, collective, settings, secret, receiver, infos, started_ns)
+
+    @property
+    def held(self) -> PeerStore:
+        return self.receiver.held
+
+    def offer(self, snapshot: SnapshotFile) -> None:
+        """This rank's newest sealed snapshot: pushed to its holders in the background."""
+        self.sender.offer(snapshot)
+
+    def push(self, to_rank: int, snapshot: SnapshotFile) -> str:
+        """At resume: send ``snapshot`` to ``to_rank``, which expects it; the answer."""
+        header = {"kind": wire.FETCH, "from_rank": self.rank, "to_rank": to_rank,
+                  "rank": snapshot.rank, "step": snapshot.step,
+                  "world_size": snapshot.world_size, "digest": snapshot.digest}
+        return wire.push_file(self.endpoints[to_rank], self._secret, header, snapshot.path,
+                              self.settings.timeout_s)
+
+    def after_resume(self, step: int | None) -> None:
+        """The job resumes at ``step`` (from memory or the durable checkpoint; None: from
+        scratch): copies of later steps belong to the history that was lost, and ranks the
+        new layout does not give this node take memory for nothing. Call it before the
+        first ``offer`` (``fetch_newest_common`` does when it finds a step)."""
+        if not self._lowest_local_rank():  # the node's held folder is shared: one tidies
+            return
+        if step is None:
+            self.held.retain(set())
+            return
+        self.held.discard_newer_than(step, received_before_ns=self.started_ns)
+        self.held.retain({r for rank in self._node_ranks() for r in ring.held_by(self.holders, rank)})
+
+    def _node_ranks(self) -> list[int]:
+        return [r for r, n in enumerate(self.node_of) if n == self.node_of[self.rank]]
+
+    def _lowest_local_rank(self) -> bool:
+        """One rank per node tidies the node's shared ``held`` folder."""
+        return self._node_ranks()[0] == self.rank
+
+    @property
+    def fetched(self) -> PeerStore:
+        """This rank's snapshot at resume when it was sent or held on its node."""
+        return self.receiver.fetched
+
+    def release_fetched(self) -> None:
+        """The resumed snapshot is loaded: its memory goes back."""
+        self.fetched.retain(set())
+
+    def stats(self) -> dict[str, Any]:
+        return {"off_reason": self.off_reason, "holders": self.holders.get(self.rank, []),
+                "holding": self.holding, "sender": self.sender.stats(),
+                "receiver": self.receiver.stats()}
+
+    def close(self) -> None:
+        self.sender.close()
+        self.receiver.close()
