@@ -42,11 +42,12 @@ class MemorySnapshots:
 
     def __init__(self, mode: str, root: Path | None, *, rank: int, world_size: int,
                  group: Any, config_hash: str | None, journal: Callable[..., None],
-                 why_off: str | None = None):
+                 why_off: str | None = None, run_dir: Path = Path(".")):
         self.mode = mode
         self.root = root
         self.rank, self.world_size, self.group = rank, world_size, group
         self.config_hash = config_hash
+        self.run_dir = run_dir
         self.journal = journal
         self.folder = store.rank_folder(root, rank) if root is not None else None
         self.cadence = Cadence(mode)
@@ -81,9 +82,11 @@ class MemorySnapshots:
             return
         self._prepared = True
         mine = self.facts["off_reason"] if not self.enabled else None
-        if mine is None and self.folder is not None:
+        if mine is None and self.folder is not None and self.root is not None:
             try:
+                store.sweep(self.root.parent)  # runs whose directory is gone
                 store.make_folder(self.folder)
+                store.claim(self.root, self.run_dir)
             except OSError as exc:
                 mine = f"cannot use {self.folder}: {exc.strerror or exc}"
         reasons: list[Any] = [mine]
@@ -216,6 +219,7 @@ class MemorySnapshots:
         if not self._finished or self.folder is None or self.root is None:
             return
         store.retain(self.folder, set())
+        (self.root / store.OWNER_FILE).unlink(missing_ok=True)
         for folder in (self.folder, self.root):
             try:
                 folder.rmdir()
@@ -232,4 +236,4 @@ def for_run(mode: str, folder: str | None, run_dir: Path, **rank: Any) -> Memory
             root = Path(folder) / root.name
     else:
         root, why = store.default_root(run_dir)
-    return MemorySnapshots(mode, root, why_off=why, **rank)
+    return MemorySnapshots(mode, root, why_off=why, run_dir=run_dir, **rank)

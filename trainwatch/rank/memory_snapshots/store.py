@@ -21,6 +21,7 @@ import errno
 import hashlib
 import json
 import os
+import shutil
 import stat
 import time
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ HEADER_BYTES = 1024          # magic + JSON header, padded: the payload starts h
 SUFFIX = ".snap"
 STEP_PREFIX = "step-"
 TMP_PREFIX = ".tmp-"
+OWNER_FILE = "run-dir"       # <root>/run-dir: the run directory the snapshots belong to
 HELD_DIR = "held"            # <root>/held/rank-NNNNN/: copies kept for other ranks (peers)
 SHM = Path("/dev/shm")
 FILE_MODE = 0o600
@@ -92,17 +94,55 @@ def snapshot_name(step: int) -> str:
 
 
 def make_folder(folder: Path) -> Path:
-    """Create ``folder`` (and its parents) 0700 and owned by us; refuse a symlink or a
-    folder of another user, where another user's process could read or swap snapshots."""
+    """Create a rank's ``folder`` in the run's root, both 0700 and owned by us (and the
+    ``trainwatch-<uid>`` folder above a default root); refuse a symlink or a folder of
+    another user, where another user's process could read or swap snapshots."""
     folder.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-    for path in (folder, folder.parent):
+    ours = [folder, folder.parent]
+    if folder.parent.parent.name == f"trainwatch-{os.geteuid()}":
+        ours.append(folder.parent.parent)
+    for path in ours:
         info = os.lstat(path)
         if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
             raise PermissionError(errno.EPERM, "not a plain folder", str(path))
         if info.st_uid != os.geteuid():
             raise PermissionError(errno.EPERM, f"owned by uid {info.st_uid}", str(path))
-    os.chmod(folder, DIR_MODE)
+        os.chmod(path, DIR_MODE)
     return folder
+
+
+def claim(root: Path, run_dir: Path) -> None:
+    """Note in ``root`` which run directory its snapshots belong to (``sweep`` reads it)."""
+    path = root / OWNER_FILE
+    if not path.exists():
+        tmp = root / f"{TMP_PREFIX}{OWNER_FILE}.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, FILE_MODE)
+        with os.fdopen(fd, "w") as f:
+            f.write(str(Path(run_dir).resolve()))
+        os.replace(tmp, path)
+
+
+def sweep(parent: Path) -> list[Path]:
+    """Remove the snapshot roots in ``parent`` whose run directory is gone (deleted, as a
+    test's or a finished experiment's is): what a run that never finished left in memory.
+    Only a run directory that is certainly absent (ENOENT) counts: an unreachable shared
+    file system is not a reason to drop a live run's snapshots."""
+    gone: list[Path] = []
+    try:
+        roots = [p for p in parent.iterdir() if p.is_dir() and not p.is_symlink()]
+    except OSError:
+        return gone
+    for root in roots:
+        try:
+            owner = (root / OWNER_FILE).read_text().strip()
+            os.stat(owner)
+        except FileNotFoundError:
+            if (root / OWNER_FILE).exists():
+                shutil.rmtree(root, ignore_errors=True)
+                gone.append(root)
+        except (OSError, ValueError):
+            continue
+    return gone
 
 
 # --------------------------------------------------------------------------- reading
