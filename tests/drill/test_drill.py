@@ -180,13 +180,13 @@ class DrillRun:
         append_jsonl(self.run.journal_file, {"v": 1, "time": T0 + at, "event": name,
                                              "source": source, "host": "h", **fields})
 
-    def attempt(self, at, restart_count=0, resumed=None):
+    def attempt(self, at, restart_count=0, resumed=None, **resume_fields):
         for rank in (0, 1):
             self.pid += 1
             self.event(at, "rank_started", f"rank{rank}", rank=rank, pid=self.pid,
                        restart_count=restart_count)
         if resumed is not None:
-            self.event(at + 0.5, "checkpoint_resumed", "rank0", step=resumed)
+            self.event(at + 0.5, "checkpoint_resumed", "rank0", step=resumed, **resume_fields)
 
     def steps(self, first, last, start, seconds=1.0):
         for i, step in enumerate(range(first, last + 1)):
@@ -203,10 +203,11 @@ class DrillRun:
                      f"{local_rank} (pid: 4242) of binary: /usr/bin/python\n")
 
 
-def hung_rank(root, *, duplicate=False, **kw):
+def hung_rank(root, *, duplicate=False, resumed=15, **kw):
     """hung-rank: rank 1 hangs in step 15 at +17 s; the agent flags the stall at +21 s,
-    TrainingStallSuspected fires at +23 s, stall_restart at +28 s; the job resumes from checkpoint
-    10 and its first step ends at +37 s; it finishes at +66 s."""
+    TrainingStallSuspected fires at +23 s, stall_restart at +28 s; the job resumes from the
+    memory snapshot of step 15 (``resumed=10``: from checkpoint 10) and its first step ends at
+    +37 s; it finishes at +61 s (+66 s)."""
     r = DrillRun(root, "hung-rank", findings=[("stall", 21.0)], **kw)
     r.event(0, "controller_started", agent=["127.0.0.1:1"])
     r.event(0.1, "job_started", pid=1, attempt=1)
@@ -222,16 +223,17 @@ def hung_rank(root, *, duplicate=False, **kw):
     r.event(28, "action_taken", action="stall_restart", alert="TrainingStallSuspected")
     r.event(28.1, "action_skipped", action="stall_restart", alert="TrainingStallSuspected",
             reason="rate limited")
-    r.attempt(35, resumed=10)
+    r.attempt(35, resumed=resumed, state_from="memory snapshot" if resumed == 15
+              else "checkpoint")
     if duplicate:  # a second delivery acted again: a second restart for the same fault
-        r.steps(10, 29, start=36)
+        r.steps(resumed, 29, start=36)
         r.event(57, "action_taken", action="stall_restart", alert="TrainingStallSuspected")
         r.attempt(58, resumed=20)
         r.steps(20, 39, start=59)
         end = 80
     else:
-        r.steps(10, 39, start=36)
-        end = 66
+        r.steps(resumed, 39, start=36)
+        end = 36 + 40 - resumed
     r.event(end, "finished", "rank0", step=39)
     r.event(end + 1, "job_exited", pid=2, returncode=0)
     r.event(end + 2, "controller_stopped", exit_code=0)
@@ -254,13 +256,29 @@ def test_a_drill_that_worked_passes_every_criterion_with_its_numbers(tmp_path):
     alert = next(s for s in det["signals"] if s["kind"] == "alert")
     assert alert["seconds"] == pytest.approx(6.0)
     rec = card["recovery"]
-    assert rec["by"] == "controller" and rec["restarts"] == 1 and rec["resumed_from"] == 10
+    assert rec["by"] == "controller" and rec["restarts"] == 1 and rec["resumed_from"] == 15
     assert rec["seconds"] == pytest.approx(37 - 17)
-    assert card["steps"]["lost"] == 5 and card["steps"]["checkpoint_interval"] == 10
-    assert card["steps"]["recomputed"] == 5  # steps 10-14, run again after the resume
+    assert card["steps"]["lost"] == 0 and card["steps"]["checkpoint_interval"] == 10
+    assert card["steps"]["resumed_with"] == "memory snapshot" and card["steps"]["lost_max"] == 1
+    assert verdicts(card)["steps lost"]["detail"] == (
+        "0 (fault at step 15, resumed from memory snapshot, step 15) <= 1 with memory "
+        "snapshots (checkpoint interval 10)")
+    assert card["steps"]["recomputed"] == 0  # the hung step 15 never completed
     assert [a["action"] for a in card["actions"] if a["taken"]] == ["stall_restart"]
     assert "stall_restart once; 1 restart" in verdicts(card)["no duplicate actions"]["detail"]
     assert len(card["report"]["incidents"]) == 1
+
+
+def test_a_rank_failure_that_resumed_from_the_checkpoint_lost_too_many_steps(tmp_path):
+    """hung-rank resumed from checkpoint 10, not from the memory snapshot of step 15: 5 steps
+    lost, within the checkpoint interval but over the 1 step a memory snapshot allows."""
+    card = score(hung_rank(tmp_path / "hung", resumed=10).run)
+    lost = verdicts(card)["steps lost"]
+    assert not lost["passed"] and not card["passed"]
+    assert lost["detail"] == ("5 (fault at step 15, resumed from checkpoint, step 10): more "
+                              "than 1 with memory snapshots (checkpoint interval 10) (an older "
+                              "state was used)")
+    assert card["steps"]["recomputed"] == 5
 
 
 def test_a_detection_later_than_the_deadline_fails_and_says_by_how_much(tmp_path):
@@ -467,8 +485,8 @@ def test_torchrun_detection_and_restart_are_read_from_its_log(tmp_path):
     r.event(18.5, "alert_firing", alert="TrainingRankDown", labels={"rank": "1"})
     r.event(18.6, "action_skipped", action="restart", alert="TrainingRankDown",
             reason="the launcher is still running")
-    r.attempt(22, restart_count=1, resumed=10)
-    r.steps(10, 39, start=23)
+    r.attempt(22, restart_count=1, resumed=14, state_from="memory snapshot")
+    r.steps(14, 39, start=23)
     r.event(54, "finished", "rank0", step=39)
     r.event(55, "job_exited", pid=1, returncode=0)
     assert launcher_failures(r.run, T0 + 17) == [pytest.approx(T0 + 17.25)]
@@ -592,7 +610,8 @@ def assert_sane(card, drill, *, action):
     assert 0 <= card["detection"]["seconds"] <= drill.detect_within
     assert card["detection"]["seconds"] <= card["recovery"]["seconds"] <= drill.recover_within
     assert card["recovery"]["restarts"] == 1
-    assert 0 < card["steps"]["lost"] <= card["steps"]["checkpoint_interval"] == 10
+    assert 0 <= card["steps"]["lost"] <= card["steps"]["lost_max"]
+    assert card["steps"]["checkpoint_interval"] == 10
     assert card["steps"]["lost"] == drill.fault_step - card["recovery"]["resumed_from"]
     assert [a["action"] for a in card["actions"] if a["taken"]] == ([action] if action else [])
     assert card["run"]["exit_code"] == 0 and card["run"]["state"] == "finished"
@@ -606,7 +625,15 @@ def test_rank_killed_drill_passes_for_real(tmp_path):
     data = json.loads(done.stdout)
     (card,) = data["drills"]
     assert_sane(card, catalog.get("rank-killed"), action=None)
-    assert card["recovery"]["by"] == "torchrun" and card["steps"]["resumed_from"] == 10
+    # The restart resumed from the ranks' memory snapshots, not from checkpoint 10: at most
+    # the step in flight was lost (docs/memory-snapshots.md); the run's /dev/shm folder went
+    # with the finished run.
+    steps = card["steps"]
+    assert card["recovery"]["by"] == "torchrun" and steps["resumed_from"] in (14, 15)
+    assert steps["resumed_with"] == "memory snapshot" and steps["lost"] <= steps["lost_max"] == 1
+    run = RunDir(card["run_dir"])
+    (started,) = {e["root"] for e in run.events("memory_snapshots_started")}
+    assert not Path(started).exists()
     assert "rank 1 killed by SIGKILL" in card["report"]["incidents"][0]["cause"]
     assert Path(card["run_dir"]).is_dir() and card["kept"]
     assert "rank-killed" in done.stderr  # the progress display, on stderr

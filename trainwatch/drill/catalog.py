@@ -71,6 +71,9 @@ class Drill:
     supervisor_fault: str | None = None  # KILL_SUPERVISOR, SECOND_SUPERVISOR: the drill acts
     nproc_per_node: int = 2        # ranks by default, and the fewest the drill works with
     detect_within_steps: int | None = None  # steps from the fault to the alert (sdc)
+    # a failure every rank's memory snapshot outlives: the restart loses at most 1 step
+    # (docs/memory-snapshots.md), whatever the checkpoint interval
+    memory_resume: bool = False
     notes: str = ""
 
     @property
@@ -111,6 +114,7 @@ DRILLS: tuple[Drill, ...] = (
         detect=_RANK_DOWN, recovery=TORCHRUN, action=None,
         detect_within=15, recover_within=90, steps=40, max_restarts=1,
         thresholds={"rank_down_for": "0s"},
+        memory_resume=True,
         notes="torchrun restarts every rank within its --max-restarts 1; the controller only "
               "watches (TrainingRankDown's restart is skipped while the launcher runs)."),
     Drill(
@@ -121,6 +125,7 @@ DRILLS: tuple[Drill, ...] = (
         detect=_RANK_DOWN, recovery=CONTROLLER, action="restart",
         detect_within=15, recover_within=90, steps=40, max_restarts=0,
         thresholds={"rank_down_for": "0s"},
+        memory_resume=True,
         notes="torchrun (--max-restarts 0) gives up; the controller's supervisor restarts the "
               "job from its newest verified checkpoint, exactly once."),
     Drill(
@@ -130,6 +135,7 @@ DRILLS: tuple[Drill, ...] = (
         fault_kind="hang", fault_step=15, fault_params="launch=1",
         detect=_STALL, recovery=CONTROLLER, action="stall_restart",
         detect_within=30, recover_within=120, steps=40,
+        memory_resume=True,
         notes="the agent flags a stall (heartbeats go on, steps do not); "
               "TrainingStallSuspected fires; the controller confirms the stall, stall_restart "
               "captures stacks, kills the job and restarts it (before TrainingStalled pages)."),
@@ -140,6 +146,7 @@ DRILLS: tuple[Drill, ...] = (
         fault_kind="freeze", fault_step=15, fault_params="launch=1",
         detect=_STALL, recovery=CONTROLLER, action="stall_restart",
         detect_within=30, recover_within=120, steps=40,
+        memory_resume=True,
         notes="heartbeats stop too: the agent calls the stall 'frozen'; stall_restart kills "
               "the stopped process with SIGKILL and restarts the job."),
     Drill(

@@ -200,8 +200,10 @@ def score(run: RunDir, *, detect_within: float | None = None,
     elif not restarts:
         steps_lost = 0
     card["steps"] = {"fault_step": fault.get("step"), "resumed_from": recovery["resumed_from"],
+                     "resumed_with": restarts[0].resumed_with if restarts else None,
                      "lost": steps_lost, "recomputed": report["steps"]["recomputed"],
-                     "checkpoint_interval": every}
+                     "checkpoint_interval": settings.get("checkpoint_every", every),
+                     "lost_max": every}
 
     where = (f"trainwatch run (pid {fault.get('pid') or fault.get('holder')})"
              if drill.supervisor_fault else f"rank {card['fault_injected']['rank']}")
@@ -327,19 +329,22 @@ def _finished(run_info: dict[str, Any], tl) -> dict[str, Any]:
 
 
 def _steps_lost(steps: dict[str, Any], restarts) -> dict[str, Any]:
-    lost, every = steps["lost"], steps["checkpoint_interval"]
+    lost, every = steps["lost"], steps["lost_max"]
     if lost is None:
         return _verdict("steps lost", False, "unknown: the restarted job's resume step is "
                         "not in the run directory")
     if not restarts:
         return _verdict("steps lost", lost == 0, "none: no restart")
-    text = (f"{lost} (fault at step {steps['fault_step']}, resumed from step "
+    source = steps.get("resumed_with") or "checkpoint"
+    text = (f"{lost} (fault at step {steps['fault_step']}, resumed from {source}, step "
             f"{steps['resumed_from']})")
+    interval = steps["checkpoint_interval"]
+    limit = (f"checkpoint interval {every}" if every == interval else
+             f"{every} with memory snapshots (checkpoint interval {interval})")
     if every is not None and lost > every:
-        return _verdict("steps lost", False, f"{text}: more than the checkpoint interval "
-                        f"of {every} steps (an older checkpoint was used)")
-    return _verdict("steps lost", True, text + (f" <= checkpoint interval {every}"
-                                                if every is not None else ""))
+        return _verdict("steps lost", False, f"{text}: more than {limit} (an older state "
+                        "was used)")
+    return _verdict("steps lost", True, text + (f" <= {limit}" if every is not None else ""))
 
 
 def _duplicates(actions, restarts, supervisors: int = 0, allowed: int = 0) -> dict[str, Any]:

@@ -26,7 +26,9 @@ AGENT = {"stall": {"floor_seconds": 3, "heartbeat_stale_seconds": 3},
 TRAINER = {"train": {"batch_size": 4, "eval_interval": 1000},
            "data": {"corpus_bytes": 20000},
            "telemetry": {"heartbeat_interval": 0.2},
-           "checkpoint": {"every_steps": 10, "fsync": False}}
+           # every step: the tiny model's CPU step (~50 ms) is too short for the 1 % rule of
+           # memory_snapshots: auto, which would snapshot every few steps
+           "checkpoint": {"every_steps": 10, "fsync": False, "memory_snapshots": "every_step"}}
 # Steps a run needs after the fault to show detection and recovery at all.
 MIN_STEPS_AFTER_FAULT = 5
 
@@ -56,12 +58,19 @@ class DrillSettings:
     def checkpoint_every(self) -> int:
         return int(self.trainer["checkpoint"]["every_steps"])
 
+    @property
+    def steps_lost_max(self) -> int:
+        """1 where memory snapshots outlive the failure, else the checkpoint interval."""
+        memory = self.trainer["checkpoint"].get("memory_snapshots", "auto") != "off"
+        return 1 if memory and self.drill.memory_resume else self.checkpoint_every
+
     def to_json(self) -> dict[str, Any]:
         return {"nproc_per_node": self.nproc_per_node, "steps": self.steps,
                 "max_restarts": self.drill.max_restarts, "fault_env": self.drill.fault_env(),
                 "detect_within_seconds": self.detect_within,
                 "recover_within_seconds": self.recover_within,
-                "steps_lost_max": self.checkpoint_every,
+                "steps_lost_max": self.steps_lost_max,
+                "checkpoint_every": self.checkpoint_every,
                 "thresholds": self.thresholds, "agent": self.agent, "trainer": self.trainer,
                 "changed_defaults": changed_defaults(self.drill)}
 

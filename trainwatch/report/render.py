@@ -52,6 +52,7 @@ def _attempt(a, seconds: float, settings: CostSettings) -> dict[str, Any]:
             "cost": cost_mod.incident_cost(seconds, settings, a.world_size),
             "ended_at": a.ended_at, "outcome": a.outcome, "ranks": len(a.ranks),
             "resumed_from": a.resumed_from, "resume_source": a.resume_source,
+            "resumed_with": a.resumed_with,
             "first_step": a.execs[0].step if a.execs else None,
             "last_step": a.execs[-1].step if a.execs else None, "steps": len(a.execs)}
 

@@ -108,6 +108,7 @@ class Attempt:
     eval_spans: list[tuple[float, float]] = field(default_factory=list)
     resumed_from: int | None = None        # the step this attempt started at
     resume_source: str | None = None       # which evidence said so
+    resumed_with: str | None = None        # "memory snapshot" or "checkpoint" (state_from)
     ended_at: float | None = None          # end marker (see end_marker)
     outcome: str = "running"               # finished | stopped | interrupted | ended | running
     exits: list[dict[str, Any]] = field(default_factory=list)   # torchrun's failed workers
@@ -318,6 +319,8 @@ def _resume_point(attempt: Attempt) -> None:
     for e in attempt.named("checkpoint_resumed"):
         if isinstance(e.get("step"), int) and rank_of(e) in (0, None):
             attempt.resumed_from, attempt.resume_source = e["step"], "checkpoint_resumed"
+            attempt.resumed_with = e.get("state_from") if isinstance(
+                e.get("state_from"), str) else "checkpoint"
             return
     for e in attempt.named("run_started", "restarted"):
         if isinstance(e.get("start_step"), int):

@@ -55,6 +55,8 @@ from trainwatch.rank.checkpoint.requests import Requests
 from trainwatch.rank.checkpoint.snapshot import Handoff, HostSnapshot
 from trainwatch.rank.checkpoint.writer import (CheckRefused, Payload, Written,
                                                   copy_checkpoint, write_checkpoint)
+from trainwatch.rank.memory_snapshots import resume as memory_resume
+from trainwatch.rank.memory_snapshots.snapshotter import SHARDED_OFF, MemorySnapshots, for_run
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +104,15 @@ class Checkpointer:
             "step": None, "path": None, "time": None, "ok": None, "bytes": None,
             "last_error": None, "in_flight": False, "saves_total": 0, "failures_total": 0,
             "skipped_total": 0, "nonfinite_skipped_total": 0}
+        # In-memory snapshots every step or so: a restart loses at most one step
+        # (docs/memory-snapshots.md); their facts are published with the checkpoint's.
+        self.memory: MemorySnapshots = for_run(
+            config.memory_snapshots if config.enabled else "off", config.memory_snapshots_dir,
+            self.run.root, rank=self.rank, world_size=self.world_size, group=self._group,
+            config_hash=config_hash, journal=self._journal)
+        if sharded:  # FSDP2 shards are not snapshotted yet (docs/memory-snapshots.md)
+            self.memory.facts.update(enabled=False, off_reason=SHARDED_OFF)
+        self.facts["memory_snapshots"] = self.memory.facts
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "Checkpointer":
@@ -130,6 +141,7 @@ class Checkpointer:
     def close(self) -> None:
         """Wait for the save in flight, stop handling signals, publish the final facts."""
         self.wait()
+        self.memory.close()
         self.requests.uninstall()
         self._publish()
 
@@ -148,6 +160,9 @@ class Checkpointer:
         """Load the newest verified, compatible checkpoint (every rank the same one), or None."""
         if not self.cfg.enabled or self.cfg.resume == "never":
             return None
+        restored, memory_reason = self._resume_from_memory()
+        if restored is not None:
+            return restored
         decision: dict[str, Any] = {}
         verifier = ParallelVerify(self.rank, self.world_size, self._group)
         if self.rank == 0 and self._group is None:
@@ -175,12 +190,32 @@ class Checkpointer:
                 self._journal("checkpoint_resharded", step=restored.step, path=str(path),
                               **restored.resharded)
             self._journal("checkpoint_resumed", step=restored.step, path=str(path),
-                          data_position=decision["manifest"].get("data_position"))
+                          data_position=decision["manifest"].get("data_position"),
+                          state_from="checkpoint", memory_snapshot=memory_reason)
         with self._lock:
             self.facts.update(step=restored.step, path=str(path), ok=True,
                               time=decision["manifest"].get("created_at"))
         self._publish()
         return restored
+
+    def _resume_from_memory(self) -> tuple[resume_mod.Restored | None, str]:
+        """The newest snapshot every rank has, when newer than the durable checkpoints."""
+        durable = None
+        if self.rank == 0:
+            steps = [e.step for f in (self.folder, self.mirror) if f is not None
+                     for e in catalog.scan(f) if e.step is not None and e.state == "complete"]
+            durable = max(steps, default=None)
+        restored, reason = memory_resume.resume(self.memory, self.run, durable)
+        if restored is None:
+            return None, reason
+        if self.rank == 0:
+            self._journal("checkpoint_resumed", step=restored.step, path=str(restored.path),
+                          state_from=memory_resume.SOURCE, reason=reason, durable_step=durable,
+                          steps_kept=restored.step - (durable or 0),
+                          load_seconds=restored.manifest["load_seconds"])
+        self.memory.facts["resumed_step"] = restored.step  # the durable facts stay as they are
+        self._publish()
+        return restored, reason
 
     def _choose(self, check: Callable[[Path], Any]) -> dict[str, Any]:
         folders = [f for f in (self.folder, self.mirror) if f is not None]
@@ -266,6 +301,7 @@ class Checkpointer:
                 dist.barrier(group=self._group)  # ranks exit together, after rank 0 wrote
             self.exit_code = EXIT_STOPPED
             return True
+        self.memory.after_step(step, state, final=final)
         if final and self.cfg.save_final:
             self._save(step, state(), "final", force_wait=True)
         elif save or interval:

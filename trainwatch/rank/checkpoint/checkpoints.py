@@ -211,6 +211,8 @@ class Checkpoints:
         if final and self._last is not None and self._saved_at != self._last[0]:
             step, state = self._last
             self.checkpointer.after_step(step, lambda: self._trees(state), final=True)
+        if final:
+            self.checkpointer.memory.run_finished()  # nothing left to resume: freed
         self.checkpointer.close()
 
     def __enter__(self) -> "Checkpoints":

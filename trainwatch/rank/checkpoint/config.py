@@ -11,6 +11,7 @@ MODES = ("async", "sync")
 WHEN_BUSY = ("wait", "skip")
 RESUME = ("auto", "never")
 NONFINITE = ("skip", "halt", "off")
+MEMORY_SNAPSHOTS = ("auto", "every_step", "off")  # memory_snapshots/snapshotter.py MODES
 
 
 @dataclass
@@ -29,6 +30,8 @@ class CheckpointConfig:
     save_final: bool = True           # save after the last step
     nonfinite: str = "skip"           # NaN/Inf loss or gradient: skip the step, halt, or off
     fsync: bool = True                # fsync files and directories (turn off only for tests)
+    memory_snapshots: str = "auto"    # every step (or every K: <= 1 % of step time) to /dev/shm
+    memory_snapshots_dir: str | None = None  # default: /dev/shm/trainwatch-<uid>/<run id>
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any] | None, *, file: str | None = None,
@@ -58,10 +61,11 @@ class CheckpointConfig:
         if self.keep_last < 1:
             raise bad("keep_last", "must be at least 1 (the newest checkpoint is always kept)")
         for key, choices in (("mode", MODES), ("when_busy", WHEN_BUSY), ("resume", RESUME),
-                             ("nonfinite", NONFINITE)):
+                             ("nonfinite", NONFINITE),
+                             ("memory_snapshots", MEMORY_SNAPSHOTS)):
             if getattr(self, key) not in choices:
                 raise bad(key, f"must be one of {', '.join(choices)}, got {getattr(self, key)!r}")
-        for key in ("dir", "mirror_dir"):
+        for key in ("dir", "mirror_dir", "memory_snapshots_dir"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, str) or not value):
                 raise bad(key, f"must be a path, got {value!r}")

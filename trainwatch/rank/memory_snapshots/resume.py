@@ -1,0 +1,103 @@
+"""Resume from the newest snapshot every rank has, when it is newer than the durable one.
+
+Every rank lists its sealed snapshots (headers only) of this world size and config, the
+ranks agree on the newest common step (agree.py), each rank then reads its file of that
+step once, checks its digest and loads it; if any rank's file fails, that step is dropped
+and the next common one tried. The result is a ``Restored`` like a durable checkpoint's,
+so the loop puts it back the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainwatch.rank.checkpoint.resume import Restored
+from trainwatch.rank.memory_snapshots import store
+from trainwatch.rank.memory_snapshots.agree import ROLLBACK_ACTIONS, Found, gather, newest_common
+from trainwatch.rank.memory_snapshots.snapshotter import MemorySnapshots
+from trainwatch.rundir.run_dir import RunDir
+
+log = logging.getLogger(__name__)
+
+SOURCE = "memory snapshot"
+
+
+def found_here(snaps: MemorySnapshots) -> Found:
+    """This rank's usable snapshots: sealed, of this world size and config."""
+    found = Found(snaps.rank)
+    if snaps.folder is None:
+        return found
+    for s in store.sealed(snaps.folder):
+        if s.rank != snaps.rank or s.world_size != snaps.world_size:
+            found.refused.append(f"{s.path.name}: rank {s.rank} of {s.world_size}")
+        elif s.config_hash != snaps.config_hash:
+            found.refused.append(f"{s.path.name}: written by another config")
+        else:
+            found.steps[s.step] = s.sealed_at or 0.0
+    return found
+
+
+def rollback_at(run: RunDir) -> float | None:
+    """When the controller last rolled the job back (rank 0 reads the journal once)."""
+    try:
+        times = [e["time"] for e in run.events("action_taken")
+                 if e.get("action") in ROLLBACK_ACTIONS and isinstance(e.get("time"), (int, float))]
+    except Exception as exc:  # an unreadable journal: no rollback known
+        log.warning("trainwatch memory snapshots: cannot read the journal: %s", exc)
+        return None
+    return max(times, default=None)
+
+
+def resume(snaps: MemorySnapshots, run: RunDir, durable_step: int | None
+           ) -> tuple[Restored | None, str]:
+    """Every rank: the agreed snapshot loaded, or None; and the reason (journaled)."""
+    snaps.prepare()
+    if not snaps.enabled:
+        return None, f"memory snapshots are off: {snaps.facts['off_reason']}"
+    mine = found_here(snaps)
+    if snaps.rank == 0:
+        mine.durable_step, mine.rollback_at = durable_step, rollback_at(run)
+    found = gather(mine, snaps.group, snaps.world_size)
+    excluded: set[int] = set()
+    while True:
+        agreed = newest_common(found, frozenset(excluded))
+        if agreed.step is None:
+            return None, agreed.reason
+        restored, problem = _load(snaps, agreed.step)
+        problems = gather(problem, snaps.group, snaps.world_size)
+        bad = {r: p for r, p in enumerate(problems) if p is not None}
+        if not bad:
+            assert restored is not None
+            snaps.resumed(agreed.step)
+            return restored, agreed.reason
+        if snaps.rank == 0:
+            snaps.journal("memory_snapshot_rejected", step=agreed.step,
+                           ranks={str(r): p for r, p in sorted(bad.items())[:8]})
+        excluded.add(agreed.step)
+
+
+def _load(snaps: MemorySnapshots, step: int) -> tuple[Restored | None, str | None]:
+    """Read this rank's snapshot of ``step`` once: digest checked, then loaded."""
+    assert snaps.folder is not None
+    path = snaps.folder / store.snapshot_name(step)
+    started = time.perf_counter()
+    try:
+        header = store.read_header(path)
+        data = store.payload(path)
+        if hashlib.sha256(data).hexdigest() != header["digest"]:
+            raise store.Rejected("digest mismatch: the payload is not what was sealed")
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # a torn or altered file: the ranks try an older step
+        return None, f"{path.name}: {exc}"
+    manifest: dict[str, Any] = {"step": step, "world_size": snaps.world_size,
+                                "source": SOURCE, "shared": list(state["shared"]),
+                                "digest": header["digest"], "bytes": header["bytes"],
+                                "load_seconds": round(time.perf_counter() - started, 6)}
+    return Restored(Path(path), step, manifest, state["shared"], state["rank"]), None

@@ -1,0 +1,239 @@
+"""Take a rank's snapshot at a step boundary and write it off the loop's thread.
+
+At a snapshot step the loop (1) waits for the previous write, if it is still running,
+(2) joins one all_reduce with the other ranks (the newest step every rank has sealed, which
+each rank keeps while it writes the next, and the largest K any rank proposes: every rank
+snapshots the same steps), (3) copies its state to host buffers (capture.py, reused) and
+moves on; a writer thread serializes the copy into the tmpfs and seals it (store.py). The
+loop never waits for a write it did not need to; a tmpfs without room or a failed write
+skips that snapshot, counts it and journals the first of its kind: never the job's failure.
+
+Host memory per rank: the host copy (the state's size, kept between snapshots) and at most
+two snapshot files in the tmpfs (each the state's size): three times the rank's state.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from trainwatch.rank.checkpoint import rng, whole_state
+from trainwatch.rank.memory_snapshots import store
+from trainwatch.rank.memory_snapshots.cadence import Cadence
+from trainwatch.rank.memory_snapshots.capture import HostCopy
+
+log = logging.getLogger(__name__)
+
+MODES = ("auto", "every_step", "off")
+RESERVE_BYTES = 64 << 20   # left free in the tmpfs: NCCL and data loaders share it
+SHARDED_OFF = ("sharded (DTensor) state is not snapshotted yet; restarts use the durable "
+               "checkpoint")
+
+
+class MemorySnapshots:
+    """One rank's snapshots: ``prepare`` (every rank, once), ``after_step``, ``close``."""
+
+    def __init__(self, mode: str, root: Path | None, *, rank: int, world_size: int,
+                 group: Any, config_hash: str | None, journal: Callable[..., None],
+                 why_off: str | None = None, run_dir: Path = Path(".")):
+        self.mode = mode
+        self.root = root
+        self.rank, self.world_size, self.group = rank, world_size, group
+        self.config_hash = config_hash
+        self.run_dir = run_dir
+        self.journal = journal
+        self.folder = store.rank_folder(root, rank) if root is not None else None
+        self.cadence = Cadence(mode)
+        self.every = 1
+        self._next: int | None = None
+        self._sealed: int = -1            # the newest step this rank sealed
+        self._confirmed: int = -1         # the newest step every rank had sealed
+        self._host = HostCopy()
+        self._writer: threading.Thread | None = None
+        self._last_end: tuple[int, float] | None = None
+        self._journaled: set[str] = set()
+        self._prepared = False
+        self._looked = False  # the state was looked at once (sharded state is not taken)
+        self._finished = False
+        self.facts: dict[str, Any] = {
+            "enabled": mode != "off" and why_off is None, "mode": mode,
+            "root": str(root) if root is not None else None,
+            "off_reason": "memory_snapshots: off" if mode == "off" else why_off,
+            "every_steps": 1, "cadence": None, "step": None, "bytes": None,
+            "blocking_seconds": None, "taken_total": 0, "skipped_full_total": 0,
+            "failed_total": 0, "memory_bound_bytes": None}
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.facts["enabled"])
+
+    # ------------------------------------------------------------------ start
+    def prepare(self) -> None:
+        """Every rank, once, at the same point: on only where every rank can keep snapshots
+        (else the ranks' collectives would not match), the reasons journaled by rank 0."""
+        if self._prepared:
+            return
+        self._prepared = True
+        mine = self.facts["off_reason"] if not self.enabled else None
+        if mine is None and self.folder is not None and self.root is not None:
+            try:
+                store.sweep(self.root.parent)  # runs whose directory is gone
+                store.make_folder(self.folder)
+                store.claim(self.root, self.run_dir)
+            except OSError as exc:
+                mine = f"cannot use {self.folder}: {exc.strerror or exc}"
+        reasons: list[Any] = [mine]
+        if self.group is not None:
+            reasons = [None] * self.world_size
+            dist.all_gather_object(reasons, mine, group=self.group)
+        off = {r: why for r, why in enumerate(reasons) if why is not None}
+        if not off:
+            if self.rank == 0:
+                self.journal("memory_snapshots_started", root=str(self.root), mode=self.mode,
+                              ranks=self.world_size)
+            return
+        first = min(off)
+        why = off[first] if first == self.rank or self.rank not in off else off[self.rank]
+        if self.rank not in off:
+            why = f"rank {first}: {off[first]}"
+        self.facts.update(enabled=False, off_reason=why)
+        if self.rank == 0 and self.mode != "off":
+            self.journal("memory_snapshots_off", reason=why,
+                          ranks={str(r): w for r, w in sorted(off.items())[:8]})
+
+    def resumed(self, step: int) -> None:
+        """The job resumed from this snapshot step: every rank has it sealed, so it is kept
+        until a newer one is."""
+        self._sealed = step
+
+    def disable(self, why: str) -> None:
+        """Off on every rank alike (the caller knows the reason holds on every rank)."""
+        if self.enabled:
+            self.facts.update(enabled=False, off_reason=why)
+            if self.rank == 0:
+                self.journal("memory_snapshots_off", reason=why)
+
+    # ------------------------------------------------------------------ in the loop
+    def after_step(self, step: int, state: Callable[[], dict[str, Any]], *,
+                   final: bool = False) -> None:
+        """Snapshot ``step`` (the steps completed) if due; every rank, the same steps."""
+        if final:
+            self._finished = True
+        if not self.enabled or final:
+            return
+        self.prepare()
+        if not self.enabled:
+            return
+        if self._next is None:
+            self._next = step
+        if step < self._next:
+            return
+        started = time.perf_counter()
+        self.wait()
+        trees = state()
+        if not self._looked:
+            self._looked = True
+            if whole_state.check_trees(trees):  # the same answer on every rank
+                self.disable(SHARDED_OFF)
+                return
+        agreed = torch.tensor([-float(self._sealed), float(self.cadence.every())])
+        if self.group is not None:
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.group)
+        self._confirmed, self.every = int(-agreed[0].item()), max(1, int(agreed[1].item()))
+        assert self.folder is not None
+        store.retain(self.folder, {self._confirmed})
+        payload = self._capture(step, trees)
+        blocking = time.perf_counter() - started
+        self._measure(step, started, blocking)
+        self._next = step + self.every
+        self._writer = threading.Thread(target=self._write, args=(step, payload),
+                                        name="trainwatch-memory-snapshot", daemon=True)
+        try:
+            self._writer.start()
+        except RuntimeError as exc:  # no thread to be had: this snapshot is skipped
+            self._writer = None
+            self._count("failed_total", "failed", step, f"no writer thread: {exc}")
+
+    def _capture(self, step: int, trees: dict[str, Any]) -> dict[str, Any]:
+        shared = {k: v for k, v in trees.items() if k != "data"}
+        return {"step": step, "shared": self._host.capture(shared),
+                "rank": {"rng": rng.capture(), "data": copy.deepcopy(trees.get("data"))}}
+
+    def _measure(self, step: int, started: float, blocking: float) -> None:
+        if self._last_end is not None:
+            prev_step, prev_end = self._last_end
+            self.cadence.note(blocking, step - prev_step, started - prev_end)
+        self._last_end = (step, time.perf_counter())
+        self.facts.update(every_steps=self.every, blocking_seconds=round(blocking, 6),
+                          cadence=self.cadence.why(self.every))
+
+    def _write(self, step: int, payload: dict[str, Any]) -> None:
+        """The writer thread: serialize and seal; never raises."""
+        assert self.folder is not None
+        need = int(self.facts["bytes"] or 0)
+        try:
+            sealed = store.seal(self.folder, rank=self.rank, step=step,
+                                world_size=self.world_size, config_hash=self.config_hash,
+                                write=lambda f: torch.save(payload, f), need=need,
+                                reserve=RESERVE_BYTES)
+        except store.Full as exc:
+            self._count("skipped_full_total", "full", step, f"the tmpfs is full: {exc}")
+            return
+        except Exception as exc:  # a failed snapshot must never fail the job
+            self._count("failed_total", "failed", step, f"{type(exc).__name__}: {exc}")
+            return
+        self._sealed = step
+        self.facts["taken_total"] += 1
+        self.facts.update(step=step, bytes=sealed.bytes,
+                          memory_bound_bytes=3 * (sealed.bytes + store.HEADER_BYTES))
+
+    def _count(self, key: str, kind: str, step: int, why: str) -> None:
+        self.facts[key] += 1
+        if kind not in self._journaled:  # the first of each kind; the status counts them all
+            self._journaled.add(kind)
+            self.journal("memory_snapshot_skipped", step=step, reason=why,
+                          kind=kind, counted_as=key)
+        log.warning("trainwatch memory snapshot of step %s skipped: %s", step, why)
+
+    def run_finished(self) -> None:
+        """The loop ran its last step: ``close`` removes the snapshots."""
+        self._finished = True
+
+    def wait(self) -> None:
+        writer = self._writer
+        if writer is not None:
+            writer.join()
+            self._writer = None
+
+    def close(self) -> None:
+        """Wait for the write in flight; after the last step (the run finished), remove this
+        rank's snapshots and, the last to go, the run's folder: nothing is left to resume."""
+        self.wait()
+        if not self._finished or self.folder is None or self.root is None:
+            return
+        store.retain(self.folder, set())
+        (self.root / store.OWNER_FILE).unlink(missing_ok=True)
+        for folder in (self.folder, self.root):
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+
+
+def for_run(mode: str, folder: str | None, run_dir: Path, **rank: Any) -> MemorySnapshots:
+    """The snapshots of a rank of the run in ``run_dir``: in ``folder`` (the run's own
+    subfolder of it) or /dev/shm's, off with the reason where there is none."""
+    if folder is not None:
+        root, why = store.default_root(run_dir, shm=Path(folder))
+        if root is not None:
+            root = Path(folder) / root.name
+    else:
+        root, why = store.default_root(run_dir)
+    return MemorySnapshots(mode, root, why_off=why, run_dir=run_dir, **rank)
