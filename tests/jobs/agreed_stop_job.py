@@ -1,12 +1,12 @@
-"""A two-rank job for test_checkpoints_agreed_stop: rank 0 alone is asked to stop (SIGTERM),
-every rank agrees at the next step boundary, and rank 1's own SIGTERM (its launcher's, on a
-node stopped a moment after the other) lands while it carries that stop out.
+"""A three-rank job for test_checkpoints_agreed_stop: rank 0 alone is asked to stop
+(SIGTERM), every rank agrees at the next step boundary, and the others' own SIGTERMs (their
+launcher's, on a node stopped a moment after the other) land while they carry that stop out.
 
-    torchrun --nproc-per-node 2 tests/jobs/agreed_stop_job.py RUN_DIR save|close
+    torchrun --nproc-per-node 3 tests/jobs/agreed_stop_job.py RUN_DIR
 
-``save``: rank 1's SIGTERM comes during the stop's save (its state_dict); ``close``: while
-its telemetry writes the final status. The SIGTERM is sent by the rank itself at that point,
-so where it lands does not depend on timing.
+Rank 1's SIGTERM comes during the stop's save (its state_dict), rank 2's while its telemetry
+writes the final status. Each rank sends it to itself at that point, so where it lands does
+not depend on timing.
 """
 
 import os
@@ -18,22 +18,23 @@ import torch.distributed as dist
 
 from trainwatch import Checkpoints, Telemetry
 
-run_dir, when = sys.argv[1], sys.argv[2]
+run_dir = sys.argv[1]
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-late = rank == 1  # asked by no one: it learns of the stop from rank 0, then gets its own
+# Asked by no one, these learn of the stop from rank 0, then get their own SIGTERM.
+when = {1: "save", 2: "close"}.get(rank)
 
 
 class Model(torch.nn.Linear):
     def state_dict(self, *args, **kwargs):  # called only by the stop's save (no interval)
-        if late and when == "save":
+        if when == "save":
             os.kill(os.getpid(), signal.SIGTERM)
         return super().state_dict(*args, **kwargs)
 
 
 class LateTelemetry(Telemetry):
     def close(self, *args, **kwargs):
-        if late and when == "close":
+        if when == "close":
             os.kill(os.getpid(), signal.SIGTERM)
         super().close(*args, **kwargs)
 
