@@ -456,6 +456,7 @@ def test_a_lost_node_is_journaled_once_the_job_goes_on_with_fewer_ranks_and_grow
             proc.send_signal(signal.SIGINT)  # Ctrl-C on each node
         codes = [proc.wait(60) for proc in (sups[0], back)]
         assert codes == [130, 130], (codes, cluster.logs())  # stopped on request
+        assert "Traceback" not in cluster.logs(), cluster.logs()  # each said so, in words
     finally:
         cluster.stop()
 
@@ -471,6 +472,11 @@ def test_a_lost_node_is_journaled_once_the_job_goes_on_with_fewer_ranks_and_grow
     assert sorted(s["rank"] for s in statuses) == [0, 1, 2, 3]
     assert {s["node"] for s in statuses} == {n.netns for n in nodes}
     assert all(s["world_size"] == 4 and s["state"] == "stopped" for s in statuses), statuses
+    # Every rank carried the agreed stop out, also those whose own SIGTERM came during it:
+    # none failed in the stop's collectives, and each node's supervisor journaled its stop.
+    assert not [e for e in run.events("failed") if e["time"] > returned["time"]], statuses
+    assert sorted(e["host"] for e in run.events("controller_stopping")) == sorted(
+        n.netns for n in nodes)
     done = subprocess.run([sys.executable, "-m", "trainwatch", "report", str(run_dir), "--json"],
                           capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.returncode == 0, done.stderr

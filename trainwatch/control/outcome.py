@@ -87,6 +87,8 @@ class RunOutcome:
             return ("trainwatch run: the job failed before any rank started (not restarted: "
                     "it would fail the same way)" + (f": {first}" if first else "")
                     + "; the end of its log:" + launch.last_lines(n=20))
+        if self.ending is Ending.STOPPED and self.why:  # another node's stop ended the job
+            return f"trainwatch run: {self.why}"
         if self.ending is Ending.NOT_RESTARTED and self.code != EXIT_INTERRUPTED:
             skipped = run.events("action_skipped")
             why = (f": {self.why}" if self.why

@@ -20,6 +20,7 @@ from pathlib import Path
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from trainwatch.control.outcome import RunOutcome
 from trainwatch.invocation import program
@@ -189,27 +190,32 @@ def _number(value) -> float | None:
 # --------------------------------------------------------------------------- text
 
 def render(s: Summary, console: Console) -> None:
-    console.print(f"[bold]trainwatch run {s.outcome.word}:[/bold] {s.run_dir}", highlight=False)
+    """The summary table. What the run says (paths, incident causes quoting a job's error
+    such as gloo's ``[/__w/.../pair.cc:553]``) is Text, never read as rich markup."""
+    console.print(Text.assemble((f"trainwatch run {s.outcome.word}:", "bold"),
+                                f" {s.run_dir}"), highlight=False)
     table = Table(show_header=False, box=box.ROUNDED)
     table.add_column("what", style="bold")
     table.add_column("value")
+
+    def row(what: str, value: str) -> None:
+        table.add_row(what, Text(value))
+
     if s.steps_done is not None or s.steps_target is not None:
-        table.add_row("steps", f"{s.steps_done if s.steps_done is not None else '?'}"
-                      + (f" of {s.steps_target}" if s.steps_target else "") + " completed")
-    table.add_row("final loss", _loss_text(s))
-    table.add_row("goodput", f"{100 * s.goodput:.1f} %" if s.goodput is not None else "-")
-    if s.incidents:
-        table.add_row("incidents", incidents_text(s.incidents))
-    else:
-        table.add_row("incidents", "none")
-    table.add_row("checkpoints", _checkpoint_text(s))
+        row("steps", f"{s.steps_done if s.steps_done is not None else '?'}"
+            + (f" of {s.steps_target}" if s.steps_target else "") + " completed")
+    row("final loss", _loss_text(s))
+    row("goodput", f"{100 * s.goodput:.1f} %" if s.goodput is not None else "-")
+    row("incidents", incidents_text(s.incidents) if s.incidents else "none")
+    row("checkpoints", _checkpoint_text(s))
     for problem in s.problems:
-        table.add_row("could not read", problem)
+        row("could not read", problem)
     console.print(table)
     console.print("next:")
     width = max(len(cmd) for cmd, _ in s.next_commands())
     for cmd, what in s.next_commands():
-        console.print(f"  {cmd.ljust(width)}   # {what}", highlight=False, soft_wrap=True)
+        console.print(Text(f"  {cmd.ljust(width)}   # {what}"), highlight=False,
+                      soft_wrap=True)
 
 
 def incidents_text(causes: list[str]) -> str:

@@ -10,7 +10,9 @@ exit 2; a running job is stopped as soon as a rank reports it, before torchrun's
 ``--max-restarts`` start it again), nor a job whose every rank reported ``finished`` before
 it exited non-zero (a crash in interpreter teardown, after training ended), nor one that failed
 before any rank of its start published a status or beat file (a launch failure: a missing
-script, a bad launcher option; a restart would fail the same way).
+script, a bad launcher option; a restart would fail the same way), nor a multi-node job's
+node whose job ended as another node was stopped on request (control/stopped_elsewhere.py:
+it ends as stopped).
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Callable
 
 from trainwatch.control.actions import ActionRunner
 from trainwatch.control.controller import JobController
 from trainwatch.control.outcome import FINISHED, Ending, RunOutcome
-from trainwatch.errors import EXIT_OK, EXIT_USAGE
+from trainwatch.control.stopped_elsewhere import stopped_words
+from trainwatch.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +41,14 @@ FINAL_EXIT_CODES = (EXIT_OK, EXIT_USAGE)
 
 class Supervisor:
     def __init__(self, controller: JobController, runner: ActionRunner,
-                 poll_seconds: float = 1.0):
+                 poll_seconds: float = 1.0,
+                 stopped_elsewhere: Callable[[int], str | None] | None = None):
         self.controller = controller
         self.runner = runner
         self.poll_seconds = poll_seconds
+        # A multi-node job's node: why its job (this pid) ended for another node's stop on
+        # request, if it did (control/stopped_elsewhere.py); such a job is not restarted.
+        self.stopped_elsewhere = stopped_elsewhere
         self.finished = threading.Event()  # the supervision is over: ``outcome`` says how
         self.outcome: RunOutcome | None = None
         self._handled_pid: int | None = None
@@ -73,6 +81,7 @@ class Supervisor:
 
     def check(self) -> None:
         """One look at the job; called from the loop (and from tests)."""
+        elsewhere = self._elsewhere()
         with self.controller.lock:  # read only: never hold it while the runner acts
             code = self.controller.returncode()
             if self.controller.stopping or self.controller.proc is None:
@@ -84,11 +93,11 @@ class Supervisor:
                 running_rejected = self._running_rejected_input()
                 if running_rejected is None:
                     return
-            elif pid == self._handled_pid:
+            elif pid == self._handled_pid or self._unlooked(pid, code, elsewhere):
                 return
             self._handled_pid = pid
             if code is not None:
-                verdict = self._exit_verdict(pid, code)
+                verdict = self._exit_verdict(pid, code, elsewhere[1] if elsewhere else None)
         if code is None:
             log.warning("a rank of the running job died on bad input (%s): stopping the job "
                         "(a restart, torchrun's or ours, cannot fix it)", running_rejected)
@@ -118,9 +127,28 @@ class Supervisor:
         if not restart.taken and not self.controller.alive():
             self._end(RunOutcome(Ending.NOT_RESTARTED, code))
 
-    def _exit_verdict(self, pid: int, code: int) -> RunOutcome | None:
+    def _elsewhere(self) -> tuple[int, str | None] | None:
+        """A multi-node job's failed job (its pid) and the other node whose stop on request
+        ended it (None: none did), looked for before the lock is taken (it may wait a moment
+        for that node's record); None when there was no failed job to look at."""
+        proc = self.controller.proc
+        if self.stopped_elsewhere is None or proc is None or self.controller.stopping:
+            return None
+        code = proc.poll()
+        if code is None or code in FINAL_EXIT_CODES or proc.pid == self._handled_pid:
+            return None
+        return proc.pid, self.stopped_elsewhere(proc.pid)
+
+    def _unlooked(self, pid: int, code: int, elsewhere: tuple[int, str | None] | None) -> bool:
+        """The job failed after ``_elsewhere`` looked: it is looked at next time."""
+        return (self.stopped_elsewhere is not None and code not in FINAL_EXIT_CODES
+                and (elsewhere is None or elsewhere[0] != pid))
+
+    def _exit_verdict(self, pid: int, code: int, elsewhere: str | None = None
+                      ) -> RunOutcome | None:
         """The job's exit by itself, journaled (under the controller's lock), and how it ends
-        the supervision; None: a crash a restart may fix."""
+        the supervision; None: a crash a restart may fix. ``elsewhere``: the other node of a
+        multi-node job whose stop on request ended it (the run ends as stopped)."""
         if code in FINAL_EXIT_CODES:
             self.controller.journal_exit(pid, code)
             return (FINISHED if code == EXIT_OK
@@ -142,6 +170,10 @@ class Supervisor:
             log.warning("the job exited with %s before any rank published its status: a "
                         "launch failure, not restarted", code)
             return RunOutcome(Ending.LAUNCH_FAILED, code)
+        if elsewhere is not None:
+            self.controller.journal_exit(pid, code, stopped_elsewhere=elsewhere)
+            log.warning("%s", stopped_words(elsewhere))
+            return RunOutcome(Ending.STOPPED, EXIT_INTERRUPTED, stopped_words(elsewhere))
         self.controller.journal_exit(pid, code)
         return None
 

@@ -16,6 +16,7 @@ import logging
 import subprocess
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable
 
 import click
@@ -41,6 +42,7 @@ from trainwatch.control.receiver import Receiver
 from trainwatch.control.node_watch import NodeWatch
 from trainwatch.control.repairs import NodeRepairs, RepairBoard
 from trainwatch.control.run_summary import ended_nonfinite, unsaved_end
+from trainwatch.control.stopped_elsewhere import STOPPING_EVENT, wait_stopped_elsewhere
 from trainwatch.control.supervise import Supervisor
 from trainwatch.control.supervisor_pager import supervisor_rules
 from trainwatch.errors import EXIT_PROBLEM, EXIT_USAGE
@@ -109,7 +111,8 @@ class Supervision:
         board = RepairBoard(run, nodes) if nodes is not None else None
         self.runner = ActionRunner(run, self.controller, policy, silences=self.silences,
                                    board=board)
-        self.supervisor = (Supervisor(self.controller, self.runner)
+        self.supervisor = (Supervisor(self.controller, self.runner, stopped_elsewhere=(
+            partial(wait_stopped_elsewhere, run, nodes.node) if nodes is not None else None))
                            if self.controller is not None else None)
         self.repairs = (NodeRepairs(board, self.runner, self.controller,
                                     watch=NodeWatch(run, nodes, self.controller.journal)
@@ -181,7 +184,12 @@ class Supervision:
             self._start(started_line)
             wait()
         except KeyboardInterrupt:
+            stopping()  # a second Ctrl-C cannot cut short what follows
             self.interrupted = True
+            if self.controller is not None and self.started_at is not None:
+                # Before the job is signalled: the other nodes, whose jobs end as this
+                # one's ranks leave, read it as a stop on request (stopped_elsewhere.py).
+                self.controller.journal(STOPPING_EVENT, reason=self.role.interrupt_reason)
             if stopping_line:
                 click.echo(stopping_line, err=True)
         finally:

@@ -68,7 +68,7 @@ def healthy(a: Analysis) -> Finding:
         stop = a.stop or {}
         by, event, ended = (("closed by hand", "run_closed", "were gone when it was closed")
                             if stop.get("closed") else
-                            ("stopped by its supervisor", "job_stopped",
+                            ("stopped by its supervisor", stop.get("event") or "job_stopped",
                              "ended with it (their statuses still say running: the job did "
                              "not save and stop on SIGTERM)"))
         title = f"the run was {by} ({stop.get('reason')})"

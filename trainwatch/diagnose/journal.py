@@ -40,16 +40,22 @@ def gather(run: RunDir, ev: Evidence) -> None:
 def stopped(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The supervisor's ``job_stopped``, or a person's ``run_closed`` (``trainwatch close``),
     when it is the job's last start, stop or exit: the run was stopped (Ctrl-C, ``systemctl
-    stop``, bad input) or closed (its job gone) and not started again."""
+    stop``, bad input) or closed (its job gone) and not started again. A multi-node job's
+    node whose job ended as another node was stopped on request (``job_exited`` with
+    ``stopped_elsewhere``, control/stopped_elsewhere.py) was stopped too."""
     last = None
     for record in records:
         if record.get("event") in ("job_started", "job_stopped", "job_exited", CLOSED_EVENT):
             last = record
-    if last is None or last.get("event") not in ("job_stopped", CLOSED_EVENT) \
+    elsewhere = last.get("stopped_elsewhere") if last is not None else None
+    if last is None or (last.get("event") not in ("job_stopped", CLOSED_EVENT)
+                        and not elsewhere) \
             or not isinstance(last.get("time"), (int, float)):
         return None
-    return {"time": last["time"], "reason": str(last.get("reason") or "stopped"),
-            "closed": last.get("event") == CLOSED_EVENT}
+    reason = (f"node {elsewhere} was stopped on request" if elsewhere
+              else str(last.get("reason") or "stopped"))
+    return {"time": last["time"], "reason": reason, "closed": last.get("event") == CLOSED_EVENT,
+            "event": last.get("event")}
 
 
 def resumed_step(records: list[dict[str, Any]], attempt: attempts.Generation,

@@ -41,7 +41,7 @@ EVENTS = (
     "alert_firing", "alert_resolved", "action_taken", "action_skipped", "action_guard_cleared",
     "diagnostics_dumped",
     "job_started", "job_stopped", "job_exited", "job_silent", "job_output_dropped",
-    "controller_started", "controller_stopped",
+    "controller_started", "controller_stopping", "controller_stopped",
     "leftovers_stopped", "leftovers_unchecked",
     "repair_proposed", "repair_requested", "repair_applied", "node_lost", "node_returned",
     "supervisor_died", "supervisor_tree_gone", "supervisor_tree_left", "second_supervisor_exited", CLOSED_EVENT,

@@ -420,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
                                    cfg.telemetry.metrics_host)
         ckpt.start()
         train(cfg, run, ranks, tel, ckpt)
-        ckpt.close()
+        # SIGTERM stays handled until the final status is written (Checkpoints._stop says why)
+        ckpt.close(signals=False)
     except BaseException as exc:
         ckpt.close()
         tel.event("failed", error=f"{type(exc).__name__}: {exc}")
@@ -436,4 +437,5 @@ def main(argv: list[str] | None = None) -> int:
     if ranks.distributed:
         gc.collect()  # DDP sits in a reference cycle: free it and its hold on the group first
         dist.destroy_process_group()
+    ckpt.requests.uninstall()
     return ckpt.exit_code

@@ -138,11 +138,13 @@ class Checkpointer:
             log.warning("cannot record the checkpoint folders in %s: %s", self.run.run_file,
                         exc.strerror or exc)
 
-    def close(self) -> None:
-        """Wait for the save in flight, stop handling signals, publish the final facts."""
+    def close(self, *, signals: bool = True) -> None:
+        """Wait for the save in flight, stop handling signals (``signals=False``: the caller
+        does, later), publish the final facts."""
         self.wait()
         self.memory.close()
-        self.requests.uninstall()
+        if signals:
+            self.requests.uninstall()
         self._publish()
 
     @property

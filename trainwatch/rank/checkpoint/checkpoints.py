@@ -263,13 +263,17 @@ class Checkpoints:
         self._skipped = []
 
     def _stop(self) -> None:
-        """SIGTERM was honoured with a checkpoint: end this rank the way the trainer does."""
-        self.checkpointer.close()
+        """SIGTERM was honoured with a checkpoint: end this rank the way the trainer does.
+        SIGTERM stays handled until the final status is written: the launcher's SIGTERM of a
+        rank that stops because another rank was asked lands about now, and unhandled it
+        killed the rank with its status still ``running``."""
+        self.checkpointer.close(signals=False)
         self._closed = True
         if self.telemetry is not None:
             self.telemetry.close("stopped")
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+        self.checkpointer.requests.uninstall()
         with contextlib.suppress(OSError, ValueError):  # a full disk's or a closed stderr
             print(f"trainwatch: rank {self.rank}: stopped on request after saving step "
                   f"{self._last[0] if self._last else '?'}", file=sys.stderr, flush=True)

@@ -1,7 +1,7 @@
 """Save and stop requests that arrive between step boundaries.
 
 SIGUSR1 or touching ``RUN_DIR/control/checkpoint`` asks for a save; SIGTERM asks for a
-save and a clean exit (a second SIGTERM kills at once, as if unhandled, unless it comes
+save and a clean exit (a second SIGTERM to this rank kills at once, as if unhandled, unless it comes
 within ``REPEAT_SECONDS`` of the first: a killed ``trainwatch run`` delivers SIGTERM to
 torchrun once per thread it had, PR_SET_PDEATHSIG, and torchrun passes each one on within
 milliseconds; that repeat is the same stop, and killing on it lost every step since the last
@@ -98,7 +98,10 @@ class Requests:
     def _on_term(self, signum: int, frame: Any) -> None:
         if repeated_term(self._first_term):
             return  # the same stop, delivered again (a launcher forwarding each SIGTERM)
-        if self.stop:  # asked twice: the loop is not reaching a boundary, die as asked
+        if self._first_term is not None:  # asked twice: the loop is not reaching a
+            # boundary, die as asked. A stop agreed from another rank's ask (``stop`` set by
+            # the agreement) is no ask of this rank's: its own first SIGTERM, its launcher's
+            # on a node stopped a moment later, lands while it saves and must not kill it.
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
