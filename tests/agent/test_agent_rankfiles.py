@@ -263,3 +263,26 @@ def test_a_hostile_beat_window_is_never_grafted_and_never_breaks_a_read(tmp_path
     finally:
         for writer in writers:
             writer.close()
+
+
+def test_a_status_file_that_did_not_change_is_not_parsed_again(tmp_path, monkeypatch):
+    """A stalled job's beats stop moving, which asks for each status every second: the
+    same file (inode, size, times) keeps its parsed record; a rewritten one is parsed."""
+    run = RunDir(tmp_path / "run").create()
+    writer = BeatWriter(beat_path(run.status_dir, 0))
+    files = RankFiles(refresh=5.0)
+    parsed: list[str] = []
+    read_status = run.read_status
+    monkeypatch.setattr(run, "read_status",
+                        lambda path, folder=None: parsed.append(path) or read_status(path, folder))
+    try:
+        status(run, 0, 100, loss=1.0)
+        beat(writer, 0, 100, 1000.0)
+        assert loss(files, run, 0.0) == 1.0 and len(parsed) == 1
+        for mono in (1.0, 2.0, 3.0, 9.0):  # the beat never moves; refresh seconds pass too
+            assert loss(files, run, mono) == 1.0
+        assert len(parsed) == 1
+        status(run, 0, 100, loss=2.0)          # rewritten (renamed over): parsed again
+        assert loss(files, run, 10.0) == 2.0 and len(parsed) == 2
+    finally:
+        writer.close()

@@ -40,6 +40,7 @@ class _Held:
     record: dict[str, Any]
     read_at: float  # monotonic
     beat_at: Any    # the beat's heartbeat at the last look
+    version: Any = None  # the file's (inode, size, mtime, ctime) when it was parsed
 
 
 class RankFiles:
@@ -67,7 +68,7 @@ class RankFiles:
                 kept = self._held.get(path)
                 window_due = False
                 if beat is None or kept is None or self._stale(kept, beat, mono):
-                    kept = self._parse(run, path, folder, mono, result)
+                    kept = self._parse(run, path, folder, mono, result, kept)
                     if kept is None:
                         continue
                 else:
@@ -88,9 +89,15 @@ class RankFiles:
         return result, beats
 
     def _parse(self, run: RunDir, path: str, folder: RunFolder, mono: float,
-               result: ReadResult) -> _Held | None:
+               result: ReadResult, kept: _Held | None = None) -> _Held | None:
+        """The status parsed, or the one ``kept`` when the file is the very one it was
+        parsed from (a stalled job's beats stop: every status had been parsed again every
+        second, the same bytes each time)."""
+        version = folder.version(os.path.basename(path))  # before: a write after it is seen
+        if kept is not None and version is not None and version == kept.version:
+            return _Held(kept.record, mono, kept.beat_at, version)
         try:
-            return _Held(run.read_status(path, folder), mono, None)
+            return _Held(run.read_status(path, folder), mono, None, version)
         except SkippedFile as exc:
             result.skipped.append(Skipped(path, exc.detail, code=exc.reason))
         except FormatError:  # vanished between the listing and the read
@@ -105,7 +112,7 @@ class RankFiles:
         key = _summary_key(beat.get("timing_step"), kept.record)
         timing = window_timing(beat, summaries[key]) if key in summaries else None
         if timing is not None:
-            return _Held(dict(kept.record, timing=timing), kept.read_at, kept.beat_at)
+            return _Held(dict(kept.record, timing=timing), kept.read_at, kept.beat_at, None)
         fresh = self._parse(run, path, folder, mono, result)
         if fresh is not None:
             _offer_summary(fresh.record, summaries)

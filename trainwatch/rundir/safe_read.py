@@ -194,6 +194,20 @@ class RunFolder:
     def __exit__(self, *exc: Any) -> None:
         os.close(self.fd)
 
+    def version(self, name: str) -> tuple[int, int, int, int] | None:
+        """The listed plain file ``name``'s (inode, size, mtime, ctime in ns), one stat
+        without following a link; None when it is not listed, not a plain file or gone.
+        A file rewritten by rename (status files) has another version, even when its
+        inode number is reused."""
+        entry = self.entries.get(name)
+        try:
+            if entry is None or not entry.is_file(follow_symlinks=False):
+                return None
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
     def read(self, name: str, *, max_bytes: int = MAX_RECORD_BYTES) -> bytes:
         """The bytes of the listed file ``name`` (FileNotFoundError when it is not listed
         or is gone), as ``read_run_file`` reads them."""
