@@ -279,10 +279,12 @@ class Checkpointer:
         return False
 
     def after_step(self, step: int, state: Callable[[], dict[str, Any]], *,
-                   final: bool = False) -> bool:
+                   final: bool = False,
+                   snapshot_state: Callable[[], dict[str, Any]] | None = None) -> bool:
         """Save if due (interval, request, stop, end); True when the loop must stop (SIGTERM).
 
-        ``step`` is the number of steps completed; ``state`` is called only when saving.
+        ``step`` is the number of steps completed; ``state`` is called only when saving
+        (durably); ``snapshot_state`` (default ``state``) when taking a memory snapshot.
         """
         if not self.cfg.enabled:
             return False
@@ -303,7 +305,7 @@ class Checkpointer:
                 dist.barrier(group=self._group)  # ranks exit together, after rank 0 wrote
             self.exit_code = EXIT_STOPPED
             return True
-        self.memory.after_step(step, state, final=final)
+        self.memory.after_step(step, snapshot_state or state, final=final)
         if final and self.cfg.save_final:
             self._save(step, state(), "final", force_wait=True)
         elif save or interval:

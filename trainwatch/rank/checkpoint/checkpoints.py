@@ -186,7 +186,8 @@ class Checkpoints:
             saving.append(True)
             return self._trees(state)
 
-        if self.checkpointer.after_step(step, taken):
+        # a memory snapshot is not a save: the final save must still come (close)
+        if self.checkpointer.after_step(step, taken, snapshot_state=lambda: self._trees(state)):
             self._stop()
         if saving:
             self._saved_at = step
