@@ -56,7 +56,7 @@ from trainwatch.rank.checkpoint.snapshot import Handoff, HostSnapshot
 from trainwatch.rank.checkpoint.writer import (CheckRefused, Payload, Written,
                                                   copy_checkpoint, write_checkpoint)
 from trainwatch.rank.memory_snapshots import resume as memory_resume
-from trainwatch.rank.memory_snapshots.snapshotter import SHARDED_OFF, MemorySnapshots, for_run
+from trainwatch.rank.memory_snapshots.snapshotter import MemorySnapshots, for_run
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +110,6 @@ class Checkpointer:
             config.memory_snapshots if config.enabled else "off", config.memory_snapshots_dir,
             self.run.root, rank=self.rank, world_size=self.world_size, group=self._group,
             config_hash=config_hash, journal=self._journal)
-        if sharded:  # FSDP2 shards are not snapshotted yet (docs/memory-snapshots.md)
-            self.memory.facts.update(enabled=False, off_reason=SHARDED_OFF)
         self.facts["memory_snapshots"] = self.memory.facts
 
     # ------------------------------------------------------------------ lifecycle
@@ -158,11 +156,16 @@ class Checkpointer:
             writer.join()
 
     # ------------------------------------------------------------------ resume
-    def resume(self) -> resume_mod.Restored | None:
-        """Load the newest verified, compatible checkpoint (every rank the same one), or None."""
+    def resume(self, live: Callable[[], dict[str, Any]] | None = None
+               ) -> resume_mod.Restored | None:
+        """Load the newest verified, compatible checkpoint (every rank the same one), or None.
+
+        ``live``: of a sharded (DTensor) job, its state trees as ``after_step``'s ``state``
+        gives them (the model's suffice); a memory snapshot of its shards is checked
+        against them and its ``shared`` trees come back as DTensors on the job's mesh."""
         if not self.cfg.enabled or self.cfg.resume == "never":
             return None
-        restored, memory_reason = self._resume_from_memory()
+        restored, memory_reason = self._resume_from_memory(live)
         if restored is not None:
             return restored
         decision: dict[str, Any] = {}
@@ -200,14 +203,15 @@ class Checkpointer:
         self._publish()
         return restored
 
-    def _resume_from_memory(self) -> tuple[resume_mod.Restored | None, str]:
+    def _resume_from_memory(self, live: Callable[[], dict[str, Any]] | None
+                            ) -> tuple[resume_mod.Restored | None, str]:
         """The newest snapshot every rank has, when newer than the durable checkpoints."""
         durable = None
         if self.rank == 0:
             steps = [e.step for f in (self.folder, self.mirror) if f is not None
                      for e in catalog.scan(f) if e.step is not None and e.state == "complete"]
             durable = max(steps, default=None)
-        restored, reason = memory_resume.resume(self.memory, self.run, durable)
+        restored, reason = memory_resume.resume(self.memory, self.run, durable, live)
         if restored is None:
             return None, reason
         if self.rank == 0:
