@@ -1,5 +1,11 @@
 """A user's 2-rank FSDP2 loop with the documented Checkpoints lines is protected.
 
+Memory snapshots: beside it, the same loop with a durable interval of 10 has rank 1
+SIGKILLed before step 7 (no checkpoint step); torchrun restarts both ranks and they resume
+from their memory snapshots of their own shards (step 6 or 7: at most one step lost),
+the gathered state there bit-identical to the uninterrupted run's, and train on to it.
+(Before, sharded state took no memory snapshots and this restart began at step 0.)
+
 Before: every save of a DTensor model failed (or sealed rank 0's half of it) and a killed
 rank restarted from step 0 or from half the weights. Now, with real torchrun gloo jobs
 (tests/jobs/fsdp2_train.py): a rank SIGKILLed after the save of step 4, its shard of it
@@ -59,14 +65,27 @@ def _verify(path: Path):
 def test_an_fsdp2_job_resumes_exactly_falls_back_past_a_bad_shard_and_reshards(tmp_path):
     run = RunDir(tmp_path / "run")
     # side by side: each job mostly waits (rendezvous, the restart), and it halves the wall time
-    started = [_start(tmp_path, "clean", tmp_path / "clean-run"),
+    memory = RunDir(tmp_path / "memory-run")
+    started = [_start(tmp_path, "clean", tmp_path / "clean-run", "--steps", "8"),
                _start(tmp_path, "killed", run.root, "--kill-at", "5", "--tear-shard",
-                      restarts=1)]
+                      "--memory-snapshots", "off", restarts=1),
+               _start(tmp_path, "memory", memory.root, "--steps", "8", "--every", "10",
+                      "--kill-at", "7", "--memory-snapshots", "every_step", restarts=1)]
     try:
-        clean, killed = (_digests(s) for s in started)
+        clean, killed, from_memory = (_digests(s) for s in started)
     finally:
         for proc, _ in started:
             kill_tree(proc)
+    # rank 1 killed before step 7, no checkpoint before 10: both ranks resumed from their
+    # snapshots of their own shards, one step lost at most, exactly where the clean run was
+    (resumed,) = memory.events("checkpoint_resumed")
+    assert resumed["state_from"] == "memory snapshot" and resumed["step"] in (6, 7), resumed
+    assert "durable_step" not in resumed and not memory.events("memory_snapshots_off")
+    step = resumed["step"]
+    assert from_memory[(step, "resumed")]["digest"] == clean[(step, "trained")]["digest"]
+    for later in range(step + 1, 9):  # and trained on exactly as it did
+        assert from_memory[(later, "trained")] == clean[(later, "trained")], later
+    assert [e["step"] for e in memory.events("checkpoint_saved")] == [8]
     # rank 1 died before step 5, its shard of step 4 torn: torchrun restarted both ranks,
     # rank 1 found its shard bad, and both resumed from step 2 (step 4 was written again)
     (torn,) = run.events("checkpoint_fallback")
