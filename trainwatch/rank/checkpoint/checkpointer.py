@@ -19,7 +19,9 @@
 every key but ``data`` is the same on every rank and written once, by rank 0; ``data``
 (the loader position) and the RNG states are per rank and gathered to rank 0.
 Only rank 0 writes. Trees holding DTensors (FSDP2) are sharded instead: every rank writes
-its own shards through DCP and rank 0 seals them (sharded_save.py).
+its own shards through DCP and rank 0 seals them (sharded_save.py); such a loop passes
+``ckpt.resume(live)`` its model's DTensors (``sharded.models_of``) so a memory snapshot of
+its shards can be checked and loaded (memory_snapshots/shards.py).
 See docs/checkpoints.md.
 """
 
