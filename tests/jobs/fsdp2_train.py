@@ -78,6 +78,7 @@ def note(step: int, what: str, model, opt, loss: float | None = None) -> None:
     if value is not None:
         with open(Path(args.out) / "digests.jsonl", "a") as fh:
             fh.write(json.dumps({"step": step, "what": what, "digest": value, "loss": loss,
+                                 "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
                                  "world": dist.get_world_size()}) + "\n")
 
 
