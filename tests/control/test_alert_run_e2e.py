@@ -95,6 +95,9 @@ def test_crash_loop_trips_the_guard_and_pages(tmp_path):
     loops = [e for e in events if e["event"] == "alert_firing"
              and e["alert"] == "TrainingRestartLoop"]
     assert loops and loops[0]["severity"] == "critical" and loops[0]["labels"]["run"] == "exp1"
+    # each start dies before it publishes a step: still a restart loop, not a failed start
+    fired = [e["alert"] for e in events if e["event"] == "alert_firing"]
+    assert "TrainingStartupFailed" not in fired, fired
     assert json.loads((run.root / "alerts" / "actions.json").read_text())["guard_tripped"]
     # --no-live still says why it gave up, not only the exit code
     assert ("the job failed and was not restarted: restart guard"
