@@ -21,6 +21,7 @@ import pytest
 from torch.distributed import TCPStore
 
 from agent_helpers import REPO, wait_for
+from trainwatch.checkpoint_format import catalog
 from trainwatch.contract.ports import LOOPBACK
 from trainwatch.rank.memory_snapshots import store
 from trainwatch.rank.memory_snapshots.peer_store import PeerStore
@@ -53,6 +54,12 @@ def worker(launcher: subprocess.Popen) -> psutil.Process | None:
 def newest(folder: Path) -> int | None:
     sealed = store.sealed(folder)
     return sealed[0].step if sealed else None
+
+
+def durable_step(run_dir: Path) -> int:
+    """The newest complete durable checkpoint (what the resume compares snapshots with)."""
+    return max((e.step for e in catalog.scan(run_dir / "checkpoints")
+                if e.step is not None and e.state == "complete"), default=0)
 
 
 def stopped(pid: int) -> bool:
@@ -113,12 +120,13 @@ def test_a_lost_node_resumes_from_its_peer_copy_losing_at_most_one_step(tmp_path
             wait_for(lambda: stopped(lost_rank.pid), 10, 0.01, "rank 0 stopped")
             held = PeerStore(root / "held").newest(0)
             if held and held.snapshot.step == newest(root / "rank-00000") and \
+                    held.snapshot.step > durable_step(run_dir) and \
                     not any(p.name.startswith(".") for p in (root / "rank-00000").iterdir()):
                 return True
             lost_rank.send_signal(signal.SIGCONT)
             return False
         wait_for(copy_caught_up, 30, 0.05, "rank 0's newest snapshot held by the other node")
-        durable = max(e["step"] for e in run.events("checkpoint_saved"))
+        durable = durable_step(run_dir)
         kill_tree(launchers[lost])                       # the node is lost ...
         sealed_at_loss = newest(root / "rank-00000")
         shutil.rmtree(root / "rank-00000")               # ... with its memory
