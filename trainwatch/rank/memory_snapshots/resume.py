@@ -86,7 +86,11 @@ def resume(snaps: MemorySnapshots, run: RunDir, durable_step: int | None
 def _load(snaps: MemorySnapshots, step: int) -> tuple[Restored | None, str | None]:
     """Read this rank's snapshot of ``step`` once: digest checked, then loaded."""
     assert snaps.folder is not None
-    path = snaps.folder / store.snapshot_name(step)
+    return load_file(snaps.folder / store.snapshot_name(step), step, snaps.world_size)
+
+
+def load_file(path: Path, step: int, world_size: int) -> tuple[Restored | None, str | None]:
+    """Read the snapshot file at ``path`` once: digest checked, then loaded; or why not."""
     started = time.perf_counter()
     try:
         header = store.read_header(path)
@@ -96,7 +100,7 @@ def _load(snaps: MemorySnapshots, step: int) -> tuple[Restored | None, str | Non
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # a torn or altered file: the ranks try an older step
         return None, f"{path.name}: {exc}"
-    manifest: dict[str, Any] = {"step": step, "world_size": snaps.world_size,
+    manifest: dict[str, Any] = {"step": step, "world_size": world_size,
                                 "source": SOURCE, "shared": list(state["shared"]),
                                 "digest": header["digest"], "bytes": header["bytes"],
                                 "load_seconds": round(time.perf_counter() - started, 6)}
