@@ -10,6 +10,7 @@ from typing import Any
 from trainwatch.diagnose.casefile import Analysis
 from trainwatch.diagnose.model import Evidence, Finding
 from trainwatch.diagnose.post_mortem import hang_before_death
+from trainwatch.diagnose.racing_deaths import Death, own_deaths, racing_finding
 from trainwatch.diagnose.stacks import format_frames
 from trainwatch.rundir import attempts
 from trainwatch.rundir.torchrun_log import PEER_FAILURE
@@ -105,6 +106,9 @@ def _dead_now(a: Analysis, root: dict[str, Any] | None,
     own = [r for r in failed if (message := _failure_message(ev.ranks[r]))
            and not PEER_FAILURE.search(message)]
     peers = [r for r in failed if r not in own]
+    race = own_deaths(a, root, failures, own)
+    if len(race) > 1:  # two or more ranks died on their own: torchrun's pick is no order
+        return _racing(a, race, root, failures, gone, dead + peers)
     tie: list[int] = []
     if not culprits and dead and not own:
         tie, why = order_by_heartbeat(ev, dead)
@@ -165,6 +169,29 @@ def _dead_now(a: Analysis, root: dict[str, Any] | None,
         return [f for f in findings if f is not hang]
     return [f if f is hang or set(f.ranks) & killed_by_oom else _ended_hang(f, hang)
             for f in findings]
+
+
+def _racing(a: Analysis, race: list[Death], root: dict[str, Any] | None,
+            failures: list[dict[str, Any]], gone: list[int], dead: list[int]) -> list[Finding]:
+    """Ranks that died on their own at about the same time: each with its own cause, the
+    first only where their records order them (racing_deaths.py)."""
+    ev, racers = a.ev, {d.rank for d in race}
+    hang = hang_before_death(a, gone, root)
+    a.explained |= racers | set(dead)
+    followers = [f"rank {x['rank']}: {_exit_text(x['exitcode'])}"
+                 for x in ([root] if root else []) + failures if x.get("rank") not in racers]
+    followers += [f"rank {r}: process gone" for r in sorted(set(dead) - racers)
+                  if not any(x.get("rank") == r for x in failures)]
+    extra = {}
+    for d in race:
+        title, lines, _ = _oom(ev.ranks[d.rank]) if "SIGKILL" in d.how else (None, [], False)
+        extra[d.rank] = ([f"rank {d.rank} was {title}"] if title else []) + [
+            f"rank {d.rank}: {line}" for line in lines]
+    finding = racing_finding(a, race, root, followers, extra)
+    finding.evidence += _first_error_lines(ev)
+    if (ev.journal.get("restarts") or {}).get("restarts"):
+        finding.evidence.append(f"journal: {attempts.describe(ev.journal['restarts'])} so far")
+    return ([hang] if hang else []) + [_ended_hang(finding, hang)]
 
 
 def _oom(view: dict[str, Any]) -> tuple[str | None, list[str], bool]:
