@@ -190,3 +190,25 @@ def test_one_death_and_the_ranks_torchrun_stopped_stay_a_confident_answer(tmp_pa
     dead = [f for f in found if f.category == "rank_dead"]
     assert [f.ranks for f in dead] == [[1]] and dead[0].confidence == "high", \
         [(f.ranks, f.title) for f in dead]
+
+
+def test_an_earlier_attempts_racing_deaths_are_history_of_both(tmp_path):
+    """The run was started again after ranks 2 and 1 exited in one poll (as `trainwatch
+    run` left it): the history names both, not torchrun's pick with confidence."""
+    run = racing_run(tmp_path, exits={1: 4, 2: 3, 0: -15, 3: -15}, root=1, stopped=[0, 3])
+    now = time.time()
+    for attempt, t in ((0, now - 90), (1, now - 40)):
+        for rank in range(4):
+            status = json.loads(run.status_file(rank).read_text())
+            pid = status["pid"] if attempt == 0 else _gone_pid()
+            run.append_event("rank_started", f"rank{rank}", rank=rank, pid=pid, restart_count=0)
+            if attempt == 1:
+                status.update(pid=pid, state="finished", started_at=t, heartbeat_at=now - 5)
+                run.write_status(rank, {k: v for k, v in status.items()
+                                        if k not in ("format", "version")})
+    found = _findings(run)
+    history = [f for f in found if f.category == "rank_dead"]
+    assert [f.ranks for f in history] == [[1, 2]], [(f.ranks, f.title) for f in history]
+    assert history[0].title.startswith("ranks 1 and 2 died within one torchrun poll in "
+                                       "attempt 1 (rank 1: exit code 4; rank 2: exit code 3)")
+    assert history[0].confidence == "medium" and history[0].severity == "info"

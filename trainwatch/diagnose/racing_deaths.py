@@ -84,6 +84,23 @@ def own_deaths(a: Analysis, root: dict[str, Any] | None, failures: list[dict[str
     return found
 
 
+def past_racers(ev: Evidence, root: dict[str, Any]) -> list[dict[str, Any]]:
+    """An earlier attempt's deaths on their own in torchrun's poll of its root cause (its
+    failure table): the root and each failure stamped the same second that torchrun did not
+    stop and whose error in that attempt's log is not a consequence; in torchrun's order."""
+    stopped = set(ev.launcher.get("torn_down") or [])
+    errors = root.get("attempt_errors") or {}
+    found = [root]
+    for x in ev.launcher.get("failures") or []:
+        words = errors.get(x.get("rank")) or errors.get(str(x.get("rank"))) or x.get("error")
+        if x is not root and x.get("time") and x.get("time") == root.get("time") \
+                and x.get("pid") not in stopped and x.get("exitcode") not in _STOP_CODES \
+                and not (words and CONSEQUENCE.search(words)) \
+                and not CONSEQUENCE.search(str(errors.get(root.get("rank")) or "")):
+            found.append(x)
+    return found
+
+
 def own_words(ev: Evidence, rank: int, entry: dict[str, Any] | None) -> str | None:
     """The error a rank recorded itself: its status ``failure``, its journal ``failed``
     event, its first error line in the logs, or torchrun's error file of it."""

@@ -157,7 +157,8 @@ def launcher_exits(logs_dir: Path) -> dict[str, Any]:
 
     ``failed``: its "failed (exitcode: -9) local_rank: 1 (pid: 42)" lines; ``root_cause``:
     the rank of its "Root Cause (first observed failure)" block with exit code, signal and
-    error file (``TORCHELASTIC_ERROR_FILE`` contents when the worker wrote one);
+    error file (``TORCHELASTIC_ERROR_FILE`` contents when the worker wrote one) and
+    ``attempt_errors``, each rank's first error line in the attempt that table ended;
     ``failures``: the other ranks of its "Failures:" block (those it tore down, and those
     that died on their own in the same poll); ``first_error``: the first error line of the
     newest attempt in the logs, with the rank its prefix names; ``errors_by_rank``: each
@@ -216,6 +217,9 @@ def _failure_blocks(text: str, log: str) -> dict[str, Any]:
         match = _ENTRY.search(text, root_at)
         if match:
             out["root"] = _entry(match, log)
+            # each rank's own first error in the attempt this table ended (an earlier one
+            # than the newest when the run was started again)
+            out["root"]["attempt_errors"] = _errors_by_rank(_newest_attempt(text[:root_at]))
     if 0 <= failures_at < root_at:
         out["failures"] = [_entry(m, log) for m in _ENTRY.finditer(text, failures_at, root_at)]
     return out

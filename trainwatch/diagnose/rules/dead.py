@@ -10,7 +10,7 @@ from typing import Any
 from trainwatch.diagnose.casefile import Analysis
 from trainwatch.diagnose.model import Evidence, Finding
 from trainwatch.diagnose.post_mortem import hang_before_death
-from trainwatch.diagnose.racing_deaths import Death, own_deaths, racing_finding
+from trainwatch.diagnose.racing_deaths import Death, own_deaths, past_racers, racing_finding
 from trainwatch.diagnose.stacks import format_frames
 from trainwatch.rundir import attempts
 from trainwatch.rundir.torchrun_log import PEER_FAILURE
@@ -44,27 +44,39 @@ def _current(ev: Evidence, entry: dict[str, Any]) -> bool:
 
 
 def _recovered(a: Analysis, entry: dict[str, Any]) -> Finding:
-    """An earlier attempt's death, as history: in which attempt, and how the run went on."""
+    """An earlier attempt's death, as history: in which attempt, and how the run went on.
+    Ranks that died on their own in the same torchrun poll are named together: torchrun's
+    pick among them is no order (racing_deaths.py)."""
     rank, ev = entry["rank"], a.ev
+    racers = [x for x in past_racers(ev, entry) if x.get("rank") in ev.ranks]
+    died = (f"rank {rank} died" if len(racers) < 2 else
+            "ranks " + " and ".join(str(x["rank"]) for x in sorted(
+                racers, key=lambda x: x["rank"])) + " died within one torchrun poll")
+    exits = "; ".join((f"rank {x['rank']}: " if len(racers) > 1 else "")
+                      + _exit_text(x["exitcode"]) for x in sorted(racers, key=lambda x: x["rank"]))
     tried = ev.journal.get("attempts") or []
     n = next((i for i, g in enumerate(tried) if entry["pid"] in g["pids"].values()), None)
     if n is None:
-        title = (f"rank {rank} died in an earlier attempt ({_exit_text(entry['exitcode'])}); "
+        title = (f"{died} in an earlier attempt ({exits}); "
                  f"recovered: it runs again as pid {ev.ranks[rank].get('pid')}")
     else:
         resumed = tried[n + 1]["resumed_step"] if n + 1 < len(tried) else None
         how = (f"restarted from step {resumed}" if resumed is not None
                else "started again (no checkpoint resumed in the journal)")
-        title = (f"rank {rank} died in attempt {n + 1} ({_exit_text(entry['exitcode'])}); "
-                 f"recovered: attempt {n + 2} {how}")
+        title = f"{died} in attempt {n + 1} ({exits}); recovered: attempt {n + 2} {how}"
     evidence = [f"torchrun named pid {entry['pid']} the root cause (first observed failure): "
-                f"{_exit_text(entry['exitcode'])} ({entry['log']})",
-                f"now: {a.where_line(rank)}"]
+                f"{_exit_text(entry['exitcode'])} ({entry['log']})"]
+    if len(racers) > 1:
+        evidence[0] += (f"; it saw the others' exits in the same poll (stamped {entry.get('time')}) "
+                        "and on a tie takes the lower rank: which died first cannot be told")
+    evidence.append(f"now: {a.where_line(rank)}")
     if (ev.journal.get("restarts") or {}).get("attempts"):
         evidence.append(f"journal: {attempts.describe(ev.journal['restarts'])}")
     return Finding("rank_dead", title, severity="info",
-                   confidence="high" if n is not None else "medium", ranks=[rank],
-                   nodes=[a.node(rank)], evidence=evidence, runbook="TrainingRankDown",
+                   confidence="high" if n is not None and len(racers) < 2 else "medium",
+                   ranks=sorted(x["rank"] for x in racers),
+                   nodes=sorted({a.node(x["rank"]) for x in racers}), evidence=evidence,
+                   runbook="TrainingRankDown",
                    next_command=f"trainwatch report {ev.run_dir}   # the incident and its cost")
 
 
