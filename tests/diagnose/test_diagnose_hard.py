@@ -1,7 +1,8 @@
 """`trainwatch diagnose` on the hard cases (issue #23), each a real torchrun job: a rank
-that skips a collective on a side group, racing deaths, stale status steps, a hang killed
-afterwards, a rank killed while a peer finishes a slow batch, a hung DataLoader worker, an
-OOM kill (a rank busy in C holding the GIL: test_diagnose_busy_in_c.py).
+that skips a collective on a side group, racing deaths (a peer's failure against
+torchrun's order; two ranks exiting within one torchrun poll), stale status steps, a hang
+killed afterwards, a rank killed while a peer finishes a slow batch, a hung DataLoader
+worker, an OOM kill (a rank busy in C holding the GIL: test_diagnose_busy_in_c.py).
 
 Every case checks the rank, the cause, that no confident claim is wrong, and that
 diagnose answers within 20 s (printed).
@@ -102,6 +103,30 @@ def test_racing_deaths_weigh_a_peers_failure_against_the_launchers_order(jobs):
     assert dead["confidence"] == "medium", dead
     text = " ".join(dead["evidence"])
     assert "SIGKILL" in text and "peer" in text and "root cause" in text, dead["evidence"]
+    no_confident_wrong(report, 1)
+
+
+def test_two_ranks_exiting_within_one_poll_are_both_named_not_torchruns_pick(jobs):
+    """Rank 1 exits with code 3 and rank 0 with code 4 5 ms later, at a moment they agreed
+    on: torchrun sees both in one poll (0.1 s) and names rank 0, the lower. Nothing the
+    ranks left orders them: both are named with their exit codes, at medium confidence.
+    When torchrun's poll falls between them (1 run in 20) it stops rank 0: rank 1 alone."""
+    job = jobs(FAULT="racing", FAULT_RANK="1", FAULT_STEP="4", FAULT_ARG="0:0.005:exit")
+    job.proc.wait(timeout=60)
+    code, report, _ = timed_diagnose(job.run)
+    assert code == 1
+    launcher = report["evidence"]["launcher"]
+    exits = {x["rank"]: x["exitcode"] for x in [launcher["root_cause"], *launcher["failures"]]}
+    dead = top(report, "rank_dead")
+    print(f"torchrun's root cause: rank {launcher['root_cause']['rank']}; exits {exits}; "
+          f"diagnose: {dead['title']} ({dead['confidence']})")
+    if exits == {0: 4, 1: 3}:  # both exited on their own within one poll
+        assert dead["ranks"] == [0, 1] and dead["confidence"] == "medium", dead
+        assert "within one torchrun poll" in dead["title"], dead["title"]
+        text = " ".join(dead["evidence"])
+        assert "rank 0 (exit code 4)" in text and "rank 1 (exit code 3)" in text, text
+    else:
+        assert dead["ranks"] == [1], (dead, job.tail())
     no_confident_wrong(report, 1)
 
 
