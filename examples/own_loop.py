@@ -40,6 +40,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--pace", type=float, default=0.0, help="seconds of sleep per step")
     parser.add_argument("--poison-step", type=int, help="NaN batch at this step (first launch)")
+    parser.add_argument("--memory-snapshots", default="auto", choices=("auto", "every_step", "off"),
+                        help="in-memory snapshots (docs/memory-snapshots.md)")
     args = parser.parse_args()
 
     distributed = "WORLD_SIZE" in os.environ
@@ -61,7 +63,8 @@ def main() -> None:
     ddp = DDP(model) if distributed else model
 
     tel = Telemetry.from_env(device=device).start()                       # trainwatch
-    ckpt = Checkpoints.from_env(every_steps=args.checkpoint_every)        # trainwatch
+    ckpt = Checkpoints.from_env(every_steps=args.checkpoint_every,        # trainwatch
+                                memory_snapshots=args.memory_snapshots)
     start = ckpt.resume(model=model, optimizer=opt, scheduler=sched)     # trainwatch
     first_launch = os.environ.get("TRAINWATCH_LAUNCH", "1") == "1"
     for step in range(start, args.steps):

@@ -5,7 +5,7 @@
 # TRAINWATCH_DEMO_STEPS (default 300) sets the run's length; another length is another
 # experiment (the learning-rate schedule spans the steps), so it gets its own run
 # directory, runs/demo-STEPS. TRAINWATCH_DEMO_SKIP_SETUP=1 uses the trainwatch already on
-# PATH instead of setting up .venv (the test suite does).
+# PATH instead of setting up .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps="${TRAINWATCH_DEMO_STEPS:-300}"

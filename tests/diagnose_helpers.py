@@ -127,6 +127,26 @@ def top(report: dict, category: str | None = None) -> dict:
     return findings[0]
 
 
+LIMIT_S = 20  # diagnose answers within this on every hard case
+
+
+def timed_diagnose(run: RunDir, *args: str) -> tuple[int, dict, str]:
+    """diagnose, printing how long it took and failing past ``LIMIT_S``."""
+    started = time.monotonic()
+    code, report, output = diagnose(run, *args)
+    elapsed = time.monotonic() - started
+    print(f"diagnose: {elapsed:.1f} s")
+    assert elapsed < LIMIT_S, f"diagnose took {elapsed:.1f} s"
+    return code, report, output
+
+
+def no_confident_wrong(report: dict, culprit: int) -> None:
+    """No critical high-confidence finding blames a rank other than the culprit."""
+    wrong = [f["title"] for f in report["findings"] if f["confidence"] == "high"
+             and f["severity"] == "critical" and f["ranks"] and culprit not in f["ranks"]]
+    assert not wrong, wrong
+
+
 def stalled_for(seconds: float):
     return lambda s: all(time.time() - r["last_progress_at"] > seconds for r in s.values())
 

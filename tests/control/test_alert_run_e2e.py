@@ -12,7 +12,6 @@ import json
 import os
 import signal
 
-import psutil
 import pytest
 
 from agent_helpers import wait_for
@@ -96,34 +95,10 @@ def test_crash_loop_trips_the_guard_and_pages(tmp_path):
     loops = [e for e in events if e["event"] == "alert_firing"
              and e["alert"] == "TrainingRestartLoop"]
     assert loops and loops[0]["severity"] == "critical" and loops[0]["labels"]["run"] == "exp1"
+    # each start dies before it publishes a step: still a restart loop, not a failed start
+    fired = [e["alert"] for e in events if e["event"] == "alert_firing"]
+    assert "TrainingStartupFailed" not in fired, fired
     assert json.loads((run.root / "alerts" / "actions.json").read_text())["guard_tripped"]
     # --no-live still says why it gave up, not only the exit code
     assert ("the job failed and was not restarted: restart guard"
             in (tmp_path / "run.log").read_text())
-
-
-def test_ctrl_c_stops_everything_and_the_job_checkpoints(tmp_path):
-    _configs(tmp_path)
-    (tmp_path / "train.yaml").write_text(
-        "train: {steps: 100000, batch_size: 4, eval_interval: 100000}\n"
-        "checkpoint: {every_steps: 100000, fsync: false}\n")
-    run = RunDir(tmp_path / "exp1")
-    proc = _run(tmp_path, run.root)
-    try:
-        wait_for(lambda: any((s.get("step") or 0) >= 5 for s in run.statuses().records), 300,
-                 interval=0.2, what="a rank at step 5")
-        pids = [s["pid"] for s in run.statuses().records]
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=120) == 130
-    finally:
-        kill_tree(proc)
-    stopped = run.events("controller_stopped")[-1]
-    assert stopped["interrupted"] and stopped["exit_code"] == 130
-    job_stopped = run.events("job_stopped")[-1]
-    assert job_stopped["reason"] == "interrupted" and not job_stopped["hard"]
-    saved = run.events("checkpoint_saved")
-    assert saved and saved[-1]["reason"] == "stop"  # SIGTERM made the trainer checkpoint
-    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
-    left = [p.info["pid"] for p in psutil.process_iter(["pid", "cmdline"])
-            if str(run.root) in " ".join(p.info["cmdline"] or [])]
-    assert not left  # neither the agent, torchrun nor a rank outlived `trainwatch run`

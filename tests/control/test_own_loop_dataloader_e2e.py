@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from agent_helpers import wait_for
@@ -32,21 +33,32 @@ def _interrupted_run(tmp_path):
             status = json.loads((run_dir / "status" / "rank-00001.json").read_text())
             return (status.get("steps_completed") or 0) >= 5
         wait_for(stepping, timeout=120, what="rank 1 past step 5")
+        pids = [s["pid"] for s in RunDir(run_dir).statuses().records]
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=90)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    return code, RunDir(run_dir), log.read_text()[-3000:]
+    return code, RunDir(run_dir), log.read_text()[-3000:], pids
 
 
 def test_ctrl_c_saves_with_dataloader_workers(tmp_path):
-    code, run, log = _interrupted_run(tmp_path)
+    """Also what any Ctrl-C on `trainwatch run` must do: a soft stop of the job (SIGTERM,
+    which made it checkpoint), journaled as interrupted, exit 130, and nothing it started
+    (the agent, torchrun, a rank) outlives it."""
+    code, run, log, pids = _interrupted_run(tmp_path)
     assert code == 130, log
     saves = [e for e in run.events("checkpoint_saved") if e.get("reason") == "stop"]
     assert saves, f"no checkpoint saved on Ctrl-C\n{log}"
     stopped = run.events("job_stopped")
     assert stopped and stopped[-1]["reason"] == "interrupted", stopped
+    assert not stopped[-1]["hard"], stopped
+    controller = run.events("controller_stopped")[-1]
+    assert controller["interrupted"] and controller["exit_code"] == 130, controller
     job_log = (run.logs_dir / "job.log").read_text()
     assert "DataLoader worker" not in job_log, job_log[-3000:]
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+    left = [p.info["pid"] for p in psutil.process_iter(["pid", "cmdline"])
+            if str(run.root) in " ".join(p.info["cmdline"] or [])]
+    assert not left, left

@@ -5,8 +5,9 @@ SIGKILL a rank -> restarted, resumed, the same final weights as an uninterrupted
 SIGSTOP a rank -> stall alert, evidence, restart, finished; a NaN batch -> rollback past
 it, its steps skipped, finished; Ctrl-C -> a checkpoint, then nothing left running.
 `trainwatch report` reads the finished runs: no incident in a clean one, the world size,
-and the stall the controller killed counted as stalled time. Runs are shared between
-assertions to keep the suite short.
+and the stall the controller killed counted as stalled time; the clean run's summary
+shows the loss the loop logged last. Runs are shared between assertions to keep the
+suite short.
 """
 
 import importlib.util
@@ -141,6 +142,11 @@ def test_clean_finish_has_no_incident_and_a_known_world_size(runs):
     assert report["incidents"] == [], report["incidents"]
     info = clean.run.run_info()
     assert info["world_size"] == 2 and "torchrun" in info["command"] and info["started_at"]
+    # The summary ends with the loss the loop logged last, not `final loss -` (only the
+    # reference trainer journals its own).
+    last = [r["loss"] for r in clean.run.metrics(0).records if "loss" in r][-1]
+    summary = clean.run.root.with_suffix(".log").read_text()
+    assert f"final loss  │ {last:.4f}" in summary, summary[-3000:]
 
 
 def test_nan_batch_is_rolled_back_skipped_and_the_run_finishes(runs):

@@ -144,18 +144,6 @@ def test_a_job_that_fails_before_any_rank_starts_is_not_restarted(tmp_path):
     assert "can't open file" in said and "no-such-script.py" in said, out[-3000:]
 
 
-def test_the_summary_of_an_own_loop_shows_its_final_loss(tmp_path):
-    """A loop that logs its loss each step (examples/own_loop.py) ends with that loss in the
-    summary, not `final loss -` (only the reference trainer journals its own)."""
-    example = HERE.parents[1] / "examples" / "own_loop.py"
-    proc = _run(tmp_path / "r", "--", sys.executable, str(example), "--steps", "12",
-                "--checkpoint-every", "6")
-    out = proc.communicate(timeout=180)[0].decode()
-    assert proc.returncode == 0, out
-    last = RunDir(tmp_path / "r").metrics(0).records[-1]
-    assert f"final loss  │ {last['loss']:.4f}" in out, out
-
-
 def test_the_agent_listens_on_the_port_given_and_a_busy_one_is_exit_2(tmp_path):
     import socket
 

@@ -19,7 +19,6 @@ acts on the next 5 s tick, and TrainingStalled pages after ``stall_for``, set to
 from __future__ import annotations
 
 import json
-import signal
 import time
 import urllib.request
 
@@ -137,10 +136,15 @@ def test_a_full_run_directory_and_a_30s_rank0_evaluation_do_not_harm_the_job(tmp
           "on rank 0's evaluation")
 
 
+# Above the 5 s floor a rank's own budget would give (10 x 0.2 s steps is less) by enough
+# that a rank judged by the floor, not the evaluation's budget, shows before it.
+EVAL_BUDGET = 10
+
+
 def test_a_hang_inside_the_evaluation_is_caught_within_its_phase_budget(tmp_path):
     run = RunDir(tmp_path / "exp")
     (tmp_path / "agent.yaml").write_text(
-        "stall:\n  phase_budgets: {checkpoint: 600, eval: 15, init: 600}\n")
+        f"stall:\n  phase_budgets: {{checkpoint: 600, eval: {EVAL_BUDGET}, init: 600}}\n")
     proc = _start(tmp_path, run.root, "slow:delay=0.2,eval:rank=0:step=5",
                   "--agent-config", str(tmp_path / "agent.yaml"))
     try:
@@ -155,11 +159,9 @@ def test_a_hang_inside_the_evaluation_is_caught_within_its_phase_budget(tmp_path
             time.sleep(0.5)
         injected = [e for e in run.events("fault_injected") if e.get("fault") == "eval"]
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        finally:
-            kill_tree(proc)
+        # Not Ctrl-C: rank 0 hangs in its evaluation and ignores SIGTERM, so a graceful stop
+        # would wait out the 15 s grace before its SIGKILL, which nothing here looks at.
+        kill_tree(proc)
     assert {0, 1} <= set(found), (found, (tmp_path / "run.log").read_text()[-3000:])
     events = [(e["event"], e.get("reason") or e.get("fault")) for e in run.events(
         "fault_injected", "job_started", "job_stopped", "job_exited", "alert_firing")]
@@ -167,4 +169,5 @@ def test_a_hang_inside_the_evaluation_is_caught_within_its_phase_budget(tmp_path
     assert "waiting for rank 0 in eval" in found[1]["message"]
     began = injected[0]["time"]
     for rank in (0, 1):  # not before the evaluation's budget, and soon after it
-        assert 14 <= found[rank]["detected_at"] - began <= 15 + 15, (found, began)
+        assert EVAL_BUDGET - 1 <= found[rank]["detected_at"] - began <= EVAL_BUDGET + 15, \
+            (found, began)

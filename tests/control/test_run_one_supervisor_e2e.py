@@ -98,45 +98,44 @@ def _kill_all(procs: list[psutil.Process]) -> None:
             pass
 
 
-def test_a_second_supervisor_on_the_same_run_dir_exits_2_at_once_naming_the_holder(tmp_path):
-    run = RunDir(tmp_path / "exp")
-    first = _trainer(tmp_path, run.root, 3000, log="first.log")
-    second = None
+def _second_supervisor_is_refused(tmp_path, run: RunDir, first: subprocess.Popen) -> None:
+    """A second supervisor on ``run`` exits 2 at once naming ``first`` and leaves its run
+    untouched: one controller, one job, the same run.json, ``first`` still running."""
+    run_json = run.run_file.read_bytes()
+    started = time.monotonic()
+    second = _trainer(tmp_path, run.root, 3000, log="second.log")
     try:
-        wait_for(lambda: _step(run) >= 3 or first.poll() is not None, 240,
-                 what="the first run's ranks to train")
-        assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-        run_json = run.run_file.read_bytes()
-        started = time.monotonic()
-        second = _trainer(tmp_path, run.root, 3000, log="second.log")
         code = second.wait(timeout=60)
-        took = time.monotonic() - started
-        out = (tmp_path / "second.log").read_text()
-        assert code == 2, out[-3000:]
-        assert f"pid {first.pid}" in out and (node_name() in out
-                                              or socket.gethostname() in out), out
-        assert "Traceback" not in out
-        assert took < 30, took  # at once: no agent, no torch, nothing started
-        # The holder's run is untouched: one controller, one job, the same run.json.
-        assert first.poll() is None
-        assert len(run.events("controller_started")) == 1
-        assert len(run.events("job_started")) == 1
-        assert run.run_file.read_bytes() == run_json
-        first.send_signal(signal.SIGINT)
-        assert first.wait(timeout=120) == 130
     finally:
-        kill_tree(first)
-        if second is not None:
-            kill_tree(second)
+        kill_tree(second)
+    took = time.monotonic() - started
+    out = (tmp_path / "second.log").read_text()
+    assert code == 2, out[-3000:]
+    assert f"pid {first.pid}" in out and (node_name() in out
+                                          or socket.gethostname() in out), out
+    assert "Traceback" not in out
+    assert took < 30, took  # at once: no agent, no torch, nothing started
+    assert first.poll() is None
+    assert len(run.events("controller_started")) == 1
+    assert len(run.events("job_started")) == 1
+    assert run.run_file.read_bytes() == run_json
 
 
-def test_sigkill_of_the_supervisor_takes_every_descendant_with_it_and_a_rerun_trains_one_job(
+def test_a_second_supervisor_exits_2_then_sigkill_of_the_first_takes_every_descendant(
         tmp_path):
+    """One paced run for both: a second supervisor on its directory refuses at once (exit 2,
+    naming the holder's pid and host) and leaves it alone; SIGKILL of the holder then takes
+    its agent, launcher, torchrun and ranks with it, and the same command run again trains
+    one job."""
     run = RunDir(tmp_path / "exp")
     first = _trainer(tmp_path, run.root, 3000, log="first.log")
     tree: list[psutil.Process] = []
     rerun = None
     try:
+        wait_for(lambda: _step(run) >= 3 or first.poll() is not None, 240,
+                 what="the first run's ranks to train")
+        assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+        _second_supervisor_is_refused(tmp_path, run, first)
         wait_for(lambda: _step(run) >= 12 or first.poll() is not None, 240,
                  what="the first run to train past its first checkpoint")
         assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
@@ -164,7 +163,7 @@ def test_sigkill_of_the_supervisor_takes_every_descendant_with_it_and_a_rerun_tr
         if rerun is not None:
             kill_tree(rerun)
     controllers = run.events("controller_started")
-    assert len(controllers) == 2
+    assert len(controllers) == 2  # the first and the rerun: the refused one journals none
     last = controllers[-1]["time"]
     assert len([e for e in run.events("job_started") if e["time"] >= last]) == 1
     assert len(run.events("launcher_started")) == 2  # one per supervisor, never beside it

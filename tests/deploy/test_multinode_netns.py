@@ -36,6 +36,7 @@ from agent_helpers import REPO, get_json, http_get, stop_process
 from conftest import kill_tree
 from netns import Node, NetnsWorker, kill_all, unavailable, veth_nodes
 from trainwatch.contract.ports import AGENT_PORT
+from trainwatch.rank.memory_snapshots import store as snapshot_store
 from trainwatch.rundir.run_dir import RunDir
 
 pytestmark = [pytest.mark.slow,
@@ -399,7 +400,7 @@ def own_loop_on(node: Node, nodes: list[Node], port: int) -> list[str]:
             "--rdzv-endpoint", f"{nodes[0].addr}:{port}", "--local-addr", node.addr,
             "--rdzv-conf", f"is_host={int(node.index == 0)},last_call_timeout=3",
             str(REPO / "examples" / "own_loop.py"), "--steps", str(LOSS_STEPS),
-            "--pace", "0.05", "--checkpoint-every", "20"]
+            "--pace", "0.05", "--checkpoint-every", "20", "--memory-snapshots", "every_step"]
 
 
 def _grown(run: RunDir) -> bool:
@@ -417,7 +418,8 @@ def test_a_lost_node_is_journaled_once_the_job_goes_on_with_fewer_ranks_and_grow
         nodes, tmp_path):
     """2 nodes x 2 ranks of an own DDP loop, one `trainwatch run` per node, elastic torchrun.
     Node 1 is lost after a checkpoint (supervisor, launcher, ranks SIGKILLed): node 0's
-    torchrun goes on alone, its 2 ranks resume from the newest checkpoint (4 -> 2 ranks),
+    torchrun goes on alone, its 2 ranks resume from their memory snapshots (4 -> 2 ranks),
+    losing at most the step in flight although the durable checkpoint is older,
     and the leader journals node_lost once, naming node 1; report names it as the cause.
     Node 1's supervisor is started again: node_returned, the job grows back to 4 ranks at
     the next re-rendezvous (2 -> 4) and trains on all 4; then both nodes are stopped with
@@ -439,8 +441,20 @@ def test_a_lost_node_is_journaled_once_the_job_goes_on_with_fewer_ranks_and_grow
             assert time.time() < deadline, "no checkpoint in time\n" + cluster.logs()
             assert all(p.poll() is None for p in sups), cluster.logs()
             time.sleep(0.2)
+        # The lost node's ranks have snapshots newer than the durable checkpoint (the
+        # namespaces share /dev/shm, so they stay readable here after the kill).
+        root = Path(run.events("memory_snapshots_started")[0]["root"])
+
+        def sealed_step(rank: int) -> int:
+            return max((s.step for s in snapshot_store.sealed(
+                snapshot_store.rank_folder(root, rank))), default=-1)
+        durable = max(e["step"] for e in run.events("checkpoint_saved"))
+        while min(sealed_step(2), sealed_step(3)) < durable + 3:
+            assert time.time() < deadline, "no snapshot past the checkpoint\n" + cluster.logs()
+            time.sleep(0.05)
         kill_all([nodes[1]])  # the node is gone: supervisor, torchrun, ranks, agent
         lost_at = time.time()
+        at_loss = max(sealed_step(2), sealed_step(3))
         sups[1].wait(10)  # reaped, as its node's init would (a zombie still has its pid)
         while not (run.events("node_lost") and run.events("checkpoint_resharded")):
             assert time.time() < lost_at + 90, "node 0 did not go on alone\n" + cluster.logs()
@@ -460,6 +474,11 @@ def test_a_lost_node_is_journaled_once_the_job_goes_on_with_fewer_ranks_and_grow
     finally:
         cluster.stop()
 
+    # The lost node cost at most the step in flight: the shrunk world resumed from memory at
+    # (or past) the newest step the lost ranks had sealed, not from the durable checkpoint.
+    shrunk = [e for e in run.events("checkpoint_resumed") if e["time"] >= lost_at][0]
+    assert shrunk["state_from"] in ("memory snapshot", "peer copy"), shrunk
+    assert shrunk["step"] >= at_loss > shrunk["durable_step"], (shrunk, at_loss)
     (lost,) = run.events("node_lost")
     assert lost["lost_node"] == nodes[1].netns and lost["host"] == nodes[0].netns
     assert lost["ranks"] == [2, 3] and lost["silent_seconds"] >= 15

@@ -3,8 +3,9 @@
     torchrun --standalone --nproc-per-node N tests/jobs/diagnose_job.py RUN_DIR STEPS
 
 Faults (environment): FAULT=data_fifo|worker_fifo|flock|extra_collective|size_mismatch|
-skip_side|regex|oom|slow|checkpoint|killed_peer_busy, FAULT_RANK, FAULT_STEP, FAULT_ARG (FIFO
-path, lock file path, extra seconds per step, checkpoint interval, or the others' seconds);
+skip_side|regex|oom|slow|checkpoint|killed_peer_busy|racing, FAULT_RANK, FAULT_STEP, FAULT_ARG (FIFO
+path, lock file path, extra seconds per step, checkpoint interval, the others' seconds, or
+racing's ``SECOND:DELAY:HOW``);
 DEADLOCK_RANK: that rank's threads deadlock on two locks at FAULT_STEP (besides FAULT, so one
 job can carry two blocked ranks).
 ABORT_ON_ERROR=1: an uncaught error aborts the rank (SIGABRT), as NCCL's watchdog does.
@@ -14,7 +15,11 @@ collective phase by name), which the faulty rank skips once; regex: the
 faulty rank runs a catastrophic regular expression (busy in C, holding the GIL); oom: the
 faulty rank allocates memory until the kernel kills it; killed_peer_busy: the faulty rank
 SIGKILLs itself at FAULT_STEP while the others spend FAULT_ARG seconds loading that step's
-batch, stopping on SIGTERM only after the step (as ``Checkpoints`` does).
+batch, stopping on SIGTERM only after the step (as ``Checkpoints`` does); racing: at
+FAULT_STEP the ranks agree on a moment (CLOCK_MONOTONIC, shared on one host), the faulty
+rank dies at it and rank SECOND DELAY seconds later, HOW: ``exit`` (exit codes 3 and 4),
+``raise`` (a RuntimeError each) or ``kill`` (SIGKILL, then SIGSEGV) — two deaths within one
+torchrun poll, with a known first.
 Gradients are all-reduced by hand (one flat tensor per step) so each step issues
 exactly one training collective, plus the telemetry's timing exchange.
 """
@@ -87,6 +92,24 @@ def allocate_until_killed():
     hog = []
     while True:
         hog.append(b"\x01" * (64 << 20))
+
+
+def die_racing(step):
+    """racing: every rank learns the moment; the two dying ranks die at it, DELAY apart."""
+    second, delay, how = FAULT_ARG.split(":")
+    moment = torch.tensor([time.monotonic() + 0.3], dtype=torch.float64)
+    dist.all_reduce(moment, op=dist.ReduceOp.MAX)
+    if rank not in (FAULT_RANK, int(second)):
+        return
+    at = moment.item() + (float(delay) if rank == int(second) else 0.0)
+    while time.monotonic() < at:
+        time.sleep(min(0.001, max(0.0, at - time.monotonic())))
+    first = rank == FAULT_RANK
+    if how == "raise":
+        raise RuntimeError(f"rank {rank} failed on its own at step {step}")
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL if first else signal.SIGSEGV)
+    os._exit(3 if first else 4)
 
 
 def take_file_lock(path):
@@ -175,6 +198,8 @@ for step in range(steps):
             opt.zero_grad()
             loss.backward()
         with tel.phase("allreduce"):
+            if FAULT == "racing" and step == FAULT_STEP:
+                die_racing(step)
             if FAULT == "extra_collective" and faulty and step == FAULT_STEP:
                 dist.barrier()  # the bug: a collective only this rank issues
             flat = torch.cat([p.grad.flatten() for p in model.parameters()])

@@ -1,7 +1,7 @@
-"""A newcomer's first hour, scripted: the demo from a fresh clone, its summary, the commands
-the summary names (the text report and the HTML page), a re-run that says it is complete;
-and the HTML report in a real headless browser (Chromium): no console errors, no network
-fetches, every chart drawn.
+"""A newcomer's first hour: the HTML report in a real headless browser (Chromium): no
+console errors, no network fetches, every chart drawn. The demo from a fresh clone, its
+summary, the commands the summary names and a re-run that says it is complete are
+tests/project/test_newcomer_readme.py's, which follows the README in fresh shells.
 """
 
 import io
@@ -9,71 +9,11 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import clone_checkout
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # fixtures start real runs
-
-
-def _env(tmp_path, **extra):
-    scratch = tmp_path / "scratch"
-    scratch.mkdir(exist_ok=True)
-    return {**os.environ, "TMPDIR": str(scratch), "OMP_NUM_THREADS": "1", **extra}
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    """A fresh clone of this checkout, and the demo run in it (few steps, no live view)."""
-    tmp = tmp_path_factory.mktemp("newcomer")
-    clone = tmp / "trainwatch"
-    clone_checkout(clone)
-    # The clone's code, with the dependencies of the environment running the tests; a
-    # length other than the default has its own run directory, runs/demo-30.
-    env = _env(tmp, TRAINWATCH_DEMO_SKIP_SETUP="1", TRAINWATCH_DEMO_STEPS="30",
-               PYTHONPATH=str(clone), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    first = subprocess.run(["bash", "scripts/demo.sh", "--no-live"], cwd=clone, env=env,
-                           capture_output=True, text=True, timeout=600)
-    return clone, env, first
-
-
-def test_demo_ends_with_a_summary_naming_the_next_commands(demo):
-    clone, env, first = demo
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    out = first.stdout
-    assert "trainwatch run finished: runs/demo-30" in out
-    assert "30 of 30" in out and "final loss" in out and "goodput" in out
-    assert "trainwatch report runs/demo-30" in out
-    assert "trainwatch report runs/demo-30 --html report.html" in out
-    assert "agent http://127.0.0.1:" in out                       # where the agent listens
-    assert "step " in out                                          # progress lines (--no-live)
-
-
-def test_the_commands_the_summary_names_work(demo):
-    clone, env, first = demo
-    report = subprocess.run(["trainwatch", "report", "runs/demo-30"], cwd=clone, env=env,
-                            capture_output=True, text=True, timeout=120)
-    assert report.returncode == 0, report.stderr
-    assert "Where the time went" in report.stdout and "productive steps" in report.stdout
-    assert "─" in report.stdout and "+---" not in report.stdout    # box drawing, not ASCII
-    page = subprocess.run(["trainwatch", "report", "runs/demo-30", "--html", "report.html"],
-                          cwd=clone, env=env, capture_output=True, text=True, timeout=120)
-    assert page.returncode == 0, page.stderr
-    assert (clone / "report.html").stat().st_size > 0
-
-
-def test_rerunning_the_finished_demo_says_already_complete(demo):
-    clone, env, first = demo
-    journal = (clone / "runs/demo-30/journal.jsonl").read_bytes()
-    again = subprocess.run(["bash", "scripts/demo.sh", "--no-live"], cwd=clone, env=env,
-                           capture_output=True, text=True, timeout=120)
-    assert again.returncode == 0, again.stderr
-    assert "Already complete — nothing to do" in again.stdout
-    assert "trainwatch report runs/demo-30" in again.stdout
-    # Nothing started, nothing journaled: report counts no fake downtime.
-    assert (clone / "runs/demo-30/journal.jsonl").read_bytes() == journal
 
 
 # --------------------------------------------------------------------------- the HTML page

@@ -1,8 +1,9 @@
 """A newcomer follows the README top to bottom from a fresh clone, each command in a new
 login shell with no virtual environment active: `bash scripts/demo.sh` sets up `.venv` and
-trains; every command its summary prints next runs as printed; the README's longer demo
-(`TRAINWATCH_DEMO_STEPS=...`) works after the first; the first demo run again says it is
-complete.
+trains, ending with a summary (steps, final loss, goodput, the agent's address) and the
+next commands; each runs as printed (the text report says where the time went, in box
+drawing; the HTML page is written); the README's longer demo (`TRAINWATCH_DEMO_STEPS=...`)
+works after the first; the first demo run again says it is complete and journals nothing.
 
 The clone's `.venv` is the script's own (python -m venv, pip install -e .); only torch and
 the other dependencies are seeded from the environment running the tests (a .pth line), so
@@ -67,12 +68,23 @@ def test_the_readme_top_to_bottom_in_fresh_shells(newcomer):
     assert lines[:2] == ["bash scripts/demo.sh", "bash scripts/test.sh"]  # then installs
     first = _fresh_shell("bash scripts/demo.sh --no-live", clone, home, timeout=900)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    assert "trainwatch run finished: runs/demo" in first.stdout
-    printed = _next_commands(first.stdout)
+    out = first.stdout
+    assert "trainwatch run finished: runs/demo" in out
+    assert "300 of 300" in out and "final loss" in out and "goodput" in out
+    assert "agent http://127.0.0.1:" in out                       # where the agent listens
+    assert "step " in out                                          # progress lines (--no-live)
+    printed = _next_commands(out)
     assert any(c.endswith("report runs/demo") for c in printed), printed
+    assert any(c.endswith("report runs/demo --html report.html") for c in printed), printed
+    said = {}
     for command in printed:               # as printed, each in a new shell: no exit 127
         done = _fresh_shell(command, clone, home, timeout=300)
         assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-2000:])
+        said[command] = done.stdout
+    report = next(text for c, text in said.items() if c.endswith("report runs/demo"))
+    assert "Where the time went" in report and "productive steps" in report, report
+    assert "─" in report and "+---" not in report                  # box drawing, not ASCII
+    assert (clone / "report.html").stat().st_size > 0
 
     m = LONGER.search(README)
     assert m, "the README names the longer demo as `TRAINWATCH_DEMO_STEPS=N bash scripts/demo.sh`"
@@ -83,9 +95,13 @@ def test_the_readme_top_to_bottom_in_fresh_shells(newcomer):
         done = _fresh_shell(command, clone, home, timeout=300)
         assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-2000:])
 
+    journal = (clone / "runs/demo/journal.jsonl").read_bytes()
     again = _fresh_shell("bash scripts/demo.sh --no-live", clone, home)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert "Already complete" in again.stdout
+    assert "Already complete — nothing to do" in again.stdout
+    assert "report runs/demo" in again.stdout
+    # Nothing started, nothing journaled: report counts no fake downtime.
+    assert (clone / "runs/demo/journal.jsonl").read_bytes() == journal
 
 
 def test_printed_program_is_the_one_that_ran(tmp_path, monkeypatch):

@@ -360,6 +360,13 @@ def test_config_errors_name_the_key():
         CheckpointConfig.from_mapping({"keep_lats": 2}, file="c.yaml")
     with pytest.raises(ConfigError, match="checkpoint.keep_last"):
         CheckpointConfig.from_mapping({"keep_last": 0})
+    with pytest.raises(ConfigError, match="checkpoint.peer_copies': must be one of ring, "
+                                          "clique, off, got 'star'"):
+        CheckpointConfig.from_mapping({"peer_copies": "star"})
+    with pytest.raises(ConfigError, match="checkpoint.peer_copies_clique_size': must be an "
+                                          "integer >= 2, got 1"):
+        CheckpointConfig.from_mapping({"peer_copies": "clique", "peer_copies_clique_size": 1})
+    assert CheckpointConfig.from_mapping({"peer_copies": "off"}).peer_copies == "off"
 
 
 def cli(*args):

@@ -175,6 +175,9 @@ def test_an_own_loop_resumes_from_memory_losing_nothing_and_a_rollback_is_respec
     weights, rng_next = model.weight.detach().clone(), torch.rand(1)
     folder = crashed.checkpointer.memory.folder
     assert [s.step for s in store.sealed(folder)] == [13, 12]  # two slots
+    peers = crashed.checkpointer.memory.facts["peer_copies"]  # one node: the local path
+    assert peers == {"enabled": False, "off_reason": "one node: no peer copies (every rank is "
+                     "on the same node, so a node loss falls back to the durable checkpoint)"}
     again, start, model = _loop(run, shm, 13)
     assert start == 13 and torch.equal(model.weight, weights)
     assert torch.equal(torch.rand(1), rng_next)  # the RNGs continue where they were

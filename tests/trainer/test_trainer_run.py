@@ -2,6 +2,7 @@
 
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -11,16 +12,31 @@ import urllib.request
 
 import pytest
 
-from conftest import TRAIN, finish
+from conftest import TRAIN, finish, kill_tree, start_train
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.trainer.data import load_dataset, prepare_generated
 
+# The finished run's options but its length: a longer run of them is another experiment.
+FINISHED_OPTIONS = ("--nproc-per-node", "2", "--set", "train.eval_interval=40",
+                    "--set", "telemetry.heartbeat_interval=0.2")
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """One real 2-rank run of 80 steps to its end, shared: the contract test reads it, the
+    refused-resume tests start a longer run in a copy of its directory."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    proc = start_train("--run-dir", str(run_dir), "--steps", "80", *FINISHED_OPTIONS)
+    try:
+        code, out = finish(proc)
+    finally:
+        kill_tree(proc)
+    return run_dir, code, out
+
+
 @pytest.mark.slow
-def test_two_ranks_train_to_completion_and_publish_the_contract(tmp_path, launch_train):
-    run_dir = tmp_path / "run"
-    code, out = finish(launch_train("--nproc-per-node", "2", "--run-dir", str(run_dir),
-                              "--steps", "80", "--set", "train.eval_interval=40",
-                              "--set", "telemetry.heartbeat_interval=0.2"))
+def test_two_ranks_train_to_completion_and_publish_the_contract(finished_run):
+    run_dir, code, out = finished_run
     assert code == 0, out[-4000:]
     run = RunDir(run_dir)
     info = run.run_info()
@@ -290,21 +306,20 @@ def test_an_incompatible_checkpoint_is_refused_before_anything_starts(
     assert RunDir(run_dir).events("launcher_started") == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["train", "run"])
-def test_a_refused_resume_says_what_changed_not_only_two_hashes(tmp_path, how):
+def test_a_refused_resume_says_what_changed_not_only_two_hashes(tmp_path, finished_run, how):
     """A longer run in the directory of a shorter one: the refusal names the key that
-    changed (train.steps 5 -> 8) besides the checkpoint's and this config's hashes."""
+    changed (train.steps 80 -> 88) besides the checkpoint's and this config's hashes."""
+    finished, code, out = finished_run
+    assert code == 0, out[-4000:]
     run_dir = tmp_path / "run"
-    first = subprocess.run([*TRAIN, "--run-dir", str(run_dir), "--nproc-per-node", "1",
-                            "--steps", "5", "--max-restarts", "0"],
-                           capture_output=True, text=True, timeout=300,
-                           env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
-    cmd = ([*TRAIN, "--run-dir", str(run_dir), "--nproc-per-node", "1", "--steps", "8"]
+    shutil.copytree(finished, run_dir)  # the shared run stays as it finished
+    cmd = ([*TRAIN, "--run-dir", str(run_dir), "--steps", "88", *FINISHED_OPTIONS]
            if how == "train" else
-           [sys.executable, "-m", "trainwatch", "run", str(run_dir), "--nproc-per-node", "1",
-            "--steps", "8", "--no-live"])
+           [sys.executable, "-m", "trainwatch", "run", str(run_dir), "--steps", "88",
+            *FINISHED_OPTIONS, "--no-live"])
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     assert "refusing to resume a different experiment" in done.stderr
-    assert "changed: train.steps 5 -> 8" in done.stderr, done.stderr
+    assert "changed: train.steps 80 -> 88" in done.stderr, done.stderr

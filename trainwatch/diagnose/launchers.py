@@ -18,6 +18,11 @@ def _time(record: dict[str, Any]) -> float | None:
         and math.isfinite(t) else None
 
 
+def _seconds(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value) and value > 0 else None
+
+
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -25,7 +30,8 @@ def _int(value: Any) -> int | None:
 def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     """``hosts``: each host's newest launcher (started_at, pid, node_rank, exited_at,
     exit_code, signal, ranks_started_at: its newest rank start since the launcher
-    started), by node rank; ``nnodes``: the most any launcher was started for;
+    started, monitor_interval: how often its torchrun polls the workers, when it says),
+    by node rank; ``nnodes``: the most any launcher was started for;
     ``job_started``: the newest ``job_started`` (attempt, host, time)."""
     hosts: dict[str, dict[str, Any]] = {}
     nnodes, job = None, None
@@ -35,7 +41,8 @@ def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
         if event == "launcher_started":
             hosts[host] = {"host": host, "started_at": t, "pid": _int(record.get("pid")),
                            "node_rank": _int(record.get("node_rank")), "exited_at": None,
-                           "exit_code": None, "signal": None, "ranks_started_at": None}
+                           "exit_code": None, "signal": None, "ranks_started_at": None,
+                           "monitor_interval": _seconds(record.get("monitor_interval"))}
             count = _int(record.get("nnodes"))
             if count is not None:
                 nnodes = max(nnodes or 0, count)

@@ -18,7 +18,7 @@ from trainwatch.diagnose.model import Evidence
 from trainwatch.errors import FormatError
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.rundir.safe_read import parse_json, read_run_file_tail
-from trainwatch.rundir.torchrun_log import FAILED_WORKER
+from trainwatch.rundir.torchrun_log import CLOSING_SIGNAL, FAILED_WORKER, MONITOR_INTERVAL
 
 TAIL_BYTES = 64 * 1024
 TAIL_STEPS = 50
@@ -157,16 +157,22 @@ def launcher_exits(logs_dir: Path) -> dict[str, Any]:
 
     ``failed``: its "failed (exitcode: -9) local_rank: 1 (pid: 42)" lines; ``root_cause``:
     the rank of its "Root Cause (first observed failure)" block with exit code, signal and
-    error file (``TORCHELASTIC_ERROR_FILE`` contents when the worker wrote one);
-    ``failures``: the other ranks of its "Failures:" block (those it tore down);
-    ``first_error``: the first error line of the newest attempt in the logs, with the rank
-    its prefix names; ``errors_by_rank``: each rank's own first error line in it (by its
-    ``[rankN]:`` prefix).  An attempt begins at the supervisor's line before each start
+    error file (``TORCHELASTIC_ERROR_FILE`` contents when the worker wrote one) and
+    ``attempt_errors``, each rank's first error line in the attempt that table ended;
+    ``failures``: the other ranks of its "Failures:" block (those it tore down, and those
+    that died on their own in the same poll); ``first_error``: the first error line of the
+    newest attempt in the logs, with the rank its prefix names; ``errors_by_rank``: each
+    rank's own first error line in it (by its ``[rankN]:`` prefix); ``torn_down``: the pids
+    torchrun sent a closing signal (it stopped them: they had not exited on their own);
+    ``monitor_interval``: how often torchrun polls its workers, when its log says (its launch
+    configs, printed at INFO). An attempt begins at the supervisor's line before each start
     or at torchrun's restart of its worker group: errors of an attempt the run recovered
     from are not the cause of what happened after.
     """
     exits, root, others, first_error = [], None, [], None
     by_rank: dict[int, str] = {}
+    torn_down: set[int] = set()
+    interval = None
     if logs_dir.is_dir():
         for path in sorted(logs_dir.glob("*.log")):
             try:
@@ -186,8 +192,12 @@ def launcher_exits(logs_dir: Path) -> dict[str, Any]:
                 first_error = _first_error(newest, str(path))
             for rank, line in _errors_by_rank(newest).items():
                 by_rank.setdefault(rank, line)
+            torn_down |= {int(m[1]) for m in CLOSING_SIGNAL.finditer(text)}
+            found = MONITOR_INTERVAL.findall(text)
+            interval = float(found[-1]) if found else interval
     return {"failed": exits, "root_cause": root, "failures": others, "first_error": first_error,
-            "errors_by_rank": by_rank}
+            "errors_by_rank": by_rank, "torn_down": sorted(torn_down),
+            "monitor_interval": interval}
 
 
 # torchrun's failure table: "[1]:\n  time : ...\n  rank : 1 (local_rank: 1)\n  exitcode : -6
@@ -207,6 +217,9 @@ def _failure_blocks(text: str, log: str) -> dict[str, Any]:
         match = _ENTRY.search(text, root_at)
         if match:
             out["root"] = _entry(match, log)
+            # each rank's own first error in the attempt this table ended (an earlier one
+            # than the newest when the run was started again)
+            out["root"]["attempt_errors"] = _errors_by_rank(_newest_attempt(text[:root_at]))
     if 0 <= failures_at < root_at:
         out["failures"] = [_entry(m, log) for m in _ENTRY.finditer(text, failures_at, root_at)]
     return out

@@ -19,6 +19,11 @@ from typing import Any
 PEER_FAILURE = re.compile(r"reset by peer|closed by peer|Broken pipe")
 # "failed (exitcode: -9) local_rank: 1 (pid: 4242)": a worker's exit code, local rank and pid.
 FAILED_WORKER = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+# "Sending process 4242 closing signal SIGTERM": torchrun stopping a worker that had not
+# exited on its own (after another failed, or on a stop).
+CLOSING_SIGNAL = re.compile(r"Sending process (\d+) closing signal (\w+)")
+# "monitor_interval         : 0.1" in torchrun's launch configs (logged at INFO).
+MONITOR_INTERVAL = re.compile(r"^\s*monitor_interval\s*:\s*(\d+(?:\.\d+)?)\s*$", re.M)
 _ENTRY_TIME = re.compile(r"time\s*:\s*(\S+)\s*\n(?:\s*host\s*:[^\n]*\n)?\s*rank\s*:[^\n]*\n"
                          r"\s*exitcode\s*:\s*-?\d+\s*\(pid:\s*(\d+)\)")
 

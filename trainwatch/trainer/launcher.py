@@ -285,7 +285,8 @@ def _launch(spec: LaunchSpec, run: RunDir, cfg: Config) -> int:
     _record("launcher_started", lambda: run.append_event(
         "launcher_started", "launcher", host=spec.node, pid=os.getpid(),
         node_rank=spec.node_rank, nproc_per_node=spec.nproc_per_node, nnodes=spec.nnodes,
-        max_restarts=spec.max_restarts, config_digest=cfg.digest()))
+        max_restarts=spec.max_restarts, monitor_interval=spec.monitor_interval,
+        config_digest=cfg.digest()))
 
     proc = subprocess.Popen(cmd, env=torchrun_env(spec, run), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True,

@@ -10,6 +10,7 @@ from typing import Any
 from trainwatch.diagnose.casefile import Analysis
 from trainwatch.diagnose.model import Evidence, Finding
 from trainwatch.diagnose.post_mortem import hang_before_death
+from trainwatch.diagnose.racing_deaths import Death, own_deaths, past_racers, racing_finding
 from trainwatch.diagnose.stacks import format_frames
 from trainwatch.rundir import attempts
 from trainwatch.rundir.torchrun_log import PEER_FAILURE
@@ -43,27 +44,39 @@ def _current(ev: Evidence, entry: dict[str, Any]) -> bool:
 
 
 def _recovered(a: Analysis, entry: dict[str, Any]) -> Finding:
-    """An earlier attempt's death, as history: in which attempt, and how the run went on."""
+    """An earlier attempt's death, as history: in which attempt, and how the run went on.
+    Ranks that died on their own in the same torchrun poll are named together: torchrun's
+    pick among them is no order (racing_deaths.py)."""
     rank, ev = entry["rank"], a.ev
+    racers = [x for x in past_racers(ev, entry) if x.get("rank") in ev.ranks]
+    died = (f"rank {rank} died" if len(racers) < 2 else
+            "ranks " + " and ".join(str(x["rank"]) for x in sorted(
+                racers, key=lambda x: x["rank"])) + " died within one torchrun poll")
+    exits = "; ".join((f"rank {x['rank']}: " if len(racers) > 1 else "")
+                      + _exit_text(x["exitcode"]) for x in sorted(racers, key=lambda x: x["rank"]))
     tried = ev.journal.get("attempts") or []
     n = next((i for i, g in enumerate(tried) if entry["pid"] in g["pids"].values()), None)
     if n is None:
-        title = (f"rank {rank} died in an earlier attempt ({_exit_text(entry['exitcode'])}); "
+        title = (f"{died} in an earlier attempt ({exits}); "
                  f"recovered: it runs again as pid {ev.ranks[rank].get('pid')}")
     else:
         resumed = tried[n + 1]["resumed_step"] if n + 1 < len(tried) else None
         how = (f"restarted from step {resumed}" if resumed is not None
                else "started again (no checkpoint resumed in the journal)")
-        title = (f"rank {rank} died in attempt {n + 1} ({_exit_text(entry['exitcode'])}); "
-                 f"recovered: attempt {n + 2} {how}")
+        title = f"{died} in attempt {n + 1} ({exits}); recovered: attempt {n + 2} {how}"
     evidence = [f"torchrun named pid {entry['pid']} the root cause (first observed failure): "
-                f"{_exit_text(entry['exitcode'])} ({entry['log']})",
-                f"now: {a.where_line(rank)}"]
+                f"{_exit_text(entry['exitcode'])} ({entry['log']})"]
+    if len(racers) > 1:
+        evidence[0] += (f"; it saw the others' exits in the same poll (stamped {entry.get('time')}) "
+                        "and on a tie takes the lower rank: which died first cannot be told")
+    evidence.append(f"now: {a.where_line(rank)}")
     if (ev.journal.get("restarts") or {}).get("attempts"):
         evidence.append(f"journal: {attempts.describe(ev.journal['restarts'])}")
     return Finding("rank_dead", title, severity="info",
-                   confidence="high" if n is not None else "medium", ranks=[rank],
-                   nodes=[a.node(rank)], evidence=evidence, runbook="TrainingRankDown",
+                   confidence="high" if n is not None and len(racers) < 2 else "medium",
+                   ranks=sorted(x["rank"] for x in racers),
+                   nodes=sorted({a.node(x["rank"]) for x in racers}), evidence=evidence,
+                   runbook="TrainingRankDown",
                    next_command=f"trainwatch report {ev.run_dir}   # the incident and its cost")
 
 
@@ -105,6 +118,9 @@ def _dead_now(a: Analysis, root: dict[str, Any] | None,
     own = [r for r in failed if (message := _failure_message(ev.ranks[r]))
            and not PEER_FAILURE.search(message)]
     peers = [r for r in failed if r not in own]
+    race = own_deaths(a, root, failures, own)
+    if len(race) > 1:  # two or more ranks died on their own: torchrun's pick is no order
+        return _racing(a, race, root, failures, gone, dead + peers)
     tie: list[int] = []
     if not culprits and dead and not own:
         tie, why = order_by_heartbeat(ev, dead)
@@ -165,6 +181,29 @@ def _dead_now(a: Analysis, root: dict[str, Any] | None,
         return [f for f in findings if f is not hang]
     return [f if f is hang or set(f.ranks) & killed_by_oom else _ended_hang(f, hang)
             for f in findings]
+
+
+def _racing(a: Analysis, race: list[Death], root: dict[str, Any] | None,
+            failures: list[dict[str, Any]], gone: list[int], dead: list[int]) -> list[Finding]:
+    """Ranks that died on their own at about the same time: each with its own cause, the
+    first only where their records order them (racing_deaths.py)."""
+    ev, racers = a.ev, {d.rank for d in race}
+    hang = hang_before_death(a, gone, root)
+    a.explained |= racers | set(dead)
+    followers = [f"rank {x['rank']}: {_exit_text(x['exitcode'])}"
+                 for x in ([root] if root else []) + failures if x.get("rank") not in racers]
+    followers += [f"rank {r}: process gone" for r in sorted(set(dead) - racers)
+                  if not any(x.get("rank") == r for x in failures)]
+    extra = {}
+    for d in race:
+        title, lines, _ = _oom(ev.ranks[d.rank]) if "SIGKILL" in d.how else (None, [], False)
+        extra[d.rank] = ([f"rank {d.rank} was {title}"] if title else []) + [
+            f"rank {d.rank}: {line}" for line in lines]
+    finding = racing_finding(a, race, root, followers, extra)
+    finding.evidence += _first_error_lines(ev)
+    if (ev.journal.get("restarts") or {}).get("restarts"):
+        finding.evidence.append(f"journal: {attempts.describe(ev.journal['restarts'])} so far")
+    return ([hang] if hang else []) + [_ended_hang(finding, hang)]
 
 
 def _oom(view: dict[str, Any]) -> tuple[str | None, list[str], bool]:

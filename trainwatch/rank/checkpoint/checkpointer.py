@@ -57,7 +57,8 @@ from trainwatch.rank.checkpoint.requests import Requests
 from trainwatch.rank.checkpoint.snapshot import Handoff, HostSnapshot
 from trainwatch.rank.checkpoint.writer import (CheckRefused, Payload, Written,
                                                   copy_checkpoint, write_checkpoint)
-from trainwatch.rank.memory_snapshots import resume as memory_resume
+from trainwatch.rank.memory_snapshots import peer_resume
+from trainwatch.rank.memory_snapshots.peer_link import settings_from as peer_settings
 from trainwatch.rank.memory_snapshots.snapshotter import MemorySnapshots, for_run
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,9 @@ class Checkpointer:
         self.memory: MemorySnapshots = for_run(
             config.memory_snapshots if config.enabled else "off", config.memory_snapshots_dir,
             self.run.root, rank=self.rank, world_size=self.world_size, group=self._group,
-            config_hash=config_hash, journal=self._journal)
+            config_hash=config_hash, journal=self._journal,
+            peers=peer_settings(config.peer_copies, config.peer_copies_offset,
+                                config.peer_copies_clique_size, config.peer_copies_nodes))
         self.facts["memory_snapshots"] = self.memory.facts
 
     # ------------------------------------------------------------------ lifecycle
@@ -188,9 +191,11 @@ class Checkpointer:
         if decision.get("error"):
             raise ConfigError(decision["error"], file=decision.get("file"))
         if not decision.get("path"):
+            self.memory.peers.after_resume(None)  # held copies of a lost history go
             return None
         path = Path(decision["path"])
         restored = resume_mod.load(path, decision["manifest"], self.rank, self.world_size)
+        self.memory.peers.after_resume(restored.step)
         self._newest_verified[path.parent] = path
         if self.rank == 0:
             if restored.resharded is not None:
@@ -213,14 +218,18 @@ class Checkpointer:
             steps = [e.step for f in (self.folder, self.mirror) if f is not None
                      for e in catalog.scan(f) if e.step is not None and e.state == "complete"]
             durable = max(steps, default=None)
-        restored, reason = memory_resume.resume(self.memory, self.run, durable, live)
+        restored, reason = peer_resume.resume(self.memory, self.run, durable, live)
         if restored is None:
             return None, reason
         if self.rank == 0:
+            if restored.resharded is not None:  # a smaller (or larger) world, from memory
+                self._journal("checkpoint_resharded", step=restored.step,
+                              path=str(restored.path), **restored.resharded)
+            peer = {k: restored.manifest.get(k) for k in peer_resume.JOURNALED}
             self._journal("checkpoint_resumed", step=restored.step, path=str(restored.path),
-                          state_from=memory_resume.SOURCE, reason=reason, durable_step=durable,
-                          steps_kept=restored.step - (durable or 0),
-                          load_seconds=restored.manifest["load_seconds"])
+                          state_from=restored.manifest["source"], reason=reason,
+                          durable_step=durable, steps_kept=restored.step - (durable or 0),
+                          load_seconds=restored.manifest["load_seconds"], **peer)
         self.memory.facts["resumed_step"] = restored.step  # the durable facts stay as they are
         self._publish()
         return restored, reason

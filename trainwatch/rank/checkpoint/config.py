@@ -12,6 +12,8 @@ WHEN_BUSY = ("wait", "skip")
 RESUME = ("auto", "never")
 NONFINITE = ("skip", "halt", "off")
 MEMORY_SNAPSHOTS = ("auto", "every_step", "off")  # memory_snapshots/snapshotter.py MODES
+PEER_COPIES = ("ring", "clique", "off")  # memory_snapshots/peer_ring.py RING, CLIQUE
+PEER_NODES = ("names", "blocks")         # memory_snapshots/peer_ring.py BY_NAMES, BY_BLOCKS
 
 
 @dataclass
@@ -32,6 +34,10 @@ class CheckpointConfig:
     fsync: bool = True                # fsync files and directories (turn off only for tests)
     memory_snapshots: str = "auto"    # every step (or every K: <= 1 % of step time) to /dev/shm
     memory_snapshots_dir: str | None = None  # default: /dev/shm/trainwatch-<uid>/<run id>
+    peer_copies: str = "ring"         # each snapshot also kept on another node: ring, clique, off
+    peer_copies_offset: int = 1       # ring: the copy goes this many nodes on
+    peer_copies_clique_size: int = 2  # clique: nodes that keep each other's copies
+    peer_copies_nodes: str = "names"  # which ranks share a node: node names, or torchrun's blocks
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any] | None, *, file: str | None = None,
@@ -62,9 +68,14 @@ class CheckpointConfig:
             raise bad("keep_last", "must be at least 1 (the newest checkpoint is always kept)")
         for key, choices in (("mode", MODES), ("when_busy", WHEN_BUSY), ("resume", RESUME),
                              ("nonfinite", NONFINITE),
-                             ("memory_snapshots", MEMORY_SNAPSHOTS)):
+                             ("memory_snapshots", MEMORY_SNAPSHOTS),
+                             ("peer_copies", PEER_COPIES), ("peer_copies_nodes", PEER_NODES)):
             if getattr(self, key) not in choices:
                 raise bad(key, f"must be one of {', '.join(choices)}, got {getattr(self, key)!r}")
+        for key, least in (("peer_copies_offset", 1), ("peer_copies_clique_size", 2)):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise bad(key, f"must be an integer >= {least}, got {value!r}")
         for key in ("dir", "mirror_dir", "memory_snapshots_dir"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, str) or not value):

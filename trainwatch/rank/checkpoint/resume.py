@@ -98,14 +98,14 @@ def _rank_state(path: Path, manifest: dict[str, Any], rank: int, world_size: int
         return own(rank), None
     first = own(0)
     state: dict[str, Any] = (own(rank) if rank < written
-                             else {"rng": _derived_rng(first["rng"], rank)})
+                             else {"rng": derived_rng(first["rng"], rank)})
     state["data"] = first.get("data")
     return state, {"from_world_size": written, "to_world_size": world_size,
                    "data": "rank 0's position, on every rank",
                    "rng_reseeded": list(range(written, world_size)) or None}
 
 
-def _derived_rng(rank0: dict[str, Any], rank: int) -> dict[str, Any]:
+def derived_rng(rank0: dict[str, Any], rank: int) -> dict[str, Any]:
     """RNG state for a rank the checkpoint did not have: seeded from a digest of rank 0's
     saved torch RNG state and the rank, so every restart derives the same one."""
     seed = xxhash.xxh3_64_intdigest(rank0["torch"].numpy().tobytes() + rank.to_bytes(4, "little"))

@@ -40,6 +40,11 @@ HELD_DIR = "held"
 FETCHED_DIR = "fetched"
 
 
+class PeerStartError(Exception):
+    """A rank could not start its receiver (every rank raises it alike); ``str()`` says
+    which rank and why."""
+
+
 class Collective(Protocol):
     """The two collectives peer copies need (the job's process group in a real job)."""
 
@@ -101,6 +106,18 @@ def peer_host(env: Any = os.environ) -> str:
         return LOOPBACK
 
 
+class SoloCollective:
+    """``Collective`` of a job of one rank (no process group needed)."""
+
+    rank, world_size = 0, 1
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def broadcast(self, obj: Any) -> Any:
+        return obj
+
+
 class PeerCopies:
     def __init__(self, root: Path, collective: Collective, settings: PeerSettings,
                  secret: bytes, receiver: PeerReceiver, infos: list[dict[str, Any]],
@@ -138,19 +155,30 @@ class PeerCopies:
         started_ns = time.time_ns()  # before any rank of this attempt can send a copy
         settings = settings or PeerSettings()
         collective = collective or TorchCollective()
-        root = secure_dir(Path(root))
-        for folder in (HELD_DIR, FETCHED_DIR):
-            secure_dir(root / folder)
         secret = collective.broadcast(wire.new_secret() if collective.rank == 0 else None)
-        receiver = PeerReceiver(host or peer_host(), secret, collective.rank,
-                                PeerStore(root / HELD_DIR),
-                                PeerStore(root / FETCHED_DIR / rank_file_name(collective.rank, "")),
-                                keep=settings.keep, reserve_bytes=settings.reserve_bytes,
-                                timeout=settings.timeout_s).start()
-        infos = collective.all_gather({"node": node_name(), "host": receiver.host,
-                                       "port": receiver.port,
-                                       "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1"))})
-        return cls(root, collective, settings, secret, receiver, infos, started_ns)
+        receiver: PeerReceiver | None = None
+        try:  # a rank that cannot start must still join the gather, or the others would hang
+            root = secure_dir(Path(root))
+            for folder in (HELD_DIR, FETCHED_DIR):
+                secure_dir(root / folder)
+            receiver = PeerReceiver(host or peer_host(), secret, collective.rank,
+                                    PeerStore(root / HELD_DIR),
+                                    PeerStore(root / FETCHED_DIR / rank_file_name(collective.rank, "")),
+                                    keep=settings.keep, reserve_bytes=settings.reserve_bytes,
+                                    timeout=settings.timeout_s).start()
+            mine: dict[str, Any] = {
+                "node": node_name(), "host": receiver.host, "port": receiver.port,
+                "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1"))}
+        except (OSError, ValueError) as exc:
+            mine = {"error": str(exc)[:300]}
+        infos = collective.all_gather(mine)
+        failed = [(r, i["error"]) for r, i in enumerate(infos) if "error" in i]
+        if failed:  # the same answer on every rank: no peer copies for this job
+            if receiver is not None:
+                receiver.close()
+            raise PeerStartError(f"rank {failed[0][0]}: {failed[0][1]}")
+        assert receiver is not None
+        return cls(Path(root), collective, settings, secret, receiver, infos, started_ns)
 
     @property
     def held(self) -> PeerStore:

@@ -30,7 +30,7 @@ import threading
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from trainwatch.rank.memory_snapshots import peer_wire as wire
 from trainwatch.rank.memory_snapshots.peer_copies import PeerCopies
@@ -149,9 +149,12 @@ def plan(choice: Choice, entries: list[Entry], new_world: int, node_of: list[int
     return local, transfers
 
 
-def inventory(copies: PeerCopies, own: list[SnapshotFile]) -> tuple[list[Entry], list[str]]:
+def inventory(copies: PeerCopies, own: list[SnapshotFile],
+              accept: Callable[[Path], str] | None = None) -> tuple[list[Entry], list[str]]:
     """This rank's verified snapshots: its ``own`` and its share of its node's held copies
-    (the node's ranks split the held folders, so each is verified once)."""
+    (the node's ranks split the held folders, so each is verified once). ``accept(path)``:
+    '' for a held copy the job may resume from, else why not (another config, before a
+    rollback, not newer than the durable checkpoint): left out, not counted as rejected."""
     entries = [Entry(copies.rank, s.rank, s.step, s.world_size, s.digest, str(s.path), True)
                for s in own]
     node_ranks = [r for r, n in enumerate(copies.node_of) if n == copies.node_of[copies.rank]]
@@ -161,6 +164,8 @@ def inventory(copies: PeerCopies, own: list[SnapshotFile]) -> tuple[list[Entry],
         if i % len(node_ranks) != share:
             continue
         for copy in copies.held.copies(held_rank):
+            if accept is not None and accept(copy.snapshot.path):
+                continue
             problem = copies.held.verify(copy)
             s = copy.snapshot
             if problem:
@@ -184,12 +189,13 @@ def _send(copies: PeerCopies, mine: list[Transfer], failures: list[str]) -> None
                             f"step {e.step}): {answer}")
 
 
-def fetch_newest_common(copies: PeerCopies, own: list[SnapshotFile], replicated: bool = True
-                        ) -> ExchangeOutcome:
+def fetch_newest_common(copies: PeerCopies, own: list[SnapshotFile], replicated: bool = True,
+                        accept: Callable[[Path], str] | None = None) -> ExchangeOutcome:
     """Collective: the snapshot this rank resumes from, fetched if it is elsewhere, or why
-    the job resumes from its durable checkpoint instead (the same answer on every rank)."""
+    the job resumes from its durable checkpoint instead (the same answer on every rank).
+    ``accept``: which held copies may be used (``inventory``)."""
     coll, me = copies.collective, copies.rank
-    entries, rejected = inventory(copies, own)
+    entries, rejected = inventory(copies, own, accept)
     gathered = coll.all_gather({"entries": [asdict(e) for e in entries], "rejected": rejected})
     everything = [Entry(**e) for g in gathered for e in g["entries"]]
     rejected = [r for g in gathered for r in g["rejected"]]

@@ -77,15 +77,11 @@ def resume(snaps: MemorySnapshots, run: RunDir, durable_step: int | None,
             return None, agreed.reason
         restored, problem = _load(snaps, agreed.step)
         if restored is not None:
-            problem = _fit(restored, live)
+            problem = check_fit(restored, live)
         problems = gather(problem, snaps.group, snaps.world_size)
-        misfits = {r: p[len(MISFIT):] for r, p in enumerate(problems)
-                   if p is not None and p.startswith(MISFIT)}
-        if misfits:  # an older snapshot of the same job would not fit either
-            first = min(misfits)
-            return None, (f"step {agreed.step}'s snapshot does not fit this job's sharded "
-                          f"state (rank {first}: {misfits[first]}); the durable checkpoint "
-                          "reshards")
+        misfit = misfit_reason(agreed.step, problems)
+        if misfit is not None:  # an older snapshot of the same job would not fit either
+            return None, misfit
         bad = {r: p for r, p in enumerate(problems) if p is not None}
         if not bad:
             assert restored is not None
@@ -100,7 +96,19 @@ def resume(snaps: MemorySnapshots, run: RunDir, durable_step: int | None,
 MISFIT = "misfit: "
 
 
-def _fit(restored: Restored, live: Callable[[], Any] | None) -> str | None:
+def misfit_reason(step: int, problems: list[str | None]) -> str | None:
+    """Why no rank resumes from memory when any rank's snapshot did not fit (the first
+    such rank's reason), else None."""
+    misfits = {r: p[len(MISFIT):] for r, p in enumerate(problems)
+               if p is not None and p.startswith(MISFIT)}
+    if not misfits:
+        return None
+    first = min(misfits)
+    return (f"step {step}'s snapshot does not fit this job's sharded state (rank {first}: "
+            f"{misfits[first]}); the durable checkpoint reshards")
+
+
+def check_fit(restored: Restored, live: Callable[[], Any] | None) -> str | None:
     """None when the snapshot fits the job's state (its shards, if sharded, made DTensors
     on the job's mesh, in place in ``restored``); else why not, prefixed ``MISFIT``."""
     record = restored.manifest.get("sharded_record")
@@ -121,7 +129,11 @@ def _fit(restored: Restored, live: Callable[[], Any] | None) -> str | None:
 def _load(snaps: MemorySnapshots, step: int) -> tuple[Restored | None, str | None]:
     """Read this rank's snapshot of ``step`` once: digest checked, then loaded."""
     assert snaps.folder is not None
-    path = snaps.folder / store.snapshot_name(step)
+    return load_file(snaps.folder / store.snapshot_name(step), step, snaps.world_size)
+
+
+def load_file(path: Path, step: int, world_size: int) -> tuple[Restored | None, str | None]:
+    """Read the snapshot file at ``path`` once: digest checked, then loaded; or why not."""
     started = time.perf_counter()
     try:
         header = store.read_header(path)
@@ -131,7 +143,7 @@ def _load(snaps: MemorySnapshots, step: int) -> tuple[Restored | None, str | Non
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # a torn or altered file: the ranks try an older step
         return None, f"{path.name}: {exc}"
-    manifest: dict[str, Any] = {"step": step, "world_size": snaps.world_size,
+    manifest: dict[str, Any] = {"step": step, "world_size": world_size,
                                 "source": SOURCE, "shared": list(state["shared"]),
                                 "digest": header["digest"], "bytes": header["bytes"],
                                 "load_seconds": round(time.perf_counter() - started, 6),

@@ -30,9 +30,10 @@ import torch
 import torch.distributed as dist
 
 from trainwatch.rank.checkpoint import rng, whole_state
-from trainwatch.rank.memory_snapshots import shards, store
+from trainwatch.rank.memory_snapshots import peer_link, shards, store
 from trainwatch.rank.memory_snapshots.cadence import Cadence
 from trainwatch.rank.memory_snapshots.capture import HostCopy
+from trainwatch.rank.memory_snapshots.peer_copies import PeerSettings
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,8 @@ class MemorySnapshots:
 
     def __init__(self, mode: str, root: Path | None, *, rank: int, world_size: int,
                  group: Any, config_hash: str | None, journal: Callable[..., None],
-                 why_off: str | None = None, run_dir: Path = Path(".")):
+                 why_off: str | None = None, run_dir: Path = Path("."),
+                 peers: PeerSettings | None = None):
         self.mode = mode
         self.root = root
         self.rank, self.world_size, self.group = rank, world_size, group
@@ -66,13 +68,16 @@ class MemorySnapshots:
         self._looked = False  # the state was looked at once: sharded (DTensor) or not
         self._sharded = False
         self._finished = False
+        # copies on another node's rank (peer_link.py): started by ``prepare``
+        self.peers = peer_link.SnapshotPeers(None, peers, peer_link.OFF if peers is None
+                                             else "memory snapshots are off", 0)
         self.facts: dict[str, Any] = {
             "enabled": mode != "off" and why_off is None, "mode": mode,
             "root": str(root) if root is not None else None,
             "off_reason": "memory_snapshots: off" if mode == "off" else why_off,
             "every_steps": 1, "cadence": None, "step": None, "bytes": None,
             "blocking_seconds": None, "taken_total": 0, "skipped_full_total": 0,
-            "failed_total": 0, "memory_bound_bytes": None}
+            "failed_total": 0, "memory_bound_bytes": None, "peer_copies": self.peers.facts}
 
     @property
     def enabled(self) -> bool:
@@ -93,15 +98,20 @@ class MemorySnapshots:
                 store.claim(self.root, self.run_dir)
             except OSError as exc:
                 mine = f"cannot use {self.folder}: {exc.strerror or exc}"
-        reasons: list[Any] = [mine]
+        info = peer_link.node_facts(self.root) if self.peers.settings is not None else None
+        gathered: list[Any] = [(mine, info)]
         if self.group is not None:
-            reasons = [None] * self.world_size
-            dist.all_gather_object(reasons, mine, group=self.group)
+            gathered = [None] * self.world_size
+            dist.all_gather_object(gathered, (mine, info), group=self.group)
+        reasons = [why for why, _ in gathered]
         off = {r: why for r, why in enumerate(reasons) if why is not None}
         if not off:
+            self.peers = peer_link.SnapshotPeers.start(self.peers.settings, self.root,
+                                                       self.group, [i for _, i in gathered])
+            self.facts["peer_copies"] = self.peers.facts
             if self.rank == 0:
                 self.journal("memory_snapshots_started", root=str(self.root), mode=self.mode,
-                              ranks=self.world_size)
+                              ranks=self.world_size, peer_copies=self.peers.describe())
             return
         first = min(off)
         why = off[first] if first == self.rank or self.rank not in off else off[self.rank]
@@ -152,6 +162,8 @@ class MemorySnapshots:
             return
         blocking = time.perf_counter() - started
         self._measure(step, started, blocking)
+        self.peers.refresh()
+        self.facts["peer_copies"] = self.peers.facts
         self._writer = threading.Thread(target=self._write, args=(step, payload),
                                         name="trainwatch-memory-snapshot", daemon=True)
         try:
@@ -195,6 +207,7 @@ class MemorySnapshots:
             self._count("failed_total", "failed", step, f"{type(exc).__name__}: {exc}")
             return
         self._sealed = step
+        self.peers.offer(sealed, self.world_size)  # returns at once: the peer's thread sends
         self.facts["taken_total"] += 1
         self.facts.update(step=step, bytes=sealed.bytes,
                           memory_bound_bytes=3 * (sealed.bytes + store.HEADER_BYTES))
@@ -221,6 +234,8 @@ class MemorySnapshots:
         """Wait for the write in flight; after the last step (the run finished), remove this
         rank's snapshots and, the last to go, the run's folder: nothing is left to resume."""
         self.wait()
+        self.peers.close(finished=self._finished)
+        self.facts["peer_copies"] = self.peers.facts
         if not self._finished or self.folder is None or self.root is None:
             return
         store.retain(self.folder, set())

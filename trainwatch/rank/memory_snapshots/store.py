@@ -182,6 +182,11 @@ def _sealed(path: Path, header: dict[str, Any]) -> Sealed:
                   header.get("world_size"), header.get("config_hash"), header.get("sealed_at"))
 
 
+def sealed_file(path: Path) -> Sealed:
+    """One snapshot file as its header says (no payload read); Rejected when it is not one."""
+    return _sealed(path, read_header(path))
+
+
 def sealed(folder: Path) -> list[Sealed]:
     """The sealed snapshots in ``folder``, newest step first, from their headers (no payload
     read); temporary files, links, special files and files that are not snapshots are
