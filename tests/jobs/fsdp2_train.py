@@ -5,8 +5,9 @@ synthetic loader whose position is the global sample count (so it continues at a
 size). For the tests, rank 0 appends the digest of the gathered full model + optimizer
 state after every step (and right after resume) to ``--out``/digests.jsonl, and
 ``--kill-at N`` SIGKILLs rank 1 before step N on the first attempt, once the save
-before it is sealed; with ``--tear-shard`` rank 1 first flips a byte of its shard file in
-that checkpoint (the restart must fall back past it).
+before it (if any) is sealed; with ``--tear-shard`` rank 1 first flips a byte of its shard
+file in that checkpoint (the restart must fall back past it). ``--memory-snapshots`` is
+the Checkpoints setting of that name.
 """
 
 import argparse
@@ -30,6 +31,7 @@ parser.add_argument("--steps", type=int, default=6)
 parser.add_argument("--every", type=int, default=2)
 parser.add_argument("--kill-at", type=int, default=None)
 parser.add_argument("--tear-shard", action="store_true")
+parser.add_argument("--memory-snapshots", default="auto")
 parser.add_argument("--out", required=True)
 args = parser.parse_args()
 GLOBAL_BATCH = 8
@@ -76,6 +78,7 @@ def note(step: int, what: str, model, opt, loss: float | None = None) -> None:
     if value is not None:
         with open(Path(args.out) / "digests.jsonl", "a") as fh:
             fh.write(json.dumps({"step": step, "what": what, "digest": value, "loss": loss,
+                                 "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
                                  "world": dist.get_world_size()}) + "\n")
 
 
@@ -93,7 +96,8 @@ fully_shard(model, mesh=mesh)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 loader = Loader(rank, world)
 
-ckpt = Checkpoints.from_env(every_steps=args.every, keep_last=3)
+ckpt = Checkpoints.from_env(every_steps=args.every, keep_last=3,
+                            memory_snapshots=args.memory_snapshots)
 start = ckpt.resume(model=model, optimizer=opt, data=loader)
 if start:
     note(start, "resumed", model, opt)
@@ -102,7 +106,7 @@ for step in range(start, args.steps):
     if step == args.kill_at and rank == 1 and first_attempt:
         saved = Path(os.environ["TRAINWATCH_RUN_DIR"], "checkpoints",
                      f"step-{step // args.every * args.every:08d}")
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + (60 if step >= args.every else 0)
         while not saved.exists() and time.monotonic() < deadline:  # an async save: sealed
             time.sleep(0.05)
         if args.tear_shard:

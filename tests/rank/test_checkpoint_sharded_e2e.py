@@ -1,11 +1,19 @@
 """A user's 2-rank FSDP2 loop with the documented Checkpoints lines is protected.
 
+Memory snapshots: the same loop with a durable interval of 10 has rank 1 SIGKILLed
+before step 7 (no checkpoint step); torchrun restarts both ranks and they resume from their
+memory snapshots of their own shards (step 6 or 7: at most one step lost), the gathered
+state there bit-identical to what the first attempt had at that step, and train the next
+step again identically. (Before, sharded state took no memory snapshots and this restart
+began at step 0.) That first attempt, uninterrupted up to step 7, is the clean run the
+other jobs are compared with.
+
 Before: every save of a DTensor model failed (or sealed rank 0's half of it) and a killed
 rank restarted from step 0 or from half the weights. Now, with real torchrun gloo jobs
 (tests/jobs/fsdp2_train.py): a rank SIGKILLed after the save of step 4, its shard of it
 torn, is restarted by torchrun; both ranks verify their own files of step 4 in parallel
 (parallel_verify.py), fall back past it on rank 1's verdict and resume from step 2 with the
-gathered full model + optimizer state equal to a clean run's, there and at the end;
+gathered full model + optimizer state equal to the clean run's, there and at step 6;
 `trainwatch checkpoint verify` says OK, then BAD (exit 1) once a shard is corrupted or
 deleted; and the same checkpoints resume at world size 1, falling back past the corrupt
 one, resharded by DCP, and train on."""
@@ -41,7 +49,8 @@ def _start(tmp_path: Path, name: str, run: Path, *args: str, nproc: int = 2,
 
 
 def _digests(started: tuple[subprocess.Popen, Path]) -> dict[tuple[int, str], dict]:
-    """Wait for the job; its digests by (step, what)."""
+    """Wait for the job; its digests by (step, what), the newest of each, and by (step,
+    "uninterrupted") those its first attempt trained (before any kill)."""
     proc, out = started
     try:
         output, _ = proc.communicate(timeout=180)
@@ -49,7 +58,9 @@ def _digests(started: tuple[subprocess.Popen, Path]) -> dict[tuple[int, str], di
         kill_tree(proc)
     assert proc.returncode == 0, output[-6000:]
     lines = [json.loads(line) for line in (out / "digests.jsonl").read_text().splitlines()]
-    return {(d["step"], d["what"]): d for d in lines}
+    first = {(d["step"], "uninterrupted"): d for d in lines
+             if d["what"] == "trained" and d["attempt"] == 0}
+    return {**{(d["step"], d["what"]): d for d in lines}, **first}
 
 
 def _verify(path: Path):
@@ -59,14 +70,31 @@ def _verify(path: Path):
 def test_an_fsdp2_job_resumes_exactly_falls_back_past_a_bad_shard_and_reshards(tmp_path):
     run = RunDir(tmp_path / "run")
     # side by side: each job mostly waits (rendezvous, the restart), and it halves the wall time
-    started = [_start(tmp_path, "clean", tmp_path / "clean-run"),
+    # The memory job's first attempt trains steps 1-7 uninterrupted: the clean run the
+    # others are compared with (one job fewer than a separate clean run).
+    memory = RunDir(tmp_path / "memory-run")
+    started = [_start(tmp_path, "memory", memory.root, "--steps", "8", "--every", "10",
+                      "--kill-at", "7", "--memory-snapshots", "every_step", restarts=1),
                _start(tmp_path, "killed", run.root, "--kill-at", "5", "--tear-shard",
-                      restarts=1)]
+                      "--memory-snapshots", "off", restarts=1)]
     try:
-        clean, killed = (_digests(s) for s in started)
+        from_memory, killed = (_digests(s) for s in started)
     finally:
         for proc, _ in started:
             kill_tree(proc)
+    clean = {step: from_memory[(step, "uninterrupted")] for step in range(1, 8)}
+    # rank 1 killed before step 7, no checkpoint before 10: both ranks resumed from their
+    # snapshots of their own shards, one step lost at most, exactly where they had been
+    (resumed,) = memory.events("checkpoint_resumed")
+    assert resumed["state_from"] == "memory snapshot" and resumed["step"] in (6, 7), resumed
+    assert "durable_step" not in resumed and not memory.events("memory_snapshots_off")
+    step = resumed["step"]
+    assert from_memory[(step, "resumed")]["digest"] == clean[step]["digest"]
+    if step == 6:  # and trained step 7 again exactly as it had (weights and loss)
+        again = from_memory[(7, "trained")]
+        assert (again["attempt"], again["digest"], again["loss"]) == (
+            1, clean[7]["digest"], clean[7]["loss"])
+    assert [e["step"] for e in memory.events("checkpoint_saved")] == [8]
     # rank 1 died before step 5, its shard of step 4 torn: torchrun restarted both ranks,
     # rank 1 found its shard bad, and both resumed from step 2 (step 4 was written again)
     (torn,) = run.events("checkpoint_fallback")
@@ -74,8 +102,8 @@ def test_an_fsdp2_job_resumes_exactly_falls_back_past_a_bad_shard_and_reshards(t
     assert torn["reason"] == "__1_0.distcp: xxh3_128 mismatch (content changed or corrupt)"
     assert [e["step"] for e in run.events("checkpoint_resumed")] == [2]
     assert {e["mode"] for e in run.events("checkpoint_saved")} == {"async"}
-    assert killed[(2, "resumed")]["digest"] == clean[(2, "trained")]["digest"]
-    assert killed[(6, "trained")]["digest"] == clean[(6, "trained")]["digest"]
+    assert killed[(2, "resumed")]["digest"] == clean[2]["digest"]
+    assert killed[(6, "trained")]["digest"] == clean[6]["digest"]
     folder = run.checkpoint_dir
     assert sorted(p.name for p in folder.iterdir()) == [
         "step-00000002", "step-00000004", "step-00000006"]
@@ -102,7 +130,7 @@ def test_an_fsdp2_job_resumes_exactly_falls_back_past_a_bad_shard_and_reshards(t
     (resharded,) = run.events("checkpoint_resharded")
     assert (resharded["step"], resharded["from_world_size"], resharded["to_world_size"]) == (
         4, 2, 1)
-    assert one[(4, "resumed")]["digest"] == clean[(4, "trained")]["digest"]
+    assert one[(4, "resumed")]["digest"] == clean[4]["digest"]
     assert one[(4, "resumed")]["world"] == 1 and one[(8, "trained")]["loss"] < 3.0
     # it went on from the global sample count: 8 steps of 8 samples, not 4 + 4 of one rank's
     (step8,) = [e for e in run.events("checkpoint_saved") if e["step"] == 8]

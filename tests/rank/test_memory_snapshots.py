@@ -233,3 +233,21 @@ def test_a_full_tmpfs_skips_snapshots_counts_them_and_training_goes_on(tmp_path)
             if RunDir(tmp_path / "run").status_file(0).exists() else None
         assert status is None or "memory_snapshots" in status["checkpoint"]
         ckpt.close()
+
+
+def test_a_memory_snapshot_of_the_last_step_does_not_replace_the_final_save(tmp_path):
+    """Before: ``maybe_save`` counted a memory snapshot as a save, so ``close()`` skipped
+    the final checkpoint of a step the snapshots had taken, and then freed the snapshots:
+    the run's last steps were in no checkpoint."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ckpt = Checkpoints.from_env(tmp_path / "run", every_steps=100, fsync=False,
+                                memory_snapshots="every_step",
+                                memory_snapshots_dir=str(tmp_path))
+    for step in range(3):
+        model(torch.randn(2, 8)).square().mean().backward()
+        opt.step()
+        assert not ckpt.maybe_save(step + 1, model=model, optimizer=opt)
+    ckpt.close()
+    assert [e["step"] for e in RunDir(tmp_path / "run").events("checkpoint_saved")] == [3]

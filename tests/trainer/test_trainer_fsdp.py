@@ -130,3 +130,44 @@ def test_the_trainer_resumes_a_sharded_checkpoint_at_another_world_size(tmp_path
     assert check_resumable(manifest, 2, 8, 1) == StepShape(8, 2, 2)
     with pytest.raises(ConfigError, match="3 ranks cannot share 32 evenly"):
         check_resumable(manifest, 3, 8, 1)
+
+
+def test_a_sharded_run_resumes_its_own_shards_from_a_memory_snapshot_exactly(group, tmp_path):
+    """Before: parallel.mode fsdp/hsdp took no memory snapshots (restarts went back to the
+    DCP checkpoint). Now each rank's shards are snapshotted and the trainer's own resume
+    (Checkpointer.resume with the model's DTensors, restore_checkpoint) puts them back."""
+    prepare_generated(tmp_path / "d", size_bytes=15_000, seed=3, val_fraction=0.1)
+    data = load_dataset(tmp_path / "d")
+    (tmp_path / "shm").mkdir()
+    cfg = load_config(None, ["parallel.mode=hsdp", "parallel.shard_size=1", "model.layers=1",
+                             "model.width=32", "model.context=16", "train.batch_size=2",
+                             "checkpoint.every_steps=10", "checkpoint.fsync=false",
+                             "checkpoint.memory_snapshots=every_step",
+                             f"checkpoint.memory_snapshots_dir={tmp_path / 'shm'}"])
+    ranks = Ranks(0, 0, 1, torch.device("cpu"), True, 0)
+    state = build_training_state(cfg, data, ranks)
+    run = RunDir(tmp_path / "run").create()
+    ckpt = Checkpointer(cfg.checkpoint, run.root, config_hash=cfg.training_digest(),
+                        sharded=True).start()
+    for _ in range(3):
+        run_steps(state, 1)
+        ckpt.after_step(state.step, lambda: checkpoint_state(state))
+    ckpt.memory.wait()  # and the process died: no close, its snapshots left in the tmpfs
+    assert ckpt.memory.facts["step"] == 3 and ckpt.memory.facts["off_reason"] is None
+
+    fresh = build_training_state(cfg, data, ranks)
+    loader = Checkpointer(cfg.checkpoint, run.root, config_hash=cfg.training_digest(),
+                          sharded=True)
+    restored = loader.resume(parallel.live_trees(fresh.model, fresh.mode))
+    assert restored is not None and restored.step == 3
+    assert restored.manifest["source"] == "memory snapshot" and restored.manifest["sharded"]
+    restore_checkpoint(fresh, restored, loader.group)
+    restored.restore_rng()
+    (saved_model, saved_optim), (model, optim) = _full(state), _full(fresh)
+    assert all(torch.equal(model[k], saved_model[k]) for k in saved_model)
+    for fqn, values in saved_optim["state"].items():
+        assert all(torch.equal(optim["state"][fqn][k], v) for k, v in values.items())
+    assert fresh.scheduler.state_dict() == state.scheduler.state_dict()
+    assert fresh.loader.state_dict() == state.loader.state_dict() and fresh.step == 3
+    assert run_steps(fresh, 2) == run_steps(state, 2)  # and it trains on the same
+    assert all(isinstance(p, DTensor) for p in fresh.model.parameters())

@@ -14,7 +14,7 @@ so the loop reads the same for all three.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -97,13 +97,25 @@ def checkpoint_trees(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             "scheduler": scheduler.state_dict()}
 
 
-def load_sharded(path: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+def load_sharded(restored: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: Any, group: Any) -> None:
-    """A sharded (DCP) checkpoint into the sharded model, optimizer and schedule (every rank;
-    DCP reshards when the world size changed)."""
-    loaded = sharded.load(path, {"model": model, "optimizer": optimizer,
-                                 "scheduler": scheduler}, group)
+    """A sharded checkpoint into the sharded model, optimizer and schedule (every rank): a
+    DCP one (DCP reshards when the world size changed), or a memory snapshot's shards
+    (rebuilt as DTensors on this job's mesh by the checkpointer)."""
+    objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
+    if restored.manifest.get("sharded"):
+        sharded.put_back(objects, restored.shared)
+        scheduler.load_state_dict(restored.shared["scheduler"])
+        return
+    loaded = sharded.load(restored.path, objects, group)
     scheduler.load_state_dict(loaded["scheduler"])
+
+
+def live_trees(model: torch.nn.Module, mode: str) -> Callable[[], dict[str, Any]] | None:
+    """What a memory snapshot of sharded state is checked against (None: not sharded)."""
+    if not is_sharded(mode):
+        return None
+    return lambda: sharded.models_of({"model": model})
 
 
 def replica_group(cfg: ParallelConfig, rank: int) -> int | None:

@@ -191,8 +191,7 @@ def restore_checkpoint(state: TrainingState, restored: Restored, group: Any = No
     split it) and the loader continues from the job's windows consumed."""
     reshape(state, restored)
     if parallel.is_sharded(state.mode):
-        parallel.load_sharded(restored.path, state.model, state.optimizer, state.scheduler,
-                              group)
+        parallel.load_sharded(restored, state.model, state.optimizer, state.scheduler, group)
     else:
         state.model.load_state_dict(restored.shared["model"])
         state.optimizer.load_state_dict(restored.shared["optimizer"])
@@ -262,7 +261,8 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpoi
     with tel.phase("init"):
         data = open_data(cfg, run, ranks)
         state = build_training_state(cfg, data, ranks)
-        restored = ckpt.resume()  # the newest verified checkpoint, or None on a fresh run
+        # the newest verified checkpoint (or memory snapshot), or None on a fresh run
+        restored = ckpt.resume(parallel.live_trees(state.model, state.mode))
         if restored is not None:
             restore_checkpoint(state, restored, ckpt.group)
         skip = agree_skip_steps(run, ranks.distributed)  # a rollback's control/skip-steps.json

@@ -19,7 +19,9 @@
 every key but ``data`` is the same on every rank and written once, by rank 0; ``data``
 (the loader position) and the RNG states are per rank and gathered to rank 0.
 Only rank 0 writes. Trees holding DTensors (FSDP2) are sharded instead: every rank writes
-its own shards through DCP and rank 0 seals them (sharded_save.py).
+its own shards through DCP and rank 0 seals them (sharded_save.py); such a loop passes
+``ckpt.resume(live)`` its model's DTensors (``sharded.models_of``) so a memory snapshot of
+its shards can be checked and loaded (memory_snapshots/shards.py).
 See docs/checkpoints.md.
 """
 
@@ -57,7 +59,7 @@ from trainwatch.rank.checkpoint.writer import (CheckRefused, Payload, Written,
                                                   copy_checkpoint, write_checkpoint)
 from trainwatch.rank.memory_snapshots import peer_resume
 from trainwatch.rank.memory_snapshots.peer_link import settings_from as peer_settings
-from trainwatch.rank.memory_snapshots.snapshotter import SHARDED_OFF, MemorySnapshots, for_run
+from trainwatch.rank.memory_snapshots.snapshotter import MemorySnapshots, for_run
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +115,6 @@ class Checkpointer:
             config_hash=config_hash, journal=self._journal,
             peers=peer_settings(config.peer_copies, config.peer_copies_offset,
                                 config.peer_copies_clique_size, config.peer_copies_nodes))
-        if sharded:  # FSDP2 shards are not snapshotted yet (docs/memory-snapshots.md)
-            self.memory.facts.update(enabled=False, off_reason=SHARDED_OFF)
         self.facts["memory_snapshots"] = self.memory.facts
 
     # ------------------------------------------------------------------ lifecycle
@@ -161,11 +161,16 @@ class Checkpointer:
             writer.join()
 
     # ------------------------------------------------------------------ resume
-    def resume(self) -> resume_mod.Restored | None:
-        """Load the newest verified, compatible checkpoint (every rank the same one), or None."""
+    def resume(self, live: Callable[[], dict[str, Any]] | None = None
+               ) -> resume_mod.Restored | None:
+        """Load the newest verified, compatible checkpoint (every rank the same one), or None.
+
+        ``live``: of a sharded (DTensor) job, its state trees as ``after_step``'s ``state``
+        gives them (the model's suffice); a memory snapshot of its shards is checked
+        against them and its ``shared`` trees come back as DTensors on the job's mesh."""
         if not self.cfg.enabled or self.cfg.resume == "never":
             return None
-        restored, memory_reason = self._resume_from_memory()
+        restored, memory_reason = self._resume_from_memory(live)
         if restored is not None:
             return restored
         decision: dict[str, Any] = {}
@@ -205,14 +210,15 @@ class Checkpointer:
         self._publish()
         return restored
 
-    def _resume_from_memory(self) -> tuple[resume_mod.Restored | None, str]:
+    def _resume_from_memory(self, live: Callable[[], dict[str, Any]] | None
+                            ) -> tuple[resume_mod.Restored | None, str]:
         """The newest snapshot every rank has, when newer than the durable checkpoints."""
         durable = None
         if self.rank == 0:
             steps = [e.step for f in (self.folder, self.mirror) if f is not None
                      for e in catalog.scan(f) if e.step is not None and e.state == "complete"]
             durable = max(steps, default=None)
-        restored, reason = peer_resume.resume(self.memory, self.run, durable)
+        restored, reason = peer_resume.resume(self.memory, self.run, durable, live)
         if restored is None:
             return None, reason
         if self.rank == 0:
@@ -288,10 +294,12 @@ class Checkpointer:
         return False
 
     def after_step(self, step: int, state: Callable[[], dict[str, Any]], *,
-                   final: bool = False) -> bool:
+                   final: bool = False,
+                   snapshot_state: Callable[[], dict[str, Any]] | None = None) -> bool:
         """Save if due (interval, request, stop, end); True when the loop must stop (SIGTERM).
 
-        ``step`` is the number of steps completed; ``state`` is called only when saving.
+        ``step`` is the number of steps completed; ``state`` is called only when saving
+        (durably); ``snapshot_state`` (default ``state``) when taking a memory snapshot.
         """
         if not self.cfg.enabled:
             return False
@@ -312,7 +320,7 @@ class Checkpointer:
                 dist.barrier(group=self._group)  # ranks exit together, after rank 0 wrote
             self.exit_code = EXIT_STOPPED
             return True
-        self.memory.after_step(step, state, final=final)
+        self.memory.after_step(step, snapshot_state or state, final=final)
         if final and self.cfg.save_final:
             self._save(step, state(), "final", force_wait=True)
         elif save or interval:

@@ -115,17 +115,25 @@ class Checkpoints:
         other tensor subclasses are refused: a ConfigError, bad input (whole_state.py).
         """
         self._check_once("resume", state)
-        restored = self.checkpointer.resume()
+        objects = {k: v for k, v in state.items() if k != "data"}
+        # a memory snapshot of sharded state is checked against the model's DTensors
+        live = (lambda: sharded.models_of(objects)) if self._sharded else None
+        restored = self.checkpointer.resume(live)
         self._agree_skips()
         if restored is None:
             return 0
         self._continue_at(restored.step)
         self.restored = restored
         values = restored.shared
+        held = set(restored.manifest.get("shared") or ())  # a key added since: warned
+        put_back = False  # models and optimizers loaded by torch's set_*_state_dict
         if restored.manifest.get("layout") == LAYOUT_DCP:
-            held = set(restored.manifest.get("shared") or ())  # a key added since: warned
             values = sharded.load(restored.path, {k: v for k, v in state.items() if k in held},
                                   self.checkpointer.group)
+            put_back = True
+        elif restored.manifest.get("sharded"):  # this rank's shards, from a memory snapshot
+            sharded.put_back({k: v for k, v in objects.items() if k in held}, values)
+            put_back = True
         elif self._sharded:
             raise ConfigError(
                 "a data-parallel checkpoint (whole model.pt) cannot be loaded into this "
@@ -135,8 +143,8 @@ class Checkpoints:
             if name == "data":
                 value = restored.data
             elif isinstance(target, (torch.nn.Module, torch.optim.Optimizer)) and (
-                    values is not restored.shared) and name in values:
-                self.loaded[name] = values[name]  # set_state_dict loaded it (sharded.load)
+                    put_back) and name in values:
+                self.loaded[name] = values[name]  # set_state_dict loaded it (sharded.py)
                 continue
             elif name in values:
                 value = values[name]
@@ -186,7 +194,8 @@ class Checkpoints:
             saving.append(True)
             return self._trees(state)
 
-        if self.checkpointer.after_step(step, taken):
+        # a memory snapshot is not a save: the final save must still come (close)
+        if self.checkpointer.after_step(step, taken, snapshot_state=lambda: self._trees(state)):
             self._stop()
         if saving:
             self._saved_at = step

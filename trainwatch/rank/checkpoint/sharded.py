@@ -66,8 +66,6 @@ def load(path: Path, state: dict[str, Any], group: Any = None) -> dict[str, Any]
     reshards); returns {name: loaded value} of each (``data`` left out). A checkpoint that
     does not fit the objects is bad input (ConfigError naming it and the way out)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (set_model_state_dict,
-                                                         set_optimizer_state_dict)
 
     wanted = {k: v for k, v in state.items() if k != "data"}
     template = state_dicts(wanted)
@@ -77,13 +75,32 @@ def load(path: Path, state: dict[str, Any], group: Any = None) -> dict[str, Any]
         raise ConfigError(f"cannot load the sharded checkpoint into this job's "
                           f"{', '.join(wanted)}: {_first_line(exc)}; {RESHARD_FIX}",
                           file=str(path)) from None
-    models = {k: v for k, v in wanted.items() if isinstance(v, torch.nn.Module)}
-    for name, value in wanted.items():
-        if isinstance(value, torch.nn.Module):
-            set_model_state_dict(value, template[name])
-        elif isinstance(value, torch.optim.Optimizer):
-            set_optimizer_state_dict(_model_of(value, models, name), value, template[name])
+    put_back(wanted, template)
     return template
+
+
+def put_back(objects: dict[str, Any], trees: dict[str, Any]) -> None:
+    """Load DCP state dicts (DTensors on the job's mesh: loaded by DCP, or rebuilt from a
+    memory snapshot's shards) into the models and optimizers of ``objects``, with torch's
+    ``set_model_state_dict`` / ``set_optimizer_state_dict`` (default options: every rank
+    loads its own shards, no collective). Other objects are the caller's to load."""
+    from torch.distributed.checkpoint.state_dict import (set_model_state_dict,
+                                                         set_optimizer_state_dict)
+
+    models = {k: v for k, v in objects.items() if isinstance(v, torch.nn.Module)}
+    for name, value in objects.items():
+        if name not in trees:
+            continue
+        if isinstance(value, torch.nn.Module):
+            set_model_state_dict(value, trees[name])
+        elif isinstance(value, torch.optim.Optimizer):
+            set_optimizer_state_dict(_model_of(value, models, name), value, trees[name])
+
+
+def models_of(objects: dict[str, Any]) -> dict[str, Any]:
+    """The DCP state dicts of the models among ``objects``: what a memory snapshot of
+    sharded state is checked against (an optimizer's would be initialized by looking)."""
+    return state_dicts({k: v for k, v in objects.items() if isinstance(v, torch.nn.Module)})
 
 
 def layout(trees: dict[str, Any]) -> dict[str, Any]:

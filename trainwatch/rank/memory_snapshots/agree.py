@@ -49,8 +49,11 @@ def newest_common(found: list[Found], excluded: frozenset[int] = frozenset()) ->
         usable.append(steps)
     if not any(usable):
         stale = any(f.steps for f in found)
-        return Agreed(None, "every snapshot predates the last rollback" if stale and
-                      first.rollback_at is not None else "no rank has a snapshot")
+        if stale and first.rollback_at is not None:
+            return Agreed(None, "every snapshot predates the last rollback")
+        refused = [(f.rank, f.refused[0]) for f in found if f.refused]
+        return Agreed(None, f"no rank has a usable snapshot (rank {refused[0][0]}: "
+                            f"{refused[0][1]})" if refused else "no rank has a snapshot")
     common = set.intersection(*usable)
     if not common:
         newest = {f.rank: max(s) if s else None for f, s in zip(found, usable)}

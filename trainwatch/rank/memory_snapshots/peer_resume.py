@@ -11,8 +11,11 @@ a node) resume from memory too. The local path's rules hold here as well: a snap
 another config, sealed before the controller's last rollback, or not newer than the
 durable checkpoint is never used.
 
-At another world size (data-parallel state only: sharded state is not snapshotted) new
-rank r loads old rank r's state, a rank beyond the old world old rank 0's; every rank
+Sharded (DTensor) state is checked against the job's own DTensors as resume.py does
+(``check_fit``): at the same world size and mesh a rank's shards come back from wherever
+they were held; at another world size they do not fit, and the durable checkpoint (which
+DCP reshards) is used. At another world size, data-parallel state: new rank r loads old
+rank r's state, a rank beyond the old world old rank 0's; every rank
 continues from rank 0's data position and a new rank gets RNGs derived from rank 0's, as a
 durable checkpoint at another world size does (docs/checkpoints.md, "Another world size").
 """
@@ -22,7 +25,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from trainwatch.contract.layout import rank_of_file
 from trainwatch.rank.checkpoint.resume import Restored, derived_rng
@@ -40,12 +43,13 @@ MAX_LISTED = 8              # ranks named in the journal's ``from_peers``
 JOURNALED = ("sources", "from_peers", "newest_step", "steps_lost", "transfers", "rejected")
 
 
-def resume(snaps: MemorySnapshots, run: RunDir, durable_step: int | None
-           ) -> tuple[Restored | None, str]:
-    """Every rank: the snapshot the ranks agreed on, loaded, or None and why (journaled)."""
+def resume(snaps: MemorySnapshots, run: RunDir, durable_step: int | None,
+           live: Callable[[], Any] | None = None) -> tuple[Restored | None, str]:
+    """Every rank: the snapshot the ranks agreed on, loaded, or None and why (journaled).
+    ``live``: the job's own DTensors, for a sharded snapshot (resume.py)."""
     snaps.prepare()
     if not snaps.enabled or not snaps.peers.active:
-        return local.resume(snaps, run, durable_step)
+        return local.resume(snaps, run, durable_step, live)
     copies = snaps.peers.copies
     assert copies is not None
     facts = copies.collective.broadcast(
@@ -58,11 +62,16 @@ def resume(snaps: MemorySnapshots, run: RunDir, durable_step: int | None
         return None, accept.explain(outcome.reason)
     mine = outcome.resume
     restored, problem = local.load_file(mine.snapshot.path, mine.step, snaps.world_size)
+    if restored is not None:
+        problem = local.check_fit(restored, live)
     done = copies.collective.all_gather({
         "problem": problem, "source": mine.source, "state_of": mine.snapshot.rank,
         "from_rank": mine.from_rank, "newest": max((s.step for s in own), default=None)})
     bad = {r: d["problem"] for r, d in enumerate(done) if d["problem"] is not None}
     copies.release_fetched()
+    misfit = local.misfit_reason(mine.step, [d["problem"] for d in done])
+    if misfit is not None:
+        return None, misfit
     if bad or restored is None:
         first = min(bad) if bad else copies.rank
         return None, f"step {mine.step}: rank {first}'s snapshot did not load: {bad.get(first)}"

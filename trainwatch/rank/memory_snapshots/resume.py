@@ -14,12 +14,12 @@ import io
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from trainwatch.rank.checkpoint.resume import Restored
-from trainwatch.rank.memory_snapshots import store
+from trainwatch.rank.memory_snapshots import shards, store
 from trainwatch.rank.memory_snapshots.agree import ROLLBACK_ACTIONS, Found, gather, newest_common
 from trainwatch.rank.memory_snapshots.snapshotter import MemorySnapshots
 from trainwatch.rundir.run_dir import RunDir
@@ -36,7 +36,10 @@ def found_here(snaps: MemorySnapshots) -> Found:
         return found
     for s in store.sealed(snaps.folder):
         if s.rank != snaps.rank or s.world_size != snaps.world_size:
-            found.refused.append(f"{s.path.name}: rank {s.rank} of {s.world_size}")
+            found.refused.append(f"{s.path.name} is of rank {s.rank} at world size "
+                                 f"{s.world_size}, this job's rank {snaps.rank} at "
+                                 f"{snaps.world_size}: another world size resumes from "
+                                 "the durable checkpoint")
         elif s.config_hash != snaps.config_hash:
             found.refused.append(f"{s.path.name}: written by another config")
         else:
@@ -55,9 +58,11 @@ def rollback_at(run: RunDir) -> float | None:
     return max(times, default=None)
 
 
-def resume(snaps: MemorySnapshots, run: RunDir, durable_step: int | None
-           ) -> tuple[Restored | None, str]:
-    """Every rank: the agreed snapshot loaded, or None; and the reason (journaled)."""
+def resume(snaps: MemorySnapshots, run: RunDir, durable_step: int | None,
+           live: Callable[[], Any] | None = None) -> tuple[Restored | None, str]:
+    """Every rank: the agreed snapshot loaded, or None; and the reason (journaled).
+    ``live``: the job's state trees holding its DTensors (None: not sharded), called only
+    when a sharded snapshot is to be checked and loaded."""
     snaps.prepare()
     if not snaps.enabled:
         return None, f"memory snapshots are off: {snaps.facts['off_reason']}"
@@ -71,7 +76,12 @@ def resume(snaps: MemorySnapshots, run: RunDir, durable_step: int | None
         if agreed.step is None:
             return None, agreed.reason
         restored, problem = _load(snaps, agreed.step)
+        if restored is not None:
+            problem = check_fit(restored, live)
         problems = gather(problem, snaps.group, snaps.world_size)
+        misfit = misfit_reason(agreed.step, problems)
+        if misfit is not None:  # an older snapshot of the same job would not fit either
+            return None, misfit
         bad = {r: p for r, p in enumerate(problems) if p is not None}
         if not bad:
             assert restored is not None
@@ -81,6 +91,39 @@ def resume(snaps: MemorySnapshots, run: RunDir, durable_step: int | None
             snaps.journal("memory_snapshot_rejected", step=agreed.step,
                            ranks={str(r): p for r, p in sorted(bad.items())[:8]})
         excluded.add(agreed.step)
+
+
+MISFIT = "misfit: "
+
+
+def misfit_reason(step: int, problems: list[str | None]) -> str | None:
+    """Why no rank resumes from memory when any rank's snapshot did not fit (the first
+    such rank's reason), else None."""
+    misfits = {r: p[len(MISFIT):] for r, p in enumerate(problems)
+               if p is not None and p.startswith(MISFIT)}
+    if not misfits:
+        return None
+    first = min(misfits)
+    return (f"step {step}'s snapshot does not fit this job's sharded state (rank {first}: "
+            f"{misfits[first]}); the durable checkpoint reshards")
+
+
+def check_fit(restored: Restored, live: Callable[[], Any] | None) -> str | None:
+    """None when the snapshot fits the job's state (its shards, if sharded, made DTensors
+    on the job's mesh, in place in ``restored``); else why not, prefixed ``MISFIT``."""
+    record = restored.manifest.get("sharded_record")
+    if record is None and live is None:
+        return None  # whole state into a job that is not sharded: as before
+    try:
+        trees = live() if live is not None else None
+        shards.fit(record, trees, restored.shared)
+        if record is not None:
+            restored.shared = shards.rebuild(restored.shared, record, trees)
+    except shards.Mismatch as exc:
+        return f"{MISFIT}{exc}"
+    except Exception as exc:  # the job's state could not be looked at: the durable one
+        return f"{MISFIT}{type(exc).__name__}: {exc}"
+    return None
 
 
 def _load(snaps: MemorySnapshots, step: int) -> tuple[Restored | None, str | None]:
@@ -103,5 +146,7 @@ def load_file(path: Path, step: int, world_size: int) -> tuple[Restored | None, 
     manifest: dict[str, Any] = {"step": step, "world_size": world_size,
                                 "source": SOURCE, "shared": list(state["shared"]),
                                 "digest": header["digest"], "bytes": header["bytes"],
-                                "load_seconds": round(time.perf_counter() - started, 6)}
+                                "load_seconds": round(time.perf_counter() - started, 6),
+                                "sharded": "sharded" in state,
+                                "sharded_record": state.get("sharded")}
     return Restored(Path(path), step, manifest, state["shared"], state["rank"]), None

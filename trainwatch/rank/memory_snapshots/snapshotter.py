@@ -8,8 +8,13 @@ moves on; a writer thread serializes the copy into the tmpfs and seals it (store
 loop never waits for a write it did not need to; a tmpfs without room or a failed write
 skips that snapshot, counts it and journals the first of its kind: never the job's failure.
 
+Sharded (FSDP2, DTensor) state: each rank snapshots its own shards, the DTensors' local
+tensors, with a record of their mesh, placements and shapes (shards.py); nothing is
+gathered, and the writer thread never joins a collective.
+
 Host memory per rank: the host copy (the state's size, kept between snapshots) and at most
-two snapshot files in the tmpfs (each the state's size): three times the rank's state.
+two snapshot files in the tmpfs (each the state's size): three times the rank's state
+(sharded: the rank's shards).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from trainwatch.rank.checkpoint import rng, whole_state
-from trainwatch.rank.memory_snapshots import peer_link, store
+from trainwatch.rank.memory_snapshots import peer_link, shards, store
 from trainwatch.rank.memory_snapshots.cadence import Cadence
 from trainwatch.rank.memory_snapshots.capture import HostCopy
 from trainwatch.rank.memory_snapshots.peer_copies import PeerSettings
@@ -34,8 +39,6 @@ log = logging.getLogger(__name__)
 
 MODES = ("auto", "every_step", "off")
 RESERVE_BYTES = 64 << 20   # left free in the tmpfs: NCCL and data loaders share it
-SHARDED_OFF = ("sharded (DTensor) state is not snapshotted yet; restarts use the durable "
-               "checkpoint")
 
 
 class MemorySnapshots:
@@ -62,7 +65,8 @@ class MemorySnapshots:
         self._last_end: tuple[int, float] | None = None
         self._journaled: set[str] = set()
         self._prepared = False
-        self._looked = False  # the state was looked at once (sharded state is not taken)
+        self._looked = False  # the state was looked at once: sharded (DTensor) or not
+        self._sharded = False
         self._finished = False
         # copies on another node's rank (peer_link.py): started by ``prepare``
         self.peers = peer_link.SnapshotPeers(None, peers, peer_link.OFF if peers is None
@@ -123,14 +127,6 @@ class MemorySnapshots:
         until a newer one is."""
         self._sealed = step
 
-    def disable(self, why: str) -> None:
-        """Off on every rank alike (the caller knows the reason holds on every rank)."""
-        if self.enabled:
-            self.peers.close()
-            self.facts.update(enabled=False, off_reason=why, peer_copies=self.peers.facts)
-            if self.rank == 0:
-                self.journal("memory_snapshots_off", reason=why)
-
     # ------------------------------------------------------------------ in the loop
     def after_step(self, step: int, state: Callable[[], dict[str, Any]], *,
                    final: bool = False) -> None:
@@ -151,19 +147,21 @@ class MemorySnapshots:
         trees = state()
         if not self._looked:
             self._looked = True
-            if whole_state.check_trees(trees):  # the same answer on every rank
-                self.disable(SHARDED_OFF)
-                return
+            self._sharded = whole_state.check_trees(trees)  # the same answer on every rank
         agreed = torch.tensor([-float(self._sealed), float(self.cadence.every())])
         if self.group is not None:
             dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.group)
         self._confirmed, self.every = int(-agreed[0].item()), max(1, int(agreed[1].item()))
         assert self.folder is not None
         store.retain(self.folder, {self._confirmed})
-        payload = self._capture(step, trees)
+        self._next = step + self.every
+        try:
+            payload = self._capture(step, trees)
+        except Exception as exc:  # e.g. no host memory for the copy: skipped, never the job
+            self._count("failed_total", "failed", step, f"{type(exc).__name__}: {exc}")
+            return
         blocking = time.perf_counter() - started
         self._measure(step, started, blocking)
-        self._next = step + self.every
         self.peers.refresh()
         self.facts["peer_copies"] = self.peers.facts
         self._writer = threading.Thread(target=self._write, args=(step, payload),
@@ -176,8 +174,14 @@ class MemorySnapshots:
 
     def _capture(self, step: int, trees: dict[str, Any]) -> dict[str, Any]:
         shared = {k: v for k, v in trees.items() if k != "data"}
-        return {"step": step, "shared": self._host.capture(shared),
-                "rank": {"rng": rng.capture(), "data": copy.deepcopy(trees.get("data"))}}
+        record = None
+        if self._sharded:  # this rank's own shards, and where each sits (no collective)
+            shared, record = shards.split(shared)
+        payload = {"step": step, "shared": self._host.capture(shared),
+                   "rank": {"rng": rng.capture(), "data": copy.deepcopy(trees.get("data"))}}
+        if record is not None:
+            payload["sharded"] = record
+        return payload
 
     def _measure(self, step: int, started: float, blocking: float) -> None:
         if self._last_end is not None:
