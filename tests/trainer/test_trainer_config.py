@@ -82,3 +82,22 @@ def test_parallel_mode_is_how_ranks_share_the_model_not_what_the_weights_are():
     assert (ddp.parallel.mode, fsdp.parallel.mode) == ("ddp", "fsdp")
     assert ddp.training_digest() == fsdp.training_digest() == "54075f4d30ce"  # as before
     assert ddp.digest() != fsdp.digest()
+
+
+def test_an_unquoted_off_is_the_word_off_where_off_is_a_choice(tmp_path):
+    """YAML 1.1 reads `off` as false: docs/checkpoints.md writes `nonfinite: off` unquoted,
+    and `--set checkpoint.memory_snapshots=off` goes through the same YAML reading."""
+    path = write(tmp_path, "checkpoint: {nonfinite: off, memory_snapshots: off}\n")
+    cfg = load_config(path, ["checkpoint.peer_copies=off"])
+    assert (cfg.checkpoint.nonfinite, cfg.checkpoint.memory_snapshots,
+            cfg.checkpoint.peer_copies) == ("off", "off", "off")
+    with pytest.raises(ConfigError, match="fsync"):  # a real boolean stays a boolean
+        load_config(write(tmp_path, "checkpoint: {fsync: maybe}\n"))
+
+
+def test_checkpoints_from_a_mapping_read_a_yaml_off_as_off():
+    from trainwatch.rank.checkpoint.config import CheckpointConfig
+    cfg = CheckpointConfig.from_mapping({"nonfinite": False, "memory_snapshots": False})
+    assert (cfg.nonfinite, cfg.memory_snapshots) == ("off", "off")
+    with pytest.raises(ConfigError, match="checkpoint.mode"):
+        CheckpointConfig.from_mapping({"mode": False})

@@ -175,6 +175,8 @@ def _apply_value(obj: Any, parts: list[str], value: Any, *, source: str, dotted:
         return
     if len(parts) > 1:
         raise ConfigError(f"'{name}' is a value, not a section", file=source, key=dotted)
+    if value is False and name in getattr(obj, "READS_OFF", ()):
+        value = "off"  # YAML 1.1 reads an unquoted off as false (CheckpointConfig.READS_OFF)
     setattr(obj, name, _coerce(value, hint, source=source, key=dotted))
 
 

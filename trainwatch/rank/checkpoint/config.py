@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
 from trainwatch.errors import ConfigError
 
@@ -19,6 +19,10 @@ PEER_NODES = ("names", "blocks")         # memory_snapshots/peer_ring.py BY_NAME
 @dataclass
 class CheckpointConfig:
     """Checkpoint settings; every field is documented in docs/checkpoints.md."""
+
+    # Choices that include "off": YAML 1.1 reads an unquoted `off` as false, so a false here
+    # is that word (docs/checkpoints.md writes `nonfinite: off`, unquoted).
+    READS_OFF: ClassVar[tuple[str, ...]] = ("nonfinite", "memory_snapshots", "peer_copies")
 
     enabled: bool = True
     dir: str | None = None            # default: RUN_DIR/checkpoints
@@ -49,6 +53,7 @@ class CheckpointConfig:
             if key not in known:
                 raise ConfigError(f"unknown setting (known: {', '.join(sorted(known))})",
                                   file=file, key=f"{prefix}.{key}")
+        data.update({key: "off" for key in cls.READS_OFF if data.get(key) is False})
         cfg = cls(**data)
         cfg.validate(file=file, prefix=prefix)
         return cfg
