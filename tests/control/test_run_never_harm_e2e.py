@@ -119,12 +119,15 @@ def test_a_full_run_directory_and_a_30s_rank0_evaluation_do_not_harm_the_job(tmp
         statuses = {s["rank"]: s for s in run.statuses().records}
         firing = run.events("alert_firing")
         started, restarted = run.events("job_started"), run.events("restarted")
+        journal = [(round(e["time"] - filled_at, 1), e.get("source"), e["event"],
+                    e.get("reason") or e.get("returncode") or e.get("restart_count"))
+                   for e in run.events() if e["event"] not in ("alert_firing", "alert_resolved")]
     assert code == 0, log[-3000:]
     assert "Traceback" not in log, log[-3000:]
     # the same two rank processes from before the disk filled to their finish
     assert {r: (s["pid"], s["state"]) for r, s in statuses.items()} == \
         {r: (pid, "finished") for r, pid in pids.items()}, log[-3000:]
-    assert len(started) == 1 and not restarted, log[-3000:]
+    assert len(started) == 1 and not restarted, (journal, log[-3000:])
     assert pages.get("TrainwatchCannotPublish", 99) <= 30 and "StorageFull" in pages, \
         (pages, log[-3000:])
     assert not stalls, "\n".join(json.dumps(f, default=str) for f in stalls[:5])

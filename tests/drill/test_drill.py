@@ -731,13 +731,15 @@ def test_sdc_drill_names_the_rank_rolls_back_and_ends_as_a_clean_run_for_real(
     code, check = preflight()
     assert code == 0 and check["status"] == "ok", check
     # "Equals a clean run's": a run of the same config, without the flip, that also started
-    # afresh at checkpoint 20 (rank 0 exits in step 25; torchrun restarts every rank).
+    # afresh at checkpoint 20 (rank 0 exits in step 25; torchrun restarts every rank; no
+    # memory snapshots, which would resume it at step 24).
     # DDP lays out its gradient buckets anew at each start and gloo's 3-way sums round by
     # bucket position, so only runs restarted at the same step are bitwise alike.
     clean = tmp_path / "clean"
     code, out = finish(launch_train(
         "--nproc-per-node", "3", "--run-dir", str(clean), "--config",
         str(run.drill_dir / "train.yaml"), "--max-restarts", "1",
+        "--set", "checkpoint.memory_snapshots=off",
         env={"TRAINWATCH_FAULT": "exit:rank=0:step=25", "OMP_NUM_THREADS": "1"}), timeout=400)
     assert code == 0, out[-3000:]
     assert [e["step"] for e in RunDir(clean).events("checkpoint_resumed")][-1:] == [20]
