@@ -9,7 +9,6 @@ so the loop puts it back the same way.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import logging
 import time
@@ -91,7 +90,9 @@ def _load(snaps: MemorySnapshots, step: int) -> tuple[Restored | None, str | Non
     try:
         header = store.read_header(path)
         data = store.payload(path)
-        if hashlib.sha256(data).hexdigest() != header["digest"]:
+        digest = store.hasher(header)
+        digest.update(data)
+        if digest.hexdigest() != header["digest"]:
             raise store.Rejected("digest mismatch: the payload is not what was sealed")
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # a torn or altered file: the ranks try an older step
