@@ -193,6 +193,7 @@ def _loop(run, shm, steps, start_state=None, **settings):
         opt.zero_grad()
         ckpt.maybe_save(step + 1, model=model, optimizer=opt)
     ckpt.checkpointer.memory.wait()
+    ckpt.wait()  # the durable save of step 10 is async: sealed before the next start scans
     return ckpt, start, model
 
 
