@@ -82,3 +82,16 @@ def test_parallel_mode_is_how_ranks_share_the_model_not_what_the_weights_are():
     assert (ddp.parallel.mode, fsdp.parallel.mode) == ("ddp", "fsdp")
     assert ddp.training_digest() == fsdp.training_digest() == "54075f4d30ce"  # as before
     assert ddp.digest() != fsdp.digest()
+
+
+@pytest.mark.parametrize("key", ["memory_snapshots", "nonfinite"])
+def test_off_written_bare_in_yaml_is_the_setting_off(tmp_path, key):
+    """`memory_snapshots: off`, as docs/memory-snapshots.md says to turn snapshots off,
+    exited 2 with "must be str, got bool False": YAML 1.1 reads a bare off as false."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"checkpoint:\n  {key}: off\n")
+    assert getattr(load_config(path).checkpoint, key) == "off"
+    assert getattr(load_config(None, [f"checkpoint.{key}=off"]).checkpoint, key) == "off"
+    with pytest.raises(ConfigError, match="must be one of auto, every_step, off, got 'off'|"
+                                          "must be str, got bool True"):
+        load_config(None, ["checkpoint.memory_snapshots=on"])

@@ -208,6 +208,8 @@ def _coerce(value: Any, hint: Any, *, source: str, key: str) -> Any:
                 return number
         if kind is str and isinstance(value, str):
             return value
+        if kind is str and value is False:  # YAML 1.1 reads `off` (and `no`) as false
+            return "off"
     raise ConfigError(f"must be {_hint_name(hint)}, got {_type_name(value)} {value!r}",
                       file=source, key=key)
 
