@@ -24,11 +24,13 @@ average recorded beside every figure (the machine is shared):
    at a step end, and at the end), the process's resident set over ``off``'s (at the end,
    and its peak ``VmHWM``), against the documented bound of 3 x the state.
 3. **Recovery** (``--parts recovery``): ``trainwatch train --nproc-per-node 2
-   --max-restarts 1`` with ``checkpoint.every_steps: 10``, snapshots ``every_step`` against
-   ``off``, paired, the same kill step in each pair: once rank 0 has passed the step, rank 1
-   gets SIGKILL; torchrun restarts both ranks; timed from the kill to the first step the
-   restarted job completes (rank 0's metrics log), with the steps recomputed (the steps
-   completed before the kill minus the step resumed from, the journal's
+   --max-restarts 1`` with ``checkpoint.every_steps: 10``, snapshots ``every_step``, ``auto``
+   and ``off`` (the durable checkpoint alone), one job each per round, the order rotating,
+   the same kill step within a round (21, 25, 29, 24, ...: places across the interval):
+   rank 1 SIGKILLs itself in that step (``TRAINWATCH_FAULT=kill:...``, as the OOM killer
+   would); torchrun restarts both ranks; timed from rank 1's last completed step to the
+   first step the restarted job completes (rank 0's metrics log), with the steps recomputed
+   (the steps completed before the kill minus the step resumed from, the journal's
    ``checkpoint_resumed``) and where the state came from.
 
 The GPU path (pinned buffers, a side stream) is not measured: no GPU run yet.
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -179,8 +182,9 @@ def time_worker(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def memory_worker(spec: dict[str, Any]) -> dict[str, Any]:
-    """One process, one mode: ``steps`` steps; the rank's files in the tmpfs (largest at a
-    step end) and the process's resident set at the end and at its peak."""
+    """One process, one mode: ``steps`` steps; the rank's files in the tmpfs (the largest
+    seen before and after each ``maybe_save``) and the process's resident set at the end
+    and at its peak."""
     import torch
 
     torch.set_num_threads(1)
@@ -191,6 +195,7 @@ def memory_worker(spec: dict[str, Any]) -> dict[str, Any]:
     shm_max = 0
     for step in range(1, spec["steps"] + 1):
         train_step()
+        shm_max = max(shm_max, _shm_bytes(root))  # the write of the step before is done
         ckpt.maybe_save(step, model=model, optimizer=opt)
         shm_max = max(shm_max, _shm_bytes(root))
     memory.wait()
@@ -223,6 +228,9 @@ def _run_worker(kind: str, spec: dict[str, Any], inline: bool = False) -> dict[s
 
 
 def _spread(values: list[float]) -> dict[str, Any]:
+    """Median and min-max (NaN when there is nothing: e.g. no snapshot in a short block)."""
+    if not values:
+        return {"median": math.nan, "min": math.nan, "max": math.nan, "each": []}
     return {"median": statistics.median(values), "min": min(values), "max": max(values),
             "each": values}
 
@@ -299,16 +307,9 @@ def _steps(path: Path) -> list[tuple[int, float]]:
     return out
 
 
-def _ranks_past(run: Any, step: int) -> dict[int, dict[str, Any]] | None:
-    records = {r["rank"]: r for r in run.statuses().records if isinstance(r.get("rank"), int)}
-    if len(records) < 2 or any(r.get("state") != "running" for r in records.values()):
-        return None
-    now = records[0].get("step")
-    return records if isinstance(now, int) and now >= step else None
-
-
 def recovery_one(folder: Path, mode: str, kill_at: int, timeout: float) -> dict[str, Any]:
-    """One job: train past ``kill_at``, SIGKILL rank 1, time the restart to its first step."""
+    """One job: rank 1 SIGKILLs itself in step ``kill_at`` (the trainer's ``kill`` fault, as
+    the OOM killer would); the restart timed from then to its first completed step."""
     from trainwatch.process.proctree import stop
     from trainwatch.rundir.run_dir import RunDir
 
@@ -319,24 +320,26 @@ def recovery_one(folder: Path, mode: str, kill_at: int, timeout: float) -> dict[
         [sys.executable, "-m", "trainwatch", "train", "--nproc-per-node", "2", str(run.root),
          "--steps", "1000000", "--max-restarts", "1", "--set", "checkpoint.every_steps=10",
          "--set", f"checkpoint.memory_snapshots={mode}"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "TRAINWATCH_FAULT": f"kill:rank=1:step={kill_at}"})
     try:
-        statuses = _wait("the ranks to pass the kill step", 300,
-                         lambda: _ranks_past(run, kill_at))
-        os.kill(statuses[1]["pid"], signal.SIGKILL)
-        t0 = time.time()
-        resumed = _wait("the resume", timeout, lambda: [
-            e for e in run.events("checkpoint_resumed") if e.get("time", 0) >= t0], 0.1)[0]
-        restarted = min(e["time"] for e in run.events("rank_started") if e["time"] >= t0)
+        try:
+            resumed = _wait("the resume", 300 + timeout,
+                            lambda: run.events("checkpoint_resumed"), 0.1)[0]
+        except TimeoutError as exc:
+            tail = (folder / "jobs.log").read_bytes()[-2000:].decode(errors="replace")
+            raise SystemExit(f"{mode}: {exc}; the job's output ends:\n{tail}") from None
+        restarted = min(e["time"] for e in run.events("rank_started")
+                        if e.get("restart_count", 0) >= 1)
         first = _wait("the first resumed step", timeout, lambda: [
             t for s, t in _steps(run.metrics_file(0)) if t > restarted], 0.1)[0]
-        before = [s for s, t in _steps(run.metrics_file(0)) if t < restarted]
-        completed = max(before) + 1  # step records count from 0; snapshots count steps done
+        died = max(t for s, t in _steps(run.metrics_file(1)) if t < restarted)
+        completed = max(s for s, t in _steps(run.metrics_file(0)) if t < restarted) + 1
         return {"mode": mode, "kill_at": kill_at, "completed_before_kill": completed,
                 "resumed_step": resumed["step"], "state_from": resumed.get("state_from"),
                 "recomputed": completed - resumed["step"],
-                "restart_seconds": round(restarted - t0, 2),
-                "first_step_seconds": round(first - t0, 2),
+                "restart_seconds": round(restarted - died, 2),
+                "first_step_seconds": round(first - died, 2),
                 "load_seconds": resumed.get("load_seconds"),
                 "load_average_1m": [load, os.getloadavg()[0]]}
     finally:
@@ -409,11 +412,11 @@ def print_memory(x: dict[str, Any]) -> None:
 
 
 def print_recovery(r: dict[str, Any]) -> None:
-    print(f"\nrecovery: trainwatch train, 2 ranks, checkpoint every 10 steps, SIGKILL of rank 1 "
-          f"once rank 0 passed the kill step, {r['repeats']} round(s)")
+    print(f"\nrecovery: trainwatch train, 2 ranks, checkpoint every 10 steps, rank 1 SIGKILLs "
+          f"itself in the kill step; seconds from its last step; {r['repeats']} round(s)")
     for one in r["rounds"]:
         for m, x in one.items():
-            print(f"  {m:10} kill past {x['kill_at']}: {x['completed_before_kill']} steps done, "
+            print(f"  {m:10} killed in step {x['kill_at']}: {x['completed_before_kill']} steps done, "
                   f"resumed at {x['resumed_step']} from {x['state_from']} (recomputed "
                   f"{x['recomputed']}), restarted {x['restart_seconds']} s, first step "
                   f"{x['first_step_seconds']} s; load {x['load_average_1m'][0]:.1f}–"
