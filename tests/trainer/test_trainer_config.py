@@ -101,3 +101,16 @@ def test_checkpoints_from_a_mapping_read_a_yaml_off_as_off():
     assert (cfg.nonfinite, cfg.memory_snapshots) == ("off", "off")
     with pytest.raises(ConfigError, match="checkpoint.mode"):
         CheckpointConfig.from_mapping({"mode": False})
+
+
+@pytest.mark.parametrize("key", ["memory_snapshots", "nonfinite"])
+def test_off_written_bare_in_yaml_is_the_setting_off(tmp_path, key):
+    """`memory_snapshots: off`, as docs/memory-snapshots.md says to turn snapshots off,
+    exited 2 with "must be str, got bool False": YAML 1.1 reads a bare off as false."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"checkpoint:\n  {key}: off\n")
+    assert getattr(load_config(path).checkpoint, key) == "off"
+    assert getattr(load_config(None, [f"checkpoint.{key}=off"]).checkpoint, key) == "off"
+    with pytest.raises(ConfigError, match="must be one of auto, every_step, off, got 'off'|"
+                                          "must be str, got bool True"):
+        load_config(None, ["checkpoint.memory_snapshots=on"])

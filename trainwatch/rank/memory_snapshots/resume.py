@@ -9,7 +9,6 @@ so the loop puts it back the same way.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import logging
 import time
@@ -138,7 +137,9 @@ def load_file(path: Path, step: int, world_size: int) -> tuple[Restored | None, 
     try:
         header = store.read_header(path)
         data = store.payload(path)
-        if hashlib.sha256(data).hexdigest() != header["digest"]:
+        digest = store.hasher(header)
+        digest.update(data)
+        if digest.hexdigest() != header["digest"]:
             raise store.Rejected("digest mismatch: the payload is not what was sealed")
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # a torn or altered file: the ranks try an older step
