@@ -3,14 +3,14 @@ kill, a hang the deaths ended, and deaths of earlier attempts the run recovered 
 
 from __future__ import annotations
 
-import signal
 import time
 from typing import Any
 
 from trainwatch.diagnose.casefile import Analysis
 from trainwatch.diagnose.model import Evidence, Finding
 from trainwatch.diagnose.post_mortem import hang_before_death
-from trainwatch.diagnose.racing_deaths import Death, own_deaths, past_racers, racing_finding
+from trainwatch.diagnose.racing_deaths import (Death, exit_text, own_deaths, past_racers,
+                                                racing_finding)
 from trainwatch.diagnose.stacks import format_frames
 from trainwatch.rundir import attempts
 from trainwatch.rundir.torchrun_log import PEER_FAILURE
@@ -53,7 +53,7 @@ def _recovered(a: Analysis, entry: dict[str, Any]) -> Finding:
             "ranks " + " and ".join(str(x["rank"]) for x in sorted(
                 racers, key=lambda x: x["rank"])) + " died within one torchrun poll")
     exits = "; ".join((f"rank {x['rank']}: " if len(racers) > 1 else "")
-                      + _exit_text(x["exitcode"]) for x in sorted(racers, key=lambda x: x["rank"]))
+                      + exit_text(x["exitcode"]) for x in sorted(racers, key=lambda x: x["rank"]))
     tried = ev.journal.get("attempts") or []
     n = next((i for i, g in enumerate(tried) if entry["pid"] in g["pids"].values()), None)
     if n is None:
@@ -65,7 +65,7 @@ def _recovered(a: Analysis, entry: dict[str, Any]) -> Finding:
                else "started again (no checkpoint resumed in the journal)")
         title = f"{died} in attempt {n + 1} ({exits}); recovered: attempt {n + 2} {how}"
     evidence = [f"torchrun named pid {entry['pid']} the root cause (first observed failure): "
-                f"{_exit_text(entry['exitcode'])} ({entry['log']})"]
+                f"{exit_text(entry['exitcode'])} ({entry['log']})"]
     if len(racers) > 1:
         evidence[0] += (f"; it saw the others' exits in the same poll (stamped {entry.get('time')}) "
                         "and on a tie takes the lower rank: which died first cannot be told")
@@ -100,11 +100,11 @@ def _dead_now(a: Analysis, root: dict[str, Any] | None,
         culprits[rank] = why
     elif root and root.get("rank") in ev.ranks:
         culprits[root["rank"]] = (f"torchrun names it the root cause (first observed failure): "
-                                  f"{_exit_text(root['exitcode'])} ({root['log']})"
+                                  f"{exit_text(root['exitcode'])} ({root['log']})"
                                   + (f"; its error file says: {root['error']}"
                                      if root.get("error") else ""))
     elif launcher:
-        culprits = {r: f"the launcher logged its exit: {_exit_text(x['exitcode'])} ({x['log']})"
+        culprits = {r: f"the launcher logged its exit: {exit_text(x['exitcode'])} ({x['log']})"
                     for r, x in launcher}
     gone = [r for r, v in ev.ranks.items() if r not in a.explained
             and v.get("state") == "running" and a.proc(r) in ("gone", "zombie")]
@@ -143,7 +143,7 @@ def _dead_now(a: Analysis, root: dict[str, Any] | None,
     for rank, why in sorted(culprits.items()):
         evidence = [a.where_line(rank), why]
         followers = sorted(set(dead) - set(culprits))
-        torn_down = [f"rank {x['rank']}: {_exit_text(x['exitcode'])}"
+        torn_down = [f"rank {x['rank']}: {exit_text(x['exitcode'])}"
                      for x in failures + ([root] if root and doubted else [])
                      if x.get("rank") != rank]
         if torn_down:
@@ -190,7 +190,7 @@ def _racing(a: Analysis, race: list[Death], root: dict[str, Any] | None,
     ev, racers = a.ev, {d.rank for d in race}
     hang = hang_before_death(a, gone, root)
     a.explained |= racers | set(dead)
-    followers = [f"rank {x['rank']}: {_exit_text(x['exitcode'])}"
+    followers = [f"rank {x['rank']}: {exit_text(x['exitcode'])}"
                  for x in ([root] if root else []) + failures if x.get("rank") not in racers]
     followers += [f"rank {r}: process gone" for r in sorted(set(dead) - racers)
                   if not any(x.get("rank") == r for x in failures)]
@@ -333,9 +333,9 @@ def _doubt_root(ev: Evidence, root: dict[str, Any]) -> tuple[int, str] | None:
     other = killed[0]
     same = other.get("time") and other.get("time") == root.get("time")
     return other["rank"], (
-        f"torchrun names rank {root['rank']} the root cause ({_exit_text(root['exitcode'])}), "
+        f"torchrun names rank {root['rank']} the root cause ({exit_text(root['exitcode'])}), "
         f"but rank {root['rank']}'s own error is a peer's failure seen from it: {own[:160]}; "
-        f"rank {other['rank']} ended {_exit_text(other['exitcode'])} with no error of its own, "
+        f"rank {other['rank']} ended {exit_text(other['exitcode'])} with no error of its own, "
         "so it more likely failed first"
         + (f"; torchrun observed both at {other['time']} (one poll: on a tie it takes the "
            "lower rank, not the one that died first)" if same else "")
@@ -361,12 +361,3 @@ def _first_error_lines(ev: Evidence) -> list[str]:
 
 def _gap(seconds: float) -> str:
     return f"{seconds * 1e6:.0f} µs" if seconds < 0.01 else f"{seconds:.2f} s"
-
-
-def _exit_text(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"

@@ -145,16 +145,8 @@ class HostSnapshot:
         tensor = tensor.detach()
         if tensor.layout != torch.strided or tensor.is_quantized:
             return tensor.to("cpu", copy=True)  # rare layouts: no buffer reuse
-        i = self._index
+        buf = host_buffer(self._buffers, self._index, tensor)
         self._index += 1
-        buf = self._buffers[i] if i < len(self._buffers) else None
-        if buf is None or buf.shape != tensor.shape or buf.dtype != tensor.dtype:
-            buf = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu",
-                              pin_memory=tensor.is_cuda)
-            if i < len(self._buffers):
-                self._buffers[i] = buf
-            else:
-                self._buffers.append(buf)
         if tensor.is_cuda:
             buf.copy_(tensor, non_blocking=True)
             self._from_cuda = True
@@ -163,6 +155,21 @@ class HostSnapshot:
         else:
             buf.copy_(tensor)
         return buf
+
+
+def host_buffer(buffers: list[torch.Tensor], i: int, tensor: torch.Tensor) -> torch.Tensor:
+    """The ``i``-th host buffer kept between copies, made anew when ``tensor``'s shape or
+    dtype changed (pinned when it comes from a GPU); the buffers outlive one copy, so a
+    copy of the same state allocates nothing."""
+    buf = buffers[i] if i < len(buffers) else None
+    if buf is None or buf.shape != tensor.shape or buf.dtype != tensor.dtype:
+        buf = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu",
+                          pin_memory=tensor.is_cuda)
+        if i < len(buffers):
+            buffers[i] = buf
+        else:
+            buffers.append(buf)
+    return buf
 
 
 def _bytes(tensor: torch.Tensor) -> np.ndarray:

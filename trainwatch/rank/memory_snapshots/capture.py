@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from trainwatch.rank.checkpoint.snapshot import host_buffer
+
 _PLAIN = (int, float, str, bool, bytes, type(None))
 
 
@@ -63,14 +65,6 @@ class HostCopy:
                 ) -> torch.Tensor:
         if tensor.layout != torch.strided or tensor.is_quantized:
             return tensor.to("cpu", copy=True)  # rare layouts: no buffer reuse
-        i = len(pairs)
-        buf = self._buffers[i] if i < len(self._buffers) else None
-        if buf is None or buf.shape != tensor.shape or buf.dtype != tensor.dtype:
-            buf = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu",
-                              pin_memory=tensor.is_cuda)
-            if i < len(self._buffers):
-                self._buffers[i] = buf
-            else:
-                self._buffers.append(buf)
+        buf = host_buffer(self._buffers, len(pairs), tensor)
         pairs.append((buf, tensor))
         return buf
