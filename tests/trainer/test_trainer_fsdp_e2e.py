@@ -140,7 +140,11 @@ def test_fsdp_run_resumes_a_killed_rank_from_its_checkpoint_and_ends_as_a_clean_
     assert report["cost"]["accelerator_hours"] * 3600 == pytest.approx(
         first["wall_seconds"] * 2 + second["wall_seconds"], rel=1e-9)
     assert report["tokens"]["productive"] == STEPS * 16 * 64  # global batch x context
-    assert report["warnings"] == []
+    # Rank 1 was SIGKILLed in step 5: under load its metrics, written off the loop, may not
+    # have reached a file yet (CI: none did); then, and only then, the report says so.
+    lost = not shrunk_run.metrics_file(1).exists()
+    assert report["warnings"] == (["1 rank metrics logs for a world size of 2"] if lost
+                                  else []), report["warnings"]
     diagnosed = _json("diagnose", shrunk_dir)["evidence"]
     assert list(diagnosed["ranks"]) == ["0"] and diagnosed["former_ranks"] == {"1": 2}
 

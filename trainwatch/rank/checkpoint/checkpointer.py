@@ -112,7 +112,7 @@ class Checkpointer:
         self.memory: MemorySnapshots = for_run(
             config.memory_snapshots if config.enabled else "off", config.memory_snapshots_dir,
             self.run.root, rank=self.rank, world_size=self.world_size, group=self._group,
-            config_hash=config_hash, journal=self._journal,
+            config_hash=config_hash, journal=self._journal, is_sharded=self._is_sharded,
             peers=peer_settings(config.peer_copies, config.peer_copies_offset,
                                 config.peer_copies_clique_size, config.peer_copies_nodes))
         self.facts["memory_snapshots"] = self.memory.facts
@@ -344,13 +344,18 @@ class Checkpointer:
         self._agreed = (step, *agreed[1:])
         return agreed
 
-    def _save(self, step: int, state: dict[str, Any], reason: str, *,
-              force_wait: bool = False) -> None:
+    def _is_sharded(self, state: dict[str, Any]) -> bool:
+        """Whether the state holds DTensors, looked at once for the saves and the memory
+        snapshots alike. Before any collective or file: every rank refuses the same
+        unsaveable state, and sees the same sharded state (saved through DCP)."""
         if not self._state_checked:
-            # Before any collective or file: every rank refuses the same unsaveable state,
-            # and sees the same sharded state (which every rank then saves through DCP).
             self._sharded = whole_state.check_trees(state)
             self._state_checked = True
+        return self._sharded
+
+    def _save(self, step: int, state: dict[str, Any], reason: str, *,
+              force_wait: bool = False) -> None:
+        self._is_sharded(state)
         started = time.perf_counter()
         phase = self.telemetry.phase("checkpoint") if self.telemetry else contextlib.nullcontext()
         with phase:

@@ -47,13 +47,15 @@ class MemorySnapshots:
     def __init__(self, mode: str, root: Path | None, *, rank: int, world_size: int,
                  group: Any, config_hash: str | None, journal: Callable[..., None],
                  why_off: str | None = None, run_dir: Path = Path("."),
-                 peers: PeerSettings | None = None):
+                 peers: PeerSettings | None = None,
+                 is_sharded: Callable[[dict[str, Any]], bool] = whole_state.check_trees):
         self.mode = mode
         self.root = root
         self.rank, self.world_size, self.group = rank, world_size, group
         self.config_hash = config_hash
         self.run_dir = run_dir
         self.journal = journal
+        self.is_sharded = is_sharded  # the Checkpointer's one look at the state, shared
         self.folder = store.rank_folder(root, rank) if root is not None else None
         self.cadence = Cadence(mode)
         self.every = 1
@@ -147,7 +149,7 @@ class MemorySnapshots:
         trees = state()
         if not self._looked:
             self._looked = True
-            self._sharded = whole_state.check_trees(trees)  # the same answer on every rank
+            self._sharded = self.is_sharded(trees)  # the same answer on every rank
         agreed = torch.tensor([-float(self._sealed), float(self.cadence.every())])
         if self.group is not None:
             dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.group)
