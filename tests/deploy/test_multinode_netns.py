@@ -296,7 +296,11 @@ def test_sigkill_on_node1_restarts_both_nodes_and_resumes_to_the_same_weights(
     saved_before = [e["step"] for e in run.events("checkpoint_saved")
                     if e["time"] < min(e2["time"] for e2 in started if e2["restart_count"])]
     resumed = run.events("checkpoint_resumed")
-    assert [e["step"] for e in resumed] == [max(saved_before)], (resumed, saved_before)
+    (last,) = resumed
+    if last.get("state_from") == "memory snapshot":  # the default: at most a step lost
+        assert last["durable_step"] == max(saved_before) < last["step"], (last, saved_before)
+    else:  # no snapshot newer than the checkpoint (the kill came right after it)
+        assert last["step"] == max(saved_before), (resumed, saved_before)
     assert [e["restart_count"] for e in run.events("restarted")] == [1]
     statuses = run.statuses().records
     assert sorted(s["node"] for s in statuses) == sorted(n.netns for n in nodes)
