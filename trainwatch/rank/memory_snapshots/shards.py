@@ -26,6 +26,16 @@ class Mismatch(ValueError):
     """The snapshot's shards do not fit this job's sharded state; the message says where."""
 
 
+def _children(obj: Any, key: str, walk: Any) -> Any:
+    """``obj`` with ``walk(child, its dotted key)`` applied to each child of a dict, list or
+    tuple (the keys ``whole_state.leaves`` names); any other value as it is."""
+    if isinstance(obj, dict):
+        return type(obj)((k, walk(v, f"{key}.{k}" if key else str(k))) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        return type(obj)(walk(v, f"{key}[{i}]") for i, v in enumerate(obj))
+    return obj
+
+
 def split(trees: Any) -> tuple[Any, dict[str, Any]]:
     """``trees`` with each DTensor replaced by its local shard, and the record of where
     each sits (by dotted key, as ``whole_state.leaves`` names them)."""
@@ -37,12 +47,7 @@ def split(trees: Any) -> tuple[Any, dict[str, Any]]:
             local = obj.to_local()
             record["tensors"][key] = _describe(obj, local, meshes, record["meshes"])
             return local
-        if isinstance(obj, dict):
-            return type(obj)((k, walk(v, f"{key}.{k}" if key else str(k)))
-                             for k, v in obj.items())
-        if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-            return type(obj)(walk(v, f"{key}[{i}]") for i, v in enumerate(obj))
-        return obj
+        return _children(obj, key, walk)
 
     return walk(trees, ""), record
 
@@ -103,12 +108,7 @@ def rebuild(saved: Any, record: dict[str, Any], live: Any) -> Any:
                                       [decode(p) for p in entry["placements"]],
                                       run_check=False, shape=torch.Size(entry["shape"]),
                                       stride=tuple(entry["stride"]))
-        if isinstance(obj, dict):
-            return type(obj)((k, walk(v, f"{key}.{k}" if key else str(k)))
-                             for k, v in obj.items())
-        if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-            return type(obj)(walk(v, f"{key}[{i}]") for i, v in enumerate(obj))
-        return obj
+        return _children(obj, key, walk)
 
     return walk(saved, "")
 
