@@ -46,8 +46,10 @@ def _generated(ruleset):
     return {
         GENERATED / "prometheus-rules.yaml": prometheus_yaml(ruleset),
         GENERATED / "prometheusrule.yaml": prometheusrule_yaml(ruleset),
-        # kustomize reads only files under its own folder: the base holds a copy
+        # kustomize and Helm read only files under their own folder: each holds a copy
         REPO / "deploy" / "kubernetes" / "base" / "prometheusrule.yaml":
+            prometheusrule_yaml(ruleset),
+        REPO / "deploy" / "helm" / "trainwatch" / "files" / "prometheusrule.yaml":
             prometheusrule_yaml(ruleset),
         PROMTOOL_TEST: promtool_test_file(ruleset, SCENARIOS,
                                           "../../trainwatch/alerts/generated/prometheus-rules.yaml",
