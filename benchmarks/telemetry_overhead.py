@@ -29,6 +29,20 @@ loop's thread at the end of each "on" block (flushing that block's steps), its f
 (status and beat files) counted once a beat, at the steps per beat the run above measured
 (a second over the CPU time of a step off). Printed: the ratio of instructions per step on/off, median and range over
 the pairs (goal <= 1.005).
+
+With ``--per-step`` (issue #38: the cost in microseconds a step, not only as a ratio) the
+script instead measures, in a DDP-wrapped reference step (gloo; one rank in this process,
+or every rank under torchrun), the loop-side cost of each layer at its default interval:
+telemetry alone, + replica digests, + the reduction checksum, and (counted apart) the
+in-memory snapshots at ``auto``. Rounds of one block per configuration, the order
+rotating per round; a block is a multiple of the checks' intervals, so each block holds
+its checked steps and its mean is the amortized cost. Per configuration, against the "off"
+block of the same round: the extra wall time and loop-thread CPU per step in us (median
+and range over rounds) and as a ratio; the heartbeat thread's CPU per telemetry step
+beside it (it runs on another core, but holds the GIL while it works). Run it at a short
+step (``--set model.layers=1 --set train.batch_size=1``, ~2-3 ms) and at the reference
+step (no ``--set``, ~10 ms). Where the kernel exposes hardware counters
+(``perf_event_open``), the loop thread's user-space instructions per step too.
 """
 
 from __future__ import annotations
@@ -117,7 +131,18 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=3, help="callgrind: pairs of blocks")
     parser.add_argument("--block", type=int, default=10, help="callgrind: steps per block")
     parser.add_argument("--count-child", help=argparse.SUPPRESS)  # the run under callgrind
+    parser.add_argument("--per-step", action="store_true",
+                        help="the us per step of telemetry and each check (issue #38)")
+    parser.add_argument("--rounds", type=int, default=10,
+                        help="--per-step: blocks of the checks' interval per repeat")
+    parser.add_argument("--repeats", type=int, default=3, help="--per-step: repeats")
+    parser.add_argument("--snapshots", action="store_true",
+                        help="--per-step: also count in-memory snapshots (auto)")
     args = parser.parse_args()
+    if args.per_step:
+        from step_cost import per_step_costs  # benchmarks/step_cost.py
+        per_step_costs(args)
+        return
 
     cfg = load_config(None, args.overrides)
     ranks = setup_process_group(cfg)
