@@ -1,5 +1,5 @@
 """Two nodes on one machine, for real: two network namespaces joined by a veth pair
-(tests/netns.py), each running its own `trainwatch train` launcher (torchrun, c10d
+(trainwatch/drill/netns.py), each running its own `trainwatch train` launcher (torchrun, c10d
 rendezvous on node 0's veth address, gloo over the veth) and its own `trainwatch agent`.
 The nodes share one run directory, as nodes share a filesystem on a cluster; each
 node's ranks and agent carry the node's name (`--node-name`, TRAINWATCH_NODE), because
@@ -12,6 +12,10 @@ the namespaces share the machine's hostname.
    agents restart their workers (one re-rendezvous), the job resumes from the newest
    verified checkpoint and ends with the same weights as the watched run (the slowdown
    only sleeps, so it changes no numbers).
+3. The `nodes-frozen-rank` drill (`trainwatch drill`, which makes two namespaces of its
+   own and runs the shipped Slurm prolog and task prolog): a rank on node 1 SIGSTOPped,
+   one repair on every node, the drill's scorecard asserted.
+4. A lost node of an elastic own loop: the job goes on with fewer ranks and grows back.
 
 Agents listen on their node's veth address (reachable only inside the two namespaces);
 the test scrapes them from a thread inside node 0's namespace. Root only (namespaces);
@@ -34,7 +38,7 @@ import pytest
 
 from agent_helpers import REPO, get_json, http_get, stop_process
 from conftest import kill_tree
-from netns import Node, NetnsWorker, kill_all, unavailable, veth_nodes
+from trainwatch.drill.netns import Node, NetnsWorker, kill_all, unavailable, veth_nodes
 from trainwatch.contract.ports import AGENT_PORT
 from trainwatch.rank.memory_snapshots import store as snapshot_store
 from trainwatch.rundir.run_dir import RunDir
@@ -312,84 +316,50 @@ def test_sigkill_on_node1_restarts_both_nodes_and_resumes_to_the_same_weights(
           "after the SIGKILL")
 
 
-SUPERVISED_STEPS = 60
-SUPERVISED_THRESHOLDS = ("evaluation_interval: 1s\nstall_for: 1m\n"
-                         "action_min_interval_seconds: 30\n")
-SUPERVISED_AGENT = ("stall: {floor_seconds: 3, k: 10, first_step_seconds: 300}\n"
-                    "collectors:\n  ranks: {interval: 0.5}\n")
-SUPERVISED_TRAIN = ("train: {steps: %d, batch_size: 4, eval_interval: 1000}\n"
-                    "data: {corpus_bytes: 20000}\n"
-                    "checkpoint: {every_steps: 10, fsync: false}\n"
-                    "telemetry: {heartbeat_interval: 0.2}\n" % SUPERVISED_STEPS)
-
-
 def test_sigstop_on_node1_is_repaired_once_on_every_node_without_losing_the_rendezvous(
-        nodes, tmp_path):
-    """2 nodes x 2 ranks, one `trainwatch run` per node on the shared run directory. A
-    rank on node 1 is frozen (SIGSTOP) after a checkpoint: one repair is decided (by node
+        tmp_path):
+    """The `nodes-frozen-rank` drill, as an admin runs it (`trainwatch drill run`, root):
+    2 nodes x 2 ranks in network namespaces of its own, the shipped Slurm prolog and task
+    prolog, one `trainwatch run` per node on the shared run directory, each with its agent.
+    A rank on node 1 is frozen (SIGSTOP) after a checkpoint: one repair is decided (by node
     0, the leader) and journaled, each node kills its own ranks (not its launcher, which
     keeps the rendezvous store up), every torchrun restarts its workers once, all ranks
-    resume from the newest verified checkpoint and the job finishes on both nodes."""
-    for name, text in (("thresholds.yaml", SUPERVISED_THRESHOLDS),
-                       ("agent.yaml", SUPERVISED_AGENT), ("train.yaml", SUPERVISED_TRAIN)):
-        (tmp_path / name).write_text(text)
-    run_dir = tmp_path / "supervised-run"
-    run = RunDir(run_dir)
-    cluster = Cluster(nodes, tmp_path)
-    options = ["--nproc-per-node", "2", "--max-restarts", "2",
-               "--config", str(tmp_path / "train.yaml"),
-               "--thresholds", str(tmp_path / "thresholds.yaml"),
-               "--agent-config", str(tmp_path / "agent.yaml")]
-    try:
-        # Paced in the first attempt only, so the test sees a checkpoint before the end.
-        sups = cluster.supervise(run_dir, 29402, options,
-                                 {"TRAINWATCH_FAULT": "slow:delay=0.15:attempt=0"})
-        deadline = time.time() + 60
-        victim = None
-        while victim is None:
-            assert time.time() < deadline, "no checkpoint in time\n" + cluster.logs()
-            assert all(p.poll() is None for p in sups), cluster.logs()
-            if any(e["step"] >= 20 for e in run.events("checkpoint_saved")):
-                victim = next((s for s in run.statuses().records
-                               if s["node"] == nodes[1].netns and s["state"] == "running"), None)
-            time.sleep(0.1)
-        os.kill(victim["pid"], signal.SIGSTOP)
-        frozen_at = time.time()
-        finish(sups, cluster, timeout=90)
-    finally:
-        cluster.stop()
-
+    resume from the newest in-memory state and the job finishes on both nodes."""
+    out = tmp_path / "drills"
+    done = subprocess.run([sys.executable, "-m", "trainwatch", "drill", "run",
+                           "nodes-frozen-rank", "--out", str(out), "--keep", "--json"],
+                          capture_output=True, text=True, timeout=400, cwd=REPO)
+    (card,) = json.loads(done.stdout)["drills"] if done.stdout else [{}]
+    assert done.returncode == 0 and card["passed"], done.stderr[-3000:] + json.dumps(
+        card.get("criteria"), indent=1)
+    assert [c["name"] for c in card["criteria"]][-1] == "restarted once on every node"
+    names = [n["node"] for n in card["nodes"]]
+    assert [n["restarts"] for n in card["nodes"]] == [1, 1], card["nodes"]
+    assert card["recovery"]["by"] == "torchrun" and card["recovery"]["restarts"] == 1
+    assert card["steps"]["lost"] <= 1 and card["steps"]["resumed_with"] == "memory snapshot"
+    run = RunDir(card["run_dir"])
+    assert run.root.name.startswith("slurm-nodes-frozen-rank-")  # the prolog's name
     requested = run.events("repair_requested")
-    assert len(requested) == 1 and requested[0]["node"] == nodes[0].netns, requested
+    assert len(requested) == 1 and requested[0]["node"] == names[0], requested
     taken = run.events("action_taken")
     assert [e["action"] for e in taken] == ["stall_restart"], taken
-    assert taken[0]["host"] == nodes[0].netns and taken[0]["request"] == 1
+    assert taken[0]["host"] == names[0] and taken[0]["request"] == 1
     applied = run.events("repair_applied")
-    assert sorted(e["node"] for e in applied) == sorted(n.netns for n in nodes), applied
+    assert sorted(e["node"] for e in applied) == sorted(names), applied
     assert all(e["number"] == 1 and e["launcher_running"] for e in applied), applied
-    assert victim["pid"] in next(e for e in applied if e["node"] == nodes[1].netns)["killed"]
+    (fault,) = [e for e in run.events("fault_injected") if e["source"] == "drill"]
+    assert fault["node"] == names[1] and fault["pid"] in next(
+        e for e in applied if e["node"] == names[1])["killed"]
     # No launcher was stopped or restarted: the rendezvous store stayed up.
     assert not run.events("job_stopped") and len(run.events("job_started")) == 2
     assert [e["exit_code"] for e in run.events("launcher_exited")] == [0, 0]
-    # Every node's workers restarted exactly once and resumed from the newest checkpoint
-    # saved before the repair (it is verified as it loads).
-    started = run.events("rank_started")
-    assert {e["restart_count"] for e in started} == {0, 1}, started
-    assert {e["host"] for e in started if e["restart_count"] == 1} == {n.netns for n in nodes}
-    saved_before = max(e["step"] for e in run.events("checkpoint_saved")
-                       if e["time"] < requested[0]["time"])
-    resumed = run.events("checkpoint_resumed")
-    assert [e["step"] for e in resumed] == [saved_before], (resumed, saved_before)
     statuses = run.statuses().records
-    assert len(statuses) == 4 and sorted({s["node"] for s in statuses}) == sorted(
-        n.netns for n in nodes)
-    assert all(s["state"] == "finished" and s["step"] == SUPERVISED_STEPS - 1
-               and s["restart_count"] == 1 for s in statuses), statuses
-    first_resumed = min(r["time"] for rank in run.ranks_with_metrics()
-                        for r in run.metrics(rank).records
-                        if r.get("kind") == "step" and r["time"] > requested[0]["time"])
-    print(f"freeze -> repair decided {requested[0]['time'] - frozen_at:.1f} s, -> first "
-          f"resumed step {first_resumed - frozen_at:.1f} s (resumed from step {saved_before})")
+    assert len(statuses) == 4 and sorted({s["node"] for s in statuses}) == sorted(names)
+    assert all(s["state"] == "finished" and s["restart_count"] == 1 for s in statuses)
+    # Everything the drill started is gone, its namespaces too.
+    assert not [n for n in names if Path(f"/run/netns/{n}").exists()]
+    print(f"freeze -> repair decided {requested[0]['time'] - fault['time']:.1f} s, -> first "
+          f"resumed step {card['recovery']['seconds']:.1f} s ({card['steps']})")
 
 
 LOSS_STEPS = 100_000  # never reached: the test stops the job once it has grown back

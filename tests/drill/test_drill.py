@@ -46,7 +46,7 @@ def test_every_drill_injects_a_valid_fault_that_real_rules_and_findings_can_dete
     assert {"supervisor-killed", "two-supervisors"} <= set(names)
     for drill in catalog.DRILLS:
         faults = parse_faults(drill.fault_env())
-        if drill.supervisor_fault:  # the drill acts itself; the ranks are only paced
+        if drill.supervisor_fault or drill.node_fault:  # the drill acts; ranks only paced
             assert [f.kind for f in faults] == ["slow"] and drill.pace
         else:
             assert faults[0].kind == drill.fault_kind and faults[0].rank == drill.fault_rank
@@ -57,6 +57,8 @@ def test_every_drill_injects_a_valid_fault_that_real_rules_and_findings_can_dete
                 assert signal.name in rules, signal
             elif signal.kind == catalog.SUPERVISOR:
                 assert drill.supervisor_fault and signal.name in catalog.SUPERVISOR_SIGNALS
+            elif signal.kind == catalog.EVENT:
+                assert (drill.node_fault, signal.name) == (catalog.NODE_LOST, "node_lost")
             else:
                 assert (signal.kind, signal.name) in {(catalog.FINDING, "stall"),
                                                       (catalog.FINDING, "straggler"),
@@ -101,6 +103,59 @@ def test_impossible_settings_are_bad_usage():
     with pytest.raises(ConfigError, match="fault at step 15: needs at least 20 steps"):
         settings_for(drill, steps=19)
     assert settings_for(drill, steps=20, detect_within=0).detect_within == 0
+
+
+def test_the_multi_node_drills_run_the_documented_slurm_node_command(tmp_path):
+    """nodes-rank-killed, nodes-frozen-rank, node-lost: 2 nodes x 2 ranks, the drill acts
+    on node 2; node-lost goes on with fewer nodes (--min-nnodes 1) and may lose 1 step."""
+    from trainwatch.drill import nodes, score_nodes
+    from trainwatch.drill.netns import Node
+
+    multi = {d.name: d for d in catalog.DRILLS if d.nnodes > 1}
+    assert sorted(multi) == ["node-lost", "nodes-frozen-rank", "nodes-rank-killed"]
+    assert {d.node_fault for d in multi.values()} == {catalog.KILL_RANK, catalog.FREEZE_RANK,
+                                                      catalog.NODE_LOST}
+    lost = multi["node-lost"]
+    assert lost.fault == "node_lost:node=2:step=15" and lost.min_nnodes == 1
+    assert settings_for(lost).steps_lost_max == 1 and lost.recovery == catalog.TORCHRUN
+    assert multi["nodes-frozen-rank"].recovery == catalog.REPAIR
+    pair = [Node(i, f"tw-n{i}-x", f"twv{i}-x", f"10.77.0.{i + 1}") for i in range(2)]
+    files = {name: tmp_path / f"{name}.yaml" for name in ("train", "thresholds", "agent")}
+    cmd = nodes.node_command(settings_for(lost), pair, pair[1], "/runs/slurm-7", files)
+    assert cmd[:4] == ["ip", "netns", "exec", "tw-n1-x"]
+    assert cmd[5:9] == ["-m", "trainwatch", "run", "/runs/slurm-7"]
+    flags = {cmd[i]: cmd[i + 1] for i in range(9, len(cmd) - 1) if cmd[i].startswith("--")}
+    assert {k: flags[k] for k in ("--nnodes", "--node-rank", "--rdzv-endpoint", "--local-addr",
+                                  "--min-nnodes")} == {
+        "--nnodes": "2", "--node-rank": "1", "--rdzv-endpoint": "10.77.0.1:29400",
+        "--local-addr": "10.77.0.2", "--min-nnodes": "1"}
+    # The shipped agent config, with the drill's waits and without its discover folder.
+    agent = nodes.agent_config(settings_for(lost), nodes.default_deploy_dir(), tmp_path)
+    from trainwatch.agent.config import load_config
+    loaded = load_config(str(agent), run_dirs=[str(tmp_path)])
+    assert loaded.stall["floor_seconds"] == 3 and "discover" not in agent.read_text()
+    # One restart on every node that is left; the lost one restarts nothing.
+    ran = [{"node": "a", "restarts": 1, "ranks": [0, 1]}, {"node": "b", "restarts": 0,
+                                                           "ranks": []}]
+    (ok,) = score_nodes.criteria(lost, ran, {"node": "b"})
+    assert ok["passed"] and ok["detail"] == "a: 1 restart (ranks 0, 1); b: lost, no restart"
+    (bad,) = score_nodes.criteria(multi["nodes-rank-killed"], ran, {"node": "b"})
+    assert not bad["passed"] and bad["detail"] == "b: 0 restarts (ranks none), expected 1"
+
+
+def test_a_multi_node_drill_without_root_exits_2_with_the_reason(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+    from trainwatch.drill import netns
+    from trainwatch.drill.cli import drill
+
+    monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
+    out = tmp_path / "out"
+    done = CliRunner().invoke(drill, ["run", "rank-killed", "node-lost", "--out", str(out)])
+    assert isinstance(done.exception, ConfigError) and done.exception.exit_code == 2
+    assert str(done.exception.problem) == (
+        "drill node-lost runs its 2 nodes as network namespaces and cannot here: needs root "
+        "to create network namespaces (run it as root on a Linux machine)")
+    assert not out.exists()  # refused before the first drill started
 
 
 @pytest.mark.parametrize("change, file, key", [

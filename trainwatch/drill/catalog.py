@@ -14,10 +14,15 @@ from typing import Any
 
 from trainwatch.errors import ConfigError
 
-# How a drill's failure may be noticed (Signal.kind).
-ALERT, FINDING, LAUNCHER, SUPERVISOR = "alert", "finding", "launcher", "supervisor"
-# How the run must get going again (Drill.recovery); RERUN: the same command, run again.
-TORCHRUN, CONTROLLER, RERUN, NONE = "torchrun", "controller", "rerun", "none"
+# How a drill's failure may be noticed (Signal.kind); EVENT: a journal event by that name.
+ALERT, FINDING, LAUNCHER, SUPERVISOR, EVENT = ("alert", "finding", "launcher", "supervisor",
+                                               "event")
+# How the run must get going again (Drill.recovery); RERUN: the same command, run again;
+# REPAIR: the multi-node leader's action, carried out by every node (its ranks killed,
+# its torchrun restarts them).
+TORCHRUN, CONTROLLER, RERUN, NONE, REPAIR = "torchrun", "controller", "rerun", "none", "repair"
+# What a multi-node drill does to node 2 at the fault step (Drill.node_fault).
+KILL_RANK, FREEZE_RANK, NODE_LOST = "kill", "freeze", "node_lost"
 # What a supervisor drill does to `trainwatch run` at the fault step (Drill.supervisor_fault).
 KILL_SUPERVISOR, SECOND_SUPERVISOR = "kill", "second"
 # SUPERVISOR signals, by name: the journal event the drill (or the next supervisor) writes.
@@ -43,6 +48,8 @@ class Signal:
             return f"agent finding {self.name}"
         if self.kind == SUPERVISOR:
             return SUPERVISOR_SIGNALS[self.name]
+        if self.kind == EVENT:
+            return f"journal {self.name}"
         return "torchrun: worker failed"
 
     def to_json(self) -> dict[str, str]:
@@ -74,6 +81,11 @@ class Drill:
     # a failure every rank's memory snapshot outlives: the restart loses at most 1 step
     # (docs/memory-snapshots.md), whatever the checkpoint interval
     memory_resume: bool = False
+    # multi-node drills (trainwatch/drill/nodes.py): nodes of the job, what the drill does
+    # to node 2 (KILL_RANK, FREEZE_RANK, NODE_LOST), and the elastic floor (--min-nnodes)
+    nnodes: int = 1
+    node_fault: str | None = None
+    min_nnodes: int | None = None
     notes: str = ""
 
     @property
@@ -81,20 +93,29 @@ class Drill:
         """The failure, as a TRAINWATCH_FAULT spec (a supervisor drill's: kind and step)."""
         if self.supervisor_fault:
             return f"{self.fault_kind}:step={self.fault_step}"
+        if self.node_fault:
+            return f"{self.fault_kind}:node=2:step={self.fault_step}"
         extra = f":{self.fault_params}" if self.fault_params else ""
         return f"{self.fault_kind}:rank={self.fault_rank}:step={self.fault_step}{extra}"
 
     def fault_env(self) -> str:
         """The whole TRAINWATCH_FAULT value: the failure, and the pacing if any (a supervisor
         drill's is the pacing only: the drill itself acts)."""
-        return ",".join(filter(None, (None if self.supervisor_fault else self.fault,
-                                      self.pace)))
+        return ",".join(filter(None, (None if self.supervisor_fault or self.node_fault
+                                      else self.fault, self.pace)))
 
     def expected_recovery(self) -> str:
+        if self.recovery == TORCHRUN and self.min_nnodes is not None:
+            return ("the surviving nodes' torchrun re-rendezvous without the lost node "
+                    f"(--min-nnodes {self.min_nnodes}); the ranks resume from the newest "
+                    "in-memory state every rank has (local, or the lost ranks' peer copies)")
         if self.recovery == TORCHRUN:
             return "torchrun restarts the ranks; they resume from the newest checkpoint"
         if self.recovery == CONTROLLER:
             return (f"the controller's {self.action}: the job restarts from a checkpoint")
+        if self.recovery == REPAIR:
+            return (f"the leader's {self.action}, carried out once on every node: each "
+                    "kills its ranks, its torchrun restarts them from the newest state")
         if self.recovery == RERUN:
             return ("the same trainwatch run command, run again, trains one job, resumed from "
                     "the newest checkpoint")
@@ -104,6 +125,8 @@ class Drill:
 _RANK_DOWN = (Signal(LAUNCHER, "torchrun"), Signal(FINDING, "stall"),
               Signal(ALERT, "TrainingRankDown"))
 _STALL = (Signal(FINDING, "stall"), Signal(ALERT, "TrainingStallSuspected"))
+# Multi-node drills: the first attempt paced, so the drill acts mid-run on a loaded machine.
+_NODES_PACE = "slow:delay=0.15:attempt=0"
 
 DRILLS: tuple[Drill, ...] = (
     Drill(
@@ -215,6 +238,46 @@ DRILLS: tuple[Drill, ...] = (
               "20-step allowance is the agent's and the engine's seconds at ~0.3 s a step). "
               "replica_rollback must resume from a checkpoint saved before the flip; launch=1: "
               "the replayed step 22 runs clean, as after a transient flip."),
+    # Two nodes (network namespaces, root only): trainwatch/drill/nodes.py. The drill acts
+    # on node 2 once the job completed the fault step, after the first checkpoint.
+    Drill(
+        name="nodes-rank-killed",
+        simulates="on a 2-node job, a rank on node 2 is SIGKILLed (the OOM killer, an "
+                  "evicted process on one host)",
+        fault_kind=KILL_RANK, fault_step=15, fault_params="",
+        detect=_RANK_DOWN[:1] + _RANK_DOWN[2:], recovery=TORCHRUN, action=None,
+        detect_within=15, recover_within=120, steps=40, max_restarts=1,
+        pace=_NODES_PACE, thresholds={"rank_down_for": "0s"}, memory_resume=True,
+        nnodes=2, node_fault=KILL_RANK,
+        notes="every node's torchrun restarts its workers in one re-rendezvous; the ranks "
+              "resume from their memory snapshots."),
+    Drill(
+        name="nodes-frozen-rank",
+        simulates="on a 2-node job, a rank on node 2 stops (SIGSTOP: a frozen host process, "
+                  "a wedged driver)",
+        fault_kind=FREEZE_RANK, fault_step=15, fault_params="",
+        detect=(Signal(ALERT, "TrainingStallSuspected"),), recovery=REPAIR,
+        action="stall_restart", detect_within=30, recover_within=120, steps=40,
+        max_restarts=2, pace=_NODES_PACE, memory_resume=True,
+        nnodes=2, node_fault=FREEZE_RANK,
+        notes="the leader (node 1, which hosts the rendezvous) decides one stall_restart; "
+              "every node kills its own ranks, never its launcher, so the store stays up "
+              "and each torchrun restarts its workers once."),
+    Drill(
+        name="node-lost",
+        simulates="node 2 of a 2-node job vanishes (power, a kernel panic, a partition): its "
+                  "supervisor, launcher, ranks and agent are SIGKILLed at once",
+        fault_kind=NODE_LOST, fault_step=15, fault_params="",
+        detect=(Signal(EVENT, "node_lost"), Signal(ALERT, "TrainingRanksMissing")),
+        recovery=TORCHRUN, action=None, detect_within=30, recover_within=120, steps=40,
+        max_restarts=1, pace=_NODES_PACE, thresholds={"ranks_missing_for": "5s"},
+        memory_resume=True, nnodes=2, node_fault=NODE_LOST, min_nnodes=1,
+        notes="the documented node-loss policy 'go on with fewer nodes' (--min-nnodes 1): "
+              "node 1's torchrun re-rendezvouses alone after torchrun's last_call_timeout "
+              "(30 s); its 2 ranks resume from the newest in-memory step every rank has "
+              "(data-parallel: their own snapshots hold the whole state; a sharded job's "
+              "lost shards come from the peer copies node 1 holds) and the run finishes "
+              "on 2 ranks; the leader journals node_lost once, naming node 2."),
 )
 
 

@@ -36,7 +36,8 @@ def _deadlines(func):
 def drill() -> None:
     """Game day for the run's safety net: inject a real failure (a killed, hung or frozen
     rank, a NaN batch, a straggler, a killed supervisor, a second supervisor, a bit flipped
-    in one replica's weights) into a real run under `trainwatch run`, and score how it was
+    in one replica's weights; as root, a rank of node 2 killed or frozen or node 2 lost, on
+    two nodes as network namespaces) into a real run under `trainwatch run`, and score how it was
     detected and recovered. Docs: docs/drill.md."""
 
 
@@ -70,15 +71,24 @@ def list_drills(as_json: bool) -> None:
               help="Scorecards as JSON on stdout (docs/drill.md); progress goes to stderr.")
 @click.option("--timeout", type=seconds(1), default=300, show_default=True,
               metavar="SECONDS", help="Stop a drill (and fail it) after this long.")
+@click.option("--deploy-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="The multi-node drills' shipped deploy/ folder (slurm/*.sh, agent.yaml) "
+                   "[default: the source checkout's].")
 @_deadlines
 def run_drills(names: tuple[str, ...], run_all: bool, nproc_per_node: int | None, steps: int | None,
                out: Path | None, keep: bool, as_json: bool, timeout: float,
-               detect_within: float | None, recover_within: float | None) -> None:
+               deploy_dir: Path | None, detect_within: float | None,
+               recover_within: float | None) -> None:
     """Run drills one after another, each on a fresh run directory under --out, and score them.
 
+    The multi-node drills (nodes-*, node-lost) need root: they run 2 nodes as network
+    namespaces, with the shipped Slurm scripts.
+
     Exit code 0: every drill passed; 1: a drill failed; 2: bad usage (unknown drill, bad
-    option); 130: interrupted (everything the drill started is stopped).
+    option, a multi-node drill without root); 130: interrupted (everything the drill
+    started is stopped, the namespaces deleted).
     """
+    from trainwatch.drill.nodes import RUN_PREFIX, check_can_run, run_nodes_drill
     from trainwatch.drill.runner import fresh_run_dir, run_drill
     from trainwatch.drill.score import score, summary, unscored
     from trainwatch.drill.settings import settings_for
@@ -92,6 +102,7 @@ def run_drills(names: tuple[str, ...], run_all: bool, nproc_per_node: int | None
     plans = [settings_for(d, nproc_per_node=nproc_per_node, steps=steps,
                           detect_within=detect_within, recover_within=recover_within)
              for d in drills]
+    deploy = next((check_can_run(d, deploy_dir) for d in drills if d.nnodes > 1), None)
     temporary = out is None
     out = Path(tempfile.mkdtemp(prefix="trainwatch-drill-")) if out is None else out
     try:
@@ -103,10 +114,15 @@ def run_drills(names: tuple[str, ...], run_all: bool, nproc_per_node: int | None
     stop_on_sigterm()  # stops the drill as cleanly as Ctrl-C
     cards = []
     for plan in plans:
-        run = fresh_run_dir(out, plan.drill.name)
+        nodes = plan.drill.nnodes > 1  # its run directory is named by the Slurm prolog
+        run = fresh_run_dir(out, RUN_PREFIX * nodes + plan.drill.name)
         try:
             with render.Progress(progress_console, plan.drill) as progress:
-                run_drill(plan, run, timeout=timeout, on_progress=progress.update)
+                if nodes and deploy is not None:
+                    run_nodes_drill(plan, run, timeout=timeout, deploy_dir=deploy,
+                                    on_progress=progress.update)
+                else:
+                    run_drill(plan, run, timeout=timeout, on_progress=progress.update)
         except KeyboardInterrupt:
             click.echo(f"interrupted: drill {plan.drill.name} stopped; its run directory is "
                        f"kept: {run.root}", err=True)

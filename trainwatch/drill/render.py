@@ -48,7 +48,7 @@ def catalog_json(changed: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                           "suspect_named": True, "clean_checkpoint": True,
                           "replicas_agree_at_the_end": True}
                          if d.detect_within_steps is not None else {})},
-         "steps": d.steps, "nproc_per_node": d.nproc_per_node,
+         "steps": d.steps, "nproc_per_node": d.nproc_per_node, "nnodes": d.nnodes,
          "max_restarts": d.max_restarts, "notes": d.notes,
          "changed_defaults": changed[d.name]} for d in DRILLS]}
 

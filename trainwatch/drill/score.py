@@ -15,9 +15,9 @@ from typing import Any
 
 from trainwatch.rundir.attempts import rank_of
 from trainwatch.contract.layout import TORCHRUN_LOG
-from trainwatch.drill import catalog, score_replicas
-from trainwatch.drill.catalog import (ALERT, CONTROLLER, FINDING, LAUNCHER, NONE, RERUN,
-                                      SUPERVISOR, TORCHRUN, Drill)
+from trainwatch.drill import catalog, score_nodes, score_replicas
+from trainwatch.drill.catalog import (ALERT, CONTROLLER, EVENT, FINDING, LAUNCHER, NONE,
+                                      REPAIR, RERUN, SUPERVISOR, TORCHRUN, Drill)
 from trainwatch.drill.record import RECORD_FORMAT, RECORD_VERSION, record_file
 from trainwatch.errors import ConfigError, FormatError
 from trainwatch.rundir.run_dir import RunDir
@@ -32,8 +32,10 @@ CRITERIA = ("fault injected", "detected", "recovered", "run finished", "steps lo
 
 
 def criteria_names(drill: Drill) -> tuple[str, ...]:
-    """Every drill's criteria, then the drill's own (sdc: score_replicas)."""
-    return CRITERIA + (score_replicas.CRITERIA if score_replicas.applies(drill) else ())
+    """Every drill's criteria, then the drill's own (sdc: score_replicas; the multi-node
+    drills: score_nodes)."""
+    return (CRITERIA + (score_replicas.CRITERIA if score_replicas.applies(drill) else ())
+            + (score_nodes.CRITERIA if score_nodes.applies(drill) else ()))
 
 
 _TORCHRUN_FAILED = re.compile(r"^[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(\.\d+)?\s.*?"
@@ -95,6 +97,8 @@ def _signal_times(signal: catalog.Signal, run: RunDir, events: list[dict[str, An
         times = launcher_failures(run, fault_at)
     elif signal.kind == SUPERVISOR:
         times = [e["time"] for e in events if _supervisor_signal(signal.name, e)]
+    elif signal.kind == EVENT:
+        times = [e["time"] for e in events if e["event"] == signal.name]
     else:
         times = []
     return sorted(t for t in times if t >= fault_at)
@@ -207,6 +211,11 @@ def score(run: RunDir, *, detect_within: float | None = None,
 
     where = (f"trainwatch run (pid {fault.get('pid') or fault.get('holder')})"
              if drill.supervisor_fault else f"rank {card['fault_injected']['rank']}")
+    if drill.node_fault:
+        card["fault_injected"]["node"] = fault.get("node")
+        where = (f"node {fault.get('node')} (ranks {fault.get('ranks')})"
+                 if card["fault_injected"]["rank"] is None else f"{where} on node "
+                 f"{fault.get('node')}")
     criteria = [_verdict("fault injected", True,
                          f"{drill.fault_kind} on {where} at step "
                          f"{fault.get('step')}, {_secs(card['fault_injected']['seconds_into_run'])}"
@@ -222,6 +231,9 @@ def score(run: RunDir, *, detect_within: float | None = None,
     if score_replicas.applies(drill):
         criteria += score_replicas.criteria(drill, run, events, tl.execs, fault.get("step"),
                                             t0, recovery["resumed_from"])
+    if score_nodes.applies(drill):
+        card["nodes"] = score_nodes.restarts_by_node(record, events, t0)
+        criteria += score_nodes.criteria(drill, card["nodes"], fault)
     card["criteria"] = criteria
     card["passed"] = all(c["passed"] for c in criteria)
     return card
@@ -300,11 +312,16 @@ def _recovered(drill: Drill, recovery: dict[str, Any], actions, restarts,
         return _verdict("recovered", False, f"{drill.action} was taken, but "
                         + ("the job was not restarted" if not restarts
                            else f"the ranks were restarted by {recovery['by']}"))
+    if drill.recovery == REPAIR and recovery["by"] != "torchrun":
+        return _verdict("recovered", False, f"{drill.action} was taken, but "
+                        + ("the job was not restarted" if not restarts else "a launcher was "
+                           "restarted (and with node 1's the rendezvous store)"))
     if drill.recovery == RERUN and recovery["by"] != "rerun":
         return _verdict("recovered", False, "the command run again trained no job")
     if recovery["first_step_at"] is None:
         return _verdict("recovered", False, "no step completed after the restart")
-    by = {CONTROLLER: str(drill.action), RERUN: "running the same command again"}
+    by = {CONTROLLER: str(drill.action), RERUN: "running the same command again",
+          REPAIR: f"{drill.action} on every node"}
     text = (f"by {by.get(drill.recovery, 'torchrun')}: first step "
             f"after resuming from step {recovery['resumed_from']} completed "
             f"{_secs(recovery['seconds'])} after the fault")

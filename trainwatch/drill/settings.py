@@ -33,11 +33,11 @@ TRAINER = {"train": {"batch_size": 4, "eval_interval": 1000},
 MIN_STEPS_AFTER_FAULT = 5
 
 
-def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(base)
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merged(out[key], value)
+            out[key] = merged(out[key], value)
         else:
             out[key] = copy.deepcopy(value)
     return out
@@ -94,9 +94,9 @@ def settings_for(drill: Drill, *, nproc_per_node: int | None = None, steps: int 
         raise ConfigError(f"drill {drill.name} injects its fault at step {drill.fault_step}: "
                           f"needs at least {drill.fault_step + MIN_STEPS_AFTER_FAULT} steps, "
                           f"got {steps}", key="--steps")
-    trainer = _merged(TRAINER, drill.trainer)
+    trainer = merged(TRAINER, drill.trainer)
     trainer["train"]["steps"] = steps
-    thresholds, agent = _merged(THRESHOLDS, drill.thresholds), _merged(AGENT, drill.agent)
+    thresholds, agent = merged(THRESHOLDS, drill.thresholds), merged(AGENT, drill.agent)
     _check(drill, thresholds, agent)
     return DrillSettings(
         drill=drill, nproc_per_node=nproc_per_node, steps=steps,
@@ -135,8 +135,8 @@ def changed_defaults(drill: Drill | None = None) -> list[dict[str, Any]]:
     from trainwatch.agent.config import build_config
     from trainwatch.alerts.rules import load_thresholds
 
-    thresholds = _merged(THRESHOLDS, drill.thresholds if drill else {})
-    agent = _merged(AGENT, drill.agent if drill else {})
+    thresholds = merged(THRESHOLDS, drill.thresholds if drill else {})
+    agent = merged(AGENT, drill.agent if drill else {})
     defaults = load_thresholds()
     agent_defaults = build_config({})
     rows = [{"file": "thresholds", "key": key, "drill": value, "default": defaults.get(key)}

@@ -1,13 +1,14 @@
-"""Several "hosts" on one machine for multi-node tests: Linux network namespaces joined
-by a veth pair.
+"""Two "hosts" on one machine, for the multi-node drills (trainwatch/drill/nodes.py) and
+the multi-node tests: Linux network namespaces joined by a veth pair.
 
 Each node is a network namespace (``tw-n0-<random>``, ``tw-n1-<random>``) with its own
 loopback and one end of a veth pair (10.77.0.1/24 and 10.77.0.2/24), so processes in it
 see only their own interfaces and reach the other node over the veth, like two machines
 on one network. Nothing is routed to or from the host's own interfaces. Processes run
-inside with ``node.cmd(...)`` (``ip netns exec``); the test process talks to them from
-a worker thread that joins a namespace (``NetnsWorker``: a network namespace is per
-thread). Needs root and iproute2; ``unavailable()`` says why not.
+inside with ``node.cmd(...)`` (``ip netns exec``); a thread of this process talks to them
+from inside a namespace with ``NetnsWorker`` (a network namespace is per thread). Leaving
+``veth_nodes`` (also by an exception or Ctrl-C) SIGKILLs every process left in the
+namespaces by PID and deletes them. Needs root and iproute2; ``unavailable()`` says why not.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class Node:
         return ["ip", "netns", "exec", self.netns, *argv]
 
     def pids(self) -> list[int]:
-        """Every process in the namespace (they are all the test's: it made the namespace)."""
+        """Every process in the namespace (all ours: we made the namespace)."""
         done = subprocess.run(["ip", "netns", "pids", self.netns], capture_output=True,
                               text=True)
         return [int(p) for p in done.stdout.split()] if done.returncode == 0 else []
