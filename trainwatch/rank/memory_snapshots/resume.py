@@ -3,8 +3,10 @@
 Every rank lists its sealed snapshots (headers only) of this world size and config, the
 ranks agree on the newest common step (agree.py), each rank then reads its file of that
 step once, checks its digest and loads it; if any rank's file fails, that step is dropped
-and the next common one tried. The result is a ``Restored`` like a durable checkpoint's,
-so the loop puts it back the same way.
+and the next common one tried. Data-parallel state may resume from a newer step that a
+replica's dying gasp holds whole and every rank holds its own part of (gasp_resume.py).
+The result is a ``Restored`` like a durable checkpoint's, so the loop puts it back the
+same way.
 """
 
 from __future__ import annotations
