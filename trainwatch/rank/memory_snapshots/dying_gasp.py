@@ -91,8 +91,8 @@ class DyingGasp:
     def after_step(self, step: int, state: Callable[[], dict[str, Any]],
                    data: Callable[[], Any]) -> None:
         """The loop, every step after the snapshotter: step ``step``'s state is complete."""
-        if not self.active or self._done:
-            return
+        if not self.active or self._done or self.snaps.every == 1:
+            return  # (a snapshot every step: the gasp has nothing to add)
         if self._hook is None:
             self._hook = register_optimizer_step_pre_hook(self._stepping)
             atexit.register(self.at_exit)
@@ -109,8 +109,6 @@ class DyingGasp:
                 self._storages = _storages(self._tensors)
             self._versions = sum(t._version for t in self._tensors)
             self._step, self._state, self._clean = step, state, True
-        if self.snaps.every == 1:
-            return  # a snapshot every step: the gasp has nothing to add
         self._noted = (step, rng.capture_raw(), copy.deepcopy(data()))
         if self.snaps.world_size > 1:  # another rank's gasp may stand in for this one's
             if self.parts is None:
@@ -138,7 +136,7 @@ class DyingGasp:
     def gasp(self, reason: str, timeout: float = SECONDS) -> None:
         """Write step N's state if it is still that, on a thread joined for at most
         ``timeout`` s; never raises. Once per process."""
-        if self._done or self._step is None or not self.active:
+        if self._done or self._noted is None or not self.active:
             return
         self._done = True
         worker = threading.Thread(target=self._gasp, args=(reason,), daemon=True,
