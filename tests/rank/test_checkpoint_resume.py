@@ -63,12 +63,14 @@ def events(run_dir, *names):
 
 @pytest.mark.slow
 def test_sigkill_restart_then_sigterm_stop_and_resume_end_identical(tmp_path, launch, baseline):
-    """One run's troubled life: rank 1 is SIGKILLed at step 15 (torchrun restarts the job,
-    which resumes mid-epoch from step 10); in the restarted attempt SIGTERM stops it after a
-    checkpoint; a second launch resumes from that one and finishes."""
+    """One run's troubled life: rank 1 is SIGKILLed in step 15, its memory snapshot of
+    step 13 the newest (every 4 steps) and the durable checkpoint of step 10: rank 0's dying
+    gasp of step 15 and rank 1's own part of it (its RNGs and data position) make the
+    restart resume mid-epoch from step 15, nothing lost; in the restarted attempt SIGTERM
+    stops it after a checkpoint; a second launch resumes from that one and finishes."""
     run_dir = tmp_path / "run"
     # The sleep only holds rank 1 at step 22 of the restarted attempt, so SIGTERM lands mid-run.
-    proc = launch(run_dir, "--max-restarts", "1",
+    proc = launch(run_dir, "--max-restarts", "1", "--set", "checkpoint.memory_snapshots_every=4",
                   fault="kill:rank=1:step=15,sleep:rank=1:step=22:seconds=3:attempt=1")
     deadline = time.time() + 240
     while not [e for e in events(run_dir, "fault_injected") if e["fault"] == "sleep"]:
@@ -76,9 +78,12 @@ def test_sigkill_restart_then_sigterm_stop_and_resume_end_identical(tmp_path, la
         assert time.time() < deadline, "the restarted run never reached step 22"
         time.sleep(0.2)
     resumed = events(run_dir, "checkpoint_resumed")
-    assert [e["step"] for e in resumed] == [10]
-    # Mid-epoch: 10 of 17 batches of epoch 0 were read by each rank.
-    assert [(p["epoch"], p["position"]) for p in resumed[0]["data_position"]] == [(0, 10)] * 2
+    assert [(e["step"], e["state_from"]) for e in resumed] == [(15, "dying gasp")]
+    assert resumed[0]["durable_step"] == 10 and resumed[0]["steps_lost"] == 0
+    (gasp,) = events(run_dir, "memory_snapshot_gasp")
+    assert gasp["rank"] == 0 and gasp["step"] == 15 and gasp["written"], gasp
+    # Mid-epoch (15 of 17 batches): the end's digest shows rank 1's own RNGs and data
+    # position came back with rank 0's model and optimizer.
     proc.send_signal(signal.SIGTERM)
     code, out = finish(proc)
     assert code == 128 + signal.SIGTERM, out[-3000:]

@@ -180,7 +180,13 @@ def checkpoint_state(state: TrainingState) -> dict:
     every rank's RNG states), or under fsdp each rank's shards."""
     return {**parallel.checkpoint_trees(state.model, state.optimizer, state.scheduler,
                                         state.mode),
-            "data": {**state.loader.state_dict(), "grad_accum": state.grad_accum}}
+            "data": data_position(state)}
+
+
+def data_position(state: TrainingState) -> dict:
+    """The job's data position and the step's shape: all a dying gasp needs of this rank's
+    own every step (memory_snapshots/rank_parts.py)."""
+    return {**state.loader.state_dict(), "grad_accum": state.grad_accum}
 
 
 def restore_checkpoint(state: TrainingState, restored: Restored, group: Any = None) -> None:
@@ -302,7 +308,8 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpoi
             state.step = step + 1
             if dropped is not None and ranks.is_main:
                 tel.event("data_skipped", **dropped)
-            if ckpt.after_step(step + 1, lambda: checkpoint_state(state), final=step == last):
+            if ckpt.after_step(step + 1, lambda: checkpoint_state(state), final=step == last,
+                               data=lambda: data_position(state)):
                 return
             continue
         with tel.step(step) as record:
@@ -352,7 +359,8 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpoi
         if ranks.is_main and due(step, cfg.train.milestone_interval, last):
             tel.event("step_milestone", step=step, loss=loss.item(), lr=lr)
             print(f"step {step}: loss {loss.item():.4f} lr {lr:.2e}", flush=True)
-        if ckpt.after_step(step + 1, lambda: checkpoint_state(state), final=step == last):
+        if ckpt.after_step(step + 1, lambda: checkpoint_state(state), final=step == last,
+                               data=lambda: data_position(state)):
             return  # stopped on request (SIGTERM), after saving a checkpoint
 
     if ranks.is_main:  # the final loss: one read of the device, once per run

@@ -32,6 +32,7 @@ import copy
 import json
 import logging
 import shutil
+import sys
 import threading
 import time
 from pathlib import Path
@@ -57,7 +58,8 @@ from trainwatch.rank.checkpoint.requests import Requests
 from trainwatch.rank.checkpoint.snapshot import Handoff, HostSnapshot
 from trainwatch.rank.checkpoint.writer import (CheckRefused, Payload, Written,
                                                   copy_checkpoint, write_checkpoint)
-from trainwatch.rank.memory_snapshots import peer_resume
+from trainwatch.rank.memory_snapshots import gasp_resume, peer_resume
+from trainwatch.rank.memory_snapshots.dying_gasp import DyingGasp
 from trainwatch.rank.memory_snapshots.peer_link import settings_from as peer_settings
 from trainwatch.rank.memory_snapshots.snapshotter import MemorySnapshots, for_run
 
@@ -113,9 +115,12 @@ class Checkpointer:
             config.memory_snapshots if config.enabled else "off", config.memory_snapshots_dir,
             self.run.root, rank=self.rank, world_size=self.world_size, group=self._group,
             config_hash=config_hash, journal=self._journal, is_sharded=self._is_sharded,
+            every=config.memory_snapshots_every,
             peers=peer_settings(config.peer_copies, config.peer_copies_offset,
                                 config.peer_copies_clique_size, config.peer_copies_nodes))
         self.facts["memory_snapshots"] = self.memory.facts
+        # a failed replica's teardown writes its step if still whole (dying_gasp.py)
+        self.gasp = DyingGasp(self.memory)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "Checkpointer":
@@ -145,7 +150,13 @@ class Checkpointer:
         """Wait for the save in flight, stop handling signals (``signals=False``: the caller
         does, later), publish the final facts."""
         self.wait()
+        self.memory.wait()
+        if self.exit_code != EXIT_STOPPED and not self.memory._finished:
+            failure = sys.exc_info()[1]  # closing in an ``except``: what failed
+            self.gasp.gasp(f"{type(failure).__name__}: {failure}"[:300] if failure is not None
+                           else "closed before the run finished")
         self.memory.close()
+        self.gasp.close(finished=self.memory._finished)
         if signals:
             self.requests.uninstall()
         self._publish()
@@ -225,7 +236,8 @@ class Checkpointer:
             if restored.resharded is not None:  # a smaller (or larger) world, from memory
                 self._journal("checkpoint_resharded", step=restored.step,
                               path=str(restored.path), **restored.resharded)
-            peer = {k: restored.manifest.get(k) for k in peer_resume.JOURNALED}
+            peer = {k: restored.manifest.get(k)
+                    for k in peer_resume.JOURNALED + gasp_resume.JOURNALED}
             self._journal("checkpoint_resumed", step=restored.step, path=str(restored.path),
                           state_from=restored.manifest["source"], reason=reason,
                           durable_step=durable, steps_kept=restored.step - (durable or 0),
@@ -295,11 +307,14 @@ class Checkpointer:
 
     def after_step(self, step: int, state: Callable[[], dict[str, Any]], *,
                    final: bool = False,
-                   snapshot_state: Callable[[], dict[str, Any]] | None = None) -> bool:
+                   snapshot_state: Callable[[], dict[str, Any]] | None = None,
+                   data: Callable[[], Any] | None = None) -> bool:
         """Save if due (interval, request, stop, end); True when the loop must stop (SIGTERM).
 
         ``step`` is the number of steps completed; ``state`` is called only when saving
-        (durably); ``snapshot_state`` (default ``state``) when taking a memory snapshot.
+        (durably); ``snapshot_state`` (default ``state``) when taking a memory snapshot;
+        ``data`` (default ``snapshot_state()["data"]``) this rank's data position alone,
+        kept every step for the dying gasp (memory_snapshots/rank_parts.py).
         """
         if not self.cfg.enabled:
             return False
@@ -320,7 +335,10 @@ class Checkpointer:
                 dist.barrier(group=self._group)  # ranks exit together, after rank 0 wrote
             self.exit_code = EXIT_STOPPED
             return True
-        self.memory.after_step(step, snapshot_state or state, final=final)
+        taken = snapshot_state or state
+        self.memory.after_step(step, taken, final=final)
+        if not final:
+            self.gasp.after_step(step, taken, data or (lambda: taken().get("data")))
         if final and self.cfg.save_final:
             self._save(step, state(), "final", force_wait=True)
         elif save or interval:

@@ -195,7 +195,11 @@ class Checkpoints:
             return self._trees(state)
 
         # a memory snapshot is not a save: the final save must still come (close)
-        if self.checkpointer.after_step(step, taken, snapshot_state=lambda: self._trees(state)):
+        def data() -> Any:  # the rank's data position alone, kept every step
+            return _state_dicts({"data": state["data"]})["data"] if "data" in state else None
+
+        if self.checkpointer.after_step(step, taken, snapshot_state=lambda: self._trees(state),
+                                        data=data):
             self._stop()
         if saving:
             self._saved_at = step

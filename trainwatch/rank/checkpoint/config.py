@@ -37,6 +37,7 @@ class CheckpointConfig:
     nonfinite: str = "skip"           # NaN/Inf loss or gradient: skip the step, halt, or off
     fsync: bool = True                # fsync files and directories (turn off only for tests)
     memory_snapshots: str = "auto"    # every step (or every K: <= 1 % of step time) to /dev/shm
+    memory_snapshots_every: int = 0   # 0: as memory_snapshots says; K: every K steps, pinned
     memory_snapshots_dir: str | None = None  # default: /dev/shm/trainwatch-<uid>/<run id>
     peer_copies: str = "ring"         # each snapshot also kept on another node: ring, clique, off
     peer_copies_offset: int = 1       # ring: the copy goes this many nodes on
@@ -65,7 +66,7 @@ class CheckpointConfig:
         for key in ("enabled", "save_final", "fsync"):
             if not isinstance(getattr(self, key), bool):
                 raise bad(key, f"must be true or false, got {getattr(self, key)!r}")
-        for key in ("every_steps", "keep_last", "keep_best"):
+        for key in ("every_steps", "keep_last", "keep_best", "memory_snapshots_every"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise bad(key, f"must be an integer >= 0, got {value!r}")

@@ -27,6 +27,10 @@ class Found:
     rank: int
     steps: dict[int, float] = field(default_factory=dict)
     refused: list[str] = field(default_factory=list)  # files not usable, with the reason
+    # data-parallel state (dying_gasp.py): its dying gasps and its own parts (RNGs, data
+    # position) of the steps between snapshots, step -> sealed_at
+    gasps: dict[int, float] = field(default_factory=dict)
+    parts: dict[int, float] = field(default_factory=dict)
     durable_step: int | None = None
     rollback_at: float | None = None
 

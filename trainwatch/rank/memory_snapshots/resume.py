@@ -3,8 +3,10 @@
 Every rank lists its sealed snapshots (headers only) of this world size and config, the
 ranks agree on the newest common step (agree.py), each rank then reads its file of that
 step once, checks its digest and loads it; if any rank's file fails, that step is dropped
-and the next common one tried. The result is a ``Restored`` like a durable checkpoint's,
-so the loop puts it back the same way.
+and the next common one tried. Data-parallel state may resume from a newer step that a
+replica's dying gasp holds whole and every rank holds its own part of (gasp_resume.py).
+The result is a ``Restored`` like a durable checkpoint's, so the loop puts it back the
+same way.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from typing import Any, Callable
 import torch
 
 from trainwatch.rank.checkpoint.resume import Restored
-from trainwatch.rank.memory_snapshots import shards, store
-from trainwatch.rank.memory_snapshots.agree import ROLLBACK_ACTIONS, Found, gather, newest_common
+from trainwatch.rank.memory_snapshots import gasp_resume, shards, store
+from trainwatch.rank.memory_snapshots.agree import (ROLLBACK_ACTIONS, Agreed, Found, gather,
+                                                     newest_common)
 from trainwatch.rank.memory_snapshots.snapshotter import MemorySnapshots
 from trainwatch.rundir.run_dir import RunDir
 
@@ -66,15 +69,29 @@ def resume(snaps: MemorySnapshots, run: RunDir, durable_step: int | None,
     if not snaps.enabled:
         return None, f"memory snapshots are off: {snaps.facts['off_reason']}"
     mine = found_here(snaps)
+    replicated = live is None and snaps.root is not None  # data parallel: dying gasps
+    if replicated:
+        assert snaps.root is not None
+        gasp_resume.found_parts(mine, snaps.root, snaps.rank, snaps.world_size,
+                                snaps.config_hash)
     if snaps.rank == 0:
         mine.durable_step, mine.rollback_at = durable_step, rollback_at(run)
     found = gather(mine, snaps.group, snaps.world_size)
     excluded: set[int] = set()
     while True:
         agreed = newest_common(found, frozenset(excluded))
-        if agreed.step is None:
+        chosen = (gasp_resume.plan(found, frozenset(excluded), agreed.step)
+                  if replicated else None)
+        if chosen is not None:  # newer than every rank's snapshot: a gasp stands in
+            assert snaps.root is not None
+            agreed = Agreed(chosen.step, chosen.reason)
+            restored, problem = gasp_resume.load(snaps.root, snaps.rank, chosen,
+                                                 snaps.world_size, load_file)
+        elif agreed.step is None:
             return None, agreed.reason
-        restored, problem = _load(snaps, agreed.step)
+        else:
+            restored, problem = _load(snaps, agreed.step)
+        assert agreed.step is not None
         if restored is not None:
             problem = check_fit(restored, live)
         problems = gather(problem, snaps.group, snaps.world_size)

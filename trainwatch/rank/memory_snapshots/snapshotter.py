@@ -47,7 +47,7 @@ class MemorySnapshots:
     def __init__(self, mode: str, root: Path | None, *, rank: int, world_size: int,
                  group: Any, config_hash: str | None, journal: Callable[..., None],
                  why_off: str | None = None, run_dir: Path = Path("."),
-                 peers: PeerSettings | None = None,
+                 peers: PeerSettings | None = None, every: int = 0,
                  is_sharded: Callable[[dict[str, Any]], bool] = whole_state.check_trees):
         self.mode = mode
         self.root = root
@@ -58,6 +58,7 @@ class MemorySnapshots:
         self.is_sharded = is_sharded  # the Checkpointer's one look at the state, shared
         self.folder = store.rank_folder(root, rank) if root is not None else None
         self.cadence = Cadence(mode)
+        self.pinned_every = every  # memory_snapshots_every: K pinned (0: the mode's)
         self.every = 1
         self._next: int | None = None
         self._sealed: int = -1            # the newest step this rank sealed
@@ -150,7 +151,7 @@ class MemorySnapshots:
         if not self._looked:
             self._looked = True
             self._sharded = self.is_sharded(trees)  # the same answer on every rank
-        agreed = torch.tensor([-float(self._sealed), float(self.cadence.every())])
+        agreed = torch.tensor([-float(self._sealed), float(self.pinned_every or self.cadence.every())])
         if self.group is not None:
             dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.group)
         self._confirmed, self.every = int(-agreed[0].item()), max(1, int(agreed[1].item()))
@@ -193,7 +194,8 @@ class MemorySnapshots:
             self.cadence.note(blocking, step - prev_step, started - prev_end)
         self._last_end = (step, time.perf_counter())
         self.facts.update(every_steps=self.every, blocking_seconds=round(blocking, 6),
-                          cadence=self.cadence.why(self.every))
+                          cadence=self.cadence.why(self.every) if not self.pinned_every else
+                          f"every {self.every} steps (memory_snapshots_every: {self.pinned_every})")
 
     def _write(self, step: int, payload: dict[str, Any]) -> None:
         """The writer thread: serialize and seal; never raises."""
