@@ -12,6 +12,7 @@ import click
 
 from trainwatch.config.clitypes import NPROC_PER_NODE, run_dir_option, seconds
 from trainwatch.drill import catalog, render
+from trainwatch.drill.corpus.cli import corpus
 from trainwatch.errors import EXIT_PROBLEM, ConfigError, output_error
 from trainwatch.process.stopsignals import stop_on_sigterm
 
@@ -37,7 +38,11 @@ def drill() -> None:
     """Game day for the run's safety net: inject a real failure (a killed, hung or frozen
     rank, a NaN batch, a straggler, a killed supervisor, a second supervisor, a bit flipped
     in one replica's weights) into a real run under `trainwatch run`, and score how it was
-    detected and recovered. Docs: docs/drill.md."""
+    detected and recovered; `drill corpus` scores `diagnose` on a labelled fault corpus.
+    Docs: docs/drill.md."""
+
+
+drill.add_command(corpus)
 
 
 @drill.command("list")
