@@ -23,7 +23,9 @@ from trainwatch.rank.telemetry import Telemetry
 
 
 class Batches(Dataset):
-    """Random regression batches; a case's ``item`` hook runs first (in a worker, if any)."""
+    """Random regression batches of 16 samples (a mean over 16, so the loss is as smooth as a
+    real job's: a single sample's loss spikes 3x its mean now and then, and a clean run
+    must page nobody); a case's ``item`` hook runs first (in a worker, if any)."""
 
     def __init__(self, case: Case, ctx: Context):
         self.case, self.ctx = case, ctx
@@ -35,7 +37,7 @@ class Batches(Dataset):
         if self.case.item is not None:
             self.case.item(self.ctx, index)
         g = torch.Generator().manual_seed(index * 100 + self.ctx.rank)
-        return torch.randn(32, generator=g)
+        return torch.randn(16, 32, generator=g)
 
 
 def abort_on_error() -> None:
@@ -79,7 +81,7 @@ def main() -> None:
         with tel.step(step) as s:
             with tel.phase("data"):
                 at("data")
-                x = next(loader).unsqueeze(0).repeat(16, 1)
+                x = next(loader)
                 y = target(x).detach()
             with tel.phase("forward"):
                 at("forward")

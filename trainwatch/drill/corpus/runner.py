@@ -31,7 +31,8 @@ from trainwatch.rundir.run_dir import RunDir
 RECORD = "corpus.json"
 STALL_AFTER = 3.0        # diagnose --stall-after: the drills' agent stall floor (settings.py)
 START_WITHIN = 120.0     # seconds for the job to reach its fault step
-CLEAN_LOOKS = 3          # diagnose runs over a clean run
+CLEAN_SECONDS = 30.0     # how long a clean run is watched past its "fault" step
+CLEAN_PAUSE = 2.0        # between two diagnose runs of a clean run
 STOP_GRACE = 10.0
 
 
@@ -122,7 +123,8 @@ def run_case(case: Case, out: Path, *, diagnose_within: float, diagnose_timeout:
                                    f"(see {run.drill_log})")
                 return run, record
             time.sleep(0.3)
-        say(f"fault injected at step {case.fault_step}; asking diagnose")
+        say(f"{'past' if case.expect is None else 'fault injected at'} step "
+            f"{case.fault_step}; asking diagnose")
         _diagnose_until_right(case, run, record, proc, watcher, diagnose_within,
                               diagnose_timeout, say)
         watcher.poll()
@@ -156,9 +158,11 @@ def _diagnose_until_right(case: Case, run: RunDir, record: dict[str, Any], proc,
         top = answer["findings"][0]["title"] if answer["findings"] else answer.get("error")
         say(f"diagnose after {answer['ended'] - t0:.1f} s: {top}")
         if case.expect is None:
-            if len(record["answers"]) >= CLEAN_LOOKS:
+            if time.time() - t0 > CLEAN_SECONDS:
                 return
-        elif score.right(case, answer)["right"]:
+            time.sleep(CLEAN_PAUSE)
+            continue
+        if score.right(case, answer)["right"]:
             return
         if time.time() - t0 > within:
             return
