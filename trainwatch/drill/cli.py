@@ -12,6 +12,7 @@ import click
 
 from trainwatch.config.clitypes import NPROC_PER_NODE, run_dir_option, seconds
 from trainwatch.drill import catalog, render
+from trainwatch.drill.corpus.cli import corpus
 from trainwatch.errors import EXIT_PROBLEM, ConfigError, output_error
 from trainwatch.process.stopsignals import stop_on_sigterm
 
@@ -38,7 +39,11 @@ def drill() -> None:
     rank, a NaN batch, a straggler, a killed supervisor, a second supervisor, a bit flipped
     in one replica's weights; as root, a rank of node 2 killed or frozen or node 2 lost, on
     two nodes as network namespaces) into a real run under `trainwatch run`, and score how it was
-    detected and recovered. Docs: docs/drill.md."""
+    detected and recovered; `drill corpus` scores `diagnose` on a labelled fault corpus.
+    Docs: docs/drill.md."""
+
+
+drill.add_command(corpus)
 
 
 @drill.command("list")

@@ -1,0 +1,1 @@
+"""One module per corpus kind, each defining ``CASE`` (trainwatch/drill/corpus/case.py)."""

@@ -1,0 +1,54 @@
+"""The corpus's table for people: Markdown, so the same text reads in a terminal and goes
+into docs/benchmarks.md as measured."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainwatch.drill.corpus.case import Case
+
+
+def _s(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f} s"
+
+
+def catalog(cases: list[Case]) -> str:
+    lines = ["| kind | simulates | expected rank | expected cause |", "| --- | --- | --- | --- |"]
+    for c in cases:
+        if c.expect is None:
+            lines.append(f"| {c.kind} | {c.simulates} | — | nothing reported |")
+            continue
+        ranks = ", ".join(map(str, c.expect.ranks)) or "none (node)"
+        lines.append(f"| {c.kind} | {c.simulates} | {ranks} | "
+                     f"{' or '.join(c.expect.category)}: {', '.join(c.expect.cause)} |")
+    return "\n".join(lines)
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = ["| kind | runs | rank right | cause right | detect (median) | diagnose (median) "
+             "| diagnose's first finding |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in result["rows"]:
+        if r["clean"]:
+            lines.append(f"| {r['kind']} | {r['runs']} | — | — | — | — | "
+                         f"{r['false_findings']} false finding(s) |")
+            continue
+        said = (r["answers"][-1] if r["answers"] else "; ".join(r["errors"]) or "—")
+        lines.append(f"| {r['kind']} | {r['runs']} | {r['rank_right']}/{r['runs']} | "
+                     f"{r['cause_right']}/{r['runs']} | {_s(r['detect_seconds'])} | "
+                     f"{_s(r['diagnose_seconds'])} | {said.replace('|', '/')} |")
+    return "\n".join(lines)
+
+
+def summary(result: dict[str, Any]) -> str:
+    t, g = result["totals"], result["goals"]
+    n = t["fault_runs"]
+    ratio = f"{100 * t['both_right_ratio']:.0f} %" if t["both_right_ratio"] is not None else "—"
+    return (f"rank and cause right in {t['both_right']}/{n} fault runs ({ratio}) over "
+            f"{t['kinds']} kinds (goal >= {100 * g['right_ratio']:.0f} %: "
+            f"{'met' if g['right'] else 'not met'}); detected within {g['detect_seconds']:g} s "
+            f"in {t['detected_within_goal']}/{n} (median {_s(t['detect_seconds_median'])}); "
+            f"diagnosed within {g['diagnose_seconds']:g} s in {t['diagnosed_within_goal']}/{n} "
+            f"(median {_s(t['diagnose_seconds_median'])}); {t['false_findings_clean']} false "
+            f"finding(s) in {t['clean_runs']} clean run(s). Goal "
+            f"{'met' if g['met'] else 'not met'}.")
