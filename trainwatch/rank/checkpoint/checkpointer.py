@@ -225,11 +225,8 @@ class Checkpointer:
             if restored.resharded is not None:  # a smaller (or larger) world, from memory
                 self._journal("checkpoint_resharded", step=restored.step,
                               path=str(restored.path), **restored.resharded)
-            peer = {k: restored.manifest.get(k) for k in peer_resume.JOURNALED}
-            self._journal("checkpoint_resumed", step=restored.step, path=str(restored.path),
-                          state_from=restored.manifest["source"], reason=reason,
-                          durable_step=durable, steps_kept=restored.step - (durable or 0),
-                          load_seconds=restored.manifest["load_seconds"], **peer)
+            self._journal("checkpoint_resumed",
+                          **peer_resume.resumed_fields(restored, reason, durable))
         self.memory.facts["resumed_step"] = restored.step  # the durable facts stay as they are
         self._publish()
         return restored, reason

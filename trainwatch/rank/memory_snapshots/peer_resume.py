@@ -85,6 +85,17 @@ def resume(snaps: MemorySnapshots, run: RunDir, durable_step: int | None,
     return restored, outcome.reason
 
 
+def resumed_fields(restored: Restored, reason: str, durable_step: int | None) -> dict[str, Any]:
+    """What ``checkpoint_resumed`` says of a resume from memory, the same for the
+    Checkpointer and the framework callbacks: the source, why, the durable step it beat,
+    the steps kept and lost."""
+    peer = {k: restored.manifest.get(k) for k in JOURNALED}
+    return {"step": restored.step, "path": str(restored.path),
+            "state_from": restored.manifest["source"], "reason": reason,
+            "durable_step": durable_step, "steps_kept": restored.step - (durable_step or 0),
+            "load_seconds": restored.manifest["load_seconds"], **peer}
+
+
 class Acceptor:
     """Which snapshot files the job may resume from: this config, sealed after the last
     rollback, newer than the durable checkpoint. ``__call__(path)``: '' or why not."""
