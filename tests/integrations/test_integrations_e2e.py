@@ -3,10 +3,13 @@ real packages, tiny models, 2 CPU ranks, the two runs side by side.
 
 The agent shows both ranks' step and loss; a checkpoint-now request (control/checkpoint,
 CheckpointTooOld's action) is saved through the framework's own checkpointing and sealed;
-a SIGKILLed rank is restarted and the job resumes from that checkpoint and finishes.
+a SIGKILLed rank is restarted and the job resumes from that checkpoint and finishes
+(Lightning: from the newer memory snapshot every rank has, at most a step back, with the
+weights the first run had at that step).
 """
 
 import importlib.util
+import json
 import os
 import re
 import signal
@@ -45,7 +48,8 @@ class Job:
                "torchrun", "--standalone", "--nproc-per-node", "2", str(JOBS[kind][1]),
                str(STEPS), "0.15"]
         self.proc = subprocess.Popen(cmd, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT,
-                                     env={**os.environ, "OMP_NUM_THREADS": "1"})
+                                     env={**os.environ, "OMP_NUM_THREADS": "1",
+                                          "WEIGHTS_LOG": str(root / f"{kind}.weights")})
         self.stage = "wait for steps"
         self.seen = {}
         self.saved_step = None
@@ -76,7 +80,9 @@ class Job:
         elif self.stage == "wait for the checkpoint":
             saved = [e for e in self.run.events("checkpoint_saved")
                      if e.get("framework") == self.kind]
-            if saved and status.get(1, {}).get("state") == "running":
+            # a few steps on, so the newest state is in memory only (Lightning's snapshots)
+            if saved and status.get(1, {}).get("state") == "running" and (
+                    status[1].get("step") or 0) >= saved[-1]["step"] + 3:
                 self.saved_step = saved[-1]["step"]
                 os.kill(status[1]["pid"], signal.SIGKILL)
                 self.stage = "killed"
@@ -124,6 +130,8 @@ def test_framework_job_is_watched_checkpointed_on_request_and_resumed(jobs, kind
     assert len(restarts) == 1, job.run.events("action_taken", "action_skipped")
     resumed = [e for e in job.run.events("checkpoint_resumed") if e.get("framework") == kind]
     assert resumed and resumed[-1]["step"] >= job.saved_step
+    if kind == "lightning":
+        _resumed_from_memory(job, resumed[-1])
     assert job.run.events("finished")
     sealed = [e for e in job.run.events("checkpoint_saved") if e.get("framework") == kind]
     from trainwatch.checkpoint_format.manifest import verify
@@ -133,6 +141,19 @@ def test_framework_job_is_watched_checkpointed_on_request_and_resumed(jobs, kind
                for s in job.run.statuses().records}
     common = set(digests[0]) & set(digests[1])
     assert common and all(digests[0][s] == digests[1][s] for s in common), digests
+
+
+def _resumed_from_memory(job, resumed):
+    """The restart resumed from a memory snapshot newer than the durable checkpoint, at most
+    one step before the newest step the killed run reached, with its weights at that step."""
+    assert resumed["state_from"] == "memory snapshot", resumed
+    assert resumed["step"] > resumed["durable_step"] and resumed["steps_lost"] <= 1, resumed
+    log = [json.loads(line) for line in
+           (job.log.parent / f"{job.kind}.weights").read_text().splitlines()]
+    first, again = log[0]["pid"], [e for e in log if "start" in e][-1]
+    weights = {e["step"]: e["digest"] for e in log if e["pid"] == first and "step" in e}
+    assert again["start"] == resumed["step"] and max(weights) - again["start"] <= 1, log[-5:]
+    assert again["digest"] == weights[again["start"]], "resumed weights differ from the run's"
 
 
 @pytest.mark.parametrize("kind", list(JOBS))

@@ -40,7 +40,8 @@ from trainwatch.contract.env import run_dir_from_env
 from trainwatch.contract.states import BAD_INPUT, FAILED, FINISHED, STOPPED
 from trainwatch.errors import ConfigError
 from trainwatch.integrations.batches import batch_size
-from trainwatch.integrations.options import telemetry_options
+from trainwatch.integrations.lightning_snapshots import LightningSnapshots
+from trainwatch.integrations.options import SNAPSHOT_OPTIONS, snapshot_options, telemetry_options
 from trainwatch.integrations.sealed import newest_verified, seal
 from trainwatch.integrations.sharded_folder import checkpoint_in, flatten
 from trainwatch.integrations.stopsignal import StopSignal
@@ -61,8 +62,13 @@ class TrainwatchCallback(Callback):
     """Telemetry and verified, requestable checkpoints for a Lightning ``Trainer``."""
 
     def __init__(self, run_dir: str | Path | None = None, *, every_steps: int | None = None,
-                 keep_last: int = 3, replica_every: int = 0, **telemetry: Any):
+                 keep_last: int = 3, replica_every: int = 0, memory_snapshots: str = "auto",
+                 memory_snapshots_dir: str | None = None, peer_copies: str = "ring",
+                 **telemetry: Any):
         self.run = RunDir(run_dir or run_dir_from_env())
+        self.snapshots = LightningSnapshots(self.run, snapshot_options(
+            {"memory_snapshots": memory_snapshots, "memory_snapshots_dir": memory_snapshots_dir,
+             "peer_copies": peer_copies}, "TrainwatchCallback"))
         if every_steps is None:  # the checkpoint library's default: a crash never costs it all
             every_steps = CheckpointConfig().every_steps
         elif every_steps == 0:
@@ -72,7 +78,8 @@ class TrainwatchCallback(Callback):
         self.every_steps, self.keep_last = every_steps, keep_last
         self.replica_every = replica_every  # parameter digests across replicas (docs/sdc.md)
         self.telemetry_options = telemetry_options(telemetry, "TrainwatchCallback",
-                                                   ("run_dir", "every_steps", "keep_last", "replica_every"))
+                                                   ("run_dir", "every_steps", "keep_last",
+                                                    "replica_every", *SNAPSHOT_OPTIONS))
         self.tel: Telemetry | None = None
         self._requested = threading.Event()
         self._phase: Any = None
@@ -86,13 +93,17 @@ class TrainwatchCallback(Callback):
 
     # ------------------------------------------------------------------ resume
     def resume_path(self) -> str | None:
-        """The newest verified checkpoint's file (a sharded one's folder), for
-        ``trainer.fit(ckpt_path=...)``."""
+        """For ``trainer.fit(ckpt_path=...)``: the newest verified checkpoint's file (a
+        sharded one's folder); with memory snapshots on, a path of this process's that
+        ``setup`` fills with the newest snapshot every rank has, when newer, else links to
+        that checkpoint (lightning_snapshots.py)."""
         found = newest_verified(self._complete())
         if found is None:
             return None
         self._resumed_from = found[1]
-        return str(checkpoint_in(found[1], CHECKPOINT_FILE))
+        target = checkpoint_in(found[1], CHECKPOINT_FILE)
+        assert target is not None, "_complete lists only folders holding a checkpoint"
+        return str(self.snapshots.stage((found[0], target)) or target)
 
     def _complete(self) -> list[tuple[int, Path]]:
         """(step, folder) of every complete checkpoint of ours, newest first."""
@@ -114,6 +125,11 @@ class TrainwatchCallback(Callback):
             raise ConfigError("TrainwatchCallback is given twice: each would start its own "
                               "telemetry for the rank and write every checkpoint again; "
                               "keep one", key="callbacks")
+        tel = self.tel
+        memory = self.snapshots.start(trainer, lambda event, **fields: tel.event(
+            event, **{k: v for k, v in fields.items() if v is not None}))
+        tel.set_checkpoint(memory_snapshots=memory.facts)
+        self.snapshots.resume(pl_module)  # before Lightning loads what resume_path() gave
         if self.replica_every:
             self.tel.check_replicas(pl_module, every=self.replica_every)
         if trainer.global_rank == 0:
@@ -133,6 +149,7 @@ class TrainwatchCallback(Callback):
         self._term.install()
         if trainer.global_rank == 0:
             self._note_resume(trainer.ckpt_path, trainer.global_step)
+        self.snapshots.loaded()
 
     def _note_resume(self, used: str | None, step: int) -> None:
         """Journal a resume from our checkpoint; say so when fit resumed from another
@@ -145,9 +162,13 @@ class TrainwatchCallback(Callback):
         if ours is None:
             return
         mine = checkpoint_in(ours, CHECKPOINT_FILE) or ours / CHECKPOINT_FILE
-        if used is not None and Path(used).resolve() == mine.resolve():
-            self._telemetry().event("checkpoint_resumed", step=step,
-                                    path=str(ours), framework="lightning")
+        given = self.snapshots.staged or mine  # what resume_path() returned
+        if used is not None and Path(used).resolve() in (given.resolve(), mine.resolve()):
+            said = (self.snapshots.journaled or {}) if Path(used) == given else {}
+            fields = (said if "state_from" in said else
+                      {"step": step, "path": str(ours), "state_from": "checkpoint", **said})
+            self._telemetry().event("checkpoint_resumed", framework="lightning",
+                                    **{k: v for k, v in fields.items() if v is not None})
             return
         log.warning("trainwatch: trainer.fit resumed from %s, not from trainwatch's newest "
                     "checkpoint %s: a restart repeats the steps since; pass "
@@ -156,15 +177,20 @@ class TrainwatchCallback(Callback):
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         self._close(FINISHED)
+        self._term.restore()  # a no-op unless fit ended without Lightning's teardown
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         # Lightning sees the exception first: a ConfigError is bad input (not restarted)
         failure = ({"kind": BAD_INPUT, "message": str(exception)[:2000]}
                    if isinstance(exception, ConfigError) else None)
         self._close(STOPPED if self._stopping else FAILED, failure)
+        # SIGTERM stays ours: Lightning's teardown, next, puts back the handlers from before
+        # fit. Given back here, Lightning's (a broadcast inside the handler) took the late
+        # SIGTERM of a rank carrying out another rank's stop, and the rank died or hung
+        # before writing 'stopped' (the Checkpoints API's fd15d22, for the callback).
 
     def _close(self, state: str, failure: dict[str, Any] | None = None) -> None:
-        self._term.restore()
+        self.snapshots.close(finished=state == FINISHED)
         if self.tel is not None:
             self._leave_phase()
             self.tel.close(state, failure=failure)
@@ -210,6 +236,8 @@ class TrainwatchCallback(Callback):
             self._step.__exit__(None, None, None)
             self._step = None
         self._maybe_save(trainer, stepped)
+        if stepped:
+            self.snapshots.after_step(trainer)
 
     # ------------------------------------------------------------------ checkpoints
     def _maybe_save(self, trainer: Any, stepped: bool) -> None:

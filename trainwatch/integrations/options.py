@@ -9,6 +9,7 @@ import inspect
 from typing import Any
 
 from trainwatch.errors import ConfigError
+from trainwatch.rank.checkpoint.config import CheckpointConfig
 from trainwatch.rank.telemetry import Telemetry
 
 # Set by the callback from the framework (the rank, its device), not by the script.
@@ -25,3 +26,12 @@ def telemetry_options(options: dict[str, Any], owner: str, own: tuple[str, ...])
             raise ConfigError(f"unknown setting (known: {', '.join(sorted([*own, *known]))})",
                               key=f"{owner}.{key}")
     return options
+
+
+SNAPSHOT_OPTIONS = ("memory_snapshots", "memory_snapshots_dir", "peer_copies")
+
+
+def snapshot_options(options: dict[str, Any], owner: str) -> CheckpointConfig:
+    """A callback's memory-snapshot settings, with the meaning, defaults and checks of the
+    ``checkpoint`` section's (docs/memory-snapshots.md): ConfigError names ``owner.key``."""
+    return CheckpointConfig.from_mapping(options, prefix=owner)

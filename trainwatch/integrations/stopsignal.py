@@ -35,8 +35,11 @@ class StopSignal:
             self._installed = True
 
     def restore(self) -> None:
+        """Put back the handler from before ``install``, unless another replaced ours since
+        (Lightning's teardown puts back the handlers from before fit: ours would then undo it)."""
         if self._installed:
-            signal.signal(signal.SIGTERM, self._previous)
+            if signal.getsignal(signal.SIGTERM) == self.on_term:
+                signal.signal(signal.SIGTERM, self._previous)
             self._installed, self._previous = False, None
 
     def on_term(self, signum: int, frame: Any) -> None:

@@ -58,7 +58,7 @@ from trainwatch.rank.checkpoint.requests import Requests
 from trainwatch.rank.checkpoint.snapshot import Handoff, HostSnapshot
 from trainwatch.rank.checkpoint.writer import (CheckRefused, Payload, Written,
                                                   copy_checkpoint, write_checkpoint)
-from trainwatch.rank.memory_snapshots import gasp_resume, peer_resume
+from trainwatch.rank.memory_snapshots import peer_resume
 from trainwatch.rank.memory_snapshots.dying_gasp import DyingGasp
 from trainwatch.rank.memory_snapshots.peer_link import settings_from as peer_settings
 from trainwatch.rank.memory_snapshots.snapshotter import MemorySnapshots, for_run
@@ -236,12 +236,8 @@ class Checkpointer:
             if restored.resharded is not None:  # a smaller (or larger) world, from memory
                 self._journal("checkpoint_resharded", step=restored.step,
                               path=str(restored.path), **restored.resharded)
-            peer = {k: restored.manifest.get(k)
-                    for k in peer_resume.JOURNALED + gasp_resume.JOURNALED}
-            self._journal("checkpoint_resumed", step=restored.step, path=str(restored.path),
-                          state_from=restored.manifest["source"], reason=reason,
-                          durable_step=durable, steps_kept=restored.step - (durable or 0),
-                          load_seconds=restored.manifest["load_seconds"], **peer)
+            self._journal("checkpoint_resumed",
+                          **peer_resume.resumed_fields(restored, reason, durable))
         self.memory.facts["resumed_step"] = restored.step  # the durable facts stay as they are
         self._publish()
         return restored, reason

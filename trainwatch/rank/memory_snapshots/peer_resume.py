@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 from trainwatch.contract.layout import rank_of_file
 from trainwatch.rank.checkpoint.resume import Restored, derived_rng
+from trainwatch.rank.memory_snapshots import gasp_resume
 from trainwatch.rank.memory_snapshots import resume as local
 from trainwatch.rank.memory_snapshots import store
 from trainwatch.rank.memory_snapshots.peer_copies import PeerCopies
@@ -83,6 +84,17 @@ def resume(snaps: MemorySnapshots, run: RunDir, durable_step: int | None,
     if copies.off_reason:  # a world on one node keeps no copies
         snaps.peers.close()
     return restored, outcome.reason
+
+
+def resumed_fields(restored: Restored, reason: str, durable_step: int | None) -> dict[str, Any]:
+    """What ``checkpoint_resumed`` says of a resume from memory, the same for the
+    Checkpointer and the framework callbacks: the source, why, the durable step it beat,
+    the steps kept and lost (and whose replica a dying gasp's state is)."""
+    peer = {k: restored.manifest.get(k) for k in JOURNALED + gasp_resume.JOURNALED}
+    return {"step": restored.step, "path": str(restored.path),
+            "state_from": restored.manifest["source"], "reason": reason,
+            "durable_step": durable_step, "steps_kept": restored.step - (durable_step or 0),
+            "load_seconds": restored.manifest["load_seconds"], **peer}
 
 
 class Acceptor:

@@ -101,6 +101,9 @@ def resume(snaps: MemorySnapshots, run: RunDir, durable_step: int | None,
         bad = {r: p for r, p in enumerate(problems) if p is not None}
         if not bad:
             assert restored is not None
+            newest = max((s for f in found for s in f.steps), default=agreed.step)
+            restored.manifest.update(newest_step=max(newest, agreed.step),
+                                     steps_lost=max(newest, agreed.step) - agreed.step)
             snaps.resumed(agreed.step)
             return restored, agreed.reason
         if snaps.rank == 0:

@@ -253,13 +253,17 @@ class MemorySnapshots:
                 pass
 
 
+def root_of(folder: str | None, run_dir: Path) -> tuple[Path | None, str | None]:
+    """Where the run in ``run_dir`` keeps its snapshots: its own subfolder of ``folder`` or
+    of /dev/shm; or (None, why not)."""
+    if folder is None:
+        return store.default_root(run_dir)
+    root, why = store.default_root(run_dir, shm=Path(folder))
+    return (Path(folder) / root.name if root is not None else None), why
+
+
 def for_run(mode: str, folder: str | None, run_dir: Path, **rank: Any) -> MemorySnapshots:
-    """The snapshots of a rank of the run in ``run_dir``: in ``folder`` (the run's own
-    subfolder of it) or /dev/shm's, off with the reason where there is none."""
-    if folder is not None:
-        root, why = store.default_root(run_dir, shm=Path(folder))
-        if root is not None:
-            root = Path(folder) / root.name
-    else:
-        root, why = store.default_root(run_dir)
+    """The snapshots of a rank of the run in ``run_dir`` (``root_of``), off with the reason
+    where there is no folder for them."""
+    root, why = root_of(folder, run_dir)
     return MemorySnapshots(mode, root, why_off=why, run_dir=run_dir, **rank)
