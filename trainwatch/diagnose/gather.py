@@ -8,8 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from trainwatch.diagnose import (agents, checkpoints, flight_recorder, journal, oom, processes,
-                                 prometheus, rank_dumps, run_state, saved_evidence, stacks,
+from trainwatch.diagnose import (agents, checkpoints, flight_recorder, journal, node_cpu, oom,
+                                 processes, prometheus, rank_dumps, run_state, saved_evidence, stacks,
                                  supervisor, workers)
 from trainwatch.diagnose.model import Evidence
 from trainwatch.rundir.run_dir import RunDir
@@ -32,6 +32,7 @@ def gather(run: RunDir, options: Options,
     steps: list[tuple[str, Callable[[], None]]] = [
         ("rank status", lambda: run_state.gather(run, ev)),
         ("processes", lambda: processes.gather(ev)),
+        ("node cpu", lambda: node_cpu.begin(run, ev)),
         ("oom kills", lambda: oom.gather(ev)),
         ("journal", lambda: journal.gather(run, ev)),
         ("supervisor", lambda: supervisor.gather(run, ev)),
@@ -41,6 +42,7 @@ def gather(run: RunDir, options: Options,
         ("stacks", lambda: stacks.gather(ev, options.timeout, options.native)),
         ("data workers", lambda: workers.gather(ev, options.timeout)),
         ("cpu", lambda: processes.sample_cpu(ev)),
+        ("node cpu share", lambda: node_cpu.finish(ev)),
         ("flight recorder", lambda: flight_recorder.gather(ev)),
         ("agents", lambda: agents.gather(ev, options.agent_urls, options.timeout)),
         ("prometheus", lambda: prometheus.gather(ev, options.prometheus_url, options.timeout)),

@@ -59,6 +59,7 @@ class Evidence:
     supervisor: dict[str, Any] = field(default_factory=dict)  # diagnose/supervisor.py
     checkpoints: dict[str, Any] = field(default_factory=dict)
     agents: list[dict[str, Any]] = field(default_factory=list)
+    node_cpu: dict[str, Any] = field(default_factory=dict)  # diagnose/node_cpu.py
     prometheus: dict[str, Any] | None = None
     unseen: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)

@@ -15,7 +15,7 @@ STRAGGLER_TIMING_RATIO = 1.3      # local time vs the job median
 
 def check_straggler(a: Analysis) -> list[Finding]:
     """A slow rank in a run that still progresses: late into collectives, or slow locally."""
-    if a.stalled or len(a.running) < 2:
+    if a.stalled or len(a.running) < 2 or set(a.running) <= a.explained:
         return []
     step = a.step_time or 0.0
     for pg, g in a.groups.items():

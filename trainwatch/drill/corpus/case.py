@@ -63,6 +63,7 @@ class Case:
     every_step: Callable[[Context], None] | None = None  # every rank, every step ("metrics")
     item: Callable[[Context, int], None] | None = None   # the dataset's __getitem__ (workers)
     prepare: Callable[[Path], dict[str, str]] | None = None  # runner side: env for the job
+    at_fault: Callable[[Path], None] | None = None  # runner side, once the fault is seen
     cleanup: Callable[[Path], None] | None = None
     fault_step: int = 8
     fault_rank: int = 1

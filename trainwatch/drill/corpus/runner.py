@@ -123,6 +123,8 @@ def run_case(case: Case, out: Path, *, diagnose_within: float, diagnose_timeout:
                                    f"(see {run.drill_log})")
                 return run, record
             time.sleep(0.3)
+        if case.at_fault:
+            case.at_fault(work)
         say(f"{'past' if case.expect is None else 'fault injected at'} step "
             f"{case.fault_step}; asking diagnose")
         _diagnose_until_right(case, run, record, proc, watcher, diagnose_within,

@@ -1,0 +1,105 @@
+"""Node-level CPU contention: /proc parsing from fixture files, and the rule that names a
+whole contended node, not a busy shared node whose job keeps its pace, nor one slow rank."""
+
+import json
+import time
+
+from trainwatch.diagnose import analysis, node_cpu
+from trainwatch.diagnose.model import Evidence
+from trainwatch.host.cpu_contention import node_sample, run_delay_ns, steal_share
+from trainwatch.rundir.run_dir import RunDir
+
+STAT = """cpu  7083917 9508 605527 1887351 11654 0 23682 33990 0 0
+cpu0 3541958 4754 302763 943675 5827 0 11841 16995 0 0
+cpu1 3541959 4754 302764 943676 5827 0 11841 16995 0 0
+intr 1 2 3
+procs_running 14
+procs_blocked 0
+"""
+
+
+def proc_root(tmp_path, stat=STAT, pressure=True):
+    root = tmp_path / "proc"
+    (root / "pressure").mkdir(parents=True)
+    (root / "stat").write_text(stat)
+    (root / "loadavg").write_text("13.35 9.75 8.27 26/356 10712\n")
+    if pressure:
+        (root / "pressure" / "cpu").write_text(
+            "some avg10=97.43 avg60=98.33 avg300=97.64 total=25754385646\n"
+            "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    (root / "42" / "task" / "42").mkdir(parents=True)
+    (root / "42" / "task" / "42" / "schedstat").write_text("1200000 3400000 17\n")
+    return str(root)
+
+
+def test_node_sample_reads_queue_pressure_and_steal(tmp_path):
+    root = proc_root(tmp_path)
+    first = node_sample(root)
+    assert (first["cores"], first["runnable"], first["load1"]) == (2, 14, 13.35)
+    assert first["pressure_some_avg10"] == 97.43
+    later = STAT.replace("33990 0 0\ncpu0", "34090 0 0\ncpu0").replace(
+        "cpu  7083917", "cpu  7084817")
+    (tmp_path / "proc" / "stat").write_text(later)
+    assert steal_share(first, node_sample(root)) == 0.1  # 100 of 1000 ticks
+    assert run_delay_ns(42, root) == 3400000 and run_delay_ns(43, root) is None
+    no_psi = node_sample(proc_root(tmp_path / "old", pressure=False))
+    assert no_psi["pressure_some_avg10"] is None and no_psi["cores"] == 2
+
+
+def test_slowdown_against_the_ranks_own_earlier_steps(tmp_path):
+    run = RunDir(tmp_path / "run")
+    run.create()
+    times = [0.05] * 40 + [0.12] * 10
+    run.metrics_file(0).parent.mkdir(parents=True, exist_ok=True)
+    run.metrics_file(0).write_text("".join(
+        json.dumps({"kind": "step", "step": i, "step_time_seconds": t}) + "\n"
+        for i, t in enumerate(times)))
+    assert node_cpu.slowdown(run, 0) == {"recent": 0.12, "baseline": 0.05, "ratio": 2.4}
+    assert node_cpu.slowdown(run, 1) is None  # no metrics log
+
+
+def evidence(ratios, waits, *, outside=350.0, runnable=14, pressure=97.4):
+    now = time.time()
+    ev = Evidence(run_dir="/r", collected_at=now, host="h")
+    for rank in range(len(ratios)):
+        ev.ranks[rank] = {"rank": rank, "node": "h", "pid": 100 + rank, "state": "running",
+                          "step": 80, "phase": "forward", "heartbeat_age": 0.1,
+                          "progress_age": 0.2, "phase_age": 0.1,
+                          "recent": {"step_time": 0.1}, "process": {"status": "sleeping"}}
+    ev.node_cpu = {
+        "slowdown": {r: {"recent": 0.05 * x, "baseline": 0.05, "ratio": x}
+                     for r, x in enumerate(ratios)},
+        "rank_wait_share": dict(enumerate(waits)), "cores": 2, "runnable": runnable,
+        "load1": 13.4, "pressure_some_avg10": pressure, "steal_share": 0.0, "seconds": 0.5,
+        "outside_cpu_percent": outside,
+        "top_outside": [{"pid": 9001, "comm": "python3", "cpu_percent": 98.0}]}
+    return ev
+
+
+def test_a_whole_contended_node_is_named_with_its_queue_and_consumers():
+    top = analysis.analyse(evidence([2.4, 2.2], [0.6, 0.5]))[0]
+    assert top.category == "node" and top.ranks == [] and top.severity == "warning"
+    assert top.title == ("the node is CPU-contended: 14 runnable tasks on 2 cores, top "
+                         "consumers outside the job: 9001/python3/98%")
+    assert "rank 0: step time 120 ms now vs 50 ms earlier (2.4x)" in top.evidence[0]
+    assert "CPU pressure 97 %" in top.evidence[2]
+
+
+def test_a_busy_node_whose_job_keeps_its_pace_is_healthy():
+    """The clean corpus run: a shared VM with 14 runnable tasks on 2 cores and 97 % CPU
+    pressure, but the ranks' steps are as fast as before: nothing to report."""
+    found = analysis.analyse(evidence([1.05, 1.02], [0.3, 0.3]))
+    assert [f.category for f in found if f.severity != "info"] == []
+
+
+def test_one_slow_rank_is_not_a_contended_node():
+    found = analysis.analyse(evidence([2.4, 1.1], [0.5, 0.05]))
+    assert not any(f.category == "node" for f in found)
+
+
+def test_every_condition_is_required():
+    for ev in (evidence([2.4, 2.2], [0.6, 0.05]),          # a rank that did not wait for CPU
+               evidence([2.4, 2.2], [0.6, 0.5], outside=40.0),  # the job itself is the load
+               evidence([2.4, 2.2], [0.6, 0.5], runnable=1, pressure=3.0)):
+        ev.node_cpu["load1"] = 1.0 if ev.node_cpu["runnable"] == 1 else 13.4
+        assert not any(f.category == "node" for f in analysis.analyse(ev))
