@@ -172,8 +172,6 @@ class MemorySnapshots:
         if self.group is not None:
             dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.group)
         self._confirmed, self.every = int(-agreed[0].item()), max(1, int(agreed[1].item()))
-        assert self.folder is not None
-        store.retain(self.folder, {self._confirmed})
         self._next = step + self.every
         try:
             payload = self._capture(step, trees)
@@ -183,7 +181,7 @@ class MemorySnapshots:
         self.peers.refresh()
         self.facts["peer_copies"] = self.peers.facts
         try:  # the writer thread, started once (writer.py), writes off the loop
-            self._writer.submit(lambda: self._write(step, payload))
+            self._writer.submit(lambda: self._write(step, payload, self._confirmed))
         except RuntimeError as exc:  # no thread to be had: this snapshot is skipped
             self._count("failed_total", "failed", step, f"no writer thread: {exc}")
         self._measure(step, started, time.perf_counter() - started)
@@ -218,9 +216,11 @@ class MemorySnapshots:
                           durable_every_steps=self.cadence.durable_every)
             self._verdict = verdict
 
-    def _write(self, step: int, payload: dict[str, Any]) -> None:
-        """The writer thread: serialize and seal; never raises."""
+    def _write(self, step: int, payload: dict[str, Any], confirmed: int) -> None:
+        """The writer thread: drop the snapshot no longer needed (its unlink frees the
+        tmpfs pages: kernel time, kept off the loop), then write and seal; never raises."""
         assert self.folder is not None
+        store.retain(self.folder, {confirmed})
         need = int(self.facts["bytes"] or 0)
 
         def write(f: Any) -> None:
