@@ -19,7 +19,7 @@ average recorded beside every figure (the machine is shared):
    snapshot's wait included: with ``auto`` only every K-th step waits) over ``off``'s.
    Also: the loop's wait per snapshot, the K ``auto`` chose and why (its status line), and
    the writer thread's CPU per snapshot (CPU of the threads other than the loop's, over
-   ``off``'s, per snapshot taken: serializing and hashing; not in the 1 %).
+   ``off``'s, per snapshot taken: writing and hashing; not in the 1 %).
 2. **Memory** (same runs): the bytes of the rank's snapshot files in /dev/shm (largest seen
    at a step end, and at the end), the process's resident set over ``off``'s (at the end,
    and its peak ``VmHWM``), against the documented bound of 3 x the state.

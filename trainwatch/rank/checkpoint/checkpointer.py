@@ -115,7 +115,7 @@ class Checkpointer:
             config.memory_snapshots if config.enabled else "off", config.memory_snapshots_dir,
             self.run.root, rank=self.rank, world_size=self.world_size, group=self._group,
             config_hash=config_hash, journal=self._journal, is_sharded=self._is_sharded,
-            every=config.memory_snapshots_every,
+            every=config.memory_snapshots_every, durable_every_steps=config.every_steps,
             peers=peer_settings(config.peer_copies, config.peer_copies_offset,
                                 config.peer_copies_clique_size, config.peer_copies_nodes))
         self.facts["memory_snapshots"] = self.memory.facts

@@ -1,10 +1,14 @@
-"""Copy a rank's state trees to reused host buffers in as few calls as possible.
+"""Copy a rank's state trees into one reused host buffer (the arena) in as few calls as possible.
 
 A snapshot is taken every step, so what the loop waits for is mostly per-tensor Python
 work, not bytes: the reference model's 113 tensors (1.5 MB) took 7.5 ms through
 checkpoint/snapshot.py's chunked copies (made to share one large copy between two threads)
-and 1.6 ms with one ``torch._foreach_copy_`` on a loaded 2-core VM. From a GPU the copies
-go to pinned buffers on a side stream that first waits for the loop's work; one
+and 1.6 ms with one ``torch._foreach_copy_`` on a loaded 2-core VM. Every tensor's copy is
+a view into ONE contiguous arena (each at a 64-byte aligned offset), so the writer thread
+hashes and writes the whole state in one call each, calls that release the GIL
+(payload.py): the loop's thread is not held while the bytes go to the tmpfs. The arena is
+laid out anew only when the state's tensors change (shape, dtype, count). From a GPU the
+copies go to a pinned arena on a side stream that first waits for the loop's work; one
 synchronize of that stream ends the capture (the GPU path is written, not yet measured on a
 GPU: docs/memory-snapshots.md).
 """
@@ -16,23 +20,33 @@ from typing import Any
 
 import torch
 
-from trainwatch.rank.checkpoint.snapshot import host_buffer
-
 _PLAIN = (int, float, str, bool, bytes, type(None))
+ALIGN = 64
+
+
+def aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
 class HostCopy:
-    """Host buffers kept between snapshots (a writer reads them until the next capture)."""
+    """The arena and its views, kept between snapshots (a writer reads them until the next
+    capture). ``slots``: id of each view -> (offset, bytes) in ``arena``."""
 
     def __init__(self) -> None:
-        self._buffers: list[torch.Tensor] = []
+        self.arena: torch.Tensor = torch.empty(0, dtype=torch.uint8)
+        self.slots: dict[int, tuple[int, int]] = {}
+        self._views: list[torch.Tensor] = []
         self._stream: Any = None
 
     def capture(self, tree: Any) -> Any:
-        """A copy of ``tree`` whose tensors are this object's host buffers."""
+        """A copy of ``tree`` whose tensors are views into this object's arena."""
         pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-        out = self._walk(tree, pairs)
-        del self._buffers[len(pairs):]  # the state shrank: free what is unused
+        missed: list[bool] = []
+        out = self._walk(tree, pairs, missed)
+        if missed or len(pairs) != len(self._views):  # the state changed: lay out anew
+            self._layout([s for _, s in pairs])
+            pairs, missed = [], []
+            out = self._walk(tree, pairs, missed)
         host = [(d, s) for d, s in pairs if not s.is_cuda]
         if host:
             torch._foreach_copy_([d for d, _ in host], [s for _, s in host])
@@ -40,6 +54,20 @@ class HostCopy:
         if cuda:
             self._from_cuda(cuda)
         return out
+
+    def _layout(self, sources: list[torch.Tensor]) -> None:
+        offsets, total = [], 0
+        for src in sources:
+            offsets.append(total)
+            total = aligned(total + src.numel() * src.element_size())
+        self._views, self.slots = [], {}
+        self.arena = torch.empty(total, dtype=torch.uint8, device="cpu",
+                                 pin_memory=any(s.is_cuda for s in sources))
+        for src, offset in zip(sources, offsets):
+            size = src.numel() * src.element_size()
+            view = self.arena[offset:offset + size].view(src.dtype).view(src.shape)
+            self._views.append(view)
+            self.slots[id(view)] = (offset, size)
 
     def _from_cuda(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         if self._stream is None:
@@ -50,21 +78,29 @@ class HostCopy:
                 dst.copy_(src, non_blocking=True)
         self._stream.synchronize()
 
-    def _walk(self, obj: Any, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    def _walk(self, obj: Any, pairs: list[tuple[torch.Tensor, torch.Tensor]],
+              missed: list[bool]) -> Any:
         if isinstance(obj, torch.Tensor):
-            return self._tensor(obj.detach(), pairs)
+            return self._tensor(obj.detach(), pairs, missed)
         if isinstance(obj, dict):
-            return type(obj)((k, self._walk(v, pairs)) for k, v in obj.items())
+            out = type(obj)((k, self._walk(v, pairs, missed)) for k, v in obj.items())
+            if hasattr(obj, "_metadata"):  # a module's state_dict: its versions, kept
+                out._metadata = obj._metadata  # type: ignore[attr-defined]
+            return out
         if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-            return type(obj)(self._walk(v, pairs) for v in obj)
+            return type(obj)(self._walk(v, pairs, missed) for v in obj)
         if isinstance(obj, _PLAIN):
             return obj
         return copy.deepcopy(obj)
 
-    def _tensor(self, tensor: torch.Tensor, pairs: list[tuple[torch.Tensor, torch.Tensor]]
-                ) -> torch.Tensor:
+    def _tensor(self, tensor: torch.Tensor, pairs: list[tuple[torch.Tensor, torch.Tensor]],
+                missed: list[bool]) -> torch.Tensor:
         if tensor.layout != torch.strided or tensor.is_quantized:
-            return tensor.to("cpu", copy=True)  # rare layouts: no buffer reuse
-        buf = host_buffer(self._buffers, len(pairs), tensor)
-        pairs.append((buf, tensor))
-        return buf
+            return tensor.to("cpu", copy=True)  # rare layouts: pickled, not in the arena
+        i = len(pairs)
+        view = self._views[i] if i < len(self._views) else None
+        if view is None or view.shape != tensor.shape or view.dtype != tensor.dtype:
+            missed.append(True)
+            view = tensor  # a stand-in: the walk is redone on the new layout
+        pairs.append((view, tensor))
+        return view

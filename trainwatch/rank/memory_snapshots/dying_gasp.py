@@ -189,7 +189,8 @@ class DyingGasp:
             folder = store.make_folder(gasp_folder(s.root, s.rank))
             sealed = store.seal(folder, rank=s.rank, step=step, world_size=s.world_size,
                                 config_hash=s.config_hash,
-                                write=lambda f: torch.save(payload, f))
+                                write=lambda f: torch.save(payload, f),
+                                version=store.TORCH_SAVED)
         store.retain(folder, {step})
         return sealed, None
 

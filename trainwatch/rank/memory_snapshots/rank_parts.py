@@ -58,7 +58,8 @@ class RankParts:
                 store.make_folder(self.folder)
                 self._made = True
             store.seal(self.folder, rank=self.rank, step=step, world_size=self.world_size,
-                       config_hash=self.config_hash, write=lambda f: torch.save(payload, f))
+                       config_hash=self.config_hash, write=lambda f: torch.save(payload, f),
+                       version=store.TORCH_SAVED)
             self.written = step
             store.retain(self.folder, {step - i for i in range(KEEP)} | {self.pinned or -1})
         except Exception as exc:  # a part not kept costs the gasp, never the job

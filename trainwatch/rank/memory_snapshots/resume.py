@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 
 from trainwatch.rank.checkpoint.resume import Restored
-from trainwatch.rank.memory_snapshots import gasp_resume, shards, store
+from trainwatch.rank.memory_snapshots import gasp_resume, payload, shards, store
 from trainwatch.rank.memory_snapshots.agree import (ROLLBACK_ACTIONS, Agreed, Found, gather,
                                                      newest_common)
 from trainwatch.rank.memory_snapshots.snapshotter import MemorySnapshots
@@ -161,7 +161,7 @@ def load_file(path: Path, step: int, world_size: int) -> tuple[Restored | None, 
         digest.update(data)
         if digest.hexdigest() != header["digest"]:
             raise store.Rejected("digest mismatch: the payload is not what was sealed")
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        state = _decode(header, data)
     except Exception as exc:  # a torn or altered file: the ranks try an older step
         return None, f"{path.name}: {exc}"
     manifest: dict[str, Any] = {"step": step, "world_size": world_size,
@@ -171,3 +171,20 @@ def load_file(path: Path, step: int, world_size: int) -> tuple[Restored | None, 
                                 "sharded": "sharded" in state,
                                 "sharded_record": state.get("sharded")}
     return Restored(Path(path), step, manifest, state["shared"], state["rank"]), None
+
+
+def _decode(header: dict[str, Any], data: bytearray) -> Any:
+    """The state in a payload whose digest was checked: payload.py's raw format (version
+    3), or ``torch.save``'d (versions 1 and 2, written before it)."""
+    version = header.get("version")
+    if version == store.VERSION:
+        state = payload.decode(data)
+    elif version in (1, 2):
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    else:
+        raise store.Rejected(f"snapshot format version {version!r}: not one this trainwatch "
+                             f"reads (1 to {store.VERSION})")
+    if not (isinstance(state, dict) and isinstance(state.get("shared"), dict)
+            and isinstance(state.get("rank"), dict)):
+        raise store.Rejected("the payload holds no state trees")
+    return state

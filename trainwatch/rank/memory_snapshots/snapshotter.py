@@ -4,7 +4,8 @@ At a snapshot step the loop (1) waits for the previous write, if it is still run
 (2) joins one all_reduce with the other ranks (the newest step every rank has sealed, which
 each rank keeps while it writes the next, and the largest K any rank proposes: every rank
 snapshots the same steps), (3) copies its state to host buffers (capture.py, reused) and
-moves on; a writer thread serializes the copy into the tmpfs and seals it (store.py). The
+moves on; a writer thread writes the copy into the tmpfs and seals it (payload.py's raw
+tensors, store.py's header and digest: calls that release the GIL, so the loop runs on). The
 loop never waits for a write it did not need to; a tmpfs without room or a failed write
 skips that snapshot, counts it and journals the first of its kind: never the job's failure.
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -30,15 +30,18 @@ import torch
 import torch.distributed as dist
 
 from trainwatch.rank.checkpoint import rng, whole_state
+from trainwatch.rank.memory_snapshots import payload as payload_format
 from trainwatch.rank.memory_snapshots import peer_link, shards, store
 from trainwatch.rank.memory_snapshots.cadence import Cadence
 from trainwatch.rank.memory_snapshots.capture import HostCopy
 from trainwatch.rank.memory_snapshots.peer_copies import PeerSettings
+from trainwatch.rank.memory_snapshots.writer import Writer
 
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "every_step", "off")
 RESERVE_BYTES = 64 << 20   # left free in the tmpfs: NCCL and data loaders share it
+CADENCE_EVENTS = 10        # memory_snapshots_cadence events at most (K moves with the load)
 
 
 class MemorySnapshots:
@@ -48,7 +51,8 @@ class MemorySnapshots:
                  group: Any, config_hash: str | None, journal: Callable[..., None],
                  why_off: str | None = None, run_dir: Path = Path("."),
                  peers: PeerSettings | None = None, every: int = 0,
-                 is_sharded: Callable[[dict[str, Any]], bool] = whole_state.check_trees):
+                 is_sharded: Callable[[dict[str, Any]], bool] = whole_state.check_trees,
+                 durable_every_steps: int = 0):
         self.mode = mode
         self.root = root
         self.rank, self.world_size, self.group = rank, world_size, group
@@ -57,14 +61,17 @@ class MemorySnapshots:
         self.journal = journal
         self.is_sharded = is_sharded  # the Checkpointer's one look at the state, shared
         self.folder = store.rank_folder(root, rank) if root is not None else None
-        self.cadence = Cadence(mode)
+        self.cadence = Cadence(mode, durable_every=durable_every_steps)
         self.pinned_every = every  # memory_snapshots_every: K pinned (0: the mode's)
+        self._writer_gil = 0.0            # the last write's CPU holding the GIL (payload.py)
+        self._verdict: str | None = None  # the cadence last journaled
+        self._cadence_events = 0
         self.every = 1
         self._next: int | None = None
         self._sealed: int = -1            # the newest step this rank sealed
         self._confirmed: int = -1         # the newest step every rank had sealed
         self._host = HostCopy()
-        self._writer: threading.Thread | None = None
+        self._writer = Writer("trainwatch-memory-snapshot")
         self._last_end: tuple[int, float] | None = None
         self._journaled: set[str] = set()
         self._prepared = False
@@ -79,7 +86,7 @@ class MemorySnapshots:
             "root": str(root) if root is not None else None,
             "off_reason": "memory_snapshots: off" if mode == "off" else why_off,
             "every_steps": 1, "cadence": None, "step": None, "bytes": None,
-            "blocking_seconds": None, "taken_total": 0, "skipped_full_total": 0,
+            "blocking_seconds": None, "writer_gil_seconds": None, "taken_total": 0, "skipped_full_total": 0,
             "failed_total": 0, "memory_bound_bytes": None, "peer_copies": self.peers.facts}
 
     @property
@@ -114,7 +121,10 @@ class MemorySnapshots:
             self.facts["peer_copies"] = self.peers.facts
             if self.rank == 0:
                 self.journal("memory_snapshots_started", root=str(self.root), mode=self.mode,
-                              ranks=self.world_size, peer_copies=self.peers.describe())
+                              ranks=self.world_size, peer_copies=self.peers.describe(),
+                              every_steps=1 if self.mode == "every_step" else None,
+                              cadence=self._planned(),
+                              durable_every_steps=self.cadence.durable_every)
             return
         first = min(off)
         why = off[first] if first == self.rank or self.rank not in off else off[self.rank]
@@ -124,6 +134,14 @@ class MemorySnapshots:
         if self.rank == 0 and self.mode != "off":
             self.journal("memory_snapshots_off", reason=why,
                           ranks={str(r): w for r, w in sorted(off.items())[:8]})
+
+    def _planned(self) -> str:
+        if self.mode == "every_step":
+            return "every step (memory_snapshots: every_step), whatever it costs"
+        return ("auto: every step while measured; then every step where a snapshot's cost "
+                "to the loop (its wait and the writer's GIL time) is within 1 % of step "
+                "time, else the smallest K that keeps it there (memory_snapshots_cadence "
+                "says which)")
 
     def resumed(self, step: int) -> None:
         """The job resumed from this snapshot step: every rank has it sealed, so it is kept
@@ -155,8 +173,6 @@ class MemorySnapshots:
         if self.group is not None:
             dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.group)
         self._confirmed, self.every = int(-agreed[0].item()), max(1, int(agreed[1].item()))
-        assert self.folder is not None
-        store.retain(self.folder, {self._confirmed})
         self._next = step + self.every
         try:
             payload = self._capture(step, trees)
@@ -165,16 +181,10 @@ class MemorySnapshots:
             return
         self.peers.refresh()
         self.facts["peer_copies"] = self.peers.facts
-        self._writer = threading.Thread(target=self._write, args=(step, payload),
-                                        name="trainwatch-memory-snapshot", daemon=True)
-        try:
-            self._writer.start()
+        try:  # the writer thread, started once (writer.py), writes off the loop
+            self._writer.submit(lambda: self._write(step, payload, self._confirmed))
         except RuntimeError as exc:  # no thread to be had: this snapshot is skipped
-            self._writer = None
             self._count("failed_total", "failed", step, f"no writer thread: {exc}")
-        # Starting the writer is part of the loop's wait: the new thread takes the GIL
-        # into torch.save and the loop gets it back only at the switch interval (5 ms;
-        # 8 ms median at load 7, 4x the copy of the reference model's state).
         self._measure(step, started, time.perf_counter() - started)
 
     def _capture(self, step: int, trees: dict[str, Any]) -> dict[str, Any]:
@@ -189,23 +199,40 @@ class MemorySnapshots:
         return payload
 
     def _measure(self, step: int, started: float, blocking: float) -> None:
-        if self._last_end is not None:
+        measured = self._last_end is not None
+        if self._last_end is not None:  # the previous snapshot's writer ran in between
             prev_step, prev_end = self._last_end
-            self.cadence.note(blocking, step - prev_step, started - prev_end)
+            self.cadence.note(blocking, step - prev_step, started - prev_end,
+                              self._writer_gil)
         self._last_end = (step, time.perf_counter())
+        why = self.cadence.why(self.every)
         self.facts.update(every_steps=self.every, blocking_seconds=round(blocking, 6),
-                          cadence=self.cadence.why(self.every) if not self.pinned_every else
+                          writer_gil_seconds=round(self._writer_gil, 6),
+                          cadence=why if not self.pinned_every else
                           f"every {self.every} steps (memory_snapshots_every: {self.pinned_every})")
+        verdict = self.cadence.verdict(self.every)
+        if (measured and self.rank == 0 and self.mode != "every_step" and not self.pinned_every
+                and verdict != self._verdict and self._cadence_events < CADENCE_EVENTS):
+            self._cadence_events += 1
+            self.journal("memory_snapshots_cadence", step=step, mode=self.mode,
+                          every_steps=self.every, verdict=verdict, why=why,
+                          durable_every_steps=self.cadence.durable_every)
+            self._verdict = verdict
 
-    def _write(self, step: int, payload: dict[str, Any]) -> None:
-        """The writer thread: serialize and seal; never raises."""
+    def _write(self, step: int, payload: dict[str, Any], confirmed: int) -> None:
+        """The writer thread: drop the snapshot no longer needed (its unlink frees the
+        tmpfs pages: kernel time, kept off the loop), then write and seal; never raises."""
         assert self.folder is not None
+        store.retain(self.folder, {confirmed})
         need = int(self.facts["bytes"] or 0)
+
+        def write(f: Any) -> None:
+            self._writer_gil = payload_format.write(f, payload, self._host)
+
         try:
             sealed = store.seal(self.folder, rank=self.rank, step=step,
                                 world_size=self.world_size, config_hash=self.config_hash,
-                                write=lambda f: torch.save(payload, f), need=need,
-                                reserve=RESERVE_BYTES)
+                                write=write, need=need, reserve=RESERVE_BYTES)
         except store.Full as exc:
             self._count("skipped_full_total", "full", step, f"the tmpfs is full: {exc}")
             return
@@ -231,15 +258,12 @@ class MemorySnapshots:
         self._finished = True
 
     def wait(self) -> None:
-        writer = self._writer
-        if writer is not None:
-            writer.join()
-            self._writer = None
+        self._writer.wait()
 
     def close(self) -> None:
         """Wait for the write in flight; after the last step (the run finished), remove this
         rank's snapshots and, the last to go, the run's folder: nothing is left to resume."""
-        self.wait()
+        self._writer.close()
         self.peers.close(finished=self._finished)
         self.facts["peer_copies"] = self.peers.facts
         if not self._finished or self.folder is None or self.root is None:

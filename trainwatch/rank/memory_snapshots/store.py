@@ -2,8 +2,9 @@
 
 A snapshot is ONE file, ``<root>/rank-NNNNN/step-<step>.snap``: a fixed-size header
 (rank, step, world size, the digest of the payload and its algorithm, its bytes, the config
-hash, when it was sealed) and the payload (the rank's state, ``torch.save``'d: opaque bytes to whoever copies
-the file). It is written as a hidden temporary file and renamed into place only when whole
+hash, when it was sealed) and the payload (the rank's state: payload.py's raw tensors and
+small index; opaque bytes to whoever copies the file). It is written as a hidden
+temporary file and renamed into place only when whole
 (``seal``), so a rank killed mid-write leaves the previous snapshot as it was; a file whose
 payload does not hash to its header's digest is rejected (``verify``).
 
@@ -33,7 +34,8 @@ import xxhash
 from trainwatch.contract.layout import file_safe, rank_file_name
 
 FORMAT = "trainwatch.memory-snapshot"
-VERSION = 2                  # 2: the payload's digest is xxh3-128 (1: sha256)
+VERSION = 3                  # 3: payload.py's raw tensors (2: torch.save, xxh3; 1: sha256)
+TORCH_SAVED = 2              # a torch.save'd payload: the dying gasp's and the rank parts'
 MAGIC = b"TWSNAP01"
 HEADER_BYTES = 1024          # magic + JSON header, padded: the payload starts here
 SUFFIX = ".snap"
@@ -237,17 +239,25 @@ def verify(path: Path) -> Sealed:
     return _sealed(path, header)
 
 
-def payload(path: Path) -> bytes:
-    """The payload bytes of a snapshot (``verify`` it first)."""
+def payload(path: Path) -> bytearray:
+    """The payload bytes of a snapshot, in one writable buffer that the tensors read back
+    are views of (no second copy); ``verify`` it, or hash it, first."""
     with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size - HEADER_BYTES
+        data = bytearray(max(0, size))
         f.seek(HEADER_BYTES)
-        return f.read()
+        got = f.readinto(data)
+    if got != len(data):
+        raise Rejected(f"torn: {got} payload bytes read of {len(data)}")
+    return data
 
 
 # --------------------------------------------------------------------------- writing
 
 class _Hashing:
-    """A file that hashes what is written to it, so the digest costs no second read."""
+    """A file that hashes what is written to it, so the digest costs no second read. Both
+    the hash (xxhash) and the write (FileIO) release the GIL over a large buffer: the
+    payload's arena goes through in one call each while the loop's thread runs."""
 
     def __init__(self, f: BinaryIO):
         self.f, self.digest, self.bytes = f, _DIGESTS[DIGEST](), 0
@@ -268,10 +278,12 @@ def free_bytes(folder: Path) -> int:
 
 
 def seal(folder: Path, *, rank: int, step: int, world_size: int, config_hash: str | None,
-         write: Callable[[Any], None], need: int = 0, reserve: int = 0) -> Sealed:
+         write: Callable[[Any], None], need: int = 0, reserve: int = 0,
+         version: int = VERSION) -> Sealed:
     """Write a snapshot of ``step`` into ``folder`` with ``write(file)``, then rename it into
     place. Full when the tmpfs would keep less than ``reserve`` bytes free after ``need``
-    more (checked first), or ran out while writing; the temporary file is removed either way."""
+    more (checked first), or ran out while writing; the temporary file is removed either way.
+    ``version`` says how ``write`` encodes the payload (VERSION, or TORCH_SAVED)."""
     if need and free_bytes(folder) - need < reserve:
         raise Full(errno.ENOSPC, f"{need} bytes would leave less than {reserve} free",
                    str(folder))
@@ -283,7 +295,7 @@ def seal(folder: Path, *, rank: int, step: int, world_size: int, config_hash: st
             f.write(b"\0" * HEADER_BYTES)
             hashing = _Hashing(f)
             write(hashing)
-            header = {"format": FORMAT, "version": VERSION, "rank": rank, "step": step,
+            header = {"format": FORMAT, "version": version, "rank": rank, "step": step,
                       "world_size": world_size, "digest": hashing.digest.hexdigest(),
                       "digest_algorithm": DIGEST,
                       "bytes": hashing.bytes, "config_hash": config_hash,
