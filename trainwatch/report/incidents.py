@@ -13,6 +13,7 @@ from typing import Any
 
 from trainwatch.rundir.attempts import rank_of
 from trainwatch.contract.layout import JOB_LOG, TORCHRUN_LOG
+from trainwatch.report.exit_order import exits_text
 from trainwatch.report.timeline import Attempt
 from trainwatch.rundir.torchrun_log import PEER_FAILURE
 
@@ -26,10 +27,18 @@ def _signal_name(code: int) -> str | None:
         return f"signal {-code}"
 
 
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else None
+
+
 def evidence(attempt: Attempt) -> dict[str, Any]:
     """Structured facts about how ``attempt`` ended (stable keys; empty lists when none)."""
+    failed = {rank_of(e): e for e in attempt.named("failed")}  # each rank's newest
     exits = [{"rank": x["rank"], "pid": x["pid"], "exitcode": x["exitcode"],
-              "signal": _signal_name(x["exitcode"])} for x in attempt.exits]
+              "signal": _signal_name(x["exitcode"]), "seen_at": x.get("seen_at"),
+              "recorded_at": _number(failed.get(x["rank"], {}).get("time")),
+              "host": failed.get(x["rank"], {}).get("host")} for x in attempt.exits]
     errors = [{"rank": rank_of(e), "error": str(e.get("error", ""))[:_ERROR_CHARS]}
               for e in attempt.named("failed")]
     faults = [{"rank": rank_of(e), "step": e.get("step"), "fault": e.get("fault")}
@@ -95,9 +104,7 @@ def cause(ev: dict[str, Any]) -> str:
         parts.append(f"stopped by its supervisor ({stops[-1]['reason']}); nothing saved on "
                      "the stop")
     died = [x for x in ev["exits"] if x["exitcode"] != 0]
-    for x in died:
-        how = f"killed by {x['signal']}" if x["signal"] else f"exited with code {x['exitcode']}"
-        parts.append(f"rank {x['rank']} {how}")
+    parts += exits_text(ev["exits"], ev["errors"])
     # A rank's error that is a peer's failure seen from a collective is not the cause when a
     # rank vanished without a word (SIGKILLed) or another raised on its own.
     own = [e for e in ev["errors"] if not PEER_FAILURE.search(e["error"])]
