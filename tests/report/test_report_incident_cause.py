@@ -59,3 +59,20 @@ def test_a_peers_failure_is_not_in_the_race_and_distinct_stamps_keep_torchruns_o
     later = _attempt([(1, -9, STAMP), (0, 1, STAMP + 3)])
     assert cause(evidence(later)).startswith("rank 1 killed by SIGKILL; rank 0 exited with "
                                              "code 1")
+
+
+def test_a_drill_on_a_node_or_a_supervisor_names_what_it_acted_on():
+    node = _attempt([], [{"event": "fault_injected", "time": T0 + 9, "fault": "node_lost",
+                          "step": 7, "node": "node2", "ranks": [2, 3]}])
+    assert "fault drill: node_lost on node node2 at step 7" in cause(evidence(node))
+    sup = _attempt([], [{"event": "fault_injected", "time": T0 + 9, "step": 5, "pid": 4242,
+                         "fault": "kill_supervisor", "processes": 4}])
+    assert "fault drill: kill_supervisor on trainwatch run (pid 4242) at step 5" in \
+        cause(evidence(sup))
+    rank = _attempt([], [{"event": "fault_injected", "time": T0 + 9, "step": 15, "rank": 1,
+                          "source": "rank1", "fault": "kill"},
+                         {"event": "fault_injected", "time": T0 + 9, "step": 15, "rank": 2,
+                          "source": "rank2", "fault": "kill"}])
+    assert "fault drill: kill on ranks 1, 2 at step 15" in cause(evidence(rank))
+    for text in (cause(evidence(node)), cause(evidence(sup))):
+        assert "None" not in text, text

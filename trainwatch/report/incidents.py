@@ -41,7 +41,8 @@ def evidence(attempt: Attempt) -> dict[str, Any]:
               "host": failed.get(x["rank"], {}).get("host")} for x in attempt.exits]
     errors = [{"rank": rank_of(e), "error": str(e.get("error", ""))[:_ERROR_CHARS]}
               for e in attempt.named("failed")]
-    faults = [{"rank": rank_of(e), "step": e.get("step"), "fault": e.get("fault")}
+    faults = [{"rank": rank_of(e), "step": e.get("step"), "fault": e.get("fault"),
+               "node": e.get("node"), "pid": e.get("pid", e.get("holder"))}
               for e in attempt.named("fault_injected")]
     actions = [{"action": e.get("action"), "alert": e.get("alert"), "reason": e.get("reason")}
                for e in attempt.named("action_taken")]
@@ -113,12 +114,7 @@ def cause(ev: dict[str, Any]) -> str:
         first = errors[0]
         parts.append(f"rank {first['rank']} failed: {first['error'].splitlines()[0][:120]}"
                      if first["error"] else f"rank {first['rank']} failed")
-    drills: dict[tuple[str, str], list[str]] = {}
-    for f in ev["faults"]:
-        drills.setdefault((str(f["fault"]), str(f["step"])), []).append(str(f["rank"]))
-    for (fault, step), ranks in drills.items():
-        parts.append(f"fault drill: {fault} on rank{'s' if len(ranks) > 1 else ''} "
-                     f"{', '.join(sorted(ranks, key=lambda r: (len(r), r)))} at step {step}")
+    parts += drills_text(ev["faults"])
     if ev["nonfinite_steps"]:
         steps = ", ".join(map(str, ev["nonfinite_steps"][:5]))
         parts.append(f"non-finite loss or gradient at step {steps}")
@@ -139,3 +135,22 @@ def cause(ev: dict[str, Any]) -> str:
                 parts.append(f"{who} exited with code {x['exit_code']}; no rank's failure was "
                              f"recorded (its log: logs/{log})")
     return "; ".join(parts) or "unknown: no failure evidence in the journal or torchrun's log"
+
+
+def drills_text(faults: list[dict[str, Any]]) -> list[str]:
+    """``fault drill: kill on ranks 1, 2 at step 15``; a drill that acted on a node or a
+    supervisor (journaled with no rank) is named by what it acted on, never "rank None"."""
+    drills: dict[tuple[str, str, str], list[int]] = {}
+    for f in faults:
+        where = (f"node {f['node']}" if f.get("node") is not None
+                 else f"trainwatch run (pid {f['pid']})" if f.get("pid") is not None
+                 and f["rank"] is None else "")
+        drills.setdefault((str(f["fault"]), str(f["step"]), where), []).extend(
+            [f["rank"]] if f["rank"] is not None else [])
+    parts = []
+    for (fault, step, where), ranks in drills.items():
+        on = [f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, sorted(ranks)))}"
+              ] if ranks else []
+        parts.append(" on ".join([f"fault drill: {fault}"] + on + ([where] if where else []))
+                     + (f" at step {step}" if step != "None" else ""))
+    return parts
