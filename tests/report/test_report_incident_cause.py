@@ -76,3 +76,17 @@ def test_a_drill_on_a_node_or_a_supervisor_names_what_it_acted_on():
     assert "fault drill: kill on ranks 1, 2 at step 15" in cause(evidence(rank))
     for text in (cause(evidence(node)), cause(evidence(sup))):
         assert "None" not in text, text
+
+
+def test_a_killed_trainwatch_train_holder_is_named_as_the_launcher_it_was():
+    """`trainwatch train` holding the run writes no supervisor heartbeat; the next holder
+    still journals its death, and the cause names it as what it was."""
+    died = _attempt([], [{"event": "supervisor_died", "time": T0 + 40, "source": "supervisor",
+                          "last_beat_at": None, "node": None,
+                          "previous": {"pid": 50, "role": "trainwatch train", "host": "h"}}])
+    ev = evidence(died)
+    assert ev["supervisor_died"] == [{"pid": 50, "node": None, "role": "trainwatch train",
+                                      "last_beat_at": None}]
+    assert cause(ev).startswith("its launcher `trainwatch train` (pid 50) died without a word "
+                                "(SIGKILL, a crash or an OOM kill; found by the next "
+                                "supervisor)"), cause(ev)

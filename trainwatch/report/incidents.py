@@ -14,6 +14,7 @@ from typing import Any
 from trainwatch.rundir.attempts import rank_of
 from trainwatch.contract.layout import JOB_LOG, TORCHRUN_LOG
 from trainwatch.report.exit_order import exits_text
+from trainwatch.report.not_running import LAUNCHER_ROLE
 from trainwatch.report.timeline import Attempt
 from trainwatch.rundir.torchrun_log import PEER_FAILURE
 
@@ -58,7 +59,7 @@ def evidence(attempt: Attempt) -> dict[str, Any]:
     returned = [str(e.get("lost_node")) for e in attempt.named("node_returned")]
     gone = {n["node"] for n in lost}  # a lost node's supervisor died with it: said already
     died = [{"pid": (e.get("previous") or {}).get("pid"), "node": e.get("node"),
-             "last_beat_at": e.get("last_beat_at")}
+             "role": (e.get("previous") or {}).get("role"), "last_beat_at": e.get("last_beat_at")}
             for e in attempt.named("supervisor_died") if e.get("node") not in gone]
     return {"lost_nodes": lost, "returned_nodes": returned, "supervisor_died": died,
             "exits": exits, "errors": errors,
@@ -92,7 +93,10 @@ def cause(ev: dict[str, Any]) -> str:
     died = ev.get("supervisor_died", [])
     for d in died:
         # Its job died with it (it ends with its supervisor): a stop, but nobody asked.
-        parts.append(f"its supervisor (pid {d['pid']}) died without a word (SIGKILL, a crash "
+        # `trainwatch train` holding the run is its own launcher and supervisor.
+        who = ("its launcher `trainwatch train`" if d.get("role") == LAUNCHER_ROLE
+               else "its supervisor")
+        parts.append(f"{who} (pid {d['pid']}) died without a word (SIGKILL, a crash "
                      "or an OOM kill; found by the next supervisor): the job stopped with it")
     if ev["stopped_at_step"] is not None and (returned or died):
         parts.append(f"checkpoint saved at step {ev['stopped_at_step']} as the workers were "
