@@ -226,3 +226,45 @@ def test_a_pipe_reader_s_other_end_is_only_the_writers():
         for child in children:
             child.kill()
             child.wait()
+
+
+def test_a_socketpair_s_other_end_is_named_never_a_peer_off_this_host():
+    """A unix socket is always on this host: a rank blocked in ``recv`` on a socketpair it
+    holds both ends of waits on itself, and one whose other end another process holds waits
+    on that process — never "the peer is not on this host"."""
+    import socket
+    import subprocess
+    import sys
+
+    from agent_helpers import wait_for
+    from trainwatch.host.procinfo import describe_wait
+
+    def blocked_in_recv(pid):
+        def waiting():
+            main = next((t for t in thread_waits(pid) if t["tid"] == pid), None)
+            wait = (main or {}).get("wait") or {}
+            return wait if wait.get("kind") == "socket" else None
+        return wait_for(waiting, timeout=30, what=f"pid {pid} blocked in recv")
+
+    own = subprocess.Popen([sys.executable, "-c",
+                            "import socket; a, b = socket.socketpair(); a.recv(1)"])
+    mine, theirs = socket.socketpair()
+    children = [own]
+    try:
+        reader = subprocess.Popen([sys.executable, "-c", "import socket; socket.socket("
+                                   f"fileno={mine.fileno()}).recv(1)"], pass_fds=[mine.fileno()])
+        holder = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                                  pass_fds=[theirs.fileno()], stdin=subprocess.PIPE)
+        children += [reader, holder]
+        mine.close()
+        theirs.close()
+        text = describe_wait(blocked_in_recv(own.pid))
+        assert text.startswith("blocked in recv") and text.endswith(
+            f" on a unix socketpair; the other end is held by pid {own.pid} (this process)"), text
+        text = describe_wait(blocked_in_recv(reader.pid))
+        assert f" on a unix socketpair; the other end is held by pid {holder.pid} (" in text, text
+        assert "this process" not in text and "not on this host" not in text, text
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()

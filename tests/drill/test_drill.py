@@ -185,6 +185,10 @@ def test_list_shows_the_catalog_and_its_json_is_stable():
                                    "text": "alert TrainingLossNonFinite"}
     assert set(nan["criteria"]) == {"detect_within_seconds", "recover_within_seconds",
                                     "steps_lost_max", "run_finishes", "no_duplicate_actions"}
+    # The bound each drill is scored against, not one phrase for all (issue #36).
+    lost = {d["name"]: d["criteria"]["steps_lost_max"] for d in data["drills"]}
+    assert lost == {d.name: settings_for(d).steps_lost_max for d in catalog.DRILLS}, lost
+    assert lost["rank-killed"] == 1 and lost["node-lost"] == 1 and lost["nan-batch"] == 10
     text = drill_cli("list")
     assert text.returncode == 0
     for name in catalog.names():

@@ -77,7 +77,8 @@ def test_a_restart_recomputes_crash_step_minus_resumed_checkpoint(tmp_path):
     assert "rank 1 killed by SIGKILL" in incident["cause"]
     assert "kill on rank 1 at step 15" in incident["cause"]
     assert incident["evidence"]["exits"] == [{"rank": 1, "pid": r.pid - 2, "exitcode": -9,
-                                              "signal": "SIGKILL"}]
+                                              "signal": "SIGKILL", "seen_at": None,
+                                              "recorded_at": None, "host": None}]
     c = data["categories"]
     assert c["productive"] == near(30 * 0.9)
     assert c["data_wait"] == near(30 * 0.1)

@@ -15,46 +15,16 @@ one still alive after another had failed.
 
 from __future__ import annotations
 
-import re
 import signal
-import time
-from dataclasses import dataclass
 from typing import Any
 
 from trainwatch.diagnose.casefile import Analysis
 from trainwatch.diagnose.model import Evidence, Finding
-from trainwatch.rundir.torchrun_log import PEER_FAILURE
+from trainwatch.rundir.death_order import (CONSEQUENCE, DEFAULT_HEARTBEAT_INTERVAL, Death,
+                                           allow_clock_skew, death, first_of, ranks_text)
 
-# A rank's error that follows another's failure: a peer's failure seen from a collective,
-# or the launcher's stop (the reference trainer's "Terminated: terminated by SIGTERM").
-CONSEQUENCE = re.compile(PEER_FAILURE.pattern + r"|terminated by SIG|\bTerminated\b|"
-                         r"SignalException")
 TORCHRUN_POLL = 0.1  # torchrun's default --monitor-interval
-# A dying rank records its error after the exception unwound: on a busy host a runnable
-# process may wait a scheduler period (about 24 ms on CFS) first. Records closer than this
-# do not order two failures.
-RECORD_SLACK = 0.025
-# Ranks on different nodes compare wall clocks, which NTP keeps within about this much.
-CLOCK_SKEW = 1.0
-DEFAULT_HEARTBEAT_INTERVAL = 1.0
 _STOP_CODES = (-signal.SIGTERM, 128 + signal.SIGTERM)  # how torchrun's stop ends a worker
-
-
-@dataclass
-class Death:
-    """One rank that died on its own: how it ended, its own words, and the window its
-    failure lies in (``earliest``..``latest``, Unix seconds) as far as its records say."""
-
-    rank: int
-    how: str
-    words: str | None
-    recorded_at: float | None  # when it recorded its own failure
-    alive_at: float | None  # its last heartbeat, when it recorded no failure
-    earliest: float
-    latest: float
-    node: str
-    seen_with_root: bool  # torchrun saw it exit in the poll of its root cause
-    interval: float  # its heartbeat interval
 
 
 def own_deaths(a: Analysis, root: dict[str, Any] | None, failures: list[dict[str, Any]],
@@ -78,9 +48,7 @@ def own_deaths(a: Analysis, root: dict[str, Any] | None, failures: list[dict[str
         if same_poll or (words and (entry is not None or rank in own)):
             found.append(_death(ev, rank, entry, words, same_poll,
                                 entry is not None and entry["pid"] in stopped))
-    if len({d.node for d in found}) > 1:  # wall clocks of several nodes: allow their skew
-        for d in found:
-            d.latest += CLOCK_SKEW
+    allow_clock_skew(found)  # wall clocks of several nodes
     return found
 
 
@@ -134,56 +102,13 @@ def _death(ev: Evidence, rank: int, entry: dict[str, Any] | None, words: str | N
     recorded = _number((event or {}).get("time"))
     if recorded is None and view.get("state") == "failed":  # its final status, at the failure
         recorded = _number(view.get("heartbeat_at"))
-    beat = None if recorded is not None else _number(view.get("heartbeat_at"))
+    beat = _number(view.get("heartbeat_at"))
     interval = _number(view.get("heartbeat_interval")) or DEFAULT_HEARTBEAT_INTERVAL
-    if recorded is not None:
-        window = (recorded - RECORD_SLACK, recorded)
-    elif beat is not None:  # alive at its last beat, dead before the next one was due
-        window = (beat, beat + interval + RECORD_SLACK)
-    else:
-        window = (float("-inf"), float("inf"))
     how = exit_text(entry["exitcode"]) if entry else "its status says failed"
     if stopped:
         how += ", stopped by torchrun after its own error"
-    return Death(rank, how, words, recorded, beat, window[0], window[1], str(view.get("node")),
-                 seen_with_root, interval)
-
-
-def first_of(deaths: list[Death]) -> tuple[Death | None, str]:
-    """(the death that came first, why) when the records order it before every other one,
-    else (None, why they cannot be ordered)."""
-    for d in deaths:
-        others = [o for o in deaths if o is not d]
-        if all(d.latest < o.earliest for o in others):
-            return d, "; ".join(_before(d, o) for o in others)
-    recorded = sorted((d.recorded_at, d.rank) for d in deaths if d.recorded_at is not None)
-    if len(recorded) == len(deaths):
-        gap = recorded[-1][0] - recorded[0][0]
-        return None, (f"their errors were recorded within {gap_text(gap)} of each other: too "
-                      f"close to order (a dying rank records its error after it unwound, up "
-                      f"to ~{RECORD_SLACK * 1000:.0f} ms late on a busy host)")
-    silent = [d for d in deaths if d.recorded_at is None]
-    beats = sorted(d.alive_at for d in silent if d.alive_at is not None)
-    interval = max(d.interval for d in deaths)
-    apart = (f", and their last heartbeats are {gap_text(beats[-1] - beats[0])} apart, about one "
-             f"heartbeat interval ({interval:g} s) or less" if len(beats) == len(deaths) > 1
-             else ", and no heartbeat shows one alive after another had failed")
-    who = ("none of them" if len(silent) == len(deaths)
-           else "rank " + _ranks_text([d.rank for d in silent]))
-    return None, (f"{who} recorded its failure with a time (an exit code or a signal leaves "
-                  f"no record){apart}: the order they died in cannot be told")
-
-
-def _before(first: Death, other: Death) -> str:
-    if other.recorded_at is not None:
-        return (f"rank {first.rank} recorded its error at {clock(first.recorded_at)}, "
-                f"{gap_text(other.recorded_at - (first.recorded_at or 0))} before rank "
-                f"{other.rank} recorded its own")
-    if first.recorded_at is not None:
-        return (f"rank {other.rank} was still alive (heartbeat at {clock(other.alive_at)}) "
-                f"after rank {first.rank} recorded its error at {clock(first.recorded_at)}")
-    return (f"rank {first.rank}'s heartbeat stopped at {clock(first.alive_at)}, more than one "
-            f"heartbeat interval before rank {other.rank}'s last one ({clock(other.alive_at)})")
+    return death(rank, how, words=words, recorded_at=recorded, alive_at=beat,
+                 node=str(view.get("node")), seen_with_root=seen_with_root, interval=interval)
 
 
 def racing_finding(a: Analysis, deaths: list[Death], root: dict[str, Any] | None,
@@ -193,7 +118,7 @@ def racing_finding(a: Analysis, deaths: list[Death], root: dict[str, Any] | None
     ev = a.ev
     first, why = first_of(deaths)
     ranks = [d.rank for d in deaths]
-    named = _ranks_text(ranks)
+    named = ranks_text(ranks)
     in_one_poll = root is not None and all(d.seen_with_root for d in deaths)
     causes = [f"rank {d.rank} ({d.how}): "
               + (f"its own error: {d.words[:200]}" if d.words else
@@ -204,7 +129,7 @@ def racing_finding(a: Analysis, deaths: list[Death], root: dict[str, Any] | None
         agrees = root is not None and root["rank"] == first.rank
         later = [r for r in ranks if r != first.rank]
         title = (f"rank {first.rank} failed first; rank{'s' if len(later) > 1 else ''} "
-                 f"{_ranks_text(later)} also died on {'their' if len(later) > 1 else 'its'} own")
+                 f"{ranks_text(later)} also died on {'their' if len(later) > 1 else 'its'} own")
         confidence = "high" if agrees or root is None else "medium"
         evidence = [a.where_line(first.rank), why] + causes
         if picked and not agrees:
@@ -255,22 +180,6 @@ def poll_text(ev: Evidence) -> str:
     if interval:
         return f"it checks its workers every {interval:g} s"
     return f"it checks its workers every --monitor-interval, {TORCHRUN_POLL:g} s by default"
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    return (" and ".join(str(r) for r in ranks) if len(ranks) <= 2
-            else ", ".join(str(r) for r in ranks[:-1]) + f" and {ranks[-1]}")
-
-
-def clock(t: float | None) -> str:
-    """A Unix time as the local clock's HH:MM:SS.mmm."""
-    if t is None:
-        return "?"
-    return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t % 1 * 1000):03d}"
-
-
-def gap_text(seconds: float) -> str:
-    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
 def exit_text(code: int) -> str:

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from trainwatch.contract.env import FAULT_ENV
 from trainwatch.drill.catalog import DRILLS, Drill
+from trainwatch.drill.settings import settings_for
 
 
 def console_for(stderr: bool = False) -> Console:
@@ -42,7 +43,9 @@ def catalog_json(changed: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
          "expected_recovery": d.expected_recovery(), "action": d.action,
          "criteria": {"detect_within_seconds": d.detect_within,
                       "recover_within_seconds": d.recover_within,
-                      "steps_lost_max": "checkpoint interval", "run_finishes": True,
+                      # the bound the score applies: 1 where memory snapshots outlive
+                      # the fault, else the drill's checkpoint interval (settings.py)
+                      "steps_lost_max": settings_for(d).steps_lost_max, "run_finishes": True,
                       "no_duplicate_actions": True,
                       **({"detect_within_steps": d.detect_within_steps,
                           "suspect_named": True, "clean_checkpoint": True,
@@ -59,7 +62,8 @@ def _changes(rows: list[dict[str, Any]]) -> str:
 
 CRITERIA_TEXT = ("the fault fired; detected within the drill's deadline; recovered as "
                  "expected, with the first step after resuming within its deadline; the run "
-                 "finishes; steps lost <= the checkpoint interval; no action taken twice and "
+                 "finishes; steps lost <= 1 where the ranks resume from their memory snapshots "
+                 "(steps_lost_max in --json), else <= the checkpoint interval; no action taken twice and "
                  "at most one restart; sdc also: the alert names the corrupted rank "
                  "within its step allowance, the job resumes from a checkpoint saved before "
                  "the flip, and every rank's last digest is equal")

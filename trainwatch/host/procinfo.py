@@ -14,6 +14,8 @@ from typing import Any
 
 import psutil
 
+from trainwatch.host import unix_peer
+
 # psutil status -> the names trainwatch uses (docs/agent.md)
 _STATUS = {
     psutil.STATUS_RUNNING: "running", psutil.STATUS_SLEEPING: "sleeping",
@@ -438,11 +440,17 @@ def socket_peer(inode: int | None, exclude: int | None = None,
                                proc_root=proc_root)
             out["peer"] = procs[0] if procs else None
         return out
-    for line in (_read(f"{proc_root}/net/unix") or "").splitlines()[1:]:
-        parts = line.split()
-        if len(parts) >= 7 and parts[6] == str(inode):
-            return {"protocol": "unix", "local": parts[7] if len(parts) > 7 else "",
-                    "remote": None, "peer": None}
+    paths = {int(parts[6]): parts[7] if len(parts) > 7 else ""
+             for parts in (line.split() for line in
+                           (_read(f"{proc_root}/net/unix") or "").splitlines()[1:])
+             if len(parts) >= 7 and parts[6].isdigit()}
+    if inode in paths:  # its peer from sock_diag; its holders may be the waiter itself
+        peer_ino = unix_peer.peer_inode(inode)
+        peers = [{**p, "self": p["pid"] == exclude} for p in holders_of(
+            path=f"socket:[{peer_ino}]", proc_root=proc_root)] if peer_ino else []
+        return {"protocol": "unix", "local": paths[inode], "remote": paths.get(peer_ino or -1)
+                or None, "peer": next((p for p in peers if not p["self"]), None),
+                "peer_inode": peer_ino, "peers": peers}
     return {"protocol": "unknown"}
 
 
@@ -552,6 +560,8 @@ def describe_wait(wait: dict[str, Any]) -> str:
         return f"blocked in {wait.get('direction')} on a {kind} " \
                f"{wait.get('path') or ''}".rstrip() + ": " + \
             _peers(wait.get("peers"), "no other process holds its other end")
+    if kind == "socket" and wait.get("protocol") == "unix":
+        return unix_peer.describe_unix_wait(wait)
     if kind == "socket":
         peer = wait.get("peer")
         who = (f"peer pid {peer['pid']} ({peer['cmdline'] or '?'})" if peer

@@ -13,6 +13,8 @@ from typing import Any
 
 from trainwatch.rundir.attempts import rank_of
 from trainwatch.contract.layout import JOB_LOG, TORCHRUN_LOG
+from trainwatch.report.exit_order import exits_text
+from trainwatch.report.not_running import LAUNCHER_ROLE
 from trainwatch.report.timeline import Attempt
 from trainwatch.rundir.torchrun_log import PEER_FAILURE
 
@@ -26,13 +28,22 @@ def _signal_name(code: int) -> str | None:
         return f"signal {-code}"
 
 
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else None
+
+
 def evidence(attempt: Attempt) -> dict[str, Any]:
     """Structured facts about how ``attempt`` ended (stable keys; empty lists when none)."""
+    failed = {rank_of(e): e for e in attempt.named("failed")}  # each rank's newest
     exits = [{"rank": x["rank"], "pid": x["pid"], "exitcode": x["exitcode"],
-              "signal": _signal_name(x["exitcode"])} for x in attempt.exits]
+              "signal": _signal_name(x["exitcode"]), "seen_at": x.get("seen_at"),
+              "recorded_at": _number(failed.get(x["rank"], {}).get("time")),
+              "host": failed.get(x["rank"], {}).get("host")} for x in attempt.exits]
     errors = [{"rank": rank_of(e), "error": str(e.get("error", ""))[:_ERROR_CHARS]}
               for e in attempt.named("failed")]
-    faults = [{"rank": rank_of(e), "step": e.get("step"), "fault": e.get("fault")}
+    faults = [{"rank": rank_of(e), "step": e.get("step"), "fault": e.get("fault"),
+               "node": e.get("node"), "pid": e.get("pid", e.get("holder"))}
               for e in attempt.named("fault_injected")]
     actions = [{"action": e.get("action"), "alert": e.get("alert"), "reason": e.get("reason")}
                for e in attempt.named("action_taken")]
@@ -48,7 +59,7 @@ def evidence(attempt: Attempt) -> dict[str, Any]:
     returned = [str(e.get("lost_node")) for e in attempt.named("node_returned")]
     gone = {n["node"] for n in lost}  # a lost node's supervisor died with it: said already
     died = [{"pid": (e.get("previous") or {}).get("pid"), "node": e.get("node"),
-             "last_beat_at": e.get("last_beat_at")}
+             "role": (e.get("previous") or {}).get("role"), "last_beat_at": e.get("last_beat_at")}
             for e in attempt.named("supervisor_died") if e.get("node") not in gone]
     return {"lost_nodes": lost, "returned_nodes": returned, "supervisor_died": died,
             "exits": exits, "errors": errors,
@@ -82,7 +93,10 @@ def cause(ev: dict[str, Any]) -> str:
     died = ev.get("supervisor_died", [])
     for d in died:
         # Its job died with it (it ends with its supervisor): a stop, but nobody asked.
-        parts.append(f"its supervisor (pid {d['pid']}) died without a word (SIGKILL, a crash "
+        # `trainwatch train` holding the run is its own launcher and supervisor.
+        who = ("its launcher `trainwatch train`" if d.get("role") == LAUNCHER_ROLE
+               else "its supervisor")
+        parts.append(f"{who} (pid {d['pid']}) died without a word (SIGKILL, a crash "
                      "or an OOM kill; found by the next supervisor): the job stopped with it")
     if ev["stopped_at_step"] is not None and (returned or died):
         parts.append(f"checkpoint saved at step {ev['stopped_at_step']} as the workers were "
@@ -95,9 +109,7 @@ def cause(ev: dict[str, Any]) -> str:
         parts.append(f"stopped by its supervisor ({stops[-1]['reason']}); nothing saved on "
                      "the stop")
     died = [x for x in ev["exits"] if x["exitcode"] != 0]
-    for x in died:
-        how = f"killed by {x['signal']}" if x["signal"] else f"exited with code {x['exitcode']}"
-        parts.append(f"rank {x['rank']} {how}")
+    parts += exits_text(ev["exits"], ev["errors"])
     # A rank's error that is a peer's failure seen from a collective is not the cause when a
     # rank vanished without a word (SIGKILLed) or another raised on its own.
     own = [e for e in ev["errors"] if not PEER_FAILURE.search(e["error"])]
@@ -106,12 +118,7 @@ def cause(ev: dict[str, Any]) -> str:
         first = errors[0]
         parts.append(f"rank {first['rank']} failed: {first['error'].splitlines()[0][:120]}"
                      if first["error"] else f"rank {first['rank']} failed")
-    drills: dict[tuple[str, str], list[str]] = {}
-    for f in ev["faults"]:
-        drills.setdefault((str(f["fault"]), str(f["step"])), []).append(str(f["rank"]))
-    for (fault, step), ranks in drills.items():
-        parts.append(f"fault drill: {fault} on rank{'s' if len(ranks) > 1 else ''} "
-                     f"{', '.join(sorted(ranks, key=lambda r: (len(r), r)))} at step {step}")
+    parts += drills_text(ev["faults"])
     if ev["nonfinite_steps"]:
         steps = ", ".join(map(str, ev["nonfinite_steps"][:5]))
         parts.append(f"non-finite loss or gradient at step {steps}")
@@ -132,3 +139,22 @@ def cause(ev: dict[str, Any]) -> str:
                 parts.append(f"{who} exited with code {x['exit_code']}; no rank's failure was "
                              f"recorded (its log: logs/{log})")
     return "; ".join(parts) or "unknown: no failure evidence in the journal or torchrun's log"
+
+
+def drills_text(faults: list[dict[str, Any]]) -> list[str]:
+    """``fault drill: kill on ranks 1, 2 at step 15``; a drill that acted on a node or a
+    supervisor (journaled with no rank) is named by what it acted on, never "rank None"."""
+    drills: dict[tuple[str, str, str], list[int]] = {}
+    for f in faults:
+        where = (f"node {f['node']}" if f.get("node") is not None
+                 else f"trainwatch run (pid {f['pid']})" if f.get("pid") is not None
+                 and f["rank"] is None else "")
+        drills.setdefault((str(f["fault"]), str(f["step"]), where), []).extend(
+            [f["rank"]] if f["rank"] is not None else [])
+    parts = []
+    for (fault, step, where), ranks in drills.items():
+        on = [f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, sorted(ranks)))}"
+              ] if ranks else []
+        parts.append(" on ".join([f"fault drill: {fault}"] + on + ([where] if where else []))
+                     + (f" at step {step}" if step != "None" else ""))
+    return parts
