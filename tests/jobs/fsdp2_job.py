@@ -3,7 +3,7 @@
 A tiny transformer sharded with fully_shard over a 1-D mesh (``--fsdp1``: wrapped in FSDP1's
 FullyShardedDataParallel instead), AdamW; ``--mode`` is the checkpoint mode,
 ``--no-resume`` leaves out ``ckpt.resume`` so the first save meets the state first.
-Trainwatch saves FSDP2 state through DCP and refuses FSDP1's (exit 2, not restarted).
+Trainwatch saves FSDP2's and FSDP1's sharded state through DCP.
 """
 
 import argparse

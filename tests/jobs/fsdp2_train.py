@@ -7,7 +7,8 @@ state after every step (and right after resume) to ``--out``/digests.jsonl, and
 ``--kill-at N`` SIGKILLs rank 1 before step N on the first attempt, once the save
 before it (if any) is sealed; with ``--tear-shard`` rank 1 first flips a byte of its shard
 file in that checkpoint (the restart must fall back past it). ``--memory-snapshots`` is
-the Checkpoints setting of that name.
+the Checkpoints setting of that name. ``--fsdp1`` wraps the model in FSDP1's
+FullyShardedDataParallel (FlatParameters, the optimizer over them) instead of fully_shard.
 """
 
 import argparse
@@ -22,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 
 from trainwatch import Checkpoints
 
@@ -32,6 +33,7 @@ parser.add_argument("--every", type=int, default=2)
 parser.add_argument("--kill-at", type=int, default=None)
 parser.add_argument("--tear-shard", action="store_true")
 parser.add_argument("--memory-snapshots", default="auto")
+parser.add_argument("--fsdp1", action="store_true")
 parser.add_argument("--out", required=True)
 args = parser.parse_args()
 GLOBAL_BATCH = 8
@@ -60,8 +62,9 @@ class Loader:
 
 def digest(model: torch.nn.Module, opt: torch.optim.Optimizer) -> str | None:
     """Of the full (gathered) model and optimizer state; on rank 0 (a collective)."""
-    msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True,
-                                                                   cpu_offload=True))
+    # FSDP1's cpu_offload of CPU tensors fails in torch 2.13 ("setStorage: ... out of bounds")
+    msd, osd = get_state_dict(model, opt, options=StateDictOptions(
+        full_state_dict=True, cpu_offload=not args.fsdp1))
     if dist.get_rank() != 0:
         return None
     h = hashlib.sha256()
@@ -90,9 +93,12 @@ model = torch.nn.Sequential(
     torch.nn.Embedding(64, 32),
     torch.nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.0, batch_first=True),
     torch.nn.Linear(32, 64))
-for layer in model:
-    fully_shard(layer, mesh=mesh)
-fully_shard(model, mesh=mesh)
+if args.fsdp1:
+    model = FullyShardedDataParallel(model, device_id=torch.device("cpu"))
+else:
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 loader = Loader(rank, world)
 

@@ -4,9 +4,10 @@ sharded (DTensor) state is told apart and saved through DCP.
 Before: a DTensor (FSDP2) model's async saves all failed (".numpy() is not supported for
 tensor subclasses"), a sync save sealed rank 0's shards only, and a resume loaded them as
 the whole model. Then such state was refused; now it is seen at the first look and saved
-by every rank through DCP (test_checkpoint_sharded.py), while FSDP1, other tensor
-subclasses, meta tensors and objects that do not pickle still raise a ConfigError naming
-the key, the type and the fix (the rank's bad-input path: exit 2, not restarted); plain,
+by every rank through DCP (test_checkpoint_sharded.py; FSDP1's too:
+test_checkpoint_fsdp1.py), while other tensor subclasses, meta tensors and objects that
+do not pickle still raise a ConfigError naming the key, the type and the fix (the
+rank's bad-input path: exit 2, not restarted); plain,
 DDP and Python state save as before. One-rank gloo group, 1-device CPU mesh."""
 
 import threading
@@ -14,7 +15,7 @@ import threading
 import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 from torch.testing._internal.two_tensor import TwoTensor
 
@@ -82,14 +83,7 @@ def test_a_sharded_optimizer_alone_is_seen_as_sharded(group):
     assert whole_state.describe_tensor(opt.param_groups[0]["params"][0]) == DTENSOR
 
 
-def test_fsdp1_and_tensor_subclasses_are_named(group):
-    fsdp1 = FullyShardedDataParallel(_model(), device_id=torch.device("cpu"))
-    with pytest.raises(ConfigError, match="cannot checkpoint model: FSDP1 FullyShardedData"
-                                          ".*shard with FSDP2 .*torch.distributed.checkpoint"):
-        whole_state.check_objects({"model": fsdp1})
-    opt = torch.optim.AdamW(fsdp1.parameters())
-    with pytest.raises(ConfigError, match=r"params\[0\]: FlatParameter"):
-        whole_state.check_objects({"optimizer": opt})
+def test_tensor_subclasses_are_named(group):
     with pytest.raises(ConfigError, match=r"extra\.t: tensor subclass .*TwoTensor"):
         whole_state.check_trees({"extra": {"t": TwoTensor(torch.ones(2), torch.ones(2))}})
     with pytest.raises(ConfigError, match=r"w: meta tensor"):

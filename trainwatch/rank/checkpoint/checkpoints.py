@@ -18,8 +18,9 @@ ones), saves on SIGUSR1 or ``control/checkpoint``, and on SIGTERM a save and a c
 picklable object; ``data=`` is per rank (each rank's loader position), the rest is taken
 from rank 0. Every rank's RNGs are saved and restored without being asked.
 
-A sharded model (FSDP2's ``fully_shard``: DTensor parameters) is seen at the first call and
-saved through torch.distributed.checkpoint, every rank writing its own shards (sharded.py,
+A sharded model (FSDP2's ``fully_shard``: DTensor parameters; FSDP1's
+``FullyShardedDataParallel``: its sharded state dict) is seen at the first call and saved
+through torch.distributed.checkpoint, every rank writing its own shards (sharded.py,
 sharded_save.py); resume reshards it when the world size changed.
 """
 
@@ -46,7 +47,7 @@ from trainwatch.rank.checkpoint.checkpointer import EXIT_STOPPED, Checkpointer
 from trainwatch.rank.checkpoint.config import CheckpointConfig
 from trainwatch.rank.checkpoint.resume import Restored
 from trainwatch.rank.checkpoint.whole_state import (UnsaveableState, check_objects,
-                                                     check_trees)
+                                                     check_trees, is_fsdp1)
 from trainwatch.rank.skips import SkipSteps, agree_skip_steps
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,9 @@ log = logging.getLogger(__name__)
 # checkpoint still loads with torch.load(weights_only=True).
 _PICKLED = "__trainwatch_pickled__"
 _PLAIN = (int, float, str, bool, bytes, type(None), torch.Tensor)
+FSDP1_NO_SNAPSHOTS = ("FSDP1 (FullyShardedDataParallel) state: memory snapshots hold FSDP2 "
+                      "(DTensor) shards only; its durable checkpoints are saved through DCP "
+                      "(shard with fully_shard to have snapshots too)")
 
 
 class Checkpoints:
@@ -76,7 +80,7 @@ class Checkpoints:
         self._saved_at: int | None = None
         self._closed = False
         self._checked: set[str] = set()  # "resume", "save": the state was looked at once
-        self._sharded = False  # the state holds DTensors: DCP saves and loads it
+        self._sharded = False  # the state is sharded (DTensor, FSDP1): DCP saves and loads it
         self.checkpointer.start()
 
     @classmethod
@@ -111,8 +115,9 @@ class Checkpoints:
         Objects with ``load_state_dict`` are loaded in place, dicts and lists updated in
         place; anything else is in ``self.loaded[name]``. RNGs are restored last, so call
         this after building the model and optimizer, just before the loop. Sharded state
-        (FSDP2, DTensor) is loaded through DCP, resharded to this world size; FSDP1 and
-        other tensor subclasses are refused: a ConfigError, bad input (whole_state.py).
+        (FSDP2's DTensors, FSDP1's sharded state dict) is loaded through DCP, resharded to
+        this world size; other tensor subclasses are refused: a ConfigError, bad input
+        (whole_state.py).
         """
         self._check_once("resume", state)
         objects = {k: v for k, v in state.items() if k != "data"}
@@ -188,6 +193,7 @@ class Checkpoints:
         """
         self._last = (step, state)
         self._continue_at(step)
+        self._check_once("save", state)  # before the first memory snapshot looks at it
         saving = []
 
         def taken() -> dict[str, Any]:
@@ -236,11 +242,17 @@ class Checkpoints:
 
     # ------------------------------------------------------------------ internals
     def _check_once(self, when: str, state: dict[str, Any]) -> None:
-        """Refuse unsaveable state (FSDP1, tensor subclasses) before it is saved or loaded
-        into, and notice sharded (DTensor) state, once."""
+        """Refuse unsaveable state (tensor subclasses) before it is saved or loaded into,
+        and notice sharded (DTensor, FSDP1) state, once. FSDP1 turns memory snapshots off:
+        they hold DTensor shards only (and FSDP1's optimizer state dict is a collective)."""
         if when not in self._checked and self.config.enabled:
             self._sharded = check_objects(state) or self._sharded
             self._checked.add(when)
+            memory = self.checkpointer.memory
+            if memory.enabled and any(isinstance(v, torch.nn.Module) and is_fsdp1(v)
+                                      for v in state.values()):
+                # every rank the same, before the snapshots start (their ranks agree then)
+                memory.facts.update(enabled=False, off_reason=FSDP1_NO_SNAPSHOTS)
 
     def _trees(self, state: dict[str, Any]) -> dict[str, Any]:
         """What a save writes: DCP state dicts when sharded, else each object's state

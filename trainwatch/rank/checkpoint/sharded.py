@@ -1,7 +1,8 @@
-"""Sharded (FSDP2, DTensor) training state in and out of torch.distributed.checkpoint.
+"""Sharded (FSDP2's DTensor, FSDP1's) training state in and out of torch.distributed.checkpoint.
 
-A model sharded with ``fully_shard`` holds DTensors: each rank has its shard only, so no
-rank can write the whole state and none should gather it. Such state goes through DCP
+A model sharded with ``fully_shard`` holds DTensors, one wrapped in FSDP1's
+``FullyShardedDataParallel`` FlatParameters (its sharded state dict: ShardedTensors): each
+rank has its shard only, so no rank can write the whole state and none should gather it. Such state goes through DCP
 (``torch.distributed.checkpoint.state_dict``): models and optimizers as their DCP state
 dicts (keyed by parameter name, so another world size or mesh can load them), everything
 else given by keyword as its ``state_dict()`` or itself; DCP writes each rank's shards and
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 
 from trainwatch.errors import ConfigError
-from trainwatch.rank.checkpoint.whole_state import leaves, is_dtensor
+from trainwatch.rank.checkpoint.whole_state import is_dtensor, is_sharded_tensor, leaves
 
 RESHARD_FIX = ("resume with the model and optimizer built as when the checkpoint was written "
                "(same parameter names and shapes; the world size and mesh may differ), or "
@@ -105,11 +106,15 @@ def models_of(objects: dict[str, Any]) -> dict[str, Any]:
 
 def layout(trees: dict[str, Any]) -> dict[str, Any]:
     """What the manifest records of sharded state: the device mesh and every DTensor's
-    placements, by dotted key (``model.0.weight: ["Shard(0)"]``)."""
+    placements, by dotted key (``model.0.weight: ["Shard(0)"]``); of an FSDP1
+    ShardedTensor, its chunks' offsets and ranks (``["rows 0-21 on rank 0", ...]``)."""
     placements: dict[str, list[str]] = {}
     mesh: dict[str, Any] | None = None
     for key, value in leaves(trees, ""):
-        if isinstance(value, torch.Tensor) and is_dtensor(value):
+        if isinstance(value, torch.Tensor) and is_sharded_tensor(value) and not is_dtensor(
+                value):
+            placements[key] = _chunks(value)
+        elif isinstance(value, torch.Tensor) and is_dtensor(value):
             placements[key] = [_placement(p) for p in value.placements]
             if mesh is None:
                 device_mesh = value.device_mesh
@@ -120,15 +125,30 @@ def layout(trees: dict[str, Any]) -> dict[str, Any]:
 
 
 def local(tree: Any) -> Any:
-    """``tree`` with each DTensor as this rank's local shard (checks that must not start a
-    collective, e.g. the NaN/Inf guard, look at these)."""
+    """``tree`` with each DTensor as this rank's local shard, each ShardedTensor as the list
+    of its local shards (checks that must not start a collective, e.g. the NaN/Inf guard,
+    look at these)."""
     if isinstance(tree, torch.Tensor):
-        return tree.to_local() if is_dtensor(tree) else tree
+        if is_dtensor(tree):
+            return tree.to_local()
+        if is_sharded_tensor(tree):
+            return [shard.tensor for shard in tree.local_shards()]
+        return tree
     if isinstance(tree, dict):
         return {k: local(v) for k, v in tree.items()}
     if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
         return [local(v) for v in tree]
     return tree
+
+
+def _chunks(tensor: Any) -> list[str]:
+    """Where each chunk of a ShardedTensor sits: its offsets, sizes and rank."""
+    out = []
+    for shard in tensor.metadata().shards_metadata:
+        where = ", ".join(f"{o}:{o + n}" for o, n in zip(shard.shard_offsets, shard.shard_sizes))
+        rank = shard.placement.rank() if shard.placement is not None else None
+        out.append(f"[{where}] on rank {rank}")
+    return out
 
 
 def _placement(p: Any) -> str:

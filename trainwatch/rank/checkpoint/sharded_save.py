@@ -34,7 +34,7 @@ from trainwatch.checkpoint_format.dcp import METADATA, SHARD_SUFFIX
 from trainwatch.checkpoint_format.manifest import (DIGEST, FORMAT, FORMAT_VERSION, LAYOUT_DCP,
                                                     digest_file, rank_file_name, step_dir_name)
 from trainwatch.contract.layout import WEIGHTS_CONFIG_DIGEST_KEY
-from trainwatch.rank.checkpoint import sharded
+from trainwatch.rank.checkpoint import fsdp1_staging, sharded
 from trainwatch.rank.checkpoint.dcp_hashing import HashingStream, HashingWriter
 from trainwatch.rank.checkpoint.dcp_verify import needed_sizes, read_metadata
 from trainwatch.rank.checkpoint.writer import (CheckpointWriteError, CheckRefused, Payload,
@@ -158,7 +158,7 @@ def stage(folder: Path, payload: Payload, *, rank: int, group: Any, stager: Any
     staged: dict[str, Any] = {}
     if tmp is not None:
         try:
-            staged = stager.stage(dict(payload.shared))
+            staged = fsdp1_staging.stage(stager, dict(payload.shared))
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 torch.cuda.synchronize()
         except Exception as exc:  # e.g. no host memory

@@ -1,15 +1,19 @@
 """Tell sharded state (saved through DCP) from state no checkpoint can hold (bad input).
 
-A DTensor (FSDP2's ``fully_shard``, tensor parallel) is this rank's shard only: such state is
-saved by every rank through torch.distributed.checkpoint (sharded.py, sharded_save.py), so
-the looks here answer "sharded?" for it. What neither path can hold is refused: an FSDP1
-FlatParameter or ShardedTensor, another tensor subclass, a meta tensor, an object that does
-not pickle. Before, such state failed every async save ("cannot copy") or sealed rank 0's
-shards only; now the first save and the first resume look at the state once (a walk over
-its tensors, no copy, no collective) and stop the rank with a ConfigError naming the first
-offending key, its type and the fix: the rank's status says bad input, ``trainwatch run``
-exits 2 and nothing is restarted. Plain tensors (CUDA ones too), ``nn.Parameter`` and
-Python values pass untouched.
+A DTensor (FSDP2's ``fully_shard``, tensor parallel) and a ShardedTensor (FSDP1's sharded
+state dict, what ``get_model_state_dict`` gives of a ``FullyShardedDataParallel`` model) are
+this rank's shards only: such state is saved by every rank through
+torch.distributed.checkpoint (sharded.py, sharded_save.py), so the looks here answer
+"sharded?" for it. An FSDP1 model or an optimizer over its FlatParameters is sharded state
+too: DCP's state-dict API turns them into ShardedTensors keyed by parameter name. What
+neither path can hold is refused: a FlatParameter or ShardedTensor in a tree of its own (not
+through the model), another tensor subclass, a meta tensor, an object that does not pickle.
+Before, such state failed every async save ("cannot copy") or sealed rank 0's shards only;
+now the first save and the first resume look at the state once (a walk over its tensors, no
+copy, no collective) and stop the rank with a ConfigError naming the first offending key,
+its type and the fix: the rank's status says bad input, ``trainwatch run`` exits 2 and
+nothing is restarted. Plain tensors (CUDA ones too), ``nn.Parameter`` and Python values
+pass untouched.
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ import torch
 
 from trainwatch.errors import ConfigError
 
-SHARDED_FIX = ("shard with FSDP2 (fully_shard, DTensor state: saved through "
-               "torch.distributed.checkpoint (DCP) by every rank), or save this state with DCP "
-               "in your loop and declare each save with tel.checkpoint_saved(path, step); see "
-               "docs/checkpoints.md, \"Sharded models\"")
+SHARDED_FIX = ("pass the sharded model and its optimizer themselves (model=..., "
+               "optimizer=...: FSDP2's DTensors and FSDP1's sharded state dict are saved "
+               "through torch.distributed.checkpoint (DCP) by every rank), or save this state "
+               "with DCP in your loop and declare each save with tel.checkpoint_saved(path, "
+               "step); see docs/checkpoints.md, \"Sharded models\"")
 _SCALARS = (int, float, str, bool, bytes, complex, type(None), torch.dtype, torch.device,
             torch.Size)
 
@@ -40,12 +45,12 @@ class UnsaveableState(ConfigError):
 
 def check_trees(state: dict[str, Any]) -> bool:
     """True when the state trees (``name -> state_dict`` and plain values) hold a DTensor
-    (sharded: saved through DCP); UnsaveableState for the first tensor or object that no
-    checkpoint can hold."""
+    or ShardedTensor (sharded: saved through DCP); UnsaveableState for the first tensor or
+    object that no checkpoint can hold."""
     sharded = False
     for key, value in leaves(state, ""):
         if isinstance(value, torch.Tensor):
-            if is_dtensor(value):
+            if is_sharded_tensor(value):
                 sharded = True
                 continue
             what = describe_tensor(value)
@@ -57,14 +62,17 @@ def check_trees(state: dict[str, Any]) -> bool:
 
 
 def check_objects(state: dict[str, Any]) -> bool:
-    """True when a model or optimizer given by keyword (or a container) holds DTensors
-    (sharded: saved through DCP); UnsaveableState for FSDP1 or another tensor no checkpoint
-    can hold. Other objects are left to ``check_trees`` (no ``state_dict`` is taken here:
-    under FSDP1 that is a collective)."""
+    """True when a model or optimizer given by keyword (or a container) is sharded: holds
+    DTensors (FSDP2) or is FSDP1 (a FullyShardedDataParallel module, an optimizer over its
+    FlatParameters), saved through DCP; UnsaveableState for another tensor no checkpoint can
+    hold. Other objects are left to ``check_trees`` (no ``state_dict`` is taken here: under
+    FSDP1 that is a collective)."""
     sharded = False
     for name, obj in state.items():
         if isinstance(obj, torch.nn.Module):
-            found = _sharded_module(name, obj)
+            found = _first_tensor_not_whole(
+                (f"{name}.{key}", t) for key, t in [*obj.named_parameters(),
+                                                    *obj.named_buffers()])
         elif isinstance(obj, torch.optim.Optimizer):
             found = _sharded_optimizer(name, obj)
         elif isinstance(obj, (dict, list, tuple)):
@@ -73,7 +81,7 @@ def check_objects(state: dict[str, Any]) -> bool:
             found = None
         if found is not None:
             raise UnsaveableState(*found, SHARDED_FIX)
-        sharded = sharded or _holds_dtensor(obj)
+        sharded = sharded or _holds_shards(obj)
     return sharded
 
 
@@ -82,13 +90,33 @@ def is_dtensor(tensor: Any) -> bool:
     return dtensor is not None and isinstance(tensor, dtensor)
 
 
-def _holds_dtensor(obj: Any) -> bool:
+def is_sharded_tensor(tensor: Any) -> bool:
+    """A DTensor, or a ShardedTensor (FSDP1's sharded state dict): DCP saves either."""
+    if is_dtensor(tensor):
+        return True
+    sharded = _loaded("torch.distributed._shard.sharded_tensor", "ShardedTensor")
+    return sharded is not None and isinstance(tensor, sharded)
+
+
+def is_fsdp1(module: torch.nn.Module) -> bool:
+    """The module is, or holds, FSDP1's FullyShardedDataParallel."""
+    fsdp1 = _loaded("torch.distributed.fsdp.fully_sharded_data_parallel",
+                    "FullyShardedDataParallel")
+    return fsdp1 is not None and any(isinstance(m, fsdp1) for m in module.modules())
+
+
+def _is_flat_param(tensor: Any) -> bool:
+    return bool(getattr(tensor, "_is_flat_param", False))
+
+
+def _holds_shards(obj: Any) -> bool:
     if isinstance(obj, torch.nn.Module):
-        return any(is_dtensor(p) for p in obj.parameters())
+        return is_fsdp1(obj) or any(is_dtensor(p) for p in obj.parameters())
     if isinstance(obj, torch.optim.Optimizer):
-        return any(is_dtensor(p) for g in obj.param_groups for p in g.get("params", []))
+        return any(is_dtensor(p) or _is_flat_param(p)
+                   for g in obj.param_groups for p in g.get("params", []))
     if isinstance(obj, (dict, list, tuple)):
-        return any(is_dtensor(v) for _, v in leaves(obj, ""))
+        return any(is_sharded_tensor(v) for _, v in leaves(obj, ""))
     return False
 
 
@@ -123,30 +151,21 @@ def _dtensor_text(tensor: Any) -> str:
     return f"DTensor ({how} over {where} with {with_})"
 
 
-def _sharded_module(name: str, module: torch.nn.Module) -> tuple[str, str] | None:
-    fsdp1 = _loaded("torch.distributed.fsdp.fully_sharded_data_parallel",
-                    "FullyShardedDataParallel")
-    if fsdp1 is not None:
-        for path, sub in module.named_modules():
-            if isinstance(sub, fsdp1):
-                return (".".join(filter(None, (name, path))),
-                        "FSDP1 FullyShardedDataParallel (its parameters and optimizer state "
-                        "are sharded per rank)")
-    named = [*module.named_parameters(), *module.named_buffers()]
-    return _first_tensor_not_whole((f"{name}.{key}", t) for key, t in named)
-
-
 def _sharded_optimizer(name: str, optimizer: torch.optim.Optimizer) -> tuple[str, str] | None:
+    """An optimizer's parameters: FSDP1's FlatParameters are saved through its model."""
     params = ((f"{name}.param_groups[{g}].params[{i}]", p)
               for g, group in enumerate(optimizer.param_groups)
-              for i, p in enumerate(group.get("params", [])))
+              for i, p in enumerate(group.get("params", [])) if not _is_flat_param(p))
     return _first_tensor_not_whole(params)
 
 
 def _first_tensor_not_whole(items: Iterator[tuple[str, Any]]) -> tuple[str, str] | None:
-    """The first tensor neither whole nor a DTensor (which DCP saves)."""
+    """The first tensor neither whole nor sharded state DCP saves (a module's FlatParameter
+    is FSDP1's: its model's sharded state dict holds it)."""
     for key, value in items:
-        if isinstance(value, torch.Tensor) and not is_dtensor(value):
+        if _is_flat_param(value):
+            continue
+        if isinstance(value, torch.Tensor) and not is_sharded_tensor(value):
             what = describe_tensor(value)
             if what is not None:
                 return key, what
