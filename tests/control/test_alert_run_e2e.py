@@ -1,8 +1,9 @@
 """`trainwatch run` end to end: the real trainer under torchrun, the real agent, the engine.
 
-SIGSTOP a rank -> the agent flags the stall -> TrainingStallSuspected fires -> the
-controller confirms the stall itself -> evidence is captured, the job is killed and
-restarted -> it resumes from its newest verified checkpoint and finishes.  A crash loop
+A rank SIGSTOPs itself -> the agent flags the stall -> TrainingStallSuspected fires -> the
+controller confirms the stall itself -> evidence is captured, the survivor writes its step
+on the supervisor's request (a dying gasp), the job is killed and restarted -> it resumes
+from the gasp, losing no step, and finishes.  A crash loop
 trips the no-progress guard, which raises
 TrainingRestartLoop.  Needs the agent and checkpoints.
 """
@@ -25,7 +26,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     reason="needs the agent and the checkpoint library")]
 
 
-def _configs(tmp_path, **thresholds):
+def _configs(tmp_path, checkpoint="", **thresholds):
     (tmp_path / "thresholds.yaml").write_text(
         "evaluation_interval: 1s\nstall_for: 2s\naction_min_interval_seconds: 30\n"
         + "".join(f"{k}: {v}\n" for k, v in thresholds.items()))
@@ -34,23 +35,25 @@ def _configs(tmp_path, **thresholds):
         "collectors:\n  ranks: {interval: 0.5}\n")
     (tmp_path / "train.yaml").write_text(
         "train: {steps: 80, batch_size: 4, eval_interval: 1000}\n"
-        "checkpoint: {every_steps: 10, fsync: false}\n")
+        f"checkpoint: {{every_steps: 10, fsync: false{checkpoint}}}\n")
 
 
 
-def test_sigstopped_rank_is_restarted_from_checkpoint_and_finishes(tmp_path):
-    _configs(tmp_path)
+def test_sigstopped_rank_is_restarted_from_the_survivors_gasp_and_finishes(tmp_path):
+    # Snapshots every 4 steps: without the supervisor's gasp request the restart would go
+    # back to the snapshot of step 21 (or older).
+    _configs(tmp_path, checkpoint=", memory_snapshots_every: 4")
     run = RunDir(tmp_path / "exp1")
     # Paced (first start only): unpaced, the 80 steps took 1.1 s on a quiet machine and
-    # the run finished before the test saw step 20 and could SIGSTOP a rank.
-    proc = _run(tmp_path, run.root, env={"TRAINWATCH_FAULT": "slow:factor=8:launch=1"})
+    # the run finished before rank 1 froze. Rank 1 SIGSTOPs itself as step 23 begins.
+    proc = _run(tmp_path, run.root, env={
+        "TRAINWATCH_FAULT": "slow:factor=8:launch=1,freeze:rank=1:step=23:launch=1"})
     try:
-        def rank_1_at_step_20() -> dict | None:
+        def rank_1_at_step_10() -> dict | None:
             status = {s["rank"]: s for s in run.statuses().records}
-            return status[1] if (status.get(1, {}).get("step") or 0) >= 20 else None
+            return status[1] if (status.get(1, {}).get("step") or 0) >= 10 else None
 
-        frozen_pid = wait_for(rank_1_at_step_20, 300, interval=0.2, what="rank 1 at step 20")["pid"]
-        os.kill(frozen_pid, signal.SIGSTOP)
+        frozen_pid = wait_for(rank_1_at_step_10, 300, interval=0.2, what="rank 1 at step 10")["pid"]
         assert _finish(proc) == 0, (tmp_path / "run.log").read_text()[-3000:]
     finally:
         kill_tree(proc)
@@ -66,20 +69,17 @@ def test_sigstopped_rank_is_restarted_from_checkpoint_and_finishes(tmp_path):
     assert "stopped" in open(os.path.join(evidence, "py-spy-rank-00001.txt")).read()
     stopped = [e for e in events if e["event"] == "job_stopped"][0]
     assert stopped["hard"] and stopped["returncode"] == -signal.SIGKILL
+    # Before the kill: rank 0, blocked in step 23's all-reduce, wrote step 22 ... 23 steps
+    # done; rank 1, frozen, could not answer (its part of step 23 was sealed at the end).
+    (asked,) = [e for e in events if e["event"] == "gasp_requested"]
+    assert asked["waiting_for"] == [0] and asked["not_answering"] == [1], asked
+    (answered,) = [e for e in events if e["event"] == "gasp_answered"]
+    assert answered["steps_written"] == [23] and answered["seconds"] < 5, answered
+    assert taken[0]["gasp"]["number"] == asked["number"]
+    assert names.index("gasp_answered") < names.index("job_stopped")
     resumed = [e for e in events if e["event"] == "checkpoint_resumed"]
-    # A checkpoint's step counts completed steps, and the status file trails the rank by up
-    # to a heartbeat, so the frozen rank may be past the step its status showed: what
-    # matters is that the job resumed from state saved before the restart.
-    saved_before = {e["step"] for e in events[:names.index("action_taken")]
-                    if e["event"] == "checkpoint_saved"}
-    last = resumed[-1] if resumed else {}
-    if last.get("state_from") == "memory snapshot":
-        # From memory (the default): past the checkpoint saved before the restart, at or
-        # past the step the frozen rank's status showed: at most the step in flight lost.
-        assert last["durable_step"] in saved_before and last["step"] > last["durable_step"]
-        assert last["step"] >= 20, last
-    else:  # no snapshot newer than that checkpoint (the freeze came right after a save)
-        assert last and last["step"] > 0 and last["step"] in saved_before, last
+    assert resumed[-1]["state_from"] == "dying gasp" and resumed[-1]["step"] == 23, resumed
+    assert resumed[-1]["steps_lost"] == 0 and resumed[-1]["durable_step"] == 20
     finished = [e for e in events if e["event"] == "finished"]
     assert finished and finished[-1]["step"] == 79
     # The story, in order: fired, acted, resumed, finished, stopped.

@@ -1,11 +1,17 @@
 """The dying gasp (memory_snapshots/dying_gasp.py, gasp_resume.py): the rule that picks the
 newest step every rank can restore, and an own loop whose rank writes its step at a failure
 only while its state is still that step's. The real torchrun SIGKILL drill is
-tests/rank/test_checkpoint_resume.py (K pinned at 4, resumed from rank 0's gasp)."""
+tests/rank/test_checkpoint_resume.py (K pinned at 4, resumed from rank 0's gasp); the
+supervisor's request before a stall restart, end to end: tests/control/test_alert_run_e2e.py."""
+
+import json
+import time
 
 import torch
 
-from trainwatch import Checkpoints
+from agent_helpers import wait_for
+from trainwatch import Checkpoints, Telemetry
+from trainwatch.control.gasp_request import WAIT_SECONDS, ask_survivors
 from trainwatch.rank.memory_snapshots.agree import Found
 from trainwatch.rank.memory_snapshots.gasp_resume import GASP, OWN, plan
 from trainwatch.rundir.run_dir import RunDir
@@ -38,12 +44,12 @@ def test_the_newest_step_any_replica_holds_whole_and_every_rank_its_own_part():
     assert plan(found, frozenset({17}), None) is None
 
 
-def _loop(run, shm, steps, *, step_after=False):
+def _loop(run, shm, steps, *, step_after=False, telemetry=None):
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 8)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     ckpt = Checkpoints.from_env(run, every_steps=10, fsync=False, memory_snapshots_every=4,
-                                memory_snapshots_dir=str(shm))
+                                memory_snapshots_dir=str(shm), telemetry=telemetry)
     start = ckpt.resume(model=model, optimizer=opt)
     for step in range(start, steps):
         model(torch.randn(2, 8)).square().mean().backward()
@@ -81,3 +87,39 @@ def test_a_failing_rank_gasps_its_step_only_while_its_state_is_still_that_step(t
     assert not gasp["written"] and gasp["why_not"] == "an optimizer step began after step 7"
     _, start, _, _ = _loop(run2, shm, 7)
     assert start == 5  # the newest snapshot, as without the gasp
+
+
+def test_the_supervisor_asks_for_the_gasp_and_waits_only_for_ranks_that_can_answer(tmp_path):
+    """A stall restart's ask (control/gasp_request.py): rank 0, its loop blocked, answers
+    from its telemetry thread with step 7 written; rank 1, frozen (its heartbeat stopped),
+    is not waited for. The teardown that follows writes step 7 no second time."""
+    run, shm = tmp_path / "run", tmp_path / "shm"
+    shm.mkdir()
+    tel = Telemetry(run, heartbeat_interval=0.05, exchange_every=0).start()
+    try:
+        ckpt, _, model, _ = _loop(run, shm, 7, telemetry=tel)
+        weights = model.weight.detach().clone()
+        status = RunDir(run).status_dir / "rank-00000.json"
+        mine = wait_for(lambda: (d := json.loads(status.read_text()))["checkpoint"][
+            "memory_snapshots"]["every_steps"] == 4 and d, 30, interval=0.05,
+            what="rank 0's status with its snapshots every 4 steps")
+        frozen = {**mine, "rank": 1, "heartbeat_at": time.time() - 60}
+        (status.parent / "rank-00001.json").write_text(json.dumps(frozen))
+        summary = ask_survivors(RunDir(run), "stall_restart (TrainingStallSuspected)")
+        ckpt.checkpointer.close()  # the kill's teardown, had there been one
+    finally:
+        tel.close()
+    assert summary is not None and summary["seconds"] < WAIT_SECONDS, summary
+    assert summary["answers"] == [{"rank": 0, "step": 7, "written": True, "why_not": None}]
+    assert summary["not_answering"] == [1] and summary["missing"] == []
+    journal = RunDir(run)
+    (asked,) = journal.events("gasp_requested")
+    assert asked["waiting_for"] == [0] and asked["not_answering"] == [1]
+    (answered,) = journal.events("gasp_answered")
+    assert answered["steps_written"] == [7]
+    (gasp,) = journal.events("memory_snapshot_gasp")  # once: not again at the teardown
+    assert gasp["trigger"].startswith("requested by the supervisor (gasp request 1")
+    _, start, model, _ = _loop(run, shm, 7)
+    assert start == 7 and torch.equal(model.weight, weights)
+    # Nothing to ask where no rank keeps snapshots every K > 1 steps.
+    assert ask_survivors(RunDir(tmp_path / "empty").create(), "stall_restart") is None

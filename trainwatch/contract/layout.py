@@ -49,6 +49,12 @@ SUSPECTS_DIR = "suspects"         # <node>.json: nodes a replica rollback suspec
 CONTROL_CHECKPOINT = "checkpoint"        # save a checkpoint at the next step boundary
 CONTROL_DUMP = "dump"                    # write stacks and the flight recorder now
 CONTROL_HOLD_ACTIONS = "hold-actions"    # automatic actions are held while it exists
+# Before a stall restart kills the ranks, the supervisor asks the survivors for their step
+# (a dying gasp: rank/memory_snapshots/gasp_request.py, control/gasp_request.py); each
+# rank answers in control/gasp-answers/rank-NNNNN.json.
+CONTROL_GASP = "gasp"
+GASP_ANSWERS_DIR = "gasp-answers"
+GASP_FORMAT = "trainwatch.gasp"
 SKIP_STEPS_FILE = "skip-steps.json"      # steps a rollback asked to drop
 # control/repairs/: a multi-node job's repairs (control/repairs.py): the leader's numbered
 # requests, every node's proposals to it, and which node applied which request.

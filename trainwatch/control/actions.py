@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 from trainwatch.control.confirm import Confirmation, confirm_stall
 from trainwatch.control.controller import JobController
+from trainwatch.control.gasp_request import ask_survivors
 from trainwatch.control.repairs import RepairBoard
 from trainwatch.control.replica_rollback import Divergence, find_divergence
 from trainwatch.contract.alerts import ACTS_BEFORE
@@ -357,6 +358,7 @@ class ActionRunner:
                               extra=details)
         if action == "stall_restart":
             details["evidence"] = str(controller.capture_evidence("stall"))
+            details["gasp"] = self._ask_gasp(action, req)
         elif action == "straggler":
             details["requested"] = str(self._touch("checkpoint"))
             details["adapter"] = self._run_adapter(req)
@@ -414,6 +416,15 @@ class ActionRunner:
                            f"request {request['number']}); torchrun restarts them and "
                            + _resume_phrase(resume, kind).replace("restarted the job; ", ""),
                            details, action=action)
+
+    def _ask_gasp(self, action: str, req: ActionRequest | None) -> dict[str, Any] | None:
+        """The survivors' step before the kill (control/gasp_request.py); a failure to ask
+        costs the gasp, never the restart."""
+        try:
+            return ask_survivors(self.run, f"{action} ({req.alertname})" if req else action)
+        except Exception as exc:
+            log.warning("could not ask the ranks for a dying gasp: %s", exc)
+            return {"error": f"{type(exc).__name__}: {exc}"}
 
     def _prepare_rollback(self, controller: JobController) -> dict[str, Any]:
         """Find the bad step; hide checkpoints taken at or after it; ask to skip the window."""

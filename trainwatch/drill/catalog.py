@@ -158,6 +158,9 @@ DRILLS: tuple[Drill, ...] = (
         fault_kind="hang", fault_step=15, fault_params="launch=1",
         detect=_STALL, recovery=CONTROLLER, action="stall_restart",
         detect_within=30, recover_within=120, steps=40,
+        # a snapshot every 4 steps: the survivors' dying gasp, asked for by the stall
+        # restart before its kill, is what keeps the loss at the step in flight
+        trainer={"checkpoint": {"memory_snapshots_every": 4}},
         memory_resume=True,
         notes="the agent flags a stall (heartbeats go on, steps do not); "
               "TrainingStallSuspected fires; the controller confirms the stall, stall_restart "
@@ -169,6 +172,9 @@ DRILLS: tuple[Drill, ...] = (
         fault_kind="freeze", fault_step=15, fault_params="launch=1",
         detect=_STALL, recovery=CONTROLLER, action="stall_restart",
         detect_within=30, recover_within=120, steps=40,
+        # a snapshot every 4 steps: the survivors' dying gasp, asked for by the stall
+        # restart before its kill, is what keeps the loss at the step in flight
+        trainer={"checkpoint": {"memory_snapshots_every": 4}},
         memory_resume=True,
         notes="heartbeats stop too: the agent calls the stall 'frozen'; stall_restart kills "
               "the stopped process with SIGKILL and restarts the job."),

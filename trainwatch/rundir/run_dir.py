@@ -37,6 +37,7 @@ EVENTS = (
     "checkpoint_fallback", "checkpoint_resumed", "checkpoint_resharded", "checkpoint_requested",
     "memory_snapshots_started", "memory_snapshots_off", "memory_snapshot_skipped",
     "memory_snapshot_rejected", "memory_snapshot_gasp", "memory_snapshots_cadence",
+    "gasp_requested", "gasp_answered",
     "nonfinite_detected", "data_skipped", "fault_injected",
     "alert_firing", "alert_resolved", "action_taken", "action_skipped", "action_guard_cleared",
     "diagnostics_dumped",

@@ -58,7 +58,7 @@ from trainwatch.rank.checkpoint.requests import Requests
 from trainwatch.rank.checkpoint.snapshot import Handoff, HostSnapshot
 from trainwatch.rank.checkpoint.writer import (CheckRefused, Payload, Written,
                                                   copy_checkpoint, write_checkpoint)
-from trainwatch.rank.memory_snapshots import peer_resume
+from trainwatch.rank.memory_snapshots import gasp_request, peer_resume
 from trainwatch.rank.memory_snapshots.dying_gasp import DyingGasp
 from trainwatch.rank.memory_snapshots.peer_link import settings_from as peer_settings
 from trainwatch.rank.memory_snapshots.snapshotter import MemorySnapshots, for_run
@@ -128,6 +128,8 @@ class Checkpointer:
         if not self.cfg.enabled:
             return self
         self.requests.install(self.telemetry)
+        if self.telemetry is not None:  # the supervisor's ask before it kills a stalled job
+            gasp_request.listen(self.telemetry, self.gasp, self.rank)
         if self.rank == 0:
             self._record_folders()
             for folder in filter(None, (self.folder, self.mirror)):

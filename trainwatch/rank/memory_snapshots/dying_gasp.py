@@ -13,9 +13,12 @@ from its part of step N (rank_parts.py): at most the step in flight is lost.
 of the state's tensors (every in-place change bumps them: an optimizer step, a BatchNorm
 buffer updated in a forward) and a global optimizer pre-step hook marks the state changed
 under a lock the gasp holds while it reads, so a gasp from another thread never reads a
-half-stepped state. A gasp is bounded (``SECONDS``, within torchrun's 30 s between SIGTERM
+half-stepped state. The supervisor may also ask for it before it kills a frozen or hung
+peer's job (``gasp_request.py``: the telemetry thread runs it while the loop waits in the
+collective). A gasp is bounded (``SECONDS``, within torchrun's 30 s between SIGTERM
 and SIGKILL) and never raises: what it cannot do, it says (``memory_snapshot_gasp``).
-Sharded (DTensor) state has no replicas: no gasp.
+Sharded (DTensor) state has no replicas: no gasp. One gasp per step: asked, then torn
+down, the step is written once.
 """
 
 from __future__ import annotations
@@ -77,10 +80,12 @@ class DyingGasp:
         self._versions = 0
         self._hook: Any = None
         self._pinned: int | None = None  # the resumed step: its gasps and parts kept
-        self._done = False
+        self._once = threading.Lock()
+        self._gasped: int | None = None  # the step a gasp was started for (one per step)
         self.parts: RankParts | None = None
         self._noted: tuple[int, tuple[Any, ...], Any] | None = None  # step, RNGs, position
-        self.facts: dict[str, Any] = {"step": None, "written": None, "reason": None}
+        self.facts: dict[str, Any] = {"step": None, "written": None, "reason": None,
+                                      "why_not": None, "seconds": None}
 
     @property
     def active(self) -> bool:
@@ -91,7 +96,7 @@ class DyingGasp:
     def after_step(self, step: int, state: Callable[[], dict[str, Any]],
                    data: Callable[[], Any]) -> None:
         """The loop, every step after the snapshotter: step ``step``'s state is complete."""
-        if not self.active or self._done or self.snaps.every == 1:
+        if not self.active or self.snaps.every == 1:
             return  # (a snapshot every step: the gasp has nothing to add)
         if self._hook is None:
             self._hook = register_optimizer_step_pre_hook(self._stepping)
@@ -133,12 +138,29 @@ class DyingGasp:
             self._clean = False
 
     # ------------------------------------------------------------------ the gasp
-    def gasp(self, reason: str, timeout: float = SECONDS) -> None:
+    def idle(self) -> str | None:
+        """Why this rank has no gasp to write (None: it may have one)."""
+        s = self.snaps
+        if not s.enabled:
+            return str(s.facts.get("off_reason") or "memory snapshots are off")
+        if s._sharded:
+            return "sharded (DTensor) state: no replica holds this rank's shards"
+        if s.every == 1:
+            return "a snapshot every step: the gasp has nothing to add"
+        if not self.active or self._noted is None:
+            return "no step completed yet"
+        return None
+
+    def gasp(self, reason: str, timeout: float = SECONDS) -> dict[str, Any]:
         """Write step N's state if it is still that, on a thread joined for at most
-        ``timeout`` s; never raises. Once per process."""
-        if self._done or self._noted is None or not self.active:
-            return
-        self._done = True
+        ``timeout`` s; never raises. Once per step. What it did (``facts``)."""
+        idle = self.idle()
+        if idle is not None:
+            return {"step": self._step, "written": False, "why_not": idle}
+        with self._once:
+            if self._gasped == self._step:  # asked, then torn down: written once
+                return {**self.facts, "step": self._step}
+            self._gasped = self._step
         worker = threading.Thread(target=self._gasp, args=(reason,), daemon=True,
                                   name="trainwatch-dying-gasp")
         worker.start()
@@ -146,6 +168,9 @@ class DyingGasp:
         if worker.is_alive():
             log.warning("trainwatch: dying gasp of step %s not done in %.0f s: left",
                         self._step, timeout)
+            return {"step": self._step, "written": False,
+                    "why_not": f"not done in {timeout:.0f} s"}
+        return dict(self.facts)
 
     def _gasp(self, reason: str) -> None:
         started = time.perf_counter()
@@ -153,10 +178,11 @@ class DyingGasp:
             written, why = self._write(reason)
         except Exception as exc:  # a gasp that fails costs what it would have saved, no more
             written, why = None, f"{type(exc).__name__}: {exc}"
-        self.facts.update(step=self._step, written=written is not None, reason=reason)
+        seconds = round(time.perf_counter() - started, 3)
+        self.facts.update(step=self._step, written=written is not None, reason=reason,
+                          why_not=why, seconds=seconds)
         fields: dict[str, Any] = {"step": self._step, "trigger": reason,
-                                  "written": written is not None,
-                                  "seconds": round(time.perf_counter() - started, 3)}
+                                  "written": written is not None, "seconds": seconds}
         if written is not None:
             fields.update(path=str(written.path), bytes=written.bytes)
         else:
