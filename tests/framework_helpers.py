@@ -63,3 +63,44 @@ def hf_train(callback: Any, output_dir: str, steps: int, *, accumulate: int = 1,
     trainer = Trainer(model=Tiny(), args=args, train_dataset=data, callbacks=[callback])
     trainer.train(resume_from_checkpoint=resume)
     return trainer
+
+
+def stop_job(tmp_path: Any, job: Any, *, signal_torchrun: bool, late: bool = False) -> Any:
+    """Run ``job`` (tests/jobs/*_job.py) on 2 CPU ranks under torchrun; once both ranks
+    trained a few steps SIGTERM both (and torchrun if ``signal_torchrun``), and rank 0 again
+    20 ms later; ``late``: rank 0 alone, and rank 1 SIGTERMs itself while it writes its final
+    status (the job's LATE_SIGTERM). The run directory and the launcher's output."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from agent_helpers import wait_for
+    from conftest import kill_tree
+    from trainwatch.rundir.run_dir import RunDir
+
+    run = RunDir(tmp_path / "run")
+    log = tmp_path / "job.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+         "2", str(job), "400", "0.1"], stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "TRAINWATCH_RUN_DIR": str(run.root),
+             **({"LATE_SIGTERM": "1"} if late else {})})
+    try:
+        def running():
+            status = {s["rank"]: s for s in run.statuses().records}
+            return len(status) == 2 and all((s.get("step") or 0) >= 3 for s in status.values())\
+                and status
+        status = wait_for(running, timeout=240, what="both ranks past step 3")
+        pids = [status[r]["pid"] for r in ((0,) if late else (0, 1))]
+        pids += [proc.pid] if signal_torchrun else []
+        for pid in pids:  # Slurm's SIGTERM to every process of the step
+            os.kill(pid, signal.SIGTERM)
+        if not late:
+            time.sleep(0.02)
+            os.kill(pids[0], signal.SIGTERM)  # a copy that reached rank 0 alone (forwarded)
+        proc.wait(timeout=120)
+    finally:
+        kill_tree(proc)
+    return run, log.read_text()

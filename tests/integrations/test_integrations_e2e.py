@@ -4,8 +4,8 @@ real packages, tiny models, 2 CPU ranks, the two runs side by side.
 The agent shows both ranks' step and loss; a checkpoint-now request (control/checkpoint,
 CheckpointTooOld's action) is saved through the framework's own checkpointing and sealed;
 a SIGKILLed rank is restarted and the job resumes from that checkpoint and finishes
-(Lightning: from the newer memory snapshot every rank has, at most a step back, with the
-weights the first run had at that step).
+from the newer memory snapshot every rank has, at most a step back, with the weights the
+first run had at that step.
 """
 
 import importlib.util
@@ -130,8 +130,7 @@ def test_framework_job_is_watched_checkpointed_on_request_and_resumed(jobs, kind
     assert len(restarts) == 1, job.run.events("action_taken", "action_skipped")
     resumed = [e for e in job.run.events("checkpoint_resumed") if e.get("framework") == kind]
     assert resumed and resumed[-1]["step"] >= job.saved_step
-    if kind == "lightning":
-        _resumed_from_memory(job, resumed[-1])
+    _resumed_from_memory(job, resumed[-1])
     assert job.run.events("finished")
     sealed = [e for e in job.run.events("checkpoint_saved") if e.get("framework") == kind]
     from trainwatch.checkpoint_format.manifest import verify

@@ -7,19 +7,12 @@ callback now takes SIGTERM itself (no collective in a handler, a repeat within 2
 same stop), saves and exits 75 like ``Checkpoints``."""
 
 import importlib.util
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from agent_helpers import wait_for
-from conftest import kill_tree
+from framework_helpers import stop_job
 from trainwatch.checkpoint_format.manifest import verify
-from trainwatch.rundir.run_dir import RunDir
 from trainwatch.rank.checkpoint.checkpointer import EXIT_STOPPED
 
 pytestmark = pytest.mark.slow
@@ -27,35 +20,9 @@ JOB = Path(__file__).resolve().parent.parent / "jobs" / "lightning_job.py"
 
 
 def _stop(tmp_path, signal_torchrun, late=False):
-    """Run the job; once both ranks trained a few steps SIGTERM both (and torchrun), and rank
-    0 again 20 ms later; ``late``: rank 0 alone, rank 1 SIGTERMs itself while it writes its
-    final status. The run directory and the launcher's output."""
     if importlib.util.find_spec("lightning") is None:
         pytest.skip("not installed: lightning")
-    run = RunDir(tmp_path / "run")
-    log = tmp_path / "job.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-         "2", str(JOB), "400", "0.1"], stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "TRAINWATCH_RUN_DIR": str(run.root),
-             **({"LATE_SIGTERM": "1"} if late else {})})
-    try:
-        def running():
-            status = {s["rank"]: s for s in run.statuses().records}
-            return len(status) == 2 and all((s.get("step") or 0) >= 3 for s in status.values())\
-                and status
-        status = wait_for(running, timeout=240, what="both ranks past step 3")
-        pids = [status[r]["pid"] for r in ((0,) if late else (0, 1))]
-        pids += [proc.pid] if signal_torchrun else []
-        for pid in pids:  # Slurm's SIGTERM to every process of the step
-            os.kill(pid, signal.SIGTERM)
-        if not late:
-            time.sleep(0.02)
-            os.kill(pids[0], signal.SIGTERM)  # a copy that reached rank 0 alone (forwarded)
-        proc.wait(timeout=120)
-    finally:
-        kill_tree(proc)
-    return run, log.read_text()
+    return stop_job(tmp_path, JOB, signal_torchrun=signal_torchrun, late=late)
 
 
 def test_sigterm_to_every_process_of_the_step_saves_once(tmp_path):

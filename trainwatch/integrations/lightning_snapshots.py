@@ -25,18 +25,15 @@ consolidates state with collectives, which is not this rank's shard (journaled a
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 
+from trainwatch.integrations import framework_snapshots as shared
 from trainwatch.rank.checkpoint.config import CheckpointConfig
 from trainwatch.rank.checkpoint.resume import Restored
-from trainwatch.rank.memory_snapshots import peer_resume, store
-from trainwatch.rank.memory_snapshots.peer_link import settings_from as peer_settings
-from trainwatch.rank.memory_snapshots.snapshotter import MemorySnapshots, for_run, root_of
+from trainwatch.rank.memory_snapshots.snapshotter import MemorySnapshots
 from trainwatch.rundir.run_dir import RunDir
 
 SUPPORTED = ("SingleDeviceStrategy", "DDPStrategy")  # exact types: DeepSpeed subclasses DDP
@@ -53,9 +50,7 @@ class LightningSnapshots:
 
     def __init__(self, run: RunDir, config: CheckpointConfig):
         self.run, self.config = run, config
-        self.root: Path | None = None
-        if config.memory_snapshots != "off":
-            self.root = root_of(config.memory_snapshots_dir, run.root)[0]
+        self.root = shared.snapshot_root(run, config)
         self.staged: Path | None = None       # what resume_path() returned, filled by resume
         self.durable: tuple[int, Path] | None = None
         self.memory: MemorySnapshots | None = None
@@ -66,17 +61,10 @@ class LightningSnapshots:
     def stage(self, durable: tuple[int, Path] | None) -> Path | None:
         """This process's path for ``ckpt_path`` when a snapshot may be newer than the
         durable checkpoint ``durable`` (step, the file or folder fit loads); else None."""
-        if self.root is None or durable is None:
+        if durable is None:
             return None
-        folder = self.root / STAGED_DIR
-        try:
-            store.make_folder(folder)
-        except OSError:
-            return None  # no tmpfs to use: the durable checkpoint, as without snapshots
-        _remove_stale(folder)
-        self.durable = durable
-        self.staged = folder / f"{os.getpid()}.ckpt"
-        self.staged.unlink(missing_ok=True)
+        self.staged = shared.staged_path(self.root, STAGED_DIR, ".ckpt")
+        self.durable = durable if self.staged is not None else None
         return self.staged
 
     # ------------------------------------------------------------------ setup
@@ -87,18 +75,9 @@ class LightningSnapshots:
         why = None if strategy in SUPPORTED else (
             f"{strategy} shards or consolidates the state: Lightning memory snapshots "
             f"support {' and '.join(SUPPORTED)}; the durable checkpoints still work")
-        group = None
-        if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
-            group = (dist.group.WORLD if dist.get_backend() == "gloo"
-                     else dist.new_group(backend="gloo"))  # small objects, off the GPU
-        cfg = self.config
-        self.memory = for_run(
-            cfg.memory_snapshots, cfg.memory_snapshots_dir, self.run.root, rank=trainer.global_rank,
-            world_size=trainer.world_size, group=group, config_hash=None, journal=journal,
-            peers=peer_settings(cfg.peer_copies, cfg.peer_copies_offset,
-                                cfg.peer_copies_clique_size, cfg.peer_copies_nodes))
-        if why is not None and self.memory.enabled:
-            self.memory.facts.update(enabled=False, off_reason=why)
+        self.memory = shared.open_store(self.run, self.config, rank=trainer.global_rank,
+                                        world_size=trainer.world_size, journal=journal,
+                                        why_off=why)
         return self.memory
 
     def resume(self, pl_module: Any) -> None:
@@ -107,28 +86,19 @@ class LightningSnapshots:
         if self.staged is None or self.durable is None or self.memory is None:
             return
         step, target = self.durable
-        restored, reason = peer_resume.resume(self.memory, self.run, step)
+        restored, self.journaled = shared.agree(self.memory, self.run, step)
         if restored is None:
-            self.memory.peers.after_resume(step)
             os.symlink(target, self.staged)
-            self.journaled = {"memory_snapshot": reason}
             return
         state = dict(restored.shared[STATE_KEY])
         if getattr(pl_module, "hparams", None):
             state[pl_module.CHECKPOINT_HYPER_PARAMS_KEY] = dict(pl_module.hparams)
         torch.save(state, self.staged)
         self.restored = restored
-        self.journaled = peer_resume.resumed_fields(restored, reason, step)
-        self.memory.facts["resumed_step"] = restored.step
 
     def loaded(self) -> None:
         """Lightning loaded the staged path: it goes (the snapshot it came from stays)."""
-        if self.staged is not None:
-            self.staged.unlink(missing_ok=True)
-            try:
-                self.staged.parent.rmdir()
-            except OSError:
-                pass  # another local rank's is still there
+        shared.unstage(self.staged)
         if self.restored is not None:
             self.restored.restore_rng()  # RNGs last, as for the Checkpoints API
 
@@ -154,16 +124,3 @@ def _state(trainer: Any) -> dict[str, Any]:
         state.pop(key, None)
     return state
 
-
-def _remove_stale(folder: Path) -> None:
-    """Staged files of processes that are gone (killed before Lightning loaded them)."""
-    for path in folder.glob("*.ckpt"):
-        try:
-            os.kill(int(path.stem), 0)
-        except ProcessLookupError:
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
-        except (ValueError, PermissionError):
-            continue

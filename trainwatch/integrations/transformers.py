@@ -36,9 +36,10 @@ from transformers import TrainerCallback
 
 from trainwatch.contract.env import run_dir_from_env
 from trainwatch.integrations.batches import batch_size
-from trainwatch.integrations.options import telemetry_options
+from trainwatch.integrations.options import SNAPSHOT_OPTIONS, snapshot_options, telemetry_options
 from trainwatch.integrations.sealed import newest_verified, seal
 from trainwatch.integrations.stopsignal import StopSignal
+from trainwatch.integrations.transformers_snapshots import TrainerSnapshots
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.rank.checkpoint.checkpointer import EXIT_STOPPED
 from trainwatch.checkpoint_format.manifest import FRAMEWORK_STEP_DIR
@@ -56,11 +57,15 @@ class TrainwatchCallback(TrainerCallback):
     """Telemetry and verified, requestable checkpoints for a Hugging Face ``Trainer``."""
 
     def __init__(self, run_dir: str | Path | None = None, *, replica_every: int = 0,
-                 **telemetry: Any):
+                 memory_snapshots: str = "auto", memory_snapshots_dir: str | None = None,
+                 peer_copies: str = "ring", **telemetry: Any):
         self.run = RunDir(run_dir or run_dir_from_env())
+        self.snapshots = TrainerSnapshots(self.run, snapshot_options(
+            {"memory_snapshots": memory_snapshots, "memory_snapshots_dir": memory_snapshots_dir,
+             "peer_copies": peer_copies}, "TrainwatchCallback"))
         self.replica_every = replica_every  # parameter digests across replicas (docs/sdc.md)
         self.telemetry_options = telemetry_options(telemetry, "TrainwatchCallback",
-                                                   ("run_dir", "replica_every"))
+                                                   ("run_dir", "replica_every", *SNAPSHOT_OPTIONS))
         self.tel: Telemetry | None = None
         self._requested = threading.Event()
         self._term = StopSignal()
@@ -70,7 +75,10 @@ class TrainwatchCallback(TrainerCallback):
         self._resumed_from: tuple[int, Path] | None = None  # what resume_path() found
 
     def resume_path(self, output_dir: str | Path) -> str | None:
-        """The newest ``checkpoint-N`` in ``output_dir`` whose manifest verifies."""
+        """The newest ``checkpoint-N`` in ``output_dir`` whose manifest verifies; with
+        memory snapshots on, after ``Trainer(...)`` (every rank: the ranks agree), a folder
+        of this process's holding the newest snapshot every rank has, when newer
+        (transformers_snapshots.py)."""
         candidates = []
         folder = Path(output_dir)
         if folder.is_dir():
@@ -79,12 +87,16 @@ class TrainwatchCallback(TrainerCallback):
                 if match and child.is_dir():
                     candidates.append((int(match.group(1)), child))
         found = newest_verified(candidates)
-        if found is None:
-            return None
         self._resumed_from = found
-        return str(found[1])
+        staged = self.snapshots.resume(found[0] if found is not None else None)
+        if staged is not None:
+            return str(staged)
+        return str(found[1]) if found is not None else None
 
     # ------------------------------------------------------------------ lifecycle
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.snapshots.joined(args)  # the ranks joined: resume_path may agree on a snapshot
+
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        optimizer: Any = None, **kwargs: Any) -> None:
         self.run.create()
@@ -97,6 +109,9 @@ class TrainwatchCallback(TrainerCallback):
             # The Trainer's output_dir is this run's checkpoint folder: the controller,
             # `trainwatch checkpoint list|verify RUN_DIR` and the summary look there.
             self.run.record_checkpoint_folders([Path(args.output_dir)])
+        tel = self.tel
+        memory = self.snapshots.attach(lambda event, **fields: tel.event(event, **fields))
+        tel.set_checkpoint(memory_snapshots=memory.facts)
         self._term.install()
         if model is not None:  # every training forward's batch, for the step's samples
             self._counting = model.register_forward_pre_hook(self._count, with_kwargs=True)
@@ -106,34 +121,45 @@ class TrainwatchCallback(TrainerCallback):
                            first_step=state.global_step)
         if model is not None and self.replica_every:
             self.tel.check_replicas(model, every=self.replica_every)
-        if self._resumed_from is not None and state.is_world_process_zero:
-            self._note_resume(state.global_step, *self._resumed_from)
+        if state.is_world_process_zero:
+            self._note_resume(state.global_step)
 
-    def _note_resume(self, step: int, ours_step: int, ours: Path) -> None:
-        """Journal a resume from the checkpoint ``resume_path`` found; say so when
-        ``train`` was given another one (or none): the Trainer starts at the step of what it
-        loaded, so a different step is a different start."""
-        if step == ours_step and self.tel is not None:
-            self.tel.event("checkpoint_resumed", step=step, path=str(ours),
-                           framework="transformers")
+    def _note_resume(self, step: int) -> None:
+        """Journal a resume from what ``resume_path`` gave (a snapshot or the checkpoint);
+        say so when ``train`` was given another one (or none): the Trainer starts at the
+        step of what it loaded, so a different step is a different start."""
+        said = self.snapshots.journaled or {}
+        memory = self.snapshots.restored
+        ours = (memory.step, memory.path) if memory is not None else self._resumed_from
+        if ours is None or self.tel is None:
+            return
+        if step == ours[0]:
+            fields = (said if memory is not None else
+                      {"step": step, "path": str(ours[1]), "state_from": "checkpoint", **said})
+            self.tel.event("checkpoint_resumed", framework="transformers",
+                           **{k: v for k, v in fields.items() if v is not None})
             return
         log.warning("trainwatch: trainer.train started at step %d, not from the newest "
-                    "verified checkpoint %s (step %d): a restart repeats the steps since; "
-                    "pass resume_from_checkpoint=cb.resume_path(args.output_dir)",
-                    step, ours, ours_step)
+                    "state %s (step %d): a restart repeats the steps since; pass "
+                    "resume_from_checkpoint=cb.resume_path(args.output_dir)",
+                    step, ours[1], ours[0])
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._term.restore()
         if self._counting is not None:
             self._counting.remove()
             self._counting = None
+        self.snapshots.close(finished=not self._stopping)
         if self.tel is not None:
             self.tel.close("stopped" if self._stopping else "finished")
             self.tel = None
         if self._stopping:  # saved; "stopped, resume me", not "finished"
+            # SIGTERM stays ours to the exit: given back before the final status, the
+            # late SIGTERM of a rank carrying out another rank's stop (its launcher's)
+            # killed it before it wrote 'stopped' (the Lightning callback's f544fb9).
             if dist.is_available() and dist.is_initialized():
                 dist.destroy_process_group()  # else exiting waits on the group's peers
             raise SystemExit(EXIT_STOPPED)
+        self._term.restore()  # finished: the script goes on with its own handler
 
     # ------------------------------------------------------------------ the step
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None,
@@ -166,6 +192,8 @@ class TrainwatchCallback(TrainerCallback):
         if stopping:  # SIGTERM: save this step, then end training and exit 75
             self._stopping = True
             control.should_training_stop = True
+        self.snapshots.after_step(state, kwargs.get("model"), kwargs.get("optimizer"),
+                                  kwargs.get("lr_scheduler"))
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if args.world_size > 1 and dist.is_available() and dist.is_initialized():
