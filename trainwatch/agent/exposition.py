@@ -206,9 +206,15 @@ class ExpositionWriter:
                 for name, each in lines.items()}
 
     def _block_lines(self, block: Block) -> dict[str, tuple[tuple[str, ...], str]]:
-        """A block's lines per metric (its prefixes and text), made once per block."""
+        """A block's lines per metric (its prefixes and text), made once per block; its
+        series keep no line of their own (the block's text is the one copy)."""
         lines: dict[str, dict[str, str]] = {}
-        self._rows(block.pairs, lines)
+        for series, value in block.pairs:
+            if series.prefix is None:
+                series.prefix = self._checked_prefix(series.name, series.labels)
+            prefix = series.prefix
+            if prefix:
+                _keep(series.name, prefix, prefix + format_value(value) + "\n", lines)
         return {name: (tuple(each), "".join(each.values())) for name, each in lines.items()}
 
     def _rows(self, pairs: list[tuple[Series, float]],
