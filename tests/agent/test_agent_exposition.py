@@ -186,8 +186,9 @@ def test_a_ranks_series_share_its_labels_and_write_them_whole():
 
 def test_block_texts_follow_the_blocks_of_now():
     """A metric only blocks hold keeps its text while the render gets the very blocks of
-    the last one (agent/series.py ``Block``); a block of other values, a rank gone, or
-    a metric in both a block and a Rows' own pairs is written as the values of now."""
+    the last one (agent/series.py ``Block``); a block of other values or of other
+    metrics, a rank gone, or a metric in both a block and a Rows' own pairs is written as
+    the values of now."""
     samples = contract_samples()
     series = [Series(s.name, s.labels) for s in samples]
     names = sorted({s.name for s in samples})
@@ -201,6 +202,8 @@ def test_block_texts_follow_the_blocks_of_now():
             rows = Rows()
             mine = [(s, v) for i, (s, v) in enumerate(zip(series, values)) if i % 3 == rank]
             pairs = [(s, v) for s, v in mine if s.name in in_blocks]
+            if round_ == 4 and rank == 0:  # a block of other metrics in the same place
+                pairs = [(s, v) for s, v in pairs if s.name != pairs[-1][0].name]
             block = kept(blocks.get(rank), pairs)
             same = round_ == 1 and not any(v != v for _, v in pairs)  # NaN is never the same
             assert (block is blocks.get(rank)) == same

@@ -86,6 +86,7 @@ class BlockTexts:
     def __init__(self) -> None:
         self.blocks: list[Block] = []
         self.texts: Families = {}
+        self.at: dict[str, list[int]] = {}  # name -> where its blocks are in ``blocks``
 
     def families(self, blocks: list[Block], lines_of: Callable[[Block], _Lines]) -> Families:
         if blocks == self.blocks:  # each the same object (a Block compares by identity)
@@ -93,23 +94,32 @@ class BlockTexts:
         for block in blocks:
             if block.rendered is None:
                 block.rendered = lines_of(block)
-        if len(blocks) == len(self.blocks):
-            dirty: set[str] = set()
-            for old, new in zip(self.blocks, blocks):
-                if old is not new:
-                    dirty.update(old.rendered or (), new.rendered or ())
-        else:  # ranks came or went: every metric's order may have changed
-            dirty = {name for block in blocks for name in block.rendered or ()}
-        texts = {name: family for name, family in self.texts.items() if name not in dirty}
-        parts: dict[str, list[tuple[tuple[str, ...], str]]] = {}
-        for block in blocks:
-            for name, got in (block.rendered or {}).items():
-                if name in dirty:
-                    parts.setdefault(name, []).append(got)
-        for name, each in parts.items():
-            texts[name] = _joined(each)
-        self.blocks, self.texts = blocks, texts
-        return texts
+        dirty = self._dirty(blocks)
+        if dirty is None:  # ranks came or went, or a block holds other metrics: all again
+            self.at = {}
+            for index, block in enumerate(blocks):
+                for name in block.rendered or ():
+                    self.at.setdefault(name, []).append(index)
+            dirty = set(self.at)
+            self.texts = {}
+        for name in dirty:
+            self.texts[name] = _joined([(blocks[i].rendered or {})[name] for i in self.at[name]])
+        self.blocks = blocks
+        return self.texts
+
+    def _dirty(self, blocks: list[Block]) -> set[str] | None:
+        """The metrics of the blocks that are others than last time, where each holds the
+        same metrics as the one it replaces (a process's, a state's); None otherwise."""
+        if len(blocks) != len(self.blocks):
+            return None
+        dirty: set[str] = set()
+        for old, new in zip(self.blocks, blocks):
+            if old is not new:
+                names = (new.rendered or {}).keys()
+                if names != (old.rendered or {}).keys():
+                    return None
+                dirty.update(names)
+        return dirty
 
 
 def _joined(parts: list[tuple[tuple[str, ...], str]]) -> Family:

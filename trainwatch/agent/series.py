@@ -103,10 +103,11 @@ class SeriesBook:
     """A rank's series: one per metric with the rank's own labels (``one``), and one per
     metric and extra label set (``labelled``), made on first use."""
 
-    __slots__ = ("base", "_plain", "_labelled")
+    __slots__ = ("base", "_plain", "_labelled", "block")
 
     def __init__(self, base: dict[str, str]):
         self.base = base
+        self.block: Block | None = None  # its standing rows as last handed over, if any
         self._plain: dict[str, Series] = {}
         self._labelled: dict[tuple[str, tuple[tuple[str, str], ...]], Series] = {}
 
