@@ -18,6 +18,7 @@ labels; anything else is dropped and reported once through ``reject``.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import defaultdict
 from typing import AbstractSet, Callable, Hashable, Iterable, Iterator, Mapping
@@ -95,7 +96,7 @@ class BlockTexts:
             if block.rendered is None:
                 block.rendered = lines_of(block)
         dirty = self._dirty(blocks)
-        if dirty is None:  # ranks came or went, or a block holds other metrics: all again
+        if dirty is None:  # ranks came or went: every metric's order may have changed
             self.at = {}
             for index, block in enumerate(blocks):
                 for name in block.rendered or ():
@@ -103,22 +104,32 @@ class BlockTexts:
             dirty = set(self.at)
             self.texts = {}
         for name in dirty:
-            self.texts[name] = _joined([(blocks[i].rendered or {})[name] for i in self.at[name]])
+            where = self.at.get(name)
+            if where:
+                self.texts[name] = _joined([(blocks[i].rendered or {})[name] for i in where])
+            else:  # no block holds it any more
+                self.texts.pop(name, None)
+                self.at.pop(name, None)
         self.blocks = blocks
         return self.texts
 
     def _dirty(self, blocks: list[Block]) -> set[str] | None:
-        """The metrics of the blocks that are others than last time, where each holds the
-        same metrics as the one it replaces (a process's, a state's); None otherwise."""
+        """The metrics of the blocks that are others than last time (where each metric's
+        blocks are follows a block that holds other metrics: a process's CPU contention
+        comes and goes); None when ranks came or went."""
         if len(blocks) != len(self.blocks):
             return None
         dirty: set[str] = set()
-        for old, new in zip(self.blocks, blocks):
+        for index, (old, new) in enumerate(zip(self.blocks, blocks)):
             if old is not new:
-                names = (new.rendered or {}).keys()
-                if names != (old.rendered or {}).keys():
-                    return None
-                dirty.update(names)
+                before, after = (old.rendered or {}).keys(), (new.rendered or {}).keys()
+                if before != after:
+                    for name in before - after:
+                        self.at[name].remove(index)
+                    for name in after - before:
+                        bisect.insort(self.at.setdefault(name, []), index)
+                    dirty.update(before)
+                dirty.update(after)
         return dirty
 
 
