@@ -16,7 +16,7 @@ from prometheus_client.registry import CollectorRegistry
 from trainwatch.agent.exposition import (OPENMETRICS, TEXT, ExpositionWriter, content_type_for,
                                          format_value)
 from trainwatch.agent.registry import Deferred, Sample
-from trainwatch.agent.series import Rows, Series
+from trainwatch.agent.series import Block, Rows, Series, kept
 from trainwatch.contract.metrics import METRICS
 
 VALUES = [0.0, 1.0, -2.5, 0.1, 1e-7, 1234567.0, 1733232000.123, 1e16, 12345678901.0,
@@ -182,3 +182,55 @@ def test_a_ranks_series_share_its_labels_and_write_them_whole():
     body = w.join([w.families(Deferred((), (lambda: rows,)), "ranks")]).decode()
     assert 'trainwatch_rank_phase{local_rank="3",node="n",phase="forward",rank="3",run="r"} 1.0' \
         in body and rejected == []
+
+
+def test_block_texts_follow_the_blocks_of_now():
+    """A metric only blocks hold keeps its text while the render gets the very blocks of
+    the last one (agent/series.py ``Block``); a block of other values or of other
+    metrics, a rank gone, or a metric in both a block and a Rows' own pairs is written as
+    the values of now."""
+    samples = contract_samples()
+    series = [Series(s.name, s.labels) for s in samples]
+    names = sorted({s.name for s in samples})
+    in_blocks = set(names[::2])  # the other metrics are each Rows' own pairs
+    w, rejected = writer()
+    blocks: dict[int, Block] = {}
+    for round_, values in enumerate(_rounds(samples)):
+        ranks = 3 if round_ < 5 else 2  # a rank gone in the last round
+        parts, made = [], []
+        for rank in range(ranks):
+            rows = Rows()
+            mine = [(s, v) for i, (s, v) in enumerate(zip(series, values)) if i % 3 == rank]
+            pairs = [(s, v) for s, v in mine if s.name in in_blocks]
+            if round_ == 4 and rank == 0:  # a block of other metrics in the same place
+                pairs = [(s, v) for s, v in pairs if s.name != pairs[-1][0].name]
+            block = kept(blocks.get(rank), pairs)
+            same = round_ == 1 and not any(v != v for _, v in pairs)  # NaN is never the same
+            assert (block is blocks.get(rank)) == same
+            rows.blocks.append(block)
+            blocks[rank] = block
+            for s, v in mine:
+                if s.name not in in_blocks:
+                    rows.add(s, v)
+            if round_ == 3 and rank == 1:  # one metric in both: written in the rows' order
+                rows.add(*next((s, v) for s, v in mine if s.name in in_blocks))
+            parts.append(rows)
+            made.extend(rows)
+        for content_type in (TEXT, OPENMETRICS):
+            got = w.join([w.families(Deferred((), tuple((lambda r=r: r) for r in parts)),
+                                     "ranks")], content_type)
+            now = [s for i, s in enumerate(made) if not any(
+                (s.name, s.labels) == (o.name, o.labels) for o in made[:i])]
+            assert got == reference(now, content_type == OPENMETRICS), (round_, content_type)
+    assert rejected == []
+
+
+def test_a_block_is_kept_only_for_the_very_same_values():
+    one = Series("trainwatch_rank_step", {"run": "r", "node": "n", "rank": "0",
+                                          "local_rank": "0"})
+    block = Block([(one, 0.0)])
+    assert kept(block, [(one, 0.0)]) is block
+    for other in (-0.0, 1.0, math.nan):
+        assert kept(block, [(one, other)]) is not block
+    assert kept(block, [(one, 0.0), (one, 0.0)]) is not block
+    assert kept(None, [(one, 0.0)]).pairs == [(one, 0.0)]

@@ -286,3 +286,24 @@ def test_a_status_file_that_did_not_change_is_not_parsed_again(tmp_path, monkeyp
         assert loss(files, run, 10.0) == 2.0 and len(parsed) == 2
     finally:
         writer.close()
+
+
+def test_parsed_statuses_of_one_window_share_its_summary_and_keep_their_own_values(tmp_path):
+    """Every local rank's status carries the same job summary (all-reduced): those parsed
+    hold one copy of it (at 256 ranks each is 256 numbers), and a status whose summary of
+    that window is not equal keeps its own."""
+    run = RunDir(tmp_path / "run").create()
+    writers = [BeatWriter(beat_path(run.status_dir, r)) for r in range(3)]
+    try:
+        written = windows(run, writers, 9, 1000.0, loss=1.0)
+        records = RankFiles(refresh=3600.0).read(run, 0.0)[0].records  # each one parsed
+        assert all(r["timing"]["job"] is records[0]["timing"]["job"] for r in records)
+        assert records[0]["timing"]["job"] == written[0]["job"]
+        other = dict(written[0]["job"], median=9.0)
+        status(run, 2, 102, loss=1.0, node="n1", restart_count=0, timing=timing(9, 0.12, other))
+        records = RankFiles(refresh=3600.0).read(run, 1.0)[0].records
+        assert [r["timing"]["job"]["median"] for r in records] == \
+            [written[0]["job"]["median"]] * 2 + [9.0]
+    finally:
+        for writer in writers:
+            writer.close()

@@ -140,11 +140,17 @@ def _summary_key(step: Any, record: dict[str, Any]) -> tuple[Any, ...] | None:
 
 
 def _offer_summary(record: dict[str, Any], summaries: dict[tuple[Any, ...], Any]) -> None:
+    """Offer the status's job summary for its window; a status holding an equal copy of
+    the one offered already holds that one instead (at 256 local ranks each summary is
+    a list of 256 numbers, and every parsed status had kept its own)."""
     timing = record.get("timing")
     if isinstance(timing, dict) and "job" in timing:
         key = _summary_key(timing.get("step"), record)
-        if key is not None:
-            summaries.setdefault(key, timing["job"])
+        if key is None:
+            return
+        offered = summaries.setdefault(key, timing["job"])
+        if offered is not timing["job"] and offered == timing["job"]:
+            timing["job"] = offered
 
 
 def _new_window(timing: Any, beat: dict[str, Any]) -> bool:

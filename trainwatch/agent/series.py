@@ -10,6 +10,11 @@ once) and its last line: a render writes a line again only for a value that chan
 (``ExpositionWriter.families``). A collection hands over its values as ``Rows``;
 whoever reads them as ``Sample``s (tests, ``Result.every_sample``) still can.
 
+Most of a rank's rows stand for seconds at a time (its status as parsed, its process,
+its state and phase): those come as a ``Block``, kept while its values are the same, so
+a render does not look at their series at all while the blocks it saw last time are
+the very ones it gets (``ExpositionWriter`` keeps each block family's text).
+
 Memory follows the live ranks: a collector drops a rank's book when the rank is gone,
 and a book holds at most ``MAX_LABELLED`` series with extra labels (a rank may name
 phases of its own).
@@ -17,6 +22,7 @@ phases of its own).
 
 from __future__ import annotations
 
+import math
 from typing import Iterator
 
 from trainwatch.agent.registry import Sample
@@ -46,20 +52,49 @@ class Series:
         return {**self.base, **dict(self.extra)} if self.extra else self.base
 
 
-class Rows:
-    """One collection's values of some series, in export order (``None`` is unknown and
-    not exported)."""
+class Block:
+    """Rows that stand together (a rank's status as parsed, its process, its state):
+    never changed once made, and replaced only by a block of other values (``kept``).
+    ``rendered`` is what a writer made of it once: per metric, its line prefixes and
+    lines."""
 
-    __slots__ = ("pairs",)
+    __slots__ = ("pairs", "rendered")
+
+    def __init__(self, pairs: list[tuple[Series, float]]):
+        self.pairs = pairs
+        self.rendered: dict[str, tuple[tuple[str, ...], str]] | None = None
+
+    def same_values(self, pairs: list[tuple[Series, float]]) -> bool:
+        """The same series with the same values (-0.0 is not 0.0: it is written apart)."""
+        return len(pairs) == len(self.pairs) and all(
+            a is c and (b == d and (b or math.copysign(1.0, b) == math.copysign(1.0, d)))
+            for (a, b), (c, d) in zip(self.pairs, pairs))
+
+
+def kept(block: Block | None, pairs: list[tuple[Series, float]]) -> Block:
+    """``block`` when ``pairs`` are its very values, else a new block of them: a status
+    parsed again with the same values renders nothing again."""
+    return block if block is not None and block.same_values(pairs) else Block(pairs)
+
+
+class Rows:
+    """One collection's values of some series (``None`` is unknown and not exported):
+    its blocks', then its own pairs', in export order (a metric's lines keep it)."""
+
+    __slots__ = ("pairs", "blocks")
 
     def __init__(self) -> None:
         self.pairs: list[tuple[Series, float]] = []
+        self.blocks: list[Block] = []
 
     def add(self, series: Series, value: float | int | bool | None) -> None:
         if value is not None:
             self.pairs.append((series, float(value)))
 
     def __iter__(self) -> Iterator[Sample]:
+        for block in self.blocks:
+            for series, value in block.pairs:
+                yield Sample(series.name, series.labels, value)
         for series, value in self.pairs:
             yield Sample(series.name, series.labels, value)
 
@@ -68,10 +103,11 @@ class SeriesBook:
     """A rank's series: one per metric with the rank's own labels (``one``), and one per
     metric and extra label set (``labelled``), made on first use."""
 
-    __slots__ = ("base", "_plain", "_labelled")
+    __slots__ = ("base", "_plain", "_labelled", "block")
 
     def __init__(self, base: dict[str, str]):
         self.base = base
+        self.block: Block | None = None  # its standing rows as last handed over, if any
         self._plain: dict[str, Series] = {}
         self._labelled: dict[tuple[str, tuple[tuple[str, str], ...]], Series] = {}
 

@@ -222,7 +222,14 @@ def recent_standing(timing: Any, limit: int = 2 * RECENT_WINDOWS) -> list[tuple[
     if not isinstance(entries, list):
         return []
     usable = []
+    isfinite = math.isfinite
     for entry in entries[-limit:]:
+        if type(entry) is list and len(entry) == 3:  # as written: a quick look (per rank,
+            step, ratio, z = entry                    # every window, on the agent)
+            if type(step) is int and type(ratio) is float and type(z) is float \
+                    and isfinite(ratio) and isfinite(z) and ratio > 0:
+                usable.append((step, ratio, z))
+                continue
         if not (isinstance(entry, list) and len(entry) == 3):
             continue
         step, ratio, z = entry[0], _finite(entry[1]), _finite(entry[2])

@@ -15,7 +15,7 @@ from typing import Any
 
 from trainwatch.agent.incident import group
 from trainwatch.agent.registry import Collector, Result, label_values, register
-from trainwatch.agent.series import Rows, SeriesBook
+from trainwatch.agent.series import Rows, SeriesBook, kept
 from trainwatch.host.procinfo import describe_wait, main_thread_wait
 from trainwatch.agent.stall import StallDetector, phase_holds
 from trainwatch.agent.straggler import JobStragglers
@@ -100,8 +100,9 @@ class FindingsCollector(Collector):
                 verdict = self._stall(key, job, rank, rows, elapsed, holders, current)
                 if verdict.stalled:
                     stalled.append((rank, verdict))
+                standing = len(rows)  # the stall rows: the same second after second
                 straggler = self._straggler(tracker, job, rank, rows, current)
-                result.defer(partial(_rank_series, book, rows))
+                result.defer(partial(_rank_series, book, rows, standing))
                 verdicts[f"{job['job']}/{rank['rank']}"] = {
                     "stall": {"budget_seconds": verdict.budget, "stalled": verdict.stalled,
                               "kind": verdict.kind},
@@ -346,11 +347,18 @@ class FindingsCollector(Collector):
         self.active = current
 
 
-def _rank_series(book: SeriesBook, rows: list[tuple[str, Any, tuple[tuple[str, str], ...]]]
-                 ) -> Rows:
+def _rank_series(book: SeriesBook, rows: list[tuple[str, Any, tuple[tuple[str, str], ...]]],
+                 standing: int) -> Rows:
     """One rank's stall and straggler series from the rows a judgement took (built when
-    a scrape reads them: a row per series is cheaper than a sample every second)."""
+    a scrape reads them: a row per series is cheaper than a sample every second). The
+    first ``standing`` (the stall rows, which stand while the rank runs) are a block,
+    the one handed over last while their values are the same."""
     out = Rows()
-    for metric, value, extra in rows:
+    for metric, value, extra in rows[:standing]:
+        out.add(book.labelled(metric, extra) if extra else book.one(metric), value)
+    book.block = kept(book.block, out.pairs)
+    out.blocks.append(book.block)
+    out.pairs = []
+    for metric, value, extra in rows[standing:]:
         out.add(book.labelled(metric, extra) if extra else book.one(metric), value)
     return out

@@ -21,7 +21,7 @@ from trainwatch.agent import jobview
 from trainwatch.host.procinfo import ProcessTracker
 from trainwatch.agent.rankfiles import RankFiles
 from trainwatch.agent.registry import Collector, Result, label_values, register
-from trainwatch.agent.series import Rows, Series, SeriesBook
+from trainwatch.agent.series import MAX_LABELLED, Block, Rows, Series, SeriesBook, kept
 from trainwatch.contract.collectives import read_field
 from trainwatch.contract.replicas import digests
 from trainwatch.rundir.beat import (MERGED_COUNTERS, MERGED_FIELDS, MERGED_METRICS, declared_budgets,
@@ -84,9 +84,9 @@ class _RankSeries(SeriesBook):
         self.beat_counter_fields = self._table(COUNTER_FIELD_METRICS, MERGED_COUNTERS, True)
         # (what they were made of, rows): the status's own rows and the process's, kept
         # while the same parsed status and the same process facts stand (seconds at a time).
-        self.kept: dict[str, tuple[tuple[Any, ...], list[tuple[Series, float]]]] = {}
-        # (table, its value) -> its rows: a known state or phase's rows are made once
-        self._one_hot: dict[tuple[str, str | None], list[tuple[Series, float]]] = {}
+        self.kept: dict[str, tuple[tuple[Any, ...], Block]] = {}
+        # (table, its value) -> its rows: a state or phase's rows are made once
+        self._one_hot: dict[tuple[str, str], Block] = {}
 
     def _table(self, metrics: dict[str, str], merged: frozenset[str],
                from_beat: bool) -> list[tuple[str, Series]]:
@@ -94,30 +94,34 @@ class _RankSeries(SeriesBook):
                 if (field in merged) == from_beat]
 
     def rows_of(self, part: str, made_of: tuple[Any, ...],
-                make: Callable[[Rows], None]) -> list[tuple[Series, float]]:
+                make: Callable[[Rows], None]) -> Block:
         """The rows ``make`` adds for these very objects (``is``: a parse or an inspection
-        makes new ones), made again only when one of them is another."""
-        kept = self.kept.get(part)
-        if kept is not None and all(a is b for a, b in zip(kept[0], made_of)):
-            return kept[1]
+        makes new ones), made again only when one of them is another; the block of
+        before while they come out the same (a status parsed again, every few seconds)."""
+        held = self.kept.get(part)
+        if held is not None and all(a is b for a, b in zip(held[0], made_of)):
+            return held[1]
         rows = Rows()
         make(rows)
-        self.kept[part] = (made_of, rows.pairs)
-        return rows.pairs
+        block = kept(held[1] if held is not None else None, rows.pairs)
+        self.kept[part] = (made_of, block)
+        return block
 
-    def one_hot(self, table: str, value: str) -> list[tuple[Series, float]]:
+    def one_hot(self, table: str, value: str) -> Block:
         """The rows of a state or phase table (``states``, ``phases``): 1 for ``value``,
-        0 for the rest; made once per known value (any other: all 0, made once)."""
-        rows = self._one_hot.get((table, value))
-        if rows is not None:
-            return rows
+        0 for the rest; a phase of the rank's own naming adds its own series (1). Made
+        once per value (a rank inventing names: made again after ``MAX_LABELLED``)."""
+        block = self._one_hot.get((table, value))
+        if block is not None:
+            return block
         entries = self.states if table == "states" else list(self.phases.items())
-        key = (table, value if any(name == value for name, _ in entries) else None)
-        rows = self._one_hot.get(key)
-        if rows is None:
-            rows = self._one_hot[key] = [(each, 1.0 if name == value else 0.0)
-                                         for name, each in entries]
-        return rows
+        pairs = [(each, 1.0 if name == value else 0.0) for name, each in entries]
+        if table == "phases" and value not in self.phases:
+            pairs.append((self.phase("trainwatch_rank_phase", value), 1.0))
+        if len(self._one_hot) >= MAX_LABELLED:
+            self._one_hot.clear()
+        block = self._one_hot[(table, value)] = Block(pairs)
+        return block
 
     def phase(self, metric: str, name: str) -> Series:
         return self.labelled(metric, (("phase", name),))
@@ -172,20 +176,21 @@ def _rank_rows(series: _RankSeries, raw: dict[str, Any], s: dict[str, Any], stat
                phase: str | None, ages: dict[str, float | None],
                publish: dict[str, Any] | None, proc: dict[str, Any]) -> Rows:
     """One rank's series, from what a collection took (built when a scrape reads them).
-    Those of the status as parsed (``raw``: loss, throughput, counters) and of the process
-    are kept while they stand; the beat's and the ages are made each time. Each metric's
-    rows are in one part, so a family's lines keep the ranks' order."""
+    Those of the status as parsed (``raw``: loss, throughput, counters), of the process,
+    its state and phase are blocks kept while they stand; the beat's and the ages are
+    made each time. No metric is in both, so a family's lines keep the ranks' order."""
     out = Rows()
-    add, one, pairs = out.add, series.one, out.pairs
+    add, one = out.add, series.one
     metrics = value if isinstance(value := s.get("metrics"), dict) else {}
     counters = value if isinstance(value := s.get("counters"), dict) else {}
-    pairs.extend(series.rows_of("status", (raw.get("metrics"), raw.get("counters"),
-                                           raw.get("eval"), raw.get("backend"),
-                                           raw.get("device"), raw.get("restart_count"),
-                                           raw.get("last_nonfinite_loss_at"),
-                                           raw.get("last_reduction_mismatch_at")),
-                                lambda rows: _status_rows(series, raw, rows)))
-    pairs.extend(series.one_hot("states", state))
+    blocks = out.blocks
+    blocks.append(series.rows_of("status", (raw.get("metrics"), raw.get("counters"),
+                                            raw.get("eval"), raw.get("backend"),
+                                            raw.get("device"), raw.get("restart_count"),
+                                            raw.get("last_nonfinite_loss_at"),
+                                            raw.get("last_reduction_mismatch_at")),
+                                 lambda rows: _status_rows(series, raw, rows)))
+    blocks.append(series.one_hot("states", state))
     _numbers(out, series.beat_fields, s)
     add(one("trainwatch_rank_heartbeat_age_seconds"), ages["heartbeat"])
     add(one("trainwatch_rank_progress_age_seconds"), ages["progress"])
@@ -193,13 +198,11 @@ def _rank_rows(series: _RankSeries, raw: dict[str, Any], s: dict[str, Any], stat
     if publish is not None:
         add(one("trainwatch_rank_publish_failing"), publish["failing"])
     if phase:
-        pairs.extend(series.one_hot("phases", phase))
-        if phase not in series.phases:
-            add(series.phase("trainwatch_rank_phase", phase), 1)
+        blocks.append(series.one_hot("phases", phase))
     _numbers(out, series.beat_step_fields, metrics)
     _numbers(out, series.beat_counter_fields, counters)
-    pairs.extend(series.rows_of("process", (proc,),
-                                lambda rows: _process_rows(series, proc, rows)))
+    blocks.append(series.rows_of("process", (proc,),
+                                 lambda rows: _process_rows(series, proc, rows)))
     return out
 
 
