@@ -103,3 +103,39 @@ def test_every_condition_is_required():
                evidence([2.4, 2.2], [0.6, 0.5], runnable=1, pressure=3.0)):
         ev.node_cpu["load1"] = 1.0 if ev.node_cpu["runnable"] == 1 else 13.4
         assert not any(f.category == "node" for f in analysis.analyse(ev))
+
+
+def test_three_slow_steps_establish_the_slowdown(tmp_path):
+    """Under the hogs a step takes about a second: the window must fill in 3 steps, not 6."""
+    run = RunDir(tmp_path / "run")
+    run.create()
+    run.metrics_file(0).parent.mkdir(parents=True, exist_ok=True)
+    run.metrics_file(0).write_text("".join(
+        json.dumps({"kind": "step", "step": i, "step_time_seconds": t}) + "\n"
+        for i, t in enumerate([0.05] * 40 + [0.15] * 3)))
+    assert node_cpu.slowdown(run, 0) == {"recent": 0.15, "baseline": 0.05, "ratio": 3.0}
+
+
+def with_timing(ev, slowest_rank, local):
+    """The timing exchange every rank publishes: ``slowest_rank`` is 1.4x the job median."""
+    job = {"ranks": 2, "middle_from": 0, "middle": sorted(local), "median": 0.1, "mad": 0.02,
+           "max": max(local), "slowest_rank": slowest_rank}
+    for rank, seconds in enumerate(local):
+        ev.ranks[rank]["timing"] = {"step": 80, "local_seconds": seconds, "job": job}
+    return ev
+
+
+def test_ranks_all_waiting_for_a_cpu_are_not_one_straggler():
+    """Before the slowdown is established (both ranks 1.2x their own pace), the timing
+    exchange says rank 1 is 1.4x the median: the scheduler served it last. Every rank
+    waits for a CPU on a contended node, so it is no straggler."""
+    ev = with_timing(evidence([1.2, 1.2], [0.4, 0.45]), 1, [0.1, 0.14])
+    assert [f.category for f in analysis.analyse(ev) if f.severity != "info"] == []
+
+
+def test_a_straggler_on_a_busy_node_is_still_named():
+    """The straggler at 0.8x on the loaded VM: its peer sleeps in the collective, so it
+    does not wait for a CPU, and the slow rank is one rank, not the node."""
+    ev = with_timing(evidence([1.0, 1.2], [0.02, 0.3]), 1, [0.1, 0.14])
+    top = analysis.analyse(ev)[0]
+    assert (top.category, top.ranks) == ("straggler", [1])

@@ -5,6 +5,10 @@ steps, each waited for a CPU a large share of the time, and the kernel's run que
 node has more runnable tasks than cores while processes outside the job take the CPU. All
 of it is required (``Evidence.node_cpu``, diagnose/node_cpu.py): a busy shared node whose
 job keeps its pace is not reported, nor a slow rank that waits for something else.
+
+Until the slowdown is established (3 slow steps), two or more local ranks that all wait for
+a CPU on such a node are still explained, with no finding: the straggler rule after this
+one must not name whichever of them the scheduler happened to serve last.
 """
 
 from __future__ import annotations
@@ -28,11 +32,17 @@ def check_cpu_contention(a: Analysis) -> list[Finding]:
     cores, runnable, load1 = cpu.get("cores") or 0, cpu.get("runnable"), cpu.get("load1")
     queue = max(x for x in (runnable, load1, 0) if isinstance(x, (int, float)))
     pressure = cpu.get("pressure_some_avg10")
-    if not (all(s and (s.get("ratio") or 0) >= SLOWED_RATIO for s in slow.values())
-            and all(waited.get(r, 0) >= RANK_WAIT_SHARE for r in ranks)
+    if not (all(waited.get(r, 0) >= RANK_WAIT_SHARE for r in ranks)
             and cores and queue > cores
             and (pressure is None or pressure >= PRESSURE_AVG10)
             and cpu.get("outside_cpu_percent", 0) >= OUTSIDE_CPU_PERCENT):
+        return []
+    if len(ranks) >= 2:
+        # Every local rank waits for a CPU on a contended node: whichever is slowest now is
+        # the one the scheduler served last, not a straggler (whose peers wait, asleep, in
+        # the collective), even before the slowdown is established.
+        a.explained.update(ranks)
+    if not all(s and (s.get("ratio") or 0) >= SLOWED_RATIO for s in slow.values()):
         return []
     a.explained.update(ranks)
     top = ", ".join(f"{p['pid']}/{p['comm']}/{p['cpu_percent']:.0f}%"
