@@ -85,6 +85,13 @@ def test_a_whole_contended_node_is_named_with_its_queue_and_consumers():
     assert "CPU pressure 97 %" in top.evidence[2]
 
 
+def test_the_rank_served_first_waits_in_the_collective_not_for_a_cpu():
+    """Measured under the corpus's hogs: both ranks 2.1x slower, but only the one the
+    scheduler serves last waited for a CPU (55 %); the other slept in the all_reduce."""
+    top = analysis.analyse(evidence([2.1, 2.06], [0.55, 0.069]))[0]
+    assert top.category == "node" and top.ranks == []
+
+
 def test_a_busy_node_whose_job_keeps_its_pace_is_healthy():
     """The clean corpus run: a shared VM with 14 runnable tasks on 2 cores and 97 % CPU
     pressure, but the ranks' steps are as fast as before: nothing to report."""
@@ -98,8 +105,47 @@ def test_one_slow_rank_is_not_a_contended_node():
 
 
 def test_every_condition_is_required():
-    for ev in (evidence([2.4, 2.2], [0.6, 0.05]),          # a rank that did not wait for CPU
+    for ev in (evidence([2.4, 2.2], [0.1, 0.05]),          # no rank waited for a CPU
+               evidence([2.4, 2.2], [0.25, 0.05]),   # the wait is not half of the slowdown
                evidence([2.4, 2.2], [0.6, 0.5], outside=40.0),  # the job itself is the load
                evidence([2.4, 2.2], [0.6, 0.5], runnable=1, pressure=3.0)):
         ev.node_cpu["load1"] = 1.0 if ev.node_cpu["runnable"] == 1 else 13.4
         assert not any(f.category == "node" for f in analysis.analyse(ev))
+
+
+def test_three_slow_steps_establish_the_slowdown(tmp_path):
+    """Under the hogs a step takes about a second: the window must fill in 3 steps, not 6."""
+    run = RunDir(tmp_path / "run")
+    run.create()
+    run.metrics_file(0).parent.mkdir(parents=True, exist_ok=True)
+    run.metrics_file(0).write_text("".join(
+        json.dumps({"kind": "step", "step": i, "step_time_seconds": t}) + "\n"
+        for i, t in enumerate([0.05] * 40 + [0.15] * 3)))
+    assert node_cpu.slowdown(run, 0) == {"recent": 0.15, "baseline": 0.05, "ratio": 3.0}
+
+
+def with_timing(ev, slowest_rank, local):
+    """The timing exchange every rank publishes: ``slowest_rank`` is 1.4x the job median."""
+    job = {"ranks": 2, "middle_from": 0, "middle": sorted(local), "median": 0.1, "mad": 0.02,
+           "max": max(local), "slowest_rank": slowest_rank}
+    for rank, seconds in enumerate(local):
+        ev.ranks[rank]["timing"] = {"step": 80, "local_seconds": seconds, "job": job}
+    return ev
+
+
+def test_ranks_all_waiting_for_a_cpu_are_not_one_straggler():
+    """Before the slowdown is established (both ranks 1.2x their own pace), the timing
+    exchange says rank 1 is 1.4x the median: the scheduler served it last. Both ranks
+    wait for a CPU on a contended node (or only rank 1, the other sleeping in the
+    collective), so it is no straggler."""
+    for waits in ([0.4, 0.45], [0.07, 0.55]):
+        ev = with_timing(evidence([1.2, 1.2], waits), 1, [0.1, 0.14])
+        assert [f.category for f in analysis.analyse(ev) if f.severity != "info"] == []
+
+
+def test_a_straggler_on_a_busy_node_is_still_named():
+    """The straggler at 0.8x on the loaded VM: its peer sleeps in the collective, so it
+    does not wait for a CPU, and the slow rank is one rank, not the node."""
+    ev = with_timing(evidence([1.0, 1.2], [0.02, 0.05]), 1, [0.1, 0.14])
+    top = analysis.analyse(ev)[0]
+    assert (top.category, top.ranks) == ("straggler", [1])

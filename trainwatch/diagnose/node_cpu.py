@@ -24,7 +24,7 @@ from trainwatch.rundir.safe_read import parse_json, read_run_file_tail
 
 MIN_INTERVAL = 0.5       # seconds between the two readings
 TAIL_BYTES = 256 * 1024  # of a rank's metrics log: a few hundred steps
-RECENT_STEPS = 10        # the steps "now" is the median of
+RECENT_STEPS = 5         # the steps "now" is the median of: 3 slow steps establish it
 BASELINE_STEPS = 40      # the oldest steps of the tail: the rank's own earlier pace
 TOP_CONSUMERS = 5
 _STATE: dict[int, dict[str, Any]] = {}  # id(ev) -> the first reading (not evidence)

@@ -23,7 +23,7 @@ def check_straggler(a: Analysis) -> list[Finding]:
         if len(late) < 2 or not step:
             continue
         rank = max(late, key=lambda r: late[r])
-        if late[rank] >= max(STRAGGLER_LATENESS_RATIO * step, STRAGGLER_LATENESS_FLOOR):
+        if rank not in a.explained and late[rank] >= max(STRAGGLER_LATENESS_RATIO * step, STRAGGLER_LATENESS_FLOOR):
             others = statistics.median(v for r, v in late.items() if r != rank)
             return [_straggler(a, rank, [
                 f"process group {pg}: rank {rank} enters collectives {late[rank] * 1000:.0f} ms "
@@ -35,7 +35,7 @@ def check_straggler(a: Analysis) -> list[Finding]:
         job = window["job"]
         rank, slowest, median = job.get("slowest_rank"), job["max"], job["median"]
         if isinstance(rank, int) and median > 0 and slowest / median >= STRAGGLER_TIMING_RATIO \
-                and rank in a.ev.ranks:
+                and rank in a.ev.ranks and rank not in a.explained:
             own = a.ev.ranks[rank].get("timing") or {}
             data = own.get("data_wait_seconds") if own.get("step") == window["step"] else None
             cause = (" (mostly waiting for data)"
