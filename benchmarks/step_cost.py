@@ -102,8 +102,8 @@ def per_step_costs(args: argparse.Namespace) -> None:
     ensure_default_dataset(data_dir, size_bytes=cfg.data.corpus_bytes, seed=cfg.data.corpus_seed,
                            val_fraction=cfg.data.val_fraction)
     data = load_dataset(data_dir)
-    plain_state, hooked_state = (build_training_state(cfg, data, ranks) for _ in range(2))
-    plain, hooked = DDP(plain_state.model), DDP(hooked_state.model)
+    plain_state, hooked_state, other_state = (build_training_state(cfg, data, ranks) for _ in range(3))
+    plain, hooked, other = DDP(plain_state.model), DDP(hooked_state.model), DDP(other_state.model)
     every = cfg.telemetry
     on = Telemetry(os.path.join(scratch, "run"), rank=rank, local_rank=ranks.local_rank,
                    world_size=world, flops_per_token=plain_state.model.flops_per_token(),
@@ -118,7 +118,10 @@ def per_step_costs(args: argparse.Namespace) -> None:
     configs = [Config("off", off, plain, plain_state),
                Config("telemetry", on, plain, plain_state),
                Config("+ replica digests", on, plain, plain_state, digests=True),
-               Config("+ reduction checksum", on, hooked, hooked_state, digests=True)]
+               Config("+ reduction checksum", on, hooked, hooked_state, digests=True),
+               # The checksum's DDP needs a model of its own (one hook a DDP): this control
+               # is that model's cost of being another model (its cache misses), no hook.
+               Config("off, a second model", off, other, other_state)]
     if args.snapshots:
         configs += snapshot_configs(scratch, on, hooked, hooked_state)
     # Every check falls in each block the same number of times: its mean is amortized.

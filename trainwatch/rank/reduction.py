@@ -13,7 +13,14 @@ and summing ``world`` of them in the bucket's dtype (at most ``world`` roundings
 summations' own. A flipped exponent or high mantissa bit of one element in transit
 changes the sum by far more; a flip in the low mantissa bits stays under it.
 
-Unchecked steps run torch's own default hook (``allreduce_hook``) and nothing else. The
+Unchecked steps (49 of 50 at the default) do what DDP's own path does and no more, from as
+little Python as can be: the process group's all-reduce called directly (not through
+``dist.all_reduce``'s Python wrapper), the mean taken by the collective itself
+(``ReduceOp.AVG`` on gloo and NCCL, the division inside their reduction, off the loop's
+thread and the training stream; no division at all on one rank, where it is the identity;
+torch's pre-division otherwise, and for float16, whose sum could overflow), and one small
+callback that hands DDP the reduced tensor. Checked steps keep torch's ``allreduce_hook``
+(divide, then sum), the reduction the tolerance above is derived for. The
 comparison's inputs stay on the device as one float64 tensor per bucket, read by the
 telemetry's background thread (no host/device sync in the loop).
 """
@@ -93,6 +100,7 @@ class ReductionCheck:
         self.tamper: Tamper | None = None  # fault injection (TRAINWATCH_FAULT=reduce:...)
         self.taken: collections.deque = collections.deque(maxlen=PENDING)
         self.dropped = 0  # checked buckets the deque let go unread (the reader fell behind)
+        self._means: dict[torch.dtype, tuple[Any, Any, int]] = {}  # by bucket dtype: _plain
         try:
             ddp.register_comm_hook(ddp.process_group, self.hook)
         except RuntimeError as exc:  # a built-in hook (register_builtin_comm_hook) is there
@@ -105,7 +113,7 @@ class ReductionCheck:
         if step is None or (step + 1) % self.every:  # not a checked step: DDP's default
             if tamper is not None and step is not None:
                 tamper(step, bucket.index(), bucket.buffer())
-            return allreduce_hook(group, bucket)
+            return self._plain(group, bucket.buffer())
         buffer = bucket.buffer()
         world = (group if group is not None else dist.group.WORLD).size()
         # The abs-sum only scales the tolerance: float32 is exact enough (relative error
@@ -129,6 +137,17 @@ class ReductionCheck:
 
         return allreduce_hook(group, bucket).then(check)
 
+    def _plain(self, group: Any, buffer: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+        """The bucket's mean over the ranks, as DDP's default path makes it, at the least
+        cost a step (how: ``_mean_of``, chosen once; DDP passes its one group every time)."""
+        mean = self._means.get(buffer.dtype)
+        if mean is None:
+            mean = self._means[buffer.dtype] = _mean_of(group, buffer.dtype)
+        pg, options, divide = mean
+        if divide != 1:
+            buffer.div_(divide)
+        return pg.allreduce([buffer], options).get_future().then(_first)
+
     def resolve(self) -> list[Verdict]:
         """The buckets checked since the last call (reads the device)."""
         out = []
@@ -139,6 +158,26 @@ class ReductionCheck:
             out.append(verdict(step, index, values.tolist(), elements=elements, eps=eps,
                                world=world))
         return out
+
+
+def _mean_of(group: Any, dtype: torch.dtype) -> tuple[Any, Any, int]:
+    """``(process group, all-reduce options, divide by)`` for a bucket's mean: the sum
+    alone on one rank; ``ReduceOp.AVG`` where the backend averages in its reduction (gloo,
+    NCCL) and the sum of undivided float16 values cannot overflow; else divide, then sum."""
+    pg = group if group is not None else dist.group.WORLD
+    world, options = pg.size(), dist.AllreduceOptions()
+    options.reduceOp = dist.ReduceOp.SUM
+    if world == 1:
+        return pg, options, 1
+    if dtype != torch.float16 and dist.get_backend(pg) in ("gloo", "nccl"):
+        options.reduceOp = dist.ReduceOp.AVG
+        return pg, options, 1
+    return pg, options, world
+
+
+def _first(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+    """An all-reduce's future holds its list of tensors; DDP wants the tensor."""
+    return fut.value()[0]
 
 
 def _event_after(values: torch.Tensor) -> Any:
