@@ -85,7 +85,7 @@ def _resume_all(roots, run):
             collective=threads.of(rank), rank=rank, world_size=WORLD, node_of=NODE_OF,
             node_names=["a", "a", "b", "b"], off_reason=None,
             settings=SimpleNamespace(fetch_timeout_s=5.0),
-            held=SimpleNamespace(held_ranks=lambda: []), release_fetched=lambda: None,
+            held=SimpleNamespace(held_ranks=list), release_fetched=lambda: None,
             after_resume=lambda step: None)
         root = roots[NODE_OF[rank]]
         snaps = SimpleNamespace(

@@ -8,9 +8,9 @@ share of the node's own snapshots and held copies, each verified), the ranks tak
 newest step every rank of the new world has somewhere, and the holders send what a rank
 lacks. So a replaced node (an empty /dev/shm) and a smaller world (an elastic job that lost
 a node) resume from memory too. Data-parallel state first looks for a dying gasp newer than
-the snapshots, each node's ranks reading a replica's on their node (peer_gasp.py). The local path's rules hold here as well: a snapshot of
-another config, sealed before the controller's last rollback, or not newer than the
-durable checkpoint is never used.
+the snapshots, each node's ranks reading a replica's on their node (peer_gasp.py). The
+local path's rules hold here as well: a snapshot of another config, sealed before the
+controller's last rollback, or not newer than the durable checkpoint is never used.
 
 Sharded (DTensor) state is checked against the job's own DTensors as resume.py does
 (``check_fit``): at the same world size and mesh a rank's shards come back from wherever
