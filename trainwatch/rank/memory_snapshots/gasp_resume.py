@@ -6,8 +6,9 @@ dying gasp, dying_gasp.py) and EVERY rank has its own part of it: its RNGs and d
 position, in its own snapshot, its gasp, or its per-step part (rank_parts.py). ``plan`` is
 that rule, a pure function of every rank's ``Found``; ``load`` reads a rank's share. The
 rules of the snapshots hold: nothing sealed before the last rollback, nothing not newer
-than the durable checkpoint. One node only (the ranks read each other's files in the same
-/dev/shm); a job whose snapshots travel between nodes resumes as peer_resume.py says.
+than the durable checkpoint. A rank reads the whole file of a replica on its own node (the
+ranks of a node share its /dev/shm): on several nodes (``node_of``), each node needs a whole
+copy of the step among its own ranks; peer_gasp.py runs the rule before the peer exchange.
 """
 
 from __future__ import annotations
@@ -54,10 +55,14 @@ def found_parts(found: Found, root: Path, rank: int, world_size: int,
                 into[s.step] = s.sealed_at or 0.0
 
 
-def plan(found: list[Found], excluded: frozenset[int], beat: int | None) -> Plan | None:
+def plan(found: list[Found], excluded: frozenset[int], beat: int | None,
+         node_of: list[int] | None = None) -> Plan | None:
     """The newest step every rank can restore, newer than ``beat`` (the step every rank has
-    a snapshot of, None: none) and than the durable checkpoint; None when there is none."""
+    a snapshot of, None: none) and than the durable checkpoint; None when there is none.
+    ``node_of``: each rank's node (None: one node); a rank's model and optimizer come
+    from a file on its own node."""
     first = found[0]
+    node_of = node_of or [0] * len(found)
 
     def usable(steps: dict[int, float]) -> set[int]:
         return {s for s, at in steps.items() if s not in excluded and (
@@ -66,23 +71,32 @@ def plan(found: list[Found], excluded: frozenset[int], beat: int | None) -> Plan
     own = [usable(f.steps) for f in found]
     gasps = [usable(f.gasps) for f in found]
     parts = [usable(f.parts) for f in found]
-    whole = set().union(*own, *gasps)
-    restorable = whole.intersection(*(o | g | p for o, g, p in zip(own, gasps, parts)))
+    whole_on: dict[int, set[int]] = {}
+    for i, node in enumerate(node_of):
+        whole_on.setdefault(node, set()).update(own[i], gasps[i])
+    restorable = set.intersection(*(whole_on[node_of[i]] & (o | g | p) for i, (o, g, p)
+                                    in enumerate(zip(own, gasps, parts))))
     floor = max(x for x in (beat, first.durable_step, -1) if x is not None)
     newer = [s for s in restorable if s > floor]
     if not newer:
         return None
     step = max(newer)
-    donor = next(((r, GASP) for r, g in enumerate(gasps) if step in g), None) or next(
-        (r, OWN) for r, o in enumerate(own) if step in o)
-    shared_from = [(i, OWN) if step in own[i] else (i, GASP) if step in gasps[i] else donor
-                   for i in range(len(found))]
+
+    def donor(node: int) -> tuple[int, str]:
+        here = [r for r, n in enumerate(node_of) if n == node]
+        return next(((r, GASP) for r in here if step in gasps[r]), None) or next(
+            (r, OWN) for r in here if step in own[r])
+
+    shared_from = [(i, OWN) if step in own[i] else (i, GASP) if step in gasps[i]
+                   else donor(node_of[i]) for i in range(len(found))]
     from_part = [step not in own[i] and step not in gasps[i] for i in range(len(found))]
     newest = max(set().union(*own, *gasps, *parts))
+    named = donor(node_of[0]) if len(set(node_of)) == 1 else None
+    whose = (f"rank {named[0]}'s {'dying gasp' if named[1] == GASP else 'snapshot'}"
+             if named else "a replica on each rank's node")
     return Plan(step, shared_from, from_part, newest,
-                f"every rank can restore step {step} (the model and optimizer of rank "
-                f"{donor[0]}'s {'dying gasp' if donor[1] == GASP else 'snapshot'}, each rank's "
-                "own RNGs and data position)" + (
+                f"every rank can restore step {step} (the model and optimizer of {whose}, "
+                "each rank's own RNGs and data position)" + (
                     f", newer than the durable checkpoint (step {first.durable_step})"
                     if first.durable_step is not None else ", and no durable checkpoint"))
 

@@ -7,9 +7,10 @@ through the peer exchange instead (peer_fetch.py): every rank lists what its nod
 share of the node's own snapshots and held copies, each verified), the ranks take the
 newest step every rank of the new world has somewhere, and the holders send what a rank
 lacks. So a replaced node (an empty /dev/shm) and a smaller world (an elastic job that lost
-a node) resume from memory too. The local path's rules hold here as well: a snapshot of
-another config, sealed before the controller's last rollback, or not newer than the
-durable checkpoint is never used.
+a node) resume from memory too. Data-parallel state first looks for a dying gasp newer than
+the snapshots, each node's ranks reading a replica's on their node (peer_gasp.py). The
+local path's rules hold here as well: a snapshot of another config, sealed before the
+controller's last rollback, or not newer than the durable checkpoint is never used.
 
 Sharded (DTensor) state is checked against the job's own DTensors as resume.py does
 (``check_fit``): at the same world size and mesh a rank's shards come back from wherever
@@ -29,7 +30,7 @@ from typing import Any, Callable
 
 from trainwatch.contract.layout import rank_of_file
 from trainwatch.rank.checkpoint.resume import Restored, derived_rng
-from trainwatch.rank.memory_snapshots import gasp_resume
+from trainwatch.rank.memory_snapshots import gasp_resume, peer_gasp
 from trainwatch.rank.memory_snapshots import resume as local
 from trainwatch.rank.memory_snapshots import store
 from trainwatch.rank.memory_snapshots.peer_copies import PeerCopies
@@ -56,6 +57,9 @@ def resume(snaps: MemorySnapshots, run: RunDir, durable_step: int | None,
     facts = copies.collective.broadcast(
         {"durable": durable_step, "rollback_at": local.rollback_at(run)}
         if copies.rank == 0 else None)
+    gasped, why_not = peer_gasp.resume(snaps, copies, facts, live)
+    if gasped is not None:  # a survivor's gasp on each node: newer than any snapshot
+        return _finish(snaps, copies, gasped, why_not)
     accept = Acceptor(snaps.config_hash, facts["durable"], facts["rollback_at"])
     own = own_snapshots(snaps.root, copies, accept)
     outcome = fetch_newest_common(copies, own, accept=accept)
@@ -80,10 +84,15 @@ def resume(snaps: MemorySnapshots, run: RunDir, durable_step: int | None,
         _other_world(restored, copies, mine.world_size)
     restored.manifest.update(_journal_fields(done, copies, mine.step, outcome))
     snaps.resumed(mine.step)
+    return _finish(snaps, copies, restored, outcome.reason)
+
+
+def _finish(snaps: MemorySnapshots, copies: PeerCopies, restored: Restored,
+            reason: str) -> tuple[Restored, str]:
     _tidy(snaps.root, copies)
     if copies.off_reason:  # a world on one node keeps no copies
         snaps.peers.close()
-    return restored, outcome.reason
+    return restored, reason
 
 
 def resumed_fields(restored: Restored, reason: str, durable_step: int | None) -> dict[str, Any]:
