@@ -6,10 +6,18 @@ attempt that had already stopped, whose cause then read "the job stopped with it
 written in-process, the way the controller writes them; the report built in-process."""
 
 import io
+import os
+import subprocess
+import sys
 
+import pytest
 from rich.console import Console
 
-from report_helpers import T0, Run, assert_sums_to_wall, near
+from agent_helpers import wait_for
+from conftest import kill_tree
+from report_helpers import T0, Run, assert_sums_to_wall, near, report_json
+from trainwatch.contract.env import SUPERVISOR_ENV
+from trainwatch.rundir.run_dir import RunDir
 from trainwatch.control.outcome import Ending, RunOutcome
 from trainwatch.control.run_summary import summarize
 from trainwatch.report import cost, goodput, html, render, timeline
@@ -111,3 +119,31 @@ def test_a_supervisor_killed_between_a_stop_and_the_next_start_is_not_the_stops_
         "the launcher `trainwatch train` (pid 4242) died without a word (SIGKILL, a crash or "
         "an OOM kill; found by the next supervisor) after attempt 0 had ended, before any "
         "rank of a new attempt started"), death["cause"]
+
+
+@pytest.mark.slow
+def test_a_real_trainwatch_run_killed_before_its_job_is_listed_by_report(tmp_path):
+    """`trainwatch run` SIGKILLed once its lock file exists (before its job started),
+    then the same command again, to its end: `report --json` lists the death."""
+    run = RunDir(tmp_path / "exp")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop(SUPERVISOR_ENV, None)
+    cmd = [sys.executable, "-m", "trainwatch", "run", str(run.root), "--no-live", "--",
+           sys.executable, "-c", "print('trained')"]
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             stdin=subprocess.DEVNULL, env=env)
+    try:
+        wait_for(lambda: run.supervisor_lock_file.exists() or first.poll() is not None, 60,
+                 interval=0.005, what="the first supervisor's lock")
+        first.kill()
+        first.wait(timeout=30)
+        if run.events("job_started"):  # a loaded machine let it reach its job: another case
+            pytest.skip("the supervisor started its job before the kill arrived")
+        again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120,
+                               stdin=subprocess.DEVNULL)
+    finally:
+        kill_tree(first)
+    assert again.returncode == 0, again.stdout + again.stderr
+    deaths = [i for i in report_json(run.root)["incidents"] if i["kind"] == "supervisor_died"]
+    assert [d["evidence"]["supervisor_died"][0]["pid"] for d in deaths] == [first.pid]
+    assert "in its start-up, before any rank started" in deaths[0]["cause"]
