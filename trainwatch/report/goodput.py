@@ -26,6 +26,7 @@ import numpy as np
 
 from trainwatch.contract.stall import default_options, recorded_options, stall_budget
 from trainwatch.report import incidents as incident_evidence
+from trainwatch.report.startup_deaths import startup_cause
 from trainwatch.report.steplog import StepLog
 from trainwatch.report.timeline import Attempt, Timeline, number
 
@@ -57,12 +58,17 @@ class _Piece:
 
 @dataclass
 class Incident:
-    attempt: Attempt
+    attempt: Attempt | None       # None: a supervisor died while no rank of its ran
     evidence: dict[str, Any]
     cause: str
     resumed_from: int | None
     lost_steps: list[int] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)   # recomputed/downtime/stalled
+    died_at: float | None = None  # such a supervisor's death (an attempt's: its end)
+
+    @property
+    def time(self) -> float | None:
+        return self.attempt.ended_at if self.attempt is not None else self.died_at
 
     @property
     def total_seconds(self) -> float:
@@ -540,6 +546,7 @@ def account(tl: Timeline) -> Accounting:
             {"recomputed": charged.get("recomputed", 0.0),
              "restart_downtime": charged.get("restart_downtime", 0.0),
              "stalled": charged.get("stalled", 0.0)}))
+    incidents = _with_startup_deaths(tl, incidents)
 
     unique, productive_tokens, processed_tokens, unsaved = _survivors(tl, painter)
     return Accounting(
@@ -549,6 +556,25 @@ def account(tl: Timeline) -> Accounting:
         unique_steps=unique, executed_steps=n, recomputed_steps=painter.recomputed,
         productive_tokens=productive_tokens, processed_tokens=processed_tokens,
         unsaved_steps=unsaved)
+
+
+def _with_startup_deaths(tl: Timeline, incidents: list[Incident]) -> list[Incident]:
+    """The attempts' incidents and each supervisor that died while no rank of its ran
+    (report/startup_deaths.py), in the order they happened. Such a death lost no step; the
+    time after it is not running, before it start-up or its attempt's downtime."""
+    order = {id(i): float(i.attempt.index) for i in incidents if i.attempt is not None}
+    for death in tl.startup_deaths:
+        nxt = next((a for a in tl.attempts if a.started_at >= death.time), None)
+        ev = incident_evidence.evidence(Attempt(-1, death.time, None, None,
+                                                events=[death.event]))
+        incidents.append(Incident(
+            None, ev, startup_cause(death.event, death.after_attempt),
+            nxt.resumed_from if nxt else None,
+            seconds={"recomputed": 0.0, "restart_downtime": 0.0, "stalled": 0.0},
+            died_at=death.time))
+        order[id(incidents[-1])] = (-1 if death.after_attempt is None
+                                    else death.after_attempt) + 0.5
+    return sorted(incidents, key=lambda i: order[id(i)])  # stable: deaths in journal order
 
 
 def _survivors(tl: Timeline, painter: _Painter

@@ -28,7 +28,9 @@ def _observed_every_steps(events: list[dict[str, Any]]) -> int | None:
 
 
 def checkpoint_hint(tl: Timeline, acc: Accounting) -> dict[str, Any] | None:
-    failures = [i for i in acc.incidents if i.attempt.outcome != "stopped"]
+    # A supervisor that died while no rank ran lost no step: no checkpoint interval helps.
+    failures = [i for i in acc.incidents
+                if i.attempt is not None and i.attempt.outcome != "stopped"]
     saves = [b for e in tl.events if e["event"] == "checkpoint_saved" and not e.get("copy")
              and (b := number(e.get("blocking_seconds"))) is not None and b > 0]
     if not failures or not saves or not acc.typical_step_seconds:

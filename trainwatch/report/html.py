@@ -174,7 +174,7 @@ def page(data: dict[str, Any], series: Series) -> str:
              ("world size", str(data["world_size"] or "?"))]
     rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in facts)
     incidents = "".join(
-        f"<tr><td>{i['attempt']}</td><td>{html.escape(str(i['cause']))}</td>"
+        f"<tr><td>{i['attempt'] if i['attempt'] is not None else 'none'}</td><td>{html.escape(str(i['cause']))}</td>"
         f"<td>{i['steps_lost']}</td><td>{duration(i['total_seconds'])}</td></tr>"
         for i in data["incidents"]) or "<tr><td colspan=4>none: every attempt ran to its end</td></tr>"
     body = "\n".join(

@@ -69,9 +69,11 @@ def report(tl: Timeline, acc: Accounting, settings: CostSettings) -> dict[str, A
     for inc in acc.incidents:
         a = inc.attempt
         incidents.append({
-            "attempt": a.index, "restart_count": a.restart_count, "time": a.ended_at,
-            "outcome": a.outcome, "cause": inc.cause,
-            "last_step": a.execs[-1].step if a.execs else None,
+            "kind": "attempt" if a is not None else "supervisor_died",
+            "attempt": a.index if a else None, "restart_count": a.restart_count if a else None,
+            "time": inc.time, "outcome": a.outcome if a else "supervisor_died",
+            "cause": inc.cause,
+            "last_step": a.execs[-1].step if a and a.execs else None,
             "resumed_from": inc.resumed_from, "steps_lost": len(inc.lost_steps),
             "lost_steps": ({"first": inc.lost_steps[0], "last": inc.lost_steps[-1]}
                            if inc.lost_steps else None),
@@ -79,7 +81,8 @@ def report(tl: Timeline, acc: Accounting, settings: CostSettings) -> dict[str, A
             "restart_downtime_seconds": inc.seconds["restart_downtime"],
             "stalled_seconds": inc.seconds["stalled"],
             "total_seconds": inc.total_seconds,
-            "cost": cost_mod.incident_cost(inc.total_seconds, settings, a.world_size),
+            "cost": cost_mod.incident_cost(inc.total_seconds, settings,
+                                           a.world_size if a else world),
             "evidence": inc.evidence,
         })
     return {
@@ -146,6 +149,14 @@ def _sizes(data: dict[str, Any]) -> str:
     return str(data["world_size"] or "?")
 
 
+def _after(when: float | None, start: float) -> str:
+    """When an incident happened, from the run's start; a supervisor that died before its
+    first launch did, before the run's span began."""
+    if when is None:
+        return "?"
+    return duration(when - start) if when >= start else "before the start"
+
+
 def _table(title: str) -> Table:
     return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
 
@@ -187,8 +198,8 @@ def render(data: dict[str, Any], console: Console) -> None:
             table.add_column(col, overflow="fold", no_wrap=col != "cause")
         for i in data["incidents"]:
             lost = i["lost_steps"]
-            row = [str(i["attempt"]),
-                   duration(i["time"] - t["start"]) if i["time"] is not None else "?",
+            row = [str(i["attempt"]) if i["attempt"] is not None else "none",
+                   _after(i["time"], t["start"]),
                    i["cause"],
                    f"{i['steps_lost']}" + (f" ({lost['first']}-{lost['last']})" if lost else ""),
                    duration(i["recomputed_seconds"]), duration(i["restart_downtime_seconds"]),

@@ -29,6 +29,7 @@ from trainwatch.report.clocks import align
 from trainwatch.report.not_running import death_time, not_running, supervisor_deaths
 from trainwatch.report import steplog
 from trainwatch.report.steplog import StepLog, step_numbers
+from trainwatch.report.startup_deaths import StartupDeath, job_at
 from trainwatch.report.vanished import vanished
 from trainwatch.rundir.safe_read import Skipped
 from trainwatch.rundir.run_dir import RunDir
@@ -136,6 +137,8 @@ class Timeline:
     skipped_metrics: list[Skipped]
     warnings: list[str]
     steps: StepLog = field(default_factory=StepLog)
+    # supervisors that died while no rank of theirs ran (report/startup_deaths.py)
+    startup_deaths: list[StartupDeath] = field(default_factory=list)
 
     @property
     def execs(self) -> StepRange:
@@ -315,6 +318,27 @@ def _happened(event: dict[str, Any]) -> float:
         and not isinstance(silent, bool) and silent > 0 else event["time"]
 
 
+def _startup_deaths(events: list[dict[str, Any]], attempts: list[Attempt],
+                    starts: list[float]) -> list[StartupDeath]:
+    """The supervisor deaths no attempt's end was: before the first attempt, or after the
+    attempt it fell in had ended (taken out of that attempt's events: not its cause)."""
+    lone = []
+    for e in events:
+        if e["event"] != "supervisor_died":
+            continue
+        died = _happened(e)
+        attempt = _window(attempts, starts, died)
+        where = "before" if attempt is None else job_at(attempt.events, died, TERMINAL_EVENTS)
+        if attempt is not None and (where == "running" or e.get("node") in {
+                x.get("lost_node") for x in attempt.named("node_lost")}):
+            continue  # the attempt's own end (or its lost node's)
+        if attempt is not None:
+            attempt.events = [x for x in attempt.events if x is not e]
+        after = attempt.index if attempt is not None and where == "after" else None
+        lone.append(StartupDeath(e, died, after))
+    return lone
+
+
 def _resume_point(attempt: Attempt) -> None:
     for e in attempt.named("checkpoint_resumed"):
         if isinstance(e.get("step"), int) and rank_of(e) in (0, None):
@@ -400,6 +424,7 @@ def read_timeline(run: RunDir) -> Timeline:
     for e in events:
         if (attempt := _window(attempts, starts, _happened(e))) is not None:
             attempt.events.append(e)
+    lone = _startup_deaths(events, attempts, starts)
     # Steps are in end-time order, so each attempt's are one contiguous range: those that
     # ended before its successor started (the first attempt also takes earlier ones).
     bounds = [0] + [bisect.bisect_left(log.end, a.started_at) for a in attempts[1:]] + [len(log)]
@@ -446,7 +471,7 @@ def read_timeline(run: RunDir) -> Timeline:
     return Timeline(run.root, info, str(info.get("job") or run.root.resolve().name), world_size,
                     start, end, attempts, events, not_running(events, start, end, deaths, log.end),
                     state,
-                    skipped_journal, skipped_metrics, warnings, log)
+                    skipped_journal, skipped_metrics, warnings, log, lone)
 
 
 def _world_size(info: dict[str, Any], attempts: list[Attempt],
