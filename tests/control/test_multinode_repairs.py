@@ -243,3 +243,71 @@ def test_a_node_whose_launcher_exited_starts_its_own_again_with_the_same_command
     outcome = runner.restart_job("restart", only_if_exited=True)
     assert outcome.taken and outcome.details["pid"] == 4242 and job.restarted == ("restart", False)
     assert not run.events("repair_proposed") and not run.events("repair_requested")
+
+
+def _incident(run: RunDir, now: float, failed: tuple[int, ...] = (), rank_down_at=None) -> None:
+    """2 nodes x 2 ranks as the nodes-rank-killed drill left them (rank 3 on node-b
+    SIGKILLed at step 17): statuses of the current workers, started 20 s ago."""
+    for rank in range(4):
+        run.write_status(rank, {"rank": rank, "local_rank": rank % 2, "world_size": 4,
+                                "node": "node-a" if rank < 2 else "node-b", "pid": 100 + rank,
+                                "started_at": now - 20, "step": 17,
+                                "state": "failed" if rank in failed else "running",
+                                "phase": "failed" if rank in failed else "forward",
+                                "phase_since": now - 3})
+    if rank_down_at is not None:  # node-b's engine saw rank 3's process gone
+        run.append_event("alert_firing", "engine", time=rank_down_at, alert="TrainingRankDown",
+                         labels={"rank": "3", "node": "node-b", "alertname": "TrainingRankDown"})
+
+
+@pytest.mark.parametrize("evidence", ["rank gone here", "rank failed", "rank down elsewhere"])
+def test_a_dead_rank_under_a_restarting_torchrun_is_left_to_torchrun(tmp_path, monkeypatch,
+                                                                       evidence):
+    """The drill's race: the stall alert fired on node-a while every torchrun was already
+    restarting its workers after rank 3's death; the leader's look saw rank 0 gone (its
+    torchrun stopping it) and repaired a stall. Each piece of evidence alone holds it."""
+    run = RunDir(tmp_path / "exp").create()
+    now = time.time()
+    last = {0: {"pid": 100, "process": "gone" if evidence == "rank gone here" else "sleeping",
+                "phase": "forward"}, 1: {"pid": 101, "process": "sleeping", "phase": "forward"}}
+    monkeypatch.setattr(actions, "confirm_stall", lambda *a, **k: Confirmation(
+        True, "rank 0 (pid 100) is gone" if evidence == "rank gone here"
+        else "no rank completed a step in 2.0 s", 0.8, {"last": last}))
+    _incident(run, now, failed=(2,) if evidence == "rank failed" else (),
+              rank_down_at=now - 6 if evidence == "rank down elsewhere" else None)
+    runner = ActionRunner(run, FakeJob(run, [10]), Policy(min_interval_seconds=30),  # type: ignore[arg-type]
+                          board=RepairBoard(run, LEADER))
+
+    outcome = runner.handle(_stall("s1"))
+
+    assert not outcome.taken and not outcome.final  # asked again if torchrun never does
+    assert "left to torchrun" in outcome.reason, outcome.reason
+    assert {"rank gone here": "rank 0 (pid 100) exited",
+            "rank failed": "rank 2 on node-b failed",
+            "rank down elsewhere": "rank 3 is down (TrainingRankDown from node-b"}[
+        evidence] in outcome.reason
+    assert not run.events("repair_requested") and not run.events("action_taken")
+    (skipped,) = run.events("action_skipped")
+    assert skipped["confirmation"]["reason"] == outcome.details["confirmation"]["reason"]
+
+
+def test_a_stall_beside_an_old_or_repaired_rank_death_is_still_repaired(tmp_path, monkeypatch):
+    """What is not a restart round under way: a TrainingRankDown about the rank's previous
+    process, a failure torchrun has had RESTART_ROUND_SECONDS to repair, a launcher gone."""
+    from trainwatch.control.restart_round import RESTART_ROUND_SECONDS, failure_under_way
+    run = RunDir(tmp_path / "exp").create()
+    now = time.time()
+    _incident(run, now, rank_down_at=now - 30)  # before rank 3's current start (now - 20)
+    assert failure_under_way(run, launcher_alive=True, now=now) is None
+    _incident(run, now, failed=(1,))
+    assert "rank 1 on node-a failed 3.0 s ago" in str(failure_under_way(run, launcher_alive=True,
+                                                                          now=now))
+    assert failure_under_way(run, launcher_alive=True, now=now + RESTART_ROUND_SECONDS) is None
+    assert failure_under_way(run, launcher_alive=False, now=now) is None
+    monkeypatch.setattr(actions, "confirm_stall", lambda *a, **k: Confirmation(
+        True, "rank 2 (pid 1) is stopped", 0.1, {"last": {2: {"pid": 1, "process": "stopped"}}}))
+    run = RunDir(tmp_path / "late").create()  # rank 1 failed, torchrun never restarted it
+    _incident(run, now - RESTART_ROUND_SECONDS - 5, failed=(1,))
+    runner = ActionRunner(run, FakeJob(run, [10]), Policy(min_interval_seconds=30),  # type: ignore[arg-type]
+                          board=RepairBoard(run, LEADER))
+    assert runner.handle(_stall("s2")).taken and run.events("repair_requested")

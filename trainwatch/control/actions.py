@@ -39,6 +39,7 @@ from trainwatch.control.controller import JobController
 from trainwatch.control.gasp_request import ask_survivors
 from trainwatch.control.repairs import RepairBoard
 from trainwatch.control.replica_rollback import Divergence, find_divergence
+from trainwatch.control.restart_round import failure_under_way
 from trainwatch.contract.alerts import ACTS_BEFORE
 from trainwatch.contract.env import JOB_ENV
 from trainwatch.contract.layout import (ACTIONS_LEDGER_FILE, CONTROL_CHECKPOINT, CONTROL_DIR,
@@ -278,6 +279,16 @@ class ActionRunner:
                 outcome = self._skip(req, f"stall not confirmed: {confirmation.reason}",
                                      extra={"confirmation": confirmation.journal()})
                 outcome.final = False
+                return outcome
+        if req.action == "stall_restart" and confirmation is not None:
+            # A rank died and torchrun is restarting the workers: its repair, not a second.
+            looks = confirmation.evidence.get("last") if proposed is None else None
+            torchrun = failure_under_way(self.run, launcher_alive=self.controller.alive(),
+                                         looks=looks)
+            if torchrun is not None:
+                outcome = self._skip(req, torchrun,
+                                     extra={"confirmation": confirmation.journal()})
+                outcome.final = False  # torchrun that never restarts them: asked again
                 return outcome
         if req.action == "replica_rollback":
             # The alert is the agent's reading; the ranks' logged digests must say it too.

@@ -254,6 +254,10 @@ DRILLS: tuple[Drill, ...] = (
         detect=_RANK_DOWN[:1] + _RANK_DOWN[2:], recovery=TORCHRUN, action=None,
         detect_within=15, recover_within=120, steps=40, max_restarts=1,
         pace=_NODES_PACE, thresholds={"rank_down_for": "0s"}, memory_resume=True,
+        # a snapshot every 4 steps: the survivors gasp and wait for their torchrun to stop
+        # them, which the agent may take for a stall; the controller must leave the
+        # restart round under way to torchrun (control/restart_round.py), no stall_restart
+        trainer={"checkpoint": {"memory_snapshots_every": 4}},
         nnodes=2, node_fault=KILL_RANK,
         notes="every node's torchrun restarts its workers in one re-rendezvous; the ranks "
               "resume from their memory snapshots."),
