@@ -8,12 +8,14 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
 import pytest
 
 from agent_helpers import start_agent, stop_process, wait_for
+from conftest import kill_tree
 from trainwatch.drill import catalog
 from trainwatch.drill.agent_findings import FindingsWatcher
 from trainwatch.drill.runner import RECORD_FORMAT, record_file, stop_tree
@@ -653,14 +655,28 @@ def test_the_findings_watcher_keeps_what_a_real_agent_found(tmp_path):
 def run_drills(tmp_path, *args, timeout=400):
     """`trainwatch drill run ... --json` for real: the reference trainer under torchrun,
     the agent and the embedded engine, started by `trainwatch run`."""
+    return drills_done(tmp_path, start_drills(tmp_path, *args), timeout=timeout)
+
+
+def start_drills(tmp_path, *args) -> subprocess.Popen:
+    """run_drills' command, started: the test does something else while it runs."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "trainwatch", "drill", "run", *args,
-                           "--out", str(tmp_path / "out"), "--json"],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.Popen([sys.executable, "-m", "trainwatch", "drill", "run", *args,
+                             "--out", str(tmp_path / "out"), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def drills_done(tmp_path, proc: subprocess.Popen, timeout=400):
+    """The drills' output once ``proc`` ends; nothing it started may outlive it."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        kill_tree(proc)
+        raise
     left = [p.info["pid"] for p in psutil.process_iter(["pid", "cmdline"])
             if str(tmp_path / "out") in " ".join(p.info["cmdline"] or [])]
     assert not left, f"processes outlived the drill: {left}"
-    return done
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def assert_sane(card, drill, *, action):
@@ -747,7 +763,29 @@ def test_sdc_drill_names_the_rank_rolls_back_and_ends_as_a_clean_run_for_real(
         tmp_path, launch_train):
     from conftest import finish
 
-    done = run_drills(tmp_path, "sdc", "--keep")
+    drills = start_drills(tmp_path, "sdc", "--keep")
+    # "Equals a clean run's": a run of the same config (the drill's train.yaml, copied), without
+    # the flip, that also started afresh at checkpoint 20 (rank 0 exits in step 25; torchrun
+    # restarts every rank; no memory snapshots, which would resume it at step 24).
+    # DDP lays out its gradient buckets anew at each start and gloo's 3-way sums round by
+    # bucket position, so only runs restarted at the same step are bitwise alike. It trains
+    # while the drill's paced ranks sleep, once the drill's job has started (its config whole).
+    try:
+        drill_run = wait_for(lambda: next((RunDir(p.parent.parent) for p in (
+            tmp_path / "out").glob("sdc-*/drill/train.yaml") if RunDir(
+            p.parent.parent).events("job_started")), None), 120, what="the drill's job")
+    except AssertionError:
+        drills_done(tmp_path, drills)
+        raise
+    config = tmp_path / "train.yaml"
+    config.write_bytes((drill_run.drill_dir / "train.yaml").read_bytes())
+    clean = tmp_path / "clean"
+    clean_proc = launch_train(
+        "--nproc-per-node", "3", "--run-dir", str(clean), "--config", str(config),
+        "--max-restarts", "1", "--set", "checkpoint.memory_snapshots=off",
+        env={"TRAINWATCH_FAULT": "exit:rank=0:step=25", "OMP_NUM_THREADS": "1"})
+    clean_done = ThreadPoolExecutor(1).submit(finish, clean_proc, 400)  # its pipe drained
+    done = drills_done(tmp_path, drills)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (card,) = json.loads(done.stdout)["drills"]
     drill = catalog.get("sdc")
@@ -789,17 +827,8 @@ def test_sdc_drill_names_the_rank_rolls_back_and_ends_as_a_clean_run_for_real(
     Path(marked).unlink()
     code, check = preflight()
     assert code == 0 and check["status"] == "ok", check
-    # "Equals a clean run's": a run of the same config, without the flip, that also started
-    # afresh at checkpoint 20 (rank 0 exits in step 25; torchrun restarts every rank; no
-    # memory snapshots, which would resume it at step 24).
-    # DDP lays out its gradient buckets anew at each start and gloo's 3-way sums round by
-    # bucket position, so only runs restarted at the same step are bitwise alike.
-    clean = tmp_path / "clean"
-    code, out = finish(launch_train(
-        "--nproc-per-node", "3", "--run-dir", str(clean), "--config",
-        str(run.drill_dir / "train.yaml"), "--max-restarts", "1",
-        "--set", "checkpoint.memory_snapshots=off",
-        env={"TRAINWATCH_FAULT": "exit:rank=0:step=25", "OMP_NUM_THREADS": "1"}), timeout=400)
+    assert drill_run.root == run.root
+    code, out = clean_done.result()
     assert code == 0, out[-3000:]
     assert [e["step"] for e in RunDir(clean).events("checkpoint_resumed")][-1:] == [20]
     final = _last_digests(run.root)

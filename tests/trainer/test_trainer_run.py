@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -22,15 +23,36 @@ FINISHED_OPTIONS = ("--nproc-per-node", "2", "--set", "train.eval_interval=40",
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    """One real 2-rank run of 80 steps to its end, shared: the contract test reads it, the
-    refused-resume tests start a longer run in a copy of its directory."""
-    run_dir = tmp_path_factory.mktemp("finished") / "run"
-    proc = start_train("--run-dir", str(run_dir), "--steps", "80", *FINISHED_OPTIONS)
+def side_by_side(tmp_path_factory):
+    """Two real 2-rank runs at once (each mostly waits: start-up, rendezvous, a restart):
+    "finished", 80 steps to their end, shared (the contract test reads it, the
+    refused-resume tests start a longer run in a copy of its directory); "restarted", whose
+    rank 1 exits in step 5, on a dataset prepared beforehand (data.path) with gradient
+    accumulation under DDP. {name: (folder, run directory, exit code, output)}."""
+    folders = {name: tmp_path_factory.mktemp(name) for name in ("finished", "restarted")}
+    prepare_generated(folders["restarted"] / "data", size_bytes=200_000, seed=5,
+                      val_fraction=0.1)
+    procs = {"finished": start_train("--run-dir", str(folders["finished"] / "run"),
+                                     "--steps", "80", *FINISHED_OPTIONS),
+             "restarted": start_train(
+                 "--nproc-per-node", "2", "--run-dir", str(folders["restarted"] / "run"),
+                 "--steps", "20", "--max-restarts", "1", "--set", "optim.grad_accum=2",
+                 "--set", f"data.path={folders['restarted'] / 'data'}",
+                 env={"TRAINWATCH_FAULT": "exit:rank=1:step=5:code=3"})}
+    pool = ThreadPoolExecutor(len(procs))  # both outputs drained at once
     try:
-        code, out = finish(proc)
+        done = {name: pool.submit(finish, proc) for name, proc in procs.items()}
+        return {name: (folders[name], folders[name] / "run", *result.result())
+                for name, result in done.items()}
     finally:
-        kill_tree(proc)
+        pool.shutdown(wait=False)
+        for proc in procs.values():
+            kill_tree(proc)
+
+
+@pytest.fixture(scope="module")
+def finished_run(side_by_side):
+    _, run_dir, code, out = side_by_side["finished"]
     return run_dir, code, out
 
 
@@ -81,14 +103,9 @@ def test_two_ranks_train_to_completion_and_publish_the_contract(finished_run):
 
 
 @pytest.mark.slow
-def test_a_rank_that_dies_is_restarted_and_training_finishes(tmp_path, launch_train):
+def test_a_rank_that_dies_is_restarted_and_training_finishes(side_by_side):
     """Also: a dataset prepared beforehand (data.path) and gradient accumulation under DDP."""
-    run_dir = tmp_path / "run"
-    prepare_generated(tmp_path / "data", size_bytes=200_000, seed=5, val_fraction=0.1)
-    code, out = finish(launch_train("--nproc-per-node", "2", "--run-dir", str(run_dir), "--steps", "20",
-                              "--max-restarts", "1", "--set", "optim.grad_accum=2",
-                              "--set", f"data.path={tmp_path / 'data'}",
-                              env={"TRAINWATCH_FAULT": "exit:rank=1:step=5:code=3"}))
+    tmp_path, run_dir, code, out = side_by_side["restarted"]
     assert code == 0, out[-4000:]
     run = RunDir(run_dir)
     injected = run.events("fault_injected")
