@@ -1,7 +1,8 @@
 """How long until a checkpoint is durable through the public ``Checkpoints`` API, and how
 does that compare with what users would otherwise run?
 
-    python benchmarks/checkpoint_save.py [--dir DIR] [--mb 300] [--rounds 5] [--json]
+    python benchmarks/checkpoint_save.py [--dir DIR] [--mb 300] [--rounds 5]
+        [--memory-snapshots off|auto|every_step] [--no-dcp] [--json]
 
 A model plus AdamW state of about ``--mb`` MB of parameters' worth (default 300: a
 289 MB state; ``--mb 30`` for a quick run) is saved on the disk holding ``DIR`` (default:
@@ -24,6 +25,12 @@ median and min-max over the rounds. One warm-up round comes first and is not cou
 CPU seconds of the whole process (every thread) for the trainwatch saves and torch.save
 are printed too: on a busy host the wall-time ratios follow the extra CPU (sha256, the
 NaN/Inf check, async's copy), which the CPU ratio shows without the load's noise.
+
+Memory snapshots are off by default (``--memory-snapshots auto`` for the default config):
+with a save every step they add nothing a checkpoint does not hold, and at 1 GB their copy
+to /dev/shm on the loop's thread was most of a sync save's time (issue #38); their own cost
+is benchmarks/memory_snapshots.py's. ``--no-dcp`` leaves DCP out, for states whose extra
+staging copy does not fit in memory.
 
 Every contender deletes what it wrote after its timing, so each writes into the same
 state of the file system. Goals: time to durable <= 1.1x torch.save + fsync, async never
@@ -62,6 +69,7 @@ def build_state(megabytes: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     model(torch.randn(2, width)).sum().backward()
     opt.step()
+    opt.zero_grad(set_to_none=True)  # not saved: leaves memory for larger states
     return model, opt
 
 
@@ -76,7 +84,8 @@ def _on_tmpfs(folder: Path) -> bool:
 
 
 def rounds(folder: Path, model: torch.nn.Module, opt: torch.optim.Optimizer,
-           count: int) -> tuple[dict[str, list[float]], dict[str, float], int]:
+           count: int, snapshots: str = "off", dcp_too: bool = True
+           ) -> tuple[dict[str, list[float]], dict[str, float], int]:
     """A warm-up round, then ``count`` rounds in rotating order; seconds per contender."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -86,7 +95,8 @@ def rounds(folder: Path, model: torch.nn.Module, opt: torch.optim.Optimizer,
         os.environ.setdefault("MASTER_PORT", str(29400 + os.getpid() % 1000))
         dist.init_process_group("gloo", rank=0, world_size=1)
     ckpts = {mode: Checkpoints(folder / mode, CheckpointConfig(
-        mode=mode, every_steps=1, keep_last=1000, save_final=False)) for mode in ("sync", "async")}
+        mode=mode, every_steps=1, keep_last=1000, save_final=False,
+        memory_snapshots=snapshots)) for mode in ("sync", "async")}
     times: dict[str, list[float]] = {k: [] for k in (
         "sync_blocked", "sync_durable", "async_blocked", "async_durable", "torch_save_fsync",
         "dd_fsync", "dcp_blocked", "dcp_durable", "sync_cpu", "async_cpu", "torch_save_cpu")}
@@ -140,10 +150,10 @@ def rounds(folder: Path, model: torch.nn.Module, opt: torch.optim.Optimizer,
         times["dcp_durable"].append(time.perf_counter() - started)
         shutil.rmtree(target)
 
-    contenders = [api("sync"), api("async"), torch_save, dd, dcp_async]
+    contenders = [api("sync"), api("async"), torch_save, dd] + ([dcp_async] if dcp_too else [])
     for run in contenders:  # warm-up, not counted
         run()
-    first = {k: v.pop() for k, v in times.items()}
+    first = {k: v.pop() for k, v in times.items() if v}
     for r in range(count):
         k = r % len(contenders)
         for run in contenders[k:] + contenders[:k]:
@@ -176,6 +186,12 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=300,
                         help="parameters' worth in MB (the state is ~0.96x: 300 -> 289 MB)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--memory-snapshots", default="off", choices=("off", "auto", "every_step"),
+                        help="the in-memory snapshots beside each save (default off: a save "
+                             "every step leaves them nothing to add; their cost has its own "
+                             "benchmark, memory_snapshots.py)")
+    parser.add_argument("--no-dcp", action="store_true",
+                        help="leave DCP out (its staging copy needs the state's size again)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if _on_tmpfs(Path(args.dir)):
@@ -184,14 +200,17 @@ def main() -> None:
     model, opt = build_state(args.mb)
     load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="tw-ckpt-bench-", dir=args.dir) as tmp:
-        times, first, nbytes = rounds(Path(tmp), model, opt, args.rounds)
+        times, first, nbytes = rounds(Path(tmp), model, opt, args.rounds,
+                                           args.memory_snapshots, not args.no_dcp)
     ratios: dict[str, Any] = {}
     for name, (num, den, goal) in RATIOS.items():
+        if not times[num] or not times[den]:
+            continue
         per_round = [n / d for n, d in zip(times[num], times[den])]
         ratios[name] = {"median": statistics.median(per_round), "min": min(per_round),
                         "max": max(per_round), "per_round": per_round, "goal": goal}
     report = {
-        "state_bytes": nbytes, "rounds": args.rounds,
+        "state_bytes": nbytes, "rounds": args.rounds, "memory_snapshots": args.memory_snapshots,
         "load_average_1m": [load_start, os.getloadavg()[0]],
         "seconds": times, "warm_up_seconds": first, "ratios": ratios,
     }
@@ -199,10 +218,13 @@ def main() -> None:
         print(json.dumps(report, indent=1))
         return
     print(f"checkpoint of {nbytes / 1e6:.0f} MB (model + AdamW) through Checkpoints, "
-          f"{args.rounds} rounds + 1 warm-up, disk of {args.dir}, load average "
+          f"{args.rounds} rounds + 1 warm-up, disk of {args.dir}, memory snapshots "
+          f"{args.memory_snapshots}, load average "
           f"{load_start:.1f} -> {os.getloadavg()[0]:.1f}")
     print(f"  {'seconds':26} {'median':>8} {'min':>8} {'max':>8} {'warm-up':>8}")
     for key, values in times.items():
+        if not values:
+            continue
         print(f"  {key:26} {statistics.median(values):8.3f} {min(values):8.3f} "
               f"{max(values):8.3f} {first[key]:8.3f}")
     print(f"  {'paired ratio':34} {'median':>7} {'min-max':>13}  goal")
