@@ -1,6 +1,7 @@
 """diagnose on a run that recovered: a rank SIGKILLed in attempt 1, the controller
-(`trainwatch run`) restarted the job from its checkpoint and it finished. The earlier
-death is history, not the current verdict."""
+(`trainwatch run`) restarted the job from the newest state every rank had (a memory
+snapshot or a survivor's dying gasp, by default: at most one step before the kill) and it
+finished. The earlier death is history, not the current verdict."""
 
 import json
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import pytest
 
 from conftest import torchrun_env
+from trainwatch.rundir.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 
@@ -38,8 +40,11 @@ def test_finished_run_reports_an_earlier_attempts_death_as_history(tmp_path):
     history = [f for f in report["findings"] if f["category"] == "rank_dead"]
     assert len(history) == 1, findings
     assert history[0]["severity"] == "info" and history[0]["ranks"] == [1]
+    # the step the ranks resumed from, as they journaled it (step 15's gasp or snapshot)
+    (resumed,) = {e["step"] for e in RunDir(run_dir).events("checkpoint_resumed")}
+    assert 14 <= resumed <= 15
     assert history[0]["title"] == ("rank 1 died in attempt 1 (killed by SIGKILL); recovered: "
-                                   "attempt 2 restarted from step 10"), history[0]["title"]
+                                   f"attempt 2 restarted from step {resumed}"), history[0]["title"]
 
     human = subprocess.run([sys.executable, "-m", "trainwatch", "diagnose", str(run_dir)],
                            capture_output=True, text=True, timeout=300)
