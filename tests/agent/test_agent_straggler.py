@@ -114,6 +114,21 @@ def test_a_noisy_job_raises_the_bar_not_the_flag():
     assert tracker.ranks[0].noise > 0.15
 
 
+def test_a_node_is_compared_only_while_all_its_ranks_are_scored():
+    """A one-node job of 2 ranks at its clean stop: rank 0 finished, rank 1 runs on. The
+    node is the whole job, so it has no others to be slower than; before, the node ratio
+    became rank 1's against rank 0 (2.0 here) and TrainingStragglerNode went pending."""
+    tracker = JobStragglers(dict(STRAGGLER_DEFAULTS))
+    tracker.update(window(10, [1.0, 2.0], local_ranks=[1]), local_ranks=[1], now=10,
+                   node_ranks=[0, 1])
+    assert tracker.node_ratio is None
+    # two nodes of 2 ranks, this node's both running: compared as before
+    tracker = JobStragglers(dict(STRAGGLER_DEFAULTS))
+    tracker.update(window(10, [1.0, 1.0, 2.0, 2.0], local_ranks=[2, 3]), local_ranks=[2, 3],
+                   now=10, node_ranks=[2, 3])
+    assert _near(tracker.node_ratio, 2.0)
+
+
 def test_sparse_sampling_still_flags():
     """The agent may see only every 4th window: the verdict needs 8 windows (its noise
     measured), not 8 x 4."""

@@ -179,8 +179,14 @@ class JobStragglers:
             track.detected_at = track.detected_step = None
             track.evidence, track.cleared_step = 0.0, step
 
-    def update(self, window: dict[str, Any], local_ranks: Sequence[int], now: float) -> bool:
-        """Score a new window (``job_window``); False if already seen or unusable."""
+    def update(self, window: dict[str, Any], local_ranks: Sequence[int], now: float,
+               node_ranks: Sequence[int] | None = None) -> bool:
+        """Score a new window (``job_window``); False if already seen or unusable.
+
+        ``local_ranks``: this node's running ranks, scored; ``node_ranks``: all of this
+        node's ranks (default: the running ones). The node is compared with the others only
+        while every one of its ranks is scored: a rank that finished first at a clean stop
+        must not turn the node's median into one rank's."""
         key = (window.get("step"), window.get("time"))
         if key == self.last_window or not isinstance(window.get("step"), int):
             return False
@@ -209,7 +215,8 @@ class JobStragglers:
             self._advance(track, ratio, scores.score[rank] if scored else None, now, step,
                           window_steps)
         others = median_without(summary, mine.values()) if mine else None
-        if others is not None and len(mine) < world:
+        whole = set(local_ranks if node_ranks is None else node_ranks) <= set(mine)
+        if others is not None and len(mine) < world and whole:
             self.node_ratio = median_sorted(sorted(mine.values())) / max(others, 1e-12)
             self._advance(self.node, self.node_ratio, None, now, step, window_steps)
         else:

@@ -89,7 +89,8 @@ class FindingsCollector(Collector):
             tracker.options = self.ctx.config.straggler
             local = [r["rank"] for r in job["ranks"] if r.get("state") == "running"]
             if job.get("timing"):
-                tracker.update(job["timing"], local, now)
+                tracker.update(job["timing"], local, now,
+                               node_ranks=[r["rank"] for r in job["ranks"]])
             holders = phase_holds(self.stalls, job["ranks"], elapsed)
             stalled = []
             for rank in job["ranks"]:
