@@ -4,7 +4,7 @@ Evidence that does not share the failure (``Evidence.node_network``, diagnose/no
 the kernel's round-trip time of the ranks' own TCP connections. A link is slow when its
 connections' RTT now is at least ``SLOW_MS``, ``RATIO`` times their best (``min_rtt``: the
 same link before) and ``RATIO`` times the job's other connections (other links, the same
-node). Both ends of a link see the same RTT, so which node is slow comes from elsewhere:
+node; the fastest of them). Both ends of a link see the same RTT, so which node is slow comes from elsewhere:
 the end whose egress queue shapes and holds packets back (a token bucket, netem), or, with
 three nodes or more, the node every slow link has in common. Where neither says, the
 finding names both ends: the slowness is between them (a switch, a cable).
@@ -76,13 +76,15 @@ def check_slow_link(a: Analysis) -> list[Finding]:
     if a.stalled or not nodes:
         return []
     by_link, local = links(nodes)
+    rtts = {link: statistics.median(s["rtt_ms"] for s in c) for link, c in by_link.items()}
+    if local:
+        rtts[("", "")] = statistics.median(s["rtt_ms"] for s in local)  # within a node
     slow = {}
     for link, conns in by_link.items():
-        rtt = statistics.median(s["rtt_ms"] for s in conns)
+        rtt = rtts[link]
         best = min((s.get("min_rtt_ms") or rtt) for s in conns)
-        others = [s["rtt_ms"] for other, c in by_link.items() if other != link for s in c]
-        others += [s["rtt_ms"] for s in local]
-        other = statistics.median(others) if others else None
+        # The fastest other link (or a node's own connections): what this one could be.
+        other = min((v for k, v in rtts.items() if k != link), default=None)
         if rtt >= SLOW_MS and rtt >= RATIO * max(best, 0.001) and \
                 (other is None or rtt >= RATIO * max(other, 0.001)):
             slow[link] = (conns, rtt, best, other)
@@ -107,13 +109,13 @@ def _finding(a: Analysis, ends: list[str], culprit: str | None, conns: list[dict
              slowed: dict[int, float]) -> Finding:
     ranks = sorted({s["rank"] for s in conns})
     retrans = sum(s.get("total_retrans") or 0 for s in conns)
-    others = f"others {other:.2f} ms" if other is not None else f"{best:.3f} ms at its best"
+    others = f"others {other:.3g} ms" if other is not None else f"{best:.3f} ms at its best"
     evidence = [
         f"{len(conns)} TCP connection(s) of rank(s) {ranks} between {ends[0]} and {ends[1]}: "
         f"RTT {rtt:.1f} ms now (median), {best:.3f} ms at their best (the kernel's min_rtt), "
         f"{retrans} retransmission(s)",
-        (f"the job's other connections: RTT {other:.3f} ms (median)" if other is not None
-         else "the job has no other connection to compare with")]
+        (f"the job's fastest other link: RTT {other:.3f} ms (median of its connections)"
+         if other is not None else "the job has no other connection to compare with")]
     for name, q in shaped.items():
         rate, delay = q.get("rate"), q.get("delay")  # tc's JSON: bytes/s, seconds
         what = (f" rate {rate * 8 / 1000:g} kbit/s" if isinstance(rate, (int, float)) else "") \

@@ -10,6 +10,7 @@ kind adds a file. The hooks run inside the job's ranks (``fault``, ``every_step`
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +94,16 @@ class Case:
                 "fault_step": self.fault_step, "phase": self.phase, "nproc": self.nproc,
                 "nnodes": self.nnodes, "ends_job": self.ends_job, "notes": self.notes,
                 "needs": list(self.needs)}
+
+
+def unmet_needs(case: Case) -> str | None:
+    """Why this host cannot run ``case`` (its ``needs``), or None when it can."""
+    if "root" in case.needs and os.geteuid() != 0:
+        return f"needs root ({', '.join(case.needs)})"
+    if case.nnodes > 1:
+        from trainwatch.drill import netns
+        return netns.unavailable()
+    return None
 
 
 def kinds() -> list[str]:
