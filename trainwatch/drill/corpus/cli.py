@@ -56,7 +56,8 @@ def corpus(kinds: tuple[str, ...], list_only: bool, repeat: int, out: Path | Non
     except OSError as exc:
         raise output_error(exc, out, key="--out") from None
     stop_on_sigterm()
-    cards, skipped = [], {}
+    cards: list[dict] = []
+    skipped: dict[str, str] = {}
     total = len(chosen) * repeat
     for i, case in enumerate([c for c in chosen for _ in range(repeat)], 1):
         reason = skipped.get(case.kind) or cases.unmet_needs(case)
