@@ -66,6 +66,27 @@ def test_a_wrong_rank_or_a_missing_cause_keyword_is_wrong_and_says_what_it_said(
     assert not stuck["cause_right"]
 
 
+def test_a_node_level_faults_culprit_is_its_node_named_alone(monkeypatch):
+    """slow_network_link: the right answer names no rank and exactly the slowed node (its
+    name is the run's, from the record); both ends of the link, or the other end, are wrong."""
+    link = cases.load("slow_network_link")
+    assert (link.nnodes, link.expect.nodes, link.expect.ranks) == (2, (1,), ())
+    names = ["tw-n0-ab", "tw-n1-ab"]
+
+    def said(nodes):
+        answer = _answer(T0 + 4, "slow network link: node x ↔ node y, RTT 106.4 ms",
+                         "network", ranks=(), evidence=())
+        answer["findings"][0]["nodes"] = nodes
+        return score.card(link, {**_record([answer]), "nodes": names})
+
+    right = said(["tw-n1-ab"])
+    assert right["rank_right"] and right["cause_right"] and right["diagnose_seconds"] == 4.0
+    for wrong in (["tw-n0-ab", "tw-n1-ab"], ["tw-n0-ab"], []):
+        assert not said(wrong)["rank_right"] and said(wrong)["cause_right"], wrong
+    monkeypatch.setattr("os.geteuid", lambda: 1000)  # not root: skipped, with the reason
+    assert cases.unmet_needs(link) == "needs root (root, network namespaces, tc tbf)"
+
+
 def test_a_clean_run_counts_every_finding_alert_and_agent_finding_once():
     clean = cases.load("clean")
     healthy = {"started": T0, "ended": T0 + 1, "exit_code": 0, "findings": [

@@ -8,7 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from trainwatch.diagnose import (agents, checkpoints, flight_recorder, journal, node_cpu, oom,
+from trainwatch.diagnose import (agents, checkpoints, flight_recorder, journal, node_cpu,
+                                 node_network, oom,
                                  processes, prometheus, rank_dumps, run_state, saved_evidence, stacks,
                                  supervisor, workers)
 from trainwatch.diagnose.model import Evidence
@@ -43,6 +44,7 @@ def gather(run: RunDir, options: Options,
         ("data workers", lambda: workers.gather(ev, options.timeout)),
         ("cpu", lambda: processes.sample_cpu(ev)),
         ("node cpu share", lambda: node_cpu.finish(ev)),
+        ("node network", lambda: node_network.gather(run, ev)),
         ("flight recorder", lambda: flight_recorder.gather(ev)),
         ("agents", lambda: agents.gather(ev, options.agent_urls, options.timeout)),
         ("prometheus", lambda: prometheus.gather(ev, options.prometheus_url, options.timeout)),

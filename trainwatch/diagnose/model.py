@@ -60,6 +60,7 @@ class Evidence:
     checkpoints: dict[str, Any] = field(default_factory=dict)
     agents: list[dict[str, Any]] = field(default_factory=list)
     node_cpu: dict[str, Any] = field(default_factory=dict)  # diagnose/node_cpu.py
+    node_network: dict[str, Any] = field(default_factory=dict)  # diagnose/node_network.py
     prometheus: dict[str, Any] | None = None
     unseen: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)

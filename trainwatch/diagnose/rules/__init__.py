@@ -15,7 +15,7 @@ from trainwatch.diagnose.model import Finding
 from trainwatch.diagnose.rules import (blocked_in_kernel, busy, cpu_contention, crossed, dead,
                                        desync,
                                        first_silent, frozen, node_evidence, nodes, nonfinite,
-                                       outside_collective, silent_corruption,
+                                       outside_collective, silent_corruption, slow_link,
                                        storage_and_checkpoints, straggler, unexplained_stall)
 
 Rule = Callable[[Analysis], list[Finding]]
@@ -35,6 +35,7 @@ RULES: tuple[Rule, ...] = (
     storage_and_checkpoints.check_storage_and_checkpoints,
     nonfinite.check_nonfinite,
     silent_corruption.check_silent_corruption,
+    slow_link.check_slow_link,  # ranks slowed by a link are not stragglers
     cpu_contention.check_cpu_contention,  # a whole slowed node is not one straggler
     straggler.check_straggler,
     node_evidence.check_node_evidence,

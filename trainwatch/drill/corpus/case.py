@@ -10,6 +10,7 @@ kind adds a file. The hooks run inside the job's ranks (``fault``, ``every_step`
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,11 +47,14 @@ class Context:
 class Expect:
     """The right answer: diagnose's first finding has ``category`` (one of them), names
     exactly ``ranks`` (empty: a node-wide cause, no rank) and mentions every ``cause``
-    keyword (case-insensitive) in its title, evidence or cause."""
+    keyword (case-insensitive) in its title, evidence or cause. ``nodes`` (indexes of a
+    multi-node case's nodes): a node-level fault's culprit, which the finding must name
+    exactly, as it names no rank."""
 
     category: tuple[str, ...]
     ranks: tuple[int, ...]
     cause: tuple[str, ...]
+    nodes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,8 @@ class Case:
     cleanup: Callable[[Path], None] | None = None
     fault_step: int = 8
     fault_rank: int = 1
-    nproc: int = 2
+    nproc: int = 2                  # ranks per node
+    nnodes: int = 1                 # 2: two network namespaces (drill/corpus/launch.py)
     data_workers: int = 0
     abort_on_error: bool = False    # an uncaught error aborts the rank, as NCCL's watchdog does
     ends_job: bool = False          # the fault ends the job: diagnose reads a post-mortem
@@ -76,14 +81,29 @@ class Case:
     notes: str = ""
     needs: tuple[str, ...] = field(default_factory=tuple)  # what the host must allow (root)
 
+    @property
+    def world_size(self) -> int:
+        return self.nproc * self.nnodes
+
     def to_json(self) -> dict[str, Any]:
         expect = None if self.expect is None else {
             "category": list(self.expect.category), "ranks": list(self.expect.ranks),
-            "cause": list(self.expect.cause)}
+            "cause": list(self.expect.cause), "nodes": list(self.expect.nodes)}
         return {"kind": self.kind, "simulates": self.simulates, "expect": expect,
                 "fault_rank": self.fault_rank if self.expect else None,
                 "fault_step": self.fault_step, "phase": self.phase, "nproc": self.nproc,
-                "ends_job": self.ends_job, "notes": self.notes}
+                "nnodes": self.nnodes, "ends_job": self.ends_job, "notes": self.notes,
+                "needs": list(self.needs)}
+
+
+def unmet_needs(case: Case) -> str | None:
+    """Why this host cannot run ``case`` (its ``needs``), or None when it can."""
+    if "root" in case.needs and os.geteuid() != 0:
+        return f"needs root ({', '.join(case.needs)})"
+    if case.nnodes > 1:
+        from trainwatch.drill import netns
+        return netns.unavailable()
+    return None
 
 
 def kinds() -> list[str]:

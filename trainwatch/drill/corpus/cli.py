@@ -56,9 +56,15 @@ def corpus(kinds: tuple[str, ...], list_only: bool, repeat: int, out: Path | Non
     except OSError as exc:
         raise output_error(exc, out, key="--out") from None
     stop_on_sigterm()
-    cards = []
+    cards: list[dict] = []
+    skipped: dict[str, str] = {}
     total = len(chosen) * repeat
     for i, case in enumerate([c for c in chosen for _ in range(repeat)], 1):
+        reason = skipped.get(case.kind) or cases.unmet_needs(case)
+        if reason:
+            click.echo(f"[{i}/{total}] {case.kind}: skipped: {reason}", err=True)
+            skipped[case.kind] = reason
+            continue
         click.echo(f"[{i}/{total}] {case.kind}: {case.simulates}", err=True)
         run, record = run_case(case, out, diagnose_within=diagnose_within,
                                diagnose_timeout=diagnose_timeout,
@@ -81,6 +87,7 @@ def corpus(kinds: tuple[str, ...], list_only: bool, repeat: int, out: Path | Non
     if temporary and not any(out.iterdir()):
         out.rmdir()
     result = score.table({c.kind: c for c in chosen}, cards)
+    result["skipped"] = [{"kind": k, "reason": r} for k, r in skipped.items()]
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:

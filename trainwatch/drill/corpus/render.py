@@ -51,4 +51,5 @@ def summary(result: dict[str, Any]) -> str:
             f"diagnosed within {g['diagnose_seconds']:g} s in {t['diagnosed_within_goal']}/{n} "
             f"(median {_s(t['diagnose_seconds_median'])}); {t['false_findings_clean']} false "
             f"finding(s) in {t['clean_runs']} clean run(s). Goal "
-            f"{'met' if g['met'] else 'not met'}.")
+            f"{'met' if g['met'] else 'not met'}." + "".join(
+                f" Skipped {s['kind']}: {s['reason']}." for s in result.get("skipped") or []))

@@ -21,9 +21,10 @@ from typing import Any, Callable
 import yaml
 
 from trainwatch.drill.agent_findings import FindingsWatcher
-from trainwatch.drill.corpus import score
+from trainwatch.drill.corpus import launch, score
 from trainwatch.drill.corpus.case import CASE_ENV, WORKDIR_ENV, Case
-from trainwatch.drill.runner import fresh_run_dir, stop_tree
+from trainwatch.drill.nodes import NoFindings
+from trainwatch.drill.runner import fresh_run_dir
 from trainwatch.drill.settings import AGENT, THRESHOLDS
 from trainwatch.rundir.atomic import atomic_write_json
 from trainwatch.rundir.run_dir import RunDir
@@ -33,20 +34,10 @@ STALL_AFTER = 3.0        # diagnose --stall-after: the drills' agent stall floor
 START_WITHIN = 120.0     # seconds for the job to reach its fault step
 CLEAN_SECONDS = 30.0     # how long a clean run is watched past its "fault" step
 CLEAN_PAUSE = 2.0        # between two diagnose runs of a clean run
-STOP_GRACE = 10.0
 
 
 def record_path(run: RunDir) -> Path:
     return run.drill_dir / RECORD
-
-
-def command(case: Case, run: RunDir, files: dict[str, Path]) -> list[str]:
-    return [sys.executable, "-m", "trainwatch", "run", "--run-dir", str(run.root), "--no-live",
-            "--dry-run", "--thresholds", str(files["thresholds"]),
-            "--agent-config", str(files["agent"]), "--",
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={case.nproc}", "--max-restarts=0", *case.launcher_args,
-            "-m", "trainwatch.drill.corpus.job"]
 
 
 def diagnose(run: RunDir, timeout: float) -> dict[str, Any]:
@@ -83,7 +74,7 @@ def _write_settings(run: RunDir) -> dict[str, Path]:
 def _fault_time(run: RunDir, case: Case) -> float | None:
     if case.expect is None:  # a clean run: the moment its ranks pass the fault step
         steps = [s.get("step") for s in run.statuses().records]
-        done = len(steps) == case.nproc and all(isinstance(s, int) and s >= case.fault_step
+        done = len(steps) == case.world_size and all(isinstance(s, int) and s >= case.fault_step
                                                 for s in steps)
         return time.time() if done else None
     faults = run.events("fault_injected")
@@ -96,7 +87,7 @@ def run_case(case: Case, out: Path, *, diagnose_within: float, diagnose_timeout:
     run = fresh_run_dir(out, case.kind)
     run.create()
     files = _write_settings(run)
-    work = run.drill_dir / "work"
+    work = work_of(run)
     work.mkdir()
     scratch = Path(tempfile.mkdtemp(prefix="tw-"))  # DataLoader sockets: short paths
     record: dict[str, Any] = {"format": "trainwatch.drill.corpus.record", "version": 1,
@@ -104,40 +95,19 @@ def run_case(case: Case, out: Path, *, diagnose_within: float, diagnose_timeout:
                               "fault_at": None, "answers": [], "alerts": [],
                               "agent_findings": [], "exit_code": None, "error": None}
     say = on_progress or (lambda text: None)
-    proc = None
+    procs: list[subprocess.Popen] = []
     try:
         env = {**os.environ, CASE_ENV: case.kind, WORKDIR_ENV: str(work), "TMPDIR": str(scratch),
                "TORCH_FR_BUFFER_SIZE": "2000", "PYTHONUNBUFFERED": "1"}
         env.update(case.prepare(work) if case.prepare else {})
-        with open(run.drill_log, "wb") as log:
-            proc = subprocess.Popen(command(case, run, files), stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, start_new_session=True)
-        watcher = FindingsWatcher(run)
-        deadline = time.time() + START_WITHIN
-        while record["fault_at"] is None:
-            watcher.poll()
-            record["fault_at"] = _fault_time(run, case)
-            if record["fault_at"] is None and (time.time() > deadline or proc.poll() is not None):
-                record["error"] = ("the job never reached its fault step "
-                                   f"(see {run.drill_log})")
-                return run, record
-            time.sleep(0.3)
-        if case.at_fault:
-            case.at_fault(work)
-        say(f"{'past' if case.expect is None else 'fault injected at'} step "
-            f"{case.fault_step}; asking diagnose")
-        _diagnose_until_right(case, run, record, proc, watcher, diagnose_within,
-                              diagnose_timeout, say)
-        watcher.poll()
-        record["agent_findings"] = watcher.findings()
+        with launch.started(case, run, files, env, work) as procs:
+            record["nodes"] = launch.node_names(work)
+            _watch(case, run, record, procs, diagnose_within, diagnose_timeout, say)
     except Exception as exc:  # the record says what broke; the corpus goes on
         record["error"] = f"{type(exc).__name__}: {exc}"
     finally:
-        if proc is not None and proc.poll() is None:
-            stop_tree(proc, STOP_GRACE)
-        if proc is not None:
-            record["exit_code"] = proc.returncode
+        codes = [p.returncode for p in procs]
+        record["exit_code"] = next((c for c in codes if c), codes[0] if codes else None)
         if case.cleanup:
             case.cleanup(work)
         shutil.rmtree(scratch, ignore_errors=True)
@@ -149,8 +119,36 @@ def run_case(case: Case, out: Path, *, diagnose_within: float, diagnose_timeout:
     return run, record
 
 
+def _watch(case: Case, run: RunDir, record: dict[str, Any], procs: list[subprocess.Popen],
+           within: float, timeout: float, say: Callable[[str], None]) -> None:
+    """Wait for the fault, then ask diagnose until it answers right or time is up. The
+    agents of a multi-node case listen inside their namespaces: not polled from here."""
+    watcher = FindingsWatcher(run) if case.nnodes == 1 else NoFindings()
+    deadline = time.time() + START_WITHIN
+    while record["fault_at"] is None:
+        watcher.poll()
+        record["fault_at"] = _fault_time(run, case)
+        if record["fault_at"] is None and (time.time() > deadline
+                                           or any(p.poll() is not None for p in procs)):
+            record["error"] = f"the job never reached its fault step (see {run.drill_log})"
+            return
+        time.sleep(0.3)
+    if case.at_fault:
+        case.at_fault(work_of(run))
+    say(f"{'past' if case.expect is None else 'fault injected at'} step "
+        f"{case.fault_step}; asking diagnose")
+    _diagnose_until_right(case, run, record, procs[0], watcher, within, timeout, say)
+    watcher.poll()
+    record["agent_findings"] = watcher.findings()
+
+
+def work_of(run: RunDir) -> Path:
+    """The folder the case's hooks share (``WORKDIR_ENV``)."""
+    return run.drill_dir / "work"
+
+
 def _diagnose_until_right(case: Case, run: RunDir, record: dict[str, Any], proc,
-                          watcher: FindingsWatcher, within: float, timeout: float,
+                          watcher: FindingsWatcher | NoFindings, within: float, timeout: float,
                           say: Callable[[str], None]) -> None:
     t0 = record["fault_at"]
     while True:
@@ -164,7 +162,7 @@ def _diagnose_until_right(case: Case, run: RunDir, record: dict[str, Any], proc,
                 return
             time.sleep(CLEAN_PAUSE)
             continue
-        if score.right(case, answer)["right"]:
+        if score.right(case, answer, record.get("nodes"))["right"]:
             return
         if time.time() - t0 > within:
             return

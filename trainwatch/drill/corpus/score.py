@@ -30,18 +30,25 @@ def _text(finding: dict[str, Any]) -> str:
                      json.dumps(finding.get("cause") or {})]).lower()
 
 
-def right(case: Case, answer: dict[str, Any]) -> dict[str, Any]:
-    """Diagnose's first finding against the case's expected answer."""
+def right(case: Case, answer: dict[str, Any], nodes: list[str] | None = None
+          ) -> dict[str, Any]:
+    """Diagnose's first finding against the case's expected answer. ``nodes``: a
+    multi-node case's node names, in order; a node-level fault's "rank" is right when the
+    finding names no rank and exactly the expected nodes."""
     expect = case.expect
     assert expect is not None, "a clean run has no right answer, only false findings"
     findings = answer.get("findings") or []
     top = findings[0] if findings else {}
     rank = sorted(top.get("ranks") or []) == sorted(expect.ranks) and bool(top)
+    if expect.nodes:
+        wanted = sorted((nodes or [])[i] for i in expect.nodes if i < len(nodes or []))
+        rank = rank and len(wanted) == len(expect.nodes) and \
+            sorted(map(str, top.get("nodes") or [])) == wanted
     missing = [k for k in expect.cause if k.lower() not in _text(top)]
     cause = top.get("category") in expect.category and not missing
     return {"rank": rank, "cause": cause, "right": rank and cause,
             "title": top.get("title"), "category": top.get("category"),
-            "ranks": top.get("ranks"), "missing": missing}
+            "ranks": top.get("ranks"), "nodes": top.get("nodes"), "missing": missing}
 
 
 def false_findings(record: dict[str, Any]) -> list[str]:
@@ -74,7 +81,7 @@ def card(case: Case, record: dict[str, Any]) -> dict[str, Any]:
         out["false_findings"] = false_findings(record)
         return out
     answers = record["answers"]
-    verdicts = [(a, right(case, a)) for a in answers]
+    verdicts = [(a, right(case, a, record.get("nodes"))) for a in answers]
     first_right = next(((a, v) for a, v in verdicts if v["right"]), None)
     best = first_right or (verdicts[-1] if verdicts else None)
     if best is not None:
