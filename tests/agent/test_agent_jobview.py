@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from agent_helpers import collector, samples, value, write_status
+from agent_helpers import collector, publish, samples, value, write_status
 from trainwatch.agent.config import load_config
 from trainwatch.agent.context import AgentContext
 from trainwatch.contract.env import NODE_ENV
@@ -26,7 +26,8 @@ def _agent(run: RunDir, node: str, monkeypatch: pytest.MonkeyPatch):
     return collector(ctx, "ranks")
 
 
-def _job(tmp_path, *, record: bool = True, b_beat_ago: float = 0.0, b_state: str = "running"):
+def _job(tmp_path, *, record: bool = True, b_beat_ago: float = 0.0, b_state: str = "running",
+         a_waiting: float = 0.0):
     run = RunDir(tmp_path / "shared" / "exp").create()
     if record:
         run.write_run_info({"job": "exp", "world_size": 4, "nnodes": 2})
@@ -34,7 +35,7 @@ def _job(tmp_path, *, record: bool = True, b_beat_ago: float = 0.0, b_state: str
     for rank, node in ((0, "gpu-a"), (1, "gpu-a"), (2, "gpu-b"), (3, "gpu-b")):
         at = now - (b_beat_ago if node == "gpu-b" else 0.0)
         write_status(run, rank, os.getpid(), node=node, world_size=4, local_rank=rank % 2,
-                     heartbeat_at=at, last_progress_at=at,
+                     heartbeat_at=at, last_progress_at=at - (a_waiting if node == "gpu-a" else 0),
                      state=b_state if node == "gpu-b" else "running")
     return run
 
@@ -116,3 +117,25 @@ def test_a_run_directory_per_node_expects_nothing(tmp_path, monkeypatch):
     run.write_run_info({"job": "exp", "world_size": 2, "nnodes": 1})  # a one-node job
     result = _agent(run, "gpu-a", monkeypatch).collect()
     assert value(result, "trainwatch_run_ranks_expected", run="exp", node="gpu-a") == 2
+
+
+@pytest.mark.parametrize("b_state, kind", [("failed", "dead"), ("running", "frozen")])
+def test_a_stall_that_waits_for_another_nodes_down_rank_names_it(tmp_path, monkeypatch,
+                                                                  b_state, kind):
+    """gpu-a's ranks wait (heartbeats fresh, no step for 10 minutes) for gpu-b's, which
+    failed or stopped beating: gpu-a's incident names them and their node, where it had
+    said culprit "unknown" (an embedded engine sees only its own node's agent: its stall
+    alert named no culprit when a rank on another node died)."""
+    run = _job(tmp_path, b_beat_ago=60.0, b_state=b_state, a_waiting=600.0)
+    ranks = _agent(run, "gpu-a", monkeypatch)
+    publish(ranks.ctx, "ranks", ranks.collect())
+    result = collector(ranks.ctx, "findings").collect()
+    (incident,) = [f for f in result.data["findings"] if f["kind"] == "stall_incident"]
+    assert incident["culprit_ranks"] == [2, 3] and incident["waiting_ranks"] == [0, 1]
+    assert incident["culprit_node"] == "gpu-b" and incident["stall_kind"] == kind, incident
+    said = {"dead": "rank 2 on node gpu-b failed", "frozen": "rank 2 on node gpu-b stopped"}
+    assert said[kind] in incident["message"], incident["message"]
+    assert "torchrun restarts the job" in incident["message"] or kind == "frozen"
+    # One series per culprit, under its node: the same as gpu-b's own agent would export.
+    (labels,) = samples(result, "trainwatch_stall_incident_seconds")
+    assert dict(labels) == {"run": "exp", "node": "gpu-b", "culprit_rank": "2", "kind": kind}

@@ -123,7 +123,7 @@ def test_multinode_jobset_runs_one_supervisor_per_node_as_the_agent_sees_it(rend
     mounts = {m["name"]: m for m in trainer["volumeMounts"]}
     assert str(opts["run_dir_opt"]).startswith(mounts["runs"]["mountPath"] + "/")
     assert runs_volume(pod)["hostPath"]["path"] == runs_volume(agent_pod)["hostPath"]["path"]
-    assert pod["hostPID"] is True  # the agent finds the ranks by the pids they publish
+    assert "hostPID" not in pod  # the agent finds the ranks by pid and PID namespace
     # the trainer config comes from the ConfigMap the kustomization renders, and loads
     config_volume = next(v for v in pod["volumes"] if v["name"] == "train-config")
     config_map = named[("ConfigMap", config_volume["configMap"]["name"])]
@@ -187,16 +187,19 @@ def test_multinode_receiver_gets_the_runs_alerts_with_the_mounted_token(rendered
 
 
 def test_every_example_trainer_is_seen_by_the_agent(rendered):
-    """Each example's trainer writes where the agent reads, names the agent's node and
-    shares the host's pids (else the agent sees every rank as gone): issue 34's example
-    had a PVC against the agent's hostPath and TRAINWATCH_NODE on its init container only."""
-    agent_runs = runs_volume(check_agent_fits(rendered["base"]))["hostPath"]["path"]
+    """Each example's trainer writes where the agent reads and names the agent's node,
+    without the host's pids (the agent maps each rank's namespaced pid itself): issue 34's
+    example had a PVC against the agent's hostPath and TRAINWATCH_NODE on its init
+    container only, and needed hostPID on the trainer pods."""
+    agent_pod = check_agent_fits(rendered["base"])
+    assert agent_pod["hostPID"] is True  # the agent alone sees the host's pids
+    agent_runs = runs_volume(agent_pod)["hostPath"]["path"]
     job = yaml.safe_load((KUBE / "preflight-initcontainer.yaml").read_text())
     jobset = by_kind_name(rendered["multinode"])[("JobSet", "train-exp1")]
     pods = [job["spec"]["template"]["spec"],
             jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]]
     for pod in pods:
-        assert pod["hostPID"] is True
+        assert not pod.get("hostPID")
         assert runs_volume(pod)["hostPath"]["path"] == agent_runs
         for c in pod.get("initContainers", []) + pod["containers"]:
             env = {e["name"]: e.get("valueFrom") for e in c.get("env", [])}

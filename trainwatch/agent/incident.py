@@ -35,6 +35,7 @@ class Incident:
     since: float | None             # when the first of them stopped progressing
     reason: str
     ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
+    node: str | None = None         # the culprits' node when another (culprit_elsewhere)
 
     @property
     def culprit(self) -> int | None:

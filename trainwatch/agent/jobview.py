@@ -12,7 +12,9 @@ finished or stopped cleanly) stopped reporting, and the agents that remain name 
 ranks beating (``trainwatch_run_ranks_reporting``), so TrainingRanksMissing does not page
 for what TrainwatchAgentDown says. An agent whose run directory holds only its own node's
 ranks of a multi-node job (a run directory per node) cannot see the job and exports no
-expectation. Ages are the ranks collector's observations (``RanksCollector._age``):
+expectation. Another node's rank that failed or stopped beating while it runs is listed
+(``down_elsewhere``): when this node's ranks stall waiting for it, the stall incident names
+it (``agent/culprit_elsewhere.py``). Ages are the ranks collector's observations (``RanksCollector._age``):
 another host's wall clock only matters on the first look.
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from trainwatch.agent.registry import Result
+from trainwatch.contract.states import FAILED, RUNNING
 
 # Ranks that ended cleanly have nothing to report: they are accounted for.
 _ENDED = ("finished", "stopped")
@@ -73,11 +76,13 @@ def observe(result: Result, *, run_key: str, job: str, node: str, info: dict[str
     none: one still starting, or a job that does not use the telemetry library (a
     ``trainwatch run -- COMMAND`` of its own), is not missing ranks."""
     if not records:
-        return {"expected_ranks": None, "reporting_ranks": 0, "silent_nodes": {}}
+        return {"expected_ranks": None, "reporting_ranks": 0, "silent_nodes": {},
+                "down_elsewhere": []}
     expected = expected_ranks(info, records)
     if expected is not None and not _job_wide(info, records, node, expected):
         expected = None
     reporting = 0
+    down: list[dict[str, Any]] = []  # other nodes' ranks that failed or stopped beating
     nodes: dict[str, list[float | None]] = {}  # node -> ages of its unfinished, silent ranks
     quiet: dict[str, bool] = {}                # node -> none of its ranks reports
     for record in records:
@@ -87,6 +92,9 @@ def observe(result: Result, *, run_key: str, job: str, node: str, info: dict[str
         heartbeat_age = age((run_key, record["rank"], record.get("pid"), "job_view"),
                             _heartbeat(record, beat))
         fresh = heartbeat_age is not None and heartbeat_age <= stale_seconds
+        if where != node and (state == FAILED or (state == RUNNING and not fresh)):
+            down.append({"rank": record["rank"], "node": where, "state": state,
+                         "heartbeat_age": heartbeat_age})
         if state in _ENDED or fresh:
             reporting += 1
             quiet[where] = False
@@ -101,4 +109,4 @@ def observe(result: Result, *, run_key: str, job: str, node: str, info: dict[str
     for where, seconds in silent.items():
         result.add("trainwatch_run_node_silent_seconds", seconds, run=job, node=where)
     return {"expected_ranks": expected, "reporting_ranks": reporting,
-            "silent_nodes": silent}
+            "silent_nodes": silent, "down_elsewhere": down}

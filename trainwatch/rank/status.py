@@ -11,6 +11,7 @@ import psutil
 
 from trainwatch.contract.states import RUNNING
 from trainwatch.host.cgroup import memory_cgroup
+from trainwatch.host.pid_namespace import own_pid_namespace
 from trainwatch.node import boot_id, node_name
 from trainwatch.rundir.beat import own_window
 
@@ -23,6 +24,9 @@ def initial_status(*, job: str, rank: int, local_rank: int, world_size: int, dev
     return {
         "job": job, "rank": rank, "local_rank": local_rank, "world_size": world_size,
         "node": node_name(), "pid": os.getpid(),
+        # The PID namespace ``pid`` counts in: in a pod of its own (no hostPID) the agent
+        # finds the host's pid of this process by it (trainwatch/host/pid_namespace.py).
+        "pid_namespace": own_pid_namespace(),
         # Its memory cgroup: after an OOM kill, diagnose reads the limit and kills there.
         "cgroup": memory_cgroup(),
         # Default: torchrun's count, which is per node (see train.agree_restart_count).

@@ -13,6 +13,7 @@ from collections import deque
 from functools import partial
 from typing import Any
 
+from trainwatch.agent.culprit_elsewhere import name_elsewhere
 from trainwatch.agent.incident import group
 from trainwatch.agent.registry import Collector, Result, label_values, register
 from trainwatch.agent.series import Rows, SeriesBook, kept
@@ -181,9 +182,11 @@ class FindingsCollector(Collector):
                    **labels, role="waiting")
         if incident is None:
             return
+        name_elsewhere(incident, (job.get("view") or {}).get("down_elsewhere") or [])
         culprit = incident.culprit
         result.add("trainwatch_stall_incident_seconds",
-                   max(0.0, now - incident.since) if incident.since else 0.0, **labels,
+                   max(0.0, now - incident.since) if incident.since else 0.0,
+                   **{**labels, "node": incident.node or self.ctx.node},
                    culprit_rank="unknown" if culprit is None else culprit, kind=incident.kind)
         iid = f"stall_incident/{job['job']}"
         for r in incident.culprits + incident.waiting:
@@ -194,7 +197,7 @@ class FindingsCollector(Collector):
                 if r not in incident.culprits and incident.culprits:
                     finding["severity"] = "info"  # context of the incident, not a page
         who = (f"rank(s) {incident.culprits} {incident.kind} ({incident.reason})"
-               if incident.culprits else incident.reason)
+               if incident.culprits and incident.node is None else incident.reason)
         # What the culprit waits on, from the kernel (a file lock, a FIFO, a socket...).
         cause = None
         if culprit is not None and incident.kind == "stuck":
@@ -205,6 +208,7 @@ class FindingsCollector(Collector):
         current[iid] = {
             "id": iid, "kind": "stall_incident", "severity": "critical", "job": job["job"],
             "node": self.ctx.node, "culprit_rank": culprit, "culprit_ranks": incident.culprits,
+            "culprit_node": incident.node or (self.ctx.node if incident.culprits else None),
             "waiting_ranks": incident.waiting, "stall_kind": incident.kind,
             "since": incident.since, "reason": incident.reason, "cause": cause,
             "message": (f"job {job['job']} stalled: {who}; {len(incident.waiting)} rank(s) on "

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from trainwatch.agent import jobview
+from trainwatch.host.pid_namespace import HostPids
 from trainwatch.host.procinfo import ProcessTracker
 from trainwatch.agent.rankfiles import RankFiles
 from trainwatch.agent.registry import Collector, Result, label_values, register
@@ -242,6 +243,7 @@ class RanksCollector(Collector):
     def __init__(self, ctx, options):
         super().__init__(ctx, options)
         self.procs = ProcessTracker(ctx.config.proc_root)
+        self.pids = HostPids(ctx.config.proc_root)  # ranks in a PID namespace of their own
         self._skip_seen: dict[str, set[tuple[str, int, int]]] = {}
         self._skip_total: dict[str, dict[str, int]] = {}  # run dir -> reason code -> count
         self._skip_recent: dict[str, deque] = {}
@@ -258,6 +260,7 @@ class RanksCollector(Collector):
         now, mono = time.time(), time.monotonic()
         self._notice_pause(mono)
         self.procs.begin()
+        self.pids.begin()
         live: set[int] = set()
         self._looked = set()
         self._series_used = set()
@@ -271,6 +274,7 @@ class RanksCollector(Collector):
         for key in set(self._files) - {str(run.root) for run in runs}:
             del self._files[key]
         self.procs.end(live)
+        self.pids.end()
         for seen in set(self._seen) - self._looked:  # ranks gone: forget what we saw
             del self._seen[seen]
         for label_key in set(self._series) - self._series_used:
@@ -369,9 +373,9 @@ class RanksCollector(Collector):
             rank = self._rank(key, status, beats.get(status["rank"]), now, mono, job_name,
                               result)
             ranks.append(rank)
-            if isinstance(status.get("pid"), int):
-                live.add(status["pid"])
-                env[rank["rank"]] = self.procs.env(status["pid"])
+            if isinstance(rank["pid"], int):  # the host's pid
+                live.add(rank["pid"])
+                env[rank["rank"]] = self.procs.env(rank["pid"])
         self._checkpoint(local, info, now, job_name, result)
         view = jobview.observe(
             result, run_key=key, job=job_name, node=self.ctx.node, info=info, records=records,
@@ -492,15 +496,20 @@ class RanksCollector(Collector):
         # wobbles by microseconds: the same phase (name) within half a second is the same.
         phase_age = self._age(who + ("phase", phase), phase_since, now, mono, tolerance=0.5)
         late = self._looks_old(s, metrics, state, heartbeat_age, progress_age)
-        proc = self.procs.inspect(s.get("pid"), s.get("started_at"),
-                                  reuse_for=0.0 if late else float(self.options["process_every"]),
-                                  created_at=s.get("process_created_at"))
+        pid, missing = self.pids.host_pid(s.get("pid"), s.get("pid_namespace"),
+                                          s.get("process_created_at"))
+        proc = {"status": missing} if pid is None else self.procs.inspect(
+            pid, s.get("started_at"), created_at=s.get("process_created_at"),
+            reuse_for=0.0 if late else float(self.options["process_every"]))
         ages = {"heartbeat": heartbeat_age, "phase": phase_age,
                 "progress": progress_age if progress_at is not None else None}
         result.defer(lambda: _rank_rows(series, raw, s, state, phase, ages, publish, proc))
         return {
             "rank": s["rank"], "local_rank": s.get("local_rank"), "node": s.get("node"),
-            "pid": s.get("pid"), "state": state, "step": s.get("step"), "phase": phase,
+            # The host's pid (None: not found); the one the rank published, when in a
+            # PID namespace of its own, is ``pid_in_namespace``.
+            "pid": pid, "pid_in_namespace": s.get("pid") if pid != s.get("pid") else None,
+            "state": state, "step": s.get("step"), "phase": phase,
             "phase_since": phase_since, "heartbeat_at": heartbeat_at,
             "last_progress_at": progress_at, "started_at": _num(s.get("started_at")),
             # Ages as observed by this agent (see _age), at result.data["observed_mono"].
