@@ -50,7 +50,6 @@ from trainwatch.rank.checkpoint.sharded_save import host_stager, stage, write_sh
 from trainwatch.rank.checkpoint.cadence import interval_due
 from trainwatch.rank.checkpoint.config import CheckpointConfig
 from trainwatch.checkpoint_format.manifest import verify
-from trainwatch.rank.checkpoint.dcp_verify import verify_checkpoint
 from trainwatch.rank.checkpoint.parallel_verify import ParallelVerify
 from trainwatch.rank.checkpoint.nonfinite import (NonFiniteHalt, nonfinite_flag,
                                                      nonfinite_state)
@@ -189,7 +188,7 @@ class Checkpointer:
         decision: dict[str, Any] = {}
         verifier = ParallelVerify(self.rank, self.world_size, self._group)
         if self.rank == 0 and self._group is None:
-            decision = self._choose(verify_checkpoint)
+            decision = self._choose(verifier.verify)
         elif self.rank == 0:
             try:  # every rank hashes its share of each candidate rank 0 looks at
                 decision = self._choose(verifier.verify)
@@ -207,7 +206,8 @@ class Checkpointer:
             self.memory.peers.after_resume(None)  # held copies of a lost history go
             return None
         path = Path(decision["path"])
-        restored = resume_mod.load(path, decision["manifest"], self.rank, self.world_size)
+        restored = resume_mod.load(path, decision["manifest"], self.rank, self.world_size,
+                                   verifier.take(path))  # what was loaded while hashed
         self.memory.peers.after_resume(restored.step)
         self._newest_verified[path.parent] = path
         if self.rank == 0:

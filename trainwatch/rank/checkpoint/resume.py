@@ -71,28 +71,55 @@ class Restored:
         rng.restore(self.rank_state["rng"])
 
 
-def load(path: Path, manifest: dict[str, Any], rank: int, world_size: int = 1) -> Restored:
+def wanted_files(manifest: dict[str, Any], rank: int, world_size: int) -> list[str]:
+    """The files of checkpoint ``manifest`` that ``load`` reads on ``rank``: the shared trees
+    of a data-parallel one, and the rank files ``_rank_state`` takes."""
+    names = ([] if manifest.get("layout") == LAYOUT_DCP
+             else [f"{name}.pt" for name in manifest.get("shared") or ()])
+    written = manifest.get("world_size") or 0
+    ranks = [rank] if written == world_size else [0] + ([rank] if 0 < rank < written else [])
+    return names + [rank_file_name(r) for r in ranks]
+
+
+def load(path: Path, manifest: dict[str, Any], rank: int, world_size: int = 1,
+         preloaded: dict[str, Any] | None = None) -> Restored:
     """This rank's part of checkpoint ``path``: the shared trees of a data-parallel one,
     and its own state (RNGs, data position), at any world size. A sharded (DCP)
-    checkpoint's trees are loaded by its caller, into the job's objects (sharded.py)."""
-    rank_state, resharded = _rank_state(path, manifest, rank, world_size)
+    checkpoint's trees are loaded by its caller, into the job's objects (sharded.py).
+    ``preloaded``: {file name: value} already loaded while it was verified
+    (parallel_verify.py); the rest is read here."""
+    files = _Files(path, preloaded or {})
+    rank_state, resharded = _rank_state(files, manifest, rank, world_size)
     if manifest.get("layout") == LAYOUT_DCP:
         return Restored(path, manifest["step"], manifest, {}, rank_state, resharded)
-    shared = {name: torch.load(path / f"{name}.pt", map_location="cpu", weights_only=True)
-              for name in manifest["shared"]}
+    shared = {name: files.load(f"{name}.pt") for name in manifest["shared"]}
     return Restored(path, manifest["step"], manifest, shared, rank_state, resharded)
 
 
-def _rank_state(path: Path, manifest: dict[str, Any], rank: int, world_size: int
+class _Files:
+    """A checkpoint's files by name: the value loaded while verifying, else torch.load."""
+
+    def __init__(self, path: Path, preloaded: dict[str, Any]):
+        self.path, self.preloaded = path, preloaded
+
+    def load(self, name: str) -> Any:
+        if name in self.preloaded:
+            return self.preloaded.pop(name)
+        return torch.load(self.path / name, map_location="cpu", weights_only=True)
+
+
+def _rank_state(files: _Files | Path, manifest: dict[str, Any], rank: int, world_size: int
                 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Its own file at the world size that wrote it. At another world size: rank 0's data
     position for every rank (the job's global progress; docs/checkpoints.md), a rank's own
     RNGs where it existed, and fresh ones, derived from rank 0's and the rank, where not.
-    Data-parallel checkpoints and sharded ones alike: replicas need no resharding."""
+    Data-parallel checkpoints and sharded ones alike: replicas need no resharding.
+    ``files``: the checkpoint's folder, or its files with those already loaded."""
+    files = files if isinstance(files, _Files) else _Files(files, {})
     written = manifest["world_size"]
 
     def own(r: int) -> dict[str, Any]:
-        return torch.load(path / rank_file_name(r), map_location="cpu", weights_only=True)
+        return files.load(rank_file_name(r))
 
     if written == world_size:
         return own(rank), None
