@@ -89,7 +89,7 @@ class MemorySnapshots:
             "off_reason": "memory_snapshots: off" if mode == "off" else why_off,
             "every_steps": 1, "cadence": None, "step": None, "bytes": None,
             "blocking_seconds": None, "writer_gil_seconds": None, "taken_total": 0, "skipped_full_total": 0,
-            "failed_total": 0, "changed_total": 0, "memory_bound_bytes": None, "peer_copies": self.peers.facts}
+            "failed_total": 0, "changed_total": 0, "durable_skipped_total": 0, "memory_bound_bytes": None, "peer_copies": self.peers.facts}
 
     @property
     def enabled(self) -> bool:
@@ -152,8 +152,10 @@ class MemorySnapshots:
 
     # ------------------------------------------------------------------ in the loop
     def after_step(self, step: int, state: Callable[[], dict[str, Any]], *,
-                   final: bool = False) -> None:
-        """Snapshot ``step`` (the steps completed) if due; every rank, the same steps."""
+                   final: bool = False, durable: bool = False) -> None:
+        """Snapshot ``step`` (the steps completed) if due; every rank, the same steps.
+        ``durable``: this step is saved durably (every rank agreed): no snapshot of it, the
+        save's own copy serves, and the next is due K steps on."""
         if final:
             self._finished = True
         if not self.enabled or final:
@@ -164,6 +166,10 @@ class MemorySnapshots:
         if self._next is None:
             self._next = step
         if step < self._next:
+            return
+        if durable:
+            self._next = step + self.every
+            self.facts["durable_skipped_total"] += 1
             return
         started = time.perf_counter()
         self.wait()
