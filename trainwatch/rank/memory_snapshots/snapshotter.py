@@ -89,7 +89,8 @@ class MemorySnapshots:
             "off_reason": "memory_snapshots: off" if mode == "off" else why_off,
             "every_steps": 1, "cadence": None, "step": None, "bytes": None,
             "blocking_seconds": None, "writer_gil_seconds": None, "taken_total": 0, "skipped_full_total": 0,
-            "failed_total": 0, "changed_total": 0, "durable_skipped_total": 0, "memory_bound_bytes": None, "peer_copies": self.peers.facts}
+            "failed_total": 0, "changed_total": 0, "durable_skipped_total": 0,
+            "memory_bound_bytes": None, "peer_copies": self.peers.facts}
 
     @property
     def enabled(self) -> bool:
