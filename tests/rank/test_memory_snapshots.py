@@ -311,3 +311,16 @@ def test_a_memory_snapshot_of_the_last_step_does_not_replace_the_final_save(tmp_
         assert not ckpt.maybe_save(step + 1, model=model, optimizer=opt)
     ckpt.close()
     assert [e["step"] for e in RunDir(tmp_path / "run").events("checkpoint_saved")] == [3]
+
+
+def test_a_step_saved_durably_is_not_also_snapshotted(tmp_path):
+    """Before: step 10 was copied twice, into the durable save and into a snapshot; now the
+    save's copy serves (it is what a resume uses: a snapshot must be newer than it)."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    ckpt, _, _ = _loop(tmp_path / "run", shm, 11)  # every_steps=10
+    memory = ckpt.checkpointer.memory
+    assert [s.step for s in store.sealed(memory.folder)] == [11, 9]
+    assert memory.facts["taken_total"] == 10 and memory.facts["durable_skipped_total"] == 1
+    assert [e["step"] for e in RunDir(tmp_path / "run").events("checkpoint_saved")] == [10]
+    ckpt.close()

@@ -334,7 +334,7 @@ class Checkpointer:
             self.exit_code = EXIT_STOPPED
             return True
         taken = snapshot_state or state
-        self.memory.after_step(step, taken, final=final)
+        self.memory.after_step(step, taken, final=final, durable=bool(save or interval))
         if not final:
             self.gasp.after_step(step, taken, data or (lambda: taken().get("data")))
         if final and self.cfg.save_final:

@@ -40,6 +40,13 @@ class HostCopy:
 
     def capture(self, tree: Any) -> Any:
         """A copy of ``tree`` whose tensors are views into this object's arena."""
+        out, pairs = self.take(tree)
+        self.copy(pairs)
+        return out
+
+    def take(self, tree: Any) -> tuple[Any, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """``tree`` with its tensors replaced by their arena views, and the (view, source)
+        pairs still to copy (``copy``; overlap.py copies some of them later)."""
         pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         missed: list[bool] = []
         out = self._walk(tree, pairs, missed)
@@ -47,13 +54,21 @@ class HostCopy:
             self._layout([s for _, s in pairs])
             pairs, missed = [], []
             out = self._walk(tree, pairs, missed)
+        return out, pairs
+
+    @property
+    def layout(self) -> list[torch.Tensor]:
+        """The arena's views: a new list object whenever the arena is laid out anew."""
+        return self._views
+
+    def copy(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Copy the sources into their views: one call for the CPU ones."""
         host = [(d, s) for d, s in pairs if not s.is_cuda]
         if host:
             torch._foreach_copy_([d for d, _ in host], [s for _, s in host])
         cuda = [(d, s) for d, s in pairs if s.is_cuda]
         if cuda:
             self._from_cuda(cuda)
-        return out
 
     def _layout(self, sources: list[torch.Tensor]) -> None:
         offsets, total = [], 0

@@ -41,6 +41,7 @@ _DTYPES = {str(d): d for d in (
 
 Path = tuple[Any, ...]
 _NESTED = (dict, list, tuple, torch.Tensor)
+_FLAT = {int, float, bool, str, bytes, complex, type(None)}  # never nested: no walk needed
 _SAVED = "torch.save"  # a tensor of a rare layout (sparse, quantized), torch.save'd
 _ALLOWED: dict[tuple[str, str], Any] = {
     ("collections", "OrderedDict"): collections.OrderedDict, ("torch", "Size"): torch.Size,
@@ -60,7 +61,8 @@ def _children(obj: Any, path: Path, walk: Callable[[Any, Path], Any],
             return out
         return type(obj)((k, walk(v, (*path, k))) for k, v in obj.items())
     if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        if skip_flat and not any(isinstance(v, _NESTED) for v in obj):
+        if skip_flat and (not set(map(type, obj)) - _FLAT  # C speed: an RNG's 624 ints
+                          or not any(isinstance(v, _NESTED) for v in obj)):
             return obj
         return type(obj)(walk(v, (*path, i)) for i, v in enumerate(obj))
     return obj

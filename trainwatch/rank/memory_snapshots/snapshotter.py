@@ -34,6 +34,7 @@ from trainwatch.rank.memory_snapshots import payload as payload_format
 from trainwatch.rank.memory_snapshots import peer_link, shards, store
 from trainwatch.rank.memory_snapshots.cadence import Cadence
 from trainwatch.rank.memory_snapshots.capture import HostCopy
+from trainwatch.rank.memory_snapshots.overlap import Overlap, Pairs
 from trainwatch.rank.memory_snapshots.peer_copies import PeerSettings
 from trainwatch.rank.memory_snapshots.writer import Writer
 
@@ -71,6 +72,7 @@ class MemorySnapshots:
         self._sealed: int = -1            # the newest step this rank sealed
         self._confirmed: int = -1         # the newest step every rank had sealed
         self._host = HostCopy()
+        self._overlap = Overlap()  # a large state's copy beside the next step (overlap.py)
         self._writer = Writer("trainwatch-memory-snapshot")
         self._last_end: tuple[int, float] | None = None
         self._journaled: set[str] = set()
@@ -87,7 +89,8 @@ class MemorySnapshots:
             "off_reason": "memory_snapshots: off" if mode == "off" else why_off,
             "every_steps": 1, "cadence": None, "step": None, "bytes": None,
             "blocking_seconds": None, "writer_gil_seconds": None, "taken_total": 0, "skipped_full_total": 0,
-            "failed_total": 0, "memory_bound_bytes": None, "peer_copies": self.peers.facts}
+            "failed_total": 0, "changed_total": 0, "durable_skipped_total": 0,
+            "memory_bound_bytes": None, "peer_copies": self.peers.facts}
 
     @property
     def enabled(self) -> bool:
@@ -150,8 +153,10 @@ class MemorySnapshots:
 
     # ------------------------------------------------------------------ in the loop
     def after_step(self, step: int, state: Callable[[], dict[str, Any]], *,
-                   final: bool = False) -> None:
-        """Snapshot ``step`` (the steps completed) if due; every rank, the same steps."""
+                   final: bool = False, durable: bool = False) -> None:
+        """Snapshot ``step`` (the steps completed) if due; every rank, the same steps.
+        ``durable``: this step is saved durably (every rank agreed): no snapshot of it, the
+        save's own copy serves, and the next is due K steps on."""
         if final:
             self._finished = True
         if not self.enabled or final:
@@ -162,6 +167,10 @@ class MemorySnapshots:
         if self._next is None:
             self._next = step
         if step < self._next:
+            return
+        if durable:
+            self._next = step + self.every
+            self.facts["durable_skipped_total"] += 1
             return
         started = time.perf_counter()
         self.wait()
@@ -175,28 +184,35 @@ class MemorySnapshots:
         self._confirmed, self.every = int(-agreed[0].item()), max(1, int(agreed[1].item()))
         self._next = step + self.every
         try:
-            payload = self._capture(step, trees)
+            payload, later = self._capture(step, trees)
         except Exception as exc:  # e.g. no host memory for the copy: skipped, never the job
+            self._overlap.abandon()
             self._count("failed_total", "failed", step, f"{type(exc).__name__}: {exc}")
             return
         self.peers.refresh()
         self.facts["peer_copies"] = self.peers.facts
-        try:  # the writer thread, started once (writer.py), writes off the loop
-            self._writer.submit(lambda: self._write(step, payload, self._confirmed))
+        try:  # the writer thread, started once (writer.py), copies what is left and writes
+            self._writer.submit(lambda: self._write(step, payload, self._confirmed, later))
         except RuntimeError as exc:  # no thread to be had: this snapshot is skipped
+            self._overlap.abandon()
             self._count("failed_total", "failed", step, f"no writer thread: {exc}")
         self._measure(step, started, time.perf_counter() - started)
 
-    def _capture(self, step: int, trees: dict[str, Any]) -> dict[str, Any]:
+    def _capture(self, step: int, trees: dict[str, Any]) -> tuple[dict[str, Any], Pairs]:
+        """The payload, its arena filled but for the pairs returned: the writer thread
+        copies those (a large state, overlap.py)."""
         shared = {k: v for k, v in trees.items() if k != "data"}
         record = None
         if self._sharded:  # this rank's own shards, and where each sits (no collective)
             shared, record = shards.split(shared)
-        payload = {"step": step, "shared": self._host.capture(shared),
+        out, pairs = self._host.take(shared)
+        now, later = self._overlap.split(pairs, self._host.layout)
+        self._host.copy(now)
+        payload = {"step": step, "shared": out,
                    "rank": {"rng": rng.capture(), "data": copy.deepcopy(trees.get("data"))}}
         if record is not None:
             payload["sharded"] = record
-        return payload
+        return payload, later
 
     def _measure(self, step: int, started: float, blocking: float) -> None:
         measured = self._last_end is not None
@@ -219,15 +235,20 @@ class MemorySnapshots:
                           durable_every_steps=self.cadence.durable_every)
             self._verdict = verdict
 
-    def _write(self, step: int, payload: dict[str, Any], confirmed: int) -> None:
-        """The writer thread: drop the snapshot no longer needed (its unlink frees the
-        tmpfs pages: kernel time, kept off the loop), then write and seal; never raises."""
+    def _write(self, step: int, payload: dict[str, Any], confirmed: int,
+               later: Pairs) -> None:
+        """The writer thread: the copy deferred beside the next step (overlap.py), then
+        drop the snapshot no longer needed (its unlink frees the tmpfs pages: kernel time,
+        kept off the loop), write, and seal once the copy is known whole; never raises."""
         assert self.folder is not None
+        self._overlap.copy(later)
         store.retain(self.folder, {confirmed})
         need = int(self.facts["bytes"] or 0)
 
         def write(f: Any) -> None:
             self._writer_gil = payload_format.write(f, payload, self._host)
+            if not self._overlap.sealable():  # removed unsealed: never a mix of two steps
+                raise _Changed(self._overlap.last_changed)
 
         try:
             sealed = store.seal(self.folder, rank=self.rank, step=step,
@@ -235,6 +256,9 @@ class MemorySnapshots:
                                 write=write, need=need, reserve=RESERVE_BYTES)
         except store.Full as exc:
             self._count("skipped_full_total", "full", step, f"the tmpfs is full: {exc}")
+            return
+        except _Changed as exc:
+            self._count("changed_total", "changed", step, str(exc))
             return
         except Exception as exc:  # a failed snapshot must never fail the job
             self._count("failed_total", "failed", step, f"{type(exc).__name__}: {exc}")
@@ -258,11 +282,15 @@ class MemorySnapshots:
         self._finished = True
 
     def wait(self) -> None:
+        """Until the snapshot in flight is sealed or dropped (its deferred copy checked
+        first: the caller is the loop, outside any change of the state)."""
+        self._overlap.settle()
         self._writer.wait()
 
     def close(self) -> None:
         """Wait for the write in flight; after the last step (the run finished), remove this
         rank's snapshots and, the last to go, the run's folder: nothing is left to resume."""
+        self._overlap.close()
         self._writer.close()
         self.peers.close(finished=self._finished)
         self.facts["peer_copies"] = self.peers.facts
@@ -275,6 +303,16 @@ class MemorySnapshots:
                 folder.rmdir()
             except OSError:
                 pass
+
+
+class _Changed(Exception):
+    """A deferred copy's tensors changed before the loop checked them: not sealed."""
+
+    def __init__(self, changed: list[int]):
+        super().__init__(f"{len(changed)} tensor(s) of the state changed in place while the "
+                         "copy beside the next step read them (first: #"
+                         f"{changed[0] if changed else '?'}); not sealed, and those are "
+                         "copied at the step boundary from now on")
 
 
 def root_of(folder: str | None, run_dir: Path) -> tuple[Path | None, str | None]:
