@@ -24,6 +24,7 @@ NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 INET_DIAG_INFO = 2
 TCP_ESTABLISHED = 1
+ACTIVE_MS = 10_000   # a connection that sent or received data this recently (ms)
 _NLMSG = struct.Struct("=IHHII")              # len, type, flags, seq, pid
 _REQ = struct.Struct("=BBBxI48x")             # inet_diag_req_v2: family, proto, ext, states
 _MSG = struct.Struct("=BBBB2H16s16sI8sIIIII")  # inet_diag_msg (sport/dport big-endian)
@@ -116,14 +117,28 @@ def tcp_sockets(states: int = 1 << TCP_ESTABLISHED) -> list[dict[str, Any]]:
     return found
 
 
+def recently_active(s: dict[str, Any], within_ms: int = ACTIVE_MS) -> bool:
+    """Whether a socket with an RTT sent or received data within ``within_ms``: an idle
+    connection's RTT is its last exchange's, however long ago."""
+    recent = [s.get(k) for k in ("last_data_sent", "last_data_recv")]
+    return isinstance(s.get("rtt_ms"), (int, float)) and any(
+        isinstance(t, int) and t <= within_ms for t in recent)
+
+
 def socket_inodes(pid: int, proc_root: str = "/proc") -> set[int]:
     """The inodes of the sockets a process holds open (empty when it cannot be read)."""
+    return readable_socket_inodes(pid, proc_root) or set()
+
+
+def readable_socket_inodes(pid: int, proc_root: str = "/proc") -> set[int] | None:
+    """The inodes of the sockets a process holds open; None when its fds cannot be
+    listed (another user's process, or gone): unseen, not "no connections"."""
     inodes = set()
     folder = os.path.join(proc_root, str(pid), "fd")
     try:
         names = os.listdir(folder)
     except OSError:
-        return set()
+        return None
     for name in names:
         with contextlib.suppress(OSError):
             target = os.readlink(os.path.join(folder, name))
