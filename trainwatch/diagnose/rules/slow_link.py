@@ -132,4 +132,4 @@ def _finding(a: Analysis, ends: list[str], culprit: str | None, conns: list[dict
         "network", f"slow network link: node {ends[0]} ↔ node {ends[1]}, RTT {rtt:.1f} ms "
         f"({others})", severity="warning", confidence="high" if culprit else "medium",
         nodes=[culprit] if culprit else ends, evidence=evidence,
-        runbook="NetworkInterfaceErrors", next_command=f"ss -tin dst {peer}; tc -s qdisc show")
+        runbook="TrainingNetworkLinkSlow", next_command=f"ss -tin dst {peer}; tc -s qdisc show")
