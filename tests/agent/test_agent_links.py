@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -20,9 +21,10 @@ from trainwatch.contract.metrics import METRICS
 from trainwatch.agent.registry import Result
 from trainwatch.agent.status import build_status
 from trainwatch.drill.netns import unavailable, veth_nodes
+from trainwatch.host.socket_fds import SocketFds
 from users_helpers import _ensure_user, _python_for_others
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, users)")
+root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, users)")
 
 # A "rank": 3 connections to the server on the other node, each sending 2 KB and reading
 # the echo every 20 ms (a collective's traffic), until killed.
@@ -63,6 +65,7 @@ def _start(cmd: list[str]) -> subprocess.Popen:
     return proc
 
 
+@root
 @pytest.mark.skipif(bool(unavailable()), reason=str(unavailable()))
 def test_a_ranks_link_to_another_node_per_peer_and_slowed_by_a_token_bucket():
     with veth_nodes(2) as (n0, n1):
@@ -109,6 +112,7 @@ def test_a_ranks_link_to_another_node_per_peer_and_slowed_by_a_token_bucket():
         assert json.loads(json.dumps(doc))["links"]["jobs"]["exp"]["nodes"]["n0"]["sockets"]
 
 
+@root
 @pytest.mark.skipif(not shutil.which("setpriv"), reason="needs setpriv")
 def test_a_rank_the_agent_may_not_inspect_is_skipped_and_counted(tmp_path):
     """An agent running as another user than the rank: its fds and namespace are not the
@@ -139,3 +143,27 @@ def test_a_rank_the_agent_may_not_inspect_is_skipped_and_counted(tmp_path):
     finally:
         rank.kill()
         rank.wait()
+
+
+def test_a_processs_sockets_are_resolved_once_and_all_again_after_full_every():
+    """Only fds not listed before are resolved each run; a closed fd's number reused by a
+    new socket is seen at the next full read."""
+    fds = SocketFds(full_every=3600.0)
+    first = socket.socket()
+    try:
+        assert os.fstat(first.fileno()).st_ino in fds.inodes(os.getpid())
+        number, old = first.fileno(), os.fstat(first.fileno()).st_ino
+        first.close()
+        again = socket.socket()
+        try:
+            assert again.fileno() == number  # the lowest free fd: the same number
+            new = os.fstat(again.fileno()).st_ino
+            assert old in fds.inodes(os.getpid())   # not resolved again yet
+            fds.full_every = 0.0
+            mine = fds.inodes(os.getpid())
+            assert new in mine and old not in mine
+        finally:
+            again.close()
+    finally:
+        first.close()
+    assert fds.inodes(2**22 + 1) is None  # no such process: unseen, not "no sockets"

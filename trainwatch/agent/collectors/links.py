@@ -22,7 +22,8 @@ from trainwatch.agent import link_view
 from trainwatch.agent.registry import Collector, Result, register
 from trainwatch.host.link_queues import node_links
 from trainwatch.host.netns_call import call_in_netns, netns_id
-from trainwatch.host.tcp_diag import readable_socket_inodes, tcp_sockets
+from trainwatch.host.socket_fds import SocketFds
+from trainwatch.host.tcp_diag import tcp_sockets
 
 GONE = ("gone", "zombie", "dead", "reused")
 MAX_REASONS = 5
@@ -40,7 +41,7 @@ def running_ranks(ranks_data: dict[str, Any] | None) -> list[tuple[str, dict[str
     return out
 
 
-@register("links", interval=5.0, timeout=10.0, first_delay=2.0, options={
+@register("links", interval=15.0, timeout=10.0, first_delay=2.0, options={
     "max_peers": 64,         # peers exported per run, the furthest above their best first
     "queues_every": 60.0,    # seconds between reads of addresses and egress queues
 })
@@ -48,6 +49,7 @@ class LinksCollector(Collector):
     def __init__(self, ctx, options):
         super().__init__(ctx, options)
         self.retransmits = link_view.Retransmits()
+        self.fds = SocketFds()
         # netns -> (when read, its addresses and queues, whether a peer was slow then)
         self._queues: dict[str, tuple[float, dict[str, Any], bool]] = {}
 
@@ -72,6 +74,7 @@ class LinksCollector(Collector):
         seen_retrans: list[tuple[str, str, dict[str, Any]]] = []
         for ns, members in by_netns.items():
             self._namespace(ns, members, jobs, unseen, reasons, seen_retrans)
+        self.fds.forget_except({r["pid"] for _, r in ranks})
         self.retransmits.update(seen_retrans)
         self.retransmits.forget_except({(run, peer) for run, peer, _ in seen_retrans})
         self._export(result, jobs, unseen)
@@ -84,23 +87,29 @@ class LinksCollector(Collector):
                    reasons: list[str], seen_retrans: list) -> None:
         """The ranks of one network namespace: one dump, each rank's sockets in it."""
         pid = members[0][1]["pid"]
-        try:
-            sockets = call_in_netns(pid, tcp_sockets)
-        except OSError as exc:
-            for run, _ in members:
-                unseen[run] += 1
-            reasons.append(f"the TCP connections of {ns}: {exc}")
-            return
-        by_inode = {s["inode"]: s for s in sockets}
-        local = {str(s.get("src")) for s in sockets}  # every established socket's own end
-        owned: dict[tuple[str, str], list[link_view.Owned]] = {}
+        held: dict[int, tuple[str, dict[str, Any], set[int]]] = {}  # pid -> run, rank, inodes
         for run, r in members:
-            inodes = readable_socket_inodes(r["pid"])
+            inodes = self.fds.inodes(r["pid"])
             if inodes is None:
                 unseen[run] += 1
                 reasons.append(f"rank {r['rank']} of {run} (pid {r['pid']}): its open "
                                "files cannot be read")
-                continue
+            else:
+                held[r["pid"]] = (run, r, inodes)
+        wanted = set().union(*(inodes for _, _, inodes in held.values()))
+        try:  # only the ranks' sockets are parsed: a node may hold thousands of others
+            sockets = call_in_netns(pid, lambda: tcp_sockets(only=wanted))
+        except OSError as exc:
+            for run, _, _ in held.values():
+                unseen[run] += 1
+            reasons.append(f"the TCP connections of {ns}: {exc}")
+            return
+        by_inode = {s["inode"]: s for s in sockets}
+        # The node's own addresses: those its sockets use, and its interfaces' once read.
+        local = {str(s.get("src")) for s in sockets} | set(
+            (self._queues.get(ns, (0.0, {}, False))[1].get("addresses") or {}))
+        owned: dict[tuple[str, str], list[link_view.Owned]] = {}
+        for run, r, inodes in held.values():
             node = str(r.get("node") or self.ctx.node)
             owned.setdefault((run, node), []).extend(
                 (r["rank"], by_inode[i]) for i in inodes if i in by_inode)
