@@ -96,6 +96,8 @@ class LinksCollector(Collector):
                                "files cannot be read")
             else:
                 held[r["pid"]] = (run, r, inodes)
+        if not held:
+            return
         wanted = set().union(*(inodes for _, _, inodes in held.values()))
         try:  # only the ranks' sockets are parsed: a node may hold thousands of others
             sockets = call_in_netns(pid, lambda: tcp_sockets(only=wanted))
