@@ -14,7 +14,7 @@ def test_defaults_cover_every_registered_collector(tmp_path):
     cfg = load_config(None, run_dirs=[str(tmp_path)])
     assert cfg.listen.startswith("127.0.0.1:")  # loopback by default
     assert set(cfg.collectors) == {"ranks", "findings", "gpu", "nccl", "storage", "network",
-                                   "versions", "journal", "replicas", "supervisor"}
+                                   "versions", "journal", "replicas", "supervisor", "links"}
     assert cfg.collectors["gpu"]["enabled"] is True
     assert cfg.stall["phase_budgets"]["checkpoint"] > cfg.stall["floor_seconds"]
 

@@ -33,7 +33,7 @@ REQUIRED = ["TrainingStallSuspected", "TrainingStalled", "TrainingRankDown", "Tr
             "StorageFull", "StorageProbeSlow", "NetworkInterfaceErrors", "NetworkLinkFlapping",
             "NCCLPeerUnresponsive", "TrainwatchVersionSkew", "TrainwatchAgentDown", "TrainwatchCollectorFailing",
             "TrainwatchRunUnreadable", "TrainwatchCannotPublish", "TrainwatchSupervisorDown",
-            "TrainingRanksMissing", "TrainwatchJournalUnreliable"]
+            "TrainingRanksMissing", "TrainwatchJournalUnreliable", "TrainingNetworkLinkSlow"]
 promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
 
 
@@ -83,7 +83,7 @@ def test_promtool_check_rules_on_both_exports(tmp_path):
     out = subprocess.run(["promtool", "check", "rules", str(GENERATED / "prometheus-rules.yaml")],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 35 rules found" in out.stdout
+    assert "SUCCESS: 36 rules found" in out.stdout
     spec = yaml.safe_load((GENERATED / "prometheusrule.yaml").read_text())
     assert spec["kind"] == "PrometheusRule"
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec["spec"]))
@@ -123,10 +123,13 @@ def test_embedded_engine_replays_the_same_file_to_the_same_moments(ruleset):
              "stopped run, page nobody")
     journal = ("a journal unreadable for its for, or replaced while the run goes on, warns; a "
                "whole one does not")  # a replacement warns for its whole window
+    # still firing after the kernel's min_rtt caught up with the slow link (at 85m)
+    slow_link = "a slow link the job waits on, a long link, a slow link a job does not wait on"
     assert fires_early == [(lost, "TrainingRanksMissing"), (lost, "TrainingRankDown"),
                            (never, "TrainingRanksMissing"),
                            ("loss spike fires at once and keeps firing for keep_firing_for",
                             "TrainingLossSpike"),
+                           (slow_link, "TrainingNetworkLinkSlow"),
                            (journal, "TrainwatchJournalUnreliable")]
 
 
@@ -201,7 +204,7 @@ def test_cli_export_and_runbook(tmp_path):
     doc = yaml.safe_load(out.stdout)
     assert doc["metadata"]["namespace"] == "ml"
     urls = [r["annotations"]["runbook_url"] for g in doc["spec"]["groups"] for r in g["rules"]]
-    assert all(u.endswith(".md") and "/runbooks/" in u for u in urls) and len(urls) == 35
+    assert all(u.endswith(".md") and "/runbooks/" in u for u in urls) and len(urls) == 36
     out = subprocess.run([sys.executable, "-m", "trainwatch", "runbook", "trainingstalled"],
                          capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.startswith("# TrainingStalled")

@@ -3,19 +3,27 @@ parsed from packed messages and read for real from a loopback connection), the
 interfaces' egress queues (iproute2's JSON), and the rule that names the slow link and
 its slowed node, not a rank that "straggles" or is "stuck"."""
 
+import json
 import os
 import socket
 import struct
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from trainwatch.diagnose import analysis
+from agent_helpers import make_ctx, publish
+from trainwatch.agent.link_view import address_pairs
+from trainwatch.agent.registry import Result
+from trainwatch.agent.status import build_status
+from trainwatch.diagnose import agent_links, agents, analysis
 from trainwatch.diagnose.model import Evidence
 from trainwatch.host.link_queues import parse_addresses, parse_qdiscs
 from trainwatch.host.tcp_diag import (INET_DIAG_INFO, NLMSG_DONE, NLMSG_ERROR,
                                       SOCK_DIAG_BY_FAMILY, parse_dump, socket_inodes,
                                       tcp_sockets)
+from trainwatch.rundir.run_dir import RunDir
 
 
 def _nlmsg(kind: int, body: bytes) -> bytes:
@@ -164,3 +172,53 @@ def test_a_fast_link_a_link_always_this_slow_or_a_job_that_kept_its_pace_is_no_f
                evidence(40.0, best=30.0),      # as slow as it ever was: a long link
                evidence(106.4, slowed=1.05)):  # a slow link the job does not wait on
         assert not any(f.category == "network" for f in analysis.analyse(ev))
+
+
+@pytest.fixture
+def served():
+    """Serves JSON documents at /<name>/status over real HTTP; yields the dict to fill."""
+    docs: dict[str, bytes] = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = docs.get(self.path.split("/")[1])
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *args):
+            pass
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield docs, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_slow_link_between_two_nodes_diagnose_sees_only_through_their_agents(
+        tmp_path, served):
+    """diagnose on a host running no rank (a login node): each node's agent publishes its
+    ranks' links per address pair in /status (the links collector's shape, built by
+    agent/link_view.py from per-socket views), and the rule names the shaped node."""
+    docs, base = served
+    made = evidence(106.4).node_network["nodes"]
+    for name, node in made.items():
+        ctx = make_ctx()
+        ctx.config.node = name
+        owned = [(s["rank"], {**s, "inode": i}) for i, s in enumerate(node["sockets"] * 2)]
+        publish(ctx, "links", Result(data={"jobs": {"exp": {"nodes": {name: {
+            **{k: node[k] for k in ("netns", "ranks", "addresses", "qdiscs")},
+            "sockets": address_pairs(owned)}}}}, "unseen_processes": {"exp": 0}}))
+        docs[name] = json.dumps(build_status(ctx, listen="", config_loaded_at=0.0)).encode()
+    ev = evidence(106.4)
+    ev.node_network = {}                          # this host sees no rank's connections
+    for view in ev.ranks.values():
+        view["job"] = "exp"
+    agents.gather(ev, [f"{base}/n0", f"{base}/n1"], timeout=5.0)
+    agent_links.gather(RunDir(tmp_path), ev)
+    assert ev.node_network["nodes"]["n1"]["via"] == "agent n1"
+    top = analysis.analyse(ev)[0]
+    assert (top.category, top.ranks, top.nodes) == ("network", [], ["n1"])
+    assert top.evidence[0].startswith("4 TCP connection(s) of rank(s) [0, 1] between n1 "
+                                      "and n0: RTT 106.4 ms now (median)")

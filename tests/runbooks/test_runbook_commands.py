@@ -40,7 +40,8 @@ SITUATION = {
                 "TrainwatchVersionSkew", "GPUXidErrors", "GPUUncorrectableECC",
                 "GPUThermalThrottling", "GPUPowerThrottling", "NetworkInterfaceErrors",
                 "NetworkLinkFlapping", "TrainwatchRunUnreadable", "TrainwatchCannotPublish",
-                "TrainwatchSupervisorDown", "TrainingRanksMissing", "TrainwatchJournalUnreliable"],
+                "TrainwatchSupervisorDown", "TrainingRanksMissing", "TrainwatchJournalUnreliable",
+                "TrainingNetworkLinkSlow"],
 }
 # Sections whose commands act on a job that is not running (they restart it).
 STOPPED_JOB_SECTIONS = ("Restart by hand",)

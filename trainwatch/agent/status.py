@@ -99,6 +99,9 @@ def build_status(ctx: AgentContext, *, listen: str, config_loaded_at: float) -> 
         "collectors": collectors, "node_health": node_health,
         # Each watched run's supervisor as this host judges it (TrainwatchSupervisorDown).
         "supervisors": supervisors,
+        # The ranks' links per peer, with the node's addresses and egress queues (the links
+        # collector): the other end of a slow link for diagnose --agent.
+        "links": (records["links"].data if "links" in records else None) or {},
     }
 
 

@@ -25,6 +25,7 @@ STORAGE = ("node", RUN_LABEL, "role", "mountpoint")
 DEVICE = ("node", "device")
 IB_PORT = ("node", "device", "port")
 PEER = ("node", RUN_LABEL, "role", "peer")
+LINK = ("node", RUN_LABEL, "peer")
 
 # Set by both the receiver and the embedded engine's loop (whichever runs the actions).
 RESTART_GUARD_METRIC = "trainwatch_action_restart_guard_tripped"
@@ -275,6 +276,23 @@ _SPECS = [
        "succeeded.", PEER),
     _m("trainwatch_network_peer_connect_seconds", "gauge",
        "Duration of the last successful TCP connect to the peer.", PEER, "seconds"),
+    # --- links: the ranks' own TCP connections, per peer address (agent/link_view.py) ---
+    _m("trainwatch_link_rtt_seconds", "gauge",
+       "Round-trip time the kernel measures on the node's ranks' connections to the peer "
+       "address now: the median of those that carried data in the last 10 s; absent when "
+       "none did.", LINK, "seconds"),
+    _m("trainwatch_link_min_rtt_seconds", "gauge",
+       "Best round-trip time of those connections (the kernel's min_rtt, a windowed "
+       "minimum over about 5 minutes): how fast the link was.", LINK, "seconds"),
+    _m("trainwatch_link_retransmits_total", "counter",
+       "TCP segments the node's ranks retransmitted to the peer address, counted by the "
+       "agent from each connection's growth.", LINK),
+    _m("trainwatch_link_connections", "gauge",
+       "TCP connections the node's ranks hold to the peer address.", LINK),
+    _m("trainwatch_link_unseen_processes", "gauge",
+       "Running ranks of the node whose connections the agent may not read (another "
+       "user's process, another network namespace without root): their links are missing.",
+       RUN_NODE),
     # --- versions ------------------------------------------------------------------------
     _m("trainwatch_versions_info", "info",
        "1; labels give driver, CUDA, torch, NCCL, Python and trainwatch versions on the node "

@@ -170,6 +170,20 @@ def _network(b: Board) -> None:
                  unit="s", description="Last successful TCP connect to the job's master and "
                                        "configured peers; a jump means a congested or "
                                        "failing path.")
+    b.timeseries("Link RTT to peers (the ranks' connections)",
+                 target(b.sel("trainwatch_link_rtt_seconds"), "{{node}} -> {{peer}} {{run}}"),
+                 target(b.sel("trainwatch_link_min_rtt_seconds"),
+                        "best {{node}} -> {{peer}} {{run}}"),
+                 unit="s", description="Round-trip time the kernel measures on the ranks' "
+                                       "own TCP connections to each peer address, and the "
+                                       "link's best; far above its best while steps slow: "
+                                       "the job waits on the link.",
+                 alerts=("TrainingNetworkLinkSlow",))
+    b.timeseries("Retransmissions to peers",
+                 target(b.increase("trainwatch_link_retransmits_total"),
+                        "{{node}} -> {{peer}} {{run}}"),
+                 description="TCP segments the ranks retransmitted to each peer address: "
+                             "loss on the path.")
     b.state_timeline("Peers reachable",
                      target(b.sel("trainwatch_network_peer_up"),
                             "{{node}} -> {{peer}} ({{role}})"),

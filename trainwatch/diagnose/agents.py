@@ -45,7 +45,7 @@ def fetch(url: str, timeout: float) -> dict[str, Any]:
     if not isinstance(doc.get("version"), int) or doc["version"] > 1:
         return {"url": url, "error": f"agent status version {doc.get('version')!r} not supported"}
     keep = ("node", "time", "health", "health_reasons", "findings", "collectors",
-            "node_health", "jobs", "versions")
+            "node_health", "jobs", "versions", "links")
     return {"url": url, **{k: doc.get(k) for k in keep}}
 
 

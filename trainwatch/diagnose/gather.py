@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from trainwatch.diagnose import (agents, checkpoints, flight_recorder, journal, node_cpu,
+from trainwatch.diagnose import (agent_links, agents, checkpoints, flight_recorder, journal, node_cpu,
                                  node_network, oom,
                                  processes, prometheus, rank_dumps, run_state, saved_evidence, stacks,
                                  supervisor, workers)
@@ -47,6 +47,7 @@ def gather(run: RunDir, options: Options,
         ("node network", lambda: node_network.gather(run, ev)),
         ("flight recorder", lambda: flight_recorder.gather(ev)),
         ("agents", lambda: agents.gather(ev, options.agent_urls, options.timeout)),
+        ("agents' links", lambda: agent_links.gather(run, ev)),
         ("prometheus", lambda: prometheus.gather(ev, options.prometheus_url, options.timeout)),
         ("checkpoints", lambda: checkpoints.gather(run, ev)),
     ]

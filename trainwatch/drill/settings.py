@@ -21,7 +21,10 @@ from trainwatch.errors import ConfigError
 
 THRESHOLDS = {"evaluation_interval": "1s", "stall_for": "2s"}
 AGENT = {"stall": {"floor_seconds": 3, "heartbeat_stale_seconds": 3},
-         "collectors": {"ranks": {"interval": 0.5}}}
+         "collectors": {"ranks": {"interval": 0.5},
+                        # a drill's job ends seconds after its fault: its link series must
+                        # show a slow link by then (slow_network_link)
+                        "links": {"interval": 1.0}}}
 # The tiny model of the e2e tests: a step is tens of milliseconds on a CPU core.
 TRAINER = {"train": {"batch_size": 4, "eval_interval": 1000},
            "data": {"corpus_bytes": 20000},

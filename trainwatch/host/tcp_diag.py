@@ -16,7 +16,9 @@ import ipaddress
 import os
 import socket
 import struct
-from typing import Any
+from typing import Any, Container
+
+from trainwatch.host.socket_fds import SocketFds
 
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
@@ -24,6 +26,7 @@ NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 INET_DIAG_INFO = 2
 TCP_ESTABLISHED = 1
+ACTIVE_MS = 10_000   # a connection that sent or received data this recently (ms)
 _NLMSG = struct.Struct("=IHHII")              # len, type, flags, seq, pid
 _REQ = struct.Struct("=BBBxI48x")             # inet_diag_req_v2: family, proto, ext, states
 _MSG = struct.Struct("=BBBB2H16s16sI8sIIIII")  # inet_diag_msg (sport/dport big-endian)
@@ -46,19 +49,34 @@ def _addr(family: int, raw: bytes) -> str:
     return str(addr.ipv4_mapped or addr)
 
 
+_INODE = struct.Struct("=I")
+_INODE_AT = _MSG.size - _INODE.size
+_FIELDS = [(name, offset, struct.Struct("=" + kind)) for name, (offset, kind) in _TCP_INFO.items()]
+
+
+# All of them in one unpack when the kernel sent them all (every kernel since 4.10).
+_ALL = struct.Struct("=" + "".join(f"{max(0, offset - prev_end)}x{field.format[1:]}"
+                                   for prev_end, (_, offset, field) in zip(
+                                       [0] + [o + f.size for _, o, f in _FIELDS], _FIELDS)))
+_NAMES = [name for name, _, _ in _FIELDS]
+
+
 def _tcp_info(payload: bytes) -> dict[str, Any]:
-    info: dict[str, Any] = {}
-    for name, (offset, kind) in _TCP_INFO.items():
-        size = struct.calcsize(kind)
-        if len(payload) >= offset + size:
-            info[name] = struct.unpack_from("=" + kind, payload, offset)[0]
+    info: dict[str, Any]
+    if len(payload) >= _ALL.size:
+        info = dict(zip(_NAMES, _ALL.unpack_from(payload)))
+    else:
+        info = {name: field.unpack_from(payload, offset)[0] for name, offset, field in _FIELDS
+                if len(payload) >= offset + field.size}
     us = {k: info.pop(k) for k in ("rtt", "rttvar", "min_rtt") if k in info}
     info.update({f"{k}_ms": round(v / 1000, 3) for k, v in us.items()})
     return info
 
 
-def parse_dump(data: bytes) -> tuple[list[dict[str, Any]], bool]:
-    """The sockets in one read of the dump, and whether the dump is done. A socket has
+def parse_dump(data: bytes, only: Container[int] | None = None
+               ) -> tuple[list[dict[str, Any]], bool]:
+    """The sockets in one read of the dump (those whose inode is in ``only``, when given:
+    a node's other sockets are not parsed), and whether the dump is done. A socket has
     ``family``, ``state``, ``src``, ``sport``, ``dst``, ``dport``, ``inode`` and, when the
     kernel sent it, its tcp_info: ``rtt_ms``, ``rttvar_ms``, ``min_rtt_ms``,
     ``total_retrans``, ``retransmits``, ``unacked``, ``lost``, ``last_data_sent``,
@@ -76,7 +94,8 @@ def parse_dump(data: bytes) -> tuple[list[dict[str, Any]], bool]:
         if kind == NLMSG_ERROR:
             errno = -struct.unpack_from("=i", body)[0] if len(body) >= 4 else 0
             raise OSError(errno, f"sock_diag: {os.strerror(errno)}")
-        if kind != SOCK_DIAG_BY_FAMILY or len(body) < _MSG.size:
+        if kind != SOCK_DIAG_BY_FAMILY or len(body) < _MSG.size or (
+                only is not None and _INODE.unpack_from(body, _INODE_AT)[0] not in only):
             continue
         (family, state, _, _, sport, dport, src, dst, _, _, _, _, _, _,
          inode) = _MSG.unpack_from(body)
@@ -96,9 +115,11 @@ def parse_dump(data: bytes) -> tuple[list[dict[str, Any]], bool]:
     return out, False
 
 
-def tcp_sockets(states: int = 1 << TCP_ESTABLISHED) -> list[dict[str, Any]]:
+def tcp_sockets(states: int = 1 << TCP_ESTABLISHED,
+                only: Container[int] | None = None) -> list[dict[str, Any]]:
     """Every TCP socket (IPv4 and IPv6) in ``states`` of the calling thread's network
-    namespace, with its tcp_info (``parse_dump``). OSError when netlink is refused."""
+    namespace (or those whose inode is in ``only``), with its tcp_info (``parse_dump``).
+    OSError when netlink is refused."""
     found: list[dict[str, Any]] = []
     for seq, family in enumerate((socket.AF_INET, socket.AF_INET6), 1):
         with contextlib.closing(socket.socket(socket.AF_NETLINK, socket.SOCK_RAW,
@@ -111,22 +132,19 @@ def tcp_sockets(states: int = 1 << TCP_ESTABLISHED) -> list[dict[str, Any]]:
                 chunk = sock.recv(1 << 16)
                 if not chunk:
                     break
-                sockets, done = parse_dump(chunk)
+                sockets, done = parse_dump(chunk, only)
                 found.extend(sockets)
     return found
 
 
+def recently_active(s: dict[str, Any], within_ms: int = ACTIVE_MS) -> bool:
+    """Whether a socket with an RTT sent or received data within ``within_ms``: an idle
+    connection's RTT is its last exchange's, however long ago."""
+    recent = [s.get(k) for k in ("last_data_sent", "last_data_recv")]
+    return isinstance(s.get("rtt_ms"), (int, float)) and any(
+        isinstance(t, int) and t <= within_ms for t in recent)
+
+
 def socket_inodes(pid: int, proc_root: str = "/proc") -> set[int]:
     """The inodes of the sockets a process holds open (empty when it cannot be read)."""
-    inodes = set()
-    folder = os.path.join(proc_root, str(pid), "fd")
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return set()
-    for name in names:
-        with contextlib.suppress(OSError):
-            target = os.readlink(os.path.join(folder, name))
-            if target.startswith("socket:[") and target.endswith("]"):
-                inodes.add(int(target[8:-1]))
-    return inodes
+    return SocketFds(0.0, proc_root).inodes(pid) or set()

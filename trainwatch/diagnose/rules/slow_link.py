@@ -20,18 +20,12 @@ from typing import Any
 
 from trainwatch.diagnose.casefile import Analysis
 from trainwatch.diagnose.model import Finding
+from trainwatch.host.tcp_diag import recently_active
 
 SLOW_MS = 5.0        # a link's RTT now, at least (datacenter links: tens of microseconds)
 RATIO = 5.0          # ... and this many times its own best and the other connections'
-ACTIVE_MS = 10_000   # a connection that sent or received data this recently (ms)
 SLOWED_RATIO = 1.3   # when the ranks' step history is known: the job slowed this much
 LOOPBACK = ("127.", "::1")
-
-
-def _active(s: dict[str, Any]) -> bool:
-    recent = [s.get(k) for k in ("last_data_sent", "last_data_recv")]
-    return isinstance(s.get("rtt_ms"), (int, float)) and any(
-        isinstance(t, int) and t <= ACTIVE_MS for t in recent)
 
 
 def links(nodes: dict[str, Any]) -> tuple[dict[tuple[str, str], list[dict]], list[dict]]:
@@ -45,7 +39,7 @@ def links(nodes: dict[str, Any]) -> tuple[dict[tuple[str, str], list[dict]], lis
     local: list[dict] = []
     for name, node in nodes.items():
         mine = set(node.get("addresses") or {})
-        for s in filter(_active, node.get("sockets") or []):
+        for s in filter(recently_active, node.get("sockets") or []):
             dst = str(s.get("dst"))
             if dst in mine or dst.startswith(LOOPBACK):
                 local.append(s)
@@ -107,11 +101,13 @@ def check_slow_link(a: Analysis) -> list[Finding]:
 def _finding(a: Analysis, ends: list[str], culprit: str | None, conns: list[dict],
              rtt: float, best: float, other: float | None, shaped: dict[str, Any],
              slowed: dict[int, float]) -> Finding:
-    ranks = sorted({s["rank"] for s in conns})
+    # A socket (this host's view) has one rank; an agent's entry folds its connections.
+    ranks = sorted({r for s in conns for r in (s.get("ranks") or [s.get("rank")])})
+    count = sum(s.get("connections") or 1 for s in conns)
     retrans = sum(s.get("total_retrans") or 0 for s in conns)
     others = f"others {other:.3g} ms" if other is not None else f"{best:.3f} ms at its best"
     evidence = [
-        f"{len(conns)} TCP connection(s) of rank(s) {ranks} between {ends[0]} and {ends[1]}: "
+        f"{count} TCP connection(s) of rank(s) {ranks} between {ends[0]} and {ends[1]}: "
         f"RTT {rtt:.1f} ms now (median), {best:.3f} ms at their best (the kernel's min_rtt), "
         f"{retrans} retransmission(s)",
         (f"the job's fastest other link: RTT {other:.3f} ms (median of its connections)"
@@ -136,4 +132,4 @@ def _finding(a: Analysis, ends: list[str], culprit: str | None, conns: list[dict
         "network", f"slow network link: node {ends[0]} ↔ node {ends[1]}, RTT {rtt:.1f} ms "
         f"({others})", severity="warning", confidence="high" if culprit else "medium",
         nodes=[culprit] if culprit else ends, evidence=evidence,
-        runbook="NetworkInterfaceErrors", next_command=f"ss -tin dst {peer}; tc -s qdisc show")
+        runbook="TrainingNetworkLinkSlow", next_command=f"ss -tin dst {peer}; tc -s qdisc show")
