@@ -22,11 +22,11 @@ from typing import Any
 import psutil
 import torch
 import torch.distributed as dist
+from _gloo_loop import init_gloo, reference_data, telemetry_step  # benchmarks/_gloo_loop.py
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainwatch.rank.telemetry import Telemetry
 from trainwatch.trainer.config import load_config
-from trainwatch.trainer.data import ensure_default_dataset, load_dataset
 from trainwatch.trainer.train import Ranks, build_training_state, checkpoint_state
 
 
@@ -89,19 +89,12 @@ def heartbeat_cpu() -> float:
 
 
 def per_step_costs(args: argparse.Namespace) -> None:
-    if "WORLD_SIZE" in os.environ:
-        dist.init_process_group("gloo")
-    else:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = init_gloo()
     cfg = load_config(None, args.overrides)
     ranks = Ranks(rank, int(os.environ.get("LOCAL_RANK", rank)), world, torch.device("cpu"),
                   True, 0)
     scratch = tempfile.mkdtemp(prefix="trainwatch-bench-")
-    data_dir = os.path.join(scratch, f"data-{rank}")
-    ensure_default_dataset(data_dir, size_bytes=cfg.data.corpus_bytes, seed=cfg.data.corpus_seed,
-                           val_fraction=cfg.data.val_fraction)
-    data = load_dataset(data_dir)
+    data = reference_data(cfg, scratch, rank)
     plain_state, hooked_state, other_state = (build_training_state(cfg, data, ranks) for _ in range(3))
     plain, hooked, other = DDP(plain_state.model), DDP(hooked_state.model), DDP(other_state.model)
     every = cfg.telemetry
@@ -128,30 +121,13 @@ def per_step_costs(args: argparse.Namespace) -> None:
     intervals = tuple(sorted({n for n in (every.replica_every, every.reduction_every,
                                           every.exchange_every) if n}))
     block = math.lcm(*intervals)
-    clip = cfg.optim.grad_clip or math.inf
-    tokens = cfg.train.batch_size * cfg.model.context
     counter = Instructions()
 
     def step(c: Config, n: int) -> None:
         """One step of trainer/train.py's loop (grad_accum 1), as the trainer times it."""
-        state, tel = c.state, c.tel
-        with tel.step(n) as record:
-            with tel.phase("data"):
-                x, y = next(state.loader)
-            with tel.phase("forward"):
-                _, loss = c.ddp(x, y)
-            with tel.phase("backward"):
-                loss.backward()
-            with tel.phase("optimizer"):
-                grad_norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), clip)
-                lr = state.scheduler.get_last_lr()[0]
-                state.optimizer.step()
-                state.scheduler.step()
-                state.optimizer.zero_grad(set_to_none=True)
-            record.record(loss=loss.detach(), grad_norm=grad_norm, lr=lr, tokens=tokens,
-                          samples=cfg.train.batch_size)
+        telemetry_step(c.tel, n, c.ddp, c.state, cfg)
         if c.snapshots is not None:
-            c.snapshots.after_step(n + 1, lambda: checkpoint_state(state))
+            c.snapshots.after_step(n + 1, lambda: checkpoint_state(c.state))
 
     def run(first: int, steps: int, keep: bool) -> None:
         """Steps ``first`` .. of every configuration, one step of each in turn (the order
