@@ -34,8 +34,10 @@ With ``--per-step`` (issue #38: the cost in microseconds a step, not only as a r
 script instead measures, in a DDP-wrapped reference step (gloo; one rank in this process,
 or every rank under torchrun), the loop-side cost of each layer at its default interval:
 telemetry alone, + replica digests, + the reduction checksum, and (counted apart) the
-in-memory snapshots at ``auto``. Rounds of one block per configuration, the order
-rotating per round; a block is a multiple of the checks' intervals, so each block holds
+in-memory snapshots at ``auto``. Each configuration steps a model of its own (so each
+step follows another model's alike), with an A/A control ("off" again) whose figure is
+the comparison's noise. Rounds of one block per configuration, the order rotating per
+round; a block is a multiple of the checks' intervals, so each block holds
 its checked steps and its mean is the amortized cost. Per configuration, against the "off"
 block of the same round: the extra wall time and loop-thread CPU per step in us (median
 and range over rounds) and as a ratio; the heartbeat thread's CPU per telemetry step
