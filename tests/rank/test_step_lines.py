@@ -74,12 +74,15 @@ def test_values_json_cannot_hold_fail_as_the_dict_did():
 def test_property_lines_match_json(tmp_path):
     from hypothesis import given, settings, strategies as st
 
-    scalars = (st.floats() | st.integers() | st.booleans() | st.none() | st.text(max_size=8))
-    keys = st.text(max_size=6) | st.sampled_from(sorted(step_lines.FIXED) + ["loss", "tokens"])
+    # fixed odd strings, not st.text(): its character tables cost seconds to build
+    words = st.sampled_from(["", "a", 'q"uote', "back\\slash", "new\nline", "\x00", "ünï", "☃",
+                             "\U0001f600", "data", "loss", "tokens", "samples"])
+    scalars = st.floats() | st.integers() | st.booleans() | st.none() | words
+    keys = words | st.sampled_from(sorted(step_lines.FIXED))
 
-    @settings(max_examples=60, deadline=None)
+    @settings(max_examples=20, deadline=None)
     @given(st.dictionaries(keys, scalars, max_size=6),
-           st.dictionaries(st.text(max_size=6), st.integers(0, 10**13), max_size=4),
+           st.dictionaries(words, st.integers(0, 10**13), max_size=4),
            st.integers(0, 10**10), st.floats(allow_nan=False, min_value=0, max_value=1e12))
     def check(values, phases, step_ns, peak):
         p = (5, 1.5e9 + step_ns / 7, step_ns, phases, {}, values)
