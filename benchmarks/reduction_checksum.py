@@ -26,7 +26,6 @@ Each is printed per repeat with the median and range; the goal is <= 1.005 at th
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import statistics
 import tempfile
@@ -34,11 +33,11 @@ import time
 
 import torch
 import torch.distributed as dist
+from _gloo_loop import clip_of, init_gloo, reference_data, reference_step  # benchmarks/_gloo_loop.py
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainwatch.trainer.config import load_config
-from trainwatch.trainer.data import ensure_default_dataset, load_dataset
 from trainwatch.rank.reduction import DEFAULT_EVERY, ReductionCheck
 from trainwatch.trainer.train import Ranks, build_training_state
 
@@ -54,18 +53,11 @@ def main() -> None:
                              "torch's default allreduce_hook")
     args = parser.parse_args()
 
-    if "WORLD_SIZE" in os.environ:
-        dist.init_process_group("gloo")
-    else:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = init_gloo()
     cfg = load_config(None, args.overrides)
     ranks = Ranks(rank, rank, world, torch.device("cpu"), world > 1, 0)
     scratch = tempfile.mkdtemp(prefix="trainwatch-bench-")
-    data_dir = os.path.join(scratch, "data")
-    ensure_default_dataset(data_dir, size_bytes=cfg.data.corpus_bytes, seed=cfg.data.corpus_seed,
-                           val_fraction=cfg.data.val_fraction)
-    data = load_dataset(data_dir)
+    data = reference_data(cfg, scratch, rank)
     hooked_state = build_training_state(cfg, data, ranks)
     plain_state = build_training_state(cfg, data, ranks)
     hooked, plain = DDP(hooked_state.model), DDP(plain_state.model)
@@ -73,17 +65,11 @@ def main() -> None:
         plain.register_comm_hook(None, allreduce_hook)
     current = [0]
     check = ReductionCheck(hooked, DEFAULT_EVERY, lambda: current[0])
-    clip = cfg.optim.grad_clip or math.inf
+    clip = clip_of(cfg)
 
     def step(ddp: DDP, state) -> float:
         started = time.perf_counter()
-        x, y = next(state.loader)
-        _, loss = ddp(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(state.model.parameters(), clip)
-        state.optimizer.step()
-        state.scheduler.step()
-        state.optimizer.zero_grad(set_to_none=True)
+        reference_step(ddp, state, clip)
         return time.perf_counter() - started
 
     def checked() -> float:

@@ -22,11 +22,11 @@ from typing import Any
 import psutil
 import torch
 import torch.distributed as dist
+from _gloo_loop import init_gloo, reference_data, telemetry_step  # benchmarks/_gloo_loop.py
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainwatch.rank.telemetry import Telemetry
 from trainwatch.trainer.config import load_config
-from trainwatch.trainer.data import ensure_default_dataset, load_dataset
 from trainwatch.trainer.train import Ranks, build_training_state, checkpoint_state
 
 
@@ -89,69 +89,55 @@ def heartbeat_cpu() -> float:
 
 
 def per_step_costs(args: argparse.Namespace) -> None:
-    if "WORLD_SIZE" in os.environ:
-        dist.init_process_group("gloo")
-    else:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = init_gloo()
     cfg = load_config(None, args.overrides)
     ranks = Ranks(rank, int(os.environ.get("LOCAL_RANK", rank)), world, torch.device("cpu"),
                   True, 0)
     scratch = tempfile.mkdtemp(prefix="trainwatch-bench-")
-    data_dir = os.path.join(scratch, f"data-{rank}")
-    ensure_default_dataset(data_dir, size_bytes=cfg.data.corpus_bytes, seed=cfg.data.corpus_seed,
-                           val_fraction=cfg.data.val_fraction)
-    data = load_dataset(data_dir)
-    plain_state, hooked_state, other_state = (build_training_state(cfg, data, ranks) for _ in range(3))
-    plain, hooked, other = DDP(plain_state.model), DDP(hooked_state.model), DDP(other_state.model)
+    data = reference_data(cfg, scratch, rank)
+    def model() -> tuple[Any, Any]:
+        """A DDP model and its training state, the same at every call (seeded)."""
+        state = build_training_state(cfg, data, ranks)
+        return DDP(state.model), state
+
+    hooked, hooked_state = model()
     every = cfg.telemetry
     on = Telemetry(os.path.join(scratch, "run"), rank=rank, local_rank=ranks.local_rank,
-                   world_size=world, flops_per_token=plain_state.model.flops_per_token(),
+                   world_size=world, flops_per_token=hooked_state.model.flops_per_token(),
                    heartbeat_interval=every.heartbeat_interval,
                    exchange_every=every.exchange_every).start()
     off = Telemetry(os.path.join(scratch, "off"), enabled=False)
     on.check_reduction(hooked, every=every.reduction_every)
-    on.check_replicas(plain_state.model, every=every.replica_every)
+    on.check_replicas(hooked_state.model, every=every.replica_every)
     digest = on._loop.replicas  # the one the publisher reads; its model follows the config
     on._loop.replicas = None
     assert digest is not None
-    configs = [Config("off", off, plain, plain_state),
-               Config("telemetry", on, plain, plain_state),
-               Config("+ replica digests", on, plain, plain_state, digests=True),
+    # Each configuration steps a model of its own, so each step follows another model's
+    # (its parameters and optimizer state out of the caches) alike; a shared model ran warm
+    # after itself, one of its own cold (a control measured that alone at +52 and +89 us a
+    # step at 3 ms, more than the checks cost).
+    # The checksum's (DDP takes one hook) is shared only by the snapshots' configurations,
+    # placed so that none follows another in the rotation. The last is an A/A control:
+    # "off" again, on a model of its own; its figure is the comparison's noise.
+    configs = [Config("off", off, *model()),
                Config("+ reduction checksum", on, hooked, hooked_state, digests=True),
-               # The checksum's DDP needs a model of its own (one hook a DDP): this control
-               # is that model's cost of being another model (its cache misses), no hook.
-               Config("off, a second model", off, other, other_state)]
+               Config("telemetry", on, *model()),
+               Config("+ replica digests", on, *model(), digests=True),
+               Config("off again (A/A control)", off, *model())]
     if args.snapshots:
-        configs += snapshot_configs(scratch, on, hooked, hooked_state)
+        before, auto = snapshot_configs(scratch, on, hooked, hooked_state)
+        configs[3:3], configs[5:5] = [before], [auto]
     # Every check falls in each block the same number of times: its mean is amortized.
     intervals = tuple(sorted({n for n in (every.replica_every, every.reduction_every,
                                           every.exchange_every) if n}))
     block = math.lcm(*intervals)
-    clip = cfg.optim.grad_clip or math.inf
-    tokens = cfg.train.batch_size * cfg.model.context
     counter = Instructions()
 
     def step(c: Config, n: int) -> None:
         """One step of trainer/train.py's loop (grad_accum 1), as the trainer times it."""
-        state, tel = c.state, c.tel
-        with tel.step(n) as record:
-            with tel.phase("data"):
-                x, y = next(state.loader)
-            with tel.phase("forward"):
-                _, loss = c.ddp(x, y)
-            with tel.phase("backward"):
-                loss.backward()
-            with tel.phase("optimizer"):
-                grad_norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), clip)
-                lr = state.scheduler.get_last_lr()[0]
-                state.optimizer.step()
-                state.scheduler.step()
-                state.optimizer.zero_grad(set_to_none=True)
-            record.record(loss=loss.detach(), grad_norm=grad_norm, lr=lr, tokens=tokens,
-                          samples=cfg.train.batch_size)
+        telemetry_step(c.tel, n, c.ddp, c.state, cfg)
         if c.snapshots is not None:
-            c.snapshots.after_step(n + 1, lambda: checkpoint_state(state))
+            c.snapshots.after_step(n + 1, lambda: checkpoint_state(c.state))
 
     def run(first: int, steps: int, keep: bool) -> None:
         """Steps ``first`` .. of every configuration, one step of each in turn (the order
@@ -191,7 +177,7 @@ def per_step_costs(args: argparse.Namespace) -> None:
             c.snapshots.close()
     if rank == 0:
         report(configs, block, args, (beats, others - beats), load, counter, world,
-               plain_state.model)
+               hooked_state.model)
     shutil.rmtree(scratch, ignore_errors=True)
     dist.destroy_process_group()
 
@@ -231,7 +217,8 @@ def report(configs: list[Config], block: int, args: argparse.Namespace,
         return (f"{what} {statistics.median(d) * 1e6:+.1f} us ({min(d) * 1e6:+.1f} to "
                 f"{max(d) * 1e6:+.1f})")
 
-    for c in configs[1:]:
+    order = ("telemetry", "+ replica digests", "+ reduction checksum")  # each adds to the last
+    for c in sorted(configs[1:], key=lambda c: order.index(c.name) - 9 if c.name in order else 0):
         wall = [a - b for a, b in zip(c.wall, base.wall)]
         cpu = [a - b for a, b in zip(c.cpu, base.cpu)]
         ratio = [a / b for a, b in zip(c.wall, base.wall)]

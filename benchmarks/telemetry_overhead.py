@@ -34,8 +34,10 @@ With ``--per-step`` (issue #38: the cost in microseconds a step, not only as a r
 script instead measures, in a DDP-wrapped reference step (gloo; one rank in this process,
 or every rank under torchrun), the loop-side cost of each layer at its default interval:
 telemetry alone, + replica digests, + the reduction checksum, and (counted apart) the
-in-memory snapshots at ``auto``. Rounds of one block per configuration, the order
-rotating per round; a block is a multiple of the checks' intervals, so each block holds
+in-memory snapshots at ``auto``. Each configuration steps a model of its own (so each
+step follows another model's alike), with an A/A control ("off" again) whose figure is
+the comparison's noise. Rounds of one block per configuration, the order rotating per
+round; a block is a multiple of the checks' intervals, so each block holds
 its checked steps and its mean is the amortized cost. Per configuration, against the "off"
 block of the same round: the extra wall time and loop-thread CPU per step in us (median
 and range over rounds) and as a ratio; the heartbeat thread's CPU per telemetry step
@@ -48,7 +50,6 @@ step (no ``--set``, ~10 ms). Where the kernel exposes hardware counters
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shutil
 import statistics
@@ -60,12 +61,12 @@ import time
 
 import psutil
 import torch
+from _gloo_loop import reference_data, telemetry_step  # benchmarks/_gloo_loop.py
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainwatch.trainer.config import load_config
-from trainwatch.trainer.data import ensure_default_dataset, load_dataset
 from trainwatch.rank.telemetry import Telemetry
-from trainwatch.trainer.train import autocast, build_training_state, setup_process_group
+from trainwatch.trainer.train import build_training_state, setup_process_group
 
 
 def telemetry_thread_cpu() -> float:
@@ -147,34 +148,16 @@ def main() -> None:
     cfg = load_config(None, args.overrides)
     ranks = setup_process_group(cfg)
     scratch = tempfile.mkdtemp(prefix="trainwatch-bench-")
-    data_dir = os.path.join(scratch, f"data-{ranks.rank}")
-    ensure_default_dataset(data_dir, size_bytes=cfg.data.corpus_bytes, seed=cfg.data.corpus_seed,
-                           val_fraction=cfg.data.val_fraction)
-    state = build_training_state(cfg, load_dataset(data_dir), ranks)
+    state = build_training_state(cfg, reference_data(cfg, scratch, ranks.rank), ranks)
     model = state.model
     ddp = DDP(model, device_ids=[ranks.device.index] if ranks.device.type == "cuda" else None
               ) if ranks.distributed else model
-    clip = cfg.optim.grad_clip or math.inf
     tokens = cfg.train.batch_size * cfg.model.context
     cuda = ranks.device.type == "cuda"
 
     def step(tel: Telemetry, n: int) -> None:
         """One step of trainer/train.py's loop (grad_accum 1)."""
-        with tel.step(n) as record:
-            with tel.phase("data"):
-                x, y = (t.to(ranks.device, non_blocking=True) for t in next(state.loader))
-            with tel.phase("forward"), autocast(ranks.device):
-                _, loss = ddp(x, y)
-            with tel.phase("backward"):
-                loss.backward()
-            with tel.phase("optimizer"):
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-                lr = state.scheduler.get_last_lr()[0]
-                state.optimizer.step()
-                state.scheduler.step()
-                state.optimizer.zero_grad(set_to_none=True)
-            record.record(loss=loss.detach(), grad_norm=grad_norm, lr=lr, tokens=tokens,
-                          samples=cfg.train.batch_size)
+        telemetry_step(tel, n, ddp, state, cfg, ranks.device)
 
     def bookkeeping_cost(blocks: int = 20, block: int = 200) -> tuple[float, float, float]:
         """Loop-thread CPU seconds per step of the telemetry calls alone (no model work),

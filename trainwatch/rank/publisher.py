@@ -10,9 +10,7 @@ gets through when the status and metrics log cannot be written: a full disk).
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import threading
 import time
 from typing import Any, Callable
@@ -20,19 +18,16 @@ from typing import Any, Callable
 import psutil
 import torch
 
-from trainwatch.rank import reduction
+from trainwatch.rank import reduction, step_lines
 from trainwatch.rank.collective_progress import CollectiveProgress
-from trainwatch.rank.recorder import scalar
 from trainwatch.rank.replicas import KEEP, ReplicaCheck
 from trainwatch.rank.status import beat_record, copy_status
+from trainwatch.rank.step_lines import ENCODER
 from trainwatch.rundir.atomic import append_lines
 from trainwatch.rundir.beat import BeatWriter, beat_path
 from trainwatch.rundir.run_dir import RunDir
 
 log = logging.getLogger(__name__)
-
-# json.dumps builds a new encoder on every call that passes options; the flush reuses one.
-_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
 class Publisher:
@@ -62,6 +57,7 @@ class Publisher:
         self.reduction: reduction.ReductionCheck | None = None
         self.beat: BeatWriter | None = None
         self.collectives: CollectiveProgress | None = None  # made on the first beat
+        self.step_lines = step_lines.StepLines(rank)
         # Status/metrics writes that failed, for the beat file.
         self.publish_errors = 0
         self.publish_failing_since: float | None = None
@@ -116,13 +112,9 @@ class Publisher:
             return
         # Once per flush: reading RSS costs more than a whole step's bookkeeping.
         memory = _memory(self.device, self.process)
-        lines = [p if isinstance(p, dict) else self._resolve(p, memory) for p in pending]
-        steps = [line for line in lines if line["kind"] == "step"]
-        if steps:
-            with self.lock:
-                self.state["metrics"] = steps[-1]
+        text = self._lines(pending, memory)
         if self.metrics_log:
-            data = "".join([_ENCODER.encode(line) + "\n" for line in lines]).encode()
+            data = text.encode()
             try:  # one append: whole lines, even if the process dies or the disk fills
                 append_lines(self.run.metrics_file(self.rank), data)
             except OSError as exc:
@@ -155,51 +147,40 @@ class Publisher:
             return
         try:
             append_lines(self.run.metrics_file(self.rank), "".join(
-                _ENCODER.encode({"v": 1, "kind": kind, "time": now, "rank": self.rank, **r})
+                ENCODER.encode({"v": 1, "kind": kind, "time": now, "rank": self.rank, **r})
                 + "\n" for r in records).encode())
         except OSError as exc:
             self.count_error(repr(exc))
             self.publish_failed(exc)
 
-    def _resolve(self, p: tuple, memory: dict[str, Any]) -> dict[str, Any]:
-        step, end_time, step_ns, phase_ns, cuda_events, recorded = p
-        # Whole nanoseconds: the clock's resolution, and short to print.
-        phases = {name: ns / 1e9 for name, ns in phase_ns.items()}
-        for name, pairs in cuda_events.items():
-            # Device time for GPU work; waiting here blocks only this thread.
-            pairs[-1][1].synchronize()
-            phases[name] = sum(s.elapsed_time(e) for s, e in pairs) / 1000.0
-        step_seconds = step_ns / 1e9
-        line: dict[str, Any] = {"v": 1, "kind": "step", "step": step, "time": end_time,
-                                "rank": self.rank, "step_time_seconds": step_seconds,
-                                "phase_seconds": phases,
-                                "data_wait_seconds": phase_ns.get("data", 0) / 1e9}
-        values: dict[str, Any] = {}
-        for key, value in recorded.items():
-            if isinstance(value, torch.Tensor):
-                value = scalar(value)
-            values[key] = value
-            if value is None or isinstance(value, (int, float, str)):  # what JSON can hold
-                line[key] = value
-        for key in ("loss", "grad_norm"):
-            value = values.get(key)
-            if isinstance(value, float) and not math.isfinite(value):
-                counter = "nonfinite_loss_total" if key == "loss" else "nonfinite_grad_norm_total"
-                with self.lock:
-                    self.state["counters"][counter] += 1
-                    if key == "loss":
-                        self.state["last_nonfinite_loss_at"] = end_time
-        tokens, samples = values.get("tokens"), values.get("samples")
-        if step_seconds > 0:
-            if tokens:
-                line["tokens_per_second"] = tokens / step_seconds
-            if samples:
-                line["samples_per_second"] = samples / step_seconds
-        line["mfu"] = None
-        if tokens and self.flops_per_token and self.peak_flops and step_seconds > 0:
-            line["mfu"] = tokens * self.flops_per_token / step_seconds / self.peak_flops
-        line.update(memory)
-        return line
+    def _lines(self, pending: list[tuple | dict], memory: dict[str, Any]) -> str:
+        """The pending steps' lines (ready records as they are); the newest step's dict
+        becomes the status's ``metrics``, and a non-finite loss or grad norm is counted."""
+        texts, last, tail = [], None, self.step_lines.memory_tail(memory)
+        fpt, peak = self.flops_per_token, self.peak_flops
+        for p in pending:
+            if isinstance(p, dict):
+                texts.append(ENCODER.encode(p) + "\n")
+                continue
+            last = r = step_lines.resolve(p)
+            self._count_nonfinite(r)
+            texts.append(self.step_lines.text(r, memory, tail, fpt, peak))
+        if last is not None:
+            metrics = step_lines.as_dict(last, self.rank, memory, fpt, peak)
+            with self.lock:
+                self.state["metrics"] = metrics
+        return "".join(texts)
+
+    def _count_nonfinite(self, r: step_lines.Resolved) -> None:
+        loss, grad_norm = step_lines.nonfinite(r[5])
+        if loss or grad_norm:
+            with self.lock:
+                counters = self.state["counters"]
+                if loss:
+                    counters["nonfinite_loss_total"] += 1
+                    self.state["last_nonfinite_loss_at"] = r[1]
+                if grad_norm:
+                    counters["nonfinite_grad_norm_total"] += 1
 
     # ------------------------------------------------------------------ status and beat
     def write_status(self) -> None:
