@@ -3,6 +3,7 @@ every exported family in the contract and accepted by promtool, SIGHUP reload, S
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -265,3 +266,19 @@ def test_a_follower_runs_right_after_its_leader_even_while_the_leader_hangs(
     assert seen.count("leader") == 3  # hung, not started again
     assert agent.ctx.store.get("test_leader").state == "timeout"
     assert agent.ctx.store.get("test_follower").state == "ok"
+
+
+def test_the_agent_command_keeps_malloc_to_two_arenas_and_maps_large_blocks():
+    """Each of the agent's threads had a malloc arena of its own and large freed blocks
+    (a /metrics body) stayed in the heaps: the command sets what the environment does
+    not (glibc; run in a child, so this process keeps its own)."""
+    import sys
+    probe = ("import json; from trainwatch.agent.malloc import tune_malloc; "
+             "print(json.dumps(tune_malloc()))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env=env, check=True)
+    assert json.loads(out.stdout) == {"MALLOC_ARENA_MAX": 2, "MALLOC_MMAP_THRESHOLD_": 131072}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env={**env, "MALLOC_ARENA_MAX": "8"}, check=True)
+    assert json.loads(out.stdout) == {"MALLOC_MMAP_THRESHOLD_": 131072}  # the unit's wins
