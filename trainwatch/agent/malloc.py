@@ -4,9 +4,10 @@ The agent's ~18 threads (scheduler pool, HTTP loop, render pool) each got a mall
 of their own (up to 8 a core), and glibc's mmap threshold grows with the largest block
 freed, so a /metrics body (1.3 MiB at 256 ranks) and a status file's text were carved
 from those heaps and left holes when freed. Two arenas and a fixed 128 KiB threshold
-(large blocks are mapped and unmapped whole): peak RSS at 256 simulated ranks 68 -> 64
-MiB (docs/benchmarks.md). What the environment sets (``MALLOC_ARENA_MAX``,
-``MALLOC_MMAP_THRESHOLD_``) wins; other C libraries (musl) are left alone.
+(large blocks are mapped and unmapped whole): peak RSS at 256 simulated ranks 70.1 ->
+64.7 MiB, at 64 ranks ~45 -> ~43 MiB (docs/benchmarks.md, the issue #38 agent row).
+What the environment sets (``MALLOC_ARENA_MAX``, ``MALLOC_MMAP_THRESHOLD_``) wins; other
+C libraries (musl) are left alone.
 """
 
 from __future__ import annotations
