@@ -19,6 +19,16 @@ def test_defaults_cover_every_registered_collector(tmp_path):
     assert cfg.stall["phase_budgets"]["checkpoint"] > cfg.stall["floor_seconds"]
 
 
+def test_the_defaults_written_without_pydantic_are_the_models_defaults():
+    """An agent without a config file runs on ``default_settings`` (pydantic is not
+    loaded for it); they must be exactly what the models give an empty file."""
+    from trainwatch.agent.config import agent_settings_model, default_settings
+    from trainwatch.config.model import validate
+
+    assert default_settings() == validate(agent_settings_model(), {}).model_dump()
+    assert vars(build_config({})) == vars(build_config({"stall": {}}))  # validated
+
+
 @pytest.mark.parametrize("data, key, problem", [
     ({"colectors": {}}, "colectors", "unknown key"),
     ({"collectors": {"gpuu": {}}}, "collectors.gpuu", "unknown collector"),

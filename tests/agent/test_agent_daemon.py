@@ -3,6 +3,7 @@ every exported family in the contract and accepted by promtool, SIGHUP reload, S
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -160,7 +161,9 @@ def test_sighup_reloads_config_and_sigterm_exits_cleanly(tmp_path):
 
 def test_the_start_and_stop_lines_are_normal_output_not_warnings(tmp_path):
     """Without -v (as systemd starts it) the start line was a WARNING on stderr; it is the
-    command's output, which the journal shows, and stderr keeps the real warnings."""
+    command's output, which the journal shows, and stderr keeps the real warnings.
+    An agent on the defaults (no config file) never loads pydantic (~10 MiB of its RSS):
+    not at start, not in its collectors' first runs."""
     import sys
     run = RunDir(tmp_path / "run").create()
     port = free_port()
@@ -172,6 +175,11 @@ def test_the_start_and_stop_lines_are_normal_output_not_warnings(tmp_path):
     try:
         line = f"trainwatch agent serving on http://127.0.0.1:{port} (/metrics /status /healthz)"
         wait_for(lambda: line in out.read_text(), 60, what="the start line on stdout")
+        url = f"http://127.0.0.1:{port}/status"
+        wait_for(lambda: get_json(url)["collectors"]["journal"]["last_run_at"], 30,
+                 what="the collectors' first runs (journal's is the last, 2 s after start)")
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()
+        assert "pydantic" not in maps, "the agent loaded pydantic without a config file"
     finally:
         assert stop_process(proc, signal.SIGTERM) == 0
     assert out.read_text().splitlines()[-1] == "trainwatch agent stopped"
@@ -258,3 +266,19 @@ def test_a_follower_runs_right_after_its_leader_even_while_the_leader_hangs(
     assert seen.count("leader") == 3  # hung, not started again
     assert agent.ctx.store.get("test_leader").state == "timeout"
     assert agent.ctx.store.get("test_follower").state == "ok"
+
+
+def test_the_agent_command_keeps_malloc_to_two_arenas_and_maps_large_blocks():
+    """Each of the agent's threads had a malloc arena of its own and large freed blocks
+    (a /metrics body) stayed in the heaps: the command sets what the environment does
+    not (glibc; run in a child, so this process keeps its own)."""
+    import sys
+    probe = ("import json; from trainwatch.agent.malloc import tune_malloc; "
+             "print(json.dumps(tune_malloc()))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env=env, check=True)
+    assert json.loads(out.stdout) == {"MALLOC_ARENA_MAX": 2, "MALLOC_MMAP_THRESHOLD_": 131072}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env={**env, "MALLOC_ARENA_MAX": "8"}, check=True)
+    assert json.loads(out.stdout) == {"MALLOC_MMAP_THRESHOLD_": 131072}  # the unit's wins

@@ -38,5 +38,7 @@ def agent(run_dir_args, run_dirs, discover, config_file, listen, check_config) -
         click.echo(json.dumps({k: v for k, v in vars(config).items()}, indent=1, default=str))
         return
     from trainwatch.agent.daemon import Agent
+    from trainwatch.agent.malloc import tune_malloc
+    tune_malloc()  # this process is the agent's own: before its threads start
     Agent(config, reload_args=reload_args, say=click.echo).run_forever()
     sys.stdout.flush()
