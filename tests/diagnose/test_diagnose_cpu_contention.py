@@ -92,11 +92,26 @@ def test_the_rank_served_first_waits_in_the_collective_not_for_a_cpu():
     assert top.category == "node" and top.ranks == []
 
 
+def test_a_busy_node_slowed_further_is_named_at_the_first_answer():
+    """The corpus's first diagnose answer under the hogs on the VM already at load 10
+    (measured): both ranks 1.31x and 1.41x their own pace, rank 0 waiting for a CPU 56 % of
+    the time. The hogs only lengthen an already long run queue, so the slowdown is under
+    1.5x; the next answer, 5.5 s later under the hogs, is what had named it (2.2x)."""
+    ev = evidence([1.31, 1.41], [0.558, 0.356], outside=146.9, runnable=20, pressure=98.85)
+    ev.node_cpu["load1"] = 10.48
+    top = analysis.analyse(ev)[0]
+    assert top.category == "node" and top.ranks == []
+    assert top.title.startswith("the node is CPU-contended: 20 runnable tasks on 2 cores")
+
+
 def test_a_busy_node_whose_job_keeps_its_pace_is_healthy():
     """The clean corpus run: a shared VM with 14 runnable tasks on 2 cores and 97 % CPU
-    pressure, but the ranks' steps are as fast as before: nothing to report."""
-    found = analysis.analyse(evidence([1.05, 1.02], [0.3, 0.3]))
-    assert [f.category for f in found if f.severity != "info"] == []
+    pressure, but the ranks' steps are as fast as before: nothing to report. Measured in 9
+    clean answers at load 8 (CPU pressure 96-98 %): 0.98-1.06x, waits 0.3-7 %."""
+    for ratios, waits in (([1.05, 1.02], [0.3, 0.3]), ([1.06, 1.01], [0.07, 0.049]),
+                          ([1.3, 1.25], [0.07, 0.05])):  # a slower spell, no CPU wait
+        found = analysis.analyse(evidence(ratios, waits))
+        assert [f.category for f in found if f.severity != "info"] == []
 
 
 def test_one_slow_rank_is_not_a_contended_node():
@@ -134,12 +149,12 @@ def with_timing(ev, slowest_rank, local):
 
 
 def test_ranks_all_waiting_for_a_cpu_are_not_one_straggler():
-    """Before the slowdown is established (both ranks 1.2x their own pace), the timing
+    """Before the slowdown is established (both ranks 1.1x their own pace), the timing
     exchange says rank 1 is 1.4x the median: the scheduler served it last. Both ranks
     wait for a CPU on a contended node (or only rank 1, the other sleeping in the
     collective), so it is no straggler."""
     for waits in ([0.4, 0.45], [0.07, 0.55]):
-        ev = with_timing(evidence([1.2, 1.2], waits), 1, [0.1, 0.14])
+        ev = with_timing(evidence([1.1, 1.1], waits), 1, [0.1, 0.14])
         assert [f.category for f in analysis.analyse(ev) if f.severity != "info"] == []
 
 

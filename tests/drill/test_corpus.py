@@ -107,6 +107,22 @@ def test_a_clean_run_counts_every_finding_alert_and_agent_finding_once():
     assert result["totals"]["false_findings_clean"] == 2 and not result["goals"]["met"]
 
 
+def test_repeated_runs_show_their_spread_not_only_the_median():
+    """A kind run 3 times: its row says the median and the fastest and slowest run (a
+    median of 3 hides the one run past the goal), and the summary the slowest of all."""
+    sigkill = cases.load("sigkill")
+    cards = [score.card(sigkill, _record([_answer(T0 + t)])) for t in (3.6, 13.8, 4.5)]
+    result = score.table({"sigkill": sigkill}, cards)
+    row = result["rows"][0]
+    assert (row["detect_seconds"], row["detect_range"]) == (4.5, [3.6, 13.8])
+    assert result["totals"]["diagnose_seconds_max"] == 13.8
+    assert "| sigkill | 3 | 3/3 | 3/3 | 4.5 s (3.6–13.8) | 4.5 s (3.6–13.8) |" in \
+        render.table(result)
+    assert "median 4.5 s, slowest 13.8 s" in render.summary(result)
+    one = score.table({"sigkill": sigkill}, cards[:1])
+    assert "| 1/1 | 1/1 | 3.6 s | 3.6 s |" in render.table(one)
+
+
 def test_list_and_bad_usage():
     def corpus(*args):
         return subprocess.run([sys.executable, "-m", "trainwatch", "drill", "corpus", *args],

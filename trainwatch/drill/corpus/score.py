@@ -104,6 +104,11 @@ def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 1) if values else None
 
 
+def _range(values: list[float]) -> list[float] | None:
+    """The fastest and the slowest of a kind's runs: a median of three hides one slow run."""
+    return [min(values), max(values)] if values else None
+
+
 def table(cases: dict[str, Case], cards: list[dict[str, Any]]) -> dict[str, Any]:
     """Per kind and in all: rank right, cause right, detection, diagnosis, false findings,
     and whether the goals are met."""
@@ -118,6 +123,7 @@ def table(cases: dict[str, Case], cards: list[dict[str, Any]]) -> dict[str, Any]
                      "cause_right": sum(c["cause_right"] for c in mine),
                      "both_right": sum(c["rank_right"] and c["cause_right"] for c in mine),
                      "detect_seconds": _median(detect), "diagnose_seconds": _median(diag),
+                     "detect_range": _range(detect), "diagnose_range": _range(diag),
                      "false_findings": sum(len(c["false_findings"]) for c in mine),
                      "errors": [c["error"] for c in mine if c["error"]],
                      "answers": [c["answer"]["title"] for c in mine if c["answer"]]})
@@ -140,6 +146,10 @@ def table(cases: dict[str, Case], cards: list[dict[str, Any]]) -> dict[str, Any]
                                           if c["detect_seconds"] is not None]),
         "diagnose_seconds_median": _median([c["diagnose_seconds"] for c in faults
                                             if c["diagnose_seconds"] is not None]),
+        "detect_seconds_max": max((c["detect_seconds"] for c in faults
+                                   if c["detect_seconds"] is not None), default=None),
+        "diagnose_seconds_max": max((c["diagnose_seconds"] for c in faults
+                                     if c["diagnose_seconds"] is not None), default=None),
         "false_findings_clean": false}
     goals = {"right": bool(n) and both / n >= GOAL_RIGHT,
              "detect": bool(n) and detected == n, "diagnose": bool(n) and diagnosed == n,
