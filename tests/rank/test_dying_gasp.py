@@ -2,18 +2,29 @@
 newest step every rank can restore, and an own loop whose rank writes its step at a failure
 only while its state is still that step's. The real torchrun SIGKILL drill is
 tests/rank/test_checkpoint_resume.py (K pinned at 4, resumed from rank 0's gasp); the
-supervisor's request before a stall restart, end to end: tests/control/test_alert_run_e2e.py."""
+supervisor's request before a stall restart, end to end: tests/control/test_alert_run_e2e.py;
+the gasp at a SIGTERM that finds the loop blocked in C, under torchrun, here."""
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
+import pytest
 import torch
 
-from agent_helpers import wait_for
+from agent_helpers import REPO, wait_for
 from trainwatch import Checkpoints, Telemetry
 from trainwatch.control.gasp_request import WAIT_SECONDS, ask_survivors
 from trainwatch.rank.memory_snapshots.agree import Found
-from trainwatch.rank.memory_snapshots.gasp_resume import GASP, OWN, plan
+from trainwatch.rank.memory_snapshots import store
+from trainwatch.rank.memory_snapshots.gasp_on_term import GaspOnTerm
+from trainwatch.rank.memory_snapshots.gasp_resume import GASP, OWN, found_parts, load, plan
+from trainwatch.rank.memory_snapshots.resume import load_file
 from trainwatch.rundir.run_dir import RunDir
 
 
@@ -123,3 +134,71 @@ def test_the_supervisor_asks_for_the_gasp_and_waits_only_for_ranks_that_can_answ
     assert start == 7 and torch.equal(model.weight, weights)
     # Nothing to ask where no rank keeps snapshots every K > 1 steps.
     assert ask_survivors(RunDir(tmp_path / "empty").create(), "stall_restart") is None
+
+
+def test_the_sigterm_gasp_leaves_a_scripts_own_wakeup_fd_alone():
+    """A script (asyncio, a signal loop) set its wakeup fd: it is not replaced, and the
+    SIGTERM-time gasp says it is off; with none set, ours is set and given back at close."""
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    theirs = GaspOnTerm(lambda reason: None)
+    try:
+        signal.set_wakeup_fd(write)
+        assert not theirs.start() and "its own signal wakeup fd" in str(theirs.off_reason)
+        assert signal.set_wakeup_fd(-1) == write  # still theirs
+        ours = GaspOnTerm(lambda reason: None)
+        assert ours.start() and signal.set_wakeup_fd(ours._write) == ours._write
+        ours.close()
+        assert signal.set_wakeup_fd(-1) == -1
+    finally:
+        signal.set_wakeup_fd(-1)
+        os.close(read)
+        os.close(write)
+
+
+@pytest.mark.slow
+def test_a_survivor_blocked_in_its_all_reduce_gasps_at_torchruns_sigterm(tmp_path):
+    """Rank 1 is SIGKILLed in step 9 while rank 0 waits in that step's all_reduce, which a
+    child of rank 1 keeps from failing (its sockets stay open). torchrun SIGTERMs rank 0,
+    whose Python handler cannot run while it is in C: before, no gasp until the all_reduce
+    failed 10 s later (or torchrun's SIGKILL 30 s after its SIGTERM), and with snapshots
+    every 4 steps (1, 5, ...) the restart lost 3 steps. Now the wakeup fd's reader gasps step 8 within
+    a second or two (tests/jobs/blocked_survivor_job.py), and the resume's rule takes it:
+    rank 0's model and optimizer, rank 1's own part. (A restart under torchrun resuming from
+    a gasp: tests/rank/test_checkpoint_resume.py; one more here would cost CI ~15 s.)"""
+    shm, out, run_dir = tmp_path / "shm", tmp_path / "out", tmp_path / "run"
+    shm.mkdir(), out.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TRAINWATCH_RUN_DIR": str(run_dir),
+           "OMP_NUM_THREADS": "1"}
+    log = tmp_path / "job.log"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           "2", "--monitor-interval", "0.1", "tests/jobs/blocked_survivor_job.py", str(shm),
+           str(out), "10", "8"]
+    with open(log, "wb") as sink:
+        job = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        assert job.wait(120) != 0, log.read_text()[-3000:]  # rank 1 killed, rank 0 failed
+    finally:
+        job.kill()
+        holder = out / "holder.pid"
+        if holder.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(holder.read_text()), signal.SIGKILL)
+    (gasp,) = RunDir(run_dir).events("memory_snapshot_gasp")
+    assert gasp["rank"] == 0 and gasp["step"] == 8 and gasp["written"], gasp
+    assert gasp["trigger"].startswith("SIGTERM while the main thread was blocked in C"), gasp
+
+    root = Path(gasp["path"]).parents[2]
+    found = []
+    for rank in (0, 1):
+        mine = Found(rank, steps={s.step: s.sealed_at or 0.0
+                                  for s in store.sealed(store.rank_folder(root, rank))})
+        found_parts(mine, root, rank, 2, store.sealed_file(Path(gasp["path"])).config_hash)
+        found.append(mine)
+    assert max(found[1].steps) == 5  # rank 1's newest snapshot: what the restart had before
+    chosen = plan(found, frozenset(), 5)
+    assert chosen is not None and chosen.step == 8, found
+    assert chosen.shared_from == [(0, GASP), (0, GASP)] and chosen.from_part == [False, True]
+    for rank in (0, 1):
+        restored, problem = load(root, rank, chosen, 2, load_file)
+        assert problem is None and restored is not None and restored.step == 8

@@ -15,8 +15,9 @@ buffer updated in a forward) and a global optimizer pre-step hook marks the stat
 under a lock the gasp holds while it reads, so a gasp from another thread never reads a
 half-stepped state. The supervisor may also ask for it before it kills a frozen or hung
 peer's job (``gasp_request.py``: the telemetry thread runs it while the loop waits in the
-collective). A gasp is bounded (``SECONDS``, within torchrun's 30 s between SIGTERM
-and SIGKILL) and never raises: what it cannot do, it says (``memory_snapshot_gasp``).
+collective), and a SIGTERM that finds the loop blocked in C gets it from the wakeup fd's
+reader (``gasp_on_term.py``). A gasp is bounded (``SECONDS``, within torchrun's 30 s
+between SIGTERM and SIGKILL) and never raises: what it cannot do, it says (``memory_snapshot_gasp``).
 Sharded (DTensor) state has no replicas: no gasp. One gasp per step: asked, then torn
 down, the step is written once.
 """
@@ -38,6 +39,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from trainwatch.contract.layout import rank_file_name
 from trainwatch.rank.checkpoint import rng
 from trainwatch.rank.memory_snapshots import rank_parts, store
+from trainwatch.rank.memory_snapshots.gasp_on_term import GaspOnTerm
 from trainwatch.rank.memory_snapshots.rank_parts import RankParts
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,7 @@ class DyingGasp:
         self._storages: list[int] = []
         self._versions = 0
         self._hook: Any = None
+        self.on_term: GaspOnTerm | None = None   # the gasp at a SIGTERM blocked in C
         self._pinned: int | None = None  # the resumed step: its gasps and parts kept
         self._once = threading.Lock()
         self._gasped: int | None = None  # the step a gasp was started for (one per step)
@@ -101,6 +104,8 @@ class DyingGasp:
         if self._hook is None:
             self._hook = register_optimizer_step_pre_hook(self._stepping)
             atexit.register(self.at_exit)
+            self.on_term = GaspOnTerm(self.gasp)
+            self.on_term.start()
         if self._step is None:
             self._start()
         elif self._pinned is not None and self.snaps._confirmed > self._pinned:
@@ -234,6 +239,9 @@ class DyingGasp:
             self._hook.remove()
             atexit.unregister(self.at_exit)
             self._hook = None
+        if self.on_term is not None:
+            self.on_term.close()
+            self.on_term = None
         root = self.snaps.root
         if not finished or root is None:
             return
