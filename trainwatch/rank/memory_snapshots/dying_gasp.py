@@ -125,7 +125,9 @@ class DyingGasp:
                 self.parts = RankParts(self.snaps.root, self.snaps.rank, self.snaps.world_size,
                                        self.snaps.config_hash)
                 self.parts.pinned = self._pinned
-            self.parts.note(step, *self._noted[1:])
+            sealed = self.parts.note(step, *self._noted[1:])
+            if sealed is not None:  # to the peer node too: it outlives this node's ranks
+                self.snaps.peers.offer_part(sealed, self.snaps.world_size)
 
     def _start(self) -> None:
         """This process's history starts at the step it resumed from (-1: none): parts and
