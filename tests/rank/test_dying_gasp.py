@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -134,6 +135,32 @@ def test_the_supervisor_asks_for_the_gasp_and_waits_only_for_ranks_that_can_answ
     assert start == 7 and torch.equal(model.weight, weights)
     # Nothing to ask where no rank keeps snapshots every K > 1 steps.
     assert ask_survivors(RunDir(tmp_path / "empty").create(), "stall_restart") is None
+
+
+def test_a_second_gasp_of_the_step_waits_for_the_first_ones_write(tmp_path, monkeypatch):
+    """The SIGTERM reader (or a request) started the gasp; the teardown that follows must
+    not return, and let the process exit, before that write is sealed. Before, it
+    returned at once with the facts of no write."""
+    run, shm = tmp_path / "run", tmp_path / "shm"
+    shm.mkdir()
+    ckpt, _, _, _ = _loop(run, shm, 7)
+    gasp = ckpt.checkpointer.gasp
+    write, release = gasp._write, threading.Event()
+
+    def slow_write(reason):
+        release.wait(10)
+        return write(reason)
+    monkeypatch.setattr(gasp, "_write", slow_write)
+    first = threading.Thread(target=gasp.gasp, args=("SIGTERM while blocked",))
+    first.start()
+    wait_for(lambda: gasp._gasped == 7, 10, interval=0.01, what="the first gasp started")
+    threading.Timer(0.2, release.set).start()
+    facts = gasp.gasp("the teardown")
+    first.join(10)
+    assert facts["written"] and facts["step"] == 7, facts
+    ckpt.checkpointer.close()
+    (event,) = RunDir(run).events("memory_snapshot_gasp")
+    assert event["trigger"] == "SIGTERM while blocked"
 
 
 def test_the_sigterm_gasp_leaves_a_scripts_own_wakeup_fd_alone():

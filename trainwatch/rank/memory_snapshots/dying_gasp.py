@@ -85,6 +85,7 @@ class DyingGasp:
         self._pinned: int | None = None  # the resumed step: its gasps and parts kept
         self._once = threading.Lock()
         self._gasped: int | None = None  # the step a gasp was started for (one per step)
+        self._worker: threading.Thread | None = None  # that gasp's thread
         self.parts: RankParts | None = None
         self._noted: tuple[int, tuple[Any, ...], Any] | None = None  # step, RNGs, position
         self.facts: dict[str, Any] = {"step": None, "written": None, "reason": None,
@@ -160,24 +161,27 @@ class DyingGasp:
 
     def gasp(self, reason: str, timeout: float = SECONDS) -> dict[str, Any]:
         """Write step N's state if it is still that, on a thread joined for at most
-        ``timeout`` s; never raises. Once per step. What it did (``facts``)."""
+        ``timeout`` s; never raises. Once per step: a second caller (the teardown after a
+        request, or after the SIGTERM reader's gasp) waits for the first's write, within
+        the same bound, so the process does not exit under it. What it did (``facts``)."""
         idle = self.idle()
         if idle is not None:
             return {"step": self._step, "written": False, "why_not": idle}
         with self._once:
-            if self._gasped == self._step:  # asked, then torn down: written once
-                return {**self.facts, "step": self._step}
-            self._gasped = self._step
-        worker = threading.Thread(target=self._gasp, args=(reason,), daemon=True,
-                                  name="trainwatch-dying-gasp")
-        worker.start()
+            worker = self._worker
+            if self._gasped != self._step or worker is None:
+                self._gasped = self._step
+                worker = self._worker = threading.Thread(
+                    target=self._gasp, args=(reason,), daemon=True,
+                    name="trainwatch-dying-gasp")
+                worker.start()
         worker.join(timeout)
         if worker.is_alive():
             log.warning("trainwatch: dying gasp of step %s not done in %.0f s: left",
                         self._step, timeout)
             return {"step": self._step, "written": False,
                     "why_not": f"not done in {timeout:.0f} s"}
-        return dict(self.facts)
+        return {**self.facts, "step": self._step}
 
     def _gasp(self, reason: str) -> None:
         started = time.perf_counter()
