@@ -175,6 +175,10 @@ def test_the_sigterm_gasp_leaves_a_scripts_own_wakeup_fd_alone():
         assert signal.set_wakeup_fd(-1) == write  # still theirs
         ours = GaspOnTerm(lambda reason: None)
         assert ours.start() and signal.set_wakeup_fd(ours._write) == ours._write
+        pid = os.fork()  # a data loader's worker: its signals are not the rank's
+        if pid == 0:
+            os._exit(0 if signal.set_wakeup_fd(-1) == -1 else 1)
+        assert os.waitpid(pid, 0)[1] == 0  # the child gave the wakeup fd up
         ours.close()
         assert signal.set_wakeup_fd(-1) == -1
     finally:

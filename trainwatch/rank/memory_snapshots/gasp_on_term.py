@@ -13,7 +13,9 @@ it is, which dying_gasp.py's guards (version counters, the optimizer pre-step lo
 only while it is still the last completed step's. The gasp is bounded as every gasp is and
 runs on a daemon thread: the process's exit is never delayed by it.
 
-A wakeup fd the script (or asyncio) set is never replaced: then there is no SIGTERM-time
+A forked child (a data loader's worker) inherits the wakeup fd and would write its own
+signals into our pipe: the child gives it up at once (``os.register_at_fork``). A wakeup fd
+the script (or asyncio) set is never replaced: then there is no SIGTERM-time
 gasp, and a warning says so. Only the main thread can set it, so only a loop on the main
 thread gets it.
 """
@@ -69,6 +71,7 @@ class GaspOnTerm:
             log.warning("trainwatch memory snapshots: %s", self.off_reason)
             return False
         self._read, self._write = read, write
+        os.register_at_fork(after_in_child=self._in_child)
         self._thread = threading.Thread(target=self._listen, daemon=True,
                                         name="trainwatch-gasp-on-sigterm")
         self._thread.start()
@@ -105,6 +108,23 @@ class GaspOnTerm:
             if where() != first:
                 return False
         return first is not None
+
+    def _in_child(self) -> None:
+        """A forked child: its signals are not this rank's (no reader runs there)."""
+        if self._write == -1:
+            return
+        try:
+            current = signal.set_wakeup_fd(-1)
+        except ValueError:  # forked from a thread other than the main one: it stays set,
+            return          # so its pipe stays open (never a reused fd number written to)
+        if current not in (-1, self._write):  # not ours any more: theirs stays
+            signal.set_wakeup_fd(current)
+        for fd in (self._read, self._write):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._read = self._write = -1
 
     def close(self) -> None:
         """Give the wakeup fd back (main thread only: elsewhere it stays set, and its pipe
