@@ -1,5 +1,7 @@
-"""Two gloo ranks, memory snapshots every 4 steps; on the first attempt rank 1 is SIGKILLed
-in step KILL_STEP while rank 0 waits in that step's all_reduce, and stays blocked there.
+"""Two gloo ranks on two "nodes" (TRAINWATCH_NODE node-0, node-1: one rank each, so peer
+copies run and node-1 has no survivor), memory snapshots every 4 steps; on the first
+attempt rank 1 is SIGKILLed in step KILL_STEP, once its part of the step before reached
+rank 0, while rank 0 waits in that step's all_reduce, and stays blocked there.
 
     torchrun --nproc-per-node 2 tests/jobs/blocked_survivor_job.py SHM OUT STEPS KILL_STEP
 
@@ -34,8 +36,11 @@ def gasp_sealed() -> bool:
                for n in names)
 
 
-def hold_sockets_then_die() -> None:
-    """Rank 1: a child keeps the gloo connections open; then this rank is SIGKILLed."""
+def hold_sockets_then_die(ckpt: Checkpoints, step: int) -> None:
+    """Rank 1: its part of ``step`` held by rank 0 (a part a node dies before sending is
+    lost with it), a child keeps the gloo connections open; then this rank is SIGKILLed."""
+    copies = ckpt.checkpointer.memory.peers.copies
+    assert copies is not None and copies.part_sender.wait_sent(step, 30)
     if os.fork() == 0:
         os.setsid()
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -50,6 +55,7 @@ def hold_sockets_then_die() -> None:
 
 
 def main() -> None:
+    os.environ["TRAINWATCH_NODE"] = f"node-{os.environ['LOCAL_RANK']}"  # one rank a node
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     first = KILL_STEP >= 0
@@ -64,7 +70,7 @@ def main() -> None:
         for step in range(start, STEPS):
             model(torch.randn(4, 8)).square().mean().backward()
             if first and step == KILL_STEP and rank == 1:
-                hold_sockets_then_die()
+                hold_sockets_then_die(ckpt, step)
             for p in model.parameters():
                 assert p.grad is not None
                 dist.all_reduce(p.grad)  # rank 0 waits here for the rank that died

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -24,8 +25,9 @@ from trainwatch.control.gasp_request import WAIT_SECONDS, ask_survivors
 from trainwatch.rank.memory_snapshots.agree import Found
 from trainwatch.rank.memory_snapshots import store
 from trainwatch.rank.memory_snapshots.gasp_on_term import GaspOnTerm
-from trainwatch.rank.memory_snapshots.gasp_resume import GASP, OWN, found_parts, load, plan
-from trainwatch.rank.memory_snapshots.resume import load_file
+from trainwatch.rank.memory_snapshots.gasp_resume import GASP, OWN, plan
+from trainwatch.rank.memory_snapshots.peer_gasp_fetch import choose, offers_here
+from trainwatch.rank.memory_snapshots.peer_store import PeerStore
 from trainwatch.rundir.run_dir import RunDir
 
 
@@ -189,14 +191,15 @@ def test_the_sigterm_gasp_leaves_a_scripts_own_wakeup_fd_alone():
 
 @pytest.mark.slow
 def test_a_survivor_blocked_in_its_all_reduce_gasps_at_torchruns_sigterm(tmp_path):
-    """Rank 1 is SIGKILLed in step 9 while rank 0 waits in that step's all_reduce, which a
-    child of rank 1 keeps from failing (its sockets stay open). torchrun SIGTERMs rank 0,
-    whose Python handler cannot run while it is in C: before, no gasp until the all_reduce
-    failed 10 s later (or torchrun's SIGKILL 30 s after its SIGTERM), and with snapshots
-    every 4 steps (1, 5, ...) the restart lost 3 steps. Now the wakeup fd's reader gasps step 8 within
-    a second or two (tests/jobs/blocked_survivor_job.py), and the resume's rule takes it:
-    rank 0's model and optimizer, rank 1's own part. (A restart under torchrun resuming from
-    a gasp: tests/rank/test_checkpoint_resume.py; one more here would cost CI ~15 s.)"""
+    """Rank 1 (node-1's only rank) is SIGKILLed in step 9 while rank 0 (node-0) waits in
+    that step's all_reduce, which a child of rank 1 keeps from failing (its sockets stay
+    open). torchrun SIGTERMs rank 0, whose Python handler cannot run while it is in C:
+    before, no gasp until the all_reduce failed 10 s later (or torchrun's SIGKILL 30 s
+    after its SIGTERM), and with snapshots every 4 steps (1, 5, ...) the restart lost 3
+    steps. Now the wakeup fd's reader gasps step 8 within a second or two
+    (tests/jobs/blocked_survivor_job.py), and node-1, with no survivor, can take it with
+    its part of step 8 from its peer. (The restart itself is not run here, to spare CI a
+    second torchrun: docs/memory-snapshots.md gives the measured run.)"""
     shm, out, run_dir = tmp_path / "shm", tmp_path / "out", tmp_path / "run"
     shm.mkdir(), out.mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO), "TRAINWATCH_RUN_DIR": str(run_dir),
@@ -219,17 +222,19 @@ def test_a_survivor_blocked_in_its_all_reduce_gasps_at_torchruns_sigterm(tmp_pat
     assert gasp["rank"] == 0 and gasp["step"] == 8 and gasp["written"], gasp
     assert gasp["trigger"].startswith("SIGTERM while the main thread was blocked in C"), gasp
 
+    # Rank 1 was node-1's only rank: no survivor there to gasp, its newest whole state
+    # the snapshot of step 5 (the restart's before). Its part of step 8 reached rank 0 on
+    # node-0 (sent every step), so the rule of peer_gasp_fetch.py takes step 8: rank 0's
+    # gasp, sent to rank 1, with rank 1's own part (the transfers: test_peer_gasp.py).
     root = Path(gasp["path"]).parents[2]
-    found = []
-    for rank in (0, 1):
-        mine = Found(rank, steps={s.step: s.sealed_at or 0.0
-                                  for s in store.sealed(store.rank_folder(root, rank))})
-        found_parts(mine, root, rank, 2, store.sealed_file(Path(gasp["path"])).config_hash)
-        found.append(mine)
-    assert max(found[1].steps) == 5  # rank 1's newest snapshot: what the restart had before
-    chosen = plan(found, frozenset(), 5)
-    assert chosen is not None and chosen.step == 8, found
-    assert chosen.shared_from == [(0, GASP), (0, GASP)] and chosen.from_part == [False, True]
-    for rank in (0, 1):
-        restored, problem = load(root, rank, chosen, 2, load_file)
-        assert problem is None and restored is not None and restored.step == 8
+    config = store.sealed_file(Path(gasp["path"])).config_hash
+    assert max(s.step for s in store.sealed(store.rank_folder(root, 1))) == 5
+    assert 8 in {c.snapshot.step for c in PeerStore(root / "held-parts").copies(1)}
+    offers = [offers_here(SimpleNamespace(root=root, rank=rank, world_size=2, config_hash=config),
+                          SimpleNamespace(holding=[1 - rank], receiver=SimpleNamespace(
+                              parts=PeerStore(root / "held-parts"))))
+              for rank in (0, 1)]
+    chosen = choose(offers, [0, 1], 5, frozenset(), None)
+    assert chosen is not None and chosen.step == 8, offers
+    assert [(o.holder, o.kind) for o in chosen.shared] == [(0, "gasp"), (0, "gasp")]
+    assert chosen.part[0] is None and chosen.part[1].rank == 1
