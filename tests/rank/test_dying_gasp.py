@@ -2,18 +2,32 @@
 newest step every rank can restore, and an own loop whose rank writes its step at a failure
 only while its state is still that step's. The real torchrun SIGKILL drill is
 tests/rank/test_checkpoint_resume.py (K pinned at 4, resumed from rank 0's gasp); the
-supervisor's request before a stall restart, end to end: tests/control/test_alert_run_e2e.py."""
+supervisor's request before a stall restart, end to end: tests/control/test_alert_run_e2e.py;
+the gasp at a SIGTERM that finds the loop blocked in C, under torchrun, here."""
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import threading
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
 import torch
 
-from agent_helpers import wait_for
+from agent_helpers import REPO, wait_for
 from trainwatch import Checkpoints, Telemetry
 from trainwatch.control.gasp_request import WAIT_SECONDS, ask_survivors
 from trainwatch.rank.memory_snapshots.agree import Found
+from trainwatch.rank.memory_snapshots import store
+from trainwatch.rank.memory_snapshots.gasp_on_term import GaspOnTerm
 from trainwatch.rank.memory_snapshots.gasp_resume import GASP, OWN, plan
+from trainwatch.rank.memory_snapshots.peer_gasp_fetch import choose, offers_here
+from trainwatch.rank.memory_snapshots.peer_store import PeerStore
 from trainwatch.rundir.run_dir import RunDir
 
 
@@ -123,3 +137,104 @@ def test_the_supervisor_asks_for_the_gasp_and_waits_only_for_ranks_that_can_answ
     assert start == 7 and torch.equal(model.weight, weights)
     # Nothing to ask where no rank keeps snapshots every K > 1 steps.
     assert ask_survivors(RunDir(tmp_path / "empty").create(), "stall_restart") is None
+
+
+def test_a_second_gasp_of_the_step_waits_for_the_first_ones_write(tmp_path, monkeypatch):
+    """The SIGTERM reader (or a request) started the gasp; the teardown that follows must
+    not return, and let the process exit, before that write is sealed. Before, it
+    returned at once with the facts of no write."""
+    run, shm = tmp_path / "run", tmp_path / "shm"
+    shm.mkdir()
+    ckpt, _, _, _ = _loop(run, shm, 7)
+    gasp = ckpt.checkpointer.gasp
+    write, release = gasp._write, threading.Event()
+
+    def slow_write(reason):
+        release.wait(10)
+        return write(reason)
+    monkeypatch.setattr(gasp, "_write", slow_write)
+    first = threading.Thread(target=gasp.gasp, args=("SIGTERM while blocked",))
+    first.start()
+    wait_for(lambda: gasp._gasped == 7, 10, interval=0.01, what="the first gasp started")
+    threading.Timer(0.2, release.set).start()
+    facts = gasp.gasp("the teardown")
+    first.join(10)
+    assert facts["written"] and facts["step"] == 7, facts
+    ckpt.checkpointer.close()
+    (event,) = RunDir(run).events("memory_snapshot_gasp")
+    assert event["trigger"] == "SIGTERM while blocked"
+
+
+def test_the_sigterm_gasp_leaves_a_scripts_own_wakeup_fd_alone():
+    """A script (asyncio, a signal loop) set its wakeup fd: it is not replaced, and the
+    SIGTERM-time gasp says it is off; with none set, ours is set and given back at close."""
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    theirs = GaspOnTerm(lambda reason: None)
+    try:
+        signal.set_wakeup_fd(write)
+        assert not theirs.start() and "its own signal wakeup fd" in str(theirs.off_reason)
+        assert signal.set_wakeup_fd(-1) == write  # still theirs
+        ours = GaspOnTerm(lambda reason: None)
+        assert ours.start() and signal.set_wakeup_fd(ours._write) == ours._write
+        pid = os.fork()  # a data loader's worker: its signals are not the rank's
+        if pid == 0:
+            os._exit(0 if signal.set_wakeup_fd(-1) == -1 else 1)
+        assert os.waitpid(pid, 0)[1] == 0  # the child gave the wakeup fd up
+        ours.close()
+        assert signal.set_wakeup_fd(-1) == -1
+    finally:
+        signal.set_wakeup_fd(-1)
+        os.close(read)
+        os.close(write)
+
+
+@pytest.mark.slow
+def test_a_survivor_blocked_in_its_all_reduce_gasps_at_torchruns_sigterm(tmp_path):
+    """Rank 1 (node-1's only rank) is SIGKILLed in step 9 while rank 0 (node-0) waits in
+    that step's all_reduce, which a child of rank 1 keeps from failing (its sockets stay
+    open). torchrun SIGTERMs rank 0, whose Python handler cannot run while it is in C:
+    before, no gasp until the all_reduce failed 10 s later (or torchrun's SIGKILL 30 s
+    after its SIGTERM), and with snapshots every 4 steps (1, 5, ...) the restart lost 3
+    steps. Now the wakeup fd's reader gasps step 8 within a second or two
+    (tests/jobs/blocked_survivor_job.py), and node-1, with no survivor, can take it with
+    its part of step 8 from its peer. (The restart itself is not run here, to spare CI a
+    second torchrun: docs/memory-snapshots.md gives the measured run.)"""
+    shm, out, run_dir = tmp_path / "shm", tmp_path / "out", tmp_path / "run"
+    shm.mkdir(), out.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TRAINWATCH_RUN_DIR": str(run_dir),
+           "OMP_NUM_THREADS": "1"}
+    log = tmp_path / "job.log"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           "2", "--monitor-interval", "0.1", "tests/jobs/blocked_survivor_job.py", str(shm),
+           str(out), "10", "8"]
+    with open(log, "wb") as sink:
+        job = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        assert job.wait(120) != 0, log.read_text()[-3000:]  # rank 1 killed, rank 0 failed
+    finally:
+        job.kill()
+        holder = out / "holder.pid"
+        if holder.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(holder.read_text()), signal.SIGKILL)
+    (gasp,) = RunDir(run_dir).events("memory_snapshot_gasp")
+    assert gasp["rank"] == 0 and gasp["step"] == 8 and gasp["written"], gasp
+    assert gasp["trigger"].startswith("SIGTERM while the main thread was blocked in C"), gasp
+
+    # Rank 1 was node-1's only rank: no survivor there to gasp, its newest whole state
+    # the snapshot of step 5 (the restart's before). Its part of step 8 reached rank 0 on
+    # node-0 (sent every step), so the rule of peer_gasp_fetch.py takes step 8: rank 0's
+    # gasp, sent to rank 1, with rank 1's own part (the transfers: test_peer_gasp.py).
+    root = Path(gasp["path"]).parents[2]
+    config = store.sealed_file(Path(gasp["path"])).config_hash
+    assert max(s.step for s in store.sealed(store.rank_folder(root, 1))) == 5
+    assert 8 in {c.snapshot.step for c in PeerStore(root / "held-parts").copies(1)}
+    offers = [offers_here(SimpleNamespace(root=root, rank=rank, world_size=2, config_hash=config),
+                          SimpleNamespace(holding=[1 - rank], receiver=SimpleNamespace(
+                              parts=PeerStore(root / "held-parts"))))
+              for rank in (0, 1)]
+    chosen = choose(offers, [0, 1], 5, frozenset(), None)
+    assert chosen is not None and chosen.step == 8, offers
+    assert [(o.holder, o.kind) for o in chosen.shared] == [(0, "gasp"), (0, "gasp")]
+    assert chosen.part[0] is None and chosen.part[1].rank == 1

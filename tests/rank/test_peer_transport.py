@@ -70,6 +70,29 @@ def test_copies_arrive_verified_private_and_at_most_two_per_rank(receiver, tmp_p
     assert "s" * 32 not in repr(sender) + repr(receiver)
 
 
+def test_each_steps_part_reaches_the_peer_apart_and_a_slow_link_drops_and_counts(
+        receiver, tmp_path):
+    """A rank's per-step part (rank_parts.py) goes to its holder's parts store, the newest
+    2 kept, beside its snapshots, not among them. Offers a busy link could not send are
+    replaced by the newest and counted ``dropped``; ``offer`` never waits."""
+    parts = PeerSender(2, [endpoint(receiver)], SECRET, timeout=2.0, kind=wire.PART).start()
+    try:
+        for step in (4, 5, 6):
+            parts.offer(snapshot(tmp_path, step, size=4096))
+            assert parts.wait_sent(step, 20)
+    finally:
+        parts.close()
+    wait_counts(receiver, "part_stored", 3)  # counted just after the sender's answer
+    assert [c.snapshot.step for c in receiver.parts.copies(2)] == [6, 5]
+    assert receiver.held.copies(2) == []
+    assert all(receiver.parts.verify(c) == "" for c in receiver.parts.copies(2))
+
+    slow = PeerSender(2, [endpoint(receiver)], SECRET, timeout=2.0, kind=wire.PART)
+    for step in (7, 8, 9):  # not started: nothing goes, as on a link slower than the steps
+        slow.offer(snapshot(tmp_path, step, size=4096))  # returns: it never waits for one
+    assert slow.stats()["counts"] == {"dropped": 2}  # 7 and 8; 9 is the one that waits
+
+
 def test_a_corrupt_held_copy_fails_verification(receiver, tmp_path):
     sender = PeerSender(2, [endpoint(receiver)], SECRET, timeout=2.0).start()
     sender.offer(snapshot(tmp_path, 5))

@@ -15,8 +15,9 @@ buffer updated in a forward) and a global optimizer pre-step hook marks the stat
 under a lock the gasp holds while it reads, so a gasp from another thread never reads a
 half-stepped state. The supervisor may also ask for it before it kills a frozen or hung
 peer's job (``gasp_request.py``: the telemetry thread runs it while the loop waits in the
-collective). A gasp is bounded (``SECONDS``, within torchrun's 30 s between SIGTERM
-and SIGKILL) and never raises: what it cannot do, it says (``memory_snapshot_gasp``).
+collective), and a SIGTERM that finds the loop blocked in C gets it from the wakeup fd's
+reader (``gasp_on_term.py``). A gasp is bounded (``SECONDS``, within torchrun's 30 s
+between SIGTERM and SIGKILL) and never raises: what it cannot do, it says (``memory_snapshot_gasp``).
 Sharded (DTensor) state has no replicas: no gasp. One gasp per step: asked, then torn
 down, the step is written once.
 """
@@ -38,6 +39,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from trainwatch.contract.layout import rank_file_name
 from trainwatch.rank.checkpoint import rng
 from trainwatch.rank.memory_snapshots import rank_parts, store
+from trainwatch.rank.memory_snapshots.gasp_on_term import GaspOnTerm
 from trainwatch.rank.memory_snapshots.rank_parts import RankParts
 
 log = logging.getLogger(__name__)
@@ -79,9 +81,11 @@ class DyingGasp:
         self._storages: list[int] = []
         self._versions = 0
         self._hook: Any = None
+        self.on_term: GaspOnTerm | None = None   # the gasp at a SIGTERM blocked in C
         self._pinned: int | None = None  # the resumed step: its gasps and parts kept
         self._once = threading.Lock()
         self._gasped: int | None = None  # the step a gasp was started for (one per step)
+        self._worker: threading.Thread | None = None  # that gasp's thread
         self.parts: RankParts | None = None
         self._noted: tuple[int, tuple[Any, ...], Any] | None = None  # step, RNGs, position
         self.facts: dict[str, Any] = {"step": None, "written": None, "reason": None,
@@ -101,6 +105,8 @@ class DyingGasp:
         if self._hook is None:
             self._hook = register_optimizer_step_pre_hook(self._stepping)
             atexit.register(self.at_exit)
+            self.on_term = GaspOnTerm(self.gasp)
+            self.on_term.start()
         if self._step is None:
             self._start()
         elif self._pinned is not None and self.snaps._confirmed > self._pinned:
@@ -120,7 +126,9 @@ class DyingGasp:
                 self.parts = RankParts(self.snaps.root, self.snaps.rank, self.snaps.world_size,
                                        self.snaps.config_hash)
                 self.parts.pinned = self._pinned
-            self.parts.note(step, *self._noted[1:])
+            sealed = self.parts.note(step, *self._noted[1:])
+            if sealed is not None:  # to the peer node too: it outlives this node's ranks
+                self.snaps.peers.offer_part(sealed, self.snaps.world_size)
 
     def _start(self) -> None:
         """This process's history starts at the step it resumed from (-1: none): parts and
@@ -153,24 +161,27 @@ class DyingGasp:
 
     def gasp(self, reason: str, timeout: float = SECONDS) -> dict[str, Any]:
         """Write step N's state if it is still that, on a thread joined for at most
-        ``timeout`` s; never raises. Once per step. What it did (``facts``)."""
+        ``timeout`` s; never raises. Once per step: a second caller (the teardown after a
+        request, or after the SIGTERM reader's gasp) waits for the first's write, within
+        the same bound, so the process does not exit under it. What it did (``facts``)."""
         idle = self.idle()
         if idle is not None:
             return {"step": self._step, "written": False, "why_not": idle}
         with self._once:
-            if self._gasped == self._step:  # asked, then torn down: written once
-                return {**self.facts, "step": self._step}
-            self._gasped = self._step
-        worker = threading.Thread(target=self._gasp, args=(reason,), daemon=True,
-                                  name="trainwatch-dying-gasp")
-        worker.start()
+            worker = self._worker
+            if self._gasped != self._step or worker is None:
+                self._gasped = self._step
+                worker = self._worker = threading.Thread(
+                    target=self._gasp, args=(reason,), daemon=True,
+                    name="trainwatch-dying-gasp")
+                worker.start()
         worker.join(timeout)
         if worker.is_alive():
             log.warning("trainwatch: dying gasp of step %s not done in %.0f s: left",
                         self._step, timeout)
             return {"step": self._step, "written": False,
                     "why_not": f"not done in {timeout:.0f} s"}
-        return dict(self.facts)
+        return {**self.facts, "step": self._step}
 
     def _gasp(self, reason: str) -> None:
         started = time.perf_counter()
@@ -234,6 +245,9 @@ class DyingGasp:
             self._hook.remove()
             atexit.unregister(self.at_exit)
             self._hook = None
+        if self.on_term is not None:
+            self.on_term.close()
+            self.on_term = None
         root = self.snaps.root
         if not finished or root is None:
             return

@@ -117,7 +117,7 @@ def load(root: Path, rank: int, chosen: Plan, world_size: int,
     if chosen.from_part[rank]:
         path = rank_parts.parts_folder(root, rank) / store.snapshot_name(chosen.step)
         try:
-            restored.rank_state = _part(path)
+            restored.rank_state = read_part(path)
         except Exception as exc:  # a torn or altered part: the ranks try an older step
             return None, f"{path.name}: {exc}"
     restored.manifest.update(source=SOURCE if chosen.gasped else restored.manifest["source"],
@@ -127,7 +127,9 @@ def load(root: Path, rank: int, chosen: Plan, world_size: int,
     return restored, None
 
 
-def _part(path: Path) -> dict[str, Any]:
+def read_part(path: Path) -> dict[str, Any]:
+    """A rank's part (RNGs, data position) from a sealed part, gasp or snapshot file of
+    the store's ``torch.save`` format, its digest checked."""
     header = store.read_header(path)
     data = store.payload(path)
     digest = store.hasher(header)

@@ -6,6 +6,7 @@ Interface (the snapshotter's side; docs/memory-snapshots.md, "Peer copies"):
     outcome = fetch_newest_common(copies, own_snapshots)   # peer_fetch.py, at resume
     copies.release_fetched()             # once outcome.resume.snapshot is loaded
     copies.offer(SnapshotFile(...))      # each sealed snapshot; returns at once
+    copies.offer_part(SnapshotFile(...)) # each step's own part (rank_parts.py); at once
     copies.stats()                       # for the status: holders, counts, why off
     copies.close()
 
@@ -37,6 +38,7 @@ from trainwatch.rank.memory_snapshots.peer_sender import PeerSender
 from trainwatch.rank.memory_snapshots.peer_store import PeerStore, SnapshotFile, secure_dir
 
 HELD_DIR = "held"
+HELD_PARTS_DIR = "held-parts"   # the held ranks' per-step parts (RNGs, data position)
 FETCHED_DIR = "fetched"
 
 
@@ -141,8 +143,11 @@ class PeerCopies:
         receiver.hold(set(self.holding))
         receiver.fetched.retain(set())  # a snapshot an earlier attempt fetched: stale now
         collective.all_gather(None)     # every receiver knows what it holds before a copy goes
-        self.sender = PeerSender(self.rank, [self.endpoints[h] for h in self.holders.get(self.rank, [])],
-                                 secret, timeout=settings.timeout_s).start()
+        mine = [self.endpoints[h] for h in self.holders.get(self.rank, [])]
+        self.sender = PeerSender(self.rank, mine, secret, timeout=settings.timeout_s).start()
+        # a few KB a step on a sender of its own: a snapshot's transfer never holds it up
+        self.part_sender = PeerSender(self.rank, mine, secret, timeout=settings.timeout_s,
+                                      kind=wire.PART).start()
 
     def __repr__(self) -> str:  # never the secret
         return (f"PeerCopies(rank={self.rank}, holders={self.holders.get(self.rank, [])}, "
@@ -159,13 +164,14 @@ class PeerCopies:
         receiver: PeerReceiver | None = None
         try:  # a rank that cannot start must still join the gather, or the others would hang
             root = secure_dir(Path(root))
-            for folder in (HELD_DIR, FETCHED_DIR):
+            for folder in (HELD_DIR, HELD_PARTS_DIR, FETCHED_DIR):
                 secure_dir(root / folder)
             receiver = PeerReceiver(host or peer_host(), secret, collective.rank,
                                     PeerStore(root / HELD_DIR),
                                     PeerStore(root / FETCHED_DIR / rank_file_name(collective.rank, "")),
                                     keep=settings.keep, reserve_bytes=settings.reserve_bytes,
-                                    timeout=settings.timeout_s).start()
+                                    timeout=settings.timeout_s,
+                                    parts=PeerStore(root / HELD_PARTS_DIR)).start()
             mine: dict[str, Any] = {
                 "node": node_name(), "host": receiver.host, "port": receiver.port,
                 "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1"))}
@@ -188,6 +194,11 @@ class PeerCopies:
         """This rank's newest sealed snapshot: pushed to its holders in the background."""
         self.sender.offer(snapshot)
 
+    def offer_part(self, part: SnapshotFile) -> None:
+        """This rank's part of its newest step: pushed to its holders in the background;
+        one that a slow link has not sent yet is replaced and counted (``dropped``)."""
+        self.part_sender.offer(part)
+
     def push(self, to_rank: int, snapshot: SnapshotFile) -> str:
         """At resume: send ``snapshot`` to ``to_rank``, which expects it; the answer."""
         header = {"kind": wire.FETCH, "from_rank": self.rank, "to_rank": to_rank,
@@ -203,11 +214,15 @@ class PeerCopies:
         first ``offer`` (``fetch_newest_common`` does when it finds a step)."""
         if not self._lowest_local_rank():  # the node's held folder is shared: one tidies
             return
+        parts = self.receiver.parts
         if step is None:
             self.held.retain(set())
+            parts.retain(set())
             return
-        self.held.discard_newer_than(step, received_before_ns=self.started_ns)
-        self.held.retain({r for rank in self._node_ranks() for r in ring.held_by(self.holders, rank)})
+        kept = {r for rank in self._node_ranks() for r in ring.held_by(self.holders, rank)}
+        for held in (self.held, parts):
+            held.discard_newer_than(step, received_before_ns=self.started_ns)
+            held.retain(kept)
 
     def _node_ranks(self) -> list[int]:
         return [r for r, n in enumerate(self.node_of) if n == self.node_of[self.rank]]
@@ -228,8 +243,10 @@ class PeerCopies:
     def stats(self) -> dict[str, Any]:
         return {"off_reason": self.off_reason, "holders": self.holders.get(self.rank, []),
                 "holding": self.holding, "sender": self.sender.stats(),
+                "part_sender": self.part_sender.stats(),
                 "receiver": self.receiver.stats()}
 
     def close(self) -> None:
+        self.part_sender.close()
         self.sender.close()
         self.receiver.close()

@@ -8,8 +8,10 @@ Data-parallel state is the same on every replica, so a rank needs no other node'
 reads a replica's on its own node (every rank of a node shares its /dev/shm). The rule is
 gasp_resume's with each rank's node (``plan(node_of=...)``): a step counts when every node
 holds it whole among its ranks and every rank holds its own part. When no step beats the
-snapshots (a replaced node: its ranks' parts went with it; another world size; a node whose
-every rank died), the exchange decides as before.
+snapshots on every node, a node may have had no survivor (all its ranks died at once, or it
+was replaced): peer_gasp_fetch.py sends its ranks another node's gasp and the parts their
+peer holds. When neither finds a step (another world size, parts not sent in time), the
+exchange decides as before.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from trainwatch.rank.checkpoint.resume import Restored
-from trainwatch.rank.memory_snapshots import gasp_resume
+from trainwatch.rank.memory_snapshots import gasp_resume, peer_gasp_fetch
 from trainwatch.rank.memory_snapshots import resume as local
 from trainwatch.rank.memory_snapshots.agree import Found, newest_common
 from trainwatch.rank.memory_snapshots.peer_copies import PeerCopies
@@ -39,8 +41,17 @@ def resume(snaps: MemorySnapshots, copies: PeerCopies, facts: dict[str, Any],
     while True:
         beat = newest_common(found, frozenset(excluded)).step
         chosen = gasp_resume.plan(found, frozenset(excluded), beat, copies.node_of)
-        if chosen is None:
-            return None, "no gasp step newer than the snapshots every rank has"
+        if chosen is None:  # no node-local step: a node may have had no survivor
+            # newer than any snapshot (older ones are the exchange's, with their copies)
+            newest = max((s for f in found for s in f.steps), default=-1)
+            floor = max(x for x in (beat, facts["durable"], newest) if x is not None)
+            restored, why = peer_gasp_fetch.resume(snaps, copies, floor, frozenset(excluded),
+                                                   facts["rollback_at"])
+            if restored is None:
+                return None, f"no gasp step newer than the snapshots every rank has ({why})"
+            snaps.resumed(restored.step)
+            copies.after_resume(restored.step)
+            return restored, why
         restored, problem = gasp_resume.load(snaps.root, snaps.rank, chosen,
                                              snaps.world_size, local.load_file)
         if restored is not None:

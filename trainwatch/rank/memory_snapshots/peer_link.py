@@ -22,7 +22,8 @@ from typing import Any
 from trainwatch.node import node_name
 from trainwatch.rank.memory_snapshots import peer_ring as ring
 from trainwatch.rank.memory_snapshots import store
-from trainwatch.rank.memory_snapshots.peer_copies import (FETCHED_DIR, HELD_DIR, Collective,
+from trainwatch.rank.memory_snapshots.peer_copies import (FETCHED_DIR, HELD_DIR,
+                                                         HELD_PARTS_DIR, Collective,
                                                          PeerCopies, PeerSettings,
                                                          PeerStartError, SoloCollective,
                                                          TorchCollective)
@@ -112,6 +113,13 @@ class SnapshotPeers:
             self.copies.offer(SnapshotFile(sealed.rank, sealed.step, world_size, sealed.digest,
                                            sealed.path))
 
+    def offer_part(self, sealed: store.Sealed, world_size: int) -> None:
+        """This rank's sealed part of a step (rank_parts.py): to its holders, so a node
+        whose every rank died still has each rank's RNGs and data position of it."""
+        if self.copies is not None and not self.copies.off_reason:
+            self.copies.offer_part(SnapshotFile(sealed.rank, sealed.step, world_size,
+                                                sealed.digest, sealed.path))
+
     def after_resume(self, step: int | None) -> None:
         """The job resumed at ``step`` (None: from scratch): copies of the lost history go.
         A world on one node (what a lost node left) keeps no copies: its receiver closes."""
@@ -143,6 +151,10 @@ class SnapshotPeers:
                                None),
             "received_total": received.get("stored", 0),
             "received_refused_total": sum(received.get(k, 0) for k in REFUSED),
+            "parts_sent_total": stats["part_sender"]["counts"].get("stored", 0),
+            "parts_dropped_total": sum(stats["part_sender"]["counts"].get(k, 0)
+                                       for k in ("dropped", *SKIPPED, "failed")),
+            "parts_held_total": received.get("part_stored", 0),
             "sender": counts, "receiver": received}
 
     def close(self, finished: bool = False) -> None:
@@ -154,5 +166,5 @@ class SnapshotPeers:
             copies.sender.close(CLOSE_WAIT_S)
             copies.receiver.close()
             if finished:
-                for folder in (HELD_DIR, FETCHED_DIR):
+                for folder in (HELD_DIR, HELD_PARTS_DIR, FETCHED_DIR):
                     shutil.rmtree(copies.root / folder, ignore_errors=True)

@@ -2,7 +2,9 @@
 
 It keeps the newest copies of the ranks it holds (``hold``) in ``<root>/held`` (at most
 ``keep`` files per held rank, the arriving one counted: the oldest goes first), and at
-resume the snapshots it was told to expect (``expect``) in its ``fetched`` store. A copy is
+resume the snapshots it was told to expect (``expect``) in its ``fetched`` store, and the
+held ranks' per-step parts (their RNGs and data position, a few KB each step) in its
+``parts`` store, ``keep`` per rank: a node whose every rank died has them here. A copy is
 written under a dot-name and renamed into place only once its sha256 and the sender's MAC
 check out (peer_wire.py). It never blocks the training loop: it runs on its own threads,
 every socket has a timeout, at most ``max_connections`` are served at once (more are
@@ -31,9 +33,11 @@ RESERVE_BYTES = 64 << 20  # left free on the tmpfs for the rank's own snapshots
 class PeerReceiver:
     def __init__(self, host: str, secret: bytes, rank: int, held: PeerStore,
                  fetched: PeerStore, *, keep: int = 2, reserve_bytes: int = RESERVE_BYTES,
-                 timeout: float = 10.0, max_connections: int = 4):
+                 timeout: float = 10.0, max_connections: int = 4,
+                 parts: PeerStore | None = None):
         self.host, self._secret, self.rank = host, secret, rank
         self.held, self.fetched = held, fetched
+        self.parts = parts if parts is not None else PeerStore(held.base.parent / "held-parts")
         self.keep, self.reserve_bytes, self.timeout = keep, reserve_bytes, timeout
         self._slots = threading.BoundedSemaphore(max_connections)
         self._lock = threading.Condition()
@@ -53,7 +57,9 @@ class PeerReceiver:
     def start(self) -> "PeerReceiver":
         secure_dir(self.held.base)
         secure_dir(self.fetched.base)
+        secure_dir(self.parts.base)
         self.held.clear_arrivals()
+        self.parts.clear_arrivals()
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -130,9 +136,9 @@ class PeerReceiver:
         kind, rank = header["kind"], header["rank"]
         if header["to_rank"] != self.rank:
             return wire.REFUSED, self.held
-        if kind == wire.COPY:
+        if kind in (wire.COPY, wire.PART):
             ok = rank in self._holding and header["from_rank"] == rank
-            store = self.held
+            store = self.held if kind == wire.COPY else self.parts
         else:
             ok = self._expected.get(rank) == (header["step"], header["digest"])
             store = self.fetched
@@ -140,7 +146,7 @@ class PeerReceiver:
             return wire.REFUSED, store
         if (kind, rank) in self._busy:
             return wire.BUSY, store
-        keep = self.keep if kind == wire.COPY else 1
+        keep = 1 if kind == wire.FETCH else self.keep
         fs = os.statvfs(store.base)
         free = fs.f_bavail * fs.f_frsize + store.oldest_to_go(rank, keep)
         if free - header["bytes"] < self.reserve_bytes:
@@ -174,7 +180,7 @@ class PeerReceiver:
         """The arrival written, checked and renamed into place; (outcome, the byte to
         answer, None for none)."""
         rank, step, kind = header["rank"], header["step"], header["kind"]
-        store.make_room(rank, self.keep if kind == wire.COPY else 1)
+        store.make_room(rank, 1 if kind == wire.FETCH else self.keep)
         arriving = store.arriving_path(rank, step)
         fd = os.open(arriving, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
@@ -206,4 +212,4 @@ class PeerReceiver:
             with self._lock:
                 self._arrived[rank] = copy
                 self._lock.notify_all()
-        return ("stored" if kind == wire.COPY else "fetched"), wire.STORED
+        return {wire.COPY: "stored", wire.PART: "part_stored"}.get(kind, "fetched"), wire.STORED

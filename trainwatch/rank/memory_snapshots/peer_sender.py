@@ -6,7 +6,9 @@ that arrives while a push is under way waits for it, and any in between are skip
 the newest matters). A holder that fails (dead, unreachable, full) is retried with the next
 snapshot after a back-off that doubles up to ``max_backoff`` seconds, so a dead node costs a
 connect timeout now and then, never the loop's time. ``stats()``: per holder, the newest
-step it stored and the last failure; counts of outcomes.
+step it stored and the last failure; counts of outcomes, ``dropped`` the offers replaced
+before they went (a link slower than the steps). ``kind``: ``COPY`` for snapshots,
+``PART`` for a rank's per-step part (rank_parts.py, a few KB every step).
 """
 
 from __future__ import annotations
@@ -34,12 +36,14 @@ class HolderState:
 
 class PeerSender:
     def __init__(self, rank: int, holders: list[wire.Endpoint], secret: bytes, *,
-                 timeout: float = 10.0, max_backoff: float = 30.0):
+                 timeout: float = 10.0, max_backoff: float = 30.0, kind: str = wire.COPY):
         self.rank, self._secret, self.timeout, self.max_backoff = rank, secret, timeout, max_backoff
+        self.kind = kind
         self.holders = [HolderState(e) for e in holders]
         self._cond = threading.Condition()
         self._newest: SnapshotFile | None = None
         self._sent_step: int | None = None
+        self._taken: SnapshotFile | None = None   # the one being pushed
         self._busy = False
         self._stop = False
         self.counts: Counter[str] = Counter()
@@ -57,6 +61,10 @@ class PeerSender:
     def offer(self, snapshot: SnapshotFile) -> None:
         """The rank's newest sealed snapshot; returns at once."""
         with self._cond:
+            waiting = self._newest
+            if waiting is not None and waiting is not self._taken and \
+                    waiting.step != self._sent_step:
+                self.counts["dropped"] += 1  # never sent: the link is slower than the steps
             self._newest = snapshot
             self._cond.notify()
 
@@ -90,7 +98,7 @@ class PeerSender:
                     self._newest is not None and self._newest.step != self._sent_step))
                 if self._stop:
                     return
-                snapshot = self._newest
+                snapshot = self._taken = self._newest
                 self._busy = True
             assert snapshot is not None
             for holder in self.holders:
@@ -100,10 +108,13 @@ class PeerSender:
                 self._cond.notify_all()
 
     def _push(self, holder: HolderState, snapshot: SnapshotFile) -> None:
+        if not snapshot.path.exists():  # a part pruned before it went: the next one goes
+            self._record(holder, snapshot, "changed", "")
+            return
         if time.monotonic() < holder.retry_at:
             self._record(holder, snapshot, "backing_off", holder.last_error)
             return
-        header = {"kind": wire.COPY, "from_rank": self.rank, "to_rank": holder.endpoint.rank,
+        header = {"kind": self.kind, "from_rank": self.rank, "to_rank": holder.endpoint.rank,
                   "rank": snapshot.rank, "step": snapshot.step,
                   "world_size": snapshot.world_size, "digest": snapshot.digest}
         try:

@@ -44,7 +44,8 @@ STATUS = {ACCEPT: "accepted", STORED: "stored", FULL: "full", REFUSED: "refused"
           BUSY: "busy", BAD: "bad"}
 COPY = "copy"    # the ring: this rank's newest snapshot, to its holder
 FETCH = "fetch"  # at resume: a snapshot a rank lacks, from a rank that has it
-KINDS = (COPY, FETCH)
+PART = "part"    # every step: this rank's own part (RNGs, data position), to its holder
+KINDS = (COPY, FETCH, PART)
 HEADER_FIELDS = {"kind": str, "from_rank": int, "to_rank": int, "rank": int, "step": int,
                  "world_size": int, "digest": str, "bytes": int}
 

@@ -50,23 +50,27 @@ class RankParts:
         self.last_error: str | None = None
         self._made = False
 
-    def note(self, step: int, raw: tuple[Any, ...], data: Any) -> None:
-        """Step ``step``'s RNG states (raw) and data position, sealed; never raises."""
+    def note(self, step: int, raw: tuple[Any, ...], data: Any) -> store.Sealed | None:
+        """Step ``step``'s RNG states (raw) and data position, sealed (None: not kept);
+        never raises."""
         payload = {"step": step, "rank": rank_state(raw, data)}
         try:
             if not self._made:
                 store.make_folder(self.folder)
                 self._made = True
-            store.seal(self.folder, rank=self.rank, step=step, world_size=self.world_size,
-                       config_hash=self.config_hash, write=lambda f: torch.save(payload, f),
-                       version=store.TORCH_SAVED)
+            sealed = store.seal(self.folder, rank=self.rank, step=step,
+                                world_size=self.world_size, config_hash=self.config_hash,
+                                write=lambda f: torch.save(payload, f),
+                                version=store.TORCH_SAVED)
             self.written = step
             store.retain(self.folder, {step - i for i in range(KEEP)} | {self.pinned or -1})
+            return sealed
         except Exception as exc:  # a part not kept costs the gasp, never the job
             self.failed_total += 1
             if self.last_error is None:
                 log.warning("trainwatch: rank part of step %s not kept: %s", step, exc)
             self.last_error = f"{type(exc).__name__}: {exc}"
+            return None
 
 
 def listed(root: Path, rank: int) -> list[store.Sealed]:
