@@ -77,11 +77,13 @@ def _supervised(tmp_path, stop_there: bool) -> tuple[Supervisor, JobController]:
     controller = JobController(tmp_path / "run", [sys.executable, "-c", "raise SystemExit(1)"],
                                stop_grace_seconds=3)
     run = controller.run
-    controller.run.write_status(2, {"rank": 2, "pid": 1, "state": "running", "step": 7})
     sup = Supervisor(controller, ActionRunner(run.root, controller, Policy()),
                      stopped_elsewhere=lambda pid: wait_stopped_elsewhere(
                          run, node_name(), pid, grace=0))
     controller.start()
+    # a rank of this start published (after the start: a status older than it is a
+    # launch failure's, whatever the machine's load made of the gap)
+    controller.run.write_status(2, {"rank": 2, "pid": 1, "state": "running", "step": 7})
     if stop_there:
         journal(run, THERE, STOPPING_EVENT, reason="interrupted")
     controller.proc.wait(30)

@@ -24,8 +24,10 @@ def test_the_beat_carries_each_groups_collective_counters_by_name(tmp_path, grou
         def collectives():
             beat = read_beat(beat_path(tel.run.status_dir, 0)) or {}
             found = beat.get("collectives") or {}
-            return found if side.group_name in found else None
-        found = wait_for(collectives, 30, interval=0.05, what="the beat's collectives")
+            # gloo marks a collective completed a moment after it returns: wait for it
+            return found if found.get(side.group_name) == [5, 5] else None
+        found = wait_for(collectives, 30, interval=0.05,
+                         what="the side group's 5 collectives, enqueued and completed")
     finally:
         tel.close()
     assert found[side.group_name] == [5, 5], found
