@@ -162,6 +162,30 @@ def test_straggler_finding_from_published_timing():
     assert abs(ratio - 1.3) < 1e-9
 
 
+def test_a_rank_that_ended_leaves_no_straggler_ratio_behind():
+    """A job stopped cleanly (CI saw it: TrainingStragglerRank pending for the stopped run B
+    of the shipped deployment): its ranks' last ratio, skewed as the ranks ended one after
+    the other, must not stand after they ended, nor their straggler finding."""
+    ctx = make_ctx()
+    findings = collector(ctx, "findings")
+    now = time.time()
+    for step in range(5, 45, 5):
+        timing = job_window({1: {"step": step, "window_steps": 5, "time": now + step,
+                                 "compute_seconds": 0.13, "data_wait_seconds": 0.0,
+                                 "local_seconds": 0.13, "job": summarize([0.1, 0.13])}})
+        publish(ctx, "ranks", ranks_data(now, progress_age=0.1, timing=timing))
+        assert findings.collect().data["ranks"]["exp/1"]["straggler"] is not None
+    for state in ("stopped", "finished"):
+        ended = ranks_data(now, progress_age=0.1, timing=timing)
+        ended.data["jobs"][0]["ranks"][0]["state"] = state
+        publish(ctx, "ranks", ended)
+        result = findings.collect()
+        names = {s.name for s in result.every_sample()}
+        assert "trainwatch_straggler_time_ratio" not in names, state
+        assert [f for f in result.data["findings"] if f["kind"] == "straggler"] == [], state
+        assert result.data["ranks"]["exp/1"]["straggler"] is None, state
+
+
 def test_old_observations_are_not_judged_and_no_counter_moves():
     """After a pause the ranks data is old: the findings keep their last verdicts (here:
     none) instead of calling every rank frozen from a stale snapshot."""

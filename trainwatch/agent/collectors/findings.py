@@ -216,6 +216,8 @@ class FindingsCollector(Collector):
 
     # -- stragglers ------------------------------------------------------------------
     def _straggler(self, tracker, job, rank, rows, current) -> dict[str, Any] | None:
+        if rank.get("state") != "running":
+            return None  # a rank that ended is nobody's straggler: its last ratio must not stand
         scores = tracker.last_scores
         r = rank["rank"]
         track = tracker.ranks.get(r)
