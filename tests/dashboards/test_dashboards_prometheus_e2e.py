@@ -59,10 +59,10 @@ MUST_SHOW_DATA = {
 
 # Absent on a healthy one-node CPU run of `trainwatch train`: no GPU, InfiniBand or NCCL, no
 # stall, no controller (so no supervisor to watch), no NaN, and no other node to compare this
-# node's ranks with.
+# node's ranks with or to hold a link to.
 CPU_ABSENT = re.compile(r"trainwatch_(gpu_|nccl_ras_|nccl_log_|network_ib_|stall_incident_"
                         r"|action_restart_guard|run_supervisor_|train_last_nonfinite"
-                        r"|straggler_node_)")
+                        r"|straggler_node_|link_)")
 # Series that exist only once something went wrong (a replica's weights diverged, a
 # gradient all-reduce's checksum did not match, a node stopped reporting).
 HEALTHY_ABSENT = re.compile(r"trainwatch_(replica_divergence_"

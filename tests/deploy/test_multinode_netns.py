@@ -301,7 +301,8 @@ def test_sigkill_on_node1_restarts_both_nodes_and_resumes_to_the_same_weights(
                     if e["time"] < min(e2["time"] for e2 in started if e2["restart_count"])]
     resumed = run.events("checkpoint_resumed")
     (last,) = resumed
-    if last.get("state_from") == "memory snapshot":  # the default: at most a step lost
+    if last.get("state_from", "checkpoint") != "checkpoint":
+        # from memory (the default): a snapshot, its peer copy or a survivor's dying gasp
         assert last["durable_step"] == max(saved_before) < last["step"], (last, saved_before)
     else:  # no snapshot newer than the checkpoint (the kill came right after it)
         assert last["step"] == max(saved_before), (resumed, saved_before)
