@@ -141,17 +141,22 @@ def test_stall_finding_lifecycle():
     assert total.value == 1
 
 
-def test_straggler_finding_from_published_timing():
-    ctx = make_ctx()
-    findings = collector(ctx, "findings")
-    now = time.time()
+def slow_rank_windows(ctx, findings, now):
+    """Rank 1 at 1.3x the job's median for 8 windows of 5 steps (rank 0 is on another
+    node): each poll's result, and the last window's timing."""
     for step in range(5, 45, 5):
-        # what the ranks collector makes of rank 1's status (rank 0 is on another node)
+        # what the ranks collector makes of rank 1's status
         timing = job_window({1: {"step": step, "window_steps": 5, "time": now + step,
                                  "compute_seconds": 0.13, "data_wait_seconds": 0.0,
                                  "local_seconds": 0.13, "job": summarize([0.1, 0.13])}})
         publish(ctx, "ranks", ranks_data(now, progress_age=0.1, timing=timing))
-        result = findings.collect()
+        yield findings.collect(), timing
+
+
+def test_straggler_finding_from_published_timing():
+    ctx = make_ctx()
+    findings = collector(ctx, "findings")
+    *_, (result, _timing) = slow_rank_windows(ctx, findings, time.time())
     by_kind = {f["kind"]: f for f in result.data["findings"]}
     assert set(by_kind) == {"straggler", "node_straggler"}  # rank 0 lives on another node
     finding = by_kind["straggler"]
@@ -169,12 +174,9 @@ def test_a_rank_that_ended_leaves_no_straggler_ratio_behind():
     ctx = make_ctx()
     findings = collector(ctx, "findings")
     now = time.time()
-    for step in range(5, 45, 5):
-        timing = job_window({1: {"step": step, "window_steps": 5, "time": now + step,
-                                 "compute_seconds": 0.13, "data_wait_seconds": 0.0,
-                                 "local_seconds": 0.13, "job": summarize([0.1, 0.13])}})
-        publish(ctx, "ranks", ranks_data(now, progress_age=0.1, timing=timing))
-        assert findings.collect().data["ranks"]["exp/1"]["straggler"] is not None
+    polls = list(slow_rank_windows(ctx, findings, now))
+    assert all(result.data["ranks"]["exp/1"]["straggler"] is not None for result, _ in polls)
+    timing = polls[-1][1]
     for state in ("stopped", "finished"):
         ended = ranks_data(now, progress_age=0.1, timing=timing)
         ended.data["jobs"][0]["ranks"][0]["state"] = state
