@@ -203,13 +203,24 @@ def check_file(directory: Path, name: str, entry: dict[str, Any], *, full: bool 
     assert algorithm is not None  # read_manifest refused entries without one
     try:
         actual = digest_file(path, algorithm, progress)
-    except OSError as exc:
-        return size, f"{name}: unreadable ({exc.strerror})"
-    except FormatError as exc:
-        return size, f"{name}: {str(exc).split(': ', 1)[-1]}"
+    except (OSError, FormatError) as exc:
+        return size, hash_problem(name, exc)
     if actual != entry[algorithm]:
-        return size, f"{name}: {algorithm} mismatch (content changed or corrupt)"
+        return size, digest_mismatch(name, algorithm)
     return size, None
+
+
+def hash_problem(name: str, exc: OSError | FormatError) -> str:
+    """How a file that could not be read through to its digest is worded, wherever it is
+    hashed (here, and rank/checkpoint/verified_load.py as it loads)."""
+    if isinstance(exc, FormatError):
+        return f"{name}: {str(exc).split(': ', 1)[-1]}"
+    return f"{name}: unreadable ({exc.strerror})"
+
+
+def digest_mismatch(name: str, algorithm: str) -> str:
+    """A file whose bytes are not those its manifest entry's digest was taken of."""
+    return f"{name}: {algorithm} mismatch (content changed or corrupt)"
 
 
 def layout_problems(manifest: dict[str, Any]) -> list[str]:

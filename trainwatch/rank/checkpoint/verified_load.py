@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from trainwatch.checkpoint_format.manifest import (READ_CHUNK, check_file, digest_algorithm,
-                                                    new_digest)
+                                                    digest_mismatch, hash_problem, new_digest)
 from trainwatch.errors import FormatError
 from trainwatch.rundir.safe_read import open_run_file
 
@@ -48,12 +48,10 @@ def load_verified(directory: Path, name: str, entry: dict[str, Any]) -> tuple[An
     assert algorithm is not None  # read_manifest refused entries without one
     try:
         digest, small, storages = _read(path, records, size, algorithm)
-    except OSError as exc:
-        return None, f"{name}: unreadable ({exc.strerror})"
-    except FormatError as exc:
-        return None, f"{name}: {str(exc).split(': ', 1)[-1]}"
+    except (OSError, FormatError) as exc:
+        return None, hash_problem(name, exc)
     if digest != entry[algorithm]:
-        return None, f"{name}: {algorithm} mismatch (content changed or corrupt)"
+        return None, digest_mismatch(name, algorithm)
     try:
         return _unpickle(records, small, storages), None
     except Exception:  # this torch's loader differs after all: torch.load says what it says
