@@ -28,9 +28,13 @@ average recorded beside every figure (the machine is shared):
    and ``off`` (the durable checkpoint alone), one job each per round, the order rotating,
    the same kill step within a round (21, 25, 29, 24, ...: places across the interval):
    rank 1 SIGKILLs itself in that step (``TRAINWATCH_FAULT=kill:...``, as the OOM killer
-   would); torchrun restarts both ranks; timed from rank 1's last completed step to the
-   first step the restarted job completes (rank 0's metrics log), with the steps recomputed
-   (the steps completed before the kill minus the step resumed from, the journal's
+   would); torchrun restarts both ranks; timed from the kill (rank 1's ``fault_injected``,
+   journaled just before the signal) to the first step the restarted job completes (rank
+   0's metrics log), in two parts: the restart (kill -> the new ranks' ``rank_started``:
+   the survivor's teardown, torchrun's poll and the new processes' start, the same work
+   whatever the mode) and the restarted ranks' own (``rank_started`` -> first step: model,
+   finding, agreeing on, verifying and loading the state); with the steps recomputed (the
+   steps completed before the kill minus the step resumed from, the journal's
    ``checkpoint_resumed``) and where the state came from.
 
 The GPU path (pinned buffers, a side stream) is not measured: no GPU run yet.
@@ -307,6 +311,14 @@ def _steps(path: Path) -> list[tuple[int, float]]:
     return out
 
 
+def _killed_at(run: Any, restarted: float) -> float:
+    """When rank 1 SIGKILLed itself: its ``fault_injected`` event, journaled just before the
+    signal. (Rank 1's own metrics log is no clock for it: its lines are flushed once a
+    heartbeat, so the last one that survived the SIGKILL precedes it by 0-1 s at random.)"""
+    return max(e["time"] for e in run.events("fault_injected")
+               if e.get("fault") == "kill" and e["time"] < restarted)
+
+
 def recovery_one(folder: Path, mode: str, kill_at: int, timeout: float) -> dict[str, Any]:
     """One job: rank 1 SIGKILLs itself in step ``kill_at`` (the trainer's ``kill`` fault, as
     the OOM killer would); the restart timed from then to its first completed step."""
@@ -333,13 +345,14 @@ def recovery_one(folder: Path, mode: str, kill_at: int, timeout: float) -> dict[
                         if e.get("restart_count", 0) >= 1)
         first = _wait("the first resumed step", timeout, lambda: [
             t for s, t in _steps(run.metrics_file(0)) if t > restarted], 0.1)[0]
-        died = max(t for s, t in _steps(run.metrics_file(1)) if t < restarted)
+        killed = _killed_at(run, restarted)
         completed = max(s for s, t in _steps(run.metrics_file(0)) if t < restarted) + 1
         return {"mode": mode, "kill_at": kill_at, "completed_before_kill": completed,
                 "resumed_step": resumed["step"], "state_from": resumed.get("state_from"),
                 "recomputed": completed - resumed["step"],
-                "restart_seconds": round(restarted - died, 2),
-                "first_step_seconds": round(first - died, 2),
+                "restart_seconds": round(restarted - killed, 2),
+                "resume_seconds": round(first - restarted, 2),
+                "first_step_seconds": round(first - killed, 2),
                 "load_seconds": resumed.get("load_seconds"),
                 "load_average_1m": [load, os.getloadavg()[0]]}
     finally:
@@ -366,11 +379,13 @@ def recovery(repeats: int, folder: Path, timeout: float) -> dict[str, Any]:
     out: dict[str, Any] = {"repeats": repeats, "rounds": rounds}
     for m in RECOVERY_MODES:
         out[m] = {k: _spread([p[m][k] for p in rounds])
-                  for k in ("first_step_seconds", "restart_seconds", "recomputed")}
+                  for k in ("first_step_seconds", "restart_seconds", "resume_seconds",
+                            "recomputed")}
         out[m]["state_from"] = sorted({str(p[m]["state_from"]) for p in rounds})
     for m in RECOVERY_MODES[:2]:
-        out[f"{m}_over_off_first_step"] = _spread([
-            p[m]["first_step_seconds"] / p["off"]["first_step_seconds"] for p in rounds])
+        for k in ("first_step", "resume"):
+            out[f"{m}_over_off_{k}"] = _spread([
+                p[m][f"{k}_seconds"] / p["off"][f"{k}_seconds"] for p in rounds])
     return out
 
 
@@ -385,7 +400,7 @@ def _mb(n: float) -> str:
 
 
 def _line(label: str, s: dict[str, Any], fmt: str = "{:.3f}", scale: float = 1.0) -> str:
-    return (f"    {label:34} {fmt.format(s['median'] * scale)} ({fmt.format(s['min'] * scale)}"
+    return (f"    {label:40} {fmt.format(s['median'] * scale)} ({fmt.format(s['min'] * scale)}"
             f"–{fmt.format(s['max'] * scale)})")
 
 
@@ -398,7 +413,7 @@ def print_overhead(o: dict[str, Any]) -> None:
         s = o[m]
         print(f"  {m}: K {s['every_steps']}; {s['cadence'][-1]}")
         print(_line("step time / off, per round", s["step_ratio"], "{:.3f}"))
-        print(f"    {'medians per process':34} {', '.join(f'{x:.3f}' for x in s['process_medians'])}")
+        print(f"    {'medians per process':40} {', '.join(f'{x:.3f}' for x in s['process_medians'])}")
         print(_line("loop's wait per snapshot (ms)", s["wait_per_snapshot"], "{:.1f}", 1e3))
         print(_line("writer CPU per snapshot (ms)", s["writer_cpu_per_snapshot"], "{:.1f}", 1e3))
 
@@ -413,19 +428,23 @@ def print_memory(x: dict[str, Any]) -> None:
 
 def print_recovery(r: dict[str, Any]) -> None:
     print(f"\nrecovery: trainwatch train, 2 ranks, checkpoint every 10 steps, rank 1 SIGKILLs "
-          f"itself in the kill step; seconds from its last step; {r['repeats']} round(s)")
+          f"itself in the kill step; seconds from the kill; {r['repeats']} round(s)")
     for one in r["rounds"]:
         for m, x in one.items():
             print(f"  {m:10} killed in step {x['kill_at']}: {x['completed_before_kill']} steps done, "
                   f"resumed at {x['resumed_step']} from {x['state_from']} (recomputed "
                   f"{x['recomputed']}), restarted {x['restart_seconds']} s, first step "
-                  f"{x['first_step_seconds']} s; load {x['load_average_1m'][0]:.1f}–"
+                  f"{x['first_step_seconds']} s (restarted ranks' own "
+                  f"{x['resume_seconds']} s); load {x['load_average_1m'][0]:.1f}–"
                   f"{x['load_average_1m'][1]:.1f}")
     for m in RECOVERY_MODES:
         print(_line(f"{m}: kill -> first step (s)", r[m]["first_step_seconds"], "{:.1f}"))
+        print(_line(f"{m}: kill -> restarted (s)", r[m]["restart_seconds"], "{:.1f}"))
+        print(_line(f"{m}: restarted -> first step (s)", r[m]["resume_seconds"], "{:.2f}"))
         print(_line(f"{m}: steps recomputed", r[m]["recomputed"], "{:.0f}"))
     for m in RECOVERY_MODES[:2]:
         print(_line(f"{m} / off: first step", r[f"{m}_over_off_first_step"], "{:.2f}"))
+        print(_line(f"{m} / off: restarted -> first", r[f"{m}_over_off_resume"], "{:.2f}"))
 
 
 BLOCKS = {"ref": {"block": 100, "rounds": 6, "warmup": 60},   # ~30 ms steps
