@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -714,9 +714,31 @@ def test_rank_killed_drill_passes_for_real(tmp_path):
     assert "rank-killed" in done.stderr  # the progress display, on stderr
 
 
+def side_by_side(tmp_path_factory, drills: dict[str, tuple[str, ...]]) -> dict[str, Future]:
+    """``trainwatch drill run NAME ARGS`` for each of ``drills`` at once, each in its own
+    folder, its output drained by a thread: for drills whose ranks mostly sleep (paced
+    steps), so one trains while the other waits. Each test asserts on its own drill's
+    result (``.result()`` raises what ``drills_done`` raised)."""
+    pool = ThreadPoolExecutor(len(drills))
+    roots = {name: tmp_path_factory.mktemp(name) for name in drills}
+    return {name: pool.submit(drills_done, roots[name], start_drills(roots[name], name, *args))
+            for name, args in drills.items()}
+
+
+@pytest.fixture(scope="module")
+def supervisor_drills(tmp_path_factory):
+    """The two supervisor drills side by side: their ranks sleep through paced steps
+    (0.2 s and 0.5 s a step) while the drill acts on `trainwatch run` itself."""
+    # two-supervisors: 40 steps, not the drill's 60: 25 paced steps (12.5 s) after the
+    # fault step are still far more than a second supervisor takes to refuse.
+    return side_by_side(tmp_path_factory, {"supervisor-killed": ("--keep",),
+                                           "two-supervisors": ("--keep", "--steps", "40")})
+
+
 @pytest.mark.slow
-def test_supervisor_killed_drill_leaves_nothing_and_the_rerun_trains_one_job_for_real(tmp_path):
-    done = run_drills(tmp_path, "supervisor-killed", "--keep")
+def test_supervisor_killed_drill_leaves_nothing_and_the_rerun_trains_one_job_for_real(
+        supervisor_drills):
+    done = supervisor_drills["supervisor-killed"].result()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (card,) = json.loads(done.stdout)["drills"]
     assert card["passed"], json.dumps(card["criteria"], indent=1)
@@ -727,10 +749,8 @@ def test_supervisor_killed_drill_leaves_nothing_and_the_rerun_trains_one_job_for
 
 
 @pytest.mark.slow
-def test_two_supervisors_drill_refuses_the_second_for_real(tmp_path):
-    # 40 steps, not the drill's 60: 25 paced steps (12.5 s) after the fault step are
-    # still far more than a second supervisor takes to refuse.
-    done = run_drills(tmp_path, "two-supervisors", "--keep", "--steps", "40")
+def test_two_supervisors_drill_refuses_the_second_for_real(supervisor_drills):
+    done = supervisor_drills["two-supervisors"].result()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (card,) = json.loads(done.stdout)["drills"]
     assert card["passed"], json.dumps(card["criteria"], indent=1)
