@@ -189,6 +189,29 @@ def test_the_sigterm_gasp_leaves_a_scripts_own_wakeup_fd_alone():
         os.close(write)
 
 
+
+def test_a_main_thread_waiting_in_close_is_not_taken_for_stuck():
+    """The stop's SIGTERM starts the watch; the teardown then closes us and waits in our
+    join, which looks like a main thread stuck in C. Before, the watch ran its full second
+    (holding every failed rank's exit up by it, seen at 0.96 s) and then gasped a second
+    time; now close() ends it at once."""
+    import threading
+    import time
+
+    watch = GaspOnTerm(lambda reason: None)
+    verdict: list[bool] = []
+
+    def watch_once() -> None:
+        time.sleep(0.2)  # the main thread is in its join by now
+        verdict.append(watch._main_thread_stuck())
+
+    watcher = threading.Thread(target=watch_once)
+    threading.Timer(0.4, watch._closing.set).start()  # close() begins while we wait in C
+    began = time.monotonic()
+    watcher.start()
+    watcher.join()  # the main thread in C, on one bytecode, as in close()'s join
+    assert verdict == [False] and time.monotonic() - began < 1.0
+
 @pytest.mark.slow
 def test_a_survivor_blocked_in_its_all_reduce_gasps_at_torchruns_sigterm(tmp_path):
     """Rank 1 (node-1's only rank) is SIGKILLed in step 9 while rank 0 (node-0) waits in

@@ -45,6 +45,7 @@ class GaspOnTerm:
         self._gasp = gasp
         self._read = self._write = -1
         self._thread: threading.Thread | None = None
+        self._closing = threading.Event()  # close() began: the main thread is ours, not stuck
         self.off_reason: str | None = None
 
     def start(self) -> bool:
@@ -92,9 +93,11 @@ class GaspOnTerm:
                 self._gasp(f"SIGTERM while the main thread was blocked in C for "
                            f"{MAIN_THREAD_S:.0f} s (its Python handler could not run)")
 
-    @staticmethod
-    def _main_thread_stuck() -> bool:
-        """Whether the main thread stays on one bytecode of one frame for MAIN_THREAD_S."""
+    def _main_thread_stuck(self) -> bool:
+        """Whether the main thread stays on one bytecode of one frame for MAIN_THREAD_S.
+        Not while ``close`` runs: the main thread then waits in our join, which looks stuck,
+        and the teardown closing us gasps itself (a watch begun by the stop's SIGTERM had
+        held every failed rank's exit up by a second, and gasped a second time)."""
         main = threading.main_thread().ident
 
         def where() -> tuple[int, int] | None:
@@ -104,10 +107,9 @@ class GaspOnTerm:
         first = where()
         deadline = time.monotonic() + MAIN_THREAD_S
         while time.monotonic() < deadline:
-            time.sleep(POLL_S)
-            if where() != first:
+            if self._closing.wait(POLL_S) or where() != first:
                 return False
-        return first is not None
+        return first is not None and not self._closing.is_set()
 
     def _in_child(self) -> None:
         """A forked child: its signals are not this rank's (no reader runs there)."""
@@ -131,6 +133,7 @@ class GaspOnTerm:
         open, so the C handler never writes into an fd number reused for another file)."""
         if self._write == -1 or threading.current_thread() is not threading.main_thread():
             return
+        self._closing.set()
         current = signal.set_wakeup_fd(-1)
         if current not in (-1, self._write):  # set after ours by someone else: theirs stays
             signal.set_wakeup_fd(current)
