@@ -95,3 +95,15 @@ def test_a_changed_shape_is_laid_out_anew_never_broadcast_into_the_old_view():
     out, pairs = host.take({"w": torch.full((1,), 3.0), "b": torch.zeros(2)})  # broadcastable
     host.copy(pairs)
     assert host.layout is not views and out["w"].shape == (1,) and out["w"].item() == 3.0
+
+
+def test_a_tensor_that_requires_grad_is_copied_not_recorded_by_autograd():
+    """Walked again, the sources are the state's own tensors, not detached copies: the
+    arena's views must not join their graph."""
+    weight = torch.nn.Parameter(torch.ones(3))
+    host = HostCopy()
+    for value in (2.0, 3.0):  # the second capture is the walk against the first
+        with torch.no_grad():
+            weight.fill_(value)
+        out = host.capture({"w": weight})
+        assert not out["w"].requires_grad and out["w"].tolist() == [value] * 3

@@ -95,7 +95,8 @@ class Overlap:
         """The writer thread: the deferred copy (releases the GIL), then says it is done."""
         try:
             if later:
-                torch._foreach_copy_([d for d, _ in later], [s for _, s in later])
+                with torch.no_grad():  # the sources are not all detached (rewalk.py)
+                    torch._foreach_copy_([d for d, _ in later], [s for _, s in later])
         finally:
             self._copied.set()
 
