@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -79,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     times: dict[str, list[int]] = {}
     _wrap(times)
     model, opt, train_step = bench._build("ref")
-    ckpt = bench._checkpoints(Path(tempfile.mkdtemp(prefix="tw-snap-parts-")), "every_step")
+    folder = Path(tempfile.mkdtemp(prefix="tw-snap-parts-"))
+    ckpt = bench._checkpoints(folder, "every_step")
     memory = ckpt.checkpointer.memory
     load = os.getloadavg()[0]
     for step in range(1, args.steps + 1):
@@ -92,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             memory.wait()
             times.setdefault("writer's GIL", []).append(int(memory._writer_gil * 1e9))
     bench._close(ckpt)
+    shutil.rmtree(folder, ignore_errors=True)
     print(f"reference model, every_step, {args.steps - WARMUP} snapshots; load average "
           f"{load:.1f}-{os.getloadavg()[0]:.1f}; loop-thread CPU per call, µs: median (p10-p90)")
     for label, values in times.items():
