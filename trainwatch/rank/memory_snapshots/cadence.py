@@ -56,8 +56,10 @@ class Cadence:
 
     def every(self) -> int:
         """The K this rank proposes."""
+        if self.mode == "every_step":
+            return 1
         cost = self.cost()
-        if self.mode == "every_step" or cost is None or not self._steps:
+        if cost is None or not self._steps:
             return 1
         step = median(self._steps)
         if step <= 0:

@@ -7,7 +7,9 @@ and 1.6 ms with one ``torch._foreach_copy_`` on a loaded 2-core VM. Every tensor
 a view into ONE contiguous arena (each at a 64-byte aligned offset), so the writer thread
 hashes and writes the whole state in one call each, calls that release the GIL
 (payload.py): the loop's thread is not held while the bytes go to the tmpfs. The arena is
-laid out anew only when the state's tensors change (shape, dtype, count). From a GPU the
+laid out anew only when the state's tensors change (shape, dtype, count); between two
+layouts the walk is redone against the previous one (rewalk.py), checking each tensor's
+shape and dtype at C speed where it can. From a GPU the
 copies go to a pinned arena on a side stream that first waits for the loop's work; one
 synchronize of that stream ends the capture (the GPU path is written, not yet measured on a
 GPU: docs/memory-snapshots.md).
@@ -16,12 +18,16 @@ GPU: docs/memory-snapshots.md).
 from __future__ import annotations
 
 import copy
+from operator import attrgetter
 from typing import Any
 
 import torch
 
+from trainwatch.rank.memory_snapshots import rewalk
+
 _PLAIN = (int, float, str, bool, bytes, type(None))
 ALIGN = 64
+_SIZE, _DTYPE = torch.Tensor.size, attrgetter("dtype")
 
 
 def aligned(n: int) -> int:
@@ -37,6 +43,12 @@ class HostCopy:
         self.slots: dict[int, tuple[int, int]] = {}
         self._views: list[torch.Tensor] = []
         self._stream: Any = None
+        self._out: Any = None                      # the last walk's output (rewalk.py)
+        self.frozen: dict[int, Any] = {}           # its containers kept as they are
+        self.index_memo: dict[Any, Any] = {}       # their part of the index (payload.py)
+        self._shapes: list[Any] = []
+        self._dtypes: list[Any] = []
+        self._host_only = True                     # no CUDA tensor when laid out
 
     def capture(self, tree: Any) -> Any:
         """A copy of ``tree`` whose tensors are views into this object's arena."""
@@ -47,6 +59,18 @@ class HostCopy:
     def take(self, tree: Any) -> tuple[Any, list[tuple[torch.Tensor, torch.Tensor]]]:
         """``tree`` with its tensors replaced by their arena views, and the (view, source)
         pairs still to copy (``copy``; overlap.py copies some of them later)."""
+        if self._out is not None:
+            sources: list[torch.Tensor] = []
+            try:
+                out = rewalk.again(tree, self._out, self.frozen, self._views, sources)
+                same = (len(sources) == len(self._views)
+                        and list(map(_SIZE, sources)) == self._shapes
+                        and list(map(_DTYPE, sources)) == self._dtypes)
+            except (rewalk.Moved, AttributeError, TypeError):  # not shaped as before
+                same = False
+            if same:
+                self._out = out
+                return out, list(zip(self._views, sources))
         pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         missed: list[bool] = []
         out = self._walk(tree, pairs, missed)
@@ -54,7 +78,17 @@ class HostCopy:
             self._layout([s for _, s in pairs])
             pairs, missed = [], []
             out = self._walk(tree, pairs, missed)
+        self._remember(out, pairs)
         return out, pairs
+
+    def _remember(self, out: Any, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """What the next walk is checked against (rewalk.py)."""
+        self._out = out
+        self.frozen = rewalk.frozen(out, lambda t: id(t) in self.slots)
+        self.index_memo = {}
+        self._shapes = [s.shape for _, s in pairs]
+        self._dtypes = [s.dtype for _, s in pairs]
+        self._host_only = not any(s.is_cuda for _, s in pairs)
 
     @property
     def layout(self) -> list[torch.Tensor]:
@@ -63,9 +97,16 @@ class HostCopy:
 
     def copy(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Copy the sources into their views: one call for the CPU ones."""
+        if self._host_only:  # (a tensor moved to a GPU since: the same call, synchronous)
+            if pairs:
+                views, sources = zip(*pairs)
+                with torch.no_grad():  # the sources are not all detached (rewalk.py)
+                    torch._foreach_copy_(list(views), list(sources))
+            return
         host = [(d, s) for d, s in pairs if not s.is_cuda]
         if host:
-            torch._foreach_copy_([d for d, _ in host], [s for _, s in host])
+            with torch.no_grad():
+                torch._foreach_copy_([d for d, _ in host], [s for _, s in host])
         cuda = [(d, s) for d, s in pairs if s.is_cuda]
         if cuda:
             self._from_cuda(cuda)

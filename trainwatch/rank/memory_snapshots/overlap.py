@@ -54,6 +54,7 @@ class Overlap:
         self._later: set[int] = set()
         self._now: set[int] | None = None  # indices copied at the boundary; None: not learned
         self._layout: Any = None
+        self._bytes = 0            # the layout's host bytes
         self._owned: set[int] = set()  # storages of the optimizers' parameters and state
         self._learning = False
         self._hook: Any = None
@@ -64,11 +65,11 @@ class Overlap:
         """(copy now, copy later) for this snapshot's (arena view, source) pairs, and the
         check armed for what is copied later. ``layout``: the arena's identity (a new one
         means new tensors: relearn)."""
-        if layout is not self._layout:
+        if layout is not self._layout:  # (a layout's tensors keep their shapes: sized once)
             self._layout, self._now, self._owned = layout, None, set()
+            self._bytes = sum(s.numel() * s.element_size() for _, s in pairs if not s.is_cuda)
         self._learning = self._now is None
-        big = sum(s.numel() * s.element_size() for _, s in pairs if not s.is_cuda)
-        if big < self.min_bytes:
+        if self._bytes < self.min_bytes:
             return pairs, []
         if self._hook is None:
             self._hook = register_optimizer_step_pre_hook(self._stepping)
@@ -94,7 +95,8 @@ class Overlap:
         """The writer thread: the deferred copy (releases the GIL), then says it is done."""
         try:
             if later:
-                torch._foreach_copy_([d for d, _ in later], [s for _, s in later])
+                with torch.no_grad():  # the sources are not all detached (rewalk.py)
+                    torch._foreach_copy_([d for d, _ in later], [s for _, s in later])
         finally:
             self._copied.set()
 

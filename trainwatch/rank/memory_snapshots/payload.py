@@ -75,17 +75,27 @@ def index(tree: Any, host: HostCopy) -> bytes:
     model's RNG lists)."""
     entries: list[list[Any]] = []
 
-    def walk(obj: Any, path: Path) -> Any:
+    def walk(obj: Any, path: Path, into: list[list[Any]]) -> Any:
         if isinstance(obj, torch.Tensor):
             slot = host.slots.get(id(obj))
             if slot is not None:
-                entries.append([list(path), str(obj.dtype), list(obj.shape), *slot])
+                into.append([list(path), str(obj.dtype), list(obj.shape), *slot])
             else:  # not in the arena (an RNG state, a rare layout): its bytes here
-                entries.append([list(path), *_loose(obj)])
+                into.append([list(path), *_loose(obj)])
             return None
-        return _children(obj, path, walk, skip_flat=True)
+        if id(obj) in host.frozen:  # kept as it was since the layout (rewalk.py): once
+            part = host.index_memo.get((id(obj), path))
+            if part is None:
+                mine: list[list[Any]] = []
+                part = host.index_memo[id(obj), path] = (_children(
+                    obj, path, lambda v, p: walk(v, p, mine), skip_flat=True), mine)
+            if hasattr(obj, "_metadata"):
+                part[0]._metadata = obj._metadata
+            into.extend(part[1])
+            return part[0]
+        return _children(obj, path, lambda v, p: walk(v, p, into), skip_flat=True)
 
-    skeleton = walk(tree, ())
+    skeleton = walk(tree, (), entries)
     raw = pickle.dumps({"format": FORMAT, "tree": skeleton, "tensors": entries,
                         "arena": host.arena.numel()}, protocol=5)
     head = len(raw).to_bytes(_LENGTH, "little") + raw

@@ -32,10 +32,11 @@ import torch.distributed as dist
 from trainwatch.rank.checkpoint import rng, whole_state
 from trainwatch.rank.memory_snapshots import payload as payload_format
 from trainwatch.rank.memory_snapshots import peer_link, shards, store
-from trainwatch.rank.memory_snapshots.cadence import Cadence
+from trainwatch.rank.memory_snapshots.cadence import WINDOW, Cadence
 from trainwatch.rank.memory_snapshots.capture import HostCopy
 from trainwatch.rank.memory_snapshots.overlap import Overlap, Pairs
 from trainwatch.rank.memory_snapshots.peer_copies import PeerSettings
+from trainwatch.rank.memory_snapshots.rng_watch import RngWatch
 from trainwatch.rank.memory_snapshots.writer import Writer
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 MODES = ("auto", "every_step", "off")
 RESERVE_BYTES = 64 << 20   # left free in the tmpfs: NCCL and data loaders share it
 CADENCE_EVENTS = 10        # memory_snapshots_cadence events at most (K moves with the load)
+DESCRIBE_EVERY = 16        # the status's cadence text refreshed every this many snapshots
 
 
 class MemorySnapshots:
@@ -67,11 +69,15 @@ class MemorySnapshots:
         self._writer_gil = 0.0            # the last write's CPU holding the GIL (payload.py)
         self._verdict: str | None = None  # the cadence last journaled
         self._cadence_events = 0
+        self._measured = 0                # snapshots measured (_measure)
+        self._described: tuple[int, str] | None = None  # (K, verdict) of the status text
+        self._why = ""
         self.every = 1
         self._next: int | None = None
         self._sealed: int = -1            # the newest step this rank sealed
         self._confirmed: int = -1         # the newest step every rank had sealed
         self._host = HostCopy()
+        self._rng = RngWatch()  # numpy's state read again only when it moved
         self._overlap = Overlap()  # a large state's copy beside the next step (overlap.py)
         self._writer = Writer("trainwatch-memory-snapshot")
         self._last_end: tuple[int, float] | None = None
@@ -178,10 +184,14 @@ class MemorySnapshots:
         if not self._looked:
             self._looked = True
             self._sharded = self.is_sharded(trees)  # the same answer on every rank
-        agreed = torch.tensor([-float(self._sealed), float(self.pinned_every or self.cadence.every())])
+        proposed = self.pinned_every or self.cadence.every()
         if self.group is not None:
+            agreed = torch.tensor([-float(self._sealed), float(proposed)])
             dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.group)
-        self._confirmed, self.every = int(-agreed[0].item()), max(1, int(agreed[1].item()))
+            sealed, proposed = agreed.tolist()
+            self._confirmed, self.every = int(-sealed), max(1, int(proposed))
+        else:  # one rank: its own (no tensor to build and read back)
+            self._confirmed, self.every = self._sealed, max(1, proposed)
         self._next = step + self.every
         try:
             payload, later = self._capture(step, trees)
@@ -209,7 +219,8 @@ class MemorySnapshots:
         now, later = self._overlap.split(pairs, self._host.layout)
         self._host.copy(now)
         payload = {"step": step, "shared": out,
-                   "rank": {"rng": rng.capture(), "data": copy.deepcopy(trees.get("data"))}}
+                   "rank": {"rng": self._rng.capture_raw(),  # the writer converts it
+                            "data": copy.deepcopy(trees.get("data"))}}
         if record is not None:
             payload["sharded"] = record
         return payload, later
@@ -221,12 +232,19 @@ class MemorySnapshots:
             self.cadence.note(blocking, step - prev_step, started - prev_end,
                               self._writer_gil)
         self._last_end = (step, time.perf_counter())
-        why = self.cadence.why(self.every)
+        self._measured += 1
         self.facts.update(every_steps=self.every, blocking_seconds=round(blocking, 6),
-                          writer_gil_seconds=round(self._writer_gil, 6),
-                          cadence=why if not self.pinned_every else
-                          f"every {self.every} steps (memory_snapshots_every: {self.pinned_every})")
+                          writer_gil_seconds=round(self._writer_gil, 6))
         verdict = self.cadence.verdict(self.every)
+        # the status's text (~30 µs of the loop's: medians, formatting) when K or the
+        # verdict moves, over the first measurements, then every DESCRIBE_EVERY snapshots
+        if ((self.every, verdict) != self._described or self._measured <= WINDOW
+                or self._measured % DESCRIBE_EVERY == 0):
+            self._described = (self.every, verdict)
+            self._why = self.cadence.why(self.every)
+            self.facts["cadence"] = self._why if not self.pinned_every else (
+                f"every {self.every} steps (memory_snapshots_every: {self.pinned_every})")
+        why = self._why
         if (measured and self.rank == 0 and self.mode != "every_step" and not self.pinned_every
                 and verdict != self._verdict and self._cadence_events < CADENCE_EVENTS):
             self._cadence_events += 1
@@ -246,7 +264,11 @@ class MemorySnapshots:
         need = int(self.facts["bytes"] or 0)
 
         def write(f: Any) -> None:
-            self._writer_gil = payload_format.write(f, payload, self._host)
+            cpu = time.thread_time()
+            if isinstance(payload["rank"]["rng"], tuple):  # rng.capture's form, here
+                payload["rank"]["rng"] = rng.from_raw(payload["rank"]["rng"])
+            converted = time.thread_time() - cpu
+            self._writer_gil = converted + payload_format.write(f, payload, self._host)
             if not self._overlap.sealable():  # removed unsealed: never a mix of two steps
                 raise _Changed(self._overlap.last_changed)
 
