@@ -100,6 +100,7 @@ class Checkpointer:
         self._metrics: dict[str, float] = {}
         self._agreed: tuple[int, bool, bool, list[str]] | None = None
         self._newest_verified: dict[Path, Path] = {}
+        self._scanned: dict[Path, list[Any]] = {}  # rank 0's listing at resume, kept for _choose
         self._state_checked = False  # the first save looks at the state once (whole_state.py)
         self._sharded = False  # it holds DTensors: saved through DCP (sharded_save.py)
         self._stager: Any = None  # DCP's stager of sharded state kept between saves (GPU)
@@ -186,20 +187,14 @@ class Checkpointer:
         if restored is not None:
             return restored
         decision: dict[str, Any] = {}
-        verifier = ParallelVerify(self.rank, self.world_size, self._group)
-        if self.rank == 0 and self._group is None:
-            decision = self._choose(verifier.verify)
-        elif self.rank == 0:
+        verifier = ParallelVerify(self.rank, self.world_size, self._group, self._decide)
+        if self.rank == 0:
             try:  # every rank hashes its share of each candidate rank 0 looks at
                 decision = self._choose(verifier.verify)
             finally:
-                verifier.done()
-        elif self._group is not None:
-            verifier.serve()
-        if self._group is not None:
-            box = [decision]
-            dist.broadcast_object_list(box, src=0, group=self._group)
-            decision = box[0]
+                verifier.done(decision)  # the others have it already when one verified
+        else:
+            decision = verifier.serve()
         if decision.get("error"):
             raise ConfigError(decision["error"], file=decision.get("file"))
         if not decision.get("path"):
@@ -227,9 +222,10 @@ class Checkpointer:
                             ) -> tuple[resume_mod.Restored | None, str]:
         """The newest snapshot every rank has, when newer than the durable checkpoints."""
         durable = None
-        if self.rank == 0:
-            steps = [e.step for f in (self.folder, self.mirror) if f is not None
-                     for e in catalog.scan(f) if e.step is not None and e.state == "complete"]
+        if self.rank == 0:  # the listing is kept: _choose picks from it
+            self._scanned = {f: catalog.scan(f) for f in (self.folder, self.mirror) if f}
+            steps = [e.step for entries in self._scanned.values() for e in entries
+                     if e.step is not None and e.state == "complete"]
             durable = max(steps, default=None)
         restored, reason = peer_resume.resume(self.memory, self.run, durable, live)
         if restored is None:
@@ -246,7 +242,8 @@ class Checkpointer:
 
     def _choose(self, check: Callable[[Path], Any]) -> dict[str, Any]:
         folders = [f for f in (self.folder, self.mirror) if f is not None]
-        chosen, passed_over = resume_mod.select(folders, check)
+        scanned, self._scanned = self._scanned, {}
+        chosen, passed_over = resume_mod.select(folders, check, scanned)
         for i, fallback in enumerate(passed_over):
             nxt = passed_over[i + 1].path if i + 1 < len(passed_over) else (
                 chosen.path if chosen else None)
@@ -261,15 +258,29 @@ class Checkpointer:
                                  "checkpoint.resume: never", "file": str(self.folder)}
             return {}
         assert chosen.manifest is not None, "a verified checkpoint's manifest was read"
+        refused = self._refusal(chosen.path, chosen.manifest)
+        if refused is not None:
+            self._journal("checkpoint_failed", path=str(chosen.path), error=str(refused),
+                          phase="resume")
+        return self._decide(chosen.path, chosen.manifest)
+
+    def _refusal(self, path: Path, manifest: dict[str, Any]) -> ConfigError | None:
+        """Why this run must not resume the verified checkpoint ``path`` (another config's,
+        the other kind), or None."""
         try:
-            resume_mod.check_compatible(chosen.manifest, chosen.path,
-                                        config_hash=self.config_hash,
+            resume_mod.check_compatible(manifest, path, config_hash=self.config_hash,
                                         sharded=self.expect_sharded)
         except ConfigError as exc:
-            self._journal("checkpoint_failed", path=str(chosen.path), error=str(exc),
-                          phase="resume")
-            return {"error": exc.problem, "file": exc.file}
-        return {"path": str(chosen.path), "manifest": chosen.manifest}
+            return exc
+        return None
+
+    def _decide(self, path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+        """What every rank does with the verified checkpoint ``path``: resume it, or stop
+        with the error (rank 0 decides; parallel_verify.py hands it to the others)."""
+        refused = self._refusal(path, manifest)
+        if refused is not None:
+            return {"error": refused.problem, "file": refused.file}
+        return {"path": str(path), "manifest": manifest}
 
     # ------------------------------------------------------------------ in the loop
     def note_metrics(self, **metrics: float) -> None:
