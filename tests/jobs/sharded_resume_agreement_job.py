@@ -2,9 +2,10 @@
 
 ``sharded_resume_agreement_job.py OUT`` under torchrun (2 ranks, CPU): a small FSDP2 MLP
 saved by ``Checkpoints`` (sync) at steps 1 and 2; rank 0 then flips a byte of rank 1's
-shard of step 2, so only rank 1's own hashing can find it; both ranks resume with a new
-``Checkpoints`` and each writes OUT/rank-N.json: the step it resumed and whether its
-weights are those of step 1. Then both resume again through a ``Checkpointer`` of another
+shard of step 2, so only rank 1's own hashing can find it, and asks for steps 5-6 to be
+skipped (a rollback's control/skip-steps.json); both ranks resume with a new
+``Checkpoints`` and each writes OUT/rank-N.json: the step it resumed, whether its weights
+are those of step 1, and the steps it skips. Then both resume again through a ``Checkpointer`` of another
 config (its hash differs), which rank 0 refuses: each rank writes the error it got.
 """
 
@@ -59,6 +60,8 @@ if rank == 0:
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
+    (run_dir / "control" / "skip-steps.json").write_text(
+        json.dumps({"from_step": 5, "to_step": 6, "reason": "a test's rollback"}))
 dist.barrier()
 
 fresh, fresh_opt = build(1)
@@ -66,6 +69,7 @@ again = Checkpoints.from_env(run_dir, mode="sync", fsync=False, memory_snapshots
 resumed = again.resume(model=fresh, optimizer=fresh_opt)
 got = weights(fresh)
 same = all(torch.equal(got[k], at_step[1][k]) for k in got)
+skipped = [step for step in range(8) if again.should_skip(step)]
 again.close(final=False)
 
 refused = None
@@ -77,5 +81,5 @@ except ConfigError as exc:
     refused = exc.problem
 other.close()
 (out / f"rank-{rank}.json").write_text(json.dumps(
-    {"resumed": resumed, "weights_of_step_1": same, "refused": refused}))
+    {"resumed": resumed, "weights_of_step_1": same, "skipped": skipped, "refused": refused}))
 dist.destroy_process_group()

@@ -101,6 +101,11 @@ class Checkpointer:
         self._agreed: tuple[int, bool, bool, list[str]] | None = None
         self._newest_verified: dict[Path, Path] = {}
         self._scanned: dict[Path, list[Any]] = {}  # rank 0's listing at resume, kept for _choose
+        # What rank 0 tells every rank with a durable resume's decision (the caller's, e.g.
+        # Checkpoints' skip request: no collective of its own), and what it told.
+        self.tell: Callable[[], Any] | None = None
+        self.told: Any = None
+        self._telling: Any = None
         self._state_checked = False  # the first save looks at the state once (whole_state.py)
         self._sharded = False  # it holds DTensors: saved through DCP (sharded_save.py)
         self._stager: Any = None  # DCP's stager of sharded state kept between saves (GPU)
@@ -181,20 +186,23 @@ class Checkpointer:
         ``live``: of a sharded (DTensor) job, its state trees as ``after_step``'s ``state``
         gives them (the model's suffice); a memory snapshot of its shards is checked
         against them and its ``shared`` trees come back as DTensors on the job's mesh."""
+        self.told = None
         if not self.cfg.enabled or self.cfg.resume == "never":
             return None
         restored, memory_reason = self._resume_from_memory(live)
         if restored is not None:
             return restored
         decision: dict[str, Any] = {}
+        self._telling = self.tell() if self.tell is not None and self.rank == 0 else None
         verifier = ParallelVerify(self.rank, self.world_size, self._group, self._decide)
         if self.rank == 0:
             try:  # every rank hashes its share of each candidate rank 0 looks at
-                decision = self._choose(verifier.verify)
+                decision = {**self._choose(verifier.verify), "told": self._telling}
             finally:
                 verifier.done(decision)  # the others have it already when one verified
         else:
             decision = verifier.serve()
+        self.told = decision.get("told")
         if decision.get("error"):
             raise ConfigError(decision["error"], file=decision.get("file"))
         if not decision.get("path"):
@@ -279,8 +287,8 @@ class Checkpointer:
         with the error (rank 0 decides; parallel_verify.py hands it to the others)."""
         refused = self._refusal(path, manifest)
         if refused is not None:
-            return {"error": refused.problem, "file": refused.file}
-        return {"path": str(path), "manifest": manifest}
+            return {"error": refused.problem, "file": refused.file, "told": self._telling}
+        return {"path": str(path), "manifest": manifest, "told": self._telling}
 
     # ------------------------------------------------------------------ in the loop
     def note_metrics(self, **metrics: float) -> None:
