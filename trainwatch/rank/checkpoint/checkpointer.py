@@ -50,6 +50,7 @@ from trainwatch.rank.checkpoint.sharded_save import host_stager, stage, write_sh
 from trainwatch.rank.checkpoint.cadence import interval_due
 from trainwatch.rank.checkpoint.config import CheckpointConfig
 from trainwatch.checkpoint_format.manifest import verify
+from trainwatch.rank.checkpoint.early_digests import EarlyDigests
 from trainwatch.rank.checkpoint.parallel_verify import ParallelVerify
 from trainwatch.rank.checkpoint.nonfinite import (NonFiniteHalt, nonfinite_flag,
                                                      nonfinite_state)
@@ -189,19 +190,24 @@ class Checkpointer:
         self.told = None
         if not self.cfg.enabled or self.cfg.resume == "never":
             return None
-        restored, memory_reason = self._resume_from_memory(live)
-        if restored is not None:
-            return restored
-        decision: dict[str, Any] = {}
-        self._telling = self.tell() if self.tell is not None and self.rank == 0 else None
-        verifier = ParallelVerify(self.rank, self.world_size, self._group, self._decide)
-        if self.rank == 0:
-            try:  # every rank hashes its share of each candidate rank 0 looks at
-                decision = {**self._choose(verifier.verify), "told": self._telling}
-            finally:
-                verifier.done(decision)  # the others have it already when one verified
-        else:
-            decision = verifier.serve()
+        early = EarlyDigests.start(self.folder, self.rank)  # while the ranks agree
+        try:
+            restored, memory_reason = self._resume_from_memory(live)
+            if restored is not None:
+                return restored
+            decision: dict[str, Any] = {}
+            self._telling = self.tell() if self.tell is not None and self.rank == 0 else None
+            verifier = ParallelVerify(self.rank, self.world_size, self._group, self._decide,
+                                      early)
+            if self.rank == 0:
+                try:  # every rank hashes its share of each candidate rank 0 looks at
+                    decision = {**self._choose(verifier.verify), "told": self._telling}
+                finally:
+                    verifier.done(decision)  # the others have it already when one verified
+            else:
+                decision = verifier.serve()
+        finally:
+            early.stop()
         self.told = decision.get("told")
         if decision.get("error"):
             raise ConfigError(decision["error"], file=decision.get("file"))

@@ -40,9 +40,11 @@ from typing import Any, Callable
 import torch.distributed as dist
 
 from trainwatch.checkpoint_format.dcp import METADATA
-from trainwatch.checkpoint_format.manifest import (LAYOUT_DCP, Verification, check_file,
-                                                    verify)
+from trainwatch.checkpoint_format.manifest import (DIGEST, LAYOUT_DCP, Verification,
+                                                    check_file, digest_algorithm,
+                                                    digest_mismatch, verify)
 from trainwatch.rank.checkpoint.dcp_verify import covers
+from trainwatch.rank.checkpoint.early_digests import EarlyDigests
 from trainwatch.rank.checkpoint.resume import wanted_files
 from trainwatch.rank.checkpoint.verified_load import load_verified
 
@@ -74,9 +76,11 @@ def shares(files: dict[str, dict[str, Any]], world_size: int) -> list[dict[str, 
 
 
 def check_share(directory: Path, share: dict[str, Any], wanted: Any = (),
-                loaded: dict[str, Any] | None = None) -> list[str]:
+                loaded: dict[str, Any] | None = None, early: EarlyDigests | None = None
+                ) -> list[str]:
     """What is wrong with this rank's share of the files (never raises: every rank must
-    reach the gather). Files also ``wanted`` are loaded while hashed, into ``loaded``."""
+    reach the gather). Files also ``wanted`` are loaded while hashed, into ``loaded``;
+    a file ``early`` hashed since resume began is not hashed again."""
     problems = []
     for name, entry in sorted(share.items()):
         try:
@@ -85,7 +89,7 @@ def check_share(directory: Path, share: dict[str, Any], wanted: Any = (),
                 if problem is None:
                     loaded[name] = value
             else:
-                _, problem = check_file(directory, name, entry)
+                problem = _early_problem(directory, name, entry, early)
         except Exception as exc:
             problem = f"{name}: could not be verified ({type(exc).__name__}: {exc})"
         if problem:
@@ -98,11 +102,26 @@ def check_share(directory: Path, share: dict[str, Any], wanted: Any = (),
 Decide = Callable[[Path, dict[str, Any]], dict[str, Any]]
 
 
+def _early_problem(directory: Path, name: str, entry: dict[str, Any],
+                   early: EarlyDigests | None) -> str | None:
+    """``check_file``'s verdict on the file, its digest taken from ``early`` when it
+    hashed this very file."""
+    digest = early.digest(directory, name) if early is not None else None
+    if digest is not None and digest_algorithm(entry) == DIGEST:
+        _, problem = check_file(directory, name, entry, full=False)  # its size, as listed
+        if problem is None and digest != entry[DIGEST]:
+            problem = digest_mismatch(name, DIGEST)
+        return problem
+    return check_file(directory, name, entry)[1]
+
+
 class ParallelVerify:
     """Rank 0 asks (``verify``, then ``done``); every other rank answers (``serve``)."""
 
-    def __init__(self, rank: int, world_size: int, group: Any, decide: Decide | None = None):
+    def __init__(self, rank: int, world_size: int, group: Any, decide: Decide | None = None,
+                 early: EarlyDigests | None = None):
         self.rank, self.world_size, self.group = rank, world_size, group
+        self.early = early  # this rank's shards, hashed since resume began
         self.decide: Decide = decide or (lambda path, manifest: {"path": str(path),
                                                                  "manifest": manifest})
         self.loaded: dict[str, Any] = {}  # of the last candidate: file name -> value
@@ -155,7 +174,7 @@ class ParallelVerify:
         self.loaded, self.loaded_from = {}, directory  # a candidate before: let it go first
         share = shares(manifest["files"], self.world_size)[self.rank]
         wanted = set(wanted_files(manifest, self.rank, self.world_size))
-        mine = check_share(directory, share, wanted, self.loaded)
+        mine = check_share(directory, share, wanted, self.loaded, self.early)
         extra: tuple[list[str], dict[str, Any] | None] = ([], None)
         if self.rank == 0 and not mine:  # .metadata hashed here: its layout can be read
             extra = self._rank0_checks(directory, manifest)
