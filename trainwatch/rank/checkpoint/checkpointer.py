@@ -196,12 +196,17 @@ class Checkpointer:
             if restored is not None:
                 return restored
             decision: dict[str, Any] = {}
-            self._telling = self.tell() if self.tell is not None and self.rank == 0 else None
             verifier = ParallelVerify(self.rank, self.world_size, self._group, self._decide,
                                       early)
             if self.rank == 0:
                 try:  # every rank hashes its share of each candidate rank 0 looks at
+                    self._telling = self.tell() if self.tell is not None else None
                     decision = {**self._choose(verifier.verify), "told": self._telling}
+                except BaseException as exc:  # the others must not go on without a checkpoint
+                    decision = {"error": f"rank 0 failed choosing the checkpoint to resume "
+                                         f"({type(exc).__name__}: {exc})",
+                                "file": str(self.folder)}
+                    raise
                 finally:
                     verifier.done(decision)  # the others have it already when one verified
             else:
