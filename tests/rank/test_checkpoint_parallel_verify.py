@@ -25,10 +25,10 @@ def test_each_rank_gets_its_own_files_and_the_rest_is_spread_by_size():
              "rank-00001.pt": _entry(1), "rank-00002.pt": _entry(1), ".metadata": _entry(5),
              "model.pt": _entry(300), "optimizer.pt": _entry(50)}
     two = shares(files, 2)
-    assert {"__0_0.distcp", "rank-00000.pt"} <= set(two[0])
+    assert {"__0_0.distcp", "rank-00000.pt", ".metadata"} <= set(two[0])  # rank 0 reads it
     assert {"__1_0.distcp", "rank-00001.pt"} <= set(two[1])
     # what no rank of this job wrote: biggest first, each to the least loaded rank
-    assert "model.pt" in two[0] and {"__2_0.distcp", "optimizer.pt"} <= set(two[1])
+    assert "model.pt" in two[1] and {"__2_0.distcp", "optimizer.pt"} <= set(two[0])
     assert sorted(n for share in two for n in share) == sorted(files)
     assert shares(files, 1) == [files]
 

@@ -92,7 +92,7 @@ def _resume_all(roots, run):
             after_resume=lambda step: None)
         root = roots[NODE_OF[rank]]
         snaps = SimpleNamespace(
-            prepare=lambda: None, enabled=True, root=root, rank=rank, world_size=WORLD,
+            prepare=lambda carry=None: None, enabled=True, root=root, rank=rank, world_size=WORLD,
             folder=store.rank_folder(root, rank), config_hash="c", group=None,
             peers=SimpleNamespace(active=True, copies=copies), resumed=lambda step: None,
             journal=lambda kind, **fields: journaled.append((kind, fields)))
@@ -199,7 +199,7 @@ def test_a_node_whose_every_rank_died_resumes_from_the_other_nodes_gasp_and_held
             release_fetched=lambda: None, after_resume=lambda step: None)
         root = roots[NODE_OF[rank]]
         snaps = SimpleNamespace(
-            prepare=lambda: None, enabled=True, root=root, rank=rank, world_size=WORLD,
+            prepare=lambda carry=None: None, enabled=True, root=root, rank=rank, world_size=WORLD,
             folder=store.rank_folder(root, rank), config_hash="c", group=None,
             peers=SimpleNamespace(active=True, copies=copies), resumed=lambda step: None,
             journal=lambda kind, **fields: None)

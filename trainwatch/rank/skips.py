@@ -84,18 +84,26 @@ def read_skip_steps(run: RunDir) -> SkipSteps:
     return SkipSteps(doc["from_step"], doc["to_step"], reason if isinstance(reason, str) else None)
 
 
+def skip_steps_message(run: RunDir) -> Any:
+    """What rank 0 tells the other ranks of the skip request: the window, or its error."""
+    try:
+        window = read_skip_steps(run)
+        return (window.first, window.last, window.reason)
+    except ConfigError as exc:
+        return exc
+
+
+def skip_steps_from(message: Any) -> SkipSteps:
+    """The window rank 0's ``skip_steps_message`` names; its ConfigError raised here."""
+    if isinstance(message, ConfigError):
+        raise message
+    return SkipSteps(*message)
+
+
 def agree_skip_steps(run: RunDir, distributed: bool) -> SkipSteps:
     """Rank 0 reads the request and every rank gets the same window (or the same error)."""
     if not distributed:
         return read_skip_steps(run)
-    box: list[Any] = [None]
-    if dist.get_rank() == 0:
-        try:
-            window = read_skip_steps(run)
-            box[0] = (window.first, window.last, window.reason)
-        except ConfigError as exc:
-            box[0] = exc
+    box: list[Any] = [skip_steps_message(run) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box, src=0)
-    if isinstance(box[0], ConfigError):
-        raise box[0]
-    return SkipSteps(*box[0])
+    return skip_steps_from(box[0])

@@ -50,6 +50,7 @@ from trainwatch.rank.checkpoint.sharded_save import host_stager, stage, write_sh
 from trainwatch.rank.checkpoint.cadence import interval_due
 from trainwatch.rank.checkpoint.config import CheckpointConfig
 from trainwatch.checkpoint_format.manifest import verify
+from trainwatch.rank.checkpoint.early_digests import EarlyDigests
 from trainwatch.rank.checkpoint.parallel_verify import ParallelVerify
 from trainwatch.rank.checkpoint.nonfinite import (NonFiniteHalt, nonfinite_flag,
                                                      nonfinite_state)
@@ -100,6 +101,12 @@ class Checkpointer:
         self._metrics: dict[str, float] = {}
         self._agreed: tuple[int, bool, bool, list[str]] | None = None
         self._newest_verified: dict[Path, Path] = {}
+        self._scanned: dict[Path, list[Any]] = {}  # rank 0's listing at resume, kept for _choose
+        # What rank 0 tells every rank with a durable resume's decision (the caller's, e.g.
+        # Checkpoints' skip request: no collective of its own), and what it told.
+        self.tell: Callable[[], Any] | None = None
+        self.told: Any = None
+        self._telling: Any = None
         self._state_checked = False  # the first save looks at the state once (whole_state.py)
         self._sharded = False  # it holds DTensors: saved through DCP (sharded_save.py)
         self._stager: Any = None  # DCP's stager of sharded state kept between saves (GPU)
@@ -180,26 +187,33 @@ class Checkpointer:
         ``live``: of a sharded (DTensor) job, its state trees as ``after_step``'s ``state``
         gives them (the model's suffice); a memory snapshot of its shards is checked
         against them and its ``shared`` trees come back as DTensors on the job's mesh."""
+        self.told = None
         if not self.cfg.enabled or self.cfg.resume == "never":
             return None
-        restored, memory_reason = self._resume_from_memory(live)
-        if restored is not None:
-            return restored
-        decision: dict[str, Any] = {}
-        verifier = ParallelVerify(self.rank, self.world_size, self._group)
-        if self.rank == 0 and self._group is None:
-            decision = self._choose(verifier.verify)
-        elif self.rank == 0:
-            try:  # every rank hashes its share of each candidate rank 0 looks at
-                decision = self._choose(verifier.verify)
-            finally:
-                verifier.done()
-        elif self._group is not None:
-            verifier.serve()
-        if self._group is not None:
-            box = [decision]
-            dist.broadcast_object_list(box, src=0, group=self._group)
-            decision = box[0]
+        early = EarlyDigests.start(self.folder, self.rank)  # while the ranks agree
+        try:
+            restored, memory_reason = self._resume_from_memory(live)
+            if restored is not None:
+                return restored
+            decision: dict[str, Any] = {}
+            verifier = ParallelVerify(self.rank, self.world_size, self._group, self._decide,
+                                      early)
+            if self.rank == 0:
+                try:  # every rank hashes its share of each candidate rank 0 looks at
+                    self._telling = self.tell() if self.tell is not None else None
+                    decision = {**self._choose(verifier.verify), "told": self._telling}
+                except BaseException as exc:  # the others must not go on without a checkpoint
+                    decision = {"error": f"rank 0 failed choosing the checkpoint to resume "
+                                         f"({type(exc).__name__}: {exc})",
+                                "file": str(self.folder)}
+                    raise
+                finally:
+                    verifier.done(decision)  # the others have it already when one verified
+            else:
+                decision = verifier.serve()
+        finally:
+            early.stop()
+        self.told = decision.get("told")
         if decision.get("error"):
             raise ConfigError(decision["error"], file=decision.get("file"))
         if not decision.get("path"):
@@ -227,9 +241,10 @@ class Checkpointer:
                             ) -> tuple[resume_mod.Restored | None, str]:
         """The newest snapshot every rank has, when newer than the durable checkpoints."""
         durable = None
-        if self.rank == 0:
-            steps = [e.step for f in (self.folder, self.mirror) if f is not None
-                     for e in catalog.scan(f) if e.step is not None and e.state == "complete"]
+        if self.rank == 0:  # the listing is kept: _choose picks from it
+            self._scanned = {f: catalog.scan(f) for f in (self.folder, self.mirror) if f}
+            steps = [e.step for entries in self._scanned.values() for e in entries
+                     if e.step is not None and e.state == "complete"]
             durable = max(steps, default=None)
         restored, reason = peer_resume.resume(self.memory, self.run, durable, live)
         if restored is None:
@@ -246,7 +261,8 @@ class Checkpointer:
 
     def _choose(self, check: Callable[[Path], Any]) -> dict[str, Any]:
         folders = [f for f in (self.folder, self.mirror) if f is not None]
-        chosen, passed_over = resume_mod.select(folders, check)
+        scanned, self._scanned = self._scanned, {}
+        chosen, passed_over = resume_mod.select(folders, check, scanned)
         for i, fallback in enumerate(passed_over):
             nxt = passed_over[i + 1].path if i + 1 < len(passed_over) else (
                 chosen.path if chosen else None)
@@ -261,15 +277,29 @@ class Checkpointer:
                                  "checkpoint.resume: never", "file": str(self.folder)}
             return {}
         assert chosen.manifest is not None, "a verified checkpoint's manifest was read"
+        refused = self._refusal(chosen.path, chosen.manifest)
+        if refused is not None:
+            self._journal("checkpoint_failed", path=str(chosen.path), error=str(refused),
+                          phase="resume")
+        return self._decide(chosen.path, chosen.manifest)
+
+    def _refusal(self, path: Path, manifest: dict[str, Any]) -> ConfigError | None:
+        """Why this run must not resume the verified checkpoint ``path`` (another config's,
+        the other kind), or None."""
         try:
-            resume_mod.check_compatible(chosen.manifest, chosen.path,
-                                        config_hash=self.config_hash,
+            resume_mod.check_compatible(manifest, path, config_hash=self.config_hash,
                                         sharded=self.expect_sharded)
         except ConfigError as exc:
-            self._journal("checkpoint_failed", path=str(chosen.path), error=str(exc),
-                          phase="resume")
-            return {"error": exc.problem, "file": exc.file}
-        return {"path": str(chosen.path), "manifest": chosen.manifest}
+            return exc
+        return None
+
+    def _decide(self, path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+        """What every rank does with the verified checkpoint ``path``: resume it, or stop
+        with the error (rank 0 decides; parallel_verify.py hands it to the others)."""
+        refused = self._refusal(path, manifest)
+        if refused is not None:
+            return {"error": refused.problem, "file": refused.file, "told": self._telling}
+        return {"path": str(path), "manifest": manifest, "told": self._telling}
 
     # ------------------------------------------------------------------ in the loop
     def note_metrics(self, **metrics: float) -> None:

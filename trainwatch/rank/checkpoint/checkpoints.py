@@ -48,7 +48,8 @@ from trainwatch.rank.checkpoint.config import CheckpointConfig
 from trainwatch.rank.checkpoint.resume import Restored
 from trainwatch.rank.checkpoint.whole_state import (UnsaveableState, check_objects,
                                                      check_trees, is_fsdp1)
-from trainwatch.rank.skips import SkipSteps, agree_skip_steps
+from trainwatch.rank.skips import (SkipSteps, agree_skip_steps, skip_steps_from,
+                                   skip_steps_message)
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +124,10 @@ class Checkpoints:
         objects = {k: v for k, v in state.items() if k != "data"}
         # a memory snapshot of sharded state is checked against the model's DTensors
         live = (lambda: sharded.models_of(objects)) if self._sharded else None
+        # the skip request comes with the durable checkpoint's decision, if one is made
+        self.checkpointer.tell = lambda: skip_steps_message(self.run)
         restored = self.checkpointer.resume(live)
-        self._agree_skips()
+        self._agree_skips(self.checkpointer.told)
         if restored is None:
             return 0
         self._continue_at(restored.step)
@@ -269,7 +272,12 @@ class Checkpoints:
         if self.telemetry is not None and hasattr(self.telemetry, "continue_at"):
             self.telemetry.continue_at(step)
 
-    def _agree_skips(self) -> SkipSteps:
+    def _agree_skips(self, told: Any = None) -> SkipSteps:
+        """The rollback's skip window, the same on every rank: ``told`` with the resume's
+        decision (rank 0's ``skip_steps_message``), else agreed here."""
+        if told is not None:
+            self._skip = skip_steps_from(told)
+            return self._skip
         distributed = dist.is_available() and dist.is_initialized()
         self._skip = agree_skip_steps(self.run, distributed)
         return self._skip

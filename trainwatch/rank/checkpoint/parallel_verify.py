@@ -3,25 +3,31 @@
 Rank 0 chooses the checkpoint to resume from (resume.py's ``select``: newest first, falling
 back past any that does not verify). Hashing every file there while the other ranks
 waited was a third of a sharded resume (docs/benchmarks.md). Now, for each candidate, rank
-0 checks what is cheap (the manifest, sizes, strays) and sends every rank its share of
-the files: a rank's own files (``__<rank>_<n>.distcp``, ``rank-NNNNN.pt``, the ones it
-is about to load), the rest spread by size. Each rank hashes its share and rank 0 hears
-every rank's problems (one gather): the verdict, and so the fallback, is the same as
-one rank hashing everything, in about 1/world of the time.
+0 checks what is cheap (the manifest, sizes, strays) and sends every rank the manifest;
+each rank hashes its share of the files (``shares``: a rank's own files,
+``__<rank>_<n>.distcp``, ``rank-NNNNN.pt``, the ones it is about to load; ``.metadata`` to
+rank 0; the rest spread by size) and one all-gather gives every rank every rank's
+problems: the verdict, and so the fallback, is the same as one rank hashing everything,
+in about 1/world of the time. Rank 0 adds to the gather what only it checks: a sharded
+checkpoint's files against its ``.metadata`` (``covers``, once it has hashed that file
+itself), and whether this job may resume it at all (``decide``: another config is
+refused). So a candidate that verifies is the decision on every rank, with no more
+collectives; only when none verifies does ``done`` tell the others so.
 
 A file a rank hashes that it also loads (``wanted``: a data-parallel tree, its own rank
 file) is loaded in the same pass (verified_load.py): ``take`` hands those values to the
 load once the verdict is in, so no byte is read twice. With no group (one process) rank 0
 hashes, and loads, everything itself.
 
-    verifier = ParallelVerify(rank, world_size, group)
+    verifier = ParallelVerify(rank, world_size, group, decide)
     if rank == 0:
         try:
             chosen, passed_over = select(folders, check=verifier.verify)
+            decision = ...            # decide(chosen), an error, or {} for none
         finally:
-            verifier.done()           # always: the other ranks wait for it
+            verifier.done(decision)   # always: tells the others when they still wait
     else:
-        verifier.serve()              # answers each candidate until done()
+        decision = verifier.serve()   # answers each candidate until one verifies, or done()
     preloaded = verifier.take(path)   # every rank: what it loaded of the chosen one
 """
 
@@ -29,13 +35,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch.distributed as dist
 
-from trainwatch.checkpoint_format.manifest import (LAYOUT_DCP, Verification, check_file,
-                                                    verify)
+from trainwatch.checkpoint_format.dcp import METADATA
+from trainwatch.checkpoint_format.manifest import (DIGEST, LAYOUT_DCP, Verification,
+                                                    check_file, digest_algorithm,
+                                                    digest_mismatch, verify)
 from trainwatch.rank.checkpoint.dcp_verify import covers
+from trainwatch.rank.checkpoint.early_digests import EarlyDigests
 from trainwatch.rank.checkpoint.resume import wanted_files
 from trainwatch.rank.checkpoint.verified_load import load_verified
 
@@ -44,14 +53,16 @@ _OWNER = re.compile(r"^(?:__(\d+)_\d+\.distcp|rank-(\d+)\.pt)$")
 
 def shares(files: dict[str, dict[str, Any]], world_size: int) -> list[dict[str, Any]]:
     """{name: entry} for each rank to hash: a file a rank wrote (by its name) to that rank
-    where it is in this job, every other file (``.metadata``, data-parallel trees, a
-    bigger job's shards) to the rank with the fewest bytes so far, biggest first."""
+    where it is in this job, ``.metadata`` to rank 0 (which checks the manifest against
+    it), every other file (data-parallel trees, a bigger job's shards) to the rank with
+    the fewest bytes so far, biggest first."""
     out: list[dict[str, Any]] = [{} for _ in range(world_size)]
     load = [0] * world_size
     rest = []
     for name, entry in files.items():
         match = _OWNER.match(name)
-        owner = int(match.group(1) or match.group(2)) if match else world_size
+        owner = (int(match.group(1) or match.group(2)) if match
+                 else 0 if name == METADATA else world_size)
         if owner < world_size:
             out[owner][name] = entry
             load[owner] += entry["bytes"]
@@ -65,9 +76,11 @@ def shares(files: dict[str, dict[str, Any]], world_size: int) -> list[dict[str, 
 
 
 def check_share(directory: Path, share: dict[str, Any], wanted: Any = (),
-                loaded: dict[str, Any] | None = None) -> list[str]:
+                loaded: dict[str, Any] | None = None, early: EarlyDigests | None = None
+                ) -> list[str]:
     """What is wrong with this rank's share of the files (never raises: every rank must
-    reach the gather). Files also ``wanted`` are loaded while hashed, into ``loaded``."""
+    reach the gather). Files also ``wanted`` are loaded while hashed, into ``loaded``;
+    a file ``early`` hashed since resume began is not hashed again."""
     problems = []
     for name, entry in sorted(share.items()):
         try:
@@ -76,7 +89,7 @@ def check_share(directory: Path, share: dict[str, Any], wanted: Any = (),
                 if problem is None:
                     loaded[name] = value
             else:
-                _, problem = check_file(directory, name, entry)
+                problem = _early_problem(directory, name, entry, early)
         except Exception as exc:
             problem = f"{name}: could not be verified ({type(exc).__name__}: {exc})"
         if problem:
@@ -84,13 +97,37 @@ def check_share(directory: Path, share: dict[str, Any], wanted: Any = (),
     return problems
 
 
+# What decides a verified candidate: {"path", "manifest"} to resume it, {"error", "file"}
+# to refuse it (another config's); rank 0 runs it, every rank gets its answer.
+Decide = Callable[[Path, dict[str, Any]], dict[str, Any]]
+
+
+def _early_problem(directory: Path, name: str, entry: dict[str, Any],
+                   early: EarlyDigests | None) -> str | None:
+    """``check_file``'s verdict on the file, its digest taken from ``early`` when it
+    hashed this very file."""
+    digest = early.digest(directory, name) if early is not None else None
+    if digest is not None and digest_algorithm(entry) == DIGEST:
+        _, problem = check_file(directory, name, entry, full=False)  # its size, as listed
+        if problem is None and digest != entry[DIGEST]:
+            problem = digest_mismatch(name, DIGEST)
+        return problem
+    return check_file(directory, name, entry)[1]
+
+
 class ParallelVerify:
     """Rank 0 asks (``verify``, then ``done``); every other rank answers (``serve``)."""
 
-    def __init__(self, rank: int, world_size: int, group: Any):
+    def __init__(self, rank: int, world_size: int, group: Any, decide: Decide | None = None,
+                 early: EarlyDigests | None = None):
         self.rank, self.world_size, self.group = rank, world_size, group
+        self.early = early  # this rank's shards, hashed since resume began
+        self.decide: Decide = decide or (lambda path, manifest: {"path": str(path),
+                                                                 "manifest": manifest})
         self.loaded: dict[str, Any] = {}  # of the last candidate: file name -> value
         self.loaded_from: Path | None = None
+        self.decision: dict[str, Any] | None = None  # of the candidate that verified
+        self._waiting = group is not None  # the other ranks are in ``serve``
 
     def verify(self, directory: Path) -> Verification:
         """Rank 0: ``directory`` checked as ``verify_checkpoint`` checks it, the hashing
@@ -99,36 +136,30 @@ class ParallelVerify:
         if not result.ok or result.manifest is None:
             return result
         manifest = result.manifest
-        if self.group is None:  # one process: every file is mine to hash
-            mine = self._check(directory, manifest["files"],
-                               wanted_files(manifest, self.rank, self.world_size))
-            result.problems += mine
-        else:
-            assigned = shares(manifest["files"], self.world_size)
-            wanted = [wanted_files(manifest, r, self.world_size) for r in range(self.world_size)]
-            mine = self._round(directory, assigned, wanted)
-            gathered: list[Any] = [None] * self.world_size
-            dist.gather_object(mine, gathered, dst=0, group=self.group)
-            result.problems += [p for problems in gathered for p in problems or []]
-        if not result.problems and manifest.get("layout") == LAYOUT_DCP:
-            result.problems += covers(directory, manifest)
+        if self.group is not None:
+            dist.broadcast_object_list([str(directory), manifest], src=0, group=self.group)
+        result.problems += self._round(directory, manifest)
         result.ok = not result.problems
         return result
 
-    def done(self) -> None:
-        """Rank 0: no more checkpoints to verify; the other ranks return from ``serve``."""
-        if self.group is not None:
-            dist.broadcast_object_list([None, None, None], src=0, group=self.group)
+    def done(self, decision: dict[str, Any] | None = None) -> None:
+        """Rank 0: no more checkpoints to verify; ``decision`` goes to the other ranks when
+        no candidate verified (when one did, they have it from that round)."""
+        if self._waiting:
+            self._waiting = False
+            dist.broadcast_object_list([None, decision or {}], src=0, group=self.group)
 
-    def serve(self) -> None:
-        """Every rank but 0: hash my share of each checkpoint rank 0 asks about."""
+    def serve(self) -> dict[str, Any]:
+        """Every rank but 0: hash my share of each checkpoint rank 0 asks about, until one
+        verifies (its decision) or rank 0 is done (the decision it sends)."""
         while True:
-            box: list[Any] = [None, None, None]
+            box: list[Any] = [None, None]
             dist.broadcast_object_list(box, src=0, group=self.group)
             if box[0] is None:
-                return
-            mine = self._check(Path(box[0]), box[1][self.rank], box[2][self.rank])
-            dist.gather_object(mine, None, dst=0, group=self.group)
+                return box[1]
+            self._round(Path(box[0]), box[1])
+            if self.decision is not None:
+                return self.decision
 
     def take(self, directory: Path) -> dict[str, Any]:
         """What this rank loaded while verifying ``directory`` (the chosen checkpoint), once;
@@ -137,11 +168,39 @@ class ParallelVerify:
         self.loaded, self.loaded_from = {}, None
         return loaded
 
-    def _check(self, directory: Path, share: dict[str, Any], wanted: list[str]) -> list[str]:
+    def _round(self, directory: Path, manifest: dict[str, Any]) -> list[str]:
+        """Every rank: hash my share of ``directory``; the problems of all shares, and of
+        what rank 0 checks besides (one all-gather). Sets ``decision`` when none."""
         self.loaded, self.loaded_from = {}, directory  # a candidate before: let it go first
-        return check_share(directory, share, set(wanted), self.loaded)
+        share = shares(manifest["files"], self.world_size)[self.rank]
+        wanted = set(wanted_files(manifest, self.rank, self.world_size))
+        mine = check_share(directory, share, wanted, self.loaded, self.early)
+        extra: tuple[list[str], dict[str, Any] | None] = ([], None)
+        if self.rank == 0 and not mine:  # .metadata hashed here: its layout can be read
+            extra = self._rank0_checks(directory, manifest)
+        if self.group is None:
+            gathered: list[Any] = [(mine, extra)]
+        else:
+            gathered = [None] * self.world_size
+            dist.all_gather_object(gathered, (mine, extra), group=self.group)
+        problems = [p for theirs, _ in gathered for p in theirs]
+        covered, decision = gathered[0][1]
+        problems = problems or list(covered)
+        if not problems:
+            assert decision is not None, "rank 0 decides every candidate it found clean"
+            if "path" in decision:  # the manifest came with the request, not again
+                decision = {**decision, "manifest": manifest}
+            self.decision, self._waiting = decision, False
+        return problems
 
-    def _round(self, directory: Path, assigned: list[dict[str, Any]],
-               wanted: list[list[str]]) -> list[str]:
-        dist.broadcast_object_list([str(directory), assigned, wanted], src=0, group=self.group)
-        return self._check(directory, assigned[0], wanted[0])
+    def _rank0_checks(self, directory: Path, manifest: dict[str, Any]
+                      ) -> tuple[list[str], dict[str, Any]]:
+        """Rank 0, its share clean: a sharded checkpoint's files against its
+        ``.metadata``, and what this job would do with the candidate (``decide``). Never
+        raises: the other ranks are on their way to the gather."""
+        try:
+            covered = covers(directory, manifest) if manifest.get("layout") == LAYOUT_DCP else []
+            decision = self.decide(directory, manifest)
+        except Exception as exc:
+            return [f"{METADATA}: could not be checked ({type(exc).__name__}: {exc})"], {}
+        return covered, {k: v for k, v in decision.items() if k != "manifest"}

@@ -18,7 +18,7 @@ import torch
 import xxhash
 
 from trainwatch.rank.checkpoint import rng
-from trainwatch.checkpoint_format.catalog import scan
+from trainwatch.checkpoint_format.catalog import Entry, scan
 from trainwatch.checkpoint_format.compat import check_compatible  # noqa: F401 - resume's API
 from trainwatch.checkpoint_format.manifest import LAYOUT_DCP, Verification, rank_file_name
 from trainwatch.rank.checkpoint.dcp_verify import verify_checkpoint
@@ -30,13 +30,16 @@ class Fallback:
     reason: str
 
 
-def select(folders: list[Path], check: Callable[[Path], Verification] = verify_checkpoint
+def select(folders: list[Path], check: Callable[[Path], Verification] = verify_checkpoint,
+           scanned: dict[Path, list[Entry]] | None = None
            ) -> tuple[Verification | None, list[Fallback]]:
     """The newest verified checkpoint in ``folders`` (primary first), and those passed over;
-    ``check``: how a checkpoint is verified (parallel_verify.py spreads it over the ranks)."""
+    ``check``: how a checkpoint is verified (parallel_verify.py spreads it over the ranks);
+    ``scanned``: {folder: its ``scan``} already listed (the folder is not listed again)."""
     candidates = []
     for order, folder in enumerate(folders):
-        candidates += [(e.step, -order, e) for e in scan(folder) if e.step is not None]
+        entries = scanned[folder] if scanned and folder in scanned else scan(folder)
+        candidates += [(e.step, -order, e) for e in entries if e.step is not None]
     candidates.sort(key=lambda c: (c[0], c[1]), reverse=True)
     passed_over: list[Fallback] = []
     for _, _, entry in candidates:

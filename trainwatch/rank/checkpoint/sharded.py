@@ -39,17 +39,39 @@ def _model_of(optimizer: torch.optim.Optimizer, models: dict[str, torch.nn.Modul
                       "model=... beside it", key=name)
 
 
+def _sole_optimizers(state: dict[str, Any]) -> dict[str, str]:
+    """{model name: optimizer name} of each model stepped by exactly one optimizer of
+    ``state``: their DCP state dicts are taken (and put back) in one call, which looks at
+    the model once instead of twice (``_verify_options`` walks every parameter)."""
+    models = {k: v for k, v in state.items() if isinstance(v, torch.nn.Module)}
+    stepping: dict[str, list[str]] = {}
+    for name, value in state.items():
+        if isinstance(value, torch.optim.Optimizer) and name != "data":
+            model = _model_of(value, models, name)
+            owner = next(k for k, v in models.items() if v is model)
+            stepping.setdefault(owner, []).append(name)
+    return {model: names[0] for model, names in stepping.items() if len(names) == 1}
+
+
 def state_dicts(state: dict[str, Any]) -> dict[str, Any]:
     """DCP state dicts of the objects given by keyword (``data`` left out: it is per rank)."""
     from torch.distributed.checkpoint.state_dict import (get_model_state_dict,
-                                                         get_optimizer_state_dict)
+                                                         get_optimizer_state_dict,
+                                                         get_state_dict)
 
     models = {k: v for k, v in state.items() if isinstance(v, torch.nn.Module)}
+    paired = _sole_optimizers(state)
+    taken: dict[str, Any] = {}
+    for model_name, optimizer_name in paired.items():
+        taken[model_name], taken[optimizer_name] = get_state_dict(state[model_name],
+                                                                  state[optimizer_name])
     out: dict[str, Any] = {}
     for name, value in state.items():
         if name == "data":
             continue
-        if isinstance(value, torch.nn.Module):
+        if name in taken:
+            out[name] = taken[name]
+        elif isinstance(value, torch.nn.Module):
             out[name] = get_model_state_dict(value)
         elif isinstance(value, torch.optim.Optimizer):
             out[name] = get_optimizer_state_dict(_model_of(value, models, name), value)
@@ -83,14 +105,22 @@ def load(path: Path, state: dict[str, Any], group: Any = None) -> dict[str, Any]
 def put_back(objects: dict[str, Any], trees: dict[str, Any]) -> None:
     """Load DCP state dicts (DTensors on the job's mesh: loaded by DCP, or rebuilt from a
     memory snapshot's shards) into the models and optimizers of ``objects``, with torch's
-    ``set_model_state_dict`` / ``set_optimizer_state_dict`` (default options: every rank
-    loads its own shards, no collective). Other objects are the caller's to load."""
+    ``set_state_dict`` (a model and its one optimizer together) or ``set_model_state_dict``
+    / ``set_optimizer_state_dict`` (default options: every rank loads its own shards, no
+    collective). Other objects are the caller's to load."""
     from torch.distributed.checkpoint.state_dict import (set_model_state_dict,
-                                                         set_optimizer_state_dict)
+                                                         set_optimizer_state_dict,
+                                                         set_state_dict)
 
     models = {k: v for k, v in objects.items() if isinstance(v, torch.nn.Module)}
+    paired = {m: o for m, o in _sole_optimizers(objects).items() if m in trees and o in trees}
+    for model_name, optimizer_name in paired.items():
+        set_state_dict(objects[model_name], objects[optimizer_name],
+                       model_state_dict=trees[model_name],
+                       optim_state_dict=trees[optimizer_name])
+    done = {*paired, *paired.values()}
     for name, value in objects.items():
-        if name not in trees:
+        if name not in trees or name in done:
             continue
         if isinstance(value, torch.nn.Module):
             set_model_state_dict(value, trees[name])

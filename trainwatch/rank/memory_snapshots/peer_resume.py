@@ -49,9 +49,10 @@ def resume(snaps: MemorySnapshots, run: RunDir, durable_step: int | None,
            live: Callable[[], Any] | None = None) -> tuple[Restored | None, str]:
     """Every rank: the snapshot the ranks agreed on, loaded, or None and why (journaled).
     ``live``: the job's own DTensors, for a sharded snapshot (resume.py)."""
-    snaps.prepare()
+    # what the local resume agrees on rides with prepare's gather (one collective less)
+    found = snaps.prepare(carry=lambda: local.found_mine(snaps, run, durable_step, live))
     if not snaps.enabled or not snaps.peers.active:
-        return local.resume(snaps, run, durable_step, live)
+        return local.resume(snaps, run, durable_step, live, found)
     copies = snaps.peers.copies
     assert copies is not None
     facts = copies.collective.broadcast(

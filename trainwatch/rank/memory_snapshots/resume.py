@@ -60,23 +60,33 @@ def rollback_at(run: RunDir) -> float | None:
     return max(times, default=None)
 
 
-def resume(snaps: MemorySnapshots, run: RunDir, durable_step: int | None,
-           live: Callable[[], Any] | None = None) -> tuple[Restored | None, str]:
-    """Every rank: the agreed snapshot loaded, or None; and the reason (journaled).
-    ``live``: the job's state trees holding its DTensors (None: not sharded), called only
-    when a sharded snapshot is to be checked and loaded."""
-    snaps.prepare()
-    if not snaps.enabled:
-        return None, f"memory snapshots are off: {snaps.facts['off_reason']}"
+def found_mine(snaps: MemorySnapshots, run: RunDir, durable_step: int | None,
+               live: Callable[[], Any] | None) -> Found:
+    """What this rank tells the others to agree on: its snapshots (and, of data-parallel
+    state, its dying gasps' parts); rank 0 adds the durable step and the last rollback."""
     mine = found_here(snaps)
-    replicated = live is None and snaps.root is not None  # data parallel: dying gasps
-    if replicated:
-        assert snaps.root is not None
+    if live is None and snaps.root is not None:  # data parallel: dying gasps
         gasp_resume.found_parts(mine, snaps.root, snaps.rank, snaps.world_size,
                                 snaps.config_hash)
     if snaps.rank == 0:
         mine.durable_step, mine.rollback_at = durable_step, rollback_at(run)
-    found = gather(mine, snaps.group, snaps.world_size)
+    return mine
+
+
+def resume(snaps: MemorySnapshots, run: RunDir, durable_step: int | None,
+           live: Callable[[], Any] | None = None, found: list[Found] | None = None
+           ) -> tuple[Restored | None, str]:
+    """Every rank: the agreed snapshot loaded, or None; and the reason (journaled).
+    ``live``: the job's state trees holding its DTensors (None: not sharded), called only
+    when a sharded snapshot is to be checked and loaded. ``found``: every rank's
+    ``found_mine``, gathered already (with ``prepare``'s gather: one collective less)."""
+    snaps.prepare()
+    if not snaps.enabled:
+        return None, f"memory snapshots are off: {snaps.facts['off_reason']}"
+    replicated = live is None and snaps.root is not None  # data parallel: dying gasps
+    if found is None:
+        found = gather(found_mine(snaps, run, durable_step, live), snaps.group,
+                       snaps.world_size)
     excluded: set[int] = set()
     while True:
         agreed = newest_common(found, frozenset(excluded))

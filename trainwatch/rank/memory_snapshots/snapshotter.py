@@ -103,11 +103,14 @@ class MemorySnapshots:
         return bool(self.facts["enabled"])
 
     # ------------------------------------------------------------------ start
-    def prepare(self) -> None:
+    def prepare(self, carry: Callable[[], Any] | None = None) -> list[Any] | None:
         """Every rank, once, at the same point: on only where every rank can keep snapshots
-        (else the ranks' collectives would not match), the reasons journaled by rank 0."""
+        (else the ranks' collectives would not match), the reasons journaled by rank 0.
+        ``carry``: what this rank also tells the others in the same gather (once its
+        folder is known to be its own); every rank's answer, or None (on every rank) when
+        it was prepared before or any rank had none to give."""
         if self._prepared:
-            return
+            return None
         self._prepared = True
         mine = self.facts["off_reason"] if not self.enabled else None
         if mine is None and self.folder is not None and self.root is not None:
@@ -118,15 +121,27 @@ class MemorySnapshots:
             except OSError as exc:
                 mine = f"cannot use {self.folder}: {exc.strerror or exc}"
         info = peer_link.node_facts(self.root) if self.peers.settings is not None else None
-        gathered: list[Any] = [(mine, info)]
+        carried = None
+        if carry is not None and mine is None:
+            try:
+                carried = carry()
+            except Exception:  # every rank then finds out on its own, as without carry
+                carried = None
+        gathered: list[Any] = [(mine, info, carried)]
         if self.group is not None:
             gathered = [None] * self.world_size
-            dist.all_gather_object(gathered, (mine, info), group=self.group)
-        reasons = [why for why, _ in gathered]
+            dist.all_gather_object(gathered, (mine, info, carried), group=self.group)
+        reasons = [why for why, _, _ in gathered]
         off = {r: why for r, why in enumerate(reasons) if why is not None}
+        self._start(off, gathered)
+        told = [c for _, _, c in gathered]
+        return None if None in told else told
+
+    def _start(self, off: dict[int, str], gathered: list[Any]) -> None:
+        """Start snapshots (and peer copies) when no rank is ``off``; else journal why not."""
         if not off:
             self.peers = peer_link.SnapshotPeers.start(self.peers.settings, self.root,
-                                                       self.group, [i for _, i in gathered])
+                                                       self.group, [i for _, i, _ in gathered])
             self.facts["peer_copies"] = self.peers.facts
             if self.rank == 0:
                 self.journal("memory_snapshots_started", root=str(self.root), mode=self.mode,
