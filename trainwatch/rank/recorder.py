@@ -198,6 +198,7 @@ class LoopRecorder:
         self.phase_now: tuple[str, int] = ("init", time.perf_counter_ns())
         self.window_compute_ns = self.window_data_ns = self.window_local_ns = 0
         self.window_steps = 0
+        self.window: list[tuple] = []  # the window's steps not yet in its sums (fold_window)
         self.step_start_ns = 0
         self.step_phase_ns: dict[str, int] = {}
         self.step_cuda_events: dict[str, list[tuple[Any, Any]]] = {}
@@ -261,7 +262,8 @@ class LoopRecorder:
             counters, pending = self.state["counters"], self.pending
             if len(pending) == pending.maxlen:
                 counters["pending_dropped_total"] += 1
-            pending.append((step, end_time, step_ns, phases, cuda_events, values))
+            entry = (step, end_time, step_ns, phases, cuda_events, values)
+            pending.append(entry)
             counters["steps_total"] += 1
             self.state["steps_completed"] = step + 1  # where the loop would resume
             self.state["last_progress_at"] = end_time
@@ -271,23 +273,39 @@ class LoopRecorder:
             if ended is None:
                 self.phase_now = ("idle", now)  # between steps: the loop's own code
             if self.exchange_every:
-                data_ns = phases.get("data", 0)
-                local_ns = step_ns
-                for name in self.collective_phases:
-                    local_ns -= phases.get(name, 0)
-                self.window_compute_ns += step_ns - data_ns
-                self.window_data_ns += data_ns
-                self.window_local_ns += local_ns
-                self.window_steps += 1
+                # The window's sums are taken when it is full, from its steps' records
+                # (here one append a step); a loop whose step numbers never fill it is
+                # folded into the sums now and then, so the list stays bounded.
+                window = self.window
+                window.append(entry)
                 if (step + 1) % self.exchange_every == 0:
+                    self.fold_window()
                     n = max(1, self.window_steps)
                     mine = [self.window_compute_ns / n / 1e9, self.window_data_ns / n / 1e9,
                             self.window_local_ns / n / 1e9]
                     self.window_compute_ns = self.window_data_ns = self.window_local_ns = 0
                     self.window_steps = 0
                     self.exchange(step, n, mine)
+                elif len(window) >= 4 * self.exchange_every:
+                    self.fold_window()
         except Exception as exc:  # telemetry must never fail the job
             self.count_error(repr(exc))
+
+    def fold_window(self) -> None:
+        """Add the window's steps not yet summed to its sums: compute (all but the data
+        wait), data wait, and local time (all but the collective phases)."""
+        collective = self.collective_phases
+        for entry in self.window:
+            step_ns, phases = entry[2], entry[3]
+            data_ns = phases.get("data", 0)
+            local_ns = step_ns
+            for name in collective:
+                local_ns -= phases.get(name, 0)
+            self.window_compute_ns += step_ns - data_ns
+            self.window_data_ns += data_ns
+            self.window_local_ns += local_ns
+        self.window_steps += len(self.window)
+        self.window = []
 
 
 def held(value: torch.Tensor) -> Any:
