@@ -98,7 +98,11 @@ def current() -> "Telemetry | None":
 
 
 class Telemetry:
-    """Publishes one rank's progress to the run directory; see the module docstring."""
+    """Publishes one rank's progress to the run directory; see the module docstring.
+
+    ``phase(name)`` (an attribute, the phase blocks' own lookup: no Python call in the
+    loop) marks what this rank is doing, in the loop's thread; nested phases restore the
+    outer one on exit."""
 
     def __init__(self, run_dir: str | Path, *, rank: int = 0, local_rank: int = 0,
                  world_size: int = 1, job: str | None = None, heartbeat_interval: float = 1.0,
