@@ -100,7 +100,8 @@ def test_unchecked_steps_are_ddp_s_own_reduction(group, monkeypatch):
 def test_an_unchecked_step_does_no_more_work_than_ddp_s_own_path(group):
     """The hook runs on every step and checks one in 50 (issue #38's per-step cost): the
     other steps' backward runs no more tensor operations than DDP without a hook (torch's
-    ``allreduce_hook`` adds a division pass) and four Python calls a bucket."""
+    ``allreduce_hook`` adds a division pass) and three Python calls a bucket: the hook,
+    the step's lookup (this test's lambda; ``Telemetry`` passes a C one) and ``_first``."""
     plain, hooked = DDP(_model()), DDP(_model())
     ReductionCheck(hooked, 10, lambda: 0)
     ops = {}
@@ -119,7 +120,9 @@ def test_an_unchecked_step_does_no_more_work_than_ddp_s_own_path(group):
         loss.backward()
     finally:
         sys.setprofile(None)
-    assert len(calls[calls.index("hook"):]) <= 4, calls
+    # ``_first`` runs here only if the all-reduce is done by then (else on gloo's thread)
+    assert calls[calls.index("hook"):] in (["hook", "<lambda>"],
+                                           ["hook", "<lambda>", "_first"]), calls
 
 
 class _Ops(TorchDispatchMode):

@@ -18,6 +18,7 @@ This is the code the training loop runs several times per step, so it is kept ch
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
 from typing import Any, Callable
 
@@ -25,6 +26,11 @@ import torch
 
 from trainwatch.contract.states import EVAL_PHASE, STEP_PHASE
 from trainwatch.rank.replicas import ReplicaCheck
+
+# Bound once: a block boundary reads the clock without looking up ``time`` first.
+_clock = time.perf_counter_ns
+# What a step timed on no device holds for its CUDA events (shared, never written).
+_NO_EVENTS: dict[str, list[tuple[Any, Any]]] = {}
 
 
 class StepRecorder:
@@ -64,7 +70,12 @@ class StepBlock:
 
 class PhaseBlock:
     """What ``Telemetry.phase(name)`` returns; reused per name, so it keeps no state of its
-    own: what to restore on exit goes on the recorder's phase stack (nesting works)."""
+    own: what to restore on exit goes on the recorder's phase stack (nesting works).
+
+    The plain kind (a CPU rank, any phase but ``eval``) does only what every block must:
+    one clock read, the phase tuple, the stack, the step's sum for the name. The others
+    are subclasses picked once per name (``block_for``), so their checks cost the plain
+    kind nothing."""
 
     __slots__ = ("loop", "name")
 
@@ -73,21 +84,82 @@ class PhaseBlock:
 
     def __enter__(self) -> None:
         loop = self.loop
-        cuda_start = loop.guard(loop.cuda_event_pair_start) if loop.is_cuda else None
-        now = time.perf_counter_ns()
-        loop.phase_stack.append((loop.phase_now, now, cuda_start))
+        now = _clock()
+        loop.phase_stack.append((loop.phase_now, now))
         loop.phase_now = (self.name, now)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        loop, name = self.loop, self.name
-        now = time.perf_counter_ns()
-        loop.phase_now, started, cuda_start = loop.phase_stack.pop()
-        phases = loop.step_phase_ns
+        now = _clock()
+        loop = self.loop
+        loop.phase_now, started = loop.phase_stack.pop()
+        phases, name = loop.step_phase_ns, self.name
         phases[name] = phases.get(name, 0) + now - started
+
+
+class CudaPhaseBlock(PhaseBlock):
+    """On a GPU: the phase also timed on the device, by a pair of CUDA events."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        loop = self.loop
+        loop.cuda_starts.append(loop.guard(loop.cuda_event_pair_start))
+        super().__enter__()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        super().__exit__(exc_type, exc, tb)
+        loop, name = self.loop, self.name
+        cuda_start = loop.cuda_starts.pop()
         if cuda_start is not None:
             loop.guard(lambda: loop.cuda_event_pair_end(name, cuda_start))
-        if name == EVAL_PHASE and loop.phase_now[0] != STEP_PHASE:  # between steps: say so
+
+
+class EvalPhaseBlock(PhaseBlock):
+    """``eval``: between steps it is an evaluation of its own in the metrics log."""
+
+    __slots__ = ()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        now = _clock()
+        loop = self.loop
+        loop.phase_now, started = loop.phase_stack.pop()
+        phases = loop.step_phase_ns
+        phases[EVAL_PHASE] = phases.get(EVAL_PHASE, 0) + now - started
+        if loop.phase_now[0] != STEP_PHASE:  # between steps: say so
             loop.guard(lambda: loop.evaluated(now - started))
+
+
+class CudaEvalPhaseBlock(CudaPhaseBlock, EvalPhaseBlock):
+    """``eval`` on a GPU: both of the above."""
+
+    __slots__ = ()
+
+
+class PhaseBlocks(dict):
+    """The blocks by phase name; ``Telemetry.phase`` is this dict's own ``__getitem__``, so a
+    known name costs the loop no Python call before the block's ``__enter__``. A new name
+    gets its block here (a disabled telemetry's: one shared no-op block); names made up on
+    the fly are not kept past ``KEEP``."""
+
+    KEEP = 256
+
+    def __init__(self, loop: "LoopRecorder | None"):
+        super().__init__()
+        self.loop = loop
+        self.null = contextlib.nullcontext()
+
+    def __missing__(self, name: str) -> Any:
+        block = self.null if self.loop is None else block_for(self.loop, name)
+        if len(self) < self.KEEP:
+            self[name] = block
+        return block
+
+
+def block_for(loop: "LoopRecorder", name: str) -> PhaseBlock:
+    """The block kind a phase of this name needs on this rank."""
+    if name == EVAL_PHASE:
+        return (CudaEvalPhaseBlock if loop.is_cuda else EvalPhaseBlock)(loop, name)
+    return (CudaPhaseBlock if loop.is_cuda else PhaseBlock)(loop, name)
 
 
 class LoopRecorder:
@@ -116,7 +188,8 @@ class LoopRecorder:
         # Steps to resolve (tuples), and ready lines (dicts: an evaluation between steps).
         self.pending: collections.deque[tuple | dict] = collections.deque(maxlen=max_pending)
         self.replicas: ReplicaCheck | None = None
-        self.phase_stack: list[tuple] = []  # (outer phase, start ns, CUDA event)
+        self.phase_stack: list[tuple] = []  # (outer phase, start ns)
+        self.cuda_starts: list[Any] = []  # beside it on a GPU: each open block's start event
         # Wall time = perf_counter_ns() / 1e9 + offset: one clock read per phase boundary.
         # The heartbeat thread refreshes it, so a wall-clock step is followed within one beat.
         self.wall_offset = time.time() - time.perf_counter_ns() / 1e9
@@ -125,6 +198,7 @@ class LoopRecorder:
         self.phase_now: tuple[str, int] = ("init", time.perf_counter_ns())
         self.window_compute_ns = self.window_data_ns = self.window_local_ns = 0
         self.window_steps = 0
+        self.window: list[tuple] = []  # the window's steps not yet in its sums (fold_window)
         self.step_start_ns = 0
         self.step_phase_ns: dict[str, int] = {}
         self.step_cuda_events: dict[str, list[tuple[Any, Any]]] = {}
@@ -158,9 +232,11 @@ class LoopRecorder:
     def begin_step(self, step: int) -> None:
         # Single stores only, in the loop's thread: readers copy under the lock, and no
         # value here spans two keys (the phase is one tuple).
-        self.step_start_ns = now = time.perf_counter_ns()
-        self.step_phase_ns = {}  # phases between steps (eval, checkpoint) count nowhere
-        self.step_cuda_events = {}
+        self.step_start_ns = now = _clock()
+        if self.step_phase_ns:  # phases between steps (eval, checkpoint) count nowhere
+            self.step_phase_ns = {}
+        if self.step_cuda_events:
+            self.step_cuda_events = {}
         self.state["step"] = step
         self.phase_now = (STEP_PHASE, now)  # inside a step, between explicit phase blocks
 
@@ -170,10 +246,14 @@ class LoopRecorder:
         a step that ended earlier (``watch`` seals a step only when the next one begins)."""
         try:
             if ended is None:
-                start_ns, now = self.step_start_ns, time.perf_counter_ns()
+                start_ns, now = self.step_start_ns, _clock()
                 phases, cuda_events = self.step_phase_ns, self.step_cuda_events
                 # The pending record owns these from here on; phases between steps go elsewhere.
-                self.step_phase_ns, self.step_cuda_events = {}, {}
+                self.step_phase_ns = {}
+                if cuda_events:
+                    self.step_cuda_events = {}
+                else:  # none timed (on a CPU, always): the loop's own stays empty, reused
+                    cuda_events = _NO_EVENTS
             else:
                 start_ns, now, phases, cuda_events = ended
             step_ns = now - start_ns
@@ -182,33 +262,50 @@ class LoopRecorder:
             counters, pending = self.state["counters"], self.pending
             if len(pending) == pending.maxlen:
                 counters["pending_dropped_total"] += 1
-            pending.append((step, end_time, step_ns, phases, cuda_events, values))
+            entry = (step, end_time, step_ns, phases, cuda_events, values)
+            pending.append(entry)
             counters["steps_total"] += 1
             self.state["steps_completed"] = step + 1  # where the loop would resume
             self.state["last_progress_at"] = end_time
             replicas = self.replicas
-            if replicas is not None and replicas.due(step):
+            if replicas is not None and not (step + 1) % replicas.every:  # due, no call
                 replicas.take(step)  # after the optimizer step; read by the thread
             if ended is None:
                 self.phase_now = ("idle", now)  # between steps: the loop's own code
             if self.exchange_every:
-                data_ns = phases.get("data", 0)
-                local_ns = step_ns
-                for name in self.collective_phases:
-                    local_ns -= phases.get(name, 0)
-                self.window_compute_ns += step_ns - data_ns
-                self.window_data_ns += data_ns
-                self.window_local_ns += local_ns
-                self.window_steps += 1
+                # The window's sums are taken when it is full, from its steps' records
+                # (here one append a step); a loop whose step numbers never fill it is
+                # folded into the sums now and then, so the list stays bounded.
+                window = self.window
+                window.append(entry)
                 if (step + 1) % self.exchange_every == 0:
+                    self.fold_window()
                     n = max(1, self.window_steps)
                     mine = [self.window_compute_ns / n / 1e9, self.window_data_ns / n / 1e9,
                             self.window_local_ns / n / 1e9]
                     self.window_compute_ns = self.window_data_ns = self.window_local_ns = 0
                     self.window_steps = 0
                     self.exchange(step, n, mine)
+                elif len(window) >= 4 * self.exchange_every:
+                    self.fold_window()
         except Exception as exc:  # telemetry must never fail the job
             self.count_error(repr(exc))
+
+    def fold_window(self) -> None:
+        """Add the window's steps not yet summed to its sums: compute (all but the data
+        wait), data wait, and local time (all but the collective phases)."""
+        collective = self.collective_phases
+        for entry in self.window:
+            step_ns, phases = entry[2], entry[3]
+            data_ns = phases.get("data", 0)
+            local_ns = step_ns
+            for name in collective:
+                local_ns -= phases.get(name, 0)
+            self.window_compute_ns += step_ns - data_ns
+            self.window_data_ns += data_ns
+            self.window_local_ns += local_ns
+        self.window_steps += len(self.window)
+        self.window = []
 
 
 def held(value: torch.Tensor) -> Any:

@@ -50,6 +50,7 @@ hooks of ``watch`` (``watch.py``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -70,7 +71,7 @@ from trainwatch.rank import dumps, reduction, rejected_input
 from trainwatch.rank.control_poller import ControlPoller
 from trainwatch.rank.flops import peak_flops_for
 from trainwatch.rank.publisher import Publisher
-from trainwatch.rank.recorder import LoopRecorder, PhaseBlock, StepBlock, held
+from trainwatch.rank.recorder import LoopRecorder, PhaseBlock, PhaseBlocks, StepBlock, held
 from trainwatch.rank.recorder import StepRecorder  # noqa: F401 - importable from here, as before
 from trainwatch.rank.replicas import DEFAULT_EVERY, ReplicaCheck
 from trainwatch.rank.status import copy_status, initial_status
@@ -97,7 +98,11 @@ def current() -> "Telemetry | None":
 
 
 class Telemetry:
-    """Publishes one rank's progress to the run directory; see the module docstring."""
+    """Publishes one rank's progress to the run directory; see the module docstring.
+
+    ``phase(name)`` (an attribute, the phase blocks' own lookup: no Python call in the
+    loop) marks what this rank is doing, in the loop's thread; nested phases restore the
+    outer one on exit."""
 
     def __init__(self, run_dir: str | Path, *, rank: int = 0, local_rank: int = 0,
                  world_size: int = 1, job: str | None = None, heartbeat_interval: float = 1.0,
@@ -126,7 +131,8 @@ class Telemetry:
             job=self.job, rank=rank, local_rank=local_rank, world_size=world_size,
             device=str(self.device), heartbeat_interval=heartbeat_interval,
             restart_count=restart_count, process=process)
-        self._exchange = WindowExchange(rank, self._state, self._lock, self.phase)
+        self._exchange = WindowExchange(rank, self._state, self._lock,
+                                        lambda name: self.phase(name))
         self._loop = LoopRecorder(
             self._state, rank=rank, is_cuda=self.is_cuda, exchange_every=self.exchange_every,
             collective_phases=self.collective_phases, max_pending=max_pending,
@@ -141,8 +147,12 @@ class Telemetry:
             before_status=self._exchange.summarize)
         self._control = ControlPoller(self.run.control_dir, self._guard)
         self._step_block = StepBlock(self._loop if enabled else None)
-        self._phase_blocks: dict[str, PhaseBlock] = {}
-        self._null_phase = contextlib.nullcontext()
+        self._phase_blocks = PhaseBlocks(self._loop if enabled else None)
+        # ``tel.phase(name)``: mark what this rank is doing (in the loop's thread); nested
+        # phases restore the outer one on exit. The dict's own lookup, no Python call: it
+        # runs several times a step (``PhaseBlocks``).
+        self.phase: Callable[[str], PhaseBlock | contextlib.nullcontext] = (
+            self._phase_blocks.__getitem__)
         self._finished_journaled = False
         self._watch: Any = None
         self._next_step = 0
@@ -321,7 +331,9 @@ class Telemetry:
         already has a hook is a ConfigError. Call on every rank before the first backward."""
         if not self.enabled:
             return None
-        check = reduction.ReductionCheck(ddp_model, every, lambda: self._state["step"])
+        # The step from the status dict's own lookup: no Python call per bucket.
+        check = reduction.ReductionCheck(ddp_model, every,
+                                         functools.partial(self._state.__getitem__, "step"))
         self._publisher.reduction = check
         with self._lock:
             self._state["reduction"] = {"every": check.every, "step": None, "mismatches": []}
@@ -344,18 +356,6 @@ class Telemetry:
         if watch is not None and not watch.open:
             watch.seal()
             watch.next_step = step
-
-    def phase(self, name: str) -> PhaseBlock | contextlib.nullcontext:
-        """Mark what this rank is doing (in the loop's thread); nested phases restore the
-        outer one on exit."""
-        if not self.enabled:
-            return self._null_phase
-        block = self._phase_blocks.get(name)
-        if block is None:
-            block = PhaseBlock(self._loop, name)
-            if len(self._phase_blocks) < 256:  # names made up on the fly are not kept
-                self._phase_blocks[name] = block
-        return block
 
     def set_phase(self, name: str) -> None:
         self._loop.phase_now = (name, time.perf_counter_ns())
