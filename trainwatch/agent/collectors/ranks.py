@@ -51,6 +51,12 @@ def _num(value: Any) -> float | None:
     return float(value)
 
 
+# Extra label pairs of the one-hot tables and phase series, one tuple for every rank's.
+_STATE_LABELS = {name: (("state", name),) for name in RANK_STATES}
+_PROCESS_LABELS = {name: (("state", name),) for name in PROCESS_STATES}
+_PHASE_LABELS = {name: (("phase", name),) for name in KNOWN_PHASES}
+
+
 @dataclass
 class _Seen:
     value: float
@@ -70,11 +76,14 @@ class _RankSeries(SeriesBook):
         super().__init__(base)
         self.info: Series | None = None
         self.info_of: tuple[Any, Any] | None = None  # (backend, device) ``info`` is for
-        self.states = [(name, self.labelled("trainwatch_rank_state", (("state", name),)))
-                       for name in RANK_STATES]
-        self.processes = [(name, self.labelled("trainwatch_process_state", (("state", name),)))
-                          for name in PROCESS_STATES]
-        self.phases = {name: self.phase("trainwatch_rank_phase", name) for name in KNOWN_PHASES}
+        # The one-hot tables' series, made here once (not looked up by label: none is
+        # asked for by label again), their extra labels shared by every rank's.
+        self.states = [(name, Series("trainwatch_rank_state", base, extra))
+                       for name, extra in _STATE_LABELS.items()]
+        self.processes = [(name, Series("trainwatch_process_state", base, extra))
+                          for name, extra in _PROCESS_LABELS.items()]
+        self.phases = {name: Series("trainwatch_rank_phase", base, extra)
+                       for name, extra in _PHASE_LABELS.items()}
         # Fields a beat may bring newer than the status (``merge_beat``) apart from the rest.
         self.status_fields = self._table(STATUS_FIELD_METRICS, MERGED_FIELDS, False)
         self.beat_fields = self._table(STATUS_FIELD_METRICS, MERGED_FIELDS, True)
@@ -125,7 +134,7 @@ class _RankSeries(SeriesBook):
         return block
 
     def phase(self, metric: str, name: str) -> Series:
-        return self.labelled(metric, (("phase", name),))
+        return self.labelled(metric, _PHASE_LABELS.get(name) or (("phase", name),))
 
     def info_series(self, backend: Any, device: Any) -> Series:
         if self.info is None or self.info_of != (backend, device):
