@@ -2,7 +2,7 @@
 straggler scoring time for 4096 ranks; a rank's status file size at 4k and 32k world size.
 
     python benchmarks/agent_footprint.py [--duration 30] [--ranks 8[,64,256]]
-        [--step-seconds 0.1] [--json]
+        [--step-seconds 0.1] [--config [FILE]] [--json]
 
 `sleep` processes stand in for rank processes (so the agent inspects real pids); a
 thread writes each one's status file and then its beat file every second, as trainer
@@ -10,7 +10,8 @@ telemetry does by default, with advancing steps (0.1 s each, or ``--step-seconds
 timing window every 10 steps (its own means, its standing in its last windows and the
 job summary, as the telemetry writes them).  The status size is measured on a real
 ``Telemetry`` fed one gathered window of 4,096 / 32,768 ranks.  The agent runs
-as a separate process with its default config; we sample its CPU time and RSS, and
+as a separate process with its default config (or ``--config FILE``; ``--config`` alone
+writes a file of the defaults' values, which the agent validates as any file); we sample its CPU time and RSS, and
 first measure CPU and RSS in steady state (scraped every 15 s, like Prometheus, or every
 ``--scrape-interval``), then /metrics latency under a steady load of 5 requests per
 second, each followed by a /healthz request as a side-by-side baseline (what the machine
@@ -187,8 +188,27 @@ def node_exporter_usage(proc: psutil.Process, url: str, seconds: float) -> dict:
     return measure(proc, url, seconds, 1 / SCRAPE_INTERVAL)
 
 
+# ``--config`` without a file: the defaults' own values, written out (a file the agent
+# must read and validate, so the agent runs as one started with a config file does)
+DEFAULTS_CONFIG = """\
+collectors:
+  ranks: {interval: 1.0, status_every: 5.0}
+stall: {floor_seconds: %s}
+straggler: {ratio: %s}
+"""
+
+
+def defaults_config(folder: Path) -> Path:
+    from trainwatch.agent.config import STRAGGLER_DEFAULTS
+    from trainwatch.contract.stall import STALL_DEFAULTS
+    path = folder / "agent.yaml"
+    path.write_text(DEFAULTS_CONFIG % (STALL_DEFAULTS["floor_seconds"],
+                                       STRAGGLER_DEFAULTS["ratio"]))
+    return path
+
+
 def footprint(ranks: int, duration: float, rate: float, compare: str | None = None,
-              step_seconds: float = 0.1) -> dict:
+              step_seconds: float = 0.1, config: str | None = None) -> dict:
     """One agent watching ``ranks`` simulated local ranks: steady state, then under load.
     With ``compare`` (node_exporter's path) it runs alongside, measured over the same
     steady-state window in a second thread."""
@@ -203,9 +223,12 @@ def footprint(ranks: int, duration: float, rate: float, compare: str | None = No
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     agent = exporter = exporter_url = None
+    if config == "":
+        config = str(defaults_config(tmp))
     try:
         agent = subprocess.Popen([sys.executable, "-m", "trainwatch", "agent", "--run-dir",
-                                  str(run.root), "--listen", f"127.0.0.1:{port}"],
+                                  str(run.root), "--listen", f"127.0.0.1:{port}",
+                                  *(["--config", config] if config else [])],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if compare:
             exporter_port = free_port()
@@ -259,7 +282,7 @@ def footprint(ranks: int, duration: float, rate: float, compare: str | None = No
         values = sorted(values)
         return values[min(len(values) - 1, int(f * len(values)))]
     return {
-        "duration_s": round(steady["elapsed"], 1), "ranks": ranks,
+        "duration_s": round(steady["elapsed"], 1), "ranks": ranks, "agent_config": config,
         "scrapes": len(loaded["latencies"]), "series": loaded["series"],
         "cpu_fraction_of_one_core": steady["cpu"] / steady["elapsed"],
         "cpu_fraction_under_scrape_load": loaded["cpu"] / loaded["elapsed"],
@@ -300,6 +323,9 @@ def main() -> int:
                         help="the simulated ranks' step time (a timing window every 10 steps)")
     parser.add_argument("--gzip", action="store_true",
                         help="scrapes ask for gzip (Accept-Encoding), as Prometheus' do")
+    parser.add_argument("--config", nargs="?", const="", metavar="FILE",
+                        help="start the agent with --config FILE (alone: a file of the "
+                             "defaults' values)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.node_exporter and not os.access(args.node_exporter, os.X_OK):
@@ -307,8 +333,8 @@ def main() -> int:
                      "(Debian: apt-get install prometheus-node-exporter)")
     SCRAPE_INTERVAL, GZIP = args.scrape_interval, args.gzip
     counts = [int(c) for c in str(args.ranks).split(",") if c.strip()]
-    runs = [footprint(n, args.duration, args.rate, args.node_exporter, args.step_seconds)
-            for n in counts]
+    runs = [footprint(n, args.duration, args.rate, args.node_exporter, args.step_seconds,
+                      args.config) for n in counts]
     extra = {
         "straggler_scoring_4096_ms": scoring_ms(4096),
         "straggler_scoring_64_ms": scoring_ms(64),
@@ -328,7 +354,8 @@ def main() -> int:
         print(json.dumps({"runs": runs, "results": extra, "goals": goals}, indent=1))
         return 0
     for results in runs:
-        print(f"agent footprint: {results['ranks']} simulated ranks; steady state "
+        print(f"agent footprint: {results['ranks']} simulated ranks"
+              f"{' (with --config)' if args.config is not None else ''}; steady state "
               f"{results['duration_s']} s scraped every {SCRAPE_INTERVAL:g} s; then {results['scrapes']} scrapes "
               f"of {results['series']} series at {args.rate}/s (load average "
               f"{results['load_average_1m']:.1f})")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 
 from trainwatch.agent.config import load_config
+from trainwatch.agent.config_child import settings_in_child
 from trainwatch.config.clitypes import RUN_DIR_PATH
 from trainwatch.contract.ports import AGENT_LISTEN
 
@@ -32,11 +34,15 @@ def agent(run_dir_args, run_dirs, discover, config_file, listen, check_config) -
     SIGTERM stops cleanly.
     """
     run_dirs = tuple(dict.fromkeys((*run_dir_args, *run_dirs)))
-    reload_args = {"run_dirs": run_dirs, "discover": discover, "listen": listen}
-    config = load_config(config_file, **reload_args)
     if check_config:
+        config = load_config(config_file, run_dirs=run_dirs, discover=discover, listen=listen)
         click.echo(json.dumps({k: v for k, v in vars(config).items()}, indent=1, default=str))
         return
+    # The daemon validates its file (at start and on SIGHUP) in a child process: pydantic
+    # and the config models would stay in its memory for its whole life.
+    reload_args: dict[str, Any] = {"run_dirs": run_dirs, "discover": discover, "listen": listen,
+                   "read": settings_in_child}
+    config = load_config(config_file, **reload_args)
     from trainwatch.agent.daemon import Agent
     from trainwatch.agent.malloc import tune_malloc
     tune_malloc()  # this process is the agent's own: before its threads start

@@ -4,7 +4,8 @@ Every key is optional. Collector sections take the common keys ``enabled``,
 ``interval`` and ``timeout`` plus the options the collector declares when it
 registers (see ``agent/registry.py``), so a typo is an error, never ignored.
 The models that validate a file are ``agent/settings.py``'s, imported only when there
-is a file or mapping to validate: an agent on the defaults never loads pydantic.
+is a file or mapping to validate: an agent on the defaults never loads pydantic, and
+``trainwatch agent --config`` validates its file in a child (``agent/config_child.py``).
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
-from trainwatch.config.yamlfile import load_yaml_mapping
 from trainwatch.contract.ports import AGENT_LISTEN
 from trainwatch.contract.stall import STALL_DEFAULTS
 from trainwatch.errors import ConfigError
@@ -97,11 +97,34 @@ def build_config(data: dict[str, Any], *, file: str | None = None,
                  lines: Lines | None = None) -> AgentConfig:
     """Validate a config mapping (already parsed) against the registered collectors; an
     empty one (no file) is the defaults, and pydantic is not imported for it."""
+    return config_of(validated(data, file=file, lines=lines), file=file)
+
+
+def validated(data: dict[str, Any], *, file: str | None = None,
+              lines: Lines | None = None) -> dict[str, Any]:
+    """The settings a config mapping gives (``default_settings``' shape); ConfigError
+    naming the file and key of the first problem."""
+    if not data:
+        return default_settings()
+    from trainwatch.config.model import validate
+    return validate(agent_settings_model(), data, file=file, lines=lines).model_dump()
+
+
+def file_settings(path: str | Path) -> dict[str, Any]:
+    """The settings the YAML file at ``path`` gives, validated in this process (pydantic
+    and the models stay loaded: ``agent/config_child.py`` does it in a child instead)."""
+    from trainwatch.config.yamlfile import load_yaml_mapping
+
+    data = load_yaml_mapping(path)
+    lines = None
     if data:
-        from trainwatch.config.model import validate
-        settings = validate(agent_settings_model(), data, file=file, lines=lines).model_dump()
-    else:
-        settings = default_settings()
+        from trainwatch.config.model import yaml_lines
+        lines = yaml_lines(path)
+    return validated(data, file=str(path), lines=lines)
+
+
+def config_of(settings: dict[str, Any], *, file: str | None = None) -> AgentConfig:
+    """The config the daemon runs with, from validated settings."""
     cfg = AgentConfig(file=file, listen=settings["listen"], run_dirs=settings["run_dirs"],
                       discover=settings["discover"], sys_root=settings["sys_root"],
                       proc_root=settings["proc_root"], collectors=settings["collectors"],
@@ -112,15 +135,12 @@ def build_config(data: dict[str, Any], *, file: str | None = None,
 
 
 def load_config(path: str | Path | None, *, run_dirs: list[str] | tuple[str, ...] = (),
-                discover: list[str] | tuple[str, ...] = (),
-                listen: str | None = None) -> AgentConfig:
-    """Load the YAML file (if any) and apply command-line values on top."""
-    data: dict[str, Any] = load_yaml_mapping(path) if path else {}
-    lines = None
-    if path and data:
-        from trainwatch.config.model import yaml_lines
-        lines = yaml_lines(path)
-    cfg = build_config(data, file=str(path) if path else None, lines=lines)
+                discover: list[str] | tuple[str, ...] = (), listen: str | None = None,
+                read: Callable[[str | Path], dict[str, Any]] = file_settings) -> AgentConfig:
+    """Load the YAML file (if any) and apply command-line values on top. ``read`` turns
+    the file into settings (``file_settings``: here; the daemon's, in a child)."""
+    cfg = config_of(read(path) if path else default_settings(),
+                    file=str(path) if path else None)
     if run_dirs:
         cfg.run_dirs = list(run_dirs)
     if discover:

@@ -27,7 +27,8 @@ GC_YOUNG_OBJECTS = 10_000  # objects alive since the last collection that start 
 class Agent:
     """``say`` gets the normal lines (serving, config reloaded, stopped): INFO by default;
     the command prints them, where the default WARNING level would hide INFO (systemd's
-    journal shows the command's output)."""
+    journal shows the command's output). ``reload_args`` are ``load_config``'s keywords
+    for a reload (the command's run directories, listen address, and its ``read``)."""
 
     def __init__(self, config: AgentConfig, *, reload_args: dict | None = None,
                  say: Callable[[str], None] = log.info):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import defaultdict
-from typing import AbstractSet, Callable, Hashable, Iterable, Iterator, Mapping
+from typing import Callable, Hashable, Iterable, Iterator, Mapping
 
 from trainwatch.agent.registry import Deferred, Sample
 from trainwatch.agent.series import Block, Rows, Series
@@ -64,13 +64,20 @@ def _escape_help(text: str, openmetrics: bool) -> str:
 
 
 class Family:
-    """One metric's series from one source (a collector run), rendered once: the line
-    prefixes it holds (to drop a series another source already wrote) and its lines."""
+    """One metric's series from one source (a collector run), rendered once: its lines,
+    and the line prefixes they hold (to drop a series another source already wrote),
+    read from the lines when asked (only a metric two sources hold asks; a set of them
+    kept per metric had held a reference to every series' prefix once more)."""
 
-    __slots__ = ("prefixes", "lines")
+    __slots__ = ("lines",)
 
-    def __init__(self, prefixes: AbstractSet[str], lines: str):
-        self.prefixes, self.lines = prefixes, lines
+    def __init__(self, lines: str):
+        self.lines = lines
+
+    @property
+    def prefixes(self) -> set[str]:
+        return {line[:line.rindex(" ") + 1] for line in self.lines[:-1].split("\n")} \
+            if self.lines else set()
 
 
 Families = dict[str, Family]
@@ -82,72 +89,138 @@ class BlockTexts:
     while the source hands over the very blocks of the last render, and made again only
     for the metrics of the blocks that are others. At 64 ranks ~85 % of the agent's lines
     are in blocks that stand from one second to the next (states, phases, the status as
-    parsed, the process), and a render had looked at each of their series every time."""
+    parsed, the process), and a render had looked at each of their series every time.
+
+    A block keeps only its prefixes and the length of its text per metric
+    (``Block.rendered``): the text of a block that stands is read back from the metric's
+    joined text, where it lies at a place its predecessors' lengths give, so each line
+    is held once (a block's own text beside the joined one had been ~9 KiB a rank). A
+    metric whose join dropped a line (a series two blocks hold) is made again from its
+    blocks' series the next time (``irregular``)."""
 
     def __init__(self) -> None:
         self.blocks: list[Block] = []
         self.texts: Families = {}
         self.at: dict[str, list[int]] = {}  # name -> where its blocks are in ``blocks``
+        self.irregular: set[str] = set()    # names whose text is not their blocks' texts
 
     def families(self, blocks: list[Block], lines_of: Callable[[Block], _Lines]) -> Families:
         if blocks == self.blocks:  # each the same object (a Block compares by identity)
             return self.texts
+        made: dict[int, _Lines] = {}  # id(block) -> its lines, made in this call
         for block in blocks:
             if block.rendered is None:
-                block.rendered = lines_of(block)
-        dirty = self._dirty(blocks)
+                lines = made[id(block)] = lines_of(block)
+                block.rendered = {name: (prefixes, len(text))
+                                  for name, (prefixes, text) in lines.items()}
+        old_blocks, old_texts = self.blocks, self.texts
+        before: dict[str, list[int]] = {}  # where the dirty metrics' blocks were
+        dirty = self._dirty(blocks, before)
         if dirty is None:  # ranks came or went: every metric's order may have changed
-            self.at = {}
+            before, self.at = self.at, {}
             for index, block in enumerate(blocks):
                 for name in block.rendered or ():
                     self.at.setdefault(name, []).append(index)
-            dirty = set(self.at)
+            dirty = set(self.at) | set(before)
             self.texts = {}
+
+        def text_of(block: Block, name: str) -> str:
+            lines = made.get(id(block))
+            if lines is None:  # a block met again elsewhere: its lines made again
+                lines = made[id(block)] = lines_of(block)
+            return lines[name][1]
+
         for name in dirty:
             where = self.at.get(name)
-            if where:
-                self.texts[name] = _joined([(blocks[i].rendered or {})[name] for i in where])
-            else:  # no block holds it any more
+            if not where:  # no block holds it any more
                 self.texts.pop(name, None)
                 self.at.pop(name, None)
+                self.irregular.discard(name)
+                continue
+            old = old_texts.get(name) if name not in self.irregular else None
+            places: dict[int, tuple[int, int]] = {}  # id(block) -> its text in ``old``
+            if old is not None:
+                at = 0
+                for index in before.get(name, where):
+                    block = old_blocks[index]
+                    size = (block.rendered or {})[name][1]
+                    places.setdefault(id(block), (at, at + size))
+                    at += size
+                if at != len(old.lines):
+                    places = {}
+            family, whole = _joined([blocks[i] for i in where], name, old.lines if old else "",
+                                    places, text_of)
+            self.texts[name] = family
+            if whole:
+                self.irregular.discard(name)
+            else:
+                self.irregular.add(name)
         self.blocks = blocks
         return self.texts
 
-    def _dirty(self, blocks: list[Block]) -> set[str] | None:
+    def _dirty(self, blocks: list[Block], before: dict[str, list[int]]) -> set[str] | None:
         """The metrics of the blocks that are others than last time (where each metric's
         blocks are follows a block that holds other metrics: a process's CPU contention
-        comes and goes); None when ranks came or went."""
+        comes and goes; ``before`` gets where they were); None when ranks came or went."""
         if len(blocks) != len(self.blocks):
             return None
         dirty: set[str] = set()
         for index, (old, new) in enumerate(zip(self.blocks, blocks)):
             if old is not new:
-                before, after = (old.rendered or {}).keys(), (new.rendered or {}).keys()
-                if before != after:
-                    for name in before - after:
+                before_names = (old.rendered or {}).keys()
+                after = (new.rendered or {}).keys()
+                if before_names != after:
+                    for name in (before_names - after) | (after - before_names):
+                        if name not in before:
+                            before[name] = list(self.at.get(name, ()))
+                    for name in before_names - after:
                         self.at[name].remove(index)
-                    for name in after - before:
+                    for name in after - before_names:
                         bisect.insort(self.at.setdefault(name, []), index)
-                    dirty.update(before)
+                    dirty.update(before_names)
                 dirty.update(after)
         return dirty
 
 
-def _joined(parts: list[tuple[tuple[str, ...], str]]) -> Family:
-    """One metric's lines from its blocks in order, a prefix written once (the first)."""
+def _joined(blocks: list[Block], name: str, old: str, places: dict[int, tuple[int, int]],
+            text_of: Callable[[Block, str], str]) -> tuple[Family, bool]:
+    """One metric's lines from its blocks in order, a prefix written once (the first);
+    a block's text read from ``old`` where ``places`` has it (a run of blocks that lie
+    one after another there, as one piece), else made (``text_of``). Whether every
+    block's text went in whole."""
     seen: set[str] = set()
     out: list[str] = []
-    for prefixes, text in parts:
+    whole = True
+    start = end = -1  # the run of ``old`` not yet written
+    for block in blocks:
+        prefixes = (block.rendered or {})[name][0]
         if seen.isdisjoint(prefixes):
             seen.update(prefixes)
-            out.append(text)
+            place = places.get(id(block))
+            if place is not None and place[0] == end:
+                end = place[1]
+                continue
+            if end > start:
+                out.append(old[start:end])
+            if place is not None:
+                start, end = place
+            else:
+                start = end = -1
+                out.append(text_of(block, name))
             continue
+        if end > start:
+            out.append(old[start:end])
+        start = end = -1
+        whole = False
+        text = text_of(block, name)
         for line in text[:-1].split("\n"):  # a value holds no space, a prefix ends in one
             prefix = line[:line.rindex(" ") + 1]
             if prefix not in seen:
                 seen.add(prefix)
                 out.append(line + "\n")
-    return Family(seen, "".join(out))
+    if end > start:
+        out.append(old[start:end])
+    return Family("".join(out)), whole
 _Key = tuple[str, tuple[tuple[str, str], ...]]
 
 
@@ -198,8 +271,7 @@ class ExpositionWriter:
                 line = prefix + format_value(sample.value) + "\n"
                 _keep(name, prefix, line, lines)
         self._prefixes[source] = live
-        found = {name: Family(each.keys(), "".join(each.values()))
-                 for name, each in lines.items()}
+        found = {name: Family("".join(each.values())) for name, each in lines.items()}
         if not blocks and source not in self._blocks:
             return found
         texts = self._blocks.setdefault(source, BlockTexts())
@@ -223,8 +295,7 @@ class ExpositionWriter:
                 if prefix:
                     _keep(sample.name, prefix, prefix + format_value(sample.value) + "\n",
                           lines)
-        return {name: Family(each.keys(), "".join(each.values()))
-                for name, each in lines.items()}
+        return {name: Family("".join(each.values())) for name, each in lines.items()}
 
     def _block_lines(self, block: Block) -> dict[str, tuple[tuple[str, ...], str]]:
         """A block's lines per metric (its prefixes and text), made once per block; its

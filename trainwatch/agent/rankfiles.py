@@ -28,6 +28,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from trainwatch.agent.compact_record import compact
 from trainwatch.rundir.beat import beat_name, read_beat, window_timing
 from trainwatch.contract.layout import RANK_PREFIX
 from trainwatch.errors import FormatError
@@ -97,7 +98,7 @@ class RankFiles:
         if kept is not None and version is not None and version == kept.version:
             return _Held(kept.record, mono, kept.beat_at, version)
         try:
-            return _Held(run.read_status(path, folder), mono, None, version)
+            return _Held(compact(run.read_status(path, folder)), mono, None, version)
         except SkippedFile as exc:
             result.skipped.append(Skipped(path, exc.detail, code=exc.reason))
         except FormatError:  # vanished between the listing and the read

@@ -55,14 +55,14 @@ class Series:
 class Block:
     """Rows that stand together (a rank's status as parsed, its process, its state):
     never changed once made, and replaced only by a block of other values (``kept``).
-    ``rendered`` is what a writer made of it once: per metric, its line prefixes and
-    lines."""
+    ``rendered`` is what a writer made of it once: per metric, its line prefixes and the
+    length of its lines (the lines themselves are kept joined, ``BlockTexts``)."""
 
     __slots__ = ("pairs", "rendered")
 
     def __init__(self, pairs: list[tuple[Series, float]]):
         self.pairs = pairs
-        self.rendered: dict[str, tuple[tuple[str, ...], str]] | None = None
+        self.rendered: dict[str, tuple[tuple[str, ...], int]] | None = None
 
     def same_values(self, pairs: list[tuple[Series, float]]) -> bool:
         """The same series with the same values (-0.0 is not 0.0: it is written apart)."""

@@ -51,6 +51,30 @@ def _num(value: Any) -> float | None:
     return float(value)
 
 
+_Table = tuple[tuple[str, ...], list[Series]]  # a rank's fields and their series
+
+
+def _fields(metrics: dict[str, str], merged: frozenset[str], from_beat: bool) -> tuple[str, ...]:
+    """A table's fields: those a beat may bring newer than the status (``merge_beat``),
+    or the rest; one tuple for every rank's table."""
+    return tuple(field for field in metrics if (field in merged) == from_beat)
+
+
+_STATUS_OWN = _fields(STATUS_FIELD_METRICS, MERGED_FIELDS, False)
+_STATUS_BEAT = _fields(STATUS_FIELD_METRICS, MERGED_FIELDS, True)
+_STEP_OWN = _fields(STEP_FIELD_METRICS, MERGED_METRICS, False)
+_STEP_BEAT = _fields(STEP_FIELD_METRICS, MERGED_METRICS, True)
+_EVAL = _fields(EVAL_FIELD_METRICS, frozenset(), False)
+_COUNTER_OWN = _fields(COUNTER_FIELD_METRICS, MERGED_COUNTERS, False)
+_COUNTER_BEAT = _fields(COUNTER_FIELD_METRICS, MERGED_COUNTERS, True)
+
+
+# Extra label pairs of the one-hot tables and phase series, one tuple for every rank's.
+_STATE_LABELS = {name: (("state", name),) for name in RANK_STATES}
+_PROCESS_LABELS = {name: (("state", name),) for name in PROCESS_STATES}
+_PHASE_LABELS = {name: (("phase", name),) for name in KNOWN_PHASES}
+
+
 @dataclass
 class _Seen:
     value: float
@@ -70,29 +94,31 @@ class _RankSeries(SeriesBook):
         super().__init__(base)
         self.info: Series | None = None
         self.info_of: tuple[Any, Any] | None = None  # (backend, device) ``info`` is for
-        self.states = [(name, self.labelled("trainwatch_rank_state", (("state", name),)))
-                       for name in RANK_STATES]
-        self.processes = [(name, self.labelled("trainwatch_process_state", (("state", name),)))
-                          for name in PROCESS_STATES]
-        self.phases = {name: self.phase("trainwatch_rank_phase", name) for name in KNOWN_PHASES}
+        # The one-hot tables' series, made here once (not looked up by label: none is
+        # asked for by label again), their extra labels shared by every rank's.
+        self.states = [(name, Series("trainwatch_rank_state", base, extra))
+                       for name, extra in _STATE_LABELS.items()]
+        self.processes = [(name, Series("trainwatch_process_state", base, extra))
+                          for name, extra in _PROCESS_LABELS.items()]
+        self.phases = {name: Series("trainwatch_rank_phase", base, extra)
+                       for name, extra in _PHASE_LABELS.items()}
         # Fields a beat may bring newer than the status (``merge_beat``) apart from the rest.
-        self.status_fields = self._table(STATUS_FIELD_METRICS, MERGED_FIELDS, False)
-        self.beat_fields = self._table(STATUS_FIELD_METRICS, MERGED_FIELDS, True)
-        self.step_fields = self._table(STEP_FIELD_METRICS, MERGED_METRICS, False)
-        self.beat_step_fields = self._table(STEP_FIELD_METRICS, MERGED_METRICS, True)
-        self.eval_fields = self._table(EVAL_FIELD_METRICS, frozenset(), False)
-        self.counter_fields = self._table(COUNTER_FIELD_METRICS, MERGED_COUNTERS, False)
-        self.beat_counter_fields = self._table(COUNTER_FIELD_METRICS, MERGED_COUNTERS, True)
+        self.status_fields = self._table(STATUS_FIELD_METRICS, _STATUS_OWN)
+        self.beat_fields = self._table(STATUS_FIELD_METRICS, _STATUS_BEAT)
+        self.step_fields = self._table(STEP_FIELD_METRICS, _STEP_OWN)
+        self.beat_step_fields = self._table(STEP_FIELD_METRICS, _STEP_BEAT)
+        self.eval_fields = self._table(EVAL_FIELD_METRICS, _EVAL)
+        self.counter_fields = self._table(COUNTER_FIELD_METRICS, _COUNTER_OWN)
+        self.beat_counter_fields = self._table(COUNTER_FIELD_METRICS, _COUNTER_BEAT)
         # (what they were made of, rows): the status's own rows and the process's, kept
         # while the same parsed status and the same process facts stand (seconds at a time).
         self.kept: dict[str, tuple[tuple[Any, ...], Block]] = {}
         # (table, its value) -> its rows: a state or phase's rows are made once
         self._one_hot: dict[tuple[str, str], Block] = {}
 
-    def _table(self, metrics: dict[str, str], merged: frozenset[str],
-               from_beat: bool) -> list[tuple[str, Series]]:
-        return [(field, self.one(metric)) for field, metric in metrics.items()
-                if (field in merged) == from_beat]
+    def _table(self, metrics: dict[str, str], fields: tuple[str, ...]) -> _Table:
+        """(the fields, their series): the fields' tuple is every rank's (``_fields``)."""
+        return fields, [self.one(metrics[field]) for field in fields]
 
     def rows_of(self, part: str, made_of: tuple[Any, ...],
                 make: Callable[[Rows], None]) -> Block:
@@ -125,7 +151,7 @@ class _RankSeries(SeriesBook):
         return block
 
     def phase(self, metric: str, name: str) -> Series:
-        return self.labelled(metric, (("phase", name),))
+        return self.labelled(metric, _PHASE_LABELS.get(name) or (("phase", name),))
 
     def info_series(self, backend: Any, device: Any) -> Series:
         if self.info is None or self.info_of != (backend, device):
@@ -135,10 +161,10 @@ class _RankSeries(SeriesBook):
         return self.info
 
 
-def _numbers(rows: Rows, table: list[tuple[str, Series]], values: dict[str, Any]) -> None:
+def _numbers(rows: Rows, table: _Table, values: dict[str, Any]) -> None:
     """The table's fields that are numbers in ``values`` (``_num``, without a call each)."""
     pairs = rows.pairs
-    for field, series in table:
+    for field, series in zip(*table):
         value = values.get(field)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             pairs.append((series, float(value)))
