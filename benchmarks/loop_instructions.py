@@ -21,13 +21,9 @@ import argparse
 import ctypes
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 
-_DUMP_SHIM = """#include <valgrind/callgrind.h>
-void trainwatch_dump(const char *label) { CALLGRIND_DUMP_STATS_AT(label); }
-"""
+from _callgrind import counts_under_callgrind  # benchmarks/_callgrind.py
 
 
 def counted(dump_shim: str, block: int, pairs: int) -> None:
@@ -94,45 +90,14 @@ def main() -> None:
     if args.count_child:
         counted(args.count_child, args.block, args.pairs)
         return
-    work = tempfile.mkdtemp(prefix="trainwatch-callgrind-")
-    try:
-        source, shim = os.path.join(work, "dump.c"), os.path.join(work, "dump.so")
-        with open(source, "w") as f:
-            f.write(_DUMP_SHIM)
-        subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", shim, source], check=True)
-        out = os.path.join(work, "callgrind.out")
-        subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-                        sys.executable, os.path.abspath(__file__), "--count-child", shim,
-                        "--block", str(args.block), "--pairs", str(args.pairs)],
-                       check=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        counts = _counts(work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    counts = counts_under_callgrind(__file__, ["--block", str(args.block),
+                                              "--pairs", str(args.pairs)])
     for i in range(args.pairs):
         on, off = counts[f"on-{i}"] / args.block, counts[f"off-{i}"] / args.block
         hook, plain = counts[f"hook-{i}"] / args.block, counts[f"nohook-{i}"] / args.block
         print(f"pair {i}: bookkeeping on {on:,.0f}, off {off:,.0f}, +{on - off:,.0f} "
               f"instructions a step; backward with the checksum's hook (unchecked) "
               f"{hook:,.0f}, without {plain:,.0f}, +{hook - plain:,.0f}")
-
-
-def _counts(work: str) -> dict[str, int]:
-    """Each dump's total, by its label."""
-    counts: dict[str, int] = {}
-    trigger = "desc: Trigger: Client Request: "
-    for name in os.listdir(work):
-        if not name.startswith("callgrind.out."):
-            continue
-        label, total = "", 0
-        with open(os.path.join(work, name)) as f:
-            for line in f:
-                if line.startswith(trigger):
-                    label = line[len(trigger):].strip()
-                elif line.startswith(("summary:", "totals:")):
-                    total = int(line.split()[1])
-        counts[label] = total
-    return counts
 
 
 if __name__ == "__main__":

@@ -53,14 +53,13 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 
 import psutil
 import torch
+from _callgrind import counts_under_callgrind  # benchmarks/_callgrind.py
 from _gloo_loop import reference_data, telemetry_step  # benchmarks/_gloo_loop.py
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -75,42 +74,11 @@ def telemetry_thread_cpu() -> float:
     return sum(t.user_time + t.system_time for t in psutil.Process().threads() if t.id in ids)
 
 
-# Callgrind dumps the counts gathered since its last dump when the program asks it to;
-# Python cannot issue that client request itself, so a two-line library does.
-_DUMP_SHIM = """#include <valgrind/callgrind.h>
-void trainwatch_dump(const char *label) { CALLGRIND_DUMP_STATS_AT(label); }
-"""
-
-
 def count_instructions(args: argparse.Namespace, steps_per_beat: float) -> list[float]:
     """Run this script's step under callgrind; per pair, instructions per step on/off."""
-    work = tempfile.mkdtemp(prefix="trainwatch-callgrind-")
-    try:
-        source, shim = os.path.join(work, "dump.c"), os.path.join(work, "dump.so")
-        with open(source, "w") as f:
-            f.write(_DUMP_SHIM)
-        subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", shim, source], check=True)
-        out = os.path.join(work, "callgrind.out")
-        command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-                   sys.executable, os.path.abspath(__file__), "--count-child", shim,
-                   "--pairs", str(args.pairs), "--block", str(args.block),
-                   *[a for o in args.overrides for a in ("--set", o)]]
-        subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        counts: dict[str, int] = {}
-        for name in os.listdir(work):
-            if not name.startswith("callgrind.out."):
-                continue
-            label, total, trigger = "", 0, "desc: Trigger: Client Request: "
-            with open(os.path.join(work, name)) as f:
-                for line in f:
-                    if line.startswith(trigger):
-                        label = line[len(trigger):].strip()
-                    elif line.startswith(("summary:", "totals:")):
-                        total = int(line.split()[1])
-            counts[label] = total
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    counts = counts_under_callgrind(__file__, [
+        "--pairs", str(args.pairs), "--block", str(args.block),
+        *[a for o in args.overrides for a in ("--set", o)]])
     ratios = []
     for i in range(args.pairs):
         beat = counts[f"beat-{i}"]
