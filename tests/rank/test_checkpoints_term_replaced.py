@@ -42,28 +42,3 @@ def test_nothing_is_said_when_the_handler_is_trainwatchs(tmp_path):
     done = _run(tmp_path, "keep")
     assert done.returncode == 0, done.stderr
     assert "SIGTERM" not in done.stderr, done.stderr
-
-
-def test_two_checkpoints_in_one_process_both_get_the_stop_and_nothing_is_said(caplog):
-    """A second ``Checkpoints`` (a benchmark's sync and async ones, a model's and its EMA's)
-    installs its handlers over the first's: each signal reaches both, and neither warns that
-    the other's handler "replaced" it (it had, about itself)."""
-    import signal
-
-    from trainwatch.rank.checkpoint.requests import Requests
-
-    first, second = Requests(), Requests()
-    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGUSR1)
-    first.install()
-    second.install()
-    try:
-        os.kill(os.getpid(), signal.SIGUSR1)
-        os.kill(os.getpid(), signal.SIGTERM)
-        with caplog.at_level("WARNING"):
-            taken = first.take(), second.take()
-    finally:
-        second.uninstall()
-        first.uninstall()
-    assert taken == ((True, True, ["SIGUSR1", "SIGTERM"]),) * 2
-    assert "handler is now" not in caplog.text
-    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGUSR1)) == before

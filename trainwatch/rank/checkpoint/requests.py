@@ -80,7 +80,7 @@ class Requests:
         if signal.SIGTERM not in self._previous:
             return
         current = signal.getsignal(signal.SIGTERM)
-        if self not in _chain(current):
+        if current != self._on_term:
             name = getattr(current, "__qualname__", None) or repr(current)
             log.warning("trainwatch checkpoint: SIGTERM's handler is now %s, installed after "
                         "Checkpoints' own: a SIGTERM (a stop, a preemption) will not save a "
@@ -94,7 +94,6 @@ class Requests:
 
     def _on_usr1(self, signum: int, frame: Any) -> None:
         self.ask_save("SIGUSR1")
-        _pass_on(self._previous.get(signal.SIGUSR1), signum, frame)
 
     def _on_term(self, signum: int, frame: Any) -> None:
         if repeated_term(self._first_term):
@@ -108,22 +107,3 @@ class Requests:
             return
         self._first_term = time.monotonic()
         self.ask_stop("SIGTERM")
-        _pass_on(self._previous.get(signal.SIGTERM), signum, frame)
-
-
-def _chain(handler: Any) -> list[Requests]:
-    """The Requests whose handlers a signal reaches from ``handler``: a second
-    ``Checkpoints`` in one process (a benchmark's sync and async ones, a model's and its
-    EMA's) installs its handlers over the first's and passes each signal on to it."""
-    chain: list[Requests] = []
-    while isinstance(getattr(handler, "__self__", None), Requests) and handler.__self__ not in chain:
-        chain.append(handler.__self__)
-        handler = handler.__self__._previous.get(signal.SIGTERM)
-    return chain
-
-
-def _pass_on(previous: Any, signum: int, frame: Any) -> None:
-    """Hand a signal on to the handler of an earlier ``Checkpoints`` (never to others:
-    a script's own or the default handler would end the process before its save)."""
-    if isinstance(getattr(previous, "__self__", None), Requests):
-        previous(signum, frame)
