@@ -9,6 +9,7 @@ its rank resumes from the copy of rank 0's snapshot its node held: the step the 
 had sealed, not the durable checkpoint up to 10 steps before it.
 """
 
+import json
 import os
 import shutil
 import signal
@@ -74,9 +75,8 @@ def kill_tree(proc: subprocess.Popen) -> None:
         procs = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
     except psutil.NoSuchProcess:
         procs = []
-    for p in procs:
+    for p in procs:  # SIGKILL ends a stopped process too: no SIGCONT to run it first
         try:
-            p.send_signal(signal.SIGCONT)
             p.kill()
         except psutil.NoSuchProcess:
             pass
@@ -127,8 +127,10 @@ def test_a_lost_node_resumes_from_its_peer_copy_losing_at_most_one_step(tmp_path
             return False
         wait_for(copy_caught_up, 30, 0.05, "rank 0's newest snapshot held by the other node")
         durable = durable_step(run_dir)
+        sealed_at_loss = newest(root / "rank-00000")     # rank 0 is stopped: final
         kill_tree(launchers[lost])                       # the node is lost ...
-        sealed_at_loss = newest(root / "rank-00000")
+        held_at_loss = [c.snapshot.step for c in PeerStore(root / "held").copies(0)]
+        memory_at_loss = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
         shutil.rmtree(root / "rank-00000")               # ... with its memory
         shutil.rmtree(root / "held" / "rank-00001", ignore_errors=True)
         launchers[kept].send_signal(signal.SIGCONT)
@@ -146,7 +148,12 @@ def test_a_lost_node_resumes_from_its_peer_copy_losing_at_most_one_step(tmp_path
 
     # The lost rank had sealed step S and was at most in step S+1: the job resumed at S,
     # from the copy the surviving node held; the durable checkpoint was up to 10 behind.
-    assert sealed_at_loss > durable and event["step"] == sealed_at_loss, (event, durable)
+    why = json.dumps({"event": event, "durable": durable, "held_at_loss": held_at_loss,
+                      "memory_at_loss": memory_at_loss,
+                      "journal": [e for e in run.events() if e.get("rank") is not None
+                                  or "snapshot" in str(e.get("event"))][-40:]},
+                     default=str, indent=1)
+    assert sealed_at_loss > durable and event["step"] == sealed_at_loss, why
     assert event["state_from"] == "peer copy" and event["durable_step"] == durable, event
     assert event["sources"] == {"own": 0, "held": 1, "fetched": 0}, event
     assert event["from_peers"] == [{"rank": 0, "state_of": 0, "copy": "held on its node",
