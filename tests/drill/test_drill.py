@@ -652,14 +652,10 @@ def test_the_findings_watcher_keeps_what_a_real_agent_found(tmp_path):
 
 # --------------------------------------------------------------------------- end to end
 
-def run_drills(tmp_path, *args, timeout=400):
-    """`trainwatch drill run ... --json` for real: the reference trainer under torchrun,
-    the agent and the embedded engine, started by `trainwatch run`."""
-    return drills_done(tmp_path, start_drills(tmp_path, *args), timeout=timeout)
-
-
 def start_drills(tmp_path, *args) -> subprocess.Popen:
-    """run_drills' command, started: the test does something else while it runs."""
+    """`trainwatch drill run ... --json` for real (the reference trainer under torchrun,
+    the agent and the embedded engine, started by `trainwatch run`), started: the test
+    does something else while it runs."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-m", "trainwatch", "drill", "run", *args,
                              "--out", str(tmp_path / "out"), "--json"],
@@ -693,9 +689,24 @@ def assert_sane(card, drill, *, action):
     assert card["report"]["wall_seconds"] > 0 and card["report"]["incidents"]
 
 
+@pytest.fixture(scope="module")
+def real_drills(tmp_path_factory):
+    """Six real drills side by side: their ranks mostly sleep (paced steps, a detection
+    window) while the drill waits, so one trains while the others wait. The supervisor
+    drills act on `trainwatch run` itself (0.2 s and 0.5 s a step); the deadline and
+    timeout drills fail on purpose."""
+    # two-supervisors: 40 steps, not the drill's 60: 25 paced steps (12.5 s) after the
+    # fault step are still far more than a second supervisor takes to refuse.
+    return side_by_side(tmp_path_factory, {
+        "rank-killed": ("--keep",), "nan-batch": (),
+        "supervisor-killed": ("--keep",), "two-supervisors": ("--keep", "--steps", "40"),
+        "rank-crash": ("--detect-within", "0"),        # an impossible deadline
+        "hung-rank": ("--timeout", "12")})             # no process may outlive it
+
+
 @pytest.mark.slow
-def test_rank_killed_drill_passes_for_real(tmp_path):
-    done = run_drills(tmp_path, "rank-killed", "--keep")
+def test_rank_killed_drill_passes_for_real(real_drills):
+    done = real_drills["rank-killed"].result()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     data = json.loads(done.stdout)
     (card,) = data["drills"]
@@ -725,20 +736,10 @@ def side_by_side(tmp_path_factory, drills: dict[str, tuple[str, ...]]) -> dict[s
             for name, args in drills.items()}
 
 
-@pytest.fixture(scope="module")
-def supervisor_drills(tmp_path_factory):
-    """The two supervisor drills side by side: their ranks sleep through paced steps
-    (0.2 s and 0.5 s a step) while the drill acts on `trainwatch run` itself."""
-    # two-supervisors: 40 steps, not the drill's 60: 25 paced steps (12.5 s) after the
-    # fault step are still far more than a second supervisor takes to refuse.
-    return side_by_side(tmp_path_factory, {"supervisor-killed": ("--keep",),
-                                           "two-supervisors": ("--keep", "--steps", "40")})
-
-
 @pytest.mark.slow
 def test_supervisor_killed_drill_leaves_nothing_and_the_rerun_trains_one_job_for_real(
-        supervisor_drills):
-    done = supervisor_drills["supervisor-killed"].result()
+        real_drills):
+    done = real_drills["supervisor-killed"].result()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (card,) = json.loads(done.stdout)["drills"]
     assert card["passed"], json.dumps(card["criteria"], indent=1)
@@ -749,8 +750,8 @@ def test_supervisor_killed_drill_leaves_nothing_and_the_rerun_trains_one_job_for
 
 
 @pytest.mark.slow
-def test_two_supervisors_drill_refuses_the_second_for_real(supervisor_drills):
-    done = supervisor_drills["two-supervisors"].result()
+def test_two_supervisors_drill_refuses_the_second_for_real(real_drills):
+    done = real_drills["two-supervisors"].result()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (card,) = json.loads(done.stdout)["drills"]
     assert card["passed"], json.dumps(card["criteria"], indent=1)
@@ -762,8 +763,8 @@ def test_two_supervisors_drill_refuses_the_second_for_real(supervisor_drills):
 
 
 @pytest.mark.slow
-def test_nan_batch_drill_rolls_back_and_passes_for_real(tmp_path):
-    done = run_drills(tmp_path, "nan-batch")
+def test_nan_batch_drill_rolls_back_and_passes_for_real(real_drills):
+    done = real_drills["nan-batch"].result()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (card,) = json.loads(done.stdout)["drills"]
     assert_sane(card, catalog.get("nan-batch"), action="rollback_skip")
@@ -857,8 +858,8 @@ def test_sdc_drill_names_the_rank_rolls_back_and_ends_as_a_clean_run_for_real(
 
 
 @pytest.mark.slow
-def test_a_drill_held_to_an_impossible_deadline_fails_with_exit_1(tmp_path):
-    done = run_drills(tmp_path, "rank-crash", "--detect-within", "0")
+def test_a_drill_held_to_an_impossible_deadline_fails_with_exit_1(real_drills):
+    done = real_drills["rank-crash"].result()
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     (card,) = json.loads(done.stdout)["drills"]
     v = verdicts(card)
@@ -873,8 +874,8 @@ def test_a_drill_held_to_an_impossible_deadline_fails_with_exit_1(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_drill_past_its_timeout_is_stopped_whole_and_fails(tmp_path):
-    done = run_drills(tmp_path, "hung-rank", "--timeout", "12")  # no process may outlive it
+def test_a_drill_past_its_timeout_is_stopped_whole_and_fails(real_drills):
+    done = real_drills["hung-rank"].result()
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     (card,) = json.loads(done.stdout)["drills"]
     assert card["run"]["timed_out"] and not card["passed"] and card["kept"]
