@@ -118,9 +118,9 @@ def test_a_rank_that_aborts_after_finishing_is_not_restarted_one_that_aborts_bef
                           [(e["returncode"], e.get("ranks_finished", False)) for e in exits])
         assert proc.returncode == 0, out[-3000:]
         assert all(s["state"] == "finished" for s in run.statuses().records)
-    assert outcomes["after"][1:] == (1, [(1, True)])            # done: one start, no restart
-    assert outcomes["before"][1] == 2                            # a crash: restarted once
-    assert outcomes["before"][2] == [(1, False), (0, False)]
+    assert outcomes["after"][1:] == (1, [(1, True)]), outcomes  # done: one start, no restart
+    # a crash: restarted once
+    assert outcomes["before"][1:] == (2, [(1, False), (0, False)]), (outcomes, out[-3000:])
 
 
 def test_a_job_that_fails_before_any_rank_starts_is_not_restarted(tmp_path):

@@ -18,6 +18,7 @@ from conftest import kill_tree
 from report_helpers import T0, Run, assert_sums_to_wall, near, report_json
 from trainwatch.contract.env import SUPERVISOR_ENV
 from trainwatch.rundir.run_dir import RunDir
+from trainwatch.rundir.runlock import recorded_holder
 from trainwatch.control.outcome import Ending, RunOutcome
 from trainwatch.control.run_summary import summarize
 from trainwatch.report import cost, goodput, html, render, timeline
@@ -133,7 +134,9 @@ def test_a_real_trainwatch_run_killed_before_its_job_is_listed_by_report(tmp_pat
     first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              stdin=subprocess.DEVNULL, env=env)
     try:
-        wait_for(lambda: run.supervisor_lock_file.exists() or first.poll() is not None, 60,
+        # the lock naming its holder (the file is made a moment before the record is
+        # written: a supervisor killed in between names no one, and nothing ran)
+        wait_for(lambda: recorded_holder(run) is not None or first.poll() is not None, 60,
                  interval=0.005, what="the first supervisor's lock")
         first.kill()
         first.wait(timeout=30)
