@@ -9,11 +9,11 @@ pip install -q --upgrade pip
 pip install -q torch==2.13.0 numpy
 pip install -q -e '.[test]'
 # With no arguments (CI): lint and type-check the whole tree (pyproject.toml), then the
-# whole suite on three workers on two cores, a test file per worker (most end-to-end tests
-# wait on real processes, so a third fills the cores; a file's module fixtures start once). With arguments: just pytest.
+# whole suite on two workers, a test file per worker (most end-to-end tests wait on real
+# processes; a file's module fixtures start their runs once). With arguments: just pytest.
 if [ $# -eq 0 ]; then
     ruff check .
     mypy
-    exec python -m pytest -q -n 3 --dist loadfile --durations=15
+    exec python -m pytest -q -n 2 --dist loadfile --durations=15
 fi
 python -m pytest -q "$@"

@@ -1,4 +1,4 @@
-"""The order test files start in on pytest-xdist's workers (`-n 3 --dist loadfile`).
+"""The order test files start in on pytest-xdist's workers (`-n 2 --dist loadfile`).
 
 A worker gets a whole file at a time, so the suite ends when the file started last ends:
 the longest files must start first and the quick ones fill the last minutes on both
