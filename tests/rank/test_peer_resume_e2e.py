@@ -22,6 +22,7 @@ import pytest
 from torch.distributed import TCPStore
 
 from agent_helpers import REPO, wait_for
+from conftest import kill_tree  # SIGKILL ends a stopped process too: no SIGCONT first
 from trainwatch.checkpoint_format import catalog
 from trainwatch.contract.ports import LOOPBACK
 from trainwatch.rank.memory_snapshots import store
@@ -68,19 +69,6 @@ def stopped(pid: int) -> bool:
     tasks = Path(f"/proc/{pid}/task")
     return all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] in "tT"
                for t in tasks.iterdir())
-
-
-def kill_tree(proc: subprocess.Popen) -> None:
-    try:
-        procs = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        procs = []
-    for p in procs:  # SIGKILL ends a stopped process too: no SIGCONT to run it first
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    proc.wait(30)
 
 
 @pytest.mark.slow
