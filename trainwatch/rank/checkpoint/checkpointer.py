@@ -336,13 +336,14 @@ class Checkpointer:
     def after_step(self, step: int, state: Callable[[], dict[str, Any]], *,
                    final: bool = False,
                    snapshot_state: Callable[[], dict[str, Any]] | None = None,
-                   data: Callable[[], Any] | None = None) -> bool:
+                   data: Callable[[], Any] | None = None, snapshot_live: Any = None) -> bool:
         """Save if due (interval, request, stop, end); True when the loop must stop (SIGTERM).
 
         ``step`` is the number of steps completed; ``state`` is called only when saving
         (durably); ``snapshot_state`` (default ``state``) when taking a memory snapshot;
         ``data`` (default ``snapshot_state()["data"]``) this rank's data position alone,
-        kept every step for the dying gasp (memory_snapshots/rank_parts.py).
+        kept every step for the dying gasp (memory_snapshots/rank_parts.py);
+        ``snapshot_live``: the objects ``snapshot_state`` reads (memory_snapshots/live.py).
         """
         if not self.cfg.enabled:
             return False
@@ -364,7 +365,8 @@ class Checkpointer:
             self.exit_code = EXIT_STOPPED
             return True
         taken = snapshot_state or state
-        self.memory.after_step(step, taken, final=final, durable=bool(save or interval))
+        self.memory.after_step(step, taken, final=final, durable=bool(save or interval),
+                               live=snapshot_live)
         if not final:
             self.gasp.after_step(step, taken, data or (lambda: taken().get("data")))
         if final and self.cfg.save_final:

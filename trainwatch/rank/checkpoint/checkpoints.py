@@ -46,6 +46,7 @@ from trainwatch.rank.checkpoint import sharded
 from trainwatch.rank.checkpoint.checkpointer import EXIT_STOPPED, Checkpointer
 from trainwatch.rank.checkpoint.config import CheckpointConfig
 from trainwatch.rank.checkpoint.resume import Restored
+from trainwatch.rank.memory_snapshots.live import Live
 from trainwatch.rank.checkpoint.whole_state import (UnsaveableState, check_objects,
                                                      check_trees, is_fsdp1)
 from trainwatch.rank.skips import (SkipSteps, agree_skip_steps, skip_steps_from,
@@ -207,8 +208,10 @@ class Checkpoints:
         def data() -> Any:  # the rank's data position alone, kept every step
             return _state_dicts({"data": state["data"]})["data"] if "data" in state else None
 
+        # not sharded: the snapshot may read the live tensors (memory_snapshots/live.py)
+        live = None if self._sharded else Live(state, _state_dicts)
         if self.checkpointer.after_step(step, taken, snapshot_state=lambda: self._trees(state),
-                                        data=data):
+                                        data=data, snapshot_live=live):
             self._stop()
         if saving:
             self._saved_at = step

@@ -81,6 +81,26 @@ class HostCopy:
         self._remember(out, pairs)
         return out, pairs
 
+    def reuse(self, out: Any, sources: list[torch.Tensor]) -> bool:
+        """Take ``out`` (live.py's, built from the last walk's containers) with ``sources``
+        as this snapshot's when they fit the arena's views one for one (count, shapes,
+        dtypes: checked at C speed); False: walk the slow way."""
+        if (len(sources) != len(self._views)
+                or list(map(_SIZE, sources)) != self._shapes
+                or list(map(_DTYPE, sources)) != self._dtypes):
+            return False
+        self._out = out
+        return True
+
+    def copy_all(self, sources: list[torch.Tensor]) -> None:
+        """Copy ``sources`` into the views, one for one (``reuse``'s): one call for CPU ones."""
+        if not self._host_only:
+            self.copy(list(zip(self._views, sources)))
+            return
+        if sources:
+            with torch.no_grad():  # the sources are not all detached (a module's parameters)
+                torch._foreach_copy_(self._views, sources)
+
     def _remember(self, out: Any, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """What the next walk is checked against (rewalk.py)."""
         self._out = out

@@ -91,6 +91,11 @@ class Overlap:
         return ([p for i, p in enumerate(pairs) if i not in later],
                 [p for i, p in enumerate(pairs) if i in later])
 
+    def whole(self, layout: Any) -> bool:
+        """True when this known layout is copied whole at the boundary (below the bytes
+        that ``split`` defers): no pairs to split, no check to arm."""
+        return layout is self._layout and self._bytes < self.min_bytes
+
     def copy(self, later: Pairs) -> None:
         """The writer thread: the deferred copy (releases the GIL), then says it is done."""
         try:
