@@ -1,6 +1,6 @@
 """Where one in-memory snapshot's cost goes: the loop thread's CPU per part, in-process.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/memory_snapshots_parts.py [--steps 330]
+    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/memory_snapshots_parts.py [--steps 330] [--total]
 
 The reference model (memory_snapshots.py's ``ref``) trains through ``Checkpoints`` with
 ``memory_snapshots: every_step``; after each real step the previous write is waited for
@@ -52,10 +52,12 @@ def _timed(times: dict[str, list[int]], label: str, fn: Any) -> Any:
     return wrapper
 
 
-def _wrap(times: dict[str, list[int]]) -> None:
+def _wrap(times: dict[str, list[int]], total: bool = False) -> None:
     import importlib
 
     for module_name, owner_name, name in PARTS:
+        if total and name not in ("maybe_save", "after_step"):
+            continue
         try:
             owner: Any = importlib.import_module(module_name)
         except ImportError:  # the code before may not have it
@@ -70,6 +72,8 @@ def _wrap(times: dict[str, list[int]]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=330)
+    parser.add_argument("--total", action="store_true",
+                        help="time the whole snapshot only (no wrapper around its parts)")
     args = parser.parse_args(argv)
     import torch
 
@@ -78,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     import memory_snapshots as bench
 
     times: dict[str, list[int]] = {}
-    _wrap(times)
+    _wrap(times, args.total)
     model, opt, train_step = bench._build("ref")
     folder = Path(tempfile.mkdtemp(prefix="tw-snap-parts-"))
     ckpt = bench._checkpoints(folder, "every_step")
