@@ -19,6 +19,7 @@ labels; anything else is dropped and reported once through ``reject``.
 from __future__ import annotations
 
 import bisect
+import io
 import math
 from collections import defaultdict
 from typing import Callable, Hashable, Iterable, Iterator, Mapping
@@ -235,7 +236,7 @@ class ExpositionWriter:
                  reject: Callable[[str, str], None]):
         self.metrics, self.reject = metrics, reject
         self._prefixes: dict[Hashable, dict[_Key, str]] = {}
-        self._headers: dict[tuple[str, bool], str] = {}
+        self._headers: dict[tuple[str, bool], bytes] = {}
         self._blocks: dict[Hashable, BlockTexts] = {}
 
     def render(self, samples: Iterable[Sample], content_type: str = TEXT) -> bytes:
@@ -345,16 +346,20 @@ class ExpositionWriter:
         for families in sources:
             for name, family in families.items():
                 merged[name].append(family)
-        out: list[str] = []
+        # Encoded a family at a time into one growing buffer: the body as one str and
+        # then its bytes had been two bodies' worth at once beside the one served (1.3 MiB
+        # each at 256 ranks), the agent's highest peak.
+        out = io.BytesIO()
+        write = out.write
         for name in sorted(merged):
-            out.append(self._header(self.metrics[name], openmetrics))
+            write(self._header(self.metrics[name], openmetrics))
             parts = merged[name]
-            out.append(parts[0].lines)
+            write(parts[0].lines.encode())
             if len(parts) > 1:
-                out.extend(_without_seen(parts))
+                write("".join(_without_seen(parts)).encode())
         if openmetrics:
-            out.append("# EOF\n")
-        return "".join(out).encode()
+            write(b"# EOF\n")
+        return out.getvalue()
 
     def _checked_prefix(self, name: str, labels: dict[str, str]) -> str:
         """The series' line prefix; "" for a name or label set the contract refuses."""
@@ -370,7 +375,7 @@ class ExpositionWriter:
         pairs = ",".join(f'{key}="{_escape_label_value(labels[key])}"' for key in sorted(labels))
         return f"{spec.name}{{{pairs}}} "
 
-    def _header(self, spec: MetricSpec, openmetrics: bool) -> str:
+    def _header(self, spec: MetricSpec, openmetrics: bool) -> bytes:
         header = self._headers.get((spec.name, openmetrics))
         if header is None:
             kind = "counter" if spec.type == "counter" else "gauge"  # "info" is a gauge of 1
@@ -378,7 +383,7 @@ class ExpositionWriter:
             if openmetrics and kind == "counter":
                 family = spec.name.removesuffix("_total")  # OpenMetrics names the family bare
             header = (f"# HELP {family} {_escape_help(spec.help, openmetrics)}\n"
-                      f"# TYPE {family} {kind}\n")
+                      f"# TYPE {family} {kind}\n").encode()
             self._headers[(spec.name, openmetrics)] = header
         return header
 
