@@ -75,7 +75,7 @@ _PROCESS_LABELS = {name: (("state", name),) for name in PROCESS_STATES}
 _PHASE_LABELS = {name: (("phase", name),) for name in KNOWN_PHASES}
 
 
-@dataclass
+@dataclass(slots=True)
 class _Seen:
     value: float
     anchor: float  # monotonic time at which the value was new
