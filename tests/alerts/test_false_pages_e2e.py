@@ -19,6 +19,7 @@ import pytest
 
 from agent_helpers import http_get, start_agent, stop_process, wait_for
 from conftest import kill_tree
+from side_by_side import side_by_side
 from trainwatch.alerts.engine import Engine
 from trainwatch.alerts.evaluate import History
 from trainwatch.alerts.rules import load_rules
@@ -62,8 +63,7 @@ def _fired(run: RunDir) -> list[str]:
     return [e["alert"] for e in run.events("alert_firing")]
 
 
-def test_a_rank_with_a_clock_5_min_behind_is_not_paged_and_the_report_keeps_one_clock(
-        tmp_path):
+def _a_rank_with_a_clock_5_min_behind_is_not_paged_and_the_report_keeps_one_clock(tmp_path):
     # The pages it must not get come within 10 s of a misjudgment (the defaults' minute
     # would outlast this short run): a rank wrongly seen down or failed to start fires.
     _configs(tmp_path, "rank_down_for: 10s", "startup_failed_for: 10s")
@@ -106,7 +106,7 @@ def _metric(text: str, name: str) -> list[float]:
             if line.startswith(name + "{")]
 
 
-def test_a_run_its_supervisor_stopped_whose_ranks_were_sigkilled_pages_nobody(tmp_path):
+def _a_run_its_supervisor_stopped_whose_ranks_were_sigkilled_pages_nobody(tmp_path):
     """`trainwatch run` is stopped (SIGTERM); its ranks ignore SIGTERM and are SIGKILLed
     after the grace period, so their statuses still say running. An agent that keeps
     watching the runs folder says the supervisor stopped the run, and the rules, replayed
@@ -175,3 +175,23 @@ def test_a_run_its_supervisor_stopped_whose_ranks_were_sigkilled_pages_nobody(tm
     finally:
         if agent is not None:
             stop_process(agent)
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory):
+    """Both runs side by side: paced steps and a grace period are mostly waiting."""
+    with side_by_side(request, tmp_path_factory, {
+        "test_a_rank_with_a_clock_5_min_behind_is_not_paged_and_the_report_keeps_one_clock":
+            _a_rank_with_a_clock_5_min_behind_is_not_paged_and_the_report_keeps_one_clock,
+        "test_a_run_its_supervisor_stopped_whose_ranks_were_sigkilled_pages_nobody":
+            _a_run_its_supervisor_stopped_whose_ranks_were_sigkilled_pages_nobody,
+    }) as running:
+        yield running
+
+
+def test_a_rank_with_a_clock_5_min_behind_is_not_paged_and_the_report_keeps_one_clock(runs, request):
+    runs.result(request)
+
+
+def test_a_run_its_supervisor_stopped_whose_ranks_were_sigkilled_pages_nobody(runs, request):
+    runs.result(request)

@@ -18,6 +18,7 @@ import pytest
 from agent_helpers import wait_for
 from control_helpers import _finish, _run
 from conftest import kill_tree
+from side_by_side import side_by_side
 from trainwatch.rundir.run_dir import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
@@ -39,7 +40,7 @@ def _configs(tmp_path, checkpoint="", **thresholds):
 
 
 
-def test_sigstopped_rank_is_restarted_from_the_survivors_gasp_and_finishes(tmp_path):
+def _sigstopped_rank_is_restarted_from_the_survivors_gasp_and_finishes(tmp_path):
     # Snapshots every 4 steps: without the supervisor's gasp request the restart would go
     # back to the snapshot of step 21 (or older).
     _configs(tmp_path, checkpoint=", memory_snapshots_every: 4")
@@ -89,7 +90,7 @@ def test_sigstopped_rank_is_restarted_from_the_survivors_gasp_and_finishes(tmp_p
     assert not os.path.exists(f"/proc/{frozen_pid}")
 
 
-def test_crash_loop_trips_the_guard_and_pages(tmp_path):
+def _crash_loop_trips_the_guard_and_pages(tmp_path):
     _configs(tmp_path, restart_guard_max_restarts=1)
     run = RunDir(tmp_path / "exp1")
     proc = _run(tmp_path, run.root, "--max-restarts", "0",
@@ -109,3 +110,23 @@ def test_crash_loop_trips_the_guard_and_pages(tmp_path):
     # --no-live still says why it gave up, not only the exit code
     assert ("the job failed and was not restarted: restart guard"
             in (tmp_path / "run.log").read_text())
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory):
+    """Both runs side by side: the stall's detection window and the restarts mostly wait."""
+    with side_by_side(request, tmp_path_factory, {
+        "test_sigstopped_rank_is_restarted_from_the_survivors_gasp_and_finishes":
+            _sigstopped_rank_is_restarted_from_the_survivors_gasp_and_finishes,
+        "test_crash_loop_trips_the_guard_and_pages":
+            _crash_loop_trips_the_guard_and_pages,
+    }) as running:
+        yield running
+
+
+def test_sigstopped_rank_is_restarted_from_the_survivors_gasp_and_finishes(runs, request):
+    runs.result(request)
+
+
+def test_crash_loop_trips_the_guard_and_pages(runs, request):
+    runs.result(request)

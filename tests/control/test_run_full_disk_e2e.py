@@ -22,6 +22,7 @@ import pytest
 
 from agent_helpers import wait_for
 from conftest import REPO, fill_to_the_brim, kill_tree, tmpfs_mount
+from side_by_side import side_by_side
 from control_helpers import fill_run_dir_and_logs, start_run
 from trainwatch.rundir.run_dir import RunDir
 
@@ -51,7 +52,7 @@ def _steps(run: RunDir) -> int:
     return max((s for s in steps if isinstance(s, int)), default=-1)
 
 
-def test_ctrl_c_on_a_full_run_directory_stops_everything_and_exits_130(tmp_path):
+def _ctrl_c_on_a_full_run_directory_stops_everything_and_exits_130(tmp_path):
     run = RunDir(tmp_path / "disk")
     with tmpfs_mount(run.root, "48m"):
         proc = _start(tmp_path, run.root)
@@ -81,7 +82,7 @@ def test_ctrl_c_on_a_full_run_directory_stops_everything_and_exits_130(tmp_path)
     assert "could not record" in log and "controller_stopped" in log, log[-3000:]
 
 
-def test_storage_full_names_the_full_disk_within_15s_of_the_first_failed_save(tmp_path):
+def _storage_full_names_the_full_disk_within_15s_of_the_first_failed_save(tmp_path):
     run = RunDir(tmp_path / "run")
     disk = tmp_path / "ckpt"
     with tmpfs_mount(disk, "16m"):
@@ -124,7 +125,7 @@ os._exit(1)
 """
 
 
-def test_a_crash_that_cannot_be_restarted_on_a_full_disk_ends_the_run_not_hangs(tmp_path):
+def _a_crash_that_cannot_be_restarted_on_a_full_disk_ends_the_run_not_hangs(tmp_path):
     """The job crashes with its run directory full: the restart cannot record itself (the
     restart guard's ledger), so it is not taken. `trainwatch run` says why and ends with
     exit 1 (before: a traceback in the supervisor thread, and the run waited forever)."""
@@ -156,7 +157,7 @@ def _no_death_no_restart(run: RunDir, pid: int, log: str) -> None:
     assert (status["pid"], status["state"]) == (pid, "finished"), (status, log[-3000:])
 
 
-def test_an_own_job_that_prints_every_step_trains_on_through_a_full_run_directory(tmp_path):
+def _an_own_job_that_prints_every_step_trains_on_through_a_full_run_directory(tmp_path):
     """Before: the job's stdout was logs/job.log on the full disk; its next print died of
     ENOSPC, so did torchrun's restart, and the run failed. After: its output is missing
     from the log while the disk is full (the log says where and how much), nothing else;
@@ -199,3 +200,35 @@ def test_an_own_job_that_prints_every_step_trains_on_through_a_full_run_director
     assert "finished after step" in job_log[missing:], job_log[-3000:]
     assert "bytes of the job's output are missing from" in log, log[-3000:]
     assert stopped[-1]["output_dropped_bytes"] > 0, stopped
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory):
+    """The four runs side by side: paced steps and full disks are mostly waiting."""
+    with side_by_side(request, tmp_path_factory, {
+        "test_an_own_job_that_prints_every_step_trains_on_through_a_full_run_directory":
+            _an_own_job_that_prints_every_step_trains_on_through_a_full_run_directory,
+        "test_storage_full_names_the_full_disk_within_15s_of_the_first_failed_save":
+            _storage_full_names_the_full_disk_within_15s_of_the_first_failed_save,
+        "test_ctrl_c_on_a_full_run_directory_stops_everything_and_exits_130":
+            _ctrl_c_on_a_full_run_directory_stops_everything_and_exits_130,
+        "test_a_crash_that_cannot_be_restarted_on_a_full_disk_ends_the_run_not_hangs":
+            _a_crash_that_cannot_be_restarted_on_a_full_disk_ends_the_run_not_hangs,
+    }) as running:
+        yield running
+
+
+def test_an_own_job_that_prints_every_step_trains_on_through_a_full_run_directory(runs, request):
+    runs.result(request)
+
+
+def test_storage_full_names_the_full_disk_within_15s_of_the_first_failed_save(runs, request):
+    runs.result(request)
+
+
+def test_ctrl_c_on_a_full_run_directory_stops_everything_and_exits_130(runs, request):
+    runs.result(request)
+
+
+def test_a_crash_that_cannot_be_restarted_on_a_full_disk_ends_the_run_not_hangs(runs, request):
+    runs.result(request)

@@ -7,8 +7,8 @@ progress line every step), and rank 0 alone evaluates for 30 s after step 30 whi
 waits in the next collective. The job must train to the end with the same two rank
 processes, no restart, no stall verdict and no stall alert; TrainwatchCannotPublish must
 page within 30 s of the disk filling and StorageFull page too; the run finishes (exit 0)
-once space returns. A second, short run hangs inside that evaluation: the stall is still
-caught once the phase budget is spent.
+once space returns. A second, short run, started beside the first (both mostly wait), hangs
+inside that evaluation: the stall is still caught once the phase budget is spent.
 
 Why 30 s of evaluation proves what 90 s did: a waiting rank judged by its own budget
 (max(floor 5 s, 10 x 0.25 s steps)) would be a stall finding after 5 s, TrainingStallSuspected
@@ -25,6 +25,7 @@ import urllib.request
 import pytest
 
 from conftest import fill_to_the_brim, kill_tree, tmpfs_mount
+from side_by_side import side_by_side
 from control_helpers import fill_run_dir_and_logs, start_run
 from trainwatch.rundir.run_dir import RunDir
 
@@ -76,7 +77,7 @@ def _ranks_seen(status: dict | None) -> dict[int, dict]:
     return {r["rank"]: r for job in (status or {}).get("jobs", []) for r in job["ranks"]}
 
 
-def test_a_full_run_directory_and_a_30s_rank0_evaluation_do_not_harm_the_job(tmp_path):
+def _a_full_run_directory_and_a_30s_rank0_evaluation_do_not_harm_the_job(tmp_path):
     """Before (the whole run directory full): rank 0's progress print to its torchrun log
     file died of ENOSPC about a second after the disk filled, torchrun's restart the same
     way, and `trainwatch run` exited 1."""
@@ -144,7 +145,7 @@ def test_a_full_run_directory_and_a_30s_rank0_evaluation_do_not_harm_the_job(tmp
 EVAL_BUDGET = 10
 
 
-def test_a_hang_inside_the_evaluation_is_caught_within_its_phase_budget(tmp_path):
+def _a_hang_inside_the_evaluation_is_caught_within_its_phase_budget(tmp_path):
     run = RunDir(tmp_path / "exp")
     (tmp_path / "agent.yaml").write_text(
         f"stall:\n  phase_budgets: {{checkpoint: 600, eval: {EVAL_BUDGET}, init: 600}}\n")
@@ -174,3 +175,23 @@ def test_a_hang_inside_the_evaluation_is_caught_within_its_phase_budget(tmp_path
     for rank in (0, 1):  # not before the evaluation's budget, and soon after it
         assert EVAL_BUDGET - 1 <= found[rank]["detected_at"] - began <= EVAL_BUDGET + 15, \
             (found, began)
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory):
+    """The two runs side by side: both mostly wait (paced steps, an evaluation, a budget)."""
+    with side_by_side(request, tmp_path_factory, {
+        "test_a_full_run_directory_and_a_30s_rank0_evaluation_do_not_harm_the_job":
+            _a_full_run_directory_and_a_30s_rank0_evaluation_do_not_harm_the_job,
+        "test_a_hang_inside_the_evaluation_is_caught_within_its_phase_budget":
+            _a_hang_inside_the_evaluation_is_caught_within_its_phase_budget,
+    }) as running:
+        yield running
+
+
+def test_a_full_run_directory_and_a_30s_rank0_evaluation_do_not_harm_the_job(runs, request):
+    runs.result(request)
+
+
+def test_a_hang_inside_the_evaluation_is_caught_within_its_phase_budget(runs, request):
+    runs.result(request)

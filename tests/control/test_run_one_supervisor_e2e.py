@@ -22,6 +22,7 @@ import pytest
 
 from agent_helpers import wait_for
 from conftest import kill_tree, start_train
+from side_by_side import side_by_side
 from trainwatch.contract.env import SUPERVISOR_ENV
 from trainwatch.node import node_name
 from trainwatch.rundir.run_dir import RunDir
@@ -121,8 +122,7 @@ def _second_supervisor_is_refused(tmp_path, run: RunDir, first: subprocess.Popen
     assert run.run_file.read_bytes() == run_json
 
 
-def test_a_second_supervisor_exits_2_then_sigkill_of_the_first_takes_every_descendant(
-        tmp_path):
+def _a_second_supervisor_exits_2_then_sigkill_of_the_first_takes_every_descendant(tmp_path):
     """One paced run for both: a second supervisor on its directory refuses at once (exit 2,
     naming the holder's pid and host) and leaves it alone; SIGKILL of the holder then takes
     its agent, launcher, torchrun and ranks with it, and the same command run again trains
@@ -170,8 +170,7 @@ def test_a_second_supervisor_exits_2_then_sigkill_of_the_first_takes_every_desce
     assert not run.events("leftovers_stopped")  # nothing was left to stop
 
 
-def test_a_job_that_outlives_its_killed_supervisor_is_stopped_before_the_next_one_starts(
-        tmp_path):
+def _a_job_that_outlives_its_killed_supervisor_is_stopped_before_the_next_one_starts(tmp_path):
     """SIGTERM from the dying supervisor does not reach a job that ignores it; the next
     `trainwatch run` finds it by the supervisor's mark in its environment and stops it."""
     run = RunDir(tmp_path / "exp")
@@ -210,7 +209,7 @@ def test_a_job_that_outlives_its_killed_supervisor_is_stopped_before_the_next_on
     assert len(starts) == 2 and starts[1]["time"] > stopped["time"]
 
 
-def test_a_repeated_sigterm_to_the_launcher_still_stops_torchrun_and_its_ranks(tmp_path):
+def _a_repeated_sigterm_to_the_launcher_still_stops_torchrun_and_its_ranks(tmp_path):
     """A killed supervisor's PDEATHSIG reaches its child once per thread it had: the
     launcher forwards the first only, so torchrun's own shutdown is not interrupted."""
     run = RunDir(tmp_path / "exp")
@@ -237,3 +236,29 @@ def test_a_repeated_sigterm_to_the_launcher_still_stops_torchrun_and_its_ranks(t
     finally:
         _kill_all(_running(tree))
         kill_tree(launcher)
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory):
+    """The three runs side by side: their paced steps are mostly waiting."""
+    with side_by_side(request, tmp_path_factory, {
+        "test_a_second_supervisor_exits_2_then_sigkill_of_the_first_takes_every_descendant":
+            _a_second_supervisor_exits_2_then_sigkill_of_the_first_takes_every_descendant,
+        "test_a_job_that_outlives_its_killed_supervisor_is_stopped_before_the_next_one_starts":
+            _a_job_that_outlives_its_killed_supervisor_is_stopped_before_the_next_one_starts,
+        "test_a_repeated_sigterm_to_the_launcher_still_stops_torchrun_and_its_ranks":
+            _a_repeated_sigterm_to_the_launcher_still_stops_torchrun_and_its_ranks,
+    }) as running:
+        yield running
+
+
+def test_a_second_supervisor_exits_2_then_sigkill_of_the_first_takes_every_descendant(runs, request):
+    runs.result(request)
+
+
+def test_a_job_that_outlives_its_killed_supervisor_is_stopped_before_the_next_one_starts(runs, request):
+    runs.result(request)
+
+
+def test_a_repeated_sigterm_to_the_launcher_still_stops_torchrun_and_its_ranks(runs, request):
+    runs.result(request)

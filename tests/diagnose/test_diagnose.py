@@ -2,9 +2,11 @@
 
 Each test starts tests/jobs/diagnose_job.py (telemetry + flight recorder on), injects one
 real fault (SIGSTOP, SIGKILL, a FIFO nobody writes, an extra collective, a full
-tmpfs, a slow rank) and checks that diagnose names the culprit.
+tmpfs, a slow rank) and checks that diagnose names the culprit. The tests' jobs run three at
+a time (tests/side_by_side.py).
 """
 
+import contextlib
 import os
 import shutil
 import signal
@@ -20,26 +22,29 @@ import pytest
 from agent_helpers import free_port, get_json, http_get, stop_process, wait_for
 from conftest import REPO, tmpfs_mount
 from diagnose_helpers import Job, diagnose, stalled_for, top
+from side_by_side import scenario, side_by_side
 
 pytestmark = pytest.mark.slow
 
 
 
-@pytest.fixture
+@contextlib.contextmanager
 def start_job(tmp_path):
+    """Start jobs in ``tmp_path``; every one is stopped, with its ranks, at the end."""
     jobs = []
 
     def start(**kwargs) -> Job:
         job = Job(tmp_path, **kwargs)
         jobs.append(job)
         return job
-    yield start
-    for job in jobs:
-        job.stop()
+    try:
+        yield start
+    finally:
+        for job in jobs:
+            job.stop()
 
 
-
-@pytest.fixture
+@contextlib.contextmanager
 def agent(tmp_path):
     """A real `trainwatch agent` on 127.0.0.1 watching the test's run directory."""
     port = free_port()
@@ -54,7 +59,7 @@ def agent(tmp_path):
         stop_process(proc)
 
 
-def test_sigstop_rank_named_stuck_on_4_ranks_within_20s(start_job, agent, tmp_path):
+def _sigstop_rank_named_stuck_on_4_ranks_within_20s(start_job, agent, tmp_path):
     job = start_job(nproc=4)
     job.wait_step(10)
     os.kill(job.pid(2), signal.SIGSTOP)
@@ -166,8 +171,7 @@ scrape_configs:
 
 
 
-@pytest.mark.parametrize("flight_recorder", [True, False], ids=["fr", "stacks-only"])
-def test_rank_blocked_in_data_loading(start_job, tmp_path, flight_recorder):
+def _rank_blocked_in_data_loading(start_job, tmp_path, flight_recorder):
     fifo = tmp_path / "never-written.fifo"
     os.mkfifo(fifo)
     job = start_job(FAULT="data_fifo", FAULT_RANK="1", FAULT_STEP="12", FAULT_ARG=str(fifo),
@@ -193,7 +197,7 @@ def test_rank_blocked_in_data_loading(start_job, tmp_path, flight_recorder):
         assert any("flight recorder disabled" in line for line in report["could_not_see"])
 
 
-def test_kernel_causes_flock_holder_and_thread_deadlock(start_job, tmp_path):
+def _kernel_causes_flock_holder_and_thread_deadlock(start_job, tmp_path):
     """Rank 1 waits for an flock another process holds, rank 2's threads deadlock on two
     locks, rank 0 waits for both in the all_reduce: the kernel and the source name why."""
     lock_path = tmp_path / "shared.lock"
@@ -231,7 +235,7 @@ def test_kernel_causes_flock_holder_and_thread_deadlock(start_job, tmp_path):
     assert "deadlock: thread" in stuck[2]["title"]
 
 
-def test_extra_collective_is_a_desync_at_the_right_sequence_number(start_job):
+def _extra_collective_is_a_desync_at_the_right_sequence_number(start_job):
     step = 15
     job = start_job(FAULT="extra_collective", FAULT_RANK="1", FAULT_STEP=str(step))
     job.wait(lambda s: all(r["step"] == step for r in s.values()) and stalled_for(2)(s),
@@ -249,7 +253,7 @@ def test_extra_collective_is_a_desync_at_the_right_sequence_number(start_job):
     assert "rank 1: gloo:barrier" in ops and "rank 0: gloo:all_reduce" in ops, ops
 
 
-def test_collective_mismatch_abort_blames_the_aborting_rank_or_says_tie(start_job):
+def _collective_mismatch_abort_blames_the_aborting_rank_or_says_tie(start_job):
     """Rank 1 all-reduces a bigger tensor; gloo aborts the receiving rank (SIGABRT) and
     torchrun SIGTERMs the other. torchrun's root cause decides; without its log the last
     heartbeats may be a tie, never a confident wrong answer."""
@@ -271,7 +275,7 @@ def test_collective_mismatch_abort_blames_the_aborting_rank_or_says_tie(start_jo
         assert blamed["ranks"] == [root["rank"]] and blamed["confidence"] != "high", blamed
 
 
-def test_sigkilled_rank_is_dead(start_job):
+def _sigkilled_rank_is_dead(start_job):
     job = start_job()
     job.wait_step(8)
     os.kill(job.pid(1), signal.SIGKILL)
@@ -286,13 +290,13 @@ def test_sigkilled_rank_is_dead(start_job):
                 and f["ranks"] != [1]]
 
 
-@pytest.fixture
+@contextlib.contextmanager
 def full_tmpfs(tmp_path):
     with tmpfs_mount(tmp_path / "run" / "checkpoints", "1m") as mount:
         yield mount
 
 
-def test_checkpoints_on_a_full_tmpfs(start_job, full_tmpfs):
+def _checkpoints_on_a_full_tmpfs(start_job, full_tmpfs):
     job = start_job(steps=40, FAULT="checkpoint", FAULT_ARG="5")
     assert job.proc.wait(timeout=120) == 0, job.tail()
     code, report, _ = diagnose(job.run)
@@ -307,7 +311,7 @@ def test_checkpoints_on_a_full_tmpfs(start_job, full_tmpfs):
     assert saved and newest["step"] == saved[-1] and newest["source"] == "manifest"
 
 
-def test_slow_rank_is_a_straggler_not_a_stall(start_job):
+def _slow_rank_is_a_straggler_not_a_stall(start_job):
     job = start_job(FAULT="slow", FAULT_RANK="1", FAULT_ARG="0.1")
     job.wait_step(25)
     code, report, _ = diagnose(job.run)
@@ -322,7 +326,7 @@ SECRETS = {"WANDB_API_KEY": "planted-env-secret-9f8e7d", "hf_token": "planted-co
            "log": "planted-log-secret-77aa"}
 
 
-def test_healthy_run_exits_0_and_secrets_never_leak(start_job, tmp_path):
+def _healthy_run_exits_0_and_secrets_never_leak(start_job, tmp_path):
     job = start_job(WANDB_API_KEY=SECRETS["WANDB_API_KEY"])
     job.run.write_run_info({"job": "healthy", "world_size": 2,
                             "config": {"hf_token": SECRETS["hf_token"], "lr": 0.01}})
@@ -356,7 +360,7 @@ def test_bad_usage_exits_2(tmp_path):
     assert proc.returncode == 2 and "no such run directory" in proc.stderr
 
 
-def test_reference_trainer_hang_is_found_with_ddp(start_job):
+def _reference_trainer_hang_is_found_with_ddp(start_job):
     """The real trainer (DDP, its own launcher) with TRAINWATCH_FAULT=hang on rank 1."""
     job = start_job(trainer=True, TRAINWATCH_FAULT="hang:rank=1:step=4")
     job.wait(lambda s: s[1]["step"] == 4 and stalled_for(3)(s), "rank 1 hung at step 4")
@@ -367,3 +371,77 @@ def test_reference_trainer_hang_is_found_with_ddp(start_job):
     assert "outside a collective" in finding["title"]
     assert any("[0] wait in collective" in e for e in finding["evidence"]), finding["evidence"]
     assert any("faults.py" in line for line in finding["stack"]), finding["stack"]
+
+
+# --------------------------------------------------------------------------- side by side
+
+WITH = {"start_job": start_job, "agent": agent, "full_tmpfs": full_tmpfs}
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory):
+    """Three jobs at a time: most of a test is waiting for its fault to show."""
+    with side_by_side(request, tmp_path_factory, {
+        "test_sigstop_rank_named_stuck_on_4_ranks_within_20s":
+            scenario(_sigstop_rank_named_stuck_on_4_ranks_within_20s, WITH),
+        "test_rank_blocked_in_data_loading[fr]":
+            scenario(_rank_blocked_in_data_loading, WITH, flight_recorder=True),
+        "test_rank_blocked_in_data_loading[stacks-only]":
+            scenario(_rank_blocked_in_data_loading, WITH, flight_recorder=False),
+        "test_kernel_causes_flock_holder_and_thread_deadlock":
+            scenario(_kernel_causes_flock_holder_and_thread_deadlock, WITH),
+        "test_reference_trainer_hang_is_found_with_ddp":
+            scenario(_reference_trainer_hang_is_found_with_ddp, WITH),
+        "test_slow_rank_is_a_straggler_not_a_stall":
+            scenario(_slow_rank_is_a_straggler_not_a_stall, WITH),
+        "test_checkpoints_on_a_full_tmpfs": scenario(_checkpoints_on_a_full_tmpfs, WITH),
+        "test_sigkilled_rank_is_dead": scenario(_sigkilled_rank_is_dead, WITH),
+        "test_collective_mismatch_abort_blames_the_aborting_rank_or_says_tie":
+            scenario(_collective_mismatch_abort_blames_the_aborting_rank_or_says_tie, WITH),
+        "test_extra_collective_is_a_desync_at_the_right_sequence_number":
+            scenario(_extra_collective_is_a_desync_at_the_right_sequence_number, WITH),
+        "test_healthy_run_exits_0_and_secrets_never_leak":
+            scenario(_healthy_run_exits_0_and_secrets_never_leak, WITH),
+    }, at_once=3) as running:
+        yield running
+
+
+def test_sigstop_rank_named_stuck_on_4_ranks_within_20s(runs, request):
+    runs.result(request)
+
+
+@pytest.mark.parametrize("flight_recorder", [True, False], ids=["fr", "stacks-only"])
+def test_rank_blocked_in_data_loading(runs, request, flight_recorder):
+    runs.result(request)
+
+
+def test_kernel_causes_flock_holder_and_thread_deadlock(runs, request):
+    runs.result(request)
+
+
+def test_extra_collective_is_a_desync_at_the_right_sequence_number(runs, request):
+    runs.result(request)
+
+
+def test_collective_mismatch_abort_blames_the_aborting_rank_or_says_tie(runs, request):
+    runs.result(request)
+
+
+def test_sigkilled_rank_is_dead(runs, request):
+    runs.result(request)
+
+
+def test_checkpoints_on_a_full_tmpfs(runs, request):
+    runs.result(request)
+
+
+def test_slow_rank_is_a_straggler_not_a_stall(runs, request):
+    runs.result(request)
+
+
+def test_healthy_run_exits_0_and_secrets_never_leak(runs, request):
+    runs.result(request)
+
+
+def test_reference_trainer_hang_is_found_with_ddp(runs, request):
+    runs.result(request)

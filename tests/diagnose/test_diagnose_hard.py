@@ -5,9 +5,10 @@ killed afterwards, a rank killed while a peer finishes a slow batch, a hung Data
 worker, an OOM kill (a rank busy in C holding the GIL: test_diagnose_busy_in_c.py).
 
 Every case checks the rank, the cause, that no confident claim is wrong, and that
-diagnose answers within 20 s (printed).
+diagnose answers within 20 s (printed). The cases run three at a time (tests/side_by_side.py).
 """
 
+import contextlib
 import os
 import shutil
 import signal
@@ -20,6 +21,7 @@ import pytest
 from agent_helpers import get_json, start_agent, stop_process, wait_for
 from conftest import tmpfs_mount
 from diagnose_helpers import Job, no_confident_wrong, stalled_for, timed_diagnose, top
+from side_by_side import scenario, side_by_side
 from trainwatch.rundir.beat import beat_path, read_beat
 from trainwatch.host.cgroup import cgroup_dir
 from trainwatch.host.cgroup import memory_cgroup as memory_cgroup_of
@@ -27,7 +29,7 @@ from trainwatch.host.cgroup import memory_cgroup as memory_cgroup_of
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
+@contextlib.contextmanager
 def jobs(tmp_path):
     """Starts test_diagnose's torchrun ``Job``s; each is killed with its ranks afterwards."""
     started: list[Job] = []
@@ -35,12 +37,25 @@ def jobs(tmp_path):
     def start(**kwargs) -> Job:
         started.append(Job(tmp_path, **kwargs))
         return started[-1]
-    yield start
-    for job in started:
-        job.stop()
+    try:
+        yield start
+    finally:
+        for job in started:
+            job.stop()
 
 
-def test_rank_skipping_a_side_group_collective_is_named(jobs, tmp_path):
+@contextlib.contextmanager
+def scratch(tmp_path):
+    """A short folder of its own: a socket path has 107 bytes at most (pytest's folders
+    under xdist are longer)."""
+    folder = tempfile.mkdtemp(prefix="tw-")
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _rank_skipping_a_side_group_collective_is_named(jobs, tmp_path):
     """Rank 1 skips one all_reduce on a side group, inside a phase of the user's own
     ("metrics", no collective phase by name), and goes on to the next step's gradient
     all_reduce; ranks 0 and 2 wait in the side group's collective. The rank that did not
@@ -85,7 +100,7 @@ def test_rank_skipping_a_side_group_collective_is_named(jobs, tmp_path):
     no_confident_wrong(report, 1)
 
 
-def test_racing_deaths_weigh_a_peers_failure_against_the_launchers_order(jobs):
+def _racing_deaths_weigh_a_peers_failure_against_the_launchers_order(jobs):
     """Rank 1 is SIGKILLed while rank 0 waits for it in the all_reduce; rank 0 fails at
     once ("Connection reset by peer") and aborts. torchrun sees both exits in one poll and names the
     lower rank its root cause. Rank 0's error is a peer's failure seen from it: rank 1 is
@@ -106,7 +121,7 @@ def test_racing_deaths_weigh_a_peers_failure_against_the_launchers_order(jobs):
     no_confident_wrong(report, 1)
 
 
-def test_two_ranks_exiting_within_one_poll_are_both_named_not_torchruns_pick(jobs):
+def _two_ranks_exiting_within_one_poll_are_both_named_not_torchruns_pick(jobs):
     """Rank 1 exits with code 3 and rank 0 with code 4 5 ms later, at a moment they agreed
     on: torchrun sees both in one poll (0.1 s) and names rank 0, the lower. Nothing the
     ranks left orders them: both are named with their exit codes, at medium confidence.
@@ -130,7 +145,7 @@ def test_two_ranks_exiting_within_one_poll_are_both_named_not_torchruns_pick(job
     no_confident_wrong(report, 1)
 
 
-def test_a_dead_ranks_step_comes_from_its_beat_not_a_stale_status(jobs, tmp_path):
+def _a_dead_ranks_step_comes_from_its_beat_not_a_stale_status(jobs, tmp_path):
     """The status folder (a small tmpfs) fills up at step ~30: status files stop changing,
     the fixed-size beat files go on. Rank 1 dies at step 60: diagnose says step 60."""
     with tmpfs_mount(tmp_path / "run" / "status", "1m") as status_dir:
@@ -165,7 +180,7 @@ def beat(status_dir, rank: int):
     return read_beat(beat_path(status_dir, rank))
 
 
-def test_post_mortem_of_a_killed_hang_says_it_was_stalled_before_it_died(jobs, tmp_path):
+def _post_mortem_of_a_killed_hang_says_it_was_stalled_before_it_died(jobs, tmp_path):
     """Rank 1 blocks in data loading, rank 0 waits in the all_reduce; after a while the
     operator stops the job (SIGTERM to torchrun). Afterwards diagnose says the run was
     already stalled before it died, and where each rank was: the deaths ended a hang."""
@@ -186,7 +201,7 @@ def test_post_mortem_of_a_killed_hang_says_it_was_stalled_before_it_died(jobs, t
     no_confident_wrong(report, 1)
 
 
-def test_killed_rank_is_dead_not_a_stall_while_a_peer_finishes_a_slow_batch(jobs):
+def _killed_rank_is_dead_not_a_stall_while_a_peer_finishes_a_slow_batch(jobs):
     """Rank 1 is SIGKILLed at step 12 while rank 0 spends 8 s loading that step's batch and
     stops on SIGTERM only after the step (as Checkpoints does): rank 0 beats on for 8 s
     without a step, then dies in the all_reduce. The run died when rank 1 was killed (the
@@ -205,17 +220,14 @@ def test_killed_rank_is_dead_not_a_stall_while_a_peer_finishes_a_slow_batch(jobs
     no_confident_wrong(report, 1)
 
 
-def test_hung_data_loader_worker_is_named_with_its_stack(jobs, tmp_path, request):
+def _hung_data_loader_worker_is_named_with_its_stack(scratch, jobs, tmp_path):
     """Rank 1's DataLoader (2 worker processes) waits in _try_get_data for a worker that
     blocks opening a FIFO nobody writes: diagnose names that worker (pid, stack, cause)."""
     fifo = tmp_path / "never-written.fifo"
     os.mkfifo(fifo)
-    # DataLoader workers hand tensors back through a Unix socket in TMPDIR: a short one,
-    # as a socket path has 107 bytes at most (pytest's folders under xdist are longer).
-    scratch = tempfile.mkdtemp(prefix="tw-")
+    # DataLoader workers hand tensors back through a Unix socket in TMPDIR: a short one.
     job = jobs(FAULT="worker_fifo", FAULT_RANK="1", FAULT_STEP="12", FAULT_ARG=str(fifo),
                TMPDIR=scratch)
-    request.addfinalizer(lambda: shutil.rmtree(scratch, ignore_errors=True))
     job.wait(lambda s: s[1]["phase"] == "data" and (s[1]["step"] or 0) >= 10
              and stalled_for(3)(s), "rank 1 waiting for its data worker")
     rank_pid = job.pid(1)
@@ -236,8 +248,8 @@ def test_hung_data_loader_worker_is_named_with_its_stack(jobs, tmp_path, request
     no_confident_wrong(report, 1)
 
 
-@pytest.fixture
-def memory_cgroup():
+@contextlib.contextmanager
+def memory_cgroup(tmp_path):
     """A real memory cgroup with a 1.5 GiB limit (v2 where the memory controller is there,
     else v1), removed afterwards; skips where cgroups cannot be made (not root, no
     controller)."""
@@ -270,7 +282,7 @@ def memory_cgroup():
                 time.sleep(0.5)
 
 
-def test_oom_kill_is_named_with_its_cgroup_and_limit(memory_cgroup, jobs):
+def _oom_kill_is_named_with_its_cgroup_and_limit(memory_cgroup, jobs):
     """The job runs in a memory cgroup; rank 1 allocates until the kernel's OOM killer
     kills it (SIGKILL). diagnose reads the kernel log and the cgroup the rank recorded."""
     cgroup, folder, limit = memory_cgroup
@@ -288,3 +300,63 @@ def test_oom_kill_is_named_with_its_cgroup_and_limit(memory_cgroup, jobs):
     assert dead["confidence"] == "high"
     assert not [f for f in report["findings"] if "stalled" in f["title"]], report["findings"]
     no_confident_wrong(report, 1)
+
+
+# --------------------------------------------------------------------------- side by side
+
+WITH = {"jobs": jobs, "scratch": scratch, "memory_cgroup": memory_cgroup}
+
+
+# The two races first and alone, before the others start side by side: what they test is
+# the order of two exits a few milliseconds apart, which a loaded machine stretches.
+
+def test_racing_deaths_weigh_a_peers_failure_against_the_launchers_order(tmp_path):
+    scenario(_racing_deaths_weigh_a_peers_failure_against_the_launchers_order, WITH)(tmp_path)
+
+
+def test_two_ranks_exiting_within_one_poll_are_both_named_not_torchruns_pick(tmp_path):
+    scenario(_two_ranks_exiting_within_one_poll_are_both_named_not_torchruns_pick, WITH)(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory):
+    """The other cases three at a time: most of a case is waiting for its fault to show."""
+    with side_by_side(request, tmp_path_factory, {
+        "test_rank_skipping_a_side_group_collective_is_named":
+            scenario(_rank_skipping_a_side_group_collective_is_named, WITH),
+        "test_killed_rank_is_dead_not_a_stall_while_a_peer_finishes_a_slow_batch":
+            scenario(_killed_rank_is_dead_not_a_stall_while_a_peer_finishes_a_slow_batch, WITH),
+        "test_post_mortem_of_a_killed_hang_says_it_was_stalled_before_it_died":
+            scenario(_post_mortem_of_a_killed_hang_says_it_was_stalled_before_it_died, WITH),
+        "test_hung_data_loader_worker_is_named_with_its_stack":
+            scenario(_hung_data_loader_worker_is_named_with_its_stack, WITH),
+        "test_oom_kill_is_named_with_its_cgroup_and_limit":
+            scenario(_oom_kill_is_named_with_its_cgroup_and_limit, WITH),
+        "test_a_dead_ranks_step_comes_from_its_beat_not_a_stale_status":
+            scenario(_a_dead_ranks_step_comes_from_its_beat_not_a_stale_status, WITH),
+    }, at_once=3) as running:
+        yield running
+
+
+def test_rank_skipping_a_side_group_collective_is_named(runs, request):
+    runs.result(request)
+
+
+def test_a_dead_ranks_step_comes_from_its_beat_not_a_stale_status(runs, request):
+    runs.result(request)
+
+
+def test_post_mortem_of_a_killed_hang_says_it_was_stalled_before_it_died(runs, request):
+    runs.result(request)
+
+
+def test_killed_rank_is_dead_not_a_stall_while_a_peer_finishes_a_slow_batch(runs, request):
+    runs.result(request)
+
+
+def test_hung_data_loader_worker_is_named_with_its_stack(runs, request):
+    runs.result(request)
+
+
+def test_oom_kill_is_named_with_its_cgroup_and_limit(runs, request):
+    runs.result(request)
