@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -85,6 +86,22 @@ class Job:
                 pass
         self.proc.wait(timeout=30)
         self.log.close()
+
+
+@contextlib.contextmanager
+def jobs_in(tmp_path: Path):
+    """Start ``Job``s in ``tmp_path`` (``start(**kwargs)``); each is stopped, with its ranks,
+    at the end."""
+    started: list[Job] = []
+
+    def start(**kwargs) -> Job:
+        started.append(Job(tmp_path, **kwargs))
+        return started[-1]
+    try:
+        yield start
+    finally:
+        for job in started:
+            job.stop()
 
 
 def stopped_with_ctrl_c(tmp_path: Path) -> tuple[RunDir, str]:

@@ -21,27 +21,11 @@ import pytest
 
 from agent_helpers import free_port, get_json, http_get, stop_process, wait_for
 from conftest import REPO, tmpfs_mount
-from diagnose_helpers import Job, diagnose, stalled_for, top
+from diagnose_helpers import diagnose, jobs_in, stalled_for, top
 from side_by_side import scenario, side_by_side
 
 pytestmark = pytest.mark.slow
 
-
-
-@contextlib.contextmanager
-def start_job(tmp_path):
-    """Start jobs in ``tmp_path``; every one is stopped, with its ranks, at the end."""
-    jobs = []
-
-    def start(**kwargs) -> Job:
-        job = Job(tmp_path, **kwargs)
-        jobs.append(job)
-        return job
-    try:
-        yield start
-    finally:
-        for job in jobs:
-            job.stop()
 
 
 @contextlib.contextmanager
@@ -375,7 +359,7 @@ def _reference_trainer_hang_is_found_with_ddp(start_job):
 
 # --------------------------------------------------------------------------- side by side
 
-WITH = {"start_job": start_job, "agent": agent, "full_tmpfs": full_tmpfs}
+WITH = {"start_job": jobs_in, "agent": agent, "full_tmpfs": full_tmpfs}
 
 
 @pytest.fixture(scope="module")

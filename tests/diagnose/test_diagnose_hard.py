@@ -20,28 +20,13 @@ import pytest
 
 from agent_helpers import get_json, start_agent, stop_process, wait_for
 from conftest import tmpfs_mount
-from diagnose_helpers import Job, no_confident_wrong, stalled_for, timed_diagnose, top
+from diagnose_helpers import jobs_in, no_confident_wrong, stalled_for, timed_diagnose, top
 from side_by_side import scenario, side_by_side
 from trainwatch.rundir.beat import beat_path, read_beat
 from trainwatch.host.cgroup import cgroup_dir
 from trainwatch.host.cgroup import memory_cgroup as memory_cgroup_of
 
 pytestmark = pytest.mark.slow
-
-
-@contextlib.contextmanager
-def jobs(tmp_path):
-    """Starts test_diagnose's torchrun ``Job``s; each is killed with its ranks afterwards."""
-    started: list[Job] = []
-
-    def start(**kwargs) -> Job:
-        started.append(Job(tmp_path, **kwargs))
-        return started[-1]
-    try:
-        yield start
-    finally:
-        for job in started:
-            job.stop()
 
 
 @contextlib.contextmanager
@@ -304,7 +289,7 @@ def _oom_kill_is_named_with_its_cgroup_and_limit(memory_cgroup, jobs):
 
 # --------------------------------------------------------------------------- side by side
 
-WITH = {"jobs": jobs, "scratch": scratch, "memory_cgroup": memory_cgroup}
+WITH = {"jobs": jobs_in, "scratch": scratch, "memory_cgroup": memory_cgroup}
 
 
 # The two races first and alone, before the others start side by side: what they test is

@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 
+from state_trees import assert_same_tree
 from trainwatch.rank.checkpoint import Checkpoints
 from trainwatch.rank.memory_snapshots import overlap, store
 from trainwatch.rank.memory_snapshots import payload as payload_format
@@ -36,21 +37,6 @@ def _read(folder, step):
     return payload_format.decode(store.payload(sealed.path))["shared"]
 
 
-def _same(a, b, where=""):
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert list(a) == list(b), where
-        for k in a:
-            _same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, where
-
-
 def _state(model, opt):
     return copy.deepcopy({"model": model.state_dict(), "optimizer": opt.state_dict()})
 
@@ -71,12 +57,12 @@ def test_each_snapshot_is_its_steps_state_through_structure_changes(tmp_path):
         opt.zero_grad()
         if step > 1:
             memory._writer.wait()  # sealed: what was copied is exactly that step's state
-            _same(expected[step - 1], _read(memory.folder, step - 1), f"step {step - 1}")
+            assert_same_tree(expected[step - 1], _read(memory.folder, step - 1), f"step {step - 1}")
         ckpt.maybe_save(step, model=model, optimizer=opt)
         expected[step] = _state(model, opt)
         deferred.append(len(memory._overlap._later))
     memory.wait()
-    _same(expected[8], _read(memory.folder, 8), "step 8")
+    assert_same_tree(expected[8], _read(memory.folder, 8), "step 8")
     # Beside the next step: the optimizer's tensors (6 parameters and AdamW's 3 tensors of
     # each; with the group added, 3 more), but at a new layout's first snapshot (steps 1, 4),
     # never BatchNorm's buffers (changed in the forward) and not the replaced weight's new
@@ -107,8 +93,8 @@ def test_a_tensor_changed_while_it_was_copied_is_not_sealed(tmp_path):
     memory.wait()
     assert memory.facts["changed_total"] == 1 and memory.facts["taken_total"] == 4
     assert [s.step for s in store.sealed(memory.folder)] == [5, 4]  # 3 was never sealed
-    _same(expected[4], _read(memory.folder, 4), "step 4")
-    _same(expected[5], _read(memory.folder, 5), "step 5")
+    assert_same_tree(expected[4], _read(memory.folder, 4), "step 4")
+    assert_same_tree(expected[5], _read(memory.folder, 5), "step 5")
     assert 0 in memory._overlap._now  # model.0.weight: copied at the boundary from now on
     (skipped,) = RunDir(tmp_path / "run").events("memory_snapshot_skipped")
     assert skipped["kind"] == "changed" and skipped["step"] == 3

@@ -4,25 +4,10 @@
 
 import torch
 
+from state_trees import assert_same_tree
 from trainwatch.rank.checkpoint import Checkpoints
 from trainwatch.rank.memory_snapshots import store
 from trainwatch.rank.memory_snapshots.resume import load_file
-
-
-def _same(a, b, where=""):
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype, where
-        assert a.shape == b.shape and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert list(a) == list(b), where
-        for k in a:
-            _same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, where
 
 
 def _add_key(module, state, prefix, local_metadata):
@@ -75,7 +60,7 @@ def test_each_snapshot_is_its_steps_state_dicts_through_layout_changes(tmp_path)
         assert newest.step == step
         restored, problem = load_file(newest.path, step, 1)
         assert problem is None
-        _same(restored.shared, {"model": model.state_dict(), "optimizer": opt.state_dict()},
+        assert_same_tree(restored.shared, {"model": model.state_dict(), "optimizer": opt.state_dict()},
               f"step {step}")
     ckpt.close()
     # the live way was taken while nothing moved, and not at the steps where something did

@@ -6,6 +6,7 @@ import collections
 
 import torch
 
+from state_trees import assert_same_tree
 from trainwatch.rank.memory_snapshots import payload, store
 from trainwatch.rank.memory_snapshots.capture import HostCopy
 from trainwatch.rank.memory_snapshots.resume import load_file
@@ -42,19 +43,7 @@ def _snap(tmp_path, host, tree, step):
 
 
 def _same(a, b, where=""):
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype, where
-        assert a.shape == b.shape and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert type(a) is type(b) and list(a) == list(b), where
-        for k in a:
-            _same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, where
+    assert_same_tree(a, b, where, same_types=True)
 
 
 def test_each_snapshot_is_its_steps_state_through_changes_between_them(tmp_path):
