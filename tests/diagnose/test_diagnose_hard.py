@@ -110,7 +110,8 @@ def _two_ranks_exiting_within_one_poll_are_both_named_not_torchruns_pick(jobs):
     """Rank 1 exits with code 3 and rank 0 with code 4 5 ms later, at a moment they agreed
     on: torchrun sees both in one poll (0.1 s) and names rank 0, the lower. Nothing the
     ranks left orders them: both are named with their exit codes, at medium confidence.
-    When torchrun's poll falls between them (1 run in 20) it stops rank 0: rank 1 alone."""
+    When torchrun's poll falls between them it stops the other (which may still exit with its
+    own code before the signal lands): the rank it saw first alone."""
     job = jobs(FAULT="racing", FAULT_RANK="1", FAULT_STEP="4", FAULT_ARG="0:0.005:exit")
     job.proc.wait(timeout=60)
     code, report, _ = timed_diagnose(job.run)
@@ -120,14 +121,23 @@ def _two_ranks_exiting_within_one_poll_are_both_named_not_torchruns_pick(jobs):
     dead = top(report, "rank_dead")
     print(f"torchrun's root cause: rank {launcher['root_cause']['rank']}; exits {exits}; "
           f"diagnose: {dead['title']} ({dead['confidence']})")
-    if exits == {0: 4, 1: 3}:  # both exited on their own within one poll
-        assert dead["ranks"] == [0, 1] and dead["confidence"] == "medium", dead
+    # torchrun stopped a rank its poll found still running ("Sending process N closing
+    # signal"): the poll fell between the two exits, even when the rank then exited with
+    # its own code before the signal landed (1 run in ~15 on a loaded machine).
+    torn_down = set(launcher.get("torn_down") or [])
+    pids = {x["rank"]: x["pid"] for x in [launcher["root_cause"], *launcher["failures"]]}
+    if exits == {0: 4, 1: 3} and not torn_down & set(pids.values()):  # both within one poll
+        assert dead["ranks"] == [0, 1] and dead["confidence"] == "medium", (
+            dead["title"], dead["evidence"], launcher["root_cause"], launcher["failures"])
         assert "within one torchrun poll" in dead["title"], dead["title"]
         text = " ".join(dead["evidence"])
         assert "rank 0 (exit code 4)" in text and "rank 1 (exit code 3)" in text, text
-    else:
-        assert dead["ranks"] == [1], (dead, job.tail())
-    no_confident_wrong(report, 1)
+        no_confident_wrong(report, 1)
+    else:  # the poll fell between them: the rank torchrun saw first, alone (rank 1, or rank 0
+        # when a loaded machine held rank 1 past the moment they agreed on)
+        first = launcher["root_cause"]["rank"]
+        assert dead["ranks"] == [first], (dead, launcher, job.tail())
+        no_confident_wrong(report, first)
 
 
 def _a_dead_ranks_step_comes_from_its_beat_not_a_stale_status(jobs, tmp_path):
