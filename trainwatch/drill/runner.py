@@ -62,12 +62,25 @@ def stop_tree(proc: subprocess.Popen, grace: float = STOP_GRACE_SECONDS) -> None
     except psutil.NoSuchProcess:
         tree = []
     stop(proc, signal.SIGINT, grace)
+    tree = _with_children(tree)  # and what it started during the grace (a restart's ranks)
     for child in tree:
         try:
             child.kill()
         except psutil.NoSuchProcess:
             pass
     wait_gone(tree, timeout=5)
+
+
+def _with_children(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """``procs`` and every descendant of those still alive, each once."""
+    found = {p.pid: p for p in procs}
+    for p in procs:
+        try:
+            for child in p.children(recursive=True):
+                found.setdefault(child.pid, child)
+        except psutil.NoSuchProcess:
+            pass
+    return list(found.values())
 
 
 def snapshot(run: RunDir, started: float, watcher: FindingsWatcher) -> dict[str, Any]:
