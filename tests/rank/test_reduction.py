@@ -3,6 +3,7 @@
 loop (tests/jobs/reduction_job.py) with and without a bucket corrupted in transit."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -212,8 +213,9 @@ def test_no_false_mismatch_over_many_steps_of_real_training(tmp_path, dtype):
     the steps between are DDP's mean to the rounding (``ReduceOp.AVG``: sum, then divide),
     checked against a copy of the model trained without the hook."""
     statuses, stderr = _job(tmp_path, 3, 300, 2, dtype, twin=True)
-    differences = [float(line.rsplit(" ", 1)[1]) for line in stderr.splitlines()
-                   if line.startswith("twin gradient difference")]
+    # Found anywhere in a line: three ranks and torchrun share the stderr pipe, and another
+    # process's C++ warning written in pieces can land before a rank's line (once in CI).
+    differences = [float(m) for m in re.findall(r"twin gradient difference (\S+)", stderr)]
     assert len(differences) == 3 and max(differences) <= 16 * torch.finfo(
         getattr(torch, dtype)).eps, differences
     for s in statuses:
