@@ -21,8 +21,8 @@ import psutil
 from trainwatch.drill.agent_findings import FindingsWatcher
 from trainwatch.drill.record import RECORD_FORMAT, RECORD_VERSION, record_file
 from trainwatch.drill.settings import DrillSettings, write_files
-from trainwatch.contract.env import FAULT_ENV, LAUNCH_ENV
-from trainwatch.process.proctree import stop, wait_gone
+from trainwatch.contract.env import FAULT_ENV, LAUNCH_ENV, SUPERVISOR_ENV
+from trainwatch.process.proctree import marked, stop, wait_gone
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.rundir.atomic import atomic_write_json
 from trainwatch.process.stopsignals import stopping
@@ -61,14 +61,29 @@ def stop_tree(proc: subprocess.Popen, grace: float = STOP_GRACE_SECONDS) -> None
         tree = psutil.Process(proc.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         tree = []
+    token = _token(tree)
     stop(proc, signal.SIGINT, grace)
     tree = _with_children(tree)  # and what it started during the grace (a restart's ranks)
+    if token:  # and any it left to init on the way (a rank whose torchrun is gone)
+        tree += [p for p in marked(SUPERVISOR_ENV, token) if p.pid not in {t.pid for t in tree}]
     for child in tree:
         try:
             child.kill()
         except psutil.NoSuchProcess:
             pass
     wait_gone(tree, timeout=5)
+
+
+def _token(procs: list[psutil.Process]) -> str | None:
+    """The supervisor's mark its children carry in their environment (runlock.py)."""
+    for p in procs:
+        try:
+            token = p.environ().get(SUPERVISOR_ENV)
+        except psutil.Error:
+            continue
+        if token:
+            return token
+    return None
 
 
 def _with_children(procs: list[psutil.Process]) -> list[psutil.Process]:
