@@ -63,9 +63,9 @@ def stop_tree(proc: subprocess.Popen, grace: float = STOP_GRACE_SECONDS) -> None
         tree = []
     token = _token(tree)
     stop(proc, signal.SIGINT, grace)
-    tree = _with_children(tree)  # and what it started during the grace (a restart's ranks)
-    if token:  # and any it left to init on the way (a rank whose torchrun is gone)
-        tree += [p for p in marked(SUPERVISOR_ENV, token) if p.pid not in {t.pid for t in tree}]
+    # and what it started during the grace (a restart's ranks), and any it left to init on
+    # the way (a rank whose torchrun is gone: it still carries the supervisor's mark)
+    tree = _with_children(tree + (marked(SUPERVISOR_ENV, token) if token else []))
     for child in tree:
         try:
             child.kill()
