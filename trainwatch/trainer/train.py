@@ -33,6 +33,7 @@ from trainwatch.contract.states import FAILED, FINISHED, STOPPED
 from trainwatch.errors import ConfigError
 from trainwatch.rundir.run_dir import RunDir
 from trainwatch.rank.checkpoint import Checkpointer, Restored
+from trainwatch.rank.memory_snapshots.live import Live
 from trainwatch.trainer.config import Config, load_config
 from trainwatch.trainer.console import guard_console
 from trainwatch.trainer.data import Dataset, ShardedBatches, ensure_default_dataset, load_dataset
@@ -189,6 +190,29 @@ def data_position(state: TrainingState) -> dict:
     return {**state.loader.state_dict(), "grad_accum": state.grad_accum}
 
 
+class DataPosition:
+    """``data_position`` as an object with ``state_dict()``: one object the whole run, so a
+    memory snapshot knows it again from step to step (memory_snapshots/live.py)."""
+
+    def __init__(self, state: TrainingState):
+        self.state = state
+
+    def state_dict(self) -> dict:
+        return data_position(self.state)
+
+
+def snapshot_live(state: TrainingState) -> Live | None:
+    """The objects ``checkpoint_state`` reads, so a memory snapshot every step copies the
+    live tensors instead of calling ``state_dict()`` (live.py checks each step that they
+    still are what ``state_dict()`` would give); None under fsdp, whose shards take the
+    DCP way."""
+    if parallel.is_sharded(state.mode):
+        return None
+    return Live({"model": state.model, "optimizer": state.optimizer,
+                 "scheduler": state.scheduler, "data": DataPosition(state)},
+                lambda objects: {name: obj.state_dict() for name, obj in objects.items()})
+
+
 def restore_checkpoint(state: TrainingState, restored: Restored, group: Any = None) -> None:
     """Put a checkpoint back: weights, optimizer, schedule, data position and step (RNG last,
     just before the loop, with ``restored.restore_rng()``). A sharded one is loaded through
@@ -301,6 +325,7 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpoi
     if restored is not None:
         restored.restore_rng()  # last: the random streams continue exactly where they were
     loss = None
+    live = snapshot_live(state)
     for step in range(state.step, cfg.train.steps):
         if step in skip:  # rolled back past a bad batch: drop this step's data, train nothing
             with tel.phase("data"):
@@ -309,7 +334,7 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpoi
             if dropped is not None and ranks.is_main:
                 tel.event("data_skipped", **dropped)
             if ckpt.after_step(step + 1, lambda: checkpoint_state(state), final=step == last,
-                               data=lambda: data_position(state)):
+                               data=lambda: data_position(state), snapshot_live=live):
                 return
             continue
         with tel.step(step) as record:
@@ -360,7 +385,7 @@ def train(cfg: Config, run: RunDir, ranks: Ranks, tel: Telemetry, ckpt: Checkpoi
             tel.event("step_milestone", step=step, loss=loss.item(), lr=lr)
             print(f"step {step}: loss {loss.item():.4f} lr {lr:.2e}", flush=True)
         if ckpt.after_step(step + 1, lambda: checkpoint_state(state), final=step == last,
-                               data=lambda: data_position(state)):
+                           data=lambda: data_position(state), snapshot_live=live):
             return  # stopped on request (SIGTERM), after saving a checkpoint
 
     if ranks.is_main:  # the final loss: one read of the device, once per run
