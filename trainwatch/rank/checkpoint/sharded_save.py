@@ -59,12 +59,11 @@ def _agree_on_tmp(folder: Path, step: int, rank: int, group: Any) -> tuple[Path 
     return (Path(box[0]) if box[0] else None), box[1]
 
 
-def _own_files(tmp: Path, rank: int, mine: dict[str, Any], do_fsync: bool,
-               written: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """This rank's file in the checkpoint beside its DCP shards, written and hashed, and
-    the digests of the files DCP wrote for it, taken as they were written (``written``):
-    {name: {digest, bytes}}. DCP fsynced its own files; a file it wrote some other way is
-    hashed from disk."""
+def _rank_file(tmp: Path, rank: int, mine: dict[str, Any], do_fsync: bool
+               ) -> dict[str, Any]:
+    """This rank's file beside its DCP shards (RNGs, data position), written, hashed as
+    written and fsynced: {name: {digest, bytes}}. Independent of DCP's files, so it is
+    written on the helper while DCP writes (its fsync off the save's path)."""
     path = tmp / rank_file_name(rank)
     with open(path, "xb") as fh:
         stream = HashingStream(fh)
@@ -72,7 +71,15 @@ def _own_files(tmp: Path, rank: int, mine: dict[str, Any], do_fsync: bool,
         fh.flush()
         if do_fsync:
             os.fsync(fh.fileno())
-    files = {path.name: stream.entry()}
+    return {path.name: stream.entry()}
+
+
+def _dcp_files(tmp: Path, rank: int, do_fsync: bool,
+               written: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The digests of the files DCP wrote for this rank, taken as they were written
+    (``written``): {name: {digest, bytes}}. DCP fsynced its own files; a file it wrote
+    some other way is hashed from disk."""
+    files = {}
     prefix = f"__{rank}_"
     names = sorted(p.name for p in tmp.iterdir()
                    if p.name.startswith(prefix) and p.name.endswith(SHARD_SUFFIX))
@@ -96,14 +103,16 @@ def _write_rank(tmp: Path, trees: dict[str, Any], mine: dict[str, Any], rank: in
                 do_fsync: bool, group: Any,
                 check: Callable[[Any, str], list[str]] | None) -> dict[str, Any]:
     """This rank's part of the save, as a report for rank 0; never raises an Exception
-    (every rank must reach the gather that follows). The guard (``check``) looks at this
-    rank's shards on a helper while DCP writes them: what it finds still stops the seal."""
+    (every rank must reach the gather that follows). On a helper while DCP writes the
+    shards: this rank's own file, then the guard (``check``) over this rank's shards,
+    whose findings still stop the seal."""
     import torch.distributed.checkpoint as dcp
 
     report: dict[str, Any] = {"rank": rank, "files": {}, "error": None, "found": [],
                               "data": data_position([mine])[0]}
     try:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainwatch-guard") as helper:
+            own = helper.submit(_rank_file, tmp, rank, mine, do_fsync)
             checked = None
             if check is not None:  # this rank's shards only: no collective behind a rank's back
                 if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -112,7 +121,8 @@ def _write_rank(tmp: Path, trees: dict[str, Any], mine: dict[str, Any], rank: in
                 checked = helper.submit(lambda: [f for k, t in local.items() for f in check(t, k)])
             writer = HashingWriter(str(tmp), sync_files=do_fsync)
             dcp.save(trees, storage_writer=writer, process_group=group)
-            report["files"] = _own_files(tmp, rank, mine, do_fsync, writer.written)
+            report["files"] = {**own.result(), **_dcp_files(tmp, rank, do_fsync,
+                                                             writer.written)}
             report["found"] = checked.result() if checked is not None else []
     except Exception as exc:
         errno_ = getattr(exc, "errno", None)
