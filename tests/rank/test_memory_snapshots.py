@@ -144,6 +144,20 @@ def test_snapshots_of_a_run_directory_that_is_gone_are_swept(tmp_path):
     assert live.exists() and stranger.exists() and not dead.exists()
 
 
+def test_the_sweep_runs_aside_on_the_nodes_first_rank_only(tmp_path, monkeypatch):
+    parent = tmp_path / "shm"
+    dead = parent / "dead-2"
+    store.make_folder(dead / "rank-00000")
+    store.claim(dead, tmp_path / "deleted-run")
+    monkeypatch.setenv("LOCAL_RANK", "1")  # its node's first rank sweeps
+    assert store.sweep_aside(parent) is None and dead.exists()
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    thread = store.sweep_aside(parent)
+    assert thread is not None and thread.daemon
+    thread.join(timeout=10)
+    assert not dead.exists()
+
+
 # --------------------------------------------------------------------------- agree, cadence
 
 def test_the_ranks_agree_on_the_newest_step_every_rank_has():

@@ -119,7 +119,7 @@ class MemorySnapshots:
         mine = self.facts["off_reason"] if not self.enabled else None
         if mine is None and self.folder is not None and self.root is not None:
             try:
-                store.sweep(self.root.parent)  # runs whose directory is gone
+                store.sweep_aside(self.root.parent)  # runs whose directory is gone
                 store.make_folder(self.folder)
                 store.claim(self.root, self.run_dir)
             except OSError as exc:

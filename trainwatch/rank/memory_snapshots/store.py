@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import stat
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,6 +153,19 @@ def sweep(parent: Path) -> list[Path]:
         except (OSError, ValueError):
             continue
     return gone
+
+
+def sweep_aside(parent: Path) -> threading.Thread | None:
+    """``sweep`` on a daemon thread, by the node's first rank only (``LOCAL_RANK`` 0, or
+    none set): the ranks of a node share ``parent``, and reading every root's owner there
+    (~80 on a busy machine: 2-6 ms) held up the resume that prepares the snapshots on
+    every rank. Nothing waits for it: it removes only roots whose run directory is gone."""
+    if os.environ.get("LOCAL_RANK", "0") != "0":
+        return None
+    thread = threading.Thread(target=sweep, args=(parent,), daemon=True,
+                              name="trainwatch-snapshot-sweep")
+    thread.start()
+    return thread
 
 
 # --------------------------------------------------------------------------- reading
