@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
+from typing import Any, Iterable
 
 from trainwatch.contract.layout import rank_of_source
 from trainwatch.node import CLOCKS_AGREE_SECONDS
@@ -49,13 +49,9 @@ def _machine_offset(offsets: dict[str, float]) -> float:
     return statistics.median(offsets[s] for s in best)
 
 
-def align(events: list[dict[str, Any]]) -> dict[str, float]:
-    """Move the times of writers whose wall clock disagrees with their machine's (in place).
-
-    Returns the seconds added per source (``rank1``: +300.0), for the writers that were
-    moved, so records of the same process outside the journal (rank 0's metrics log) can
-    be moved alike.
-    """
+def clock_shifts(events: Iterable[dict[str, Any]]) -> dict[tuple[str, str, str], float]:
+    """Seconds to add to the times of each writer (host, boot, source) whose wall clock
+    disagrees with its machine's; {} when every writer agrees."""
     per_writer: dict[tuple[str, str, str], list[float]] = {}
     for e in events:
         writer, mono = _writer(e), e.get("mono")
@@ -71,13 +67,37 @@ def align(events: list[dict[str, Any]]) -> dict[str, float]:
         for source, offset in writers.items():
             if abs(reference - offset) > CLOCKS_AGREE_SECONDS:
                 shift[(host, boot, source)] = reference - offset
+    return shift
+
+
+def writer_shift(event: dict[str, Any], shift: dict[tuple[str, str, str], float]
+                 ) -> float | None:
+    """The seconds ``clock_shifts`` adds to this event's time, or None."""
+    writer = _writer(event)
+    return shift.get(writer) if writer is not None else None
+
+
+def by_source(shift: dict[tuple[str, str, str], float]) -> dict[str, float]:
+    """The seconds added per source (``rank1``: +300.0), for records of the same process
+    outside the journal (rank 0's metrics log)."""
+    moved: dict[str, float] = {}
+    for (_, _, source), seconds in shift.items():
+        moved.setdefault(source, seconds)
+    return moved
+
+
+def align(events: list[dict[str, Any]]) -> dict[str, float]:
+    """Move the times of writers whose wall clock disagrees with their machine's (in place).
+
+    Returns the seconds added per source (``rank1``: +300.0), for the writers that were
+    moved, so records of the same process outside the journal (rank 0's metrics log) can
+    be moved alike.
+    """
+    shift = clock_shifts(events)
     if not shift:
         return {}
     for e in events:
-        writer = _writer(e)
-        if writer is not None and writer in shift:
-            e["time"] += shift[writer]
-    by_source: dict[str, float] = {}
-    for (_, _, source), seconds in shift.items():
-        by_source.setdefault(source, seconds)
-    return by_source
+        seconds = writer_shift(e, shift)
+        if seconds is not None:
+            e["time"] += seconds
+    return by_source(shift)
