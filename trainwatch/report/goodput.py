@@ -26,6 +26,7 @@ import numpy as np
 
 from trainwatch.contract.stall import default_options, recorded_options, stall_budget
 from trainwatch.report import incidents as incident_evidence
+from trainwatch.report.pieces import AfterSteps, Pieces, last_of_each, look_up
 from trainwatch.report.startup_deaths import startup_cause
 from trainwatch.report.steplog import StepLog
 from trainwatch.report.timeline import Attempt, Timeline, number
@@ -45,15 +46,6 @@ INCIDENT_OUTCOMES = ("interrupted", "stopped", "ended")
 _LABELS = (*CATEGORIES, "not_running")
 _CODE = {label: i for i, label in enumerate(_LABELS)}
 _STEP_CHUNK = 1 << 12  # executions painted at once: about a MiB of temporaries
-
-
-@dataclass
-class _Piece:
-    start: float
-    end: float
-    label: str
-    tier: int
-    incident: int | None = None   # index of the attempt whose end it is charged to
 
 
 @dataclass
@@ -230,15 +222,16 @@ class _Segments:
 
 
 class _Painter:
-    """Builds the labelled pieces from a timeline: the few non-step ones as a list, then
-    paints the steps' over the segments those make (``paint_steps``)."""
+    """Builds the labelled pieces from a timeline: the non-step ones as columns
+    (report/pieces.py), then paints the steps' over the segments those make
+    (``paint_steps``)."""
 
     def __init__(self, tl: Timeline, typical: float | None, budget: float | None):
         self.tl, self.typical, self.budget = tl, typical, budget
         self.attempts = tl.attempts
         self.log = tl.steps
-        self.pieces: list[_Piece] = []
-        self.after: dict[int, float] = {}   # step index -> end of its evaluation/save
+        self.pieces = Pieces()
+        self.after = AfterSteps()   # step index -> end of its evaluation/save
         self.lost: dict[int, list[int]] = {}  # incident (attempt) -> steps it lost
         self.recomputed = 0
 
@@ -247,7 +240,8 @@ class _Painter:
         """Paint [start, end] as ``label``, with the priority of ``tier`` (default: label)."""
         start, end = max(start, self.tl.start), min(end, self.tl.end)
         if end > start:
-            self.pieces.append(_Piece(start, end, label, _TIER[tier or label], incident))
+            self.pieces.append(start, end, _CODE[label], _TIER[tier or label],
+                               -1 if incident is None else incident)
 
     def incident_of(self, index: int) -> int | None:
         return index if 0 <= index < len(self.attempts) and _is_incident(
@@ -335,43 +329,72 @@ class _Painter:
 
     # -- evaluations and checkpoint saves (both follow a step, in the same attempt)
     def evaluations_and_saves(self) -> None:
+        """An evaluation from the end of the step it follows to its record; a save's
+        blocking time after that step (and after its evaluation, or an earlier save of the
+        same step). Held as columns (report/pieces.py), a few numbers each."""
         log = self.log
         for attempt in self.attempts:
-            saves = [(e, blocking) for e in attempt.named("checkpoint_saved")
-                     if not e.get("copy") and (blocking := number(e.get("blocking_seconds")))
-                     and isinstance(e.get("step"), int)]
-            wanted = set(attempt.evals) | {e["step"] - 1 for e, _ in saves}
-            by_step = self._indices(attempt, wanted)
-            for step, when in sorted(attempt.evals.items()):
-                i = by_step.get(step)
-                if i is not None and when > log.end[i]:
-                    self.add(log.end[i], when, "evaluation")
-                    self.after[i] = when
-            for start, end in attempt.eval_spans:  # its own length: before a first step too
+            steps, blocking, placed = _saves(attempt)
+            evals, when = last_of_each(np.frombuffer(attempt.eval_steps, dtype=np.int64),
+                                       np.frombuffer(attempt.eval_times, dtype=np.float64))
+            found = self._indices(attempt, np.concatenate([evals, steps - 1]))
+            after_i, after_t = array("q"), array("d")
+            for i, t in zip(look_up(*found, evals).tolist(), when.tolist()):
+                if i >= 0 and t > log.end[i]:
+                    self.add(log.end[i], t, "evaluation")
+                    after_i.append(i)
+                    after_t.append(t)
+            spans = iter(attempt.eval_spans)
+            for start, end in zip(spans, spans):  # its own length: before a first step too
                 self.add(start, end, "evaluation")
-            for e, blocking in saves:
-                i = by_step.get(e["step"] - 1)
-                if i is not None:
-                    anchor = self.after.get(i, log.end[i])
-                    self.add(anchor, anchor + blocking, "checkpoint")
-                    self.after[i] = anchor + blocking
+            evaluated = (np.frombuffer(after_i, dtype=np.int64),
+                         np.frombuffer(after_t, dtype=np.float64))
+            order = np.argsort(evaluated[0], kind="stable")
+            evaluated = (evaluated[0][order], evaluated[1][order])
+            at = look_up(*found, steps - 1)
+            saved_i, saved_t = array("q"), array("d")
+            previous = -1
+            # a step's saves in their order, each after the one before (stable sort: the
+            # order of the journal within a step)
+            for k in np.argsort(at, kind="stable").tolist():
+                i = int(at[k])
+                b = float(blocking[k])
+                if i >= 0:
+                    if i != previous:
+                        anchor = self._after_evaluation(evaluated, i)
+                        saved_i.append(i)
+                        saved_t.append(0.0)
+                    else:
+                        anchor = saved_t[-1]
+                    self.add(anchor, anchor + b, "checkpoint")
+                    saved_t[-1] = anchor + b
+                    previous = i
                 else:  # e.g. a skipped step's save: placed from the event's own timing
-                    written = 0.0 if e.get("mode") == "sync" else (
-                        number(e.get("write_seconds")) or 0.0)
-                    self.add(e["time"] - written - blocking, e["time"] - written, "checkpoint")
+                    self.add(float(placed[2 * k]), float(placed[2 * k + 1]), "checkpoint")
+            self.after.add(evaluated[0], evaluated[1])
+            self.after.add(np.frombuffer(saved_i, dtype=np.int64),
+                           np.frombuffer(saved_t, dtype=np.float64))
+        self.after.freeze()
 
-    def _indices(self, attempt: Attempt, wanted: set[int]) -> dict[int, int]:
-        """Step number -> index of its (last) execution in this attempt, for ``wanted``."""
-        found: dict[int, int] = {}
+    def _after_evaluation(self, evaluated: tuple[np.ndarray, np.ndarray], i: int) -> float:
+        """When step ``i``'s evaluation ended, else the step's own end."""
+        k = int(np.searchsorted(evaluated[0], i))
+        if k < len(evaluated[0]) and evaluated[0][k] == i:
+            return float(evaluated[1][k])
+        return self.log.end[i]
+
+    def _indices(self, attempt: Attempt, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Step numbers (sorted) and the index of each one's last execution in this
+        attempt, of those ``wanted``."""
         rng = attempt.execs
-        if not wanted or not len(rng):
-            return found
-        targets = np.fromiter(wanted, dtype=np.int64, count=len(wanted))
-        for lo, rows in self.log.chunks(rng.lo, rng.hi, _CHUNK):
-            steps = rows["step"]
-            for j in np.nonzero(np.isin(steps, targets))[0].tolist():
-                found[int(steps[j])] = lo + j
-        return found
+        steps, indices = [np.empty(0, dtype=np.int64)], [np.empty(0, dtype=np.int64)]
+        if len(wanted) and len(rng):
+            targets = np.unique(wanted)
+            for lo, rows in self.log.chunks(rng.lo, rng.hi, _CHUNK):
+                hit = np.nonzero(np.isin(rows["step"], targets))[0]
+                steps.append(rows["step"][hit])
+                indices.append(hit + lo)
+        return last_of_each(np.concatenate(steps), np.concatenate(indices))
 
     # -- gaps between steps
     def gaps(self) -> None:
@@ -450,43 +473,63 @@ class _Painter:
             self.add(a, b, "not_running")
 
 
-def _sweep(pieces: list[_Piece], start: float, end: float) -> _Segments:
+def _sweep(pieces: Pieces, start: float, end: float) -> _Segments:
     """The time line cut into segments, each with its winning label (and incident); what
-    no piece covers is ``other``."""
-    marks: list[tuple[float, int, int]] = []
-    for i, p in enumerate(pieces):
-        marks += [(p.start, 1, i), (p.end, 0, i)]
-    marks.sort()
+    no piece covers is ``other``. The pieces' starts and ends are walked in time order,
+    a chunk of them at a time."""
     starts, ends, labels, owners = array("d"), array("d"), array("q"), array("q")
-
-    def segment(a: float, b: float, label: str, incident: int | None) -> None:
-        starts.append(a)
-        ends.append(b)
-        labels.append(_CODE[label])
-        owners.append(-1 if incident is None else incident)
-
+    tiers, codes, incidents = pieces.tier, pieces.label, pieces.incident
+    other = _CODE["other"]
     active: set[int] = set()
     heap: list[tuple[int, int]] = []
     t = start
-    for when, opening, i in marks:
-        if when > t:
-            while heap and heap[0][1] not in active:
-                heapq.heappop(heap)
-            label, incident = "other", None
-            if heap:
-                piece = pieces[heap[0][1]]
-                label, incident = piece.label, piece.incident
-            segment(t, when, label, incident)
-            t = when
-        if opening:
-            active.add(i)
-            heapq.heappush(heap, (pieces[i].tier, i))
-        else:
-            active.discard(i)
+    n = len(pieces)
+    times, positions = pieces.marks()
+    for lo in range(0, len(times), _STEP_CHUNK):
+        hi = lo + _STEP_CHUNK
+        for when, at in zip(times[lo:hi].tolist(), positions[lo:hi].tolist()):
+            opening = at >= n
+            i = at - n if opening else at
+            if when > t:
+                while heap and heap[0][1] not in active:
+                    heapq.heappop(heap)
+                label, incident = other, -1
+                if heap:
+                    label, incident = codes[heap[0][1]], incidents[heap[0][1]]
+                starts.append(t)
+                ends.append(when)
+                labels.append(label)
+                owners.append(incident)
+                t = when
+            if opening:
+                active.add(i)
+                heapq.heappush(heap, (tiers[i], i))
+            else:
+                active.discard(i)
     if end > t:
-        segment(t, end, "other", None)
+        starts.append(t)
+        ends.append(end)
+        labels.append(other)
+        owners.append(-1)
     return _Segments(*(np.frombuffer(column, dtype=np.float64 if column.typecode == "d"
                                      else np.int64) for column in (starts, ends, labels, owners)))
+
+
+def _saves(attempt: Attempt) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The attempt's saves that blocked training (not a replica's copy), as columns: the
+    step each saved, its blocking seconds, and start, end, start, end... where its own
+    timing places it (for a save no step of the attempt precedes)."""
+    steps, blocking, placed = array("q"), array("d"), array("d")
+    for e in attempt.each("checkpoint_saved"):
+        if e.get("copy") or not (took := number(e.get("blocking_seconds"))) \
+                or not isinstance(e.get("step"), int):
+            continue
+        written = 0.0 if e.get("mode") == "sync" else (number(e.get("write_seconds")) or 0.0)
+        steps.append(e["step"])
+        blocking.append(took)
+        placed.extend((e["time"] - written - took, e["time"] - written))
+    return (np.frombuffer(steps, dtype=np.int64), np.frombuffer(blocking, dtype=np.float64),
+            np.frombuffer(placed, dtype=np.float64))
 
 
 def _discarders(steps: np.ndarray, lo: int, hi: int, cuts: list[tuple[int, int, _Chain]],
@@ -525,6 +568,7 @@ def account(tl: Timeline) -> Accounting:
     painter.evaluations_and_saves()
     painter.gaps()
     segments = _sweep(painter.pieces, tl.start, tl.end)
+    painter.pieces = Pieces()  # swept: not held while the steps are painted
     credits = _Totals()
     segments.credit(credits)
     painter.paint_steps(segments, credits)

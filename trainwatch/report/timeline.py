@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import bisect
 import math
-import sys
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+import numpy as np
+
 from trainwatch.rundir.attempts import generations, rank_of
 from trainwatch.contract.layout import JOB_LOG, TORCHRUN_LOG
 from trainwatch.errors import ConfigError, FormatError
-from trainwatch.report.clocks import align
+from trainwatch.report.clocks import by_source, clock_shifts, writer_shift
+from trainwatch.report.journal_events import Events, Journal
 from trainwatch.report.not_running import death_time, not_running, supervisor_deaths
 from trainwatch.report import steplog
 from trainwatch.report.steplog import StepLog, step_numbers
@@ -101,12 +104,16 @@ class Attempt:
     restart_count: int | None              # torchrun's TORCHELASTIC_RESTART_COUNT
     restarted_by: str | None               # None for the first (trainwatch/rundir/attempts.py)
     ranks: dict[int, int | None] = field(default_factory=dict)  # rank -> pid
-    events: list[dict[str, Any]] = field(default_factory=list)  # journal events in its window
+    # journal events in its window (report/journal_events.py; a list where made by hand)
+    events: Sequence[dict[str, Any]] = field(default_factory=list)
     execs: StepRange = field(default_factory=lambda: StepRange(StepLog(), 0, 0))  # its steps
-    evals: dict[int, float] = field(default_factory=dict)       # step -> time of its record
-    # (start, end) of each evaluation whose record says how long it took (``seconds``):
-    # placed by itself, before the first step too (a loop that evaluates first)
-    eval_spans: list[tuple[float, float]] = field(default_factory=list)
+    # its evaluation records in file order, step and time (of a step's several records the
+    # last counts): two numbers each, however many the run has
+    eval_steps: array = field(default_factory=lambda: array("q"))
+    eval_times: array = field(default_factory=lambda: array("d"))
+    # start, end, start, end... of each evaluation whose record says how long it took
+    # (``seconds``): placed by itself, before the first step too (a loop that evaluates first)
+    eval_spans: array = field(default_factory=lambda: array("d"))
     resumed_from: int | None = None        # the step this attempt started at
     resume_source: str | None = None       # which evidence said so
     resumed_with: str | None = None        # "memory snapshot" or "checkpoint" (state_from)
@@ -118,7 +125,13 @@ class Attempt:
     world_size: int | None = None          # its own: a resume may change it (_world_size)
 
     def named(self, *names: str) -> list[dict[str, Any]]:
-        return [e for e in self.events if e["event"] in names]
+        return list(self.each(*names))
+
+    def each(self, *names: str) -> Iterator[dict[str, Any]]:
+        """Its events called one of ``names``, one at a time (routine ones made as read)."""
+        if isinstance(self.events, Events):
+            return self.events.each(names)
+        return (e for e in self.events if e["event"] in names)
 
 
 @dataclass
@@ -130,7 +143,7 @@ class Timeline:
     start: float
     end: float
     attempts: list[Attempt]
-    events: list[dict[str, Any]]
+    events: Sequence[dict[str, Any]]     # report/journal_events.py
     not_running: list[tuple[float, float]]
     state: str                             # finished | ended | running
     skipped_journal: list[Skipped]
@@ -172,44 +185,42 @@ def number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-# A save's journal events come every few minutes for the run's whole length (a save, and
-# the pruning of the oldest): the report keeps only the fields it reads of them, not the
-# paths and metrics that made each ~1.5 KiB in memory.
-ROUTINE_EVENTS = ("checkpoint_saved", "checkpoint_pruned", "checkpoint_skipped")
-_NONE = object()
-ROUTINE_FIELDS = ("v", "time", "event", "source", "host", "boot", "mono", "rank", "pid",
-                  "step", "copy", "blocking_seconds", "write_seconds", "mode", "reason")
-
-
-def _events(run: RunDir) -> tuple[list[dict[str, Any]], list[Skipped], dict[str, float]]:
+def _events(run: RunDir) -> tuple[Events, list[Skipped], dict[str, float]]:
     """The journal's events in time order, on one clock per machine (report/clocks.py), and
-    the seconds each source's times were moved by. Streamed: routine events are slimmed
-    as they are read (``ROUTINE_EVENTS``)."""
+    the seconds each source's times were moved by. Streamed: routine events are kept as
+    a few numbers as they are read (report/journal_events.py)."""
     path = run.journal_file
-    events: list[dict[str, Any]] = []
+    journal = Journal()
+    read = array("q")  # in file order
     skipped: list[Skipped] = []
     not_events: list[Skipped] = []  # after the lines skipped as they were read
     for _, record in iter_jsonl(path, skipped, run.root):
         if not isinstance(record.get("event"), str) or number(record.get("time")) is None:
             not_events.append(Skipped(str(path), "not a journal event (no event name or time)"))
             continue
-        if record["event"] in ROUTINE_EVENTS:  # the same few strings in every one: shared
-            record = {key: sys.intern(value) if type(value) is str else value
-                      for key in ROUTINE_FIELDS if (value := record.get(key, _NONE)) is not _NONE}
         record["time"] = float(record["time"])
-        events.append(record)
+        read.append(journal.add(record))
     skipped += not_events
-    moved = align(events)
-    events.sort(key=lambda e: e["time"])  # stable: same-time events keep their file order
-    return events, skipped, moved
+    shift = clock_shifts(Events(journal, read))
+    if shift:
+        for ref in read:
+            seconds = writer_shift(journal[ref], shift)
+            if seconds is not None:
+                journal.move(ref, seconds)
+    # stable: same-time events keep their file order
+    times = np.frombuffer(array("d", (journal.time(ref) for ref in read)), dtype=np.float64)
+    order = np.argsort(times, kind="stable")
+    refs = array("q")
+    refs.frombytes(np.frombuffer(read, dtype=np.int64)[order].tobytes())
+    return Events(journal, refs), skipped, by_source(shift)
 
 
 def _rank0_metrics(run: RunDir, moved: float = 0.0
-                   ) -> tuple[StepLog, list[tuple[int, float, float | None]], list[Skipped]]:
-    """Stream rank 0's metrics log into a StepLog; evaluations as (step, time). ``moved``:
-    seconds to add to rank 0's times (its wall clock disagreed with its machine's).
-    Evaluations are (step, time, seconds or None)."""
-    log, evals = StepLog(), []
+                   ) -> tuple[StepLog, tuple[array, array, array], list[Skipped]]:
+    """Stream rank 0's metrics log into a StepLog; evaluations as columns of step, time
+    and seconds (NaN: not said). ``moved``: seconds to add to rank 0's times (its wall
+    clock disagreed with its machine's)."""
+    log, evals = StepLog(), (array("q"), array("d"), array("d"))
     skipped: list[Skipped] = []
     where = str(run.metrics_file(0))
     columns = tuple(column.append for column in log.tail)
@@ -230,7 +241,12 @@ def _rank0_metrics(run: RunDir, moved: float = 0.0
             continue
         if kind == "eval":
             seconds = number(record.get("seconds"))
-            evals.append((step, when, seconds if seconds is not None and seconds > 0 else None))
+            if not -_INT64 <= step < _INT64:
+                skipped.append(Skipped(where, "step number out of range", lineno))
+                continue
+            evals[0].append(step)
+            evals[1].append(when)
+            evals[2].append(seconds if seconds is not None and seconds > 0 else math.nan)
             continue
         seconds = number(record.get("step_time_seconds"))
         if seconds is None or seconds < 0:
@@ -323,9 +339,7 @@ def _startup_deaths(events: list[dict[str, Any]], attempts: list[Attempt],
     """The supervisor deaths no attempt's end was: before the first attempt, or after the
     attempt it fell in had ended (taken out of that attempt's events: not its cause)."""
     lone = []
-    for e in events:
-        if e["event"] != "supervisor_died":
-            continue
+    for e in _each(events, "supervisor_died"):
         died = _happened(e)
         attempt = _window(attempts, starts, died)
         where = "before" if attempt is None else job_at(attempt.events, died, TERMINAL_EVENTS)
@@ -333,10 +347,18 @@ def _startup_deaths(events: list[dict[str, Any]], attempts: list[Attempt],
                 x.get("lost_node") for x in attempt.named("node_lost")}):
             continue  # the attempt's own end (or its lost node's)
         if attempt is not None:
-            attempt.events = [x for x in attempt.events if x is not e]
+            attempt.events = (attempt.events.without(e) if isinstance(attempt.events, Events)
+                              else [x for x in attempt.events if x is not e])
         after = attempt.index if attempt is not None and where == "after" else None
         lone.append(StartupDeath(e, died, after))
     return lone
+
+
+def _each(events: Sequence[dict[str, Any]], *names: str) -> Iterator[dict[str, Any]]:
+    """The events called one of ``names``, in order (routine ones not made unless asked)."""
+    if isinstance(events, Events):
+        return events.each(names)
+    return (e for e in events if e["event"] in names)
 
 
 def _resume_point(attempt: Attempt) -> None:
@@ -385,10 +407,9 @@ def _outcome(attempt: Attempt, is_last: bool, statuses: list[dict[str, Any]]) ->
 
 # --------------------------------------------------------------------------- the span
 
-def _span_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [e for e in events
-            if e["event"] in ENGINE_LIFECYCLE or rank_of(e) is not None
-            or e.get("source") == "launcher"]
+def _in_span(e: dict[str, Any]) -> bool:
+    return e["event"] in ENGINE_LIFECYCLE or rank_of(e) is not None \
+        or e.get("source") == "launcher"
 
 
 # --------------------------------------------------------------------------- assembly
@@ -421,9 +442,13 @@ def read_timeline(run: RunDir) -> Timeline:
         first = min([e["time"] for e in events] + ([log.column_min("start")] if log else []))
         attempts = [Attempt(0, first, None, None)]
     starts = [a.started_at for a in attempts]
-    for e in events:
-        if (attempt := _window(attempts, starts, _happened(e))) is not None:
-            attempt.events.append(e)
+    journal = events.journal
+    for attempt in attempts:
+        attempt.events = Events(journal)
+    for ref in events.refs:  # a routine event happened when it was journaled
+        when = journal.time(ref) if ref < 0 else _happened(journal.dicts[ref])
+        if (attempt := _window(attempts, starts, when)) is not None:
+            attempt.events.refs.append(ref)
     lone = _startup_deaths(events, attempts, starts)
     # Steps are in end-time order, so each attempt's are one contiguous range: those that
     # ended before its successor started (the first attempt also takes earlier ones).
@@ -431,11 +456,12 @@ def read_timeline(run: RunDir) -> Timeline:
     log.attempt_starts = bounds[:-1]
     for attempt, lo, hi in zip(attempts, bounds, bounds[1:]):
         attempt.execs = StepRange(log, lo, hi)
-    for step, when, took in evals:
+    for step, when, took in zip(*evals):
         if (attempt := _window(attempts, starts, when)) is not None:
-            attempt.evals[step] = when
-            if took is not None:
-                attempt.eval_spans.append((when - took, when))
+            attempt.eval_steps.append(step)
+            attempt.eval_times.append(when)
+            if took == took:  # not NaN: the record said how long it took
+                attempt.eval_spans.extend((when - took, when))
     exits = _torchrun_exits(run)
     statuses = run.statuses().records
     deaths = supervisor_deaths(events, log.end)
@@ -458,11 +484,12 @@ def read_timeline(run: RunDir) -> Timeline:
                             "in its last heartbeat interval may be missing from its metrics "
                             "log (recomputed steps may be undercounted)")
 
-    span = _span_events(events)
-    start = min([e["time"] for e in span] + ([log.column_min("start")] if log else [])
-                or [e["time"] for e in events])
-    last = [e["time"] for e in span] + ([log.end[-1]] if log else []) + [t for _, t, _ in evals]
-    end = max(last or [e["time"] for e in events])
+    span = events.times(_in_span)
+    firsts = ([min(span)] if span else []) + ([log.column_min("start")] if log else [])
+    start = min(firsts) if firsts else min(events.times())
+    last = (([max(span)] if span else []) + ([log.end[-1]] if log else [])
+            + ([max(evals[1])] if evals[1] else []))
+    end = max(last) if last else max(events.times())
     last_attempt = attempts[-1]
     if last_attempt.ended_at is None:
         last_attempt.ended_at = end
