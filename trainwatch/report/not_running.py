@@ -63,6 +63,11 @@ def job_evidence(event: dict[str, Any]) -> bool:
     return rank_of(event) is not None or event.get("source") == "launcher"
 
 
+# The events that start or end a launcher's or a controller's session.
+_SESSION_EVENTS = ("launcher_started", "launcher_exited", "job_stopped", "job_exited",
+                   "job_started", "controller_started", "controller_stopped", "supervisor_died")
+
+
 def not_running(events: list[dict[str, Any]], start: float, end: float,
                 deaths: Mapping[int, float], step_ends: Any = ()
                 ) -> list[tuple[float, float]]:
@@ -77,15 +82,15 @@ def not_running(events: list[dict[str, Any]], start: float, end: float,
     supervisor's session and the launchers it started. An interval never holds the job's
     own evidence (a rank's event or step, a launcher's event): the job ran until its last.
     """
-    order = sorted(range(len(events)),
-                   key=lambda i: deaths.get(id(events[i]), events[i]["time"]))
+    # Other events change no session: left out (a save's, every few minutes of a run)
+    order = sorted((e for e in events if e["event"] in _SESSION_EVENTS),
+                   key=lambda e: deaths.get(id(e), e["time"]))
     launchers: list[tuple[Any, Any]] = []          # (host, pid) of live launchers
     jobs: list[tuple[float, Any, Any]] = []        # (time, host, pid) of job_started
     controllers = 0
     idle_since: float | None = None
     intervals = []
-    for i in order:
-        e = events[i]
+    for e in order:
         at = deaths.get(id(e), e["time"])
         was_running = bool(launchers) or controllers > 0
         name, host, pid = e["event"], e.get("host"), e.get("pid")

@@ -310,10 +310,12 @@ def _torchrun_exits(run: RunDir) -> list[dict[str, Any]]:
 
 # --------------------------------------------------------------------------- attempts
 
-def _group_attempts(events: list[dict[str, Any]]) -> list[Attempt]:
-    """One attempt per generation of rank processes (trainwatch/rundir/attempts.py)."""
+def _group_attempts(events: Sequence[dict[str, Any]]) -> list[Attempt]:
+    """One attempt per generation of rank processes (trainwatch/rundir/attempts.py). Only
+    its starts and the controller's are read: the others are not made into dicts."""
     return [Attempt(i, g.started_at, g.restart_count, g.restarted_by, ranks=g.ranks)
-            for i, g in enumerate(generations(events))]
+            for i, g in enumerate(generations(list(_each(events, "rank_started",
+                                                         "job_started"))))]
 
 
 def _window(attempts: list[Attempt], starts: list[float], t: float) -> Attempt | None:
