@@ -4,7 +4,7 @@ re-rendezvous, not one per node or per rank); a lost node restarted nothing."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from trainwatch.drill.catalog import NODE_LOST, Drill
 from trainwatch.rundir.attempts import rank_of
@@ -16,7 +16,7 @@ def applies(drill: Drill) -> bool:
     return drill.nnodes > 1
 
 
-def restarts_by_node(record: dict[str, Any], events: list[dict[str, Any]],
+def restarts_by_node(record: dict[str, Any], events: Sequence[dict[str, Any]],
                      t0: float) -> list[dict[str, Any]]:
     """Per node of the drill's record: the ranks started after the fault and the restarts
     they make (distinct torchrun restart counts: one generation of workers each)."""

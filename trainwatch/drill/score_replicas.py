@@ -5,7 +5,7 @@ with every replica holding the same weights again."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from trainwatch.drill.catalog import Drill
 from trainwatch.rundir.run_dir import RunDir
@@ -22,7 +22,7 @@ def _verdict(name: str, passed: bool, detail: str) -> dict[str, Any]:
     return {"name": name, "passed": passed, "detail": detail}
 
 
-def criteria(drill: Drill, run: RunDir, events: list[dict[str, Any]], execs,
+def criteria(drill: Drill, run: RunDir, events: Sequence[dict[str, Any]], execs,
              fault_step: int | None, t0: float,
              resumed_from: int | None) -> list[dict[str, Any]]:
     if not isinstance(fault_step, int):

@@ -10,14 +10,14 @@ MTBF, and the suggestion says so; with no failure or no save there is none.
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from typing import Any, Sequence
 
 from trainwatch.plan.interval import young_daly_interval
 from trainwatch.report.goodput import Accounting
 from trainwatch.report.timeline import Timeline, number
 
 
-def _observed_every_steps(events: list[dict[str, Any]]) -> int | None:
+def _observed_every_steps(events: Sequence[dict[str, Any]]) -> int | None:
     """A job without the reference trainer's config (``-- COMMAND``): the most common gap
     between the steps of its scheduled saves, as its journal shows them."""
     steps = sorted({s for e in events if e["event"] == "checkpoint_saved" and not e.get("copy")

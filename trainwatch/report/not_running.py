@@ -10,7 +10,7 @@ that death is never a stall, which means ranks alive and not progressing.
 from __future__ import annotations
 
 import bisect
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from trainwatch.rundir.attempts import rank_of
 
@@ -27,7 +27,7 @@ def death_time(event: dict[str, Any]) -> float | None:
     return None
 
 
-def supervisor_deaths(events: list[dict[str, Any]], step_ends: Any = ()
+def supervisor_deaths(events: Sequence[dict[str, Any]], step_ends: Any = ()
                       ) -> dict[int, float]:
     """When the job of each supervisor found dead (``supervisor_died``, by the event's
     ``id``) was last known alive: the later of the supervisor's last heartbeat (else when
@@ -68,7 +68,7 @@ _SESSION_EVENTS = ("launcher_started", "launcher_exited", "job_stopped", "job_ex
                    "job_started", "controller_started", "controller_stopped", "supervisor_died")
 
 
-def not_running(events: list[dict[str, Any]], start: float, end: float,
+def not_running(events: Sequence[dict[str, Any]], start: float, end: float,
                 deaths: Mapping[int, float], step_ends: Any = ()
                 ) -> list[tuple[float, float]]:
     """Intervals when no launcher and no controller session was alive (a stopped run
@@ -136,7 +136,7 @@ def _died(event: dict[str, Any], launchers: list[tuple[Any, Any]],
     return [x for x in launchers if x[1] not in started], max(0, controllers - 1)
 
 
-def _after_the_job(intervals: list[tuple[float, float]], events: list[dict[str, Any]],
+def _after_the_job(intervals: list[tuple[float, float]], events: Sequence[dict[str, Any]],
                    step_ends: Any) -> list[tuple[float, float]]:
     """Each interval from the job's last evidence inside it on (a job that outlived its
     supervisor, then stopped), and none where it ran to the end."""

@@ -11,12 +11,12 @@ it"). Each becomes its own incident, so the on-call engineer reads that a superv
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from trainwatch.report.not_running import LAUNCHER_ROLE, job_evidence
 
 
-def job_at(attempt_events: list[dict[str, Any]], died_at: float,
+def job_at(attempt_events: Sequence[dict[str, Any]], died_at: float,
            terminal: tuple[str, ...]) -> str:
     """Where the attempt's job was when its supervisor died at ``died_at``: ``"before"``
     it started (no rank's, launcher's or ``job_started`` event by then: a run read as one

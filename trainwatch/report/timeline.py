@@ -20,7 +20,7 @@ import math
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence, cast
 
 import numpy as np
 
@@ -336,7 +336,7 @@ def _happened(event: dict[str, Any]) -> float:
         and not isinstance(silent, bool) and silent > 0 else event["time"]
 
 
-def _startup_deaths(events: list[dict[str, Any]], attempts: list[Attempt],
+def _startup_deaths(events: Sequence[dict[str, Any]], attempts: list[Attempt],
                     starts: list[float]) -> list[StartupDeath]:
     """The supervisor deaths no attempt's end was: before the first attempt, or after the
     attempt it fell in had ended (taken out of that attempt's events: not its cause)."""
@@ -449,8 +449,8 @@ def read_timeline(run: RunDir) -> Timeline:
         attempt.events = Events(journal)
     for ref in events.refs:  # a routine event happened when it was journaled
         when = journal.time(ref) if ref < 0 else _happened(journal.dicts[ref])
-        if (attempt := _window(attempts, starts, when)) is not None:
-            attempt.events.refs.append(ref)
+        if (owner := _window(attempts, starts, when)) is not None:
+            cast(Events, owner.events).refs.append(ref)
     lone = _startup_deaths(events, attempts, starts)
     # Steps are in end-time order, so each attempt's are one contiguous range: those that
     # ended before its successor started (the first attempt also takes earlier ones).
@@ -459,11 +459,11 @@ def read_timeline(run: RunDir) -> Timeline:
     for attempt, lo, hi in zip(attempts, bounds, bounds[1:]):
         attempt.execs = StepRange(log, lo, hi)
     for step, when, took in zip(*evals):
-        if (attempt := _window(attempts, starts, when)) is not None:
-            attempt.eval_steps.append(step)
-            attempt.eval_times.append(when)
+        if (owner := _window(attempts, starts, when)) is not None:
+            owner.eval_steps.append(step)
+            owner.eval_times.append(when)
             if took == took:  # not NaN: the record said how long it took
-                attempt.eval_spans.extend((when - took, when))
+                owner.eval_spans.extend((when - took, when))
     exits = _torchrun_exits(run)
     statuses = run.statuses().records
     deaths = supervisor_deaths(events, log.end)
