@@ -18,6 +18,7 @@ from trainwatch.trainer.train import (Ranks, build_training_state, checkpoint_st
 def test_every_snapshot_is_its_steps_checkpoint_state_read_the_live_way(tmp_path, one_thread):
     prepare_generated(tmp_path / "d", size_bytes=15_000, seed=3, val_fraction=0.1)
     (tmp_path / "shm").mkdir()
+    (tmp_path / "run").mkdir()  # a run directory that exists: the sweep keeps its snapshots
     cfg = load_config(None, ["model.context=32", "train.batch_size=8", "train.steps=40",
                              "optim.warmup_steps=5", "checkpoint.every_steps=0",
                              "checkpoint.fsync=false", "checkpoint.memory_snapshots=every_step",
