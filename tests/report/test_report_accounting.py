@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainwatch.report import goodput, steplog, timeline
+from trainwatch.report import goodput, kept_steps, steplog, timeline
 from trainwatch.rundir.run_dir import RunDir
 
 T0 = 1_800_000_000.0
@@ -159,7 +159,8 @@ def test_numpy_painting_equals_the_loop_per_step(tmp_path, monkeypatch, seed, ch
     the straightforward computation's exactly, however the steps fall into chunks, and
     whether the steps stay in memory or go to the temporary file a few at a time."""
     monkeypatch.setattr(goodput, "_STEP_CHUNK", chunk)
-    monkeypatch.setattr(goodput, "_CHUNK", max(chunk, 2))
+    monkeypatch.setattr(kept_steps, "VALUES_CHUNK", chunk)
+    monkeypatch.setattr(kept_steps, "CHUNK", max(chunk, 2))
     monkeypatch.setattr(steplog, "BLOCK", block)
     monkeypatch.setattr(steplog, "READ", max(block // 2, 1))
     tl = timeline.read_timeline(RunDir(_varied_run(tmp_path / "run", seed)))

@@ -9,7 +9,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from trainwatch.report import goodput, steplog, timeline
+from trainwatch.report import goodput, kept_steps, steplog, timeline
 from trainwatch.rundir.run_dir import RunDir
 
 
@@ -103,8 +103,9 @@ def test_the_reports_memory_does_not_grow_with_the_runs_length(tmp_path, monkeyp
     """Eight times the steps, the same memory held and the same peak within 4 bytes a
     step: what the columns held in memory (40 bytes a step and numpy's copies) now lies
     in the file."""
-    for name in ("_CHUNK", "_STEP_CHUNK"):
-        monkeypatch.setattr(goodput, name, 256)
+    monkeypatch.setattr(goodput, "_STEP_CHUNK", 256)
+    for name in ("CHUNK", "VALUES_CHUNK"):
+        monkeypatch.setattr(kept_steps, name, 256)
     monkeypatch.setattr(steplog, "BLOCK", 256)
     monkeypatch.setattr(steplog, "READ", 256)
     short, long = _run(tmp_path / "short", 2_000), _run(tmp_path / "long", 16_000)

@@ -16,7 +16,6 @@ O(segments + chunk) memory. Totals are exact sums (``math.fsum``) of those moves
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
 from array import array
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from trainwatch.contract.stall import default_options, recorded_options, stall_budget
-from trainwatch.report import incidents as incident_evidence
+from trainwatch.report import incidents as incident_evidence, kept_steps
 from trainwatch.report.pieces import AfterSteps, Pieces, last_of_each, look_up
 from trainwatch.report.startup_deaths import startup_cause
 from trainwatch.report.steplog import StepLog
@@ -98,8 +97,9 @@ class Accounting:
 
 def _long_gaps(log: StepLog, budget: float) -> Iterator[int]:
     """Each i whose next step started more than ``budget`` after it ended (in chunks)."""
-    for lo in range(0, len(log) - 1, _CHUNK):
-        rows = log.rows(lo, min(lo + _CHUNK, len(log) - 1) + 1)  # and the next chunk's first
+    for lo in range(0, len(log) - 1, kept_steps.CHUNK):
+        # and the next chunk's first
+        rows = log.rows(lo, min(lo + kept_steps.CHUNK, len(log) - 1) + 1)
         for i in np.nonzero(rows["start"][1:] - rows["end"][:-1] > budget)[0].tolist():
             yield lo + i
 
@@ -390,7 +390,7 @@ class _Painter:
         steps, indices = [np.empty(0, dtype=np.int64)], [np.empty(0, dtype=np.int64)]
         if len(wanted) and len(rng):
             targets = np.unique(wanted)
-            for lo, rows in self.log.chunks(rng.lo, rng.hi, _CHUNK):
+            for lo, rows in self.log.chunks(rng.lo, rng.hi, kept_steps.CHUNK):
                 hit = np.nonzero(np.isin(rows["step"], targets))[0]
                 steps.append(rows["step"][hit])
                 indices.append(hit + lo)
@@ -628,33 +628,30 @@ def _survivors(tl: Timeline, painter: _Painter
     a micro-batch of the same size; None unless every step recorded them and every
     attempt's world size is known), and (for a run that ended unfinished) how many
     completed after its newest saved checkpoint: lost unless someone resumes and redoes
-    them. Each a pass over the log a chunk at a time (``_kept``): beyond a chunk, one bit
-    per step number."""
+    them. Each a pass over the log a chunk at a time (``kept_steps.kept_rows``): beyond a
+    chunk, one bit per step number."""
     log = tl.steps
     cuts = _cuts(tl, painter)
     first = last = None
     sizes = np.array([np.nan if a.world_size is None else a.world_size for a in tl.attempts],
                      dtype=np.float64)
     known = len(log) > 0 and not np.isnan(sizes).any()
-    for _, rows, _keep in _kept(log, cuts):
+    for _, rows, _keep in kept_steps.kept_rows(log, cuts):
         low, high = int(rows["step"].min()), int(rows["step"].max())
         first = low if first is None else min(first, low)
         last = high if last is None else max(last, high)
         known = known and not np.isnan(rows["tokens"]).any()
-    unique = 0 if first is None or last is None else _distinct(log, cuts, first, last)
+    unique = 0 if first is None or last is None else kept_steps.distinct(log, cuts, first, last)
     scale = (np.asarray(log.attempt_starts, dtype=np.int64), sizes)
-    productive = math.fsum(_values(log, cuts, kept=True, scale=scale)) if known else None
-    processed = math.fsum(_values(log, cuts, kept=False, scale=scale)) if known else None
+    productive = math.fsum(kept_steps.values(log, cuts, kept=True, scale=scale)) if known else None
+    processed = math.fsum(kept_steps.values(log, cuts, kept=False, scale=scale)) if known else None
     unsaved = None
     if tl.state == "ended":
         saved = max((e["step"] for e in tl.events if e["event"] == "checkpoint_saved"
                      and isinstance(e.get("step"), int)), default=0)
         unsaved = sum(int(np.count_nonzero(rows["step"][keep] >= saved))
-                      for _, rows, keep in _kept(log, cuts))
+                      for _, rows, keep in kept_steps.kept_rows(log, cuts))
     return unique, productive, processed, unsaved
-
-
-_CHUNK = 1 << 13  # executions per temporary array: memory stays flat in the run's length
 
 
 def _cuts(tl: Timeline, painter: _Painter) -> list[tuple[int, int, int]]:
@@ -662,53 +659,3 @@ def _cuts(tl: Timeline, painter: _Painter) -> list[tuple[int, int, int]]:
     later = _later_resumes(tl.attempts) if painter.recomputed else []
     return [(a.execs.lo, a.execs.hi, chain[3]) for a in tl.attempts
             if later and len(a.execs) and (chain := later[a.index]) is not None]
-
-
-def _kept(log: StepLog, cuts: list[tuple[int, int, int]]
-          ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """(lo, rows, mask) over the step log in chunks: the executions no later attempt threw
-    away (exactly those ``paint_steps`` did not count as recomputed)."""
-    for lo, rows in log.chunks(0, len(log), _CHUNK):
-        hi = lo + len(rows)
-        keep = np.ones(hi - lo, dtype=bool)
-        steps = rows["step"]
-        for a, b, earliest in cuts:
-            if a < hi and b > lo:
-                part = slice(max(a, lo) - lo, min(b, hi) - lo)
-                keep[part] &= steps[part] < earliest
-        yield lo, rows, keep
-
-
-def _distinct(log: StepLog, cuts: list[tuple[int, int, int]], first: int, last: int) -> int:
-    """How many distinct step numbers the kept executions hold: marked in a bitmap (a bit
-    per number) when the numbers span little more than the log (as they do), else sorted."""
-    if last - first < 4 * len(log) + 4096:
-        seen = np.zeros((last - first) // 8 + 1, dtype=np.uint8)
-        for _, rows, keep in _kept(log, cuts):
-            at = rows["step"][keep] - first
-            np.bitwise_or.at(seen, at >> 3, np.left_shift(1, at & 7).astype(np.uint8))
-        return int(np.bitwise_count(seen).sum())
-    return int(np.unique(np.concatenate([rows["step"][keep]
-                                         for _, rows, keep in _kept(log, cuts)])).size)
-
-
-def _values(log: StepLog, cuts: list[tuple[int, int, int]], *, kept: bool,
-            scale: tuple[np.ndarray, np.ndarray]) -> Iterator[float]:
-    """The tokens of the kept executions (or of all), each times its attempt's factor
-    (``scale``: the attempts' first indices and factors), a few thousand floats at a time."""
-    starts, factors = scale
-
-    def parts() -> Iterator[tuple[np.ndarray, float]]:
-        for lo, rows, keep in _kept(log, cuts):  # an attempt's executions are contiguous
-            hi = lo + len(rows)
-            attempt = max(0, int(np.searchsorted(starts, lo, "right")) - 1)
-            while attempt < len(starts) and starts[attempt] < hi:
-                a = max(lo, int(starts[attempt]))
-                b = min(hi, int(starts[attempt + 1]) if attempt + 1 < len(starts) else hi)
-                part = rows["tokens"][a - lo:b - lo]
-                yield (part[keep[a - lo:b - lo]] if kept else part), float(factors[attempt])
-                attempt += 1
-
-    return itertools.chain.from_iterable((part[i:i + _STEP_CHUNK] * factor).tolist()
-                                         for part, factor in parts()
-                                         for i in range(0, len(part), _STEP_CHUNK))
