@@ -129,9 +129,7 @@ class Attempt:
 
     def each(self, *names: str) -> Iterator[dict[str, Any]]:
         """Its events called one of ``names``, one at a time (routine ones made as read)."""
-        if isinstance(self.events, Events):
-            return self.events.each(names)
-        return (e for e in self.events if e["event"] in names)
+        return _each(self.events, *names)
 
 
 @dataclass
@@ -201,14 +199,15 @@ def _events(run: RunDir) -> tuple[Events, list[Skipped], dict[str, float]]:
         record["time"] = float(record["time"])
         read.append(journal.add(record))
     skipped += not_events
-    shift = clock_shifts(Events(journal, read))
+    in_file_order = Events(journal, read)
+    shift = clock_shifts(in_file_order)
     if shift:
         for ref in read:
             seconds = writer_shift(journal[ref], shift)
             if seconds is not None:
                 journal.move(ref, seconds)
     # stable: same-time events keep their file order
-    times = np.frombuffer(array("d", (journal.time(ref) for ref in read)), dtype=np.float64)
+    times = np.frombuffer(in_file_order.times(), dtype=np.float64)
     order = np.argsort(times, kind="stable")
     refs = array("q")
     refs.frombytes(np.frombuffer(read, dtype=np.int64)[order].tobytes())
