@@ -7,6 +7,7 @@ between the two, relative to the largest rank-local gradient (the unchecked step
 own)."""
 
 import copy
+import os
 import sys
 
 import torch
@@ -58,5 +59,7 @@ for step in range(steps):
         record.record(loss=loss.detach())
 tel.close()
 if twin is not None:
-    print(f"twin gradient difference {worst!r}", file=sys.stderr)
+    # One write of the whole line: ranks share torchrun's stderr pipe, and print's separate
+    # writes of text and newline let another rank's line land between them.
+    os.write(2, f"twin gradient difference {worst!r}\n".encode())
 dist.destroy_process_group()
