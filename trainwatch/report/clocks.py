@@ -7,13 +7,23 @@ that agree within ``CLOCKS_AGREE_SECONDS`` form the machine's clock, and a write
 disagrees (a rank whose clock is 5 minutes behind) has its times moved onto it. Events
 without ``mono`` (older run directories) and writers on other machines stay as written:
 monotonic clocks of two machines cannot be compared.
+
+The machine's own offset moves too: an NTP step of the wall clock, or a virtual machine
+paused while its monotonic clock stood still (seen in CI: +28.8 s in one run), moves it
+for every writer at once. So two writers are compared at the same moments (each event of
+one against the other's events nearest in monotonic time), never as offsets over the
+whole run: a rank that journaled mostly after such a step is not "another clock".
+A writer agrees with another when its readings match the other's on one side or the
+other of each of them (a step between them disagrees only on one side).
 """
 
 from __future__ import annotations
 
 import math
-import statistics
+from array import array
 from typing import Any, Iterable
+
+import numpy as np
 
 from trainwatch.contract.layout import rank_of_source
 from trainwatch.node import CLOCKS_AGREE_SECONDS
@@ -37,36 +47,71 @@ def _rank_order(source: str) -> tuple[int, int]:
     return (1, rank) if rank is not None else (2, 0)
 
 
-def _machine_offset(offsets: dict[str, float]) -> float:
-    """The offset most writers of one machine agree on (ties: the preferred writer's)."""
-    clusters: list[list[str]] = []
-    for source in sorted(offsets, key=offsets.__getitem__):
-        if clusters and offsets[source] - offsets[clusters[-1][0]] <= CLOCKS_AGREE_SECONDS:
-            clusters[-1].append(source)
-        else:
+class _Readings:
+    """One writer's (monotonic time, wall offset) pairs, in the order written."""
+
+    def __init__(self) -> None:
+        self.mono, self.offset = array("d"), array("d")
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray]:
+        """Both, sorted by monotonic time."""
+        mono = np.frombuffer(self.mono, dtype=np.float64)
+        order = np.argsort(mono, kind="stable")
+        return mono[order], np.frombuffer(self.offset, dtype=np.float64)[order]
+
+
+def _compare(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
+             ) -> tuple[float, float]:
+    """How far writer ``a``'s wall clock reads ahead of ``b``'s, each reading of ``a``
+    against ``b``'s readings on either side of it in monotonic time: (the median of the
+    smaller of the two differences, which is ~0 for a writer on the same clock even where
+    the machine's clock stepped between them; the median against the nearer one, the
+    best estimate of a real disagreement)."""
+    a_mono, a_offset = a
+    b_mono, b_offset = b
+    right = np.clip(np.searchsorted(b_mono, a_mono), 0, len(b_mono) - 1)
+    left = np.clip(right - 1, 0, len(b_mono) - 1)
+    to_left, to_right = a_offset - b_offset[left], a_offset - b_offset[right]
+    smaller = np.where(np.abs(to_left) <= np.abs(to_right), to_left, to_right)
+    nearer = np.where(np.abs(b_mono[left] - a_mono) <= np.abs(b_mono[right] - a_mono),
+                      to_left, to_right)
+    return float(np.median(smaller)), float(np.median(nearer))
+
+
+def _machine_shifts(writers: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, float]:
+    """{source: seconds to add} for the writers of one machine whose clock disagrees with
+    the clock most of them agree on (ties: the preferred writer's)."""
+    clusters: list[list[str]] = []  # the first of each is its representative
+    for source in sorted(writers, key=_rank_order):
+        home = next((c for c in clusters if abs(_compare(
+            writers[source], writers[c[0]])[0]) <= CLOCKS_AGREE_SECONDS), None)
+        if home is None:
             clusters.append([source])
+        else:
+            home.append(source)
     best = min(clusters, key=lambda c: (-len(c), min(map(_rank_order, c))))
-    return statistics.median(offsets[s] for s in best)
+    return {source: -_compare(writers[source], writers[best[0]])[1]
+            for cluster in clusters if cluster is not best for source in cluster}
 
 
 def clock_shifts(events: Iterable[dict[str, Any]]) -> dict[tuple[str, str, str], float]:
     """Seconds to add to the times of each writer (host, boot, source) whose wall clock
     disagrees with its machine's; {} when every writer agrees."""
-    per_writer: dict[tuple[str, str, str], list[float]] = {}
+    per_writer: dict[tuple[str, str, str], _Readings] = {}
     for e in events:
         writer, mono = _writer(e), e.get("mono")
         if writer is not None and isinstance(mono, (int, float)) and not isinstance(
                 mono, bool) and math.isfinite(mono):
-            per_writer.setdefault(writer, []).append(e["time"] - mono)
-    machines: dict[tuple[str, str], dict[str, float]] = {}
-    for (host, boot, source), offsets in per_writer.items():
-        machines.setdefault((host, boot), {})[source] = statistics.median(offsets)
+            readings = per_writer.setdefault(writer, _Readings())
+            readings.mono.append(mono)
+            readings.offset.append(e["time"] - mono)
+    machines: dict[tuple[str, str], dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+    for (host, boot, source), readings in per_writer.items():
+        machines.setdefault((host, boot), {})[source] = readings.columns()
     shift: dict[tuple[str, str, str], float] = {}
     for (host, boot), writers in machines.items():
-        reference = _machine_offset(writers)
-        for source, offset in writers.items():
-            if abs(reference - offset) > CLOCKS_AGREE_SECONDS:
-                shift[(host, boot, source)] = reference - offset
+        for source, seconds in _machine_shifts(writers).items():
+            shift[(host, boot, source)] = seconds
     return shift
 
 
