@@ -35,7 +35,6 @@ from trainwatch.checkpoint_format.manifest import (DIGEST, FORMAT, FORMAT_VERSIO
                                                     digest_file, rank_file_name, step_dir_name)
 from trainwatch.contract.layout import WEIGHTS_CONFIG_DIGEST_KEY
 from trainwatch.rank.checkpoint import fsdp1_staging, sharded
-from trainwatch.rank.checkpoint.dcp_hashing import HashingStream, HashingWriter
 from trainwatch.rank.checkpoint.dcp_verify import needed_sizes, read_metadata
 from trainwatch.rank.checkpoint.writer import (CheckpointWriteError, CheckRefused, Payload,
                                                   Written, data_position, publish, tmp_dir,
@@ -64,6 +63,10 @@ def _rank_file(tmp: Path, rank: int, mine: dict[str, Any], do_fsync: bool
     """This rank's file beside its DCP shards (RNGs, data position), written, hashed as
     written and fsynced: {name: {digest, bytes}}. Independent of DCP's files, so it is
     written on the helper while DCP writes (its fsync off the save's path)."""
+    # Imported here, not at the top: DCP brings DTensor and sympy (~1.1 s of every rank's
+    # start, restarts included), which a data-parallel job never needs.
+    from trainwatch.rank.checkpoint.dcp_hashing import HashingStream
+
     path = tmp / rank_file_name(rank)
     with open(path, "xb") as fh:
         stream = HashingStream(fh)
@@ -119,6 +122,8 @@ def _write_rank(tmp: Path, trees: dict[str, Any], mine: dict[str, Any], rank: in
                     torch.cuda.synchronize()  # the helper reads them outside the loop's stream
                 local = {k: sharded.local(t) for k, t in trees.items()}
                 checked = helper.submit(lambda: [f for k, t in local.items() for f in check(t, k)])
+            from trainwatch.rank.checkpoint.dcp_hashing import HashingWriter  # see _rank_file
+
             writer = HashingWriter(str(tmp), sync_files=do_fsync)
             dcp.save(trees, storage_writer=writer, process_group=group)
             report["files"] = {**own.result(), **_dcp_files(tmp, rank, do_fsync,
