@@ -18,7 +18,7 @@ VALUES_CHUNK = 1 << 12  # floats made at once from the tokens column
 
 
 def kept_rows(log: StepLog, cuts: list[tuple[int, int, int]]
-          ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+              ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """(lo, rows, mask) over the step log in chunks: the executions no later attempt threw
     away (exactly those ``paint_steps`` did not count as recomputed)."""
     for lo, rows in log.chunks(0, len(log), CHUNK):
@@ -46,7 +46,7 @@ def distinct(log: StepLog, cuts: list[tuple[int, int, int]], first: int, last: i
 
 
 def values(log: StepLog, cuts: list[tuple[int, int, int]], *, kept: bool,
-            scale: tuple[np.ndarray, np.ndarray]) -> Iterator[float]:
+           scale: tuple[np.ndarray, np.ndarray]) -> Iterator[float]:
     """The tokens of the kept executions (or of all), each times its attempt's factor
     (``scale``: the attempts' first indices and factors), a few thousand floats at a time."""
     starts, factors = scale
