@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import shlex
 import shutil
@@ -34,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from trainwatch.control.bad_step import first_bad_step
 from trainwatch.control.confirm import Confirmation, confirm_stall
 from trainwatch.control.controller import JobController
 from trainwatch.control.gasp_request import ask_survivors
@@ -253,13 +253,15 @@ class ActionRunner:
                                  f"again in {wait:.0f}s", extra={"retry_after": wait})
             outcome.final, outcome.retry_after = False, wait
             return outcome
-        if req.action == "rollback_skip" and last is not None and _first_bad_step(
+        if req.action == "rollback_skip" and first_bad_step(
                 self.run, spike_factor=self.policy.spike_factor) is None:
-            # The loss alerts fire for minutes after their step (nonfinite_window_seconds,
-            # loss_spike_keep_firing) and are asked again meanwhile: after a rollback, only
-            # a bad step the job logged since is evidence of a new one.
-            outcome = self._skip(req, "not confirmed: no non-finite or spiking loss logged "
-                                 "since the last rollback")
+            # The alert is one signal: Prometheus's window spans restarts, so a launch that
+            # began again from earlier state reads as a spike. Act only on a bad step a rank
+            # logged itself (control/bad_step.py), since the last rollback: the loss alerts
+            # fire for minutes after their step and are asked again meanwhile.
+            outcome = self._skip(req, "not confirmed: no rank logged a non-finite loss, or "
+                                 f"one {self.policy.spike_factor:g}x the mean of its steps "
+                                 "before it in the same launch, since the last rollback")
             outcome.final = False  # a later delivery looks again
             return outcome
         confirmation = None
@@ -439,7 +441,7 @@ class ActionRunner:
 
     def _prepare_rollback(self, controller: JobController) -> dict[str, Any]:
         """Find the bad step; hide checkpoints taken at or after it; ask to skip the window."""
-        bad = _first_bad_step(self.run)
+        bad = first_bad_step(self.run)
         details: dict[str, Any] = {"bad_step": bad}
         if bad is None:
             details["note"] = "no non-finite or spiking step found in the metrics log"
@@ -570,41 +572,3 @@ def _req_fields(req: ActionRequest | None) -> dict[str, Any]:
         return {"alert": None}
     return {"alert": req.alertname, "fingerprint": req.fingerprint, "starts_at": req.starts_at,
             "delivery": req.source, "labels": req.labels}
-
-
-def _first_bad_step(run: RunDir, spike_factor: float | None = None) -> int | None:
-    """The first step with a non-finite loss, else the step of the largest loss spike
-    (with ``spike_factor``: only one at least that many times the mean of the 10 steps
-    before it).
-
-    Only steps logged after the last rollback count: the metrics log keeps the records
-    of a bad step that was already rolled back, and rolling back to it again would
-    throw away everything trained since.
-    """
-    rollbacks = [e.get("time") for e in run.events("action_taken")
-                 if e.get("action") == "rollback_skip"]
-    since = max((t for t in rollbacks if isinstance(t, (int, float))), default=float("-inf"))
-    records = []
-    for rank in run.ranks_with_metrics():
-        records += [r for r in run.metrics(rank).records
-                    if r.get("kind") == "step" and isinstance(r.get("step"), int)
-                    and _logged_after(r, since)]
-    bad = [r["step"] for r in records
-           if not isinstance(r.get("loss"), (int, float)) or not math.isfinite(r["loss"])]
-    if bad:
-        return min(bad)
-    finite = sorted((r["step"], r["loss"]) for r in records)
-    best, best_ratio = None, spike_factor or 0.0
-    for i in range(10, len(finite)):
-        window = [loss for _, loss in finite[i - 10:i]]
-        mean = sum(window) / len(window)
-        if mean > 0 and finite[i][1] / mean > best_ratio:
-            best, best_ratio = finite[i][0], finite[i][1] / mean
-    return best
-
-
-
-def _logged_after(record: dict[str, Any], since: float) -> bool:
-    """True unless the record carries a time at or before ``since``."""
-    t = record.get("time")
-    return not isinstance(t, (int, float)) or t > since
