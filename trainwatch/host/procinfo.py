@@ -15,6 +15,7 @@ from typing import Any
 import psutil
 
 from trainwatch.host import unix_peer
+from trainwatch.host.proc_stat import read_proc_stat, read_small
 
 # psutil status -> the names trainwatch uses (docs/agent.md)
 _STATUS = {
@@ -113,17 +114,21 @@ class ProcessTracker:
             else:
                 tracked.due = mono + reuse_for
             proc = tracked.process
-            with proc.oneshot():
-                status = _STATUS.get(proc.status(), "unknown")
-                times = proc.cpu_times()
-                cpu = times.user + times.system
-                info: dict[str, Any] = {"status": status, "cpu_seconds": cpu,
-                                        "rss_bytes": proc.memory_info().rss,
-                                        "threads": proc.num_threads()}
-                try:
-                    cpus = proc.cpu_affinity()
-                except (psutil.Error, AttributeError, OSError):
-                    cpus = []
+            read = read_proc_stat(pid, self.proc_root)
+            if read is not None:  # one read for what psutil takes three files for
+                cpu = read.cpu_seconds
+                info: dict[str, Any] = {"status": read.state, "cpu_seconds": cpu,
+                                        "rss_bytes": read.rss_bytes, "threads": read.threads}
+                cpus = _affinity(proc)
+            else:  # psutil tells a gone process from a zombie or a denied one
+                with proc.oneshot():
+                    status = _STATUS.get(proc.status(), "unknown")
+                    times = proc.cpu_times()
+                    cpu = times.user + times.system
+                    info = {"status": status, "cpu_seconds": cpu,
+                            "rss_bytes": proc.memory_info().rss,
+                            "threads": proc.num_threads()}
+                    cpus = _affinity(proc)
             info["cpus"] = cpus
             info["cpu_contention_ratio"] = self._contention(pid, cpu, cpus)
             info["cpu_cores"], info["main_runnable"] = _cpu_rates(tracked, mono, cpu,
@@ -167,6 +172,14 @@ class ProcessTracker:
         return min(1.0, max(0.0, others / total))
 
 
+def _affinity(proc: psutil.Process) -> list[int]:
+    """The cores the process may run on; none where that cannot be read."""
+    try:
+        return proc.cpu_affinity()
+    except (psutil.Error, AttributeError, OSError):
+        return []
+
+
 def _cpu_rates(tracked: _Tracked, mono: float, cpu: float,
                proc_root: str) -> tuple[float | None, float | None]:
     """(cores the process used, share of the time its main thread ran or waited to run)
@@ -191,7 +204,7 @@ def main_thread_runnable_ns(pid: int, proc_root: str = "/proc") -> int | None:
     """Nanoseconds a process's main thread ran plus waited to run (``schedstat``), None if
     unknown: on a loaded machine a spinning thread waits to run more than it runs, so its
     CPU time alone would not show it busy."""
-    fields = (_read(f"{proc_root}/{pid}/task/{pid}/schedstat") or "").split()
+    fields = (read_small(f"{proc_root}/{pid}/task/{pid}/schedstat") or b"").split()
     try:
         return int(fields[0]) + int(fields[1])
     except (ValueError, IndexError):
