@@ -129,10 +129,16 @@ def _read_open(fd: int, st: os.stat_result, path: str | Path, max_bytes: int) ->
         if st.st_size > max_bytes:
             raise SkippedFile(path, "too_large", f"{st.st_size} bytes, more than the "
                               f"{max_bytes} a reader takes")
-        chunks, left = [], max_bytes + 1
+        # The size the stat saw and a byte more: a read of that much is the whole file,
+        # without a 1 MiB buffer (mapped and unmapped, at the agent's fixed mmap
+        # threshold) and without a read more to find the end (each status and beat file,
+        # every second). A file that grew, or a short read before that size (some network
+        # and FUSE file systems), reads on.
+        chunks, left, got = [], max_bytes + 1, 0
+        want = min(left, st.st_size + 1 if st.st_size > 0 else 1 << 20)
         while left > 0:
             try:
-                chunk = os.read(fd, min(left, 1 << 20))
+                chunk = os.read(fd, want)
             except OSError as exc:
                 raise SkippedFile(path, "unreadable",
                                   f"unreadable ({exc.strerror or exc})") from None
@@ -140,6 +146,10 @@ def _read_open(fd: int, st: os.stat_result, path: str | Path, max_bytes: int) ->
                 break
             chunks.append(chunk)
             left -= len(chunk)
+            got += len(chunk)
+            if len(chunk) < want and got >= st.st_size:
+                break
+            want = min(left, 1 << 20)
         data = b"".join(chunks)
     finally:
         os.close(fd)
