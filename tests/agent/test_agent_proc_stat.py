@@ -78,3 +78,32 @@ def test_no_such_process_or_a_torn_file_is_left_to_psutil(tmp_path):
     (tmp_path / "7" / "stat").write_text("7 (x) S 1 2")
     (tmp_path / "7" / "statm").write_text("730 443 415 5 0 89 0")
     assert read_proc_stat(7, str(tmp_path)) is None
+
+
+def test_a_pid_given_to_another_process_reads_as_gone(tmp_path):
+    """The rank's pid, reused by a process started later: the stat's start time tells."""
+    from trainwatch.host.procinfo import ProcessTracker
+
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        _wait_state(sleeper.pid, "S")
+        read = read_proc_stat(sleeper.pid)
+        boot = psutil.boot_time()
+        assert abs(boot + read.start_ticks / os.sysconf("SC_CLK_TCK")
+                   - psutil.Process(sleeper.pid).create_time()) < 1.0
+        tracker = ProcessTracker()
+        assert tracker.inspect(sleeper.pid, started_at=None)["status"] == "sleeping"
+        # the same pid, as the kernel would show it for a process started a second later
+        fake = tmp_path / str(sleeper.pid)
+        fake.mkdir()
+        text = open(f"/proc/{sleeper.pid}/stat").read()
+        head, tail = text.rsplit(") ", 1)
+        fields = tail.split()
+        fields[19] = str(int(fields[19]) + os.sysconf("SC_CLK_TCK"))
+        (fake / "stat").write_text(head + ") " + " ".join(fields) + "\n")
+        (fake / "statm").write_text(open(f"/proc/{sleeper.pid}/statm").read())
+        tracker.proc_root = str(tmp_path)
+        assert tracker.inspect(sleeper.pid, started_at=None)["status"] == "gone"
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -32,6 +32,7 @@ class ProcStat:
     cpu_seconds: float  # user + system, as psutil's cpu_times() adds them
     threads: int
     rss_bytes: int
+    start_ticks: int    # when it started, in clock ticks after boot: which process this is
 
 
 def read_small(path: str, limit: int = 4096) -> bytes | None:
@@ -61,9 +62,9 @@ def read_proc_stat(pid: int, proc_root: str = "/proc") -> ProcStat | None:
     try:
         state = fields[0].decode("ascii")
         utime, stime = int(fields[11]), int(fields[12])
-        threads, rss_pages = int(fields[17]), int(pages.split()[1])
+        threads, start, rss_pages = int(fields[17]), int(fields[19]), int(pages.split()[1])
     except (IndexError, ValueError, UnicodeDecodeError):
         return None
     return ProcStat(STATE_NAMES.get(state, "unknown"),
                     float(utime) / CLOCK_TICKS + float(stime) / CLOCK_TICKS,
-                    threads, rss_pages * PAGE_SIZE)
+                    threads, rss_pages * PAGE_SIZE, start)

@@ -62,6 +62,7 @@ class _Tracked:
     # (monotonic, CPU seconds, main thread runnable ns) the rates below are from
     cpu_at: tuple[float, float, int | None] | None = None
     cpu_rates: tuple[float | None, float | None] = (None, None)  # see _cpu_rates
+    start_ticks: int | None = None  # /proc/<pid>/stat's start time at the first read
 
 
 class ProcessTracker:
@@ -115,6 +116,13 @@ class ProcessTracker:
                 tracked.due = mono + reuse_for
             proc = tracked.process
             read = read_proc_stat(pid, self.proc_root)
+            if read is not None and tracked.start_ticks is None:
+                tracked.start_ticks = read.start_ticks
+            elif read is not None and read.start_ticks != tracked.start_ticks:
+                # the rank is gone and its pid was given to another process since
+                del self._tracked[pid]
+                self._own_prev.pop(pid, None)
+                return {"status": "gone"}
             if read is not None:  # one read for what psutil takes three files for
                 cpu = read.cpu_seconds
                 info: dict[str, Any] = {"status": read.state, "cpu_seconds": cpu,
