@@ -72,3 +72,62 @@ def test_stopped_before_it_finished_it_serves_nothing(tmp_path):
     early._hash_all()  # stopped: returns at once
     assert early.digest(newest, "__1_0.distcp") is None
     assert check_share(newest, files, early=early) == []
+
+
+def _saved(tmp_path):
+    """A data-parallel checkpoint of one rank at steps 1 and 2; the newest's directory."""
+    import torch
+
+    from trainwatch import Checkpoints
+    from trainwatch.rundir.run_dir import RunDir
+
+    run = RunDir(tmp_path / "run")
+    ckpt = Checkpoints.from_env(run.root, every_steps=1, mode="sync", fsync=False,
+                                memory_snapshots="off")
+    for step in (1, 2):
+        ckpt.maybe_save(step, model=torch.nn.Linear(4, 2))
+    ckpt.close(final=False)
+    return run.checkpoint_dir, run.checkpoint_dir / "step-00000002"
+
+
+def test_the_manifest_and_the_own_rank_file_are_read_early_and_handed_over_once(tmp_path):
+    import torch
+
+    from trainwatch.checkpoint_format.manifest import read_manifest
+
+    folder, newest = _saved(tmp_path)
+    early = EarlyDigests.start(folder, 0, 1)
+    manifest = read_manifest(newest)
+    assert early.guess() == (newest, manifest)
+    entry = manifest["files"]["rank-00000.pt"]
+    assert early.value(newest, "rank-00000.pt", {**entry, "bytes": 1}) == (False, None)
+    found, value = early.value(newest, "rank-00000.pt", entry)
+    assert not found  # the entry differed: dropped, never handed over for another
+    early = EarlyDigests.start(folder, 0, 1)
+    found, value = early.value(newest, "rank-00000.pt", entry)
+    plain = torch.load(newest / "rank-00000.pt", weights_only=True)
+    assert found and value["rank"] == plain["rank"] and torch.equal(
+        value["rng"]["torch"], plain["rng"]["torch"])
+    assert early.value(newest, "rank-00000.pt", entry) == (False, None)  # once
+    assert early.value(folder / "step-00000001", "rank-00000.pt", entry) == (False, None)
+    loaded = {}
+    early = EarlyDigests.start(folder, 0, 1)
+    assert check_share(newest, {"rank-00000.pt": entry}, {"rank-00000.pt"}, loaded,
+                       early) == [] and loaded["rank-00000.pt"]["rank"] == 0
+    assert EarlyDigests.start(folder, 0).guess() is None  # no world size: the shard alone
+
+
+def test_a_corrupt_rank_file_is_not_loaded_early_and_fails_as_check_file_says(tmp_path):
+    from trainwatch.checkpoint_format.manifest import read_manifest
+
+    folder, newest = _saved(tmp_path)
+    entry = read_manifest(newest)["files"]["rank-00000.pt"]
+    data = bytearray((newest / "rank-00000.pt").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (newest / "rank-00000.pt").write_bytes(bytes(data))
+    early = EarlyDigests.start(folder, 0, 1)
+    assert early.guess() is not None and early.loaded == {}
+    loaded = {}
+    assert check_share(newest, {"rank-00000.pt": entry}, {"rank-00000.pt"}, loaded,
+                       early) == ["rank-00000.pt: xxh3_128 mismatch (content changed or "
+                                  "corrupt)"] and loaded == {}

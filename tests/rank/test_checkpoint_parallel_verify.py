@@ -54,3 +54,77 @@ def test_the_verdict_and_the_fallback_are_those_of_one_rank_hashing_everything(g
     assert chosen is not None and chosen.path.name == "step-00000001" and chosen.ok
     assert [(f.path, f.reason) for f in passed] == [(newest, alone.reason)]
     verifier.done()
+
+
+def _two_ranks(monkeypatch, theirs):
+    """Rank 0's or 1's side of a 2-rank job: ``theirs(mine, call)`` is what the other rank
+    sends to gather number ``call``; every broadcast is recorded, none is sent."""
+    calls, sent = [], []
+
+    def gather(_verifier, mine):
+        calls.append(mine)
+        return theirs(mine, len(calls))
+
+    monkeypatch.setattr(ParallelVerify, "_gather", gather)
+    monkeypatch.setattr(torch.distributed, "broadcast_object_list",
+                        lambda box, src, group: sent.append(list(box)))
+    return calls, sent
+
+
+def _saved(tmp_path):
+    run = RunDir(tmp_path / "run")
+    ckpt = Checkpoints.from_env(run.root, every_steps=1, mode="sync", fsync=False,
+                                memory_snapshots="off")
+    for step in (1, 2):
+        ckpt.maybe_save(step, model=torch.nn.Linear(4, 2))
+    ckpt.close(final=False)
+    return run.checkpoint_dir, run.checkpoint_dir / "step-00000002"
+
+
+def test_the_first_candidate_needs_no_broadcast_when_every_rank_read_its_manifest(
+        tmp_path, monkeypatch):
+    from trainwatch.rank.checkpoint.early_digests import EarlyDigests
+
+    folder, newest = _saved(tmp_path)
+    calls, sent = _two_ranks(monkeypatch, lambda mine, n: [mine, ([], ([], None), mine[2],
+                                                                   None)])
+    verifier = ParallelVerify(0, 2, "gloo", early=EarlyDigests.start(folder, 0, 2))
+    chosen, passed = resume_mod.select([folder], verifier.verify)
+    assert chosen is not None and chosen.path == newest and chosen.ok and not passed
+    assert sent == [] and len(calls) == 1 and calls[0][2][0] == str(newest)
+    assert verifier.decision is not None and verifier.decision["path"] == str(newest)
+    verifier.done()
+    assert sent == [] and "rank-00000.pt" in verifier.take(newest)
+
+
+def test_a_rank_that_read_another_manifest_gets_it_sent_and_the_round_is_redone(
+        tmp_path, monkeypatch):
+    folder, newest = _saved(tmp_path)
+
+    def theirs(mine, call):  # rank 1 read nothing at first; then hashes what it is sent
+        return [mine, ([], ([], None), None, None) if call == 1 else ([], ([], None))]
+
+    calls, sent = _two_ranks(monkeypatch, theirs)
+    verifier = ParallelVerify(0, 2, "gloo")
+    chosen, _ = resume_mod.select([folder], verifier.verify)
+    assert chosen is not None and chosen.path == newest and chosen.ok
+    assert len(calls) == 2 and [box[0] for box in sent] == [str(newest)]
+    assert sent[0][1] == chosen.manifest
+
+
+def test_the_other_ranks_hash_the_newest_and_hear_the_decision_in_the_first_gather(
+        tmp_path, monkeypatch):
+    from trainwatch.rank.checkpoint.early_digests import EarlyDigests
+
+    folder, newest = _saved(tmp_path)
+    decision = {"path": str(newest), "told": None}
+    calls, sent = _two_ranks(monkeypatch, lambda mine, n: [([], ([], decision), mine[2],
+                                                            None), mine])
+    rank1 = ParallelVerify(1, 2, "gloo", early=EarlyDigests.start(folder, 1, 2))
+    got = rank1.serve()
+    assert got["path"] == str(newest) and got["manifest"]["step"] == 2 and sent == []
+    assert calls[0][2][0] == str(newest) and calls[0][0] == []  # its share was clean
+
+    calls, sent = _two_ranks(monkeypatch, lambda mine, n: [(None, None, None, {}), mine])
+    fresh = ParallelVerify(1, 2, "gloo", early=EarlyDigests.start(tmp_path / "none", 1, 2))
+    assert fresh.serve() == {} and sent == []  # rank 0 found none: told in that gather

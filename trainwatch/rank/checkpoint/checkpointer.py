@@ -190,7 +190,8 @@ class Checkpointer:
         self.told = None
         if not self.cfg.enabled or self.cfg.resume == "never":
             return None
-        early = EarlyDigests.start(self.folder, self.rank)  # while the ranks agree
+        # while the ranks agree: hashing, the newest manifest, this rank's rank file
+        early = EarlyDigests.start(self.folder, self.rank, self.world_size)
         try:
             restored, memory_reason = self._resume_from_memory(live)
             if restored is not None:

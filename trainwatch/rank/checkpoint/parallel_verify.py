@@ -14,6 +14,15 @@ itself), and whether this job may resume it at all (``decide``: another config i
 refused). So a candidate that verifies is the decision on every rank, with no more
 collectives; only when none verifies does ``done`` tell the others so.
 
+The first candidate needs no broadcast: every rank's helper thread (early_digests.py) has
+read the manifest of the newest step directory, the one rank 0 tries first, and hashed
+its share of that while rank 0 listed and checked; the one all-gather then also carries
+which directory and which manifest (a digest of it) each rank hashed. When they are rank
+0's, the verdict is the one the broadcast would have given (the same files, hashed
+against the same entries); when any rank read another (rank 0 passed over the newest, or
+its mirror holds a newer step), that round is redone the usual way, rank 0 sending its
+manifest. When rank 0 finds no candidate at all, its decision comes in that first gather.
+
 A file a rank hashes that it also loads (``wanted``: a data-parallel tree, its own rank
 file) is loaded in the same pass (verified_load.py): ``take`` hands those values to the
 load once the verdict is in, so no byte is read twice. With no group (one process) rank 0
@@ -33,11 +42,13 @@ hashes, and loads, everything itself.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any, Callable
 
 import torch.distributed as dist
+import xxhash
 
 from trainwatch.checkpoint_format.dcp import METADATA
 from trainwatch.checkpoint_format.manifest import (DIGEST, LAYOUT_DCP, Verification,
@@ -85,7 +96,11 @@ def check_share(directory: Path, share: dict[str, Any], wanted: Any = (),
     for name, entry in sorted(share.items()):
         try:
             if name in wanted and loaded is not None:
-                value, problem = load_verified(directory, name, entry)
+                found, value = (early.value(directory, name, entry) if early is not None
+                                else (False, None))
+                problem = None
+                if not found:  # not loaded (and verified) by the helper thread: now
+                    value, problem = load_verified(directory, name, entry)
                 if problem is None:
                     loaded[name] = value
             else:
@@ -100,6 +115,12 @@ def check_share(directory: Path, share: dict[str, Any], wanted: Any = (),
 # What decides a verified candidate: {"path", "manifest"} to resume it, {"error", "file"}
 # to refuse it (another config's); rank 0 runs it, every rank gets its answer.
 Decide = Callable[[Path, dict[str, Any]], dict[str, Any]]
+
+
+def fingerprint(manifest: dict[str, Any]) -> str:
+    """What tells two ranks they hashed against the same manifest (its xxh3-128, canonical)."""
+    text = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
+    return xxhash.xxh3_128_hexdigest(text.encode())
 
 
 def _early_problem(directory: Path, name: str, entry: dict[str, Any],
@@ -128,6 +149,7 @@ class ParallelVerify:
         self.loaded_from: Path | None = None
         self.decision: dict[str, Any] | None = None  # of the candidate that verified
         self._waiting = group is not None  # the other ranks are in ``serve``
+        self._first = group is not None  # the next collective is the first round's gather
 
     def verify(self, directory: Path) -> Verification:
         """Rank 0: ``directory`` checked as ``verify_checkpoint`` checks it, the hashing
@@ -136,9 +158,12 @@ class ParallelVerify:
         if not result.ok or result.manifest is None:
             return result
         manifest = result.manifest
-        if self.group is not None:
-            dist.broadcast_object_list([str(directory), manifest], src=0, group=self.group)
-        result.problems += self._round(directory, manifest)
+        problems = self._first_round(directory, manifest) if self._first else None
+        if problems is None:  # not the first, or another rank hashed another manifest
+            if self.group is not None:
+                dist.broadcast_object_list([str(directory), manifest], src=0, group=self.group)
+            problems = self._round(directory, manifest)
+        result.problems += problems
         result.ok = not result.problems
         return result
 
@@ -147,11 +172,20 @@ class ParallelVerify:
         no candidate verified (when one did, they have it from that round)."""
         if self._waiting:
             self._waiting = False
-            dist.broadcast_object_list([None, decision or {}], src=0, group=self.group)
+            if self._first:  # no candidate was sent: the others are in the first gather
+                self._first_round(None, None, done=decision or {})
+            else:
+                dist.broadcast_object_list([None, decision or {}], src=0, group=self.group)
 
     def serve(self) -> dict[str, Any]:
         """Every rank but 0: hash my share of each checkpoint rank 0 asks about, until one
-        verifies (its decision) or rank 0 is done (the decision it sends)."""
+        verifies (its decision) or rank 0 is done (the decision it sends). The first: the
+        newest step directory, as the helper thread read its manifest."""
+        if self._first:
+            guess = self.early.guess() if self.early is not None else None
+            self._first_round(*(guess or (None, None)))
+            if self.decision is not None:
+                return self.decision
         while True:
             box: list[Any] = [None, None]
             dist.broadcast_object_list(box, src=0, group=self.group)
@@ -168,9 +202,40 @@ class ParallelVerify:
         self.loaded, self.loaded_from = {}, None
         return loaded
 
+    def _first_round(self, directory: Path | None, manifest: dict[str, Any] | None,
+                     done: dict[str, Any] | None = None) -> list[str] | None:
+        """Every rank: ``_round`` of the manifest it read itself (rank 0: its first
+        candidate's; the others: the newest step directory's), without the broadcast, the
+        directory and manifest digest gathered with the problems. The problems when every
+        rank hashed rank 0's; None when any did not (the round is redone with the
+        broadcast), or when rank 0 was ``done`` (its decision then set here)."""
+        self._first = False
+        key = None
+        if directory is not None and manifest is not None and done is None:
+            try:
+                key = (str(directory), fingerprint(manifest))
+            except Exception:  # every rank must reach the gather: the usual round follows
+                key = None
+        mine, extra = self._hash(directory, manifest) if key is not None else ([], ([], None))
+        gathered = self._gather((mine, extra, key, done))
+        if gathered[0][3] is not None:  # rank 0 had no candidate: its decision
+            self.decision, self._waiting = gathered[0][3], False
+            return None
+        if key is None or any(theirs[2] != gathered[0][2] for theirs in gathered):
+            return None
+        assert directory is not None and manifest is not None
+        return self._verdict(gathered, manifest)
+
     def _round(self, directory: Path, manifest: dict[str, Any]) -> list[str]:
         """Every rank: hash my share of ``directory``; the problems of all shares, and of
         what rank 0 checks besides (one all-gather). Sets ``decision`` when none."""
+        mine, extra = self._hash(directory, manifest)
+        return self._verdict(self._gather((mine, extra)), manifest)
+
+    def _hash(self, directory: Path | None, manifest: dict[str, Any] | None
+              ) -> tuple[list[str], tuple[list[str], dict[str, Any] | None]]:
+        """My share's problems, and rank 0's own checks when its share is clean."""
+        assert directory is not None and manifest is not None
         self.loaded, self.loaded_from = {}, directory  # a candidate before: let it go first
         share = shares(manifest["files"], self.world_size)[self.rank]
         wanted = set(wanted_files(manifest, self.rank, self.world_size))
@@ -178,12 +243,18 @@ class ParallelVerify:
         extra: tuple[list[str], dict[str, Any] | None] = ([], None)
         if self.rank == 0 and not mine:  # .metadata hashed here: its layout can be read
             extra = self._rank0_checks(directory, manifest)
+        return mine, extra
+
+    def _gather(self, mine: tuple[Any, ...]) -> list[Any]:
         if self.group is None:
-            gathered: list[Any] = [(mine, extra)]
-        else:
-            gathered = [None] * self.world_size
-            dist.all_gather_object(gathered, (mine, extra), group=self.group)
-        problems = [p for theirs, _ in gathered for p in theirs]
+            return [mine]
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, mine, group=self.group)
+        return gathered
+
+    def _verdict(self, gathered: list[Any], manifest: dict[str, Any]) -> list[str]:
+        """Every rank's problems, then rank 0's checks; ``decision`` when none."""
+        problems = [p for theirs in gathered for p in theirs[0]]
         covered, decision = gathered[0][1]
         problems = problems or list(covered)
         if not problems:
