@@ -58,6 +58,7 @@ from trainwatch.rank.checkpoint.dcp_verify import covers
 from trainwatch.rank.checkpoint.early_digests import EarlyDigests
 from trainwatch.rank.checkpoint.resume import wanted_files
 from trainwatch.rank.checkpoint.verified_load import load_verified
+from trainwatch.rank.object_gather import gather_objects
 
 _OWNER = re.compile(r"^(?:__(\d+)_\d+\.distcp|rank-(\d+)\.pt)$")
 
@@ -246,11 +247,7 @@ class ParallelVerify:
         return mine, extra
 
     def _gather(self, mine: tuple[Any, ...]) -> list[Any]:
-        if self.group is None:
-            return [mine]
-        gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, mine, group=self.group)
-        return gathered
+        return gather_objects(mine, self.group)  # one message a rank when small
 
     def _verdict(self, gathered: list[Any], manifest: dict[str, Any]) -> list[str]:
         """Every rank's problems, then rank 0's checks; ``decision`` when none."""

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from trainwatch.rank.checkpoint import rng, whole_state
+from trainwatch.rank.object_gather import gather_objects
 from trainwatch.rank.memory_snapshots import payload as payload_format
 from trainwatch.rank.memory_snapshots import peer_link, shards, store
 from trainwatch.rank.memory_snapshots.cadence import WINDOW, Cadence
@@ -131,10 +132,8 @@ class MemorySnapshots:
                 carried = carry()
             except Exception:  # every rank then finds out on its own, as without carry
                 carried = None
-        gathered: list[Any] = [(mine, info, carried)]
-        if self.group is not None:
-            gathered = [None] * self.world_size
-            dist.all_gather_object(gathered, (mine, info, carried), group=self.group)
+        # one message a rank (object_gather.py): this is on every resume's path
+        gathered: list[Any] = gather_objects((mine, info, carried), self.group)
         reasons = [why for why, _, _ in gathered]
         off = {r: why for r, why in enumerate(reasons) if why is not None}
         self._start(off, gathered)
