@@ -20,6 +20,7 @@ two snapshot files in the tmpfs (each the state's size): three times the rank's 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import time
@@ -118,9 +119,10 @@ class MemorySnapshots:
             return None
         self._prepared = True
         mine = self.facts["off_reason"] if not self.enabled else None
+        sweep = False
         if mine is None and self.folder is not None and self.root is not None:
+            sweep = True
             try:
-                store.sweep_aside(self.root.parent)  # runs whose directory is gone
                 store.make_folder(self.folder)
                 store.claim(self.root, self.run_dir)
             except OSError as exc:
@@ -134,6 +136,11 @@ class MemorySnapshots:
                 carried = None
         # one message a rank (object_gather.py): this is on every resume's path
         gathered: list[Any] = gather_objects((mine, info, carried), self.group)
+        if sweep and self.root is not None:
+            # runs whose directory is gone, on a thread that nothing waits for: started
+            # after the gather, its reading does not hold up this rank's part of it
+            with contextlib.suppress(OSError, RuntimeError):  # no thread: no sweep
+                store.sweep_aside(self.root.parent)
         reasons = [why for why, _, _ in gathered]
         off = {r: why for r, why in enumerate(reasons) if why is not None}
         self._start(off, gathered)
