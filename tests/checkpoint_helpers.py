@@ -27,3 +27,15 @@ def failed_saves(root: Path, *, steps: int = 4, every: int = 2) -> RunDir:
     ckpt.close(final=False)
     tel.close()
     return run
+
+
+def two_saved_steps(tmp_path: Path) -> tuple[Path, Path]:
+    """A data-parallel checkpoint of one rank at steps 1 and 2: its folder, and the
+    newest's directory."""
+    run = RunDir(tmp_path / "run")
+    ckpt = Checkpoints.from_env(run.root, every_steps=1, mode="sync", fsync=False,
+                                memory_snapshots="off")
+    for step in (1, 2):
+        ckpt.maybe_save(step, model=torch.nn.Linear(4, 2))
+    ckpt.close(final=False)
+    return run.checkpoint_dir, run.checkpoint_dir / "step-00000002"

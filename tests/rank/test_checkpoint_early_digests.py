@@ -10,6 +10,7 @@ them."""
 
 import os
 
+from checkpoint_helpers import two_saved_steps
 from trainwatch.checkpoint_format.manifest import DIGEST, check_file, digest_file
 from trainwatch.rank.checkpoint.early_digests import EarlyDigests, newest_step_dir
 from trainwatch.rank.checkpoint.parallel_verify import check_share
@@ -74,28 +75,12 @@ def test_stopped_before_it_finished_it_serves_nothing(tmp_path):
     assert check_share(newest, files, early=early) == []
 
 
-def _saved(tmp_path):
-    """A data-parallel checkpoint of one rank at steps 1 and 2; the newest's directory."""
-    import torch
-
-    from trainwatch import Checkpoints
-    from trainwatch.rundir.run_dir import RunDir
-
-    run = RunDir(tmp_path / "run")
-    ckpt = Checkpoints.from_env(run.root, every_steps=1, mode="sync", fsync=False,
-                                memory_snapshots="off")
-    for step in (1, 2):
-        ckpt.maybe_save(step, model=torch.nn.Linear(4, 2))
-    ckpt.close(final=False)
-    return run.checkpoint_dir, run.checkpoint_dir / "step-00000002"
-
-
 def test_the_manifest_and_the_own_rank_file_are_read_early_and_handed_over_once(tmp_path):
     import torch
 
     from trainwatch.checkpoint_format.manifest import read_manifest
 
-    folder, newest = _saved(tmp_path)
+    folder, newest = two_saved_steps(tmp_path)
     early = EarlyDigests.start(folder, 0, 1)
     manifest = read_manifest(newest)
     assert early.guess() == (newest, manifest)
@@ -120,7 +105,7 @@ def test_the_manifest_and_the_own_rank_file_are_read_early_and_handed_over_once(
 def test_a_corrupt_rank_file_is_not_loaded_early_and_fails_as_check_file_says(tmp_path):
     from trainwatch.checkpoint_format.manifest import read_manifest
 
-    folder, newest = _saved(tmp_path)
+    folder, newest = two_saved_steps(tmp_path)
     entry = read_manifest(newest)["files"]["rank-00000.pt"]
     data = bytearray((newest / "rank-00000.pt").read_bytes())
     data[len(data) // 2] ^= 0xFF

@@ -10,6 +10,7 @@ import torch
 
 from trainwatch import Checkpoints
 from trainwatch.rank.checkpoint import resume as resume_mod
+from checkpoint_helpers import two_saved_steps
 from trainwatch.rank.checkpoint.dcp_verify import verify_checkpoint
 from trainwatch.rank.checkpoint.parallel_verify import ParallelVerify, shares
 from trainwatch.rundir.run_dir import RunDir
@@ -71,21 +72,11 @@ def _two_ranks(monkeypatch, theirs):
     return calls, sent
 
 
-def _saved(tmp_path):
-    run = RunDir(tmp_path / "run")
-    ckpt = Checkpoints.from_env(run.root, every_steps=1, mode="sync", fsync=False,
-                                memory_snapshots="off")
-    for step in (1, 2):
-        ckpt.maybe_save(step, model=torch.nn.Linear(4, 2))
-    ckpt.close(final=False)
-    return run.checkpoint_dir, run.checkpoint_dir / "step-00000002"
-
-
 def test_the_first_candidate_needs_no_broadcast_when_every_rank_read_its_manifest(
         tmp_path, monkeypatch):
     from trainwatch.rank.checkpoint.early_digests import EarlyDigests
 
-    folder, newest = _saved(tmp_path)
+    folder, newest = two_saved_steps(tmp_path)
     calls, sent = _two_ranks(monkeypatch, lambda mine, n: [mine, ([], ([], None), mine[2],
                                                                    None)])
     verifier = ParallelVerify(0, 2, "gloo", early=EarlyDigests.start(folder, 0, 2))
@@ -99,7 +90,7 @@ def test_the_first_candidate_needs_no_broadcast_when_every_rank_read_its_manifes
 
 def test_a_rank_that_read_another_manifest_gets_it_sent_and_the_round_is_redone(
         tmp_path, monkeypatch):
-    folder, newest = _saved(tmp_path)
+    folder, newest = two_saved_steps(tmp_path)
 
     def theirs(mine, call):  # rank 1 read nothing at first; then hashes what it is sent
         return [mine, ([], ([], None), None, None) if call == 1 else ([], ([], None))]
@@ -116,7 +107,7 @@ def test_the_other_ranks_hash_the_newest_and_hear_the_decision_in_the_first_gath
         tmp_path, monkeypatch):
     from trainwatch.rank.checkpoint.early_digests import EarlyDigests
 
-    folder, newest = _saved(tmp_path)
+    folder, newest = two_saved_steps(tmp_path)
     decision = {"path": str(newest), "told": None}
     calls, sent = _two_ranks(monkeypatch, lambda mine, n: [([], ([], decision), mine[2],
                                                             None), mine])
