@@ -97,3 +97,18 @@ def test_the_first_spike_alert_rolls_back_only_when_a_rank_logged_the_spike(tmp_
         assert second.taken and second.details["bad_step"] == 27, second.reason
     finally:
         controller.stop("test teardown")
+
+
+def test_only_the_recent_end_of_each_log_is_read(tmp_path, monkeypatch):
+    """A million-step log is not read whole into the supervisor: a NaN logged long before
+    the lookback is not what a loss alert asks about now."""
+    from trainwatch.control import bad_step
+
+    run = RunDir(tmp_path / "exp1").create()
+    t0 = time.time() - 1000
+    _log(run, 0, [(s, float("nan") if s == 3 else 1.0) for s in range(200)], t0)
+    assert first_bad_step(run, spike_factor=3) == 3
+    monkeypatch.setattr(bad_step, "LOOKBACK_BYTES", 60 * 120)  # the last ~60 lines
+    assert first_bad_step(run, spike_factor=3) is None
+    _log(run, 0, [(200, 7.0)], t0 + 10)
+    assert first_bad_step(run, spike_factor=3) == 200

@@ -45,3 +45,16 @@ def test_every_line_read_as_the_full_parse_reads_it(tmp_path: Path) -> None:
     assert got == expected
     assert [(s.line, s.code) for s in skipped] == expected_skips
     assert len(got) >= 8 and len(skipped) >= 8  # both paths exercised
+
+
+def test_a_tail_read_starts_at_the_first_whole_line_within_it(tmp_path):
+    """``tail_bytes``: the recent records of a long log, never a line's torn rest."""
+    path = tmp_path / "log.jsonl"
+    lines = [json.dumps({"v": 1, "step": i}).encode() + b"\n" for i in range(100)]
+    path.write_bytes(b"".join(lines))
+    whole = len(lines[-1]) * 3
+    for tail, first in ((whole, 97), (whole + 1, 97), (whole + len(lines[-4]), 96),
+                        (whole - 1, 98), (10 ** 9, 0)):
+        skipped: list = []
+        steps = [r["step"] for _, r in iter_jsonl(path, skipped, tail_bytes=tail)]
+        assert steps == list(range(first, 100)) and skipped == [], (tail, steps[:3], skipped)

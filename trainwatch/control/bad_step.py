@@ -11,12 +11,15 @@ lower losses of the launch before; comparing within a launch does not.
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import Any, Iterator
 
 from trainwatch.rundir.attempts import rank_of
+from trainwatch.rundir.jsonl import iter_jsonl
 from trainwatch.rundir.run_dir import RunDir
 
 SPIKE_BASELINE_STEPS = 10  # a spike is measured against the mean of this many steps
+LOOKBACK_BYTES = 64 << 20  # of each rank's metrics log: ~160,000 steps of ~400 bytes
 
 
 def first_bad_step(run: RunDir, spike_factor: float | None = None) -> int | None:
@@ -26,51 +29,63 @@ def first_bad_step(run: RunDir, spike_factor: float | None = None) -> int | None
 
     Only steps logged after the last rollback count: the metrics log keeps the records
     of a bad step that was already rolled back, and rolling back to it again would
-    throw away everything trained since.
+    throw away everything trained since. Each log is read as a stream, and only its last
+    ``LOOKBACK_BYTES``: a rollback is asked for within minutes of its bad step, and a
+    million-step log read whole held gigabytes in the supervisor.
     """
     since = _last_rollback(run)
     starts = _rank_starts(run)
-    nonfinite: list[int] = []
+    nonfinite: int | None = None
     best, best_ratio = None, spike_factor or 0.0
     for rank in run.ranks_with_metrics():
-        records = [r for r in run.metrics(rank).records
-                   if r.get("kind") == "step" and _is_int(r.get("step"))
-                   and _logged_after(r, since)]
-        for launch in _launches(records, starts.get(rank, [])):
-            finite: list[float] = []
-            for step, loss in launch:
-                if loss is None:
-                    nonfinite.append(step)
-                    continue
-                if len(finite) >= SPIKE_BASELINE_STEPS:
-                    mean = sum(finite[-SPIKE_BASELINE_STEPS:]) / SPIKE_BASELINE_STEPS
-                    if mean > 0 and loss / mean > best_ratio:
-                        best, best_ratio = step, loss / mean
-                finite.append(loss)
-    return min(nonfinite) if nonfinite else best
+        for step, ratio in _scan(_steps(run, rank, since), starts.get(rank, [])):
+            if ratio is None:
+                nonfinite = step if nonfinite is None else min(nonfinite, step)
+            elif ratio > best_ratio:
+                best, best_ratio = step, ratio
+    return nonfinite if nonfinite is not None else best
 
 
-def _launches(records: list[dict[str, Any]],
-              starts: list[float]) -> Iterator[list[tuple[int, float | None]]]:
-    """One rank's records (log order) cut where its process started again: at a
-    ``rank_started`` of that rank, or where the step did not go up. Each as (step, loss),
-    the loss None when it is not a finite number."""
-    launch: list[tuple[int, float | None]] = []
+def _steps(run: RunDir, rank: int, since: float) -> Iterator[tuple[int, float | None, Any]]:
+    """(step, loss, time) of the rank's step records logged after ``since``, in log order;
+    the loss a float or None, the time a float or None."""
+    skipped: list[Any] = []
+    for _, r in iter_jsonl(run.metrics_file(rank), skipped, run.root,
+                           tail_bytes=LOOKBACK_BYTES):
+        skipped.clear()  # bad lines are the report's to count, not kept here
+        step = r.get("step")
+        if r.get("kind") != "step" or not isinstance(step, int) or isinstance(step, bool):
+            continue
+        t = _number(r.get("time"))
+        if t is not None and t <= since:
+            continue
+        yield step, _number(r.get("loss")), t
+
+
+def _scan(steps: Iterator[tuple[int, float | None, Any]],
+          starts: list[float]) -> Iterator[tuple[int, float | None]]:
+    """One rank's bad-step candidates: (step, None) for a non-finite loss, (step, ratio)
+    for a finite one with ``SPIKE_BASELINE_STEPS`` finite ones before it in its launch
+    (ratio: its loss over their mean). A launch ends where the rank's process started
+    again: at a ``rank_started`` of that rank, or where the step did not go up."""
+    window: deque[float] = deque(maxlen=SPIKE_BASELINE_STEPS)
     prev_step: int | None = None
     prev_time: float | None = None
-    for r in records:
-        step, t = r["step"], _number(r.get("time"))
+    for step, loss, t in steps:
         restarted = prev_step is not None and step <= prev_step
         if t is not None and prev_time is not None:
             restarted = restarted or any(prev_time < s <= t for s in starts)
-        if restarted and launch:
-            yield launch
-            launch = []
-        loss = _number(r.get("loss"))
-        launch.append((step, loss if loss is not None and math.isfinite(loss) else None))
+        if restarted:
+            window.clear()
         prev_step, prev_time = step, (t if t is not None else prev_time)
-    if launch:
-        yield launch
+        if loss is None or not math.isfinite(loss):
+            yield step, None
+            continue
+        if len(window) == SPIKE_BASELINE_STEPS:
+            mean = sum(window) / SPIKE_BASELINE_STEPS
+            if mean > 0:
+                yield step, loss / mean
+        window.append(loss)
 
 
 def _last_rollback(run: RunDir) -> float:
@@ -93,12 +108,3 @@ def _number(value: Any) -> float | None:
         return float(value)
     return None
 
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _logged_after(record: dict[str, Any], since: float) -> bool:
-    """True unless the record carries a time at or before ``since``."""
-    t = record.get("time")
-    return not isinstance(t, (int, float)) or t > since

@@ -84,9 +84,14 @@ def line_skip_code(reason: str) -> str:
 
 
 def iter_jsonl(path: str | Path, skipped: list[Skipped], root: str | Path | None = None, *,
-               max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, dict[str, Any]]]:
+               max_line_bytes: int = MAX_LINE_BYTES, tail_bytes: int | None = None
+               ) -> Iterator[tuple[int, dict[str, Any]]]:
     """Stream a JSON-lines file as (line number, record), appending torn, alien or overlong
-    lines to ``skipped``: memory stays one line, however long the file."""
+    lines to ``skipped``: memory stays one line, however long the file.
+
+    ``tail_bytes``: only the whole lines of the file's last ``tail_bytes`` (a reader that
+    needs the recent records of a log that may hold millions); line numbers then count
+    from there."""
     try:
         fd, _ = open_run_file(path, root)
     except FileNotFoundError:
@@ -96,6 +101,16 @@ def iter_jsonl(path: str | Path, skipped: list[Skipped], root: str | Path | None
         return
     with os.fdopen(fd, "rb") as fh:
         lineno, long_line = 0, False
+        if tail_bytes is not None:
+            try:
+                size = os.fstat(fh.fileno()).st_size
+                if size > tail_bytes:
+                    fh.seek(size - tail_bytes - 1)
+                    long_line = fh.read(1) != b"\n"  # mid-line: its rest is not a record
+            except OSError as exc:
+                skipped.append(Skipped(str(path), f"unreadable ({exc.strerror or exc})",
+                                       code="unreadable"))
+                return
         while True:
             try:
                 line = fh.readline(max_line_bytes + 1)
