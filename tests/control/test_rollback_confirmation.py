@@ -112,3 +112,22 @@ def test_only_the_recent_end_of_each_log_is_read(tmp_path, monkeypatch):
     assert first_bad_step(run, spike_factor=3) is None
     _log(run, 0, [(200, 7.0)], t0 + 10)
     assert first_bad_step(run, spike_factor=3) == 200
+
+
+def test_a_step_that_recorded_no_loss_is_not_a_bad_step(tmp_path):
+    """A loop that records its loss every 5th step: the others are not non-finite (the
+    code before took the first of them for the bad step, and a rollback then quarantined
+    every checkpoint since step 1)."""
+    run = RunDir(tmp_path / "exp1").create()
+    t0 = time.time() - 100
+    with open(run.metrics_file(0), "a") as fh:
+        for step in range(100):
+            record = {"v": 1, "kind": "step", "step": step, "time": t0 + step * 0.01}
+            if step % 5 == 0:
+                record["loss"] = 2.0
+            if step == 81:
+                record["loss"] = None  # a tensor that could not be read
+            fh.write(json.dumps(record) + "\n")
+    assert first_bad_step(run, spike_factor=3) is None
+    _log(run, 0, [(100, float("nan"))], t0 + 2)
+    assert first_bad_step(run, spike_factor=3) == 100

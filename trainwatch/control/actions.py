@@ -441,7 +441,9 @@ class ActionRunner:
 
     def _prepare_rollback(self, controller: JobController) -> dict[str, Any]:
         """Find the bad step; hide checkpoints taken at or after it; ask to skip the window."""
-        bad = first_bad_step(self.run)
+        # the step the confirmation found (handle), or one as bad: never the "largest"
+        # ratio of a flat loss, which any step has
+        bad = first_bad_step(self.run, spike_factor=self.policy.spike_factor)
         details: dict[str, Any] = {"bad_step": bad}
         if bad is None:
             details["note"] = "no non-finite or spiking step found in the metrics log"

@@ -48,7 +48,8 @@ def first_bad_step(run: RunDir, spike_factor: float | None = None) -> int | None
 
 def _steps(run: RunDir, rank: int, since: float) -> Iterator[tuple[int, float | None, Any]]:
     """(step, loss, time) of the rank's step records logged after ``since``, in log order;
-    the loss a float or None, the time a float or None."""
+    the loss a float (NaN and the infinities as json wrote them) or None where the step
+    recorded none (a loop that records it every few steps), the time a float or None."""
     skipped: list[Any] = []
     for _, r in iter_jsonl(run.metrics_file(rank), skipped, run.root,
                            tail_bytes=LOOKBACK_BYTES):
@@ -78,7 +79,9 @@ def _scan(steps: Iterator[tuple[int, float | None, Any]],
         if restarted:
             window.clear()
         prev_step, prev_time = step, (t if t is not None else prev_time)
-        if loss is None or not math.isfinite(loss):
+        if loss is None:  # no loss recorded at this step: nothing to judge
+            continue
+        if not math.isfinite(loss):
             yield step, None
             continue
         if len(window) == SPIKE_BASELINE_STEPS:
