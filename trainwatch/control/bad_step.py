@@ -10,6 +10,7 @@ lower losses of the launch before; comparing within a launch does not.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from typing import Any, Iterator
@@ -24,7 +25,7 @@ LOOKBACK_BYTES = 64 << 20  # of each rank's metrics log: ~160,000 steps of ~400 
 
 def first_bad_step(run: RunDir, spike_factor: float | None = None) -> int | None:
     """The first step with a non-finite loss, else the step of the largest loss spike
-    (with ``spike_factor``: only one at least that many times the mean of the
+    (with ``spike_factor``: only one more than that many times the mean of the
     ``SPIKE_BASELINE_STEPS`` steps before it, on the same rank, in the same launch).
 
     Only steps logged after the last rollback count: the metrics log keeps the records
@@ -70,12 +71,14 @@ def _scan(steps: Iterator[tuple[int, float | None, Any]],
     (ratio: its loss over their mean). A launch ends where the rank's process started
     again: at a ``rank_started`` of that rank, or where the step did not go up."""
     window: deque[float] = deque(maxlen=SPIKE_BASELINE_STEPS)
+    starts = sorted(starts)
     prev_step: int | None = None
     prev_time: float | None = None
     for step, loss, t in steps:
         restarted = prev_step is not None and step <= prev_step
-        if t is not None and prev_time is not None:
-            restarted = restarted or any(prev_time < s <= t for s in starts)
+        if t is not None and prev_time is not None and not restarted:
+            after = bisect.bisect_right(starts, prev_time)  # a start in (prev_time, t]?
+            restarted = after < len(starts) and starts[after] <= t
         if restarted:
             window.clear()
         prev_step, prev_time = step, (t if t is not None else prev_time)
