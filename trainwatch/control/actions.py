@@ -254,7 +254,8 @@ class ActionRunner:
             outcome.final, outcome.retry_after = False, wait
             return outcome
         if req.action == "rollback_skip" and first_bad_step(
-                self.run, spike_factor=self.policy.spike_factor) is None:
+                self.run, self._last_action_time("rollback_skip"),
+                spike_factor=self.policy.spike_factor) is None:
             # The alert is one signal: Prometheus's window spans restarts, so a launch that
             # began again from earlier state reads as a spike. Act only on a bad step a rank
             # logged itself (control/bad_step.py), since the last rollback: the loss alerts
@@ -443,7 +444,8 @@ class ActionRunner:
         """Find the bad step; hide checkpoints taken at or after it; ask to skip the window."""
         # the step the confirmation found (handle), or one as bad: never the "largest"
         # ratio of a flat loss, which any step has
-        bad = first_bad_step(self.run, spike_factor=self.policy.spike_factor)
+        bad = first_bad_step(self.run, self._last_action_time("rollback_skip"),
+                             spike_factor=self.policy.spike_factor)
         details: dict[str, Any] = {"bad_step": bad}
         if bad is None:
             details["note"] = "no non-finite or spiking step found in the metrics log"

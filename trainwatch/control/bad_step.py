@@ -23,18 +23,18 @@ SPIKE_BASELINE_STEPS = 10  # a spike is measured against the mean of this many s
 LOOKBACK_BYTES = 64 << 20  # of each rank's metrics log: ~160,000 steps of ~400 bytes
 
 
-def first_bad_step(run: RunDir, spike_factor: float | None = None) -> int | None:
+def first_bad_step(run: RunDir, since: float = float("-inf"),
+                   spike_factor: float | None = None) -> int | None:
     """The first step with a non-finite loss, else the step of the largest loss spike
     (with ``spike_factor``: only one more than that many times the mean of the
     ``SPIKE_BASELINE_STEPS`` steps before it, on the same rank, in the same launch).
 
-    Only steps logged after the last rollback count: the metrics log keeps the records
-    of a bad step that was already rolled back, and rolling back to it again would
-    throw away everything trained since. Each log is read as a stream, and only its last
+    Only steps logged after ``since`` count (the last rollback: the metrics log keeps the
+    records of a bad step that was already rolled back, and rolling back to it again would
+    throw away everything trained since). Each log is read as a stream, and only its last
     ``LOOKBACK_BYTES``: a rollback is asked for within minutes of its bad step, and a
     million-step log read whole held gigabytes in the supervisor.
     """
-    since = _last_rollback(run)
     starts = _rank_starts(run)
     nonfinite: int | None = None
     best, best_ratio = None, spike_factor or 0.0
@@ -92,12 +92,6 @@ def _scan(steps: Iterator[tuple[int, float | None, Any]],
             if mean > 0:
                 yield step, loss / mean
         window.append(loss)
-
-
-def _last_rollback(run: RunDir) -> float:
-    times = [e.get("time") for e in run.events("action_taken")
-             if e.get("action") == "rollback_skip"]
-    return max((t for t in times if isinstance(t, (int, float))), default=float("-inf"))
 
 
 def _rank_starts(run: RunDir) -> dict[int, list[float]]:
